@@ -1,0 +1,1 @@
+//! nixl-backend-gds (skeleton; filled by its issue).

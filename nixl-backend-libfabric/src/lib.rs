@@ -1,0 +1,1 @@
+//! nixl-backend-libfabric (skeleton; filled by its issue).

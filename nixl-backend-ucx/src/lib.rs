@@ -1,0 +1,1 @@
+//! nixl-backend-ucx (skeleton; filled by its issue).

@@ -1,0 +1,456 @@
+//! The agent: a cheap clonable handle to one process's transfer endpoint.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::backend::{Backend, BackendContext, BackendParams, BackendPlugin, Capabilities, QueryResult};
+use crate::error::{Error, Op, Result};
+use crate::mem::RegionDesc;
+use crate::notif::{NotifQueue, Notifs};
+use crate::registration::RegTable;
+use crate::remote::RemotePeer;
+use crate::telemetry::{self, Counters, TelemetrySnapshot};
+
+/// How an agent is set up.
+#[derive(Clone)]
+pub struct AgentConfig {
+    /// Run a thread that drives backends' progress engines (needed for UCX's emulated RMA
+    /// when the application does not poll).
+    pub progress_thread: bool,
+    /// How long the progress thread sleeps when nothing happened.
+    pub progress_delay: Duration,
+    /// Serve the metadata side channel.
+    pub listen: bool,
+    /// Where the side channel listens (port 0 picks one; see [`Agent::listen_addr`]).
+    pub listen_addr: SocketAddr,
+    /// Count telemetry (also switched on by `NIXL_TELEMETRY_ENABLE`).
+    pub telemetry: bool,
+    /// The default deadline of blocking calls (side-channel exchange, `wait`).
+    pub default_timeout: Duration,
+    /// Backend types this agent can create by name.
+    pub plugins: Vec<Arc<dyn BackendPlugin>>,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            progress_thread: false,
+            progress_delay: Duration::from_micros(100),
+            listen: false,
+            listen_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            telemetry: telemetry::env_enabled(),
+            default_timeout: Duration::from_secs(30),
+            plugins: vec![Arc::new(crate::inproc::InprocPlugin)],
+        }
+    }
+}
+
+impl std::fmt::Debug for AgentConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentConfig")
+            .field("progress_thread", &self.progress_thread)
+            .field("progress_delay", &self.progress_delay)
+            .field("listen", &self.listen)
+            .field("listen_addr", &self.listen_addr)
+            .field("telemetry", &self.telemetry)
+            .field("default_timeout", &self.default_timeout)
+            .field("plugins", &self.plugins.iter().map(|p| p.name().to_owned()).collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+/// A backend created on an agent.
+pub(crate) struct BackendSlot {
+    pub id: usize,
+    pub name: String,
+    pub backend: Arc<dyn Backend>,
+    pub caps: Capabilities,
+}
+
+impl std::fmt::Debug for BackendSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BackendSlot").field("id", &self.id).field("name", &self.name).finish()
+    }
+}
+
+/// What an asynchronous metadata fetch ended with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FetchStatus {
+    Pending,
+    Failed(String),
+}
+
+pub(crate) struct Shared {
+    pub name: String,
+    pub generation: u64,
+    pub config: AgentConfig,
+    pub backends: RwLock<Vec<Arc<BackendSlot>>>,
+    pub regs: Mutex<RegTable>,
+    pub remotes: Mutex<HashMap<String, Arc<RemotePeer>>>,
+    /// Serialises metadata loads and invalidations (never held by transfers).
+    pub md_lock: Mutex<()>,
+    pub notifs: Arc<NotifQueue>,
+    pub counters: Counters,
+    pub fetches: Mutex<HashMap<String, FetchStatus>>,
+    pub stop: Arc<AtomicBool>,
+    pub listen_addr: Mutex<Option<SocketAddr>>,
+    pub threads: Mutex<Vec<JoinHandle<()>>>,
+    pub next_id: AtomicU64,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Locks here guard plain tables updated by single inserts/removes; a panic elsewhere
+    // cannot leave them half-written, so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    pub fn backends(&self) -> Vec<Arc<BackendSlot>> {
+        self.backends.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn progress_all(&self) {
+        for slot in self.backends() {
+            if slot.caps.needs_progress {
+                if let Err(e) = slot.backend.progress() {
+                    tracing::warn!(agent = %self.name, backend = %slot.name, error = %e, "progress failed");
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let me = std::thread::current().id();
+        for t in std::mem::take(&mut *lock(&self.threads)) {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// A transfer agent: one per process (or per GPU). Cheap to clone, `Send + Sync`.
+///
+/// ```
+/// use nixl_core::{Agent, AgentConfig, HostBuffer, InprocParams, MemKind, XferDescList, XferOp,
+///     XferOptions, XferTarget};
+/// use std::sync::Arc;
+/// use std::time::Duration;
+///
+/// # fn main() -> nixl_core::Result<()> {
+/// let prefill = Agent::new("prefill", AgentConfig::default())?;
+/// let decode = Agent::new("decode", AgentConfig::default())?;
+/// prefill.create_backend(InprocParams::default())?;
+/// decode.create_backend(InprocParams::default())?;
+///
+/// let src = Arc::new(HostBuffer::new(8192).expect("alloc"));
+/// let dst = Arc::new(HostBuffer::new(8192).expect("alloc"));
+/// src.fill_pattern(1);
+/// let _src_reg = prefill.register_mem(vec![src.clone()], &[])?;
+/// let _dst_reg = decode.register_mem(vec![dst.clone()], &[])?;
+///
+/// // Exchange metadata (here in memory; see `send_local_metadata` for the side channel).
+/// let peer = prefill.load_remote_metadata(&decode.local_metadata()?)?;
+///
+/// let local = prefill.prep_xfer_dlist(XferTarget::Initiator,
+///     &XferDescList::blocks(MemKind::Dram, src.addr(), 4096, 2), &[])?;
+/// let remote = prefill.prep_xfer_dlist(XferTarget::Agent(&peer),
+///     &XferDescList::blocks(MemKind::Dram, dst.addr(), 4096, 2), &[])?;
+/// let req = prefill.make_prepped_xfer(XferOp::Write, &local, &[0, 1], &remote, &[0, 1],
+///     XferOptions::with_notif(b"kv ready".to_vec()))?;
+/// prefill.post_xfer_req(&req)?;
+/// req.wait(Duration::from_secs(5))?;
+///
+/// let notifs = decode.get_notifs()?;
+/// assert_eq!(notifs["prefill"], vec![b"kv ready".to_vec()]);
+/// assert_eq!(src.to_vec(), dst.to_vec());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Agent {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("name", &self.shared.name)
+            .field("generation", &self.shared.generation)
+            .finish()
+    }
+}
+
+fn new_generation() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: AtomicU64 = AtomicU64::new(1);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(t.as_nanos());
+    }
+    h.finish().max(1)
+}
+
+impl Agent {
+    /// Creates an agent. Fails on an empty or over-long name, or when the side channel cannot
+    /// bind.
+    pub fn new(name: &str, config: AgentConfig) -> Result<Self> {
+        if name.is_empty() || name.len() > crate::codec::MAX_NAME {
+            return Err(Error::invalid(name, Op::CreateBackend, "agent name must be 1..=256 bytes"));
+        }
+        let shared = Arc::new(Shared {
+            name: name.to_owned(),
+            generation: new_generation(),
+            counters: Counters::new(config.telemetry || telemetry::env_enabled()),
+            config,
+            backends: RwLock::new(Vec::new()),
+            regs: Mutex::new(RegTable::default()),
+            remotes: Mutex::new(HashMap::new()),
+            md_lock: Mutex::new(()),
+            notifs: Arc::new(NotifQueue::new()),
+            fetches: Mutex::new(HashMap::new()),
+            stop: Arc::new(AtomicBool::new(false)),
+            listen_addr: Mutex::new(None),
+            threads: Mutex::new(Vec::new()),
+            next_id: AtomicU64::new(1),
+        });
+        let agent = Agent { shared };
+        if agent.shared.config.listen {
+            crate::sidechannel::start_listener(&agent)?;
+        }
+        if agent.shared.config.progress_thread {
+            agent.start_progress_thread()?;
+        }
+        Ok(agent)
+    }
+
+    fn start_progress_thread(&self) -> Result<()> {
+        let weak = Arc::downgrade(&self.shared);
+        let stop = self.shared.stop.clone();
+        let delay = self.shared.config.progress_delay;
+        let handle = std::thread::Builder::new()
+            .name(format!("nixl-progress-{}", self.shared.name))
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let Some(shared) = weak.upgrade() else { break };
+                    shared.progress_all();
+                    drop(shared);
+                    std::thread::sleep(delay);
+                }
+            })
+            .map_err(|e| Error::io(&self.shared.name, Op::Progress, e))?;
+        lock(&self.shared.threads).push(handle);
+        Ok(())
+    }
+
+    /// The agent's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// The agent's generation: a random value fixed for this incarnation, carried in its
+    /// metadata so peers can tell a restarted agent from the one they knew.
+    pub fn generation(&self) -> u64 {
+        self.shared.generation
+    }
+
+    /// The side channel's bound address, when listening.
+    pub fn listen_addr(&self) -> Option<SocketAddr> {
+        *lock(&self.shared.listen_addr)
+    }
+
+    /// The agent's configuration.
+    pub fn config(&self) -> &AgentConfig {
+        &self.shared.config
+    }
+
+    /// Backend types this agent can create by name.
+    #[doc(alias = "getAvailPlugins")]
+    pub fn available_backends(&self) -> Vec<String> {
+        self.shared.config.plugins.iter().map(|p| p.name().to_owned()).collect()
+    }
+
+    /// Default parameters of a backend type, as strings.
+    #[doc(alias = "getPluginParams")]
+    pub fn backend_params(&self, backend: &str) -> Result<BTreeMap<String, String>> {
+        self.plugin(backend).map(|p| p.default_params())
+    }
+
+    fn plugin(&self, backend: &str) -> Result<&Arc<dyn BackendPlugin>> {
+        self.shared
+            .config
+            .plugins
+            .iter()
+            .find(|p| p.name().eq_ignore_ascii_case(backend))
+            .ok_or_else(|| Error::not_found(self.name(), Op::CreateBackend, format!("backend type {backend}")))
+    }
+
+    /// Creates a backend from typed params (each backend crate's params struct).
+    #[doc(alias = "createBackend")]
+    pub fn create_backend<P: BackendParams + 'static>(&self, params: P) -> Result<String> {
+        self.create_backend_boxed(Box::new(params))
+    }
+
+    /// Creates a backend by type name from a string map (parsed once by the backend's plugin).
+    pub fn create_backend_named(&self, backend: &str, params: &BTreeMap<String, String>) -> Result<String> {
+        let p = self.plugin(backend)?.parse_params(params)?;
+        self.create_backend_boxed(p)
+    }
+
+    fn create_backend_boxed(&self, params: Box<dyn BackendParams>) -> Result<String> {
+        let wanted = params.backend_name().to_owned();
+        if self.shared.backends().iter().any(|b| b.name == wanted) {
+            return Err(Error::not_allowed(self.name(), Op::CreateBackend, format!("backend {wanted} already exists")));
+        }
+        let ctx = BackendContext {
+            agent: self.shared.name.clone(),
+            notifs: self.shared.notifs.clone(),
+        };
+        let backend = params.create(ctx)?;
+        let caps = backend.capabilities();
+        let name = backend.name().to_owned();
+        let mut slots = self.shared.backends.write().unwrap_or_else(|p| p.into_inner());
+        if slots.iter().any(|b| b.name == name) {
+            return Err(Error::not_allowed(self.name(), Op::CreateBackend, format!("backend {name} already exists")));
+        }
+        let id = slots.len();
+        slots.push(Arc::new(BackendSlot { id, name: name.clone(), backend, caps }));
+        tracing::debug!(agent = %self.name(), backend = %name, "backend created");
+        Ok(name)
+    }
+
+    /// Names of the backends created on this agent, in creation order.
+    pub fn backends(&self) -> Vec<String> {
+        self.shared.backends().iter().map(|b| b.name.clone()).collect()
+    }
+
+    /// A backend's capabilities.
+    pub fn backend_capabilities(&self, backend: &str) -> Result<Capabilities> {
+        self.shared
+            .backends()
+            .iter()
+            .find(|b| b.name == backend)
+            .map(|b| b.caps.clone())
+            .ok_or_else(|| Error::not_found(self.name(), Op::CreateBackend, format!("backend {backend}")))
+    }
+
+    pub(crate) fn select_backends(&self, op: Op, hints: &[&str]) -> Result<Vec<Arc<BackendSlot>>> {
+        let all = self.shared.backends();
+        if hints.is_empty() {
+            return Ok(all);
+        }
+        hints
+            .iter()
+            .map(|h| {
+                all.iter()
+                    .find(|b| b.name == *h)
+                    .cloned()
+                    .ok_or_else(|| Error::not_found(self.name(), op, format!("backend {h}")))
+            })
+            .collect()
+    }
+
+    /// Queries storage regions (existence and size) through backends that support their kind.
+    #[doc(alias = "queryMem")]
+    pub fn query_mem(&self, regions: &[RegionDesc], hints: &[&str]) -> Result<Vec<Option<QueryResult>>> {
+        let backends = self.select_backends(Op::QueryMem, hints)?;
+        regions
+            .iter()
+            .map(|r| {
+                for b in backends.iter().filter(|b| b.caps.supports(r.kind)) {
+                    if let Some(q) = b.backend.query(r)? {
+                        return Ok(Some(q));
+                    }
+                }
+                Ok(None)
+            })
+            .collect()
+    }
+
+    /// Drains received notifications: sender name to messages, in per-sender order.
+    #[doc(alias = "getNotifs")]
+    pub fn get_notifs(&self) -> Result<Notifs> {
+        if !self.shared.config.progress_thread {
+            self.shared.progress_all();
+        }
+        Ok(self.shared.notifs.drain())
+    }
+
+    /// Waits until at least one notification is queued or `timeout` passes, then drains.
+    pub fn wait_notifs(&self, timeout: Duration) -> Result<Notifs> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let n = self.get_notifs()?;
+            if !n.is_empty() {
+                return Ok(n);
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::TimedOut {
+                    agent: self.name().to_owned(),
+                    op: Op::GetNotifs,
+                    elapsed: timeout,
+                });
+            }
+            if self.shared.config.progress_thread {
+                self.shared.notifs.wait_nonempty(deadline.min(Instant::now() + Duration::from_millis(10)));
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Sends a standalone notification to a loaded peer.
+    #[doc(alias = "genNotif")]
+    pub fn gen_notif(&self, remote: &str, msg: &[u8], hints: &[&str]) -> Result<()> {
+        let peer = self.remote_peer(remote, Op::GenNotif)?;
+        let backends = self.select_backends(Op::GenNotif, hints)?;
+        let slot = backends
+            .iter()
+            .find(|b| b.caps.notifications && peer.is_connected(b.id))
+            .ok_or_else(|| Error::not_supported(self.name(), Op::GenNotif, format!("no backend with notifications reaches {remote}")))?;
+        slot.backend.gen_notif(remote, msg)
+    }
+
+    /// Drives every backend's progress engine once (for callers that run no progress thread).
+    pub fn progress(&self) {
+        self.shared.progress_all();
+    }
+
+    /// The agent's telemetry counters.
+    pub fn telemetry(&self) -> TelemetrySnapshot {
+        self.shared.counters.snapshot()
+    }
+
+    /// Switches telemetry counting on or off.
+    pub fn set_telemetry(&self, on: bool) {
+        self.shared.counters.set_enabled(on);
+    }
+
+    /// Which transports each backend uses to reach `remote` (so a fallback is visible).
+    pub fn path_report(&self, remote: &str) -> Vec<(String, String)> {
+        self.shared
+            .backends()
+            .iter()
+            .filter_map(|b| b.backend.path_report(remote).map(|p| (b.name.clone(), p)))
+            .collect()
+    }
+
+    pub(crate) fn remote_peer(&self, remote: &str, op: Op) -> Result<Arc<RemotePeer>> {
+        lock(&self.shared.remotes)
+            .get(remote)
+            .cloned()
+            .ok_or_else(|| Error::not_found(self.name(), op, format!("remote agent {remote}")))
+    }
+}

@@ -1,0 +1,247 @@
+//! The backend contract: what a transport or storage engine implements to plug into an agent.
+//!
+//! A backend is a trait object ([`Backend`]) created from a params value ([`BackendParams`]) with
+//! a [`BackendContext`] (the agent's name and notification queue). It reports its
+//! [`Capabilities`], registers memory into backend-private metadata ([`BackendMd`]), loads peers'
+//! connection info and region metadata, and turns a list of [`Segment`]s into a
+//! [`BackendXfer`] that the agent posts and polls.
+
+use std::any::Any;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::desc::XferOp;
+use crate::error::Result;
+use crate::mem::{MemKind, RegionDesc};
+use crate::notif::NotifQueue;
+
+/// Backend-private metadata of a registered or loaded region (a memory handle, an rkey). The
+/// backend downcasts it with [`downcast_md`].
+pub type BackendMd = Arc<dyn Any + Send + Sync>;
+
+/// Downcasts backend metadata to the backend's own type.
+pub fn downcast_md<T: Any + Send + Sync>(md: &BackendMd) -> Option<&T> {
+    md.as_ref().downcast_ref::<T>()
+}
+
+/// What a backend can do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Memory kinds it registers.
+    pub mem_kinds: Vec<MemKind>,
+    /// Transfers to other agents.
+    pub remote: bool,
+    /// Transfers to the agent itself (loopback, storage).
+    pub local: bool,
+    /// Notifications.
+    pub notifications: bool,
+    /// Whether the agent's progress thread (or polling) must call [`Backend::progress`].
+    pub needs_progress: bool,
+}
+
+impl Capabilities {
+    /// Whether the kind is supported.
+    pub fn supports(&self, kind: MemKind) -> bool {
+        self.mem_kinds.contains(&kind)
+    }
+}
+
+/// What an agent hands a backend it creates.
+#[derive(Debug, Clone)]
+pub struct BackendContext {
+    /// The agent's name.
+    pub agent: String,
+    /// Where the backend delivers notifications it receives.
+    pub notifs: Arc<NotifQueue>,
+}
+
+/// One contiguous piece of a transfer, after merging.
+#[derive(Clone)]
+pub struct Segment {
+    /// Local address (or offset).
+    pub local_addr: u64,
+    /// Local device id.
+    pub local_dev: u64,
+    /// The local region's backend metadata.
+    pub local_md: BackendMd,
+    /// Remote address (or offset, for storage).
+    pub remote_addr: u64,
+    /// Remote device id.
+    pub remote_dev: u64,
+    /// The remote region's backend metadata (from `load_remote` or `load_local`).
+    pub remote_md: BackendMd,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+impl std::fmt::Debug for Segment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Segment")
+            .field("local_addr", &format_args!("{:#x}", self.local_addr))
+            .field("remote_addr", &format_args!("{:#x}", self.remote_addr))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// A transfer for a backend to prepare.
+#[derive(Debug, Clone)]
+pub struct XferSpec {
+    /// READ or WRITE.
+    pub op: XferOp,
+    /// Memory kind of the local side.
+    pub local_kind: MemKind,
+    /// Memory kind of the remote side.
+    pub remote_kind: MemKind,
+    /// The remote agent's name (the agent's own name for local transfers).
+    pub remote: String,
+    /// Whether the remote side is the agent itself.
+    pub is_local: bool,
+    /// The segments, merged.
+    pub segments: Vec<Segment>,
+    /// A notification to deliver to the remote after all data is complete.
+    pub notif: Option<Vec<u8>>,
+}
+
+impl XferSpec {
+    /// Total bytes.
+    pub fn total_bytes(&self) -> u64 {
+        self.segments.iter().map(|s| s.len).sum()
+    }
+}
+
+/// Progress of a transfer (NIXL's `NIXL_SUCCESS` / `NIXL_IN_PROG`); failures are errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum XferState {
+    /// All data is complete (and the notification, if any, sent).
+    Done,
+    /// Still moving.
+    InProgress,
+}
+
+/// A backend's estimate of a transfer's duration.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CostEstimate {
+    /// Expected duration.
+    pub duration: Duration,
+    /// Expected error margin.
+    pub error_margin: Duration,
+    /// How the estimate was made.
+    pub method: CostMethod,
+}
+
+/// How a cost estimate was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CostMethod {
+    /// From the transport library's own performance model (e.g. `ucp_ep_evaluate_perf`).
+    Analytical,
+    /// From measured throughput.
+    Measured,
+}
+
+/// A prepared transfer inside a backend. Created by [`Backend::prepare_xfer`], owned by the
+/// agent's request.
+pub trait BackendXfer: Send {
+    /// Starts (or restarts, after completion) the transfer.
+    fn post(&mut self) -> Result<XferState>;
+    /// Polls the transfer.
+    fn check(&mut self) -> Result<XferState>;
+    /// Stops the transfer. Returns `Ok` only once the backend will no longer touch the memory
+    /// of the transfer; an `Err` means it could not be sure, and the agent then never frees
+    /// that memory.
+    fn cancel(&mut self) -> Result<()>;
+    /// Which transports carried this transfer (for path reports), if the backend knows.
+    fn path(&self) -> Option<String> {
+        None
+    }
+}
+
+/// A transport or storage engine.
+///
+/// All methods take `&self`: a backend is shared by every thread using the agent and does its
+/// own fine-grained locking.
+pub trait Backend: Send + Sync + 'static {
+    /// The backend's type name ("UCX", "POSIX", "INPROC").
+    fn name(&self) -> &str;
+    /// What it can do.
+    fn capabilities(&self) -> Capabilities;
+    /// Connection info to put in the agent's metadata (a worker address), possibly empty.
+    fn connection_info(&self) -> Result<Vec<u8>>;
+    /// Connects to a peer from its connection info. Called again with new info after a peer
+    /// restarted (after [`Backend::disconnect`]).
+    fn connect(&self, remote: &str, info: &[u8]) -> Result<()>;
+    /// Forgets a peer; requests still using it fail.
+    fn disconnect(&self, remote: &str) -> Result<()>;
+    /// Registers a region.
+    fn register(&self, region: &RegionDesc) -> Result<BackendMd>;
+    /// Deregisters a region registered by this backend.
+    fn deregister(&self, md: BackendMd) -> Result<()>;
+    /// The bytes a peer needs to reach a registered region (an rkey), possibly empty.
+    fn public_metadata(&self, md: &BackendMd) -> Result<Vec<u8>>;
+    /// Loads a peer's region from its public metadata.
+    fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd>;
+    /// Loads one of the agent's own regions as a transfer target (loopback, storage).
+    fn load_local(&self, region: &RegionDesc, md: &BackendMd) -> Result<BackendMd> {
+        let _ = region;
+        Ok(md.clone())
+    }
+    /// Releases what `load_remote` or `load_local` made.
+    fn unload(&self, md: BackendMd) -> Result<()> {
+        drop(md);
+        Ok(())
+    }
+    /// Prepares a transfer.
+    fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>>;
+    /// Sends a standalone notification.
+    fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()>;
+    /// Drives the backend's progress engine; returns whether anything happened.
+    fn progress(&self) -> Result<bool> {
+        Ok(false)
+    }
+    /// Estimates a transfer's cost, where the backend can.
+    fn estimate_cost(&self, spec: &XferSpec) -> Result<Option<CostEstimate>> {
+        let _ = spec;
+        Ok(None)
+    }
+    /// Which transports reach `remote` (so a silent fallback to a slow path is visible).
+    fn path_report(&self, remote: &str) -> Option<String> {
+        let _ = remote;
+        None
+    }
+    /// Whether a region of the agent's own kind can be queried (storage: exists + size).
+    fn query(&self, region: &RegionDesc) -> Result<Option<QueryResult>> {
+        let _ = region;
+        Ok(None)
+    }
+}
+
+/// What [`Backend::query`] found about a storage region.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueryResult {
+    /// Whether it exists.
+    pub exists: bool,
+    /// Its size, if it exists.
+    pub size: Option<u64>,
+}
+
+/// A typed parameter value that creates a backend: each backend crate exposes one (with
+/// `Default`).
+pub trait BackendParams: Send {
+    /// The backend's type name.
+    fn backend_name(&self) -> &str;
+    /// Creates the backend.
+    fn create(self: Box<Self>, ctx: BackendContext) -> Result<Arc<dyn Backend>>;
+}
+
+/// A backend type an agent can create by name from a string map (the boundary form; the
+/// plugin parses the map once into its typed params).
+pub trait BackendPlugin: Send + Sync {
+    /// The backend's type name.
+    fn name(&self) -> &str;
+    /// Default parameters, as strings.
+    fn default_params(&self) -> BTreeMap<String, String>;
+    /// Parses the map and returns typed params.
+    fn parse_params(&self, params: &BTreeMap<String, String>) -> Result<Box<dyn BackendParams>>;
+}

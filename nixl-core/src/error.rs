@@ -1,0 +1,367 @@
+//! The crate's one error type.
+//!
+//! Every failure is a typed, terminal value that names the agent, the backend and the operation
+//! it came from. Transfer progress is not an error: see [`crate::XferState`].
+
+use std::fmt;
+
+/// The result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An operation of the agent or a backend, named in errors and telemetry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Op {
+    /// Creating or configuring a backend.
+    CreateBackend,
+    /// Registering memory.
+    RegisterMem,
+    /// Deregistering memory.
+    DeregisterMem,
+    /// Querying memory (existence, size).
+    QueryMem,
+    /// Producing local metadata.
+    LocalMetadata,
+    /// Loading a peer's metadata.
+    LoadMetadata,
+    /// Invalidating a peer.
+    Invalidate,
+    /// Preparing a descriptor list.
+    PrepXferDlist,
+    /// Building a transfer request.
+    MakeXfer,
+    /// Posting a transfer request.
+    PostXfer,
+    /// Checking a transfer request.
+    CheckXfer,
+    /// Waiting for a transfer request.
+    Wait,
+    /// Canceling a transfer request.
+    Cancel,
+    /// Sending a notification.
+    GenNotif,
+    /// Draining notifications.
+    GetNotifs,
+    /// Estimating a transfer's cost.
+    EstimateCost,
+    /// Metadata exchange over the side channel or etcd.
+    Exchange,
+    /// Driving a backend's progress engine.
+    Progress,
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// Why metadata bytes were refused by the decoder.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The input ended before a complete value.
+    #[error("truncated input: needed {needed} more bytes at offset {offset}")]
+    Truncated {
+        /// Where the value started.
+        offset: usize,
+        /// How many bytes were missing.
+        needed: usize,
+    },
+    /// The magic bytes did not match.
+    #[error("not nixl-rs metadata (bad magic)")]
+    BadMagic,
+    /// A version this build does not read.
+    #[error("unsupported metadata version {0}")]
+    UnsupportedVersion(u16),
+    /// A length or count over the codec's bounds.
+    #[error("{what} of {value} exceeds the limit of {limit}")]
+    TooLarge {
+        /// The field.
+        what: &'static str,
+        /// The value read.
+        value: u64,
+        /// The bound.
+        limit: u64,
+    },
+    /// A field that is not valid (an unknown memory kind, bad UTF-8, overflow).
+    #[error("invalid {what}")]
+    Invalid {
+        /// The field.
+        what: &'static str,
+    },
+    /// Bytes left over after a complete value.
+    #[error("{0} trailing bytes after the metadata")]
+    Trailing(usize),
+}
+
+/// Errors of nixl-core and of every backend (backends wrap their native errors in
+/// [`Error::Backend`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A parameter is not valid for the operation.
+    #[error("{agent}: {op}: invalid parameter: {reason}")]
+    InvalidParam {
+        /// The agent.
+        agent: String,
+        /// The operation.
+        op: Op,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A backend failed; `source` carries the native error.
+    #[error("{agent}: {op}: backend {backend} failed: {message}")]
+    Backend {
+        /// The agent.
+        agent: String,
+        /// The backend.
+        backend: String,
+        /// The operation.
+        op: Op,
+        /// What the backend said.
+        message: String,
+        /// The native error, if any.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// Something named was not found: an agent, a backend, a registration, a region, a key.
+    #[error("{agent}: {op}: not found: {what}")]
+    NotFound {
+        /// The agent.
+        agent: String,
+        /// The operation.
+        op: Op,
+        /// What was looked for.
+        what: String,
+    },
+    /// Two things that must agree do not (lengths, memory kinds, descriptor counts, metadata).
+    #[error("{agent}: {op}: mismatch: {what}")]
+    Mismatch {
+        /// The agent.
+        agent: String,
+        /// The operation.
+        op: Op,
+        /// What disagrees.
+        what: String,
+    },
+    /// The operation is not allowed in the current state (memory in use, agent shut down).
+    #[error("{agent}: {op}: not allowed: {reason}")]
+    NotAllowed {
+        /// The agent.
+        agent: String,
+        /// The operation.
+        op: Op,
+        /// Why.
+        reason: String,
+    },
+    /// A request was posted again while still in flight.
+    #[error("{agent}: {op}: request is still in flight")]
+    RepostActive {
+        /// The agent.
+        agent: String,
+        /// The operation.
+        op: Op,
+    },
+    /// The backend or build does not support this.
+    #[error("{agent}: {op}: not supported: {what}")]
+    NotSupported {
+        /// The agent.
+        agent: String,
+        /// The operation.
+        op: Op,
+        /// What is unsupported.
+        what: String,
+    },
+    /// The peer went away (connection lost, process died, invalidated mid-transfer).
+    #[error("{agent}: {op}: remote {remote} disconnected: {reason}")]
+    RemoteDisconnect {
+        /// The agent.
+        agent: String,
+        /// The peer.
+        remote: String,
+        /// The operation.
+        op: Op,
+        /// What was observed.
+        reason: String,
+    },
+    /// The peer restarted (its generation changed) after the request was built.
+    #[error("{agent}: {op}: remote {remote} restarted (generation {built} -> {current})")]
+    PeerRestarted {
+        /// The agent.
+        agent: String,
+        /// The peer.
+        remote: String,
+        /// The operation.
+        op: Op,
+        /// The generation the request was built against.
+        built: u64,
+        /// The generation now loaded (0 when the peer was invalidated).
+        current: u64,
+    },
+    /// The request was canceled.
+    #[error("{agent}: {op}: canceled")]
+    Canceled {
+        /// The agent.
+        agent: String,
+        /// The operation.
+        op: Op,
+    },
+    /// A deadline passed.
+    #[error("{agent}: {op}: timed out after {elapsed:?}")]
+    TimedOut {
+        /// The agent.
+        agent: String,
+        /// The operation.
+        op: Op,
+        /// How long it waited.
+        elapsed: std::time::Duration,
+    },
+    /// A library or device is not available on this machine.
+    #[error("{what} is unavailable: {hint}")]
+    Unavailable {
+        /// The missing piece.
+        what: String,
+        /// What to install or set.
+        hint: String,
+    },
+    /// Metadata bytes were refused by the decoder.
+    #[error("{agent}: {op}: corrupt metadata: {source}")]
+    Decode {
+        /// The agent.
+        agent: String,
+        /// The operation.
+        op: Op,
+        /// Why.
+        #[source]
+        source: DecodeError,
+    },
+    /// A payload failed its integrity check.
+    #[error("{agent}: {op}: payload from {remote} failed its integrity check")]
+    Corrupt {
+        /// The agent.
+        agent: String,
+        /// The peer.
+        remote: String,
+        /// The operation.
+        op: Op,
+    },
+    /// An I/O error (side channel, files).
+    #[error("{agent}: {op}: i/o error: {source}")]
+    Io {
+        /// The agent.
+        agent: String,
+        /// The operation.
+        op: Op,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// Whether this error means the request's outcome on the remote side is unknown (the peer
+    /// died or restarted while it was in flight).
+    pub fn is_uncertain(&self) -> bool {
+        matches!(
+            self,
+            Error::RemoteDisconnect { .. } | Error::PeerRestarted { .. } | Error::TimedOut { .. }
+        )
+    }
+
+    /// A short stable name of the variant, used as a telemetry label.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Error::InvalidParam { .. } => "invalid_param",
+            Error::Backend { .. } => "backend",
+            Error::NotFound { .. } => "not_found",
+            Error::Mismatch { .. } => "mismatch",
+            Error::NotAllowed { .. } => "not_allowed",
+            Error::RepostActive { .. } => "repost_active",
+            Error::NotSupported { .. } => "not_supported",
+            Error::RemoteDisconnect { .. } => "remote_disconnect",
+            Error::PeerRestarted { .. } => "peer_restarted",
+            Error::Canceled { .. } => "canceled",
+            Error::TimedOut { .. } => "timed_out",
+            Error::Unavailable { .. } => "unavailable",
+            Error::Decode { .. } => "decode",
+            Error::Corrupt { .. } => "corrupt",
+            Error::Io { .. } => "io",
+        }
+    }
+
+    /// Builds an [`Error::InvalidParam`].
+    pub fn invalid(agent: &str, op: Op, reason: impl Into<String>) -> Self {
+        Error::InvalidParam {
+            agent: agent.to_owned(),
+            op,
+            reason: reason.into(),
+        }
+    }
+
+    /// Builds an [`Error::NotFound`].
+    pub fn not_found(agent: &str, op: Op, what: impl Into<String>) -> Self {
+        Error::NotFound {
+            agent: agent.to_owned(),
+            op,
+            what: what.into(),
+        }
+    }
+
+    /// Builds an [`Error::Mismatch`].
+    pub fn mismatch(agent: &str, op: Op, what: impl Into<String>) -> Self {
+        Error::Mismatch {
+            agent: agent.to_owned(),
+            op,
+            what: what.into(),
+        }
+    }
+
+    /// Builds an [`Error::NotAllowed`].
+    pub fn not_allowed(agent: &str, op: Op, reason: impl Into<String>) -> Self {
+        Error::NotAllowed {
+            agent: agent.to_owned(),
+            op,
+            reason: reason.into(),
+        }
+    }
+
+    /// Builds an [`Error::NotSupported`].
+    pub fn not_supported(agent: &str, op: Op, what: impl Into<String>) -> Self {
+        Error::NotSupported {
+            agent: agent.to_owned(),
+            op,
+            what: what.into(),
+        }
+    }
+
+    /// Builds an [`Error::Backend`] with no native source.
+    pub fn backend(agent: &str, backend: &str, op: Op, message: impl Into<String>) -> Self {
+        Error::Backend {
+            agent: agent.to_owned(),
+            backend: backend.to_owned(),
+            op,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Builds an [`Error::RemoteDisconnect`].
+    pub fn disconnected(agent: &str, remote: &str, op: Op, reason: impl Into<String>) -> Self {
+        Error::RemoteDisconnect {
+            agent: agent.to_owned(),
+            remote: remote.to_owned(),
+            op,
+            reason: reason.into(),
+        }
+    }
+
+    /// Builds an [`Error::Io`].
+    pub fn io(agent: &str, op: Op, source: std::io::Error) -> Self {
+        Error::Io {
+            agent: agent.to_owned(),
+            op,
+            source,
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! # nixl-core
+//!
+//! The heart of nixl-rs: an [`Agent`] per process registers memory with pluggable
+//! [`Backend`]s, exchanges metadata with peers, and moves descriptor lists with one-sided
+//! READ/WRITE and notifications — NIXL's model, with Rust's guarantees:
+//!
+//! - **Registrations keep memory alive.** [`Agent::register_mem`] takes the memory itself
+//!   (anything implementing [`MemoryRegion`]) and returns a [`Registration`]; prepared lists
+//!   and requests hold it, so memory cannot be freed under a transfer.
+//! - **No hangs.** Every blocking call takes a deadline; requests end in typed terminal
+//!   states ([`Error::TimedOut`], [`Error::RemoteDisconnect`], [`Error::PeerRestarted`],
+//!   [`Error::Canceled`]).
+//! - **Bad input changes nothing.** Descriptors outside registrations, mismatched lengths,
+//!   unknown agents and hostile metadata bytes get typed errors.
+//! - **Honest paths.** [`XferReq::path`] and [`Agent::path_report`] say which backend and
+//!   transports carried a request.
+//!
+//! The flow (two agents in one process over the pure-Rust [`INPROC`] backend):
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use nixl_core::{Agent, AgentConfig, HostBuffer, InprocParams, MemKind, XferDescList, XferOp,
+//!     XferOptions, XferTarget};
+//!
+//! # fn main() -> nixl_core::Result<()> {
+//! let a = Agent::new("a", AgentConfig::default())?;
+//! let b = Agent::new("b", AgentConfig::default())?;
+//! a.create_backend(InprocParams::default())?;
+//! b.create_backend(InprocParams::default())?;
+//! let (src, dst) = (Arc::new(HostBuffer::new(4096).unwrap()), Arc::new(HostBuffer::new(4096).unwrap()));
+//! src.fill(7);
+//! let _r1 = a.register_mem(vec![src.clone()], &[])?;
+//! let _r2 = b.register_mem(vec![dst.clone()], &[])?;
+//! a.load_remote_metadata(&b.local_metadata()?)?;
+//! let req = a.create_xfer_req(XferOp::Write,
+//!     &XferDescList::blocks(MemKind::Dram, src.addr(), 4096, 1),
+//!     &XferDescList::blocks(MemKind::Dram, dst.addr(), 4096, 1), "b",
+//!     XferOptions::with_notif(b"done".to_vec()))?;
+//! a.post_xfer_req(&req)?;
+//! req.wait(Duration::from_secs(5))?;
+//! assert_eq!(dst.to_vec(), vec![7u8; 4096]);
+//! assert_eq!(b.get_notifs()?["a"], vec![b"done".to_vec()]);
+//! # Ok(()) }
+//! ```
+//!
+//! A registration cannot be outlived by the memory it names: the agent owns an `Arc` of it.
+//!
+//! ```compile_fail
+//! use nixl_core::{Agent, AgentConfig, HostBuffer};
+//! use std::sync::Arc;
+//! let a = Agent::new("a", AgentConfig::default()).unwrap();
+//! let buf = HostBuffer::new(4096).unwrap();
+//! // A plain reference is not a region: only owned (`Arc`) memory can be registered.
+//! let _r = a.register_mem(vec![&buf], &[]);
+//! ```
+
+#![warn(missing_docs)]
+
+mod agent;
+mod backend;
+pub mod codec;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+mod desc;
+mod error;
+mod fault;
+mod inproc;
+mod mem;
+mod notif;
+mod registration;
+mod remote;
+pub mod sidechannel;
+mod telemetry;
+mod xfer;
+
+pub use agent::{Agent, AgentConfig};
+pub use backend::{
+    downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer, Capabilities,
+    CostEstimate, CostMethod, QueryResult, Segment, XferSpec, XferState,
+};
+pub use codec::AgentMetadata;
+pub use desc::{merge_contiguous, Desc, XferDescList, XferOp};
+pub use error::{DecodeError, Error, Op, Result};
+pub use fault::{FaultEvent, FaultLog, FaultParams, FaultPlan};
+pub use inproc::{InprocBackend, InprocParams, InprocPlugin, INPROC};
+pub use mem::{HostBuffer, MemKind, MemoryRegion, RawRegion, RegionDesc, PAGE_SIZE};
+pub use notif::{NotifQueue, Notifs};
+pub use registration::Registration;
+pub use remote::MetadataSelection;
+pub use telemetry::{Counters, TelemetrySnapshot, XferTelemetry};
+pub use xfer::{PreparedList, XferOptions, XferReq, XferTarget};

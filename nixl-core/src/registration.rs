@@ -1,0 +1,265 @@
+//! Registrations: memory registered with backends, kept alive while anything uses it.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use crate::agent::{lock, Agent, BackendSlot, Shared};
+use crate::backend::BackendMd;
+use crate::error::{Error, Op, Result};
+use crate::mem::{MemKind, MemoryRegion, RegionDesc};
+
+/// One registered region and its per-backend metadata.
+pub(crate) struct RegRegion {
+    pub desc: RegionDesc,
+    /// Held so the memory outlives every backend registration and transfer.
+    pub _memory: Arc<dyn MemoryRegion>,
+    pub mds: Mutex<Vec<(Arc<BackendSlot>, BackendMd)>>,
+}
+
+impl RegRegion {
+    pub fn md_for(&self, slot_id: usize) -> Option<BackendMd> {
+        lock(&self.mds).iter().find(|(s, _)| s.id == slot_id).map(|(_, m)| m.clone())
+    }
+}
+
+pub(crate) struct RegInner {
+    pub id: u64,
+    pub shared: Arc<Shared>,
+    pub regions: Vec<RegRegion>,
+    pub deregistered: AtomicBool,
+    /// Prepared lists and requests holding this registration.
+    pub users: AtomicUsize,
+}
+
+impl RegInner {
+    fn release(&self) -> Vec<Error> {
+        let mut errors = Vec::new();
+        for r in &self.regions {
+            for (slot, md) in std::mem::take(&mut *lock(&r.mds)) {
+                if let Err(e) = slot.backend.deregister(md) {
+                    errors.push(e);
+                }
+            }
+            self.shared.counters.deregistered(r.desc.len);
+        }
+        lock(&self.shared.regs).remove(self.id);
+        errors
+    }
+}
+
+impl Drop for RegInner {
+    fn drop(&mut self) {
+        if !self.deregistered.swap(true, Ordering::SeqCst) {
+            for e in self.release() {
+                tracing::warn!(agent = %self.shared.name, error = %e, "deregistration on drop failed");
+            }
+        }
+    }
+}
+
+/// A handle to registered memory (NIXL's registration of a `nixl_reg_dlist_t`).
+///
+/// It keeps the memory alive; so does every prepared list and request built on it. Dropping the
+/// last of them deregisters; [`Agent::deregister_mem`] does so explicitly and reports errors.
+#[derive(Clone)]
+pub struct Registration {
+    pub(crate) inner: Arc<RegInner>,
+}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registration")
+            .field("id", &self.inner.id)
+            .field("regions", &self.inner.regions.len())
+            .finish()
+    }
+}
+
+impl Registration {
+    /// The registered regions.
+    pub fn regions(&self) -> Vec<RegionDesc> {
+        self.inner.regions.iter().map(|r| r.desc.clone()).collect()
+    }
+
+    /// The backends each region is registered with.
+    pub fn backends(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .inner
+            .regions
+            .iter()
+            .flat_map(|r| lock(&r.mds).iter().map(|(s, _)| s.name.clone()).collect::<Vec<_>>())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// Whether it was explicitly deregistered.
+    pub fn is_deregistered(&self) -> bool {
+        self.inner.deregistered.load(Ordering::SeqCst)
+    }
+}
+
+/// The agent's index of live registrations, by (kind, device, start address).
+#[derive(Default)]
+pub(crate) struct RegTable {
+    by_start: BTreeMap<(MemKind, u64, u64, u64), (Weak<RegInner>, usize)>,
+}
+
+impl RegTable {
+    fn insert(&mut self, inner: &Arc<RegInner>) {
+        for (i, r) in inner.regions.iter().enumerate() {
+            self.by_start.insert((r.desc.kind, r.desc.dev_id, r.desc.addr, inner.id), (Arc::downgrade(inner), i));
+        }
+    }
+
+    pub fn remove(&mut self, id: u64) {
+        self.by_start.retain(|k, _| k.3 != id);
+    }
+
+    /// The live registration region covering `[addr, addr+len)`.
+    pub fn find(&self, kind: MemKind, dev_id: u64, addr: u64, len: u64) -> Option<(Arc<RegInner>, usize)> {
+        self.by_start
+            .range((kind, dev_id, 0, 0)..=(kind, dev_id, addr, u64::MAX))
+            .rev()
+            .filter_map(|(_, (w, i))| w.upgrade().map(|r| (r, *i)))
+            .find(|(r, i)| !r.deregistered.load(Ordering::SeqCst) && r.regions[*i].desc.covers(addr, len, dev_id))
+    }
+
+    pub fn live(&self) -> Vec<Arc<RegInner>> {
+        let mut v: Vec<Arc<RegInner>> = self
+            .by_start
+            .values()
+            .filter_map(|(w, _)| w.upgrade())
+            .filter(|r| !r.deregistered.load(Ordering::SeqCst))
+            .collect();
+        v.sort_by_key(|r| r.id);
+        v.dedup_by_key(|r| r.id);
+        v
+    }
+}
+
+impl Agent {
+    /// Registers memory with every backend that supports its kind (or with the hinted ones).
+    ///
+    /// Per backend it is all-or-nothing: a backend that fails on one region keeps none of the
+    /// list. The call fails (and changes nothing) when no backend registered the whole list.
+    #[doc(alias = "registerMem")]
+    pub fn register_mem(&self, regions: Vec<Arc<dyn MemoryRegion>>, hints: &[&str]) -> Result<Registration> {
+        let name = self.name().to_owned();
+        if regions.is_empty() {
+            return Err(Error::invalid(&name, Op::RegisterMem, "empty registration list"));
+        }
+        let descs: Vec<RegionDesc> = regions.iter().map(|r| r.desc()).collect();
+        for d in &descs {
+            if d.len == 0 || d.end().is_none() {
+                return Err(Error::invalid(&name, Op::RegisterMem, format!("region {:#x}+{} is empty or overflows", d.addr, d.len)));
+            }
+            if d.kind.is_addressable() && d.addr == 0 {
+                return Err(Error::invalid(&name, Op::RegisterMem, "null address"));
+            }
+        }
+        let candidates = self.select_backends(Op::RegisterMem, hints)?;
+        let mut per_region: Vec<Vec<(Arc<BackendSlot>, BackendMd)>> = descs.iter().map(|_| Vec::new()).collect();
+        let mut errors = Vec::new();
+        for slot in candidates.iter().filter(|s| descs.iter().all(|d| s.caps.supports(d.kind))) {
+            let mut done: Vec<BackendMd> = Vec::new();
+            let mut failed = None;
+            for d in &descs {
+                match slot.backend.register(d) {
+                    Ok(md) => done.push(md),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            match failed {
+                None => {
+                    for (i, md) in done.into_iter().enumerate() {
+                        per_region[i].push((slot.clone(), md));
+                    }
+                }
+                Some(e) => {
+                    for md in done {
+                        if let Err(e2) = slot.backend.deregister(md) {
+                            tracing::warn!(agent = %name, backend = %slot.name, error = %e2, "rollback deregistration failed");
+                        }
+                    }
+                    errors.push(e);
+                }
+            }
+        }
+        if per_region[0].is_empty() {
+            if let Some(e) = errors.into_iter().next() {
+                return Err(e);
+            }
+            let kinds: Vec<String> = descs.iter().map(|d| d.kind.to_string()).collect();
+            return Err(Error::not_supported(&name, Op::RegisterMem, format!("no backend registers {}", kinds.join(","))));
+        }
+        let inner = Arc::new(RegInner {
+            id: self.shared.next_id(),
+            shared: self.shared.clone(),
+            regions: regions
+                .into_iter()
+                .zip(descs)
+                .zip(per_region)
+                .map(|((m, d), mds)| RegRegion { desc: d, _memory: m, mds: Mutex::new(mds) })
+                .collect(),
+            deregistered: AtomicBool::new(false),
+            users: AtomicUsize::new(0),
+        });
+        for r in &inner.regions {
+            self.shared.counters.registered(r.desc.len);
+        }
+        lock(&self.shared.regs).insert(&inner);
+        Ok(Registration { inner })
+    }
+
+    /// Deregisters explicitly, reporting backend errors. Refused (nothing changes) while a
+    /// prepared list or request still uses the memory, or when the handle belongs to another
+    /// agent. After success the handle is inert.
+    #[doc(alias = "deregisterMem")]
+    pub fn deregister_mem(&self, reg: &Registration) -> Result<()> {
+        if !Arc::ptr_eq(&reg.inner.shared, &self.shared) {
+            return Err(Error::mismatch(self.name(), Op::DeregisterMem, "registration belongs to another agent"));
+        }
+        if reg.is_deregistered() {
+            return Err(Error::not_found(self.name(), Op::DeregisterMem, "registration already deregistered"));
+        }
+        if reg.inner.users.load(Ordering::SeqCst) > 0 {
+            return Err(Error::not_allowed(self.name(), Op::DeregisterMem, "memory is in use by a prepared list or request"));
+        }
+        if reg.inner.deregistered.swap(true, Ordering::SeqCst) {
+            return Err(Error::not_found(self.name(), Op::DeregisterMem, "registration already deregistered"));
+        }
+        match reg.inner.release().into_iter().next() {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+}
+
+/// A prepared list's or request's hold on a registration: while any exists, explicit
+/// deregistration is refused and the memory stays alive.
+pub(crate) struct RegUse(pub Arc<RegInner>);
+
+impl RegUse {
+    pub fn new(inner: Arc<RegInner>) -> Self {
+        inner.users.fetch_add(1, Ordering::SeqCst);
+        RegUse(inner)
+    }
+}
+
+impl Clone for RegUse {
+    fn clone(&self) -> Self {
+        RegUse::new(self.0.clone())
+    }
+}
+
+impl Drop for RegUse {
+    fn drop(&mut self) {
+        self.0.users.fetch_sub(1, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,341 @@
+//! Peers' metadata: producing ours, loading theirs, invalidating them.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::agent::{lock, Agent, BackendSlot};
+use crate::backend::BackendMd;
+use crate::codec::{AgentMetadata, BackendEntry, RegionEntry};
+use crate::desc::XferDescList;
+use crate::error::{Error, Op, Result};
+use crate::mem::{MemKind, RegionDesc};
+use crate::registration::Registration;
+
+/// A peer's region, loaded into some backends.
+pub(crate) struct RemoteRegion {
+    pub desc: RegionDesc,
+    pub mds: Vec<(Arc<BackendSlot>, BackendMd, Vec<u8>)>,
+}
+
+impl RemoteRegion {
+    pub fn md_for(&self, slot_id: usize) -> Option<BackendMd> {
+        self.mds.iter().find(|(s, _, _)| s.id == slot_id).map(|(_, m, _)| m.clone())
+    }
+}
+
+impl Drop for RemoteRegion {
+    fn drop(&mut self) {
+        for (slot, md, _) in self.mds.drain(..) {
+            if let Err(e) = slot.backend.unload(md) {
+                tracing::warn!(backend = %slot.name, error = %e, "unloading a remote region failed");
+            }
+        }
+    }
+}
+
+/// A loaded peer: one incarnation (generation) of a remote agent.
+pub(crate) struct RemotePeer {
+    pub name: String,
+    pub generation: u64,
+    /// False once invalidated or replaced by a newer generation.
+    pub valid: AtomicBool,
+    /// Backend slot id -> connection info.
+    pub conn: Mutex<BTreeMap<usize, Vec<u8>>>,
+    /// (kind, dev, addr, seq) -> region.
+    pub regions: Mutex<BTreeMap<(MemKind, u64, u64, u64), Arc<RemoteRegion>>>,
+}
+
+impl RemotePeer {
+    pub fn is_connected(&self, slot_id: usize) -> bool {
+        lock(&self.conn).contains_key(&slot_id)
+    }
+
+    /// The loaded region covering `[addr, addr+len)`.
+    pub fn find(&self, kind: MemKind, dev_id: u64, addr: u64, len: u64) -> Option<Arc<RemoteRegion>> {
+        lock(&self.regions)
+            .range((kind, dev_id, 0, 0)..=(kind, dev_id, addr, u64::MAX))
+            .rev()
+            .map(|(_, r)| r)
+            .find(|r| r.desc.covers(addr, len, dev_id))
+            .cloned()
+    }
+}
+
+/// What a partial metadata blob should carry.
+#[derive(Debug, Clone, Default)]
+pub struct MetadataSelection<'a> {
+    /// Only these registrations (`None`: all live ones).
+    pub registrations: Option<&'a [&'a Registration]>,
+    /// Include the backends' connection info.
+    pub include_conn: bool,
+}
+
+impl Agent {
+    /// The agent's full metadata: every backend's connection info and every live registration.
+    #[doc(alias = "getLocalMD")]
+    pub fn local_metadata(&self) -> Result<Vec<u8>> {
+        self.local_partial_metadata(&MetadataSelection { registrations: None, include_conn: true })
+    }
+
+    /// Partial metadata: only some registrations and/or only connection info
+    /// (`registrations: Some(&[])` with `include_conn: true`).
+    #[doc(alias = "getLocalPartialMD")]
+    pub fn local_partial_metadata(&self, sel: &MetadataSelection<'_>) -> Result<Vec<u8>> {
+        let backends = self.shared.backends();
+        let mut entries = Vec::with_capacity(backends.len());
+        for b in &backends {
+            let conn_info = if sel.include_conn { b.backend.connection_info()? } else { Vec::new() };
+            entries.push(BackendEntry { name: b.name.clone(), conn_info });
+        }
+        let regs: Vec<Arc<crate::registration::RegInner>> = match sel.registrations {
+            None => lock(&self.shared.regs).live(),
+            Some(list) => {
+                let mut v = Vec::with_capacity(list.len());
+                for r in list {
+                    if !Arc::ptr_eq(&r.inner.shared, &self.shared) {
+                        return Err(Error::mismatch(self.name(), Op::LocalMetadata, "registration belongs to another agent"));
+                    }
+                    if r.is_deregistered() {
+                        return Err(Error::not_found(self.name(), Op::LocalMetadata, "registration was deregistered"));
+                    }
+                    v.push(r.inner.clone());
+                }
+                v
+            }
+        };
+        let mut regions = Vec::new();
+        for reg in &regs {
+            for r in &reg.regions {
+                for (slot, md) in lock(&r.mds).iter() {
+                    if !slot.caps.remote {
+                        continue;
+                    }
+                    let Some(idx) = backends.iter().position(|b| b.id == slot.id) else { continue };
+                    regions.push(RegionEntry { backend: idx, desc: r.desc.clone(), public: slot.backend.public_metadata(md)? });
+                }
+            }
+        }
+        Ok(AgentMetadata {
+            name: self.shared.name.clone(),
+            generation: self.shared.generation,
+            has_conn_info: sel.include_conn,
+            backends: entries,
+            regions,
+        }
+        .encode())
+    }
+
+    /// Loads a peer's metadata and returns its name.
+    ///
+    /// Loading is append-only for one incarnation of a peer: new regions are added, identical
+    /// ones skipped, and changed connection info or changed region metadata is refused with
+    /// [`Error::Mismatch`] (nothing changes). Metadata with a new generation replaces the old
+    /// incarnation: requests built against it then fail with [`Error::PeerRestarted`].
+    #[doc(alias = "loadRemoteMD")]
+    pub fn load_remote_metadata(&self, bytes: &[u8]) -> Result<String> {
+        let md = AgentMetadata::decode(bytes).map_err(|source| Error::Decode {
+            agent: self.name().to_owned(),
+            op: Op::LoadMetadata,
+            source,
+        })?;
+        let me = self.name().to_owned();
+        if md.name == me {
+            return Err(Error::not_allowed(&me, Op::LoadMetadata, "an agent cannot load its own metadata"));
+        }
+        let _guard = lock(&self.shared.md_lock);
+        let backends = self.shared.backends();
+        // Map the blob's backends onto ours (ones we do not have are ignored).
+        let local_slot: Vec<Option<Arc<BackendSlot>>> = md
+            .backends
+            .iter()
+            .map(|e| backends.iter().find(|b| b.name == e.name && b.caps.remote).cloned())
+            .collect();
+        let existing = lock(&self.shared.remotes).get(&md.name).cloned();
+        let same_gen = existing.as_ref().filter(|p| p.generation == md.generation).cloned();
+
+        // Validate everything before changing anything.
+        if let Some(peer) = &same_gen {
+            let conn = lock(&peer.conn);
+            for (e, slot) in md.backends.iter().zip(&local_slot) {
+                if let (true, Some(slot)) = (md.has_conn_info, slot) {
+                    if let Some(old) = conn.get(&slot.id) {
+                        if *old != e.conn_info {
+                            return Err(Error::mismatch(&me, Op::LoadMetadata, format!("connection info of {} for backend {} changed", md.name, e.name)));
+                        }
+                    }
+                }
+            }
+            drop(conn);
+            for r in &md.regions {
+                let Some(slot) = &local_slot[r.backend] else { continue };
+                if let Some(old) = peer.find(r.desc.kind, r.desc.dev_id, r.desc.addr, r.desc.len) {
+                    if old.desc == r.desc {
+                        if let Some((_, _, public)) = old.mds.iter().find(|(s, _, _)| s.id == slot.id) {
+                            if *public != r.public {
+                                return Err(Error::mismatch(&me, Op::LoadMetadata, format!("metadata of a region of {} changed", md.name)));
+                            }
+                        }
+                    }
+                }
+            }
+        } else if !md.has_conn_info {
+            return Err(Error::not_found(&me, Op::LoadMetadata, format!("connection info of {} (load its full metadata first)", md.name)));
+        }
+
+        let peer = match &same_gen {
+            Some(p) => p.clone(),
+            None => Arc::new(RemotePeer {
+                name: md.name.clone(),
+                generation: md.generation,
+                valid: AtomicBool::new(true),
+                conn: Mutex::new(BTreeMap::new()),
+                regions: Mutex::new(BTreeMap::new()),
+            }),
+        };
+        // A restarted peer: fence the old incarnation first so backends can reconnect.
+        let replaced = existing.filter(|p| p.generation != md.generation);
+        if let Some(old) = &replaced {
+            self.retire_peer(old);
+        }
+
+        let mut newly_connected = Vec::new();
+        let mut result = Ok(());
+        if md.has_conn_info {
+            for (e, slot) in md.backends.iter().zip(&local_slot) {
+                let Some(slot) = slot else { continue };
+                if peer.is_connected(slot.id) {
+                    continue;
+                }
+                match slot.backend.connect(&md.name, &e.conn_info) {
+                    Ok(()) => {
+                        lock(&peer.conn).insert(slot.id, e.conn_info.clone());
+                        newly_connected.push(slot.clone());
+                    }
+                    Err(err) => {
+                        result = Err(err);
+                        break;
+                    }
+                }
+            }
+        }
+        let mut added: Vec<(MemKind, u64, u64, u64)> = Vec::new();
+        if result.is_ok() {
+            // Group the blob's entries per region so one RemoteRegion holds every backend's md.
+            let mut grouped: Vec<(RegionDesc, Vec<(Arc<BackendSlot>, &[u8])>)> = Vec::new();
+            for r in &md.regions {
+                let Some(slot) = &local_slot[r.backend] else { continue };
+                if !peer.is_connected(slot.id) {
+                    continue;
+                }
+                match grouped.iter_mut().find(|(d, _)| *d == r.desc) {
+                    Some((_, v)) => v.push((slot.clone(), &r.public)),
+                    None => grouped.push((r.desc.clone(), vec![(slot.clone(), &r.public)])),
+                }
+            }
+            'regions: for (desc, per) in grouped {
+                if let Some(old) = peer.find(desc.kind, desc.dev_id, desc.addr, desc.len) {
+                    if old.desc == desc {
+                        continue;
+                    }
+                }
+                let mut mds = Vec::with_capacity(per.len());
+                for (slot, public) in per {
+                    match slot.backend.load_remote(&md.name, &desc, public) {
+                        Ok(m) => mds.push((slot, m, public.to_vec())),
+                        Err(e) => {
+                            result = Err(e);
+                            drop(mds);
+                            break 'regions;
+                        }
+                    }
+                }
+                let key = (desc.kind, desc.dev_id, desc.addr, self.shared.next_id());
+                lock(&peer.regions).insert(key, Arc::new(RemoteRegion { desc, mds }));
+                added.push(key);
+            }
+        }
+        if let Err(e) = result {
+            // Roll back what this call added.
+            let mut regions = lock(&peer.regions);
+            for k in &added {
+                regions.remove(k);
+            }
+            drop(regions);
+            for slot in newly_connected {
+                lock(&peer.conn).remove(&slot.id);
+                if let Err(e2) = slot.backend.disconnect(&md.name) {
+                    tracing::warn!(agent = %me, error = %e2, "rollback disconnect failed");
+                }
+            }
+            return Err(e);
+        }
+        if same_gen.is_none() {
+            lock(&self.shared.remotes).insert(md.name.clone(), peer);
+        }
+        tracing::debug!(agent = %me, remote = %md.name, generation = md.generation, regions = added.len(), "metadata loaded");
+        Ok(md.name)
+    }
+
+    fn retire_peer(&self, peer: &Arc<RemotePeer>) {
+        peer.valid.store(false, Ordering::SeqCst);
+        let conns: Vec<usize> = std::mem::take(&mut *lock(&peer.conn)).into_keys().collect();
+        for slot in self.shared.backends().iter().filter(|b| conns.contains(&b.id)) {
+            if let Err(e) = slot.backend.disconnect(&peer.name) {
+                tracing::warn!(agent = %self.name(), remote = %peer.name, error = %e, "disconnect failed");
+            }
+        }
+    }
+
+    /// Forgets a peer: its requests fail from now on, and it must be loaded again to be used.
+    #[doc(alias = "invalidateRemoteMD")]
+    pub fn invalidate_remote(&self, remote: &str) -> Result<()> {
+        let _guard = lock(&self.shared.md_lock);
+        let peer = lock(&self.shared.remotes)
+            .remove(remote)
+            .ok_or_else(|| Error::not_found(self.name(), Op::Invalidate, format!("remote agent {remote}")))?;
+        self.retire_peer(&peer);
+        Ok(())
+    }
+
+    /// Invalidates a peer only if the loaded incarnation has this generation (so a stale
+    /// message cannot remove a restarted peer). Returns whether it did.
+    pub(crate) fn invalidate_remote_generation(&self, remote: &str, generation: u64) -> bool {
+        let _guard = lock(&self.shared.md_lock);
+        let mut remotes = lock(&self.shared.remotes);
+        match remotes.get(remote) {
+            Some(p) if p.generation == generation => {
+                let peer = remotes.remove(remote);
+                drop(remotes);
+                if let Some(p) = peer {
+                    self.retire_peer(&p);
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether a peer's metadata is loaded and, given descriptors, whether they all lie inside
+    /// its loaded regions.
+    #[doc(alias = "checkRemoteMD")]
+    pub fn check_remote_metadata(&self, remote: &str, descs: Option<&XferDescList>) -> bool {
+        let Ok(peer) = self.remote_peer(remote, Op::LoadMetadata) else { return false };
+        match descs {
+            None => true,
+            Some(list) => list.descs().iter().all(|d| peer.find(list.kind(), d.dev_id, d.addr, d.len).is_some()),
+        }
+    }
+
+    /// The generation of a loaded peer.
+    pub fn remote_generation(&self, remote: &str) -> Option<u64> {
+        lock(&self.shared.remotes).get(remote).map(|p| p.generation)
+    }
+
+    /// Names of loaded peers.
+    pub fn remotes(&self) -> Vec<String> {
+        let mut v: Vec<String> = lock(&self.shared.remotes).keys().cloned().collect();
+        v.sort();
+        v
+    }
+}

@@ -1,0 +1,638 @@
+//! Prepared descriptor lists and transfer requests.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::agent::{lock, Agent, BackendSlot, Shared};
+use crate::backend::{BackendMd, BackendXfer, CostEstimate, Segment, XferSpec, XferState};
+use crate::desc::{merge_contiguous, Desc, XferDescList, XferOp};
+use crate::error::{Error, Op, Result};
+use crate::mem::MemKind;
+use crate::registration::RegUse;
+use crate::remote::{RemotePeer, RemoteRegion};
+use crate::telemetry::XferTelemetry;
+
+/// Whose memory a descriptor list names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XferTarget<'a> {
+    /// The initiator's own memory (the local side of a transfer; NIXL's `NIXL_INIT_AGENT`).
+    Initiator,
+    /// An agent's memory: a loaded peer, or this agent's own name for loopback and storage.
+    Agent(&'a str),
+}
+
+/// What a prepared list or request holds so the memory it names stays valid.
+enum Keep {
+    Local { _held: RegUse },
+    Remote { _held: Arc<RemoteRegion> },
+}
+
+struct PrepEntry {
+    desc: Desc,
+    /// Region identity (for merging across neighbours).
+    region: u64,
+    /// (backend slot id, md)
+    mds: Vec<(usize, BackendMd)>,
+    keep: Arc<Keep>,
+}
+
+enum Side {
+    Initiator,
+    SelfTarget,
+    Remote(Arc<RemotePeer>),
+}
+
+/// A descriptor list resolved once against registrations (NIXL's `nixlDlistH`).
+pub struct PreparedList {
+    shared: Arc<Shared>,
+    side: Side,
+    kind: MemKind,
+    entries: Vec<PrepEntry>,
+}
+
+impl std::fmt::Debug for PreparedList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedList").field("kind", &self.kind).field("len", &self.entries.len()).finish()
+    }
+}
+
+impl PreparedList {
+    /// Number of descriptors.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The memory kind.
+    pub fn kind(&self) -> MemKind {
+        self.kind
+    }
+
+    /// The name of the agent whose memory it names (`None` for the initiator side).
+    pub fn target(&self) -> Option<&str> {
+        match &self.side {
+            Side::Initiator => None,
+            Side::SelfTarget => Some(&self.shared.name),
+            Side::Remote(p) => Some(&p.name),
+        }
+    }
+}
+
+/// Options of a transfer request.
+#[derive(Debug, Clone, Default)]
+pub struct XferOptions {
+    /// A notification for the target, delivered only after the request's data is complete.
+    pub notif: Option<Vec<u8>>,
+    /// Backends to choose from, in preference order (empty: all, in creation order).
+    pub backends: Vec<String>,
+    /// A deadline for each post: past it, `check` cancels and reports `TimedOut`.
+    pub timeout: Option<Duration>,
+    /// Do not merge contiguous descriptors.
+    pub no_merge: bool,
+}
+
+impl XferOptions {
+    /// Options carrying a notification.
+    pub fn with_notif(msg: Vec<u8>) -> Self {
+        XferOptions { notif: Some(msg), ..Default::default() }
+    }
+}
+
+#[derive(Debug)]
+enum Status {
+    Ready,
+    Posted { at: Instant, deadline: Option<Instant> },
+    Done,
+    Failed(Error),
+    Canceled,
+}
+
+struct ReqState {
+    status: Status,
+    xfer: Box<dyn BackendXfer>,
+    tel: XferTelemetry,
+    /// Set when cancel could not make sure the backend stopped: the memory is then leaked.
+    leaked: bool,
+}
+
+/// A transfer request (NIXL's `nixlXferReqH`): post it, poll or wait, repost once done.
+/// Dropping it while in flight cancels it first; if the backend cannot confirm it stopped, the
+/// memory it uses is leaked rather than freed under the hardware.
+pub struct XferReq {
+    shared: Arc<Shared>,
+    op: XferOp,
+    backend: Arc<BackendSlot>,
+    remote: Option<Arc<RemotePeer>>,
+    spec: XferSpec,
+    timeout: Option<Duration>,
+    state: Mutex<ReqState>,
+    keep: Vec<Arc<Keep>>,
+}
+
+impl std::fmt::Debug for XferReq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XferReq")
+            .field("op", &self.op)
+            .field("backend", &self.backend.name)
+            .field("remote", &self.spec.remote)
+            .field("segments", &self.spec.segments.len())
+            .finish()
+    }
+}
+
+fn dup_error(e: &Error) -> Error {
+    match e {
+        Error::InvalidParam { agent, op, reason } => Error::InvalidParam { agent: agent.clone(), op: *op, reason: reason.clone() },
+        Error::Backend { agent, backend, op, message, .. } => Error::Backend {
+            agent: agent.clone(),
+            backend: backend.clone(),
+            op: *op,
+            message: message.clone(),
+            source: None,
+        },
+        Error::NotFound { agent, op, what } => Error::NotFound { agent: agent.clone(), op: *op, what: what.clone() },
+        Error::Mismatch { agent, op, what } => Error::Mismatch { agent: agent.clone(), op: *op, what: what.clone() },
+        Error::NotAllowed { agent, op, reason } => Error::NotAllowed { agent: agent.clone(), op: *op, reason: reason.clone() },
+        Error::RepostActive { agent, op } => Error::RepostActive { agent: agent.clone(), op: *op },
+        Error::NotSupported { agent, op, what } => Error::NotSupported { agent: agent.clone(), op: *op, what: what.clone() },
+        Error::RemoteDisconnect { agent, remote, op, reason } => Error::RemoteDisconnect {
+            agent: agent.clone(),
+            remote: remote.clone(),
+            op: *op,
+            reason: reason.clone(),
+        },
+        Error::PeerRestarted { agent, remote, op, built, current } => Error::PeerRestarted {
+            agent: agent.clone(),
+            remote: remote.clone(),
+            op: *op,
+            built: *built,
+            current: *current,
+        },
+        Error::Canceled { agent, op } => Error::Canceled { agent: agent.clone(), op: *op },
+        Error::TimedOut { agent, op, elapsed } => Error::TimedOut { agent: agent.clone(), op: *op, elapsed: *elapsed },
+        Error::Unavailable { what, hint } => Error::Unavailable { what: what.clone(), hint: hint.clone() },
+        Error::Decode { agent, op, source } => Error::Decode { agent: agent.clone(), op: *op, source: source.clone() },
+        Error::Corrupt { agent, remote, op } => Error::Corrupt { agent: agent.clone(), remote: remote.clone(), op: *op },
+        Error::Io { agent, op, source } => Error::Io {
+            agent: agent.clone(),
+            op: *op,
+            source: std::io::Error::new(source.kind(), source.to_string()),
+        },
+    }
+}
+
+impl XferReq {
+    /// The operation.
+    pub fn op(&self) -> XferOp {
+        self.op
+    }
+
+    /// The backend carrying it.
+    #[doc(alias = "queryXferBackend")]
+    pub fn backend(&self) -> &str {
+        &self.backend.name
+    }
+
+    /// The target agent's name.
+    pub fn remote(&self) -> &str {
+        &self.spec.remote
+    }
+
+    /// Descriptors after merging.
+    pub fn segment_count(&self) -> usize {
+        self.spec.segments.len()
+    }
+
+    /// Total bytes per post.
+    pub fn total_bytes(&self) -> u64 {
+        self.spec.total_bytes()
+    }
+
+    /// The transports this request used (or the backend's path to its target).
+    pub fn path(&self) -> String {
+        let st = lock(&self.state);
+        let p = st.xfer.path().or_else(|| self.backend.backend.path_report(&self.spec.remote));
+        format!("{}: {}", self.backend.name, p.unwrap_or_else(|| "default".to_owned()))
+    }
+
+    /// Telemetry of the latest post.
+    #[doc(alias = "getXferTelemetry")]
+    pub fn telemetry(&self) -> XferTelemetry {
+        lock(&self.state).tel
+    }
+
+    fn peer_check(&self) -> Result<()> {
+        if let Some(p) = &self.remote {
+            if !p.valid.load(Ordering::SeqCst) {
+                let current = lock(&self.shared.remotes).get(&p.name).map(|q| q.generation).unwrap_or(0);
+                return Err(Error::PeerRestarted {
+                    agent: self.shared.name.clone(),
+                    remote: p.name.clone(),
+                    op: Op::PostXfer,
+                    built: p.generation,
+                    current,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Posts the request (NIXL's `postXferReq`). Refused while in flight; allowed again once
+    /// it is done, failed or canceled.
+    pub fn post(&self) -> Result<XferState> {
+        let mut st = lock(&self.state);
+        if let Status::Posted { .. } = st.status {
+            return Err(Error::RepostActive { agent: self.shared.name.clone(), op: Op::PostXfer });
+        }
+        if st.leaked {
+            return Err(Error::not_allowed(&self.shared.name, Op::PostXfer, "an earlier cancel could not be confirmed"));
+        }
+        self.peer_check()?;
+        let start = Instant::now();
+        let r = st.xfer.post();
+        let posted = Instant::now();
+        st.tel = XferTelemetry {
+            start: Some(start),
+            post_duration: posted - start,
+            xfer_duration: Duration::ZERO,
+            bytes: self.spec.total_bytes(),
+            desc_count: self.spec.segments.len(),
+        };
+        match r {
+            Ok(XferState::Done) => {
+                st.tel.xfer_duration = posted - start;
+                st.status = Status::Done;
+                self.shared.counters.completed(self.op == XferOp::Write, &st.tel);
+                Ok(XferState::Done)
+            }
+            Ok(XferState::InProgress) => {
+                st.status = Status::Posted { at: start, deadline: self.timeout.map(|t| start + t) };
+                Ok(XferState::InProgress)
+            }
+            Err(e) => {
+                self.shared.counters.failed();
+                st.status = Status::Failed(dup_error(&e));
+                Err(e)
+            }
+        }
+    }
+
+    /// Polls the request (NIXL's `getXferStatus`): `Done`, `InProgress`, or the terminal error.
+    #[doc(alias = "getXferStatus")]
+    pub fn check(&self) -> Result<XferState> {
+        let mut st = lock(&self.state);
+        self.check_locked(&mut st)
+    }
+
+    fn check_locked(&self, st: &mut ReqState) -> Result<XferState> {
+        match &st.status {
+            Status::Ready => Err(Error::not_allowed(&self.shared.name, Op::CheckXfer, "request was never posted")),
+            Status::Done => Ok(XferState::Done),
+            Status::Failed(e) => Err(dup_error(e)),
+            Status::Canceled => Err(Error::Canceled { agent: self.shared.name.clone(), op: Op::CheckXfer }),
+            Status::Posted { at, deadline } => {
+                let (at, deadline) = (*at, *deadline);
+                // A peer invalidated or restarted mid-transfer: fence the request.
+                if let Err(e) = self.peer_check() {
+                    self.abort_locked(st, dup_error(&e));
+                    return Err(e);
+                }
+                match st.xfer.check() {
+                    Ok(XferState::Done) => {
+                        st.tel.xfer_duration = at.elapsed();
+                        st.status = Status::Done;
+                        self.shared.counters.completed(self.op == XferOp::Write, &st.tel);
+                        Ok(XferState::Done)
+                    }
+                    Ok(XferState::InProgress) => match deadline {
+                        Some(d) if Instant::now() >= d => {
+                            let e = Error::TimedOut { agent: self.shared.name.clone(), op: Op::CheckXfer, elapsed: at.elapsed() };
+                            self.abort_locked(st, dup_error(&e));
+                            Err(e)
+                        }
+                        _ => Ok(XferState::InProgress),
+                    },
+                    Err(e) => {
+                        self.shared.counters.failed();
+                        st.status = Status::Failed(dup_error(&e));
+                        Err(e)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Cancels the in-flight transfer and records `terminal` as its outcome.
+    fn abort_locked(&self, st: &mut ReqState, terminal: Error) {
+        if let Err(e) = st.xfer.cancel() {
+            tracing::error!(agent = %self.shared.name, error = %e, "cancel failed; leaking the request's memory");
+            st.leaked = true;
+        }
+        self.shared.counters.failed();
+        st.status = Status::Failed(terminal);
+    }
+
+    /// Blocks until the request completes, fails, or `timeout` passes; on timeout the request
+    /// is canceled and ends `TimedOut`.
+    pub fn wait(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut spins = 0u32;
+        loop {
+            {
+                let mut st = lock(&self.state);
+                match self.check_locked(&mut st)? {
+                    XferState::Done => return Ok(()),
+                    XferState::InProgress => {
+                        if Instant::now() >= deadline {
+                            let e = Error::TimedOut { agent: self.shared.name.clone(), op: Op::Wait, elapsed: timeout };
+                            self.abort_locked(&mut st, dup_error(&e));
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+            if !self.shared.config.progress_thread && self.backend.caps.needs_progress {
+                let _ = self.backend.backend.progress();
+            }
+            spins += 1;
+            if spins > 1000 {
+                std::thread::sleep(Duration::from_micros(20));
+            } else if spins > 100 {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Cancels the request. Returns once the backend no longer touches its memory; the request
+    /// is then `Canceled` (a request not in flight is left as it is).
+    pub fn cancel(&self) -> Result<()> {
+        let mut st = lock(&self.state);
+        if let Status::Posted { .. } = st.status {
+            if let Err(e) = st.xfer.cancel() {
+                st.leaked = true;
+                st.status = Status::Failed(dup_error(&e));
+                return Err(e);
+            }
+            st.status = Status::Canceled;
+        }
+        Ok(())
+    }
+
+    /// Whether the request is in flight.
+    pub fn is_in_flight(&self) -> bool {
+        matches!(lock(&self.state).status, Status::Posted { .. })
+    }
+}
+
+impl Drop for XferReq {
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Status::Posted { .. } = st.status {
+            if let Err(e) = st.xfer.cancel() {
+                tracing::error!(agent = %self.shared.name, error = %e, "cancel on drop failed; leaking the request's memory");
+                st.leaked = true;
+            }
+        }
+        if st.leaked {
+            for k in std::mem::take(&mut self.keep) {
+                std::mem::forget(k);
+            }
+        }
+    }
+}
+
+impl Agent {
+    /// Resolves descriptors once against registrations (NIXL's `prepXferDlist`).
+    ///
+    /// For [`XferTarget::Initiator`] and for the agent's own name they must lie inside this
+    /// agent's registrations; for a peer, inside its loaded regions. `hints` narrows the
+    /// backends considered.
+    #[doc(alias = "prepXferDlist")]
+    pub fn prep_xfer_dlist(&self, target: XferTarget<'_>, descs: &XferDescList, hints: &[&str]) -> Result<PreparedList> {
+        let me = self.name();
+        let backends = self.select_backends(Op::PrepXferDlist, hints)?;
+        let ids: Vec<usize> = backends.iter().map(|b| b.id).collect();
+        let kind = descs.kind();
+        let side = match target {
+            XferTarget::Initiator => Side::Initiator,
+            XferTarget::Agent(n) if n == me => Side::SelfTarget,
+            XferTarget::Agent(n) => Side::Remote(self.remote_peer(n, Op::PrepXferDlist)?),
+        };
+        let mut entries = Vec::with_capacity(descs.len());
+        let mut local_cache: Vec<(u64, usize, Arc<Keep>, Vec<(usize, BackendMd)>)> = Vec::new();
+        for (i, d) in descs.descs().iter().enumerate() {
+            if d.len == 0 || d.end().is_none() {
+                return Err(Error::invalid(me, Op::PrepXferDlist, format!("descriptor {i} is empty or overflows")));
+            }
+            let entry = match &side {
+                Side::Remote(peer) => {
+                    let r = peer.find(kind, d.dev_id, d.addr, d.len).ok_or_else(|| {
+                        Error::not_found(me, Op::PrepXferDlist, format!("descriptor {i} ({:#x}+{}) in {}'s loaded regions", d.addr, d.len, peer.name))
+                    })?;
+                    let mds: Vec<(usize, BackendMd)> = ids.iter().filter_map(|&id| r.md_for(id).map(|m| (id, m))).collect();
+                    if mds.is_empty() {
+                        return Err(Error::not_found(me, Op::PrepXferDlist, format!("descriptor {i}: no selected backend loaded that region")));
+                    }
+                    let region = Arc::as_ptr(&r) as u64;
+                    PrepEntry { desc: *d, region, mds, keep: Arc::new(Keep::Remote { _held: r }) }
+                }
+                Side::Initiator | Side::SelfTarget => {
+                    let (reg, idx) = lock(&self.shared.regs).find(kind, d.dev_id, d.addr, d.len).ok_or_else(|| {
+                        Error::not_found(me, Op::PrepXferDlist, format!("descriptor {i} ({kind} {:#x}+{} dev {}) in registered memory", d.addr, d.len, d.dev_id))
+                    })?;
+                    let cached = local_cache.iter().find(|(rid, ridx, _, _)| *rid == reg.id && *ridx == idx);
+                    let (keep, mds) = match cached {
+                        Some((_, _, k, m)) => (k.clone(), m.clone()),
+                        None => {
+                            let region = &reg.regions[idx];
+                            let mut mds = Vec::new();
+                            for id in &ids {
+                                if let Some(md) = region.md_for(*id) {
+                                    let md = match side {
+                                        Side::SelfTarget => {
+                                            let Some(slot) = backends.iter().find(|b| b.id == *id) else { continue };
+                                            if !slot.caps.local {
+                                                continue;
+                                            }
+                                            slot.backend.load_local(&region.desc, &md)?
+                                        }
+                                        _ => md,
+                                    };
+                                    mds.push((*id, md));
+                                }
+                            }
+                            if mds.is_empty() {
+                                return Err(Error::not_found(me, Op::PrepXferDlist, format!("descriptor {i}: no selected backend holds that registration")));
+                            }
+                            let keep = Arc::new(Keep::Local { _held: RegUse::new(reg.clone()) });
+                            local_cache.push((reg.id, idx, keep.clone(), mds.clone()));
+                            (keep, mds)
+                        }
+                    };
+                    PrepEntry { desc: *d, region: reg.id << 16 ^ idx as u64, mds, keep }
+                }
+            };
+            entries.push(entry);
+        }
+        Ok(PreparedList { shared: self.shared.clone(), side, kind, entries })
+    }
+
+    /// Builds a request from prepared lists by block index (NIXL's `makeXferReq`); runs that
+    /// are contiguous on both sides are merged.
+    #[doc(alias = "makeXferReq")]
+    pub fn make_prepped_xfer(
+        &self,
+        op: XferOp,
+        local: &PreparedList,
+        local_idx: &[usize],
+        remote: &PreparedList,
+        remote_idx: &[usize],
+        opts: XferOptions,
+    ) -> Result<XferReq> {
+        let me = self.name();
+        if !Arc::ptr_eq(&local.shared, &self.shared) || !Arc::ptr_eq(&remote.shared, &self.shared) {
+            return Err(Error::mismatch(me, Op::MakeXfer, "prepared list belongs to another agent"));
+        }
+        if !matches!(local.side, Side::Initiator) {
+            return Err(Error::invalid(me, Op::MakeXfer, "local list must be prepared for XferTarget::Initiator"));
+        }
+        let (remote_name, remote_peer, is_local) = match &remote.side {
+            Side::Initiator => return Err(Error::invalid(me, Op::MakeXfer, "remote list must be prepared for an agent")),
+            Side::SelfTarget => (self.shared.name.clone(), None, true),
+            Side::Remote(p) => (p.name.clone(), Some(p.clone()), false),
+        };
+        if local_idx.len() != remote_idx.len() {
+            return Err(Error::mismatch(me, Op::MakeXfer, format!("{} local and {} remote indices", local_idx.len(), remote_idx.len())));
+        }
+        if local_idx.is_empty() {
+            return Err(Error::invalid(me, Op::MakeXfer, "no descriptors"));
+        }
+        let mut pairs = Vec::with_capacity(local_idx.len());
+        for (k, (&li, &ri)) in local_idx.iter().zip(remote_idx).enumerate() {
+            let l = local.entries.get(li).ok_or_else(|| Error::invalid(me, Op::MakeXfer, format!("local index {li} out of range ({})", local.len())))?;
+            let r = remote.entries.get(ri).ok_or_else(|| Error::invalid(me, Op::MakeXfer, format!("remote index {ri} out of range ({})", remote.len())))?;
+            if l.desc.len != r.desc.len {
+                return Err(Error::mismatch(me, Op::MakeXfer, format!("pair {k}: local {} bytes, remote {} bytes", l.desc.len, r.desc.len)));
+            }
+            pairs.push((l, r));
+        }
+        // Choose the first backend (in preference order) that holds every entry on both sides.
+        let hints: Vec<&str> = opts.backends.iter().map(String::as_str).collect();
+        let candidates = self.select_backends(Op::MakeXfer, &hints)?;
+        let slot = candidates
+            .into_iter()
+            .filter(|b| if is_local { b.caps.local } else { b.caps.remote })
+            .filter(|b| opts.notif.is_none() || b.caps.notifications)
+            .find(|b| pairs.iter().all(|(l, r)| l.mds.iter().any(|(id, _)| *id == b.id) && r.mds.iter().any(|(id, _)| *id == b.id)))
+            .ok_or_else(|| Error::not_supported(me, Op::MakeXfer, format!("no backend can move {} -> {} to {remote_name}{}", local.kind, remote.kind, if opts.notif.is_some() { " with a notification" } else { "" })))?;
+        let md = |e: &PrepEntry| e.mds.iter().find(|(id, _)| *id == slot.id).map(|(_, m)| m.clone());
+        let triples: Vec<(u64, u64, u64)> = pairs.iter().map(|(l, r)| (l.desc.addr, r.desc.addr, l.desc.len)).collect();
+        let merged = if opts.no_merge {
+            triples.iter().enumerate().map(|(i, &(a, b, c))| (a, b, c, i)).collect()
+        } else {
+            merge_contiguous(&triples, |a, b| {
+                let (la, ra) = pairs[a];
+                let (lb, rb) = pairs[b];
+                la.region == lb.region && ra.region == rb.region && la.desc.dev_id == lb.desc.dev_id && ra.desc.dev_id == rb.desc.dev_id
+            })
+        };
+        let mut segments = Vec::with_capacity(merged.len());
+        for (laddr, raddr, len, first) in merged {
+            let (l, r) = pairs[first];
+            let (Some(local_md), Some(remote_md)) = (md(l), md(r)) else {
+                return Err(Error::not_found(me, Op::MakeXfer, "backend metadata vanished"));
+            };
+            segments.push(Segment {
+                local_addr: laddr,
+                local_dev: l.desc.dev_id,
+                local_md,
+                remote_addr: raddr,
+                remote_dev: r.desc.dev_id,
+                remote_md,
+                len,
+            });
+        }
+        let spec = XferSpec {
+            op,
+            local_kind: local.kind,
+            remote_kind: remote.kind,
+            remote: remote_name,
+            is_local,
+            segments,
+            notif: opts.notif,
+        };
+        let xfer = slot.backend.prepare_xfer(spec.clone())?;
+        let mut keep: Vec<Arc<Keep>> = Vec::new();
+        for (l, r) in &pairs {
+            for k in [&l.keep, &r.keep] {
+                if !keep.iter().any(|x| Arc::ptr_eq(x, k)) {
+                    keep.push(k.clone());
+                }
+            }
+        }
+        Ok(XferReq {
+            shared: self.shared.clone(),
+            op,
+            backend: slot,
+            remote: remote_peer,
+            spec,
+            timeout: opts.timeout,
+            state: Mutex::new(ReqState { status: Status::Ready, xfer, tel: XferTelemetry::default(), leaked: false }),
+            keep,
+        })
+    }
+
+    /// One-shot form: prepares both lists and builds a request over all their descriptors
+    /// (NIXL's `createXferReq`).
+    #[doc(alias = "createXferReq")]
+    pub fn create_xfer_req(&self, op: XferOp, local: &XferDescList, remote: &XferDescList, remote_agent: &str, opts: XferOptions) -> Result<XferReq> {
+        if local.len() != remote.len() {
+            return Err(Error::mismatch(self.name(), Op::MakeXfer, format!("{} local and {} remote descriptors", local.len(), remote.len())));
+        }
+        let hints: Vec<&str> = opts.backends.iter().map(String::as_str).collect();
+        let l = self.prep_xfer_dlist(XferTarget::Initiator, local, &hints)?;
+        let r = self.prep_xfer_dlist(XferTarget::Agent(remote_agent), remote, &hints)?;
+        let idx: Vec<usize> = (0..local.len()).collect();
+        self.make_prepped_xfer(op, &l, &idx, &r, &idx, opts)
+    }
+
+    /// Posts a request (NIXL's `postXferReq`).
+    #[doc(alias = "postXferReq")]
+    pub fn post_xfer_req(&self, req: &XferReq) -> Result<XferState> {
+        self.check_owner(req, Op::PostXfer)?;
+        req.post()
+    }
+
+    /// Polls a request (NIXL's `getXferStatus`).
+    #[doc(alias = "getXferStatus")]
+    pub fn check_xfer_state(&self, req: &XferReq) -> Result<XferState> {
+        self.check_owner(req, Op::CheckXfer)?;
+        req.check()
+    }
+
+    /// The backend a request uses (NIXL's `queryXferBackend`).
+    #[doc(alias = "queryXferBackend")]
+    pub fn query_xfer_backend(&self, req: &XferReq) -> String {
+        req.backend().to_owned()
+    }
+
+    /// The backend's estimate of a request's cost, where it can make one.
+    #[doc(alias = "estimateXferCost")]
+    pub fn estimate_xfer_cost(&self, req: &XferReq) -> Result<Option<CostEstimate>> {
+        self.check_owner(req, Op::EstimateCost)?;
+        req.backend.backend.estimate_cost(&req.spec)
+    }
+
+    fn check_owner(&self, req: &XferReq, op: Op) -> Result<()> {
+        if Arc::ptr_eq(&req.shared, &self.shared) {
+            Ok(())
+        } else {
+            Err(Error::mismatch(self.name(), op, "request belongs to another agent"))
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! nixl-mem (skeleton; filled by its issue).

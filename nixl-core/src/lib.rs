@@ -63,6 +63,8 @@ pub mod codec;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod desc;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 mod error;
 mod fault;
 mod inproc;

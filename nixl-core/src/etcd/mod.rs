@@ -1,0 +1,1 @@
+//! Metadata exchange through etcd (feature `etcd`).

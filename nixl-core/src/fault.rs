@@ -81,12 +81,12 @@ pub enum FaultEvent {
         /// Post number.
         post: u64,
     },
-    /// A byte at this local address was flipped in the data that moved.
+    /// One byte of the data that moved was flipped.
     Corrupt {
         /// Post number.
         post: u64,
-        /// The flipped byte's address on the destination (READ) or source (WRITE) side.
-        addr: u64,
+        /// The byte's offset in the request's payload (segments in order).
+        offset: u64,
     },
     /// The peer died at this post.
     Kill {
@@ -284,15 +284,17 @@ struct FaultXfer {
 }
 
 impl FaultXfer {
-    fn pick_byte(&self) -> Option<u64> {
+    /// A payload offset and the local address of that byte.
+    fn pick_byte(&self) -> Option<(u64, u64)> {
         let total: u64 = self.local.iter().map(|(_, l)| l).sum();
         if total == 0 {
             return None;
         }
-        let mut off = ((self.core.unit() * total as f64) as u64).min(total - 1);
+        let offset = ((self.core.unit() * total as f64) as u64).min(total - 1);
+        let mut off = offset;
         for &(a, l) in &self.local {
             if off < l {
-                return Some(a + off);
+                return Some((offset, a + off));
             }
             off -= l;
         }
@@ -357,8 +359,8 @@ impl BackendXfer for FaultXfer {
             }
         }
         if self.corruptible && core.roll(core.plan.corrupt_prob) {
-            if let Some(addr) = self.pick_byte() {
-                core.log.push(FaultEvent::Corrupt { post, addr });
+            if let Some((offset, addr)) = self.pick_byte() {
+                core.log.push(FaultEvent::Corrupt { post, offset });
                 match self.op {
                     XferOp::Write => {
                         // SAFETY: `addr` lies in the request's local DRAM registration, alive

@@ -1,0 +1,207 @@
+//! Restarted peers, cancel, deadlines, telemetry and fault injection.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{agent, agent_with, registered, unique};
+use nixl_core::{
+    Agent, AgentConfig, Error, FaultEvent, FaultLog, FaultParams, FaultPlan, InprocParams, MemKind, XferDescList, XferOp,
+    XferOptions, XferState, XferTarget,
+};
+
+fn faulty(prefix: &str, plan: FaultPlan) -> (Agent, Arc<FaultLog>) {
+    let a = Agent::new(&unique(prefix), AgentConfig::default()).unwrap();
+    let log = FaultLog::new();
+    a.create_backend(FaultParams::new(InprocParams::default(), plan, log.clone())).unwrap();
+    (a, log)
+}
+
+#[test]
+fn restarted_peer_fails_old_requests_and_new_ones_work() {
+    let a = agent("rs-a");
+    let (sa, _ra) = registered(&a, 4096);
+    let name = unique("rs-b");
+    let b1 = Agent::new(&name, AgentConfig::default()).unwrap();
+    b1.create_backend(InprocParams::default()).unwrap();
+    let (sb1, _rb1) = registered(&b1, 4096);
+    a.load_remote_metadata(&b1.local_metadata().unwrap()).unwrap();
+    let g1 = a.remote_generation(&name).unwrap();
+    let old = a
+        .create_xfer_req(XferOp::Write, &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1), &XferDescList::blocks(MemKind::Dram, sb1.addr(), 4096, 1), &name, XferOptions::default())
+        .unwrap();
+    let old_list = a.prep_xfer_dlist(XferTarget::Agent(&name), &XferDescList::blocks(MemKind::Dram, sb1.addr(), 4096, 1), &[]).unwrap();
+    // The peer "restarts": same name, new incarnation.
+    drop(_rb1);
+    drop(b1);
+    let b2 = Agent::new(&name, AgentConfig::default()).unwrap();
+    b2.create_backend(InprocParams::default()).unwrap();
+    let (sb2, _rb2) = registered(&b2, 4096);
+    a.load_remote_metadata(&b2.local_metadata().unwrap()).unwrap();
+    let g2 = a.remote_generation(&name).unwrap();
+    assert_ne!(g1, g2);
+    match a.post_xfer_req(&old) {
+        Err(Error::PeerRestarted { built, current, .. }) => assert_eq!((built, current), (g1, g2)),
+        other => panic!("expected PeerRestarted, got {other:?}"),
+    }
+    // A request built from the stale prepared list fails the same way.
+    let local = a.prep_xfer_dlist(XferTarget::Initiator, &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1), &[]).unwrap();
+    let stale = a.make_prepped_xfer(XferOp::Write, &local, &[0], &old_list, &[0], XferOptions::default()).unwrap();
+    assert!(matches!(a.post_xfer_req(&stale), Err(Error::PeerRestarted { .. })));
+    // New requests to the new incarnation work, with no restart on this side.
+    sa.fill(9);
+    let new = a
+        .create_xfer_req(XferOp::Write, &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1), &XferDescList::blocks(MemKind::Dram, sb2.addr(), 4096, 1), &name, XferOptions::default())
+        .unwrap();
+    a.post_xfer_req(&new).unwrap();
+    new.wait(Duration::from_secs(5)).unwrap();
+    assert_eq!(sb2.to_vec(), vec![9u8; 4096]);
+}
+
+#[test]
+fn delayed_request_is_canceled_by_its_deadline_and_by_wait() {
+    let plan = FaultPlan { seed: 1, delay_prob: 1.0, delay: (Duration::from_secs(30), Duration::from_secs(30)), ..FaultPlan::default() };
+    let (a, log) = faulty("dl-a", plan);
+    let b = agent("dl-b");
+    let (sa, _ra) = registered(&a, 4096);
+    let (sb, _rb) = registered(&b, 4096);
+    a.load_remote_metadata(&b.local_metadata().unwrap()).unwrap();
+    let mk = |timeout| {
+        a.create_xfer_req(XferOp::Write, &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1), &XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 1), b.name(), XferOptions { timeout, ..XferOptions::default() })
+            .unwrap()
+    };
+    // The request's own deadline.
+    let req = mk(Some(Duration::from_millis(30)));
+    assert_eq!(a.post_xfer_req(&req).unwrap(), XferState::InProgress);
+    assert!(matches!(a.post_xfer_req(&req), Err(Error::RepostActive { .. })));
+    let err = loop {
+        match a.check_xfer_state(&req) {
+            Ok(XferState::InProgress) => std::thread::sleep(Duration::from_millis(2)),
+            Ok(XferState::Done) => panic!("delayed request completed"),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(err, Error::TimedOut { .. }), "{err:?}");
+    assert!(!req.is_in_flight());
+    // Terminal: polling again reports the same error.
+    assert!(matches!(req.check(), Err(Error::TimedOut { .. })));
+    // wait() with a deadline.
+    let req = mk(None);
+    a.post_xfer_req(&req).unwrap();
+    assert!(matches!(req.wait(Duration::from_millis(20)), Err(Error::TimedOut { .. })));
+    // Explicit cancel.
+    let req = mk(None);
+    a.post_xfer_req(&req).unwrap();
+    req.cancel().unwrap();
+    assert!(matches!(req.check(), Err(Error::Canceled { .. })));
+    // Dropping an in-flight request cancels it.
+    let req = mk(None);
+    a.post_xfer_req(&req).unwrap();
+    drop(req);
+    assert_eq!(log.events().iter().filter(|e| matches!(e, FaultEvent::Delay { .. })).count(), 4);
+}
+
+#[test]
+fn injected_faults_are_deterministic_and_detected() {
+    let plan = FaultPlan { seed: 7, error_prob: 0.2, drop_notif_prob: 0.2, dup_notif_prob: 0.2, corrupt_prob: 0.2, ..FaultPlan::default() };
+    let run = || {
+        let (a, log) = faulty("fi-a", plan.clone());
+        let b = agent("fi-b");
+        let (sa, _ra) = registered(&a, 4096);
+        let (sb, _rb) = registered(&b, 4096);
+        a.load_remote_metadata(&b.local_metadata().unwrap()).unwrap();
+        let req = a
+            .create_xfer_req(XferOp::Write, &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1), &XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 1), b.name(), XferOptions::with_notif(b"n".to_vec()))
+            .unwrap();
+        let mut outcomes = Vec::new();
+        for i in 0..200u64 {
+            sa.fill_pattern(i);
+            let ok = a.post_xfer_req(&req).is_ok() && req.wait(Duration::from_secs(5)).is_ok();
+            let notifs = b.get_notifs().unwrap().get(a.name()).map_or(0, Vec::len);
+            let intact = sa.to_vec() == sb.to_vec();
+            outcomes.push((ok, notifs, intact));
+        }
+        (outcomes, log.events())
+    };
+    let (o1, e1) = run();
+    let (o2, e2) = run();
+    assert_eq!(o1, o2, "same seed, same outcomes");
+    assert_eq!(e1, e2, "same seed, same faults");
+    // Each kind of fault happened and is visible in the outcomes.
+    let count = |f: fn(&FaultEvent) -> bool| e1.iter().filter(|e| f(e)).count();
+    let (errors, drops, dups, corrupt) = (
+        count(|e| matches!(e, FaultEvent::Error { .. })),
+        count(|e| matches!(e, FaultEvent::DropNotif { .. })),
+        count(|e| matches!(e, FaultEvent::DupNotif { .. })),
+        count(|e| matches!(e, FaultEvent::Corrupt { .. })),
+    );
+    assert!(errors > 0 && drops > 0 && dups > 0 && corrupt > 0, "{errors} {drops} {dups} {corrupt}");
+    assert_eq!(o1.iter().filter(|o| !o.0).count(), errors);
+    assert_eq!(o1.iter().filter(|o| o.0 && o.1 == 0).count(), drops);
+    assert_eq!(o1.iter().filter(|o| o.1 == 2).count(), dups);
+    assert_eq!(o1.iter().filter(|o| o.0 && !o.2).count(), corrupt);
+}
+
+#[test]
+fn killed_peer_ends_requests_in_remote_disconnect() {
+    let plan = FaultPlan { seed: 3, kill_after_posts: Some(2), ..FaultPlan::default() };
+    let (a, log) = faulty("kill-a", plan);
+    let b = agent("kill-b");
+    let (sa, _ra) = registered(&a, 4096);
+    let (sb, _rb) = registered(&b, 4096);
+    a.load_remote_metadata(&b.local_metadata().unwrap()).unwrap();
+    let req = a
+        .create_xfer_req(XferOp::Read, &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1), &XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 1), b.name(), XferOptions::default())
+        .unwrap();
+    for _ in 0..2 {
+        a.post_xfer_req(&req).unwrap();
+        req.wait(Duration::from_secs(5)).unwrap();
+    }
+    let e = a.post_xfer_req(&req).unwrap_err();
+    assert!(matches!(e, Error::RemoteDisconnect { .. }) && e.is_uncertain(), "{e:?}");
+    assert!(matches!(a.gen_notif(b.name(), b"x", &[]), Err(Error::RemoteDisconnect { .. })));
+    assert_eq!(log.events(), vec![FaultEvent::Kill { post: 3 }]);
+}
+
+#[test]
+fn telemetry_counts_requests_and_bytes() {
+    let a = agent_with("tel-a", AgentConfig { telemetry: true, ..AgentConfig::default() });
+    let b = agent("tel-b");
+    let (sa, _ra) = registered(&a, 65536);
+    let (sb, _rb) = registered(&b, 65536);
+    a.load_remote_metadata(&b.local_metadata().unwrap()).unwrap();
+    let req = a
+        .create_xfer_req(XferOp::Write, &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 16), &XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 16), b.name(), XferOptions::default())
+        .unwrap();
+    assert_eq!(a.query_xfer_backend(&req), "INPROC");
+    assert!(req.path().contains("INPROC"));
+    assert_eq!(a.estimate_xfer_cost(&req).unwrap(), None);
+    for _ in 0..3 {
+        a.post_xfer_req(&req).unwrap();
+        req.wait(Duration::from_secs(5)).unwrap();
+    }
+    let t = req.telemetry();
+    assert_eq!((t.bytes, t.desc_count), (65536, 1));
+    assert!(t.start.is_some());
+    let s = a.telemetry();
+    assert_eq!((s.agent_tx_bytes, s.agent_rx_bytes, s.agent_requests, s.agent_memory_registered), (3 * 65536, 0, 3, 65536));
+    a.set_telemetry(false);
+    a.post_xfer_req(&req).unwrap();
+    assert_eq!(a.telemetry().agent_requests, 3);
+    assert_eq!(a.path_report(b.name()), vec![("INPROC".to_owned(), "in-process memcpy".to_owned())]);
+}
+
+#[test]
+fn loopback_and_self_target() {
+    let a = agent("self");
+    let (s, _r) = registered(&a, 8192);
+    s.fill_pattern(1);
+    let req = a
+        .create_xfer_req(XferOp::Read, &XferDescList::blocks(MemKind::Dram, s.addr() + 4096, 4096, 1), &XferDescList::blocks(MemKind::Dram, s.addr(), 4096, 1), a.name(), XferOptions::default())
+        .unwrap();
+    a.post_xfer_req(&req).unwrap();
+    req.wait(Duration::from_secs(5)).unwrap();
+    let v = s.to_vec();
+    assert_eq!(v[..4096], v[4096..]);
+}

@@ -1,0 +1,125 @@
+//! Metadata exchange over the TCP side channel between two agents on 127.0.0.1.
+
+mod common;
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use common::{agent_with, registered, unique};
+use nixl_core::{Agent, AgentConfig, Error, MemKind, XferDescList, XferOp, XferOptions, XferTarget};
+
+fn listening(prefix: &str) -> Agent {
+    agent_with(prefix, AgentConfig { listen: true, default_timeout: Duration::from_secs(5), ..AgentConfig::default() })
+}
+
+#[test]
+fn push_fetch_transfer_and_invalidate() {
+    let a = listening("sc-a");
+    let b = listening("sc-b");
+    let (sa, _ra) = registered(&a, 8192);
+    let (sb, _rb) = registered(&b, 8192);
+    let (addr_a, addr_b) = (a.listen_addr().unwrap(), b.listen_addr().unwrap());
+    assert!(addr_a.ip().is_loopback());
+
+    // a pushes its metadata to b; a fetches b's, blocking with a deadline.
+    a.send_local_metadata(addr_b).unwrap();
+    assert!(b.check_remote_metadata(a.name(), None));
+    assert_eq!(a.fetch_remote_metadata_blocking(b.name(), addr_b, Duration::from_secs(5)).unwrap(), b.name());
+
+    sa.fill_pattern(3);
+    let req = a
+        .create_xfer_req(XferOp::Write, &XferDescList::blocks(MemKind::Dram, sa.addr(), 8192, 1), &XferDescList::blocks(MemKind::Dram, sb.addr(), 8192, 1), b.name(), XferOptions::with_notif(b"hi".to_vec()))
+        .unwrap();
+    a.post_xfer_req(&req).unwrap();
+    req.wait(Duration::from_secs(5)).unwrap();
+    assert_eq!(sa.to_vec(), sb.to_vec());
+    assert_eq!(b.wait_notifs(Duration::from_secs(5)).unwrap()[a.name()], vec![b"hi".to_vec()]);
+
+    // a tells b to forget it.
+    a.invalidate_local_metadata(addr_b).unwrap();
+    assert!(!b.check_remote_metadata(a.name(), None));
+}
+
+#[test]
+fn asynchronous_fetch_is_polled() {
+    let a = listening("af-a");
+    let b = listening("af-b");
+    let (sb, _rb) = registered(&b, 4096);
+    a.fetch_remote_metadata(b.name(), b.listen_addr().unwrap()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !a.fetch_status(b.name()).unwrap() {
+        assert!(Instant::now() < deadline, "fetch did not finish");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(a.check_remote_metadata(b.name(), Some(&XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 1))));
+    assert!(a.prep_xfer_dlist(XferTarget::Agent(b.name()), &XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 1), &[]).is_ok());
+}
+
+#[test]
+fn fetching_the_wrong_name_or_from_nobody_fails() {
+    let a = listening("wn-a");
+    let b = listening("wn-b");
+    let r = a.fetch_remote_metadata_blocking("someone-else", b.listen_addr().unwrap(), Duration::from_secs(5));
+    assert!(matches!(r, Err(Error::NotFound { .. })), "{r:?}");
+    assert!(a.remotes().is_empty());
+    // Background fetch from a closed port reports its failure.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    a.fetch_remote_metadata("ghost", closed).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match a.fetch_status("ghost") {
+            Ok(false) => {}
+            Ok(true) => panic!("fetched from a closed port"),
+            Err(e) => {
+                assert!(matches!(e, Error::NotFound { .. }));
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "fetch never failed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(matches!(a.fetch_remote_metadata("", closed), Err(Error::InvalidParam { .. })));
+}
+
+#[test]
+fn hostile_clients_do_not_break_the_listener() {
+    let b = listening("hostile");
+    let addr = b.listen_addr().unwrap();
+    // Oversized frame header, unknown type, garbage metadata, a client that says nothing.
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(&[0xff, 0xff, 0xff, 0xff, 1]).unwrap();
+    drop(s);
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    nixl_core::sidechannel::write_frame(&mut s, 77, b"").unwrap();
+    let f = nixl_core::sidechannel::read_frame(&mut s).unwrap();
+    assert_eq!(f.kind, 12);
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    nixl_core::sidechannel::write_frame(&mut s, 1, b"NIXLRSMD garbage").unwrap();
+    let f = nixl_core::sidechannel::read_frame(&mut s).unwrap();
+    assert_eq!(f.kind, 12, "garbage metadata must be refused");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    nixl_core::sidechannel::write_frame(&mut s, 3, &[200, 0, 1]).unwrap();
+    assert_eq!(nixl_core::sidechannel::read_frame(&mut s).unwrap().kind, 12);
+    let _silent = std::net::TcpStream::connect(addr).unwrap();
+    // The listener still serves a real peer.
+    let a = Agent::new(&unique("hostile-a"), AgentConfig::default()).unwrap();
+    a.create_backend(nixl_core::InprocParams::default()).unwrap();
+    a.send_local_metadata(addr).unwrap();
+    assert!(b.remotes().contains(&a.name().to_owned()));
+}
+
+#[test]
+fn listener_stops_when_the_agent_is_dropped() {
+    let b = listening("stop");
+    let addr = b.listen_addr().unwrap();
+    drop(b);
+    // The port is released: a new listener can bind it, or connecting fails.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if std::net::TcpListener::bind(addr).is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "listener still bound");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -21,3 +21,6 @@ pub use nixl_backend_libfabric as libfabric;
 /// The storage backends: POSIX files, GPUDirect Storage, S3 (features `posix`, `gds`, `s3`).
 #[cfg(any(feature = "posix", feature = "gds", feature = "s3"))]
 pub use nixl_backend_gds as storage;
+
+#[doc = include_str!("../docs/concepts.md")]
+pub mod concepts {}

@@ -1,0 +1,13 @@
+//! Side-channel frame and invalidation parsing never panics or over-allocates.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use nixl_core::sidechannel::{parse_invalidate, read_frame};
+
+fuzz_target!(|data: &[u8]| {
+    let mut cur = data;
+    while let Ok(f) = read_frame(&mut cur) {
+        let _ = parse_invalidate(&f.payload);
+    }
+    let _ = parse_invalidate(data);
+});

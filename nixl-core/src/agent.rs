@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::backend::{Backend, BackendContext, BackendParams, BackendPlugin, Capabilities, QueryResult};
+use crate::backend::{
+    Backend, BackendContext, BackendParams, BackendPlugin, Capabilities, QueryResult,
+};
 use crate::error::{Error, Op, Result};
 use crate::mem::RegionDesc;
 use crate::notif::{NotifQueue, Notifs};
@@ -58,7 +60,14 @@ impl std::fmt::Debug for AgentConfig {
             .field("listen_addr", &self.listen_addr)
             .field("telemetry", &self.telemetry)
             .field("default_timeout", &self.default_timeout)
-            .field("plugins", &self.plugins.iter().map(|p| p.name().to_owned()).collect::<Vec<_>>())
+            .field(
+                "plugins",
+                &self
+                    .plugins
+                    .iter()
+                    .map(|p| p.name().to_owned())
+                    .collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -73,7 +82,10 @@ pub(crate) struct BackendSlot {
 
 impl std::fmt::Debug for BackendSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BackendSlot").field("id", &self.id).field("name", &self.name).finish()
+        f.debug_struct("BackendSlot")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .finish()
     }
 }
 
@@ -110,7 +122,10 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Shared {
     pub fn backends(&self) -> Vec<Arc<BackendSlot>> {
-        self.backends.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.backends
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub fn next_id(&self) -> u64 {
@@ -208,7 +223,11 @@ impl Agent {
     /// bind.
     pub fn new(name: &str, config: AgentConfig) -> Result<Self> {
         if name.is_empty() || name.len() > crate::codec::MAX_NAME {
-            return Err(Error::invalid(name, Op::CreateBackend, "agent name must be 1..=256 bytes"));
+            return Err(Error::invalid(
+                name,
+                Op::CreateBackend,
+                "agent name must be 1..=256 bytes",
+            ));
         }
         let shared = Arc::new(Shared {
             name: name.to_owned(),
@@ -279,7 +298,12 @@ impl Agent {
     /// Backend types this agent can create by name.
     #[doc(alias = "getAvailPlugins")]
     pub fn available_backends(&self) -> Vec<String> {
-        self.shared.config.plugins.iter().map(|p| p.name().to_owned()).collect()
+        self.shared
+            .config
+            .plugins
+            .iter()
+            .map(|p| p.name().to_owned())
+            .collect()
     }
 
     /// Default parameters of a backend type, as strings.
@@ -294,7 +318,13 @@ impl Agent {
             .plugins
             .iter()
             .find(|p| p.name().eq_ignore_ascii_case(backend))
-            .ok_or_else(|| Error::not_found(self.name(), Op::CreateBackend, format!("backend type {backend}")))
+            .ok_or_else(|| {
+                Error::not_found(
+                    self.name(),
+                    Op::CreateBackend,
+                    format!("backend type {backend}"),
+                )
+            })
     }
 
     /// Creates a backend from typed params (each backend crate's params struct).
@@ -304,7 +334,11 @@ impl Agent {
     }
 
     /// Creates a backend by type name from a string map (parsed once by the backend's plugin).
-    pub fn create_backend_named(&self, backend: &str, params: &BTreeMap<String, String>) -> Result<String> {
+    pub fn create_backend_named(
+        &self,
+        backend: &str,
+        params: &BTreeMap<String, String>,
+    ) -> Result<String> {
         let p = self.plugin(backend)?.parse_params(params)?;
         self.create_backend_boxed(p)
     }
@@ -312,7 +346,11 @@ impl Agent {
     fn create_backend_boxed(&self, params: Box<dyn BackendParams>) -> Result<String> {
         let wanted = params.backend_name().to_owned();
         if self.shared.backends().iter().any(|b| b.name == wanted) {
-            return Err(Error::not_allowed(self.name(), Op::CreateBackend, format!("backend {wanted} already exists")));
+            return Err(Error::not_allowed(
+                self.name(),
+                Op::CreateBackend,
+                format!("backend {wanted} already exists"),
+            ));
         }
         let ctx = BackendContext {
             agent: self.shared.name.clone(),
@@ -321,19 +359,36 @@ impl Agent {
         let backend = params.create(ctx)?;
         let caps = backend.capabilities();
         let name = backend.name().to_owned();
-        let mut slots = self.shared.backends.write().unwrap_or_else(|p| p.into_inner());
+        let mut slots = self
+            .shared
+            .backends
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
         if slots.iter().any(|b| b.name == name) {
-            return Err(Error::not_allowed(self.name(), Op::CreateBackend, format!("backend {name} already exists")));
+            return Err(Error::not_allowed(
+                self.name(),
+                Op::CreateBackend,
+                format!("backend {name} already exists"),
+            ));
         }
         let id = slots.len();
-        slots.push(Arc::new(BackendSlot { id, name: name.clone(), backend, caps }));
+        slots.push(Arc::new(BackendSlot {
+            id,
+            name: name.clone(),
+            backend,
+            caps,
+        }));
         tracing::debug!(agent = %self.name(), backend = %name, "backend created");
         Ok(name)
     }
 
     /// Names of the backends created on this agent, in creation order.
     pub fn backends(&self) -> Vec<String> {
-        self.shared.backends().iter().map(|b| b.name.clone()).collect()
+        self.shared
+            .backends()
+            .iter()
+            .map(|b| b.name.clone())
+            .collect()
     }
 
     /// A backend's capabilities.
@@ -343,7 +398,9 @@ impl Agent {
             .iter()
             .find(|b| b.name == backend)
             .map(|b| b.caps.clone())
-            .ok_or_else(|| Error::not_found(self.name(), Op::CreateBackend, format!("backend {backend}")))
+            .ok_or_else(|| {
+                Error::not_found(self.name(), Op::CreateBackend, format!("backend {backend}"))
+            })
     }
 
     pub(crate) fn select_backends(&self, op: Op, hints: &[&str]) -> Result<Vec<Arc<BackendSlot>>> {
@@ -364,7 +421,11 @@ impl Agent {
 
     /// Queries storage regions (existence and size) through backends that support their kind.
     #[doc(alias = "queryMem")]
-    pub fn query_mem(&self, regions: &[RegionDesc], hints: &[&str]) -> Result<Vec<Option<QueryResult>>> {
+    pub fn query_mem(
+        &self,
+        regions: &[RegionDesc],
+        hints: &[&str],
+    ) -> Result<Vec<Option<QueryResult>>> {
         let backends = self.select_backends(Op::QueryMem, hints)?;
         regions
             .iter()
@@ -404,7 +465,9 @@ impl Agent {
                 });
             }
             if self.shared.config.progress_thread {
-                self.shared.notifs.wait_nonempty(deadline.min(Instant::now() + Duration::from_millis(10)));
+                self.shared
+                    .notifs
+                    .wait_nonempty(deadline.min(Instant::now() + Duration::from_millis(10)));
             } else {
                 std::thread::yield_now();
             }
@@ -419,7 +482,13 @@ impl Agent {
         let slot = backends
             .iter()
             .find(|b| b.caps.notifications && peer.is_connected(b.id))
-            .ok_or_else(|| Error::not_supported(self.name(), Op::GenNotif, format!("no backend with notifications reaches {remote}")))?;
+            .ok_or_else(|| {
+                Error::not_supported(
+                    self.name(),
+                    Op::GenNotif,
+                    format!("no backend with notifications reaches {remote}"),
+                )
+            })?;
         slot.backend.gen_notif(remote, msg)
     }
 

@@ -118,10 +118,15 @@ impl AgentMetadata {
         for _ in 0..nb {
             let bname = r.string("backend name")?;
             if bname.is_empty() || backends.iter().any(|b: &BackendEntry| b.name == bname) {
-                return Err(DecodeError::Invalid { what: "backend name" });
+                return Err(DecodeError::Invalid {
+                    what: "backend name",
+                });
             }
             let conn_info = r.blob("connection info")?.to_vec();
-            backends.push(BackendEntry { name: bname, conn_info });
+            backends.push(BackendEntry {
+                name: bname,
+                conn_info,
+            });
         }
         // A region record is at least 4 + 1 + 24 + 4 + 4 = 37 bytes.
         let nr = r.count("region count", MAX_REGIONS, 37)?;
@@ -129,20 +134,32 @@ impl AgentMetadata {
         for _ in 0..nr {
             let backend = r.u32()? as usize;
             if backend >= backends.len() {
-                return Err(DecodeError::Invalid { what: "region backend index" });
+                return Err(DecodeError::Invalid {
+                    what: "region backend index",
+                });
             }
-            let kind = MemKind::from_tag(r.u8()?).ok_or(DecodeError::Invalid { what: "memory kind" })?;
+            let kind = MemKind::from_tag(r.u8()?).ok_or(DecodeError::Invalid {
+                what: "memory kind",
+            })?;
             let addr = r.u64()?;
             let len = r.u64()?;
             let dev_id = r.u64()?;
             if len == 0 || addr.checked_add(len).is_none() {
-                return Err(DecodeError::Invalid { what: "region range" });
+                return Err(DecodeError::Invalid {
+                    what: "region range",
+                });
             }
             let meta = r.blob("region meta")?.to_vec();
             let public = r.blob("region public metadata")?.to_vec();
             regions.push(RegionEntry {
                 backend,
-                desc: RegionDesc { kind, addr, len, dev_id, meta },
+                desc: RegionDesc {
+                    kind,
+                    addr,
+                    len,
+                    dev_id,
+                    meta,
+                },
                 public,
             });
         }
@@ -212,14 +229,26 @@ impl<'a> Reader<'a> {
 
     /// A count bounded by `limit` and by what the remaining bytes could hold at `min_size`
     /// bytes per element.
-    fn count(&mut self, what: &'static str, limit: usize, min_size: usize) -> Result<usize, DecodeError> {
+    fn count(
+        &mut self,
+        what: &'static str,
+        limit: usize,
+        min_size: usize,
+    ) -> Result<usize, DecodeError> {
         let n = self.u32()? as usize;
         let room = (self.buf.len() - self.pos) / min_size.max(1);
         if n > limit {
-            return Err(DecodeError::TooLarge { what, value: n as u64, limit: limit as u64 });
+            return Err(DecodeError::TooLarge {
+                what,
+                value: n as u64,
+                limit: limit as u64,
+            });
         }
         if n > room {
-            return Err(DecodeError::Truncated { offset: self.pos, needed: (n - room) * min_size });
+            return Err(DecodeError::Truncated {
+                offset: self.pos,
+                needed: (n - room) * min_size,
+            });
         }
         Ok(n)
     }
@@ -227,7 +256,11 @@ impl<'a> Reader<'a> {
     fn blob(&mut self, what: &'static str) -> Result<&'a [u8], DecodeError> {
         let n = self.u32()? as usize;
         if n > MAX_BLOB {
-            return Err(DecodeError::TooLarge { what, value: n as u64, limit: MAX_BLOB as u64 });
+            return Err(DecodeError::TooLarge {
+                what,
+                value: n as u64,
+                limit: MAX_BLOB as u64,
+            });
         }
         self.take(n)
     }
@@ -235,7 +268,11 @@ impl<'a> Reader<'a> {
     fn string(&mut self, what: &'static str) -> Result<String, DecodeError> {
         let n = self.u32()? as usize;
         if n > MAX_NAME {
-            return Err(DecodeError::TooLarge { what, value: n as u64, limit: MAX_NAME as u64 });
+            return Err(DecodeError::TooLarge {
+                what,
+                value: n as u64,
+                limit: MAX_NAME as u64,
+            });
         }
         let b = self.take(n)?;
         std::str::from_utf8(b)
@@ -258,29 +295,46 @@ mod tests {
             ("[A-Z]{1,8}", proptest::collection::vec(any::<u8>(), 0..64)),
             1..4,
         );
-        (("[a-z0-9-]{1,32}", any::<u64>(), any::<bool>()), backends).prop_flat_map(|((name, generation, conn), bes)| {
-            let mut seen = std::collections::HashSet::new();
-            let backends: Vec<BackendEntry> = bes
-                .into_iter()
-                .filter(|(n, _)| seen.insert(n.clone()))
-                .map(|(name, conn_info)| BackendEntry { name, conn_info })
-                .collect();
-            let nb = backends.len();
-            let region = (0..nb, kind(), 0u64..(1 << 40), 1u64..(1 << 30), any::<u64>(),
-                proptest::collection::vec(any::<u8>(), 0..16), proptest::collection::vec(any::<u8>(), 0..64))
-                .prop_map(|(backend, kind, addr, len, dev_id, meta, public)| RegionEntry {
-                    backend,
-                    desc: RegionDesc { kind, addr, len, dev_id, meta },
-                    public,
-                });
-            proptest::collection::vec(region, 0..16).prop_map(move |regions| AgentMetadata {
-                name: name.clone(),
-                generation,
-                has_conn_info: conn,
-                backends: backends.clone(),
-                regions,
-            })
-        })
+        (("[a-z0-9-]{1,32}", any::<u64>(), any::<bool>()), backends).prop_flat_map(
+            |((name, generation, conn), bes)| {
+                let mut seen = std::collections::HashSet::new();
+                let backends: Vec<BackendEntry> = bes
+                    .into_iter()
+                    .filter(|(n, _)| seen.insert(n.clone()))
+                    .map(|(name, conn_info)| BackendEntry { name, conn_info })
+                    .collect();
+                let nb = backends.len();
+                let region = (
+                    0..nb,
+                    kind(),
+                    0u64..(1 << 40),
+                    1u64..(1 << 30),
+                    any::<u64>(),
+                    proptest::collection::vec(any::<u8>(), 0..16),
+                    proptest::collection::vec(any::<u8>(), 0..64),
+                )
+                    .prop_map(
+                        |(backend, kind, addr, len, dev_id, meta, public)| RegionEntry {
+                            backend,
+                            desc: RegionDesc {
+                                kind,
+                                addr,
+                                len,
+                                dev_id,
+                                meta,
+                            },
+                            public,
+                        },
+                    );
+                proptest::collection::vec(region, 0..16).prop_map(move |regions| AgentMetadata {
+                    name: name.clone(),
+                    generation,
+                    has_conn_info: conn,
+                    backends: backends.clone(),
+                    regions,
+                })
+            },
+        )
     }
 
     proptest! {
@@ -324,19 +378,34 @@ mod tests {
         b.extend_from_slice(&0u64.to_le_bytes());
         b.push(0);
         b.extend_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(AgentMetadata::decode(&b), Err(DecodeError::TooLarge { .. })));
+        assert!(matches!(
+            AgentMetadata::decode(&b),
+            Err(DecodeError::TooLarge { .. })
+        ));
         let mut b2 = b.clone();
         let n = b2.len();
         b2[n - 4..].copy_from_slice(&60u32.to_le_bytes());
-        assert!(matches!(AgentMetadata::decode(&b2), Err(DecodeError::Truncated { .. })));
+        assert!(matches!(
+            AgentMetadata::decode(&b2),
+            Err(DecodeError::Truncated { .. })
+        ));
     }
 
     #[test]
     fn version_and_magic_are_checked() {
-        let md = AgentMetadata { name: "a".into(), generation: 1, has_conn_info: true, backends: vec![], regions: vec![] };
+        let md = AgentMetadata {
+            name: "a".into(),
+            generation: 1,
+            has_conn_info: true,
+            backends: vec![],
+            regions: vec![],
+        };
         let mut b = md.encode();
         b[8] = 9;
-        assert_eq!(AgentMetadata::decode(&b), Err(DecodeError::UnsupportedVersion(9)));
+        assert_eq!(
+            AgentMetadata::decode(&b),
+            Err(DecodeError::UnsupportedVersion(9))
+        );
         b[0] = b'X';
         assert_eq!(AgentMetadata::decode(&b), Err(DecodeError::BadMagic));
         let mut t = md.encode();

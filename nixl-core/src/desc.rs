@@ -16,7 +16,11 @@ pub struct Desc {
 impl Desc {
     /// A descriptor on device 0 (DRAM).
     pub fn new(addr: u64, len: u64) -> Self {
-        Desc { addr, len, dev_id: 0 }
+        Desc {
+            addr,
+            len,
+            dev_id: 0,
+        }
     }
 
     /// A descriptor on a given device.
@@ -89,7 +93,9 @@ impl XferDescList {
 
     /// The total number of bytes, or `None` on overflow.
     pub fn total_bytes(&self) -> Option<u64> {
-        self.descs.iter().try_fold(0u64, |acc, d| acc.checked_add(d.len))
+        self.descs
+            .iter()
+            .try_fold(0u64, |acc, d| acc.checked_add(d.len))
     }
 }
 

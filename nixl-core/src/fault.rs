@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use crate::agent::lock;
 use crate::backend::{
-    Backend, BackendContext, BackendMd, BackendParams, BackendXfer, Capabilities, CostEstimate, QueryResult, XferSpec,
-    XferState,
+    Backend, BackendContext, BackendMd, BackendParams, BackendXfer, Capabilities, CostEstimate,
+    QueryResult, XferSpec, XferState,
 };
 use crate::desc::XferOp;
 use crate::error::{Error, Op, Result};
@@ -131,7 +131,11 @@ pub struct FaultParams {
 impl FaultParams {
     /// Wraps `inner` with `plan`, recording into `log`.
     pub fn new<P: BackendParams + 'static>(inner: P, plan: FaultPlan, log: Arc<FaultLog>) -> Self {
-        FaultParams { inner: Box::new(inner), plan, log }
+        FaultParams {
+            inner: Box::new(inner),
+            plan,
+            log,
+        }
     }
 }
 
@@ -226,7 +230,11 @@ impl Backend for FaultInjector {
         // The wrapper sends the notification itself, after the data, so it can drop or
         // duplicate it.
         let notif = spec.notif.take();
-        let local: Vec<(u64, u64)> = spec.segments.iter().map(|s| (s.local_addr, s.len)).collect();
+        let local: Vec<(u64, u64)> = spec
+            .segments
+            .iter()
+            .map(|s| (s.local_addr, s.len))
+            .collect();
         let remote = spec.remote.clone();
         let op = spec.op;
         let corruptible = spec.local_kind == MemKind::Dram;
@@ -259,7 +267,10 @@ impl Backend for FaultInjector {
         self.0.inner.estimate_cost(spec)
     }
     fn path_report(&self, remote: &str) -> Option<String> {
-        self.0.inner.path_report(remote).map(|p| format!("{p} (fault injection)"))
+        self.0
+            .inner
+            .path_report(remote)
+            .map(|p| format!("{p} (fault injection)"))
     }
     fn query(&self, region: &RegionDesc) -> Result<Option<QueryResult>> {
         self.0.inner.query(region)
@@ -338,7 +349,12 @@ impl BackendXfer for FaultXfer {
         }
         if core.roll(core.plan.error_prob) {
             core.log.push(FaultEvent::Error { post });
-            return Err(Error::backend(&core.agent, core.inner.name(), Op::PostXfer, "injected fault"));
+            return Err(Error::backend(
+                &core.agent,
+                core.inner.name(),
+                Op::PostXfer,
+                "injected fault",
+            ));
         }
         self.ready_at = None;
         if core.roll(core.plan.delay_prob) {

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use crate::agent::lock;
 use crate::backend::{
-    downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer, Capabilities, XferSpec,
-    XferState,
+    downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
+    Capabilities, XferSpec, XferState,
 };
 use crate::desc::XferOp;
 use crate::error::{Error, Op, Result};
@@ -56,7 +56,10 @@ pub struct InprocBackend {
 
 impl std::fmt::Debug for InprocBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("InprocBackend").field("agent", &self.agent).field("endpoint", &self.ep.id).finish()
+        f.debug_struct("InprocBackend")
+            .field("agent", &self.agent)
+            .field("endpoint", &self.ep.id)
+            .finish()
     }
 }
 
@@ -83,9 +86,16 @@ impl BackendPlugin for InprocPlugin {
         std::collections::BTreeMap::new()
     }
 
-    fn parse_params(&self, params: &std::collections::BTreeMap<String, String>) -> Result<Box<dyn BackendParams>> {
+    fn parse_params(
+        &self,
+        params: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Box<dyn BackendParams>> {
         if let Some(k) = params.keys().next() {
-            return Err(Error::invalid("", Op::CreateBackend, format!("INPROC takes no parameter {k}")));
+            return Err(Error::invalid(
+                "",
+                Op::CreateBackend,
+                format!("INPROC takes no parameter {k}"),
+            ));
         }
         Ok(Box::new(InprocParams::default()))
     }
@@ -97,11 +107,19 @@ impl InprocBackend {
     /// Creates the backend for an agent.
     pub fn new(ctx: BackendContext) -> Self {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let ep = Arc::new(Endpoint { id, notifs: ctx.notifs, regions: RwLock::new(HashMap::new()) });
+        let ep = Arc::new(Endpoint {
+            id,
+            notifs: ctx.notifs,
+            regions: RwLock::new(HashMap::new()),
+        });
         let mut eps = lock(&ENDPOINTS);
         eps.retain(|_, w| w.strong_count() > 0);
         eps.insert(id, Arc::downgrade(&ep));
-        InprocBackend { agent: ctx.agent, ep, peers: Mutex::new(HashMap::new()) }
+        InprocBackend {
+            agent: ctx.agent,
+            ep,
+            peers: Mutex::new(HashMap::new()),
+        }
     }
 
     fn peer(&self, remote: &str, op: Op) -> Result<Arc<Endpoint>> {
@@ -118,7 +136,13 @@ impl Backend for InprocBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { mem_kinds: vec![MemKind::Dram], remote: true, local: true, notifications: true, needs_progress: false }
+        Capabilities {
+            mem_kinds: vec![MemKind::Dram],
+            remote: true,
+            local: true,
+            notifications: true,
+            needs_progress: false,
+        }
     }
 
     fn connection_info(&self) -> Result<Vec<u8>> {
@@ -130,18 +154,36 @@ impl Backend for InprocBackend {
 
     fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
         if info.len() != 18 || &info[..6] != CONN_MAGIC {
-            return Err(Error::invalid(&self.agent, Op::LoadMetadata, "malformed INPROC connection info"));
+            return Err(Error::invalid(
+                &self.agent,
+                Op::LoadMetadata,
+                "malformed INPROC connection info",
+            ));
         }
         let mut pid = [0u8; 4];
         pid.copy_from_slice(&info[6..10]);
         if u32::from_le_bytes(pid) != std::process::id() {
-            return Err(Error::not_supported(&self.agent, Op::LoadMetadata, format!("{remote} is in another process; INPROC connects agents of one process")));
+            return Err(Error::not_supported(
+                &self.agent,
+                Op::LoadMetadata,
+                format!("{remote} is in another process; INPROC connects agents of one process"),
+            ));
         }
         let mut id = [0u8; 8];
         id.copy_from_slice(&info[10..18]);
         let id = u64::from_le_bytes(id);
-        let ep = lock(&ENDPOINTS).get(&id).cloned().filter(|w| w.strong_count() > 0);
-        let ep = ep.ok_or_else(|| Error::disconnected(&self.agent, remote, Op::LoadMetadata, "endpoint no longer exists"))?;
+        let ep = lock(&ENDPOINTS)
+            .get(&id)
+            .cloned()
+            .filter(|w| w.strong_count() > 0);
+        let ep = ep.ok_or_else(|| {
+            Error::disconnected(
+                &self.agent,
+                remote,
+                Op::LoadMetadata,
+                "endpoint no longer exists",
+            )
+        })?;
         lock(&self.peers).insert(remote.to_owned(), ep);
         Ok(())
     }
@@ -153,52 +195,99 @@ impl Backend for InprocBackend {
 
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
         if region.kind != MemKind::Dram {
-            return Err(Error::not_supported(&self.agent, Op::RegisterMem, format!("INPROC registers DRAM, not {}", region.kind)));
+            return Err(Error::not_supported(
+                &self.agent,
+                Op::RegisterMem,
+                format!("INPROC registers DRAM, not {}", region.kind),
+            ));
         }
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        self.ep.regions.write().unwrap_or_else(|p| p.into_inner()).insert(id, (region.addr, region.len));
+        self.ep
+            .regions
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, (region.addr, region.len));
         Ok(Arc::new(LocalMd { region: id }))
     }
 
     fn deregister(&self, md: BackendMd) -> Result<()> {
-        let m = downcast_md::<LocalMd>(&md).ok_or_else(|| Error::invalid(&self.agent, Op::DeregisterMem, "not INPROC metadata"))?;
-        self.ep.regions.write().unwrap_or_else(|p| p.into_inner()).remove(&m.region);
+        let m = downcast_md::<LocalMd>(&md)
+            .ok_or_else(|| Error::invalid(&self.agent, Op::DeregisterMem, "not INPROC metadata"))?;
+        self.ep
+            .regions
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&m.region);
         Ok(())
     }
 
     fn public_metadata(&self, md: &BackendMd) -> Result<Vec<u8>> {
-        let m = downcast_md::<LocalMd>(md).ok_or_else(|| Error::invalid(&self.agent, Op::LocalMetadata, "not INPROC metadata"))?;
+        let m = downcast_md::<LocalMd>(md)
+            .ok_or_else(|| Error::invalid(&self.agent, Op::LocalMetadata, "not INPROC metadata"))?;
         Ok(m.region.to_le_bytes().to_vec())
     }
 
     fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
-        let id = <[u8; 8]>::try_from(public).map(u64::from_le_bytes).map_err(|_| Error::invalid(&self.agent, Op::LoadMetadata, "malformed INPROC region metadata"))?;
+        let id = <[u8; 8]>::try_from(public)
+            .map(u64::from_le_bytes)
+            .map_err(|_| {
+                Error::invalid(
+                    &self.agent,
+                    Op::LoadMetadata,
+                    "malformed INPROC region metadata",
+                )
+            })?;
         let ep = self.peer(remote, Op::LoadMetadata)?;
-        let found = ep.regions.read().unwrap_or_else(|p| p.into_inner()).get(&id).copied();
+        let found = ep
+            .regions
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&id)
+            .copied();
         if found != Some((region.addr, region.len)) {
-            return Err(Error::not_found(&self.agent, Op::LoadMetadata, format!("region {id} of {remote}")));
+            return Err(Error::not_found(
+                &self.agent,
+                Op::LoadMetadata,
+                format!("region {id} of {remote}"),
+            ));
         }
-        Ok(Arc::new(TargetMd { ep: Arc::downgrade(&ep), region: id }))
+        Ok(Arc::new(TargetMd {
+            ep: Arc::downgrade(&ep),
+            region: id,
+        }))
     }
 
     fn load_local(&self, _region: &RegionDesc, md: &BackendMd) -> Result<BackendMd> {
-        let m = downcast_md::<LocalMd>(md).ok_or_else(|| Error::invalid(&self.agent, Op::PrepXferDlist, "not INPROC metadata"))?;
-        Ok(Arc::new(TargetMd { ep: Arc::downgrade(&self.ep), region: m.region }))
+        let m = downcast_md::<LocalMd>(md)
+            .ok_or_else(|| Error::invalid(&self.agent, Op::PrepXferDlist, "not INPROC metadata"))?;
+        Ok(Arc::new(TargetMd {
+            ep: Arc::downgrade(&self.ep),
+            region: m.region,
+        }))
     }
 
     fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
         if spec.local_kind != MemKind::Dram || spec.remote_kind != MemKind::Dram {
-            return Err(Error::not_supported(&self.agent, Op::MakeXfer, "INPROC moves DRAM only"));
+            return Err(Error::not_supported(
+                &self.agent,
+                Op::MakeXfer,
+                "INPROC moves DRAM only",
+            ));
         }
         let mut segs = Vec::with_capacity(spec.segments.len());
         let mut target: Option<Weak<Endpoint>> = None;
         for s in &spec.segments {
-            let t = downcast_md::<TargetMd>(&s.remote_md).ok_or_else(|| Error::invalid(&self.agent, Op::MakeXfer, "remote metadata is not INPROC's"))?;
-            downcast_md::<LocalMd>(&s.local_md).ok_or_else(|| Error::invalid(&self.agent, Op::MakeXfer, "local metadata is not INPROC's"))?;
+            let t = downcast_md::<TargetMd>(&s.remote_md).ok_or_else(|| {
+                Error::invalid(&self.agent, Op::MakeXfer, "remote metadata is not INPROC's")
+            })?;
+            downcast_md::<LocalMd>(&s.local_md).ok_or_else(|| {
+                Error::invalid(&self.agent, Op::MakeXfer, "local metadata is not INPROC's")
+            })?;
             target.get_or_insert_with(|| t.ep.clone());
             segs.push((s.local_addr, s.remote_addr, s.len, t.region));
         }
-        let target = target.ok_or_else(|| Error::invalid(&self.agent, Op::MakeXfer, "no segments"))?;
+        let target =
+            target.ok_or_else(|| Error::invalid(&self.agent, Op::MakeXfer, "no segments"))?;
         Ok(Box::new(InprocXfer {
             agent: self.agent.clone(),
             remote: spec.remote,
@@ -210,12 +299,16 @@ impl Backend for InprocBackend {
     }
 
     fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
-        self.peer(remote, Op::GenNotif)?.notifs.push(&self.agent, msg.to_vec());
+        self.peer(remote, Op::GenNotif)?
+            .notifs
+            .push(&self.agent, msg.to_vec());
         Ok(())
     }
 
     fn path_report(&self, remote: &str) -> Option<String> {
-        lock(&self.peers).contains_key(remote).then(|| "in-process memcpy".to_owned())
+        lock(&self.peers)
+            .contains_key(remote)
+            .then(|| "in-process memcpy".to_owned())
     }
 }
 
@@ -231,12 +324,26 @@ struct InprocXfer {
 
 impl BackendXfer for InprocXfer {
     fn post(&mut self) -> Result<XferState> {
-        let ep = self.target.upgrade().ok_or_else(|| Error::disconnected(&self.agent, &self.remote, Op::PostXfer, "peer endpoint is gone"))?;
+        let ep = self.target.upgrade().ok_or_else(|| {
+            Error::disconnected(
+                &self.agent,
+                &self.remote,
+                Op::PostXfer,
+                "peer endpoint is gone",
+            )
+        })?;
         let regions = ep.regions.read().unwrap_or_else(|p| p.into_inner());
         for &(_, raddr, len, region) in &self.segs {
             match regions.get(&region) {
                 Some(&(a, l)) if raddr >= a && raddr + len <= a + l => {}
-                _ => return Err(Error::disconnected(&self.agent, &self.remote, Op::PostXfer, "target region was deregistered")),
+                _ => {
+                    return Err(Error::disconnected(
+                        &self.agent,
+                        &self.remote,
+                        Op::PostXfer,
+                        "target region was deregistered",
+                    ))
+                }
             }
         }
         for &(laddr, raddr, len, _) in &self.segs {

@@ -176,7 +176,11 @@ impl HostBuffer {
             Some(end) if end <= self.len() => {
                 // SAFETY: the range is inside the allocation; `src` is a distinct Rust slice.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(src.as_ptr(), self.as_ptr().add(offset), src.len())
+                    std::ptr::copy_nonoverlapping(
+                        src.as_ptr(),
+                        self.as_ptr().add(offset),
+                        src.len(),
+                    )
                 };
                 true
             }
@@ -190,7 +194,11 @@ impl HostBuffer {
             Some(end) if end <= self.len() => {
                 // SAFETY: the range is inside the allocation; `dst` is a distinct Rust slice.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(self.as_ptr().add(offset), dst.as_mut_ptr(), dst.len())
+                    std::ptr::copy_nonoverlapping(
+                        self.as_ptr().add(offset),
+                        dst.as_mut_ptr(),
+                        dst.len(),
+                    )
                 };
                 true
             }
@@ -337,7 +345,13 @@ mod tests {
 
     #[test]
     fn covers_handles_overflow_and_device() {
-        let r = RegionDesc { kind: MemKind::Dram, addr: 100, len: 50, dev_id: 0, meta: vec![] };
+        let r = RegionDesc {
+            kind: MemKind::Dram,
+            addr: 100,
+            len: 50,
+            dev_id: 0,
+            meta: vec![],
+        };
         assert!(r.covers(100, 50, 0));
         assert!(r.covers(120, 10, 0));
         assert!(!r.covers(120, 31, 0));

@@ -19,7 +19,10 @@ pub(crate) struct RegRegion {
 
 impl RegRegion {
     pub fn md_for(&self, slot_id: usize) -> Option<BackendMd> {
-        lock(&self.mds).iter().find(|(s, _)| s.id == slot_id).map(|(_, m)| m.clone())
+        lock(&self.mds)
+            .iter()
+            .find(|(s, _)| s.id == slot_id)
+            .map(|(_, m)| m.clone())
     }
 }
 
@@ -88,7 +91,12 @@ impl Registration {
             .inner
             .regions
             .iter()
-            .flat_map(|r| lock(&r.mds).iter().map(|(s, _)| s.name.clone()).collect::<Vec<_>>())
+            .flat_map(|r| {
+                lock(&r.mds)
+                    .iter()
+                    .map(|(s, _)| s.name.clone())
+                    .collect::<Vec<_>>()
+            })
             .collect();
         v.sort();
         v.dedup();
@@ -101,16 +109,22 @@ impl Registration {
     }
 }
 
-/// The agent's index of live registrations, by (kind, device, start address).
+/// Orders regions by (kind, device, start address, unique id) for range look-ups.
+pub(crate) type RegionKey = (MemKind, u64, u64, u64);
+
+/// The agent's index of live registrations: key to (registration, region index).
 #[derive(Default)]
 pub(crate) struct RegTable {
-    by_start: BTreeMap<(MemKind, u64, u64, u64), (Weak<RegInner>, usize)>,
+    by_start: BTreeMap<RegionKey, (Weak<RegInner>, usize)>,
 }
 
 impl RegTable {
     fn insert(&mut self, inner: &Arc<RegInner>) {
         for (i, r) in inner.regions.iter().enumerate() {
-            self.by_start.insert((r.desc.kind, r.desc.dev_id, r.desc.addr, inner.id), (Arc::downgrade(inner), i));
+            self.by_start.insert(
+                (r.desc.kind, r.desc.dev_id, r.desc.addr, inner.id),
+                (Arc::downgrade(inner), i),
+            );
         }
     }
 
@@ -119,12 +133,21 @@ impl RegTable {
     }
 
     /// The live registration region covering `[addr, addr+len)`.
-    pub fn find(&self, kind: MemKind, dev_id: u64, addr: u64, len: u64) -> Option<(Arc<RegInner>, usize)> {
+    pub fn find(
+        &self,
+        kind: MemKind,
+        dev_id: u64,
+        addr: u64,
+        len: u64,
+    ) -> Option<(Arc<RegInner>, usize)> {
         self.by_start
             .range((kind, dev_id, 0, 0)..=(kind, dev_id, addr, u64::MAX))
             .rev()
             .filter_map(|(_, (w, i))| w.upgrade().map(|r| (r, *i)))
-            .find(|(r, i)| !r.deregistered.load(Ordering::SeqCst) && r.regions[*i].desc.covers(addr, len, dev_id))
+            .find(|(r, i)| {
+                !r.deregistered.load(Ordering::SeqCst)
+                    && r.regions[*i].desc.covers(addr, len, dev_id)
+            })
     }
 
     pub fn live(&self) -> Vec<Arc<RegInner>> {
@@ -146,24 +169,40 @@ impl Agent {
     /// Per backend it is all-or-nothing: a backend that fails on one region keeps none of the
     /// list. The call fails (and changes nothing) when no backend registered the whole list.
     #[doc(alias = "registerMem")]
-    pub fn register_mem(&self, regions: Vec<Arc<dyn MemoryRegion>>, hints: &[&str]) -> Result<Registration> {
+    pub fn register_mem(
+        &self,
+        regions: Vec<Arc<dyn MemoryRegion>>,
+        hints: &[&str],
+    ) -> Result<Registration> {
         let name = self.name().to_owned();
         if regions.is_empty() {
-            return Err(Error::invalid(&name, Op::RegisterMem, "empty registration list"));
+            return Err(Error::invalid(
+                &name,
+                Op::RegisterMem,
+                "empty registration list",
+            ));
         }
         let descs: Vec<RegionDesc> = regions.iter().map(|r| r.desc()).collect();
         for d in &descs {
             if d.len == 0 || d.end().is_none() {
-                return Err(Error::invalid(&name, Op::RegisterMem, format!("region {:#x}+{} is empty or overflows", d.addr, d.len)));
+                return Err(Error::invalid(
+                    &name,
+                    Op::RegisterMem,
+                    format!("region {:#x}+{} is empty or overflows", d.addr, d.len),
+                ));
             }
             if d.kind.is_addressable() && d.addr == 0 {
                 return Err(Error::invalid(&name, Op::RegisterMem, "null address"));
             }
         }
         let candidates = self.select_backends(Op::RegisterMem, hints)?;
-        let mut per_region: Vec<Vec<(Arc<BackendSlot>, BackendMd)>> = descs.iter().map(|_| Vec::new()).collect();
+        let mut per_region: Vec<Vec<(Arc<BackendSlot>, BackendMd)>> =
+            descs.iter().map(|_| Vec::new()).collect();
         let mut errors = Vec::new();
-        for slot in candidates.iter().filter(|s| descs.iter().all(|d| s.caps.supports(d.kind))) {
+        for slot in candidates
+            .iter()
+            .filter(|s| descs.iter().all(|d| s.caps.supports(d.kind)))
+        {
             let mut done: Vec<BackendMd> = Vec::new();
             let mut failed = None;
             for d in &descs {
@@ -196,7 +235,11 @@ impl Agent {
                 return Err(e);
             }
             let kinds: Vec<String> = descs.iter().map(|d| d.kind.to_string()).collect();
-            return Err(Error::not_supported(&name, Op::RegisterMem, format!("no backend registers {}", kinds.join(","))));
+            return Err(Error::not_supported(
+                &name,
+                Op::RegisterMem,
+                format!("no backend registers {}", kinds.join(",")),
+            ));
         }
         let inner = Arc::new(RegInner {
             id: self.shared.next_id(),
@@ -205,7 +248,11 @@ impl Agent {
                 .into_iter()
                 .zip(descs)
                 .zip(per_region)
-                .map(|((m, d), mds)| RegRegion { desc: d, _memory: m, mds: Mutex::new(mds) })
+                .map(|((m, d), mds)| RegRegion {
+                    desc: d,
+                    _memory: m,
+                    mds: Mutex::new(mds),
+                })
                 .collect(),
             deregistered: AtomicBool::new(false),
             users: AtomicUsize::new(0),
@@ -223,16 +270,32 @@ impl Agent {
     #[doc(alias = "deregisterMem")]
     pub fn deregister_mem(&self, reg: &Registration) -> Result<()> {
         if !Arc::ptr_eq(&reg.inner.shared, &self.shared) {
-            return Err(Error::mismatch(self.name(), Op::DeregisterMem, "registration belongs to another agent"));
+            return Err(Error::mismatch(
+                self.name(),
+                Op::DeregisterMem,
+                "registration belongs to another agent",
+            ));
         }
         if reg.is_deregistered() {
-            return Err(Error::not_found(self.name(), Op::DeregisterMem, "registration already deregistered"));
+            return Err(Error::not_found(
+                self.name(),
+                Op::DeregisterMem,
+                "registration already deregistered",
+            ));
         }
         if reg.inner.users.load(Ordering::SeqCst) > 0 {
-            return Err(Error::not_allowed(self.name(), Op::DeregisterMem, "memory is in use by a prepared list or request"));
+            return Err(Error::not_allowed(
+                self.name(),
+                Op::DeregisterMem,
+                "memory is in use by a prepared list or request",
+            ));
         }
         if reg.inner.deregistered.swap(true, Ordering::SeqCst) {
-            return Err(Error::not_found(self.name(), Op::DeregisterMem, "registration already deregistered"));
+            return Err(Error::not_found(
+                self.name(),
+                Op::DeregisterMem,
+                "registration already deregistered",
+            ));
         }
         match reg.inner.release().into_iter().next() {
             None => Ok(()),

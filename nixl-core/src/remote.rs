@@ -10,7 +10,7 @@ use crate::codec::{AgentMetadata, BackendEntry, RegionEntry};
 use crate::desc::XferDescList;
 use crate::error::{Error, Op, Result};
 use crate::mem::{MemKind, RegionDesc};
-use crate::registration::Registration;
+use crate::registration::{RegionKey, Registration};
 
 /// A peer's region, loaded into some backends.
 pub(crate) struct RemoteRegion {
@@ -20,7 +20,10 @@ pub(crate) struct RemoteRegion {
 
 impl RemoteRegion {
     pub fn md_for(&self, slot_id: usize) -> Option<BackendMd> {
-        self.mds.iter().find(|(s, _, _)| s.id == slot_id).map(|(_, m, _)| m.clone())
+        self.mds
+            .iter()
+            .find(|(s, _, _)| s.id == slot_id)
+            .map(|(_, m, _)| m.clone())
     }
 }
 
@@ -43,7 +46,7 @@ pub(crate) struct RemotePeer {
     /// Backend slot id -> connection info.
     pub conn: Mutex<BTreeMap<usize, Vec<u8>>>,
     /// (kind, dev, addr, seq) -> region.
-    pub regions: Mutex<BTreeMap<(MemKind, u64, u64, u64), Arc<RemoteRegion>>>,
+    pub regions: Mutex<BTreeMap<RegionKey, Arc<RemoteRegion>>>,
 }
 
 impl RemotePeer {
@@ -52,7 +55,13 @@ impl RemotePeer {
     }
 
     /// The loaded region covering `[addr, addr+len)`.
-    pub fn find(&self, kind: MemKind, dev_id: u64, addr: u64, len: u64) -> Option<Arc<RemoteRegion>> {
+    pub fn find(
+        &self,
+        kind: MemKind,
+        dev_id: u64,
+        addr: u64,
+        len: u64,
+    ) -> Option<Arc<RemoteRegion>> {
         lock(&self.regions)
             .range((kind, dev_id, 0, 0)..=(kind, dev_id, addr, u64::MAX))
             .rev()
@@ -61,6 +70,9 @@ impl RemotePeer {
             .cloned()
     }
 }
+
+/// A region's public bytes per local backend, while loading.
+type PerBackend<'a> = Vec<(Arc<BackendSlot>, &'a [u8])>;
 
 /// What a partial metadata blob should carry.
 #[derive(Debug, Clone, Default)]
@@ -75,7 +87,10 @@ impl Agent {
     /// The agent's full metadata: every backend's connection info and every live registration.
     #[doc(alias = "getLocalMD")]
     pub fn local_metadata(&self) -> Result<Vec<u8>> {
-        self.local_partial_metadata(&MetadataSelection { registrations: None, include_conn: true })
+        self.local_partial_metadata(&MetadataSelection {
+            registrations: None,
+            include_conn: true,
+        })
     }
 
     /// Partial metadata: only some registrations and/or only connection info
@@ -85,8 +100,15 @@ impl Agent {
         let backends = self.shared.backends();
         let mut entries = Vec::with_capacity(backends.len());
         for b in &backends {
-            let conn_info = if sel.include_conn { b.backend.connection_info()? } else { Vec::new() };
-            entries.push(BackendEntry { name: b.name.clone(), conn_info });
+            let conn_info = if sel.include_conn {
+                b.backend.connection_info()?
+            } else {
+                Vec::new()
+            };
+            entries.push(BackendEntry {
+                name: b.name.clone(),
+                conn_info,
+            });
         }
         let regs: Vec<Arc<crate::registration::RegInner>> = match sel.registrations {
             None => lock(&self.shared.regs).live(),
@@ -94,10 +116,18 @@ impl Agent {
                 let mut v = Vec::with_capacity(list.len());
                 for r in list {
                     if !Arc::ptr_eq(&r.inner.shared, &self.shared) {
-                        return Err(Error::mismatch(self.name(), Op::LocalMetadata, "registration belongs to another agent"));
+                        return Err(Error::mismatch(
+                            self.name(),
+                            Op::LocalMetadata,
+                            "registration belongs to another agent",
+                        ));
                     }
                     if r.is_deregistered() {
-                        return Err(Error::not_found(self.name(), Op::LocalMetadata, "registration was deregistered"));
+                        return Err(Error::not_found(
+                            self.name(),
+                            Op::LocalMetadata,
+                            "registration was deregistered",
+                        ));
                     }
                     v.push(r.inner.clone());
                 }
@@ -111,8 +141,14 @@ impl Agent {
                     if !slot.caps.remote {
                         continue;
                     }
-                    let Some(idx) = backends.iter().position(|b| b.id == slot.id) else { continue };
-                    regions.push(RegionEntry { backend: idx, desc: r.desc.clone(), public: slot.backend.public_metadata(md)? });
+                    let Some(idx) = backends.iter().position(|b| b.id == slot.id) else {
+                        continue;
+                    };
+                    regions.push(RegionEntry {
+                        backend: idx,
+                        desc: r.desc.clone(),
+                        public: slot.backend.public_metadata(md)?,
+                    });
                 }
             }
         }
@@ -141,7 +177,11 @@ impl Agent {
         })?;
         let me = self.name().to_owned();
         if md.name == me {
-            return Err(Error::not_allowed(&me, Op::LoadMetadata, "an agent cannot load its own metadata"));
+            return Err(Error::not_allowed(
+                &me,
+                Op::LoadMetadata,
+                "an agent cannot load its own metadata",
+            ));
         }
         let _guard = lock(&self.shared.md_lock);
         let backends = self.shared.backends();
@@ -149,10 +189,18 @@ impl Agent {
         let local_slot: Vec<Option<Arc<BackendSlot>>> = md
             .backends
             .iter()
-            .map(|e| backends.iter().find(|b| b.name == e.name && b.caps.remote).cloned())
+            .map(|e| {
+                backends
+                    .iter()
+                    .find(|b| b.name == e.name && b.caps.remote)
+                    .cloned()
+            })
             .collect();
         let existing = lock(&self.shared.remotes).get(&md.name).cloned();
-        let same_gen = existing.as_ref().filter(|p| p.generation == md.generation).cloned();
+        let same_gen = existing
+            .as_ref()
+            .filter(|p| p.generation == md.generation)
+            .cloned();
 
         // Validate everything before changing anything.
         if let Some(peer) = &same_gen {
@@ -161,26 +209,48 @@ impl Agent {
                 if let (true, Some(slot)) = (md.has_conn_info, slot) {
                     if let Some(old) = conn.get(&slot.id) {
                         if *old != e.conn_info {
-                            return Err(Error::mismatch(&me, Op::LoadMetadata, format!("connection info of {} for backend {} changed", md.name, e.name)));
+                            return Err(Error::mismatch(
+                                &me,
+                                Op::LoadMetadata,
+                                format!(
+                                    "connection info of {} for backend {} changed",
+                                    md.name, e.name
+                                ),
+                            ));
                         }
                     }
                 }
             }
             drop(conn);
             for r in &md.regions {
-                let Some(slot) = &local_slot[r.backend] else { continue };
+                let Some(slot) = &local_slot[r.backend] else {
+                    continue;
+                };
                 if let Some(old) = peer.find(r.desc.kind, r.desc.dev_id, r.desc.addr, r.desc.len) {
                     if old.desc == r.desc {
-                        if let Some((_, _, public)) = old.mds.iter().find(|(s, _, _)| s.id == slot.id) {
+                        if let Some((_, _, public)) =
+                            old.mds.iter().find(|(s, _, _)| s.id == slot.id)
+                        {
                             if *public != r.public {
-                                return Err(Error::mismatch(&me, Op::LoadMetadata, format!("metadata of a region of {} changed", md.name)));
+                                return Err(Error::mismatch(
+                                    &me,
+                                    Op::LoadMetadata,
+                                    format!("metadata of a region of {} changed", md.name),
+                                ));
                             }
                         }
                     }
                 }
             }
         } else if !md.has_conn_info {
-            return Err(Error::not_found(&me, Op::LoadMetadata, format!("connection info of {} (load its full metadata first)", md.name)));
+            return Err(Error::not_found(
+                &me,
+                Op::LoadMetadata,
+                format!(
+                    "connection info of {} (load its full metadata first)",
+                    md.name
+                ),
+            ));
         }
 
         let peer = match &same_gen {
@@ -219,12 +289,14 @@ impl Agent {
                 }
             }
         }
-        let mut added: Vec<(MemKind, u64, u64, u64)> = Vec::new();
+        let mut added: Vec<RegionKey> = Vec::new();
         if result.is_ok() {
             // Group the blob's entries per region so one RemoteRegion holds every backend's md.
-            let mut grouped: Vec<(RegionDesc, Vec<(Arc<BackendSlot>, &[u8])>)> = Vec::new();
+            let mut grouped: Vec<(RegionDesc, PerBackend<'_>)> = Vec::new();
             for r in &md.regions {
-                let Some(slot) = &local_slot[r.backend] else { continue };
+                let Some(slot) = &local_slot[r.backend] else {
+                    continue;
+                };
                 if !peer.is_connected(slot.id) {
                     continue;
                 }
@@ -280,7 +352,12 @@ impl Agent {
     fn retire_peer(&self, peer: &Arc<RemotePeer>) {
         peer.valid.store(false, Ordering::SeqCst);
         let conns: Vec<usize> = std::mem::take(&mut *lock(&peer.conn)).into_keys().collect();
-        for slot in self.shared.backends().iter().filter(|b| conns.contains(&b.id)) {
+        for slot in self
+            .shared
+            .backends()
+            .iter()
+            .filter(|b| conns.contains(&b.id))
+        {
             if let Err(e) = slot.backend.disconnect(&peer.name) {
                 tracing::warn!(agent = %self.name(), remote = %peer.name, error = %e, "disconnect failed");
             }
@@ -291,9 +368,13 @@ impl Agent {
     #[doc(alias = "invalidateRemoteMD")]
     pub fn invalidate_remote(&self, remote: &str) -> Result<()> {
         let _guard = lock(&self.shared.md_lock);
-        let peer = lock(&self.shared.remotes)
-            .remove(remote)
-            .ok_or_else(|| Error::not_found(self.name(), Op::Invalidate, format!("remote agent {remote}")))?;
+        let peer = lock(&self.shared.remotes).remove(remote).ok_or_else(|| {
+            Error::not_found(
+                self.name(),
+                Op::Invalidate,
+                format!("remote agent {remote}"),
+            )
+        })?;
         self.retire_peer(&peer);
         Ok(())
     }
@@ -320,10 +401,15 @@ impl Agent {
     /// its loaded regions.
     #[doc(alias = "checkRemoteMD")]
     pub fn check_remote_metadata(&self, remote: &str, descs: Option<&XferDescList>) -> bool {
-        let Ok(peer) = self.remote_peer(remote, Op::LoadMetadata) else { return false };
+        let Ok(peer) = self.remote_peer(remote, Op::LoadMetadata) else {
+            return false;
+        };
         match descs {
             None => true,
-            Some(list) => list.descs().iter().all(|d| peer.find(list.kind(), d.dev_id, d.addr, d.len).is_some()),
+            Some(list) => list
+                .descs()
+                .iter()
+                .all(|d| peer.find(list.kind(), d.dev_id, d.addr, d.len).is_some()),
         }
     }
 

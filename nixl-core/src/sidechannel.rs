@@ -43,19 +43,26 @@ pub fn read_frame(r: &mut impl Read) -> std::io::Result<Frame> {
     r.read_exact(&mut hdr)?;
     let len = u32::from_be_bytes([hdr[0], hdr[1], hdr[2], hdr[3]]) as usize;
     if len > MAX_FRAME {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("frame of {len} bytes exceeds {MAX_FRAME}")));
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("frame of {len} bytes exceeds {MAX_FRAME}"),
+        ));
     }
     let mut payload = Vec::new();
     r.take(len as u64).read_to_end(&mut payload)?;
     if payload.len() != len {
         return Err(std::io::ErrorKind::UnexpectedEof.into());
     }
-    Ok(Frame { kind: hdr[4], payload })
+    Ok(Frame {
+        kind: hdr[4],
+        payload,
+    })
 }
 
 /// Writes one frame.
 pub fn write_frame(w: &mut impl Write, kind: u8, payload: &[u8]) -> std::io::Result<()> {
-    let len = u32::try_from(payload.len()).map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "frame too large"))?;
+    let len = u32::try_from(payload.len())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "frame too large"))?;
     let mut hdr = [0u8; 5];
     hdr[..4].copy_from_slice(&len.to_be_bytes());
     hdr[4] = kind;
@@ -66,13 +73,26 @@ pub fn write_frame(w: &mut impl Write, kind: u8, payload: &[u8]) -> std::io::Res
 
 /// Parses an `INVALIDATE` payload: `u16` name length, name, `u64` generation (little endian).
 pub fn parse_invalidate(p: &[u8]) -> std::result::Result<(String, u64), DecodeError> {
-    let n = p.get(..2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize).ok_or(DecodeError::Truncated { offset: 0, needed: 2 })?;
-    let name = p.get(2..2 + n).ok_or(DecodeError::Truncated { offset: 2, needed: n })?;
-    let g = p.get(2 + n..2 + n + 8).ok_or(DecodeError::Truncated { offset: 2 + n, needed: 8 })?;
+    let n = p
+        .get(..2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize)
+        .ok_or(DecodeError::Truncated {
+            offset: 0,
+            needed: 2,
+        })?;
+    let name = p.get(2..2 + n).ok_or(DecodeError::Truncated {
+        offset: 2,
+        needed: n,
+    })?;
+    let g = p.get(2 + n..2 + n + 8).ok_or(DecodeError::Truncated {
+        offset: 2 + n,
+        needed: 8,
+    })?;
     if p.len() != 2 + n + 8 {
         return Err(DecodeError::Trailing(p.len() - (2 + n + 8)));
     }
-    let name = std::str::from_utf8(name).map_err(|_| DecodeError::Invalid { what: "agent name" })?;
+    let name =
+        std::str::from_utf8(name).map_err(|_| DecodeError::Invalid { what: "agent name" })?;
     let mut gb = [0u8; 8];
     gb.copy_from_slice(g);
     Ok((name.to_owned(), u64::from_le_bytes(gb)))
@@ -90,9 +110,14 @@ const IO_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub(crate) fn start_listener(agent: &Agent) -> Result<()> {
     let name = agent.name().to_owned();
-    let listener = TcpListener::bind(agent.shared.config.listen_addr).map_err(|e| Error::io(&name, Op::Exchange, e))?;
-    let addr = listener.local_addr().map_err(|e| Error::io(&name, Op::Exchange, e))?;
-    listener.set_nonblocking(true).map_err(|e| Error::io(&name, Op::Exchange, e))?;
+    let listener = TcpListener::bind(agent.shared.config.listen_addr)
+        .map_err(|e| Error::io(&name, Op::Exchange, e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::io(&name, Op::Exchange, e))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::io(&name, Op::Exchange, e))?;
     *lock(&agent.shared.listen_addr) = Some(addr);
     let weak = Arc::downgrade(&agent.shared);
     let stop = agent.shared.stop.clone();
@@ -142,7 +167,11 @@ fn serve(agent: &Agent, mut s: TcpStream) -> std::io::Result<()> {
         FETCH => {
             let wanted = String::from_utf8_lossy(&f.payload);
             if !wanted.is_empty() && wanted != agent.name() {
-                return write_frame(&mut s, ERR, format!("this is agent {}, not {wanted}", agent.name()).as_bytes());
+                return write_frame(
+                    &mut s,
+                    ERR,
+                    format!("this is agent {}, not {wanted}", agent.name()).as_bytes(),
+                );
             }
             match agent.local_metadata() {
                 Ok(md) => write_frame(&mut s, MD, &md),
@@ -156,7 +185,11 @@ fn serve(agent: &Agent, mut s: TcpStream) -> std::io::Result<()> {
             }
             Err(e) => write_frame(&mut s, ERR, e.to_string().as_bytes()),
         },
-        other => write_frame(&mut s, ERR, format!("unknown frame type {other}").as_bytes()),
+        other => write_frame(
+            &mut s,
+            ERR,
+            format!("unknown frame type {other}").as_bytes(),
+        ),
     }
 }
 
@@ -166,14 +199,21 @@ fn connect(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
         return Err(std::io::ErrorKind::TimedOut.into());
     }
     let s = TcpStream::connect_timeout(&addr, left)?;
-    let io = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    let io = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
     s.set_read_timeout(Some(io))?;
     s.set_write_timeout(Some(io))?;
     s.set_nodelay(true)?;
     Ok(s)
 }
 
-fn exchange(addr: SocketAddr, kind: u8, payload: &[u8], deadline: Instant) -> std::io::Result<Frame> {
+fn exchange(
+    addr: SocketAddr,
+    kind: u8,
+    payload: &[u8],
+    deadline: Instant,
+) -> std::io::Result<Frame> {
     let mut s = connect(addr, deadline)?;
     write_frame(&mut s, kind, payload)?;
     read_frame(&mut s)
@@ -181,8 +221,15 @@ fn exchange(addr: SocketAddr, kind: u8, payload: &[u8], deadline: Instant) -> st
 
 impl Agent {
     fn map_io(&self, e: std::io::Error, timeout: Duration) -> Error {
-        if matches!(e.kind(), std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock) {
-            Error::TimedOut { agent: self.name().to_owned(), op: Op::Exchange, elapsed: timeout }
+        if matches!(
+            e.kind(),
+            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+        ) {
+            Error::TimedOut {
+                agent: self.name().to_owned(),
+                op: Op::Exchange,
+                elapsed: timeout,
+            }
         } else {
             Error::io(self.name(), Op::Exchange, e)
         }
@@ -197,31 +244,64 @@ impl Agent {
     }
 
     /// Pushes given metadata bytes (e.g. from `local_partial_metadata`) to `addr`.
-    pub fn send_metadata_bytes(&self, addr: SocketAddr, md: &[u8], timeout: Duration) -> Result<()> {
-        let f = exchange(addr, PUSH, md, Instant::now() + timeout).map_err(|e| self.map_io(e, timeout))?;
+    pub fn send_metadata_bytes(
+        &self,
+        addr: SocketAddr,
+        md: &[u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        let f = exchange(addr, PUSH, md, Instant::now() + timeout)
+            .map_err(|e| self.map_io(e, timeout))?;
         match f.kind {
             ACK => Ok(()),
-            ERR => Err(Error::backend(self.name(), "side-channel", Op::Exchange, String::from_utf8_lossy(&f.payload))),
-            k => Err(Error::invalid(self.name(), Op::Exchange, format!("unexpected reply type {k}"))),
+            ERR => Err(Error::backend(
+                self.name(),
+                "side-channel",
+                Op::Exchange,
+                String::from_utf8_lossy(&f.payload),
+            )),
+            k => Err(Error::invalid(
+                self.name(),
+                Op::Exchange,
+                format!("unexpected reply type {k}"),
+            )),
         }
     }
 
     /// Fetches `remote`'s metadata from `addr` and loads it, blocking up to `timeout`. Returns
     /// the loaded name.
-    pub fn fetch_remote_metadata_blocking(&self, remote: &str, addr: SocketAddr, timeout: Duration) -> Result<String> {
-        let f = exchange(addr, FETCH, remote.as_bytes(), Instant::now() + timeout).map_err(|e| self.map_io(e, timeout))?;
+    pub fn fetch_remote_metadata_blocking(
+        &self,
+        remote: &str,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<String> {
+        let f = exchange(addr, FETCH, remote.as_bytes(), Instant::now() + timeout)
+            .map_err(|e| self.map_io(e, timeout))?;
         match f.kind {
             MD => {
                 let name = self.load_remote_metadata(&f.payload)?;
                 if !remote.is_empty() && name != remote {
                     // Checked by the server too; a wrong answer must not stay loaded.
                     let _ = self.invalidate_remote(&name);
-                    return Err(Error::mismatch(self.name(), Op::Exchange, format!("asked for {remote}, got {name}")));
+                    return Err(Error::mismatch(
+                        self.name(),
+                        Op::Exchange,
+                        format!("asked for {remote}, got {name}"),
+                    ));
                 }
                 Ok(name)
             }
-            ERR => Err(Error::not_found(self.name(), Op::Exchange, String::from_utf8_lossy(&f.payload))),
-            k => Err(Error::invalid(self.name(), Op::Exchange, format!("unexpected reply type {k}"))),
+            ERR => Err(Error::not_found(
+                self.name(),
+                Op::Exchange,
+                String::from_utf8_lossy(&f.payload),
+            )),
+            k => Err(Error::invalid(
+                self.name(),
+                Op::Exchange,
+                format!("unexpected reply type {k}"),
+            )),
         }
     }
 
@@ -231,7 +311,11 @@ impl Agent {
     #[doc(alias = "fetchRemoteMD")]
     pub fn fetch_remote_metadata(&self, remote: &str, addr: SocketAddr) -> Result<()> {
         if remote.is_empty() {
-            return Err(Error::invalid(self.name(), Op::Exchange, "empty agent name"));
+            return Err(Error::invalid(
+                self.name(),
+                Op::Exchange,
+                "empty agent name",
+            ));
         }
         lock(&self.shared.fetches).insert(remote.to_owned(), FetchStatus::Pending);
         let agent = self.clone();
@@ -256,7 +340,11 @@ impl Agent {
     pub fn fetch_status(&self, remote: &str) -> Result<bool> {
         match lock(&self.shared.fetches).get(remote) {
             Some(FetchStatus::Pending) => Ok(false),
-            Some(FetchStatus::Failed(m)) => Err(Error::not_found(self.name(), Op::Exchange, format!("fetching {remote}: {m}"))),
+            Some(FetchStatus::Failed(m)) => Err(Error::not_found(
+                self.name(),
+                Op::Exchange,
+                format!("fetching {remote}: {m}"),
+            )),
             None => Ok(self.check_remote_metadata(remote, None)),
         }
     }
@@ -266,10 +354,16 @@ impl Agent {
     pub fn invalidate_local_metadata(&self, addr: SocketAddr) -> Result<()> {
         let timeout = self.shared.config.default_timeout;
         let payload = encode_invalidate(self.name(), self.generation());
-        let f = exchange(addr, INVALIDATE, &payload, Instant::now() + timeout).map_err(|e| self.map_io(e, timeout))?;
+        let f = exchange(addr, INVALIDATE, &payload, Instant::now() + timeout)
+            .map_err(|e| self.map_io(e, timeout))?;
         match f.kind {
             ACK => Ok(()),
-            _ => Err(Error::backend(self.name(), "side-channel", Op::Exchange, String::from_utf8_lossy(&f.payload))),
+            _ => Err(Error::backend(
+                self.name(),
+                "side-channel",
+                Op::Exchange,
+                String::from_utf8_lossy(&f.payload),
+            )),
         }
     }
 }
@@ -283,7 +377,13 @@ mod tests {
     fn frames_roundtrip_and_bound() {
         let mut buf = Vec::new();
         write_frame(&mut buf, PUSH, b"hello").unwrap();
-        assert_eq!(read_frame(&mut &buf[..]).unwrap(), Frame { kind: PUSH, payload: b"hello".to_vec() });
+        assert_eq!(
+            read_frame(&mut &buf[..]).unwrap(),
+            Frame {
+                kind: PUSH,
+                payload: b"hello".to_vec()
+            }
+        );
         let mut huge = (u32::MAX).to_be_bytes().to_vec();
         huge.push(PUSH);
         assert!(read_frame(&mut &huge[..]).is_err());

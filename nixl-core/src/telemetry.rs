@@ -76,10 +76,16 @@ impl Counters {
         if !self.enabled() {
             return;
         }
-        let c = if write { &self.tx_bytes } else { &self.rx_bytes };
+        let c = if write {
+            &self.tx_bytes
+        } else {
+            &self.rx_bytes
+        };
         c.fetch_add(t.bytes, Ordering::Relaxed);
-        self.xfer_time_us.fetch_add(micros(t.xfer_duration), Ordering::Relaxed);
-        self.xfer_post_time_us.fetch_add(micros(t.post_duration), Ordering::Relaxed);
+        self.xfer_time_us
+            .fetch_add(micros(t.xfer_duration), Ordering::Relaxed);
+        self.xfer_post_time_us
+            .fetch_add(micros(t.post_duration), Ordering::Relaxed);
         self.requests.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -127,13 +133,48 @@ impl TelemetrySnapshot {
         use std::fmt::Write;
         let label = agent.replace('\\', "\\\\").replace('"', "\\\"");
         let rows: [(&str, &str, &str, u64); 7] = [
-            ("agent_tx_bytes", "counter", "Bytes written to peers", self.agent_tx_bytes),
-            ("agent_rx_bytes", "counter", "Bytes read from peers", self.agent_rx_bytes),
-            ("agent_xfer_time", "counter", "Transfer time in microseconds", self.agent_xfer_time),
-            ("agent_xfer_post_time", "counter", "Post time in microseconds", self.agent_xfer_post_time),
-            ("agent_memory_registered", "gauge", "Bytes registered", self.agent_memory_registered),
-            ("agent_requests", "counter", "Requests completed", self.agent_requests),
-            ("agent_errors", "counter", "Requests failed", self.agent_errors),
+            (
+                "agent_tx_bytes",
+                "counter",
+                "Bytes written to peers",
+                self.agent_tx_bytes,
+            ),
+            (
+                "agent_rx_bytes",
+                "counter",
+                "Bytes read from peers",
+                self.agent_rx_bytes,
+            ),
+            (
+                "agent_xfer_time",
+                "counter",
+                "Transfer time in microseconds",
+                self.agent_xfer_time,
+            ),
+            (
+                "agent_xfer_post_time",
+                "counter",
+                "Post time in microseconds",
+                self.agent_xfer_post_time,
+            ),
+            (
+                "agent_memory_registered",
+                "gauge",
+                "Bytes registered",
+                self.agent_memory_registered,
+            ),
+            (
+                "agent_requests",
+                "counter",
+                "Requests completed",
+                self.agent_requests,
+            ),
+            (
+                "agent_errors",
+                "counter",
+                "Requests failed",
+                self.agent_errors,
+            ),
         ];
         let mut s = String::new();
         for (name, ty, help, v) in rows {
@@ -152,7 +193,10 @@ mod tests {
     #[test]
     fn counts_only_when_enabled() {
         let c = Counters::new(false);
-        let t = XferTelemetry { bytes: 10, ..Default::default() };
+        let t = XferTelemetry {
+            bytes: 10,
+            ..Default::default()
+        };
         c.completed(true, &t);
         assert_eq!(c.snapshot().agent_tx_bytes, 0);
         c.set_enabled(true);
@@ -160,13 +204,25 @@ mod tests {
         c.completed(false, &t);
         c.failed();
         let s = c.snapshot();
-        assert_eq!((s.agent_tx_bytes, s.agent_rx_bytes, s.agent_requests, s.agent_errors), (10, 10, 2, 1));
+        assert_eq!(
+            (
+                s.agent_tx_bytes,
+                s.agent_rx_bytes,
+                s.agent_requests,
+                s.agent_errors
+            ),
+            (10, 10, 2, 1)
+        );
     }
 
     #[cfg(feature = "prometheus")]
     #[test]
     fn renders_prometheus_text() {
-        let s = TelemetrySnapshot { agent_tx_bytes: 5, ..Default::default() }.to_prometheus("a\"b");
+        let s = TelemetrySnapshot {
+            agent_tx_bytes: 5,
+            ..Default::default()
+        }
+        .to_prometheus("a\"b");
         assert!(s.contains("nixl_agent_tx_bytes{agent=\"a\\\"b\"} 5"));
         assert!(s.contains("# TYPE nixl_agent_memory_registered gauge"));
     }

@@ -37,6 +37,13 @@ struct PrepEntry {
     keep: Arc<Keep>,
 }
 
+struct CachedRegion {
+    reg: u64,
+    idx: usize,
+    keep: Arc<Keep>,
+    mds: Vec<(usize, BackendMd)>,
+}
+
 enum Side {
     Initiator,
     SelfTarget,
@@ -53,7 +60,10 @@ pub struct PreparedList {
 
 impl std::fmt::Debug for PreparedList {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PreparedList").field("kind", &self.kind).field("len", &self.entries.len()).finish()
+        f.debug_struct("PreparedList")
+            .field("kind", &self.kind)
+            .field("len", &self.entries.len())
+            .finish()
     }
 }
 
@@ -99,14 +109,20 @@ pub struct XferOptions {
 impl XferOptions {
     /// Options carrying a notification.
     pub fn with_notif(msg: Vec<u8>) -> Self {
-        XferOptions { notif: Some(msg), ..Default::default() }
+        XferOptions {
+            notif: Some(msg),
+            ..Default::default()
+        }
     }
 }
 
 #[derive(Debug)]
 enum Status {
     Ready,
-    Posted { at: Instant, deadline: Option<Instant> },
+    Posted {
+        at: Instant,
+        deadline: Option<Instant>,
+    },
     Done,
     Failed(Error),
     Canceled,
@@ -147,37 +163,95 @@ impl std::fmt::Debug for XferReq {
 
 fn dup_error(e: &Error) -> Error {
     match e {
-        Error::InvalidParam { agent, op, reason } => Error::InvalidParam { agent: agent.clone(), op: *op, reason: reason.clone() },
-        Error::Backend { agent, backend, op, message, .. } => Error::Backend {
+        Error::InvalidParam { agent, op, reason } => Error::InvalidParam {
+            agent: agent.clone(),
+            op: *op,
+            reason: reason.clone(),
+        },
+        Error::Backend {
+            agent,
+            backend,
+            op,
+            message,
+            ..
+        } => Error::Backend {
             agent: agent.clone(),
             backend: backend.clone(),
             op: *op,
             message: message.clone(),
             source: None,
         },
-        Error::NotFound { agent, op, what } => Error::NotFound { agent: agent.clone(), op: *op, what: what.clone() },
-        Error::Mismatch { agent, op, what } => Error::Mismatch { agent: agent.clone(), op: *op, what: what.clone() },
-        Error::NotAllowed { agent, op, reason } => Error::NotAllowed { agent: agent.clone(), op: *op, reason: reason.clone() },
-        Error::RepostActive { agent, op } => Error::RepostActive { agent: agent.clone(), op: *op },
-        Error::NotSupported { agent, op, what } => Error::NotSupported { agent: agent.clone(), op: *op, what: what.clone() },
-        Error::RemoteDisconnect { agent, remote, op, reason } => Error::RemoteDisconnect {
+        Error::NotFound { agent, op, what } => Error::NotFound {
+            agent: agent.clone(),
+            op: *op,
+            what: what.clone(),
+        },
+        Error::Mismatch { agent, op, what } => Error::Mismatch {
+            agent: agent.clone(),
+            op: *op,
+            what: what.clone(),
+        },
+        Error::NotAllowed { agent, op, reason } => Error::NotAllowed {
+            agent: agent.clone(),
+            op: *op,
+            reason: reason.clone(),
+        },
+        Error::RepostActive { agent, op } => Error::RepostActive {
+            agent: agent.clone(),
+            op: *op,
+        },
+        Error::NotSupported { agent, op, what } => Error::NotSupported {
+            agent: agent.clone(),
+            op: *op,
+            what: what.clone(),
+        },
+        Error::RemoteDisconnect {
+            agent,
+            remote,
+            op,
+            reason,
+        } => Error::RemoteDisconnect {
             agent: agent.clone(),
             remote: remote.clone(),
             op: *op,
             reason: reason.clone(),
         },
-        Error::PeerRestarted { agent, remote, op, built, current } => Error::PeerRestarted {
+        Error::PeerRestarted {
+            agent,
+            remote,
+            op,
+            built,
+            current,
+        } => Error::PeerRestarted {
             agent: agent.clone(),
             remote: remote.clone(),
             op: *op,
             built: *built,
             current: *current,
         },
-        Error::Canceled { agent, op } => Error::Canceled { agent: agent.clone(), op: *op },
-        Error::TimedOut { agent, op, elapsed } => Error::TimedOut { agent: agent.clone(), op: *op, elapsed: *elapsed },
-        Error::Unavailable { what, hint } => Error::Unavailable { what: what.clone(), hint: hint.clone() },
-        Error::Decode { agent, op, source } => Error::Decode { agent: agent.clone(), op: *op, source: source.clone() },
-        Error::Corrupt { agent, remote, op } => Error::Corrupt { agent: agent.clone(), remote: remote.clone(), op: *op },
+        Error::Canceled { agent, op } => Error::Canceled {
+            agent: agent.clone(),
+            op: *op,
+        },
+        Error::TimedOut { agent, op, elapsed } => Error::TimedOut {
+            agent: agent.clone(),
+            op: *op,
+            elapsed: *elapsed,
+        },
+        Error::Unavailable { what, hint } => Error::Unavailable {
+            what: what.clone(),
+            hint: hint.clone(),
+        },
+        Error::Decode { agent, op, source } => Error::Decode {
+            agent: agent.clone(),
+            op: *op,
+            source: source.clone(),
+        },
+        Error::Corrupt { agent, remote, op } => Error::Corrupt {
+            agent: agent.clone(),
+            remote: remote.clone(),
+            op: *op,
+        },
         Error::Io { agent, op, source } => Error::Io {
             agent: agent.clone(),
             op: *op,
@@ -216,8 +290,15 @@ impl XferReq {
     /// The transports this request used (or the backend's path to its target).
     pub fn path(&self) -> String {
         let st = lock(&self.state);
-        let p = st.xfer.path().or_else(|| self.backend.backend.path_report(&self.spec.remote));
-        format!("{}: {}", self.backend.name, p.unwrap_or_else(|| "default".to_owned()))
+        let p = st
+            .xfer
+            .path()
+            .or_else(|| self.backend.backend.path_report(&self.spec.remote));
+        format!(
+            "{}: {}",
+            self.backend.name,
+            p.unwrap_or_else(|| "default".to_owned())
+        )
     }
 
     /// Telemetry of the latest post.
@@ -229,7 +310,10 @@ impl XferReq {
     fn peer_check(&self) -> Result<()> {
         if let Some(p) = &self.remote {
             if !p.valid.load(Ordering::SeqCst) {
-                let current = lock(&self.shared.remotes).get(&p.name).map(|q| q.generation).unwrap_or(0);
+                let current = lock(&self.shared.remotes)
+                    .get(&p.name)
+                    .map(|q| q.generation)
+                    .unwrap_or(0);
                 return Err(Error::PeerRestarted {
                     agent: self.shared.name.clone(),
                     remote: p.name.clone(),
@@ -247,10 +331,17 @@ impl XferReq {
     pub fn post(&self) -> Result<XferState> {
         let mut st = lock(&self.state);
         if let Status::Posted { .. } = st.status {
-            return Err(Error::RepostActive { agent: self.shared.name.clone(), op: Op::PostXfer });
+            return Err(Error::RepostActive {
+                agent: self.shared.name.clone(),
+                op: Op::PostXfer,
+            });
         }
         if st.leaked {
-            return Err(Error::not_allowed(&self.shared.name, Op::PostXfer, "an earlier cancel could not be confirmed"));
+            return Err(Error::not_allowed(
+                &self.shared.name,
+                Op::PostXfer,
+                "an earlier cancel could not be confirmed",
+            ));
         }
         self.peer_check()?;
         let start = Instant::now();
@@ -267,11 +358,16 @@ impl XferReq {
             Ok(XferState::Done) => {
                 st.tel.xfer_duration = posted - start;
                 st.status = Status::Done;
-                self.shared.counters.completed(self.op == XferOp::Write, &st.tel);
+                self.shared
+                    .counters
+                    .completed(self.op == XferOp::Write, &st.tel);
                 Ok(XferState::Done)
             }
             Ok(XferState::InProgress) => {
-                st.status = Status::Posted { at: start, deadline: self.timeout.map(|t| start + t) };
+                st.status = Status::Posted {
+                    at: start,
+                    deadline: self.timeout.map(|t| start + t),
+                };
                 Ok(XferState::InProgress)
             }
             Err(e) => {
@@ -291,10 +387,17 @@ impl XferReq {
 
     fn check_locked(&self, st: &mut ReqState) -> Result<XferState> {
         match &st.status {
-            Status::Ready => Err(Error::not_allowed(&self.shared.name, Op::CheckXfer, "request was never posted")),
+            Status::Ready => Err(Error::not_allowed(
+                &self.shared.name,
+                Op::CheckXfer,
+                "request was never posted",
+            )),
             Status::Done => Ok(XferState::Done),
             Status::Failed(e) => Err(dup_error(e)),
-            Status::Canceled => Err(Error::Canceled { agent: self.shared.name.clone(), op: Op::CheckXfer }),
+            Status::Canceled => Err(Error::Canceled {
+                agent: self.shared.name.clone(),
+                op: Op::CheckXfer,
+            }),
             Status::Posted { at, deadline } => {
                 let (at, deadline) = (*at, *deadline);
                 // A peer invalidated or restarted mid-transfer: fence the request.
@@ -306,12 +409,18 @@ impl XferReq {
                     Ok(XferState::Done) => {
                         st.tel.xfer_duration = at.elapsed();
                         st.status = Status::Done;
-                        self.shared.counters.completed(self.op == XferOp::Write, &st.tel);
+                        self.shared
+                            .counters
+                            .completed(self.op == XferOp::Write, &st.tel);
                         Ok(XferState::Done)
                     }
                     Ok(XferState::InProgress) => match deadline {
                         Some(d) if Instant::now() >= d => {
-                            let e = Error::TimedOut { agent: self.shared.name.clone(), op: Op::CheckXfer, elapsed: at.elapsed() };
+                            let e = Error::TimedOut {
+                                agent: self.shared.name.clone(),
+                                op: Op::CheckXfer,
+                                elapsed: at.elapsed(),
+                            };
                             self.abort_locked(st, dup_error(&e));
                             Err(e)
                         }
@@ -349,7 +458,11 @@ impl XferReq {
                     XferState::Done => return Ok(()),
                     XferState::InProgress => {
                         if Instant::now() >= deadline {
-                            let e = Error::TimedOut { agent: self.shared.name.clone(), op: Op::Wait, elapsed: timeout };
+                            let e = Error::TimedOut {
+                                agent: self.shared.name.clone(),
+                                op: Op::Wait,
+                                elapsed: timeout,
+                            };
                             self.abort_locked(&mut st, dup_error(&e));
                             return Err(e);
                         }
@@ -413,7 +526,12 @@ impl Agent {
     /// agent's registrations; for a peer, inside its loaded regions. `hints` narrows the
     /// backends considered.
     #[doc(alias = "prepXferDlist")]
-    pub fn prep_xfer_dlist(&self, target: XferTarget<'_>, descs: &XferDescList, hints: &[&str]) -> Result<PreparedList> {
+    pub fn prep_xfer_dlist(
+        &self,
+        target: XferTarget<'_>,
+        descs: &XferDescList,
+        hints: &[&str],
+    ) -> Result<PreparedList> {
         let me = self.name();
         let backends = self.select_backends(Op::PrepXferDlist, hints)?;
         let ids: Vec<usize> = backends.iter().map(|b| b.id).collect();
@@ -424,30 +542,63 @@ impl Agent {
             XferTarget::Agent(n) => Side::Remote(self.remote_peer(n, Op::PrepXferDlist)?),
         };
         let mut entries = Vec::with_capacity(descs.len());
-        let mut local_cache: Vec<(u64, usize, Arc<Keep>, Vec<(usize, BackendMd)>)> = Vec::new();
+        // Registration regions already resolved in this call: (reg id, region idx) -> entry parts.
+        let mut local_cache: Vec<CachedRegion> = Vec::new();
         for (i, d) in descs.descs().iter().enumerate() {
             if d.len == 0 || d.end().is_none() {
-                return Err(Error::invalid(me, Op::PrepXferDlist, format!("descriptor {i} is empty or overflows")));
+                return Err(Error::invalid(
+                    me,
+                    Op::PrepXferDlist,
+                    format!("descriptor {i} is empty or overflows"),
+                ));
             }
             let entry = match &side {
                 Side::Remote(peer) => {
                     let r = peer.find(kind, d.dev_id, d.addr, d.len).ok_or_else(|| {
-                        Error::not_found(me, Op::PrepXferDlist, format!("descriptor {i} ({:#x}+{}) in {}'s loaded regions", d.addr, d.len, peer.name))
+                        Error::not_found(
+                            me,
+                            Op::PrepXferDlist,
+                            format!(
+                                "descriptor {i} ({:#x}+{}) in {}'s loaded regions",
+                                d.addr, d.len, peer.name
+                            ),
+                        )
                     })?;
-                    let mds: Vec<(usize, BackendMd)> = ids.iter().filter_map(|&id| r.md_for(id).map(|m| (id, m))).collect();
+                    let mds: Vec<(usize, BackendMd)> = ids
+                        .iter()
+                        .filter_map(|&id| r.md_for(id).map(|m| (id, m)))
+                        .collect();
                     if mds.is_empty() {
-                        return Err(Error::not_found(me, Op::PrepXferDlist, format!("descriptor {i}: no selected backend loaded that region")));
+                        return Err(Error::not_found(
+                            me,
+                            Op::PrepXferDlist,
+                            format!("descriptor {i}: no selected backend loaded that region"),
+                        ));
                     }
                     let region = Arc::as_ptr(&r) as u64;
-                    PrepEntry { desc: *d, region, mds, keep: Arc::new(Keep::Remote { _held: r }) }
+                    PrepEntry {
+                        desc: *d,
+                        region,
+                        mds,
+                        keep: Arc::new(Keep::Remote { _held: r }),
+                    }
                 }
                 Side::Initiator | Side::SelfTarget => {
-                    let (reg, idx) = lock(&self.shared.regs).find(kind, d.dev_id, d.addr, d.len).ok_or_else(|| {
-                        Error::not_found(me, Op::PrepXferDlist, format!("descriptor {i} ({kind} {:#x}+{} dev {}) in registered memory", d.addr, d.len, d.dev_id))
-                    })?;
-                    let cached = local_cache.iter().find(|(rid, ridx, _, _)| *rid == reg.id && *ridx == idx);
+                    let (reg, idx) = lock(&self.shared.regs)
+                        .find(kind, d.dev_id, d.addr, d.len)
+                        .ok_or_else(|| {
+                            Error::not_found(
+                                me,
+                                Op::PrepXferDlist,
+                                format!(
+                                    "descriptor {i} ({kind} {:#x}+{} dev {}) in registered memory",
+                                    d.addr, d.len, d.dev_id
+                                ),
+                            )
+                        })?;
+                    let cached = local_cache.iter().find(|c| c.reg == reg.id && c.idx == idx);
                     let (keep, mds) = match cached {
-                        Some((_, _, k, m)) => (k.clone(), m.clone()),
+                        Some(c) => (c.keep.clone(), c.mds.clone()),
                         None => {
                             let region = &reg.regions[idx];
                             let mut mds = Vec::new();
@@ -455,7 +606,10 @@ impl Agent {
                                 if let Some(md) = region.md_for(*id) {
                                     let md = match side {
                                         Side::SelfTarget => {
-                                            let Some(slot) = backends.iter().find(|b| b.id == *id) else { continue };
+                                            let Some(slot) = backends.iter().find(|b| b.id == *id)
+                                            else {
+                                                continue;
+                                            };
                                             if !slot.caps.local {
                                                 continue;
                                             }
@@ -469,17 +623,34 @@ impl Agent {
                             if mds.is_empty() {
                                 return Err(Error::not_found(me, Op::PrepXferDlist, format!("descriptor {i}: no selected backend holds that registration")));
                             }
-                            let keep = Arc::new(Keep::Local { _held: RegUse::new(reg.clone()) });
-                            local_cache.push((reg.id, idx, keep.clone(), mds.clone()));
+                            let keep = Arc::new(Keep::Local {
+                                _held: RegUse::new(reg.clone()),
+                            });
+                            local_cache.push(CachedRegion {
+                                reg: reg.id,
+                                idx,
+                                keep: keep.clone(),
+                                mds: mds.clone(),
+                            });
                             (keep, mds)
                         }
                     };
-                    PrepEntry { desc: *d, region: reg.id << 16 ^ idx as u64, mds, keep }
+                    PrepEntry {
+                        desc: *d,
+                        region: reg.id << 16 ^ idx as u64,
+                        mds,
+                        keep,
+                    }
                 }
             };
             entries.push(entry);
         }
-        Ok(PreparedList { shared: self.shared.clone(), side, kind, entries })
+        Ok(PreparedList {
+            shared: self.shared.clone(),
+            side,
+            kind,
+            entries,
+        })
     }
 
     /// Builds a request from prepared lists by block index (NIXL's `makeXferReq`); runs that
@@ -496,28 +667,69 @@ impl Agent {
     ) -> Result<XferReq> {
         let me = self.name();
         if !Arc::ptr_eq(&local.shared, &self.shared) || !Arc::ptr_eq(&remote.shared, &self.shared) {
-            return Err(Error::mismatch(me, Op::MakeXfer, "prepared list belongs to another agent"));
+            return Err(Error::mismatch(
+                me,
+                Op::MakeXfer,
+                "prepared list belongs to another agent",
+            ));
         }
         if !matches!(local.side, Side::Initiator) {
-            return Err(Error::invalid(me, Op::MakeXfer, "local list must be prepared for XferTarget::Initiator"));
+            return Err(Error::invalid(
+                me,
+                Op::MakeXfer,
+                "local list must be prepared for XferTarget::Initiator",
+            ));
         }
         let (remote_name, remote_peer, is_local) = match &remote.side {
-            Side::Initiator => return Err(Error::invalid(me, Op::MakeXfer, "remote list must be prepared for an agent")),
+            Side::Initiator => {
+                return Err(Error::invalid(
+                    me,
+                    Op::MakeXfer,
+                    "remote list must be prepared for an agent",
+                ))
+            }
             Side::SelfTarget => (self.shared.name.clone(), None, true),
             Side::Remote(p) => (p.name.clone(), Some(p.clone()), false),
         };
         if local_idx.len() != remote_idx.len() {
-            return Err(Error::mismatch(me, Op::MakeXfer, format!("{} local and {} remote indices", local_idx.len(), remote_idx.len())));
+            return Err(Error::mismatch(
+                me,
+                Op::MakeXfer,
+                format!(
+                    "{} local and {} remote indices",
+                    local_idx.len(),
+                    remote_idx.len()
+                ),
+            ));
         }
         if local_idx.is_empty() {
             return Err(Error::invalid(me, Op::MakeXfer, "no descriptors"));
         }
         let mut pairs = Vec::with_capacity(local_idx.len());
         for (k, (&li, &ri)) in local_idx.iter().zip(remote_idx).enumerate() {
-            let l = local.entries.get(li).ok_or_else(|| Error::invalid(me, Op::MakeXfer, format!("local index {li} out of range ({})", local.len())))?;
-            let r = remote.entries.get(ri).ok_or_else(|| Error::invalid(me, Op::MakeXfer, format!("remote index {ri} out of range ({})", remote.len())))?;
+            let l = local.entries.get(li).ok_or_else(|| {
+                Error::invalid(
+                    me,
+                    Op::MakeXfer,
+                    format!("local index {li} out of range ({})", local.len()),
+                )
+            })?;
+            let r = remote.entries.get(ri).ok_or_else(|| {
+                Error::invalid(
+                    me,
+                    Op::MakeXfer,
+                    format!("remote index {ri} out of range ({})", remote.len()),
+                )
+            })?;
             if l.desc.len != r.desc.len {
-                return Err(Error::mismatch(me, Op::MakeXfer, format!("pair {k}: local {} bytes, remote {} bytes", l.desc.len, r.desc.len)));
+                return Err(Error::mismatch(
+                    me,
+                    Op::MakeXfer,
+                    format!(
+                        "pair {k}: local {} bytes, remote {} bytes",
+                        l.desc.len, r.desc.len
+                    ),
+                ));
             }
             pairs.push((l, r));
         }
@@ -526,26 +738,71 @@ impl Agent {
         let candidates = self.select_backends(Op::MakeXfer, &hints)?;
         let slot = candidates
             .into_iter()
-            .filter(|b| if is_local { b.caps.local } else { b.caps.remote })
+            .filter(|b| {
+                if is_local {
+                    b.caps.local
+                } else {
+                    b.caps.remote
+                }
+            })
             .filter(|b| opts.notif.is_none() || b.caps.notifications)
-            .find(|b| pairs.iter().all(|(l, r)| l.mds.iter().any(|(id, _)| *id == b.id) && r.mds.iter().any(|(id, _)| *id == b.id)))
-            .ok_or_else(|| Error::not_supported(me, Op::MakeXfer, format!("no backend can move {} -> {} to {remote_name}{}", local.kind, remote.kind, if opts.notif.is_some() { " with a notification" } else { "" })))?;
-        let md = |e: &PrepEntry| e.mds.iter().find(|(id, _)| *id == slot.id).map(|(_, m)| m.clone());
-        let triples: Vec<(u64, u64, u64)> = pairs.iter().map(|(l, r)| (l.desc.addr, r.desc.addr, l.desc.len)).collect();
+            .find(|b| {
+                pairs.iter().all(|(l, r)| {
+                    l.mds.iter().any(|(id, _)| *id == b.id)
+                        && r.mds.iter().any(|(id, _)| *id == b.id)
+                })
+            })
+            .ok_or_else(|| {
+                Error::not_supported(
+                    me,
+                    Op::MakeXfer,
+                    format!(
+                        "no backend can move {} -> {} to {remote_name}{}",
+                        local.kind,
+                        remote.kind,
+                        if opts.notif.is_some() {
+                            " with a notification"
+                        } else {
+                            ""
+                        }
+                    ),
+                )
+            })?;
+        let md = |e: &PrepEntry| {
+            e.mds
+                .iter()
+                .find(|(id, _)| *id == slot.id)
+                .map(|(_, m)| m.clone())
+        };
+        let triples: Vec<(u64, u64, u64)> = pairs
+            .iter()
+            .map(|(l, r)| (l.desc.addr, r.desc.addr, l.desc.len))
+            .collect();
         let merged = if opts.no_merge {
-            triples.iter().enumerate().map(|(i, &(a, b, c))| (a, b, c, i)).collect()
+            triples
+                .iter()
+                .enumerate()
+                .map(|(i, &(a, b, c))| (a, b, c, i))
+                .collect()
         } else {
             merge_contiguous(&triples, |a, b| {
                 let (la, ra) = pairs[a];
                 let (lb, rb) = pairs[b];
-                la.region == lb.region && ra.region == rb.region && la.desc.dev_id == lb.desc.dev_id && ra.desc.dev_id == rb.desc.dev_id
+                la.region == lb.region
+                    && ra.region == rb.region
+                    && la.desc.dev_id == lb.desc.dev_id
+                    && ra.desc.dev_id == rb.desc.dev_id
             })
         };
         let mut segments = Vec::with_capacity(merged.len());
         for (laddr, raddr, len, first) in merged {
             let (l, r) = pairs[first];
             let (Some(local_md), Some(remote_md)) = (md(l), md(r)) else {
-                return Err(Error::not_found(me, Op::MakeXfer, "backend metadata vanished"));
+                return Err(Error::not_found(
+                    me,
+                    Op::MakeXfer,
+                    "backend metadata vanished",
+                ));
             };
             segments.push(Segment {
                 local_addr: laddr,
@@ -582,7 +839,12 @@ impl Agent {
             remote: remote_peer,
             spec,
             timeout: opts.timeout,
-            state: Mutex::new(ReqState { status: Status::Ready, xfer, tel: XferTelemetry::default(), leaked: false }),
+            state: Mutex::new(ReqState {
+                status: Status::Ready,
+                xfer,
+                tel: XferTelemetry::default(),
+                leaked: false,
+            }),
             keep,
         })
     }
@@ -590,9 +852,24 @@ impl Agent {
     /// One-shot form: prepares both lists and builds a request over all their descriptors
     /// (NIXL's `createXferReq`).
     #[doc(alias = "createXferReq")]
-    pub fn create_xfer_req(&self, op: XferOp, local: &XferDescList, remote: &XferDescList, remote_agent: &str, opts: XferOptions) -> Result<XferReq> {
+    pub fn create_xfer_req(
+        &self,
+        op: XferOp,
+        local: &XferDescList,
+        remote: &XferDescList,
+        remote_agent: &str,
+        opts: XferOptions,
+    ) -> Result<XferReq> {
         if local.len() != remote.len() {
-            return Err(Error::mismatch(self.name(), Op::MakeXfer, format!("{} local and {} remote descriptors", local.len(), remote.len())));
+            return Err(Error::mismatch(
+                self.name(),
+                Op::MakeXfer,
+                format!(
+                    "{} local and {} remote descriptors",
+                    local.len(),
+                    remote.len()
+                ),
+            ));
         }
         let hints: Vec<&str> = opts.backends.iter().map(String::as_str).collect();
         let l = self.prep_xfer_dlist(XferTarget::Initiator, local, &hints)?;
@@ -632,7 +909,11 @@ impl Agent {
         if Arc::ptr_eq(&req.shared, &self.shared) {
             Ok(())
         } else {
-            Err(Error::mismatch(self.name(), op, "request belongs to another agent"))
+            Err(Error::mismatch(
+                self.name(),
+                op,
+                "request belongs to another agent",
+            ))
         }
     }
 }

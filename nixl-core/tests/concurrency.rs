@@ -14,27 +14,58 @@ fn eight_threads_share_one_agent_and_lose_no_notification() {
     const ROUNDS: usize = 300;
     const BLOCK: u64 = 4096;
     for progress_thread in [false, true] {
-        let config = AgentConfig { progress_thread, ..AgentConfig::default() };
+        let config = AgentConfig {
+            progress_thread,
+            ..AgentConfig::default()
+        };
         let a = agent_with("cc-a", config.clone());
         let b = agent_with("cc-b", config);
         let (sa, _ra) = registered(&a, BLOCK as usize * THREADS);
         let (sb, _rb) = registered(&b, BLOCK as usize * THREADS);
         sa.fill_pattern(42);
-        a.load_remote_metadata(&b.local_metadata().unwrap()).unwrap();
-        let local = Arc::new(a.prep_xfer_dlist(XferTarget::Initiator, &XferDescList::blocks(MemKind::Dram, sa.addr(), BLOCK, THREADS), &[]).unwrap());
-        let remote = Arc::new(a.prep_xfer_dlist(XferTarget::Agent(b.name()), &XferDescList::blocks(MemKind::Dram, sb.addr(), BLOCK, THREADS), &[]).unwrap());
+        a.load_remote_metadata(&b.local_metadata().unwrap())
+            .unwrap();
+        let local = Arc::new(
+            a.prep_xfer_dlist(
+                XferTarget::Initiator,
+                &XferDescList::blocks(MemKind::Dram, sa.addr(), BLOCK, THREADS),
+                &[],
+            )
+            .unwrap(),
+        );
+        let remote = Arc::new(
+            a.prep_xfer_dlist(
+                XferTarget::Agent(b.name()),
+                &XferDescList::blocks(MemKind::Dram, sb.addr(), BLOCK, THREADS),
+                &[],
+            )
+            .unwrap(),
+        );
         std::thread::scope(|s| {
             for t in 0..THREADS {
-                let (a, local, remote, bname) = (a.clone(), local.clone(), remote.clone(), b.name().to_owned());
+                let (a, local, remote, bname) = (
+                    a.clone(),
+                    local.clone(),
+                    remote.clone(),
+                    b.name().to_owned(),
+                );
                 s.spawn(move || {
                     for r in 0..ROUNDS {
                         let req = a
-                            .make_prepped_xfer(XferOp::Write, &local, &[t], &remote, &[t], XferOptions::with_notif(format!("{t}:{r}").into_bytes()))
+                            .make_prepped_xfer(
+                                XferOp::Write,
+                                &local,
+                                &[t],
+                                &remote,
+                                &[t],
+                                XferOptions::with_notif(format!("{t}:{r}").into_bytes()),
+                            )
                             .unwrap();
                         a.post_xfer_req(&req).unwrap();
                         req.wait(Duration::from_secs(10)).unwrap();
                         if r % 3 == 0 {
-                            a.gen_notif(&bname, format!("g{t}:{r}").as_bytes(), &[]).unwrap();
+                            a.gen_notif(&bname, format!("g{t}:{r}").as_bytes(), &[])
+                                .unwrap();
                         }
                     }
                 });

@@ -8,11 +8,22 @@ use nixl_core::{AgentConfig, InprocParams};
 
 #[test]
 fn inproc_passes_conformance() {
-    assert_all(&Suite::new("inproc", AgentConfig::default(), Arc::new(|a| a.create_backend(InprocParams::default()))));
+    assert_all(&Suite::new(
+        "inproc",
+        AgentConfig::default(),
+        Arc::new(|a| a.create_backend(InprocParams::default())),
+    ));
 }
 
 #[test]
 fn inproc_passes_conformance_with_progress_thread() {
-    let config = AgentConfig { progress_thread: true, ..AgentConfig::default() };
-    assert_all(&Suite::new("inproc-pt", config, Arc::new(|a| a.create_backend(InprocParams::default()))));
+    let config = AgentConfig {
+        progress_thread: true,
+        ..AgentConfig::default()
+    };
+    assert_all(&Suite::new(
+        "inproc-pt",
+        config,
+        Arc::new(|a| a.create_backend(InprocParams::default())),
+    ));
 }

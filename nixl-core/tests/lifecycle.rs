@@ -7,14 +7,15 @@ use std::time::Duration;
 
 use common::{agent, agent_with, registered, unique};
 use nixl_core::{
-    Agent, AgentConfig, Error, FaultEvent, FaultLog, FaultParams, FaultPlan, InprocParams, MemKind, XferDescList, XferOp,
-    XferOptions, XferState, XferTarget,
+    Agent, AgentConfig, Error, FaultEvent, FaultLog, FaultParams, FaultPlan, InprocParams, MemKind,
+    XferDescList, XferOp, XferOptions, XferState, XferTarget,
 };
 
 fn faulty(prefix: &str, plan: FaultPlan) -> (Agent, Arc<FaultLog>) {
     let a = Agent::new(&unique(prefix), AgentConfig::default()).unwrap();
     let log = FaultLog::new();
-    a.create_backend(FaultParams::new(InprocParams::default(), plan, log.clone())).unwrap();
+    a.create_backend(FaultParams::new(InprocParams::default(), plan, log.clone()))
+        .unwrap();
     (a, log)
 }
 
@@ -26,19 +27,33 @@ fn restarted_peer_fails_old_requests_and_new_ones_work() {
     let b1 = Agent::new(&name, AgentConfig::default()).unwrap();
     b1.create_backend(InprocParams::default()).unwrap();
     let (sb1, _rb1) = registered(&b1, 4096);
-    a.load_remote_metadata(&b1.local_metadata().unwrap()).unwrap();
+    a.load_remote_metadata(&b1.local_metadata().unwrap())
+        .unwrap();
     let g1 = a.remote_generation(&name).unwrap();
     let old = a
-        .create_xfer_req(XferOp::Write, &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1), &XferDescList::blocks(MemKind::Dram, sb1.addr(), 4096, 1), &name, XferOptions::default())
+        .create_xfer_req(
+            XferOp::Write,
+            &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1),
+            &XferDescList::blocks(MemKind::Dram, sb1.addr(), 4096, 1),
+            &name,
+            XferOptions::default(),
+        )
         .unwrap();
-    let old_list = a.prep_xfer_dlist(XferTarget::Agent(&name), &XferDescList::blocks(MemKind::Dram, sb1.addr(), 4096, 1), &[]).unwrap();
+    let old_list = a
+        .prep_xfer_dlist(
+            XferTarget::Agent(&name),
+            &XferDescList::blocks(MemKind::Dram, sb1.addr(), 4096, 1),
+            &[],
+        )
+        .unwrap();
     // The peer "restarts": same name, new incarnation.
     drop(_rb1);
     drop(b1);
     let b2 = Agent::new(&name, AgentConfig::default()).unwrap();
     b2.create_backend(InprocParams::default()).unwrap();
     let (sb2, _rb2) = registered(&b2, 4096);
-    a.load_remote_metadata(&b2.local_metadata().unwrap()).unwrap();
+    a.load_remote_metadata(&b2.local_metadata().unwrap())
+        .unwrap();
     let g2 = a.remote_generation(&name).unwrap();
     assert_ne!(g1, g2);
     match a.post_xfer_req(&old) {
@@ -46,13 +61,37 @@ fn restarted_peer_fails_old_requests_and_new_ones_work() {
         other => panic!("expected PeerRestarted, got {other:?}"),
     }
     // A request built from the stale prepared list fails the same way.
-    let local = a.prep_xfer_dlist(XferTarget::Initiator, &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1), &[]).unwrap();
-    let stale = a.make_prepped_xfer(XferOp::Write, &local, &[0], &old_list, &[0], XferOptions::default()).unwrap();
-    assert!(matches!(a.post_xfer_req(&stale), Err(Error::PeerRestarted { .. })));
+    let local = a
+        .prep_xfer_dlist(
+            XferTarget::Initiator,
+            &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1),
+            &[],
+        )
+        .unwrap();
+    let stale = a
+        .make_prepped_xfer(
+            XferOp::Write,
+            &local,
+            &[0],
+            &old_list,
+            &[0],
+            XferOptions::default(),
+        )
+        .unwrap();
+    assert!(matches!(
+        a.post_xfer_req(&stale),
+        Err(Error::PeerRestarted { .. })
+    ));
     // New requests to the new incarnation work, with no restart on this side.
     sa.fill(9);
     let new = a
-        .create_xfer_req(XferOp::Write, &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1), &XferDescList::blocks(MemKind::Dram, sb2.addr(), 4096, 1), &name, XferOptions::default())
+        .create_xfer_req(
+            XferOp::Write,
+            &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1),
+            &XferDescList::blocks(MemKind::Dram, sb2.addr(), 4096, 1),
+            &name,
+            XferOptions::default(),
+        )
         .unwrap();
     a.post_xfer_req(&new).unwrap();
     new.wait(Duration::from_secs(5)).unwrap();
@@ -61,20 +100,38 @@ fn restarted_peer_fails_old_requests_and_new_ones_work() {
 
 #[test]
 fn delayed_request_is_canceled_by_its_deadline_and_by_wait() {
-    let plan = FaultPlan { seed: 1, delay_prob: 1.0, delay: (Duration::from_secs(30), Duration::from_secs(30)), ..FaultPlan::default() };
+    let plan = FaultPlan {
+        seed: 1,
+        delay_prob: 1.0,
+        delay: (Duration::from_secs(30), Duration::from_secs(30)),
+        ..FaultPlan::default()
+    };
     let (a, log) = faulty("dl-a", plan);
     let b = agent("dl-b");
     let (sa, _ra) = registered(&a, 4096);
     let (sb, _rb) = registered(&b, 4096);
-    a.load_remote_metadata(&b.local_metadata().unwrap()).unwrap();
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
     let mk = |timeout| {
-        a.create_xfer_req(XferOp::Write, &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1), &XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 1), b.name(), XferOptions { timeout, ..XferOptions::default() })
-            .unwrap()
+        a.create_xfer_req(
+            XferOp::Write,
+            &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1),
+            &XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 1),
+            b.name(),
+            XferOptions {
+                timeout,
+                ..XferOptions::default()
+            },
+        )
+        .unwrap()
     };
     // The request's own deadline.
     let req = mk(Some(Duration::from_millis(30)));
     assert_eq!(a.post_xfer_req(&req).unwrap(), XferState::InProgress);
-    assert!(matches!(a.post_xfer_req(&req), Err(Error::RepostActive { .. })));
+    assert!(matches!(
+        a.post_xfer_req(&req),
+        Err(Error::RepostActive { .. })
+    ));
     let err = loop {
         match a.check_xfer_state(&req) {
             Ok(XferState::InProgress) => std::thread::sleep(Duration::from_millis(2)),
@@ -89,7 +146,10 @@ fn delayed_request_is_canceled_by_its_deadline_and_by_wait() {
     // wait() with a deadline.
     let req = mk(None);
     a.post_xfer_req(&req).unwrap();
-    assert!(matches!(req.wait(Duration::from_millis(20)), Err(Error::TimedOut { .. })));
+    assert!(matches!(
+        req.wait(Duration::from_millis(20)),
+        Err(Error::TimedOut { .. })
+    ));
     // Explicit cancel.
     let req = mk(None);
     a.post_xfer_req(&req).unwrap();
@@ -99,20 +159,40 @@ fn delayed_request_is_canceled_by_its_deadline_and_by_wait() {
     let req = mk(None);
     a.post_xfer_req(&req).unwrap();
     drop(req);
-    assert_eq!(log.events().iter().filter(|e| matches!(e, FaultEvent::Delay { .. })).count(), 4);
+    assert_eq!(
+        log.events()
+            .iter()
+            .filter(|e| matches!(e, FaultEvent::Delay { .. }))
+            .count(),
+        4
+    );
 }
 
 #[test]
 fn injected_faults_are_deterministic_and_detected() {
-    let plan = FaultPlan { seed: 7, error_prob: 0.2, drop_notif_prob: 0.2, dup_notif_prob: 0.2, corrupt_prob: 0.2, ..FaultPlan::default() };
+    let plan = FaultPlan {
+        seed: 7,
+        error_prob: 0.2,
+        drop_notif_prob: 0.2,
+        dup_notif_prob: 0.2,
+        corrupt_prob: 0.2,
+        ..FaultPlan::default()
+    };
     let run = || {
         let (a, log) = faulty("fi-a", plan.clone());
         let b = agent("fi-b");
         let (sa, _ra) = registered(&a, 4096);
         let (sb, _rb) = registered(&b, 4096);
-        a.load_remote_metadata(&b.local_metadata().unwrap()).unwrap();
+        a.load_remote_metadata(&b.local_metadata().unwrap())
+            .unwrap();
         let req = a
-            .create_xfer_req(XferOp::Write, &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1), &XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 1), b.name(), XferOptions::with_notif(b"n".to_vec()))
+            .create_xfer_req(
+                XferOp::Write,
+                &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1),
+                &XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 1),
+                b.name(),
+                XferOptions::with_notif(b"n".to_vec()),
+            )
             .unwrap();
         let mut outcomes = Vec::new();
         for i in 0..200u64 {
@@ -136,7 +216,10 @@ fn injected_faults_are_deterministic_and_detected() {
         count(|e| matches!(e, FaultEvent::DupNotif { .. })),
         count(|e| matches!(e, FaultEvent::Corrupt { .. })),
     );
-    assert!(errors > 0 && drops > 0 && dups > 0 && corrupt > 0, "{errors} {drops} {dups} {corrupt}");
+    assert!(
+        errors > 0 && drops > 0 && dups > 0 && corrupt > 0,
+        "{errors} {drops} {dups} {corrupt}"
+    );
     assert_eq!(o1.iter().filter(|o| !o.0).count(), errors);
     assert_eq!(o1.iter().filter(|o| o.0 && o.1 == 0).count(), drops);
     assert_eq!(o1.iter().filter(|o| o.1 == 2).count(), dups);
@@ -145,34 +228,64 @@ fn injected_faults_are_deterministic_and_detected() {
 
 #[test]
 fn killed_peer_ends_requests_in_remote_disconnect() {
-    let plan = FaultPlan { seed: 3, kill_after_posts: Some(2), ..FaultPlan::default() };
+    let plan = FaultPlan {
+        seed: 3,
+        kill_after_posts: Some(2),
+        ..FaultPlan::default()
+    };
     let (a, log) = faulty("kill-a", plan);
     let b = agent("kill-b");
     let (sa, _ra) = registered(&a, 4096);
     let (sb, _rb) = registered(&b, 4096);
-    a.load_remote_metadata(&b.local_metadata().unwrap()).unwrap();
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
     let req = a
-        .create_xfer_req(XferOp::Read, &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1), &XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 1), b.name(), XferOptions::default())
+        .create_xfer_req(
+            XferOp::Read,
+            &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1),
+            &XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 1),
+            b.name(),
+            XferOptions::default(),
+        )
         .unwrap();
     for _ in 0..2 {
         a.post_xfer_req(&req).unwrap();
         req.wait(Duration::from_secs(5)).unwrap();
     }
     let e = a.post_xfer_req(&req).unwrap_err();
-    assert!(matches!(e, Error::RemoteDisconnect { .. }) && e.is_uncertain(), "{e:?}");
-    assert!(matches!(a.gen_notif(b.name(), b"x", &[]), Err(Error::RemoteDisconnect { .. })));
+    assert!(
+        matches!(e, Error::RemoteDisconnect { .. }) && e.is_uncertain(),
+        "{e:?}"
+    );
+    assert!(matches!(
+        a.gen_notif(b.name(), b"x", &[]),
+        Err(Error::RemoteDisconnect { .. })
+    ));
     assert_eq!(log.events(), vec![FaultEvent::Kill { post: 3 }]);
 }
 
 #[test]
 fn telemetry_counts_requests_and_bytes() {
-    let a = agent_with("tel-a", AgentConfig { telemetry: true, ..AgentConfig::default() });
+    let a = agent_with(
+        "tel-a",
+        AgentConfig {
+            telemetry: true,
+            ..AgentConfig::default()
+        },
+    );
     let b = agent("tel-b");
     let (sa, _ra) = registered(&a, 65536);
     let (sb, _rb) = registered(&b, 65536);
-    a.load_remote_metadata(&b.local_metadata().unwrap()).unwrap();
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
     let req = a
-        .create_xfer_req(XferOp::Write, &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 16), &XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 16), b.name(), XferOptions::default())
+        .create_xfer_req(
+            XferOp::Write,
+            &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 16),
+            &XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 16),
+            b.name(),
+            XferOptions::default(),
+        )
         .unwrap();
     assert_eq!(a.query_xfer_backend(&req), "INPROC");
     assert!(req.path().contains("INPROC"));
@@ -185,11 +298,22 @@ fn telemetry_counts_requests_and_bytes() {
     assert_eq!((t.bytes, t.desc_count), (65536, 1));
     assert!(t.start.is_some());
     let s = a.telemetry();
-    assert_eq!((s.agent_tx_bytes, s.agent_rx_bytes, s.agent_requests, s.agent_memory_registered), (3 * 65536, 0, 3, 65536));
+    assert_eq!(
+        (
+            s.agent_tx_bytes,
+            s.agent_rx_bytes,
+            s.agent_requests,
+            s.agent_memory_registered
+        ),
+        (3 * 65536, 0, 3, 65536)
+    );
     a.set_telemetry(false);
     a.post_xfer_req(&req).unwrap();
     assert_eq!(a.telemetry().agent_requests, 3);
-    assert_eq!(a.path_report(b.name()), vec![("INPROC".to_owned(), "in-process memcpy".to_owned())]);
+    assert_eq!(
+        a.path_report(b.name()),
+        vec![("INPROC".to_owned(), "in-process memcpy".to_owned())]
+    );
 }
 
 #[test]
@@ -198,7 +322,13 @@ fn loopback_and_self_target() {
     let (s, _r) = registered(&a, 8192);
     s.fill_pattern(1);
     let req = a
-        .create_xfer_req(XferOp::Read, &XferDescList::blocks(MemKind::Dram, s.addr() + 4096, 4096, 1), &XferDescList::blocks(MemKind::Dram, s.addr(), 4096, 1), a.name(), XferOptions::default())
+        .create_xfer_req(
+            XferOp::Read,
+            &XferDescList::blocks(MemKind::Dram, s.addr() + 4096, 4096, 1),
+            &XferDescList::blocks(MemKind::Dram, s.addr(), 4096, 1),
+            a.name(),
+            XferOptions::default(),
+        )
         .unwrap();
     a.post_xfer_req(&req).unwrap();
     req.wait(Duration::from_secs(5)).unwrap();

@@ -6,10 +6,19 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use common::{agent_with, registered, unique};
-use nixl_core::{Agent, AgentConfig, Error, MemKind, XferDescList, XferOp, XferOptions, XferTarget};
+use nixl_core::{
+    Agent, AgentConfig, Error, MemKind, XferDescList, XferOp, XferOptions, XferTarget,
+};
 
 fn listening(prefix: &str) -> Agent {
-    agent_with(prefix, AgentConfig { listen: true, default_timeout: Duration::from_secs(5), ..AgentConfig::default() })
+    agent_with(
+        prefix,
+        AgentConfig {
+            listen: true,
+            default_timeout: Duration::from_secs(5),
+            ..AgentConfig::default()
+        },
+    )
 }
 
 #[test]
@@ -24,16 +33,29 @@ fn push_fetch_transfer_and_invalidate() {
     // a pushes its metadata to b; a fetches b's, blocking with a deadline.
     a.send_local_metadata(addr_b).unwrap();
     assert!(b.check_remote_metadata(a.name(), None));
-    assert_eq!(a.fetch_remote_metadata_blocking(b.name(), addr_b, Duration::from_secs(5)).unwrap(), b.name());
+    assert_eq!(
+        a.fetch_remote_metadata_blocking(b.name(), addr_b, Duration::from_secs(5))
+            .unwrap(),
+        b.name()
+    );
 
     sa.fill_pattern(3);
     let req = a
-        .create_xfer_req(XferOp::Write, &XferDescList::blocks(MemKind::Dram, sa.addr(), 8192, 1), &XferDescList::blocks(MemKind::Dram, sb.addr(), 8192, 1), b.name(), XferOptions::with_notif(b"hi".to_vec()))
+        .create_xfer_req(
+            XferOp::Write,
+            &XferDescList::blocks(MemKind::Dram, sa.addr(), 8192, 1),
+            &XferDescList::blocks(MemKind::Dram, sb.addr(), 8192, 1),
+            b.name(),
+            XferOptions::with_notif(b"hi".to_vec()),
+        )
         .unwrap();
     a.post_xfer_req(&req).unwrap();
     req.wait(Duration::from_secs(5)).unwrap();
     assert_eq!(sa.to_vec(), sb.to_vec());
-    assert_eq!(b.wait_notifs(Duration::from_secs(5)).unwrap()[a.name()], vec![b"hi".to_vec()]);
+    assert_eq!(
+        b.wait_notifs(Duration::from_secs(5)).unwrap()[a.name()],
+        vec![b"hi".to_vec()]
+    );
 
     // a tells b to forget it.
     a.invalidate_local_metadata(addr_b).unwrap();
@@ -45,25 +67,42 @@ fn asynchronous_fetch_is_polled() {
     let a = listening("af-a");
     let b = listening("af-b");
     let (sb, _rb) = registered(&b, 4096);
-    a.fetch_remote_metadata(b.name(), b.listen_addr().unwrap()).unwrap();
+    a.fetch_remote_metadata(b.name(), b.listen_addr().unwrap())
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     while !a.fetch_status(b.name()).unwrap() {
         assert!(Instant::now() < deadline, "fetch did not finish");
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert!(a.check_remote_metadata(b.name(), Some(&XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 1))));
-    assert!(a.prep_xfer_dlist(XferTarget::Agent(b.name()), &XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 1), &[]).is_ok());
+    assert!(a.check_remote_metadata(
+        b.name(),
+        Some(&XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 1))
+    ));
+    assert!(a
+        .prep_xfer_dlist(
+            XferTarget::Agent(b.name()),
+            &XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 1),
+            &[]
+        )
+        .is_ok());
 }
 
 #[test]
 fn fetching_the_wrong_name_or_from_nobody_fails() {
     let a = listening("wn-a");
     let b = listening("wn-b");
-    let r = a.fetch_remote_metadata_blocking("someone-else", b.listen_addr().unwrap(), Duration::from_secs(5));
+    let r = a.fetch_remote_metadata_blocking(
+        "someone-else",
+        b.listen_addr().unwrap(),
+        Duration::from_secs(5),
+    );
     assert!(matches!(r, Err(Error::NotFound { .. })), "{r:?}");
     assert!(a.remotes().is_empty());
     // Background fetch from a closed port reports its failure.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
     a.fetch_remote_metadata("ghost", closed).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -78,7 +117,10 @@ fn fetching_the_wrong_name_or_from_nobody_fails() {
         assert!(Instant::now() < deadline, "fetch never failed");
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert!(matches!(a.fetch_remote_metadata("", closed), Err(Error::InvalidParam { .. })));
+    assert!(matches!(
+        a.fetch_remote_metadata("", closed),
+        Err(Error::InvalidParam { .. })
+    ));
 }
 
 #[test]
@@ -103,7 +145,8 @@ fn hostile_clients_do_not_break_the_listener() {
     let _silent = std::net::TcpStream::connect(addr).unwrap();
     // The listener still serves a real peer.
     let a = Agent::new(&unique("hostile-a"), AgentConfig::default()).unwrap();
-    a.create_backend(nixl_core::InprocParams::default()).unwrap();
+    a.create_backend(nixl_core::InprocParams::default())
+        .unwrap();
     a.send_local_metadata(addr).unwrap();
     assert!(b.remotes().contains(&a.name().to_owned()));
 }

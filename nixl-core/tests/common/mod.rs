@@ -10,7 +10,11 @@ static SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// A unique agent name for parallel tests.
 pub fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// An agent with the INPROC backend.

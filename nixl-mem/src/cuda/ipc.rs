@@ -1,0 +1,372 @@
+//! CUDA IPC: exporting an allocation to another process ([`IpcHandle`]), mapping one exported
+//! by another process ([`IpcMapping`], closed on drop), and dma-buf export ([`DmaBuf`]).
+
+use std::fmt;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::Arc;
+
+use cudarc::driver::CudaContext;
+use nixl_core::{DecodeError, Error, MemKind, MemoryRegion, Op, RegionDesc, Result};
+
+use super::{address_range, bind, context, cu, sys};
+use crate::wire::{Reader, Writer};
+
+const MAGIC: &[u8; 4] = b"NXCI";
+
+/// An exported CUDA allocation: the driver's 64-byte IPC handle plus where the exported range
+/// lies inside the allocation. Plain bytes; send them to the peer with [`IpcHandle::to_bytes`].
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct IpcHandle {
+    handle: [u8; 64],
+    /// The exporter's GPU ordinal.
+    pub ordinal: u64,
+    /// The allocation's base address in the exporter.
+    pub alloc_base: u64,
+    /// The allocation's size.
+    pub alloc_size: u64,
+    /// The exported range's start address in the exporter.
+    pub addr: u64,
+    /// The exported range's length.
+    pub len: u64,
+}
+
+impl fmt::Debug for IpcHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IpcHandle")
+            .field("ordinal", &self.ordinal)
+            .field("alloc_base", &format_args!("{:#x}", self.alloc_base))
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl IpcHandle {
+    /// Exports `[addr, addr+len)` of device memory on GPU `ordinal`. The handle names the whole
+    /// allocation containing `addr` (that is what `cuIpcGetMemHandle` exports); `addr`/`len`
+    /// record the range. Marks the allocation `SYNC_MEMOPS` so synchronous copies by either
+    /// process are ordered with the other's.
+    pub fn export(ordinal: usize, addr: u64, len: u64) -> Result<Self> {
+        let _ctx = context(ordinal)?;
+        match super::pointer_device(addr) {
+            Some(o) if o == ordinal => {}
+            Some(o) => {
+                return Err(Error::mismatch(
+                    "-",
+                    Op::RegisterMem,
+                    format!("{addr:#x} is on GPU {o}, not {ordinal}"),
+                ))
+            }
+            None => {
+                return Err(Error::invalid(
+                    "-",
+                    Op::RegisterMem,
+                    format!("{addr:#x} is not CUDA device memory"),
+                ))
+            }
+        }
+        let (alloc_base, alloc_size) = address_range(Op::RegisterMem, addr)?;
+        let inside = addr
+            .checked_add(len)
+            .is_some_and(|end| end <= alloc_base + alloc_size);
+        if len == 0 || !inside {
+            return Err(Error::invalid(
+                "-",
+                Op::RegisterMem,
+                format!("{addr:#x}+{len} is not inside one CUDA allocation"),
+            ));
+        }
+        let one: u32 = 1;
+        // SAFETY: the attribute value is a 4-byte flag; `alloc_base` is a live allocation.
+        let r = unsafe {
+            sys::cuPointerSetAttribute(
+                (&one as *const u32).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
+                alloc_base,
+            )
+        };
+        cu(Op::RegisterMem, "cuPointerSetAttribute(SYNC_MEMOPS)", r)?;
+        let mut h = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
+        // SAFETY: `h` is a valid out pointer for the 64-byte handle; the allocation is live.
+        cu(Op::RegisterMem, "cuIpcGetMemHandle", unsafe {
+            sys::cuIpcGetMemHandle(h.as_mut_ptr(), alloc_base)
+        })?;
+        // SAFETY: written by the driver above (and zero-initialised before).
+        let h = unsafe { h.assume_init() };
+        let mut handle = [0u8; 64];
+        for (d, s) in handle.iter_mut().zip(h.reserved.iter()) {
+            *d = *s as u8;
+        }
+        Ok(IpcHandle {
+            handle,
+            ordinal: ordinal as u64,
+            alloc_base,
+            alloc_size,
+            addr,
+            len,
+        })
+    }
+
+    /// The bytes to send to a peer.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        Writer::new(MAGIC)
+            .raw(&self.handle)
+            .u64(self.ordinal)
+            .u64(self.alloc_base)
+            .u64(self.alloc_size)
+            .u64(self.addr)
+            .u64(self.len)
+            .finish()
+    }
+
+    /// Parses [`IpcHandle::to_bytes`]; refuses truncated, trailing or inconsistent bytes.
+    pub fn from_bytes(b: &[u8]) -> std::result::Result<Self, DecodeError> {
+        let mut r = Reader::new(b, MAGIC)?;
+        let mut handle = [0u8; 64];
+        handle.copy_from_slice(r.raw(64)?);
+        let h = IpcHandle {
+            handle,
+            ordinal: r.u64()?,
+            alloc_base: r.u64()?,
+            alloc_size: r.u64()?,
+            addr: r.u64()?,
+            len: r.u64()?,
+        };
+        r.finish()?;
+        let end = h.alloc_base.checked_add(h.alloc_size);
+        let rend = h.addr.checked_add(h.len);
+        match (end, rend) {
+            (Some(e), Some(re)) if h.addr >= h.alloc_base && re <= e && h.len > 0 => Ok(h),
+            _ => Err(DecodeError::Invalid {
+                what: "CUDA IPC range",
+            }),
+        }
+    }
+
+    /// The driver's handle bytes (names the allocation).
+    pub fn raw(&self) -> &[u8; 64] {
+        &self.handle
+    }
+}
+
+/// Another process's CUDA allocation mapped into this one (`cuIpcOpenMemHandle`), unmapped on
+/// drop (`cuIpcCloseMemHandle`). As a [`MemoryRegion`] it is the exported range, as VRAM of the
+/// GPU it was opened on.
+pub struct IpcMapping {
+    ctx: Arc<CudaContext>,
+    ordinal: usize,
+    base: u64,
+    handle: IpcHandle,
+}
+
+impl IpcMapping {
+    /// Maps `handle` into GPU `ordinal`'s context (peer access enabled lazily when the
+    /// exporter is another GPU). Fails when the handle was exported by this very process
+    /// (CUDA refuses that), when the exporter freed it, or without CUDA.
+    pub fn open(ordinal: usize, handle: &IpcHandle) -> Result<Self> {
+        let ctx = context(ordinal)?;
+        let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
+        for (d, s) in h.reserved.iter_mut().zip(handle.handle.iter()) {
+            *d = *s as _;
+        }
+        let mut base: sys::CUdeviceptr = 0;
+        let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+        // SAFETY: the context is current; `base` is a valid out pointer; the handle is plain
+        // bytes the driver validates.
+        cu(Op::LoadMetadata, "cuIpcOpenMemHandle", unsafe {
+            sys::cuIpcOpenMemHandle_v2(&mut base, h, flags)
+        })?;
+        Ok(IpcMapping {
+            ctx,
+            ordinal,
+            base,
+            handle: handle.clone(),
+        })
+    }
+
+    /// Where the exporter's address `remote` is mapped here, if it lies in the allocation.
+    pub fn translate(&self, remote: u64, len: u64) -> Option<u64> {
+        let off = remote.checked_sub(self.handle.alloc_base)?;
+        (off.checked_add(len)? <= self.handle.alloc_size).then(|| self.base + off)
+    }
+
+    /// The mapped address of the exported range.
+    pub fn addr(&self) -> u64 {
+        self.base + (self.handle.addr - self.handle.alloc_base)
+    }
+
+    /// The handle it was opened from.
+    pub fn handle(&self) -> &IpcHandle {
+        &self.handle
+    }
+
+    /// The GPU it is mapped on.
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        if let Err(e) = bind(&self.ctx) {
+            tracing::warn!(error = %e, "binding the context to close an IPC mapping failed");
+        }
+        // SAFETY: opened by `open`, closed once; the owner (a registration or loaded remote
+        // region) is dropped only after every request using it is gone.
+        if let Err(e) = cu(Op::Invalidate, "cuIpcCloseMemHandle", unsafe {
+            sys::cuIpcCloseMemHandle(self.base)
+        }) {
+            tracing::warn!(error = %e, "closing a CUDA IPC mapping failed");
+        }
+    }
+}
+
+impl fmt::Debug for IpcMapping {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IpcMapping")
+            .field("ordinal", &self.ordinal)
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.handle.len)
+            .finish()
+    }
+}
+
+// SAFETY: the mapping stays valid until Drop closes it, and the description never changes.
+unsafe impl MemoryRegion for IpcMapping {
+    fn desc(&self) -> RegionDesc {
+        RegionDesc {
+            kind: MemKind::Vram,
+            addr: self.addr(),
+            len: self.handle.len,
+            dev_id: self.ordinal as u64,
+            meta: Vec::new(),
+        }
+    }
+}
+
+/// A dma-buf file descriptor exporting device memory, for registering GPU memory with a NIC
+/// (`ibv_reg_dmabuf_mr`, `fi_mr_regattr` with `FI_MR_DMABUF`). `offset` is where the requested
+/// range starts inside the (page-aligned) exported range.
+#[derive(Debug)]
+pub struct DmaBuf {
+    /// The file descriptor (closed on drop).
+    pub fd: OwnedFd,
+    /// Start of the requested range inside the dma-buf.
+    pub offset: u64,
+    /// Length of the dma-buf.
+    pub len: u64,
+}
+
+impl DmaBuf {
+    /// Exports CUDA memory with `cuMemGetHandleForAddressRange(DMA_BUF_FD)`. `NotSupported`
+    /// when the device or driver offers no dma-buf (`CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`
+    /// is 0, or the open kernel module is not in use).
+    pub(crate) fn export_cuda(ordinal: usize, addr: u64, len: u64) -> Result<Self> {
+        let ctx = context(ordinal)?;
+        // SAFETY: `culib` is loaded (context() checked the driver); looking a symbol up calls
+        // nothing.
+        let has =
+            unsafe { sys::culib().get::<*const ()>(b"cuMemGetHandleForAddressRange") }.is_ok();
+        let mut supported = 0i32;
+        // SAFETY: valid out pointer; the device handle comes from the live context.
+        let r = unsafe {
+            sys::cuDeviceGetAttribute(
+                &mut supported,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED,
+                ctx.cu_device(),
+            )
+        };
+        cu(
+            Op::RegisterMem,
+            "cuDeviceGetAttribute(DMA_BUF_SUPPORTED)",
+            r,
+        )?;
+        if !has || supported == 0 {
+            return Err(Error::not_supported("-", Op::RegisterMem, format!("GPU {ordinal} offers no dma-buf export (needs the open kernel module and CUDA >= 11.7)")));
+        }
+        let page = 4096u64;
+        let start = addr & !(page - 1);
+        let end = addr
+            .checked_add(len)
+            .and_then(|e| e.checked_add(page - 1))
+            .map(|e| e & !(page - 1));
+        let Some(end) = end else {
+            return Err(Error::invalid(
+                "-",
+                Op::RegisterMem,
+                "dma-buf range overflows",
+            ));
+        };
+        let mut fd: i32 = -1;
+        // SAFETY: `fd` is a valid out pointer for the int handle; the range is page-aligned.
+        let r = unsafe {
+            sys::cuMemGetHandleForAddressRange(
+                (&mut fd as *mut i32).cast(),
+                start,
+                (end - start) as usize,
+                sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                0,
+            )
+        };
+        cu(
+            Op::RegisterMem,
+            "cuMemGetHandleForAddressRange(DMA_BUF_FD)",
+            r,
+        )?;
+        if fd < 0 {
+            return Err(Error::backend(
+                "-",
+                super::CUDA,
+                Op::RegisterMem,
+                "driver returned no dma-buf fd",
+            ));
+        }
+        // SAFETY: the driver returned a fresh fd that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(DmaBuf {
+            fd,
+            offset: addr - start,
+            len: end - start,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handle_bytes_round_trip_and_refuse_garbage() {
+        let h = IpcHandle {
+            handle: [5; 64],
+            ordinal: 1,
+            alloc_base: 0x1000,
+            alloc_size: 0x4000,
+            addr: 0x2000,
+            len: 0x1000,
+        };
+        let b = h.to_bytes();
+        assert_eq!(IpcHandle::from_bytes(&b).unwrap(), h);
+        for n in 0..b.len() {
+            assert!(IpcHandle::from_bytes(&b[..n]).is_err());
+        }
+        let mut extra = b.clone();
+        extra.push(0);
+        assert_eq!(IpcHandle::from_bytes(&extra), Err(DecodeError::Trailing(1)));
+        let bad = IpcHandle {
+            addr: 0x4800,
+            ..h.clone()
+        }
+        .to_bytes();
+        assert!(matches!(
+            IpcHandle::from_bytes(&bad),
+            Err(DecodeError::Invalid { .. })
+        ));
+        let overflow = IpcHandle {
+            alloc_base: u64::MAX,
+            ..h
+        }
+        .to_bytes();
+        assert!(IpcHandle::from_bytes(&overflow).is_err());
+    }
+}

@@ -1,0 +1,185 @@
+//! What `CUDA_IPC` keeps per registered and per loaded region, and the bytes it publishes.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaContext;
+use nixl_core::DecodeError;
+
+use crate::cuda::{self, check, sys};
+use crate::{IpcHandle, IpcMapping, SharedHostHandle, SharedHostMapping};
+
+const TAG_VRAM: u8 = b'V';
+const TAG_SHARED: u8 = b'S';
+const TAG_PRIVATE: u8 = b'P';
+
+/// A region's public metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Public {
+    /// GPU memory, reachable through its IPC handle.
+    Vram(IpcHandle),
+    /// Shareable host memory (a memfd).
+    Shared(SharedHostHandle),
+    /// Host memory only its own process can reach.
+    Private,
+}
+
+impl Public {
+    pub fn encode(&self) -> Vec<u8> {
+        let (tag, body) = match self {
+            Public::Vram(h) => (TAG_VRAM, h.to_bytes()),
+            Public::Shared(h) => (TAG_SHARED, h.to_bytes()),
+            Public::Private => (TAG_PRIVATE, Vec::new()),
+        };
+        let mut v = vec![tag];
+        v.extend_from_slice(&body);
+        v
+    }
+
+    pub fn decode(b: &[u8]) -> Result<Self, DecodeError> {
+        match b.split_first() {
+            Some((&TAG_VRAM, rest)) => IpcHandle::from_bytes(rest).map(Public::Vram),
+            Some((&TAG_SHARED, rest)) => SharedHostHandle::from_bytes(rest).map(Public::Shared),
+            Some((&TAG_PRIVATE, [])) => Ok(Public::Private),
+            Some((&TAG_PRIVATE, rest)) => Err(DecodeError::Trailing(rest.len())),
+            Some(_) => Err(DecodeError::Invalid {
+                what: "CUDA_IPC region tag",
+            }),
+            None => Err(DecodeError::Truncated {
+                offset: 0,
+                needed: 1,
+            }),
+        }
+    }
+}
+
+/// Host pages this backend page-locked at registration; unlocked on drop.
+pub(crate) struct HostPin {
+    ctx: Arc<CudaContext>,
+    addr: u64,
+}
+
+impl HostPin {
+    /// Pins `[addr, addr+len)`. `Ok(None)` when the pages are already pinned by their owner
+    /// (a `Pinned`, a `CudaHostBuffer`): nothing to undo.
+    pub fn new(
+        ctx: &Arc<CudaContext>,
+        addr: u64,
+        len: u64,
+    ) -> Result<Option<Self>, cuda::CudaError> {
+        cuda::bind(ctx).map_err(|_| cuda::CudaError {
+            call: "cuCtxSetCurrent",
+            code: 0,
+            name: "bind failed".into(),
+        })?;
+        // SAFETY: the agent keeps the region's memory alive while it is registered; the pin is
+        // dropped (unregistered) when the registration's metadata is released, before that.
+        let r = unsafe {
+            sys::cuMemHostRegister_v2(
+                addr as *mut std::ffi::c_void,
+                len as usize,
+                sys::CU_MEMHOSTREGISTER_PORTABLE,
+            )
+        };
+        match check("cuMemHostRegister", r) {
+            Ok(()) => Ok(Some(HostPin {
+                ctx: ctx.clone(),
+                addr,
+            })),
+            Err(e) if e.code == sys::CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED as u32 => {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Drop for HostPin {
+    fn drop(&mut self) {
+        if let Err(e) = cuda::bind(&self.ctx) {
+            tracing::warn!(error = %e, "binding a context to unpin failed");
+        }
+        // SAFETY: registered in `new`, unregistered once, while the memory is still alive.
+        if let Err(e) = check("cuMemHostUnregister", unsafe {
+            sys::cuMemHostUnregister(self.addr as *mut std::ffi::c_void)
+        }) {
+            tracing::warn!(error = %e, "unpinning a registered host region failed");
+        }
+    }
+}
+
+/// A registered local region.
+pub(crate) struct LocalMd {
+    pub public: Public,
+    /// Held for the registration's lifetime.
+    pub _pin: Option<HostPin>,
+}
+
+/// Another process's shared host buffer, mapped and pinned here.
+pub(crate) struct HostImport {
+    // Field order: the pin is dropped (unregistered) before the mapping is unmapped.
+    pub _pin: Option<HostPin>,
+    pub map: SharedHostMapping,
+}
+
+/// How a transfer reaches a target region.
+pub(crate) enum Target {
+    /// The address is valid in this process as it is (loopback, or a peer in this process).
+    Identity,
+    /// Another process's GPU memory, mapped here.
+    Vram(Arc<IpcMapping>),
+    /// Another process's shared host memory, mapped here.
+    Host(Arc<HostImport>),
+    /// Not reachable from this process; the reason.
+    Unreachable(String),
+}
+
+impl Target {
+    /// This process's address for the target's `[addr, addr+len)`.
+    pub fn translate(&self, addr: u64, len: u64) -> Result<u64, String> {
+        match self {
+            Target::Identity => Ok(addr),
+            Target::Vram(m) => m
+                .translate(addr, len)
+                .ok_or_else(|| format!("{addr:#x}+{len} is outside the peer's mapped allocation")),
+            Target::Host(h) => h
+                .map
+                .translate(addr, len)
+                .ok_or_else(|| format!("{addr:#x}+{len} is outside the peer's shared buffer")),
+            Target::Unreachable(why) => Err(why.clone()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn public_metadata_round_trips_and_refuses_garbage() {
+        let h = IpcHandle::from_bytes(&{
+            let mut v = b"NXCI".to_vec();
+            v.extend_from_slice(&[1; 64]);
+            for x in [0u64, 0x1000, 0x2000, 0x1000, 0x100] {
+                v.extend_from_slice(&x.to_le_bytes());
+            }
+            v
+        })
+        .unwrap();
+        let s = SharedHostHandle {
+            pid: 1,
+            fd: 3,
+            token: 9,
+            addr: 0x1000,
+            len: 10,
+        };
+        for p in [Public::Vram(h), Public::Shared(s), Public::Private] {
+            let b = p.encode();
+            assert_eq!(Public::decode(&b).unwrap(), p);
+            for n in 0..b.len() {
+                assert!(Public::decode(&b[..n]).is_err());
+            }
+        }
+        assert!(Public::decode(b"X").is_err());
+        assert!(Public::decode(b"Pjunk").is_err());
+    }
+}

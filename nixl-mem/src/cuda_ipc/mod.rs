@@ -1,0 +1,661 @@
+//! `CUDA_IPC`: a native same-host GPU transfer backend.
+//!
+//! - **VRAM**: registration exports a CUDA IPC handle (`cuIpcGetMemHandle`) as the region's
+//!   public metadata; a peer's `load_remote` maps it (`cuIpcOpenMemHandle`, one mapping per
+//!   allocation, closed when the last loaded region using it is released).
+//! - **DRAM**: registration page-locks the region (`cuMemHostRegister`) so copies run at full
+//!   speed. Another process's DRAM is reachable only if it was allocated shareable — a
+//!   [`SharedHostBuffer`](crate::SharedHostBuffer) (memfd) — which the peer maps and pins;
+//!   other host memory is published as private and a transfer to it from another process is
+//!   refused with `NotSupported` naming the reason (peers in the same process reach it
+//!   directly).
+//! - **Transfers**: each request owns a stream; `post` enqueues `cuMemcpyAsync` per merged
+//!   segment (or one `cuMemcpyBatchAsync` for many, CUDA 12.8+) and records an event; `check`
+//!   queries the event; `cancel` waits (bounded) for the stream, since copies handed to the copy
+//!   engines cannot be recalled.
+//! - **Notifications**: sent by the initiator over a Unix socket (abstract namespace, named in
+//!   the connection info) only after the request's event has completed, so the target sees a
+//!   notification only after the data.
+//!
+//! Peers on another host (a different `boot_id`) connect but every region of theirs is
+//! unreachable; the path report says so.
+
+mod md;
+mod notif;
+mod xfer;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use cudarc::driver::CudaContext;
+use nixl_core::{
+    downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
+    Capabilities, Error, MemKind, NotifQueue, Op, RegionDesc, Result, XferOp, XferSpec,
+};
+
+use crate::cuda;
+use crate::wire::{Reader, Writer};
+use crate::{IpcHandle, IpcMapping, SharedHostHandle, SharedHostMapping};
+use md::{HostImport, HostPin, LocalMd, Public, Target};
+pub use notif::MAX_NOTIF;
+use notif::{NotifSenders, NotifServer};
+use xfer::{CudaIpcXfer, NotifRoute};
+
+/// The backend's type name.
+pub const CUDA_IPC: &str = "CUDA_IPC";
+
+const CONN_MAGIC: &[u8; 4] = b"NXCU";
+
+/// Parameters of the `CUDA_IPC` backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaIpcParams {
+    /// The GPU whose context runs the copies and maps peers' memory (one backend per GPU, as in
+    /// NIXL: one agent per GPU).
+    pub device: usize,
+    /// Page-lock DRAM regions at registration (`cuMemHostRegister`); without it DRAM copies are
+    /// staged by the driver and much slower.
+    pub pin_host: bool,
+    /// Enqueue a request of many segments with one `cuMemcpyBatchAsync` (CUDA 12.8+ drivers;
+    /// falls back to one `cuMemcpyAsync` per segment when refused).
+    pub batch_copies: bool,
+    /// How long `cancel` waits for copies already handed to the GPU.
+    pub cancel_timeout: Duration,
+}
+
+impl Default for CudaIpcParams {
+    fn default() -> Self {
+        CudaIpcParams {
+            device: 0,
+            pin_host: true,
+            batch_copies: true,
+            cancel_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl BackendParams for CudaIpcParams {
+    fn backend_name(&self) -> &str {
+        CUDA_IPC
+    }
+
+    fn create(self: Box<Self>, ctx: BackendContext) -> Result<Arc<dyn Backend>> {
+        Ok(Arc::new(CudaIpcBackend::new(ctx, *self)?))
+    }
+}
+
+/// Creates `CUDA_IPC` by name from a string map: `device` (GPU ordinal), `pin_host` and
+/// `batch_copies` (`true`/`false`), `cancel_timeout_ms`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CudaIpcPlugin;
+
+impl BackendPlugin for CudaIpcPlugin {
+    fn name(&self) -> &str {
+        CUDA_IPC
+    }
+
+    fn default_params(&self) -> BTreeMap<String, String> {
+        let d = CudaIpcParams::default();
+        BTreeMap::from([
+            ("device".to_owned(), d.device.to_string()),
+            ("pin_host".to_owned(), d.pin_host.to_string()),
+            ("batch_copies".to_owned(), d.batch_copies.to_string()),
+            (
+                "cancel_timeout_ms".to_owned(),
+                d.cancel_timeout.as_millis().to_string(),
+            ),
+        ])
+    }
+
+    fn parse_params(&self, params: &BTreeMap<String, String>) -> Result<Box<dyn BackendParams>> {
+        let bad = |k: &str, v: &str| {
+            Error::invalid(
+                "",
+                Op::CreateBackend,
+                format!("CUDA_IPC parameter {k}={v:?} is not valid"),
+            )
+        };
+        let mut p = CudaIpcParams::default();
+        for (k, v) in params {
+            match k.as_str() {
+                "device" => p.device = v.parse().map_err(|_| bad(k, v))?,
+                "pin_host" => p.pin_host = v.parse().map_err(|_| bad(k, v))?,
+                "batch_copies" => p.batch_copies = v.parse().map_err(|_| bad(k, v))?,
+                "cancel_timeout_ms" => {
+                    p.cancel_timeout = Duration::from_millis(v.parse().map_err(|_| bad(k, v))?)
+                }
+                _ => {
+                    return Err(Error::invalid(
+                        "",
+                        Op::CreateBackend,
+                        format!("CUDA_IPC has no parameter {k}"),
+                    ))
+                }
+            }
+        }
+        Ok(Box::new(p))
+    }
+}
+
+struct Peer {
+    same_host: bool,
+    pid: u32,
+    server: Vec<u8>,
+}
+
+/// The `CUDA_IPC` backend (see the module docs).
+pub struct CudaIpcBackend {
+    agent: String,
+    params: CudaIpcParams,
+    ctx: Arc<CudaContext>,
+    host_id: Vec<u8>,
+    notifs: Arc<NotifQueue>,
+    server: NotifServer,
+    senders: Arc<NotifSenders>,
+    peers: Mutex<HashMap<String, Arc<Peer>>>,
+    vram_imports: Mutex<HashMap<[u8; 64], Weak<IpcMapping>>>,
+    host_imports: Mutex<HashMap<(u32, i32, u64), Weak<HostImport>>>,
+}
+
+impl std::fmt::Debug for CudaIpcBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaIpcBackend")
+            .field("agent", &self.agent)
+            .field("params", &self.params)
+            .finish()
+    }
+}
+
+fn host_id() -> Vec<u8> {
+    std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_else(|_| b"unknown-boot-id".to_vec())
+}
+
+/// Rewrites the placeholder agent of errors from the memory types to this agent's name.
+fn with_agent(e: Error, agent: &str) -> Error {
+    let fix = |a: String| if a == "-" { agent.to_owned() } else { a };
+    match e {
+        Error::Backend {
+            agent: a,
+            backend,
+            op,
+            message,
+            source,
+        } => Error::Backend {
+            agent: fix(a),
+            backend,
+            op,
+            message,
+            source,
+        },
+        Error::InvalidParam {
+            agent: a,
+            op,
+            reason,
+        } => Error::InvalidParam {
+            agent: fix(a),
+            op,
+            reason,
+        },
+        Error::NotFound { agent: a, op, what } => Error::NotFound {
+            agent: fix(a),
+            op,
+            what,
+        },
+        Error::Mismatch { agent: a, op, what } => Error::Mismatch {
+            agent: fix(a),
+            op,
+            what,
+        },
+        Error::NotSupported { agent: a, op, what } => Error::NotSupported {
+            agent: fix(a),
+            op,
+            what,
+        },
+        Error::Io {
+            agent: a,
+            op,
+            source,
+        } => Error::Io {
+            agent: fix(a),
+            op,
+            source,
+        },
+        other => other,
+    }
+}
+
+impl CudaIpcBackend {
+    /// Creates the backend: binds GPU `params.device` and starts the notification listener.
+    /// `Unavailable` without the CUDA driver or device.
+    pub fn new(ctx: BackendContext, params: CudaIpcParams) -> Result<Self> {
+        let cu_ctx = cuda::context(params.device).map_err(|e| with_agent(e, &ctx.agent))?;
+        let server = NotifServer::start(&ctx.agent, ctx.notifs.clone())?;
+        Ok(CudaIpcBackend {
+            agent: ctx.agent,
+            params,
+            ctx: cu_ctx,
+            host_id: host_id(),
+            notifs: ctx.notifs,
+            server,
+            senders: Arc::new(NotifSenders::default()),
+            peers: Mutex::new(HashMap::new()),
+            vram_imports: Mutex::new(HashMap::new()),
+            host_imports: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn peer(&self, remote: &str, op: Op) -> Result<Arc<Peer>> {
+        self.peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(remote)
+            .cloned()
+            .ok_or_else(|| {
+                Error::not_found(
+                    &self.agent,
+                    op,
+                    format!("{remote} is not connected to CUDA_IPC"),
+                )
+            })
+    }
+
+    fn import_vram(&self, h: &IpcHandle) -> Result<Arc<IpcMapping>> {
+        let mut cache = self.vram_imports.lock().unwrap_or_else(|p| p.into_inner());
+        cache.retain(|_, w| w.strong_count() > 0);
+        if let Some(m) = cache.get(h.raw()).and_then(Weak::upgrade) {
+            return Ok(m);
+        }
+        let m = Arc::new(
+            IpcMapping::open(self.params.device, h).map_err(|e| with_agent(e, &self.agent))?,
+        );
+        cache.insert(*h.raw(), Arc::downgrade(&m));
+        Ok(m)
+    }
+
+    fn import_host(&self, h: &SharedHostHandle) -> Result<Arc<HostImport>> {
+        let key = (h.pid, h.fd, h.token);
+        let mut cache = self.host_imports.lock().unwrap_or_else(|p| p.into_inner());
+        cache.retain(|_, w| w.strong_count() > 0);
+        if let Some(m) = cache.get(&key).and_then(Weak::upgrade) {
+            return Ok(m);
+        }
+        let map = SharedHostMapping::open(h).map_err(|e| with_agent(e, &self.agent))?;
+        let pin = if self.params.pin_host {
+            use crate::HostMemory;
+            HostPin::new(&self.ctx, map.addr(), h.len)
+                .map_err(|e| cuda::to_error(&self.agent, Op::LoadMetadata, e))?
+        } else {
+            None
+        };
+        let m = Arc::new(HostImport { _pin: pin, map });
+        cache.insert(key, Arc::downgrade(&m));
+        Ok(m)
+    }
+
+    fn target_for(
+        &self,
+        remote: &str,
+        peer: &Peer,
+        region: &RegionDesc,
+        public: Public,
+    ) -> Result<Target> {
+        if !peer.same_host {
+            return Ok(Target::Unreachable(format!(
+                "{remote} is on another host; CUDA_IPC reaches one host only"
+            )));
+        }
+        if peer.pid == std::process::id() {
+            return Ok(Target::Identity);
+        }
+        Ok(match public {
+            Public::Vram(h) => match self.import_vram(&h) {
+                Ok(m) => Target::Vram(m),
+                Err(e) => {
+                    tracing::warn!(agent = %self.agent, %remote, error = %e, "cannot map a peer's GPU memory");
+                    Target::Unreachable(format!("mapping {remote}'s GPU memory failed: {e}"))
+                }
+            },
+            Public::Shared(h) => match self.import_host(&h) {
+                Ok(m) => Target::Host(m),
+                Err(e) => {
+                    tracing::warn!(agent = %self.agent, %remote, error = %e, "cannot map a peer's shared host memory");
+                    Target::Unreachable(format!("mapping {remote}'s shared host memory failed: {e}"))
+                }
+            },
+            Public::Private => Target::Unreachable(format!(
+                "{remote}'s DRAM at {:#x} is private to its process; allocate it as a SharedHostBuffer to make it reachable",
+                region.addr
+            )),
+        })
+    }
+}
+
+impl Backend for CudaIpcBackend {
+    fn name(&self) -> &str {
+        CUDA_IPC
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            mem_kinds: vec![MemKind::Dram, MemKind::Vram],
+            remote: true,
+            local: true,
+            notifications: true,
+            needs_progress: false,
+        }
+    }
+
+    fn connection_info(&self) -> Result<Vec<u8>> {
+        Ok(Writer::new(CONN_MAGIC)
+            .bytes(&self.host_id)
+            .u64(u64::from(std::process::id()))
+            .bytes(self.server.name())
+            .finish())
+    }
+
+    fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
+        let decode = |source| Error::Decode {
+            agent: self.agent.clone(),
+            op: Op::LoadMetadata,
+            source,
+        };
+        let mut r = Reader::new(info, CONN_MAGIC).map_err(decode)?;
+        let host = r.bytes("CUDA_IPC host id", 256).map_err(decode)?.to_vec();
+        let pid = r.u64().map_err(decode)?;
+        let server = r
+            .bytes("CUDA_IPC socket name", 108)
+            .map_err(decode)?
+            .to_vec();
+        r.finish().map_err(decode)?;
+        let pid = u32::try_from(pid)
+            .map_err(|_| decode(nixl_core::DecodeError::Invalid { what: "pid" }))?;
+        let peer = Peer {
+            same_host: host == self.host_id,
+            pid,
+            server,
+        };
+        if let Some(old) = self
+            .peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(remote.to_owned(), Arc::new(peer))
+        {
+            self.senders.forget(&old.server);
+        }
+        Ok(())
+    }
+
+    fn disconnect(&self, remote: &str) -> Result<()> {
+        if let Some(p) = self
+            .peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(remote)
+        {
+            self.senders.forget(&p.server);
+        }
+        Ok(())
+    }
+
+    fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
+        let md = match region.kind {
+            MemKind::Vram => {
+                let ordinal = usize::try_from(region.dev_id)
+                    .map_err(|_| Error::invalid(&self.agent, Op::RegisterMem, "GPU ordinal"))?;
+                let h = IpcHandle::export(ordinal, region.addr, region.len)
+                    .map_err(|e| with_agent(e, &self.agent))?;
+                LocalMd {
+                    public: Public::Vram(h),
+                    _pin: None,
+                }
+            }
+            MemKind::Dram => {
+                let pin = if self.params.pin_host {
+                    match HostPin::new(&self.ctx, region.addr, region.len) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            tracing::warn!(agent = %self.agent, error = %e, "could not pin a DRAM region; its copies will be staged");
+                            None
+                        }
+                    }
+                } else {
+                    None
+                };
+                let public = match SharedHostHandle::find_local(region.addr, region.len) {
+                    Some(h) => Public::Shared(h),
+                    None => Public::Private,
+                };
+                LocalMd { public, _pin: pin }
+            }
+            k => {
+                return Err(Error::not_supported(
+                    &self.agent,
+                    Op::RegisterMem,
+                    format!("CUDA_IPC registers DRAM and VRAM, not {k}"),
+                ))
+            }
+        };
+        Ok(Arc::new(md))
+    }
+
+    fn deregister(&self, md: BackendMd) -> Result<()> {
+        downcast_md::<LocalMd>(&md).ok_or_else(|| {
+            Error::invalid(&self.agent, Op::DeregisterMem, "not CUDA_IPC metadata")
+        })?;
+        drop(md);
+        Ok(())
+    }
+
+    fn public_metadata(&self, md: &BackendMd) -> Result<Vec<u8>> {
+        let m = downcast_md::<LocalMd>(md).ok_or_else(|| {
+            Error::invalid(&self.agent, Op::LocalMetadata, "not CUDA_IPC metadata")
+        })?;
+        Ok(m.public.encode())
+    }
+
+    fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
+        let peer = self.peer(remote, Op::LoadMetadata)?;
+        let p = Public::decode(public).map_err(|source| Error::Decode {
+            agent: self.agent.clone(),
+            op: Op::LoadMetadata,
+            source,
+        })?;
+        let consistent = match &p {
+            Public::Vram(h) => {
+                region.kind == MemKind::Vram
+                    && region.addr >= h.addr
+                    && region.end().is_some_and(|e| e <= h.addr + h.len)
+            }
+            Public::Shared(h) => {
+                region.kind == MemKind::Dram
+                    && region.addr >= h.addr
+                    && region.end().is_some_and(|e| e <= h.addr + h.len)
+            }
+            Public::Private => region.kind == MemKind::Dram,
+        };
+        if !consistent {
+            return Err(Error::mismatch(
+                &self.agent,
+                Op::LoadMetadata,
+                format!(
+                    "CUDA_IPC metadata of {remote}'s region {:#x}+{} does not describe it",
+                    region.addr, region.len
+                ),
+            ));
+        }
+        Ok(Arc::new(self.target_for(remote, &peer, region, p)?))
+    }
+
+    fn load_local(&self, _region: &RegionDesc, md: &BackendMd) -> Result<BackendMd> {
+        downcast_md::<LocalMd>(md).ok_or_else(|| {
+            Error::invalid(&self.agent, Op::PrepXferDlist, "not CUDA_IPC metadata")
+        })?;
+        Ok(Arc::new(Target::Identity))
+    }
+
+    fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
+        for k in [spec.local_kind, spec.remote_kind] {
+            if !matches!(k, MemKind::Dram | MemKind::Vram) {
+                return Err(Error::not_supported(
+                    &self.agent,
+                    Op::MakeXfer,
+                    format!("CUDA_IPC moves DRAM and VRAM, not {k}"),
+                ));
+            }
+        }
+        let mut copies = Vec::with_capacity(spec.segments.len());
+        let mut how = "same process";
+        for s in &spec.segments {
+            downcast_md::<LocalMd>(&s.local_md).ok_or_else(|| {
+                Error::invalid(
+                    &self.agent,
+                    Op::MakeXfer,
+                    "local metadata is not CUDA_IPC's",
+                )
+            })?;
+            let t = downcast_md::<Target>(&s.remote_md).ok_or_else(|| {
+                Error::invalid(
+                    &self.agent,
+                    Op::MakeXfer,
+                    "remote metadata is not CUDA_IPC's",
+                )
+            })?;
+            let remote = t
+                .translate(s.remote_addr, s.len)
+                .map_err(|why| Error::not_supported(&self.agent, Op::MakeXfer, why))?;
+            how = match t {
+                Target::Vram(_) => "CUDA IPC mapping",
+                Target::Host(_) => "shared memfd mapping",
+                _ => how,
+            };
+            copies.push(match spec.op {
+                XferOp::Write => (remote, s.local_addr, s.len),
+                XferOp::Read => (s.local_addr, remote, s.len),
+            });
+        }
+        if copies.is_empty() {
+            return Err(Error::invalid(&self.agent, Op::MakeXfer, "no segments"));
+        }
+        let notif = match spec.notif {
+            None => None,
+            Some(msg) if msg.len() > MAX_NOTIF => {
+                return Err(Error::invalid(
+                    &self.agent,
+                    Op::MakeXfer,
+                    format!("notification of {} bytes exceeds {MAX_NOTIF}", msg.len()),
+                ));
+            }
+            Some(msg) if spec.is_local => Some((msg, NotifRoute::Local(self.notifs.clone()))),
+            Some(msg) => {
+                let peer = self.peer(&spec.remote, Op::MakeXfer)?;
+                Some((
+                    msg,
+                    NotifRoute::Remote {
+                        senders: self.senders.clone(),
+                        server: peer.server.clone(),
+                    },
+                ))
+            }
+        };
+        let stream =
+            cuda::stream::Stream::new(self.ctx.clone()).map_err(|e| with_agent(e, &self.agent))?;
+        let event =
+            cuda::stream::Event::new(self.ctx.clone()).map_err(|e| with_agent(e, &self.agent))?;
+        let batch = self.params.batch_copies && copies.len() > 1;
+        let api = if batch {
+            "cuMemcpyBatchAsync"
+        } else {
+            "cuMemcpyAsync"
+        };
+        let path = format!(
+            "cuda_ipc {} {}->{} via {how}, {api} x{} on GPU {}",
+            spec.op,
+            spec.local_kind,
+            spec.remote_kind,
+            copies.len(),
+            self.params.device
+        );
+        Ok(Box::new(CudaIpcXfer {
+            agent: self.agent.clone(),
+            remote: spec.remote,
+            copies,
+            stream,
+            event,
+            batch,
+            notif,
+            notif_sent: false,
+            cancel_timeout: self.params.cancel_timeout,
+            path,
+        }))
+    }
+
+    fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
+        if remote == self.agent {
+            self.notifs.push(&self.agent, msg.to_vec());
+            return Ok(());
+        }
+        let peer = self.peer(remote, Op::GenNotif)?;
+        self.senders.send(&self.agent, remote, &peer.server, msg)
+    }
+
+    fn path_report(&self, remote: &str) -> Option<String> {
+        let peer = self
+            .peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(remote)
+            .cloned()?;
+        Some(if !peer.same_host {
+            "cuda_ipc: unreachable (another host)".to_owned()
+        } else if peer.pid == std::process::id() {
+            format!(
+                "cuda_ipc: same process, copy engines of GPU {}",
+                self.params.device
+            )
+        } else {
+            format!(
+                "cuda_ipc: same host (pid {}), CUDA IPC + copy engines of GPU {}",
+                peer.pid, self.params.device
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plugin_parses_typed_params_and_refuses_bad_ones() {
+        let p = CudaIpcPlugin;
+        assert_eq!(p.name(), CUDA_IPC);
+        let d = p.default_params();
+        assert_eq!(d["device"], "0");
+        assert!(p.parse_params(&d).is_ok());
+        for (k, v) in [
+            ("device", "x"),
+            ("pin_host", "maybe"),
+            ("nope", "1"),
+            ("cancel_timeout_ms", "-1"),
+        ] {
+            let m = BTreeMap::from([(k.to_owned(), v.to_owned())]);
+            assert_eq!(
+                p.parse_params(&m).err().map(|e| e.kind_name()),
+                Some("invalid_param"),
+                "{k}={v}"
+            );
+        }
+    }
+
+    #[test]
+    fn creating_without_cuda_is_unavailable() {
+        if cuda::is_available() {
+            eprintln!("CUDA present: backend creation is covered by tests/gpu.rs");
+            return;
+        }
+        let a = nixl_core::Agent::new("a", nixl_core::AgentConfig::default()).unwrap();
+        let e = a.create_backend(CudaIpcParams::default()).unwrap_err();
+        assert_eq!(e.kind_name(), "unavailable", "{e}");
+        assert!(a.backends().is_empty());
+    }
+}

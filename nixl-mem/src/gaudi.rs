@@ -1,0 +1,1 @@
+//! Gaudi (placeholder while written).

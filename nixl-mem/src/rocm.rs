@@ -1,0 +1,1 @@
+//! ROCm (placeholder while written).

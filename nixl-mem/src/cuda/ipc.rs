@@ -204,6 +204,29 @@ impl IpcMapping {
     pub fn ordinal(&self) -> usize {
         self.ordinal
     }
+
+    fn range(&self, offset: usize, n: usize) -> Result<u64> {
+        match (offset as u64).checked_add(n as u64) {
+            Some(end) if end <= self.handle.len => Ok(self.addr() + offset as u64),
+            _ => Err(Error::invalid("-", Op::PostXfer, format!("{offset}+{n} is outside the {}-byte mapping", self.handle.len))),
+        }
+    }
+
+    /// Copies `src` into the mapped range at `offset` (synchronous).
+    pub fn copy_from_host(&self, offset: usize, src: &[u8]) -> Result<()> {
+        let dst = self.range(offset, src.len())?;
+        bind(&self.ctx)?;
+        // SAFETY: the range lies in the live mapping; `src` is a live slice.
+        cu(Op::PostXfer, "cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) })
+    }
+
+    /// Copies the mapped range at `offset` into `dst` (synchronous).
+    pub fn copy_to_host(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        let src = self.range(offset, dst.len())?;
+        bind(&self.ctx)?;
+        // SAFETY: the range lies in the live mapping; `dst` is a live exclusive slice.
+        cu(Op::PostXfer, "cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len()) })
+    }
 }
 
 impl Drop for IpcMapping {

@@ -1,0 +1,2 @@
+//! Storage throughput bench (filled in later).
+fn main() {}

@@ -1,0 +1,610 @@
+//! `POSIX`: DRAM <-> FILE transfers through io_uring, or a thread pool of `pread`/`pwrite`
+//! where io_uring is unavailable.
+//!
+//! A FILE registration duplicates the region's descriptor (so the backend owns what it reads
+//! and writes), notes whether it was opened with `O_DIRECT`, and becomes the transfer target of
+//! the agent's local (loopback) requests. Preparing a transfer checks everything that would
+//! otherwise fail later with `EINVAL`: memory kinds, `O_DIRECT` alignment of offsets, lengths
+//! and buffers. Posting splits segments into chunks of [`PosixParams::chunk_size`] and keeps
+//! up to [`PosixParams::queue_depth`] of them in flight.
+
+mod pool;
+mod uring;
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use nixl_core::{
+    downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
+    Capabilities, Error, MemKind, Op, QueryResult, RegionDesc, Result, XferOp, XferSpec,
+};
+
+use pool::Pool;
+
+/// The backend's type name.
+pub const POSIX: &str = "POSIX";
+
+/// Which I/O engine the backend uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Engine {
+    /// io_uring when the kernel allows it (probed at creation), else the thread pool.
+    #[default]
+    Auto,
+    /// io_uring only: creation fails with [`Error::Unavailable`] where it is not allowed.
+    IoUring,
+    /// A pool of threads doing `pread`/`pwrite`.
+    ThreadPool,
+}
+
+/// Parameters of the POSIX backend.
+#[derive(Debug, Clone)]
+pub struct PosixParams {
+    /// The I/O engine.
+    pub engine: Engine,
+    /// Chunks in flight per request (io_uring queue depth).
+    pub queue_depth: u32,
+    /// Segments are split into chunks of at most this many bytes (a multiple of
+    /// `direct_alignment`, at most 1 GiB).
+    pub chunk_size: u64,
+    /// Threads of the fallback pool.
+    pub pool_threads: usize,
+    /// Alignment `O_DIRECT` files require of offsets, lengths and buffer addresses.
+    pub direct_alignment: u64,
+    /// How long cancel waits for chunks already in the kernel.
+    pub cancel_timeout: Duration,
+}
+
+impl Default for PosixParams {
+    fn default() -> Self {
+        PosixParams {
+            engine: Engine::Auto,
+            queue_depth: 64,
+            chunk_size: 1 << 20,
+            pool_threads: 4,
+            direct_alignment: 4096,
+            cancel_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl PosixParams {
+    fn validate(&self) -> Result<()> {
+        let bad = |r: &str| Err(Error::invalid("", Op::CreateBackend, format!("POSIX: {r}")));
+        if self.queue_depth == 0 || self.queue_depth > 4096 {
+            return bad("queue_depth must be in 1..=4096");
+        }
+        if !self.direct_alignment.is_power_of_two() || self.direct_alignment > 1 << 20 {
+            return bad("direct_alignment must be a power of two of at most 1 MiB");
+        }
+        if self.chunk_size == 0
+            || self.chunk_size > 1 << 30
+            || self.chunk_size % self.direct_alignment != 0
+        {
+            return bad(
+                "chunk_size must be a non-zero multiple of direct_alignment of at most 1 GiB",
+            );
+        }
+        if self.pool_threads == 0 || self.pool_threads > 256 {
+            return bad("pool_threads must be in 1..=256");
+        }
+        Ok(())
+    }
+}
+
+impl BackendParams for PosixParams {
+    fn backend_name(&self) -> &str {
+        POSIX
+    }
+
+    fn create(self: Box<Self>, ctx: BackendContext) -> Result<Arc<dyn Backend>> {
+        Ok(Arc::new(PosixBackend::new(*self, ctx)?))
+    }
+}
+
+/// Creates `POSIX` by name from string parameters: `engine` (`auto`, `io_uring`,
+/// `threadpool`), `queue_depth`, `chunk_size`, `pool_threads`, `direct_alignment`,
+/// `cancel_timeout_ms`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PosixPlugin;
+
+impl BackendPlugin for PosixPlugin {
+    fn name(&self) -> &str {
+        POSIX
+    }
+
+    fn default_params(&self) -> BTreeMap<String, String> {
+        let d = PosixParams::default();
+        BTreeMap::from([
+            ("engine".to_owned(), "auto".to_owned()),
+            ("queue_depth".to_owned(), d.queue_depth.to_string()),
+            ("chunk_size".to_owned(), d.chunk_size.to_string()),
+            ("pool_threads".to_owned(), d.pool_threads.to_string()),
+            (
+                "direct_alignment".to_owned(),
+                d.direct_alignment.to_string(),
+            ),
+            (
+                "cancel_timeout_ms".to_owned(),
+                d.cancel_timeout.as_millis().to_string(),
+            ),
+        ])
+    }
+
+    fn parse_params(&self, params: &BTreeMap<String, String>) -> Result<Box<dyn BackendParams>> {
+        let mut p = PosixParams::default();
+        let num = |k: &str, v: &str| {
+            v.parse::<u64>().map_err(|_| {
+                Error::invalid(
+                    "",
+                    Op::CreateBackend,
+                    format!("POSIX: {k}={v} is not a number"),
+                )
+            })
+        };
+        for (k, v) in params {
+            match k.as_str() {
+                "engine" => {
+                    p.engine = match v.as_str() {
+                        "auto" => Engine::Auto,
+                        "io_uring" | "uring" => Engine::IoUring,
+                        "threadpool" | "posix" => Engine::ThreadPool,
+                        _ => {
+                            return Err(Error::invalid(
+                                "",
+                                Op::CreateBackend,
+                                format!("POSIX: unknown engine {v}"),
+                            ))
+                        }
+                    }
+                }
+                "queue_depth" => {
+                    p.queue_depth = u32::try_from(num(k, v)?).map_err(|_| {
+                        Error::invalid("", Op::CreateBackend, "POSIX: queue_depth too large")
+                    })?
+                }
+                "chunk_size" => p.chunk_size = num(k, v)?,
+                "pool_threads" => {
+                    p.pool_threads = usize::try_from(num(k, v)?).unwrap_or(usize::MAX)
+                }
+                "direct_alignment" => p.direct_alignment = num(k, v)?,
+                "cancel_timeout_ms" => p.cancel_timeout = Duration::from_millis(num(k, v)?),
+                _ => {
+                    return Err(Error::invalid(
+                        "",
+                        Op::CreateBackend,
+                        format!("POSIX: unknown parameter {k}"),
+                    ))
+                }
+            }
+        }
+        p.validate()?;
+        Ok(Box::new(p))
+    }
+}
+
+/// Backend metadata of a registered DRAM region.
+struct DramMd;
+
+/// Backend metadata of a registered file: the backend's own duplicate of its descriptor.
+pub(crate) struct FileMd {
+    fd: OwnedFd,
+    direct: bool,
+    path: Option<PathBuf>,
+}
+
+/// One piece of I/O: `len` bytes between the buffer at `buf` and offset `off` of `fd`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Chunk {
+    pub fd: RawFd,
+    pub buf: u64,
+    pub off: u64,
+    pub len: u64,
+}
+
+/// What a prepared POSIX transfer moves, shared by both engines.
+#[derive(Clone)]
+pub(crate) struct Plan {
+    pub agent: String,
+    pub op: XferOp,
+    pub chunks: Vec<Chunk>,
+    /// Files read by the request, with the end of the furthest read (checked against the file
+    /// size at each post).
+    pub read_ends: Vec<(RawFd, u64, Option<PathBuf>)>,
+    pub direct: bool,
+    pub cancel_timeout: Duration,
+    /// Keeps the duplicated descriptors open while the request lives.
+    pub files: Vec<BackendMd>,
+}
+
+impl Plan {
+    /// Refuses a READ past the current end of a file (instead of a short read later).
+    pub fn check_file_sizes(&self) -> Result<()> {
+        for (fd, end, path) in &self.read_ends {
+            let size = fd_size(*fd).map_err(|e| Error::io(&self.agent, Op::PostXfer, e))?;
+            if *end > size {
+                let name = path
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| format!("fd {fd}"));
+                return Err(Error::invalid(
+                    &self.agent,
+                    Op::PostXfer,
+                    format!("READ up to offset {end} is past the end of {name} ({size} bytes)"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The path string of a request.
+    pub fn describe(&self, engine: &str) -> String {
+        format!(
+            "{engine}{}",
+            if self.direct {
+                " (O_DIRECT)"
+            } else {
+                " (page cache)"
+            }
+        )
+    }
+}
+
+fn fd_size(fd: RawFd) -> std::io::Result<u64> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: fstat writes a `stat` into the pointer it is given, which is valid for writes.
+    let rc = unsafe { libc::fstat(fd, st.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fstat succeeded, so it initialised the struct (and it was zeroed before).
+    let st = unsafe { st.assume_init() };
+    if st.st_mode & libc::S_IFMT == libc::S_IFBLK {
+        let mut size = 0u64;
+        // SAFETY: BLKGETSIZE64 writes one u64 into the pointer, which is valid for writes.
+        let rc = unsafe { libc::ioctl(fd, BLKGETSIZE64, &mut size as *mut u64) };
+        return if rc == 0 {
+            Ok(size)
+        } else {
+            Err(std::io::Error::last_os_error())
+        };
+    }
+    Ok(u64::try_from(st.st_size).unwrap_or(0))
+}
+
+/// `_IOR(0x12, 114, size_t)`.
+const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+
+/// The POSIX backend.
+pub struct PosixBackend {
+    agent: String,
+    params: PosixParams,
+    /// Why io_uring is not used, when it is not.
+    uring_unavailable: Option<String>,
+    pool: OnceLock<Arc<Pool>>,
+}
+
+impl std::fmt::Debug for PosixBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PosixBackend")
+            .field("agent", &self.agent)
+            .field("engine", &self.engine_name())
+            .finish()
+    }
+}
+
+impl PosixBackend {
+    /// Creates the backend, probing io_uring unless the thread pool was asked for.
+    pub fn new(params: PosixParams, ctx: BackendContext) -> Result<Self> {
+        params.validate().map_err(|e| match e {
+            Error::InvalidParam { reason, op, .. } => Error::InvalidParam {
+                agent: ctx.agent.clone(),
+                op,
+                reason,
+            },
+            other => other,
+        })?;
+        let uring_unavailable = match params.engine {
+            Engine::ThreadPool => Some("the thread pool was requested".to_owned()),
+            Engine::Auto | Engine::IoUring => uring::probe().err(),
+        };
+        if let (Engine::IoUring, Some(why)) = (params.engine, &uring_unavailable) {
+            return Err(Error::Unavailable {
+                what: "io_uring".to_owned(),
+                hint: format!("{why}; use Engine::Auto or Engine::ThreadPool, or allow io_uring (sysctl kernel.io_uring_disabled=0, seccomp)"),
+            });
+        }
+        if let Some(why) = &uring_unavailable {
+            tracing::info!(agent = %ctx.agent, reason = %why, "POSIX: using the pread/pwrite thread pool");
+        }
+        Ok(PosixBackend {
+            agent: ctx.agent,
+            params,
+            uring_unavailable,
+            pool: OnceLock::new(),
+        })
+    }
+
+    /// The engine in use: `"io_uring"` or `"thread-pool pread/pwrite"`.
+    pub fn engine_name(&self) -> &'static str {
+        if self.uring_unavailable.is_none() {
+            "io_uring"
+        } else {
+            "thread-pool pread/pwrite"
+        }
+    }
+
+    fn pool(&self) -> Result<Arc<Pool>> {
+        if let Some(p) = self.pool.get() {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(
+            Pool::new(self.params.pool_threads)
+                .map_err(|e| Error::io(&self.agent, Op::MakeXfer, e))?,
+        );
+        Ok(self.pool.get_or_init(|| p).clone())
+    }
+
+    fn plan(&self, spec: &XferSpec) -> Result<Plan> {
+        let me = &self.agent;
+        if !spec.is_local {
+            return Err(Error::not_supported(
+                me,
+                Op::MakeXfer,
+                "POSIX moves data between this agent's memory and its files only",
+            ));
+        }
+        if spec.local_kind != MemKind::Dram {
+            return Err(Error::not_supported(
+                me,
+                Op::MakeXfer,
+                format!(
+                    "POSIX moves DRAM to and from files, not {} (use GDS for VRAM)",
+                    spec.local_kind
+                ),
+            ));
+        }
+        if !matches!(spec.remote_kind, MemKind::File | MemKind::Block) {
+            return Err(Error::not_supported(
+                me,
+                Op::MakeXfer,
+                format!("POSIX targets FILE or BLOCK, not {}", spec.remote_kind),
+            ));
+        }
+        if spec.notif.is_some() {
+            return Err(Error::not_supported(
+                me,
+                Op::MakeXfer,
+                "POSIX has no notifications",
+            ));
+        }
+        let align = self.params.direct_alignment;
+        let mut chunks = Vec::new();
+        let mut files: Vec<BackendMd> = Vec::new();
+        let mut read_ends: Vec<(RawFd, u64, Option<PathBuf>)> = Vec::new();
+        let mut direct = false;
+        for (i, s) in spec.segments.iter().enumerate() {
+            downcast_md::<DramMd>(&s.local_md).ok_or_else(|| {
+                Error::invalid(
+                    me,
+                    Op::MakeXfer,
+                    format!("segment {i}: local metadata is not POSIX DRAM"),
+                )
+            })?;
+            let f = downcast_md::<FileMd>(&s.remote_md).ok_or_else(|| {
+                Error::invalid(
+                    me,
+                    Op::MakeXfer,
+                    format!("segment {i}: target metadata is not a POSIX file"),
+                )
+            })?;
+            let end = s.remote_addr.checked_add(s.len).ok_or_else(|| {
+                Error::invalid(me, Op::MakeXfer, format!("segment {i} overflows"))
+            })?;
+            if f.direct {
+                direct = true;
+                for (what, v) in [
+                    ("file offset", s.remote_addr),
+                    ("length", s.len),
+                    ("buffer address", s.local_addr),
+                ] {
+                    if v % align != 0 {
+                        return Err(Error::invalid(me, Op::MakeXfer, format!("segment {i}: {what} {v:#x} is not a multiple of {align} as O_DIRECT requires")));
+                    }
+                }
+            }
+            let fd = f.fd.as_raw_fd();
+            if !files.iter().any(|m| Arc::ptr_eq(m, &s.remote_md)) {
+                files.push(s.remote_md.clone());
+            }
+            if spec.op == XferOp::Read {
+                match read_ends.iter_mut().find(|(d, _, _)| *d == fd) {
+                    Some(e) => e.1 = e.1.max(end),
+                    None => read_ends.push((fd, end, f.path.clone())),
+                }
+            }
+            let mut done = 0;
+            while done < s.len {
+                let len = (s.len - done).min(self.params.chunk_size);
+                chunks.push(Chunk {
+                    fd,
+                    buf: s.local_addr + done,
+                    off: s.remote_addr + done,
+                    len,
+                });
+                done += len;
+            }
+        }
+        if chunks.is_empty() {
+            return Err(Error::invalid(me, Op::MakeXfer, "no segments"));
+        }
+        Ok(Plan {
+            agent: me.clone(),
+            op: spec.op,
+            chunks,
+            read_ends,
+            direct,
+            cancel_timeout: self.params.cancel_timeout,
+            files,
+        })
+    }
+}
+
+impl Backend for PosixBackend {
+    fn name(&self) -> &str {
+        POSIX
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            mem_kinds: vec![MemKind::Dram, MemKind::File, MemKind::Block],
+            remote: false,
+            local: true,
+            notifications: false,
+            needs_progress: false,
+        }
+    }
+
+    fn connection_info(&self) -> Result<Vec<u8>> {
+        Ok(Vec::new())
+    }
+
+    fn connect(&self, remote: &str, _info: &[u8]) -> Result<()> {
+        // Peers' metadata may list POSIX; there is nothing to connect to (storage is local).
+        tracing::trace!(agent = %self.agent, remote, "POSIX ignores peers");
+        Ok(())
+    }
+
+    fn disconnect(&self, _remote: &str) -> Result<()> {
+        Ok(())
+    }
+
+    fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
+        match region.kind {
+            MemKind::Dram => Ok(Arc::new(DramMd)),
+            MemKind::File | MemKind::Block => {
+                let raw = RawFd::try_from(region.dev_id).map_err(|_| {
+                    Error::invalid(
+                        &self.agent,
+                        Op::RegisterMem,
+                        format!("device id {} is not a file descriptor", region.dev_id),
+                    )
+                })?;
+                // SAFETY: F_DUPFD_CLOEXEC only creates a new descriptor; an invalid `raw`
+                // yields EBADF.
+                let dup = unsafe { libc::fcntl(raw, libc::F_DUPFD_CLOEXEC, 0) };
+                if dup < 0 {
+                    return Err(Error::invalid(
+                        &self.agent,
+                        Op::RegisterMem,
+                        format!(
+                            "device id {raw} is not an open file descriptor: {}",
+                            std::io::Error::last_os_error()
+                        ),
+                    ));
+                }
+                // SAFETY: `dup` is a new descriptor this process owns and nothing else closes.
+                let fd = unsafe { OwnedFd::from_raw_fd(dup) };
+                // SAFETY: F_GETFL only reads the status flags of a descriptor we own.
+                let fl = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+                let path = (!region.meta.is_empty())
+                    .then(|| PathBuf::from(String::from_utf8_lossy(&region.meta).into_owned()));
+                Ok(Arc::new(FileMd {
+                    direct: fl >= 0 && fl & libc::O_DIRECT != 0,
+                    fd,
+                    path,
+                }))
+            }
+            k => Err(Error::not_supported(
+                &self.agent,
+                Op::RegisterMem,
+                format!("POSIX registers DRAM, FILE and BLOCK, not {k}"),
+            )),
+        }
+    }
+
+    fn deregister(&self, md: BackendMd) -> Result<()> {
+        if downcast_md::<DramMd>(&md).is_none() && downcast_md::<FileMd>(&md).is_none() {
+            return Err(Error::invalid(
+                &self.agent,
+                Op::DeregisterMem,
+                "not POSIX metadata",
+            ));
+        }
+        // Dropping the metadata closes the duplicate once no request holds it.
+        drop(md);
+        Ok(())
+    }
+
+    fn public_metadata(&self, _md: &BackendMd) -> Result<Vec<u8>> {
+        Ok(Vec::new())
+    }
+
+    fn load_remote(&self, remote: &str, _region: &RegionDesc, _public: &[u8]) -> Result<BackendMd> {
+        Err(Error::not_supported(
+            &self.agent,
+            Op::LoadMetadata,
+            format!("POSIX files of {remote} are not reachable from here"),
+        ))
+    }
+
+    fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
+        let plan = self.plan(&spec)?;
+        let why = match &self.uring_unavailable {
+            None => match uring::UringXfer::new(plan.clone(), self.params.queue_depth) {
+                Ok(x) => return Ok(Box::new(x)),
+                Err(e) => {
+                    tracing::warn!(agent = %self.agent, error = %e, "POSIX: io_uring setup failed; this request uses the thread pool");
+                    format!("io_uring setup failed: {e}")
+                }
+            },
+            Some(why) => why.clone(),
+        };
+        Ok(Box::new(pool::PoolXfer::new(plan, self.pool()?, why)))
+    }
+
+    fn gen_notif(&self, remote: &str, _msg: &[u8]) -> Result<()> {
+        Err(Error::not_supported(
+            &self.agent,
+            Op::GenNotif,
+            format!("POSIX has no notifications (to {remote})"),
+        ))
+    }
+
+    fn path_report(&self, remote: &str) -> Option<String> {
+        (remote == self.agent).then(|| match &self.uring_unavailable {
+            None => format!("io_uring, queue depth {}", self.params.queue_depth),
+            Some(why) => format!(
+                "thread-pool pread/pwrite x{} ({why})",
+                self.params.pool_threads
+            ),
+        })
+    }
+
+    fn query(&self, region: &RegionDesc) -> Result<Option<QueryResult>> {
+        if !matches!(region.kind, MemKind::File | MemKind::Block) {
+            return Ok(None);
+        }
+        if region.meta.is_empty() {
+            return Err(Error::invalid(
+                &self.agent,
+                Op::QueryMem,
+                "a FILE query names the file by path (RegionDesc::meta)",
+            ));
+        }
+        let path = PathBuf::from(String::from_utf8_lossy(&region.meta).into_owned());
+        match std::fs::metadata(&path) {
+            Ok(m) => Ok(Some(QueryResult {
+                exists: true,
+                size: Some(m.len()),
+            })),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Some(QueryResult {
+                exists: false,
+                size: None,
+            })),
+            Err(e) => Err(Error::io(&self.agent, Op::QueryMem, e)),
+        }
+    }
+}

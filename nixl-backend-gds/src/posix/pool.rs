@@ -1,0 +1,300 @@
+//! The fallback engine: a pool of threads doing `pread`/`pwrite`, used where io_uring is not
+//! allowed (old kernels, seccomp profiles of container runtimes, `io_uring_disabled`).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use nixl_core::{BackendXfer, Error, Op, Result, XferOp, XferState};
+
+use super::{Chunk, Plan};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The progress of one post of a request, shared with the workers running its chunks.
+struct Progress {
+    agent: String,
+    remaining: AtomicUsize,
+    canceled: AtomicBool,
+    error: Mutex<Option<Error>>,
+    done: Condvar,
+    done_lock: Mutex<()>,
+    /// Keeps the plan's descriptors open while any chunk of this post is queued or running.
+    _files: Vec<nixl_core::BackendMd>,
+}
+
+impl Progress {
+    fn finish_one(&self) {
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let _g = lock(&self.done_lock);
+            self.done.notify_all();
+        }
+    }
+}
+
+struct Job {
+    chunk: Chunk,
+    op: XferOp,
+    progress: Arc<Progress>,
+}
+
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    shutdown: bool,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    ready: Condvar,
+}
+
+/// A fixed set of worker threads.
+pub(crate) struct Pool {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Pool {
+    /// Starts `n` workers.
+    pub fn new(n: usize) -> std::io::Result<Self> {
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue::default()),
+            ready: Condvar::new(),
+        });
+        let mut threads = Vec::with_capacity(n);
+        for i in 0..n {
+            let s = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("nixl-posix-{i}"))
+                    .spawn(move || worker(&s))?,
+            );
+        }
+        Ok(Pool { shared, threads })
+    }
+
+    fn submit(&self, jobs: impl Iterator<Item = Job>) {
+        let mut q = lock(&self.shared.queue);
+        q.jobs.extend(jobs);
+        drop(q);
+        self.shared.ready.notify_all();
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        lock(&self.shared.queue).shutdown = true;
+        self.shared.ready.notify_all();
+        for t in self.threads.drain(..) {
+            if t.join().is_err() {
+                tracing::error!("POSIX: a pool worker panicked");
+            }
+        }
+    }
+}
+
+fn worker(s: &Shared) {
+    loop {
+        let job = {
+            let mut q = lock(&s.queue);
+            loop {
+                if let Some(j) = q.jobs.pop_front() {
+                    break j;
+                }
+                if q.shutdown {
+                    return;
+                }
+                q = s.ready.wait(q).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        let p = &job.progress;
+        if !p.canceled.load(Ordering::Acquire) && lock(&p.error).is_none() {
+            if let Err(e) = run_chunk(job.op, job.chunk) {
+                let mut err = lock(&p.error);
+                if err.is_none() {
+                    *err = Some(match e {
+                        ChunkError::Os(e) => Error::io(&p.agent, Op::CheckXfer, e),
+                        ChunkError::Eof(off) => Error::backend(
+                            &p.agent,
+                            "POSIX",
+                            Op::CheckXfer,
+                            format!("end of file at offset {off} (the file shrank?)"),
+                        ),
+                    });
+                }
+            }
+        }
+        p.finish_one();
+    }
+}
+
+enum ChunkError {
+    Os(std::io::Error),
+    Eof(u64),
+}
+
+fn run_chunk(op: XferOp, c: Chunk) -> std::result::Result<(), ChunkError> {
+    let mut done = 0u64;
+    while done < c.len {
+        let buf = (c.buf + done) as *mut libc::c_void;
+        let len = (c.len - done) as usize;
+        let off = libc::off_t::try_from(c.off + done)
+            .map_err(|_| ChunkError::Os(std::io::Error::from_raw_os_error(libc::EOVERFLOW)))?;
+        let n = match op {
+            // SAFETY: the buffer lies in a DRAM registration the request keeps alive until this
+            // chunk is finished (cancel waits for running chunks); `fd` is owned by the plan.
+            XferOp::Read => unsafe { libc::pread(c.fd, buf, len, off) },
+            // SAFETY: as above; pwrite only reads the buffer.
+            XferOp::Write => unsafe { libc::pwrite(c.fd, buf, len, off) },
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(ChunkError::Os(e));
+        }
+        if n == 0 {
+            return Err(ChunkError::Eof(c.off + done));
+        }
+        done += n as u64;
+    }
+    Ok(())
+}
+
+/// A request run by the pool.
+pub(crate) struct PoolXfer {
+    plan: Plan,
+    pool: Arc<Pool>,
+    why: String,
+    progress: Option<Arc<Progress>>,
+    reported: bool,
+}
+
+impl PoolXfer {
+    /// A request on the pool; `why` says why io_uring is not used.
+    pub fn new(plan: Plan, pool: Arc<Pool>, why: String) -> Self {
+        PoolXfer {
+            plan,
+            pool,
+            why,
+            progress: None,
+            reported: false,
+        }
+    }
+
+    fn state(&mut self) -> Result<XferState> {
+        let Some(p) = &self.progress else {
+            return Err(Error::not_allowed(
+                &self.plan.agent,
+                Op::CheckXfer,
+                "not posted",
+            ));
+        };
+        if p.remaining.load(Ordering::Acquire) > 0 {
+            return Ok(XferState::InProgress);
+        }
+        if let Some(e) = lock(&p.error).take() {
+            self.reported = true;
+            return Err(e);
+        }
+        if self.reported {
+            return Err(Error::backend(
+                &self.plan.agent,
+                "POSIX",
+                Op::CheckXfer,
+                "request failed",
+            ));
+        }
+        Ok(XferState::Done)
+    }
+}
+
+impl BackendXfer for PoolXfer {
+    fn post(&mut self) -> Result<XferState> {
+        if self
+            .progress
+            .as_ref()
+            .is_some_and(|p| p.remaining.load(Ordering::Acquire) > 0)
+        {
+            return Err(Error::RepostActive {
+                agent: self.plan.agent.clone(),
+                op: Op::PostXfer,
+            });
+        }
+        self.plan.check_file_sizes()?;
+        let p = Arc::new(Progress {
+            agent: self.plan.agent.clone(),
+            remaining: AtomicUsize::new(self.plan.chunks.len()),
+            canceled: AtomicBool::new(false),
+            error: Mutex::new(None),
+            done: Condvar::new(),
+            done_lock: Mutex::new(()),
+            _files: self.plan.files.clone(),
+        });
+        self.progress = Some(p.clone());
+        self.reported = false;
+        let op = self.plan.op;
+        self.pool.submit(self.plan.chunks.iter().map(|&chunk| Job {
+            chunk,
+            op,
+            progress: p.clone(),
+        }));
+        self.state()
+    }
+
+    fn check(&mut self) -> Result<XferState> {
+        self.state()
+    }
+
+    fn cancel(&mut self) -> Result<()> {
+        let Some(p) = &self.progress else {
+            return Ok(());
+        };
+        p.canceled.store(true, Ordering::Release);
+        let deadline = Instant::now() + self.plan.cancel_timeout;
+        let mut g = lock(&p.done_lock);
+        while p.remaining.load(Ordering::Acquire) > 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::TimedOut {
+                    agent: self.plan.agent.clone(),
+                    op: Op::Cancel,
+                    elapsed: self.plan.cancel_timeout,
+                });
+            }
+            g = p
+                .done
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    fn path(&self) -> Option<String> {
+        Some(self.plan.describe(&format!(
+            "thread-pool pread/pwrite x{} ({})",
+            self.pool.threads.len(),
+            self.why
+        )))
+    }
+}
+
+impl Drop for PoolXfer {
+    fn drop(&mut self) {
+        if self
+            .progress
+            .as_ref()
+            .is_some_and(|p| p.remaining.load(Ordering::Acquire) > 0)
+            && self.cancel().is_err()
+        {
+            tracing::error!(agent = %self.plan.agent, "POSIX: chunks still running on the pool after cancel");
+        }
+    }
+}

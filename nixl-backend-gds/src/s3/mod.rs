@@ -1,0 +1,1 @@
+//! S3 objects: in progress.

@@ -1,0 +1,486 @@
+//! POSIX backend scenarios: both engines, buffered and O_DIRECT, bad inputs, queries, and the
+//! shared conformance suite.
+#![cfg(feature = "posix")]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nixl_backend_gds::{Engine, FileRegion, OpenFlags, PosixParams, PosixPlugin, POSIX};
+use nixl_core::conformance::{assert_all, Suite};
+use nixl_core::{
+    Agent, AgentConfig, BackendPlugin, Desc, Error, HostBuffer, MemKind, MemoryRegion, RawRegion,
+    RegionDesc, XferDescList, XferOp, XferOptions, XferTarget,
+};
+
+const T: Duration = Duration::from_secs(20);
+
+fn agent(tag: &str, engine: Engine) -> Agent {
+    let name = format!("posix-{tag}-{}", std::process::id());
+    let a = Agent::new(&name, AgentConfig::default()).expect("agent");
+    a.create_backend(PosixParams {
+        engine,
+        queue_depth: 8,
+        chunk_size: 64 * 1024,
+        ..Default::default()
+    })
+    .expect("backend");
+    a
+}
+
+fn buf(len: usize) -> Arc<HostBuffer> {
+    Arc::new(HostBuffer::new(len).expect("alloc"))
+}
+
+fn xfer(a: &Agent, op: XferOp, local: XferDescList, remote: XferDescList) -> nixl_core::Result<()> {
+    let req = a.create_xfer_req(op, &local, &remote, a.name(), XferOptions::default())?;
+    a.post_xfer_req(&req)?;
+    req.wait(T)
+}
+
+fn roundtrip(engine: Engine, flags: OpenFlags) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = agent(&format!("rt-{engine:?}-{}", flags.direct), engine);
+    const BLOCK: u64 = 256 * 1024;
+    const N: usize = 12;
+    let file =
+        Arc::new(FileRegion::open(dir.path().join("kv"), BLOCK * N as u64, flags).expect("open"));
+    let (src, dst) = (buf(BLOCK as usize * N), buf(BLOCK as usize * N));
+    src.fill_pattern(42);
+    let _r = a
+        .register_mem(vec![src.clone(), dst.clone(), file.clone()], &[])
+        .expect("register");
+    // Scattered: DRAM block i goes to file block (i * 7) % N.
+    let perm: Vec<u64> = (0..N as u64).map(|i| (i * 7) % N as u64).collect();
+    let local = XferDescList::blocks(MemKind::Dram, src.addr(), BLOCK, N);
+    let remote = XferDescList::from_descs(
+        MemKind::File,
+        perm.iter().map(|&j| file.desc_at(j * BLOCK, BLOCK)),
+    );
+    xfer(&a, XferOp::Write, local, remote.clone()).expect("write");
+    xfer(
+        &a,
+        XferOp::Read,
+        XferDescList::blocks(MemKind::Dram, dst.addr(), BLOCK, N),
+        remote,
+    )
+    .expect("read");
+    assert_eq!(src.to_vec(), dst.to_vec());
+    // The bytes really are in the file, where the descriptors said.
+    let on_disk = std::fs::read(file.path()).expect("read file");
+    let s = src.to_vec();
+    for (i, &j) in perm.iter().enumerate() {
+        let (a0, b0) = (i * BLOCK as usize, j as usize * BLOCK as usize);
+        assert_eq!(
+            s[a0..a0 + BLOCK as usize],
+            on_disk[b0..b0 + BLOCK as usize],
+            "block {i}"
+        );
+    }
+}
+
+#[test]
+fn io_uring_buffered_roundtrip() {
+    roundtrip(Engine::Auto, OpenFlags::buffered());
+}
+
+#[test]
+fn io_uring_direct_roundtrip() {
+    roundtrip(Engine::Auto, OpenFlags::direct());
+}
+
+#[test]
+fn thread_pool_buffered_roundtrip() {
+    roundtrip(Engine::ThreadPool, OpenFlags::buffered());
+}
+
+#[test]
+fn thread_pool_direct_roundtrip() {
+    roundtrip(Engine::ThreadPool, OpenFlags::direct());
+}
+
+#[test]
+fn path_names_the_engine() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (engine, word) in [(Engine::ThreadPool, "thread-pool"), (Engine::Auto, "")] {
+        let a = agent(&format!("path-{engine:?}"), engine);
+        let file = Arc::new(
+            FileRegion::open(
+                dir.path().join(format!("{engine:?}")),
+                4096,
+                OpenFlags::direct(),
+            )
+            .expect("open"),
+        );
+        let b = buf(4096);
+        let _r = a
+            .register_mem(vec![b.clone(), file.clone()], &[])
+            .expect("register");
+        let req = a
+            .create_xfer_req(
+                XferOp::Write,
+                &XferDescList::blocks(MemKind::Dram, b.addr(), 4096, 1),
+                &file.blocks(0, 4096, 1),
+                a.name(),
+                XferOptions::default(),
+            )
+            .expect("create");
+        let path = req.path();
+        eprintln!("{engine:?}: {path}");
+        assert!(
+            path.starts_with("POSIX: ") && path.contains("O_DIRECT") && path.contains(word),
+            "{path}"
+        );
+        let report = a.path_report(a.name());
+        assert_eq!(report.len(), 1, "{report:?}");
+    }
+}
+
+#[test]
+fn io_uring_engine_is_available_here_or_reported() {
+    let a = Agent::new(
+        &format!("posix-uring-{}", std::process::id()),
+        AgentConfig::default(),
+    )
+    .expect("agent");
+    match a.create_backend(PosixParams {
+        engine: Engine::IoUring,
+        ..Default::default()
+    }) {
+        Ok(_) => {}
+        Err(Error::Unavailable { what, hint }) => {
+            eprintln!("skipping: io_uring unavailable here: {what}: {hint}")
+        }
+        Err(e) => panic!("unexpected error: {e}"),
+    }
+}
+
+#[test]
+fn misaligned_direct_descriptors_are_refused_at_prepare() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = agent("misaligned", Engine::Auto);
+    let file = Arc::new(
+        FileRegion::open(dir.path().join("d"), 1 << 20, OpenFlags::direct()).expect("open"),
+    );
+    let b = buf(1 << 20);
+    let _r = a
+        .register_mem(vec![b.clone(), file.clone()], &[])
+        .expect("register");
+    let cases = [
+        ("offset", b.addr(), 512u64, 4096u64),
+        ("length", b.addr(), 0, 1000),
+        ("buffer", b.addr() + 8, 0, 4096),
+    ];
+    for (what, addr, off, len) in cases {
+        let r = a.create_xfer_req(
+            XferOp::Write,
+            &XferDescList::from_descs(MemKind::Dram, [Desc::new(addr, len)]),
+            &XferDescList::from_descs(MemKind::File, [file.desc_at(off, len)]),
+            a.name(),
+            XferOptions::default(),
+        );
+        match r {
+            Err(Error::InvalidParam { reason, .. }) => {
+                assert!(reason.contains("O_DIRECT"), "{what}: {reason}")
+            }
+            other => panic!("{what}: expected InvalidParam, got {other:?}"),
+        }
+    }
+    // The same descriptors are fine through the page cache.
+    let cached = Arc::new(
+        FileRegion::open(dir.path().join("c"), 1 << 20, OpenFlags::buffered()).expect("open"),
+    );
+    let _r2 = a.register_mem(vec![cached.clone()], &[]).expect("register");
+    b.fill_pattern(3);
+    xfer(
+        &a,
+        XferOp::Write,
+        XferDescList::from_descs(MemKind::Dram, [Desc::new(b.addr() + 8, 1000)]),
+        XferDescList::from_descs(MemKind::File, [cached.desc_at(512, 1000)]),
+    )
+    .expect("buffered misaligned write");
+    let on_disk = std::fs::read(cached.path()).expect("read");
+    assert_eq!(on_disk[512..1512], b.to_vec()[8..1008]);
+}
+
+#[test]
+fn descriptor_past_end_of_file_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = agent("past-end", Engine::Auto);
+    let file = Arc::new(
+        FileRegion::open(dir.path().join("p"), 8192, OpenFlags::buffered()).expect("open"),
+    );
+    let b = buf(16384);
+    let _r = a
+        .register_mem(vec![b.clone(), file.clone()], &[])
+        .expect("register");
+    // Past the registered region: the agent refuses it when preparing.
+    let past = XferDescList::from_descs(MemKind::File, [file.desc_at(4096, 8192)]);
+    assert!(matches!(
+        a.prep_xfer_dlist(XferTarget::Agent(a.name()), &past, &[]),
+        Err(Error::NotFound { .. })
+    ));
+    // A region declared longer than the file: READ past the file's end fails at post, typed.
+    std::fs::write(dir.path().join("short"), vec![7u8; 4096]).expect("write");
+    let short = Arc::new(
+        FileRegion::open(
+            dir.path().join("short"),
+            16384,
+            OpenFlags {
+                read_only: true,
+                create: false,
+                ..OpenFlags::default()
+            },
+        )
+        .expect("open"),
+    );
+    let _r2 = a.register_mem(vec![short.clone()], &[]).expect("register");
+    let req = a
+        .create_xfer_req(
+            XferOp::Read,
+            &XferDescList::blocks(MemKind::Dram, b.addr(), 8192, 1),
+            &short.blocks(0, 8192, 1),
+            a.name(),
+            XferOptions::default(),
+        )
+        .expect("create");
+    match a.post_xfer_req(&req) {
+        Err(Error::InvalidParam { reason, .. }) => {
+            assert!(reason.contains("past the end"), "{reason}")
+        }
+        other => panic!("expected InvalidParam, got {other:?}"),
+    }
+    // Nothing was written into the buffer, and a read inside the file still works.
+    assert!(b.to_vec().iter().all(|&x| x == 0));
+    xfer(
+        &a,
+        XferOp::Read,
+        XferDescList::blocks(MemKind::Dram, b.addr(), 4096, 1),
+        short.blocks(0, 4096, 1),
+    )
+    .expect("read inside");
+    assert_eq!(b.to_vec()[..4096], vec![7u8; 4096][..]);
+}
+
+#[test]
+fn query_mem_reports_existence_and_size() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = agent("query", Engine::Auto);
+    let file = FileRegion::open(dir.path().join("q"), 12288, OpenFlags::buffered()).expect("open");
+    let missing = RegionDesc {
+        kind: MemKind::File,
+        addr: 0,
+        len: 0,
+        dev_id: 0,
+        meta: dir
+            .path()
+            .join("nope")
+            .as_os_str()
+            .as_encoded_bytes()
+            .to_vec(),
+    };
+    let q = a.query_mem(&[file.desc(), missing], &[]).expect("query");
+    assert_eq!(q.len(), 2);
+    let (have, none) = (q[0].expect("answer"), q[1].expect("answer"));
+    assert!(have.exists && have.size == Some(12288), "{have:?}");
+    assert!(!none.exists && none.size.is_none(), "{none:?}");
+    // A query without a path is a typed error.
+    let nameless = RegionDesc {
+        kind: MemKind::File,
+        addr: 0,
+        len: 0,
+        dev_id: 3,
+        meta: vec![],
+    };
+    assert!(matches!(
+        a.query_mem(&[nameless], &[]),
+        Err(Error::InvalidParam { .. })
+    ));
+}
+
+#[test]
+fn bad_registrations_and_transfers_are_typed() {
+    let a = agent("bad", Engine::Auto);
+    // A device id that is not an open descriptor.
+    let bogus = RawRegion::storage(RegionDesc {
+        kind: MemKind::File,
+        addr: 0,
+        len: 4096,
+        dev_id: 1 << 30,
+        meta: vec![],
+    })
+    .expect("storage");
+    assert!(matches!(
+        a.register_mem(vec![Arc::new(bogus)], &[POSIX]),
+        Err(Error::InvalidParam { .. })
+    ));
+    // Notifications are not a storage feature.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = Arc::new(
+        FileRegion::open(dir.path().join("n"), 4096, OpenFlags::buffered()).expect("open"),
+    );
+    let b = buf(4096);
+    let _r = a
+        .register_mem(vec![b.clone(), file.clone()], &[])
+        .expect("register");
+    let r = a.create_xfer_req(
+        XferOp::Write,
+        &XferDescList::blocks(MemKind::Dram, b.addr(), 4096, 1),
+        &file.blocks(0, 4096, 1),
+        a.name(),
+        XferOptions::with_notif(b"x".to_vec()),
+    );
+    assert!(matches!(r, Err(Error::NotSupported { .. })), "{r:?}");
+    // Parameters parsed from strings are checked.
+    let mut m = BTreeMap::new();
+    m.insert("chunk_size".to_owned(), "1000".to_owned());
+    assert!(matches!(
+        PosixPlugin.parse_params(&m),
+        Err(Error::InvalidParam { .. })
+    ));
+    m.insert("chunk_size".to_owned(), "x".to_owned());
+    assert!(matches!(
+        PosixPlugin.parse_params(&m),
+        Err(Error::InvalidParam { .. })
+    ));
+    let mut m = BTreeMap::new();
+    m.insert("bogus".to_owned(), "1".to_owned());
+    assert!(matches!(
+        PosixPlugin.parse_params(&m),
+        Err(Error::InvalidParam { .. })
+    ));
+    assert!(PosixPlugin
+        .parse_params(&PosixPlugin.default_params())
+        .is_ok());
+    let bad = Agent::new(
+        &format!("posix-badparams-{}", std::process::id()),
+        AgentConfig::default(),
+    )
+    .expect("agent");
+    assert!(matches!(
+        bad.create_backend(PosixParams {
+            queue_depth: 0,
+            ..Default::default()
+        }),
+        Err(Error::InvalidParam { .. })
+    ));
+    assert!(bad.backends().is_empty());
+}
+
+#[test]
+fn registration_survives_closing_the_callers_descriptor() {
+    use std::os::fd::AsRawFd;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = agent("dup", Engine::Auto);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(dir.path().join("raw"))
+        .expect("open");
+    f.set_len(4096).expect("len");
+    let fd = f.as_raw_fd() as u64;
+    let raw = RawRegion::storage(RegionDesc {
+        kind: MemKind::File,
+        addr: 0,
+        len: 4096,
+        dev_id: fd,
+        meta: vec![],
+    })
+    .expect("storage");
+    let b = buf(4096);
+    b.fill(9);
+    let _r = a
+        .register_mem(vec![b.clone(), Arc::new(raw)], &[])
+        .expect("register");
+    let req = a
+        .create_xfer_req(
+            XferOp::Write,
+            &XferDescList::blocks(MemKind::Dram, b.addr(), 4096, 1),
+            &XferDescList::from_descs(MemKind::File, [Desc::on_device(0, 4096, fd)]),
+            a.name(),
+            XferOptions::default(),
+        )
+        .expect("create");
+    drop(f);
+    a.post_xfer_req(&req).expect("post");
+    req.wait(T).expect("wait");
+    assert_eq!(
+        std::fs::read(dir.path().join("raw")).expect("read"),
+        vec![9u8; 4096]
+    );
+}
+
+#[test]
+fn repost_and_concurrent_requests() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = agent("conc", Engine::Auto);
+    const BLOCK: u64 = 128 * 1024;
+    let file = Arc::new(
+        FileRegion::open(dir.path().join("c"), BLOCK * 4, OpenFlags::direct()).expect("open"),
+    );
+    let b = buf(BLOCK as usize * 4);
+    b.fill_pattern(1);
+    let _r = a
+        .register_mem(vec![b.clone(), file.clone()], &[])
+        .expect("register");
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (a, b, file) = (a.clone(), b.clone(), file.clone());
+            s.spawn(move || {
+                let req = a
+                    .create_xfer_req(
+                        XferOp::Write,
+                        &XferDescList::blocks(MemKind::Dram, b.addr() + t * BLOCK, BLOCK, 1),
+                        &file.blocks(t * BLOCK, BLOCK, 1),
+                        a.name(),
+                        XferOptions::default(),
+                    )
+                    .expect("create");
+                for _ in 0..10 {
+                    a.post_xfer_req(&req).expect("post");
+                    req.wait(T).expect("wait");
+                }
+            });
+        }
+    });
+    assert_eq!(std::fs::read(file.path()).expect("read"), b.to_vec());
+}
+
+fn suite(engine: Engine, direct: bool) -> Suite {
+    let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
+    let seq = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    Suite {
+        name: format!("posix-{engine:?}-{direct}"),
+        config: AgentConfig::default(),
+        create: Arc::new(move |a: &Agent| {
+            a.create_backend(PosixParams {
+                engine,
+                ..Default::default()
+            })
+        }),
+        storage: Some(Arc::new(move |len| {
+            let n = seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let flags = if direct {
+                OpenFlags::direct()
+            } else {
+                OpenFlags::buffered()
+            };
+            let f = FileRegion::open(dir.path().join(format!("f{n}")), len, flags)
+                .map_err(|e| Error::io("conformance", nixl_core::Op::RegisterMem, e))?;
+            Ok(Arc::new(f) as Arc<dyn MemoryRegion>)
+        })),
+    }
+}
+
+#[test]
+fn conformance_io_uring() {
+    assert_all(&suite(Engine::Auto, true));
+    assert_all(&suite(Engine::Auto, false));
+}
+
+#[test]
+fn conformance_thread_pool() {
+    assert_all(&suite(Engine::ThreadPool, true));
+}

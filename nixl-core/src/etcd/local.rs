@@ -1,0 +1,189 @@
+//! A throw-away single-node etcd for tests, examples and users' CI: the real `etcd` binary
+//! on 127.0.0.1 with free ports and a temporary data directory, killed on drop.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Op, Result};
+
+/// The environment variable naming the etcd binary (default: `etcd` on `PATH`).
+pub const ENV_ETCD_BIN: &str = "NIXL_ETCD_BIN";
+
+/// How long a fresh server may take to elect itself and answer `/health`.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A local etcd server process.
+///
+/// ```
+/// use nixl_core::etcd::LocalEtcd;
+/// # fn main() -> nixl_core::Result<()> {
+/// let etcd = match LocalEtcd::start() {
+///     Ok(e) => e,
+///     Err(nixl_core::Error::Unavailable { .. }) => return Ok(()), // no etcd binary here
+///     Err(e) => return Err(e),
+/// };
+/// assert!(etcd.endpoint().starts_with("http://127.0.0.1:"));
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct LocalEtcd {
+    child: Option<Child>,
+    bin: String,
+    dir: PathBuf,
+    client: SocketAddr,
+    peer: SocketAddr,
+}
+
+fn free_port() -> std::io::Result<SocketAddr> {
+    TcpListener::bind("127.0.0.1:0")?.local_addr()
+}
+
+fn err(what: &str, e: std::io::Error) -> Error {
+    Error::io("local-etcd", Op::Exchange, std::io::Error::new(e.kind(), format!("{what}: {e}")))
+}
+
+/// Asks `/health` once; true when the server has a leader.
+fn healthy(addr: SocketAddr) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else { return false };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
+    if s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut body = String::new();
+    let _ = s.read_to_string(&mut body);
+    body.contains("\"health\":\"true\"")
+}
+
+impl LocalEtcd {
+    /// Starts a server (binary from [`ENV_ETCD_BIN`] or `etcd` on `PATH`) and waits until it
+    /// is healthy. [`Error::Unavailable`] when there is no etcd binary.
+    pub fn start() -> Result<Self> {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let bin = std::env::var(ENV_ETCD_BIN).unwrap_or_else(|_| "etcd".to_owned());
+        let dir = std::env::temp_dir().join(format!("nixl-etcd-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        let mut last = None;
+        // A port picked free can be taken before etcd binds it: try fresh ports a few times.
+        for _ in 0..3 {
+            let _ = std::fs::remove_dir_all(&dir);
+            let mut me = LocalEtcd {
+                child: None,
+                bin: bin.clone(),
+                dir: dir.clone(),
+                client: free_port().map_err(|e| err("picking a port", e))?,
+                peer: free_port().map_err(|e| err("picking a port", e))?,
+            };
+            match me.spawn() {
+                Ok(()) => return Ok(me),
+                Err(e @ Error::Unavailable { .. }) => return Err(e),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| err("starting etcd", std::io::ErrorKind::Other.into())))
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        std::fs::create_dir_all(&self.dir).map_err(|e| err("creating the data directory", e))?;
+        let log = std::fs::File::create(self.dir.join("etcd.log")).map_err(|e| err("creating the log", e))?;
+        let log2 = log.try_clone().map_err(|e| err("creating the log", e))?;
+        let (c, p) = (format!("http://{}", self.client), format!("http://{}", self.peer));
+        let child = Command::new(&self.bin)
+            .args(["--name", "nixl-test", "--data-dir"])
+            .arg(self.dir.join("data"))
+            .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
+            .args(["--listen-peer-urls", &p, "--initial-advertise-peer-urls", &p])
+            .args(["--initial-cluster", &format!("nixl-test={p}")])
+            // Fast elections for a one-node cluster; this also lets leases go down to 1 s.
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .args(["--logger", "zap", "--log-outputs", "stderr"])
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .spawn();
+        let child = match child {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::Unavailable {
+                    what: format!("the etcd binary ({})", self.bin),
+                    hint: format!("install etcd-server (apt-get install etcd-server) or set {ENV_ETCD_BIN}"),
+                })
+            }
+            Err(e) => return Err(err("spawning etcd", e)),
+        };
+        self.child = Some(child);
+        let deadline = Instant::now() + START_TIMEOUT;
+        while Instant::now() < deadline {
+            if healthy(self.client) {
+                return Ok(());
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                self.child = None;
+                let log = std::fs::read_to_string(self.dir.join("etcd.log")).unwrap_or_default();
+                let tail: String = log.lines().rev().take(5).collect::<Vec<_>>().join(" | ");
+                return Err(err("etcd exited", std::io::Error::other(format!("{status}: {tail}"))));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.kill();
+        Err(Error::TimedOut { agent: "local-etcd".into(), op: Op::Exchange, elapsed: START_TIMEOUT })
+    }
+
+    /// The client URL, `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.client)
+    }
+
+    /// Whether the server process is running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Kills the server (SIGKILL) and waits for it; the data directory stays for
+    /// [`LocalEtcd::restart`].
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the server again on the same ports and data (after [`LocalEtcd::kill`]).
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill();
+        self.spawn()
+    }
+
+    /// Freezes (`SIGSTOP`) or thaws (`SIGCONT`) the server: a frozen server accepts
+    /// connections but never answers, like an overloaded one.
+    pub fn set_paused(&mut self, paused: bool) -> Result<()> {
+        let Some(c) = &self.child else {
+            return Err(Error::not_allowed("local-etcd", Op::Exchange, "etcd is not running"));
+        };
+        let status = Command::new("kill")
+            .arg(if paused { "-STOP" } else { "-CONT" })
+            .arg(c.id().to_string())
+            .status()
+            .map_err(|e| err("signalling etcd", e))?;
+        if !status.success() {
+            return Err(err("signalling etcd", std::io::Error::other(format!("kill exited with {status}"))));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for LocalEtcd {
+    fn drop(&mut self) {
+        if let Some(c) = &self.child {
+            // A frozen process still dies on SIGKILL; thaw anyway so nothing lingers.
+            let _ = Command::new("kill").arg("-CONT").arg(c.id().to_string()).status();
+        }
+        self.kill();
+        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+            tracing::debug!(dir = %self.dir.display(), error = %e, "removing the etcd data directory failed");
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! The etcd client under a deadline: bounded retries, error mapping, and the blocking bridge
+//! from the agent's synchronous API onto the exchange's own small tokio runtime.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use etcd_client::{Client, ConnectOptions};
+
+use crate::error::{Error, Op, Result};
+
+/// Longest pause between two attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// First pause between two attempts.
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+
+// gRPC status codes (stable across gRPC implementations).
+const GRPC_UNKNOWN: i32 = 2;
+const GRPC_DEADLINE_EXCEEDED: i32 = 4;
+pub(crate) const GRPC_NOT_FOUND: i32 = 5;
+const GRPC_ABORTED: i32 = 10;
+const GRPC_UNAVAILABLE: i32 = 14;
+
+/// Whether an etcd error may go away on its own (the server restarting, a leader election,
+/// a dropped connection), so the request is worth retrying.
+pub(crate) fn is_transient(e: &etcd_client::Error) -> bool {
+    use etcd_client::Error as E;
+    match e {
+        E::TransportError(_) | E::IoError(_) => true,
+        E::GRpcStatus(s) => matches!(
+            i32::from(s.code()),
+            GRPC_UNKNOWN | GRPC_DEADLINE_EXCEEDED | GRPC_ABORTED | GRPC_UNAVAILABLE
+        ),
+        _ => false,
+    }
+}
+
+/// Wraps an etcd error as [`Error::Backend`] with the native error as its source.
+pub(crate) fn etcd_error(agent: &str, what: &str, e: etcd_client::Error) -> Error {
+    Error::Backend {
+        agent: agent.to_owned(),
+        backend: "etcd".to_owned(),
+        op: Op::Exchange,
+        message: format!("{what}: {e}"),
+        source: Some(Box::new(e)),
+    }
+}
+
+/// One etcd client with the request policy of one exchange.
+#[derive(Clone)]
+pub(crate) struct Rpc {
+    pub agent: String,
+    pub client: Client,
+    pub request_timeout: Duration,
+    pub retries: u32,
+}
+
+impl Rpc {
+    /// Creates the client (connections are made lazily; a dead endpoint shows up as errors of
+    /// the first requests).
+    pub async fn connect(agent: &str, endpoints: &[String], request_timeout: Duration, retries: u32) -> Result<Self> {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(request_timeout)
+            // HTTP/2 pings find a server that stopped answering under a long-lived watch.
+            .with_keep_alive(Duration::from_secs(2), request_timeout)
+            .with_keep_alive_while_idle(true);
+        let client = tokio::time::timeout(request_timeout, Client::connect(endpoints, Some(opts)))
+            .await
+            .map_err(|_| Error::TimedOut { agent: agent.to_owned(), op: Op::Exchange, elapsed: request_timeout })?
+            .map_err(|e| etcd_error(agent, "connecting to etcd", e))?;
+        Ok(Rpc { agent: agent.to_owned(), client, request_timeout, retries })
+    }
+
+    /// Runs `f` with up to `retries` retries of transient failures, each attempt bounded by
+    /// the request timeout and all of them by `deadline`. Returns the last error: a
+    /// [`Error::TimedOut`] when the last attempt ran out of time, else the etcd error.
+    pub async fn call<T, F, Fut>(&self, what: &str, deadline: Instant, mut f: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let start = Instant::now();
+        let mut backoff = FIRST_BACKOFF;
+        let mut attempt = 0u32;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let budget = left.min(self.request_timeout);
+            let err = match tokio::time::timeout(budget, f(self.client.clone())).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) if is_transient(&e) => etcd_error(&self.agent, what, e),
+                Ok(Err(e)) => return Err(etcd_error(&self.agent, what, e)),
+                Err(_) => Error::TimedOut { agent: self.agent.clone(), op: Op::Exchange, elapsed: start.elapsed() },
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if attempt >= self.retries || left <= backoff {
+                return Err(err);
+            }
+            tracing::debug!(agent = %self.agent, attempt, error = %err, "etcd request failed; retrying");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+            attempt += 1;
+        }
+    }
+
+    /// The deadline of a call that may use every retry.
+    pub fn default_deadline(&self) -> Instant {
+        let attempts = self.retries.saturating_add(1);
+        let pauses = MAX_BACKOFF.saturating_mul(attempts);
+        Instant::now() + self.request_timeout.saturating_mul(attempts) + pauses
+    }
+}
+
+/// Runs a future to completion on `rt` from synchronous code. Refuses (rather than panics)
+/// when called from inside an async runtime, where blocking would stall it.
+pub(crate) fn block_on<T>(agent: &str, rt: &tokio::runtime::Runtime, fut: impl Future<Output = Result<T>>) -> Result<T> {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return Err(Error::not_allowed(
+            agent,
+            Op::Exchange,
+            "blocking etcd call from inside an async runtime (use spawn_blocking)",
+        ));
+    }
+    rt.block_on(fut)
+}

@@ -1,0 +1,495 @@
+//! The `UCX` backend: the [`nixl_core::Backend`] implementation over the safe layer.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nixl_core::{
+    downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
+    Capabilities, CostEstimate, CostMethod, Error, MemKind, Op, RegionDesc, Result, XferSpec,
+};
+
+use crate::context::Context;
+use crate::endpoint::Peer;
+use crate::error::UCX;
+use crate::loader::{self, Ucx};
+use crate::memory::{MemReg, RemoteMd};
+use crate::params::UcxParams;
+use crate::sys;
+use crate::wire;
+use crate::worker::{Worker, AM_NOTIF, NOTIF_MAGIC};
+use crate::xfer::{Seg, UcxXfer};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The tables guarded here are updated by single inserts/removes.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The UCX backend of one agent.
+pub struct UcxBackend {
+    agent: String,
+    ucx: Arc<Ucx>,
+    ctx: Arc<Context>,
+    workers: Vec<Arc<Worker>>,
+    peers: Mutex<HashMap<String, Arc<Peer>>>,
+    self_peer: Mutex<Option<Arc<Peer>>>,
+    header: Arc<[u8]>,
+    next_worker: AtomicUsize,
+    params: UcxParams,
+    stop: Arc<AtomicBool>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for UcxBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UcxBackend")
+            .field("agent", &self.agent)
+            .field("ucx", &self.ucx)
+            .field("workers", &self.workers.len())
+            .finish()
+    }
+}
+
+impl BackendParams for UcxParams {
+    fn backend_name(&self) -> &str {
+        UCX
+    }
+
+    fn create(self: Box<Self>, ctx: BackendContext) -> Result<Arc<dyn Backend>> {
+        Ok(Arc::new(UcxBackend::new(*self, ctx)?))
+    }
+}
+
+/// Creates `UCX` by name from a string map (see [`UcxParams::from_map`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UcxPlugin;
+
+impl BackendPlugin for UcxPlugin {
+    fn name(&self) -> &str {
+        UCX
+    }
+
+    fn default_params(&self) -> BTreeMap<String, String> {
+        UcxParams::default().to_map()
+    }
+
+    fn parse_params(&self, params: &BTreeMap<String, String>) -> Result<Box<dyn BackendParams>> {
+        Ok(Box::new(UcxParams::from_map(params)?))
+    }
+}
+
+/// Loads UCX as `params` would and returns its version (`"1.22.0"`) and path; for tests
+/// and tools that skip when UCX is absent.
+pub fn probe(params: &UcxParams) -> Result<(String, std::path::PathBuf)> {
+    let u = loader::load(params.library_path.as_deref())?;
+    Ok((u.version_string(), u.path.clone()))
+}
+
+impl UcxBackend {
+    /// Creates the backend: loads UCX, creates the context, workers and progress threads.
+    pub fn new(params: UcxParams, bctx: BackendContext) -> Result<Self> {
+        params.validate()?;
+        let agent = bctx.agent;
+        let ucx = loader::load(params.library_path.as_deref())?;
+        let ctx = Context::new(ucx.clone(), &agent, &params.ucx_config())?;
+        let workers = (0..params.num_workers)
+            .map(|i| Worker::new(ctx.clone(), i, &agent, bctx.notifs.clone()))
+            .collect::<Result<Vec<_>>>()?;
+        let mut header = NOTIF_MAGIC.to_vec();
+        header.extend_from_slice(agent.as_bytes());
+        let b = UcxBackend {
+            agent,
+            ucx,
+            ctx,
+            workers,
+            peers: Mutex::new(HashMap::new()),
+            self_peer: Mutex::new(None),
+            header: header.into(),
+            next_worker: AtomicUsize::new(0),
+            params,
+            stop: Arc::new(AtomicBool::new(false)),
+            threads: Mutex::new(Vec::new()),
+        };
+        if b.params.progress_thread {
+            for w in &b.workers {
+                let (w, stop) = (w.clone(), b.stop.clone());
+                let h = std::thread::Builder::new()
+                    .name(format!("nixl-ucx-{}", w.index))
+                    .spawn(move || {
+                        while !stop.load(Ordering::Acquire) {
+                            w.progress_or_wait(Duration::from_millis(100));
+                        }
+                    })
+                    .map_err(|e| Error::io(&b.agent, Op::CreateBackend, e))?;
+                lock(&b.threads).push(h);
+            }
+        }
+        tracing::debug!(agent = %b.agent, ucx = %b.ucx.version_string(), workers = b.workers.len(), "UCX backend created");
+        Ok(b)
+    }
+
+    /// The loaded UCX version (`"1.22.0"`).
+    pub fn ucx_version(&self) -> String {
+        self.ucx.version_string()
+    }
+
+    /// Where UCX was loaded from.
+    pub fn ucx_path(&self) -> &std::path::Path {
+        &self.ucx.path
+    }
+
+    fn peer(&self, remote: &str, op: Op) -> Result<Arc<Peer>> {
+        lock(&self.peers)
+            .get(remote)
+            .cloned()
+            .ok_or_else(|| Error::disconnected(&self.agent, remote, op, "not connected over UCX"))
+    }
+
+    fn self_peer(&self) -> Result<Arc<Peer>> {
+        let mut g = lock(&self.self_peer);
+        if let Some(p) = g.as_ref() {
+            return Ok(p.clone());
+        }
+        let addrs: Vec<Vec<u8>> = self.workers.iter().map(|w| w.address().to_vec()).collect();
+        let p = Arc::new(Peer::connect(
+            &self.agent,
+            &self.agent,
+            &self.workers,
+            &addrs,
+        )?);
+        *g = Some(p.clone());
+        Ok(p)
+    }
+
+    fn reg<'a>(&self, md: &'a BackendMd, op: Op) -> Result<&'a MemReg> {
+        downcast_md::<MemReg>(md)
+            .ok_or_else(|| Error::invalid(&self.agent, op, "not UCX registration metadata"))
+    }
+}
+
+impl Drop for UcxBackend {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        for w in &self.workers {
+            w.signal();
+        }
+        for t in std::mem::take(&mut *lock(&self.threads)) {
+            if t.join().is_err() {
+                tracing::error!(agent = %self.agent, "UCX progress thread panicked");
+            }
+        }
+    }
+}
+
+impl Backend for UcxBackend {
+    fn name(&self) -> &str {
+        UCX
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut mem_kinds = vec![MemKind::Dram];
+        if self.ctx.cuda_aware() {
+            mem_kinds.push(MemKind::Vram);
+        }
+        Capabilities {
+            mem_kinds,
+            remote: true,
+            local: true,
+            notifications: true,
+            needs_progress: true,
+        }
+    }
+
+    fn connection_info(&self) -> Result<Vec<u8>> {
+        let addrs: Vec<&[u8]> = self.workers.iter().map(|w| w.address()).collect();
+        Ok(wire::encode_conn(&addrs))
+    }
+
+    fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
+        let addrs = wire::decode_conn(info).ok_or_else(|| {
+            Error::invalid(
+                &self.agent,
+                Op::LoadMetadata,
+                format!("malformed UCX connection info from {remote}"),
+            )
+        })?;
+        let peer = Arc::new(Peer::connect(&self.agent, remote, &self.workers, &addrs)?);
+        if let Some(old) = lock(&self.peers).insert(remote.to_owned(), peer) {
+            tracing::debug!(agent = %self.agent, remote, "replaced UCX endpoints of {}", old.name);
+        }
+        Ok(())
+    }
+
+    fn disconnect(&self, remote: &str) -> Result<()> {
+        let Some(peer) = lock(&self.peers).remove(remote) else {
+            return Ok(());
+        };
+        // Requests still using the peer end now (UCX completes them with an error), so
+        // nothing touches their memory after this returns.
+        for pe in &peer.eps {
+            let mut g = pe.worker.lock();
+            pe.force_close(&mut g);
+        }
+        Ok(())
+    }
+
+    fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
+        Ok(Arc::new(MemReg::map(&self.ctx, &self.agent, region)?))
+    }
+
+    fn deregister(&self, md: BackendMd) -> Result<()> {
+        self.reg(&md, Op::DeregisterMem)?;
+        match md.downcast::<MemReg>() {
+            Ok(arc) => match Arc::try_unwrap(arc) {
+                Ok(reg) => reg.unmap(&self.agent),
+                // Still referenced by a prepared list or request: unmapped when the last goes.
+                Err(_) => Ok(()),
+            },
+            Err(_) => Err(Error::invalid(
+                &self.agent,
+                Op::DeregisterMem,
+                "not UCX registration metadata",
+            )),
+        }
+    }
+
+    fn public_metadata(&self, md: &BackendMd) -> Result<Vec<u8>> {
+        Ok(self.reg(md, Op::LocalMetadata)?.public.clone())
+    }
+
+    fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
+        let peer = self.peer(remote, Op::LoadMetadata)?;
+        Ok(Arc::new(RemoteMd::unpack(
+            &self.agent,
+            &peer,
+            region,
+            public,
+        )?))
+    }
+
+    fn load_local(&self, region: &RegionDesc, md: &BackendMd) -> Result<BackendMd> {
+        let public = self.reg(md, Op::PrepXferDlist)?.public.clone();
+        let peer = self.self_peer()?;
+        Ok(Arc::new(RemoteMd::unpack(
+            &self.agent,
+            &peer,
+            region,
+            &public,
+        )?))
+    }
+
+    fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
+        let me = &self.agent;
+        for k in [spec.local_kind, spec.remote_kind] {
+            if !self.capabilities().supports(k) {
+                return Err(Error::not_supported(
+                    me,
+                    Op::MakeXfer,
+                    format!("UCX here does not move {k}"),
+                ));
+            }
+        }
+        let first = spec
+            .segments
+            .first()
+            .ok_or_else(|| Error::invalid(me, Op::MakeXfer, "no segments"))?;
+        let peer = downcast_md::<RemoteMd>(&first.remote_md)
+            .ok_or_else(|| Error::invalid(me, Op::MakeXfer, "remote metadata is not UCX's"))?
+            .peer
+            .clone();
+        if peer.name != spec.remote {
+            return Err(Error::mismatch(
+                me,
+                Op::MakeXfer,
+                format!(
+                    "remote metadata belongs to {}, not {}",
+                    peer.name, spec.remote
+                ),
+            ));
+        }
+        let worker = self.next_worker.fetch_add(1, Ordering::Relaxed) % self.workers.len();
+        let mut segs = Vec::with_capacity(spec.segments.len());
+        let mut keep: Vec<BackendMd> = Vec::new();
+        let mut mem_type = None;
+        for s in &spec.segments {
+            let l = self.reg(&s.local_md, Op::MakeXfer)?;
+            let r = downcast_md::<RemoteMd>(&s.remote_md)
+                .ok_or_else(|| Error::invalid(me, Op::MakeXfer, "remote metadata is not UCX's"))?;
+            if crate::memory::mem_type(spec.remote_kind) != Some(r.mem_type) {
+                return Err(Error::mismatch(
+                    me,
+                    Op::MakeXfer,
+                    format!("remote region is not {}", spec.remote_kind),
+                ));
+            }
+            if !Arc::ptr_eq(&r.peer, &peer) {
+                return Err(Error::mismatch(
+                    me,
+                    Op::MakeXfer,
+                    "segments reach different peers or connections",
+                ));
+            }
+            if *mem_type.get_or_insert(l.mem_type) != l.mem_type {
+                return Err(Error::mismatch(
+                    me,
+                    Op::MakeXfer,
+                    "local segments of different memory types",
+                ));
+            }
+            if s.len == 0
+                || s.local_addr.checked_add(s.len).is_none()
+                || s.remote_addr.checked_add(s.len).is_none()
+            {
+                return Err(Error::invalid(
+                    me,
+                    Op::MakeXfer,
+                    "empty or overflowing segment",
+                ));
+            }
+            segs.push(Seg {
+                local: s.local_addr,
+                remote: s.remote_addr,
+                len: s.len,
+                memh: l.memh,
+                rkey: r.rkeys[worker],
+            });
+            for m in [&s.local_md, &s.remote_md] {
+                if !keep.iter().any(|k| Arc::ptr_eq(k, m)) {
+                    keep.push(m.clone());
+                }
+            }
+        }
+        let notif = spec
+            .notif
+            .map(|m| (self.header.clone(), Arc::<[u8]>::from(m)));
+        Ok(Box::new(UcxXfer {
+            agent: me.clone(),
+            ucx: self.ucx.clone(),
+            peer,
+            worker,
+            op: spec.op,
+            mem_type: mem_type.unwrap_or(sys::UCS_MEMORY_TYPE_HOST),
+            segs,
+            notif,
+            cancel_timeout: self.params.cancel_timeout,
+            _keep: keep,
+            cur: None,
+            path: OnceLock::new(),
+        }))
+    }
+
+    fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
+        let peer = if remote == self.agent {
+            self.self_peer()?
+        } else {
+            self.peer(remote, Op::GenNotif)?
+        };
+        peer.check_alive(&self.agent, 0, Op::GenNotif)?;
+        let pe = &peer.eps[0];
+        let mut g = pe.worker.lock();
+        let ep = pe.raw(&g).ok_or_else(|| {
+            Error::disconnected(&self.agent, remote, Op::GenNotif, "UCX endpoint was closed")
+        })?;
+        // The buffers must outlive the send: owned here, leaked if it does not finish.
+        let (hdr, buf) = (self.header.clone(), msg.to_vec());
+        // SAFETY: zeroed request params with a mask are the documented form.
+        let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
+        p.op_attr_mask = sys::UCP_OP_ATTR_FIELD_FLAGS;
+        p.flags = sys::UCP_AM_SEND_FLAG_EAGER;
+        // SAFETY: the endpoint is live under the held lock; header and message stay valid
+        // until UCX released the request (below), or forever (leaked on timeout).
+        let r = unsafe {
+            self.ucx.lib.ucp_am_send_nbx(
+                ep,
+                AM_NOTIF,
+                hdr.as_ptr() as *const c_void,
+                hdr.len(),
+                buf.as_ptr() as *const c_void,
+                buf.len(),
+                &p,
+            )
+        };
+        match g.wait_request(r, Instant::now() + self.params.cancel_timeout) {
+            Some(st) if st == sys::UCS_OK => Ok(()),
+            Some(st) => Err(crate::error::status_error(
+                &self.ucx,
+                &self.agent,
+                Some(remote),
+                Op::GenNotif,
+                "ucp_am_send_nbx",
+                st,
+            )),
+            None => {
+                std::mem::forget(buf);
+                std::mem::forget(hdr);
+                Err(Error::TimedOut {
+                    agent: self.agent.clone(),
+                    op: Op::GenNotif,
+                    elapsed: self.params.cancel_timeout,
+                })
+            }
+        }
+    }
+
+    fn progress(&self) -> Result<bool> {
+        let mut any = false;
+        for w in &self.workers {
+            let mut g = w.lock();
+            any |= g.progress_all() > 0;
+            g.close_graves(Duration::ZERO);
+        }
+        Ok(any)
+    }
+
+    fn estimate_cost(&self, spec: &XferSpec) -> Result<Option<CostEstimate>> {
+        let Some(first) = spec.segments.first() else {
+            return Ok(None);
+        };
+        let Some(r) = downcast_md::<RemoteMd>(&first.remote_md) else {
+            return Ok(None);
+        };
+        let pe = &r.peer.eps[0];
+        let g = pe.worker.lock();
+        let Some(ep) = pe.raw(&g) else {
+            return Ok(None);
+        };
+        let mut sizes: BTreeMap<u64, u64> = BTreeMap::new();
+        for s in &spec.segments {
+            *sizes.entry(s.len).or_default() += 1;
+        }
+        let mut secs = 0.0f64;
+        for (len, count) in sizes {
+            // SAFETY: zeroed parameter structs with field masks are the documented form.
+            let mut p: sys::ucp_ep_evaluate_perf_param_t = unsafe { std::mem::zeroed() };
+            p.field_mask = sys::UCP_EP_PERF_PARAM_FIELD_MESSAGE_SIZE as u64;
+            p.message_size = len as usize;
+            // SAFETY: as above.
+            let mut a: sys::ucp_ep_evaluate_perf_attr_t = unsafe { std::mem::zeroed() };
+            a.field_mask = sys::UCP_EP_PERF_ATTR_FIELD_ESTIMATED_TIME as u64;
+            // SAFETY: the endpoint is live under the held lock; both structs are valid.
+            let st = unsafe { self.ucx.lib.ucp_ep_evaluate_perf(ep, &p, &mut a) };
+            if st != sys::UCS_OK || !a.estimated_time.is_finite() || a.estimated_time < 0.0 {
+                return Ok(None);
+            }
+            secs += a.estimated_time * count as f64;
+        }
+        let duration = Duration::from_secs_f64(secs);
+        Ok(Some(CostEstimate {
+            duration,
+            error_margin: duration / 2,
+            method: CostMethod::Analytical,
+        }))
+    }
+
+    fn path_report(&self, remote: &str) -> Option<String> {
+        let peer = if remote == self.agent {
+            lock(&self.self_peer).clone()
+        } else {
+            lock(&self.peers).get(remote).cloned()
+        };
+        peer.map(|p| p.transports())
+    }
+}

@@ -1,0 +1,206 @@
+//! Registered memory (`ucp_mem_map`) and peers' remote keys (`ucp_ep_rkey_unpack`).
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use nixl_core::{Error, MemKind, Op, RegionDesc, Result};
+
+use crate::context::Context;
+use crate::endpoint::Peer;
+use crate::error::{check, status_error};
+use crate::sys;
+use crate::wire;
+
+/// The UCX memory type of a kind, if UCX can move it.
+pub(crate) fn mem_type(kind: MemKind) -> Option<sys::ucs_memory_type_t> {
+    match kind {
+        MemKind::Dram => Some(sys::UCS_MEMORY_TYPE_HOST),
+        MemKind::Vram => Some(sys::UCS_MEMORY_TYPE_CUDA),
+        _ => None,
+    }
+}
+
+/// A region mapped with `ucp_mem_map`; unmapped on drop.
+pub(crate) struct MemReg {
+    ctx: Arc<Context>,
+    pub memh: sys::ucp_mem_h,
+    pub mem_type: sys::ucs_memory_type_t,
+    /// The framed packed rkey (the region's public metadata).
+    pub public: Vec<u8>,
+}
+
+// SAFETY: memory handles are context-level objects; the context is created with
+// mt_workers_shared, which makes UCX serialise operations on them.
+unsafe impl Send for MemReg {}
+// SAFETY: as above; the handle is only read after creation.
+unsafe impl Sync for MemReg {}
+
+impl MemReg {
+    /// Maps a region.
+    pub fn map(ctx: &Arc<Context>, agent: &str, region: &RegionDesc) -> Result<Self> {
+        let ucx = &ctx.ucx;
+        let mt = mem_type(region.kind)
+            .filter(|t| ctx.memory_types & (1u64 << *t) != 0)
+            .ok_or_else(|| {
+                Error::not_supported(
+                    agent,
+                    Op::RegisterMem,
+                    format!(
+                        "UCX {} cannot register {} memory",
+                        ucx.version_string(),
+                        region.kind
+                    ),
+                )
+            })?;
+        if region.len == 0 || region.addr == 0 || region.end().is_none() {
+            return Err(Error::invalid(
+                agent,
+                Op::RegisterMem,
+                "empty, null or overflowing region",
+            ));
+        }
+        // SAFETY: zeroed params with a field mask is the documented form.
+        let mut p: sys::ucp_mem_map_params_t = unsafe { std::mem::zeroed() };
+        p.field_mask = (sys::UCP_MEM_MAP_PARAM_FIELD_ADDRESS
+            | sys::UCP_MEM_MAP_PARAM_FIELD_LENGTH
+            | sys::UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE) as u64;
+        p.address = region.addr as *mut c_void;
+        p.length = region.len as usize;
+        p.memory_type = mt;
+        let mut memh: sys::ucp_mem_h = std::ptr::null_mut();
+        // SAFETY: the context is live; the region's memory is valid for its length for as
+        // long as the registration lives (MemoryRegion's contract, upheld by the agent).
+        let st = unsafe { ucx.lib.ucp_mem_map(ctx.raw(), &p, &mut memh) };
+        check(ucx, agent, Op::RegisterMem, "ucp_mem_map", st)?;
+        let mut buf: *mut c_void = std::ptr::null_mut();
+        let mut size = 0usize;
+        // SAFETY: memh is live; both out-pointers are valid.
+        let st = unsafe { ucx.lib.ucp_rkey_pack(ctx.raw(), memh, &mut buf, &mut size) };
+        if let Err(e) = check(ucx, agent, Op::RegisterMem, "ucp_rkey_pack", st) {
+            // SAFETY: memh was mapped above and is unmapped once.
+            unsafe { ucx.lib.ucp_mem_unmap(ctx.raw(), memh) };
+            return Err(e);
+        }
+        // SAFETY: UCX returned `size` readable bytes at buf.
+        let packed = unsafe { std::slice::from_raw_parts(buf as *const u8, size) };
+        let public = wire::encode_rkey(mt as u8, packed);
+        // SAFETY: buf came from ucp_rkey_pack and is released once.
+        unsafe { ucx.lib.ucp_rkey_buffer_release(buf) };
+        Ok(MemReg {
+            ctx: ctx.clone(),
+            memh,
+            mem_type: mt,
+            public,
+        })
+    }
+
+    /// Unmaps explicitly, reporting UCX's status.
+    pub fn unmap(self, agent: &str) -> Result<()> {
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: memh is live and unmapped once (Drop is suppressed).
+        let st = unsafe { this.ctx.ucx.lib.ucp_mem_unmap(this.ctx.raw(), this.memh) };
+        // SAFETY: the fields are moved out once and never used again.
+        let ctx = unsafe { std::ptr::read(&this.ctx) };
+        // SAFETY: as above.
+        drop(unsafe { std::ptr::read(&this.public) });
+        check(&ctx.ucx, agent, Op::DeregisterMem, "ucp_mem_unmap", st)
+    }
+}
+
+impl Drop for MemReg {
+    fn drop(&mut self) {
+        // SAFETY: memh is live and unmapped once.
+        let st = unsafe { self.ctx.ucx.lib.ucp_mem_unmap(self.ctx.raw(), self.memh) };
+        if st != sys::UCS_OK {
+            tracing::warn!(status = %self.ctx.ucx.status_string(st), "ucp_mem_unmap failed");
+        }
+    }
+}
+
+/// A peer's region: one unpacked rkey per local worker's endpoint.
+pub(crate) struct RemoteMd {
+    pub peer: Arc<Peer>,
+    pub rkeys: Vec<sys::ucp_rkey_h>,
+    pub mem_type: sys::ucs_memory_type_t,
+}
+
+// SAFETY: each rkey is only used and destroyed under its worker's mutex.
+unsafe impl Send for RemoteMd {}
+// SAFETY: as above.
+unsafe impl Sync for RemoteMd {}
+
+impl RemoteMd {
+    /// Unpacks framed region metadata on every endpoint of `peer`.
+    pub fn unpack(
+        agent: &str,
+        peer: &Arc<Peer>,
+        region: &RegionDesc,
+        public: &[u8],
+    ) -> Result<Self> {
+        let (t, packed) = wire::decode_rkey(public).ok_or_else(|| {
+            Error::invalid(
+                agent,
+                Op::LoadMetadata,
+                format!("malformed UCX region metadata from {}", peer.name),
+            )
+        })?;
+        let mt = t as sys::ucs_memory_type_t;
+        if mem_type(region.kind) != Some(mt) {
+            return Err(Error::mismatch(
+                agent,
+                Op::LoadMetadata,
+                format!("region of kind {} carries UCX memory type {t}", region.kind),
+            ));
+        }
+        let mut md = RemoteMd {
+            peer: peer.clone(),
+            rkeys: Vec::with_capacity(peer.eps.len()),
+            mem_type: mt,
+        };
+        for pe in &peer.eps {
+            let g = pe.worker.lock();
+            let Some(ep) = pe.raw(&g) else {
+                return Err(Error::disconnected(
+                    agent,
+                    &peer.name,
+                    Op::LoadMetadata,
+                    "endpoint closed",
+                ));
+            };
+            let mut rkey: sys::ucp_rkey_h = std::ptr::null_mut();
+            // SAFETY: the endpoint is live under the locked worker; the packed bytes were
+            // framed and checksummed by their owner and outlive the call.
+            let st = unsafe {
+                pe.worker.ctx.ucx.lib.ucp_ep_rkey_unpack(
+                    ep,
+                    packed.as_ptr() as *const c_void,
+                    &mut rkey,
+                )
+            };
+            drop(g);
+            if st != sys::UCS_OK {
+                return Err(status_error(
+                    &pe.worker.ctx.ucx,
+                    agent,
+                    Some(&peer.name),
+                    Op::LoadMetadata,
+                    "ucp_ep_rkey_unpack",
+                    st,
+                ));
+            }
+            md.rkeys.push(rkey);
+        }
+        Ok(md)
+    }
+}
+
+impl Drop for RemoteMd {
+    fn drop(&mut self) {
+        for (pe, rkey) in self.peer.eps.iter().zip(self.rkeys.drain(..)) {
+            let _g = pe.worker.lock();
+            // SAFETY: rkey was unpacked on this worker's endpoint, is destroyed once, under
+            // the worker lock; the endpoint is released only after (the Peer outlives self).
+            unsafe { pe.worker.ctx.ucx.lib.ucp_rkey_destroy(rkey) };
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! The backend's parameters: typed fields with defaults, and the string-map boundary form.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use nixl_core::{Error, Op, Result};
+
+use crate::wire::MAX_WORKERS;
+
+/// Parameters of the UCX backend.
+///
+/// ```
+/// use nixl_backend_ucx::UcxParams;
+/// let p = UcxParams { transports: Some("tcp".into()), ..UcxParams::default() };
+/// assert_eq!(p.num_workers, 1);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UcxParams {
+    /// Where to load UCX from: a prefix (holding `lib/libucp.so.0`), a `lib` directory or the
+    /// `libucp` file. `None`: `$NIXL_UCX_HOME`, then `$UCX_HOME`, then the system's
+    /// `libucp.so.0`.
+    pub library_path: Option<PathBuf>,
+    /// Transports UCX may use (`UCX_TLS`, e.g. `"tcp"`, `"shm,cma,self"`, `"rc,cuda_ipc"`).
+    /// `None`: UCX's default (all), or the `UCX_TLS` environment variable.
+    pub transports: Option<String>,
+    /// Network devices (`UCX_NET_DEVICES`, e.g. `"mlx5_0:1"`, `"lo"`).
+    pub devices: Option<String>,
+    /// Number of UCP workers; requests are spread over them round robin. 1..=64.
+    pub num_workers: usize,
+    /// Run a progress thread per worker (sleeping on the worker's event descriptor), so
+    /// emulated RMA to this agent and notifications complete without the application
+    /// polling.
+    pub progress_thread: bool,
+    /// How long `cancel` waits for a transfer before force-closing its endpoint.
+    pub cancel_timeout: Duration,
+    /// UCX keep-alive interval (`UCX_KEEPALIVE_INTERVAL`): how soon a silent dead peer is
+    /// detected. `None`: UCX's default.
+    pub keepalive_interval: Option<Duration>,
+    /// Further UCX options, names without the `UCX_` prefix (`("RNDV_THRESH", "8k")`).
+    pub config: Vec<(String, String)>,
+}
+
+impl Default for UcxParams {
+    fn default() -> Self {
+        UcxParams {
+            library_path: None,
+            transports: None,
+            devices: None,
+            num_workers: 1,
+            progress_thread: true,
+            cancel_timeout: Duration::from_secs(5),
+            keepalive_interval: None,
+            config: Vec::new(),
+        }
+    }
+}
+
+fn bad(reason: impl Into<String>) -> Error {
+    Error::invalid("", Op::CreateBackend, reason)
+}
+
+fn nonempty(k: &str, v: &str) -> Result<()> {
+    if v.trim().is_empty() || v.contains('\0') {
+        Err(bad(format!("UCX parameter {k} must be non-empty text")))
+    } else {
+        Ok(())
+    }
+}
+
+impl UcxParams {
+    /// Checks the values.
+    pub fn validate(&self) -> Result<()> {
+        if self.num_workers == 0 || self.num_workers > MAX_WORKERS {
+            return Err(bad(format!(
+                "num_workers must be 1..={MAX_WORKERS}, not {}",
+                self.num_workers
+            )));
+        }
+        if let Some(t) = &self.transports {
+            nonempty("transports", t)?;
+        }
+        if let Some(d) = &self.devices {
+            nonempty("devices", d)?;
+        }
+        if self.cancel_timeout.is_zero() {
+            return Err(bad("cancel_timeout must be positive"));
+        }
+        if self.keepalive_interval.is_some_and(|d| d.is_zero()) {
+            return Err(bad("keepalive_interval must be positive"));
+        }
+        for (k, v) in &self.config {
+            nonempty("config name", k)?;
+            if v.contains('\0') {
+                return Err(bad(format!("UCX option {k} contains a NUL byte")));
+            }
+        }
+        Ok(())
+    }
+
+    /// UCX configuration pairs these params set.
+    pub(crate) fn ucx_config(&self) -> Vec<(String, String)> {
+        let mut v = Vec::new();
+        if let Some(t) = &self.transports {
+            v.push(("TLS".to_owned(), t.clone()));
+        }
+        if let Some(d) = &self.devices {
+            v.push(("NET_DEVICES".to_owned(), d.clone()));
+        }
+        if let Some(k) = self.keepalive_interval {
+            v.push((
+                "KEEPALIVE_INTERVAL".to_owned(),
+                format!("{}ms", k.as_millis().max(1)),
+            ));
+        }
+        v.extend(self.config.iter().cloned());
+        v
+    }
+
+    /// The string-map form (every key [`UcxParams::from_map`] reads).
+    pub fn to_map(&self) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        let opt = |o: &Option<String>| o.clone().unwrap_or_default();
+        m.insert(
+            "ucx_path".into(),
+            self.library_path
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+        );
+        m.insert("transports".into(), opt(&self.transports));
+        m.insert("devices".into(), opt(&self.devices));
+        m.insert("num_workers".into(), self.num_workers.to_string());
+        m.insert("progress_thread".into(), self.progress_thread.to_string());
+        m.insert(
+            "cancel_timeout_ms".into(),
+            self.cancel_timeout.as_millis().to_string(),
+        );
+        m.insert(
+            "keepalive_interval_ms".into(),
+            self.keepalive_interval
+                .map(|d| d.as_millis().to_string())
+                .unwrap_or_default(),
+        );
+        for (k, v) in &self.config {
+            m.insert(format!("ucx.{k}"), v.clone());
+        }
+        m
+    }
+
+    /// Parses the string-map form: `ucx_path`, `transports`, `devices`, `num_workers`,
+    /// `progress_thread`, `cancel_timeout_ms`, `keepalive_interval_ms`, and `ucx.<OPTION>`.
+    /// Empty values mean "default". Unknown keys are refused.
+    pub fn from_map(map: &BTreeMap<String, String>) -> Result<Self> {
+        let mut p = UcxParams::default();
+        let num = |k: &str, v: &str| {
+            v.trim()
+                .parse::<u64>()
+                .map_err(|_| bad(format!("UCX parameter {k}: {v:?} is not a number")))
+        };
+        for (k, v) in map {
+            let set = !v.is_empty();
+            match k.as_str() {
+                "ucx_path" => p.library_path = set.then(|| PathBuf::from(v)),
+                "transports" | "ucx_tls" => p.transports = set.then(|| v.clone()),
+                "devices" => p.devices = set.then(|| v.clone()),
+                "num_workers" if set => {
+                    p.num_workers =
+                        usize::try_from(num(k, v)?).map_err(|_| bad("num_workers too large"))?
+                }
+                "progress_thread" if set => {
+                    p.progress_thread = match v.trim().to_ascii_lowercase().as_str() {
+                        "true" | "1" | "yes" | "on" => true,
+                        "false" | "0" | "no" | "off" => false,
+                        _ => {
+                            return Err(bad(format!(
+                                "UCX parameter progress_thread: {v:?} is not a boolean"
+                            )))
+                        }
+                    }
+                }
+                "cancel_timeout_ms" if set => p.cancel_timeout = Duration::from_millis(num(k, v)?),
+                "keepalive_interval_ms" => {
+                    p.keepalive_interval = if set {
+                        Some(Duration::from_millis(num(k, v)?))
+                    } else {
+                        None
+                    }
+                }
+                "num_workers" | "progress_thread" | "cancel_timeout_ms" => {}
+                other => match other.strip_prefix("ucx.") {
+                    Some(name) if !name.is_empty() => p.config.push((name.to_owned(), v.clone())),
+                    _ => return Err(bad(format!("unknown UCX parameter {other:?}"))),
+                },
+            }
+        }
+        p.validate()?;
+        Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn map_roundtrips() {
+        let p = UcxParams {
+            library_path: Some("/opt/ucx".into()),
+            transports: Some("tcp".into()),
+            devices: Some("lo".into()),
+            num_workers: 3,
+            progress_thread: false,
+            cancel_timeout: Duration::from_millis(1500),
+            keepalive_interval: Some(Duration::from_millis(200)),
+            config: vec![("RNDV_THRESH".into(), "8k".into())],
+        };
+        assert_eq!(UcxParams::from_map(&p.to_map()).unwrap(), p);
+        assert_eq!(
+            UcxParams::from_map(&UcxParams::default().to_map()).unwrap(),
+            UcxParams::default()
+        );
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        for (k, v) in [
+            ("num_workers", "0"),
+            ("num_workers", "65"),
+            ("num_workers", "x"),
+            ("progress_thread", "maybe"),
+            ("cancel_timeout_ms", "0"),
+            ("keepalive_interval_ms", "-1"),
+            ("bogus", "1"),
+            ("ucx.", "1"),
+            ("transports", " "),
+        ] {
+            let m = BTreeMap::from([(k.to_owned(), v.to_owned())]);
+            assert!(
+                matches!(UcxParams::from_map(&m), Err(Error::InvalidParam { .. })),
+                "{k}={v}"
+            );
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! Helpers shared by the UCX scenario tests.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nixl_backend_ucx::{probe, UcxParams};
+use nixl_core::{Agent, AgentConfig};
+
+/// The transport selections the tests run with.
+pub const TCP: &str = "tcp";
+/// Shared memory between processes (and `self` for loopback).
+pub const SHM: &str = "shm,cma,self";
+
+/// Params for a transport selection.
+pub fn params(tls: &str) -> UcxParams {
+    UcxParams {
+        transports: Some(tls.to_owned()),
+        keepalive_interval: Some(Duration::from_millis(500)),
+        cancel_timeout: Duration::from_secs(5),
+        ..UcxParams::default()
+    }
+}
+
+/// Whether UCX can be loaded; prints why not (tests then skip).
+pub fn ucx_or_skip(test: &str) -> bool {
+    match probe(&UcxParams::default()) {
+        Ok((v, p)) => {
+            eprintln!("{test}: using UCX {v} from {}", p.display());
+            true
+        }
+        Err(e) => {
+            eprintln!("{test}: SKIPPED: no usable UCX: {e}");
+            false
+        }
+    }
+}
+
+/// A config with the side channel and a progress thread.
+pub fn config(listen: bool) -> AgentConfig {
+    AgentConfig {
+        listen,
+        progress_thread: false,
+        default_timeout: Duration::from_secs(20),
+        ..AgentConfig::default()
+    }
+}
+
+/// A unique agent name.
+pub fn unique(role: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{role}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// An agent with a UCX backend.
+pub fn agent(role: &str, tls: &str, listen: bool) -> nixl_core::Result<Agent> {
+    let a = Agent::new(&unique(role), config(listen))?;
+    a.create_backend(params(tls))?;
+    Ok(a)
+}
+
+/// Shorthand.
+pub fn buf(len: usize) -> Arc<nixl_core::HostBuffer> {
+    Arc::new(nixl_core::HostBuffer::new(len).expect("alloc"))
+}

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use common::{first_diff, gpu, pattern, run_child, ROLE};
 use nixl_core::{MemKind, MemoryRegion};
-use nixl_mem::{CudaHostBuffer, DeviceBuffer, HostBuffer, HostMemory, IpcHandle, IpcMapping, Pinned};
+use nixl_mem::{
+    CudaHostBuffer, DeviceBuffer, HostBuffer, HostMemory, IpcHandle, IpcMapping, Pinned,
+};
 
 #[test]
 fn gpu_device_buffer_allocates_copies_and_bounds_checks() {
@@ -18,7 +20,10 @@ fn gpu_device_buffer_allocates_copies_and_bounds_checks() {
     let a = DeviceBuffer::new(0, len).unwrap();
     let b = DeviceBuffer::new(0, len).unwrap();
     let d = a.desc();
-    assert_eq!((d.kind, d.dev_id, d.addr, d.len), (MemKind::Vram, 0, a.addr(), len as u64));
+    assert_eq!(
+        (d.kind, d.dev_id, d.addr, d.len),
+        (MemKind::Vram, 0, a.addr(), len as u64)
+    );
     assert!(a.to_vec().unwrap().iter().all(|&x| x == 0), "not zeroed");
     let p = pattern(1, len);
     a.copy_from_host(0, &p).unwrap();
@@ -31,12 +36,26 @@ fn gpu_device_buffer_allocates_copies_and_bounds_checks() {
     b.fill(0xAB).unwrap();
     assert!(b.to_vec().unwrap().iter().all(|&x| x == 0xAB));
     // Bad input: typed, nothing copied.
-    assert_eq!(a.copy_from_host(len - 1, &[1, 2]).unwrap_err().kind_name(), "invalid_param");
-    assert_eq!(a.copy_to_host(usize::MAX, &mut [0u8; 2]).unwrap_err().kind_name(), "invalid_param");
-    assert_eq!(b.copy_from_device(0, &a, len, 1).unwrap_err().kind_name(), "invalid_param");
+    assert_eq!(
+        a.copy_from_host(len - 1, &[1, 2]).unwrap_err().kind_name(),
+        "invalid_param"
+    );
+    assert_eq!(
+        a.copy_to_host(usize::MAX, &mut [0u8; 2])
+            .unwrap_err()
+            .kind_name(),
+        "invalid_param"
+    );
+    assert_eq!(
+        b.copy_from_device(0, &a, len, 1).unwrap_err().kind_name(),
+        "invalid_param"
+    );
     assert_eq!(first_diff(&a.to_vec().unwrap(), &p), None);
     let n = nixl_mem::cuda_device_count().unwrap();
-    assert_eq!(DeviceBuffer::new(n, 4096).unwrap_err().kind_name(), "invalid_param");
+    assert_eq!(
+        DeviceBuffer::new(n, 4096).unwrap_err().kind_name(),
+        "invalid_param"
+    );
     if n > 1 {
         let c = DeviceBuffer::new(1, len).unwrap();
         c.copy_from_device(0, &a, 0, len).unwrap();
@@ -73,9 +92,19 @@ fn gpu_ipc_export_refuses_host_and_wrong_device_pointers() {
         return;
     }
     let host = HostBuffer::new(4096).unwrap();
-    assert_eq!(IpcHandle::export(0, host.addr(), 4096).unwrap_err().kind_name(), "invalid_param");
+    assert_eq!(
+        IpcHandle::export(0, host.addr(), 4096)
+            .unwrap_err()
+            .kind_name(),
+        "invalid_param"
+    );
     let dev = DeviceBuffer::new(0, 1 << 20).unwrap();
-    assert_eq!(IpcHandle::export(0, dev.addr(), (1 << 20) + 1).unwrap_err().kind_name(), "invalid_param");
+    assert_eq!(
+        IpcHandle::export(0, dev.addr(), (1 << 20) + 1)
+            .unwrap_err()
+            .kind_name(),
+        "invalid_param"
+    );
     let h = IpcHandle::export(0, dev.addr() + 4096, 4096).unwrap();
     assert_eq!(IpcHandle::from_bytes(&h.to_bytes()).unwrap(), h);
     assert_eq!((h.alloc_base, h.addr), (dev.addr(), dev.addr() + 4096));
@@ -96,7 +125,10 @@ fn gpu_ipc_between_two_processes() {
     let h = dev.ipc_handle().unwrap();
     let st = run_child(
         "gpu_ipc_child",
-        &[(ROLE, "ipc".to_owned()), ("NIXL_MEM_IPC", common::hex(&h.to_bytes()))],
+        &[
+            (ROLE, "ipc".to_owned()),
+            ("NIXL_MEM_IPC", common::hex(&h.to_bytes())),
+        ],
         Duration::from_secs(60),
     );
     assert!(st.success(), "child failed: {st}");
@@ -117,9 +149,17 @@ fn gpu_ipc_child() {
     assert_eq!(m.desc().len, IPC_LEN as u64);
     let mut first = vec![0u8; IPC_LEN / 2];
     m.copy_to_host(0, &mut first).unwrap();
-    assert_eq!(first_diff(&first, &pattern(10, IPC_LEN / 2)), None, "child read");
-    m.copy_from_host(IPC_LEN / 2, &pattern(11, IPC_LEN / 2)).unwrap();
-    assert_eq!(m.copy_from_host(IPC_LEN, &[1]).unwrap_err().kind_name(), "invalid_param");
+    assert_eq!(
+        first_diff(&first, &pattern(10, IPC_LEN / 2)),
+        None,
+        "child read"
+    );
+    m.copy_from_host(IPC_LEN / 2, &pattern(11, IPC_LEN / 2))
+        .unwrap();
+    assert_eq!(
+        m.copy_from_host(IPC_LEN, &[1]).unwrap_err().kind_name(),
+        "invalid_param"
+    );
     drop(m); // cuIpcCloseMemHandle
 }
 
@@ -134,7 +174,12 @@ fn gpu_dmabuf_export_is_an_fd_or_typed_not_supported() {
             use std::os::fd::AsRawFd;
             assert!(d.fd.as_raw_fd() >= 0);
             assert!(d.len >= 2 << 20);
-            eprintln!("dma-buf exported: fd {} len {} offset {}", d.fd.as_raw_fd(), d.len, d.offset);
+            eprintln!(
+                "dma-buf exported: fd {} len {} offset {}",
+                d.fd.as_raw_fd(),
+                d.len,
+                d.offset
+            );
         }
         Err(e) => {
             eprintln!("dma-buf not offered here: {e}");

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::{first_diff, gpu, pattern, run_child, ROLE};
 use nixl_core::{
-    Agent, AgentConfig, Desc, MemKind, MemoryRegion, RawRegion, RegionDesc, XferDescList, XferOp, XferOptions, XferTarget,
+    Agent, AgentConfig, Desc, MemKind, MemoryRegion, RawRegion, RegionDesc, XferDescList, XferOp,
+    XferOptions, XferTarget,
 };
 use nixl_mem::{CudaIpcParams, DeviceBuffer, HostBuffer, HostMemory, SharedHostBuffer, CUDA_IPC};
 
@@ -20,17 +21,35 @@ const WAIT: Duration = Duration::from_secs(30);
 
 fn agent(name: &str) -> Agent {
     let a = Agent::new(name, AgentConfig::default()).unwrap();
-    assert_eq!(a.create_backend(CudaIpcParams::default()).unwrap(), CUDA_IPC);
+    assert_eq!(
+        a.create_backend(CudaIpcParams::default()).unwrap(),
+        CUDA_IPC
+    );
     a
 }
 
 /// `n` blocks of BLOCK bytes at `base` on `dev`.
 fn blocks(kind: MemKind, base: u64, n: usize, dev: u64) -> XferDescList {
-    XferDescList::from_descs(kind, (0..n as u64).map(|i| Desc::on_device(base + i * BLOCK, BLOCK, dev)))
+    XferDescList::from_descs(
+        kind,
+        (0..n as u64).map(|i| Desc::on_device(base + i * BLOCK, BLOCK, dev)),
+    )
 }
 
-fn xfer(a: &Agent, op: XferOp, local: XferDescList, remote: XferDescList, peer: &str, notif: Option<&[u8]>, no_merge: bool) {
-    let opts = XferOptions { notif: notif.map(<[u8]>::to_vec), no_merge, ..Default::default() };
+fn xfer(
+    a: &Agent,
+    op: XferOp,
+    local: XferDescList,
+    remote: XferDescList,
+    peer: &str,
+    notif: Option<&[u8]>,
+    no_merge: bool,
+) {
+    let opts = XferOptions {
+        notif: notif.map(<[u8]>::to_vec),
+        no_merge,
+        ..Default::default()
+    };
     let req = a.create_xfer_req(op, &local, &remote, peer, opts).unwrap();
     assert_eq!(a.query_xfer_backend(&req), CUDA_IPC);
     a.post_xfer_req(&req).unwrap();
@@ -74,14 +93,21 @@ fn gpu_agent_two_processes_vram_and_dram() {
     assert!(st.success(), "initiator failed: {st}");
     // The notification of the last WRITE came after all of the data.
     let notifs = target.wait_notifs(WAIT).unwrap();
-    assert_eq!(notifs["initiator"].last().map(Vec::as_slice), Some(&b"all written"[..]));
+    assert_eq!(
+        notifs["initiator"].last().map(Vec::as_slice),
+        Some(&b"all written"[..])
+    );
     let mut got = vec![0u8; MIB];
     t.copy_to_host(MIB, &mut got).unwrap();
     assert_eq!(first_diff(&got, &pattern(2, MIB)), None, "VRAM->VRAM WRITE");
     t.copy_to_host(2 * MIB, &mut got).unwrap();
     assert_eq!(first_diff(&got, &pattern(3, MIB)), None, "DRAM->VRAM WRITE");
     s.read_at(0, &mut got);
-    assert_eq!(first_diff(&got, &pattern(2, MIB)), None, "VRAM->shared DRAM WRITE");
+    assert_eq!(
+        first_diff(&got, &pattern(2, MIB)),
+        None,
+        "VRAM->shared DRAM WRITE"
+    );
     // Untouched ranges are untouched.
     t.copy_to_host(0, &mut got).unwrap();
     assert_eq!(first_diff(&got, &pattern(1, MIB)), None);
@@ -96,10 +122,17 @@ fn gpu_agent_initiator() {
     let t: u64 = var("NIXL_MEM_T").parse().unwrap();
     let s: u64 = var("NIXL_MEM_S").parse().unwrap();
     let a = agent("initiator");
-    let peer = a.load_remote_metadata(&std::fs::read(var("NIXL_MEM_MD")).unwrap()).unwrap();
+    let peer = a
+        .load_remote_metadata(&std::fs::read(var("NIXL_MEM_MD")).unwrap())
+        .unwrap();
     assert_eq!(peer, "target");
     let report = a.path_report("target");
-    assert!(report.iter().any(|(b, p)| b == CUDA_IPC && p.contains("CUDA IPC")), "{report:?}");
+    assert!(
+        report
+            .iter()
+            .any(|(b, p)| b == CUDA_IPC && p.contains("CUDA IPC")),
+        "{report:?}"
+    );
 
     let l = Arc::new(DeviceBuffer::new(0, 4 * MIB).unwrap());
     l.copy_from_host(0, &pattern(2, MIB)).unwrap();
@@ -112,24 +145,76 @@ fn gpu_agent_initiator() {
     let m = MIB as u64;
 
     // VRAM -> VRAM WRITE, block by block (unmerged: many segments, batched).
-    xfer(&a, XferOp::Write, blocks(MemKind::Vram, lv, n, 0), blocks(MemKind::Vram, tv + m, n, 0), &peer, None, true);
+    xfer(
+        &a,
+        XferOp::Write,
+        blocks(MemKind::Vram, lv, n, 0),
+        blocks(MemKind::Vram, tv + m, n, 0),
+        &peer,
+        None,
+        true,
+    );
     // VRAM <- VRAM READ (merged: one copy).
-    xfer(&a, XferOp::Read, blocks(MemKind::Vram, lv + m, n, 0), blocks(MemKind::Vram, tv, n, 0), &peer, None, false);
+    xfer(
+        &a,
+        XferOp::Read,
+        blocks(MemKind::Vram, lv + m, n, 0),
+        blocks(MemKind::Vram, tv, n, 0),
+        &peer,
+        None,
+        false,
+    );
     let mut got = vec![0u8; MIB];
     l.copy_to_host(MIB, &mut got).unwrap();
     assert_eq!(first_diff(&got, &pattern(1, MIB)), None, "VRAM READ");
     // DRAM -> VRAM WRITE.
-    xfer(&a, XferOp::Write, blocks(MemKind::Dram, hd, n, 0), blocks(MemKind::Vram, tv + 2 * m, n, 0), &peer, None, true);
+    xfer(
+        &a,
+        XferOp::Write,
+        blocks(MemKind::Dram, hd, n, 0),
+        blocks(MemKind::Vram, tv + 2 * m, n, 0),
+        &peer,
+        None,
+        true,
+    );
     // DRAM <- VRAM READ.
-    xfer(&a, XferOp::Read, blocks(MemKind::Dram, hd + m, n, 0), blocks(MemKind::Vram, tv + 3 * m, n, 0), &peer, None, false);
+    xfer(
+        &a,
+        XferOp::Read,
+        blocks(MemKind::Dram, hd + m, n, 0),
+        blocks(MemKind::Vram, tv + 3 * m, n, 0),
+        &peer,
+        None,
+        false,
+    );
     h.read_at(MIB, &mut got);
     assert_eq!(first_diff(&got, &pattern(4, MIB)), None, "VRAM->DRAM READ");
     // VRAM <- shared DRAM READ.
-    xfer(&a, XferOp::Read, blocks(MemKind::Vram, lv + 2 * m, n, 0), blocks(MemKind::Dram, sd + m, n, 0), &peer, None, true);
+    xfer(
+        &a,
+        XferOp::Read,
+        blocks(MemKind::Vram, lv + 2 * m, n, 0),
+        blocks(MemKind::Dram, sd + m, n, 0),
+        &peer,
+        None,
+        true,
+    );
     l.copy_to_host(2 * MIB, &mut got).unwrap();
-    assert_eq!(first_diff(&got, &pattern(5, MIB)), None, "shared DRAM->VRAM READ");
+    assert_eq!(
+        first_diff(&got, &pattern(5, MIB)),
+        None,
+        "shared DRAM->VRAM READ"
+    );
     // VRAM -> shared DRAM WRITE, with the notification the target waits for.
-    xfer(&a, XferOp::Write, blocks(MemKind::Vram, lv, n, 0), blocks(MemKind::Dram, sd, n, 0), &peer, Some(b"all written"), false);
+    xfer(
+        &a,
+        XferOp::Write,
+        blocks(MemKind::Vram, lv, n, 0),
+        blocks(MemKind::Dram, sd, n, 0),
+        &peer,
+        Some(b"all written"),
+        false,
+    );
 }
 
 #[test]
@@ -143,15 +228,38 @@ fn gpu_agent_one_process_and_loopback() {
     let dst = Arc::new(DeviceBuffer::new(0, 2 * MIB).unwrap());
     let host = Arc::new(HostBuffer::new(2 * MIB).unwrap());
     src.copy_from_host(0, &pattern(7, 2 * MIB)).unwrap();
-    let _r1 = a.register_mem(vec![src.clone(), host.clone()], &[]).unwrap();
+    let _r1 = a
+        .register_mem(vec![src.clone(), host.clone()], &[])
+        .unwrap();
     let _r2 = b.register_mem(vec![dst.clone()], &[]).unwrap();
-    let peer = a.load_remote_metadata(&b.local_metadata().unwrap()).unwrap();
+    let peer = a
+        .load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
     let n = 2 * MIB / BLOCK as usize;
-    xfer(&a, XferOp::Write, blocks(MemKind::Vram, src.addr(), n, 0), blocks(MemKind::Vram, dst.addr(), n, 0), &peer, Some(b"n"), true);
-    assert_eq!(first_diff(&dst.to_vec().unwrap(), &pattern(7, 2 * MIB)), None);
+    xfer(
+        &a,
+        XferOp::Write,
+        blocks(MemKind::Vram, src.addr(), n, 0),
+        blocks(MemKind::Vram, dst.addr(), n, 0),
+        &peer,
+        Some(b"n"),
+        true,
+    );
+    assert_eq!(
+        first_diff(&dst.to_vec().unwrap(), &pattern(7, 2 * MIB)),
+        None
+    );
     assert_eq!(b.wait_notifs(WAIT).unwrap()["one-a"], vec![b"n".to_vec()]);
     // Loopback: VRAM -> the agent's own DRAM.
-    xfer(&a, XferOp::Write, blocks(MemKind::Vram, src.addr(), n, 0), blocks(MemKind::Dram, host.addr(), n, 0), "one-a", None, false);
+    xfer(
+        &a,
+        XferOp::Write,
+        blocks(MemKind::Vram, src.addr(), n, 0),
+        blocks(MemKind::Dram, host.addr(), n, 0),
+        "one-a",
+        None,
+        false,
+    );
     assert_eq!(first_diff(&host.to_vec(), &pattern(7, 2 * MIB)), None);
 }
 
@@ -166,8 +274,18 @@ fn gpu_agent_bad_input_is_typed_and_changes_nothing() {
     let n = nixl_mem::cuda_device_count().unwrap() as u64;
     let not_vram = HostBuffer::new(4096).unwrap();
     for dev_id in [n, 0] {
-        let addr = if dev_id == 0 { not_vram.addr() } else { dev.addr() };
-        let desc = RegionDesc { kind: MemKind::Vram, addr, len: 4096, dev_id, meta: vec![] };
+        let addr = if dev_id == 0 {
+            not_vram.addr()
+        } else {
+            dev.addr()
+        };
+        let desc = RegionDesc {
+            kind: MemKind::Vram,
+            addr,
+            len: 4096,
+            dev_id,
+            meta: vec![],
+        };
         // SAFETY: registration is refused before anything touches the (bogus) range.
         let raw: Arc<dyn MemoryRegion> = Arc::new(unsafe { RawRegion::new(desc) });
         let e = a.register_mem(vec![raw], &[]).unwrap_err();
@@ -175,18 +293,34 @@ fn gpu_agent_bad_input_is_typed_and_changes_nothing() {
     }
     // Descriptors outside the registration.
     let _r = a.register_mem(vec![dev.clone()], &[]).unwrap();
-    let e = a.prep_xfer_dlist(XferTarget::Initiator, &blocks(MemKind::Vram, dev.addr() + MIB as u64, 1, 0), &[]).unwrap_err();
+    let e = a
+        .prep_xfer_dlist(
+            XferTarget::Initiator,
+            &blocks(MemKind::Vram, dev.addr() + MIB as u64, 1, 0),
+            &[],
+        )
+        .unwrap_err();
     assert_eq!(e.kind_name(), "not_found");
     // A peer's private DRAM in another process is refused with the reason.
     let b = Agent::new("bad-peer", AgentConfig::default()).unwrap();
     b.create_backend(CudaIpcParams::default()).unwrap();
     let private = Arc::new(HostBuffer::new(4096).unwrap());
     let _rp = b.register_mem(vec![private.clone()], &[]).unwrap();
-    let peer = a.load_remote_metadata(&b.local_metadata().unwrap()).unwrap();
+    let peer = a
+        .load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
     // Same process: private DRAM is reachable directly.
     private.write_at(0, &pattern(9, 4096));
     let local = XferDescList::from_descs(MemKind::Vram, [Desc::on_device(dev.addr(), 4096, 0)]);
-    xfer(&a, XferOp::Read, local, XferDescList::blocks(MemKind::Dram, private.addr(), 4096, 1), &peer, None, false);
+    xfer(
+        &a,
+        XferOp::Read,
+        local,
+        XferDescList::blocks(MemKind::Dram, private.addr(), 4096, 1),
+        &peer,
+        None,
+        false,
+    );
     let mut got = vec![0u8; 4096];
     dev.copy_to_host(0, &mut got).unwrap();
     assert_eq!(first_diff(&got, &pattern(9, 4096)), None);

@@ -1,0 +1,496 @@
+//! GPU transfer benchmark of the `CUDA_IPC` backend: two processes on one host, 1024 blocks per
+//! request, VRAM<->VRAM READ/WRITE and DRAM<->VRAM both directions, GB/s printed per case, every
+//! byte verified after each case.
+//!
+//! ```text
+//! gpu_bench [--blocks 1024] [--block-sizes 1,2] [--iters 20] [--gpu 0] [--target-gpu 0]
+//!           [--out results.jsonl]
+//! ```
+//!
+//! The process started by the user is the initiator; it spawns itself as the target
+//! (`--role target`), which allocates the target VRAM pool, publishes its metadata through a
+//! file, and verifies the bytes of the last WRITE before it exits. Block sizes are in MiB.
+//! Each case runs "merged" (contiguous blocks become one copy, the default of the agent) and
+//! "per-block" (`no_merge`: 1024 segments, one `cuMemcpyBatchAsync`).
+
+use std::io::Write as _;
+use std::process::{Command, ExitCode};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nixl_core::{
+    Agent, AgentConfig, MemKind, Result, XferDescList, XferOp, XferOptions, XferTarget,
+};
+use nixl_mem::{CudaIpcParams, DeviceBuffer, HostMemory, MmapBuffer, Pinned, CUDA_IPC};
+
+const MIB: u64 = 1 << 20;
+const WAIT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone)]
+struct Args {
+    role: String,
+    blocks: usize,
+    sizes: Vec<u64>,
+    iters: usize,
+    gpu: usize,
+    target_gpu: usize,
+    md: String,
+    out: Option<String>,
+}
+
+fn parse() -> std::result::Result<Args, String> {
+    let mut a = Args {
+        role: "initiator".into(),
+        blocks: 1024,
+        sizes: vec![1, 2],
+        iters: 20,
+        gpu: 0,
+        target_gpu: 0,
+        md: String::new(),
+        out: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        let mut v = || it.next().ok_or_else(|| format!("{k} needs a value"));
+        match k.as_str() {
+            "--role" => a.role = v()?,
+            "--blocks" => a.blocks = v()?.parse().map_err(|e| format!("--blocks: {e}"))?,
+            "--block-sizes" => {
+                a.sizes = v()?
+                    .split(',')
+                    .map(|s| {
+                        s.trim()
+                            .parse::<u64>()
+                            .map_err(|e| format!("--block-sizes: {e}"))
+                    })
+                    .collect::<std::result::Result<_, _>>()?
+            }
+            "--iters" => a.iters = v()?.parse().map_err(|e| format!("--iters: {e}"))?,
+            "--gpu" => a.gpu = v()?.parse().map_err(|e| format!("--gpu: {e}"))?,
+            "--target-gpu" => {
+                a.target_gpu = v()?.parse().map_err(|e| format!("--target-gpu: {e}"))?
+            }
+            "--md" => a.md = v()?,
+            "--out" => a.out = Some(v()?),
+            "--bench" => {} // passed by `cargo bench`-style runners
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    if a.blocks == 0 || a.sizes.is_empty() || a.sizes.contains(&0) || a.iters == 0 {
+        return Err("blocks, block sizes and iters must be positive".into());
+    }
+    Ok(a)
+}
+
+/// The seed-`s` pattern byte at offset `i` (cheap to generate and check in bulk).
+fn fill_pattern(buf: &mut [u8], seed: u64) {
+    for (i, c) in buf.chunks_mut(8).enumerate() {
+        let x = (i as u64 ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
+    }
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    fill_pattern(&mut v, seed);
+    v
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("gpu_bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = nixl_mem::cuda::driver() {
+        println!("gpu_bench: skipped: {e}");
+        return ExitCode::SUCCESS;
+    }
+    let r = if args.role == "target" {
+        target(&args)
+    } else {
+        initiator(&args)
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gpu_bench ({}): {e}", args.role);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn max_bytes(a: &Args) -> u64 {
+    a.blocks as u64 * a.sizes.iter().max().copied().unwrap_or(1) * MIB
+}
+
+/// The target: a VRAM pool, metadata to a file, then waits for "done <seed> <len>" and checks
+/// that its pool holds the last WRITE's pattern.
+fn target(a: &Args) -> Result<()> {
+    let agent = Agent::new("bench-target", AgentConfig::default())?;
+    agent.create_backend(CudaIpcParams {
+        device: a.target_gpu,
+        ..Default::default()
+    })?;
+    let len = max_bytes(a) as usize;
+    let pool = Arc::new(DeviceBuffer::new(a.target_gpu, len)?);
+    let _reg = agent.register_mem(vec![pool.clone()], &[])?;
+    let tmp = format!("{}.tmp", a.md);
+    std::fs::write(&tmp, agent.local_metadata()?)
+        .map_err(|e| nixl_core::Error::io("bench-target", nixl_core::Op::LocalMetadata, e))?;
+    std::fs::rename(&tmp, &a.md)
+        .map_err(|e| nixl_core::Error::io("bench-target", nixl_core::Op::LocalMetadata, e))?;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let n = agent.wait_notifs(left.max(Duration::from_millis(1)))?;
+        for msg in n.get("bench-initiator").into_iter().flatten() {
+            let text = String::from_utf8_lossy(msg);
+            let mut w = text.split_whitespace();
+            if w.next() == Some("done") {
+                let seed: u64 = w.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+                let n: usize = w.next().and_then(|s| s.parse().ok()).unwrap_or(0);
+                let mut got = vec![0u8; n];
+                pool.copy_to_host(0, &mut got)?;
+                if got != pattern(n, seed) {
+                    return Err(nixl_core::Error::Corrupt {
+                        agent: "bench-target".into(),
+                        remote: "bench-initiator".into(),
+                        op: nixl_core::Op::Wait,
+                    });
+                }
+                println!("target: verified the last WRITE's {n} bytes in its VRAM");
+                return Ok(());
+            }
+        }
+    }
+}
+
+enum Local {
+    Vram(Arc<DeviceBuffer>),
+    Dram(Arc<Pinned<MmapBuffer>>),
+}
+
+impl Local {
+    fn addr(&self) -> u64 {
+        match self {
+            Local::Vram(b) => b.addr(),
+            Local::Dram(b) => b.addr(),
+        }
+    }
+    fn kind(&self) -> MemKind {
+        match self {
+            Local::Vram(_) => MemKind::Vram,
+            Local::Dram(_) => MemKind::Dram,
+        }
+    }
+    fn dev(&self) -> u64 {
+        match self {
+            Local::Vram(b) => b.ordinal() as u64,
+            Local::Dram(_) => 0,
+        }
+    }
+    fn write(&self, data: &[u8]) -> Result<()> {
+        match self {
+            Local::Vram(b) => b.copy_from_host(0, data),
+            Local::Dram(b) => {
+                b.write_at(0, data);
+                Ok(())
+            }
+        }
+    }
+    fn read(&self, out: &mut [u8]) -> Result<()> {
+        match self {
+            Local::Vram(b) => b.copy_to_host(0, out),
+            Local::Dram(b) => {
+                b.read_at(0, out);
+                Ok(())
+            }
+        }
+    }
+}
+
+fn list(kind: MemKind, base: u64, block: u64, n: usize, dev: u64) -> XferDescList {
+    XferDescList::from_descs(
+        kind,
+        (0..n as u64).map(|i| nixl_core::Desc::on_device(base + i * block, block, dev)),
+    )
+}
+
+struct Case<'a> {
+    op: XferOp,
+    local: &'a Local,
+    name: &'static str,
+}
+
+fn initiator(a: &Args) -> Result<()> {
+    let io = |e| nixl_core::Error::io("bench-initiator", nixl_core::Op::Exchange, e);
+    let dir = std::env::temp_dir().join(format!("nixl-gpu-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(io)?;
+    let md = dir.join("target.md");
+    let exe = std::env::current_exe().map_err(io)?;
+    let mut child = Command::new(exe)
+        .args([
+            "--role",
+            "target",
+            "--md",
+            &md.display().to_string(),
+            "--blocks",
+            &a.blocks.to_string(),
+        ])
+        .args([
+            "--block-sizes",
+            &a.sizes
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        ])
+        .args(["--target-gpu", &a.target_gpu.to_string()])
+        .spawn()
+        .map_err(io)?;
+    let r = run_initiator(a, &md);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        match child.try_wait().map_err(io)? {
+            Some(s) => break Some(s),
+            None if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    r?;
+    match status {
+        Some(s) if s.success() => Ok(()),
+        other => Err(nixl_core::Error::backend(
+            "bench-initiator",
+            CUDA_IPC,
+            nixl_core::Op::Wait,
+            format!("target process ended with {other:?}"),
+        )),
+    }
+}
+
+fn run_initiator(a: &Args, md: &std::path::Path) -> Result<()> {
+    let agent = Agent::new("bench-initiator", AgentConfig::default())?;
+    agent.create_backend(CudaIpcParams {
+        device: a.gpu,
+        ..Default::default()
+    })?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let bytes = loop {
+        if let Ok(b) = std::fs::read(md) {
+            break b;
+        }
+        if Instant::now() >= deadline {
+            return Err(nixl_core::Error::TimedOut {
+                agent: "bench-initiator".into(),
+                op: nixl_core::Op::Exchange,
+                elapsed: Duration::from_secs(120),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let peer = agent.load_remote_metadata(&bytes)?;
+    let md =
+        nixl_core::AgentMetadata::decode(&bytes).map_err(|source| nixl_core::Error::Decode {
+            agent: "bench-initiator".into(),
+            op: nixl_core::Op::LoadMetadata,
+            source,
+        })?;
+    let remote_base = md
+        .regions
+        .iter()
+        .find(|r| r.desc.kind == MemKind::Vram)
+        .map(|r| r.desc.addr)
+        .ok_or_else(|| {
+            nixl_core::Error::not_found(
+                "bench-initiator",
+                nixl_core::Op::LoadMetadata,
+                "target VRAM region",
+            )
+        })?;
+    let len = max_bytes(a) as usize;
+    let vram_buf = Arc::new(DeviceBuffer::new(a.gpu, len)?);
+    let dram_buf = Arc::new(Pinned::new(MmapBuffer::huge_or_fallback(len)?)?);
+    let scratch = Arc::new(DeviceBuffer::new(a.gpu, len)?);
+    let _r1 = agent.register_mem(vec![vram_buf.clone(), scratch.clone()], &[])?;
+    let _r2 = agent.register_mem(vec![dram_buf.clone()], &[])?;
+    let (vram, dram) = (Local::Vram(vram_buf), Local::Dram(dram_buf));
+    println!(
+        "{}",
+        agent
+            .path_report(&peer)
+            .iter()
+            .map(|(b, p)| format!("{b}: {p}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    println!(
+        "{:<22} {:>9} {:>7} {:>10} {:>12} {:>10}  path",
+        "case", "block", "blocks", "mode", "GB/s", "verified"
+    );
+    let mut out = match &a.out {
+        Some(p) => Some(
+            std::fs::File::create(p)
+                .map_err(|e| nixl_core::Error::io("bench-initiator", nixl_core::Op::Exchange, e))?,
+        ),
+        None => None,
+    };
+    let cases = [
+        Case {
+            op: XferOp::Write,
+            local: &vram,
+            name: "VRAM->VRAM WRITE",
+        },
+        Case {
+            op: XferOp::Read,
+            local: &vram,
+            name: "VRAM<-VRAM READ",
+        },
+        Case {
+            op: XferOp::Write,
+            local: &dram,
+            name: "DRAM->VRAM WRITE",
+        },
+        Case {
+            op: XferOp::Read,
+            local: &dram,
+            name: "DRAM<-VRAM READ",
+        },
+    ];
+    let mut seed = 1u64;
+    // What the target's pool holds last (seed, bytes), for its own check at the end.
+    let mut last_write = (0u64, 0usize);
+    for &block_mib in &a.sizes {
+        let block = block_mib * MIB;
+        let total = block as usize * a.blocks;
+        for c in &cases {
+            for no_merge in [false, true] {
+                seed += 1;
+                // Source pattern: local for WRITE; for READ, put it in the target with a WRITE
+                // from the scratch buffer first (verified below by the READ itself).
+                let src = pattern(total, seed);
+                let remote = list(
+                    MemKind::Vram,
+                    remote_base,
+                    block,
+                    a.blocks,
+                    a.target_gpu as u64,
+                );
+                match c.op {
+                    XferOp::Write => c.local.write(&src)?,
+                    XferOp::Read => {
+                        scratch.copy_from_host(0, &src)?;
+                        let l = list(MemKind::Vram, scratch.addr(), block, a.blocks, a.gpu as u64);
+                        let req = agent.create_xfer_req(
+                            XferOp::Write,
+                            &l,
+                            &remote,
+                            &peer,
+                            XferOptions::default(),
+                        )?;
+                        agent.post_xfer_req(&req)?;
+                        req.wait(WAIT)?;
+                        c.local.write(&vec![0u8; total])?;
+                    }
+                }
+                last_write = (seed, total);
+                let local_list = list(
+                    c.local.kind(),
+                    c.local.addr(),
+                    block,
+                    a.blocks,
+                    c.local.dev(),
+                );
+                let lp = agent.prep_xfer_dlist(XferTarget::Initiator, &local_list, &[])?;
+                let rp = agent.prep_xfer_dlist(XferTarget::Agent(&peer), &remote, &[])?;
+                let idx: Vec<usize> = (0..a.blocks).collect();
+                let req = agent.make_prepped_xfer(
+                    c.op,
+                    &lp,
+                    &idx,
+                    &rp,
+                    &idx,
+                    XferOptions {
+                        no_merge,
+                        ..Default::default()
+                    },
+                )?;
+                // Warm up, then time `iters` back-to-back post+wait rounds.
+                for _ in 0..2 {
+                    agent.post_xfer_req(&req)?;
+                    req.wait(WAIT)?;
+                }
+                let t0 = Instant::now();
+                for _ in 0..a.iters {
+                    agent.post_xfer_req(&req)?;
+                    req.wait(WAIT)?;
+                }
+                let secs = t0.elapsed().as_secs_f64();
+                let gbps = (total as f64 * a.iters as f64) / secs / 1e9;
+                // Verify every byte.
+                let ok = match c.op {
+                    XferOp::Read => {
+                        let mut got = vec![0u8; total];
+                        c.local.read(&mut got)?;
+                        got == src
+                    }
+                    XferOp::Write => {
+                        // Read the target back into the zeroed scratch buffer.
+                        scratch.fill(0)?;
+                        let l = list(MemKind::Vram, scratch.addr(), block, a.blocks, a.gpu as u64);
+                        let back = agent.create_xfer_req(
+                            XferOp::Read,
+                            &l,
+                            &remote,
+                            &peer,
+                            XferOptions::default(),
+                        )?;
+                        agent.post_xfer_req(&back)?;
+                        back.wait(WAIT)?;
+                        let mut got = vec![0u8; total];
+                        scratch.copy_to_host(0, &mut got)?;
+                        got == src
+                    }
+                };
+                let mode = if no_merge { "per-block" } else { "merged" };
+                println!(
+                    "{:<22} {:>6} MiB {:>7} {:>10} {:>12.1} {:>10}  {}",
+                    c.name,
+                    block_mib,
+                    a.blocks,
+                    mode,
+                    gbps,
+                    if ok { "yes" } else { "NO" },
+                    req.path()
+                );
+                if let Some(f) = out.as_mut() {
+                    let _ = writeln!(
+                        f,
+                        "{{\"case\":\"{}\",\"block_bytes\":{},\"blocks\":{},\"mode\":\"{}\",\"iters\":{},\"gbps\":{:.2},\"verified\":{},\"path\":\"{}\",\"gpu\":{},\"target_gpu\":{}}}",
+                        c.name, block, a.blocks, mode, a.iters, gbps, ok, req.path(), a.gpu, a.target_gpu
+                    );
+                }
+                if !ok {
+                    return Err(nixl_core::Error::Corrupt {
+                        agent: "bench-initiator".into(),
+                        remote: peer.clone(),
+                        op: nixl_core::Op::Wait,
+                    });
+                }
+            }
+        }
+    }
+    // The target checks the last WRITE's bytes itself before exiting.
+    let (s, n) = last_write;
+    agent.gen_notif(&peer, format!("done {s} {n}").as_bytes(), &[])?;
+    Ok(())
+}

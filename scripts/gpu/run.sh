@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Runs nixl-mem's GPU tests and the CUDA_IPC bench on the GPU machine, from prebuilt binaries
+# only (see scripts/gpu/build.sh, which puts them in .carry/bin/). Writes logs and results to
+# $OUT and prints a summary. Bounded: each step has a timeout; the whole run stays well under
+# 8 minutes on an H200.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+BIN="${NIXL_GPU_BIN:-.carry/bin}"
+OUT="${OUT:-/tmp/nixl-gpu-out}"
+mkdir -p "$OUT"
+summary="$OUT/summary.txt"
+: > "$summary"
+say() { echo "$*" | tee -a "$summary"; }
+
+for b in nixl-mem-lib nixl-mem-gpu nixl-mem-gpu-agent gpu_bench; do
+    if [ ! -x "$BIN/$b" ]; then say "missing $BIN/$b: run scripts/gpu/build.sh on the build machine and carry .carry"; exit 2; fi
+done
+
+{ nvidia-smi; nvidia-smi topo -m; } > "$OUT/nvidia-smi.txt" 2>&1 || true
+say "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+say "GPUs visible: $NGPU"
+
+fail=0
+for t in nixl-mem-lib nixl-mem-gpu nixl-mem-gpu-agent; do
+    timeout 180 "$BIN/$t" --nocapture > "$OUT/$t.log" 2>&1
+    rc=$?
+    res=$(grep -E '^test result:' "$OUT/$t.log" | tail -1)
+    say "tests $t: rc=$rc $res"
+    grep -E '^skipping|FAILED|panicked' "$OUT/$t.log" | head -20 | tee -a "$summary"
+    [ $rc -eq 0 ] || fail=1
+    if [ "$NGPU" -ge 1 ] && grep -q '^skipping' "$OUT/$t.log"; then say "  ^ tests skipped although a GPU is visible"; fail=1; fi
+done
+
+say ""
+say "== gpu_bench: two processes, GPU 0 -> GPU 0, 1024 blocks per request =="
+timeout 240 "$BIN/gpu_bench" --blocks 1024 --block-sizes 1,4 --iters 20 --out "$OUT/bench-gpu0.jsonl" > "$OUT/bench-gpu0.txt" 2>&1
+rc=$?
+tee -a "$summary" < "$OUT/bench-gpu0.txt"
+[ $rc -eq 0 ] || { say "gpu_bench failed rc=$rc"; fail=1; }
+if [ "$NGPU" -ge 1 ] && grep -q 'skipped' "$OUT/bench-gpu0.txt"; then say "gpu_bench skipped although a GPU is visible"; fail=1; fi
+
+if [ "$NGPU" -ge 2 ]; then
+    say ""
+    say "== gpu_bench: two processes, GPU 0 -> GPU 1 =="
+    timeout 120 "$BIN/gpu_bench" --blocks 1024 --block-sizes 1 --iters 10 --target-gpu 1 --out "$OUT/bench-gpu01.jsonl" > "$OUT/bench-gpu01.txt" 2>&1
+    rc=$?
+    tee -a "$summary" < "$OUT/bench-gpu01.txt"
+    [ $rc -eq 0 ] || { say "gpu_bench (2 GPUs) failed rc=$rc"; fail=1; }
+fi
+
+say ""
+say "overall: $([ $fail -eq 0 ] && echo PASS || echo FAIL)"
+exit $fail

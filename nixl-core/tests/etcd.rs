@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use nixl_core::etcd::{EtcdConfig, EtcdExchange, LocalEtcd, DEFAULT_LABEL};
 use nixl_core::{
-    Agent, AgentConfig, Error, HostBuffer, InprocParams, MemKind, MetadataSelection, Registration, XferDescList, XferOp,
-    XferOptions, XferReq,
+    Agent, AgentConfig, Error, HostBuffer, InprocParams, MemKind, MetadataSelection, Registration,
+    XferDescList, XferOp, XferOptions, XferReq,
 };
 
 const BLOCK: u64 = 4096;
@@ -49,7 +49,11 @@ fn peer(name: &str, blocks: usize) -> Peer {
     agent.create_backend(InprocParams::default()).unwrap();
     let buf = Arc::new(HostBuffer::new(BLOCK as usize * blocks).unwrap());
     let reg = agent.register_mem(vec![buf.clone()], &[]).unwrap();
-    Peer { agent, buf, _reg: reg }
+    Peer {
+        agent,
+        buf,
+        _reg: reg,
+    }
 }
 
 /// Builds a write of `from`'s block 0 into `to`'s block `slot`.
@@ -69,7 +73,9 @@ fn transfer(from: &Peer, to: &Peer, slot: u64, byte: u8) {
     from.agent.post_xfer_req(&req).unwrap();
     req.wait(Duration::from_secs(5)).unwrap();
     let got = to.buf.to_vec();
-    assert!(got[(slot * BLOCK) as usize..((slot + 1) * BLOCK) as usize].iter().all(|&b| b == byte));
+    assert!(got[(slot * BLOCK) as usize..((slot + 1) * BLOCK) as usize]
+        .iter()
+        .all(|&b| b == byte));
 }
 
 /// Polls `f` until it holds or `WAIT` passes; returns whether it held.
@@ -87,11 +93,20 @@ fn eventually(mut f: impl FnMut() -> bool) -> bool {
 /// Puts raw bytes under a key, optionally with a lease of `ttl` seconds that nobody keeps
 /// alive (an agent that crashed right after publishing).
 fn raw_put(etcd: &LocalEtcd, key: &str, value: Vec<u8>, ttl: Option<i64>) {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
-        let mut c = etcd_client::Client::connect([etcd.endpoint()], None).await.unwrap();
+        let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
+            .await
+            .unwrap();
         let opts = match ttl {
-            Some(t) => Some(etcd_client::PutOptions::new().with_lease(c.lease_grant(t, None).await.unwrap().id())),
+            Some(t) => Some(
+                etcd_client::PutOptions::new()
+                    .with_lease(c.lease_grant(t, None).await.unwrap().id()),
+            ),
             None => None,
         };
         c.put(key, value, opts).await.unwrap();
@@ -102,7 +117,10 @@ fn raw_put(etcd: &LocalEtcd, key: &str, value: Vec<u8>, ttl: Option<i64>) {
 fn publish_fetch_transfer_and_invalidate() {
     let Some(etcd) = server() else { return };
     let (a, b) = (peer("a", 1), peer("b", 4));
-    let (xa, xb) = (EtcdExchange::new(&a.agent, &config(&etcd)).unwrap(), EtcdExchange::new(&b.agent, &config(&etcd)).unwrap());
+    let (xa, xb) = (
+        EtcdExchange::new(&a.agent, &config(&etcd)).unwrap(),
+        EtcdExchange::new(&b.agent, &config(&etcd)).unwrap(),
+    );
     assert!(xb.lease_id().is_some());
     xb.publish().unwrap();
     assert_eq!(xa.fetch("b", Duration::ZERO).unwrap(), "b");
@@ -112,12 +130,21 @@ fn publish_fetch_transfer_and_invalidate() {
     // A request built now must not run once b is gone.
     let built = write_req(&a, &b, 1).unwrap();
     xb.invalidate_local().unwrap();
-    assert!(eventually(|| !a.agent.check_remote_metadata("b", None)), "a never invalidated b");
+    assert!(
+        eventually(|| !a.agent.check_remote_metadata("b", None)),
+        "a never invalidated b"
+    );
     assert!(xa.watched_peers().is_empty());
-    assert!(matches!(a.agent.post_xfer_req(&built), Err(Error::PeerRestarted { current: 0, .. })));
+    assert!(matches!(
+        a.agent.post_xfer_req(&built),
+        Err(Error::PeerRestarted { current: 0, .. })
+    ));
     assert!(matches!(write_req(&a, &b, 1), Err(Error::NotFound { .. })));
     // Gone from etcd too: fetching again finds nothing.
-    assert!(matches!(xa.fetch("b", Duration::ZERO), Err(Error::NotFound { .. })));
+    assert!(matches!(
+        xa.fetch("b", Duration::ZERO),
+        Err(Error::NotFound { .. })
+    ));
 
     // Publishing again brings it back.
     xb.publish().unwrap();
@@ -153,16 +180,40 @@ fn bad_requests_are_typed_errors_and_change_nothing() {
     let Some(etcd) = server() else { return };
     let (a, c) = (peer("a", 1), peer("c", 1));
     let xa = EtcdExchange::new(&a.agent, &config(&etcd)).unwrap();
-    assert!(matches!(xa.fetch("", Duration::ZERO), Err(Error::InvalidParam { .. })));
-    assert!(matches!(xa.fetch("a", Duration::ZERO), Err(Error::NotAllowed { .. })));
-    assert!(matches!(xa.fetch_label("b", "", Duration::ZERO), Err(Error::InvalidParam { .. })));
-    assert!(matches!(xa.fetch_label("b", &"x".repeat(300), Duration::ZERO), Err(Error::InvalidParam { .. })));
-    assert!(matches!(xa.publish_bytes("", &a.agent.local_metadata().unwrap()), Err(Error::InvalidParam { .. })));
-    assert!(matches!(xa.publish_bytes(DEFAULT_LABEL, b"garbage"), Err(Error::Decode { .. })));
-    assert!(matches!(xa.publish_bytes(DEFAULT_LABEL, &c.agent.local_metadata().unwrap()), Err(Error::Mismatch { .. })));
+    assert!(matches!(
+        xa.fetch("", Duration::ZERO),
+        Err(Error::InvalidParam { .. })
+    ));
+    assert!(matches!(
+        xa.fetch("a", Duration::ZERO),
+        Err(Error::NotAllowed { .. })
+    ));
+    assert!(matches!(
+        xa.fetch_label("b", "", Duration::ZERO),
+        Err(Error::InvalidParam { .. })
+    ));
+    assert!(matches!(
+        xa.fetch_label("b", &"x".repeat(300), Duration::ZERO),
+        Err(Error::InvalidParam { .. })
+    ));
+    assert!(matches!(
+        xa.publish_bytes("", &a.agent.local_metadata().unwrap()),
+        Err(Error::InvalidParam { .. })
+    ));
+    assert!(matches!(
+        xa.publish_bytes(DEFAULT_LABEL, b"garbage"),
+        Err(Error::Decode { .. })
+    ));
+    assert!(matches!(
+        xa.publish_bytes(DEFAULT_LABEL, &c.agent.local_metadata().unwrap()),
+        Err(Error::Mismatch { .. })
+    ));
     // Nothing was published by the refused calls.
     let xc = EtcdExchange::new(&c.agent, &config(&etcd)).unwrap();
-    assert!(matches!(xc.fetch("a", Duration::ZERO), Err(Error::NotFound { .. })));
+    assert!(matches!(
+        xc.fetch("a", Duration::ZERO),
+        Err(Error::NotFound { .. })
+    ));
     // Agent names with '/' cannot reach into another agent's prefix.
     assert_eq!(xa.key("a/b", "x"), format!("{}/a%2Fb/x", xa.namespace()));
 }
@@ -173,18 +224,48 @@ fn partial_metadata_by_label() {
     let a = peer("a", 1);
     let b = Agent::new("b", AgentConfig::default()).unwrap();
     b.create_backend(InprocParams::default()).unwrap();
-    let (k0, k1) = (Arc::new(HostBuffer::new(BLOCK as usize).unwrap()), Arc::new(HostBuffer::new(BLOCK as usize).unwrap()));
-    let (r0, r1) = (b.register_mem(vec![k0.clone()], &[]).unwrap(), b.register_mem(vec![k1.clone()], &[]).unwrap());
+    let (k0, k1) = (
+        Arc::new(HostBuffer::new(BLOCK as usize).unwrap()),
+        Arc::new(HostBuffer::new(BLOCK as usize).unwrap()),
+    );
+    let (r0, r1) = (
+        b.register_mem(vec![k0.clone()], &[]).unwrap(),
+        b.register_mem(vec![k1.clone()], &[]).unwrap(),
+    );
     let xa = EtcdExchange::new(&a.agent, &config(&etcd)).unwrap();
     let xb = EtcdExchange::new(&b, &config(&etcd)).unwrap();
-    xb.publish_partial("conn", &MetadataSelection { registrations: Some(&[]), include_conn: true }).unwrap();
-    xb.publish_partial("kv0", &MetadataSelection { registrations: Some(&[&r0]), include_conn: false }).unwrap();
-    xb.publish_partial("kv1", &MetadataSelection { registrations: Some(&[&r1]), include_conn: false }).unwrap();
+    xb.publish_partial(
+        "conn",
+        &MetadataSelection {
+            registrations: Some(&[]),
+            include_conn: true,
+        },
+    )
+    .unwrap();
+    xb.publish_partial(
+        "kv0",
+        &MetadataSelection {
+            registrations: Some(&[&r0]),
+            include_conn: false,
+        },
+    )
+    .unwrap();
+    xb.publish_partial(
+        "kv1",
+        &MetadataSelection {
+            registrations: Some(&[&r1]),
+            include_conn: false,
+        },
+    )
+    .unwrap();
     let d0 = XferDescList::blocks(MemKind::Dram, k0.addr(), BLOCK, 1);
     let d1 = XferDescList::blocks(MemKind::Dram, k1.addr(), BLOCK, 1);
 
     // Regions without connection info first: refused, nothing loaded.
-    assert!(matches!(xa.fetch_label("b", "kv0", Duration::ZERO), Err(Error::NotFound { .. })));
+    assert!(matches!(
+        xa.fetch_label("b", "kv0", Duration::ZERO),
+        Err(Error::NotFound { .. })
+    ));
     assert!(!a.agent.check_remote_metadata("b", None));
     xa.fetch_label("b", "conn", Duration::ZERO).unwrap();
     assert!(a.agent.check_remote_metadata("b", None));
@@ -194,18 +275,34 @@ fn partial_metadata_by_label() {
     assert!(!a.agent.check_remote_metadata("b", Some(&d1)));
     xa.fetch_label("b", "kv1", Duration::ZERO).unwrap();
     assert!(a.agent.check_remote_metadata("b", Some(&d1)));
-    assert!(matches!(xa.fetch_label("b", "kv2", Duration::ZERO), Err(Error::NotFound { .. })));
+    assert!(matches!(
+        xa.fetch_label("b", "kv2", Duration::ZERO),
+        Err(Error::NotFound { .. })
+    ));
 
     // Write into the second region, then b re-publishes a label (same incarnation): kept.
     a.buf.fill(3);
     let req = a
         .agent
-        .create_xfer_req(XferOp::Write, &XferDescList::blocks(MemKind::Dram, a.buf.addr(), BLOCK, 1), &d1, "b", XferOptions::default())
+        .create_xfer_req(
+            XferOp::Write,
+            &XferDescList::blocks(MemKind::Dram, a.buf.addr(), BLOCK, 1),
+            &d1,
+            "b",
+            XferOptions::default(),
+        )
         .unwrap();
     a.agent.post_xfer_req(&req).unwrap();
     req.wait(Duration::from_secs(5)).unwrap();
     assert_eq!(k1.to_vec(), vec![3u8; BLOCK as usize]);
-    xb.publish_partial("kv0", &MetadataSelection { registrations: Some(&[&r0]), include_conn: false }).unwrap();
+    xb.publish_partial(
+        "kv0",
+        &MetadataSelection {
+            registrations: Some(&[&r0]),
+            include_conn: false,
+        },
+    )
+    .unwrap();
     // Deleting everything of b invalidates it.
     xb.invalidate_local().unwrap();
     assert!(eventually(|| !a.agent.check_remote_metadata("b", None)));
@@ -217,11 +314,22 @@ fn expired_lease_invalidates_the_peer() {
     let (a, b) = (peer("a", 1), peer("b", 1));
     let xa = EtcdExchange::new(&a.agent, &config(&etcd)).unwrap();
     // b "crashes" right after publishing: its key sits on a 1 s lease nobody keeps alive.
-    raw_put(&etcd, &xa.key("b", DEFAULT_LABEL), b.agent.local_metadata().unwrap(), Some(1));
+    raw_put(
+        &etcd,
+        &xa.key("b", DEFAULT_LABEL),
+        b.agent.local_metadata().unwrap(),
+        Some(1),
+    );
     xa.fetch("b", Duration::ZERO).unwrap();
     let built = write_req(&a, &b, 0).unwrap();
-    assert!(eventually(|| !a.agent.check_remote_metadata("b", None)), "the lease never expired");
-    assert!(matches!(a.agent.post_xfer_req(&built), Err(Error::PeerRestarted { .. })));
+    assert!(
+        eventually(|| !a.agent.check_remote_metadata("b", None)),
+        "the lease never expired"
+    );
+    assert!(matches!(
+        a.agent.post_xfer_req(&built),
+        Err(Error::PeerRestarted { .. })
+    ));
     assert!(matches!(write_req(&a, &b, 0), Err(Error::NotFound { .. })));
 }
 
@@ -229,7 +337,10 @@ fn expired_lease_invalidates_the_peer() {
 fn a_live_exchange_keeps_its_lease_past_the_ttl() {
     let Some(etcd) = server() else { return };
     let (a, b) = (peer("a", 1), peer("b", 1));
-    let (xa, xb) = (EtcdExchange::new(&a.agent, &config(&etcd)).unwrap(), EtcdExchange::new(&b.agent, &config(&etcd)).unwrap());
+    let (xa, xb) = (
+        EtcdExchange::new(&a.agent, &config(&etcd)).unwrap(),
+        EtcdExchange::new(&b.agent, &config(&etcd)).unwrap(),
+    );
     xb.publish().unwrap();
     xa.fetch("b", Duration::ZERO).unwrap();
     // Three TTLs: without keep-alives the key would be gone.
@@ -245,10 +356,16 @@ const CHILD_ENV: &str = "NIXL_ETCD_TEST_CHILD_ENDPOINT";
 /// run in a child process. Publishes, says so, and waits to be killed.
 #[test]
 fn crash_child_process() {
-    let Ok(endpoint) = std::env::var(CHILD_ENV) else { return };
+    let Ok(endpoint) = std::env::var(CHILD_ENV) else {
+        return;
+    };
     // No backend: INPROC cannot connect across processes, and the lease is what is tested.
     let agent = Agent::new("crashy", AgentConfig::default()).unwrap();
-    let cfg = EtcdConfig { endpoints: vec![endpoint], lease_ttl: Duration::from_secs(2), ..EtcdConfig::default() };
+    let cfg = EtcdConfig {
+        endpoints: vec![endpoint],
+        lease_ttl: Duration::from_secs(2),
+        ..EtcdConfig::default()
+    };
     let x = EtcdExchange::new(&agent, &cfg).unwrap();
     x.publish().unwrap();
     println!("PUBLISHED");
@@ -261,7 +378,13 @@ fn crashed_process_disappears_after_its_ttl() {
     let a = peer("a", 1);
     let xa = EtcdExchange::new(&a.agent, &config(&etcd)).unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "crash_child_process", "--nocapture", "--test-threads", "1"])
+        .args([
+            "--exact",
+            "crash_child_process",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env(CHILD_ENV, etcd.endpoint())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -288,8 +411,14 @@ fn crashed_process_disappears_after_its_ttl() {
     assert!(a.agent.check_remote_metadata("crashy", None));
     child.kill().unwrap(); // SIGKILL: no revoke, no goodbye.
     child.wait().unwrap();
-    assert!(eventually(|| !a.agent.check_remote_metadata("crashy", None)), "crashy was never invalidated");
-    assert!(matches!(xa.fetch("crashy", Duration::ZERO), Err(Error::NotFound { .. })));
+    assert!(
+        eventually(|| !a.agent.check_remote_metadata("crashy", None)),
+        "crashy was never invalidated"
+    );
+    assert!(matches!(
+        xa.fetch("crashy", Duration::ZERO),
+        Err(Error::NotFound { .. })
+    ));
 }
 
 #[test]
@@ -308,7 +437,10 @@ fn restarted_peer_fences_the_old_incarnation() {
     let xb2 = EtcdExchange::new(&b2.agent, &config(&etcd)).unwrap();
     xb2.publish().unwrap();
     assert!(eventually(|| a.agent.remote_generation("b") != Some(g1)));
-    assert!(matches!(a.agent.post_xfer_req(&built), Err(Error::PeerRestarted { .. })));
+    assert!(matches!(
+        a.agent.post_xfer_req(&built),
+        Err(Error::PeerRestarted { .. })
+    ));
     xa.fetch("b", Duration::ZERO).unwrap();
     assert_eq!(a.agent.remote_generation("b"), Some(b2.agent.generation()));
     transfer(&a, &b2, 0, 0x42);
@@ -323,15 +455,39 @@ fn garbage_under_a_key_is_a_decode_error() {
     let Some(etcd) = server() else { return };
     let (a, b, c) = (peer("a", 1), peer("b", 1), peer("c", 1));
     let xa = EtcdExchange::new(&a.agent, &config(&etcd)).unwrap();
-    raw_put(&etcd, &xa.key("b", DEFAULT_LABEL), b"\x00not metadata at all".to_vec(), None);
-    assert!(matches!(xa.fetch("b", Duration::ZERO), Err(Error::Decode { .. })));
+    raw_put(
+        &etcd,
+        &xa.key("b", DEFAULT_LABEL),
+        b"\x00not metadata at all".to_vec(),
+        None,
+    );
+    assert!(matches!(
+        xa.fetch("b", Duration::ZERO),
+        Err(Error::Decode { .. })
+    ));
     // Truncated real metadata.
     let md = b.agent.local_metadata().unwrap();
-    raw_put(&etcd, &xa.key("b", DEFAULT_LABEL), md[..md.len() / 2].to_vec(), None);
-    assert!(matches!(xa.fetch("b", Duration::ZERO), Err(Error::Decode { .. })));
+    raw_put(
+        &etcd,
+        &xa.key("b", DEFAULT_LABEL),
+        md[..md.len() / 2].to_vec(),
+        None,
+    );
+    assert!(matches!(
+        xa.fetch("b", Duration::ZERO),
+        Err(Error::Decode { .. })
+    ));
     // Another agent's metadata under b's key.
-    raw_put(&etcd, &xa.key("b", DEFAULT_LABEL), c.agent.local_metadata().unwrap(), None);
-    assert!(matches!(xa.fetch("b", Duration::ZERO), Err(Error::Mismatch { .. })));
+    raw_put(
+        &etcd,
+        &xa.key("b", DEFAULT_LABEL),
+        c.agent.local_metadata().unwrap(),
+        None,
+    );
+    assert!(matches!(
+        xa.fetch("b", Duration::ZERO),
+        Err(Error::Mismatch { .. })
+    ));
     assert!(a.agent.remotes().is_empty());
     assert!(xa.watched_peers().is_empty());
 
@@ -346,24 +502,42 @@ fn garbage_under_a_key_is_a_decode_error() {
 fn etcd_stopped_mid_test_gives_typed_errors_then_recovers() {
     let Some(mut etcd) = server() else { return };
     let (a, b) = (peer("a", 2), peer("b", 2));
-    let (xa, xb) = (EtcdExchange::new(&a.agent, &config(&etcd)).unwrap(), EtcdExchange::new(&b.agent, &config(&etcd)).unwrap());
+    let (xa, xb) = (
+        EtcdExchange::new(&a.agent, &config(&etcd)).unwrap(),
+        EtcdExchange::new(&b.agent, &config(&etcd)).unwrap(),
+    );
     xb.publish().unwrap();
     xa.fetch("b", Duration::ZERO).unwrap();
 
     etcd.kill();
     let e = xa.publish().unwrap_err();
-    assert!(matches!(e, Error::Backend { .. } | Error::TimedOut { .. }), "{e}");
+    assert!(
+        matches!(e, Error::Backend { .. } | Error::TimedOut { .. }),
+        "{e}"
+    );
     let e = xa.fetch("b", Duration::from_millis(200)).unwrap_err();
-    assert!(matches!(e, Error::Backend { .. } | Error::TimedOut { .. }), "{e}");
-    assert!(matches!(xa.invalidate_local(), Err(Error::Backend { .. } | Error::TimedOut { .. })));
+    assert!(
+        matches!(e, Error::Backend { .. } | Error::TimedOut { .. }),
+        "{e}"
+    );
+    assert!(matches!(
+        xa.invalidate_local(),
+        Err(Error::Backend { .. } | Error::TimedOut { .. })
+    ));
     // Peers already loaded keep working: etcd is only the directory.
     transfer(&a, &b, 1, 0x11);
     let e = EtcdExchange::new(&peer("c", 1).agent, &config(&etcd)).unwrap_err();
-    assert!(matches!(e, Error::Backend { .. } | Error::TimedOut { .. }), "{e}");
+    assert!(
+        matches!(e, Error::Backend { .. } | Error::TimedOut { .. }),
+        "{e}"
+    );
 
     // Back on the same data: publishing and fetching work again.
     etcd.restart().unwrap();
-    assert!(eventually(|| xa.publish().is_ok()), "publish never recovered");
+    assert!(
+        eventually(|| xa.publish().is_ok()),
+        "publish never recovered"
+    );
     let xc = EtcdExchange::new(&peer("c", 1).agent, &config(&etcd)).unwrap();
     assert_eq!(xc.fetch("a", Duration::ZERO).unwrap(), "a");
     transfer(&a, &b, 0, 0x22);
@@ -386,7 +560,11 @@ fn frozen_etcd_times_out_instead_of_hanging() {
 #[test]
 fn unreachable_endpoint_is_a_typed_error() {
     // Needs no etcd: nothing listens on the port.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let a = peer("a", 1);
     let cfg = EtcdConfig {
         endpoints: vec![format!("127.0.0.1:{port}")],
@@ -395,8 +573,18 @@ fn unreachable_endpoint_is_a_typed_error() {
         ..EtcdConfig::default()
     };
     let e = EtcdExchange::new(&a.agent, &cfg).unwrap_err();
-    assert!(matches!(e, Error::Backend { .. } | Error::TimedOut { .. }), "{e}");
-    let e = EtcdExchange::new(&a.agent, &EtcdConfig { endpoints: vec!["https://h:1".into()], ..cfg }).unwrap_err();
+    assert!(
+        matches!(e, Error::Backend { .. } | Error::TimedOut { .. }),
+        "{e}"
+    );
+    let e = EtcdExchange::new(
+        &a.agent,
+        &EtcdConfig {
+            endpoints: vec!["https://h:1".into()],
+            ..cfg
+        },
+    )
+    .unwrap_err();
     assert!(matches!(e, Error::InvalidParam { .. }), "{e}");
 }
 
@@ -404,11 +592,17 @@ fn unreachable_endpoint_is_a_typed_error() {
 fn namespaces_are_separate() {
     let Some(etcd) = server() else { return };
     let (a, b) = (peer("a", 1), peer("b", 1));
-    let ns = |n: &str| EtcdConfig { namespace: Some(n.into()), ..config(&etcd) };
+    let ns = |n: &str| EtcdConfig {
+        namespace: Some(n.into()),
+        ..config(&etcd)
+    };
     let xa = EtcdExchange::new(&a.agent, &ns("/one")).unwrap();
     let xb = EtcdExchange::new(&b.agent, &ns("/two")).unwrap();
     xb.publish().unwrap();
-    assert!(matches!(xa.fetch("b", Duration::ZERO), Err(Error::NotFound { .. })));
+    assert!(matches!(
+        xa.fetch("b", Duration::ZERO),
+        Err(Error::NotFound { .. })
+    ));
     let xa2 = EtcdExchange::new(&a.agent, &ns("/two/")).unwrap();
     assert_eq!(xa2.namespace(), "/two");
     xa2.fetch("b", Duration::ZERO).unwrap();

@@ -74,7 +74,11 @@ pub(crate) struct Resolved {
 impl EtcdConfig {
     /// Applies the environment (through `env`, so tests need not touch the process's) and
     /// checks every field.
-    pub(crate) fn resolve(&self, agent: &str, env: impl Fn(&str) -> Option<String>) -> Result<Resolved> {
+    pub(crate) fn resolve(
+        &self,
+        agent: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Resolved> {
         let bad = |reason: String| Error::invalid(agent, Op::Exchange, reason);
         let endpoints: Vec<String> = if self.endpoints.is_empty() {
             env(ENV_ENDPOINTS)
@@ -88,23 +92,35 @@ impl EtcdConfig {
             self.endpoints.clone()
         };
         if endpoints.is_empty() {
-            return Err(bad(format!("no etcd endpoints: set EtcdConfig::endpoints or {ENV_ENDPOINTS}")));
+            return Err(bad(format!(
+                "no etcd endpoints: set EtcdConfig::endpoints or {ENV_ENDPOINTS}"
+            )));
         }
-        if let Some(e) = endpoints.iter().find(|e| e.trim().is_empty() || e.starts_with("https://")) {
-            return Err(bad(format!("etcd endpoint {e:?} is empty or needs TLS, which this build does not support")));
+        if let Some(e) = endpoints
+            .iter()
+            .find(|e| e.trim().is_empty() || e.starts_with("https://"))
+        {
+            return Err(bad(format!(
+                "etcd endpoint {e:?} is empty or needs TLS, which this build does not support"
+            )));
         }
         let namespace = match &self.namespace {
             Some(ns) => ns.clone(),
-            None => env(ENV_NAMESPACE).filter(|s| !s.is_empty()).unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned()),
+            None => env(ENV_NAMESPACE)
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned()),
         };
         if namespace.is_empty() {
-            return Err(bad("empty etcd namespace (use \"/\" for the root)".to_owned()));
+            return Err(bad(
+                "empty etcd namespace (use \"/\" for the root)".to_owned()
+            ));
         }
         if self.lease_ttl.is_zero() {
             return Err(bad("lease_ttl must be at least one second".to_owned()));
         }
         let secs = self.lease_ttl.as_secs() + u64::from(self.lease_ttl.subsec_nanos() > 0);
-        let ttl_secs = i64::try_from(secs).map_err(|_| bad(format!("lease_ttl of {secs} s is too large")))?;
+        let ttl_secs =
+            i64::try_from(secs).map_err(|_| bad(format!("lease_ttl of {secs} s is too large")))?;
         if self.request_timeout.is_zero() {
             return Err(bad("request_timeout must not be zero".to_owned()));
         }
@@ -157,7 +173,9 @@ fn unescape(s: &str) -> Option<String> {
 
 impl KeyLayout {
     pub fn new(namespace: &str) -> Self {
-        KeyLayout { ns: namespace.trim_end_matches('/').to_owned() }
+        KeyLayout {
+            ns: namespace.trim_end_matches('/').to_owned(),
+        }
     }
 
     /// The namespace as configured, without a trailing `/`.
@@ -195,7 +213,11 @@ impl KeyLayout {
 /// Checks a label: 1..=[`MAX_LABEL`] bytes.
 pub(crate) fn check_label(agent: &str, label: &str) -> Result<()> {
     if label.is_empty() || label.len() > MAX_LABEL {
-        return Err(Error::invalid(agent, Op::Exchange, format!("metadata label must be 1..={MAX_LABEL} bytes")));
+        return Err(Error::invalid(
+            agent,
+            Op::Exchange,
+            format!("metadata label must be 1..={MAX_LABEL} bytes"),
+        ));
     }
     Ok(())
 }
@@ -206,7 +228,12 @@ mod tests {
     use proptest::prelude::*;
 
     fn env_of(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |k| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| (*v).to_owned())
+        move |k| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| (*v).to_owned())
+        }
     }
 
     #[test]
@@ -216,18 +243,28 @@ mod tests {
             namespace: Some("/ns/".into()),
             ..EtcdConfig::default()
         };
-        let r = cfg.resolve("a", env_of(&[(ENV_ENDPOINTS, "x:2"), (ENV_NAMESPACE, "/other")])).unwrap();
+        let r = cfg
+            .resolve(
+                "a",
+                env_of(&[(ENV_ENDPOINTS, "x:2"), (ENV_NAMESPACE, "/other")]),
+            )
+            .unwrap();
         assert_eq!(r.endpoints, vec!["127.0.0.1:1".to_owned()]);
         assert_eq!(r.layout.key("a", "l"), "/ns/a/l");
     }
 
     #[test]
     fn environment_fills_gaps_and_defaults_apply() {
-        let r = EtcdConfig::default().resolve("a", env_of(&[(ENV_ENDPOINTS, " h1:1, ,h2:2 ")])).unwrap();
+        let r = EtcdConfig::default()
+            .resolve("a", env_of(&[(ENV_ENDPOINTS, " h1:1, ,h2:2 ")]))
+            .unwrap();
         assert_eq!(r.endpoints, vec!["h1:1".to_owned(), "h2:2".to_owned()]);
         assert_eq!(r.layout.namespace(), DEFAULT_NAMESPACE);
         let r = EtcdConfig::default()
-            .resolve("a", env_of(&[(ENV_ENDPOINTS, "h:1"), (ENV_NAMESPACE, "/custom")]))
+            .resolve(
+                "a",
+                env_of(&[(ENV_ENDPOINTS, "h:1"), (ENV_NAMESPACE, "/custom")]),
+            )
             .unwrap();
         assert_eq!(r.layout.agent_prefix("x"), "/custom/x/");
     }
@@ -235,17 +272,40 @@ mod tests {
     #[test]
     fn bad_configs_are_typed_errors() {
         let none = env_of(&[]);
-        assert!(matches!(EtcdConfig::default().resolve("a", &none), Err(Error::InvalidParam { .. })));
+        assert!(matches!(
+            EtcdConfig::default().resolve("a", &none),
+            Err(Error::InvalidParam { .. })
+        ));
         let with = |f: fn(&mut EtcdConfig)| {
-            let mut c = EtcdConfig { endpoints: vec!["h:1".into()], ..EtcdConfig::default() };
+            let mut c = EtcdConfig {
+                endpoints: vec!["h:1".into()],
+                ..EtcdConfig::default()
+            };
             f(&mut c);
             c.resolve("a", env_of(&[]))
         };
-        assert!(matches!(with(|c| c.lease_ttl = Duration::ZERO), Err(Error::InvalidParam { .. })));
-        assert!(matches!(with(|c| c.request_timeout = Duration::ZERO), Err(Error::InvalidParam { .. })));
-        assert!(matches!(with(|c| c.namespace = Some(String::new())), Err(Error::InvalidParam { .. })));
-        assert!(matches!(with(|c| c.endpoints = vec!["https://h:1".into()]), Err(Error::InvalidParam { .. })));
-        assert_eq!(with(|c| c.lease_ttl = Duration::from_millis(1500)).unwrap().ttl_secs, 2);
+        assert!(matches!(
+            with(|c| c.lease_ttl = Duration::ZERO),
+            Err(Error::InvalidParam { .. })
+        ));
+        assert!(matches!(
+            with(|c| c.request_timeout = Duration::ZERO),
+            Err(Error::InvalidParam { .. })
+        ));
+        assert!(matches!(
+            with(|c| c.namespace = Some(String::new())),
+            Err(Error::InvalidParam { .. })
+        ));
+        assert!(matches!(
+            with(|c| c.endpoints = vec!["https://h:1".into()]),
+            Err(Error::InvalidParam { .. })
+        ));
+        assert_eq!(
+            with(|c| c.lease_ttl = Duration::from_millis(1500))
+                .unwrap()
+                .ttl_secs,
+            2
+        );
     }
 
     #[test]

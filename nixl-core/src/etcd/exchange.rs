@@ -65,7 +65,17 @@ impl EtcdExchange {
             let probe = rpc
                 .call("reading the namespace", deadline, |mut c| {
                     let key = cfg.layout.all_prefix();
-                    async move { c.get(key, Some(etcd_client::GetOptions::new().with_prefix().with_count_only())).await }
+                    async move {
+                        c.get(
+                            key,
+                            Some(
+                                etcd_client::GetOptions::new()
+                                    .with_prefix()
+                                    .with_count_only(),
+                            ),
+                        )
+                        .await
+                    }
                 })
                 .await?;
             lease.ensure(&rpc, cfg.ttl_secs, deadline).await?;
@@ -84,7 +94,15 @@ impl EtcdExchange {
             )),
         ];
         tracing::debug!(agent = %me, endpoints = ?cfg.endpoints, namespace = cfg.layout.namespace(), "etcd exchange connected");
-        Ok(EtcdExchange { agent: agent.clone(), cfg, rpc, lease, peers, tasks, rt: Some(rt) })
+        Ok(EtcdExchange {
+            agent: agent.clone(),
+            cfg,
+            rpc,
+            lease,
+            peers,
+            tasks,
+            rt: Some(rt),
+        })
     }
 
     /// The agent this exchange publishes.
@@ -115,7 +133,11 @@ impl EtcdExchange {
     fn run<T>(&self, fut: impl std::future::Future<Output = Result<T>>) -> Result<T> {
         match &self.rt {
             Some(rt) => block_on(self.agent.name(), rt, fut),
-            None => Err(Error::not_allowed(self.agent.name(), Op::Exchange, "the etcd exchange is closed")),
+            None => Err(Error::not_allowed(
+                self.agent.name(),
+                Op::Exchange,
+                "the etcd exchange is closed",
+            )),
         }
     }
 
@@ -137,12 +159,30 @@ impl EtcdExchange {
     pub fn publish_bytes(&self, label: &str, metadata: &[u8]) -> Result<()> {
         let me = self.agent.name();
         check_label(me, label)?;
-        let md = AgentMetadata::decode(metadata).map_err(|source| Error::Decode { agent: me.to_owned(), op: Op::Exchange, source })?;
+        let md = AgentMetadata::decode(metadata).map_err(|source| Error::Decode {
+            agent: me.to_owned(),
+            op: Op::Exchange,
+            source,
+        })?;
         if md.name != me || md.generation != self.agent.generation() {
-            return Err(Error::mismatch(me, Op::Exchange, format!("metadata of {} (generation {}) is not this agent's", md.name, md.generation)));
+            return Err(Error::mismatch(
+                me,
+                Op::Exchange,
+                format!(
+                    "metadata of {} (generation {}) is not this agent's",
+                    md.name, md.generation
+                ),
+            ));
         }
         let key = self.cfg.layout.key(me, label);
-        self.run(put_leased(&self.rpc, &self.lease, self.cfg.ttl_secs, key, metadata.to_vec(), self.rpc.default_deadline()))
+        self.run(put_leased(
+            &self.rpc,
+            &self.lease,
+            self.cfg.ttl_secs,
+            key,
+            metadata.to_vec(),
+            self.rpc.default_deadline(),
+        ))
     }
 
     /// Fetches and loads `remote`'s full metadata (NIXL's `fetchRemoteMD`), waiting up to
@@ -165,23 +205,48 @@ impl EtcdExchange {
             return Err(Error::invalid(me, Op::Exchange, "empty agent name"));
         }
         if remote == me {
-            return Err(Error::not_allowed(me, Op::Exchange, "an agent cannot fetch its own metadata"));
+            return Err(Error::not_allowed(
+                me,
+                Op::Exchange,
+                "an agent cannot fetch its own metadata",
+            ));
         }
         check_label(me, label)?;
         let key = self.cfg.layout.key(remote, label);
         let (value, revision) = self.run(self.read_or_wait(&key, wait))?;
-        let md = AgentMetadata::decode(&value).map_err(|source| Error::Decode { agent: me.to_owned(), op: Op::Exchange, source })?;
+        let md = AgentMetadata::decode(&value).map_err(|source| Error::Decode {
+            agent: me.to_owned(),
+            op: Op::Exchange,
+            source,
+        })?;
         if md.name != remote {
-            return Err(Error::mismatch(me, Op::Exchange, format!("key {key} holds metadata of {}", md.name)));
+            return Err(Error::mismatch(
+                me,
+                Op::Exchange,
+                format!("key {key} holds metadata of {}", md.name),
+            ));
         }
         let name = self.agent.load_remote_metadata(&value)?;
         if self.peers.track(remote, md.generation, label, revision) {
             // The watch already went past our read: re-read so a deletion in between is seen.
-            let (now, _) = self.run(self.read_or_wait(&key, Duration::ZERO)).unwrap_or_default();
-            if AgentMetadata::decode(&now).map_or(true, |m| m.name != remote || m.generation != md.generation) {
+            let (now, _) = self
+                .run(self.read_or_wait(&key, Duration::ZERO))
+                .unwrap_or_default();
+            if AgentMetadata::decode(&now)
+                .map_or(true, |m| m.name != remote || m.generation != md.generation)
+            {
                 self.peers.untrack(remote, Some(md.generation));
-                watch::invalidate(&Arc::downgrade(&self.agent.shared), remote, md.generation, "its key changed while it was loaded");
-                return Err(Error::not_found(me, Op::Exchange, format!("{key} changed while it was being loaded")));
+                watch::invalidate(
+                    &Arc::downgrade(&self.agent.shared),
+                    remote,
+                    md.generation,
+                    "its key changed while it was loaded",
+                );
+                return Err(Error::not_found(
+                    me,
+                    Op::Exchange,
+                    format!("{key} changed while it was being loaded"),
+                ));
             }
         }
         Ok(name)
@@ -204,22 +269,37 @@ impl EtcdExchange {
                 return Ok((kv.value().to_vec(), revision));
             }
             if Instant::now() >= until {
-                return Err(Error::not_found(self.agent.name(), Op::Exchange, format!("{key} (not published within {wait:?})")));
+                return Err(Error::not_found(
+                    self.agent.name(),
+                    Op::Exchange,
+                    format!("{key} (not published within {wait:?})"),
+                ));
             }
             if let Some(found) = self.wait_for_put(key, revision + 1, until).await {
                 return Ok(found);
             }
             // The watch broke early: pause, then read again (the loop ends at `until`).
-            tokio::time::sleep(Duration::from_millis(50).min(until.saturating_duration_since(Instant::now()))).await;
+            tokio::time::sleep(
+                Duration::from_millis(50).min(until.saturating_duration_since(Instant::now())),
+            )
+            .await;
         }
     }
 
     /// Watches `key` from `revision` for a put until `until`.
-    async fn wait_for_put(&self, key: &str, revision: i64, until: Instant) -> Option<(Vec<u8>, i64)> {
+    async fn wait_for_put(
+        &self,
+        key: &str,
+        revision: i64,
+        until: Instant,
+    ) -> Option<(Vec<u8>, i64)> {
         let mut client = self.rpc.client.clone();
         let left = until.saturating_duration_since(Instant::now());
         let watch = async move {
-            let mut stream = client.watch(key, Some(WatchOptions::new().with_start_revision(revision))).await.ok()?;
+            let mut stream = client
+                .watch(key, Some(WatchOptions::new().with_start_revision(revision)))
+                .await
+                .ok()?;
             loop {
                 let resp = stream.message().await.ok()??;
                 if resp.canceled() {
@@ -240,10 +320,16 @@ impl EtcdExchange {
     #[doc(alias = "invalidateLocalMD")]
     pub fn invalidate_local(&self) -> Result<()> {
         let prefix = self.cfg.layout.agent_prefix(self.agent.name());
-        self.run(self.rpc.call("deleting metadata", self.rpc.default_deadline(), |mut c| {
-            let prefix = prefix.clone();
-            async move { c.delete(prefix, Some(DeleteOptions::new().with_prefix())).await }
-        }))
+        self.run(
+            self.rpc
+                .call("deleting metadata", self.rpc.default_deadline(), |mut c| {
+                    let prefix = prefix.clone();
+                    async move {
+                        c.delete(prefix, Some(DeleteOptions::new().with_prefix()))
+                            .await
+                    }
+                }),
+        )
         .map(|_| ())
     }
 
@@ -263,14 +349,21 @@ impl EtcdExchange {
         for t in self.tasks.drain(..) {
             t.abort();
         }
-        let Some(rt) = self.rt.take() else { return Ok(()) };
+        let Some(rt) = self.rt.take() else {
+            return Ok(());
+        };
         let id = self.lease.take();
         let in_async = tokio::runtime::Handle::try_current().is_ok();
         let mut result = Ok(());
         if id != 0 && !in_async {
             let deadline = Instant::now() + self.cfg.request_timeout;
             result = rt
-                .block_on(self.rpc.call("revoking the lease", deadline, |mut c| async move { c.lease_revoke(id).await }))
+                .block_on(
+                    self.rpc
+                        .call("revoking the lease", deadline, |mut c| async move {
+                            c.lease_revoke(id).await
+                        }),
+                )
                 .map(|_| ());
         }
         if in_async {

@@ -26,8 +26,15 @@ impl LeaseState {
 
     /// Forgets `id` if it is still the current lease (a stale report cannot drop a new one).
     pub fn lost(&self, id: i64) {
-        if self.id.compare_exchange(id, 0, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
-            tracing::warn!(lease = id, "etcd lease lost; published keys are gone until the next publish");
+        if self
+            .id
+            .compare_exchange(id, 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            tracing::warn!(
+                lease = id,
+                "etcd lease lost; published keys are gone until the next publish"
+            );
         }
     }
 
@@ -39,7 +46,9 @@ impl LeaseState {
             return Ok(id);
         }
         let resp = rpc
-            .call("granting a lease", deadline, |mut c| async move { c.lease_grant(ttl_secs, None).await })
+            .call("granting a lease", deadline, |mut c| async move {
+                c.lease_grant(ttl_secs, None).await
+            })
             .await?;
         self.id.store(resp.id(), Ordering::SeqCst);
         tracing::debug!(agent = %rpc.agent, lease = resp.id(), ttl = resp.ttl(), "etcd lease granted");
@@ -56,7 +65,8 @@ impl LeaseState {
 pub(crate) fn is_lease_gone(e: &etcd_client::Error) -> bool {
     match e {
         etcd_client::Error::GRpcStatus(s) => {
-            i32::from(s.code()) == super::rpc::GRPC_NOT_FOUND || s.message().contains("lease not found")
+            i32::from(s.code()) == super::rpc::GRPC_NOT_FOUND
+                || s.message().contains("lease not found")
         }
         etcd_client::Error::LeaseKeepAliveError(m) => m.contains("not found"),
         _ => false,
@@ -65,7 +75,14 @@ pub(crate) fn is_lease_gone(e: &etcd_client::Error) -> bool {
 
 /// Puts `value` under `key` attached to the current lease, granting a new lease once when
 /// the current one turns out to be gone.
-pub(crate) async fn put_leased(rpc: &Rpc, lease: &LeaseState, ttl_secs: i64, key: String, value: Vec<u8>, deadline: Instant) -> Result<()> {
+pub(crate) async fn put_leased(
+    rpc: &Rpc,
+    lease: &LeaseState,
+    ttl_secs: i64,
+    key: String,
+    value: Vec<u8>,
+    deadline: Instant,
+) -> Result<()> {
     let mut regranted = false;
     loop {
         let id = lease.ensure(rpc, ttl_secs, deadline).await?;
@@ -76,8 +93,12 @@ pub(crate) async fn put_leased(rpc: &Rpc, lease: &LeaseState, ttl_secs: i64, key
             })
             .await;
         match r {
-            Err(crate::Error::Backend { source: Some(src), .. })
-                if !regranted && src.downcast_ref::<etcd_client::Error>().is_some_and(is_lease_gone) =>
+            Err(crate::Error::Backend {
+                source: Some(src), ..
+            }) if !regranted
+                && src
+                    .downcast_ref::<etcd_client::Error>()
+                    .is_some_and(is_lease_gone) =>
             {
                 lease.lost(id);
                 regranted = true;

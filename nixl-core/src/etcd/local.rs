@@ -42,16 +42,24 @@ fn free_port() -> std::io::Result<SocketAddr> {
 }
 
 fn err(what: &str, e: std::io::Error) -> Error {
-    Error::io("local-etcd", Op::Exchange, std::io::Error::new(e.kind(), format!("{what}: {e}")))
+    Error::io(
+        "local-etcd",
+        Op::Exchange,
+        std::io::Error::new(e.kind(), format!("{what}: {e}")),
+    )
 }
 
 /// Asks `/health` once; true when the server has a leader.
 fn healthy(addr: SocketAddr) -> bool {
     use std::io::{Read, Write};
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else { return false };
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
     let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
-    if s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_err() {
+    if s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .is_err()
+    {
         return false;
     }
     let mut body = String::new();
@@ -65,7 +73,11 @@ impl LocalEtcd {
     pub fn start() -> Result<Self> {
         static N: AtomicU64 = AtomicU64::new(0);
         let bin = std::env::var(ENV_ETCD_BIN).unwrap_or_else(|_| "etcd".to_owned());
-        let dir = std::env::temp_dir().join(format!("nixl-etcd-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
+        let dir = std::env::temp_dir().join(format!(
+            "nixl-etcd-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
         let mut last = None;
         // A port picked free can be taken before etcd binds it: try fresh ports a few times.
         for _ in 0..3 {
@@ -88,14 +100,23 @@ impl LocalEtcd {
 
     fn spawn(&mut self) -> Result<()> {
         std::fs::create_dir_all(&self.dir).map_err(|e| err("creating the data directory", e))?;
-        let log = std::fs::File::create(self.dir.join("etcd.log")).map_err(|e| err("creating the log", e))?;
+        let log = std::fs::File::create(self.dir.join("etcd.log"))
+            .map_err(|e| err("creating the log", e))?;
         let log2 = log.try_clone().map_err(|e| err("creating the log", e))?;
-        let (c, p) = (format!("http://{}", self.client), format!("http://{}", self.peer));
+        let (c, p) = (
+            format!("http://{}", self.client),
+            format!("http://{}", self.peer),
+        );
         let child = Command::new(&self.bin)
             .args(["--name", "nixl-test", "--data-dir"])
             .arg(self.dir.join("data"))
             .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
-            .args(["--listen-peer-urls", &p, "--initial-advertise-peer-urls", &p])
+            .args([
+                "--listen-peer-urls",
+                &p,
+                "--initial-advertise-peer-urls",
+                &p,
+            ])
             .args(["--initial-cluster", &format!("nixl-test={p}")])
             // Fast elections for a one-node cluster; this also lets leases go down to 1 s.
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
@@ -109,7 +130,9 @@ impl LocalEtcd {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(Error::Unavailable {
                     what: format!("the etcd binary ({})", self.bin),
-                    hint: format!("install etcd-server (apt-get install etcd-server) or set {ENV_ETCD_BIN}"),
+                    hint: format!(
+                        "install etcd-server (apt-get install etcd-server) or set {ENV_ETCD_BIN}"
+                    ),
                 })
             }
             Err(e) => return Err(err("spawning etcd", e)),
@@ -124,12 +147,19 @@ impl LocalEtcd {
                 self.child = None;
                 let log = std::fs::read_to_string(self.dir.join("etcd.log")).unwrap_or_default();
                 let tail: String = log.lines().rev().take(5).collect::<Vec<_>>().join(" | ");
-                return Err(err("etcd exited", std::io::Error::other(format!("{status}: {tail}"))));
+                return Err(err(
+                    "etcd exited",
+                    std::io::Error::other(format!("{status}: {tail}")),
+                ));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         self.kill();
-        Err(Error::TimedOut { agent: "local-etcd".into(), op: Op::Exchange, elapsed: START_TIMEOUT })
+        Err(Error::TimedOut {
+            agent: "local-etcd".into(),
+            op: Op::Exchange,
+            elapsed: START_TIMEOUT,
+        })
     }
 
     /// The client URL, `http://127.0.0.1:PORT`.
@@ -139,7 +169,9 @@ impl LocalEtcd {
 
     /// Whether the server process is running.
     pub fn is_running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     /// Kills the server (SIGKILL) and waits for it; the data directory stays for
@@ -161,7 +193,11 @@ impl LocalEtcd {
     /// connections but never answers, like an overloaded one.
     pub fn set_paused(&mut self, paused: bool) -> Result<()> {
         let Some(c) = &self.child else {
-            return Err(Error::not_allowed("local-etcd", Op::Exchange, "etcd is not running"));
+            return Err(Error::not_allowed(
+                "local-etcd",
+                Op::Exchange,
+                "etcd is not running",
+            ));
         };
         let status = Command::new("kill")
             .arg(if paused { "-STOP" } else { "-CONT" })
@@ -169,7 +205,10 @@ impl LocalEtcd {
             .status()
             .map_err(|e| err("signalling etcd", e))?;
         if !status.success() {
-            return Err(err("signalling etcd", std::io::Error::other(format!("kill exited with {status}"))));
+            return Err(err(
+                "signalling etcd",
+                std::io::Error::other(format!("kill exited with {status}")),
+            ));
         }
         Ok(())
     }
@@ -179,7 +218,10 @@ impl Drop for LocalEtcd {
     fn drop(&mut self) {
         if let Some(c) = &self.child {
             // A frozen process still dies on SIGKILL; thaw anyway so nothing lingers.
-            let _ = Command::new("kill").arg("-CONT").arg(c.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-CONT")
+                .arg(c.id().to_string())
+                .status();
         }
         self.kill();
         if let Err(e) = std::fs::remove_dir_all(&self.dir) {

@@ -49,6 +49,8 @@ mod local;
 mod rpc;
 mod watch;
 
-pub use config::{EtcdConfig, DEFAULT_LABEL, DEFAULT_NAMESPACE, ENV_ENDPOINTS, ENV_NAMESPACE, MAX_LABEL};
+pub use config::{
+    EtcdConfig, DEFAULT_LABEL, DEFAULT_NAMESPACE, ENV_ENDPOINTS, ENV_NAMESPACE, MAX_LABEL,
+};
 pub use exchange::EtcdExchange;
 pub use local::{LocalEtcd, ENV_ETCD_BIN};

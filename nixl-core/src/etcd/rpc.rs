@@ -57,7 +57,12 @@ pub(crate) struct Rpc {
 impl Rpc {
     /// Creates the client (connections are made lazily; a dead endpoint shows up as errors of
     /// the first requests).
-    pub async fn connect(agent: &str, endpoints: &[String], request_timeout: Duration, retries: u32) -> Result<Self> {
+    pub async fn connect(
+        agent: &str,
+        endpoints: &[String],
+        request_timeout: Duration,
+        retries: u32,
+    ) -> Result<Self> {
         let opts = ConnectOptions::new()
             .with_connect_timeout(request_timeout)
             // HTTP/2 pings find a server that stopped answering under a long-lived watch.
@@ -65,9 +70,18 @@ impl Rpc {
             .with_keep_alive_while_idle(true);
         let client = tokio::time::timeout(request_timeout, Client::connect(endpoints, Some(opts)))
             .await
-            .map_err(|_| Error::TimedOut { agent: agent.to_owned(), op: Op::Exchange, elapsed: request_timeout })?
+            .map_err(|_| Error::TimedOut {
+                agent: agent.to_owned(),
+                op: Op::Exchange,
+                elapsed: request_timeout,
+            })?
             .map_err(|e| etcd_error(agent, "connecting to etcd", e))?;
-        Ok(Rpc { agent: agent.to_owned(), client, request_timeout, retries })
+        Ok(Rpc {
+            agent: agent.to_owned(),
+            client,
+            request_timeout,
+            retries,
+        })
     }
 
     /// Runs `f` with up to `retries` retries of transient failures, each attempt bounded by
@@ -88,7 +102,11 @@ impl Rpc {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(e)) if is_transient(&e) => etcd_error(&self.agent, what, e),
                 Ok(Err(e)) => return Err(etcd_error(&self.agent, what, e)),
-                Err(_) => Error::TimedOut { agent: self.agent.clone(), op: Op::Exchange, elapsed: start.elapsed() },
+                Err(_) => Error::TimedOut {
+                    agent: self.agent.clone(),
+                    op: Op::Exchange,
+                    elapsed: start.elapsed(),
+                },
             };
             let left = deadline.saturating_duration_since(Instant::now());
             if attempt >= self.retries || left <= backoff {
@@ -111,7 +129,11 @@ impl Rpc {
 
 /// Runs a future to completion on `rt` from synchronous code. Refuses (rather than panics)
 /// when called from inside an async runtime, where blocking would stall it.
-pub(crate) fn block_on<T>(agent: &str, rt: &tokio::runtime::Runtime, fut: impl Future<Output = Result<T>>) -> Result<T> {
+pub(crate) fn block_on<T>(
+    agent: &str,
+    rt: &tokio::runtime::Runtime,
+    fut: impl Future<Output = Result<T>>,
+) -> Result<T> {
     if tokio::runtime::Handle::try_current().is_ok() {
         return Err(Error::not_allowed(
             agent,

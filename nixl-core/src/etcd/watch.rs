@@ -40,9 +40,15 @@ impl PeerTable {
     /// registration), so the caller must re-read the key to not miss a deletion.
     pub fn track(&self, peer: &str, generation: u64, label: &str, revision: i64) -> bool {
         let mut st = lock(&self.state);
-        let w = st.peers.entry(peer.to_owned()).or_insert_with(|| Watched { generation, labels: BTreeSet::new() });
+        let w = st.peers.entry(peer.to_owned()).or_insert_with(|| Watched {
+            generation,
+            labels: BTreeSet::new(),
+        });
         if w.generation != generation {
-            *w = Watched { generation, labels: BTreeSet::new() };
+            *w = Watched {
+                generation,
+                labels: BTreeSet::new(),
+            };
         }
         w.labels.insert(label.to_owned());
         st.handled > revision
@@ -51,7 +57,11 @@ impl PeerTable {
     /// Stops watching `peer` if it is still at `generation` (any generation for `None`).
     pub fn untrack(&self, peer: &str, generation: Option<u64>) {
         let mut st = lock(&self.state);
-        if st.peers.get(peer).is_some_and(|w| generation.is_none_or(|g| g == w.generation)) {
+        if st
+            .peers
+            .get(peer)
+            .is_some_and(|w| generation.is_none_or(|g| g == w.generation))
+        {
             st.peers.remove(peer);
         }
     }
@@ -74,11 +84,15 @@ impl PeerTable {
         for ev in resp.events() {
             let Some(kv) = ev.kv() else { continue };
             st.handled = st.handled.max(kv.mod_revision());
-            let Some((agent, label)) = layout.parse(kv.key()) else { continue };
+            let Some((agent, label)) = layout.parse(kv.key()) else {
+                continue;
+            };
             if agent == me {
                 continue;
             }
-            let Some(w) = st.peers.get(&agent) else { continue };
+            let Some(w) = st.peers.get(&agent) else {
+                continue;
+            };
             if !w.labels.contains(&label) {
                 continue;
             }
@@ -107,7 +121,9 @@ impl PeerTable {
 
 /// Invalidates `(peer, generation)` on the agent, if it still exists.
 pub(crate) fn invalidate(shared: &Weak<Shared>, peer: &str, generation: u64, why: &str) {
-    let Some(shared) = shared.upgrade() else { return };
+    let Some(shared) = shared.upgrade() else {
+        return;
+    };
     let agent = Agent { shared };
     if agent.invalidate_remote_generation(peer, generation) {
         tracing::info!(agent = %agent.name(), remote = %peer, generation, why, "peer invalidated by etcd watch");
@@ -117,13 +133,27 @@ pub(crate) fn invalidate(shared: &Weak<Shared>, peer: &str, generation: u64, why
 /// Watches the namespace from `start_revision` until aborted, reconnecting after errors
 /// from the last handled revision so no event is missed. When history was compacted past
 /// that revision it re-reads every watched peer's keys instead.
-pub(crate) async fn run(rpc: Rpc, layout: KeyLayout, me: String, shared: Weak<Shared>, table: Arc<PeerTable>, start_revision: i64) {
+pub(crate) async fn run(
+    rpc: Rpc,
+    layout: KeyLayout,
+    me: String,
+    shared: Weak<Shared>,
+    table: Arc<PeerTable>,
+    start_revision: i64,
+) {
     let mut next = start_revision;
     let mut backoff = Duration::from_millis(100);
     loop {
-        let opts = WatchOptions::new().with_prefix().with_start_revision(next).with_progress_notify();
+        let opts = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(next)
+            .with_progress_notify();
         let mut client = rpc.client.clone();
-        let stream = tokio::time::timeout(rpc.request_timeout, client.watch(layout.all_prefix(), Some(opts))).await;
+        let stream = tokio::time::timeout(
+            rpc.request_timeout,
+            client.watch(layout.all_prefix(), Some(opts)),
+        )
+        .await;
         let mut stream = match stream {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
@@ -150,7 +180,12 @@ pub(crate) async fn run(rpc: Rpc, layout: KeyLayout, me: String, shared: Weak<Sh
                         break;
                     }
                     for (peer, generation) in table.apply(&layout, &me, &resp) {
-                        invalidate(&shared, &peer, generation, "its metadata key was deleted or replaced");
+                        invalidate(
+                            &shared,
+                            &peer,
+                            generation,
+                            "its metadata key was deleted or replaced",
+                        );
                     }
                     next = table.handled() + 1;
                 }
@@ -167,7 +202,12 @@ pub(crate) async fn run(rpc: Rpc, layout: KeyLayout, me: String, shared: Weak<Sh
 
 /// Re-reads each watched peer's keys, invalidates peers whose keys are gone or changed
 /// incarnation, and returns the revision to resume watching from.
-async fn reconcile(rpc: &Rpc, layout: &KeyLayout, shared: &Weak<Shared>, table: &PeerTable) -> Option<i64> {
+async fn reconcile(
+    rpc: &Rpc,
+    layout: &KeyLayout,
+    shared: &Weak<Shared>,
+    table: &PeerTable,
+) -> Option<i64> {
     let peers: Vec<(String, u64, Vec<String>)> = lock(&table.state)
         .peers
         .iter()
@@ -178,21 +218,30 @@ async fn reconcile(rpc: &Rpc, layout: &KeyLayout, shared: &Weak<Shared>, table: 
         for label in labels {
             let key = layout.key(&peer, &label);
             let resp = rpc
-                .call("re-reading a watched key", rpc.default_deadline(), |mut c| {
-                    let key = key.clone();
-                    async move { c.get(key, None).await }
-                })
+                .call(
+                    "re-reading a watched key",
+                    rpc.default_deadline(),
+                    |mut c| {
+                        let key = key.clone();
+                        async move { c.get(key, None).await }
+                    },
+                )
                 .await
                 .ok()?;
             let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
             revision = Some(revision.map_or(rev, |r: i64| r.min(rev)));
-            let ok = resp
-                .kvs()
-                .first()
-                .is_some_and(|kv| AgentMetadata::decode(kv.value()).is_ok_and(|md| md.name == peer && md.generation == generation));
+            let ok = resp.kvs().first().is_some_and(|kv| {
+                AgentMetadata::decode(kv.value())
+                    .is_ok_and(|md| md.name == peer && md.generation == generation)
+            });
             if !ok {
                 table.untrack(&peer, Some(generation));
-                invalidate(shared, &peer, generation, "its metadata key vanished while the watch was down");
+                invalidate(
+                    shared,
+                    &peer,
+                    generation,
+                    "its metadata key vanished while the watch was down",
+                );
                 break;
             }
         }
@@ -200,7 +249,11 @@ async fn reconcile(rpc: &Rpc, layout: &KeyLayout, shared: &Weak<Shared>, table: 
     let resume = match revision {
         Some(r) => r,
         None => rpc
-            .call("reading the revision", rpc.default_deadline(), |mut c| async move { c.get("\0", None).await })
+            .call(
+                "reading the revision",
+                rpc.default_deadline(),
+                |mut c| async move { c.get("\0", None).await },
+            )
             .await
             .ok()?
             .header()

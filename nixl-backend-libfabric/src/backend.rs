@@ -1,0 +1,433 @@
+//! The `LIBFABRIC` backend: rails, peers, registrations, notifications and progress.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nixl_core::{
+    downcast_md, Backend, BackendContext, BackendMd, BackendXfer, Capabilities, Error, MemKind, NotifQueue, Op,
+    RegionDesc, Result, XferSpec,
+};
+
+use crate::fabric::Mr;
+use crate::params::{LibfabricParams, LibfabricStats, RailStats};
+use crate::rail::{frame, Rail, RailConfig, Track};
+use crate::result::{unavailable, FiError, LIBFABRIC};
+use crate::sys;
+use crate::wire;
+use crate::xfer::XferCore;
+
+/// A connected peer (or this agent itself, for loopback): its address on each rail.
+pub(crate) struct Peer {
+    pub name: String,
+    pub conn: Vec<u8>,
+    /// `(rail, fi_addr)` for rails both sides have.
+    pub addrs: Vec<(Arc<Rail>, sys::fi_addr_t)>,
+    pub alive: AtomicBool,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        for (rail, a) in &self.addrs {
+            if let Err(e) = rail.av.remove(*a) {
+                tracing::debug!(peer = %self.name, error = %e, "removing a peer address failed");
+            }
+        }
+    }
+}
+
+impl Peer {
+    fn connect(name: &str, conn: &[u8], rails: &[Arc<Rail>], names: &[Vec<u8>]) -> std::result::Result<Peer, FiError> {
+        let mut p = Peer { name: name.to_owned(), conn: conn.to_vec(), addrs: Vec::new(), alive: AtomicBool::new(true) };
+        for (rail, addr) in rails.iter().zip(names) {
+            // On failure `p` is dropped and removes what was inserted so far.
+            let a = rail.av.insert(addr)?;
+            p.addrs.push((rail.clone(), a));
+        }
+        Ok(p)
+    }
+}
+
+/// A region registered on every rail.
+pub(crate) struct LocalMd {
+    pub addr: u64,
+    pub len: u64,
+    pub keys: Vec<u64>,
+    pub descs: Vec<usize>,
+    /// Dropped before `_rails`, so endpoint-bound registrations close before their endpoint.
+    _mrs: Vec<Mr>,
+    _rails: Vec<Arc<Rail>>,
+}
+
+/// A peer's (or our own, for loopback) region as a transfer target.
+pub(crate) struct RemoteMd {
+    pub base: u64,
+    pub len: u64,
+    pub virt_addr: bool,
+    pub keys: Vec<u64>,
+}
+
+/// What the backend shares with its transfers and its progress thread.
+pub(crate) struct Inner {
+    pub agent: String,
+    pub provider: String,
+    pub rails: Vec<Arc<Rail>>,
+    pub notifs: Arc<NotifQueue>,
+    pub params: LibfabricParams,
+    pub hmem: bool,
+    pub delivery_complete: bool,
+    pub virt_addr: bool,
+    pub me: Arc<Peer>,
+    peers: Mutex<HashMap<String, Arc<Peer>>>,
+    next_key: AtomicU64,
+    /// Posted transfers the progress thread drives.
+    active: Mutex<Vec<Weak<Mutex<XferCore>>>>,
+}
+
+impl Inner {
+    fn peers(&self) -> MutexGuard<'_, HashMap<String, Arc<Peer>>> {
+        self.peers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Polls every rail once; returns how many completions were handled.
+    pub fn poll(&self) -> usize {
+        let mut n = 0;
+        for r in &self.rails {
+            match r.poll(&self.notifs) {
+                Ok(k) => n += k,
+                Err(e) => tracing::warn!(agent = %self.agent, rail = r.index, error = %e, "polling the completion queue failed"),
+            }
+        }
+        n
+    }
+
+    /// Hands a posted transfer to the progress thread.
+    pub fn activate(&self, core: Weak<Mutex<XferCore>>) {
+        self.active.lock().unwrap_or_else(|p| p.into_inner()).push(core);
+    }
+
+    /// Polls, then drives the posted transfers nobody is polling. Returns the completions
+    /// handled.
+    pub fn progress_all(&self) -> usize {
+        let n = self.poll();
+        let cores: Vec<Arc<Mutex<XferCore>>> = {
+            let mut g = self.active.lock().unwrap_or_else(|p| p.into_inner());
+            g.retain(|w| w.strong_count() > 0);
+            g.iter().filter_map(Weak::upgrade).collect()
+        };
+        let mut done = Vec::new();
+        for c in &cores {
+            // A request being polled by its owner is driven there.
+            if let Ok(mut x) = c.try_lock() {
+                x.drive();
+                if !x.active() {
+                    done.push(Arc::as_ptr(c));
+                }
+            }
+        }
+        if !done.is_empty() {
+            self.active.lock().unwrap_or_else(|p| p.into_inner()).retain(|w| !done.contains(&w.as_ptr()));
+        }
+        n
+    }
+
+    /// Waits (polling, bounded by `op_timeout`) until `track` has nothing in flight.
+    pub fn drain(&self, track: &Track) -> bool {
+        let deadline = Instant::now() + self.params.op_timeout;
+        let mut spins = 0u32;
+        loop {
+            if track.state().0 == 0 {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            if self.poll() == 0 {
+                spins += 1;
+                backoff(spins);
+            }
+        }
+    }
+
+    /// A description of the rails and the notification guarantee.
+    pub fn describe(&self) -> String {
+        let domains: Vec<&str> = self.rails.iter().map(|r| r.domain_name.as_str()).collect();
+        format!(
+            "libfabric {} over {} rail(s) [{}]; notifications after {}",
+            self.provider,
+            self.rails.len(),
+            domains.join(", "),
+            if self.delivery_complete { "delivery-complete writes" } else { "transmit-complete writes + send-after-write order" }
+        )
+    }
+}
+
+/// Sleeps a little longer the longer nothing happened.
+pub(crate) fn backoff(idle: u32) {
+    if idle < 64 {
+        std::hint::spin_loop();
+    } else if idle < 256 {
+        std::thread::yield_now();
+    } else if idle < 2048 {
+        std::thread::sleep(Duration::from_micros(20));
+    } else {
+        std::thread::sleep(Duration::from_micros(500));
+    }
+}
+
+/// The libfabric backend. Create it through an agent with [`LibfabricParams`].
+pub struct LibfabricBackend {
+    inner: Arc<Inner>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for LibfabricBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LibfabricBackend").field("agent", &self.inner.agent).field("provider", &self.inner.provider).field("rails", &self.inner.rails.len()).finish()
+    }
+}
+
+impl LibfabricBackend {
+    /// Opens the provider's rails for an agent.
+    pub fn new(ctx: BackendContext, params: LibfabricParams) -> Result<Self> {
+        let agent = ctx.agent.clone();
+        params.validate(&agent)?;
+        let lib = sys::lib().map_err(unavailable)?;
+        let fail = |e: FiError| e.into_error(&agent, None, Op::CreateBackend);
+        let sel = crate::select::select(lib, &params).map_err(fail)?.ok_or_else(|| Error::Unavailable {
+            what: format!("libfabric provider {}", params.provider.as_deref().unwrap_or("(efa, tcp, shm or sockets)")),
+            hint: format!(
+                "no RDM endpoint with RMA + messages{}{} (check `fi_info -t FI_EP_RDM -c 'FI_RMA|FI_MSG'`{})",
+                if params.domains.is_empty() { String::new() } else { format!(" on domains {:?}", params.domains) },
+                if params.hmem == crate::HmemMode::Require { " and FI_HMEM" } else { "" },
+                if params.provider.as_deref() == Some("efa") { "; EFA needs an EFA-enabled instance and the EFA installer's libfabric" } else { "" }
+            ),
+        })?;
+        let cfg = RailConfig { notif_size: params.notif_size, recv_slots: params.notif_slots, send_slots: params.notif_slots };
+        let next_key = AtomicU64::new(1);
+        let mut rails = Vec::with_capacity(sel.infos.len());
+        for (i, info) in sel.infos.into_iter().enumerate() {
+            let rail = Rail::open(lib, info, i, cfg, &next_key).map_err(fail)?;
+            if rail.key_size > 8 {
+                return Err(Error::not_supported(&agent, Op::CreateBackend, format!("provider {} uses {}-byte raw memory keys", sel.provider, rail.key_size)));
+            }
+            rails.push(Arc::new(rail));
+        }
+        let names: Vec<Vec<u8>> = rails.iter().map(|r| r.addr.clone()).collect();
+        let conn = wire::encode_conn(&sel.provider, &names);
+        let me = Arc::new(Peer::connect(&agent, &conn, &rails, &names).map_err(fail)?);
+        let virt_addr = rails.first().is_some_and(|r| r.mr_mode & u64::from(sys::FI_MR_VIRT_ADDR) != 0);
+        params.stats().attach(rails.iter().map(|r| (r.domain_name.clone(), r.counters.clone())).collect());
+        let inner = Arc::new(Inner {
+            agent,
+            provider: sel.provider,
+            rails,
+            notifs: ctx.notifs,
+            hmem: sel.hmem,
+            delivery_complete: sel.delivery_complete,
+            virt_addr,
+            me,
+            peers: Mutex::new(HashMap::new()),
+            next_key,
+            params,
+            active: Mutex::new(Vec::new()),
+        });
+        tracing::info!(agent = %inner.agent, path = %inner.describe(), "libfabric backend created");
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = if inner.params.progress_thread {
+            let (inner2, stop2) = (inner.clone(), stop.clone());
+            let h = std::thread::Builder::new()
+                .name(format!("nixl-lf-{}", inner.agent))
+                .spawn(move || {
+                    let mut idle = 0u32;
+                    while !stop2.load(Ordering::Relaxed) {
+                        if inner2.progress_all() > 0 {
+                            idle = 0;
+                        } else {
+                            idle = idle.saturating_add(1);
+                            backoff(idle);
+                        }
+                    }
+                })
+                .map_err(|e| Error::io(&inner.agent, Op::CreateBackend, e))?;
+            Some(h)
+        } else {
+            None
+        };
+        Ok(LibfabricBackend { inner, stop, thread })
+    }
+
+    /// The provider in use (`"tcp;ofi_rxm"`, `"shm"`, `"efa"`, ...).
+    pub fn provider(&self) -> &str {
+        &self.inner.provider
+    }
+
+    /// Per-rail counters.
+    pub fn stats(&self) -> Vec<RailStats> {
+        let s = LibfabricStats::default();
+        s.attach(self.inner.rails.iter().map(|r| (r.domain_name.clone(), r.counters.clone())).collect());
+        s.rails()
+    }
+
+    fn md<'a, T: std::any::Any + Send + Sync>(&self, md: &'a BackendMd, op: Op) -> Result<&'a T> {
+        downcast_md::<T>(md).ok_or_else(|| Error::invalid(&self.inner.agent, op, "metadata is not LIBFABRIC's"))
+    }
+
+    fn peer(&self, remote: &str, op: Op) -> Result<Arc<Peer>> {
+        self.inner.peers().get(remote).cloned().ok_or_else(|| Error::disconnected(&self.inner.agent, remote, op, "not connected through LIBFABRIC"))
+    }
+}
+
+impl Drop for LibfabricBackend {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                tracing::error!(agent = %self.inner.agent, "libfabric progress thread panicked");
+            }
+        }
+    }
+}
+
+impl Backend for LibfabricBackend {
+    fn name(&self) -> &str {
+        LIBFABRIC
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut mem_kinds = vec![MemKind::Dram];
+        if self.inner.hmem {
+            mem_kinds.push(MemKind::Vram);
+        }
+        Capabilities { mem_kinds, remote: true, local: true, notifications: true, needs_progress: !self.inner.params.progress_thread }
+    }
+
+    fn connection_info(&self) -> Result<Vec<u8>> {
+        Ok(self.inner.me.conn.clone())
+    }
+
+    fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
+        let me = &self.inner.agent;
+        let (provider, names) = wire::decode_conn(info).ok_or_else(|| Error::invalid(me, Op::LoadMetadata, "malformed LIBFABRIC connection info"))?;
+        if provider != self.inner.provider {
+            return Err(Error::mismatch(me, Op::LoadMetadata, format!("{remote} uses libfabric provider {provider}, this agent {}", self.inner.provider)));
+        }
+        if let Some(p) = self.inner.peers().get(remote) {
+            if p.conn == info && p.alive.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+        }
+        let n = names.len().min(self.inner.rails.len());
+        let peer = Peer::connect(remote, info, &self.inner.rails[..n], &names[..n]).map_err(|e| e.into_error(me, Some(remote), Op::LoadMetadata))?;
+        if let Some(old) = self.inner.peers().insert(remote.to_owned(), Arc::new(peer)) {
+            old.alive.store(false, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    fn disconnect(&self, remote: &str) -> Result<()> {
+        if let Some(p) = self.inner.peers().remove(remote) {
+            p.alive.store(false, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
+        let me = &self.inner.agent;
+        let hmem = match region.kind {
+            MemKind::Dram => None,
+            MemKind::Vram if self.inner.hmem => Some((sys::FI_HMEM_CUDA, i32::try_from(region.dev_id).map_err(|_| Error::invalid(me, Op::RegisterMem, "GPU ordinal out of range"))?)),
+            k => return Err(Error::not_supported(me, Op::RegisterMem, format!("LIBFABRIC ({}) registers {}, not {k}", self.inner.provider, if self.inner.hmem { "DRAM and VRAM" } else { "DRAM" }))),
+        };
+        if region.len == 0 || region.end().is_none() {
+            return Err(Error::invalid(me, Op::RegisterMem, "empty or overflowing region"));
+        }
+        let (mut keys, mut descs, mut mrs) = (Vec::new(), Vec::new(), Vec::new());
+        for rail in &self.inner.rails {
+            let key = self.inner.next_key.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: the agent keeps the region's memory alive while this registration (and
+            // any request using it) exists: `MemoryRegion`'s contract.
+            let mr = unsafe { rail.register(region.addr, region.len, key, hmem) }.map_err(|e| e.into_error(me, None, Op::RegisterMem))?;
+            keys.push(mr.key());
+            descs.push(mr.desc());
+            mrs.push(mr);
+        }
+        Ok(Arc::new(LocalMd { addr: region.addr, len: region.len, keys, descs, _mrs: mrs, _rails: self.inner.rails.clone() }))
+    }
+
+    fn deregister(&self, md: BackendMd) -> Result<()> {
+        self.md::<LocalMd>(&md, Op::DeregisterMem)?;
+        drop(md);
+        Ok(())
+    }
+
+    fn public_metadata(&self, md: &BackendMd) -> Result<Vec<u8>> {
+        let m = self.md::<LocalMd>(md, Op::LocalMetadata)?;
+        Ok(wire::encode_region(self.inner.virt_addr, &m.keys))
+    }
+
+    fn load_remote(&self, _remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
+        let (virt_addr, keys) = wire::decode_region(public).ok_or_else(|| Error::invalid(&self.inner.agent, Op::LoadMetadata, "malformed LIBFABRIC region metadata"))?;
+        if virt_addr != self.inner.virt_addr {
+            return Err(Error::mismatch(&self.inner.agent, Op::LoadMetadata, "peer's memory-registration addressing differs from this agent's"));
+        }
+        Ok(Arc::new(RemoteMd { base: region.addr, len: region.len, virt_addr, keys }))
+    }
+
+    fn load_local(&self, _region: &RegionDesc, md: &BackendMd) -> Result<BackendMd> {
+        let m = self.md::<LocalMd>(md, Op::PrepXferDlist)?;
+        Ok(Arc::new(RemoteMd { base: m.addr, len: m.len, virt_addr: self.inner.virt_addr, keys: m.keys.clone() }))
+    }
+
+    fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
+        let peer = if spec.is_local { self.inner.me.clone() } else { self.peer(&spec.remote, Op::MakeXfer)? };
+        crate::xfer::LfXfer::prepare(self.inner.clone(), peer, spec).map(|x| Box::new(x) as Box<dyn BackendXfer>)
+    }
+
+    fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
+        let me = &self.inner.agent;
+        let peer = self.peer(remote, Op::GenNotif)?;
+        let framed = frame(me, msg);
+        if framed.len() > self.inner.params.notif_size {
+            return Err(Error::invalid(me, Op::GenNotif, format!("notification of {} bytes exceeds notif_size {}", framed.len(), self.inner.params.notif_size)));
+        }
+        let (rail, addr) = peer.addrs.first().cloned().ok_or_else(|| Error::disconnected(me, remote, Op::GenNotif, "no rail reaches the peer"))?;
+        let track = Arc::new(Track::default());
+        let deadline = Instant::now() + self.inner.params.op_timeout;
+        let mut idle = 0u32;
+        while !rail.post_send(addr, &framed, &track).map_err(|e| e.into_error(me, Some(remote), Op::GenNotif))? {
+            if Instant::now() >= deadline {
+                return Err(Error::TimedOut { agent: me.clone(), op: Op::GenNotif, elapsed: self.inner.params.op_timeout });
+            }
+            if self.inner.poll() == 0 {
+                idle += 1;
+                backoff(idle);
+            }
+        }
+        if !self.inner.drain(&track) {
+            return Err(Error::TimedOut { agent: me.clone(), op: Op::GenNotif, elapsed: self.inner.params.op_timeout });
+        }
+        match track.state().1 {
+            Some(e) => Err(e.into_error(me, Some(remote), Op::GenNotif)),
+            None => Ok(()),
+        }
+    }
+
+    fn progress(&self) -> Result<bool> {
+        Ok(self.inner.progress_all() > 0)
+    }
+
+    fn path_report(&self, remote: &str) -> Option<String> {
+        let peer = if remote == self.inner.agent { Some(self.inner.me.clone()) } else { self.inner.peers().get(remote).cloned() }?;
+        let per_rail: Vec<String> = self
+            .stats()
+            .iter()
+            .take(peer.addrs.len())
+            .map(|s| format!("rail{} {}: {} B written, {} B read", s.rail, s.domain, s.bytes_written, s.bytes_read))
+            .collect();
+        Some(format!("{}; {} rail(s) to {remote}: {}", self.inner.describe(), peer.addrs.len(), per_rail.join("; ")))
+    }
+}

@@ -1,0 +1,254 @@
+//! The backend's typed parameters, its plugin (string map → params), and the stats handle.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nixl_core::{Backend, BackendContext, BackendParams, BackendPlugin, Error, Op, Result};
+
+use crate::rail::RailCounters;
+use crate::result::LIBFABRIC;
+
+/// Providers tried, in order, when [`LibfabricParams::provider`] is `None`.
+pub const DEFAULT_PROVIDERS: [&str; 4] = ["efa", "tcp", "shm", "sockets"];
+
+/// Whether device (CUDA) memory is registered through libfabric's `FI_HMEM`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HmemMode {
+    /// Ask for `FI_HMEM`; fall back to host memory only when the provider lacks it.
+    #[default]
+    Auto,
+    /// Host memory only.
+    Off,
+    /// Fail creation unless the provider offers `FI_HMEM`.
+    Require,
+}
+
+/// Parameters of the libfabric backend.
+#[derive(Debug, Clone)]
+pub struct LibfabricParams {
+    /// The provider (`"efa"`, `"tcp"`, `"shm"`, `"sockets"`, `"verbs"`, ...); `None` picks the
+    /// first of [`DEFAULT_PROVIDERS`] that offers RDM endpoints with RMA and messages.
+    pub provider: Option<String>,
+    /// Domains to open rails on (EFA devices such as `rdmap16s27-rdm`, or `lo` for tcp), used
+    /// round-robin; empty: every domain the provider reports, in its order.
+    pub domains: Vec<String>,
+    /// How many rails (endpoints, each on its own domain) to stripe transfers over.
+    pub rails: usize,
+    /// A segment of at least twice this many bytes is split across rails; smaller segments
+    /// go whole to the least-loaded rail.
+    pub stripe_min: u64,
+    /// Device memory through `FI_HMEM`.
+    pub hmem: HmemMode,
+    /// Run a progress thread in the backend (libfabric's tcp, shm and efa providers progress
+    /// only when polled, at the target too). Without it the agent must call `progress`.
+    pub progress_thread: bool,
+    /// Largest notification message in bytes (the sender's name included).
+    pub notif_size: usize,
+    /// Receive buffers posted for notifications.
+    pub notif_slots: usize,
+    /// The bound on the backend's own waits (sending a notification, draining a canceled or
+    /// failed request).
+    pub op_timeout: Duration,
+    stats: LibfabricStats,
+}
+
+impl Default for LibfabricParams {
+    fn default() -> Self {
+        LibfabricParams {
+            provider: None,
+            domains: Vec::new(),
+            rails: 1,
+            stripe_min: 64 * 1024,
+            hmem: HmemMode::Auto,
+            progress_thread: true,
+            notif_size: 16 * 1024,
+            notif_slots: 64,
+            op_timeout: Duration::from_secs(10),
+            stats: LibfabricStats::default(),
+        }
+    }
+}
+
+impl LibfabricParams {
+    /// Parameters for one provider.
+    pub fn with_provider(provider: &str) -> Self {
+        LibfabricParams { provider: Some(provider.to_owned()), ..Default::default() }
+    }
+
+    /// The tcp provider on loopback (`lo`) with `rails` rails: what tests and single-host
+    /// benches use.
+    pub fn tcp_loopback(rails: usize) -> Self {
+        LibfabricParams { provider: Some("tcp".to_owned()), domains: vec!["lo".to_owned()], rails, ..Default::default() }
+    }
+
+    /// A handle to the per-rail counters of the backend created from these parameters.
+    pub fn stats(&self) -> LibfabricStats {
+        self.stats.clone()
+    }
+
+    pub(crate) fn validate(&self, agent: &str) -> Result<()> {
+        let bad = |r: &str| Err(Error::invalid(agent, Op::CreateBackend, format!("LIBFABRIC: {r}")));
+        if self.rails == 0 || self.rails > 64 {
+            return bad("rails must be 1..=64");
+        }
+        if self.stripe_min == 0 {
+            return bad("stripe_min must be positive");
+        }
+        if self.notif_size < 64 || self.notif_size > 16 << 20 {
+            return bad("notif_size must be 64 B ..= 16 MiB");
+        }
+        if self.notif_slots == 0 || self.notif_slots > 4096 {
+            return bad("notif_slots must be 1..=4096");
+        }
+        if self.op_timeout.is_zero() {
+            return bad("op_timeout must be positive");
+        }
+        if matches!(&self.provider, Some(p) if p.is_empty() || p.contains('\0')) {
+            return bad("provider name is empty or contains NUL");
+        }
+        if self.domains.iter().any(|d| d.is_empty() || d.contains('\0')) {
+            return bad("a domain name is empty or contains NUL");
+        }
+        Ok(())
+    }
+}
+
+impl BackendParams for LibfabricParams {
+    fn backend_name(&self) -> &str {
+        LIBFABRIC
+    }
+
+    fn create(self: Box<Self>, ctx: BackendContext) -> Result<Arc<dyn Backend>> {
+        Ok(Arc::new(crate::backend::LibfabricBackend::new(ctx, *self)?))
+    }
+}
+
+/// Creates `LIBFABRIC` by name from a string map. Keys: `provider`, `domains` (comma
+/// separated), `rails`, `stripe_min`, `hmem` (`auto`/`off`/`require`), `progress_thread`,
+/// `notif_size`, `notif_slots`, `op_timeout_ms`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LibfabricPlugin;
+
+impl BackendPlugin for LibfabricPlugin {
+    fn name(&self) -> &str {
+        LIBFABRIC
+    }
+
+    fn default_params(&self) -> BTreeMap<String, String> {
+        let d = LibfabricParams::default();
+        BTreeMap::from([
+            ("provider".to_owned(), String::new()),
+            ("domains".to_owned(), String::new()),
+            ("rails".to_owned(), d.rails.to_string()),
+            ("stripe_min".to_owned(), d.stripe_min.to_string()),
+            ("hmem".to_owned(), "auto".to_owned()),
+            ("progress_thread".to_owned(), d.progress_thread.to_string()),
+            ("notif_size".to_owned(), d.notif_size.to_string()),
+            ("notif_slots".to_owned(), d.notif_slots.to_string()),
+            ("op_timeout_ms".to_owned(), d.op_timeout.as_millis().to_string()),
+        ])
+    }
+
+    fn parse_params(&self, params: &BTreeMap<String, String>) -> Result<Box<dyn BackendParams>> {
+        let mut p = LibfabricParams::default();
+        let bad = |k: &str, v: &str| Error::invalid("", Op::CreateBackend, format!("LIBFABRIC: bad value {v:?} for {k}"));
+        for (k, v) in params {
+            let num = || v.trim().parse::<u64>().map_err(|_| bad(k, v));
+            match k.as_str() {
+                "provider" => p.provider = (!v.is_empty()).then(|| v.clone()),
+                "domains" => p.domains = v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect(),
+                "rails" => p.rails = usize::try_from(num()?).map_err(|_| bad(k, v))?,
+                "stripe_min" => p.stripe_min = num()?,
+                "hmem" => {
+                    p.hmem = match v.as_str() {
+                        "auto" => HmemMode::Auto,
+                        "off" => HmemMode::Off,
+                        "require" => HmemMode::Require,
+                        _ => return Err(bad(k, v)),
+                    }
+                }
+                "progress_thread" => p.progress_thread = v.parse::<bool>().map_err(|_| bad(k, v))?,
+                "notif_size" => p.notif_size = usize::try_from(num()?).map_err(|_| bad(k, v))?,
+                "notif_slots" => p.notif_slots = usize::try_from(num()?).map_err(|_| bad(k, v))?,
+                "op_timeout_ms" => p.op_timeout = Duration::from_millis(num()?),
+                _ => return Err(Error::invalid("", Op::CreateBackend, format!("LIBFABRIC has no parameter {k}"))),
+            }
+        }
+        p.validate("")?;
+        Ok(Box::new(p))
+    }
+}
+
+/// Counters of one rail at one moment.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RailStats {
+    /// The rail's index.
+    pub rail: usize,
+    /// Its domain (NIC or interface).
+    pub domain: String,
+    /// Bytes this agent wrote through it (completed).
+    pub bytes_written: u64,
+    /// Bytes this agent read through it (completed).
+    pub bytes_read: u64,
+    /// RMA operations completed.
+    pub ops: u64,
+    /// Operations that completed with an error.
+    pub errors: u64,
+    /// Notifications sent.
+    pub notifs_sent: u64,
+    /// Notifications received.
+    pub notifs_received: u64,
+}
+
+/// A handle to the per-rail counters of a backend (from [`LibfabricParams::stats`] before
+/// creating it, or [`crate::LibfabricBackend::stats`]).
+#[derive(Debug, Clone, Default)]
+pub struct LibfabricStats {
+    rails: Arc<Mutex<Vec<(String, Arc<RailCounters>)>>>,
+}
+
+impl LibfabricStats {
+    pub(crate) fn attach(&self, rails: Vec<(String, Arc<RailCounters>)>) {
+        *self.rails.lock().unwrap_or_else(|p| p.into_inner()) = rails;
+    }
+
+    /// The counters of every rail (empty before the backend exists).
+    pub fn rails(&self) -> Vec<RailStats> {
+        let g = self.rails.lock().unwrap_or_else(|p| p.into_inner());
+        g.iter()
+            .enumerate()
+            .map(|(i, (d, c))| RailStats {
+                rail: i,
+                domain: d.clone(),
+                bytes_written: c.bytes_written.load(Ordering::Relaxed),
+                bytes_read: c.bytes_read.load(Ordering::Relaxed),
+                ops: c.ops.load(Ordering::Relaxed),
+                errors: c.errors.load(Ordering::Relaxed),
+                notifs_sent: c.notifs_sent.load(Ordering::Relaxed),
+                notifs_received: c.notifs_received.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plugin_parses_and_refuses() {
+        let pl = LibfabricPlugin;
+        let mut m = BTreeMap::new();
+        m.insert("provider".to_owned(), "tcp".to_owned());
+        m.insert("domains".to_owned(), "lo, eth0".to_owned());
+        m.insert("rails".to_owned(), "2".to_owned());
+        assert!(pl.parse_params(&m).is_ok());
+        assert!(pl.parse_params(&pl.default_params()).is_ok());
+        for (k, v) in [("rails", "0"), ("rails", "x"), ("hmem", "maybe"), ("bogus", "1"), ("notif_size", "1"), ("op_timeout_ms", "0")] {
+            let m = BTreeMap::from([(k.to_owned(), v.to_owned())]);
+            assert!(matches!(pl.parse_params(&m), Err(Error::InvalidParam { .. })), "{k}={v} accepted");
+        }
+    }
+}

@@ -1,0 +1,416 @@
+//! One rail: a fabric, domain, CQ, AV and RDM endpoint, with the operation contexts posted on
+//! it, its notification buffers and its byte counters.
+//!
+//! Every operation posted on a rail carries a boxed [`OpCtx`] whose address is the libfabric
+//! operation context (it starts with an `fi_context2`, so providers that need `FI_CONTEXT` /
+//! `FI_CONTEXT2` space get it). The box stays in the rail's in-flight table until its
+//! completion (or error completion) is read, so nothing the provider may still touch is freed
+//! early; the table lives inside the endpoint and is dropped only after the endpoint is closed.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use nixl_core::NotifQueue;
+
+use crate::fabric::{Av, Cq, Domain, Endpoint, Fabric, Info, Mr};
+use crate::result::{check, FiError};
+use crate::sys::{self, ops, Lib};
+
+/// Counters of one rail, shared with [`crate::LibfabricStats`].
+#[derive(Debug, Default)]
+pub struct RailCounters {
+    pub(crate) bytes_written: AtomicU64,
+    pub(crate) bytes_read: AtomicU64,
+    pub(crate) ops: AtomicU64,
+    pub(crate) errors: AtomicU64,
+    pub(crate) notifs_sent: AtomicU64,
+    pub(crate) notifs_received: AtomicU64,
+}
+
+/// Completion accounting of one post of a transfer (or of one standalone notification).
+#[derive(Debug, Default)]
+pub(crate) struct Track {
+    inner: Mutex<TrackInner>,
+}
+
+#[derive(Debug, Default)]
+struct TrackInner {
+    outstanding: usize,
+    error: Option<FiError>,
+}
+
+impl Track {
+    fn lock(&self) -> MutexGuard<'_, TrackInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn add(&self) {
+        self.lock().outstanding += 1;
+    }
+
+    fn complete(&self, err: Option<FiError>) {
+        let mut g = self.lock();
+        g.outstanding = g.outstanding.saturating_sub(1);
+        if g.error.is_none() {
+            g.error = err;
+        }
+    }
+
+    /// Operations still in flight, and the first error seen.
+    pub fn state(&self) -> (usize, Option<FiError>) {
+        let g = self.lock();
+        (g.outstanding, g.error.clone())
+    }
+}
+
+enum OpKind {
+    Rma { track: Arc<Track>, len: u64, write: bool },
+    Send { track: Arc<Track>, slot: usize },
+    Recv { slot: usize },
+}
+
+/// A posted operation's context. `fi` must stay the first field: its address is what the
+/// provider hands back in the completion.
+#[repr(C)]
+struct OpCtx {
+    fi: sys::fi_context2,
+    kind: OpKind,
+}
+
+// SAFETY: `fi` is scratch space owned by the provider while the operation is in flight and
+// only touched by libfabric calls made under the rail's lock; the rest is Send data.
+unsafe impl Send for OpCtx {}
+
+impl OpCtx {
+    fn boxed(kind: OpKind) -> Box<OpCtx> {
+        Box::new(OpCtx { fi: sys::fi_context2 { internal: [std::ptr::null_mut(); 8] }, kind })
+    }
+}
+
+/// Buffers for notification messages (sent from and received into), registered once.
+struct MsgPool {
+    buf: Vec<u8>,
+    slot_size: usize,
+    mr: Option<Mr>,
+}
+
+impl MsgPool {
+    fn slot_ptr(&mut self, slot: usize) -> *mut u8 {
+        // SAFETY: callers pass slot < slot count; the offset is inside `buf`.
+        unsafe { self.buf.as_mut_ptr().add(slot * self.slot_size) }
+    }
+
+    fn desc(&self) -> *mut c_void {
+        self.mr.as_ref().map_or(std::ptr::null_mut(), |m| m.desc() as *mut c_void)
+    }
+}
+
+/// What the provider may reference while the endpoint is open.
+pub(crate) struct RailState {
+    inflight: HashMap<usize, Box<OpCtx>>,
+    recv: MsgPool,
+    send: MsgPool,
+    send_free: Vec<usize>,
+}
+
+/// Settings a rail is opened with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RailConfig {
+    pub notif_size: usize,
+    pub recv_slots: usize,
+    pub send_slots: usize,
+}
+
+/// One endpoint and everything it needs.
+pub(crate) struct Rail {
+    pub index: usize,
+    pub domain_name: String,
+    pub mr_mode: u64,
+    pub max_msg: u64,
+    pub key_size: usize,
+    pub addr: Vec<u8>,
+    pub counters: Arc<RailCounters>,
+    pub av: Arc<Av>,
+    pub domain: Arc<Domain>,
+    cq: Arc<Cq>,
+    ep: Endpoint<Mutex<RailState>>,
+    _info: Info,
+}
+
+/// Access flags of every registration.
+pub(crate) fn mr_access() -> u64 {
+    u64::from(sys::FI_READ) | u64::from(sys::FI_WRITE) | u64::from(sys::FI_REMOTE_READ) | u64::from(sys::FI_REMOTE_WRITE) | u64::from(sys::FI_SEND) | u64::from(sys::FI_RECV)
+}
+
+/// Framing of notification messages: `N`, sender name length (u16 LE), name, payload.
+pub(crate) fn frame(sender: &str, msg: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(3 + sender.len() + msg.len());
+    v.push(b'N');
+    v.extend_from_slice(&(sender.len() as u16).to_le_bytes());
+    v.extend_from_slice(sender.as_bytes());
+    v.extend_from_slice(msg);
+    v
+}
+
+fn unframe(b: &[u8]) -> Option<(String, Vec<u8>)> {
+    if b.len() < 3 || b[0] != b'N' {
+        return None;
+    }
+    let n = usize::from(u16::from_le_bytes([b[1], b[2]]));
+    let name = b.get(3..3 + n)?;
+    Some((std::str::from_utf8(name).ok()?.to_owned(), b[3 + n..].to_vec()))
+}
+
+impl Rail {
+    /// Opens a rail from one info entry.
+    pub fn open(lib: &'static Lib, info: Info, index: usize, cfg: RailConfig, next_key: &AtomicU64) -> Result<Rail, FiError> {
+        let e = info.first();
+        // SAFETY: getinfo fills every attribute struct of the entries it returns.
+        let (dattr, eattr, txattr, rxattr) = unsafe { (&*e.domain_attr, &*e.ep_attr, &*e.tx_attr, &*e.rx_attr) };
+        let domain_name = crate::fabric::cstr(dattr.name);
+        let mr_mode = u64::try_from(dattr.mr_mode).unwrap_or(0);
+        let max_msg = u64::try_from(eattr.max_msg_size).unwrap_or(u64::MAX).max(1);
+        let key_size = dattr.mr_key_size;
+        let fabric = Fabric::open(lib, &info)?;
+        let domain = Domain::open(&fabric, &info)?;
+        let cq_size = (txattr.size + rxattr.size).max(1024);
+        let cq = Cq::open(&domain, cq_size)?;
+        let av = Av::open(&domain)?;
+        let pool = |slots: usize| MsgPool { buf: vec![0u8; slots.max(1) * cfg.notif_size], slot_size: cfg.notif_size, mr: None };
+        let state = RailState {
+            inflight: HashMap::new(),
+            recv: pool(cfg.recv_slots),
+            send: pool(cfg.send_slots),
+            send_free: (0..cfg.send_slots.max(1)).rev().collect(),
+        };
+        let ep = Endpoint::open(&domain, &info, &cq, &av, Mutex::new(state))?;
+        let addr = ep.name()?;
+        let rail = Rail { index, domain_name, mr_mode, max_msg, key_size, addr, counters: Arc::default(), av, domain, cq, ep, _info: info };
+        {
+            let mut st = rail.lock();
+            let st = &mut *st;
+            for pool in [&mut st.recv, &mut st.send] {
+                let key = next_key.fetch_add(1, Ordering::Relaxed);
+                // SAFETY: the pool's buffer lives in the endpoint's state, which is dropped only
+                // after the endpoint (and so every operation using the registration) is closed;
+                // the Mr is dropped with it.
+                let mr = unsafe { Mr::register(&rail.domain, pool.buf.as_ptr() as u64, pool.buf.len() as u64, mr_access(), key, None)? };
+                if mr_mode & u64::from(sys::FI_MR_ENDPOINT) != 0 {
+                    mr.bind_endpoint_raw(rail.ep.as_ptr())?;
+                }
+                pool.mr = Some(mr);
+            }
+            for slot in 0..cfg.recv_slots {
+                if !rail.post_recv(st, slot)? {
+                    tracing::warn!(rail = index, posted = slot, "receive queue full; fewer notification buffers posted");
+                    break;
+                }
+            }
+        }
+        Ok(rail)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, RailState> {
+        self.ep.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn post_recv(&self, st: &mut RailState, slot: usize) -> Result<bool, FiError> {
+        let mut ctx = OpCtx::boxed(OpKind::Recv { slot });
+        let p = &mut *ctx as *mut OpCtx as *mut c_void;
+        let buf = st.recv.slot_ptr(slot);
+        // SAFETY: live endpoint; the buffer slot and the context live in the endpoint's state
+        // until the completion is read or the endpoint is closed.
+        let ret = unsafe { ops::fi_recv(self.ep.as_ptr(), buf as *mut c_void, st.recv.slot_size, st.recv.desc(), sys::FI_ADDR_UNSPEC, p) };
+        match check("fi_recv", ret) {
+            Ok(_) => {
+                st.inflight.insert(p as usize, ctx);
+                Ok(true)
+            }
+            Err(e) if e.is_again() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Posts one RMA operation. `Ok(false)`: the queue is full, retry after progress.
+    #[allow(clippy::too_many_arguments)]
+    pub fn post_rma(&self, write: bool, local: u64, len: u64, desc: usize, dest: sys::fi_addr_t, raddr: u64, key: u64, track: &Arc<Track>) -> Result<bool, FiError> {
+        let mut st = self.lock();
+        let mut ctx = OpCtx::boxed(OpKind::Rma { track: track.clone(), len, write });
+        let p = &mut *ctx as *mut OpCtx as *mut c_void;
+        let len_us = usize::try_from(len).map_err(|_| FiError::new("fi_write", sys::FI_EINVAL))?;
+        // SAFETY: live endpoint; the local range lies in a registration the transfer holds
+        // (desc is its descriptor), the context lives in the in-flight table until its
+        // completion is read.
+        let ret = unsafe {
+            if write {
+                ops::fi_write(self.ep.as_ptr(), local as *const c_void, len_us, desc as *mut c_void, dest, raddr, key, p)
+            } else {
+                ops::fi_read(self.ep.as_ptr(), local as *mut c_void, len_us, desc as *mut c_void, dest, raddr, key, p)
+            }
+        };
+        match check(if write { "fi_write" } else { "fi_read" }, ret) {
+            Ok(_) => {
+                track.add();
+                st.inflight.insert(p as usize, ctx);
+                Ok(true)
+            }
+            Err(e) if e.is_again() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sends a framed notification. `Ok(false)`: no free buffer or the queue is full.
+    pub fn post_send(&self, dest: sys::fi_addr_t, framed: &[u8], track: &Arc<Track>) -> Result<bool, FiError> {
+        let mut st = self.lock();
+        if framed.len() > st.send.slot_size {
+            return Err(FiError::new("fi_send", sys::FI_EMSGSIZE));
+        }
+        let Some(slot) = st.send_free.pop() else { return Ok(false) };
+        let buf = st.send.slot_ptr(slot);
+        // SAFETY: the slot is free (owned by no posted send) and holds slot_size >= len bytes.
+        unsafe { std::ptr::copy_nonoverlapping(framed.as_ptr(), buf, framed.len()) };
+        let mut ctx = OpCtx::boxed(OpKind::Send { track: track.clone(), slot });
+        let p = &mut *ctx as *mut OpCtx as *mut c_void;
+        // SAFETY: live endpoint; buffer slot and context live in the endpoint's state until
+        // the completion is read.
+        let ret = unsafe { ops::fi_send(self.ep.as_ptr(), buf as *const c_void, framed.len(), st.send.desc(), dest, p) };
+        match check("fi_send", ret) {
+            Ok(_) => {
+                track.add();
+                st.inflight.insert(p as usize, ctx);
+                Ok(true)
+            }
+            Err(e) => {
+                st.send_free.push(slot);
+                if e.is_again() {
+                    Ok(false)
+                } else {
+                    Err(e)
+                }
+            }
+        }
+    }
+
+    /// Reads completions (bounded), delivering received notifications into `notifs`.
+    /// Returns how many completions were handled.
+    pub fn poll(&self, notifs: &NotifQueue) -> Result<usize, FiError> {
+        let mut st = self.lock();
+        let mut entries = [sys::fi_cq_msg_entry { op_context: std::ptr::null_mut(), flags: 0, len: 0 }; 16];
+        let mut handled = 0;
+        for _ in 0..64 {
+            match self.cq.read(&mut entries) {
+                Ok(0) => break,
+                Ok(n) => {
+                    for e in &entries[..n] {
+                        self.complete(&mut st, e.op_context, e.len, None, notifs)?;
+                    }
+                    handled += n;
+                }
+                Err(e) if e.code == sys::FI_EAVAIL => match self.cq.read_error()? {
+                    Some((ctx, err)) => {
+                        self.complete(&mut st, ctx, 0, Some(err), notifs)?;
+                        handled += 1;
+                    }
+                    None => break,
+                },
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(handled)
+    }
+
+    fn complete(&self, st: &mut RailState, ctx: *mut c_void, len: usize, err: Option<FiError>, notifs: &NotifQueue) -> Result<(), FiError> {
+        let Some(op) = st.inflight.remove(&(ctx as usize)) else {
+            tracing::warn!(rail = self.index, "completion for an unknown operation context");
+            return Ok(());
+        };
+        if let Some(e) = &err {
+            self.counters.errors.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(rail = self.index, error = %e, "operation failed");
+        }
+        match op.kind {
+            OpKind::Rma { track, len, write } => {
+                if err.is_none() {
+                    let c = if write { &self.counters.bytes_written } else { &self.counters.bytes_read };
+                    c.fetch_add(len, Ordering::Relaxed);
+                    self.counters.ops.fetch_add(1, Ordering::Relaxed);
+                }
+                track.complete(err);
+            }
+            OpKind::Send { track, slot } => {
+                st.send_free.push(slot);
+                if err.is_none() {
+                    self.counters.notifs_sent.fetch_add(1, Ordering::Relaxed);
+                }
+                track.complete(err);
+            }
+            OpKind::Recv { slot } => {
+                match err {
+                    None => {
+                        let size = st.recv.slot_size;
+                        let start = slot * size;
+                        let bytes = st.recv.buf.get(start..start + len.min(size)).unwrap_or(&[]);
+                        match unframe(bytes) {
+                            Some((sender, msg)) => {
+                                self.counters.notifs_received.fetch_add(1, Ordering::Relaxed);
+                                notifs.push(&sender, msg);
+                            }
+                            None => tracing::warn!(rail = self.index, len, "dropping a malformed notification message"),
+                        }
+                    }
+                    Some(e) if e.code == sys::FI_ECANCELED => return Ok(()),
+                    Some(e) => tracing::warn!(rail = self.index, error = %e, "notification receive failed"),
+                }
+                if !self.post_recv(st, slot)? {
+                    tracing::warn!(rail = self.index, "could not repost a notification buffer");
+                }
+            }
+        }
+        Ok(())
+    }
+
+}
+
+impl Mr {
+    /// Binds to a raw endpoint (used for the rail's own pools while it is being built).
+    fn bind_endpoint_raw(&self, ep: *mut sys::fid_ep) -> Result<(), FiError> {
+        // SAFETY: live MR and endpoint of the same domain.
+        check("fi_mr_bind", unsafe { ops::fi_mr_bind(self.as_ptr(), ep as *mut sys::fid, 0) })?;
+        // SAFETY: live MR.
+        check("fi_mr_enable", unsafe { ops::fi_mr_enable(self.as_ptr()) }).map(|_| ())
+    }
+}
+
+impl Rail {
+    /// Registers memory on this rail's domain (binding it to the endpoint where the provider
+    /// needs that).
+    ///
+    /// # Safety
+    ///
+    /// The memory must stay valid while the registration is used.
+    pub unsafe fn register(&self, addr: u64, len: u64, key: u64, hmem: Option<(u32, i32)>) -> Result<Mr, FiError> {
+        // SAFETY: forwarded contract.
+        let mr = unsafe { Mr::register(&self.domain, addr, len, mr_access(), key, hmem)? };
+        if self.mr_mode & u64::from(sys::FI_MR_ENDPOINT) != 0 {
+            mr.bind_endpoint_raw(self.ep.as_ptr())?;
+        }
+        Ok(mr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn framing_round_trips_and_rejects_garbage() {
+        let f = frame("agent-a", b"hello");
+        assert_eq!(unframe(&f), Some(("agent-a".to_owned(), b"hello".to_vec())));
+        assert_eq!(unframe(b""), None);
+        assert_eq!(unframe(b"X\x01\x00a"), None);
+        assert_eq!(unframe(b"N\xff\x00a"), None);
+        assert_eq!(unframe(&frame("", b"")), Some((String::new(), Vec::new())));
+    }
+}

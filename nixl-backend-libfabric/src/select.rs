@@ -1,0 +1,111 @@
+//! Provider and domain selection: `fi_getinfo` with hints for RDM endpoints that do RMA and
+//! messages, accepting every memory-registration mode this crate honours.
+
+use crate::fabric::{cstr, Info, StrField};
+use crate::params::{HmemMode, LibfabricParams, DEFAULT_PROVIDERS};
+use crate::result::FiError;
+use crate::sys::{self, Lib};
+
+/// What was chosen: one info per rail, and the features the provider granted.
+pub(crate) struct Selection {
+    pub provider: String,
+    pub infos: Vec<Info>,
+    pub hmem: bool,
+    pub delivery_complete: bool,
+}
+
+/// The memory-registration modes this crate handles (local descriptors, virtual addresses,
+/// provider keys, allocated memory, endpoint-bound registrations; device memory with hmem).
+fn mr_modes(hmem: bool) -> i32 {
+    let mut m = sys::FI_MR_LOCAL | sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY | sys::FI_MR_ENDPOINT;
+    if hmem {
+        m |= sys::FI_MR_HMEM;
+    }
+    m as i32
+}
+
+fn hints(lib: &'static Lib, provider: &str, domain: Option<&str>, hmem: bool, dc: bool) -> Result<Info, FiError> {
+    let mut h = Info::hints(lib)?;
+    h.set_str(StrField::Provider, provider)?;
+    if let Some(d) = domain {
+        h.set_str(StrField::Domain, d)?;
+    }
+    let i = h.first_mut();
+    let mut caps = u64::from(sys::FI_MSG) | u64::from(sys::FI_RMA) | u64::from(sys::FI_READ) | u64::from(sys::FI_WRITE);
+    caps |= u64::from(sys::FI_REMOTE_READ) | u64::from(sys::FI_REMOTE_WRITE) | u64::from(sys::FI_SEND) | u64::from(sys::FI_RECV);
+    if hmem {
+        caps |= u64::from(sys::FI_HMEM);
+    }
+    i.caps = caps;
+    // Every operation carries an fi_context2-sized context (see rail.rs).
+    i.mode = u64::from(sys::FI_CONTEXT) | u64::from(sys::FI_CONTEXT2);
+    // SAFETY: fi_allocinfo allocated every attribute struct of the hints.
+    unsafe {
+        (*i.ep_attr).type_ = sys::FI_EP_RDM;
+        (*i.domain_attr).mr_mode = mr_modes(hmem);
+        (*i.domain_attr).threading = sys::FI_THREAD_SAFE;
+        (*i.tx_attr).msg_order = u64::from(sys::FI_ORDER_SAS);
+        (*i.rx_attr).msg_order = u64::from(sys::FI_ORDER_SAS);
+        if dc {
+            (*i.tx_attr).op_flags = u64::from(sys::FI_DELIVERY_COMPLETE);
+        }
+    }
+    Ok(h)
+}
+
+/// Picks a provider and one info entry per rail.
+pub(crate) fn select(lib: &'static Lib, p: &LibfabricParams) -> Result<Option<Selection>, FiError> {
+    let providers: Vec<&str> = match &p.provider {
+        Some(x) => vec![x.as_str()],
+        None => DEFAULT_PROVIDERS.to_vec(),
+    };
+    let hmem_tries: &[bool] = match p.hmem {
+        HmemMode::Auto => &[true, false],
+        HmemMode::Off => &[false],
+        HmemMode::Require => &[true],
+    };
+    let one_domain = (p.domains.len() == 1).then(|| p.domains[0].as_str());
+    for prov in providers {
+        for &hmem in hmem_tries {
+            for dc in [true, false] {
+                let h = hints(lib, prov, one_domain, hmem, dc)?;
+                let Some(list) = h.getinfo(sys::API_VERSION)? else { continue };
+                let groups = domain_groups(&list, &p.domains);
+                if groups.is_empty() {
+                    continue;
+                }
+                let mut infos = Vec::with_capacity(p.rails);
+                for r in 0..p.rails {
+                    infos.push(list.dup(groups[r % groups.len()])?);
+                }
+                // SAFETY: getinfo fills the fabric attributes of its entries.
+                let provider = cstr(unsafe { (*infos[0].first().fabric_attr).prov_name });
+                tracing::debug!(%provider, hmem, delivery_complete = dc, rails = p.rails, "libfabric provider selected");
+                return Ok(Some(Selection { provider, infos, hmem, delivery_complete: dc }));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// One entry per distinct domain (the wanted ones, in the wanted order, when given),
+/// preferring IPv4 addressing where a domain offers several formats.
+fn domain_groups<'a>(list: &'a Info, wanted: &[String]) -> Vec<&'a sys::fi_info> {
+    let mut out: Vec<(String, &sys::fi_info)> = Vec::new();
+    for e in list.entries() {
+        // SAFETY: getinfo fills the domain attributes of its entries.
+        let name = cstr(unsafe { (*e.domain_attr).name });
+        match out.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => {
+                if e.addr_format == sys::FI_SOCKADDR_IN && slot.1.addr_format != sys::FI_SOCKADDR_IN {
+                    slot.1 = e;
+                }
+            }
+            None => out.push((name, e)),
+        }
+    }
+    if wanted.is_empty() {
+        return out.into_iter().map(|(_, e)| e).collect();
+    }
+    wanted.iter().filter_map(|w| out.iter().find(|(n, _)| n == w).map(|(_, e)| *e)).collect()
+}

@@ -1,0 +1,9 @@
+/* Input of the committed bindings (src/sys/bindings.rs); see scripts/gen-bindings.sh. */
+#include <rdma/fabric.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_eq.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>

@@ -1,0 +1,268 @@
+//! A prepared transfer: its segments cut into RMA operations striped over rails, posted as the
+//! queues allow, counted to completion on the rails' CQs, then followed by the notification.
+//!
+//! Ordering of notifications: the notification is sent only after every write of the post has
+//! completed at the initiator. With `FI_DELIVERY_COMPLETE` (asked for first, and granted by the
+//! tcp, shm and efa providers) a write's completion means the data is visible in the target's
+//! memory, so the target can never see the notification before the data.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use nixl_core::{downcast_md, BackendMd, BackendXfer, Error, MemKind, Op, Result, XferOp, XferSpec, XferState};
+
+use crate::backend::{Inner, LocalMd, Peer, RemoteMd};
+use crate::rail::{frame, Track};
+
+/// One RMA operation of a transfer.
+#[derive(Debug, Clone, Copy)]
+struct RmaOp {
+    rail: usize,
+    local: u64,
+    len: u64,
+    desc: usize,
+    raddr: u64,
+    key: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Idle,
+    Data,
+    Notif,
+    Done,
+}
+
+/// The state of a transfer, shared between its request (which polls it) and the backend's
+/// progress thread (which drives it while nobody polls: posts what did not fit in the queues
+/// and sends the notification once the data is complete).
+pub(crate) struct XferCore {
+    inner: Arc<Inner>,
+    peer: Arc<Peer>,
+    write: bool,
+    ops: Vec<RmaOp>,
+    notif: Option<Vec<u8>>,
+    track: Arc<Track>,
+    next: usize,
+    phase: Phase,
+    /// A failure found by the progress thread, reported by the next check.
+    failed: Option<Error>,
+    /// The metadata the operations' keys and descriptors come from.
+    _mds: Vec<BackendMd>,
+}
+
+/// A shared transfer state.
+pub(crate) type SharedCore = Arc<Mutex<XferCore>>;
+
+pub(crate) struct LfXfer {
+    inner: Arc<Inner>,
+    core: SharedCore,
+    write: bool,
+    rail_bytes: Vec<u64>,
+}
+
+fn lock(c: &SharedCore) -> MutexGuard<'_, XferCore> {
+    c.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl XferCore {
+    /// Whether the progress thread should keep driving it.
+    pub fn active(&self) -> bool {
+        matches!(self.phase, Phase::Data | Phase::Notif) && self.failed.is_none()
+    }
+
+    /// One step from the progress thread: errors are kept for the next check.
+    pub fn drive(&mut self) {
+        if self.active() {
+            if let Err(e) = self.step(Op::Progress, false) {
+                self.failed = Some(e);
+            }
+        }
+    }
+}
+
+impl LfXfer {
+    pub fn prepare(inner: Arc<Inner>, peer: Arc<Peer>, spec: XferSpec) -> Result<LfXfer> {
+        let me = inner.agent.clone();
+        let kinds_ok = |k: MemKind| k == MemKind::Dram || (k == MemKind::Vram && inner.hmem);
+        if !kinds_ok(spec.local_kind) || !kinds_ok(spec.remote_kind) {
+            return Err(Error::not_supported(&me, Op::MakeXfer, format!("LIBFABRIC ({}) cannot move {} -> {}", inner.provider, spec.local_kind, spec.remote_kind)));
+        }
+        if spec.segments.is_empty() {
+            return Err(Error::invalid(&me, Op::MakeXfer, "no segments"));
+        }
+        let notif = match &spec.notif {
+            Some(n) => {
+                let f = frame(&me, n);
+                if f.len() > inner.params.notif_size {
+                    return Err(Error::invalid(&me, Op::MakeXfer, format!("notification of {} bytes exceeds notif_size {}", f.len(), inner.params.notif_size)));
+                }
+                Some(f)
+            }
+            None => None,
+        };
+        let mut nr = peer.addrs.len().min(inner.rails.len());
+        let mut mds = Vec::with_capacity(spec.segments.len() * 2);
+        let mut segs = Vec::with_capacity(spec.segments.len());
+        for s in &spec.segments {
+            let l = downcast_md::<LocalMd>(&s.local_md).ok_or_else(|| Error::invalid(&me, Op::MakeXfer, "local metadata is not LIBFABRIC's"))?;
+            let r = downcast_md::<RemoteMd>(&s.remote_md).ok_or_else(|| Error::invalid(&me, Op::MakeXfer, "remote metadata is not LIBFABRIC's"))?;
+            let inside = |a: u64, base: u64, len: u64| a >= base && s.len <= len && a - base <= len - s.len;
+            if !inside(s.local_addr, l.addr, l.len) || !inside(s.remote_addr, r.base, r.len) {
+                return Err(Error::invalid(&me, Op::MakeXfer, "segment outside its registration"));
+            }
+            nr = nr.min(l.keys.len()).min(r.keys.len());
+            let raddr = if r.virt_addr { s.remote_addr } else { s.remote_addr - r.base };
+            segs.push((s.local_addr, raddr, s.len, l, r));
+            mds.push(s.local_md.clone());
+            mds.push(s.remote_md.clone());
+        }
+        if nr == 0 {
+            return Err(Error::disconnected(&me, &spec.remote, Op::MakeXfer, "no rail reaches the peer"));
+        }
+        // Stripe: big segments are cut across rails, every piece goes to the least-loaded rail,
+        // and no piece exceeds its rail's largest message.
+        let mut load = vec![0u64; nr];
+        let mut ops = Vec::new();
+        let stripe_min = inner.params.stripe_min;
+        for (local, raddr, len, l, r) in segs {
+            let piece = if nr > 1 && len >= 2 * stripe_min { len.div_ceil(nr as u64).max(stripe_min) } else { len };
+            let mut off = 0;
+            while off < len {
+                let rail = (0..nr).min_by_key(|&i| load[i]).unwrap_or(0);
+                let max_msg = inner.rails[rail].max_msg;
+                let n = piece.min(len - off).min(max_msg);
+                ops.push(RmaOp { rail, local: local + off, len: n, desc: l.descs[rail], raddr: raddr + off, key: r.keys[rail] });
+                load[rail] += n;
+                off += n;
+            }
+        }
+        let write = spec.op == XferOp::Write;
+        let core = XferCore { inner: inner.clone(), peer, write, ops, notif, track: Arc::new(Track::default()), next: 0, phase: Phase::Idle, failed: None, _mds: mds };
+        Ok(LfXfer { inner, core: Arc::new(Mutex::new(core)), write, rail_bytes: load })
+    }
+}
+
+impl XferCore {
+
+    fn err(&self, e: crate::result::FiError, op: Op) -> Error {
+        e.into_error(&self.inner.agent, Some(&self.peer.name), op)
+    }
+
+    /// Posts operations until all are posted or a queue is full.
+    fn pump(&mut self, op: Op) -> Result<()> {
+        while let Some(o) = self.ops.get(self.next).copied() {
+            let (rail, addr) = &self.peer.addrs[o.rail];
+            if !rail.post_rma(self.write, o.local, o.len, o.desc, *addr, o.raddr, o.key, &self.track).map_err(|e| self.err(e, op))? {
+                break;
+            }
+            self.next += 1;
+        }
+        Ok(())
+    }
+
+    /// After a failure: stop posting and wait (bounded) for what is in flight, so the memory
+    /// is no longer touched when the error is reported.
+    fn fail(&mut self, e: Error) -> Error {
+        self.next = self.ops.len();
+        self.phase = Phase::Idle;
+        if !self.inner.drain(&self.track) {
+            tracing::error!(agent = %self.inner.agent, "operations of a failed transfer did not complete in time");
+        }
+        e
+    }
+
+    fn step(&mut self, op: Op, poll: bool) -> Result<XferState> {
+        if let Some(e) = self.failed.take() {
+            self.phase = Phase::Idle;
+            return Err(e);
+        }
+        match self.phase {
+            Phase::Done => return Ok(XferState::Done),
+            Phase::Idle => return Err(Error::not_allowed(&self.inner.agent, op, "transfer is not posted")),
+            Phase::Data | Phase::Notif => {}
+        }
+        if !self.peer.alive.load(std::sync::atomic::Ordering::SeqCst) {
+            let e = Error::disconnected(&self.inner.agent, &self.peer.name, op, "peer was disconnected");
+            return Err(self.fail(e));
+        }
+        if poll {
+            self.inner.poll();
+        }
+        if self.phase == Phase::Data {
+            if let Err(e) = self.pump(op) {
+                return Err(self.fail(e));
+            }
+        }
+        let (outstanding, error) = self.track.state();
+        if let Some(e) = error {
+            let e = self.err(e, op);
+            return Err(self.fail(e));
+        }
+        if outstanding > 0 || self.next < self.ops.len() {
+            return Ok(XferState::InProgress);
+        }
+        if self.phase == Phase::Data {
+            if let Some(n) = &self.notif {
+                let (rail, addr) = &self.peer.addrs[0];
+                match rail.post_send(*addr, n, &self.track) {
+                    Ok(true) => {
+                        self.phase = Phase::Notif;
+                        return Ok(XferState::InProgress);
+                    }
+                    Ok(false) => return Ok(XferState::InProgress),
+                    Err(e) => {
+                        let e = self.err(e, op);
+                        return Err(self.fail(e));
+                    }
+                }
+            }
+        }
+        self.phase = Phase::Done;
+        Ok(XferState::Done)
+    }
+}
+
+impl BackendXfer for LfXfer {
+    fn post(&mut self) -> Result<XferState> {
+        let mut c = lock(&self.core);
+        if matches!(c.phase, Phase::Data | Phase::Notif) {
+            return Err(Error::RepostActive { agent: self.inner.agent.clone(), op: Op::PostXfer });
+        }
+        // A fresh tracker: late completions of an earlier, canceled post cannot count here.
+        c.track = Arc::new(Track::default());
+        c.next = 0;
+        c.failed = None;
+        c.phase = Phase::Data;
+        let r = c.step(Op::PostXfer, true);
+        if c.active() {
+            self.inner.activate(Arc::downgrade(&self.core));
+        }
+        r
+    }
+
+    fn check(&mut self) -> Result<XferState> {
+        lock(&self.core).step(Op::CheckXfer, true)
+    }
+
+    fn cancel(&mut self) -> Result<()> {
+        let mut c = lock(&self.core);
+        c.next = c.ops.len();
+        c.phase = Phase::Idle;
+        c.failed = None;
+        if self.inner.drain(&c.track) {
+            Ok(())
+        } else {
+            Err(Error::TimedOut { agent: self.inner.agent.clone(), op: Op::Cancel, elapsed: self.inner.params.op_timeout })
+        }
+    }
+
+    fn path(&self) -> Option<String> {
+        let split: Vec<String> = self
+            .rail_bytes
+            .iter()
+            .enumerate()
+            .map(|(i, b)| format!("rail{i} {}: {b} B", self.inner.rails[i].domain_name))
+            .collect();
+        Some(format!("libfabric {} {}; {}", self.inner.provider, if self.write { "WRITE" } else { "READ" }, split.join(", ")))
+    }
+}

@@ -1,6 +1,6 @@
 //! The agent: a cheap clonable handle to one process's transfer endpoint.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -16,6 +16,7 @@ use crate::notif::{NotifQueue, Notifs};
 use crate::registration::RegTable;
 use crate::remote::RemotePeer;
 use crate::telemetry::{self, Counters, TelemetrySnapshot};
+use crate::xfer::UncertainXfer;
 
 /// How an agent is set up.
 #[derive(Clone)]
@@ -112,7 +113,14 @@ pub(crate) struct Shared {
     pub listen_addr: Mutex<Option<SocketAddr>>,
     pub threads: Mutex<Vec<JoinHandle<()>>>,
     pub next_id: AtomicU64,
+    /// Requests that ended uncertain (bounded, oldest dropped).
+    pub uncertain: Mutex<VecDeque<UncertainXfer>>,
+    /// Notifications whose integrity check failed, not yet taken: (sender, message).
+    pub corrupt: Mutex<Vec<(String, Vec<u8>)>>,
 }
+
+/// How many uncertain requests an agent remembers.
+pub(crate) const MAX_UNCERTAIN: usize = 4096;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // Locks here guard plain tables updated by single inserts/removes; a panic elsewhere
@@ -244,6 +252,8 @@ impl Agent {
             listen_addr: Mutex::new(None),
             threads: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
+            uncertain: Mutex::new(VecDeque::new()),
+            corrupt: Mutex::new(Vec::new()),
         });
         let agent = Agent { shared };
         if agent.shared.config.listen {
@@ -446,16 +456,102 @@ impl Agent {
         if !self.shared.config.progress_thread {
             self.shared.progress_all();
         }
-        Ok(self.shared.notifs.drain())
+        let mut n = self.shared.notifs.drain();
+        self.verify_integrity(&mut n);
+        Ok(n)
+    }
+
+    /// Checks integrity frames (see `XferOptions::integrity`): a verified frame becomes the
+    /// user's message; a failed one is removed and kept for [`Agent::take_integrity_failures`].
+    fn verify_integrity(&self, notifs: &mut Notifs) {
+        for (sender, msgs) in notifs.iter_mut() {
+            if !msgs.iter().any(|m| m.starts_with(crate::integrity::MAGIC)) {
+                continue;
+            }
+            let mut kept = Vec::with_capacity(msgs.len());
+            for m in msgs.drain(..) {
+                match crate::integrity::Frame::parse(&m) {
+                    None => kept.push(m),
+                    Some(Ok(f)) if self.frame_matches(&f) => kept.push(f.msg),
+                    Some(parsed) => {
+                        tracing::error!(agent = %self.name(), remote = %sender, "notification failed its integrity check");
+                        self.shared.counters.failed();
+                        let msg = parsed.map(|f| f.msg).unwrap_or_default();
+                        lock(&self.shared.corrupt).push((sender.clone(), msg));
+                    }
+                }
+            }
+            *msgs = kept;
+        }
+        notifs.retain(|_, v| !v.is_empty());
+    }
+
+    fn frame_matches(&self, f: &crate::integrity::Frame) -> bool {
+        // Every range must lie in this agent's own DRAM registrations before it is read; the
+        // registrations found are held for the duration of the hash.
+        let mut held = Vec::with_capacity(f.ranges.len());
+        {
+            let regs = lock(&self.shared.regs);
+            for &(dev, addr, len) in &f.ranges {
+                match regs.find(crate::mem::MemKind::Dram, dev, addr, len) {
+                    Some(r) => held.push(r),
+                    None => return false,
+                }
+            }
+        }
+        // SAFETY: each range lies inside a live DRAM registration held in `held`, whose memory
+        // the registration keeps alive and readable.
+        let hash =
+            unsafe { crate::integrity::hash_ranges(f.ranges.iter().map(|&(_, a, l)| (a, l))) };
+        drop(held);
+        hash == f.hash
+    }
+
+    /// Takes the notifications whose integrity check failed since the last call, as
+    /// `(Error::Corrupt, the user's message)`.
+    pub fn take_integrity_failures(&self) -> Vec<(Error, Vec<u8>)> {
+        std::mem::take(&mut *lock(&self.shared.corrupt))
+            .into_iter()
+            .map(|(remote, msg)| {
+                (
+                    Error::Corrupt {
+                        agent: self.name().to_owned(),
+                        remote,
+                        op: Op::GetNotifs,
+                    },
+                    msg,
+                )
+            })
+            .collect()
+    }
+
+    /// Requests that ended uncertain (peer died or restarted, or deadline passed, while in
+    /// flight), oldest first, up to the last 4096.
+    pub fn uncertain_requests(&self) -> Vec<UncertainXfer> {
+        lock(&self.shared.uncertain).iter().cloned().collect()
+    }
+
+    /// Forgets the uncertain requests listed so far.
+    pub fn clear_uncertain_requests(&self) {
+        lock(&self.shared.uncertain).clear();
     }
 
     /// Waits until at least one notification is queued or `timeout` passes, then drains.
+    /// Ends early with [`Error::Corrupt`] when a notification failed its integrity check (the
+    /// failure stays available to [`Agent::take_integrity_failures`]).
     pub fn wait_notifs(&self, timeout: Duration) -> Result<Notifs> {
         let deadline = Instant::now() + timeout;
         loop {
             let n = self.get_notifs()?;
             if !n.is_empty() {
                 return Ok(n);
+            }
+            if let Some((remote, _)) = lock(&self.shared.corrupt).first() {
+                return Err(Error::Corrupt {
+                    agent: self.name().to_owned(),
+                    remote: remote.clone(),
+                    op: Op::GetNotifs,
+                });
             }
             if Instant::now() >= deadline {
                 return Err(Error::TimedOut {

@@ -44,6 +44,29 @@ struct CachedRegion {
     mds: Vec<(usize, BackendMd)>,
 }
 
+/// What an integrity-checked request hashes and tells the target.
+struct IntegrityPlan {
+    msg: Vec<u8>,
+    local: Vec<(u64, u64)>,
+    remote: Vec<(u64, u64, u64)>,
+}
+
+/// A request that ended in an uncertain state: its peer died or restarted, or its deadline
+/// passed, while it was in flight, so whether the target received the data is unknown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UncertainXfer {
+    /// The request's id ([`XferReq::id`]).
+    pub id: u64,
+    /// The target agent.
+    pub remote: String,
+    /// READ or WRITE.
+    pub op: XferOp,
+    /// Bytes of the request.
+    pub bytes: u64,
+    /// The error's kind ([`Error::kind_name`]).
+    pub error: &'static str,
+}
+
 enum Side {
     Initiator,
     SelfTarget,
@@ -104,6 +127,10 @@ pub struct XferOptions {
     pub timeout: Option<Duration>,
     /// Do not merge contiguous descriptors.
     pub no_merge: bool,
+    /// Checksum the payload and deliver the checksum with the notification; the target
+    /// verifies it before handing the notification out (WRITE of DRAM only). The notification
+    /// is then sent once the initiator sees the request complete.
+    pub integrity: bool,
 }
 
 impl XferOptions {
@@ -130,6 +157,8 @@ enum Status {
 
 struct ReqState {
     status: Status,
+    /// The integrity frame of the current post, sent once the data is complete.
+    frame: Option<Vec<u8>>,
     xfer: Box<dyn BackendXfer>,
     tel: XferTelemetry,
     /// Set when cancel could not make sure the backend stopped: the memory is then leaked.
@@ -140,7 +169,9 @@ struct ReqState {
 /// Dropping it while in flight cancels it first; if the backend cannot confirm it stopped, the
 /// memory it uses is leaked rather than freed under the hardware.
 pub struct XferReq {
+    id: u64,
     shared: Arc<Shared>,
+    integrity: Option<IntegrityPlan>,
     op: XferOp,
     backend: Arc<BackendSlot>,
     remote: Option<Arc<RemotePeer>>,
@@ -261,6 +292,11 @@ fn dup_error(e: &Error) -> Error {
 }
 
 impl XferReq {
+    /// A process-unique id of the request.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
     /// The operation.
     pub fn op(&self) -> XferOp {
         self.op
@@ -345,6 +381,17 @@ impl XferReq {
         }
         self.peer_check()?;
         let start = Instant::now();
+        st.frame = self.integrity.as_ref().map(|p| {
+            // SAFETY: the local ranges lie in DRAM registrations this request keeps alive, and
+            // the transfer has not started, so only the caller's own writes could race.
+            let hash = unsafe { crate::integrity::hash_ranges(p.local.iter().copied()) };
+            crate::integrity::Frame {
+                hash,
+                ranges: p.remote.clone(),
+                msg: p.msg.clone(),
+            }
+            .encode()
+        });
         let r = st.xfer.post();
         let posted = Instant::now();
         st.tel = XferTelemetry {
@@ -357,11 +404,7 @@ impl XferReq {
         match r {
             Ok(XferState::Done) => {
                 st.tel.xfer_duration = posted - start;
-                st.status = Status::Done;
-                self.shared
-                    .counters
-                    .completed(self.op == XferOp::Write, &st.tel);
-                Ok(XferState::Done)
+                self.complete(&mut st)
             }
             Ok(XferState::InProgress) => {
                 st.status = Status::Posted {
@@ -408,11 +451,7 @@ impl XferReq {
                 match st.xfer.check() {
                     Ok(XferState::Done) => {
                         st.tel.xfer_duration = at.elapsed();
-                        st.status = Status::Done;
-                        self.shared
-                            .counters
-                            .completed(self.op == XferOp::Write, &st.tel);
-                        Ok(XferState::Done)
+                        self.complete(st)
                     }
                     Ok(XferState::InProgress) => match deadline {
                         Some(d) if Instant::now() >= d => {
@@ -428,6 +467,7 @@ impl XferReq {
                     },
                     Err(e) => {
                         self.shared.counters.failed();
+                        self.note_uncertain(&e);
                         st.status = Status::Failed(dup_error(&e));
                         Err(e)
                     }
@@ -443,7 +483,40 @@ impl XferReq {
             st.leaked = true;
         }
         self.shared.counters.failed();
+        self.note_uncertain(&terminal);
         st.status = Status::Failed(terminal);
+    }
+
+    /// The data is complete: send the integrity frame, if any, and record the completion.
+    fn complete(&self, st: &mut ReqState) -> Result<XferState> {
+        if let Some(frame) = st.frame.take() {
+            if let Err(e) = self.backend.backend.gen_notif(&self.spec.remote, &frame) {
+                self.shared.counters.failed();
+                st.status = Status::Failed(dup_error(&e));
+                return Err(e);
+            }
+        }
+        st.status = Status::Done;
+        self.shared
+            .counters
+            .completed(self.op == XferOp::Write, &st.tel);
+        Ok(XferState::Done)
+    }
+
+    fn note_uncertain(&self, e: &Error) {
+        if e.is_uncertain() {
+            let mut u = lock(&self.shared.uncertain);
+            if u.len() >= crate::agent::MAX_UNCERTAIN {
+                u.pop_front();
+            }
+            u.push_back(UncertainXfer {
+                id: self.id,
+                remote: self.spec.remote.clone(),
+                op: self.op,
+                bytes: self.spec.total_bytes(),
+                error: e.kind_name(),
+            });
+        }
     }
 
     /// Blocks until the request completes, fails, or `timeout` passes; on timeout the request
@@ -733,6 +806,16 @@ impl Agent {
             }
             pairs.push((l, r));
         }
+        if opts.integrity
+            && (op != XferOp::Write || local.kind != MemKind::Dram || remote.kind != MemKind::Dram)
+        {
+            return Err(Error::not_supported(
+                me,
+                Op::MakeXfer,
+                "integrity checking covers DRAM -> DRAM WRITE only",
+            ));
+        }
+        let wants_notif = opts.notif.is_some() || opts.integrity;
         // Choose the first backend (in preference order) that holds every entry on both sides.
         let hints: Vec<&str> = opts.backends.iter().map(String::as_str).collect();
         let candidates = self.select_backends(Op::MakeXfer, &hints)?;
@@ -745,7 +828,7 @@ impl Agent {
                     b.caps.remote
                 }
             })
-            .filter(|b| opts.notif.is_none() || b.caps.notifications)
+            .filter(|b| !wants_notif || b.caps.notifications)
             .find(|b| {
                 pairs.iter().all(|(l, r)| {
                     l.mds.iter().any(|(id, _)| *id == b.id)
@@ -814,6 +897,14 @@ impl Agent {
                 len,
             });
         }
+        let integrity = opts.integrity.then(|| IntegrityPlan {
+            msg: opts.notif.clone().unwrap_or_default(),
+            local: segments.iter().map(|s| (s.local_addr, s.len)).collect(),
+            remote: segments
+                .iter()
+                .map(|s| (s.remote_dev, s.remote_addr, s.len))
+                .collect(),
+        });
         let spec = XferSpec {
             op,
             local_kind: local.kind,
@@ -821,7 +912,7 @@ impl Agent {
             remote: remote_name,
             is_local,
             segments,
-            notif: opts.notif,
+            notif: if opts.integrity { None } else { opts.notif },
         };
         let xfer = slot.backend.prepare_xfer(spec.clone())?;
         let mut keep: Vec<Arc<Keep>> = Vec::new();
@@ -833,6 +924,8 @@ impl Agent {
             }
         }
         Ok(XferReq {
+            id: self.shared.next_id(),
+            integrity,
             shared: self.shared.clone(),
             op,
             backend: slot,
@@ -841,6 +934,7 @@ impl Agent {
             timeout: opts.timeout,
             state: Mutex::new(ReqState {
                 status: Status::Ready,
+                frame: None,
                 xfer,
                 tel: XferTelemetry::default(),
                 leaked: false,

@@ -335,3 +335,141 @@ fn loopback_and_self_target() {
     let v = s.to_vec();
     assert_eq!(v[..4096], v[4096..]);
 }
+
+#[test]
+fn integrity_detects_every_corruption() {
+    let plan = FaultPlan {
+        seed: 11,
+        corrupt_prob: 0.3,
+        ..FaultPlan::default()
+    };
+    let (a, log) = faulty("int-a", plan);
+    let b = agent("int-b");
+    let (sa, _ra) = registered(&a, 65536);
+    let (sb, _rb) = registered(&b, 65536);
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
+    let opts = XferOptions {
+        notif: Some(b"kv".to_vec()),
+        integrity: true,
+        ..XferOptions::default()
+    };
+    let req = a
+        .create_xfer_req(
+            XferOp::Write,
+            &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 16),
+            &XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 16),
+            b.name(),
+            opts,
+        )
+        .unwrap();
+    let (mut verified, mut corrupt) = (0, 0);
+    for i in 0..100u64 {
+        sa.fill_pattern(i);
+        a.post_xfer_req(&req).unwrap();
+        req.wait(Duration::from_secs(5)).unwrap();
+        match b.wait_notifs(Duration::from_secs(5)) {
+            Ok(n) => {
+                assert_eq!(n[a.name()], vec![b"kv".to_vec()]);
+                assert_eq!(
+                    sa.to_vec(),
+                    sb.to_vec(),
+                    "a verified notification implies intact data"
+                );
+                verified += 1;
+            }
+            Err(Error::Corrupt { remote, .. }) => {
+                assert_eq!(remote, a.name());
+                let f = b.take_integrity_failures();
+                assert_eq!(f.len(), 1);
+                assert_eq!(f[0].1, b"kv".to_vec());
+                assert_ne!(sa.to_vec(), sb.to_vec());
+                corrupt += 1;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    let injected = log
+        .events()
+        .iter()
+        .filter(|e| matches!(e, FaultEvent::Corrupt { .. }))
+        .count();
+    assert_eq!(
+        corrupt, injected,
+        "every injected corruption detected, none falsely"
+    );
+    assert!(corrupt > 0 && verified > 0);
+    // READ with integrity is refused.
+    let r = a.create_xfer_req(
+        XferOp::Read,
+        &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1),
+        &XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 1),
+        b.name(),
+        XferOptions {
+            integrity: true,
+            ..XferOptions::default()
+        },
+    );
+    assert!(matches!(r, Err(Error::NotSupported { .. })));
+}
+
+#[test]
+fn hostile_integrity_frames_never_read_foreign_memory() {
+    let a = agent("hif-a");
+    let b = agent("hif-b");
+    let (_sb, _rb) = registered(&b, 4096);
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
+    // A frame naming memory b never registered (address 8: unmapped) must be refused, not read.
+    let frame = nixl_core::integrity::Frame {
+        hash: 1,
+        ranges: vec![(0, 8, 4096)],
+        msg: b"x".to_vec(),
+    }
+    .encode();
+    a.gen_notif(b.name(), &frame, &[]).unwrap();
+    let mut truncated = nixl_core::integrity::MAGIC.to_vec();
+    truncated.extend_from_slice(&[1, 2, 3]);
+    a.gen_notif(b.name(), &truncated, &[]).unwrap();
+    a.gen_notif(b.name(), b"plain", &[]).unwrap();
+    let n = b.get_notifs().unwrap();
+    assert_eq!(n[a.name()], vec![b"plain".to_vec()]);
+    assert_eq!(b.take_integrity_failures().len(), 2);
+}
+
+#[test]
+fn uncertain_requests_are_listed() {
+    let plan = FaultPlan {
+        seed: 1,
+        delay_prob: 1.0,
+        delay: (Duration::from_secs(30), Duration::from_secs(30)),
+        ..FaultPlan::default()
+    };
+    let (a, _log) = faulty("unc-a", plan);
+    let b = agent("unc-b");
+    let (sa, _ra) = registered(&a, 4096);
+    let (sb, _rb) = registered(&b, 4096);
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
+    let req = a
+        .create_xfer_req(
+            XferOp::Write,
+            &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1),
+            &XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 1),
+            b.name(),
+            XferOptions::default(),
+        )
+        .unwrap();
+    a.post_xfer_req(&req).unwrap();
+    // The peer is invalidated while the request is in flight: the request is fenced.
+    a.invalidate_remote(b.name()).unwrap();
+    assert!(matches!(req.check(), Err(Error::PeerRestarted { .. })));
+    let u = a.uncertain_requests();
+    assert_eq!(u.len(), 1);
+    assert_eq!(
+        (u[0].id, u[0].remote.as_str(), u[0].bytes, u[0].error),
+        (req.id(), b.name(), 4096, "peer_restarted")
+    );
+    a.clear_uncertain_requests();
+    assert!(a.uncertain_requests().is_empty());
+}

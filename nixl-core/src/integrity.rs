@@ -1,0 +1,140 @@
+//! Integrity on demand: a WRITE's payload checksum travels with its notification and the target
+//! verifies it against its own memory before handing the notification out.
+//!
+//! Frame (after the 8-byte magic): `u64` xxh3 hash, `u32` range count, ranges as
+//! `(u64 dev_id, u64 addr, u64 len)`, then the user's message. The target checks that every
+//! range lies inside its own DRAM registrations before reading it, so a hostile frame cannot make
+//! it read memory it does not own.
+
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::error::DecodeError;
+
+/// Prefix of an integrity frame (a user message that starts with it is treated as a frame).
+pub const MAGIC: &[u8; 8] = b"\0NXINTG1";
+/// Most ranges in one frame.
+pub const MAX_RANGES: usize = 1 << 20;
+
+/// A parsed frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// The payload hash.
+    pub hash: u64,
+    /// `(dev_id, addr, len)` of the target ranges, in payload order.
+    pub ranges: Vec<(u64, u64, u64)>,
+    /// The user's notification.
+    pub msg: Vec<u8>,
+}
+
+impl Frame {
+    /// Encodes the frame.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(20 + self.ranges.len() * 24 + self.msg.len());
+        v.extend_from_slice(MAGIC);
+        v.extend_from_slice(&self.hash.to_le_bytes());
+        v.extend_from_slice(&(self.ranges.len() as u32).to_le_bytes());
+        for &(d, a, l) in &self.ranges {
+            v.extend_from_slice(&d.to_le_bytes());
+            v.extend_from_slice(&a.to_le_bytes());
+            v.extend_from_slice(&l.to_le_bytes());
+        }
+        v.extend_from_slice(&self.msg);
+        v
+    }
+
+    /// `None` when `bytes` is not a frame; otherwise the frame or why it is malformed.
+    pub fn parse(bytes: &[u8]) -> Option<Result<Frame, DecodeError>> {
+        let rest = bytes.strip_prefix(MAGIC.as_slice())?;
+        Some(Self::parse_body(rest))
+    }
+
+    fn parse_body(b: &[u8]) -> Result<Frame, DecodeError> {
+        let u64_at = |o: usize| -> Result<u64, DecodeError> {
+            b.get(o..o + 8)
+                .map(|s| {
+                    let mut a = [0u8; 8];
+                    a.copy_from_slice(s);
+                    u64::from_le_bytes(a)
+                })
+                .ok_or(DecodeError::Truncated {
+                    offset: o,
+                    needed: 8,
+                })
+        };
+        let hash = u64_at(0)?;
+        let n = b
+            .get(8..12)
+            .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]) as usize)
+            .ok_or(DecodeError::Truncated {
+                offset: 8,
+                needed: 4,
+            })?;
+        if n > MAX_RANGES {
+            return Err(DecodeError::TooLarge {
+                what: "integrity ranges",
+                value: n as u64,
+                limit: MAX_RANGES as u64,
+            });
+        }
+        let end = 12 + n * 24;
+        if b.len() < end {
+            return Err(DecodeError::Truncated {
+                offset: b.len(),
+                needed: end - b.len(),
+            });
+        }
+        let mut ranges = Vec::with_capacity(n);
+        for i in 0..n {
+            let o = 12 + i * 24;
+            let (d, a, l) = (u64_at(o)?, u64_at(o + 8)?, u64_at(o + 16)?);
+            if a.checked_add(l).is_none() {
+                return Err(DecodeError::Invalid {
+                    what: "integrity range",
+                });
+            }
+            ranges.push((d, a, l));
+        }
+        Ok(Frame {
+            hash,
+            ranges,
+            msg: b[end..].to_vec(),
+        })
+    }
+}
+
+/// Hashes host memory ranges in order.
+///
+/// # Safety
+///
+/// Every `(addr, len)` must be readable host memory for the duration of the call.
+pub(crate) unsafe fn hash_ranges(ranges: impl IntoIterator<Item = (u64, u64)>) -> u64 {
+    let mut h = Xxh3::new();
+    for (addr, len) in ranges {
+        // SAFETY: the caller guarantees the range is readable.
+        let s = unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) };
+        h.update(s);
+    }
+    h.digest()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn frames_roundtrip(hash in any::<u64>(), ranges in proptest::collection::vec((any::<u64>(), 0u64..1 << 40, 0u64..1 << 30), 0..8), msg in proptest::collection::vec(any::<u8>(), 0..32)) {
+            let f = Frame { hash, ranges, msg };
+            prop_assert_eq!(Frame::parse(&f.encode()), Some(Ok(f)));
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(tail in proptest::collection::vec(any::<u8>(), 0..128)) {
+            let mut b = MAGIC.to_vec();
+            b.extend_from_slice(&tail);
+            let _ = Frame::parse(&b);
+            prop_assert!(Frame::parse(&tail[..tail.len().min(4)]).is_none());
+        }
+    }
+}

@@ -87,7 +87,7 @@ fn gpu_agent_two_processes_vram_and_dram() {
             ("NIXL_MEM_T", t.addr().to_string()),
             ("NIXL_MEM_S", s.addr().to_string()),
         ],
-        Duration::from_secs(120),
+        Duration::from_secs(60),
     );
     let _ = std::fs::remove_dir_all(&dir);
     assert!(st.success(), "initiator failed: {st}");

@@ -208,7 +208,14 @@ impl IpcMapping {
     fn range(&self, offset: usize, n: usize) -> Result<u64> {
         match (offset as u64).checked_add(n as u64) {
             Some(end) if end <= self.handle.len => Ok(self.addr() + offset as u64),
-            _ => Err(Error::invalid("-", Op::PostXfer, format!("{offset}+{n} is outside the {}-byte mapping", self.handle.len))),
+            _ => Err(Error::invalid(
+                "-",
+                Op::PostXfer,
+                format!(
+                    "{offset}+{n} is outside the {}-byte mapping",
+                    self.handle.len
+                ),
+            )),
         }
     }
 
@@ -217,7 +224,9 @@ impl IpcMapping {
         let dst = self.range(offset, src.len())?;
         bind(&self.ctx)?;
         // SAFETY: the range lies in the live mapping; `src` is a live slice.
-        cu(Op::PostXfer, "cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) })
+        cu(Op::PostXfer, "cuMemcpyHtoD", unsafe {
+            sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len())
+        })
     }
 
     /// Copies the mapped range at `offset` into `dst` (synchronous).
@@ -225,7 +234,9 @@ impl IpcMapping {
         let src = self.range(offset, dst.len())?;
         bind(&self.ctx)?;
         // SAFETY: the range lies in the live mapping; `dst` is a live exclusive slice.
-        cu(Op::PostXfer, "cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len()) })
+        cu(Op::PostXfer, "cuMemcpyDtoH", unsafe {
+            sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len())
+        })
     }
 }
 

@@ -26,10 +26,15 @@ pub(crate) struct Peer {
     /// `(rail, fi_addr)` for rails both sides have.
     pub addrs: Vec<(Arc<Rail>, sys::fi_addr_t)>,
     pub alive: AtomicBool,
+    /// Set once the addresses were removed from the AVs.
+    removed: AtomicBool,
 }
 
 impl Drop for Peer {
     fn drop(&mut self) {
+        if self.removed.load(Ordering::SeqCst) {
+            return;
+        }
         for (rail, a) in &self.addrs {
             if let Err(e) = rail.av.remove(*a) {
                 tracing::debug!(peer = %self.name, error = %e, "removing a peer address failed");
@@ -40,13 +45,29 @@ impl Drop for Peer {
 
 impl Peer {
     fn connect(name: &str, conn: &[u8], rails: &[Arc<Rail>], names: &[Vec<u8>]) -> std::result::Result<Peer, FiError> {
-        let mut p = Peer { name: name.to_owned(), conn: conn.to_vec(), addrs: Vec::new(), alive: AtomicBool::new(true) };
+        let mut p = Peer { name: name.to_owned(), conn: conn.to_vec(), addrs: Vec::new(), alive: AtomicBool::new(true), removed: AtomicBool::new(false) };
         for (rail, addr) in rails.iter().zip(names) {
             // On failure `p` is dropped and removes what was inserted so far.
             let a = rail.av.insert(addr)?;
             p.addrs.push((rail.clone(), a));
         }
         Ok(p)
+    }
+
+    /// Declares the peer unreachable (its operations did not complete in time): removes its
+    /// addresses, which makes the provider tear the connections down and flush what is queued
+    /// on them, and fails later requests at once. A new `connect` (fresh metadata) revives it.
+    pub fn declare_unreachable(&self) {
+        self.alive.store(false, Ordering::SeqCst);
+        if self.removed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        tracing::warn!(peer = %self.name, "operations did not complete in time; dropping the peer's connections");
+        for (rail, a) in &self.addrs {
+            if let Err(e) = rail.av.remove(*a) {
+                tracing::debug!(peer = %self.name, error = %e, "removing a peer address failed");
+            }
+        }
     }
 }
 
@@ -390,6 +411,9 @@ impl Backend for LibfabricBackend {
     fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
         let me = &self.inner.agent;
         let peer = self.peer(remote, Op::GenNotif)?;
+        if !peer.alive.load(Ordering::SeqCst) {
+            return Err(Error::disconnected(me, remote, Op::GenNotif, "peer was declared unreachable (operations did not complete in time); reload its metadata to reconnect"));
+        }
         let framed = frame(me, msg);
         if framed.len() > self.inner.params.notif_size {
             return Err(Error::invalid(me, Op::GenNotif, format!("notification of {} bytes exceeds notif_size {}", framed.len(), self.inner.params.notif_size)));
@@ -400,6 +424,8 @@ impl Backend for LibfabricBackend {
         let mut idle = 0u32;
         while !rail.post_send(addr, &framed, &track).map_err(|e| e.into_error(me, Some(remote), Op::GenNotif))? {
             if Instant::now() >= deadline {
+                // The provider would not take the message for a whole op_timeout.
+                peer.declare_unreachable();
                 return Err(Error::TimedOut { agent: me.clone(), op: Op::GenNotif, elapsed: self.inner.params.op_timeout });
             }
             if self.inner.poll() == 0 {
@@ -408,6 +434,10 @@ impl Backend for LibfabricBackend {
             }
         }
         if !self.inner.drain(&track) {
+            // The send buffer belongs to the rail, so nothing of the caller's is at risk; the
+            // connection is torn down so the send is flushed and later calls fail fast.
+            peer.declare_unreachable();
+            self.inner.drain(&track);
             return Err(Error::TimedOut { agent: me.clone(), op: Op::GenNotif, elapsed: self.inner.params.op_timeout });
         }
         match track.state().1 {

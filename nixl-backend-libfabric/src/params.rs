@@ -51,7 +51,9 @@ pub struct LibfabricParams {
     /// The bound on the backend's own waits (sending a notification, draining a canceled or
     /// failed request).
     pub op_timeout: Duration,
-    stats: LibfabricStats,
+    /// Where the created backend publishes its per-rail counters (clones share them; see
+    /// [`LibfabricParams::stats`]).
+    pub stats: LibfabricStats,
 }
 
 impl Default for LibfabricParams {

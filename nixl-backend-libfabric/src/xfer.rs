@@ -165,10 +165,23 @@ impl XferCore {
     fn fail(&mut self, e: Error) -> Error {
         self.next = self.ops.len();
         self.phase = Phase::Idle;
-        if !self.inner.drain(&self.track) {
+        if !self.settle() {
             tracing::error!(agent = %self.inner.agent, "operations of a failed transfer did not complete in time");
         }
         e
+    }
+
+    /// Waits for what is in flight; if it does not complete in time the peer is declared
+    /// unreachable (flushing its queued operations) and waited for once more.
+    fn settle(&self) -> bool {
+        if self.inner.drain(&self.track) {
+            return true;
+        }
+        if Arc::ptr_eq(&self.peer, &self.inner.me) {
+            return false;
+        }
+        self.peer.declare_unreachable();
+        self.inner.drain(&self.track)
     }
 
     fn step(&mut self, op: Op, poll: bool) -> Result<XferState> {
@@ -182,7 +195,7 @@ impl XferCore {
             Phase::Data | Phase::Notif => {}
         }
         if !self.peer.alive.load(std::sync::atomic::Ordering::SeqCst) {
-            let e = Error::disconnected(&self.inner.agent, &self.peer.name, op, "peer was disconnected");
+            let e = Error::disconnected(&self.inner.agent, &self.peer.name, op, "peer was disconnected or declared unreachable");
             return Err(self.fail(e));
         }
         if poll {
@@ -249,7 +262,7 @@ impl BackendXfer for LfXfer {
         c.next = c.ops.len();
         c.phase = Phase::Idle;
         c.failed = None;
-        if self.inner.drain(&c.track) {
+        if c.settle() {
             Ok(())
         } else {
             Err(Error::TimedOut { agent: self.inner.agent.clone(), op: Op::Cancel, elapsed: self.inner.params.op_timeout })

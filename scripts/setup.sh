@@ -32,9 +32,15 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 echo "export PATH=\"$(dirname "$(command -v cargo)"):\$PATH\"" >> "$NIXL_ENV_FILE"
 
+# The whole suite builds every feature, ROCm's HIP bindings included.
+export NIXL_MEM_ROCM="${NIXL_MEM_ROCM:-1}"
+echo "export HIP_PATH=\${HIP_PATH:-/usr}" >> "$NIXL_ENV_FILE"
+# Each deps script installs what its crate's tests need and prints `export NAME=value` lines
+# for the environment the builds and tests need; those lines go to the env file.
 for s in scripts/deps/*.sh; do
   [ -e "$s" ] || continue
   echo "== setup: $s"
-  bash "$s"
+  bash "$s" | tee "$NIXL_DEPS_DIR/last.log"
+  grep -E '^export [A-Za-z_][A-Za-z0-9_]*=' "$NIXL_DEPS_DIR/last.log" >> "$NIXL_ENV_FILE" || true
 done
 echo "== setup done (environment in $NIXL_ENV_FILE)"

@@ -48,6 +48,8 @@ pub enum Op {
     Exchange,
     /// Driving a backend's progress engine.
     Progress,
+    /// Allocating or mapping memory (nixl-mem).
+    Allocate,
 }
 
 impl fmt::Display for Op {

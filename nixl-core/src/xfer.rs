@@ -819,7 +819,7 @@ impl Agent {
         // Choose the first backend (in preference order) that holds every entry on both sides.
         let hints: Vec<&str> = opts.backends.iter().map(String::as_str).collect();
         let candidates = self.select_backends(Op::MakeXfer, &hints)?;
-        let slot = candidates
+        let eligible: Vec<Arc<BackendSlot>> = candidates
             .into_iter()
             .filter(|b| {
                 if is_local {
@@ -829,39 +829,35 @@ impl Agent {
                 }
             })
             .filter(|b| !wants_notif || b.caps.notifications)
-            .find(|b| {
+            .filter(|b| {
                 pairs.iter().all(|(l, r)| {
                     l.mds.iter().any(|(id, _)| *id == b.id)
                         && r.mds.iter().any(|(id, _)| *id == b.id)
                 })
             })
-            .ok_or_else(|| {
-                Error::not_supported(
-                    me,
-                    Op::MakeXfer,
-                    format!(
-                        "no backend can move {} -> {} to {remote_name}{}",
-                        local.kind,
-                        remote.kind,
-                        if opts.notif.is_some() {
-                            " with a notification"
-                        } else {
-                            ""
-                        }
-                    ),
-                )
-            })?;
-        let md = |e: &PrepEntry| {
-            e.mds
-                .iter()
-                .find(|(id, _)| *id == slot.id)
-                .map(|(_, m)| m.clone())
+            .collect();
+        let no_backend = || {
+            Error::not_supported(
+                me,
+                Op::MakeXfer,
+                format!(
+                    "no backend can move {} -> {} to {remote_name}{}",
+                    local.kind,
+                    remote.kind,
+                    if opts.notif.is_some() {
+                        " with a notification"
+                    } else {
+                        ""
+                    }
+                ),
+            )
         };
+        // The segments are the same for every backend; only the metadata differs.
         let triples: Vec<(u64, u64, u64)> = pairs
             .iter()
             .map(|(l, r)| (l.desc.addr, r.desc.addr, l.desc.len))
             .collect();
-        let merged = if opts.no_merge {
+        let merged: Vec<(u64, u64, u64, usize)> = if opts.no_merge {
             triples
                 .iter()
                 .enumerate()
@@ -877,44 +873,49 @@ impl Agent {
                     && ra.desc.dev_id == rb.desc.dev_id
             })
         };
-        let mut segments = Vec::with_capacity(merged.len());
-        for (laddr, raddr, len, first) in merged {
-            let (l, r) = pairs[first];
-            let (Some(local_md), Some(remote_md)) = (md(l), md(r)) else {
-                return Err(Error::not_found(
-                    me,
-                    Op::MakeXfer,
-                    "backend metadata vanished",
-                ));
-            };
-            segments.push(Segment {
-                local_addr: laddr,
-                local_dev: l.desc.dev_id,
-                local_md,
-                remote_addr: raddr,
-                remote_dev: r.desc.dev_id,
-                remote_md,
-                len,
-            });
+        // Try the eligible backends in preference order; one that cannot reach these regions
+        // (NotSupported) yields to the next.
+        let mut refusal = None;
+        let mut chosen = None;
+        for slot in eligible {
+            let spec = self.build_spec(
+                &slot,
+                op,
+                (local, remote),
+                &pairs,
+                &merged,
+                &opts,
+                is_local,
+                &remote_name,
+            )?;
+            match slot.backend.prepare_xfer(spec.clone()) {
+                Ok(x) => {
+                    chosen = Some((slot, spec, x));
+                    break;
+                }
+                Err(e @ Error::NotSupported { .. }) => {
+                    tracing::debug!(agent = %me, backend = %slot.name, error = %e, "backend declined the transfer");
+                    refusal = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
         }
+        let Some((slot, spec, xfer)) = chosen else {
+            return Err(refusal.unwrap_or_else(no_backend));
+        };
         let integrity = opts.integrity.then(|| IntegrityPlan {
             msg: opts.notif.clone().unwrap_or_default(),
-            local: segments.iter().map(|s| (s.local_addr, s.len)).collect(),
-            remote: segments
+            local: spec
+                .segments
+                .iter()
+                .map(|s| (s.local_addr, s.len))
+                .collect(),
+            remote: spec
+                .segments
                 .iter()
                 .map(|s| (s.remote_dev, s.remote_addr, s.len))
                 .collect(),
         });
-        let spec = XferSpec {
-            op,
-            local_kind: local.kind,
-            remote_kind: remote.kind,
-            remote: remote_name,
-            is_local,
-            segments,
-            notif: if opts.integrity { None } else { opts.notif },
-        };
-        let xfer = slot.backend.prepare_xfer(spec.clone())?;
         let mut keep: Vec<Arc<Keep>> = Vec::new();
         for (l, r) in &pairs {
             for k in [&l.keep, &r.keep] {
@@ -940,6 +941,60 @@ impl Agent {
                 leaked: false,
             }),
             keep,
+        })
+    }
+
+    /// The backend-specific transfer description for one candidate backend.
+    #[allow(clippy::too_many_arguments)]
+    fn build_spec(
+        &self,
+        slot: &BackendSlot,
+        op: XferOp,
+        (local, remote): (&PreparedList, &PreparedList),
+        pairs: &[(&PrepEntry, &PrepEntry)],
+        merged: &[(u64, u64, u64, usize)],
+        opts: &XferOptions,
+        is_local: bool,
+        remote_name: &str,
+    ) -> Result<XferSpec> {
+        let md = |e: &PrepEntry| {
+            e.mds
+                .iter()
+                .find(|(id, _)| *id == slot.id)
+                .map(|(_, m)| m.clone())
+        };
+        let mut segments = Vec::with_capacity(merged.len());
+        for &(laddr, raddr, len, first) in merged {
+            let (l, r) = pairs[first];
+            let (Some(local_md), Some(remote_md)) = (md(l), md(r)) else {
+                return Err(Error::not_found(
+                    self.name(),
+                    Op::MakeXfer,
+                    "backend metadata vanished",
+                ));
+            };
+            segments.push(Segment {
+                local_addr: laddr,
+                local_dev: l.desc.dev_id,
+                local_md,
+                remote_addr: raddr,
+                remote_dev: r.desc.dev_id,
+                remote_md,
+                len,
+            });
+        }
+        Ok(XferSpec {
+            op,
+            local_kind: local.kind,
+            remote_kind: remote.kind,
+            remote: remote_name.to_owned(),
+            is_local,
+            segments,
+            notif: if opts.integrity {
+                None
+            } else {
+                opts.notif.clone()
+            },
         })
     }
 

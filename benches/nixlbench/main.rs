@@ -1,2 +1,501 @@
-//! nixlbench-style throughput CLI (filled by the UCX issue).
-fn main() {}
+//! nixlbench-style throughput and latency CLI: two processes (this binary spawns the target),
+//! metadata over the side channel, DRAM or VRAM on either side, over the UCX backend.
+//!
+//! ```text
+//! cargo bench --bench nixlbench -- --op WRITE --start-block-size 4096 --max-block-size 67108864 \
+//!     --start-batch-size 1 --max-batch-size 32
+//! cargo bench --bench nixlbench -- --mode kv --model-layers 32 --kv-heads 8 --head-dim 128 \
+//!     --dtype-bytes 2 --tokens-per-block 16 --seq-len 4096 --tp 1
+//! cargo bench --bench nixlbench -- --blocks 4096,1048576 --batches 1,32 --json
+//! ```
+//! Knobs (NIXL's names): `--op READ|WRITE`, `--initiator-seg-type DRAM|VRAM`,
+//! `--target-seg-type DRAM|VRAM`, `--start-block-size`, `--max-block-size`, `--start-batch-size`,
+//! `--max-batch-size` (powers of two between), or explicit `--blocks a,b --batches c,d`;
+//! `--total-buffer-size`, `--num-iter`, `--warmup-iter`, `--num-threads`, `--tls`,
+//! `--fresh-requests` (make a request per iteration instead of reposting one), `--json`.
+//! KV mode (like NIXL's kvbench): `--mode kv` with `--model-layers`, `--kv-heads`,
+//! `--head-dim`, `--dtype-bytes`, `--tokens-per-block`, `--seq-len`, `--tp`: one request moves a
+//! sequence's K and V blocks of every layer (block = tokens x kv_heads/tp x head_dim x dtype).
+//! Columns: block size, batch size, GB/s, average latency, and average and p99 of prepare
+//! (`make_prepped_xfer`), post (`post_xfer_req`) and transfer (post to done) times.
+
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nixl::ucx::UcxParams;
+use nixl::{Agent, AgentConfig, MemKind, XferDescList, XferOp, XferOptions, XferState, XferTarget};
+
+type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+const PAGE: u64 = 4096;
+
+#[derive(Debug, Clone)]
+struct Opts {
+    role: String,
+    peer: Option<SocketAddr>,
+    op: XferOp,
+    init_kind: MemKind,
+    target_kind: MemKind,
+    blocks: Vec<u64>,
+    batches: Vec<usize>,
+    total_buffer: u64,
+    iters: usize,
+    warmup: usize,
+    threads: usize,
+    tls: Option<String>,
+    fresh: bool,
+    json: bool,
+    bytes_per_point: f64,
+}
+
+fn pow2_range(lo: u64, hi: u64) -> Vec<u64> {
+    let mut v = Vec::new();
+    let mut x = lo.max(1);
+    while x <= hi {
+        v.push(x);
+        x *= 2;
+    }
+    v
+}
+
+fn list<T: std::str::FromStr>(s: &str) -> Res<Vec<T>> {
+    s.split(',')
+        .map(|x| {
+            x.trim()
+                .parse::<T>()
+                .map_err(|_| format!("bad list item {x:?}").into())
+        })
+        .collect()
+}
+
+fn kind(s: &str) -> Res<MemKind> {
+    match s.to_ascii_uppercase().as_str() {
+        "DRAM" => Ok(MemKind::Dram),
+        "VRAM" => Ok(MemKind::Vram),
+        k => Err(format!("segment type {k}: DRAM or VRAM").into()),
+    }
+}
+
+fn parse() -> Res<Opts> {
+    let mut o = Opts {
+        role: "initiator".into(),
+        peer: None,
+        op: XferOp::Write,
+        init_kind: MemKind::Dram,
+        target_kind: MemKind::Dram,
+        blocks: Vec::new(),
+        batches: Vec::new(),
+        total_buffer: 0,
+        iters: 0,
+        warmup: 10,
+        threads: 1,
+        tls: None,
+        fresh: false,
+        json: false,
+        bytes_per_point: 2e9,
+    };
+    let (mut b0, mut b1, mut n0, mut n1) = (4096u64, 64u64 << 20, 1usize, 32usize);
+    let mut kv: Option<[u64; 7]> = None;
+    let mut kvv = [32u64, 8, 128, 2, 16, 4096, 1];
+    let mut mode = "sweep".to_owned();
+    // `cargo bench` passes `--bench`; ignore it.
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut val = || {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
+        let num = |s: String| {
+            s.parse::<u64>()
+                .map_err(|_| format!("{flag}: {s:?} is not a number"))
+        };
+        match flag.as_str() {
+            "--role" => o.role = val()?,
+            "--peer" => o.peer = Some(val()?.parse()?),
+            "--op" => {
+                o.op = match val()?.to_ascii_uppercase().as_str() {
+                    "READ" => XferOp::Read,
+                    "WRITE" => XferOp::Write,
+                    x => return Err(format!("--op {x}: READ or WRITE").into()),
+                }
+            }
+            "--initiator-seg-type" => o.init_kind = kind(&val()?)?,
+            "--target-seg-type" => o.target_kind = kind(&val()?)?,
+            "--start-block-size" => b0 = num(val()?)?,
+            "--max-block-size" => b1 = num(val()?)?,
+            "--start-batch-size" => n0 = num(val()?)? as usize,
+            "--max-batch-size" => n1 = num(val()?)? as usize,
+            "--blocks" => o.blocks = list(&val()?)?,
+            "--batches" => o.batches = list(&val()?)?,
+            "--total-buffer-size" => o.total_buffer = num(val()?)?,
+            "--num-iter" => o.iters = num(val()?)? as usize,
+            "--warmup-iter" => o.warmup = num(val()?)? as usize,
+            "--num-threads" => o.threads = num(val()?)?.max(1) as usize,
+            "--bytes-per-point" => o.bytes_per_point = val()?.parse()?,
+            "--tls" => o.tls = Some(val()?),
+            "--fresh-requests" => o.fresh = true,
+            "--json" => o.json = true,
+            "--backend" => {
+                let b = val()?;
+                if !b.eq_ignore_ascii_case("ucx") {
+                    return Err(format!("--backend {b}: only UCX").into());
+                }
+            }
+            "--mode" => mode = val()?,
+            "--model-layers" => kvv[0] = num(val()?)?,
+            "--kv-heads" => kvv[1] = num(val()?)?,
+            "--head-dim" => kvv[2] = num(val()?)?,
+            "--dtype-bytes" => kvv[3] = num(val()?)?,
+            "--tokens-per-block" => kvv[4] = num(val()?)?,
+            "--seq-len" => kvv[5] = num(val()?)?,
+            "--tp" => kvv[6] = num(val()?)?,
+            "-h" | "--help" => {
+                println!("see the doc comment at the top of benches/nixlbench/main.rs");
+                std::process::exit(0);
+            }
+            f => return Err(format!("unknown flag {f}").into()),
+        }
+    }
+    if mode == "kv" {
+        kv = Some(kvv);
+    } else if mode != "sweep" {
+        return Err(format!("--mode {mode}: sweep or kv").into());
+    }
+    if let Some([layers, heads, dim, dtype, tpb, seq, tp]) = kv {
+        if tp == 0 || heads % tp != 0 || [layers, heads, dim, dtype, tpb, seq].contains(&0) {
+            return Err("KV shape values must be positive and kv_heads divisible by tp".into());
+        }
+        let block = tpb * (heads / tp) * dim * dtype;
+        let per_layer = seq.div_ceil(tpb) * 2;
+        o.blocks = vec![block];
+        o.batches = vec![(layers * per_layer) as usize];
+        if !o.json {
+            println!(
+                "# KV mode: {layers} layers x {} blocks (K+V) of {block} B = {:.1} MiB per request",
+                per_layer,
+                (layers * per_layer * block) as f64 / 1048576.0
+            );
+        }
+    }
+    if o.blocks.is_empty() {
+        o.blocks = pow2_range(b0, b1);
+    }
+    if o.batches.is_empty() {
+        o.batches = pow2_range(n0 as u64, n1 as u64)
+            .into_iter()
+            .map(|x| x as usize)
+            .collect();
+    }
+    if o.blocks.contains(&0) || o.batches.contains(&0) {
+        return Err("block and batch sizes must be positive".into());
+    }
+    let need = o
+        .blocks
+        .iter()
+        .flat_map(|&b| o.batches.iter().map(move |&n| span(b, n)))
+        .max()
+        .unwrap_or(0)
+        * o.threads as u64;
+    if o.total_buffer == 0 {
+        o.total_buffer = need;
+    }
+    Ok(o)
+}
+
+/// Bytes one thread's descriptors of a point span (one page between blocks, so none merge).
+fn span(block: u64, batch: usize) -> u64 {
+    batch as u64 * (block + PAGE)
+}
+
+fn descs(kind: MemKind, base: u64, block: u64, batch: usize) -> XferDescList {
+    XferDescList::from_descs(
+        kind,
+        (0..batch as u64).map(|i| nixl::Desc::new(base + i * (block + PAGE), block)),
+    )
+}
+
+struct Mem {
+    region: Arc<dyn nixl::core::MemoryRegion>,
+    addr: u64,
+}
+
+fn alloc(kind: MemKind, len: u64) -> Res<Mem> {
+    match kind {
+        MemKind::Dram => {
+            let b =
+                Arc::new(nixl::HostBuffer::new(len as usize).ok_or("cannot allocate host memory")?);
+            b.fill(1);
+            let addr = b.addr();
+            Ok(Mem { region: b, addr })
+        }
+        _ => {
+            let b = Arc::new(nixl::mem::DeviceBuffer::new(0, len as usize)?);
+            let addr = b.addr();
+            Ok(Mem { region: b, addr })
+        }
+    }
+}
+
+fn agent(name: &str, o: &Opts) -> Res<Agent> {
+    let a = Agent::new(
+        name,
+        AgentConfig {
+            listen: true,
+            default_timeout: Duration::from_secs(60),
+            ..AgentConfig::default()
+        },
+    )?;
+    a.create_backend(UcxParams {
+        transports: o.tls.clone(),
+        ..UcxParams::default()
+    })?;
+    Ok(a)
+}
+
+fn target(o: &Opts, peer: SocketAddr) -> Res<()> {
+    let a = agent("nixlbench-target", o)?;
+    let m = alloc(o.target_kind, o.total_buffer)?;
+    let _reg = a.register_mem(vec![m.region.clone()], &[])?;
+    a.fetch_remote_metadata_blocking("nixlbench-initiator", peer, Duration::from_secs(60))?;
+    a.send_local_metadata(peer)?;
+    a.gen_notif(
+        "nixlbench-initiator",
+        format!("addr:{}", m.addr).as_bytes(),
+        &[],
+    )?;
+    let end = Instant::now() + Duration::from_secs(3600);
+    while Instant::now() < end {
+        if let Ok(n) = a.wait_notifs(Duration::from_millis(500)) {
+            if n.get("nixlbench-initiator")
+                .is_some_and(|v| v.iter().any(|m| m == b"done"))
+            {
+                return Ok(());
+            }
+        }
+    }
+    Err("no done message".into())
+}
+
+#[derive(Default)]
+struct Times {
+    prepare: Vec<Duration>,
+    post: Vec<Duration>,
+    xfer: Vec<Duration>,
+}
+
+fn avg_p99(v: &mut [Duration]) -> (f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0);
+    }
+    v.sort();
+    let avg = v.iter().sum::<Duration>().as_secs_f64() / v.len() as f64;
+    let p99 = v[((v.len() as f64 * 0.99) as usize).min(v.len() - 1)].as_secs_f64();
+    (avg * 1e6, p99 * 1e6)
+}
+
+fn thread_run(
+    a: &Agent,
+    o: &Opts,
+    t: usize,
+    block: u64,
+    batch: usize,
+    laddr: u64,
+    raddr: u64,
+    iters: usize,
+) -> Res<Times> {
+    let off = t as u64 * span(block, batch);
+    let local = a.prep_xfer_dlist(
+        XferTarget::Initiator,
+        &descs(o.init_kind, laddr + off, block, batch),
+        &[],
+    )?;
+    let remote = a.prep_xfer_dlist(
+        XferTarget::Agent("nixlbench-target"),
+        &descs(o.target_kind, raddr + off, block, batch),
+        &[],
+    )?;
+    let idx: Vec<usize> = (0..batch).collect();
+    let mut times = Times::default();
+    let make = |times: &mut Times| -> Res<nixl::XferReq> {
+        let t0 = Instant::now();
+        let r = a.make_prepped_xfer(o.op, &local, &idx, &remote, &idx, XferOptions::default())?;
+        times.prepare.push(t0.elapsed());
+        Ok(r)
+    };
+    let mut req = make(&mut times)?;
+    for i in 0..o.warmup + iters {
+        if o.fresh && i > 0 {
+            req = make(&mut times)?;
+        }
+        let t0 = Instant::now();
+        let mut st = a.post_xfer_req(&req)?;
+        let t1 = Instant::now();
+        while st == XferState::InProgress {
+            st = a.check_xfer_state(&req)?;
+        }
+        let t2 = Instant::now();
+        if i >= o.warmup {
+            times.post.push(t1 - t0);
+            times.xfer.push(t2 - t0);
+        }
+    }
+    Ok(times)
+}
+
+struct Spawned(Child);
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        let end = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < end {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn initiator(o: &Opts) -> Res<()> {
+    let a = agent("nixlbench-initiator", o)?;
+    let m = alloc(o.init_kind, o.total_buffer)?;
+    let _reg = a.register_mem(vec![m.region.clone()], &[])?;
+    let addr = a.listen_addr().ok_or("not listening")?;
+    let mut args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|x| x != "--bench")
+        .collect();
+    args.extend([
+        "--role".into(),
+        "target".into(),
+        "--peer".into(),
+        addr.to_string(),
+        "--total-buffer-size".into(),
+        o.total_buffer.to_string(),
+    ]);
+    let _child = Spawned(
+        Command::new(std::env::current_exe()?)
+            .args(&args)
+            .stdin(Stdio::null())
+            .spawn()?,
+    );
+    let end = Instant::now() + Duration::from_secs(60);
+    let raddr: u64 = loop {
+        if Instant::now() >= end {
+            return Err("target did not connect".into());
+        }
+        if let Ok(n) = a.wait_notifs(Duration::from_millis(100)) {
+            if let Some(m) = n.get("nixlbench-target").and_then(|v| v.first()) {
+                break String::from_utf8_lossy(m)
+                    .strip_prefix("addr:")
+                    .ok_or("bad hello")?
+                    .parse()?;
+            }
+        }
+    };
+    let path = a.path_report("nixlbench-target");
+    if !o.json {
+        println!(
+            "# nixl-rs nixlbench: {:?} {} -> {}, {} thread(s), path {:?}",
+            o.op, o.init_kind, o.target_kind, o.threads, path
+        );
+        println!(
+            "{:>10} {:>6} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "block",
+            "batch",
+            "GB/s",
+            "avg_lat_us",
+            "prep_avg",
+            "prep_p99",
+            "post_avg",
+            "post_p99",
+            "xfer_avg",
+            "xfer_p99"
+        );
+    }
+    let result = (|| -> Res<()> {
+        for &block in &o.blocks {
+            for &batch in &o.batches {
+                if span(block, batch) * o.threads as u64 > o.total_buffer {
+                    continue;
+                }
+                let bytes = block * batch as u64;
+                let iters = if o.iters > 0 {
+                    o.iters
+                } else {
+                    ((o.bytes_per_point / bytes as f64) as usize).clamp(8, 20_000)
+                };
+                let t0 = Instant::now();
+                let per_thread: Vec<Res<Times>> = std::thread::scope(|s| {
+                    let hs: Vec<_> = (0..o.threads)
+                        .map(|t| {
+                            let a = &a;
+                            s.spawn(move || thread_run(a, o, t, block, batch, m.addr, raddr, iters))
+                        })
+                        .collect();
+                    hs.into_iter()
+                        .map(|h| h.join().unwrap_or_else(|_| Err("thread panicked".into())))
+                        .collect()
+                });
+                let wall = t0.elapsed();
+                let mut all = Times::default();
+                for t in per_thread {
+                    let t = t?;
+                    all.prepare.extend(t.prepare);
+                    all.post.extend(t.post);
+                    all.xfer.extend(t.xfer);
+                }
+                // Bandwidth from transfer time (as NIXL's nixlbench: bytes over summed
+                // transfer time per thread, threads added).
+                let xsum: f64 =
+                    all.xfer.iter().map(Duration::as_secs_f64).sum::<f64>() / o.threads as f64;
+                let gbps = (bytes * iters as u64 * o.threads as u64) as f64 / xsum.max(1e-12) / 1e9;
+                let med = {
+                    let mut v = all.xfer.clone();
+                    v.sort();
+                    v.get(v.len() / 2)
+                        .copied()
+                        .unwrap_or_default()
+                        .as_secs_f64()
+                        * 1e6
+                };
+                let (pa, pp) = avg_p99(&mut all.prepare);
+                let (qa, qp) = avg_p99(&mut all.post);
+                let (xa, xp) = avg_p99(&mut all.xfer);
+                if o.json {
+                    println!(
+                        "{{\"impl\": \"nixl-rs\", \"op\": \"{}\", \"block\": {block}, \"batch\": {batch}, \"iters\": {iters}, \"gbps\": {gbps}, \"lat_med_us\": {med}, \"lat_p99_us\": {xp}, \"lat_avg_us\": {xa}, \"prep_avg_us\": {pa}, \"post_avg_us\": {qa}, \"wall_s\": {}}}",
+                        if o.op == XferOp::Read { "READ" } else { "WRITE" },
+                        wall.as_secs_f64()
+                    );
+                } else {
+                    println!("{block:>10} {batch:>6} {gbps:>9.3} {xa:>10.2} {pa:>10.2} {pp:>10.2} {qa:>10.2} {qp:>10.2} {xa:>10.2} {xp:>10.2}");
+                }
+            }
+        }
+        Ok(())
+    })();
+    let _ = a.gen_notif("nixlbench-target", b"done", &[]);
+    result
+}
+
+fn main() {
+    let r = parse().and_then(|o| match (o.role.as_str(), o.peer) {
+        ("initiator", _) => initiator(&o),
+        ("target", Some(p)) => target(&o, p),
+        _ => Err("--role target needs --peer".into()),
+    });
+    if let Err(e) = r {
+        eprintln!("nixlbench: {e}");
+        std::process::exit(1);
+    }
+}

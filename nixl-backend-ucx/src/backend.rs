@@ -94,7 +94,7 @@ impl UcxBackend {
         params.validate()?;
         let agent = bctx.agent;
         let ucx = loader::load(params.library_path.as_deref())?;
-        let ctx = Context::new(ucx.clone(), &agent, &params.ucx_config())?;
+        let ctx = Context::new(ucx.clone(), &agent, &params.ucx_config(ucx.version))?;
         let workers = (0..params.num_workers)
             .map(|i| Worker::new(ctx.clone(), i, &agent, bctx.notifs.clone()))
             .collect::<Result<Vec<_>>>()?;

@@ -98,9 +98,28 @@ impl UcxParams {
         Ok(())
     }
 
-    /// UCX configuration pairs these params set.
-    pub(crate) fn ucx_config(&self) -> Vec<(String, String)> {
+    /// UCX configuration pairs these params set: the tuned defaults (each skipped when the
+    /// user set its `UCX_*` variable or [`UcxParams::config`] names it), then the params.
+    pub(crate) fn ucx_config(&self, version: (u32, u32, u32)) -> Vec<(String, String)> {
         let mut v = Vec::new();
+        // The settings NIXL applies: without an infinite rendezvous threshold UCX (1.22) picks
+        // software-emulated puts over tcp instead of CMA zero-copy between local processes
+        // when peer error handling is on.
+        let mut defaults = vec![
+            ("RNDV_THRESH", "inf"),
+            ("ADDRESS_VERSION", "v2"),
+            ("MAX_RMA_RAILS", "2"),
+        ];
+        if (version.0, version.1) >= (1, 19) {
+            defaults.push(("MAX_COMPONENT_MDS", "32"));
+        }
+        for (k, val) in defaults {
+            let overridden = std::env::var_os(format!("UCX_{k}")).is_some()
+                || self.config.iter().any(|(n, _)| n == k);
+            if !overridden {
+                v.push((k.to_owned(), val.to_owned()));
+            }
+        }
         if let Some(t) = &self.transports {
             v.push(("TLS".to_owned(), t.clone()));
         }

@@ -1,0 +1,438 @@
+//! Disaggregated prefill/decode KV-cache transfer over UCX — the job nixl-rs exists for.
+//!
+//! A prefill process and a decode process on one machine each own an agent and a paged KV
+//! pool (`layers x blocks x block_bytes`). They exchange metadata over the side channel. For
+//! every inference request the prefill side "computes" KV blocks (fills them with data unique
+//! to the request, layer and block), and the blocks move into the decode pool at the slots the
+//! decode block table names: with `--op write` prefill pushes them (`make_prepped_xfer` on
+//! lists prepared once, with a notification); with `--op read` decode pulls them. Decode
+//! verifies every byte of every request; both sides print throughput and latency. Any
+//! mismatch makes the process exit non-zero.
+//!
+//! ```text
+//! cargo run --release --example disagg_kv -- --op write --requests 20
+//! cargo run --release --example disagg_kv -- --op read --layers 32 --blocks 256 --block-bytes 65536
+//! ```
+//! Flags: `--op read|write`, `--requests N`, `--layers L`, `--blocks B` (pool blocks per
+//! layer), `--block-bytes S`, `--blocks-per-request K`, `--backend ucx`, `--tls UCX_TLS`,
+//! `--timeout-secs T`. (`--role decode --peer ADDR` is how the example starts its child.)
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nixl::ucx::UcxParams;
+use nixl::{
+    Agent, AgentConfig, Error, HostBuffer, MemKind, PreparedList, XferDescList, XferOp,
+    XferOptions, XferTarget,
+};
+
+type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+#[derive(Debug, Clone)]
+struct Opts {
+    role: String,
+    peer: Option<SocketAddr>,
+    op: XferOp,
+    requests: usize,
+    layers: usize,
+    blocks: usize,
+    block_bytes: usize,
+    per_request: usize,
+    tls: Option<String>,
+    timeout: Duration,
+}
+
+fn parse() -> Res<Opts> {
+    let mut o = Opts {
+        role: "prefill".into(),
+        peer: None,
+        op: XferOp::Write,
+        requests: 16,
+        layers: 8,
+        blocks: 128,
+        block_bytes: 64 << 10,
+        per_request: 16,
+        tls: None,
+        timeout: Duration::from_secs(60),
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        let num = |s: &str| {
+            s.parse::<usize>()
+                .map_err(|_| format!("{flag}: {s:?} is not a number"))
+        };
+        match flag.as_str() {
+            "--role" => o.role = val()?.clone(),
+            "--peer" => o.peer = Some(val()?.parse().map_err(|_| "--peer: not an address")?),
+            "--op" => {
+                o.op = match val()?.to_ascii_lowercase().as_str() {
+                    "write" => XferOp::Write,
+                    "read" => XferOp::Read,
+                    v => return Err(format!("--op: {v} is not read|write").into()),
+                }
+            }
+            "--requests" => o.requests = num(val()?)?,
+            "--layers" => o.layers = num(val()?)?,
+            "--blocks" => o.blocks = num(val()?)?,
+            "--block-bytes" => o.block_bytes = num(val()?)?,
+            "--blocks-per-request" => o.per_request = num(val()?)?,
+            "--tls" => o.tls = Some(val()?.clone()),
+            "--timeout-secs" => o.timeout = Duration::from_secs(num(val()?)? as u64),
+            "--backend" => {
+                let b = val()?;
+                if !b.eq_ignore_ascii_case("ucx") {
+                    return Err(format!("--backend {b}: this example runs over ucx").into());
+                }
+            }
+            "-h" | "--help" => {
+                println!("disagg_kv [--op read|write] [--requests N] [--layers L] [--blocks B] [--block-bytes S] [--blocks-per-request K] [--backend ucx] [--tls UCX_TLS] [--timeout-secs T]");
+                std::process::exit(0);
+            }
+            f => return Err(format!("unknown flag {f}").into()),
+        }
+    }
+    if o.layers == 0 || o.blocks == 0 || o.block_bytes == 0 || o.per_request == 0 || o.requests == 0
+    {
+        return Err("sizes and counts must be positive".into());
+    }
+    if o.per_request > o.blocks {
+        return Err("--blocks-per-request exceeds --blocks".into());
+    }
+    Ok(o)
+}
+
+/// The bytes prefill "computes" for (request, layer, k-th block of the request).
+fn kv_bytes(req: usize, layer: usize, k: usize, out: &mut [u8]) {
+    let mut x = ((req as u64) << 40 ^ (layer as u64) << 20 ^ k as u64)
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        | 1;
+    for c in out.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
+    }
+}
+
+/// The block tables of a request: prefill's source blocks and decode's destination blocks.
+fn tables(o: &Opts, req: usize) -> (Vec<usize>, Vec<usize>) {
+    let b = o.blocks;
+    let src = (0..o.per_request)
+        .map(|k| (req * o.per_request + k) % b)
+        .collect();
+    // Decode allocates scattered slots (a stride coprime-ish to the pool size).
+    let stride = (b / 2 + 1) | 1;
+    let dst = (0..o.per_request)
+        .map(|k| ((req * 31 + k) * stride + req) % b)
+        .collect::<Vec<_>>();
+    let mut seen = vec![false; b];
+    let dst = dst
+        .into_iter()
+        .map(|mut d| {
+            while seen[d] {
+                d = (d + 1) % b;
+            }
+            seen[d] = true;
+            d
+        })
+        .collect();
+    (src, dst)
+}
+
+/// Descriptor indices of the request's blocks across all layers.
+fn indices(o: &Opts, blocks: &[usize]) -> Vec<usize> {
+    (0..o.layers)
+        .flat_map(|l| blocks.iter().map(move |&b| l * o.blocks + b))
+        .collect()
+}
+
+struct Node {
+    agent: Agent,
+    pool: Arc<HostBuffer>,
+    _reg: nixl::Registration,
+}
+
+fn node(name: &str, o: &Opts) -> Res<Node> {
+    let agent = Agent::new(
+        name,
+        AgentConfig {
+            listen: true,
+            default_timeout: o.timeout,
+            ..AgentConfig::default()
+        },
+    )?;
+    agent.create_backend(UcxParams {
+        transports: o.tls.clone(),
+        ..UcxParams::default()
+    })?;
+    let len = o.layers * o.blocks * o.block_bytes;
+    let pool = Arc::new(HostBuffer::new(len).ok_or("cannot allocate the KV pool")?);
+    let reg = agent.register_mem(vec![pool.clone()], &[])?;
+    Ok(Node {
+        agent,
+        pool,
+        _reg: reg,
+    })
+}
+
+fn dlist(o: &Opts, base: u64) -> XferDescList {
+    XferDescList::blocks(
+        MemKind::Dram,
+        base,
+        o.block_bytes as u64,
+        o.layers * o.blocks,
+    )
+}
+
+fn next_notif(a: &Agent, from: &str, queue: &mut Vec<Vec<u8>>, timeout: Duration) -> Res<String> {
+    let end = Instant::now() + timeout;
+    while queue.is_empty() {
+        if Instant::now() >= end {
+            return Err(format!("{}: no message from {from} within {timeout:?}", a.name()).into());
+        }
+        match a.wait_notifs(Duration::from_millis(100)) {
+            Ok(mut n) => queue.extend(n.remove(from).unwrap_or_default()),
+            Err(Error::TimedOut { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(String::from_utf8(queue.remove(0))?)
+}
+
+struct Stats(Vec<Duration>);
+
+impl Stats {
+    fn line(&mut self, what: &str, bytes_each: usize) -> String {
+        self.0.sort();
+        let n = self.0.len().max(1);
+        let total: Duration = self.0.iter().sum();
+        let pct = |p: f64| {
+            self.0
+                .get(((n as f64 * p) as usize).min(n - 1))
+                .copied()
+                .unwrap_or_default()
+        };
+        let gbps = (bytes_each * self.0.len()) as f64 / total.as_secs_f64().max(1e-9) / 1e9;
+        format!(
+            "{what}: {} requests x {} KiB: {gbps:.2} GB/s, latency median {:?} p99 {:?}",
+            self.0.len(),
+            bytes_each >> 10,
+            pct(0.5),
+            pct(0.99)
+        )
+    }
+}
+
+fn fill_request(o: &Opts, n: &Node, req: usize, src: &[usize]) {
+    let mut tmp = vec![0u8; o.block_bytes];
+    for l in 0..o.layers {
+        for (k, &b) in src.iter().enumerate() {
+            kv_bytes(req, l, k, &mut tmp);
+            n.pool.write_at((l * o.blocks + b) * o.block_bytes, &tmp);
+        }
+    }
+}
+
+fn verify_request(o: &Opts, n: &Node, req: usize, dst: &[usize]) -> Res<()> {
+    let (mut want, mut got) = (vec![0u8; o.block_bytes], vec![0u8; o.block_bytes]);
+    for l in 0..o.layers {
+        for (k, &b) in dst.iter().enumerate() {
+            kv_bytes(req, l, k, &mut want);
+            n.pool.read_at((l * o.blocks + b) * o.block_bytes, &mut got);
+            if want != got {
+                let at = want.iter().zip(&got).position(|(a, b)| a != b).unwrap_or(0);
+                return Err(
+                    format!("request {req}: layer {l} block {b} differs at byte {at}").into(),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn prefill(o: &Opts) -> Res<()> {
+    let n = node("prefill", o)?;
+    let addr = n.agent.listen_addr().ok_or("side channel not listening")?;
+    let exe = std::env::current_exe()?;
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    args.extend([
+        "--role".into(),
+        "decode".into(),
+        "--peer".into(),
+        addr.to_string(),
+    ]);
+    let mut child = Command::new(exe).args(&args).stdin(Stdio::null()).spawn()?;
+    let r = prefill_run(o, &n);
+    let end = Instant::now() + o.timeout;
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break Some(st);
+        }
+        if Instant::now() >= end || r.is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    r?;
+    match status {
+        Some(st) if st.success() => Ok(()),
+        Some(st) => Err(format!("decode exited with {st}").into()),
+        None => Err("decode did not exit in time".into()),
+    }
+}
+
+fn prefill_run(o: &Opts, n: &Node) -> Res<()> {
+    let a = &n.agent;
+    let mut q = Vec::new();
+    let msg = next_notif(a, "decode", &mut q, o.timeout)?;
+    let decode_pool: u64 = msg
+        .strip_prefix("ready:")
+        .and_then(|s| s.parse().ok())
+        .ok_or("bad ready message")?;
+    println!(
+        "prefill: connected to decode: {:?}",
+        a.path_report("decode")
+    );
+    let per_req = o.layers * o.per_request * o.block_bytes;
+    let mut xfer = Stats(Vec::new());
+    let mut e2e = Stats(Vec::new());
+    let (local, remote) = if o.op == XferOp::Write {
+        let local = a.prep_xfer_dlist(XferTarget::Initiator, &dlist(o, n.pool.addr()), &[])?;
+        let remote = a.prep_xfer_dlist(XferTarget::Agent("decode"), &dlist(o, decode_pool), &[])?;
+        (Some(local), Some(remote))
+    } else {
+        a.gen_notif("decode", format!("pool:{}", n.pool.addr()).as_bytes(), &[])?;
+        (None, None)
+    };
+    for req in 0..o.requests {
+        let (src, dst) = tables(o, req);
+        fill_request(o, n, req, &src);
+        let started = Instant::now();
+        let tag = format!("req:{req}");
+        if let (Some(local), Some(remote)) = (&local, &remote) {
+            let x = a.make_prepped_xfer(
+                XferOp::Write,
+                local,
+                &indices(o, &src),
+                remote,
+                &indices(o, &dst),
+                XferOptions::with_notif(tag.into_bytes()),
+            )?;
+            a.post_xfer_req(&x)?;
+            x.wait(o.timeout)?;
+            xfer.0.push(started.elapsed());
+        } else {
+            a.gen_notif("decode", tag.as_bytes(), &[])?;
+        }
+        let reply = next_notif(a, "decode", &mut q, o.timeout)?;
+        if reply != format!("ok:{req}") {
+            return Err(format!("decode reported: {reply}").into());
+        }
+        e2e.0.push(started.elapsed());
+    }
+    a.gen_notif("decode", b"done", &[])?;
+    if o.op == XferOp::Write {
+        println!(
+            "prefill: WRITE {}",
+            xfer.line("transfer (post to done)", per_req)
+        );
+    }
+    println!(
+        "prefill: {}",
+        e2e.line("request incl. decode verification", per_req)
+    );
+    Ok(())
+}
+
+fn decode(o: &Opts, peer: SocketAddr) -> Res<()> {
+    let n = node("decode", o)?;
+    let a = &n.agent;
+    a.fetch_remote_metadata_blocking("prefill", peer, o.timeout)?;
+    a.send_local_metadata(peer)?;
+    a.gen_notif(
+        "prefill",
+        format!("ready:{}", n.pool.addr()).as_bytes(),
+        &[],
+    )?;
+    let per_req = o.layers * o.per_request * o.block_bytes;
+    let mut q = Vec::new();
+    let mut lists: Option<(PreparedList, PreparedList)> = None;
+    let mut xfer = Stats(Vec::new());
+    let mut verified = 0usize;
+    let mut seen: HashMap<usize, bool> = HashMap::new();
+    loop {
+        let msg = next_notif(a, "prefill", &mut q, o.timeout)?;
+        if msg == "done" {
+            break;
+        }
+        if let Some(p) = msg.strip_prefix("pool:") {
+            let base: u64 = p.parse()?;
+            let local = a.prep_xfer_dlist(XferTarget::Initiator, &dlist(o, n.pool.addr()), &[])?;
+            let remote = a.prep_xfer_dlist(XferTarget::Agent("prefill"), &dlist(o, base), &[])?;
+            lists = Some((local, remote));
+            continue;
+        }
+        let req: usize = msg
+            .strip_prefix("req:")
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("unexpected message {msg}"))?;
+        let (src, dst) = tables(o, req);
+        if o.op == XferOp::Read {
+            let (local, remote) = lists
+                .as_ref()
+                .ok_or("READ before the prefill pool was announced")?;
+            let started = Instant::now();
+            let x = a.make_prepped_xfer(
+                XferOp::Read,
+                local,
+                &indices(o, &dst),
+                remote,
+                &indices(o, &src),
+                XferOptions::default(),
+            )?;
+            a.post_xfer_req(&x)?;
+            x.wait(o.timeout)?;
+            xfer.0.push(started.elapsed());
+        }
+        let verdict = verify_request(o, &n, req, &dst);
+        let reply = match &verdict {
+            Ok(()) => format!("ok:{req}"),
+            Err(e) => format!("bad:{req}: {e}"),
+        };
+        a.gen_notif("prefill", reply.as_bytes(), &[])?;
+        verdict?;
+        seen.insert(req, true);
+        verified += 1;
+    }
+    if verified != o.requests {
+        return Err(format!("decode verified {verified} of {} requests", o.requests).into());
+    }
+    if o.op == XferOp::Read {
+        println!(
+            "decode: READ {}",
+            xfer.line("transfer (post to done)", per_req)
+        );
+    }
+    println!(
+        "decode: verified every byte of {verified} requests ({} MiB each)",
+        per_req >> 20
+    );
+    Ok(())
+}
+
+fn main() -> Res<()> {
+    let o = parse()?;
+    match (o.role.as_str(), o.peer) {
+        ("prefill", _) => prefill(&o),
+        ("decode", Some(peer)) => decode(&o, peer),
+        ("decode", None) => Err("--role decode needs --peer".into()),
+        (r, _) => Err(format!("unknown role {r}").into()),
+    }
+}

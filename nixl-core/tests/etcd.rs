@@ -607,3 +607,65 @@ fn namespaces_are_separate() {
     assert_eq!(xa2.namespace(), "/two");
     xa2.fetch("b", Duration::ZERO).unwrap();
 }
+
+#[test]
+fn fetch_all_loads_every_peer_in_pages_and_reports_bad_entries() {
+    let Some(etcd) = server() else { return };
+    let (a, b, c) = (peer("a", 1), peer("b", 1), peer("c", 1));
+    let xa = EtcdExchange::new(&a.agent, &config(&etcd)).unwrap();
+    let (xb, xc) = (
+        EtcdExchange::new(&b.agent, &config(&etcd)).unwrap(),
+        EtcdExchange::new(&c.agent, &config(&etcd)).unwrap(),
+    );
+    xa.publish().unwrap();
+    xb.publish().unwrap();
+    xc.publish().unwrap();
+    xc.publish_partial(
+        "conn",
+        &MetadataSelection {
+            registrations: Some(&[]),
+            include_conn: true,
+        },
+    )
+    .unwrap();
+    // More garbage entries than one page holds (transactions of 100 puts).
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut cl = etcd_client::Client::connect([etcd.endpoint()], None)
+            .await
+            .unwrap();
+        for chunk in 0..3 {
+            let ops: Vec<etcd_client::TxnOp> = (0..100)
+                .map(|i| {
+                    etcd_client::TxnOp::put(
+                        xa.key(&format!("junk{}", chunk * 100 + i), DEFAULT_LABEL),
+                        b"junk".to_vec(),
+                        None,
+                    )
+                })
+                .collect();
+            cl.txn(etcd_client::Txn::new().and_then(ops)).await.unwrap();
+        }
+    });
+    let all = xa.fetch_all(DEFAULT_LABEL).unwrap();
+    assert_eq!(all.len(), 302, "a itself and other labels are skipped");
+    let ok: Vec<&str> = all
+        .iter()
+        .filter(|(_, r)| r.is_ok())
+        .map(|(n, _)| n.as_str())
+        .collect();
+    assert_eq!(ok, vec!["b", "c"]);
+    assert!(all
+        .iter()
+        .filter(|(n, _)| n.starts_with("junk"))
+        .all(|(_, r)| matches!(r, Err(Error::Decode { .. }))));
+    assert_eq!(a.agent.remotes(), vec!["b".to_owned(), "c".to_owned()]);
+    assert_eq!(xa.watched_peers(), vec!["b".to_owned(), "c".to_owned()]);
+    transfer(&a, &b, 0, 1);
+    transfer(&a, &c, 0, 2);
+    assert!(matches!(xa.fetch_all(""), Err(Error::InvalidParam { .. })));
+}

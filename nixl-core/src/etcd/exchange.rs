@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{DeleteOptions, EventType, WatchOptions};
+use etcd_client::{DeleteOptions, EventType, GetOptions, WatchOptions};
 
 use super::config::{check_label, EtcdConfig, Resolved, DEFAULT_LABEL};
 use super::lease::{keep_alive, put_leased, LeaseState};
@@ -13,6 +13,9 @@ use crate::agent::Agent;
 use crate::codec::AgentMetadata;
 use crate::error::{Error, Op, Result};
 use crate::remote::MetadataSelection;
+
+/// Keys per page of a range read.
+const PAGE: i64 = 256;
 
 /// Publishes one agent's metadata to etcd and loads peers' from it.
 ///
@@ -81,7 +84,7 @@ impl EtcdExchange {
             lease.ensure(&rpc, cfg.ttl_secs, deadline).await?;
             Ok((rpc, probe.header().map(|h| h.revision()).unwrap_or(0)))
         })?;
-        let peers = Arc::new(PeerTable::default());
+        let peers = Arc::new(PeerTable::starting_after(revision));
         let tasks = vec![
             rt.spawn(keep_alive(rpc.clone(), lease.clone(), cfg.ttl_secs)),
             rt.spawn(watch::run(
@@ -214,7 +217,81 @@ impl EtcdExchange {
         check_label(me, label)?;
         let key = self.cfg.layout.key(remote, label);
         let (value, revision) = self.run(self.read_or_wait(&key, wait))?;
-        let md = AgentMetadata::decode(&value).map_err(|source| Error::Decode {
+        self.load_watched(remote, label, &value, revision)
+    }
+
+    /// Fetches and loads every agent's metadata published under `label` in the namespace
+    /// (except this agent's): one paged range read at a single revision instead of one
+    /// read per peer. Returns each agent found with the outcome of loading it (a bad entry
+    /// does not stop the others); the outer error is etcd's.
+    pub fn fetch_all(&self, label: &str) -> Result<Vec<(String, Result<String>)>> {
+        let me = self.agent.name();
+        check_label(me, label)?;
+        let (entries, revision) = self.run(self.read_all())?;
+        Ok(entries
+            .into_iter()
+            .filter_map(|(key, value)| {
+                let (agent, l) = self.cfg.layout.parse(&key)?;
+                (l == label && agent != me).then(|| {
+                    let r = self.load_watched(&agent, label, &value, revision);
+                    (agent, r)
+                })
+            })
+            .collect())
+    }
+
+    /// Reads every key of the namespace in pages of [`PAGE`] keys, all at one revision.
+    async fn read_all(&self) -> Result<(Vec<(Vec<u8>, Vec<u8>)>, i64)> {
+        let prefix = self.cfg.layout.all_prefix();
+        // The prefix ends with '/': its range ends just before '0', the next byte.
+        let end = format!("{}0", &prefix[..prefix.len() - 1]);
+        let mut from = prefix.into_bytes();
+        let mut revision = 0;
+        let mut out = Vec::new();
+        loop {
+            let resp = self
+                .rpc
+                .call(
+                    "reading every agent's metadata",
+                    self.rpc.default_deadline(),
+                    |mut c| {
+                        let (from, end) = (from.clone(), end.clone());
+                        let mut opts = GetOptions::new().with_range(end).with_limit(PAGE);
+                        if revision > 0 {
+                            opts = opts.with_revision(revision);
+                        }
+                        async move { c.get(from, Some(opts)).await }
+                    },
+                )
+                .await?;
+            if revision == 0 {
+                revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            }
+            let more = resp.more();
+            for kv in resp.kvs() {
+                out.push((kv.key().to_vec(), kv.value().to_vec()));
+            }
+            match out.last() {
+                Some((last, _)) if more => {
+                    from = last.clone();
+                    from.push(0);
+                }
+                _ => return Ok((out, revision)),
+            }
+        }
+    }
+
+    /// Checks that `value` is `remote`'s metadata, loads it, and watches its key.
+    fn load_watched(
+        &self,
+        remote: &str,
+        label: &str,
+        value: &[u8],
+        revision: i64,
+    ) -> Result<String> {
+        let me = self.agent.name();
+        let key = self.cfg.layout.key(remote, label);
+        let md = AgentMetadata::decode(value).map_err(|source| Error::Decode {
             agent: me.to_owned(),
             op: Op::Exchange,
             source,
@@ -226,15 +303,21 @@ impl EtcdExchange {
                 format!("key {key} holds metadata of {}", md.name),
             ));
         }
-        let name = self.agent.load_remote_metadata(&value)?;
+        let name = self.agent.load_remote_metadata(value)?;
         if self.peers.track(remote, md.generation, label, revision) {
             // The watch already went past our read: re-read so a deletion in between is seen.
-            let (now, _) = self
+            // When that read fails, the peer cannot be vouched for: fence it too.
+            let check = self
                 .run(self.read_or_wait(&key, Duration::ZERO))
-                .unwrap_or_default();
-            if AgentMetadata::decode(&now)
-                .map_or(true, |m| m.name != remote || m.generation != md.generation)
-            {
+                .and_then(|(now, _)| match AgentMetadata::decode(&now) {
+                    Ok(m) if m.name == remote && m.generation == md.generation => Ok(()),
+                    _ => Err(Error::not_found(
+                        me,
+                        Op::Exchange,
+                        format!("{key} changed while it was being loaded"),
+                    )),
+                });
+            if let Err(e) = check {
                 self.peers.untrack(remote, Some(md.generation));
                 watch::invalidate(
                     &Arc::downgrade(&self.agent.shared),
@@ -242,11 +325,7 @@ impl EtcdExchange {
                     md.generation,
                     "its key changed while it was loaded",
                 );
-                return Err(Error::not_found(
-                    me,
-                    Op::Exchange,
-                    format!("{key} changed while it was being loaded"),
-                ));
+                return Err(e);
             }
         }
         Ok(name)

@@ -35,6 +35,17 @@ pub(crate) struct PeerTable {
 }
 
 impl PeerTable {
+    /// A table whose watch starts after `revision` (everything up to it is reflected in
+    /// reads made from now on).
+    pub fn starting_after(revision: i64) -> Self {
+        PeerTable {
+            state: Mutex::new(State {
+                peers: HashMap::new(),
+                handled: revision,
+            }),
+        }
+    }
+
     /// Starts watching `label` of `peer` at `generation`, loaded from a read at `revision`.
     /// Returns true when events newer than that read were already handled (before this
     /// registration), so the caller must re-read the key to not miss a deletion.
@@ -109,8 +120,10 @@ impl PeerTable {
                 gone.push((agent, generation));
             }
         }
-        if resp.events().is_empty() {
+        if resp.events().is_empty() && !resp.created() && !resp.canceled() {
             // A progress notification: every event up to the header's revision was sent.
+            // (Not a creation answer: its header is the current revision, but catch-up
+            // events from the start revision may still follow.)
             if let Some(h) = resp.header() {
                 st.handled = st.handled.max(h.revision());
             }

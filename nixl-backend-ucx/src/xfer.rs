@@ -20,6 +20,9 @@ const PENDING: u8 = 0;
 const DONE: u8 = 1;
 const FAILED: u8 = 2;
 
+/// A notification: (header naming the sender, message).
+pub(crate) type Notif = (Arc<[u8]>, Arc<[u8]>);
+
 /// One post's completion state, shared with UCX callbacks.
 pub(crate) struct PostState {
     phase: AtomicU8,
@@ -27,7 +30,7 @@ pub(crate) struct PostState {
     ucx: Arc<Ucx>,
     ep: sys::ucp_ep_h,
     /// (header, message) of the notification to send after the flush.
-    notif: Option<(Arc<[u8]>, Arc<[u8]>)>,
+    notif: Option<Notif>,
 }
 
 // SAFETY: `ep` is only used inside UCX callbacks and `post`, both under the worker lock; the
@@ -127,7 +130,7 @@ pub(crate) struct UcxXfer {
     pub op: XferOp,
     pub mem_type: sys::ucs_memory_type_t,
     pub segs: Vec<Seg>,
-    pub notif: Option<(Arc<[u8]>, Arc<[u8]>)>,
+    pub notif: Option<Notif>,
     pub cancel_timeout: Duration,
     /// Keeps the segments' local and remote metadata (memory handles, rkeys) alive.
     pub _keep: Vec<nixl_core::BackendMd>,
@@ -178,6 +181,10 @@ impl UcxXfer {
         // SAFETY: zeroed request params with a mask are the documented form.
         let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
         p.op_attr_mask = sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE | sys::UCP_OP_ATTR_FIELD_MEMH;
+        if self.segs.len() > 1 {
+            // Many operations in flight: let UCX optimise for bandwidth (as NIXL does).
+            p.op_attr_mask |= sys::UCP_OP_ATTR_FLAG_MULTI_SEND;
+        }
         p.memory_type = self.mem_type;
         p.memh = s.memh;
         let lib = &self.ucx.lib;

@@ -337,12 +337,9 @@ fn kill_mid_transfer(tls: &str) {
     // one of the requests must end in a typed error, each within its deadline.
     let mut outcome = None;
     for i in 0..200 {
-        match parent.post_xfer_req(&req) {
-            Err(e) => {
-                outcome = Some(e);
-                break;
-            }
-            Ok(_) => {}
+        if let Err(e) = parent.post_xfer_req(&req) {
+            outcome = Some(e);
+            break;
         }
         if i == 0 {
             t.child.kill().expect("kill target");

@@ -22,5 +22,30 @@ pub use nixl_backend_libfabric as libfabric;
 #[cfg(any(feature = "posix", feature = "gds", feature = "s3"))]
 pub use nixl_backend_gds as storage;
 
+use std::sync::Arc;
+
+use nixl_core::BackendPlugin;
+
+/// Every backend type compiled into this build (per cargo feature), for creating backends by
+/// name (`Agent::create_backend_named`) and listing them (`Agent::available_backends`).
+pub fn plugins() -> Vec<Arc<dyn BackendPlugin>> {
+    #[allow(unused_mut)]
+    let mut v: Vec<Arc<dyn BackendPlugin>> = vec![Arc::new(nixl_core::InprocPlugin), Arc::new(nixl_mem::CudaIpcPlugin)];
+    #[cfg(feature = "ucx")]
+    v.push(Arc::new(nixl_backend_ucx::UcxPlugin));
+    #[cfg(feature = "libfabric")]
+    v.push(Arc::new(nixl_backend_libfabric::LibfabricPlugin));
+    #[cfg(feature = "posix")]
+    v.push(Arc::new(nixl_backend_gds::PosixPlugin));
+    #[cfg(feature = "s3")]
+    v.push(Arc::new(nixl_backend_gds::S3Plugin));
+    v
+}
+
+/// An [`AgentConfig`] whose plugin list is [`plugins()`]; the rest is the default.
+pub fn agent_config() -> AgentConfig {
+    AgentConfig { plugins: plugins(), ..AgentConfig::default() }
+}
+
 #[doc = include_str!("../docs/concepts.md")]
 pub mod concepts {}

@@ -53,3 +53,5 @@ mod s3;
 #[cfg(feature = "posix")]
 pub use posix::{Engine, PosixBackend, PosixParams, PosixPlugin, POSIX};
 pub use region::{FileRegion, ObjectRegion, OpenFlags};
+#[cfg(feature = "s3")]
+pub use s3::{S3Backend, S3Params, S3Plugin, OBJ};

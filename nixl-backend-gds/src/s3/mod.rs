@@ -1,1 +1,584 @@
-//! S3 objects: in progress.
+//! `OBJ`: DRAM <-> S3 object transfers through `object_store` (feature `s3`).
+//!
+//! An OBJ registration maps a region to an object key ([`crate::ObjectRegion`]); descriptors
+//! name byte ranges of the object. READs fetch ranges (large ones split into parallel ranged
+//! GETs); WRITEs upload whole objects: the descriptors of one object must cover `[0, n)`
+//! without gaps, and objects over [`S3Params::multipart_threshold`] go up as a multipart
+//! upload with parts sent in parallel. The backend owns a tokio runtime; every request has
+//! bounded retries and timeouts, and errors are typed: a missing object is
+//! [`Error::NotFound`], refused credentials [`Error::NotAllowed`], an endpoint that cannot be
+//! reached [`Error::Unavailable`].
+
+mod errors;
+mod xfer;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nixl_core::{
+    downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
+    Capabilities, Error, MemKind, Op, QueryResult, RegionDesc, Result, XferSpec,
+};
+use object_store::aws::{AmazonS3, AmazonS3Builder};
+use object_store::path::Path as ObjPath;
+use object_store::{BackoffConfig, ClientOptions, ObjectStoreExt, RetryConfig};
+
+pub(crate) use errors::map_error;
+
+/// The backend's type name (NIXL's object-store plugin).
+pub const OBJ: &str = "OBJ";
+
+/// Parameters of the S3 backend. Unset fields fall back to the usual `AWS_*` environment
+/// variables (`AWS_ENDPOINT_URL`/`AWS_ENDPOINT`, `AWS_BUCKET`, `AWS_REGION`/`AWS_DEFAULT_REGION`,
+/// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`).
+#[derive(Clone)]
+pub struct S3Params {
+    /// The endpoint URL (`http://127.0.0.1:9000`); `None` for AWS itself.
+    pub endpoint: Option<String>,
+    /// The bucket.
+    pub bucket: Option<String>,
+    /// The region.
+    pub region: Option<String>,
+    /// The access key id.
+    pub access_key_id: Option<String>,
+    /// The secret access key.
+    pub secret_access_key: Option<String>,
+    /// A session token.
+    pub session_token: Option<String>,
+    /// Use virtual-hosted-style URLs (`bucket.host`) instead of path style.
+    pub virtual_hosted_style: bool,
+    /// Objects written with more bytes than this use a multipart upload.
+    pub multipart_threshold: u64,
+    /// Part size of multipart uploads and of the ranged GETs a large READ is split into (at
+    /// least 5 MiB, S3's minimum part).
+    pub part_size: u64,
+    /// Requests (parts, ranges, objects) in flight per transfer.
+    pub max_concurrency: usize,
+    /// Retries of a failed request (connection errors, 5xx, throttling).
+    pub max_retries: usize,
+    /// No retry starts later than this after the first attempt.
+    pub retry_timeout: Duration,
+    /// Timeout of one HTTP request.
+    pub request_timeout: Duration,
+    /// Timeout of establishing a connection.
+    pub connect_timeout: Duration,
+    /// How long `query` and cancel wait.
+    pub op_timeout: Duration,
+    /// Worker threads of the backend's tokio runtime.
+    pub worker_threads: usize,
+}
+
+impl Default for S3Params {
+    fn default() -> Self {
+        S3Params {
+            endpoint: None,
+            bucket: None,
+            region: None,
+            access_key_id: None,
+            secret_access_key: None,
+            session_token: None,
+            virtual_hosted_style: false,
+            multipart_threshold: 32 << 20,
+            part_size: 8 << 20,
+            max_concurrency: 16,
+            max_retries: 3,
+            retry_timeout: Duration::from_secs(20),
+            request_timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(3),
+            op_timeout: Duration::from_secs(30),
+            worker_threads: 2,
+        }
+    }
+}
+
+impl std::fmt::Debug for S3Params {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Params")
+            .field("endpoint", &self.endpoint)
+            .field("bucket", &self.bucket)
+            .field("region", &self.region)
+            .field("access_key_id", &self.access_key_id)
+            .field(
+                "secret_access_key",
+                &self.secret_access_key.as_ref().map(|_| "<redacted>"),
+            )
+            .field("multipart_threshold", &self.multipart_threshold)
+            .field("part_size", &self.part_size)
+            .field("max_concurrency", &self.max_concurrency)
+            .finish_non_exhaustive()
+    }
+}
+
+impl S3Params {
+    fn validate(&self, agent: &str) -> Result<()> {
+        let bad = |r: &str| {
+            Err(Error::invalid(
+                agent,
+                Op::CreateBackend,
+                format!("OBJ: {r}"),
+            ))
+        };
+        if self.part_size < 5 << 20 || self.part_size > 5 << 30 {
+            return bad("part_size must be between 5 MiB and 5 GiB");
+        }
+        if self.multipart_threshold < self.part_size {
+            return bad("multipart_threshold must be at least part_size");
+        }
+        if self.max_concurrency == 0 || self.max_concurrency > 1024 {
+            return bad("max_concurrency must be in 1..=1024");
+        }
+        if self.worker_threads == 0 || self.worker_threads > 256 {
+            return bad("worker_threads must be in 1..=256");
+        }
+        if self.max_retries > 100 {
+            return bad("max_retries must be at most 100");
+        }
+        Ok(())
+    }
+
+    fn build(&self, agent: &str) -> Result<AmazonS3> {
+        let mut b = AmazonS3Builder::from_env();
+        if let Some(v) = &self.endpoint {
+            b = b.with_endpoint(v);
+        }
+        if let Some(v) = &self.bucket {
+            b = b.with_bucket_name(v);
+        }
+        if let Some(v) = &self.region {
+            b = b.with_region(v);
+        }
+        if let Some(v) = &self.access_key_id {
+            b = b.with_access_key_id(v);
+        }
+        if let Some(v) = &self.secret_access_key {
+            b = b.with_secret_access_key(v);
+        }
+        if let Some(v) = &self.session_token {
+            b = b.with_token(v);
+        }
+        let endpoint = self
+            .endpoint
+            .clone()
+            .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
+            .or_else(|| std::env::var("AWS_ENDPOINT").ok());
+        let http = endpoint
+            .as_deref()
+            .is_some_and(|e| e.starts_with("http://"));
+        b = b
+            .with_virtual_hosted_style_request(self.virtual_hosted_style)
+            .with_retry(RetryConfig {
+                backoff: BackoffConfig {
+                    init_backoff: Duration::from_millis(50),
+                    max_backoff: Duration::from_secs(2),
+                    base: 2.0,
+                },
+                max_retries: self.max_retries,
+                retry_timeout: self.retry_timeout,
+            })
+            .with_client_options(
+                ClientOptions::new()
+                    .with_allow_http(http)
+                    .with_timeout(self.request_timeout)
+                    .with_connect_timeout(self.connect_timeout),
+            );
+        b.build()
+            .map_err(|e| Error::invalid(agent, Op::CreateBackend, format!("OBJ: {e}")))
+    }
+}
+
+impl BackendParams for S3Params {
+    fn backend_name(&self) -> &str {
+        OBJ
+    }
+
+    fn create(self: Box<Self>, ctx: BackendContext) -> Result<Arc<dyn Backend>> {
+        Ok(Arc::new(S3Backend::new(*self, ctx)?))
+    }
+}
+
+/// Creates `OBJ` by name from string parameters: `endpoint_override` (or `endpoint`),
+/// `bucket`, `region`, `access_key`, `secret_key`, `session_token`, `multipart_threshold`,
+/// `part_size`, `max_concurrency`, `max_retries`, `request_timeout_ms`,
+/// `connect_timeout_ms`, `worker_threads`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct S3Plugin;
+
+impl BackendPlugin for S3Plugin {
+    fn name(&self) -> &str {
+        OBJ
+    }
+
+    fn default_params(&self) -> BTreeMap<String, String> {
+        let d = S3Params::default();
+        BTreeMap::from([
+            (
+                "multipart_threshold".to_owned(),
+                d.multipart_threshold.to_string(),
+            ),
+            ("part_size".to_owned(), d.part_size.to_string()),
+            ("max_concurrency".to_owned(), d.max_concurrency.to_string()),
+            ("max_retries".to_owned(), d.max_retries.to_string()),
+        ])
+    }
+
+    fn parse_params(&self, params: &BTreeMap<String, String>) -> Result<Box<dyn BackendParams>> {
+        let mut p = S3Params::default();
+        let num = |k: &str, v: &str| {
+            v.parse::<u64>().map_err(|_| {
+                Error::invalid(
+                    "",
+                    Op::CreateBackend,
+                    format!("OBJ: {k}={v} is not a number"),
+                )
+            })
+        };
+        let size = |k: &str, v: &str| {
+            num(k, v).and_then(|n| {
+                usize::try_from(n).map_err(|_| {
+                    Error::invalid("", Op::CreateBackend, format!("OBJ: {k} too large"))
+                })
+            })
+        };
+        for (k, v) in params {
+            match k.as_str() {
+                "endpoint_override" | "endpoint" => p.endpoint = Some(v.clone()),
+                "bucket" => p.bucket = Some(v.clone()),
+                "region" => p.region = Some(v.clone()),
+                "access_key" => p.access_key_id = Some(v.clone()),
+                "secret_key" => p.secret_access_key = Some(v.clone()),
+                "session_token" => p.session_token = Some(v.clone()),
+                "scheme" | "use_virtual_addressing" => p.virtual_hosted_style = v == "true",
+                "multipart_threshold" => p.multipart_threshold = num(k, v)?,
+                "part_size" => p.part_size = num(k, v)?,
+                "max_concurrency" => p.max_concurrency = size(k, v)?,
+                "max_retries" => p.max_retries = size(k, v)?,
+                "request_timeout_ms" => p.request_timeout = Duration::from_millis(num(k, v)?),
+                "connect_timeout_ms" => p.connect_timeout = Duration::from_millis(num(k, v)?),
+                "worker_threads" => p.worker_threads = size(k, v)?,
+                _ => {
+                    return Err(Error::invalid(
+                        "",
+                        Op::CreateBackend,
+                        format!("OBJ: unknown parameter {k}"),
+                    ))
+                }
+            }
+        }
+        p.validate("")?;
+        Ok(Box::new(p))
+    }
+}
+
+/// Backend metadata of a registered DRAM region.
+struct DramMd;
+
+/// Backend metadata of a registered object.
+pub(crate) struct ObjMd {
+    pub key: String,
+    pub path: ObjPath,
+}
+
+/// The runtime, shut down in the background when the last holder goes (so dropping the
+/// backend inside someone's async context cannot panic).
+pub(crate) struct Runtime(Option<tokio::runtime::Runtime>);
+
+impl Runtime {
+    pub fn handle(&self) -> Option<&tokio::runtime::Handle> {
+        self.0.as_ref().map(|r| r.handle())
+    }
+
+    /// Runs `fut` on the runtime and waits for it on this thread, at most `timeout`. Works
+    /// from any thread, including a tokio worker of another runtime.
+    pub fn run<T: Send + 'static>(
+        &self,
+        agent: &str,
+        op: Op,
+        timeout: Duration,
+        fut: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        let h = self
+            .handle()
+            .ok_or_else(|| Error::not_allowed(agent, op, "OBJ runtime is shut down"))?;
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let task = h.spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        match rx.recv_timeout(timeout) {
+            Ok(r) => r,
+            Err(_) => {
+                task.abort();
+                Err(Error::TimedOut {
+                    agent: agent.to_owned(),
+                    op,
+                    elapsed: timeout,
+                })
+            }
+        }
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// The S3 backend.
+pub struct S3Backend {
+    agent: String,
+    params: S3Params,
+    store: Arc<AmazonS3>,
+    rt: Arc<Runtime>,
+    endpoint: String,
+}
+
+impl std::fmt::Debug for S3Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3Backend")
+            .field("agent", &self.agent)
+            .field("endpoint", &self.endpoint)
+            .finish()
+    }
+}
+
+impl S3Backend {
+    /// Creates the backend (no request is made until the first transfer or query).
+    pub fn new(params: S3Params, ctx: BackendContext) -> Result<Self> {
+        params.validate(&ctx.agent)?;
+        let store = Arc::new(params.build(&ctx.agent)?);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(params.worker_threads)
+            .thread_name("nixl-obj")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::io(&ctx.agent, Op::CreateBackend, e))?;
+        let endpoint = params
+            .endpoint
+            .clone()
+            .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
+            .unwrap_or_else(|| "AWS".to_owned());
+        Ok(S3Backend {
+            agent: ctx.agent,
+            params,
+            store,
+            rt: Arc::new(Runtime(Some(rt))),
+            endpoint,
+        })
+    }
+
+    /// Whether the object `key` exists, and its size.
+    pub fn head(&self, key: &str) -> Result<QueryResult> {
+        let path = ObjPath::parse(key).map_err(|e| {
+            Error::invalid(
+                &self.agent,
+                Op::QueryMem,
+                format!("object key {key:?}: {e}"),
+            )
+        })?;
+        let (store, agent, endpoint) = (
+            self.store.clone(),
+            self.agent.clone(),
+            self.endpoint.clone(),
+        );
+        self.rt.run(
+            &self.agent,
+            Op::QueryMem,
+            self.params.op_timeout,
+            async move {
+                match store.head(&path).await {
+                    Ok(m) => Ok(QueryResult {
+                        exists: true,
+                        size: Some(m.size),
+                    }),
+                    Err(object_store::Error::NotFound { .. }) => Ok(QueryResult {
+                        exists: false,
+                        size: None,
+                    }),
+                    Err(e) => Err(map_error(&agent, &endpoint, Op::QueryMem, e)),
+                }
+            },
+        )
+    }
+
+    /// Deletes the object `key` (missing objects are not an error).
+    pub fn delete(&self, key: &str) -> Result<()> {
+        let path = ObjPath::parse(key).map_err(|e| {
+            Error::invalid(
+                &self.agent,
+                Op::DeregisterMem,
+                format!("object key {key:?}: {e}"),
+            )
+        })?;
+        let (store, agent, endpoint) = (
+            self.store.clone(),
+            self.agent.clone(),
+            self.endpoint.clone(),
+        );
+        self.rt.run(
+            &self.agent,
+            Op::DeregisterMem,
+            self.params.op_timeout,
+            async move {
+                match store.delete(&path).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                    Err(e) => Err(map_error(&agent, &endpoint, Op::DeregisterMem, e)),
+                }
+            },
+        )
+    }
+}
+
+fn key_of(agent: &str, op: Op, region: &RegionDesc) -> Result<(String, ObjPath)> {
+    let key = std::str::from_utf8(&region.meta)
+        .map_err(|_| Error::invalid(agent, op, "object key is not UTF-8"))?;
+    if key.is_empty() {
+        return Err(Error::invalid(
+            agent,
+            op,
+            "an OBJ region names its key in RegionDesc::meta (use ObjectRegion)",
+        ));
+    }
+    let path = ObjPath::parse(key)
+        .map_err(|e| Error::invalid(agent, op, format!("object key {key:?}: {e}")))?;
+    Ok((key.to_owned(), path))
+}
+
+impl Backend for S3Backend {
+    fn name(&self) -> &str {
+        OBJ
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            mem_kinds: vec![MemKind::Dram, MemKind::Object],
+            remote: false,
+            local: true,
+            notifications: false,
+            needs_progress: false,
+        }
+    }
+
+    fn connection_info(&self) -> Result<Vec<u8>> {
+        Ok(Vec::new())
+    }
+
+    fn connect(&self, _remote: &str, _info: &[u8]) -> Result<()> {
+        Ok(())
+    }
+
+    fn disconnect(&self, _remote: &str) -> Result<()> {
+        Ok(())
+    }
+
+    fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
+        match region.kind {
+            MemKind::Dram => Ok(Arc::new(DramMd)),
+            MemKind::Object => {
+                let (key, path) = key_of(&self.agent, Op::RegisterMem, region)?;
+                Ok(Arc::new(ObjMd { key, path }))
+            }
+            k => Err(Error::not_supported(
+                &self.agent,
+                Op::RegisterMem,
+                format!("OBJ registers DRAM and OBJ, not {k}"),
+            )),
+        }
+    }
+
+    fn deregister(&self, md: BackendMd) -> Result<()> {
+        if downcast_md::<DramMd>(&md).is_none() && downcast_md::<ObjMd>(&md).is_none() {
+            return Err(Error::invalid(
+                &self.agent,
+                Op::DeregisterMem,
+                "not OBJ metadata",
+            ));
+        }
+        Ok(())
+    }
+
+    fn public_metadata(&self, _md: &BackendMd) -> Result<Vec<u8>> {
+        Ok(Vec::new())
+    }
+
+    fn load_remote(&self, remote: &str, _region: &RegionDesc, _public: &[u8]) -> Result<BackendMd> {
+        Err(Error::not_supported(
+            &self.agent,
+            Op::LoadMetadata,
+            format!("OBJ regions of {remote} are not reachable from here"),
+        ))
+    }
+
+    fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
+        let me = &self.agent;
+        if !spec.is_local {
+            return Err(Error::not_supported(
+                me,
+                Op::MakeXfer,
+                "OBJ moves data between this agent's memory and its objects only",
+            ));
+        }
+        if spec.local_kind != MemKind::Dram || spec.remote_kind != MemKind::Object {
+            return Err(Error::not_supported(
+                me,
+                Op::MakeXfer,
+                format!(
+                    "OBJ moves DRAM <-> OBJ, not {} <-> {}",
+                    spec.local_kind, spec.remote_kind
+                ),
+            ));
+        }
+        if spec.notif.is_some() {
+            return Err(Error::not_supported(
+                me,
+                Op::MakeXfer,
+                "OBJ has no notifications",
+            ));
+        }
+        for (i, s) in spec.segments.iter().enumerate() {
+            if downcast_md::<DramMd>(&s.local_md).is_none() {
+                return Err(Error::invalid(
+                    me,
+                    Op::MakeXfer,
+                    format!("segment {i}: local metadata is not OBJ DRAM"),
+                ));
+            }
+        }
+        let plan = xfer::Plan::new(me, &spec, &self.params)?;
+        Ok(Box::new(xfer::S3Xfer::new(
+            plan,
+            self.store.clone(),
+            self.rt.clone(),
+            self.endpoint.clone(),
+            self.params.op_timeout,
+        )))
+    }
+
+    fn gen_notif(&self, remote: &str, _msg: &[u8]) -> Result<()> {
+        Err(Error::not_supported(
+            &self.agent,
+            Op::GenNotif,
+            format!("OBJ has no notifications (to {remote})"),
+        ))
+    }
+
+    fn path_report(&self, remote: &str) -> Option<String> {
+        (remote == self.agent).then(|| {
+            format!(
+                "S3 at {} (object_store, {} in flight)",
+                self.endpoint, self.params.max_concurrency
+            )
+        })
+    }
+
+    fn query(&self, region: &RegionDesc) -> Result<Option<QueryResult>> {
+        if region.kind != MemKind::Object {
+            return Ok(None);
+        }
+        let (key, _) = key_of(&self.agent, Op::QueryMem, region)?;
+        self.head(&key).map(Some)
+    }
+}

@@ -1,0 +1,107 @@
+//! A real S3 server for the tests: moto on 127.0.0.1 with SigV4 authentication enforced,
+//! started once per test binary by `scripts/s3/moto_server.py` (installed by
+//! `scripts/deps/gds.sh`). It exits when the test process does (its stdin closes).
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+/// Where the server listens and the only credentials it accepts.
+#[derive(Debug, Clone)]
+pub struct S3Server {
+    pub endpoint: String,
+    pub access_key: String,
+    pub secret_key: String,
+    pub region: String,
+    pub bucket: String,
+}
+
+static SERVER: OnceLock<Result<S3Server, String>> = OnceLock::new();
+static CHILD: Mutex<Option<Child>> = Mutex::new(None);
+
+fn field(json: &str, key: &str) -> Option<String> {
+    let pat = format!("\"{key}\": \"");
+    let start = json.find(&pat)? + pat.len();
+    let end = json[start..].find('"')? + start;
+    Some(json[start..end].to_owned())
+}
+
+fn start() -> Result<S3Server, String> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/s3/moto_server.py");
+    let mut pythonpath = std::env::var("NIXL_S3_MOTO_PYTHONPATH")
+        .unwrap_or_else(|_| "/opt/nixl-deps/gds/moto".to_owned());
+    if let Ok(p) = std::env::var("PYTHONPATH") {
+        pythonpath = format!("{pythonpath}:{p}");
+    }
+    let probe = Command::new("python3")
+        .env("PYTHONPATH", &pythonpath)
+        .args(["-c", "import moto.server"])
+        .output();
+    match probe {
+        Ok(o) if o.status.success() => {}
+        _ => return Err("moto's S3 server is not installed (run scripts/deps/gds.sh)".to_owned()),
+    }
+    let bucket = "nixl-test".to_owned();
+    let mut child = Command::new("python3")
+        .env("PYTHONPATH", &pythonpath)
+        .args([
+            script,
+            "--auth",
+            "--until-stdin-closes",
+            "--bucket",
+            &bucket,
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting moto: {e}"))?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(60))
+        .map_err(|_| "moto did not start within 60 s".to_owned())?;
+    *CHILD.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
+    let get = |k: &str| field(&line, k).ok_or_else(|| format!("moto printed {line:?}"));
+    Ok(S3Server {
+        endpoint: get("endpoint")?,
+        access_key: get("access_key")?,
+        secret_key: get("secret_key")?,
+        region: get("region")?,
+        bucket,
+    })
+}
+
+/// The shared server, or why there is none (the caller prints it and skips).
+pub fn server() -> Result<S3Server, String> {
+    SERVER.get_or_init(start).clone()
+}
+
+#[cfg(feature = "s3")]
+pub fn params(s: &S3Server) -> nixl_backend_gds::S3Params {
+    nixl_backend_gds::S3Params {
+        endpoint: Some(s.endpoint.clone()),
+        bucket: Some(s.bucket.clone()),
+        region: Some(s.region.clone()),
+        access_key_id: Some(s.access_key.clone()),
+        secret_access_key: Some(s.secret_key.clone()),
+        ..Default::default()
+    }
+}
+
+/// A unique object key.
+pub fn key(tag: &str) -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!(
+        "t/{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
+}

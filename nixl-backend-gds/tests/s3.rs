@@ -1,0 +1,315 @@
+//! OBJ (S3) backend scenarios against a real S3 server on 127.0.0.1 (moto with SigV4
+//! authentication enforced), plus the shared conformance suite.
+#![cfg(feature = "s3")]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use nixl_backend_gds::{ObjectRegion, S3Params, S3Plugin};
+use nixl_core::conformance::{assert_all, Suite};
+use nixl_core::{
+    Agent, AgentConfig, BackendPlugin, Desc, Error, HostBuffer, MemKind, MemoryRegion,
+    XferDescList, XferOp, XferOptions,
+};
+
+const T: Duration = Duration::from_secs(60);
+
+macro_rules! server_or_skip {
+    () => {
+        match common::server() {
+            Ok(s) => s,
+            Err(why) => {
+                eprintln!("skipping: {why}");
+                return;
+            }
+        }
+    };
+}
+
+fn agent(tag: &str, params: S3Params) -> Agent {
+    let a = Agent::new(
+        &format!("obj-{tag}-{}", std::process::id()),
+        AgentConfig::default(),
+    )
+    .expect("agent");
+    a.create_backend(params).expect("backend");
+    a
+}
+
+fn buf(len: usize) -> Arc<HostBuffer> {
+    Arc::new(HostBuffer::new(len).expect("alloc"))
+}
+
+fn xfer(a: &Agent, op: XferOp, local: XferDescList, remote: XferDescList) -> nixl_core::Result<()> {
+    let req = a.create_xfer_req(op, &local, &remote, a.name(), XferOptions::default())?;
+    a.post_xfer_req(&req)?;
+    req.wait(T)
+}
+
+#[test]
+fn whole_objects_and_byte_ranges() {
+    let s = server_or_skip!();
+    let a = agent("ranges", common::params(&s));
+    const BLOCK: u64 = 64 * 1024;
+    let obj = Arc::new(ObjectRegion::new(common::key("ranges"), BLOCK * 4));
+    let (src, dst) = (buf(BLOCK as usize * 4), buf(BLOCK as usize * 4));
+    src.fill_pattern(5);
+    let _r = a
+        .register_mem(vec![src.clone(), dst.clone(), obj.clone()], &[])
+        .expect("register");
+    xfer(
+        &a,
+        XferOp::Write,
+        XferDescList::blocks(MemKind::Dram, src.addr(), BLOCK, 4),
+        obj.blocks(0, BLOCK, 4),
+    )
+    .expect("write");
+    // Byte ranges: blocks 2 and 0, and an odd range in the middle.
+    xfer(
+        &a,
+        XferOp::Read,
+        XferDescList::from_descs(
+            MemKind::Dram,
+            [
+                Desc::new(dst.addr(), BLOCK),
+                Desc::new(dst.addr() + BLOCK, BLOCK),
+                Desc::new(dst.addr() + 2 * BLOCK, 1000),
+            ],
+        ),
+        XferDescList::from_descs(
+            MemKind::Object,
+            [
+                obj.desc_at(2 * BLOCK, BLOCK),
+                obj.desc_at(0, BLOCK),
+                obj.desc_at(12345, 1000),
+            ],
+        ),
+    )
+    .expect("read");
+    let (sv, dv) = (src.to_vec(), dst.to_vec());
+    let b = BLOCK as usize;
+    assert_eq!(dv[..b], sv[2 * b..3 * b]);
+    assert_eq!(dv[b..2 * b], sv[..b]);
+    assert_eq!(dv[2 * b..2 * b + 1000], sv[12345..13345]);
+    let q = a.query_mem(&[obj.desc()], &[]).expect("query");
+    assert_eq!(
+        q[0].map(|q| (q.exists, q.size)),
+        Some((true, Some(BLOCK * 4)))
+    );
+}
+
+#[test]
+fn multipart_upload_with_parallel_parts() {
+    let s = server_or_skip!();
+    let mut p = common::params(&s);
+    p.part_size = 5 << 20;
+    p.multipart_threshold = 5 << 20;
+    p.max_concurrency = 4;
+    let a = agent("multipart", p);
+    // 13 MiB in 13 scattered 1 MiB blocks: three parts, the last one short.
+    const MIB: u64 = 1 << 20;
+    const N: usize = 13;
+    let obj = Arc::new(ObjectRegion::new(common::key("multipart"), MIB * N as u64));
+    let (src, dst) = (buf(MIB as usize * N), buf(MIB as usize * N));
+    src.fill_pattern(77);
+    let _r = a
+        .register_mem(vec![src.clone(), dst.clone(), obj.clone()], &[])
+        .expect("register");
+    let perm: Vec<u64> = (0..N as u64).map(|i| (i * 5) % N as u64).collect();
+    let local = XferDescList::from_descs(
+        MemKind::Dram,
+        perm.iter().map(|&j| Desc::new(src.addr() + j * MIB, MIB)),
+    );
+    xfer(&a, XferOp::Write, local, obj.blocks(0, MIB, N)).expect("multipart write");
+    let q = a.query_mem(&[obj.desc()], &[]).expect("query");
+    assert_eq!(q[0].and_then(|q| q.size), Some(MIB * N as u64));
+    // Read it back as one descriptor: split into parallel ranged GETs.
+    xfer(
+        &a,
+        XferOp::Read,
+        XferDescList::blocks(MemKind::Dram, dst.addr(), MIB * N as u64, 1),
+        obj.blocks(0, MIB * N as u64, 1),
+    )
+    .expect("read");
+    let (sv, dv) = (src.to_vec(), dst.to_vec());
+    for (i, &j) in perm.iter().enumerate() {
+        let (o, k) = (i * MIB as usize, j as usize * MIB as usize);
+        assert_eq!(
+            dv[o..o + MIB as usize],
+            sv[k..k + MIB as usize],
+            "block {i}"
+        );
+    }
+}
+
+#[test]
+fn missing_object_is_not_found() {
+    let s = server_or_skip!();
+    let a = agent("missing", common::params(&s));
+    let obj = Arc::new(ObjectRegion::new(common::key("missing"), 4096));
+    let b = buf(4096);
+    b.fill(3);
+    let _r = a
+        .register_mem(vec![b.clone(), obj.clone()], &[])
+        .expect("register");
+    match xfer(
+        &a,
+        XferOp::Read,
+        XferDescList::blocks(MemKind::Dram, b.addr(), 4096, 1),
+        obj.blocks(0, 4096, 1),
+    ) {
+        Err(Error::NotFound { what, .. }) => assert!(what.contains(obj.key()), "{what}"),
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    assert!(b.to_vec().iter().all(|&x| x == 3), "buffer changed");
+    let q = a.query_mem(&[obj.desc()], &[]).expect("query");
+    assert_eq!(q[0].map(|q| (q.exists, q.size)), Some((false, None)));
+}
+
+#[test]
+fn bad_credentials_are_not_allowed() {
+    let s = server_or_skip!();
+    let mut p = common::params(&s);
+    p.secret_access_key = Some("not-the-secret".to_owned());
+    let a = agent("badcreds", p);
+    let obj = Arc::new(ObjectRegion::new(common::key("badcreds"), 4096));
+    let b = buf(4096);
+    let _r = a
+        .register_mem(vec![b.clone(), obj.clone()], &[])
+        .expect("register");
+    for op in [XferOp::Write, XferOp::Read] {
+        match xfer(
+            &a,
+            op,
+            XferDescList::blocks(MemKind::Dram, b.addr(), 4096, 1),
+            obj.blocks(0, 4096, 1),
+        ) {
+            Err(Error::NotAllowed { reason, .. }) => {
+                assert!(reason.contains("credentials"), "{reason}")
+            }
+            other => panic!("{op:?}: expected NotAllowed, got {other:?}"),
+        }
+    }
+    assert!(matches!(
+        a.query_mem(&[obj.desc()], &[]),
+        Err(Error::NotAllowed { .. })
+    ));
+}
+
+#[test]
+fn unreachable_endpoint_is_unavailable() {
+    // A port that was just free and is closed now: connections are refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let p = S3Params {
+        endpoint: Some(format!("http://127.0.0.1:{port}")),
+        bucket: Some("nixl-test".to_owned()),
+        region: Some("us-east-1".to_owned()),
+        access_key_id: Some("a".to_owned()),
+        secret_access_key: Some("b".to_owned()),
+        max_retries: 2,
+        ..Default::default()
+    };
+    let a = agent("unreachable", p);
+    let obj = Arc::new(ObjectRegion::new("some/key", 4096));
+    let b = buf(4096);
+    let _r = a
+        .register_mem(vec![b.clone(), obj.clone()], &[])
+        .expect("register");
+    for op in [XferOp::Write, XferOp::Read] {
+        match xfer(
+            &a,
+            op,
+            XferDescList::blocks(MemKind::Dram, b.addr(), 4096, 1),
+            obj.blocks(0, 4096, 1),
+        ) {
+            Err(Error::Unavailable { what, .. }) => {
+                assert!(what.contains(&port.to_string()), "{what}")
+            }
+            other => panic!("{op:?}: expected Unavailable, got {other:?}"),
+        }
+    }
+    assert!(matches!(
+        a.query_mem(&[obj.desc()], &[]),
+        Err(Error::Unavailable { .. })
+    ));
+}
+
+#[test]
+fn partial_object_writes_and_bad_params_are_refused() {
+    let a = agent(
+        "partial",
+        S3Params {
+            endpoint: Some("http://127.0.0.1:9".to_owned()),
+            bucket: Some("b".to_owned()),
+            region: Some("us-east-1".to_owned()),
+            ..Default::default()
+        },
+    );
+    let obj = Arc::new(ObjectRegion::new(common::key("partial"), 8192));
+    let b = buf(8192);
+    let _r = a
+        .register_mem(vec![b.clone(), obj.clone()], &[])
+        .expect("register");
+    // A WRITE must cover the object from offset 0 without gaps.
+    let r = a.create_xfer_req(
+        XferOp::Write,
+        &XferDescList::blocks(MemKind::Dram, b.addr(), 4096, 1),
+        &obj.blocks(4096, 4096, 1),
+        a.name(),
+        XferOptions::default(),
+    );
+    assert!(matches!(r, Err(Error::InvalidParam { .. })), "{r:?}");
+    // An empty key is refused at registration.
+    assert!(matches!(
+        a.register_mem(vec![Arc::new(ObjectRegion::new("", 10))], &[]),
+        Err(Error::InvalidParam { .. })
+    ));
+    // Parameters.
+    let bad = Agent::new(
+        &format!("obj-badparams-{}", std::process::id()),
+        AgentConfig::default(),
+    )
+    .expect("agent");
+    assert!(matches!(
+        bad.create_backend(S3Params {
+            part_size: 1024,
+            ..Default::default()
+        }),
+        Err(Error::InvalidParam { .. })
+    ));
+    assert!(bad.backends().is_empty());
+    let mut m = BTreeMap::new();
+    m.insert("part_size".to_owned(), "lots".to_owned());
+    assert!(matches!(
+        S3Plugin.parse_params(&m),
+        Err(Error::InvalidParam { .. })
+    ));
+    m.clear();
+    m.insert("nope".to_owned(), "1".to_owned());
+    assert!(matches!(
+        S3Plugin.parse_params(&m),
+        Err(Error::InvalidParam { .. })
+    ));
+    assert!(S3Plugin.parse_params(&S3Plugin.default_params()).is_ok());
+}
+
+#[test]
+fn conformance_s3() {
+    let s = server_or_skip!();
+    let p = common::params(&s);
+    assert_all(&Suite {
+        name: "obj".to_owned(),
+        config: AgentConfig::default(),
+        create: Arc::new(move |a: &Agent| a.create_backend(p.clone())),
+        storage: Some(Arc::new(|len| {
+            Ok(Arc::new(ObjectRegion::new(common::key("conf"), len)) as Arc<dyn MemoryRegion>)
+        })),
+    });
+}

@@ -270,14 +270,16 @@ fn target(o: &Opts, peer: SocketAddr) -> Res<()> {
         format!("addr:{}", m.addr).as_bytes(),
         &[],
     )?;
+    // Sleep between polls: the backend's progress thread does the work; spinning here would
+    // steal the CPU the initiator's copies need.
     let end = Instant::now() + Duration::from_secs(3600);
     while Instant::now() < end {
-        if let Ok(n) = a.wait_notifs(Duration::from_millis(500)) {
-            if n.get("nixlbench-initiator")
-                .is_some_and(|v| v.iter().any(|m| m == b"done"))
-            {
-                return Ok(());
-            }
+        std::thread::sleep(Duration::from_millis(20));
+        if a.get_notifs()?
+            .get("nixlbench-initiator")
+            .is_some_and(|v| v.iter().any(|m| m == b"done"))
+        {
+            return Ok(());
         }
     }
     Err("no done message".into())
@@ -330,7 +332,8 @@ fn thread_run(
         Ok(r)
     };
     let mut req = make(&mut times)?;
-    for i in 0..o.warmup + iters {
+    let warmup = o.warmup.min(warmup_for(block * batch as u64));
+    for i in 0..warmup + iters {
         if o.fresh && i > 0 {
             req = make(&mut times)?;
         }
@@ -341,12 +344,18 @@ fn thread_run(
             st = a.check_xfer_state(&req)?;
         }
         let t2 = Instant::now();
-        if i >= o.warmup {
+        if i >= warmup {
             times.post.push(t1 - t0);
             times.xfer.push(t2 - t0);
         }
     }
     Ok(times)
+}
+
+/// Warm-up iterations for a request size (the same rule as benches/reference/nixl_ref.py):
+/// 10 for small requests, down to 2 for huge ones.
+fn warmup_for(bytes: u64) -> usize {
+    ((2e8 / bytes as f64) as usize).clamp(2, 10)
 }
 
 struct Spawned(Child);

@@ -91,14 +91,15 @@ def run_point(agent, args, op, block, batch, laddr, raddr):
     total_bytes = block * batch
     iters = max(args.min_iters, min(args.max_iters, int(args.bytes_per_point // total_bytes)))
     lat = []
-    for i in range(args.warmup + iters):
+    warmup = min(args.warmup, max(2, min(10, int(2e8 // total_bytes))))
+    for i in range(warmup + iters):
         t0 = time.perf_counter()
         st = agent.transfer(h)
         while st == "PROC":
             st = agent.check_xfer_state(h)
         if st != "DONE":
             raise RuntimeError(f"transfer failed: {st}")
-        if i >= args.warmup:
+        if i >= warmup:
             lat.append(time.perf_counter() - t0)
     lat.sort()
     total = sum(lat)

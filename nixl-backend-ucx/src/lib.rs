@@ -11,8 +11,8 @@
 //!   `libucp` is opened with libloading, so the crate builds with no UCX installed. A missing or
 //!   too-old UCX is [`nixl_core::Error::Unavailable`] naming what to install. (The published
 //!   `ucx-sys` 0.1.3 vendors UCX 1.4 from 2018 and does not build; it is not used.) Search
-//!   order: [`UcxParams::library_path`], `$NIXL_UCX_HOME`, `$UCX_HOME`, the system's
-//!   `libucp.so.0`. For full shared-memory speed between processes use UCX >= 1.16 (e.g. the
+//!   order: [`UcxParams::library_path`], `$NIXL_UCX_HOME`, `$UCX_HOME`, [`DEPS_HOME`] (where
+//!   `scripts/deps/ucx.sh` installs), the system's `libucp.so.0`. For full shared-memory speed between processes use UCX >= 1.16 (e.g. the
 //!   PyPI wheel `libucx-cu13==1.22.0` that `scripts/deps/ucx.sh` installs).
 //! - **One context, N workers.** The context has RMA, active messages and wake-up; each
 //!   worker is serialised by its own mutex and, by default, driven by its own progress thread
@@ -21,6 +21,13 @@
 //!   workers' addresses. Both are framed and checksummed, so damaged bytes are refused before
 //!   UCX parses them (UCX itself trusts them, as NIXL does: load metadata only from peers you
 //!   trust).
+//! - **Tuned like NIXL.** Unless set in the environment or [`UcxParams::config`], the context
+//!   uses `RNDV_THRESH=inf`, `ADDRESS_VERSION=v2`, `MAX_RMA_RAILS=2` (and
+//!   `MAX_COMPONENT_MDS=32` on UCX >= 1.19). Without the first, UCX 1.22 with peer error
+//!   handling emulates puts over tcp instead of using CMA zero-copy between local processes.
+//! - **Peer failure.** Endpoints ask for UCX's peer error handling; where the chosen
+//!   transports cannot provide it (e.g. `UCX_TLS=shm,cma,self`), the endpoint is created without
+//!   it and the path report says `[no peer-failure detection]`.
 //! - **Transfers.** A request is a batch of `ucp_put_nbx`/`ucp_get_nbx` plus one
 //!   `ucp_ep_flush_nbx`; its notification is an active message sent from the flush's
 //!   completion, so it arrives only after the data, even if the initiator stops polling.

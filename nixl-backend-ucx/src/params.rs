@@ -18,8 +18,8 @@ use crate::wire::MAX_WORKERS;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UcxParams {
     /// Where to load UCX from: a prefix (holding `lib/libucp.so.0`), a `lib` directory or the
-    /// `libucp` file. `None`: `$NIXL_UCX_HOME`, then `$UCX_HOME`, then the system's
-    /// `libucp.so.0`.
+    /// `libucp` file. `None`: `$NIXL_UCX_HOME`, then `$UCX_HOME`, then [`crate::DEPS_HOME`], then
+    /// the system's `libucp.so.0`.
     pub library_path: Option<PathBuf>,
     /// Transports UCX may use (`UCX_TLS`, e.g. `"tcp"`, `"shm,cma,self"`, `"rc,cuda_ipc"`).
     /// `None`: UCX's default (all), or the `UCX_TLS` environment variable.

@@ -12,7 +12,7 @@ VERSION="1.22.0"
 HOME_DIR="$PREFIX/libucx"
 STAMP="$PREFIX/.installed-$VERSION"
 
-if [ -f "$STAMP" ] && [ -e "$HOME_DIR/lib/libucp.so" ] || [ -f "$STAMP" ] && ls "$HOME_DIR"/lib/libucp.so* >/dev/null 2>&1; then
+if [ -f "$STAMP" ] && [ -e "$HOME_DIR/lib/libucp.so.0" ]; then
     echo "ucx.sh: UCX $VERSION already installed at $HOME_DIR"
     echo "export NIXL_UCX_HOME=$HOME_DIR"
     exit 0
@@ -41,7 +41,8 @@ fi
 # A wheel is a zip: unpack it directly (no pip install, so no Python environment is touched;
 # `--break-system-packages` is not needed on Debian 12's externally-managed Python).
 "$PY" -m zipfile -e "$WHEEL" "$PREFIX"
+chmod +x "$HOME_DIR"/bin/* 2>/dev/null || true
+test -e "$HOME_DIR/lib/libucp.so.0"
 touch "$STAMP"
-ls "$HOME_DIR"/lib/libucp.so* >/dev/null
 echo "ucx.sh: UCX $VERSION installed at $HOME_DIR"
 echo "export NIXL_UCX_HOME=$HOME_DIR"

@@ -1,6 +1,7 @@
 //! Metadata at cluster scale: N agents (threads of one process, INPROC backend) where every
 //! agent loads every other agent's metadata and writes one 4 KiB block into each peer,
-//! verified; once through etcd and once through the side channel, timed phase by phase.
+//! verified; through etcd (one fetch per peer, then one `fetch_all` range read per agent)
+//! and through the side channel, timed phase by phase.
 //!
 //! ```text
 //! cargo run --release -p nixl-core --features etcd --example etcd_scale -- [AGENTS] [ROUNDS]
@@ -23,7 +24,7 @@ mod scale {
     use std::sync::{Arc, Barrier};
     use std::time::{Duration, Instant};
 
-    use nixl_core::etcd::{EtcdConfig, EtcdExchange, LocalEtcd};
+    use nixl_core::etcd::{EtcdConfig, EtcdExchange, LocalEtcd, DEFAULT_LABEL};
     use nixl_core::{
         Agent, AgentConfig, HostBuffer, InprocParams, MemKind, Registration, XferDescList, XferOp,
         XferOptions,
@@ -174,11 +175,15 @@ mod scale {
         Ok(Timing { phases })
     }
 
-    fn over_etcd(n: usize, endpoints: Vec<String>) -> Res<Timing> {
+    /// Through etcd: each agent fetches each peer by name (`bulk`: one `fetch_all` range
+    /// read instead).
+    fn over_etcd(n: usize, endpoints: Vec<String>, bulk: bool) -> Res<Timing> {
+        static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let run = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let nodes = Arc::new(nodes(n, "etcd", false)?);
         let cfg = EtcdConfig {
             endpoints,
-            namespace: Some(format!("/nixl-scale/{}", std::process::id())),
+            namespace: Some(format!("/nixl-scale/{}/{run}", std::process::id())),
             ..EtcdConfig::default()
         };
         let all = nodes.clone();
@@ -190,9 +195,21 @@ mod scale {
                 let x = EtcdExchange::new(&all[i].agent, &cfg)?;
                 x.publish()?;
                 b.wait();
-                for (j, peer) in all.iter().enumerate().filter(|(j, _)| *j != i) {
-                    x.fetch(peer.agent.name(), WAIT)
-                        .map_err(|e| format!("{i} fetching {j}: {e}"))?;
+                if bulk {
+                    let loaded = x.fetch_all(DEFAULT_LABEL)?;
+                    for (name, r) in &loaded {
+                        r.as_ref().map_err(|e| format!("{i} loading {name}: {e}"))?;
+                    }
+                    if loaded.len() != n - 1 {
+                        return Err(
+                            format!("{i} found {} peers, not {}", loaded.len(), n - 1).into()
+                        );
+                    }
+                } else {
+                    for (j, peer) in all.iter().enumerate().filter(|(j, _)| *j != i) {
+                        x.fetch(peer.agent.name(), WAIT)
+                            .map_err(|e| format!("{i} fetching {j}: {e}"))?;
+                    }
                 }
                 b.wait();
                 write_to_all(&all, i)?;
@@ -271,8 +288,10 @@ mod scale {
         };
         for round in 1..=rounds {
             println!("round {round}/{rounds}");
-            let t = over_etcd(n, endpoints.clone()).map_err(|e| e.to_string())?;
+            let t = over_etcd(n, endpoints.clone(), false).map_err(|e| e.to_string())?;
             report("etcd", n, &t);
+            let t = over_etcd(n, endpoints.clone(), true).map_err(|e| e.to_string())?;
+            report("etcd bulk", n, &t);
             let t = over_side_channel(n).map_err(|e| e.to_string())?;
             report("side channel", n, &t);
         }

@@ -14,6 +14,19 @@ use crate::codec::AgentMetadata;
 use crate::error::{Error, Op, Result};
 use crate::remote::MetadataSelection;
 
+/// How a read is served.
+///
+/// A serializable read is answered by whichever member the client reaches, without a
+/// round of consensus, and may lag the leader. That is safe for a first read: a key missed
+/// is caught by the watch that starts after the read's revision, and a key already deleted
+/// has its deletion (a later revision) delivered by the peer watch. The re-check after a
+/// race with the peer watch must see the latest state, so it is linearizable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Read {
+    Serializable,
+    Linearizable,
+}
+
 /// Keys per page of a range read.
 const PAGE: i64 = 256;
 
@@ -216,7 +229,7 @@ impl EtcdExchange {
         }
         check_label(me, label)?;
         let key = self.cfg.layout.key(remote, label);
-        let (value, revision) = self.run(self.read_or_wait(&key, wait))?;
+        let (value, revision) = self.run(self.read_or_wait(&key, wait, Read::Serializable))?;
         self.load_watched(remote, label, &value, revision)
     }
 
@@ -308,7 +321,7 @@ impl EtcdExchange {
             // The watch already went past our read: re-read so a deletion in between is seen.
             // When that read fails, the peer cannot be vouched for: fence it too.
             let check = self
-                .run(self.read_or_wait(&key, Duration::ZERO))
+                .run(self.read_or_wait(&key, Duration::ZERO, Read::Linearizable))
                 .and_then(|(now, _)| match AgentMetadata::decode(&now) {
                     Ok(m) if m.name == remote && m.generation == md.generation => Ok(()),
                     _ => Err(Error::not_found(
@@ -333,14 +346,16 @@ impl EtcdExchange {
 
     /// Reads `key`; when absent, watches for it until `wait` passed. Returns the value and
     /// the revision it was read at.
-    async fn read_or_wait(&self, key: &str, wait: Duration) -> Result<(Vec<u8>, i64)> {
+    async fn read_or_wait(&self, key: &str, wait: Duration, read: Read) -> Result<(Vec<u8>, i64)> {
         let until = Instant::now() + wait;
         loop {
             let resp = self
                 .rpc
                 .call("reading metadata", self.rpc.default_deadline(), |mut c| {
                     let key = key.to_owned();
-                    async move { c.get(key, None).await }
+                    let opts =
+                        (read == Read::Serializable).then(|| GetOptions::new().with_serializable());
+                    async move { c.get(key, opts).await }
                 })
                 .await?;
             let revision = resp.header().map(|h| h.revision()).unwrap_or(0);

@@ -7,8 +7,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nixl_core::{
-    downcast_md, Backend, BackendContext, BackendMd, BackendXfer, Capabilities, Error, MemKind, NotifQueue, Op,
-    RegionDesc, Result, XferSpec,
+    downcast_md, Backend, BackendContext, BackendMd, BackendXfer, Capabilities, Error, MemKind,
+    NotifQueue, Op, RegionDesc, Result, XferSpec,
 };
 
 use crate::fabric::Mr;
@@ -44,8 +44,19 @@ impl Drop for Peer {
 }
 
 impl Peer {
-    fn connect(name: &str, conn: &[u8], rails: &[Arc<Rail>], names: &[Vec<u8>]) -> std::result::Result<Peer, FiError> {
-        let mut p = Peer { name: name.to_owned(), conn: conn.to_vec(), addrs: Vec::new(), alive: AtomicBool::new(true), removed: AtomicBool::new(false) };
+    fn connect(
+        name: &str,
+        conn: &[u8],
+        rails: &[Arc<Rail>],
+        names: &[Vec<u8>],
+    ) -> std::result::Result<Peer, FiError> {
+        let mut p = Peer {
+            name: name.to_owned(),
+            conn: conn.to_vec(),
+            addrs: Vec::new(),
+            alive: AtomicBool::new(true),
+            removed: AtomicBool::new(false),
+        };
         for (rail, addr) in rails.iter().zip(names) {
             // On failure `p` is dropped and removes what was inserted so far.
             let a = rail.av.insert(addr)?;
@@ -118,7 +129,9 @@ impl Inner {
         for r in &self.rails {
             match r.poll(&self.notifs) {
                 Ok(k) => n += k,
-                Err(e) => tracing::warn!(agent = %self.agent, rail = r.index, error = %e, "polling the completion queue failed"),
+                Err(e) => {
+                    tracing::warn!(agent = %self.agent, rail = r.index, error = %e, "polling the completion queue failed")
+                }
             }
         }
         n
@@ -126,13 +139,22 @@ impl Inner {
 
     /// Hands a posted transfer to the progress thread.
     pub fn activate(&self, core: Weak<Mutex<XferCore>>) {
-        self.active.lock().unwrap_or_else(|p| p.into_inner()).push(core);
+        self.active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(core);
     }
 
     /// Polls, then drives the posted transfers nobody is polling. Returns the completions
     /// handled.
     pub fn progress_all(&self) -> usize {
         let n = self.poll();
+        self.drive_active();
+        n
+    }
+
+    /// Drives the posted transfers nobody is polling.
+    pub fn drive_active(&self) {
         let cores: Vec<Arc<Mutex<XferCore>>> = {
             let mut g = self.active.lock().unwrap_or_else(|p| p.into_inner());
             g.retain(|w| w.strong_count() > 0);
@@ -149,9 +171,11 @@ impl Inner {
             }
         }
         if !done.is_empty() {
-            self.active.lock().unwrap_or_else(|p| p.into_inner()).retain(|w| !done.contains(&w.as_ptr()));
+            self.active
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|w| !done.contains(&w.as_ptr()));
         }
-        n
     }
 
     /// Waits (polling, bounded by `op_timeout`) until `track` has nothing in flight.
@@ -180,7 +204,11 @@ impl Inner {
             self.provider,
             self.rails.len(),
             domains.join(", "),
-            if self.delivery_complete { "delivery-complete writes" } else { "transmit-complete writes + send-after-write order" }
+            if self.delivery_complete {
+                "delivery-complete writes"
+            } else {
+                "transmit-complete writes + send-after-write order"
+            }
         )
     }
 }
@@ -202,12 +230,47 @@ pub(crate) fn backoff(idle: u32) {
 pub struct LibfabricBackend {
     inner: Arc<Inner>,
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// The body of rail `i`'s progress thread.
+fn progress_loop(inner: &Inner, i: usize, stop: &AtomicBool) {
+    let rail = &inner.rails[i];
+    let mut idle = 0u32;
+    while !stop.load(Ordering::Relaxed) {
+        let n = if rail.waitable && idle > 64 {
+            rail.wait_poll(&inner.notifs, 1)
+        } else {
+            rail.poll(&inner.notifs)
+        };
+        let n = match n {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(agent = %inner.agent, rail = i, error = %e, "progress failed");
+                0
+            }
+        };
+        if i == 0 {
+            inner.drive_active();
+        }
+        if n > 0 {
+            idle = 0;
+        } else {
+            idle = idle.saturating_add(1);
+            if !rail.waitable {
+                backoff(idle);
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for LibfabricBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LibfabricBackend").field("agent", &self.inner.agent).field("provider", &self.inner.provider).field("rails", &self.inner.rails.len()).finish()
+        f.debug_struct("LibfabricBackend")
+            .field("agent", &self.inner.agent)
+            .field("provider", &self.inner.provider)
+            .field("rails", &self.inner.rails.len())
+            .finish()
     }
 }
 
@@ -227,21 +290,39 @@ impl LibfabricBackend {
                 if params.provider.as_deref() == Some("efa") { "; EFA needs an EFA-enabled instance and the EFA installer's libfabric" } else { "" }
             ),
         })?;
-        let cfg = RailConfig { notif_size: params.notif_size, recv_slots: params.notif_slots, send_slots: params.notif_slots };
+        let cfg = RailConfig {
+            notif_size: params.notif_size,
+            recv_slots: params.notif_slots,
+            send_slots: params.notif_slots,
+        };
         let next_key = AtomicU64::new(1);
         let mut rails = Vec::with_capacity(sel.infos.len());
         for (i, info) in sel.infos.into_iter().enumerate() {
             let rail = Rail::open(lib, info, i, cfg, &next_key).map_err(fail)?;
             if rail.key_size > 8 {
-                return Err(Error::not_supported(&agent, Op::CreateBackend, format!("provider {} uses {}-byte raw memory keys", sel.provider, rail.key_size)));
+                return Err(Error::not_supported(
+                    &agent,
+                    Op::CreateBackend,
+                    format!(
+                        "provider {} uses {}-byte raw memory keys",
+                        sel.provider, rail.key_size
+                    ),
+                ));
             }
             rails.push(Arc::new(rail));
         }
         let names: Vec<Vec<u8>> = rails.iter().map(|r| r.addr.clone()).collect();
         let conn = wire::encode_conn(&sel.provider, &names);
         let me = Arc::new(Peer::connect(&agent, &conn, &rails, &names).map_err(fail)?);
-        let virt_addr = rails.first().is_some_and(|r| r.mr_mode & u64::from(sys::FI_MR_VIRT_ADDR) != 0);
-        params.stats().attach(rails.iter().map(|r| (r.domain_name.clone(), r.counters.clone())).collect());
+        let virt_addr = rails
+            .first()
+            .is_some_and(|r| r.mr_mode & u64::from(sys::FI_MR_VIRT_ADDR) != 0);
+        params.stats().attach(
+            rails
+                .iter()
+                .map(|r| (r.domain_name.clone(), r.counters.clone()))
+                .collect(),
+        );
         let inner = Arc::new(Inner {
             agent,
             provider: sel.provider,
@@ -258,27 +339,35 @@ impl LibfabricBackend {
         });
         tracing::info!(agent = %inner.agent, path = %inner.describe(), "libfabric backend created");
         let stop = Arc::new(AtomicBool::new(false));
-        let thread = if inner.params.progress_thread {
-            let (inner2, stop2) = (inner.clone(), stop.clone());
-            let h = std::thread::Builder::new()
-                .name(format!("nixl-lf-{}", inner.agent))
-                .spawn(move || {
-                    let mut idle = 0u32;
-                    while !stop2.load(Ordering::Relaxed) {
-                        if inner2.progress_all() > 0 {
-                            idle = 0;
-                        } else {
-                            idle = idle.saturating_add(1);
-                            backoff(idle);
+        let mut threads = Vec::new();
+        if inner.params.progress_thread {
+            // One thread per rail: it blocks in fi_cq_sread where the CQ has a wait object
+            // (waking on the provider's own events, so a passive target still acknowledges
+            // writes promptly) and polls with a backoff otherwise. Rail 0's thread also drives
+            // posted requests nobody polls.
+            for i in 0..inner.rails.len() {
+                let (inner2, stop2) = (inner.clone(), stop.clone());
+                let h = std::thread::Builder::new()
+                    .name(format!("nixl-lf{i}-{}", inner.agent))
+                    .spawn(move || progress_loop(&inner2, i, &stop2))
+                    .map_err(|e| Error::io(&inner.agent, Op::CreateBackend, e));
+                match h {
+                    Ok(h) => threads.push(h),
+                    Err(e) => {
+                        stop.store(true, Ordering::Relaxed);
+                        for t in threads {
+                            let _ = t.join();
                         }
+                        return Err(e);
                     }
-                })
-                .map_err(|e| Error::io(&inner.agent, Op::CreateBackend, e))?;
-            Some(h)
-        } else {
-            None
-        };
-        Ok(LibfabricBackend { inner, stop, thread })
+                }
+            }
+        }
+        Ok(LibfabricBackend {
+            inner,
+            stop,
+            threads,
+        })
     }
 
     /// The provider in use (`"tcp;ofi_rxm"`, `"shm"`, `"efa"`, ...).
@@ -289,23 +378,37 @@ impl LibfabricBackend {
     /// Per-rail counters.
     pub fn stats(&self) -> Vec<RailStats> {
         let s = LibfabricStats::default();
-        s.attach(self.inner.rails.iter().map(|r| (r.domain_name.clone(), r.counters.clone())).collect());
+        s.attach(
+            self.inner
+                .rails
+                .iter()
+                .map(|r| (r.domain_name.clone(), r.counters.clone()))
+                .collect(),
+        );
         s.rails()
     }
 
     fn md<'a, T: std::any::Any + Send + Sync>(&self, md: &'a BackendMd, op: Op) -> Result<&'a T> {
-        downcast_md::<T>(md).ok_or_else(|| Error::invalid(&self.inner.agent, op, "metadata is not LIBFABRIC's"))
+        downcast_md::<T>(md)
+            .ok_or_else(|| Error::invalid(&self.inner.agent, op, "metadata is not LIBFABRIC's"))
     }
 
     fn peer(&self, remote: &str, op: Op) -> Result<Arc<Peer>> {
-        self.inner.peers().get(remote).cloned().ok_or_else(|| Error::disconnected(&self.inner.agent, remote, op, "not connected through LIBFABRIC"))
+        self.inner.peers().get(remote).cloned().ok_or_else(|| {
+            Error::disconnected(
+                &self.inner.agent,
+                remote,
+                op,
+                "not connected through LIBFABRIC",
+            )
+        })
     }
 }
 
 impl Drop for LibfabricBackend {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
+        for t in self.threads.drain(..) {
             if t.join().is_err() {
                 tracing::error!(agent = %self.inner.agent, "libfabric progress thread panicked");
             }
@@ -323,7 +426,13 @@ impl Backend for LibfabricBackend {
         if self.inner.hmem {
             mem_kinds.push(MemKind::Vram);
         }
-        Capabilities { mem_kinds, remote: true, local: true, notifications: true, needs_progress: !self.inner.params.progress_thread }
+        Capabilities {
+            mem_kinds,
+            remote: true,
+            local: true,
+            notifications: true,
+            needs_progress: !self.inner.params.progress_thread,
+        }
     }
 
     fn connection_info(&self) -> Result<Vec<u8>> {
@@ -332,9 +441,18 @@ impl Backend for LibfabricBackend {
 
     fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
         let me = &self.inner.agent;
-        let (provider, names) = wire::decode_conn(info).ok_or_else(|| Error::invalid(me, Op::LoadMetadata, "malformed LIBFABRIC connection info"))?;
+        let (provider, names) = wire::decode_conn(info).ok_or_else(|| {
+            Error::invalid(me, Op::LoadMetadata, "malformed LIBFABRIC connection info")
+        })?;
         if provider != self.inner.provider {
-            return Err(Error::mismatch(me, Op::LoadMetadata, format!("{remote} uses libfabric provider {provider}, this agent {}", self.inner.provider)));
+            return Err(Error::mismatch(
+                me,
+                Op::LoadMetadata,
+                format!(
+                    "{remote} uses libfabric provider {provider}, this agent {}",
+                    self.inner.provider
+                ),
+            ));
         }
         if let Some(p) = self.inner.peers().get(remote) {
             if p.conn == info && p.alive.load(Ordering::SeqCst) {
@@ -342,7 +460,8 @@ impl Backend for LibfabricBackend {
             }
         }
         let n = names.len().min(self.inner.rails.len());
-        let peer = Peer::connect(remote, info, &self.inner.rails[..n], &names[..n]).map_err(|e| e.into_error(me, Some(remote), Op::LoadMetadata))?;
+        let peer = Peer::connect(remote, info, &self.inner.rails[..n], &names[..n])
+            .map_err(|e| e.into_error(me, Some(remote), Op::LoadMetadata))?;
         if let Some(old) = self.inner.peers().insert(remote.to_owned(), Arc::new(peer)) {
             old.alive.store(false, Ordering::SeqCst);
         }
@@ -360,23 +479,53 @@ impl Backend for LibfabricBackend {
         let me = &self.inner.agent;
         let hmem = match region.kind {
             MemKind::Dram => None,
-            MemKind::Vram if self.inner.hmem => Some((sys::FI_HMEM_CUDA, i32::try_from(region.dev_id).map_err(|_| Error::invalid(me, Op::RegisterMem, "GPU ordinal out of range"))?)),
-            k => return Err(Error::not_supported(me, Op::RegisterMem, format!("LIBFABRIC ({}) registers {}, not {k}", self.inner.provider, if self.inner.hmem { "DRAM and VRAM" } else { "DRAM" }))),
+            MemKind::Vram if self.inner.hmem => Some((
+                sys::FI_HMEM_CUDA,
+                i32::try_from(region.dev_id)
+                    .map_err(|_| Error::invalid(me, Op::RegisterMem, "GPU ordinal out of range"))?,
+            )),
+            k => {
+                return Err(Error::not_supported(
+                    me,
+                    Op::RegisterMem,
+                    format!(
+                        "LIBFABRIC ({}) registers {}, not {k}",
+                        self.inner.provider,
+                        if self.inner.hmem {
+                            "DRAM and VRAM"
+                        } else {
+                            "DRAM"
+                        }
+                    ),
+                ))
+            }
         };
         if region.len == 0 || region.end().is_none() {
-            return Err(Error::invalid(me, Op::RegisterMem, "empty or overflowing region"));
+            return Err(Error::invalid(
+                me,
+                Op::RegisterMem,
+                "empty or overflowing region",
+            ));
         }
         let (mut keys, mut descs, mut mrs) = (Vec::new(), Vec::new(), Vec::new());
         for rail in &self.inner.rails {
             let key = self.inner.next_key.fetch_add(1, Ordering::Relaxed);
             // SAFETY: the agent keeps the region's memory alive while this registration (and
             // any request using it) exists: `MemoryRegion`'s contract.
-            let mr = unsafe { rail.register(region.addr, region.len, key, hmem) }.map_err(|e| e.into_error(me, None, Op::RegisterMem))?;
+            let mr = unsafe { rail.register(region.addr, region.len, key, hmem) }
+                .map_err(|e| e.into_error(me, None, Op::RegisterMem))?;
             keys.push(mr.key());
             descs.push(mr.desc());
             mrs.push(mr);
         }
-        Ok(Arc::new(LocalMd { addr: region.addr, len: region.len, keys, descs, _mrs: mrs, _rails: self.inner.rails.clone() }))
+        Ok(Arc::new(LocalMd {
+            addr: region.addr,
+            len: region.len,
+            keys,
+            descs,
+            _mrs: mrs,
+            _rails: self.inner.rails.clone(),
+        }))
     }
 
     fn deregister(&self, md: BackendMd) -> Result<()> {
@@ -391,21 +540,46 @@ impl Backend for LibfabricBackend {
     }
 
     fn load_remote(&self, _remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
-        let (virt_addr, keys) = wire::decode_region(public).ok_or_else(|| Error::invalid(&self.inner.agent, Op::LoadMetadata, "malformed LIBFABRIC region metadata"))?;
+        let (virt_addr, keys) = wire::decode_region(public).ok_or_else(|| {
+            Error::invalid(
+                &self.inner.agent,
+                Op::LoadMetadata,
+                "malformed LIBFABRIC region metadata",
+            )
+        })?;
         if virt_addr != self.inner.virt_addr {
-            return Err(Error::mismatch(&self.inner.agent, Op::LoadMetadata, "peer's memory-registration addressing differs from this agent's"));
+            return Err(Error::mismatch(
+                &self.inner.agent,
+                Op::LoadMetadata,
+                "peer's memory-registration addressing differs from this agent's",
+            ));
         }
-        Ok(Arc::new(RemoteMd { base: region.addr, len: region.len, virt_addr, keys }))
+        Ok(Arc::new(RemoteMd {
+            base: region.addr,
+            len: region.len,
+            virt_addr,
+            keys,
+        }))
     }
 
     fn load_local(&self, _region: &RegionDesc, md: &BackendMd) -> Result<BackendMd> {
         let m = self.md::<LocalMd>(md, Op::PrepXferDlist)?;
-        Ok(Arc::new(RemoteMd { base: m.addr, len: m.len, virt_addr: self.inner.virt_addr, keys: m.keys.clone() }))
+        Ok(Arc::new(RemoteMd {
+            base: m.addr,
+            len: m.len,
+            virt_addr: self.inner.virt_addr,
+            keys: m.keys.clone(),
+        }))
     }
 
     fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
-        let peer = if spec.is_local { self.inner.me.clone() } else { self.peer(&spec.remote, Op::MakeXfer)? };
-        crate::xfer::LfXfer::prepare(self.inner.clone(), peer, spec).map(|x| Box::new(x) as Box<dyn BackendXfer>)
+        let peer = if spec.is_local {
+            self.inner.me.clone()
+        } else {
+            self.peer(&spec.remote, Op::MakeXfer)?
+        };
+        crate::xfer::LfXfer::prepare(self.inner.clone(), peer, spec)
+            .map(|x| Box::new(x) as Box<dyn BackendXfer>)
     }
 
     fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
@@ -416,17 +590,34 @@ impl Backend for LibfabricBackend {
         }
         let framed = frame(me, msg);
         if framed.len() > self.inner.params.notif_size {
-            return Err(Error::invalid(me, Op::GenNotif, format!("notification of {} bytes exceeds notif_size {}", framed.len(), self.inner.params.notif_size)));
+            return Err(Error::invalid(
+                me,
+                Op::GenNotif,
+                format!(
+                    "notification of {} bytes exceeds notif_size {}",
+                    framed.len(),
+                    self.inner.params.notif_size
+                ),
+            ));
         }
-        let (rail, addr) = peer.addrs.first().cloned().ok_or_else(|| Error::disconnected(me, remote, Op::GenNotif, "no rail reaches the peer"))?;
+        let (rail, addr) = peer.addrs.first().cloned().ok_or_else(|| {
+            Error::disconnected(me, remote, Op::GenNotif, "no rail reaches the peer")
+        })?;
         let track = Arc::new(Track::default());
         let deadline = Instant::now() + self.inner.params.op_timeout;
         let mut idle = 0u32;
-        while !rail.post_send(addr, &framed, &track).map_err(|e| e.into_error(me, Some(remote), Op::GenNotif))? {
+        while !rail
+            .post_send(addr, &framed, &track)
+            .map_err(|e| e.into_error(me, Some(remote), Op::GenNotif))?
+        {
             if Instant::now() >= deadline {
                 // The provider would not take the message for a whole op_timeout.
                 peer.declare_unreachable();
-                return Err(Error::TimedOut { agent: me.clone(), op: Op::GenNotif, elapsed: self.inner.params.op_timeout });
+                return Err(Error::TimedOut {
+                    agent: me.clone(),
+                    op: Op::GenNotif,
+                    elapsed: self.inner.params.op_timeout,
+                });
             }
             if self.inner.poll() == 0 {
                 idle += 1;
@@ -438,7 +629,11 @@ impl Backend for LibfabricBackend {
             // connection is torn down so the send is flushed and later calls fail fast.
             peer.declare_unreachable();
             self.inner.drain(&track);
-            return Err(Error::TimedOut { agent: me.clone(), op: Op::GenNotif, elapsed: self.inner.params.op_timeout });
+            return Err(Error::TimedOut {
+                agent: me.clone(),
+                op: Op::GenNotif,
+                elapsed: self.inner.params.op_timeout,
+            });
         }
         match track.state().1 {
             Some(e) => Err(e.into_error(me, Some(remote), Op::GenNotif)),
@@ -451,13 +646,27 @@ impl Backend for LibfabricBackend {
     }
 
     fn path_report(&self, remote: &str) -> Option<String> {
-        let peer = if remote == self.inner.agent { Some(self.inner.me.clone()) } else { self.inner.peers().get(remote).cloned() }?;
+        let peer = if remote == self.inner.agent {
+            Some(self.inner.me.clone())
+        } else {
+            self.inner.peers().get(remote).cloned()
+        }?;
         let per_rail: Vec<String> = self
             .stats()
             .iter()
             .take(peer.addrs.len())
-            .map(|s| format!("rail{} {}: {} B written, {} B read", s.rail, s.domain, s.bytes_written, s.bytes_read))
+            .map(|s| {
+                format!(
+                    "rail{} {}: {} B written, {} B read",
+                    s.rail, s.domain, s.bytes_written, s.bytes_read
+                )
+            })
             .collect();
-        Some(format!("{}; {} rail(s) to {remote}: {}", self.inner.describe(), peer.addrs.len(), per_rail.join("; ")))
+        Some(format!(
+            "{}; {} rail(s) to {remote}: {}",
+            self.inner.describe(),
+            peer.addrs.len(),
+            per_rail.join("; ")
+        ))
     }
 }

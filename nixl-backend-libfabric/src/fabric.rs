@@ -40,7 +40,11 @@ impl Info {
         // SAFETY: fi_dupinfo(NULL) allocates a zeroed info with every attribute struct.
         let p = unsafe { (lib.fi_dupinfo)(ptr::null()) };
         let ptr = NonNull::new(p).ok_or_else(|| FiError::new("fi_allocinfo", sys::FI_ENOMEM))?;
-        Ok(Info { ptr, lib, owned: Vec::new() })
+        Ok(Info {
+            ptr,
+            lib,
+            owned: Vec::new(),
+        })
     }
 
     /// Copies one entry (`fi_dupinfo`: the copy has no `next`).
@@ -48,16 +52,33 @@ impl Info {
         // SAFETY: `entry` is a live entry of a list this crate owns.
         let p = unsafe { (self.lib.fi_dupinfo)(entry) };
         let ptr = NonNull::new(p).ok_or_else(|| FiError::new("fi_dupinfo", sys::FI_ENOMEM))?;
-        Ok(Info { ptr, lib: self.lib, owned: Vec::new() })
+        Ok(Info {
+            ptr,
+            lib: self.lib,
+            owned: Vec::new(),
+        })
     }
 
     /// Runs `fi_getinfo` with these hints; `Ok(None)` when no provider matches.
     pub fn getinfo(&self, version: u32) -> Result<Option<Info>, FiError> {
         let mut out: *mut sys::fi_info = ptr::null_mut();
         // SAFETY: the hints are a valid info; `out` receives a list this crate then owns.
-        let ret = unsafe { (self.lib.fi_getinfo)(version, ptr::null(), ptr::null(), 0, self.ptr.as_ptr(), &mut out) };
+        let ret = unsafe {
+            (self.lib.fi_getinfo)(
+                version,
+                ptr::null(),
+                ptr::null(),
+                0,
+                self.ptr.as_ptr(),
+                &mut out,
+            )
+        };
         match check("fi_getinfo", ret as isize) {
-            Ok(_) => Ok(NonNull::new(out).map(|ptr| Info { ptr, lib: self.lib, owned: Vec::new() })),
+            Ok(_) => Ok(NonNull::new(out).map(|ptr| Info {
+                ptr,
+                lib: self.lib,
+                owned: Vec::new(),
+            })),
             Err(e) if e.code == sys::FI_ENODATA => Ok(None),
             Err(e) => Err(e),
         }
@@ -212,23 +233,39 @@ impl Domain {
     pub fn open(fabric: &Arc<Fabric>, info: &Info) -> Result<Arc<Domain>, FiError> {
         let mut p = ptr::null_mut();
         // SAFETY: live fabric and info; `p` receives the domain.
-        check("fi_domain", unsafe { ops::fi_domain(fabric.ptr, info.as_ptr(), &mut p, ptr::null_mut()) })?;
-        Ok(Arc::new(Domain { ptr: p, _fabric: fabric.clone() }))
+        check("fi_domain", unsafe {
+            ops::fi_domain(fabric.ptr, info.as_ptr(), &mut p, ptr::null_mut())
+        })?;
+        Ok(Arc::new(Domain {
+            ptr: p,
+            _fabric: fabric.clone(),
+        }))
     }
 }
 
 impl Cq {
-    /// Opens a CQ of `FI_CQ_FORMAT_MSG` entries, polled (no wait object).
-    pub fn open(domain: &Arc<Domain>, size: usize) -> Result<Arc<Cq>, FiError> {
+    /// Opens a CQ of `FI_CQ_FORMAT_MSG` entries, with a wait object (for [`Cq::sread`]) or
+    /// polled only.
+    pub fn open(domain: &Arc<Domain>, size: usize, wait: bool) -> Result<Arc<Cq>, FiError> {
         // SAFETY: fi_cq_attr is plain data; all-zero is its documented default.
         let mut attr: sys::fi_cq_attr = unsafe { std::mem::zeroed() };
         attr.size = size;
         attr.format = sys::FI_CQ_FORMAT_MSG;
-        attr.wait_obj = sys::FI_WAIT_NONE;
+        // Only fd waits: libfabric 1.17's yield-based waits (shm) ignore the sread timeout.
+        attr.wait_obj = if wait {
+            sys::FI_WAIT_FD
+        } else {
+            sys::FI_WAIT_NONE
+        };
         let mut p = ptr::null_mut();
         // SAFETY: live domain and attributes; `p` receives the CQ.
-        check("fi_cq_open", unsafe { ops::fi_cq_open(domain.ptr, &mut attr, &mut p, ptr::null_mut()) })?;
-        Ok(Arc::new(Cq { ptr: p, _domain: domain.clone() }))
+        check("fi_cq_open", unsafe {
+            ops::fi_cq_open(domain.ptr, &mut attr, &mut p, ptr::null_mut())
+        })?;
+        Ok(Arc::new(Cq {
+            ptr: p,
+            _domain: domain.clone(),
+        }))
     }
 
     /// Reads up to `out.len()` completions; `Ok(0)` when none.
@@ -238,6 +275,31 @@ impl Cq {
         match check("fi_cq_read", ret) {
             Ok(n) => Ok(n),
             Err(e) if e.is_again() => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Waits up to `timeout_ms` for completions (CQs opened with a wait object); `Ok(0)` on
+    /// timeout. An error completion shows as `FI_EAVAIL`.
+    pub fn sread(
+        &self,
+        out: &mut [sys::fi_cq_msg_entry],
+        timeout_ms: i32,
+    ) -> Result<usize, FiError> {
+        // SAFETY: live CQ of FI_CQ_FORMAT_MSG with a wait object; room for `out.len()` entries.
+        let ret = unsafe {
+            ops::fi_cq_sread(
+                self.ptr,
+                out.as_mut_ptr() as *mut c_void,
+                out.len(),
+                timeout_ms,
+            )
+        };
+        match check("fi_cq_sread", ret) {
+            Ok(n) => Ok(n),
+            Err(e) if e.is_again() || e.code == sys::FI_ETIMEDOUT || e.code == sys::FI_EINTR => {
+                Ok(0)
+            }
             Err(e) => Err(e),
         }
     }
@@ -253,10 +315,21 @@ impl Cq {
             Ok(_) => {
                 let mut buf = [0 as std::ffi::c_char; 256];
                 // SAFETY: live CQ; err_data is the provider's, valid until the next CQ read.
-                let s = unsafe { ops::fi_cq_strerror(self.ptr, entry.prov_errno, entry.err_data, buf.as_mut_ptr(), buf.len()) };
+                let s = unsafe {
+                    ops::fi_cq_strerror(
+                        self.ptr,
+                        entry.prov_errno,
+                        entry.err_data,
+                        buf.as_mut_ptr(),
+                        buf.len(),
+                    )
+                };
                 let detail = cstr(s);
                 let code = u32::try_from(entry.err).unwrap_or(sys::FI_EOTHER);
-                Ok(Some((entry.op_context, FiError::new("completion", code).with_detail(&detail))))
+                Ok(Some((
+                    entry.op_context,
+                    FiError::new("completion", code).with_detail(&detail),
+                )))
             }
             Err(e) if e.is_again() => Ok(None),
             Err(e) => Err(e),
@@ -272,8 +345,13 @@ impl Av {
         attr.type_ = sys::FI_AV_TABLE;
         let mut p = ptr::null_mut();
         // SAFETY: live domain and attributes; `p` receives the AV.
-        check("fi_av_open", unsafe { ops::fi_av_open(domain.ptr, &mut attr, &mut p, ptr::null_mut()) })?;
-        Ok(Arc::new(Av { ptr: p, _domain: domain.clone() }))
+        check("fi_av_open", unsafe {
+            ops::fi_av_open(domain.ptr, &mut attr, &mut p, ptr::null_mut())
+        })?;
+        Ok(Arc::new(Av {
+            ptr: p,
+            _domain: domain.clone(),
+        }))
     }
 
     /// Inserts one endpoint name; returns its `fi_addr_t`.
@@ -281,7 +359,16 @@ impl Av {
         let mut out = sys::FI_ADDR_UNSPEC;
         // SAFETY: live AV; `name` is one address in the provider's format (checked by the
         // provider), `out` one slot.
-        let n = check("fi_av_insert", unsafe { ops::fi_av_insert(self.ptr, name.as_ptr() as *const c_void, 1, &mut out, 0, ptr::null_mut()) })?;
+        let n = check("fi_av_insert", unsafe {
+            ops::fi_av_insert(
+                self.ptr,
+                name.as_ptr() as *const c_void,
+                1,
+                &mut out,
+                0,
+                ptr::null_mut(),
+            )
+        })?;
         if n != 1 || out == sys::FI_ADDR_UNSPEC {
             return Err(FiError::new("fi_av_insert", sys::FI_EADDRNOTAVAIL));
         }
@@ -292,7 +379,10 @@ impl Av {
     pub fn remove(&self, addr: sys::fi_addr_t) -> Result<(), FiError> {
         let mut a = addr;
         // SAFETY: live AV; `a` was returned by `insert` on it.
-        check("fi_av_remove", unsafe { ops::fi_av_remove(self.ptr, &mut a, 1, 0) }).map(|_| ())
+        check("fi_av_remove", unsafe {
+            ops::fi_av_remove(self.ptr, &mut a, 1, 0)
+        })
+        .map(|_| ())
     }
 }
 
@@ -302,16 +392,38 @@ impl Mr {
     /// # Safety
     ///
     /// The memory must stay valid for as long as the registration is used by any operation.
-    pub unsafe fn register(domain: &Arc<Domain>, addr: u64, len: u64, access: u64, requested_key: u64, hmem: Option<(u32, i32)>) -> Result<Mr, FiError> {
+    pub unsafe fn register(
+        domain: &Arc<Domain>,
+        addr: u64,
+        len: u64,
+        access: u64,
+        requested_key: u64,
+        hmem: Option<(u32, i32)>,
+    ) -> Result<Mr, FiError> {
         let mut p = ptr::null_mut();
         let len = usize::try_from(len).map_err(|_| FiError::new("fi_mr_reg", sys::FI_EINVAL))?;
         let ret = match hmem {
             None => {
                 // SAFETY: live domain; the caller keeps the memory valid.
-                unsafe { ops::fi_mr_reg(domain.ptr, addr as *const c_void, len, access, 0, requested_key, 0, &mut p, ptr::null_mut()) }
+                unsafe {
+                    ops::fi_mr_reg(
+                        domain.ptr,
+                        addr as *const c_void,
+                        len,
+                        access,
+                        0,
+                        requested_key,
+                        0,
+                        &mut p,
+                        ptr::null_mut(),
+                    )
+                }
             }
             Some((iface, device)) => {
-                let iov = sys::iovec { iov_base: addr as *mut c_void, iov_len: len };
+                let iov = sys::iovec {
+                    iov_base: addr as *mut c_void,
+                    iov_len: len,
+                };
                 // SAFETY: plain data; all-zero is the default.
                 let mut attr: sys::fi_mr_attr = unsafe { std::mem::zeroed() };
                 attr.mr_iov = &iov;
@@ -325,7 +437,10 @@ impl Mr {
             }
         };
         check("fi_mr_reg", ret)?;
-        Ok(Mr { ptr: p, _domain: domain.clone() })
+        Ok(Mr {
+            ptr: p,
+            _domain: domain.clone(),
+        })
     }
 
     /// The remote key (`fi_mr_key`).
@@ -361,15 +476,37 @@ unsafe impl<T: Sync> Sync for Endpoint<T> {}
 
 impl<T> Endpoint<T> {
     /// Opens an RDM endpoint, binds the CQ (transmit + receive) and AV, and enables it.
-    pub fn open(domain: &Arc<Domain>, info: &Info, cq: &Arc<Cq>, av: &Arc<Av>, state: T) -> Result<Endpoint<T>, FiError> {
+    pub fn open(
+        domain: &Arc<Domain>,
+        info: &Info,
+        cq: &Arc<Cq>,
+        av: &Arc<Av>,
+        state: T,
+    ) -> Result<Endpoint<T>, FiError> {
         let mut p = ptr::null_mut();
         // SAFETY: live domain and info; `p` receives the endpoint.
-        check("fi_endpoint", unsafe { ops::fi_endpoint(domain.ptr, info.as_ptr(), &mut p, ptr::null_mut()) })?;
-        let ep = Endpoint { ptr: p, state: std::mem::ManuallyDrop::new(state), _cq: cq.clone(), _av: av.clone(), _domain: domain.clone() };
+        check("fi_endpoint", unsafe {
+            ops::fi_endpoint(domain.ptr, info.as_ptr(), &mut p, ptr::null_mut())
+        })?;
+        let ep = Endpoint {
+            ptr: p,
+            state: std::mem::ManuallyDrop::new(state),
+            _cq: cq.clone(),
+            _av: av.clone(),
+            _domain: domain.clone(),
+        };
         // SAFETY: live endpoint and AV/CQ of the same domain.
-        check("fi_ep_bind(av)", unsafe { ops::fi_ep_bind(p, av.ptr as *mut sys::fid, 0) })?;
+        check("fi_ep_bind(av)", unsafe {
+            ops::fi_ep_bind(p, av.ptr as *mut sys::fid, 0)
+        })?;
         // SAFETY: as above.
-        check("fi_ep_bind(cq)", unsafe { ops::fi_ep_bind(p, cq.ptr as *mut sys::fid, u64::from(sys::FI_TRANSMIT) | u64::from(sys::FI_RECV)) })?;
+        check("fi_ep_bind(cq)", unsafe {
+            ops::fi_ep_bind(
+                p,
+                cq.ptr as *mut sys::fid,
+                u64::from(sys::FI_TRANSMIT) | u64::from(sys::FI_RECV),
+            )
+        })?;
         // SAFETY: live, bound endpoint.
         check("fi_enable", unsafe { ops::fi_enable(p) })?;
         Ok(ep)
@@ -384,7 +521,9 @@ impl<T> Endpoint<T> {
         if ret == -(sys::FI_ETOOSMALL as isize) && len > buf.len() {
             buf.resize(len, 0);
             // SAFETY: as above, with the size the provider asked for.
-            check("fi_getname", unsafe { ops::fi_getname(self.ptr, buf.as_mut_ptr() as *mut c_void, &mut len) })?;
+            check("fi_getname", unsafe {
+                ops::fi_getname(self.ptr, buf.as_mut_ptr() as *mut c_void, &mut len)
+            })?;
         } else {
             check("fi_getname", ret)?;
         }

@@ -49,7 +49,9 @@ mod wire;
 mod xfer;
 
 pub use backend::LibfabricBackend;
-pub use params::{HmemMode, LibfabricParams, LibfabricPlugin, LibfabricStats, RailStats, DEFAULT_PROVIDERS};
+pub use params::{
+    HmemMode, LibfabricParams, LibfabricPlugin, LibfabricStats, RailStats, DEFAULT_PROVIDERS,
+};
 pub use result::{FiError, LIBFABRIC};
 
 /// Whether libfabric can be loaded on this machine (and from where, or why not).

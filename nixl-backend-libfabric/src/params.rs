@@ -76,13 +76,21 @@ impl Default for LibfabricParams {
 impl LibfabricParams {
     /// Parameters for one provider.
     pub fn with_provider(provider: &str) -> Self {
-        LibfabricParams { provider: Some(provider.to_owned()), ..Default::default() }
+        LibfabricParams {
+            provider: Some(provider.to_owned()),
+            ..Default::default()
+        }
     }
 
     /// The tcp provider on loopback (`lo`) with `rails` rails: what tests and single-host
     /// benches use.
     pub fn tcp_loopback(rails: usize) -> Self {
-        LibfabricParams { provider: Some("tcp".to_owned()), domains: vec!["lo".to_owned()], rails, ..Default::default() }
+        LibfabricParams {
+            provider: Some("tcp".to_owned()),
+            domains: vec!["lo".to_owned()],
+            rails,
+            ..Default::default()
+        }
     }
 
     /// A handle to the per-rail counters of the backend created from these parameters.
@@ -91,7 +99,13 @@ impl LibfabricParams {
     }
 
     pub(crate) fn validate(&self, agent: &str) -> Result<()> {
-        let bad = |r: &str| Err(Error::invalid(agent, Op::CreateBackend, format!("LIBFABRIC: {r}")));
+        let bad = |r: &str| {
+            Err(Error::invalid(
+                agent,
+                Op::CreateBackend,
+                format!("LIBFABRIC: {r}"),
+            ))
+        };
         if self.rails == 0 || self.rails > 64 {
             return bad("rails must be 1..=64");
         }
@@ -110,7 +124,11 @@ impl LibfabricParams {
         if matches!(&self.provider, Some(p) if p.is_empty() || p.contains('\0')) {
             return bad("provider name is empty or contains NUL");
         }
-        if self.domains.iter().any(|d| d.is_empty() || d.contains('\0')) {
+        if self
+            .domains
+            .iter()
+            .any(|d| d.is_empty() || d.contains('\0'))
+        {
             return bad("a domain name is empty or contains NUL");
         }
         Ok(())
@@ -149,18 +167,34 @@ impl BackendPlugin for LibfabricPlugin {
             ("progress_thread".to_owned(), d.progress_thread.to_string()),
             ("notif_size".to_owned(), d.notif_size.to_string()),
             ("notif_slots".to_owned(), d.notif_slots.to_string()),
-            ("op_timeout_ms".to_owned(), d.op_timeout.as_millis().to_string()),
+            (
+                "op_timeout_ms".to_owned(),
+                d.op_timeout.as_millis().to_string(),
+            ),
         ])
     }
 
     fn parse_params(&self, params: &BTreeMap<String, String>) -> Result<Box<dyn BackendParams>> {
         let mut p = LibfabricParams::default();
-        let bad = |k: &str, v: &str| Error::invalid("", Op::CreateBackend, format!("LIBFABRIC: bad value {v:?} for {k}"));
+        let bad = |k: &str, v: &str| {
+            Error::invalid(
+                "",
+                Op::CreateBackend,
+                format!("LIBFABRIC: bad value {v:?} for {k}"),
+            )
+        };
         for (k, v) in params {
             let num = || v.trim().parse::<u64>().map_err(|_| bad(k, v));
             match k.as_str() {
                 "provider" => p.provider = (!v.is_empty()).then(|| v.clone()),
-                "domains" => p.domains = v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect(),
+                "domains" => {
+                    p.domains = v
+                        .split(',')
+                        .map(str::trim)
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_owned)
+                        .collect()
+                }
                 "rails" => p.rails = usize::try_from(num()?).map_err(|_| bad(k, v))?,
                 "stripe_min" => p.stripe_min = num()?,
                 "hmem" => {
@@ -171,11 +205,19 @@ impl BackendPlugin for LibfabricPlugin {
                         _ => return Err(bad(k, v)),
                     }
                 }
-                "progress_thread" => p.progress_thread = v.parse::<bool>().map_err(|_| bad(k, v))?,
+                "progress_thread" => {
+                    p.progress_thread = v.parse::<bool>().map_err(|_| bad(k, v))?
+                }
                 "notif_size" => p.notif_size = usize::try_from(num()?).map_err(|_| bad(k, v))?,
                 "notif_slots" => p.notif_slots = usize::try_from(num()?).map_err(|_| bad(k, v))?,
                 "op_timeout_ms" => p.op_timeout = Duration::from_millis(num()?),
-                _ => return Err(Error::invalid("", Op::CreateBackend, format!("LIBFABRIC has no parameter {k}"))),
+                _ => {
+                    return Err(Error::invalid(
+                        "",
+                        Op::CreateBackend,
+                        format!("LIBFABRIC has no parameter {k}"),
+                    ))
+                }
             }
         }
         p.validate("")?;
@@ -208,11 +250,14 @@ pub struct RailStats {
 /// creating it, or [`crate::LibfabricBackend::stats`]).
 #[derive(Debug, Clone, Default)]
 pub struct LibfabricStats {
-    rails: Arc<Mutex<Vec<(String, Arc<RailCounters>)>>>,
+    rails: Arc<Mutex<Vec<NamedCounters>>>,
 }
 
+/// A rail's domain name and counters.
+type NamedCounters = (String, Arc<RailCounters>);
+
 impl LibfabricStats {
-    pub(crate) fn attach(&self, rails: Vec<(String, Arc<RailCounters>)>) {
+    pub(crate) fn attach(&self, rails: Vec<NamedCounters>) {
         *self.rails.lock().unwrap_or_else(|p| p.into_inner()) = rails;
     }
 
@@ -248,9 +293,19 @@ mod tests {
         m.insert("rails".to_owned(), "2".to_owned());
         assert!(pl.parse_params(&m).is_ok());
         assert!(pl.parse_params(&pl.default_params()).is_ok());
-        for (k, v) in [("rails", "0"), ("rails", "x"), ("hmem", "maybe"), ("bogus", "1"), ("notif_size", "1"), ("op_timeout_ms", "0")] {
+        for (k, v) in [
+            ("rails", "0"),
+            ("rails", "x"),
+            ("hmem", "maybe"),
+            ("bogus", "1"),
+            ("notif_size", "1"),
+            ("op_timeout_ms", "0"),
+        ] {
             let m = BTreeMap::from([(k.to_owned(), v.to_owned())]);
-            assert!(matches!(pl.parse_params(&m), Err(Error::InvalidParam { .. })), "{k}={v} accepted");
+            assert!(
+                matches!(pl.parse_params(&m), Err(Error::InvalidParam { .. })),
+                "{k}={v} accepted"
+            );
         }
     }
 }

@@ -66,9 +66,18 @@ impl Track {
 }
 
 enum OpKind {
-    Rma { track: Arc<Track>, len: u64, write: bool },
-    Send { track: Arc<Track>, slot: usize },
-    Recv { slot: usize },
+    Rma {
+        track: Arc<Track>,
+        len: u64,
+        write: bool,
+    },
+    Send {
+        track: Arc<Track>,
+        slot: usize,
+    },
+    Recv {
+        slot: usize,
+    },
 }
 
 /// A posted operation's context. `fi` must stay the first field: its address is what the
@@ -85,7 +94,12 @@ unsafe impl Send for OpCtx {}
 
 impl OpCtx {
     fn boxed(kind: OpKind) -> Box<OpCtx> {
-        Box::new(OpCtx { fi: sys::fi_context2 { internal: [std::ptr::null_mut(); 8] }, kind })
+        Box::new(OpCtx {
+            fi: sys::fi_context2 {
+                internal: [std::ptr::null_mut(); 8],
+            },
+            kind,
+        })
     }
 }
 
@@ -103,7 +117,9 @@ impl MsgPool {
     }
 
     fn desc(&self) -> *mut c_void {
-        self.mr.as_ref().map_or(std::ptr::null_mut(), |m| m.desc() as *mut c_void)
+        self.mr
+            .as_ref()
+            .map_or(std::ptr::null_mut(), |m| m.desc() as *mut c_void)
     }
 }
 
@@ -130,6 +146,9 @@ pub(crate) struct Rail {
     pub mr_mode: u64,
     pub max_msg: u64,
     pub key_size: usize,
+    /// Whether the CQ has a wait object (the progress thread then blocks in `fi_cq_sread`,
+    /// which also drives the provider's progress, instead of sleeping between polls).
+    pub waitable: bool,
     pub addr: Vec<u8>,
     pub counters: Arc<RailCounters>,
     pub av: Arc<Av>,
@@ -141,7 +160,12 @@ pub(crate) struct Rail {
 
 /// Access flags of every registration.
 pub(crate) fn mr_access() -> u64 {
-    u64::from(sys::FI_READ) | u64::from(sys::FI_WRITE) | u64::from(sys::FI_REMOTE_READ) | u64::from(sys::FI_REMOTE_WRITE) | u64::from(sys::FI_SEND) | u64::from(sys::FI_RECV)
+    u64::from(sys::FI_READ)
+        | u64::from(sys::FI_WRITE)
+        | u64::from(sys::FI_REMOTE_READ)
+        | u64::from(sys::FI_REMOTE_WRITE)
+        | u64::from(sys::FI_SEND)
+        | u64::from(sys::FI_RECV)
 }
 
 /// Framing of notification messages: `N`, sender name length (u16 LE), name, payload.
@@ -160,15 +184,25 @@ fn unframe(b: &[u8]) -> Option<(String, Vec<u8>)> {
     }
     let n = usize::from(u16::from_le_bytes([b[1], b[2]]));
     let name = b.get(3..3 + n)?;
-    Some((std::str::from_utf8(name).ok()?.to_owned(), b[3 + n..].to_vec()))
+    Some((
+        std::str::from_utf8(name).ok()?.to_owned(),
+        b[3 + n..].to_vec(),
+    ))
 }
 
 impl Rail {
     /// Opens a rail from one info entry.
-    pub fn open(lib: &'static Lib, info: Info, index: usize, cfg: RailConfig, next_key: &AtomicU64) -> Result<Rail, FiError> {
+    pub fn open(
+        lib: &'static Lib,
+        info: Info,
+        index: usize,
+        cfg: RailConfig,
+        next_key: &AtomicU64,
+    ) -> Result<Rail, FiError> {
         let e = info.first();
         // SAFETY: getinfo fills every attribute struct of the entries it returns.
-        let (dattr, eattr, txattr, rxattr) = unsafe { (&*e.domain_attr, &*e.ep_attr, &*e.tx_attr, &*e.rx_attr) };
+        let (dattr, eattr, txattr, rxattr) =
+            unsafe { (&*e.domain_attr, &*e.ep_attr, &*e.tx_attr, &*e.rx_attr) };
         let domain_name = crate::fabric::cstr(dattr.name);
         let mr_mode = u64::try_from(dattr.mr_mode).unwrap_or(0);
         let max_msg = u64::try_from(eattr.max_msg_size).unwrap_or(u64::MAX).max(1);
@@ -176,9 +210,19 @@ impl Rail {
         let fabric = Fabric::open(lib, &info)?;
         let domain = Domain::open(&fabric, &info)?;
         let cq_size = (txattr.size + rxattr.size).max(1024);
-        let cq = Cq::open(&domain, cq_size)?;
+        let (cq, waitable) = match Cq::open(&domain, cq_size, true) {
+            Ok(cq) => (cq, true),
+            Err(e) => {
+                tracing::debug!(error = %e, "no CQ wait object; the progress thread polls");
+                (Cq::open(&domain, cq_size, false)?, false)
+            }
+        };
         let av = Av::open(&domain)?;
-        let pool = |slots: usize| MsgPool { buf: vec![0u8; slots.max(1) * cfg.notif_size], slot_size: cfg.notif_size, mr: None };
+        let pool = |slots: usize| MsgPool {
+            buf: vec![0u8; slots.max(1) * cfg.notif_size],
+            slot_size: cfg.notif_size,
+            mr: None,
+        };
         let state = RailState {
             inflight: HashMap::new(),
             recv: pool(cfg.recv_slots),
@@ -187,7 +231,21 @@ impl Rail {
         };
         let ep = Endpoint::open(&domain, &info, &cq, &av, Mutex::new(state))?;
         let addr = ep.name()?;
-        let rail = Rail { index, domain_name, mr_mode, max_msg, key_size, addr, counters: Arc::default(), av, domain, cq, ep, _info: info };
+        let rail = Rail {
+            index,
+            domain_name,
+            mr_mode,
+            max_msg,
+            key_size,
+            waitable,
+            addr,
+            counters: Arc::default(),
+            av,
+            domain,
+            cq,
+            ep,
+            _info: info,
+        };
         {
             let mut st = rail.lock();
             let st = &mut *st;
@@ -196,7 +254,16 @@ impl Rail {
                 // SAFETY: the pool's buffer lives in the endpoint's state, which is dropped only
                 // after the endpoint (and so every operation using the registration) is closed;
                 // the Mr is dropped with it.
-                let mr = unsafe { Mr::register(&rail.domain, pool.buf.as_ptr() as u64, pool.buf.len() as u64, mr_access(), key, None)? };
+                let mr = unsafe {
+                    Mr::register(
+                        &rail.domain,
+                        pool.buf.as_ptr() as u64,
+                        pool.buf.len() as u64,
+                        mr_access(),
+                        key,
+                        None,
+                    )?
+                };
                 if mr_mode & u64::from(sys::FI_MR_ENDPOINT) != 0 {
                     mr.bind_endpoint_raw(rail.ep.as_ptr())?;
                 }
@@ -204,7 +271,11 @@ impl Rail {
             }
             for slot in 0..cfg.recv_slots {
                 if !rail.post_recv(st, slot)? {
-                    tracing::warn!(rail = index, posted = slot, "receive queue full; fewer notification buffers posted");
+                    tracing::warn!(
+                        rail = index,
+                        posted = slot,
+                        "receive queue full; fewer notification buffers posted"
+                    );
                     break;
                 }
             }
@@ -222,7 +293,16 @@ impl Rail {
         let buf = st.recv.slot_ptr(slot);
         // SAFETY: live endpoint; the buffer slot and the context live in the endpoint's state
         // until the completion is read or the endpoint is closed.
-        let ret = unsafe { ops::fi_recv(self.ep.as_ptr(), buf as *mut c_void, st.recv.slot_size, st.recv.desc(), sys::FI_ADDR_UNSPEC, p) };
+        let ret = unsafe {
+            ops::fi_recv(
+                self.ep.as_ptr(),
+                buf as *mut c_void,
+                st.recv.slot_size,
+                st.recv.desc(),
+                sys::FI_ADDR_UNSPEC,
+                p,
+            )
+        };
         match check("fi_recv", ret) {
             Ok(_) => {
                 st.inflight.insert(p as usize, ctx);
@@ -235,9 +315,23 @@ impl Rail {
 
     /// Posts one RMA operation. `Ok(false)`: the queue is full, retry after progress.
     #[allow(clippy::too_many_arguments)]
-    pub fn post_rma(&self, write: bool, local: u64, len: u64, desc: usize, dest: sys::fi_addr_t, raddr: u64, key: u64, track: &Arc<Track>) -> Result<bool, FiError> {
+    pub fn post_rma(
+        &self,
+        write: bool,
+        local: u64,
+        len: u64,
+        desc: usize,
+        dest: sys::fi_addr_t,
+        raddr: u64,
+        key: u64,
+        track: &Arc<Track>,
+    ) -> Result<bool, FiError> {
         let mut st = self.lock();
-        let mut ctx = OpCtx::boxed(OpKind::Rma { track: track.clone(), len, write });
+        let mut ctx = OpCtx::boxed(OpKind::Rma {
+            track: track.clone(),
+            len,
+            write,
+        });
         let p = &mut *ctx as *mut OpCtx as *mut c_void;
         let len_us = usize::try_from(len).map_err(|_| FiError::new("fi_write", sys::FI_EINVAL))?;
         // SAFETY: live endpoint; the local range lies in a registration the transfer holds
@@ -245,9 +339,27 @@ impl Rail {
         // completion is read.
         let ret = unsafe {
             if write {
-                ops::fi_write(self.ep.as_ptr(), local as *const c_void, len_us, desc as *mut c_void, dest, raddr, key, p)
+                ops::fi_write(
+                    self.ep.as_ptr(),
+                    local as *const c_void,
+                    len_us,
+                    desc as *mut c_void,
+                    dest,
+                    raddr,
+                    key,
+                    p,
+                )
             } else {
-                ops::fi_read(self.ep.as_ptr(), local as *mut c_void, len_us, desc as *mut c_void, dest, raddr, key, p)
+                ops::fi_read(
+                    self.ep.as_ptr(),
+                    local as *mut c_void,
+                    len_us,
+                    desc as *mut c_void,
+                    dest,
+                    raddr,
+                    key,
+                    p,
+                )
             }
         };
         match check(if write { "fi_write" } else { "fi_read" }, ret) {
@@ -262,20 +374,39 @@ impl Rail {
     }
 
     /// Sends a framed notification. `Ok(false)`: no free buffer or the queue is full.
-    pub fn post_send(&self, dest: sys::fi_addr_t, framed: &[u8], track: &Arc<Track>) -> Result<bool, FiError> {
+    pub fn post_send(
+        &self,
+        dest: sys::fi_addr_t,
+        framed: &[u8],
+        track: &Arc<Track>,
+    ) -> Result<bool, FiError> {
         let mut st = self.lock();
         if framed.len() > st.send.slot_size {
             return Err(FiError::new("fi_send", sys::FI_EMSGSIZE));
         }
-        let Some(slot) = st.send_free.pop() else { return Ok(false) };
+        let Some(slot) = st.send_free.pop() else {
+            return Ok(false);
+        };
         let buf = st.send.slot_ptr(slot);
         // SAFETY: the slot is free (owned by no posted send) and holds slot_size >= len bytes.
         unsafe { std::ptr::copy_nonoverlapping(framed.as_ptr(), buf, framed.len()) };
-        let mut ctx = OpCtx::boxed(OpKind::Send { track: track.clone(), slot });
+        let mut ctx = OpCtx::boxed(OpKind::Send {
+            track: track.clone(),
+            slot,
+        });
         let p = &mut *ctx as *mut OpCtx as *mut c_void;
         // SAFETY: live endpoint; buffer slot and context live in the endpoint's state until
         // the completion is read.
-        let ret = unsafe { ops::fi_send(self.ep.as_ptr(), buf as *const c_void, framed.len(), st.send.desc(), dest, p) };
+        let ret = unsafe {
+            ops::fi_send(
+                self.ep.as_ptr(),
+                buf as *const c_void,
+                framed.len(),
+                st.send.desc(),
+                dest,
+                p,
+            )
+        };
         match check("fi_send", ret) {
             Ok(_) => {
                 track.add();
@@ -297,7 +428,11 @@ impl Rail {
     /// Returns how many completions were handled.
     pub fn poll(&self, notifs: &NotifQueue) -> Result<usize, FiError> {
         let mut st = self.lock();
-        let mut entries = [sys::fi_cq_msg_entry { op_context: std::ptr::null_mut(), flags: 0, len: 0 }; 16];
+        let mut entries = [sys::fi_cq_msg_entry {
+            op_context: std::ptr::null_mut(),
+            flags: 0,
+            len: 0,
+        }; 16];
         let mut handled = 0;
         for _ in 0..64 {
             match self.cq.read(&mut entries) {
@@ -321,9 +456,43 @@ impl Rail {
         Ok(handled)
     }
 
-    fn complete(&self, st: &mut RailState, ctx: *mut c_void, len: usize, err: Option<FiError>, notifs: &NotifQueue) -> Result<(), FiError> {
+    /// Blocks up to `timeout_ms` in `fi_cq_sread` (without the rail's lock, so posting goes
+    /// on meanwhile), handles what arrived, then polls. Only for waitable rails.
+    pub fn wait_poll(&self, notifs: &NotifQueue, timeout_ms: i32) -> Result<usize, FiError> {
+        let mut entries = [sys::fi_cq_msg_entry {
+            op_context: std::ptr::null_mut(),
+            flags: 0,
+            len: 0,
+        }; 16];
+        let got = match self.cq.sread(&mut entries, timeout_ms) {
+            Ok(n) => n,
+            Err(e) if e.code == sys::FI_EAVAIL => 0,
+            Err(e) => return Err(e),
+        };
+        if got > 0 {
+            // Contexts are inserted under the lock in the same critical section as the post,
+            // so every context read here is already in the table once the lock is taken.
+            let mut st = self.lock();
+            for e in &entries[..got] {
+                self.complete(&mut st, e.op_context, e.len, None, notifs)?;
+            }
+        }
+        Ok(got + self.poll(notifs)?)
+    }
+
+    fn complete(
+        &self,
+        st: &mut RailState,
+        ctx: *mut c_void,
+        len: usize,
+        err: Option<FiError>,
+        notifs: &NotifQueue,
+    ) -> Result<(), FiError> {
         let Some(op) = st.inflight.remove(&(ctx as usize)) else {
-            tracing::warn!(rail = self.index, "completion for an unknown operation context");
+            tracing::warn!(
+                rail = self.index,
+                "completion for an unknown operation context"
+            );
             return Ok(());
         };
         if let Some(e) = &err {
@@ -333,7 +502,11 @@ impl Rail {
         match op.kind {
             OpKind::Rma { track, len, write } => {
                 if err.is_none() {
-                    let c = if write { &self.counters.bytes_written } else { &self.counters.bytes_read };
+                    let c = if write {
+                        &self.counters.bytes_written
+                    } else {
+                        &self.counters.bytes_read
+                    };
                     c.fetch_add(len, Ordering::Relaxed);
                     self.counters.ops.fetch_add(1, Ordering::Relaxed);
                 }
@@ -354,14 +527,22 @@ impl Rail {
                         let bytes = st.recv.buf.get(start..start + len.min(size)).unwrap_or(&[]);
                         match unframe(bytes) {
                             Some((sender, msg)) => {
-                                self.counters.notifs_received.fetch_add(1, Ordering::Relaxed);
+                                self.counters
+                                    .notifs_received
+                                    .fetch_add(1, Ordering::Relaxed);
                                 notifs.push(&sender, msg);
                             }
-                            None => tracing::warn!(rail = self.index, len, "dropping a malformed notification message"),
+                            None => tracing::warn!(
+                                rail = self.index,
+                                len,
+                                "dropping a malformed notification message"
+                            ),
                         }
                     }
                     Some(e) if e.code == sys::FI_ECANCELED => return Ok(()),
-                    Some(e) => tracing::warn!(rail = self.index, error = %e, "notification receive failed"),
+                    Some(e) => {
+                        tracing::warn!(rail = self.index, error = %e, "notification receive failed")
+                    }
                 }
                 if !self.post_recv(st, slot)? {
                     tracing::warn!(rail = self.index, "could not repost a notification buffer");
@@ -370,14 +551,15 @@ impl Rail {
         }
         Ok(())
     }
-
 }
 
 impl Mr {
     /// Binds to a raw endpoint (used for the rail's own pools while it is being built).
     fn bind_endpoint_raw(&self, ep: *mut sys::fid_ep) -> Result<(), FiError> {
         // SAFETY: live MR and endpoint of the same domain.
-        check("fi_mr_bind", unsafe { ops::fi_mr_bind(self.as_ptr(), ep as *mut sys::fid, 0) })?;
+        check("fi_mr_bind", unsafe {
+            ops::fi_mr_bind(self.as_ptr(), ep as *mut sys::fid, 0)
+        })?;
         // SAFETY: live MR.
         check("fi_mr_enable", unsafe { ops::fi_mr_enable(self.as_ptr()) }).map(|_| ())
     }
@@ -390,7 +572,13 @@ impl Rail {
     /// # Safety
     ///
     /// The memory must stay valid while the registration is used.
-    pub unsafe fn register(&self, addr: u64, len: u64, key: u64, hmem: Option<(u32, i32)>) -> Result<Mr, FiError> {
+    pub unsafe fn register(
+        &self,
+        addr: u64,
+        len: u64,
+        key: u64,
+        hmem: Option<(u32, i32)>,
+    ) -> Result<Mr, FiError> {
         // SAFETY: forwarded contract.
         let mr = unsafe { Mr::register(&self.domain, addr, len, mr_access(), key, hmem)? };
         if self.mr_mode & u64::from(sys::FI_MR_ENDPOINT) != 0 {

@@ -25,7 +25,11 @@ pub struct FiError {
 impl FiError {
     /// An error from a call's negative return value or a CQ entry's `err`.
     pub fn new(call: &'static str, code: u32) -> Self {
-        FiError { call, code, message: strerror(code) }
+        FiError {
+            call,
+            code,
+            message: strerror(code),
+        }
     }
 
     /// Adds the provider's own text.
@@ -85,8 +89,12 @@ impl std::error::Error for FiError {}
 
 /// libfabric's text for an error number.
 fn strerror(code: u32) -> String {
-    let Ok(lib) = sys::lib() else { return format!("error {code}") };
-    let Ok(c) = i32::try_from(code) else { return format!("error {code}") };
+    let Ok(lib) = sys::lib() else {
+        return format!("error {code}");
+    };
+    let Ok(c) = i32::try_from(code) else {
+        return format!("error {code}");
+    };
     // SAFETY: fi_strerror returns a pointer to a static string (or to a thread-local buffer
     // valid until the next call on this thread), which is copied at once.
     unsafe {
@@ -104,7 +112,10 @@ pub fn check(call: &'static str, ret: isize) -> Result<usize, FiError> {
     if ret >= 0 {
         Ok(ret as usize)
     } else {
-        Err(FiError::new(call, u32::try_from(ret.unsigned_abs()).unwrap_or(u32::MAX)))
+        Err(FiError::new(
+            call,
+            u32::try_from(ret.unsigned_abs()).unwrap_or(u32::MAX),
+        ))
     }
 }
 
@@ -131,7 +142,13 @@ mod tests {
         assert!(!e.is_disconnect());
         let e = FiError::new("cq", sys::FI_ECONNREFUSED);
         assert!(e.is_disconnect());
-        assert!(matches!(e.clone().into_error("a", Some("b"), Op::PostXfer), Error::RemoteDisconnect { .. }));
-        assert!(matches!(e.into_error("a", None, Op::PostXfer), Error::Backend { .. }));
+        assert!(matches!(
+            e.clone().into_error("a", Some("b"), Op::PostXfer),
+            Error::RemoteDisconnect { .. }
+        ));
+        assert!(matches!(
+            e.into_error("a", None, Op::PostXfer),
+            Error::Backend { .. }
+        ));
     }
 }

@@ -1,6 +1,10 @@
 //! Provider and domain selection: `fi_getinfo` with hints for RDM endpoints that do RMA and
 //! messages, accepting every memory-registration mode this crate honours.
 
+// bindgen types each flag constant by its value (u32 or u64); widening all of them alike keeps
+// the code independent of which flags happen to fit in 32 bits.
+#![allow(clippy::useless_conversion)]
+
 use crate::fabric::{cstr, Info, StrField};
 use crate::params::{HmemMode, LibfabricParams, DEFAULT_PROVIDERS};
 use crate::result::FiError;
@@ -17,22 +21,38 @@ pub(crate) struct Selection {
 /// The memory-registration modes this crate handles (local descriptors, virtual addresses,
 /// provider keys, allocated memory, endpoint-bound registrations; device memory with hmem).
 fn mr_modes(hmem: bool) -> i32 {
-    let mut m = sys::FI_MR_LOCAL | sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY | sys::FI_MR_ENDPOINT;
+    let mut m = sys::FI_MR_LOCAL
+        | sys::FI_MR_VIRT_ADDR
+        | sys::FI_MR_ALLOCATED
+        | sys::FI_MR_PROV_KEY
+        | sys::FI_MR_ENDPOINT;
     if hmem {
         m |= sys::FI_MR_HMEM;
     }
     m as i32
 }
 
-fn hints(lib: &'static Lib, provider: &str, domain: Option<&str>, hmem: bool, dc: bool) -> Result<Info, FiError> {
+fn hints(
+    lib: &'static Lib,
+    provider: &str,
+    domain: Option<&str>,
+    hmem: bool,
+    dc: bool,
+) -> Result<Info, FiError> {
     let mut h = Info::hints(lib)?;
     h.set_str(StrField::Provider, provider)?;
     if let Some(d) = domain {
         h.set_str(StrField::Domain, d)?;
     }
     let i = h.first_mut();
-    let mut caps = u64::from(sys::FI_MSG) | u64::from(sys::FI_RMA) | u64::from(sys::FI_READ) | u64::from(sys::FI_WRITE);
-    caps |= u64::from(sys::FI_REMOTE_READ) | u64::from(sys::FI_REMOTE_WRITE) | u64::from(sys::FI_SEND) | u64::from(sys::FI_RECV);
+    let mut caps = u64::from(sys::FI_MSG)
+        | u64::from(sys::FI_RMA)
+        | u64::from(sys::FI_READ)
+        | u64::from(sys::FI_WRITE);
+    caps |= u64::from(sys::FI_REMOTE_READ)
+        | u64::from(sys::FI_REMOTE_WRITE)
+        | u64::from(sys::FI_SEND)
+        | u64::from(sys::FI_RECV);
     if hmem {
         caps |= u64::from(sys::FI_HMEM);
     }
@@ -69,7 +89,9 @@ pub(crate) fn select(lib: &'static Lib, p: &LibfabricParams) -> Result<Option<Se
         for &hmem in hmem_tries {
             for dc in [true, false] {
                 let h = hints(lib, prov, one_domain, hmem, dc)?;
-                let Some(list) = h.getinfo(sys::API_VERSION)? else { continue };
+                let Some(list) = h.getinfo(sys::API_VERSION)? else {
+                    continue;
+                };
                 let groups = domain_groups(&list, &p.domains);
                 if groups.is_empty() {
                     continue;
@@ -81,7 +103,12 @@ pub(crate) fn select(lib: &'static Lib, p: &LibfabricParams) -> Result<Option<Se
                 // SAFETY: getinfo fills the fabric attributes of its entries.
                 let provider = cstr(unsafe { (*infos[0].first().fabric_attr).prov_name });
                 tracing::debug!(%provider, hmem, delivery_complete = dc, rails = p.rails, "libfabric provider selected");
-                return Ok(Some(Selection { provider, infos, hmem, delivery_complete: dc }));
+                return Ok(Some(Selection {
+                    provider,
+                    infos,
+                    hmem,
+                    delivery_complete: dc,
+                }));
             }
         }
     }
@@ -97,7 +124,8 @@ fn domain_groups<'a>(list: &'a Info, wanted: &[String]) -> Vec<&'a sys::fi_info>
         let name = cstr(unsafe { (*e.domain_attr).name });
         match out.iter_mut().find(|(n, _)| *n == name) {
             Some(slot) => {
-                if e.addr_format == sys::FI_SOCKADDR_IN && slot.1.addr_format != sys::FI_SOCKADDR_IN {
+                if e.addr_format == sys::FI_SOCKADDR_IN && slot.1.addr_format != sys::FI_SOCKADDR_IN
+                {
                     slot.1 = e;
                 }
             }
@@ -107,5 +135,8 @@ fn domain_groups<'a>(list: &'a Info, wanted: &[String]) -> Vec<&'a sys::fi_info>
     if wanted.is_empty() {
         return out.into_iter().map(|(_, e)| e).collect();
     }
-    wanted.iter().filter_map(|w| out.iter().find(|(n, _)| n == w).map(|(_, e)| *e)).collect()
+    wanted
+        .iter()
+        .filter_map(|w| out.iter().find(|(n, _)| n == w).map(|(_, e)| *e))
+        .collect()
 }

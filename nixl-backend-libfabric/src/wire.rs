@@ -41,7 +41,9 @@ impl<'a> Reader<'a> {
         self.take(2).map(|b| u16::from_le_bytes([b[0], b[1]]))
     }
     fn u64(&mut self) -> Option<u64> {
-        self.take(8).and_then(|b| <[u8; 8]>::try_from(b).ok()).map(u64::from_le_bytes)
+        self.take(8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_le_bytes)
     }
 }
 
@@ -70,7 +72,11 @@ pub(crate) fn decode_conn(b: &[u8]) -> Option<(String, Vec<Vec<u8>>)> {
 
 /// Version, virtual-address flag, rails (u8), keys (u64 LE each).
 pub(crate) fn encode_region(virt_addr: bool, keys: &[u64]) -> Vec<u8> {
-    let mut v = vec![REGION_VERSION, u8::from(virt_addr), keys.len().min(MAX_RAILS) as u8];
+    let mut v = vec![
+        REGION_VERSION,
+        u8::from(virt_addr),
+        keys.len().min(MAX_RAILS) as u8,
+    ];
     for k in keys.iter().take(MAX_RAILS) {
         v.extend_from_slice(&k.to_le_bytes());
     }

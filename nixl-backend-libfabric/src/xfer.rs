@@ -8,7 +8,9 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use nixl_core::{downcast_md, BackendMd, BackendXfer, Error, MemKind, Op, Result, XferOp, XferSpec, XferState};
+use nixl_core::{
+    downcast_md, BackendMd, BackendXfer, Error, MemKind, Op, Result, XferOp, XferSpec, XferState,
+};
 
 use crate::backend::{Inner, LocalMd, Peer, RemoteMd};
 use crate::rail::{frame, Track};
@@ -85,7 +87,14 @@ impl LfXfer {
         let me = inner.agent.clone();
         let kinds_ok = |k: MemKind| k == MemKind::Dram || (k == MemKind::Vram && inner.hmem);
         if !kinds_ok(spec.local_kind) || !kinds_ok(spec.remote_kind) {
-            return Err(Error::not_supported(&me, Op::MakeXfer, format!("LIBFABRIC ({}) cannot move {} -> {}", inner.provider, spec.local_kind, spec.remote_kind)));
+            return Err(Error::not_supported(
+                &me,
+                Op::MakeXfer,
+                format!(
+                    "LIBFABRIC ({}) cannot move {} -> {}",
+                    inner.provider, spec.local_kind, spec.remote_kind
+                ),
+            ));
         }
         if spec.segments.is_empty() {
             return Err(Error::invalid(&me, Op::MakeXfer, "no segments"));
@@ -94,7 +103,15 @@ impl LfXfer {
             Some(n) => {
                 let f = frame(&me, n);
                 if f.len() > inner.params.notif_size {
-                    return Err(Error::invalid(&me, Op::MakeXfer, format!("notification of {} bytes exceeds notif_size {}", f.len(), inner.params.notif_size)));
+                    return Err(Error::invalid(
+                        &me,
+                        Op::MakeXfer,
+                        format!(
+                            "notification of {} bytes exceeds notif_size {}",
+                            f.len(),
+                            inner.params.notif_size
+                        ),
+                    ));
                 }
                 Some(f)
             }
@@ -104,20 +121,38 @@ impl LfXfer {
         let mut mds = Vec::with_capacity(spec.segments.len() * 2);
         let mut segs = Vec::with_capacity(spec.segments.len());
         for s in &spec.segments {
-            let l = downcast_md::<LocalMd>(&s.local_md).ok_or_else(|| Error::invalid(&me, Op::MakeXfer, "local metadata is not LIBFABRIC's"))?;
-            let r = downcast_md::<RemoteMd>(&s.remote_md).ok_or_else(|| Error::invalid(&me, Op::MakeXfer, "remote metadata is not LIBFABRIC's"))?;
-            let inside = |a: u64, base: u64, len: u64| a >= base && s.len <= len && a - base <= len - s.len;
+            let l = downcast_md::<LocalMd>(&s.local_md).ok_or_else(|| {
+                Error::invalid(&me, Op::MakeXfer, "local metadata is not LIBFABRIC's")
+            })?;
+            let r = downcast_md::<RemoteMd>(&s.remote_md).ok_or_else(|| {
+                Error::invalid(&me, Op::MakeXfer, "remote metadata is not LIBFABRIC's")
+            })?;
+            let inside =
+                |a: u64, base: u64, len: u64| a >= base && s.len <= len && a - base <= len - s.len;
             if !inside(s.local_addr, l.addr, l.len) || !inside(s.remote_addr, r.base, r.len) {
-                return Err(Error::invalid(&me, Op::MakeXfer, "segment outside its registration"));
+                return Err(Error::invalid(
+                    &me,
+                    Op::MakeXfer,
+                    "segment outside its registration",
+                ));
             }
             nr = nr.min(l.keys.len()).min(r.keys.len());
-            let raddr = if r.virt_addr { s.remote_addr } else { s.remote_addr - r.base };
+            let raddr = if r.virt_addr {
+                s.remote_addr
+            } else {
+                s.remote_addr - r.base
+            };
             segs.push((s.local_addr, raddr, s.len, l, r));
             mds.push(s.local_md.clone());
             mds.push(s.remote_md.clone());
         }
         if nr == 0 {
-            return Err(Error::disconnected(&me, &spec.remote, Op::MakeXfer, "no rail reaches the peer"));
+            return Err(Error::disconnected(
+                &me,
+                &spec.remote,
+                Op::MakeXfer,
+                "no rail reaches the peer",
+            ));
         }
         // Stripe: big segments are cut across rails, every piece goes to the least-loaded rail,
         // and no piece exceeds its rail's largest message.
@@ -125,25 +160,51 @@ impl LfXfer {
         let mut ops = Vec::new();
         let stripe_min = inner.params.stripe_min;
         for (local, raddr, len, l, r) in segs {
-            let piece = if nr > 1 && len >= 2 * stripe_min { len.div_ceil(nr as u64).max(stripe_min) } else { len };
+            let piece = if nr > 1 && len >= 2 * stripe_min {
+                len.div_ceil(nr as u64).max(stripe_min)
+            } else {
+                len
+            };
             let mut off = 0;
             while off < len {
                 let rail = (0..nr).min_by_key(|&i| load[i]).unwrap_or(0);
                 let max_msg = inner.rails[rail].max_msg;
                 let n = piece.min(len - off).min(max_msg);
-                ops.push(RmaOp { rail, local: local + off, len: n, desc: l.descs[rail], raddr: raddr + off, key: r.keys[rail] });
+                ops.push(RmaOp {
+                    rail,
+                    local: local + off,
+                    len: n,
+                    desc: l.descs[rail],
+                    raddr: raddr + off,
+                    key: r.keys[rail],
+                });
                 load[rail] += n;
                 off += n;
             }
         }
         let write = spec.op == XferOp::Write;
-        let core = XferCore { inner: inner.clone(), peer, write, ops, notif, track: Arc::new(Track::default()), next: 0, phase: Phase::Idle, failed: None, _mds: mds };
-        Ok(LfXfer { inner, core: Arc::new(Mutex::new(core)), write, rail_bytes: load })
+        let core = XferCore {
+            inner: inner.clone(),
+            peer,
+            write,
+            ops,
+            notif,
+            track: Arc::new(Track::default()),
+            next: 0,
+            phase: Phase::Idle,
+            failed: None,
+            _mds: mds,
+        };
+        Ok(LfXfer {
+            inner,
+            core: Arc::new(Mutex::new(core)),
+            write,
+            rail_bytes: load,
+        })
     }
 }
 
 impl XferCore {
-
     fn err(&self, e: crate::result::FiError, op: Op) -> Error {
         e.into_error(&self.inner.agent, Some(&self.peer.name), op)
     }
@@ -152,7 +213,19 @@ impl XferCore {
     fn pump(&mut self, op: Op) -> Result<()> {
         while let Some(o) = self.ops.get(self.next).copied() {
             let (rail, addr) = &self.peer.addrs[o.rail];
-            if !rail.post_rma(self.write, o.local, o.len, o.desc, *addr, o.raddr, o.key, &self.track).map_err(|e| self.err(e, op))? {
+            if !rail
+                .post_rma(
+                    self.write,
+                    o.local,
+                    o.len,
+                    o.desc,
+                    *addr,
+                    o.raddr,
+                    o.key,
+                    &self.track,
+                )
+                .map_err(|e| self.err(e, op))?
+            {
                 break;
             }
             self.next += 1;
@@ -191,11 +264,22 @@ impl XferCore {
         }
         match self.phase {
             Phase::Done => return Ok(XferState::Done),
-            Phase::Idle => return Err(Error::not_allowed(&self.inner.agent, op, "transfer is not posted")),
+            Phase::Idle => {
+                return Err(Error::not_allowed(
+                    &self.inner.agent,
+                    op,
+                    "transfer is not posted",
+                ))
+            }
             Phase::Data | Phase::Notif => {}
         }
         if !self.peer.alive.load(std::sync::atomic::Ordering::SeqCst) {
-            let e = Error::disconnected(&self.inner.agent, &self.peer.name, op, "peer was disconnected or declared unreachable");
+            let e = Error::disconnected(
+                &self.inner.agent,
+                &self.peer.name,
+                op,
+                "peer was disconnected or declared unreachable",
+            );
             return Err(self.fail(e));
         }
         if poll {
@@ -239,7 +323,10 @@ impl BackendXfer for LfXfer {
     fn post(&mut self) -> Result<XferState> {
         let mut c = lock(&self.core);
         if matches!(c.phase, Phase::Data | Phase::Notif) {
-            return Err(Error::RepostActive { agent: self.inner.agent.clone(), op: Op::PostXfer });
+            return Err(Error::RepostActive {
+                agent: self.inner.agent.clone(),
+                op: Op::PostXfer,
+            });
         }
         // A fresh tracker: late completions of an earlier, canceled post cannot count here.
         c.track = Arc::new(Track::default());
@@ -265,7 +352,11 @@ impl BackendXfer for LfXfer {
         if c.settle() {
             Ok(())
         } else {
-            Err(Error::TimedOut { agent: self.inner.agent.clone(), op: Op::Cancel, elapsed: self.inner.params.op_timeout })
+            Err(Error::TimedOut {
+                agent: self.inner.agent.clone(),
+                op: Op::Cancel,
+                elapsed: self.inner.params.op_timeout,
+            })
         }
     }
 
@@ -276,6 +367,11 @@ impl BackendXfer for LfXfer {
             .enumerate()
             .map(|(i, b)| format!("rail{i} {}: {b} B", self.inner.rails[i].domain_name))
             .collect();
-        Some(format!("libfabric {} {}; {}", self.inner.provider, if self.write { "WRITE" } else { "READ" }, split.join(", ")))
+        Some(format!(
+            "libfabric {} {}; {}",
+            self.inner.provider,
+            if self.write { "WRITE" } else { "READ" },
+            split.join(", ")
+        ))
     }
 }

@@ -9,7 +9,11 @@ use nixl_core::AgentConfig;
 mod common;
 
 fn suite(name: &str, params: LibfabricParams) -> Suite {
-    Suite::new(name, AgentConfig::default(), Arc::new(move |a| a.create_backend(params.clone())))
+    Suite::new(
+        name,
+        AgentConfig::default(),
+        Arc::new(move |a| a.create_backend(params.clone())),
+    )
 }
 
 #[test]

@@ -44,10 +44,18 @@ pub const API_VERSION: u32 = fi_version_of(1, 14);
 /// `FI_ADDR_UNSPEC` (a cast macro bindgen does not evaluate).
 pub const FI_ADDR_UNSPEC: fi_addr_t = u64::MAX;
 
-type GetinfoFn = unsafe extern "C" fn(u32, *const c_char, *const c_char, u64, *const fi_info, *mut *mut fi_info) -> c_int;
+type GetinfoFn = unsafe extern "C" fn(
+    u32,
+    *const c_char,
+    *const c_char,
+    u64,
+    *const fi_info,
+    *mut *mut fi_info,
+) -> c_int;
 type FreeinfoFn = unsafe extern "C" fn(*mut fi_info);
 type DupinfoFn = unsafe extern "C" fn(*const fi_info) -> *mut fi_info;
-type FabricFn = unsafe extern "C" fn(*mut fi_fabric_attr, *mut *mut fid_fabric, *mut c_void) -> c_int;
+type FabricFn =
+    unsafe extern "C" fn(*mut fi_fabric_attr, *mut *mut fid_fabric, *mut c_void) -> c_int;
 type StrerrorFn = unsafe extern "C" fn(c_int) -> *const c_char;
 type VersionFn = unsafe extern "C" fn() -> u32;
 
@@ -82,7 +90,10 @@ fn candidates() -> Vec<String> {
             v.push(p);
         }
     }
-    for p in ["/opt/amazon/efa/lib64/libfabric.so.1", "/opt/amazon/efa/lib/libfabric.so.1"] {
+    for p in [
+        "/opt/amazon/efa/lib64/libfabric.so.1",
+        "/opt/amazon/efa/lib/libfabric.so.1",
+    ] {
         if std::path::Path::new(p).exists() {
             v.push(p.to_owned());
         }
@@ -99,8 +110,9 @@ fn open(path: &str) -> Result<Lib, String> {
         ($name:literal, $ty:ty) => {{
             // SAFETY: the symbol is looked up by its C name and typed with its prototype
             // from the libfabric 1.x headers (these six have kept their signatures since 1.0).
-            let s: libloading::Symbol<'_, $ty> = unsafe { lib.get(concat!($name, "\0").as_bytes()) }
-                .map_err(|e| format!("{path}: symbol {}: {e}", $name))?;
+            let s: libloading::Symbol<'_, $ty> =
+                unsafe { lib.get(concat!($name, "\0").as_bytes()) }
+                    .map_err(|e| format!("{path}: symbol {}: {e}", $name))?;
             *s
         }};
     }
@@ -110,7 +122,16 @@ fn open(path: &str) -> Result<Lib, String> {
     let fi_fabric = sym!("fi_fabric", FabricFn);
     let fi_strerror = sym!("fi_strerror", StrerrorFn);
     let fi_version = sym!("fi_version", VersionFn);
-    Ok(Lib { path: path.to_owned(), fi_getinfo, fi_freeinfo, fi_dupinfo, fi_fabric, fi_strerror, fi_version, _lib: lib })
+    Ok(Lib {
+        path: path.to_owned(),
+        fi_getinfo,
+        fi_freeinfo,
+        fi_dupinfo,
+        fi_fabric,
+        fi_strerror,
+        fi_version,
+        _lib: lib,
+    })
 }
 
 /// The loaded library, or why it could not be loaded (the same answer for the process's life).
@@ -124,7 +145,11 @@ pub fn lib() -> Result<&'static Lib, &'static str> {
                     // SAFETY: fi_version takes no arguments and only returns a constant.
                     let v = unsafe { (l.fi_version)() };
                     if v < API_VERSION {
-                        errs.push(format!("{c}: version {}.{} is older than 1.14", v >> 16, v & 0xffff));
+                        errs.push(format!(
+                            "{c}: version {}.{} is older than 1.14",
+                            v >> 16,
+                            v & 0xffff
+                        ));
                         continue;
                     }
                     return Ok(l);

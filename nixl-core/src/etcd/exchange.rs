@@ -476,3 +476,12 @@ impl Drop for EtcdExchange {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn exchange_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<super::EtcdExchange>();
+    }
+}

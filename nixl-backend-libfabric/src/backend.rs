@@ -191,7 +191,7 @@ impl Inner {
             }
             if self.poll() == 0 {
                 spins += 1;
-                backoff(spins);
+                backoff(spins, self.params.idle_sleep);
             }
         }
     }
@@ -213,16 +213,14 @@ impl Inner {
     }
 }
 
-/// Sleeps a little longer the longer nothing happened.
-pub(crate) fn backoff(idle: u32) {
+/// Spins, then yields, then sleeps up to `max` the longer nothing happened.
+pub(crate) fn backoff(idle: u32, max: Duration) {
     if idle < 64 {
         std::hint::spin_loop();
     } else if idle < 256 {
         std::thread::yield_now();
-    } else if idle < 2048 {
-        std::thread::sleep(Duration::from_micros(20));
     } else {
-        std::thread::sleep(Duration::from_micros(500));
+        std::thread::sleep(max.min(Duration::from_micros(u64::from(idle - 255) * 5)));
     }
 }
 
@@ -258,7 +256,7 @@ fn progress_loop(inner: &Inner, i: usize, stop: &AtomicBool) {
         } else {
             idle = idle.saturating_add(1);
             if !rail.waitable {
-                backoff(idle);
+                backoff(idle, inner.params.idle_sleep);
             }
         }
     }
@@ -621,7 +619,7 @@ impl Backend for LibfabricBackend {
             }
             if self.inner.poll() == 0 {
                 idle += 1;
-                backoff(idle);
+                backoff(idle, self.inner.params.idle_sleep);
             }
         }
         if !self.inner.drain(&track) {

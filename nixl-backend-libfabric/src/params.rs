@@ -44,6 +44,11 @@ pub struct LibfabricParams {
     /// Run a progress thread in the backend (libfabric's tcp, shm and efa providers progress
     /// only when polled, at the target too). Without it the agent must call `progress`.
     pub progress_thread: bool,
+    /// How long a progress thread of a polled rail (no CQ wait object: shm, efa) sleeps when
+    /// idle. A target's provider may need its progress to complete a write (shm, efa), so
+    /// this bounds the latency a passive target adds; lower it for latency, raise it to save
+    /// CPU on many idle agents.
+    pub idle_sleep: Duration,
     /// Largest notification message in bytes (the sender's name included).
     pub notif_size: usize,
     /// Receive buffers posted for notifications.
@@ -65,6 +70,7 @@ impl Default for LibfabricParams {
             stripe_min: 64 * 1024,
             hmem: HmemMode::Auto,
             progress_thread: true,
+            idle_sleep: Duration::from_micros(50),
             notif_size: 16 * 1024,
             notif_slots: 64,
             op_timeout: Duration::from_secs(10),
@@ -118,6 +124,9 @@ impl LibfabricParams {
         if self.notif_slots == 0 || self.notif_slots > 4096 {
             return bad("notif_slots must be 1..=4096");
         }
+        if self.idle_sleep > Duration::from_millis(100) {
+            return bad("idle_sleep must be at most 100 ms");
+        }
         if self.op_timeout.is_zero() {
             return bad("op_timeout must be positive");
         }
@@ -147,7 +156,7 @@ impl BackendParams for LibfabricParams {
 
 /// Creates `LIBFABRIC` by name from a string map. Keys: `provider`, `domains` (comma
 /// separated), `rails`, `stripe_min`, `hmem` (`auto`/`off`/`require`), `progress_thread`,
-/// `notif_size`, `notif_slots`, `op_timeout_ms`.
+/// `idle_sleep_us`, `notif_size`, `notif_slots`, `op_timeout_ms`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LibfabricPlugin;
 
@@ -165,6 +174,10 @@ impl BackendPlugin for LibfabricPlugin {
             ("stripe_min".to_owned(), d.stripe_min.to_string()),
             ("hmem".to_owned(), "auto".to_owned()),
             ("progress_thread".to_owned(), d.progress_thread.to_string()),
+            (
+                "idle_sleep_us".to_owned(),
+                d.idle_sleep.as_micros().to_string(),
+            ),
             ("notif_size".to_owned(), d.notif_size.to_string()),
             ("notif_slots".to_owned(), d.notif_slots.to_string()),
             (
@@ -208,6 +221,7 @@ impl BackendPlugin for LibfabricPlugin {
                 "progress_thread" => {
                     p.progress_thread = v.parse::<bool>().map_err(|_| bad(k, v))?
                 }
+                "idle_sleep_us" => p.idle_sleep = Duration::from_micros(num()?),
                 "notif_size" => p.notif_size = usize::try_from(num()?).map_err(|_| bad(k, v))?,
                 "notif_slots" => p.notif_slots = usize::try_from(num()?).map_err(|_| bad(k, v))?,
                 "op_timeout_ms" => p.op_timeout = Duration::from_millis(num()?),
@@ -300,6 +314,7 @@ mod tests {
             ("bogus", "1"),
             ("notif_size", "1"),
             ("op_timeout_ms", "0"),
+            ("idle_sleep_us", "1000000"),
         ] {
             let m = BTreeMap::from([(k.to_owned(), v.to_owned())]);
             assert!(

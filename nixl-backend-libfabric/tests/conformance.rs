@@ -39,3 +39,17 @@ fn conformance_tcp_two_rails() {
     }
     assert_all(&suite("lf-tcp2", LibfabricParams::tcp_loopback(2)));
 }
+
+#[test]
+fn conformance_sockets() {
+    if common::skip_without_provider("sockets") {
+        return;
+    }
+    assert_all(&suite(
+        "lf-sockets",
+        LibfabricParams {
+            domains: vec!["lo".to_owned()],
+            ..LibfabricParams::with_provider("sockets")
+        },
+    ));
+}

@@ -35,6 +35,14 @@ impl DeviceBuffer {
     /// Allocates `len` bytes on GPU `ordinal` and zeroes them. `Unavailable` without CUDA;
     /// `InvalidParam` for `len == 0` or an ordinal that does not exist.
     pub fn new(ordinal: usize, len: usize) -> Result<Self> {
+        let buf = Self::alloc(ordinal, len)?;
+        buf.fill(0)?;
+        Ok(buf)
+    }
+
+    /// Allocates without initialising (and without the context-wide synchronisation of
+    /// [`DeviceBuffer::fill`]), for the crate's own device-side scratch.
+    pub(crate) fn alloc(ordinal: usize, len: usize) -> Result<Self> {
         if len == 0 {
             return Err(Error::invalid(
                 "-",
@@ -48,14 +56,12 @@ impl DeviceBuffer {
         cu(Op::RegisterMem, "cuMemAlloc", unsafe {
             sys::cuMemAlloc_v2(&mut ptr, len)
         })?;
-        let buf = DeviceBuffer {
+        Ok(DeviceBuffer {
             ctx,
             ptr,
             len,
             ordinal,
-        };
-        buf.fill(0)?;
-        Ok(buf)
+        })
     }
 
     /// The GPU ordinal.

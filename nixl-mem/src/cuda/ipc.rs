@@ -155,6 +155,8 @@ impl IpcHandle {
 pub struct IpcMapping {
     ctx: Arc<CudaContext>,
     ordinal: usize,
+    /// The GPU whose memory it is, in this process's numbering, where the driver says.
+    resident: Option<usize>,
     base: u64,
     handle: IpcHandle,
 }
@@ -179,6 +181,7 @@ impl IpcMapping {
         Ok(IpcMapping {
             ctx,
             ordinal,
+            resident: super::pointer_device(base),
             base,
             handle: handle.clone(),
         })
@@ -203,6 +206,12 @@ impl IpcMapping {
     /// The GPU it is mapped on.
     pub fn ordinal(&self) -> usize {
         self.ordinal
+    }
+
+    /// The GPU whose memory this is (in this process's device numbering), if the driver
+    /// reports it: the same as [`IpcMapping::ordinal`] when exporter and importer share a GPU.
+    pub fn resident_ordinal(&self) -> Option<usize> {
+        self.resident
     }
 
     fn range(&self, offset: usize, n: usize) -> Result<u64> {

@@ -14,6 +14,9 @@
 
 pub(crate) mod device;
 pub(crate) mod ipc;
+pub(crate) mod kernel;
+#[cfg(test)]
+mod ptx_sim;
 pub(crate) mod stream;
 
 use std::collections::HashMap;
@@ -112,6 +115,12 @@ const SYMBOLS: &[&str] = &[
     "cuEventDestroy_v2",
     "cuEventRecord",
     "cuEventQuery",
+    "cuMemcpyHtoDAsync_v2",
+    "cuModuleLoadDataEx",
+    "cuModuleGetFunction",
+    "cuModuleUnload",
+    "cuLaunchKernel",
+    "cuOccupancyMaxActiveBlocksPerMultiprocessor",
 ];
 
 static DRIVER: OnceLock<std::result::Result<(), (String, String)>> = OnceLock::new();

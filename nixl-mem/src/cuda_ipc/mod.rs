@@ -9,23 +9,37 @@
 //!   other host memory is published as private and a transfer to it from another process is
 //!   refused with `NotSupported` naming the reason (peers in the same process reach it
 //!   directly).
-//! - **Transfers**: each request owns a stream; `post` enqueues `cuMemcpyAsync` per merged
-//!   segment (or one `cuMemcpyBatchAsync` for many, CUDA 12.8+) and records an event; `check`
-//!   queries the event; `cancel` waits (bounded) for the stream, since copies handed to the copy
-//!   engines cannot be recalled.
-//! - **Notifications**: sent by the initiator over a Unix socket (abstract namespace, named in
-//!   the connection info) only after the request's event has completed, so the target sees a
-//!   notification only after the data.
+//! - **Transfers**: each request owns a stream; `post` enqueues its copies and records an
+//!   event; `check` queries the event; `cancel` waits (bounded) for the stream, since copies
+//!   handed to the GPU cannot be recalled. The engine is chosen at prepare time:
+//!   - VRAM<->VRAM with more than a few segments (`kernel_min_segments`), every segment's ends
+//!     on this backend's GPU (local memory, or a peer's mapped through CUDA IPC on the same GPU)
+//!     and sharing their alignment modulo 16: the scatter-gather **copy kernel** (hand-written
+//!     PTX, JIT-compiled by the driver; see [`crate::cuda`]'s `kernel` module), one launch over
+//!     descriptors uploaded once at prepare time;
+//!   - otherwise one `cuMemcpyAsync` for one or two segments, or one `cuMemcpyBatchAsync` for
+//!     more (CUDA 12.8+; one call per segment where refused), on the copy engines. DRAM<->VRAM
+//!     always uses the copy engines (PCIe is the limit there).
+//!
+//!   A kernel that fails to load or launch falls back to the copy engines with a warning, and
+//!   the request's path says so.
+//! - **Notifications**: sent over a Unix socket (abstract namespace, named in the connection
+//!   info) only after the request's event has completed, so the target sees a notification
+//!   only after the data. A completion thread per backend sends them as soon as the data is
+//!   complete, in per-peer post order, whether or not the initiator polls; `check` reports
+//!   `Done` once the data is complete and the notification sent; a canceled request's
+//!   notification is never sent.
 //!
 //! Peers on another host (a different `boot_id`) connect but every region of theirs is
 //! unreachable; the path report says so.
 
+mod complete;
 mod md;
 mod notif;
 mod xfer;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use cudarc::driver::CudaContext;
@@ -35,12 +49,14 @@ use nixl_core::{
 };
 
 use crate::cuda;
+use crate::cuda::kernel::{self, CopyKernel};
 use crate::wire::{Reader, Writer};
 use crate::{IpcHandle, IpcMapping, SharedHostHandle, SharedHostMapping};
+use complete::{Completer, Notif, NotifRoute};
 use md::{HostImport, HostPin, LocalMd, Public, Target};
 pub use notif::MAX_NOTIF;
 use notif::{NotifSenders, NotifServer};
-use xfer::{CudaIpcXfer, NotifRoute};
+use xfer::{CudaIpcXfer, Engine, KernelPlan};
 
 /// The backend's type name.
 pub const CUDA_IPC: &str = "CUDA_IPC";
@@ -61,6 +77,11 @@ pub struct CudaIpcParams {
     pub batch_copies: bool,
     /// How long `cancel` waits for copies already handed to the GPU.
     pub cancel_timeout: Duration,
+    /// Copy VRAM<->VRAM requests of many segments with the scatter-gather copy kernel (on the
+    /// SMs) instead of the copy engines.
+    pub copy_kernel: bool,
+    /// The fewest segments a request needs for the copy kernel (fewer go to `cuMemcpyAsync`).
+    pub kernel_min_segments: usize,
 }
 
 impl Default for CudaIpcParams {
@@ -70,6 +91,8 @@ impl Default for CudaIpcParams {
             pin_host: true,
             batch_copies: true,
             cancel_timeout: Duration::from_secs(10),
+            copy_kernel: true,
+            kernel_min_segments: 3,
         }
     }
 }
@@ -84,8 +107,9 @@ impl BackendParams for CudaIpcParams {
     }
 }
 
-/// Creates `CUDA_IPC` by name from a string map: `device` (GPU ordinal), `pin_host` and
-/// `batch_copies` (`true`/`false`), `cancel_timeout_ms`.
+/// Creates `CUDA_IPC` by name from a string map: `device` (GPU ordinal), `pin_host`,
+/// `batch_copies` and `copy_kernel` (`true`/`false`), `cancel_timeout_ms`,
+/// `kernel_min_segments`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CudaIpcPlugin;
 
@@ -103,6 +127,11 @@ impl BackendPlugin for CudaIpcPlugin {
             (
                 "cancel_timeout_ms".to_owned(),
                 d.cancel_timeout.as_millis().to_string(),
+            ),
+            ("copy_kernel".to_owned(), d.copy_kernel.to_string()),
+            (
+                "kernel_min_segments".to_owned(),
+                d.kernel_min_segments.to_string(),
             ),
         ])
     }
@@ -123,6 +152,10 @@ impl BackendPlugin for CudaIpcPlugin {
                 "batch_copies" => p.batch_copies = v.parse().map_err(|_| bad(k, v))?,
                 "cancel_timeout_ms" => {
                     p.cancel_timeout = Duration::from_millis(v.parse().map_err(|_| bad(k, v))?)
+                }
+                "copy_kernel" => p.copy_kernel = v.parse().map_err(|_| bad(k, v))?,
+                "kernel_min_segments" => {
+                    p.kernel_min_segments = v.parse().map_err(|_| bad(k, v))?
                 }
                 _ => {
                     return Err(Error::invalid(
@@ -152,6 +185,10 @@ pub struct CudaIpcBackend {
     notifs: Arc<NotifQueue>,
     server: NotifServer,
     senders: Arc<NotifSenders>,
+    /// Sends notifications once their data is complete; joined on drop.
+    completer: Completer,
+    /// The copy kernel, loaded on first use; the reason where it cannot be.
+    kernel: OnceLock<std::result::Result<Arc<CopyKernel>, String>>,
     peers: Mutex<HashMap<String, Arc<Peer>>>,
     vram_imports: Mutex<HashMap<[u8; 64], Weak<IpcMapping>>>,
     host_imports: Mutex<HashMap<(u32, i32, u64), Weak<HostImport>>>,
@@ -225,11 +262,12 @@ fn with_agent(e: Error, agent: &str) -> Error {
 }
 
 impl CudaIpcBackend {
-    /// Creates the backend: binds GPU `params.device` and starts the notification listener.
-    /// `Unavailable` without the CUDA driver or device.
+    /// Creates the backend: binds GPU `params.device`, starts the notification listener and
+    /// the completion thread. `Unavailable` without the CUDA driver or device.
     pub fn new(ctx: BackendContext, params: CudaIpcParams) -> Result<Self> {
         let cu_ctx = cuda::context(params.device).map_err(|e| with_agent(e, &ctx.agent))?;
         let server = NotifServer::start(&ctx.agent, ctx.notifs.clone())?;
+        let completer = Completer::start(&ctx.agent, Some(cu_ctx.clone()))?;
         Ok(CudaIpcBackend {
             agent: ctx.agent,
             params,
@@ -238,10 +276,25 @@ impl CudaIpcBackend {
             notifs: ctx.notifs,
             server,
             senders: Arc::new(NotifSenders::default()),
+            completer,
+            kernel: OnceLock::new(),
             peers: Mutex::new(HashMap::new()),
             vram_imports: Mutex::new(HashMap::new()),
             host_imports: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The copy kernel of this backend's GPU, JIT-compiled on first use.
+    fn copy_kernel(&self) -> std::result::Result<Arc<CopyKernel>, String> {
+        self.kernel
+            .get_or_init(|| {
+                CopyKernel::load(self.ctx.clone(), self.params.device)
+                    .map(Arc::new)
+                    .inspect_err(|e| {
+                        tracing::warn!(agent = %self.agent, error = %e, "the CUDA_IPC copy kernel did not load; VRAM requests of many segments use cuMemcpyBatchAsync")
+                    })
+            })
+            .clone()
     }
 
     fn peer(&self, remote: &str, op: Op) -> Result<Arc<Peer>> {
@@ -503,8 +556,17 @@ impl Backend for CudaIpcBackend {
                 ));
             }
         }
+        let device = self.params.device;
         let mut copies = Vec::with_capacity(spec.segments.len());
         let mut how = "same process";
+        // Whether every segment's two ends are device memory of this backend's GPU and share
+        // their alignment modulo 16 (what the copy kernel needs); else why not.
+        let mut kernel_ok: std::result::Result<(), &str> =
+            if spec.local_kind == MemKind::Vram && spec.remote_kind == MemKind::Vram {
+                Ok(())
+            } else {
+                Err("DRAM")
+            };
         for s in &spec.segments {
             downcast_md::<LocalMd>(&s.local_md).ok_or_else(|| {
                 Error::invalid(
@@ -528,6 +590,18 @@ impl Backend for CudaIpcBackend {
                 Target::Host(_) => "shared memfd mapping",
                 _ => how,
             };
+            if kernel_ok.is_ok() {
+                let remote_here = match t {
+                    Target::Vram(m) => m.resident_ordinal() == Some(device),
+                    Target::Identity => s.remote_dev == device as u64,
+                    _ => false,
+                };
+                if s.local_dev != device as u64 || !remote_here {
+                    kernel_ok = Err("memory on another GPU");
+                } else if !kernel::co_aligned(s.local_addr, remote) {
+                    kernel_ok = Err("segments not 16-byte co-aligned");
+                }
+            }
             copies.push(match spec.op {
                 XferOp::Write => (remote, s.local_addr, s.len),
                 XferOp::Read => (s.local_addr, remote, s.len),
@@ -545,47 +619,84 @@ impl Backend for CudaIpcBackend {
                     format!("notification of {} bytes exceeds {MAX_NOTIF}", msg.len()),
                 ));
             }
-            Some(msg) if spec.is_local => Some((msg, NotifRoute::Local(self.notifs.clone()))),
             Some(msg) => {
-                let peer = self.peer(&spec.remote, Op::MakeXfer)?;
-                Some((
-                    msg,
+                let route = if spec.is_local {
+                    NotifRoute::Local(self.notifs.clone())
+                } else {
+                    let peer = self.peer(&spec.remote, Op::MakeXfer)?;
                     NotifRoute::Remote {
                         senders: self.senders.clone(),
                         server: peer.server.clone(),
-                    },
-                ))
+                    }
+                };
+                Some(Arc::new(Notif {
+                    agent: self.agent.clone(),
+                    remote: spec.remote.clone(),
+                    msg,
+                    route,
+                }))
             }
         };
         let stream =
             cuda::stream::Stream::new(self.ctx.clone()).map_err(|e| with_agent(e, &self.agent))?;
-        let event =
-            cuda::stream::Event::new(self.ctx.clone()).map_err(|e| with_agent(e, &self.agent))?;
-        let batch = self.params.batch_copies && copies.len() > 1;
-        let api = if batch {
-            "cuMemcpyBatchAsync"
-        } else {
-            "cuMemcpyAsync"
-        };
-        let path = format!(
-            "cuda_ipc {} {}->{} via {how}, {api} x{} on GPU {}",
-            spec.op,
-            spec.local_kind,
-            spec.remote_kind,
-            copies.len(),
-            self.params.device
+        let event = Arc::new(
+            cuda::stream::Event::new(self.ctx.clone()).map_err(|e| with_agent(e, &self.agent))?,
         );
+        let fallback = if self.params.batch_copies && copies.len() > 1 {
+            Engine::Batch
+        } else {
+            Engine::Copies
+        };
+        let mut note = None;
+        let wants_kernel = self.params.copy_kernel
+            && kernel_ok.is_ok()
+            && copies.len() >= self.params.kernel_min_segments.max(1);
+        let engine = if wants_kernel {
+            match self
+                .copy_kernel()
+                .and_then(|k| KernelPlan::new(k, device, &copies, &stream))
+            {
+                Ok(plan) => {
+                    // The upload is in the event too: a request dropped before its first post
+                    // still knows whether the GPU is done with its descriptors.
+                    event
+                        .record(&stream)
+                        .map_err(|e| cuda::to_error(&self.agent, Op::MakeXfer, e))?;
+                    Engine::Kernel(plan)
+                }
+                Err(why) => {
+                    tracing::warn!(agent = %self.agent, error = %why, "not using the copy kernel for this request");
+                    note = Some(xfer::short_note(format!("copy kernel unavailable: {why}")));
+                    fallback
+                }
+            }
+        } else {
+            // Say why a VRAM request of many segments stays on the copy engines.
+            let many = copies.len() >= self.params.kernel_min_segments.max(1);
+            match kernel_ok {
+                Err(why) if self.params.copy_kernel && many && why != "DRAM" => {
+                    note = Some(format!("copy engines: {why}"));
+                }
+                _ => {}
+            }
+            fallback
+        };
         Ok(Box::new(CudaIpcXfer {
             agent: self.agent.clone(),
-            remote: spec.remote,
             copies,
             stream,
             event,
-            batch,
+            engine,
             notif,
-            notif_sent: false,
+            ticket: None,
+            completer: self.completer.shared(),
             cancel_timeout: self.params.cancel_timeout,
-            path,
+            device,
+            path_head: format!(
+                "cuda_ipc {} {}->{} via {how}",
+                spec.op, spec.local_kind, spec.remote_kind
+            ),
+            note,
         }))
     }
 
@@ -635,6 +746,8 @@ mod tests {
         for (k, v) in [
             ("device", "x"),
             ("pin_host", "maybe"),
+            ("copy_kernel", "yes"),
+            ("kernel_min_segments", "-3"),
             ("nope", "1"),
             ("cancel_timeout_ms", "-1"),
         ] {

@@ -1,38 +1,104 @@
-//! A prepared `CUDA_IPC` transfer: copies enqueued on its own stream, an event recorded after
-//! them, and the notification sent only once the event has completed.
+//! A prepared `CUDA_IPC` transfer: copies enqueued on its own stream by one of three engines,
+//! an event recorded after them, and the notification handed to the backend's completer, which
+//! sends it once the event has completed (whether or not anyone polls).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use nixl_core::{BackendXfer, Error, Op, Result, XferState};
 
-use super::notif::NotifSenders;
+use super::complete::{self, Notif, Outcome, Ticket};
+use crate::cuda::kernel::{self, CopyKernel, Segment};
 use crate::cuda::stream::{Event, Stream};
 use crate::cuda::{self, check, sys, CudaError};
+use crate::DeviceBuffer;
 
-/// Where a notification goes once the data is complete.
-pub(crate) enum NotifRoute {
-    /// A peer's notification server.
-    Remote {
-        senders: Arc<NotifSenders>,
-        server: Vec<u8>,
-    },
-    /// The agent itself (loopback).
-    Local(Arc<nixl_core::NotifQueue>),
+/// The longest note (why an engine was not used) kept in the path.
+const MAX_NOTE: usize = 240;
+
+/// The copy kernel's work for one request, prepared once: descriptors uploaded to the device on
+/// the request's stream, so every launch is stream-ordered after the upload.
+pub(crate) struct KernelPlan {
+    kernel: Arc<CopyKernel>,
+    /// The device array (`count` descriptors).
+    descs: DeviceBuffer,
+    /// The upload's host source, kept for the request's lifetime.
+    _host: Vec<u8>,
+    count: u64,
+}
+
+impl KernelPlan {
+    /// Packs `copies` ((dst, src, len)) into descriptors and enqueues their upload on `stream`.
+    pub fn new(
+        kernel: Arc<CopyKernel>,
+        device: usize,
+        copies: &[(u64, u64, u64)],
+        stream: &Stream,
+    ) -> std::result::Result<Self, String> {
+        let segs: Vec<Segment> = copies
+            .iter()
+            .map(|&(dst, src, len)| Segment { src, dst, len })
+            .collect();
+        let descs = kernel::pack(&segs, kernel::CHUNK);
+        let host = kernel::descriptor_bytes(&descs);
+        let buf = DeviceBuffer::alloc(device, host.len().max(1)).map_err(|e| e.to_string())?;
+        // SAFETY: `buf` holds `host.len()` bytes; `host` is kept alive with the plan (the
+        // driver stages pageable sources before returning anyway); the copy is ordered on the
+        // request's stream before any launch that reads it.
+        check("cuMemcpyHtoDAsync", unsafe {
+            sys::cuMemcpyHtoDAsync_v2(buf.addr(), host.as_ptr().cast(), host.len(), stream.raw())
+        })
+        .map_err(|e| e.to_string())?;
+        Ok(KernelPlan {
+            kernel,
+            descs: buf,
+            _host: host,
+            count: descs.len() as u64,
+        })
+    }
+}
+
+/// How a request's copies are enqueued.
+pub(crate) enum Engine {
+    /// One `cuMemcpyAsync` per segment (copy engines).
+    Copies,
+    /// One `cuMemcpyBatchAsync` for all segments (copy engines; CUDA 12.8+, falls back to
+    /// `Copies` when refused).
+    Batch,
+    /// The scatter-gather copy kernel (SMs), one launch.
+    Kernel(KernelPlan),
 }
 
 pub(crate) struct CudaIpcXfer {
     pub agent: String,
-    pub remote: String,
     /// (dst, src, len) in this process's address space.
     pub copies: Vec<(u64, u64, u64)>,
     pub stream: Stream,
-    pub event: Event,
-    pub batch: bool,
-    pub notif: Option<(Vec<u8>, NotifRoute)>,
-    pub notif_sent: bool,
+    /// Shared with the ticket of the latest post, which the completer queries.
+    pub event: Arc<Event>,
+    pub engine: Engine,
+    pub notif: Option<Arc<Notif>>,
+    /// The latest post's notification ticket.
+    pub ticket: Option<Arc<Ticket>>,
+    pub completer: Arc<complete::Shared>,
     pub cancel_timeout: Duration,
-    pub path: String,
+    pub device: usize,
+    /// "cuda_ipc WRITE VRAM->VRAM via CUDA IPC mapping".
+    pub path_head: String,
+    /// Why the engine is not the one the request was eligible for, if so.
+    pub note: Option<String>,
+}
+
+/// Shortens a note for the path (JIT logs can be long).
+pub(crate) fn short_note(s: String) -> String {
+    if s.len() <= MAX_NOTE {
+        return s;
+    }
+    let mut end = MAX_NOTE;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
 }
 
 impl CudaIpcXfer {
@@ -41,13 +107,27 @@ impl CudaIpcXfer {
     }
 
     fn enqueue(&mut self) -> std::result::Result<(), CudaError> {
-        if self.batch && self.copies.len() > 1 {
+        if let Engine::Kernel(p) = &self.engine {
+            // SAFETY: the descriptors were uploaded on this stream at prepare time; prepare
+            // admitted the kernel only for segments whose both ends are device memory of this
+            // context's GPU (local registrations, same-GPU IPC mappings), kept alive by the
+            // request's registrations and loaded regions; the agent refuses overlapping
+            // descriptors within one side.
+            match unsafe { p.kernel.launch(p.descs.addr(), p.count, &self.stream) } {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    tracing::warn!(agent = %self.agent, error = %e, "the copy kernel did not launch; using cuMemcpyBatchAsync for this request");
+                    self.note = Some(short_note(format!("copy kernel launch failed: {e}")));
+                    self.engine = Engine::Batch;
+                }
+            }
+        }
+        if matches!(self.engine, Engine::Batch) {
             match self.enqueue_batch() {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     tracing::debug!(error = %e, "cuMemcpyBatchAsync refused; copying one by one");
-                    self.batch = false;
-                    self.path = self.path.replace("cuMemcpyBatchAsync", "cuMemcpyAsync");
+                    self.engine = Engine::Copies;
                 }
             }
         }
@@ -106,27 +186,29 @@ impl CudaIpcXfer {
         check("cuMemcpyBatchAsync", r)
     }
 
-    fn deliver_notif(&mut self) -> Result<()> {
-        if self.notif_sent {
-            return Ok(());
+    /// What the engine is, for the path.
+    fn engine_name(&self) -> String {
+        let n = self.copies.len();
+        match &self.engine {
+            Engine::Copies => format!("cuMemcpyAsync x{n}"),
+            Engine::Batch => format!("cuMemcpyBatchAsync x{n}"),
+            Engine::Kernel(p) => format!(
+                "copy kernel x{n} segments ({} chunks, {} CTAs)",
+                p.count,
+                p.kernel.grid(p.count)
+            ),
         }
-        if let Some((msg, route)) = &self.notif {
-            match route {
-                NotifRoute::Remote { senders, server } => {
-                    senders.send(&self.agent, &self.remote, server, msg)?
-                }
-                NotifRoute::Local(q) => q.push(&self.agent, msg.clone()),
-            }
-        }
-        self.notif_sent = true;
-        Ok(())
     }
 }
 
 impl BackendXfer for CudaIpcXfer {
     fn post(&mut self) -> Result<XferState> {
         cuda::bind(self.stream.context())?;
-        self.notif_sent = false;
+        // A ticket of an earlier post that never completed (its request failed) must not be
+        // sent when this post's data lands: the event is about to be recorded again.
+        if let Some(t) = self.ticket.take() {
+            t.cancel();
+        }
         if let Err(e) = self.enqueue() {
             // Some copies may already be queued: let them drain (bounded) before reporting,
             // since a failed request's memory may be released right after.
@@ -143,6 +225,11 @@ impl BackendXfer for CudaIpcXfer {
         self.event
             .record(&self.stream)
             .map_err(|e| self.fail(Op::PostXfer, e))?;
+        if let Some(n) = &self.notif {
+            let t = Arc::new(Ticket::new(self.event.clone(), n.clone()));
+            self.completer.submit(t.clone());
+            self.ticket = Some(t);
+        }
         Ok(XferState::InProgress)
     }
 
@@ -155,19 +242,37 @@ impl BackendXfer for CudaIpcXfer {
         {
             return Ok(XferState::InProgress);
         }
-        self.deliver_notif()?;
-        Ok(XferState::Done)
+        let Some(t) = &self.ticket else {
+            return Ok(XferState::Done);
+        };
+        if matches!(t.outcome(), Outcome::Pending) {
+            // The data is complete: send now rather than wait for the completer's next round
+            // (the queue lock makes it exactly once, in order).
+            self.completer.pump_key(&t.route_key());
+        }
+        match t.outcome() {
+            Outcome::Sent => Ok(XferState::Done),
+            // An earlier notification to the same peer is still waiting for its data.
+            Outcome::Pending => Ok(XferState::InProgress),
+            Outcome::Failed(f) => Err(t.error(f)),
+            Outcome::Canceled => Err(Error::Canceled {
+                agent: self.agent.clone(),
+                op: Op::CheckXfer,
+            }),
+        }
     }
 
     fn cancel(&mut self) -> Result<()> {
-        // Copies already handed to the copy engines cannot be recalled: cancel waits for them
+        // No notification for a canceled request: the ticket is marked before waiting (if the
+        // completer was sending it, this waits for that send, and the data was complete).
+        if let Some(t) = &self.ticket {
+            t.cancel();
+        }
+        // Copies already handed to the GPU cannot be recalled: cancel waits for them
         // (bounded), so the memory is never freed under the hardware.
         cuda::bind(self.stream.context())?;
         match self.event.wait(self.cancel_timeout) {
-            Ok(true) => {
-                self.notif_sent = true;
-                Ok(())
-            }
+            Ok(true) => Ok(()),
             Ok(false) => Err(Error::TimedOut {
                 agent: self.agent.clone(),
                 op: Op::Cancel,
@@ -178,6 +283,45 @@ impl BackendXfer for CudaIpcXfer {
     }
 
     fn path(&self) -> Option<String> {
-        Some(self.path.clone())
+        let note = match &self.note {
+            Some(n) => format!(" ({n})"),
+            None => String::new(),
+        };
+        Some(format!(
+            "{}, {} on GPU {}{note}",
+            self.path_head,
+            self.engine_name(),
+            self.device
+        ))
+    }
+}
+
+impl Drop for CudaIpcXfer {
+    fn drop(&mut self) {
+        if let Some(t) = self.ticket.take() {
+            t.cancel();
+        }
+        // The agent cancels (and waits for) an in-flight request before dropping it; if that
+        // wait failed, the kernel may still read the descriptors: leak them, never free them
+        // under the GPU.
+        if matches!(self.engine, Engine::Kernel(_)) && self.event.query() != Ok(true) {
+            if let Engine::Kernel(p) = std::mem::replace(&mut self.engine, Engine::Copies) {
+                tracing::error!(agent = %self.agent, "a CUDA_IPC copy kernel may still run; leaking its descriptors");
+                std::mem::forget(p);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notes_are_bounded_on_char_boundaries() {
+        assert_eq!(short_note("short".into()), "short");
+        let long = "é".repeat(400);
+        let s = short_note(long);
+        assert!(s.len() <= MAX_NOTE + 3 && s.ends_with("..."));
     }
 }

@@ -82,12 +82,14 @@ impl std::fmt::Debug for Lib {
 /// The environment variable naming a libfabric to load instead of the default search.
 pub const PATH_ENV: &str = "NIXL_LIBFABRIC_PATH";
 
-/// Where libfabric is looked for, in order (the AWS EFA installer's copy first).
+/// Where libfabric is looked for, in order: only `$NIXL_LIBFABRIC_PATH` when set (an explicit
+/// choice never falls back silently), else the AWS EFA installer's copy, then the system's.
 fn candidates() -> Vec<String> {
     let mut v = Vec::new();
     if let Ok(p) = std::env::var(PATH_ENV) {
         if !p.is_empty() {
             v.push(p);
+            return v;
         }
     }
     for p in [

@@ -4,14 +4,15 @@
 //!
 //! ```text
 //! gpu_bench [--blocks 1024] [--block-sizes 1,2] [--iters 20] [--gpu 0] [--target-gpu 0]
-//!           [--out results.jsonl]
+//!           [--out results.jsonl] [--no-copy-kernel]
 //! ```
 //!
 //! The process started by the user is the initiator; it spawns itself as the target
 //! (`--role target`), which allocates the target VRAM pool, publishes its metadata through a
 //! file, and verifies the bytes of the last WRITE before it exits. Block sizes are in MiB.
 //! Each case runs "merged" (contiguous blocks become one copy, the default of the agent) and
-//! "per-block" (`no_merge`: 1024 segments, one `cuMemcpyBatchAsync`).
+//! "per-block" (`no_merge`: 1024 segments: the copy kernel for VRAM<->VRAM, one
+//! `cuMemcpyBatchAsync` for DRAM<->VRAM, or with `--no-copy-kernel` for both).
 
 use std::io::Write as _;
 use std::process::{Command, ExitCode};
@@ -36,6 +37,7 @@ struct Args {
     target_gpu: usize,
     md: String,
     out: Option<String>,
+    copy_kernel: bool,
 }
 
 fn parse() -> std::result::Result<Args, String> {
@@ -48,6 +50,7 @@ fn parse() -> std::result::Result<Args, String> {
         target_gpu: 0,
         md: String::new(),
         out: None,
+        copy_kernel: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -72,6 +75,7 @@ fn parse() -> std::result::Result<Args, String> {
             }
             "--md" => a.md = v()?,
             "--out" => a.out = Some(v()?),
+            "--no-copy-kernel" => a.copy_kernel = false,
             "--bench" => {} // passed by `cargo bench`-style runners
             other => return Err(format!("unknown argument {other}")),
         }
@@ -282,6 +286,7 @@ fn run_initiator(a: &Args, md: &std::path::Path) -> Result<()> {
     let agent = Agent::new("bench-initiator", AgentConfig::default())?;
     agent.create_backend(CudaIpcParams {
         device: a.gpu,
+        copy_kernel: a.copy_kernel,
         ..Default::default()
     })?;
     let deadline = Instant::now() + Duration::from_secs(120);

@@ -91,7 +91,7 @@ fn striped_batch_on_chosen_provider() {
     req.wait(Duration::from_secs(30)).unwrap();
     assert_eq!(dst.to_vec(), src.to_vec());
     let s = stats.rails();
-    eprintln!("{p}: {}\n{s:?}", req.path());
+    eprintln!("{p}: {}\n{:?}\n{s:?}", req.path(), a.path_report(b.name()));
     assert_eq!(s.len(), rails);
     assert!(s.iter().all(|r| r.bytes_written > 0), "{s:?}");
 }

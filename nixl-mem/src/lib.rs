@@ -21,7 +21,9 @@
 //! no GPU, where every GPU entry point returns [`nixl_core::Error::Unavailable`].
 //!
 //! The [`CudaIpcBackend`] (`CUDA_IPC`) moves VRAM<->VRAM and DRAM<->VRAM between processes of
-//! one host with CUDA IPC handles and the GPUs' copy engines; see [`cuda_ipc`].
+//! one host with CUDA IPC handles, the GPUs' copy engines, and a scatter-gather copy kernel
+//! (hand-written PTX, JIT-compiled by the driver) for VRAM requests of many blocks; see
+//! [`cuda_ipc`].
 //!
 //! ```
 //! use nixl_mem::{HostMemory, MmapBuffer, Pages};

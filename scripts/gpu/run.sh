@@ -44,7 +44,7 @@ must_pass nixl-mem-gpu-agent gpu_agent_copy_kernel_scatter_gather
 must_pass nixl-mem-gpu-agent gpu_conformance_suite
 must_pass nixl-mem-gpu-agent gpu_agent_two_processes_vram_and_dram
 # Which engine the per-block VRAM copies used, and any fallback warning.
-grep -hE 'path: .*copy kernel|copy kernel (unavailable|launch failed)|did not load' "$OUT"/nixl-mem-gpu-agent.log | sort | uniq -c | head -5 | tee -a "$summary"
+grep -hE 'path: .*copy kernel|copy kernel (unavailable|not prepared|launch failed)|did not load' "$OUT"/nixl-mem-gpu-agent.log | sort | uniq -c | head -5 | tee -a "$summary"
 
 say ""
 say "== gpu_bench: two processes, GPU 0 -> GPU 0, 1024 blocks per request =="
@@ -53,7 +53,7 @@ rc=$?
 tee -a "$summary" < "$OUT/bench-gpu0.txt"
 [ $rc -eq 0 ] || { say "gpu_bench failed rc=$rc"; fail=1; }
 if [ "$NGPU" -ge 1 ] && grep -q 'skipped' "$OUT/bench-gpu0.txt"; then say "gpu_bench skipped although a GPU is visible"; fail=1; fi
-if [ "$NGPU" -ge 1 ] && grep -q 'copy kernel unavailable\|copy kernel launch failed' "$OUT/bench-gpu0.txt"; then say "the copy kernel fell back to the copy engines (see the path column)"; fail=1; fi
+if [ "$NGPU" -ge 1 ] && grep -q 'copy kernel unavailable\|copy kernel not prepared\|copy kernel launch failed' "$OUT/bench-gpu0.txt"; then say "the copy kernel fell back to the copy engines (see the path column)"; fail=1; fi
 
 say ""
 say "== gpu_bench --no-copy-kernel (copy engines only, for comparison), 1 MiB blocks =="

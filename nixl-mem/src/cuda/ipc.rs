@@ -181,7 +181,9 @@ impl IpcMapping {
         Ok(IpcMapping {
             ctx,
             ordinal,
-            resident: super::pointer_device(base),
+            // With one visible GPU, device memory can only be on it.
+            resident: super::pointer_device(base)
+                .or_else(|| (super::device_count().ok() == Some(1)).then_some(0)),
             base,
             handle: handle.clone(),
         })

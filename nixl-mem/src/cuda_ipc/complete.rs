@@ -206,6 +206,12 @@ impl Shared {
     fn queues(&self) -> Vec<Arc<PeerQueue>> {
         lock(&self.queues).values().cloned().collect()
     }
+
+    /// Forgets empty queues nobody is about to use (destinations come and go with peers).
+    /// Lock order: the map, then a queue (nothing takes them the other way round).
+    fn prune(&self) {
+        lock(&self.queues).retain(|_, q| Arc::strong_count(q) > 1 || !lock(q).is_empty());
+    }
 }
 
 /// Returns (whether any ticket was resolved, whether any is still pending).
@@ -296,6 +302,7 @@ fn run(s: &Shared, ctx: Option<&CudaContext>) {
         }
         if !pending {
             idle = 0;
+            s.prune();
             let g = lock(&s.submitted);
             if *g == seen && !s.stop.load(Ordering::SeqCst) {
                 drop(s.wake.wait_timeout(g, IDLE_WAIT));
@@ -405,6 +412,12 @@ mod tests {
         assert_eq!(received(&q, 2), vec![b"first".to_vec(), b"second".to_vec()]);
         assert!(matches!(a.outcome(), Outcome::Sent));
         assert!(matches!(b.outcome(), Outcome::Sent));
+        // Empty queues are forgotten once idle.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !c.shared().queues().is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(c.shared().queues().is_empty());
     }
 
     #[test]
@@ -413,7 +426,6 @@ mod tests {
         let q = Arc::new(NotifQueue::new());
         let (_fa, a) = ticket(&q, b"slow", false);
         c.shared().submit(a.clone());
-        let other = Arc::new(NotifQueue::new());
         let b = Arc::new(Ticket::new(
             Arc::new(Flag(AtomicBool::new(true))),
             Arc::new(Notif {
@@ -437,7 +449,7 @@ mod tests {
             o => panic!("{o:?}"),
         }
         assert!(matches!(a.outcome(), Outcome::Pending));
-        assert!(other.is_empty());
+        assert!(q.is_empty());
     }
 
     #[test]
@@ -498,6 +510,7 @@ mod tests {
         c.shared().submit(t.clone());
         let shared = c.shared();
         drop(c);
+        assert_eq!(shared.queues().len(), 1, "a queue with a ticket is kept");
         // The thread is gone; a pump from a late `check` still works.
         shared.pump_key(b"");
         assert!(matches!(t.outcome(), Outcome::Pending));

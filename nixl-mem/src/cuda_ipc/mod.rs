@@ -591,12 +591,14 @@ impl Backend for CudaIpcBackend {
                 _ => how,
             };
             if kernel_ok.is_ok() {
-                let remote_here = match t {
-                    Target::Vram(m) => m.resident_ordinal() == Some(device),
-                    Target::Identity => s.remote_dev == device as u64,
-                    _ => false,
+                let remote_gpu = match t {
+                    Target::Vram(m) => m.resident_ordinal(),
+                    Target::Identity => usize::try_from(s.remote_dev).ok(),
+                    _ => None,
                 };
-                if s.local_dev != device as u64 || !remote_here {
+                if remote_gpu.is_none() {
+                    kernel_ok = Err("the driver did not say which GPU the peer memory is on");
+                } else if s.local_dev != device as u64 || remote_gpu != Some(device) {
                     kernel_ok = Err("memory on another GPU");
                 } else if !kernel::co_aligned(s.local_addr, remote) {
                     kernel_ok = Err("segments not 16-byte co-aligned");
@@ -652,10 +654,16 @@ impl Backend for CudaIpcBackend {
             && kernel_ok.is_ok()
             && copies.len() >= self.params.kernel_min_segments.max(1);
         let engine = if wants_kernel {
-            match self
-                .copy_kernel()
-                .and_then(|k| KernelPlan::new(k, device, &copies, &stream))
-            {
+            // A load failure was warned about once, when it happened; a failure to prepare
+            // this request's descriptors is warned about here. Either way the path says it.
+            let plan = match self.copy_kernel() {
+                Err(why) => Err(format!("copy kernel unavailable: {why}")),
+                Ok(k) => KernelPlan::new(k, device, &copies, &stream).map_err(|why| {
+                    tracing::warn!(agent = %self.agent, error = %why, "could not prepare the copy kernel's descriptors; using the copy engines");
+                    format!("copy kernel not prepared: {why}")
+                }),
+            };
+            match plan {
                 Ok(plan) => {
                     // The upload is in the event too: a request dropped before its first post
                     // still knows whether the GPU is done with its descriptors.
@@ -665,8 +673,7 @@ impl Backend for CudaIpcBackend {
                     Engine::Kernel(plan)
                 }
                 Err(why) => {
-                    tracing::warn!(agent = %self.agent, error = %why, "not using the copy kernel for this request");
-                    note = Some(xfer::short_note(format!("copy kernel unavailable: {why}")));
+                    note = Some(xfer::short_note(why));
                     fallback
                 }
             }

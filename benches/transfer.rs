@@ -14,14 +14,17 @@ use nixl::{
     XferTarget,
 };
 
-fn setup() -> nixl::Result<(
+/// Two agents, their buffers and registrations.
+type Setup = (
     Agent,
     Agent,
     Arc<HostBuffer>,
     Arc<HostBuffer>,
     nixl::Registration,
     nixl::Registration,
-)> {
+);
+
+fn setup() -> nixl::Result<Setup> {
     let a = Agent::new("bench-init", AgentConfig::default())?;
     let b = Agent::new("bench-target", AgentConfig::default())?;
     a.create_backend(UcxParams::default())?;

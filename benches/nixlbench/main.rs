@@ -302,6 +302,7 @@ fn avg_p99(v: &mut [Duration]) -> (f64, f64) {
     (avg * 1e6, p99 * 1e6)
 }
 
+#[allow(clippy::too_many_arguments)] // one point's parameters, passed to each thread
 fn thread_run(
     a: &Agent,
     o: &Opts,

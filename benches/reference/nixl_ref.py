@@ -62,7 +62,7 @@ def initiator(args):
                 raddr = int(line.split()[1])
         cfg = nixl_agent_config(enable_prog_thread=True, enable_listen_thread=True, listen_port=args.port + 1)
         agent = nixl_agent("initiator", cfg)
-        buf = np.zeros(args.buffer, dtype=np.uint8)
+        buf = np.ones(args.buffer, dtype=np.uint8)  # touched pages, like nixlbench's source
         agent.register_memory([(buf.ctypes.data, args.buffer, 0, "")], "DRAM")
         laddr = buf.ctypes.data
         agent.fetch_remote_metadata("target", "127.0.0.1", args.port)

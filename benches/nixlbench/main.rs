@@ -12,7 +12,8 @@
 //! `--target-seg-type DRAM|VRAM`, `--start-block-size`, `--max-block-size`, `--start-batch-size`,
 //! `--max-batch-size` (powers of two between), or explicit `--blocks a,b --batches c,d`;
 //! `--total-buffer-size`, `--num-iter`, `--warmup-iter`, `--num-threads`, `--tls`,
-//! `--fresh-requests` (make a request per iteration instead of reposting one), `--json`.
+//! `--fresh-requests` (make a request per iteration instead of reposting one),
+//! `--progress-thread on|off` (the UCX backend's own thread), `--json`.
 //! KV mode (like NIXL's kvbench): `--mode kv` with `--model-layers`, `--kv-heads`,
 //! `--head-dim`, `--dtype-bytes`, `--tokens-per-block`, `--seq-len`, `--tp`: one request moves a
 //! sequence's K and V blocks of every layer (block = tokens x kv_heads/tp x head_dim x dtype).
@@ -48,6 +49,7 @@ struct Opts {
     fresh: bool,
     json: bool,
     bytes_per_point: f64,
+    progress_thread: bool,
 }
 
 fn pow2_range(lo: u64, hi: u64) -> Vec<u64> {
@@ -95,6 +97,7 @@ fn parse() -> Res<Opts> {
         fresh: false,
         json: false,
         bytes_per_point: 2e9,
+        progress_thread: true,
     };
     let (mut b0, mut b1, mut n0, mut n1) = (4096u64, 64u64 << 20, 1usize, 32usize);
     let mut kv: Option<[u64; 7]> = None;
@@ -142,6 +145,13 @@ fn parse() -> Res<Opts> {
             "--tls" => o.tls = Some(val()?),
             "--fresh-requests" => o.fresh = true,
             "--json" => o.json = true,
+            "--progress-thread" => {
+                o.progress_thread = match val()?.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    v => return Err(format!("--progress-thread {v}: on or off").into()),
+                }
+            }
             "--backend" => {
                 let b = val()?;
                 if !b.eq_ignore_ascii_case("ucx") {
@@ -254,6 +264,7 @@ fn agent(name: &str, o: &Opts) -> Res<Agent> {
     )?;
     a.create_backend(UcxParams {
         transports: o.tls.clone(),
+        progress_thread: o.progress_thread,
         ..UcxParams::default()
     })?;
     Ok(a)

@@ -560,13 +560,15 @@ impl Agent {
                     elapsed: timeout,
                 });
             }
-            if self.shared.config.progress_thread {
-                self.shared
-                    .notifs
-                    .wait_nonempty(deadline.min(Instant::now() + Duration::from_millis(10)));
+            // Sleep on the queue: backends with their own progress deliver straight into it
+            // and wake this thread. Without the agent's progress thread, come back every short
+            // slice to drive the backends (`get_notifs` above) rather than spin a core.
+            let slice = if self.shared.config.progress_thread {
+                Duration::from_millis(10)
             } else {
-                std::thread::yield_now();
-            }
+                Duration::from_micros(50)
+            };
+            self.shared.notifs.wait_nonempty(deadline.min(Instant::now() + slice));
         }
     }
 

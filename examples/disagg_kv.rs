@@ -14,8 +14,11 @@
 //! cargo run --release --example disagg_kv -- --op read --layers 32 --blocks 256 --block-bytes 65536
 //! ```
 //! Flags: `--op read|write`, `--requests N`, `--layers L`, `--blocks B` (pool blocks per
-//! layer), `--block-bytes S`, `--blocks-per-request K`, `--backend ucx`, `--tls UCX_TLS`,
-//! `--timeout-secs T`. (`--role decode --peer ADDR` is how the example starts its child.)
+//! layer), `--block-bytes S`, `--blocks-per-request K`, `--backend ucx|libfabric|cuda_ipc`,
+//! `--tls UCX_TLS`, `--provider tcp|shm|efa` and `--rails R` (libfabric), `--device cpu|cuda`
+//! (KV pools in host or GPU memory; with `cuda` the default backend is `cuda_ipc`, the native
+//! CUDA IPC + copy-engine/copy-kernel path), `--timeout-secs T`. (`--role decode --peer ADDR`
+//! is how the example starts its child.)
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -23,6 +26,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nixl::mem::{CudaIpcParams, DeviceBuffer};
 use nixl::ucx::UcxParams;
 use nixl::{
     Agent, AgentConfig, Error, HostBuffer, MemKind, PreparedList, XferDescList, XferOp,
@@ -42,6 +46,10 @@ struct Opts {
     block_bytes: usize,
     per_request: usize,
     tls: Option<String>,
+    backend: String,
+    provider: Option<String>,
+    rails: usize,
+    cuda: bool,
     timeout: Duration,
 }
 
@@ -56,6 +64,10 @@ fn parse() -> Res<Opts> {
         block_bytes: 64 << 10,
         per_request: 16,
         tls: None,
+        backend: String::new(),
+        provider: None,
+        rails: 1,
+        cuda: false,
         timeout: Duration::from_secs(60),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -84,13 +96,24 @@ fn parse() -> Res<Opts> {
             "--tls" => o.tls = Some(val()?.clone()),
             "--timeout-secs" => o.timeout = Duration::from_secs(num(val()?)? as u64),
             "--backend" => {
-                let b = val()?;
-                if !b.eq_ignore_ascii_case("ucx") {
-                    return Err(format!("--backend {b}: this example runs over ucx").into());
+                o.backend = val()?.to_ascii_lowercase();
+                if !matches!(o.backend.as_str(), "ucx" | "libfabric" | "cuda_ipc") {
+                    return Err(
+                        format!("--backend {}: ucx, libfabric or cuda_ipc", o.backend).into(),
+                    );
+                }
+            }
+            "--provider" => o.provider = Some(val()?.clone()),
+            "--rails" => o.rails = num(val()?)?,
+            "--device" => {
+                o.cuda = match val()?.to_ascii_lowercase().as_str() {
+                    "cpu" | "dram" => false,
+                    "cuda" | "gpu" | "vram" => true,
+                    v => return Err(format!("--device: {v} is not cpu|cuda").into()),
                 }
             }
             "-h" | "--help" => {
-                println!("disagg_kv [--op read|write] [--requests N] [--layers L] [--blocks B] [--block-bytes S] [--blocks-per-request K] [--backend ucx] [--tls UCX_TLS] [--timeout-secs T]");
+                println!("disagg_kv [--op read|write] [--requests N] [--layers L] [--blocks B] [--block-bytes S] [--blocks-per-request K] [--backend ucx|libfabric|cuda_ipc] [--tls UCX_TLS] [--provider P] [--rails R] [--device cpu|cuda] [--timeout-secs T]");
                 std::process::exit(0);
             }
             f => return Err(format!("unknown flag {f}").into()),
@@ -102,6 +125,12 @@ fn parse() -> Res<Opts> {
     }
     if o.per_request > o.blocks {
         return Err("--blocks-per-request exceeds --blocks".into());
+    }
+    if o.backend.is_empty() {
+        o.backend = if o.cuda { "cuda_ipc" } else { "ucx" }.into();
+    }
+    if o.rails == 0 {
+        return Err("--rails must be positive".into());
     }
     Ok(o)
 }
@@ -151,9 +180,47 @@ fn indices(o: &Opts, blocks: &[usize]) -> Vec<usize> {
         .collect()
 }
 
+/// A KV pool in host or GPU memory.
+enum Pool {
+    Host(Arc<HostBuffer>),
+    Cuda(Arc<DeviceBuffer>),
+}
+
+impl Pool {
+    fn addr(&self) -> u64 {
+        match self {
+            Pool::Host(b) => b.addr(),
+            Pool::Cuda(b) => b.addr(),
+        }
+    }
+
+    fn kind(&self) -> MemKind {
+        match self {
+            Pool::Host(_) => MemKind::Dram,
+            Pool::Cuda(_) => MemKind::Vram,
+        }
+    }
+
+    fn write_at(&self, offset: usize, src: &[u8]) -> Res<()> {
+        match self {
+            Pool::Host(b) if b.write_at(offset, src) => Ok(()),
+            Pool::Host(_) => Err("write past the pool".into()),
+            Pool::Cuda(b) => Ok(b.copy_from_host(offset, src)?),
+        }
+    }
+
+    fn read_at(&self, offset: usize, dst: &mut [u8]) -> Res<()> {
+        match self {
+            Pool::Host(b) if b.read_at(offset, dst) => Ok(()),
+            Pool::Host(_) => Err("read past the pool".into()),
+            Pool::Cuda(b) => Ok(b.copy_to_host(offset, dst)?),
+        }
+    }
+}
+
 struct Node {
     agent: Agent,
-    pool: Arc<HostBuffer>,
+    pool: Pool,
     _reg: nixl::Registration,
 }
 
@@ -166,13 +233,40 @@ fn node(name: &str, o: &Opts) -> Res<Node> {
             ..AgentConfig::default()
         },
     )?;
-    agent.create_backend(UcxParams {
-        transports: o.tls.clone(),
-        ..UcxParams::default()
-    })?;
+    match o.backend.as_str() {
+        #[cfg(feature = "libfabric")]
+        "libfabric" => {
+            use nixl::libfabric::LibfabricParams;
+            agent.create_backend(match o.provider.as_deref() {
+                None | Some("tcp") => LibfabricParams::tcp_loopback(o.rails),
+                Some(p) => LibfabricParams {
+                    rails: o.rails,
+                    ..LibfabricParams::with_provider(p)
+                },
+            })?;
+        }
+        #[cfg(not(feature = "libfabric"))]
+        "libfabric" => return Err("--backend libfabric needs `--features libfabric`".into()),
+        "cuda_ipc" => {
+            agent.create_backend(CudaIpcParams::default())?;
+        }
+        _ => {
+            agent.create_backend(UcxParams {
+                transports: o.tls.clone(),
+                ..UcxParams::default()
+            })?;
+        }
+    }
     let len = o.layers * o.blocks * o.block_bytes;
-    let pool = Arc::new(HostBuffer::new(len).ok_or("cannot allocate the KV pool")?);
-    let reg = agent.register_mem(vec![pool.clone()], &[])?;
+    let (pool, reg) = if o.cuda {
+        let b = Arc::new(DeviceBuffer::new(0, len)?);
+        let reg = agent.register_mem(vec![b.clone()], &[])?;
+        (Pool::Cuda(b), reg)
+    } else {
+        let b = Arc::new(HostBuffer::new(len).ok_or("cannot allocate the KV pool")?);
+        let reg = agent.register_mem(vec![b.clone()], &[])?;
+        (Pool::Host(b), reg)
+    };
     Ok(Node {
         agent,
         pool,
@@ -182,7 +276,7 @@ fn node(name: &str, o: &Opts) -> Res<Node> {
 
 fn dlist(o: &Opts, base: u64) -> XferDescList {
     XferDescList::blocks(
-        MemKind::Dram,
+        if o.cuda { MemKind::Vram } else { MemKind::Dram },
         base,
         o.block_bytes as u64,
         o.layers * o.blocks,
@@ -228,14 +322,15 @@ impl Stats {
     }
 }
 
-fn fill_request(o: &Opts, n: &Node, req: usize, src: &[usize]) {
+fn fill_request(o: &Opts, n: &Node, req: usize, src: &[usize]) -> Res<()> {
     let mut tmp = vec![0u8; o.block_bytes];
     for l in 0..o.layers {
         for (k, &b) in src.iter().enumerate() {
             kv_bytes(req, l, k, &mut tmp);
-            n.pool.write_at((l * o.blocks + b) * o.block_bytes, &tmp);
+            n.pool.write_at((l * o.blocks + b) * o.block_bytes, &tmp)?;
         }
     }
+    Ok(())
 }
 
 fn verify_request(o: &Opts, n: &Node, req: usize, dst: &[usize]) -> Res<()> {
@@ -243,7 +338,8 @@ fn verify_request(o: &Opts, n: &Node, req: usize, dst: &[usize]) -> Res<()> {
     for l in 0..o.layers {
         for (k, &b) in dst.iter().enumerate() {
             kv_bytes(req, l, k, &mut want);
-            n.pool.read_at((l * o.blocks + b) * o.block_bytes, &mut got);
+            n.pool
+                .read_at((l * o.blocks + b) * o.block_bytes, &mut got)?;
             if want != got {
                 let at = want.iter().zip(&got).position(|(a, b)| a != b).unwrap_or(0);
                 return Err(
@@ -297,7 +393,8 @@ fn prefill_run(o: &Opts, n: &Node) -> Res<()> {
         .and_then(|s| s.parse().ok())
         .ok_or("bad ready message")?;
     println!(
-        "prefill: connected to decode: {:?}",
+        "prefill: {} KV pool, connected to decode: {:?}",
+        n.pool.kind(),
         a.path_report("decode")
     );
     let per_req = o.layers * o.per_request * o.block_bytes;
@@ -313,7 +410,7 @@ fn prefill_run(o: &Opts, n: &Node) -> Res<()> {
     };
     for req in 0..o.requests {
         let (src, dst) = tables(o, req);
-        fill_request(o, n, req, &src);
+        fill_request(o, n, req, &src)?;
         let started = Instant::now();
         let tag = format!("req:{req}");
         if let (Some(local), Some(remote)) = (&local, &remote) {
@@ -328,6 +425,9 @@ fn prefill_run(o: &Opts, n: &Node) -> Res<()> {
             a.post_xfer_req(&x)?;
             x.wait(o.timeout)?;
             xfer.0.push(started.elapsed());
+            if req == 0 {
+                println!("prefill: request path: {}", x.path());
+            }
         } else {
             a.gen_notif("decode", tag.as_bytes(), &[])?;
         }
@@ -400,6 +500,9 @@ fn decode(o: &Opts, peer: SocketAddr) -> Res<()> {
             a.post_xfer_req(&x)?;
             x.wait(o.timeout)?;
             xfer.0.push(started.elapsed());
+            if req == 0 {
+                println!("decode: request path: {}", x.path());
+            }
         }
         let verdict = verify_request(o, &n, req, &dst);
         let reply = match &verdict {

@@ -10,7 +10,7 @@ source .deps/env.sh
 cargo test --workspace --all-features --no-fail-fast "$@"
 for op in write read; do
   echo "== main job: disagg_kv --op $op"
-  cargo run --quiet --features libfabric --example disagg_kv -- --op "$op" --requests 8 --layers 4 --blocks 64 --block-bytes 65536
+  cargo run --quiet --all-features --example disagg_kv -- --op "$op" --requests 8 --layers 4 --blocks 64 --block-bytes 65536
 done
 echo "== main job over libfabric (shm)"
-cargo run --quiet --features libfabric --example disagg_kv -- --op write --requests 4 --layers 4 --blocks 64 --block-bytes 65536 --backend libfabric --provider shm
+cargo run --quiet --all-features --example disagg_kv -- --op write --requests 4 --layers 4 --blocks 64 --block-bytes 65536 --backend libfabric --provider shm

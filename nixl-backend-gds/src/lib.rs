@@ -43,13 +43,15 @@
 #![warn(missing_docs)]
 
 #[cfg(feature = "gds")]
-pub mod gds;
+mod gds;
 #[cfg(feature = "posix")]
 mod posix;
 mod region;
 #[cfg(feature = "s3")]
 mod s3;
 
+#[cfg(feature = "gds")]
+pub use gds::{probe as gds_probe, GdsBackend, GdsParams, GdsPlugin, GDS};
 #[cfg(feature = "posix")]
 pub use posix::{Engine, PosixBackend, PosixParams, PosixPlugin, POSIX};
 pub use region::{FileRegion, ObjectRegion, OpenFlags};

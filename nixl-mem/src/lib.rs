@@ -53,7 +53,9 @@ mod wire;
 pub use cuda::device::DeviceBuffer;
 pub use cuda::ipc::{DmaBuf, IpcHandle, IpcMapping};
 pub use cuda::{device_count as cuda_device_count, is_available as cuda_is_available, CudaError};
-pub use cuda_ipc::{CudaIpcBackend, CudaIpcParams, CudaIpcPlugin, CUDA_IPC};
+pub use cuda_ipc::{
+    CudaIpcBackend, CudaIpcParams, CudaIpcPlugin, KernelSchedule, KernelShape, CUDA_IPC,
+};
 pub use host::{CudaHostBuffer, HostMemory, MmapBuffer, Pages, Pinned, HUGE_PAGE_2M};
 pub use nixl_core::HostBuffer;
 pub use shared::{SharedHostBuffer, SharedHostHandle, SharedHostMapping};

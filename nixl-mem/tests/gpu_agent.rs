@@ -14,18 +14,21 @@ use nixl_core::{
     Agent, AgentConfig, Desc, MemKind, MemoryRegion, RawRegion, RegionDesc, XferDescList, XferOp,
     XferOptions, XferTarget,
 };
-use nixl_mem::{CudaIpcParams, DeviceBuffer, HostBuffer, HostMemory, SharedHostBuffer, CUDA_IPC};
+use nixl_mem::{
+    CudaIpcParams, DeviceBuffer, HostBuffer, HostMemory, KernelShape, SharedHostBuffer, CUDA_IPC,
+};
 
 const MIB: usize = 1 << 20;
 const BLOCK: u64 = 64 << 10;
 const WAIT: Duration = Duration::from_secs(30);
 
 fn agent(name: &str) -> Agent {
+    agent_with(name, CudaIpcParams::default())
+}
+
+fn agent_with(name: &str, params: CudaIpcParams) -> Agent {
     let a = Agent::new(name, AgentConfig::default()).unwrap();
-    assert_eq!(
-        a.create_backend(CudaIpcParams::default()).unwrap(),
-        CUDA_IPC
-    );
+    assert_eq!(a.create_backend(params).unwrap(), CUDA_IPC);
     a
 }
 
@@ -356,7 +359,18 @@ struct Pair {
 }
 
 fn vram_pair(tag: &str, len: usize) -> Pair {
-    let a = agent(&format!("{tag}-a"));
+    vram_pair_with(tag, len, KernelShape::default())
+}
+
+/// As [`vram_pair`], the initiator's copy kernel of `shape`.
+fn vram_pair_with(tag: &str, len: usize, shape: KernelShape) -> Pair {
+    let a = agent_with(
+        &format!("{tag}-a"),
+        CudaIpcParams {
+            kernel_shape: shape,
+            ..Default::default()
+        },
+    );
     let b = agent(&format!("{tag}-b"));
     let src = Arc::new(DeviceBuffer::new(0, len).unwrap());
     let dst = Arc::new(DeviceBuffer::new(0, len).unwrap());
@@ -465,37 +479,38 @@ fn gpu_agent_notification_without_initiator_polling() {
     eprintln!("cancel right after post: {n} notification(s)");
 }
 
-/// The copy kernel on scattered blocks of odd sizes and alignments, WRITE and READ, in one
-/// process: every byte lands, nothing between the blocks is touched; a request whose ends are
-/// not co-aligned stays on the copy engines and says why.
-#[test]
-fn gpu_agent_copy_kernel_scatter_gather() {
-    if !gpu("gpu_agent_copy_kernel_scatter_gather") {
-        return;
-    }
-    let len = 8 * MIB;
+/// (src offset, dst offset, len) in two 8 MiB buffers: co-aligned modulo 16, scattered, in no
+/// particular order, no destination overlapping another segment's destination or source.
+/// (The first version had the first segment's destination at 3 MiB, which the fifth's ran 5
+/// bytes into: the H200 left the first's bytes there, CTAs running in any order; such
+/// requests now go to in-order copies, tested below.)
+const SCATTERED: [(u64, u64, u64); 7] = [
+    (0, 3 * MIB as u64 + 32, MIB as u64),
+    (MIB as u64 + 3, 19, 1),
+    (MIB as u64 + 64, 4096, 4095),
+    (2 * MIB as u64 + 13, 7 * MIB as u64 + 29, 300_001),
+    (3 * MIB as u64, MIB as u64, 2 * MIB as u64 + 5),
+    (6 * MIB as u64 + 1, 5 * MIB as u64 + 17, 33),
+    (7 * MIB as u64, 6 * MIB as u64, 16),
+];
+
+/// WRITEs `segs` from `src` to zeroed `dst`, then READs them back into zeroed `src`; checks
+/// every byte of both buffers against copying the segments in order. Returns both paths.
+fn scatter_round(pair: &Pair, segs: &[(u64, u64, u64)], seed: u64) -> (String, String) {
     let Pair {
         a, src, dst, peer, ..
-    } = &vram_pair("kernel", len);
-    // (src offset, dst offset, len): co-aligned modulo 16, scattered, in no particular order.
-    let segs: Vec<(u64, u64, u64)> = vec![
-        (0, 3 * MIB as u64, MIB as u64),
-        (MIB as u64 + 3, 19, 1),
-        (MIB as u64 + 64, 4096, 4095),
-        (2 * MIB as u64 + 13, 7 * MIB as u64 + 29, 300_001),
-        (3 * MIB as u64, MIB as u64, 2 * MIB as u64 + 5),
-        (6 * MIB as u64 + 1, 5 * MIB as u64 + 17, 33),
-        (7 * MIB as u64, 6 * MIB as u64, 16),
-    ];
-    let p = pattern(77, len);
+    } = pair;
+    let len = src.len() as usize;
+    let p = pattern(seed, len);
     src.copy_from_host(0, &p).unwrap();
+    dst.fill(0).unwrap();
     let list = |base: u64, pick: fn(&(u64, u64, u64)) -> u64| {
         XferDescList::from_descs(
             MemKind::Vram,
             segs.iter().map(|s| Desc::on_device(base + pick(s), s.2, 0)),
         )
     };
-    let path = xfer(
+    let write = xfer(
         a,
         XferOp::Write,
         list(src.addr(), |s| s.0),
@@ -504,15 +519,14 @@ fn gpu_agent_copy_kernel_scatter_gather() {
         None,
         true,
     );
-    assert!(path.contains("copy kernel x7 segments"), "{path}");
     let mut want = vec![0u8; len];
-    for &(s, d, l) in &segs {
+    for &(s, d, l) in segs {
         want[d as usize..(d + l) as usize].copy_from_slice(&p[s as usize..(s + l) as usize]);
     }
-    assert_eq!(first_diff(&dst.to_vec().unwrap(), &want), None, "WRITE");
+    assert_eq!(first_diff(&dst.to_vec().unwrap(), &want), None, "WRITE {write}");
     // READ back into zeroed source blocks.
     src.fill(0).unwrap();
-    let path = xfer(
+    let read = xfer(
         a,
         XferOp::Read,
         list(src.addr(), |s| s.0),
@@ -521,12 +535,49 @@ fn gpu_agent_copy_kernel_scatter_gather() {
         None,
         true,
     );
-    assert!(path.contains("copy kernel"), "{path}");
     let mut want_src = vec![0u8; len];
-    for &(s, _, l) in &segs {
-        want_src[s as usize..(s + l) as usize].copy_from_slice(&p[s as usize..(s + l) as usize]);
+    for &(s, d, l) in segs {
+        want_src[s as usize..(s + l) as usize]
+            .copy_from_slice(&want[d as usize..(d + l) as usize]);
     }
-    assert_eq!(first_diff(&src.to_vec().unwrap(), &want_src), None, "READ");
+    assert_eq!(
+        first_diff(&src.to_vec().unwrap(), &want_src),
+        None,
+        "READ {read}"
+    );
+    (write, read)
+}
+
+/// The copy kernel on scattered blocks of odd sizes and alignments, WRITE and READ, in one
+/// process, with the default shape and every shape `gpu_bench --sweep` measures: every byte
+/// lands, nothing between the blocks is touched. A request whose destinations overlap runs as
+/// in-order copies (later segments win) and says why; a request whose ends are not
+/// co-aligned stays on the copy engines and says why.
+#[test]
+fn gpu_agent_copy_kernel_scatter_gather() {
+    if !gpu("gpu_agent_copy_kernel_scatter_gather") {
+        return;
+    }
+    let len = 8 * MIB;
+    for (i, (name, shape)) in KernelShape::sweep().into_iter().enumerate() {
+        let pair = vram_pair_with(&format!("kernel{i}"), len, shape);
+        let (w, r) = scatter_round(&pair, &SCATTERED, 77 + i as u64);
+        assert!(w.contains("copy kernel x7 segments"), "{name}: {w}");
+        assert!(r.contains("copy kernel x7 segments"), "{name}: {r}");
+    }
+    let pair = vram_pair("kernel", len);
+    let Pair {
+        a, src, dst, peer, ..
+    } = &pair;
+    // The first version of the request: destinations 0 and 4 overlap by 5 bytes.
+    let mut overlapping = SCATTERED;
+    overlapping[0].1 = 3 * MIB as u64;
+    let (w, r) = scatter_round(&pair, &overlapping, 99);
+    assert!(w.contains("cuMemcpyAsync x7"), "{w}");
+    assert!(w.contains("(in order: segments 0 and 4 overlap)"), "{w}");
+    // Reading overlapping sources into disjoint destinations is no conflict.
+    assert!(r.contains("copy kernel x7 segments"), "{r}");
+    let p = pattern(77, len);
     // Not co-aligned: copy engines, with the reason in the path; bytes still right.
     let odd = XferDescList::from_descs(
         MemKind::Vram,

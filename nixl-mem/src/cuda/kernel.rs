@@ -1,21 +1,27 @@
 //! A scatter-gather copy kernel: one launch copies every segment of a request, where
 //! `cuMemcpyBatchAsync` issues one copy per segment.
 //!
-//! The kernel is hand-written PTX ([`PTX`], ISA 7.0 for `sm_70`, so the driver JIT-compiles it
-//! for the GPU at hand; no CUDA toolkit is needed to build). It takes a device array of
-//! descriptors `(src u64, dst u64, len u64)` and their count. Each CTA grid-strides over the
-//! descriptors; in a descriptor whose source and destination share their alignment modulo 16,
-//! threads `0..15` copy the head bytes up to the first 16-byte boundary, all threads copy the
-//! body with 16-byte vector loads and stores (four in flight per thread), and threads `0..15`
-//! copy the tail; other descriptors are copied byte by byte (correct but slow: the backend
-//! routes such requests to the copy engines instead).
+//! The kernel is hand-written PTX (ISA 7.0 for `sm_70`, so the driver JIT-compiles it for the
+//! GPU at hand; no CUDA toolkit is needed to build), generated from a [`KernelShape`] by
+//! [`ptx`]. It takes a device array of descriptors `(src u64, dst u64, len u64)` and their
+//! count. Each CTA grid-strides over the descriptors; in a descriptor whose source and
+//! destination share their alignment modulo 16, threads `0..15` copy the head bytes up to the
+//! first 16-byte boundary, all threads copy the body with 16-byte vector loads and stores
+//! (`unroll` loads in flight per thread, then their stores), and threads `0..15` copy the
+//! tail; other descriptors are copied byte by byte (correct but slow: the backend routes such
+//! requests to the copy engines instead). A zero-length descriptor touches no memory (the
+//! balanced schedule pads with them).
 //!
-//! [`pack`] cuts the segments into descriptors of at most [`CHUNK`] bytes so the work spreads
-//! evenly over the CTAs; cuts fall on multiples of 16 bytes from a segment's start, which keeps
-//! each piece's relative alignment. The grid is the number of CTAs that fit on the GPU at once
-//! (`cuOccupancyMaxActiveBlocksPerMultiprocessor` x SMs), so the grid-stride split is even.
+//! [`plan`] cuts the segments into descriptors of at most `chunk` bytes and picks the grid
+//! ([`KernelSchedule`]); cuts fall on multiples of 16 bytes from a segment's start, which keeps each
+//! piece's relative alignment. CTAs share no data, and no two descriptors may conflict (one's
+//! destination overlapping another's source or destination): the GPU runs CTAs in any order,
+//! so such bytes would be whatever the last writer left. [`conflict`] finds such requests on
+//! the host; the backend copies them with in-order `cuMemcpyAsync` calls instead.
 
 use std::ffi::CStr;
+use std::fmt;
+use std::str::FromStr;
 use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
@@ -23,22 +29,279 @@ use cudarc::driver::CudaContext;
 use super::stream::Stream;
 use super::{bind, check, sys, CudaError};
 
-/// Threads per CTA (the PTX declares `.maxntid 256`). At least 16: threads `0..15` copy heads
-/// and tails.
-pub(crate) const THREADS: u32 = 256;
-/// The largest descriptor [`pack`] makes.
-pub(crate) const CHUNK: u64 = 128 << 10;
 /// Bytes per descriptor in the device array.
 pub(crate) const DESC_BYTES: usize = 24;
-/// At most this many CTAs per SM, whatever the occupancy calculator allows.
-const MAX_CTAS_PER_SM: i32 = 8;
+/// The largest `gridDim.x`.
+const MAX_GRID: u64 = (1 << 31) - 1;
 
 const NAME: &CStr = c"nixl_copy_segments";
 
-/// The kernel's PTX, NUL-terminated for `cuModuleLoadDataEx`.
-pub(crate) const PTX: &str = concat!(
-    r#"//
+/// How the copy kernel's descriptors are assigned to CTAs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KernelSchedule {
+    /// As many CTAs as fit on the GPU at once; CTA `i` copies descriptors `i`, `i + grid`, ...
+    /// (the last round of descriptors may leave some CTAs idle).
+    Persistent,
+    /// As `Persistent`, but the request's bytes are first split into one equal share per CTA
+    /// (each share cut into descriptors of at most `chunk` bytes, padded with empty ones), so
+    /// every CTA copies the same number of bytes.
+    Balanced,
+    /// One CTA per descriptor; the hardware starts CTAs as others finish.
+    PerChunk,
+}
+
+impl KernelSchedule {
+    fn name(self) -> &'static str {
+        match self {
+            KernelSchedule::Persistent => "persistent",
+            KernelSchedule::Balanced => "balanced",
+            KernelSchedule::PerChunk => "per-chunk",
+        }
+    }
+}
+
+/// The copy kernel's shape: how requests are cut, how many CTAs of how many threads copy them,
+/// and how each thread issues its loads and stores. The default is the shape measured first
+/// (docs/perf/gpu.md, run 2). Written and parsed as
+/// `chunk=128k,ctas=8,threads=256,unroll=4,store=cs,schedule=persistent` (any subset of the
+/// keys, the rest default; sizes in bytes or with `k`/`m`; `store` is `cs` or `wb`;
+/// `schedule` is `persistent`, `balanced` or `per-chunk`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KernelShape {
+    /// The largest descriptor in bytes: a multiple of 16, from 4 KiB to 1 GiB.
+    pub chunk: u64,
+    /// At most this many CTAs per SM (1 to 32); fewer where the GPU's occupancy calculator
+    /// allows fewer (registers, threads).
+    pub ctas_per_sm: u32,
+    /// Threads per CTA: a multiple of 32, from 32 to 1024.
+    pub threads: u32,
+    /// 16-byte loads each thread has in flight before it stores them: 1 to 8.
+    pub unroll: u32,
+    /// Store with the streaming hint (`st.global.cs`, evict first) rather than the default
+    /// write-back (`st.global`, i.e. `.wb`).
+    pub streaming_stores: bool,
+    /// How descriptors are assigned to CTAs.
+    pub schedule: KernelSchedule,
+}
+
+impl Default for KernelShape {
+    fn default() -> Self {
+        KernelShape {
+            chunk: 128 << 10,
+            ctas_per_sm: 8,
+            threads: 256,
+            unroll: 4,
+            streaming_stores: true,
+            schedule: KernelSchedule::Persistent,
+        }
+    }
+}
+
+fn size_text(n: u64) -> String {
+    if n >= 1 << 20 && n % (1 << 20) == 0 {
+        format!("{}m", n >> 20)
+    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+        format!("{}k", n >> 10)
+    } else {
+        n.to_string()
+    }
+}
+
+fn parse_size(v: &str) -> Option<u64> {
+    let v = v.trim().to_ascii_lowercase();
+    let (num, shift) = match v.as_bytes().last() {
+        Some(b'k') => (&v[..v.len() - 1], 10),
+        Some(b'm') => (&v[..v.len() - 1], 20),
+        _ => (&v[..], 0),
+    };
+    num.parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
+impl fmt::Display for KernelShape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "chunk={},ctas={},threads={},unroll={},store={},schedule={}",
+            size_text(self.chunk),
+            self.ctas_per_sm,
+            self.threads,
+            self.unroll,
+            if self.streaming_stores { "cs" } else { "wb" },
+            self.schedule.name()
+        )
+    }
+}
+
+impl FromStr for KernelShape {
+    type Err = String;
+
+    /// Parses the [`Display`](fmt::Display) form (any subset of its keys) and validates it.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut k = KernelShape::default();
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (key, v) = item
+                .split_once('=')
+                .ok_or_else(|| format!("copy kernel shape item {item:?} is not key=value"))?;
+            let bad = || format!("copy kernel shape: {key}={v:?} is not valid");
+            let num = |v: &str| v.trim().parse::<u32>().map_err(|_| bad());
+            match key.trim() {
+                "chunk" => k.chunk = parse_size(v).ok_or_else(bad)?,
+                "ctas" => k.ctas_per_sm = num(v)?,
+                "threads" => k.threads = num(v)?,
+                "unroll" => k.unroll = num(v)?,
+                "store" => {
+                    k.streaming_stores = match v.trim() {
+                        "cs" => true,
+                        "wb" => false,
+                        _ => return Err(bad()),
+                    }
+                }
+                "schedule" => {
+                    k.schedule = match v.trim() {
+                        "persistent" => KernelSchedule::Persistent,
+                        "balanced" => KernelSchedule::Balanced,
+                        "per-chunk" => KernelSchedule::PerChunk,
+                        _ => return Err(bad()),
+                    }
+                }
+                other => return Err(format!("copy kernel shape has no key {other:?}")),
+            }
+        }
+        k.validate()?;
+        Ok(k)
+    }
+}
+
+impl KernelShape {
+    /// Whether every field is in range; the error names the first that is not.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.chunk % 16 != 0 || !(4 << 10..=1 << 30).contains(&self.chunk) {
+            return Err(format!(
+                "copy kernel chunk {} is not a multiple of 16 from 4 KiB to 1 GiB",
+                self.chunk
+            ));
+        }
+        if !(1..=32).contains(&self.ctas_per_sm) {
+            return Err(format!(
+                "copy kernel CTAs per SM {} is not 1 to 32",
+                self.ctas_per_sm
+            ));
+        }
+        if self.threads % 32 != 0 || !(32..=1024).contains(&self.threads) {
+            return Err(format!(
+                "copy kernel threads {} is not a multiple of 32 from 32 to 1024",
+                self.threads
+            ));
+        }
+        if !(1..=8).contains(&self.unroll) {
+            return Err(format!("copy kernel unroll {} is not 1 to 8", self.unroll));
+        }
+        Ok(())
+    }
+
+    /// The shapes `gpu_bench --sweep` measures, with a short name each: the default first
+    /// (the measured baseline), then one change at a time from it or from the previous row
+    /// (docs/perf/gpu.md says why each).
+    pub fn sweep() -> Vec<(&'static str, KernelShape)> {
+        let d = KernelShape::default();
+        let b = KernelShape {
+            schedule: KernelSchedule::Balanced,
+            ..d
+        };
+        let kib = |n: u64| n << 10;
+        vec![
+            ("base", d),
+            ("balanced", b),
+            (
+                "balanced-wb",
+                KernelShape {
+                    streaming_stores: false,
+                    ..b
+                },
+            ),
+            ("balanced-u8", KernelShape { unroll: 8, ..b }),
+            (
+                "per-chunk",
+                KernelShape {
+                    schedule: KernelSchedule::PerChunk,
+                    ..d
+                },
+            ),
+            (
+                "per-chunk-64k-u8",
+                KernelShape {
+                    chunk: kib(64),
+                    unroll: 8,
+                    schedule: KernelSchedule::PerChunk,
+                    ..d
+                },
+            ),
+            (
+                "bal-256k-4x512",
+                KernelShape {
+                    chunk: kib(256),
+                    ctas_per_sm: 4,
+                    threads: 512,
+                    ..b
+                },
+            ),
+            (
+                "bal-256k-4x512-u8",
+                KernelShape {
+                    chunk: kib(256),
+                    ctas_per_sm: 4,
+                    threads: 512,
+                    unroll: 8,
+                    ..b
+                },
+            ),
+            (
+                "bal-512k-2x1024",
+                KernelShape {
+                    chunk: kib(512),
+                    ctas_per_sm: 2,
+                    threads: 1024,
+                    ..b
+                },
+            ),
+            (
+                "bal-512k-2x1024-u8",
+                KernelShape {
+                    chunk: kib(512),
+                    ctas_per_sm: 2,
+                    threads: 1024,
+                    unroll: 8,
+                    ..b
+                },
+            ),
+            (
+                "bal-1m-2x512-u8",
+                KernelShape {
+                    chunk: kib(1024),
+                    ctas_per_sm: 2,
+                    threads: 512,
+                    unroll: 8,
+                    ..b
+                },
+            ),
+            (
+                "pers-512k-2x1024-u8",
+                KernelShape {
+                    chunk: kib(512),
+                    ctas_per_sm: 2,
+                    threads: 1024,
+                    unroll: 8,
+                    schedule: KernelSchedule::Persistent,
+                    ..d
+                },
+            ),
+        ]
+    }
+}
+
+const TEMPLATE: &str = r#"//
 // nixl-rs scatter-gather copy: nixl_copy_segments(descs: *(src u64, dst u64, len u64), count u64)
+// shape: @SHAPE@
 //
 .version 7.0
 .target sm_70
@@ -48,12 +311,15 @@ pub(crate) const PTX: &str = concat!(
 	.param .u64 nixl_descs,
 	.param .u64 nixl_count
 )
-.maxntid 256, 1, 1
+.maxntid @THREADS@, 1, 1
 {
 	.reg .pred 	%p<8>;
 	.reg .b16 	%h<2>;
-	.reg .b32 	%r<24>;
-	.reg .b64 	%rd<40>;
+	.reg .b32 	%r<5>;
+	.reg .b32 	%v<@VREGS@>;
+	.reg .b64 	%rd<36>;
+	.reg .b64 	%la<@UNROLL@>;
+	.reg .b64 	%sa<@UNROLL@>;
 
 	ld.param.u64 	%rd1, [nixl_descs];
 	ld.param.u64 	%rd2, [nixl_count];
@@ -66,10 +332,12 @@ pub(crate) const PTX: &str = concat!(
 	cvt.u64.u32 	%rd4, %r2;
 	cvt.u64.u32 	%rd5, %r3;
 	cvt.u64.u32 	%rd6, %r4;
+	// rd7 = tid*16; rd8 = ntid*16 (a round's stride between one thread's vectors);
+	// rd9 = a round's bytes; rd10 = the offset of a round's last vector.
 	shl.b64 	%rd7, %rd5, 4;
 	shl.b64 	%rd8, %rd6, 4;
-	shl.b64 	%rd9, %rd6, 6;
-	mul.lo.u64 	%rd10, %rd8, 3;
+	mul.lo.u64 	%rd9, %rd8, @UNROLL@;
+	mul.lo.u64 	%rd10, %rd8, @UNROLL_1@;
 
 $L_item:
 	// rd3 = descriptor index (ctaid, then += nctaid); stop at count.
@@ -102,40 +370,25 @@ $L_body:
 	and.b64 	%rd20, %rd19, -16;
 	add.u64 	%rd21, %rd12, %rd16;
 	add.u64 	%rd22, %rd13, %rd16;
-	// rd23 = this thread's offset: tid*16, then += 4*ntid*16 per round of four vectors.
+	// rd23 = this thread's offset: tid*16, then += a round's bytes per round.
 	mov.u64 	%rd23, %rd7;
 
-$L_vec4:
+$L_round:
+	// A whole round fits when its last vector does.
 	add.u64 	%rd24, %rd23, %rd10;
 	setp.ge.u64 	%p4, %rd24, %rd20;
 	@%p4 bra 	$L_vec1;
-	add.u64 	%rd25, %rd21, %rd23;
-	add.u64 	%rd26, %rd25, %rd8;
-	add.u64 	%rd27, %rd26, %rd8;
-	add.u64 	%rd28, %rd27, %rd8;
-	ld.global.nc.v4.u32 	{%r5, %r6, %r7, %r8}, [%rd25];
-	ld.global.nc.v4.u32 	{%r9, %r10, %r11, %r12}, [%rd26];
-	ld.global.nc.v4.u32 	{%r13, %r14, %r15, %r16}, [%rd27];
-	ld.global.nc.v4.u32 	{%r17, %r18, %r19, %r20}, [%rd28];
-	add.u64 	%rd29, %rd22, %rd23;
-	add.u64 	%rd30, %rd29, %rd8;
-	add.u64 	%rd31, %rd30, %rd8;
-	add.u64 	%rd32, %rd31, %rd8;
-	st.global.cs.v4.u32 	[%rd29], {%r5, %r6, %r7, %r8};
-	st.global.cs.v4.u32 	[%rd30], {%r9, %r10, %r11, %r12};
-	st.global.cs.v4.u32 	[%rd31], {%r13, %r14, %r15, %r16};
-	st.global.cs.v4.u32 	[%rd32], {%r17, %r18, %r19, %r20};
-	add.u64 	%rd23, %rd23, %rd9;
-	bra 	$L_vec4;
+@ROUND@	add.u64 	%rd23, %rd23, %rd9;
+	bra 	$L_round;
 
 $L_vec1:
 	// The remaining vectors of this thread, one at a time.
 	setp.ge.u64 	%p5, %rd23, %rd20;
 	@%p5 bra 	$L_tail;
-	add.u64 	%rd25, %rd21, %rd23;
-	add.u64 	%rd29, %rd22, %rd23;
-	ld.global.nc.v4.u32 	{%r5, %r6, %r7, %r8}, [%rd25];
-	st.global.cs.v4.u32 	[%rd29], {%r5, %r6, %r7, %r8};
+	add.u64 	%la0, %rd21, %rd23;
+	add.u64 	%sa0, %rd22, %rd23;
+	ld.global.nc.v4.u32 	{%v0, %v1, %v2, %v3}, [%la0];
+	@STORE@ 	[%sa0], {%v0, %v1, %v2, %v3};
 	add.u64 	%rd23, %rd23, %rd8;
 	bra 	$L_vec1;
 
@@ -172,9 +425,60 @@ $L_next:
 $L_done:
 	ret;
 }
-"#,
-    "\0"
-);
+"#;
+
+/// The kernel's PTX for `shape`, NUL-terminated for `cuModuleLoadDataEx`. The thread count
+/// only bounds the launch (`.maxntid`): the code reads `%ntid.x`.
+pub(crate) fn ptx(shape: &KernelShape) -> String {
+    let u = shape.unroll.max(1);
+    let store = if shape.streaming_stores {
+        "st.global.cs.v4.u32"
+    } else {
+        "st.global.v4.u32"
+    };
+    let v = |k: u32| {
+        format!(
+            "{{%v{}, %v{}, %v{}, %v{}}}",
+            4 * k,
+            4 * k + 1,
+            4 * k + 2,
+            4 * k + 3
+        )
+    };
+    // One round: `u` vectors at tid*16 + k*ntid*16 from the round's start, all loaded, then
+    // all stored.
+    let mut round = String::new();
+    for k in 0..u {
+        round += &if k == 0 {
+            "\tadd.u64 \t%la0, %rd21, %rd23;\n".to_owned()
+        } else {
+            format!("\tadd.u64 \t%la{k}, %la{}, %rd8;\n", k - 1)
+        };
+    }
+    for k in 0..u {
+        round += &format!("\tld.global.nc.v4.u32 \t{}, [%la{k}];\n", v(k));
+    }
+    for k in 0..u {
+        round += &if k == 0 {
+            "\tadd.u64 \t%sa0, %rd22, %rd23;\n".to_owned()
+        } else {
+            format!("\tadd.u64 \t%sa{k}, %sa{}, %rd8;\n", k - 1)
+        };
+    }
+    for k in 0..u {
+        round += &format!("\t{store} \t[%sa{k}], {};\n", v(k));
+    }
+    let mut s = TEMPLATE
+        .replace("@SHAPE@", &shape.to_string())
+        .replace("@THREADS@", &shape.threads.to_string())
+        .replace("@VREGS@", &(4 * u).to_string())
+        .replace("@UNROLL_1@", &(u - 1).to_string())
+        .replace("@UNROLL@", &u.to_string())
+        .replace("@ROUND@", &round)
+        .replace("@STORE@", store);
+    s.push('\0');
+    s
+}
 
 /// One copy: `len` bytes from `src` to `dst`, both addresses the kernel can dereference.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -188,6 +492,48 @@ pub(crate) struct Segment {
 /// segments are copied byte by byte).
 pub(crate) fn co_aligned(a: u64, b: u64) -> bool {
     (a ^ b) & 15 == 0
+}
+
+/// The first pair of copies `(dst, src, len)` (indices, in ascending order) that depend on
+/// each other: a destination overlapping another copy's destination or source, or its own
+/// source. Such copies must run one after another, in order (the kernel's CTAs and
+/// `cuMemcpyBatchAsync`'s copies run in any order). Empty copies conflict with nothing.
+/// `O(n log n)`.
+pub(crate) fn conflict(copies: &[(u64, u64, u64)]) -> Option<(usize, usize)> {
+    // (start, end, is_dst, copy index) for every non-empty range, by start.
+    let mut ranges: Vec<(u64, u64, bool, usize)> = Vec::with_capacity(copies.len() * 2);
+    for (i, &(dst, src, len)) in copies.iter().enumerate() {
+        if len > 0 {
+            ranges.push((dst, dst.saturating_add(len), true, i));
+            ranges.push((src, src.saturating_add(len), false, i));
+        }
+    }
+    ranges.sort_unstable();
+    // The furthest-reaching range seen so far, and the furthest-reaching destination: a range
+    // starting before either's end overlaps it.
+    let mut any: Option<(u64, usize)> = None;
+    let mut dst: Option<(u64, usize)> = None;
+    let pair = |a: usize, b: usize| Some((a.min(b), a.max(b)));
+    for &(start, end, is_dst, i) in &ranges {
+        if is_dst {
+            if let Some((e, j)) = any {
+                if start < e {
+                    return pair(i, j);
+                }
+            }
+        } else if let Some((e, j)) = dst {
+            if start < e {
+                return pair(i, j);
+            }
+        }
+        if any.is_none_or(|(e, _)| end > e) {
+            any = Some((end, i));
+        }
+        if is_dst && dst.is_none_or(|(e, _)| end > e) {
+            dst = Some((end, i));
+        }
+    }
+    None
 }
 
 /// Cuts segments into descriptors of at most `chunk` bytes (`chunk` is rounded down to a
@@ -210,6 +556,98 @@ pub(crate) fn pack(segments: &[Segment], chunk: u64) -> Vec<Segment> {
     out
 }
 
+/// The balanced schedule's descriptors for `grid` CTAs: the segments' bytes, taken in order,
+/// are cut into `grid` shares of equal size (give or take 16 bytes: cuts fall on multiples of
+/// 16 from a segment's start), each share into pieces of at most `chunk` bytes; descriptor
+/// `j * grid + i` is share `i`'s piece `j`, or an empty descriptor where share `i` has fewer
+/// pieces. `None` where the padding would exceed a quarter of the pieces (a few shares
+/// holding most of the segments, as when tiny segments follow a huge one).
+fn balanced(segments: &[Segment], chunk: u64, grid: u64) -> Option<Vec<Segment>> {
+    let chunk = (chunk & !15).max(16);
+    let total = segments
+        .iter()
+        .try_fold(0u64, |a, s| a.checked_add(s.len))?;
+    let grid = grid.max(1);
+    // Share `c` ends at this offset of the concatenated segments (absolute, so the cuts'
+    // rounding to 16 bytes does not accumulate).
+    let bound = |c: usize| {
+        u64::try_from((c as u128 + 1) * u128::from(total) / u128::from(grid)).unwrap_or(u64::MAX)
+    };
+    let mut shares: Vec<Vec<Segment>> = vec![Vec::new(); usize::try_from(grid).ok()?];
+    let last = shares.len() - 1;
+    let (mut cta, mut pos) = (0usize, 0u64);
+    let mut pieces = 0usize;
+    for s in segments {
+        let mut off = 0;
+        while off < s.len {
+            while cta < last && pos >= bound(cta) {
+                cta += 1;
+            }
+            let room = if cta == last {
+                u64::MAX
+            } else {
+                bound(cta) - pos
+            };
+            let mut take = (s.len - off).min(chunk).min(room);
+            if take < s.len - off {
+                // Cut at a multiple of 16 from the segment's start (`off` is one already).
+                take = take.next_multiple_of(16).min(s.len - off);
+            }
+            shares[cta].push(Segment {
+                src: s.src + off,
+                dst: s.dst + off,
+                len: take,
+            });
+            pieces += 1;
+            off += take;
+            pos += take;
+        }
+    }
+    let rounds = shares.iter().map(Vec::len).max().unwrap_or(0);
+    let slots = rounds.checked_mul(shares.len())?;
+    if slots > pieces + pieces / 4 + shares.len() {
+        return None;
+    }
+    let empty = Segment {
+        src: 0,
+        dst: 0,
+        len: 0,
+    };
+    let mut out = Vec::with_capacity(slots);
+    for j in 0..rounds {
+        out.extend(shares.iter().map(|s| s.get(j).copied().unwrap_or(empty)));
+    }
+    Some(out)
+}
+
+/// The descriptors and the grid for `segments` under `shape`, on a GPU where `resident` CTAs
+/// of the shape run at once. The grid is at least 1; with no bytes to copy there are no
+/// descriptors.
+pub(crate) fn plan(
+    segments: &[Segment],
+    shape: &KernelShape,
+    resident: u32,
+) -> (Vec<Segment>, u32) {
+    let plain = pack(segments, shape.chunk);
+    let count = plain.len() as u64;
+    let resident = u64::from(resident.max(1));
+    let grid = |n: u64| u32::try_from(n.clamp(1, MAX_GRID)).unwrap_or(1);
+    match shape.schedule {
+        KernelSchedule::PerChunk => (plain, grid(count)),
+        KernelSchedule::Persistent => (plain, grid(count.min(resident))),
+        KernelSchedule::Balanced => {
+            let g = count.min(resident);
+            if g <= 1 {
+                return (plain, 1);
+            }
+            match balanced(segments, shape.chunk, g) {
+                Some(descs) => (descs, grid(g)),
+                None => (plain, grid(g)),
+            }
+        }
+    }
+}
+
 /// The device array's bytes: `(src, dst, len)` little-endian per descriptor (every CUDA GPU is
 /// little-endian, as is every host this crate builds for).
 pub(crate) fn descriptor_bytes(descs: &[Segment]) -> Vec<u8> {
@@ -227,8 +665,9 @@ pub(crate) struct CopyKernel {
     ctx: Arc<CudaContext>,
     module: sys::CUmodule,
     func: sys::CUfunction,
-    /// CTAs resident on the whole GPU at once.
-    ctas: u32,
+    shape: KernelShape,
+    /// CTAs of the shape resident on the whole GPU at once.
+    resident: u32,
 }
 
 // SAFETY: module and function handles are context-wide and may be used from any thread that has
@@ -238,9 +677,12 @@ unsafe impl Send for CopyKernel {}
 unsafe impl Sync for CopyKernel {}
 
 impl CopyKernel {
-    /// JIT-compiles [`PTX`] for GPU `ordinal` in `ctx`. The error says why, with the JIT log.
-    pub fn load(ctx: Arc<CudaContext>, ordinal: usize) -> Result<Self, String> {
+    /// JIT-compiles the PTX of `shape` (already validated) for GPU `ordinal` in `ctx`. The
+    /// error says why, with the JIT log.
+    pub fn load(ctx: Arc<CudaContext>, ordinal: usize, shape: KernelShape) -> Result<Self, String> {
+        shape.validate()?;
         bind(&ctx).map_err(|e| e.to_string())?;
+        let text = ptx(&shape);
         let mut log = vec![0u8; 8192];
         let mut opts = [
             sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
@@ -248,13 +690,14 @@ impl CopyKernel {
         ];
         let mut vals: [*mut std::ffi::c_void; 2] = [log.as_mut_ptr().cast(), log.len() as _];
         let mut module: sys::CUmodule = std::ptr::null_mut();
-        // SAFETY: the context is current; PTX is NUL-terminated; the two options point at a
-        // live buffer of the stated size (the size option is passed by value in the pointer,
-        // as the driver API specifies); `module` is a valid out pointer.
+        // SAFETY: the context is current; `text` is NUL-terminated and lives across the call;
+        // the two options point at a live buffer of the stated size (the size option is passed
+        // by value in the pointer, as the driver API specifies); `module` is a valid out
+        // pointer.
         let r = unsafe {
             sys::cuModuleLoadDataEx(
                 &mut module,
-                PTX.as_ptr().cast(),
+                text.as_ptr().cast(),
                 opts.len() as u32,
                 opts.as_mut_ptr(),
                 vals.as_mut_ptr(),
@@ -276,7 +719,7 @@ impl CopyKernel {
             unload(module);
             return Err(e.to_string());
         }
-        let ctas = match occupancy(func, ordinal) {
+        let resident = match occupancy(func, ordinal, &shape) {
             Ok(c) => c,
             Err(e) => {
                 unload(module);
@@ -287,25 +730,30 @@ impl CopyKernel {
             ctx,
             module,
             func,
-            ctas,
+            shape,
+            resident,
         })
     }
 
-    /// The grid for `count` descriptors: every resident CTA, or fewer when there is less work.
-    pub fn grid(&self, count: u64) -> u32 {
-        u32::try_from(count)
-            .unwrap_or(u32::MAX)
-            .min(self.ctas)
-            .max(1)
+    /// The descriptors and grid for `segments` (see [`plan`]).
+    pub fn plan(&self, segments: &[Segment]) -> (Vec<Segment>, u32) {
+        plan(segments, &self.shape, self.resident)
     }
 
-    /// Enqueues the kernel over `count` descriptors at device address `descs` on `stream`.
+    /// Enqueues the kernel over `count` descriptors at device address `descs` on `stream`,
+    /// `grid` CTAs of the shape's threads.
     ///
     /// # Safety
     /// `descs` must hold `count` descriptors (stream-ordered before this launch) whose ranges
     /// are device memory this context can reach, live until the launch completes, with no
-    /// destination overlapping another descriptor's source or destination.
-    pub unsafe fn launch(&self, descs: u64, count: u64, stream: &Stream) -> Result<(), CudaError> {
+    /// destination overlapping another descriptor's source or destination (see [`conflict`]).
+    pub unsafe fn launch(
+        &self,
+        descs: u64,
+        count: u64,
+        grid: u32,
+        stream: &Stream,
+    ) -> Result<(), CudaError> {
         if count == 0 {
             return Ok(());
         }
@@ -314,14 +762,15 @@ impl CopyKernel {
             [(&mut a as *mut u64).cast(), (&mut n as *mut u64).cast()];
         // SAFETY: the function belongs to this context and the stream too; `params` points at
         // two live u64 values matching the kernel's two .u64 parameters (the driver copies them
-        // before returning); the memory contract is the caller's (see above).
+        // before returning); the block is the PTX's `.maxntid`; the memory contract is the
+        // caller's (see above).
         check("cuLaunchKernel", unsafe {
             sys::cuLaunchKernel(
                 self.func,
-                self.grid(count),
+                grid.max(1),
                 1,
                 1,
-                THREADS,
+                self.shape.threads,
                 1,
                 1,
                 0,
@@ -333,11 +782,11 @@ impl CopyKernel {
     }
 }
 
-fn occupancy(func: sys::CUfunction, ordinal: usize) -> Result<u32, CudaError> {
+fn occupancy(func: sys::CUfunction, ordinal: usize, shape: &KernelShape) -> Result<u32, CudaError> {
     let mut per_sm = 0;
     // SAFETY: `func` is a live function of the current context; valid out pointer.
     check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
-        sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, func, THREADS as i32, 0)
+        sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, func, shape.threads as i32, 0)
     })?;
     let mut dev: sys::CUdevice = 0;
     // SAFETY: valid out pointer; the driver validates the ordinal.
@@ -353,7 +802,7 @@ fn occupancy(func: sys::CUfunction, ordinal: usize) -> Result<u32, CudaError> {
             dev,
         )
     })?;
-    let per_sm = per_sm.clamp(1, MAX_CTAS_PER_SM);
+    let per_sm = per_sm.clamp(1, shape.ctas_per_sm as i32);
     Ok(u32::try_from(sms.max(1) * per_sm).unwrap_or(1))
 }
 
@@ -375,6 +824,10 @@ impl Drop for CopyKernel {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cuda::ptx_sim::{run, Memory, Program};
+
+    const CHUNK: u64 = 128 << 10;
+    const MIB: u64 = 1 << 20;
 
     fn seg(src: u64, dst: u64, len: u64) -> Segment {
         Segment { src, dst, len }
@@ -424,6 +877,242 @@ mod tests {
         assert_eq!(pack(&blocks, CHUNK).len(), 8192);
     }
 
+    /// Disjoint segments: the non-empty descriptors tile each segment exactly once, keep its
+    /// relative alignment, cut at multiples of 16 from its start, and are at most `chunk`.
+    fn check_tiles(segs: &[Segment], descs: &[Segment], chunk: u64) {
+        let mut real: Vec<Segment> = descs.iter().copied().filter(|d| d.len > 0).collect();
+        real.sort_by_key(|d| d.dst);
+        let mut it = real.iter();
+        let mut sorted: Vec<Segment> = segs.iter().copied().filter(|s| s.len > 0).collect();
+        sorted.sort_by_key(|s| s.dst);
+        for s in &sorted {
+            let mut off = 0;
+            while off < s.len {
+                let d = it.next().expect("a descriptor for every byte");
+                assert_eq!((d.src, d.dst), (s.src + off, s.dst + off), "{s:?} at {off}");
+                assert!(d.len <= chunk);
+                assert_eq!(off % 16, 0, "cuts fall on multiples of 16");
+                off += d.len;
+            }
+            assert_eq!(off, s.len);
+        }
+        assert!(it.next().is_none());
+        assert!(descs
+            .iter()
+            .filter(|d| d.len == 0)
+            .all(|d| (d.src, d.dst) == (0, 0)));
+    }
+
+    /// Bytes each CTA copies under the grid-stride mapping.
+    fn per_cta(descs: &[Segment], grid: u32) -> Vec<u64> {
+        let mut v = vec![0u64; grid as usize];
+        for (i, d) in descs.iter().enumerate() {
+            v[i % grid as usize] += d.len;
+        }
+        v
+    }
+
+    #[test]
+    fn schedules_plan_grids_and_balanced_shares_are_even() {
+        let blocks: Vec<Segment> = (0..1024u64)
+            .map(|i| seg(i << 21, (i << 21) + MIB, MIB))
+            .collect();
+        let shape = KernelShape::default();
+        // Persistent: the resident CTAs over 8192 chunks (7.76 rounds: a last partial one).
+        let (d, g) = plan(&blocks, &shape, 1056);
+        assert_eq!((d.len(), g), (8192, 1056));
+        let bytes = per_cta(&d, g);
+        assert_eq!(bytes.iter().max(), Some(&(8 * CHUNK)));
+        assert_eq!(bytes.iter().min(), Some(&(7 * CHUNK)));
+        // Per chunk: one CTA each.
+        let per = KernelShape {
+            schedule: KernelSchedule::PerChunk,
+            ..shape
+        };
+        assert_eq!(plan(&blocks, &per, 1056).1, 8192);
+        // Balanced: every CTA within 16 bytes of the same share, all bytes once.
+        let bal = KernelShape {
+            schedule: KernelSchedule::Balanced,
+            ..shape
+        };
+        for (chunk, resident) in [(CHUNK, 1056), (512 << 10, 264), (4096, 1000), (CHUNK, 7)] {
+            let s = KernelShape { chunk, ..bal };
+            let (d, g) = plan(&blocks, &s, resident);
+            assert_eq!(g, resident);
+            assert_eq!(d.len() % g as usize, 0);
+            check_tiles(&blocks, &d, chunk);
+            let bytes = per_cta(&d, g);
+            let (lo, hi) = (bytes.iter().min().unwrap(), bytes.iter().max().unwrap());
+            assert!(hi - lo <= 16 * 2, "chunk {chunk} grid {g}: {lo}..{hi}");
+            assert_eq!(bytes.iter().sum::<u64>(), 1 << 30);
+        }
+        // Odd segments, more CTAs than bytes allow, and a tiny request.
+        let odd = [
+            seg(0x10_0003, 0x90_0003, 300_001),
+            seg(0x50_0000, 0xd0_0000, 17),
+            seg(0x60_0005, 0xe0_0005, 0),
+            seg(0x70_0009, 0xf0_0019, 70_000),
+        ];
+        for resident in [1, 2, 3, 5, 64, 10_000] {
+            let (d, g) = plan(&odd, &KernelShape { chunk: 4096, ..bal }, resident);
+            assert!(g >= 1 && g <= resident.max(1));
+            check_tiles(&odd, &d, 4096);
+        }
+        assert_eq!(plan(&[seg(1, 2, 0)], &bal, 100), (vec![], 1));
+        assert_eq!(plan(&[], &shape, 100), (vec![], 1));
+        // A huge segment then many tiny ones would pad to grid x (tiny count): plain chunks.
+        let mut skew = vec![seg(1 << 40, 2 << 40, 1 << 30)];
+        skew.extend((0..10_000u64).map(|i| seg(i * 64, (1 << 39) + i * 64, 16)));
+        let (d, g) = plan(&skew, &bal, 1056);
+        assert_eq!((d.len(), g), (8192 + 10_000, 1056));
+        check_tiles(&skew, &d, CHUNK);
+    }
+
+    #[test]
+    fn conflicts_are_found_between_and_within_copies() {
+        // (dst, src, len)
+        assert_eq!(conflict(&[]), None);
+        assert_eq!(conflict(&[(0, 100, 10), (10, 110, 10), (20, 90, 10)]), None);
+        // Sources may overlap each other; empty copies conflict with nothing.
+        assert_eq!(conflict(&[(0, 100, 10), (10, 100, 10), (5, 5, 0)]), None);
+        // Destination on destination, on another's source (either order), on its own source.
+        assert_eq!(conflict(&[(0, 100, 10), (9, 200, 10)]), Some((0, 1)));
+        assert_eq!(conflict(&[(0, 100, 10), (50, 5, 10)]), Some((0, 1)));
+        assert_eq!(conflict(&[(50, 5, 10), (0, 100, 10)]), Some((0, 1)));
+        assert_eq!(
+            conflict(&[(0, 100, 10), (300, 200, 10), (250, 8, 4)]),
+            Some((0, 2))
+        );
+        assert_eq!(conflict(&[(0, 100, 10), (300, 296, 8)]), Some((1, 1)));
+        // A long range hides behind short ones.
+        assert_eq!(
+            conflict(&[(0, 1000, 100), (10, 2000, 5), (20, 3000, 5), (90, 4000, 5)]),
+            Some((0, 1))
+        );
+        assert_eq!(conflict(&[(u64::MAX - 4, 0, 10), (16, 100, 8)]), None);
+    }
+
+    /// The segments of tests/gpu_agent.rs `gpu_agent_copy_kernel_scatter_gather` as first
+    /// written: (src offset, dst offset, len) in two 8 MiB buffers. The fifth segment's
+    /// destination (1 MiB + 2 MiB + 5) runs 5 bytes into the first's (3 MiB): the test wanted
+    /// the fifth's bytes there, the H200 left the first's.
+    fn gpu_test_segments(fixed: bool) -> Vec<(u64, u64, u64)> {
+        vec![
+            (0, 3 * MIB + if fixed { 32 } else { 0 }, MIB),
+            (MIB + 3, 19, 1),
+            (MIB + 64, 4096, 4095),
+            (2 * MIB + 13, 7 * MIB + 29, 300_001),
+            (3 * MIB, MIB, 2 * MIB + 5),
+            (6 * MIB + 1, 5 * MIB + 17, 33),
+            (7 * MIB, 6 * MIB, 16),
+        ]
+    }
+
+    /// A source pattern no two nearby bytes share.
+    fn fill(bytes: &mut [u8]) {
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = (i as u64).wrapping_mul(0x9E37_79B9).wrapping_shr(7) as u8 | 1;
+        }
+    }
+
+    /// Simulates one launch: descriptors at `base`, planned for `resident` CTAs of `ntid`
+    /// threads; returns the memory after it, or the race.
+    fn simulate(
+        prog: &Program,
+        shape: &KernelShape,
+        image: &[u8],
+        base: u64,
+        desc_area: u64,
+        segs: &[Segment],
+        resident: u32,
+        ntid: u32,
+    ) -> Result<Vec<u8>, String> {
+        let (descs, grid) = plan(segs, shape, resident);
+        let bytes = descriptor_bytes(&descs);
+        assert!(
+            bytes.len() as u64 <= desc_area,
+            "{} descriptors",
+            descs.len()
+        );
+        let mut m = Memory::new(base, image.to_vec());
+        m.bytes[..bytes.len()].copy_from_slice(&bytes);
+        let params = [("nixl_descs", base), ("nixl_count", descs.len() as u64)];
+        run(prog, &mut m, &params, grid, ntid)?;
+        m.bytes[..bytes.len()].fill(0);
+        Ok(m.bytes)
+    }
+
+    /// The H200 failure, reproduced: the first version of the GPU test's request, simulated,
+    /// is reported as a race at the byte the GPU got "wrong" (the simulator used to pass it,
+    /// running CTAs in the one order the test's expectation assumed), and the host refuses it
+    /// to the kernel. The fixed request copies every byte, race-free.
+    #[test]
+    fn the_gpu_tests_first_request_races_and_the_fixed_one_does_not() {
+        let base = 0x7f00_0000_0000u64;
+        let desc_area = 64 << 10;
+        let (src0, dst0) = (base + desc_area, base + desc_area + 8 * MIB);
+        let mut image = vec![0u8; (desc_area + 16 * MIB) as usize];
+        fill(&mut image[desc_area as usize..(desc_area + 8 * MIB) as usize]);
+        let segs = |fixed| -> Vec<Segment> {
+            gpu_test_segments(fixed)
+                .iter()
+                .map(|&(s, d, len)| seg(src0 + s, dst0 + d, len))
+                .collect()
+        };
+        let copies = |fixed| -> Vec<(u64, u64, u64)> {
+            segs(fixed).iter().map(|s| (s.dst, s.src, s.len)).collect()
+        };
+        let shape = KernelShape::default();
+        let prog = Program::parse(&ptx(&shape));
+        // 32 chunks on 32 CTAs, as on the H200.
+        assert_eq!(plan(&segs(false), &shape, 1056).1, 32);
+        let e = simulate(
+            &prog,
+            &shape,
+            &image,
+            base,
+            desc_area,
+            &segs(false),
+            1056,
+            256,
+        )
+        .unwrap_err();
+        assert!(
+            e.contains(&format!("write-after-write race at {:#x}", dst0 + 3 * MIB)),
+            "{e}"
+        );
+        assert_eq!(conflict(&copies(false)), Some((0, 4)));
+        // Fixed: no conflict, and every byte lands under every shape.
+        assert_eq!(conflict(&copies(true)), None);
+        let mut want = image.clone();
+        for s in segs(true) {
+            let (a, b) = ((s.src - base) as usize, (s.dst - base) as usize);
+            let src = want[a..a + s.len as usize].to_vec();
+            want[b..b + s.len as usize].copy_from_slice(&src);
+        }
+        // Every sweep shape in release builds (the GPU machine runs those), the default in
+        // debug builds (the other shapes are simulated on smaller requests elsewhere).
+        let mut shapes = vec![shape];
+        if !cfg!(debug_assertions) {
+            shapes.extend(KernelShape::sweep().iter().skip(1).map(|s| s.1));
+        }
+        for shape in shapes {
+            let prog = Program::parse(&ptx(&shape));
+            let got = simulate(
+                &prog,
+                &shape,
+                &image,
+                base,
+                desc_area,
+                &segs(true),
+                1056,
+                64,
+            )
+            .unwrap_or_else(|e| panic!("{shape}: {e}"));
+            assert!(got == want, "{shape}: bytes differ");
+        }
+    }
+
     #[test]
     fn descriptor_bytes_are_src_dst_len_little_endian() {
         let d = [
@@ -450,20 +1139,84 @@ mod tests {
         assert!(!co_aligned(0x10, 0x28));
     }
 
-    /// Executes the kernel's PTX text on the CPU over descriptors of every alignment class and
-    /// many lengths; every destination byte must be the source's, and nothing else written.
     #[test]
-    fn the_ptx_copies_every_byte_when_simulated() {
-        use crate::cuda::ptx_sim::{run, Memory, Program};
-        let prog = Program::parse(PTX);
-        let base = 0x7f00_0000_0000u64;
-        // (src offset, dst offset, len) into the source and destination areas.
-        let cases: Vec<(u64, u64, u64)> = {
-            let lens = [
-                0u64, 1, 2, 15, 16, 17, 31, 33, 64, 65, 100, 4095, 4103, 20_001,
-            ];
-            let skews = [
-                (0u64, 0u64),
+    fn shapes_print_parse_and_validate() {
+        let d = KernelShape::default();
+        assert_eq!(
+            d.to_string(),
+            "chunk=128k,ctas=8,threads=256,unroll=4,store=cs,schedule=persistent"
+        );
+        assert_eq!(d.to_string().parse::<KernelShape>(), Ok(d));
+        assert_eq!("".parse::<KernelShape>(), Ok(d));
+        let s: KernelShape = " chunk=1m, threads=1024,ctas=2,unroll=8,store=wb,schedule=balanced "
+            .parse()
+            .unwrap();
+        assert_eq!(
+            s,
+            KernelShape {
+                chunk: MIB,
+                ctas_per_sm: 2,
+                threads: 1024,
+                unroll: 8,
+                streaming_stores: false,
+                schedule: KernelSchedule::Balanced,
+            }
+        );
+        assert_eq!("chunk=65552".parse::<KernelShape>().unwrap().chunk, 65552);
+        assert_eq!(
+            "schedule=per-chunk"
+                .parse::<KernelShape>()
+                .unwrap()
+                .schedule,
+            KernelSchedule::PerChunk
+        );
+        for bad in [
+            "chunk=4000",
+            "chunk=4097",
+            "chunk=2048m",
+            "chunk=x",
+            "chunk=99999999999999999999m",
+            "threads=48",
+            "threads=2048",
+            "threads=0",
+            "ctas=0",
+            "ctas=33",
+            "unroll=0",
+            "unroll=9",
+            "store=wt",
+            "schedule=random",
+            "speed=11",
+            "threads",
+        ] {
+            assert!(bad.parse::<KernelShape>().is_err(), "{bad}");
+        }
+        let sweep = KernelShape::sweep();
+        assert!((8..=12).contains(&sweep.len()));
+        assert_eq!(sweep[0].1, d);
+        for (i, (name, s)) in sweep.iter().enumerate() {
+            s.validate().unwrap();
+            assert_eq!(s.to_string().parse::<KernelShape>(), Ok(*s));
+            for (other, t) in &sweep[..i] {
+                assert!(name != other && s != t, "{name} repeats {other}");
+            }
+        }
+    }
+
+    /// Segments of every alignment class and many lengths, laid out in a source and a
+    /// destination area at `src0` / `dst0`: `(src offset, dst offset, len)` and the areas'
+    /// size. `full`: every length with every skew; else a smaller set that still has heads
+    /// and tails of several lengths, the byte path and multi-round bodies.
+    fn cases(full: bool) -> (Vec<(u64, u64, u64)>, u64) {
+        let lens: &[u64] = if full {
+            &[
+                0, 1, 2, 15, 16, 17, 31, 33, 64, 65, 100, 4095, 4103, 20_001,
+            ]
+        } else {
+            &[0, 1, 15, 17, 33, 100, 4103, 20_001]
+        };
+        let skews: &[(u64, u64)] = if full {
+            &[
+                (0, 0),
                 (3, 3),
                 (13, 13),
                 (15, 15),
@@ -471,38 +1224,44 @@ mod tests {
                 (0, 8),
                 (5, 9),
                 (16, 0),
-            ];
-            let (mut s, mut d) = (0u64, 0u64);
-            let mut v = Vec::new();
-            for &len in &lens {
-                for &(ks, kd) in &skews {
-                    v.push((s + ks, d + kd, len));
-                    s = (s + ks + len + 64).next_multiple_of(64);
-                    d = (d + kd + len + 64).next_multiple_of(64);
+            ]
+        } else {
+            &[(0, 0), (13, 13), (5, 9)]
+        };
+        let (mut s, mut d) = (0u64, 0u64);
+        let mut v = Vec::new();
+        for &len in lens {
+            for &(ks, kd) in skews {
+                // The byte path is the same text in every shape: short ones suffice there.
+                if !full && !co_aligned(ks, kd) && len > 4103 {
+                    continue;
                 }
+                v.push((s + ks, d + kd, len));
+                s = (s + ks + len + 64).next_multiple_of(64);
+                d = (d + kd + len + 64).next_multiple_of(64);
             }
-            v
-        };
-        // A multiple of 64, so equal skews are co-aligned.
-        let area: u64 =
-            (cases.iter().map(|c| c.0.max(c.1) + c.2).max().unwrap_or(0) + 64).next_multiple_of(64);
-        let desc_area = 1 << 20;
-        let (src0, dst0) = (base + desc_area, base + desc_area + area);
-        let mut mem = Memory {
-            base,
-            bytes: vec![0u8; (desc_area + 2 * area) as usize],
-        };
-        for (i, b) in mem.bytes[desc_area as usize..(desc_area + area) as usize]
-            .iter_mut()
-            .enumerate()
-        {
-            *b = (i as u64).wrapping_mul(0x9E37_79B9).wrapping_shr(7) as u8 | 1;
         }
+        // A multiple of 64, so equal skews are co-aligned.
+        let area = (v.iter().map(|c| c.0.max(c.1) + c.2).max().unwrap_or(0) + 64)
+            .next_multiple_of(64);
+        (v, area)
+    }
+
+    /// Simulates `shape` over `cases` for each (chunk, resident CTAs, threads): every
+    /// destination byte must be the source's, nothing else written, and no two threads touch
+    /// one byte.
+    fn check_shape(shape: &KernelShape, full: bool, launches: &[(u64, u32, u32)]) {
+        let base = 0x7f00_0000_0000u64;
+        let (cases, area) = cases(full);
+        let desc_area = 256 << 10;
+        let (src0, dst0) = (base + desc_area, base + desc_area + area);
+        let mut image = vec![0u8; (desc_area + 2 * area) as usize];
+        fill(&mut image[desc_area as usize..(desc_area + area) as usize]);
         let segs: Vec<Segment> = cases
             .iter()
             .map(|&(s, d, len)| seg(src0 + s, dst0 + d, len))
             .collect();
-        // Both paths of the kernel, and heads of every length, are exercised.
+        // Both paths of the kernel, and heads of several lengths, are exercised.
         assert!(segs
             .iter()
             .any(|s| s.len > 64 && co_aligned(s.src, s.dst) && s.src % 16 == 0));
@@ -510,53 +1269,105 @@ mod tests {
             .iter()
             .any(|s| s.len > 64 && co_aligned(s.src, s.dst) && s.src % 16 == 13));
         assert!(segs.iter().any(|s| s.len > 64 && !co_aligned(s.src, s.dst)));
-        for (chunk, grid, ntid) in [
-            (CHUNK, 7, THREADS),
-            (4096, 3, THREADS),
-            (1024, 64, 32),
-            (64, 5, 16),
-        ] {
-            let descs = pack(&segs, chunk);
-            let bytes = descriptor_bytes(&descs);
-            assert!(bytes.len() as u64 <= desc_area);
-            let mut m = Memory {
-                base,
-                bytes: mem.bytes.clone(),
-            };
-            m.bytes[..bytes.len()].copy_from_slice(&bytes);
-            run(
-                &prog,
-                &mut m,
-                &[("nixl_descs", base), ("nixl_count", descs.len() as u64)],
-                grid,
-                ntid,
-            );
-            let mut want = mem.bytes.clone();
-            want[..bytes.len()].copy_from_slice(&bytes);
-            for &(s, d, len) in &cases {
-                let (s, d) = ((desc_area + s) as usize, (desc_area + area + d) as usize);
-                let src = want[s..s + len as usize].to_vec();
-                want[d..d + len as usize].copy_from_slice(&src);
-            }
-            if let Some(i) = (0..want.len()).find(|&i| want[i] != m.bytes[i]) {
+        let mut want = image.clone();
+        for &(s, d, len) in &cases {
+            let (s, d) = ((desc_area + s) as usize, (desc_area + area + d) as usize);
+            let src = want[s..s + len as usize].to_vec();
+            want[d..d + len as usize].copy_from_slice(&src);
+        }
+        let prog = Program::parse(&ptx(shape));
+        for &(chunk, resident, ntid) in launches {
+            let s = KernelShape { chunk, ..*shape };
+            let got = simulate(&prog, &s, &image, base, desc_area, &segs, resident, ntid)
+                .unwrap_or_else(|e| panic!("{s} on {resident} CTAs x {ntid}: {e}"));
+            if got != want {
+                let i = (0..want.len()).find(|&i| want[i] != got[i]).unwrap_or(0);
                 panic!(
-                    "chunk {chunk} grid {grid} x {ntid}: byte {:#x} differs",
+                    "{s} on {resident} CTAs x {ntid}: byte {:#x} differs",
                     base + i as u64
                 );
             }
         }
     }
 
+    /// Executes the default shape's PTX text on the CPU over descriptors of every alignment
+    /// class and many lengths, with chunks from its own down to 64 bytes (every long segment
+    /// split, many rounds of the grid-stride loop) and thread counts from its own down to 16.
+    #[test]
+    fn the_ptx_copies_every_byte_when_simulated() {
+        let d = KernelShape::default();
+        check_shape(
+            &d,
+            true,
+            &[
+                (d.chunk, 7, d.threads),
+                (4096, 3, d.threads),
+                (1024, 64, 32),
+                (64, 5, 16),
+            ],
+        );
+    }
+
+    /// Every shape `gpu_bench --sweep` measures (and each schedule with an odd unroll and
+    /// plain stores), simulated as above at its own thread count and chunk, and with small
+    /// chunks on many small CTAs; the full case set in release builds (the GPU machine runs
+    /// those), a smaller one in debug builds to keep CI fast.
+    #[test]
+    fn every_sweep_shape_copies_every_byte_when_simulated() {
+        let full = !cfg!(debug_assertions);
+        let mut shapes: Vec<KernelShape> = KernelShape::sweep().iter().map(|s| s.1).collect();
+        for schedule in [
+            KernelSchedule::Persistent,
+            KernelSchedule::Balanced,
+            KernelSchedule::PerChunk,
+        ] {
+            shapes.push(KernelShape {
+                schedule,
+                unroll: 3,
+                streaming_stores: false,
+                ..KernelShape::default()
+            });
+        }
+        for shape in shapes {
+            let mut launches = vec![(shape.chunk, 5, shape.threads), (4096, 32, 32)];
+            if full {
+                launches.push((1024, 7, 64));
+                launches.push((64, 3, 16));
+            }
+            check_shape(&shape, full, &launches);
+        }
+    }
+
     #[test]
     fn ptx_is_terminated_and_declares_what_the_launch_passes() {
-        assert!(PTX.ends_with('\0'));
-        assert_eq!(PTX.matches('\0').count(), 1);
-        assert!(PTX.contains(".visible .entry nixl_copy_segments("));
-        assert_eq!(PTX.matches(".param .u64").count(), 2);
-        assert!(PTX.contains(&format!(".maxntid {THREADS}, 1, 1")));
+        for (_, shape) in KernelShape::sweep() {
+            let p = ptx(&shape);
+            assert!(p.ends_with('\0'));
+            assert_eq!(p.matches('\0').count(), 1);
+            assert!(p.contains(".visible .entry nixl_copy_segments("));
+            assert_eq!(p.matches(".param .u64").count(), 2);
+            assert!(p.contains(&format!(".maxntid {}, 1, 1", shape.threads)));
+            // Every placeholder was filled: the only '@'s left are predicate guards.
+            assert!(p
+                .match_indices('@')
+                .all(|(i, _)| p[i + 1..].starts_with('%')));
+            assert_eq!(
+                p.matches("ld.global.nc.v4.u32").count() as u32,
+                shape.unroll + 1
+            );
+            assert_eq!(
+                p.matches("st.global.cs.v4.u32").count() as u32,
+                if shape.streaming_stores {
+                    shape.unroll + 1
+                } else {
+                    0
+                }
+            );
+            assert!(p.contains(&format!("// shape: {shape}\n")));
+            // Descriptor stride and field offsets match `descriptor_bytes`.
+            assert!(p.contains(&format!("mad.lo.u64 \t%rd11, %rd3, {DESC_BYTES}, %rd1;")));
+            assert!(p.contains("[%rd11+8]") && p.contains("[%rd11+16]"));
+        }
         assert_eq!(NAME.to_str().unwrap(), "nixl_copy_segments");
-        // Descriptor stride and field offsets match `descriptor_bytes`.
-        assert!(PTX.contains(&format!("mad.lo.u64 \t%rd11, %rd3, {DESC_BYTES}, %rd1;")));
-        assert!(PTX.contains("[%rd11+8]") && PTX.contains("[%rd11+16]"));
     }
 }

@@ -22,7 +22,14 @@
 //!     always uses the copy engines (PCIe is the limit there).
 //!
 //!   A kernel that fails to load or launch falls back to the copy engines with a warning, and
-//!   the request's path says so.
+//!   the request's path says so. The kernel's shape (chunk size, CTAs, threads, loads in
+//!   flight, store hint, schedule) is [`CudaIpcParams::kernel_shape`].
+//!
+//!   Copies that depend on each other (a destination overlapping another segment's destination
+//!   or source, or its own source) never go to the kernel or to `cuMemcpyBatchAsync`, which
+//!   both run their copies in any order: they are enqueued as one `cuMemcpyAsync` each, in
+//!   descriptor order, so a later segment's bytes win as in a sequential copy, and the path
+//!   says `in order: segments i and j overlap`.
 //! - **Notifications**: sent over a Unix socket (abstract namespace, named in the connection
 //!   info) only after the request's event has completed, so the target sees a notification
 //!   only after the data. A completion thread per backend sends them as soon as the data is
@@ -50,6 +57,7 @@ use nixl_core::{
 
 use crate::cuda;
 use crate::cuda::kernel::{self, CopyKernel};
+pub use crate::cuda::kernel::{KernelSchedule, KernelShape};
 use crate::wire::{Reader, Writer};
 use crate::{IpcHandle, IpcMapping, SharedHostHandle, SharedHostMapping};
 use complete::{Completer, Notif, NotifRoute};
@@ -82,6 +90,8 @@ pub struct CudaIpcParams {
     pub copy_kernel: bool,
     /// The fewest segments a request needs for the copy kernel (fewer go to `cuMemcpyAsync`).
     pub kernel_min_segments: usize,
+    /// The copy kernel's shape; validated when the backend is created.
+    pub kernel_shape: KernelShape,
 }
 
 impl Default for CudaIpcParams {
@@ -93,6 +103,7 @@ impl Default for CudaIpcParams {
             cancel_timeout: Duration::from_secs(10),
             copy_kernel: true,
             kernel_min_segments: 3,
+            kernel_shape: KernelShape::default(),
         }
     }
 }
@@ -109,7 +120,8 @@ impl BackendParams for CudaIpcParams {
 
 /// Creates `CUDA_IPC` by name from a string map: `device` (GPU ordinal), `pin_host`,
 /// `batch_copies` and `copy_kernel` (`true`/`false`), `cancel_timeout_ms`,
-/// `kernel_min_segments`.
+/// `kernel_min_segments`, `kernel_shape` ([`KernelShape`]'s text form, e.g.
+/// `chunk=512k,ctas=2,threads=1024,unroll=8,store=cs,schedule=balanced`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CudaIpcPlugin;
 
@@ -133,6 +145,7 @@ impl BackendPlugin for CudaIpcPlugin {
                 "kernel_min_segments".to_owned(),
                 d.kernel_min_segments.to_string(),
             ),
+            ("kernel_shape".to_owned(), d.kernel_shape.to_string()),
         ])
     }
 
@@ -156,6 +169,11 @@ impl BackendPlugin for CudaIpcPlugin {
                 "copy_kernel" => p.copy_kernel = v.parse().map_err(|_| bad(k, v))?,
                 "kernel_min_segments" => {
                     p.kernel_min_segments = v.parse().map_err(|_| bad(k, v))?
+                }
+                "kernel_shape" => {
+                    p.kernel_shape = v.parse().map_err(|why| {
+                        Error::invalid("", Op::CreateBackend, format!("CUDA_IPC {why}"))
+                    })?
                 }
                 _ => {
                     return Err(Error::invalid(
@@ -263,8 +281,12 @@ fn with_agent(e: Error, agent: &str) -> Error {
 
 impl CudaIpcBackend {
     /// Creates the backend: binds GPU `params.device`, starts the notification listener and
-    /// the completion thread. `Unavailable` without the CUDA driver or device.
+    /// the completion thread. `InvalidParam` for a kernel shape out of range (before anything
+    /// else), `Unavailable` without the CUDA driver or device.
     pub fn new(ctx: BackendContext, params: CudaIpcParams) -> Result<Self> {
+        params.kernel_shape.validate().map_err(|why| {
+            Error::invalid(&ctx.agent, Op::CreateBackend, format!("CUDA_IPC {why}"))
+        })?;
         let cu_ctx = cuda::context(params.device).map_err(|e| with_agent(e, &ctx.agent))?;
         let server = NotifServer::start(&ctx.agent, ctx.notifs.clone())?;
         let completer = Completer::start(&ctx.agent, Some(cu_ctx.clone()))?;
@@ -288,7 +310,7 @@ impl CudaIpcBackend {
     fn copy_kernel(&self) -> std::result::Result<Arc<CopyKernel>, String> {
         self.kernel
             .get_or_init(|| {
-                CopyKernel::load(self.ctx.clone(), self.params.device)
+                CopyKernel::load(self.ctx.clone(), self.params.device, self.params.kernel_shape)
                     .map(Arc::new)
                     .inspect_err(|e| {
                         tracing::warn!(agent = %self.agent, error = %e, "the CUDA_IPC copy kernel did not load; VRAM requests of many segments use cuMemcpyBatchAsync")
@@ -644,13 +666,17 @@ impl Backend for CudaIpcBackend {
         let event = Arc::new(
             cuda::stream::Event::new(self.ctx.clone()).map_err(|e| with_agent(e, &self.agent))?,
         );
-        let fallback = if self.params.batch_copies && copies.len() > 1 {
+        // Copies that depend on each other run one by one, in order (the kernel's CTAs and a
+        // batch's copies run in any order).
+        let conflict = kernel::conflict(&copies);
+        let fallback = if conflict.is_none() && self.params.batch_copies && copies.len() > 1 {
             Engine::Batch
         } else {
             Engine::Copies
         };
         let mut note = None;
         let wants_kernel = self.params.copy_kernel
+            && conflict.is_none()
             && kernel_ok.is_ok()
             && copies.len() >= self.params.kernel_min_segments.max(1);
         let engine = if wants_kernel {
@@ -680,8 +706,14 @@ impl Backend for CudaIpcBackend {
         } else {
             // Say why a VRAM request of many segments stays on the copy engines.
             let many = copies.len() >= self.params.kernel_min_segments.max(1);
-            match kernel_ok {
-                Err(why) if self.params.copy_kernel && many && why != "DRAM" => {
+            match (conflict, kernel_ok) {
+                (Some((i, j)), _) if i == j => {
+                    note = Some(format!("in order: segment {i} overlaps itself"));
+                }
+                (Some((i, j)), _) => {
+                    note = Some(format!("in order: segments {i} and {j} overlap"));
+                }
+                (None, Err(why)) if self.params.copy_kernel && many && why != "DRAM" => {
                     note = Some(format!("copy engines: {why}"));
                 }
                 _ => {}
@@ -755,6 +787,9 @@ mod tests {
             ("pin_host", "maybe"),
             ("copy_kernel", "yes"),
             ("kernel_min_segments", "-3"),
+            ("kernel_shape", "threads=48"),
+            ("kernel_shape", "chunk=1k"),
+            ("kernel_shape", "colour=red"),
             ("nope", "1"),
             ("cancel_timeout_ms", "-1"),
         ] {
@@ -765,6 +800,45 @@ mod tests {
                 "{k}={v}"
             );
         }
+    }
+
+    /// A shape out of range is refused, typed, before the driver is touched (with or
+    /// without a GPU), and the agent has no backend after it.
+    #[test]
+    fn a_bad_kernel_shape_is_invalid_and_creates_nothing() {
+        let a = nixl_core::Agent::new("a", nixl_core::AgentConfig::default()).unwrap();
+        for shape in [
+            KernelShape {
+                threads: 100,
+                ..Default::default()
+            },
+            KernelShape {
+                unroll: 0,
+                ..Default::default()
+            },
+            KernelShape {
+                chunk: 1000,
+                ..Default::default()
+            },
+            KernelShape {
+                ctas_per_sm: 0,
+                ..Default::default()
+            },
+        ] {
+            let e = a
+                .create_backend(CudaIpcParams {
+                    kernel_shape: shape,
+                    ..Default::default()
+                })
+                .unwrap_err();
+            assert_eq!(e.kind_name(), "invalid_param", "{e}");
+            assert!(a.backends().is_empty());
+        }
+        let m = BTreeMap::from([(
+            "kernel_shape".to_owned(),
+            "chunk=512k,ctas=2,threads=1024,unroll=8,store=wb,schedule=balanced".to_owned(),
+        )]);
+        assert!(CudaIpcPlugin.parse_params(&m).is_ok());
     }
 
     #[test]

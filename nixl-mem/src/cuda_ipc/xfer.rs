@@ -25,10 +25,12 @@ pub(crate) struct KernelPlan {
     /// The upload's host source, kept for the request's lifetime.
     _host: Vec<u8>,
     count: u64,
+    grid: u32,
 }
 
 impl KernelPlan {
-    /// Packs `copies` ((dst, src, len)) into descriptors and enqueues their upload on `stream`.
+    /// Plans `copies` ((dst, src, len), no two in [`kernel::conflict`]) into descriptors and
+    /// enqueues their upload on `stream`.
     pub fn new(
         kernel: Arc<CopyKernel>,
         device: usize,
@@ -39,7 +41,7 @@ impl KernelPlan {
             .iter()
             .map(|&(dst, src, len)| Segment { src, dst, len })
             .collect();
-        let descs = kernel::pack(&segs, kernel::CHUNK);
+        let (descs, grid) = kernel.plan(&segs);
         let host = kernel::descriptor_bytes(&descs);
         let buf = DeviceBuffer::alloc(device, host.len().max(1)).map_err(|e| e.to_string())?;
         // SAFETY: `buf` holds `host.len()` bytes; `host` is kept alive with the plan (the
@@ -54,13 +56,15 @@ impl KernelPlan {
             descs: buf,
             _host: host,
             count: descs.len() as u64,
+            grid,
         })
     }
 }
 
 /// How a request's copies are enqueued.
 pub(crate) enum Engine {
-    /// One `cuMemcpyAsync` per segment (copy engines).
+    /// One `cuMemcpyAsync` per segment (copy engines), in order: the only engine for copies
+    /// that depend on each other.
     Copies,
     /// One `cuMemcpyBatchAsync` for all segments (copy engines; CUDA 12.8+, falls back to
     /// `Copies` when refused).
@@ -111,9 +115,13 @@ impl CudaIpcXfer {
             // SAFETY: the descriptors were uploaded on this stream at prepare time; prepare
             // admitted the kernel only for segments whose both ends are device memory of this
             // context's GPU (local registrations, same-GPU IPC mappings), kept alive by the
-            // request's registrations and loaded regions; the agent refuses overlapping
-            // descriptors within one side.
-            match unsafe { p.kernel.launch(p.descs.addr(), p.count, &self.stream) } {
+            // request's registrations and loaded regions; prepare admitted it only for copies
+            // of which no two conflict (`kernel::conflict`: no destination overlaps another
+            // copy's destination or source, or its own source).
+            match unsafe {
+                p.kernel
+                    .launch(p.descs.addr(), p.count, p.grid, &self.stream)
+            } {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     tracing::warn!(agent = %self.agent, error = %e, "the copy kernel did not launch; using cuMemcpyBatchAsync for this request");
@@ -194,8 +202,7 @@ impl CudaIpcXfer {
             Engine::Batch => format!("cuMemcpyBatchAsync x{n}"),
             Engine::Kernel(p) => format!(
                 "copy kernel x{n} segments ({} chunks, {} CTAs)",
-                p.count,
-                p.kernel.grid(p.count)
+                p.count, p.grid
             ),
         }
     }

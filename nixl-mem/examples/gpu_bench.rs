@@ -4,7 +4,9 @@
 //!
 //! ```text
 //! gpu_bench [--blocks 1024] [--block-sizes 1,2] [--iters 20] [--gpu 0] [--target-gpu 0]
-//!           [--out results.jsonl] [--no-copy-kernel]
+//!           [--out results.jsonl] [--no-copy-kernel] [--kernel-shape SHAPE]
+//! gpu_bench --sweep [--blocks 1024] [--block-sizes 1,4] [--iters 10] [--reps 5] [--gpu 0]
+//!           [--out sweep.jsonl]
 //! ```
 //!
 //! The process started by the user is the initiator; it spawns itself as the target
@@ -13,6 +15,17 @@
 //! Each case runs "merged" (contiguous blocks become one copy, the default of the agent) and
 //! "per-block" (`no_merge`: 1024 segments: the copy kernel for VRAM<->VRAM, one
 //! `cuMemcpyBatchAsync` for DRAM<->VRAM, or with `--no-copy-kernel` for both).
+//! `--kernel-shape` sets the copy kernel's shape (`nixl_mem::KernelShape`'s text form, e.g.
+//! `chunk=512k,ctas=2,threads=1024,unroll=8,load=plain,store=cs,schedule=balanced`).
+//!
+//! `--sweep` measures the copy kernel itself, one process, no target process: per-block
+//! VRAM->VRAM WRITE and READ between two pools of GPU `--gpu` (two agents of this process, so
+//! no IPC mapping is involved), `--blocks` blocks of each `--block-sizes` MiB, for every shape
+//! of `KernelShape::sweep()` and, for reference, the merged copy (one `cuMemcpyAsync`).
+//! Completion is busy-polled, each cell is the median of `--reps` rounds of `--iters` posts,
+//! and every cell's bytes are verified (a READ of the WRITE's destination back into the zeroed
+//! source, compared with the pattern). It prints a table and the best shape: the one whose
+//! slowest cell is fastest.
 
 use std::io::Write as _;
 use std::process::{Command, ExitCode};
@@ -22,7 +35,9 @@ use std::time::{Duration, Instant};
 use nixl_core::{
     Agent, AgentConfig, MemKind, Result, XferDescList, XferOp, XferOptions, XferTarget,
 };
-use nixl_mem::{CudaIpcParams, DeviceBuffer, HostMemory, MmapBuffer, Pinned, CUDA_IPC};
+use nixl_mem::{
+    CudaIpcParams, DeviceBuffer, HostMemory, KernelShape, MmapBuffer, Pinned, CUDA_IPC,
+};
 
 const MIB: u64 = 1 << 20;
 const WAIT: Duration = Duration::from_secs(60);
@@ -38,6 +53,9 @@ struct Args {
     md: String,
     out: Option<String>,
     copy_kernel: bool,
+    kernel_shape: KernelShape,
+    sweep: bool,
+    reps: usize,
 }
 
 fn parse() -> std::result::Result<Args, String> {
@@ -51,6 +69,9 @@ fn parse() -> std::result::Result<Args, String> {
         md: String::new(),
         out: None,
         copy_kernel: true,
+        kernel_shape: KernelShape::default(),
+        sweep: false,
+        reps: 5,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -76,12 +97,17 @@ fn parse() -> std::result::Result<Args, String> {
             "--md" => a.md = v()?,
             "--out" => a.out = Some(v()?),
             "--no-copy-kernel" => a.copy_kernel = false,
+            "--kernel-shape" => {
+                a.kernel_shape = v()?.parse().map_err(|e| format!("--kernel-shape: {e}"))?
+            }
+            "--sweep" => a.sweep = true,
+            "--reps" => a.reps = v()?.parse().map_err(|e| format!("--reps: {e}"))?,
             "--bench" => {} // passed by `cargo bench`-style runners
             other => return Err(format!("unknown argument {other}")),
         }
     }
-    if a.blocks == 0 || a.sizes.is_empty() || a.sizes.contains(&0) || a.iters == 0 {
-        return Err("blocks, block sizes and iters must be positive".into());
+    if a.blocks == 0 || a.sizes.is_empty() || a.sizes.contains(&0) || a.iters == 0 || a.reps == 0 {
+        return Err("blocks, block sizes, iters and reps must be positive".into());
     }
     Ok(a)
 }
@@ -115,6 +141,8 @@ fn main() -> ExitCode {
     }
     let r = if args.role == "target" {
         target(&args)
+    } else if args.sweep {
+        sweep(&args)
     } else {
         initiator(&args)
     };
@@ -287,6 +315,7 @@ fn run_initiator(a: &Args, md: &std::path::Path) -> Result<()> {
     agent.create_backend(CudaIpcParams {
         device: a.gpu,
         copy_kernel: a.copy_kernel,
+        kernel_shape: a.kernel_shape,
         ..Default::default()
     })?;
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -498,4 +527,224 @@ fn run_initiator(a: &Args, md: &std::path::Path) -> Result<()> {
     let (s, n) = last_write;
     agent.gen_notif(&peer, format!("done {s} {n}").as_bytes(), &[])?;
     Ok(())
+}
+
+/// Posts `req` and busy-polls it to completion (bounded by [`WAIT`]).
+fn post_and_spin(agent: &Agent, req: &nixl_core::XferReq) -> Result<()> {
+    agent.post_xfer_req(req)?;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if req.check()? == nixl_core::XferState::Done {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(nixl_core::Error::TimedOut {
+                agent: "bench-sweep".into(),
+                op: nixl_core::Op::Wait,
+                elapsed: WAIT,
+            });
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// The median of `reps` rounds of `iters` posts of `req` (after two warm-up posts), in GB/s
+/// of `bytes` per post, and every round's value.
+fn measure(
+    agent: &Agent,
+    req: &nixl_core::XferReq,
+    bytes: usize,
+    a: &Args,
+) -> Result<(f64, Vec<f64>)> {
+    for _ in 0..2 {
+        post_and_spin(agent, req)?;
+    }
+    let mut rounds = Vec::with_capacity(a.reps);
+    for _ in 0..a.reps {
+        let t0 = Instant::now();
+        for _ in 0..a.iters {
+            post_and_spin(agent, req)?;
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        rounds.push(bytes as f64 * a.iters as f64 / secs / 1e9);
+    }
+    let mut sorted = rounds.clone();
+    sorted.sort_by(f64::total_cmp);
+    Ok((sorted[sorted.len() / 2], rounds))
+}
+
+/// "1056" from a path's "(8192 chunks, 1056 CTAs)", or "-".
+fn ctas_of(path: &str) -> String {
+    path.split_once(" chunks, ")
+        .and_then(|(_, rest)| rest.split_once(" CTAs)"))
+        .map_or("-".to_owned(), |(n, _)| n.to_owned())
+}
+
+/// One row of the sweep: a name, the shape (None: merged), GB/s per (size, op) cell.
+struct Row {
+    name: String,
+    shape: Option<KernelShape>,
+    ctas: String,
+    cells: Vec<f64>,
+    verified: bool,
+    /// For a shape: the path of a request that did not run on the copy kernel.
+    fallback: Option<String>,
+}
+
+fn sweep(a: &Args) -> Result<()> {
+    let io = |e| nixl_core::Error::io("bench-sweep", nixl_core::Op::Exchange, e);
+    let len = max_bytes(a) as usize;
+    let orig = DeviceBuffer::new(a.gpu, len)?;
+    let src = Arc::new(DeviceBuffer::new(a.gpu, len)?);
+    let dst = Arc::new(DeviceBuffer::new(a.gpu, len)?);
+    let pat = pattern(len, 7);
+    orig.copy_from_host(0, &pat)?;
+    let target = Agent::new("sweep-target", AgentConfig::default())?;
+    target.create_backend(CudaIpcParams {
+        device: a.gpu,
+        ..Default::default()
+    })?;
+    let _rt = target.register_mem(vec![dst.clone()], &[])?;
+    let target_md = target.local_metadata()?;
+    let mut out = match &a.out {
+        Some(p) => Some(std::fs::File::create(p).map_err(io)?),
+        None => None,
+    };
+    let mut back = vec![0u8; len];
+    let mut configs: Vec<(String, Option<KernelShape>)> = vec![("merged".to_owned(), None)];
+    configs.extend(
+        KernelShape::sweep()
+            .into_iter()
+            .map(|(n, s)| (n.to_owned(), Some(s))),
+    );
+    println!(
+        "sweep: per-block VRAM<->VRAM on GPU {}, {} blocks per request, median of {} x {} posts, busy-polled",
+        a.gpu, a.blocks, a.reps, a.iters
+    );
+    let mut rows = Vec::new();
+    for (i, (name, shape)) in configs.iter().enumerate() {
+        let agent = Agent::new(&format!("sweep-{i}"), AgentConfig::default())?;
+        agent.create_backend(CudaIpcParams {
+            device: a.gpu,
+            kernel_shape: shape.unwrap_or_default(),
+            ..Default::default()
+        })?;
+        let _r = agent.register_mem(vec![src.clone()], &[])?;
+        let peer = agent.load_remote_metadata(&target_md)?;
+        let mut row = Row {
+            name: name.clone(),
+            shape: *shape,
+            ctas: "-".into(),
+            cells: Vec::new(),
+            verified: true,
+            fallback: None,
+        };
+        for &mib in &a.sizes {
+            let block = mib * MIB;
+            let total = block as usize * a.blocks;
+            let local = list(MemKind::Vram, src.addr(), block, a.blocks, a.gpu as u64);
+            let remote = list(MemKind::Vram, dst.addr(), block, a.blocks, a.gpu as u64);
+            let opts = || XferOptions {
+                no_merge: shape.is_some(),
+                ..Default::default()
+            };
+            // WRITE the pattern into the zeroed destination pool, then READ it back into the
+            // zeroed source pool: the source then holds the pattern only if both copied right.
+            src.copy_from_device(0, &orig, 0, total)?;
+            dst.fill(0)?;
+            let w = agent.create_xfer_req(XferOp::Write, &local, &remote, &peer, opts())?;
+            let (wg, wr) = measure(&agent, &w, total, a)?;
+            src.fill(0)?;
+            let r = agent.create_xfer_req(XferOp::Read, &local, &remote, &peer, opts())?;
+            let (rg, rr) = measure(&agent, &r, total, a)?;
+            src.copy_to_host(0, &mut back[..total])?;
+            let ok = back[..total] == pat[..total];
+            if !ok {
+                dst.copy_to_host(0, &mut back[..total])?;
+                let w_ok = back[..total] == pat[..total];
+                eprintln!(
+                    "sweep: {name} at {mib} MiB: bytes differ after {}",
+                    if w_ok { "the READ" } else { "the WRITE" }
+                );
+            }
+            row.verified &= ok;
+            if row.ctas == "-" {
+                row.ctas = ctas_of(&w.path());
+            }
+            for p in [w.path(), r.path()] {
+                if shape.is_some() && !p.contains("copy kernel x") && row.fallback.is_none() {
+                    eprintln!("sweep: {name} did not run on the copy kernel: {p}");
+                    row.fallback = Some(p);
+                }
+            }
+            row.cells.extend([wg, rg]);
+            for (op, g, rounds, path) in [("WRITE", wg, wr, w.path()), ("READ", rg, rr, r.path())] {
+                if let Some(f) = out.as_mut() {
+                    let _ = writeln!(
+                        f,
+                        "{{\"sweep\":true,\"config\":\"{name}\",\"shape\":\"{}\",\"op\":\"{op}\",\"block_bytes\":{block},\"blocks\":{},\"iters\":{},\"gbps\":{g:.2},\"rounds\":{rounds:.2?},\"verified\":{ok},\"path\":\"{path}\",\"gpu\":{}}}",
+                        shape.map_or("merged".to_owned(), |s| s.to_string()),
+                        a.blocks,
+                        a.iters,
+                        a.gpu
+                    );
+                }
+            }
+        }
+        eprintln!(
+            "sweep: {name}: {:.1?} GB/s{}",
+            row.cells,
+            if row.verified { "" } else { " NOT VERIFIED" }
+        );
+        rows.push(row);
+    }
+    // The table.
+    let mut head = format!("{:<20} {:>5}", "config", "CTAs");
+    for &mib in &a.sizes {
+        head += &format!(
+            " {:>9} {:>9}",
+            format!("{mib}M WRITE"),
+            format!("{mib}M READ")
+        );
+    }
+    println!("{head} {:>9} {:>8}  shape", "min", "verified");
+    let min_of = |r: &Row| r.cells.iter().copied().fold(f64::INFINITY, f64::min);
+    for r in &rows {
+        let mut line = format!("{:<20} {:>5}", r.name, r.ctas);
+        for c in &r.cells {
+            line += &format!(" {c:>9.1}");
+        }
+        println!(
+            "{line} {:>9.1} {:>8}  {}",
+            min_of(r),
+            if r.verified { "yes" } else { "NO" },
+            r.shape
+                .map_or("cuMemcpyAsync x1 (reference)".to_owned(), |s| s.to_string())
+        );
+        if let Some(p) = &r.fallback {
+            println!("{:<20} not the copy kernel: {p}", "");
+        }
+    }
+    let best = rows
+        .iter()
+        .filter(|r| r.shape.is_some() && r.verified && r.fallback.is_none())
+        .max_by(|x, y| min_of(x).total_cmp(&min_of(y)));
+    match best {
+        Some(b) => println!(
+            "best: {} (slowest cell {:.1} GB/s): kernel_shape={}",
+            b.name,
+            min_of(b),
+            b.shape.map(|s| s.to_string()).unwrap_or_default()
+        ),
+        None => println!("best: none (no kernel shape verified)"),
+    }
+    if rows.iter().all(|r| r.verified) {
+        Ok(())
+    } else {
+        Err(nixl_core::Error::Corrupt {
+            agent: "bench-sweep".into(),
+            remote: "sweep-target".into(),
+            op: nixl_core::Op::Wait,
+        })
+    }
 }

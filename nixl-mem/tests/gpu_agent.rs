@@ -500,7 +500,7 @@ fn scatter_round(pair: &Pair, segs: &[(u64, u64, u64)], seed: u64) -> (String, S
     let Pair {
         a, src, dst, peer, ..
     } = pair;
-    let len = src.len() as usize;
+    let len = src.len();
     let p = pattern(seed, len);
     src.copy_from_host(0, &p).unwrap();
     dst.fill(0).unwrap();
@@ -523,7 +523,11 @@ fn scatter_round(pair: &Pair, segs: &[(u64, u64, u64)], seed: u64) -> (String, S
     for &(s, d, l) in segs {
         want[d as usize..(d + l) as usize].copy_from_slice(&p[s as usize..(s + l) as usize]);
     }
-    assert_eq!(first_diff(&dst.to_vec().unwrap(), &want), None, "WRITE {write}");
+    assert_eq!(
+        first_diff(&dst.to_vec().unwrap(), &want),
+        None,
+        "WRITE {write}"
+    );
     // READ back into zeroed source blocks.
     src.fill(0).unwrap();
     let read = xfer(
@@ -537,8 +541,7 @@ fn scatter_round(pair: &Pair, segs: &[(u64, u64, u64)], seed: u64) -> (String, S
     );
     let mut want_src = vec![0u8; len];
     for &(s, d, l) in segs {
-        want_src[s as usize..(s + l) as usize]
-            .copy_from_slice(&want[d as usize..(d + l) as usize]);
+        want_src[s as usize..(s + l) as usize].copy_from_slice(&want[d as usize..(d + l) as usize]);
     }
     assert_eq!(
         first_diff(&src.to_vec().unwrap(), &want_src),

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Runs nixl-mem's GPU tests and the CUDA_IPC bench on the GPU machine, from prebuilt binaries
 # only (see scripts/gpu/build.sh, which puts them in .carry/bin/). Writes logs and results to
-# $OUT and prints a summary. Bounded: 3 x 90 s tests + 150 s + 60 s + 60 s bench = 9 minutes
-# at the very worst; a normal run takes one to two minutes.
+# $OUT and prints a summary: the tests, the bench (two processes, 1 and 4 MiB x 1024 blocks),
+# and the copy kernel's shape sweep (gpu_bench --sweep: per-block VRAM<->VRAM WRITE and READ at
+# 1 and 4 MiB x 1024 blocks for every shape of KernelShape::sweep(), table + best shape).
+# A normal run takes about four minutes; bounded by the timeouts below (3 x 90 s tests, 150 s
+# bench, 180 s sweep, optional 60 s copy-engine comparison with NIXL_GPU_CE=1).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BIN="${NIXL_GPU_BIN:-.carry/bin}"
@@ -37,6 +40,9 @@ must_pass() { # log test
     if grep -q "test $2 \.\.\. ok" "$OUT/$1.log"; then say "  ok: $2"; else say "  NOT PASSED: $2 (see $1.log)"; fail=1; fi
 }
 must_pass nixl-mem-lib cuda::kernel::tests::the_ptx_copies_every_byte_when_simulated
+must_pass nixl-mem-lib cuda::kernel::tests::every_sweep_shape_copies_every_byte_when_simulated
+must_pass nixl-mem-lib cuda::kernel::tests::the_gpu_tests_first_request_races_and_the_fixed_one_does_not
+must_pass nixl-mem-lib cuda::ptx_sim::tests::races_between_threads_are_reported
 must_pass nixl-mem-lib cuda_ipc::complete::tests::the_thread_sends_without_polling_in_post_order
 must_pass nixl-mem-lib cuda_ipc::complete::tests::a_real_event_ticket_is_sent_by_the_thread
 must_pass nixl-mem-gpu-agent gpu_agent_notification_without_initiator_polling
@@ -56,11 +62,22 @@ if [ "$NGPU" -ge 1 ] && grep -q 'skipped' "$OUT/bench-gpu0.txt"; then say "gpu_b
 if [ "$NGPU" -ge 1 ] && grep -q 'copy kernel unavailable\|copy kernel not prepared\|copy kernel launch failed' "$OUT/bench-gpu0.txt"; then say "the copy kernel fell back to the copy engines (see the path column)"; fail=1; fi
 
 say ""
-say "== gpu_bench --no-copy-kernel (copy engines only, for comparison), 1 MiB blocks =="
-timeout 60 "$BIN/gpu_bench" --blocks 1024 --block-sizes 1 --iters 10 --no-copy-kernel --out "$OUT/bench-gpu0-copy-engines.jsonl" > "$OUT/bench-gpu0-copy-engines.txt" 2>&1
+say "== gpu_bench --sweep: copy kernel shapes, per-block VRAM<->VRAM, 1024 blocks of 1 and 4 MiB, GPU 0 =="
+timeout 180 "$BIN/gpu_bench" --sweep --blocks 1024 --block-sizes 1,4 --iters 10 --reps 5 --out "$OUT/sweep-gpu0.jsonl" > "$OUT/sweep-gpu0.txt" 2> "$OUT/sweep-gpu0.log"
 rc=$?
-tee -a "$summary" < "$OUT/bench-gpu0-copy-engines.txt"
-[ $rc -eq 0 ] || { say "gpu_bench --no-copy-kernel failed rc=$rc"; fail=1; }
+tee -a "$summary" < "$OUT/sweep-gpu0.txt"
+tail -5 "$OUT/sweep-gpu0.log" | tee -a "$summary"
+[ $rc -eq 0 ] || { say "gpu_bench --sweep failed rc=$rc (see sweep-gpu0.log)"; fail=1; }
+if [ "$NGPU" -ge 1 ] && grep -q 'skipped' "$OUT/sweep-gpu0.txt"; then say "gpu_bench --sweep skipped although a GPU is visible"; fail=1; fi
+
+if [ "${NIXL_GPU_CE:-0}" = 1 ]; then
+    say ""
+    say "== gpu_bench --no-copy-kernel (copy engines only, for comparison), 1 MiB blocks =="
+    timeout 60 "$BIN/gpu_bench" --blocks 1024 --block-sizes 1 --iters 10 --no-copy-kernel --out "$OUT/bench-gpu0-copy-engines.jsonl" > "$OUT/bench-gpu0-copy-engines.txt" 2>&1
+    rc=$?
+    tee -a "$summary" < "$OUT/bench-gpu0-copy-engines.txt"
+    [ $rc -eq 0 ] || { say "gpu_bench --no-copy-kernel failed rc=$rc"; fail=1; }
+fi
 
 if [ "$NGPU" -ge 2 ]; then
     say ""

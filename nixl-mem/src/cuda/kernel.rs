@@ -63,9 +63,9 @@ impl KernelSchedule {
 /// The copy kernel's shape: how requests are cut, how many CTAs of how many threads copy them,
 /// and how each thread issues its loads and stores. The default is the shape measured first
 /// (docs/perf/gpu.md, run 2). Written and parsed as
-/// `chunk=128k,ctas=8,threads=256,unroll=4,store=cs,schedule=persistent` (any subset of the
-/// keys, the rest default; sizes in bytes or with `k`/`m`; `store` is `cs` or `wb`;
-/// `schedule` is `persistent`, `balanced` or `per-chunk`).
+/// `chunk=128k,ctas=8,threads=256,unroll=4,load=nc,store=cs,schedule=persistent` (any subset
+/// of the keys, the rest default; sizes in bytes or with `k`/`m`; `load` is `nc` or `plain`;
+/// `store` is `cs` or `wb`; `schedule` is `persistent`, `balanced` or `per-chunk`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KernelShape {
     /// The largest descriptor in bytes: a multiple of 16, from 4 KiB to 1 GiB.
@@ -75,8 +75,14 @@ pub struct KernelShape {
     pub ctas_per_sm: u32,
     /// Threads per CTA: a multiple of 32, from 32 to 1024.
     pub threads: u32,
-    /// 16-byte loads each thread has in flight before it stores them: 1 to 8.
+    /// 16-byte loads each thread issues before it stores them: 1 to 8.
     pub unroll: u32,
+    /// Load the body through the read-only path (`ld.global.nc`) rather than with a plain
+    /// `ld.global`. `ptxas` may sink read-only loads below the stores that follow them (it
+    /// does, to stay at 32 registers), so with `.nc` at most about four loads are in flight
+    /// whatever `unroll` says; plain loads keep all `unroll` ahead of the round's stores (more
+    /// registers: 48-54 for 8).
+    pub nc_loads: bool,
     /// Store with the streaming hint (`st.global.cs`, evict first) rather than the default
     /// write-back (`st.global`, i.e. `.wb`).
     pub streaming_stores: bool,
@@ -91,6 +97,7 @@ impl Default for KernelShape {
             ctas_per_sm: 8,
             threads: 256,
             unroll: 4,
+            nc_loads: true,
             streaming_stores: true,
             schedule: KernelSchedule::Persistent,
         }
@@ -121,11 +128,12 @@ impl fmt::Display for KernelShape {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "chunk={},ctas={},threads={},unroll={},store={},schedule={}",
+            "chunk={},ctas={},threads={},unroll={},load={},store={},schedule={}",
             size_text(self.chunk),
             self.ctas_per_sm,
             self.threads,
             self.unroll,
+            if self.nc_loads { "nc" } else { "plain" },
             if self.streaming_stores { "cs" } else { "wb" },
             self.schedule.name()
         )
@@ -149,6 +157,13 @@ impl FromStr for KernelShape {
                 "ctas" => k.ctas_per_sm = num(v)?,
                 "threads" => k.threads = num(v)?,
                 "unroll" => k.unroll = num(v)?,
+                "load" => {
+                    k.nc_loads = match v.trim() {
+                        "nc" => true,
+                        "plain" => false,
+                        _ => return Err(bad()),
+                    }
+                }
                 "store" => {
                     k.streaming_stores = match v.trim() {
                         "cs" => true,
@@ -200,15 +215,29 @@ impl KernelShape {
     }
 
     /// The shapes `gpu_bench --sweep` measures, with a short name each: the default first
-    /// (the measured baseline), then one change at a time from it or from the previous row
-    /// (docs/perf/gpu.md says why each).
+    /// (the measured baseline), then mostly one change at a time (docs/perf/gpu.md says why
+    /// each). Every `u8` shape uses plain loads, so its eight loads really are in flight.
     pub fn sweep() -> Vec<(&'static str, KernelShape)> {
         let d = KernelShape::default();
         let b = KernelShape {
             schedule: KernelSchedule::Balanced,
             ..d
         };
-        let kib = |n: u64| n << 10;
+        let u8 = |s: KernelShape| KernelShape {
+            unroll: 8,
+            nc_loads: false,
+            ..s
+        };
+        let big = |chunk_kib: u64, ctas_per_sm: u32, threads: u32| KernelShape {
+            chunk: chunk_kib << 10,
+            ctas_per_sm,
+            threads,
+            ..b
+        };
+        let per_chunk = KernelShape {
+            schedule: KernelSchedule::PerChunk,
+            ..d
+        };
         vec![
             ("base", d),
             ("balanced", b),
@@ -219,82 +248,27 @@ impl KernelShape {
                     ..b
                 },
             ),
-            ("balanced-u8", KernelShape { unroll: 8, ..b }),
             (
-                "per-chunk",
+                "balanced-plain",
                 KernelShape {
-                    schedule: KernelSchedule::PerChunk,
-                    ..d
+                    nc_loads: false,
+                    ..b
                 },
             ),
+            ("balanced-u8", u8(b)),
+            ("per-chunk", per_chunk),
             (
                 "per-chunk-64k-u8",
-                KernelShape {
-                    chunk: kib(64),
-                    unroll: 8,
-                    schedule: KernelSchedule::PerChunk,
-                    ..d
-                },
+                u8(KernelShape {
+                    chunk: 64 << 10,
+                    ..per_chunk
+                }),
             ),
-            (
-                "bal-256k-4x512",
-                KernelShape {
-                    chunk: kib(256),
-                    ctas_per_sm: 4,
-                    threads: 512,
-                    ..b
-                },
-            ),
-            (
-                "bal-256k-4x512-u8",
-                KernelShape {
-                    chunk: kib(256),
-                    ctas_per_sm: 4,
-                    threads: 512,
-                    unroll: 8,
-                    ..b
-                },
-            ),
-            (
-                "bal-512k-2x1024",
-                KernelShape {
-                    chunk: kib(512),
-                    ctas_per_sm: 2,
-                    threads: 1024,
-                    ..b
-                },
-            ),
-            (
-                "bal-512k-2x1024-u8",
-                KernelShape {
-                    chunk: kib(512),
-                    ctas_per_sm: 2,
-                    threads: 1024,
-                    unroll: 8,
-                    ..b
-                },
-            ),
-            (
-                "bal-1m-2x512-u8",
-                KernelShape {
-                    chunk: kib(1024),
-                    ctas_per_sm: 2,
-                    threads: 512,
-                    unroll: 8,
-                    ..b
-                },
-            ),
-            (
-                "pers-512k-2x1024-u8",
-                KernelShape {
-                    chunk: kib(512),
-                    ctas_per_sm: 2,
-                    threads: 1024,
-                    unroll: 8,
-                    schedule: KernelSchedule::Persistent,
-                    ..d
-                },
-            ),
+            ("bal-256k-4x512", big(256, 4, 512)),
+            ("bal-256k-4x512-u8", u8(big(256, 4, 512))),
+            ("bal-512k-2x1024", big(512, 2, 1024)),
+            ("bal-512k-2x1024-u8", u8(big(512, 2, 1024))),
+            ("bal-1m-2x512-u8", u8(big(1024, 2, 512))),
         ]
     }
 }
@@ -387,7 +361,7 @@ $L_vec1:
 	@%p5 bra 	$L_tail;
 	add.u64 	%la0, %rd21, %rd23;
 	add.u64 	%sa0, %rd22, %rd23;
-	ld.global.nc.v4.u32 	{%v0, %v1, %v2, %v3}, [%la0];
+	@LOAD@ 	{%v0, %v1, %v2, %v3}, [%la0];
 	@STORE@ 	[%sa0], {%v0, %v1, %v2, %v3};
 	add.u64 	%rd23, %rd23, %rd8;
 	bra 	$L_vec1;
@@ -431,6 +405,11 @@ $L_done:
 /// only bounds the launch (`.maxntid`): the code reads `%ntid.x`.
 pub(crate) fn ptx(shape: &KernelShape) -> String {
     let u = shape.unroll.max(1);
+    let load = if shape.nc_loads {
+        "ld.global.nc.v4.u32"
+    } else {
+        "ld.global.v4.u32"
+    };
     let store = if shape.streaming_stores {
         "st.global.cs.v4.u32"
     } else {
@@ -456,7 +435,7 @@ pub(crate) fn ptx(shape: &KernelShape) -> String {
         };
     }
     for k in 0..u {
-        round += &format!("\tld.global.nc.v4.u32 \t{}, [%la{k}];\n", v(k));
+        round += &format!("\t{load} \t{}, [%la{k}];\n", v(k));
     }
     for k in 0..u {
         round += &if k == 0 {
@@ -475,6 +454,7 @@ pub(crate) fn ptx(shape: &KernelShape) -> String {
         .replace("@UNROLL_1@", &(u - 1).to_string())
         .replace("@UNROLL@", &u.to_string())
         .replace("@ROUND@", &round)
+        .replace("@LOAD@", load)
         .replace("@STORE@", store);
     s.push('\0');
     s
@@ -1015,14 +995,19 @@ mod tests {
         }
     }
 
-    /// Simulates one launch: descriptors at `base`, planned for `resident` CTAs of `ntid`
-    /// threads; returns the memory after it, or the race.
+    /// Simulated memory before a launch: descriptors go in its first `desc_area` bytes.
+    struct Image<'a> {
+        bytes: &'a [u8],
+        base: u64,
+        desc_area: u64,
+    }
+
+    /// Simulates one launch: descriptors at the image's base, planned for `resident` CTAs of
+    /// `ntid` threads; returns the memory after it (descriptor area zeroed), or the race.
     fn simulate(
         prog: &Program,
         shape: &KernelShape,
-        image: &[u8],
-        base: u64,
-        desc_area: u64,
+        img: &Image,
         segs: &[Segment],
         resident: u32,
         ntid: u32,
@@ -1030,13 +1015,13 @@ mod tests {
         let (descs, grid) = plan(segs, shape, resident);
         let bytes = descriptor_bytes(&descs);
         assert!(
-            bytes.len() as u64 <= desc_area,
+            bytes.len() as u64 <= img.desc_area,
             "{} descriptors",
             descs.len()
         );
-        let mut m = Memory::new(base, image.to_vec());
+        let mut m = Memory::new(img.base, img.bytes.to_vec());
         m.bytes[..bytes.len()].copy_from_slice(&bytes);
-        let params = [("nixl_descs", base), ("nixl_count", descs.len() as u64)];
+        let params = [("nixl_descs", img.base), ("nixl_count", descs.len() as u64)];
         run(prog, &mut m, &params, grid, ntid)?;
         m.bytes[..bytes.len()].fill(0);
         Ok(m.bytes)
@@ -1066,17 +1051,12 @@ mod tests {
         let prog = Program::parse(&ptx(&shape));
         // 32 chunks on 32 CTAs, as on the H200.
         assert_eq!(plan(&segs(false), &shape, 1056).1, 32);
-        let e = simulate(
-            &prog,
-            &shape,
-            &image,
+        let img = Image {
+            bytes: &image,
             base,
             desc_area,
-            &segs(false),
-            1056,
-            256,
-        )
-        .unwrap_err();
+        };
+        let e = simulate(&prog, &shape, &img, &segs(false), 1056, 256).unwrap_err();
         assert!(
             e.contains(&format!("write-after-write race at {:#x}", dst0 + 3 * MIB)),
             "{e}"
@@ -1098,17 +1078,8 @@ mod tests {
         }
         for shape in shapes {
             let prog = Program::parse(&ptx(&shape));
-            let got = simulate(
-                &prog,
-                &shape,
-                &image,
-                base,
-                desc_area,
-                &segs(true),
-                1056,
-                64,
-            )
-            .unwrap_or_else(|e| panic!("{shape}: {e}"));
+            let got = simulate(&prog, &shape, &img, &segs(true), 1056, 64)
+                .unwrap_or_else(|e| panic!("{shape}: {e}"));
             assert!(got == want, "{shape}: bytes differ");
         }
     }
@@ -1144,13 +1115,14 @@ mod tests {
         let d = KernelShape::default();
         assert_eq!(
             d.to_string(),
-            "chunk=128k,ctas=8,threads=256,unroll=4,store=cs,schedule=persistent"
+            "chunk=128k,ctas=8,threads=256,unroll=4,load=nc,store=cs,schedule=persistent"
         );
         assert_eq!(d.to_string().parse::<KernelShape>(), Ok(d));
         assert_eq!("".parse::<KernelShape>(), Ok(d));
-        let s: KernelShape = " chunk=1m, threads=1024,ctas=2,unroll=8,store=wb,schedule=balanced "
-            .parse()
-            .unwrap();
+        let s: KernelShape =
+            " chunk=1m, threads=1024,ctas=2,unroll=8,load=plain,store=wb,schedule=balanced "
+                .parse()
+                .unwrap();
         assert_eq!(
             s,
             KernelShape {
@@ -1158,6 +1130,7 @@ mod tests {
                 ctas_per_sm: 2,
                 threads: 1024,
                 unroll: 8,
+                nc_loads: false,
                 streaming_stores: false,
                 schedule: KernelSchedule::Balanced,
             }
@@ -1184,6 +1157,7 @@ mod tests {
             "unroll=0",
             "unroll=9",
             "store=wt",
+            "load=ca",
             "schedule=random",
             "speed=11",
             "threads",
@@ -1208,9 +1182,7 @@ mod tests {
     /// and tails of several lengths, the byte path and multi-round bodies.
     fn cases(full: bool) -> (Vec<(u64, u64, u64)>, u64) {
         let lens: &[u64] = if full {
-            &[
-                0, 1, 2, 15, 16, 17, 31, 33, 64, 65, 100, 4095, 4103, 20_001,
-            ]
+            &[0, 1, 2, 15, 16, 17, 31, 33, 64, 65, 100, 4095, 4103, 20_001]
         } else {
             &[0, 1, 15, 17, 33, 100, 4103, 20_001]
         };
@@ -1242,8 +1214,8 @@ mod tests {
             }
         }
         // A multiple of 64, so equal skews are co-aligned.
-        let area = (v.iter().map(|c| c.0.max(c.1) + c.2).max().unwrap_or(0) + 64)
-            .next_multiple_of(64);
+        let area =
+            (v.iter().map(|c| c.0.max(c.1) + c.2).max().unwrap_or(0) + 64).next_multiple_of(64);
         (v, area)
     }
 
@@ -1276,9 +1248,14 @@ mod tests {
             want[d..d + len as usize].copy_from_slice(&src);
         }
         let prog = Program::parse(&ptx(shape));
+        let img = Image {
+            bytes: &image,
+            base,
+            desc_area,
+        };
         for &(chunk, resident, ntid) in launches {
             let s = KernelShape { chunk, ..*shape };
-            let got = simulate(&prog, &s, &image, base, desc_area, &segs, resident, ntid)
+            let got = simulate(&prog, &s, &img, &segs, resident, ntid)
                 .unwrap_or_else(|e| panic!("{s} on {resident} CTAs x {ntid}: {e}"));
             if got != want {
                 let i = (0..want.len()).find(|&i| want[i] != got[i]).unwrap_or(0);
@@ -1324,6 +1301,7 @@ mod tests {
             shapes.push(KernelShape {
                 schedule,
                 unroll: 3,
+                nc_loads: schedule != KernelSchedule::Balanced,
                 streaming_stores: false,
                 ..KernelShape::default()
             });
@@ -1351,10 +1329,13 @@ mod tests {
             assert!(p
                 .match_indices('@')
                 .all(|(i, _)| p[i + 1..].starts_with('%')));
-            assert_eq!(
-                p.matches("ld.global.nc.v4.u32").count() as u32,
-                shape.unroll + 1
-            );
+            let loads = p.matches("ld.global.nc.v4.u32").count() as u32;
+            let plain = p.matches("ld.global.v4.u32").count() as u32;
+            if shape.nc_loads {
+                assert_eq!((loads, plain), (shape.unroll + 1, 0));
+            } else {
+                assert_eq!((loads, plain), (0, shape.unroll + 1));
+            }
             assert_eq!(
                 p.matches("st.global.cs.v4.u32").count() as u32,
                 if shape.streaming_stores {

@@ -140,13 +140,18 @@ fn decode(op: &str, a: &[Arg], labels: &mut Vec<String>, params: &mut Vec<String
         "mad.lo.u64" => Ins::Mad(reg_of(&a[0]), val(&a[1]), val(&a[2]), val(&a[3])),
         "ld.global.nc.u64" | "ld.global.u8" => {
             let (r, off) = mem_of(&a[1]);
-            Ins::Ld(reg_of(&a[0]), r, off, if op.ends_with("u64") { 8 } else { 1 })
+            Ins::Ld(
+                reg_of(&a[0]),
+                r,
+                off,
+                if op.ends_with("u64") { 8 } else { 1 },
+            )
         }
         "st.global.u8" => {
             let (r, off) = mem_of(&a[0]);
             Ins::St(r, off, val(&a[1]), 1)
         }
-        "ld.global.nc.v4.u32" => {
+        "ld.global.nc.v4.u32" | "ld.global.v4.u32" => {
             let (r, off) = mem_of(&a[1]);
             Ins::LdV4(vec_of(&a[0]), r, off)
         }

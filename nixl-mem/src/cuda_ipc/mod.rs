@@ -121,7 +121,7 @@ impl BackendParams for CudaIpcParams {
 /// Creates `CUDA_IPC` by name from a string map: `device` (GPU ordinal), `pin_host`,
 /// `batch_copies` and `copy_kernel` (`true`/`false`), `cancel_timeout_ms`,
 /// `kernel_min_segments`, `kernel_shape` ([`KernelShape`]'s text form, e.g.
-/// `chunk=512k,ctas=2,threads=1024,unroll=8,store=cs,schedule=balanced`).
+/// `chunk=512k,ctas=2,threads=1024,unroll=8,load=plain,store=cs,schedule=balanced`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CudaIpcPlugin;
 
@@ -836,7 +836,8 @@ mod tests {
         }
         let m = BTreeMap::from([(
             "kernel_shape".to_owned(),
-            "chunk=512k,ctas=2,threads=1024,unroll=8,store=wb,schedule=balanced".to_owned(),
+            "chunk=512k,ctas=2,threads=1024,unroll=8,load=plain,store=wb,schedule=balanced"
+                .to_owned(),
         )]);
         assert!(CudaIpcPlugin.parse_params(&m).is_ok());
     }

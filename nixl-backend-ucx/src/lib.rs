@@ -70,6 +70,7 @@
 
 mod backend;
 mod context;
+mod cuda;
 mod endpoint;
 mod error;
 mod loader;

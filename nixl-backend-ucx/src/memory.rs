@@ -59,6 +59,12 @@ impl MemReg {
                 "empty, null or overflowing region",
             ));
         }
+        if region.kind == MemKind::Vram {
+            crate::cuda::ensure_context(region.dev_id).map_err(|e| Error::Unavailable {
+                what: format!("a CUDA context for GPU {}", region.dev_id),
+                hint: format!("UCX registers VRAM in the current CUDA context: {e}"),
+            })?;
+        }
         // SAFETY: zeroed params with a field mask is the documented form.
         let mut p: sys::ucp_mem_map_params_t = unsafe { std::mem::zeroed() };
         p.field_mask = (sys::UCP_MEM_MAP_PARAM_FIELD_ADDRESS

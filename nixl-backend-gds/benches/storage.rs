@@ -55,6 +55,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut dir = std::env::temp_dir();
     let mut iters = 40usize;
     let mut engine = Engine::Auto;
+    let mut params = PosixParams::default();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -67,6 +68,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     _ => Engine::Auto,
                 }
             }
+            "--chunk-kib" => {
+                params.chunk_size = args.next().ok_or("--chunk-kib N")?.parse::<u64>()? << 10
+            }
+            "--qd" => params.queue_depth = args.next().ok_or("--qd N")?.parse()?,
+            "--inline-kib" => {
+                params.inline_max = args.next().ok_or("--inline-kib N")?.parse::<u64>()? << 10
+            }
             "--bench" => {}
             _ => {}
         }
@@ -74,8 +82,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let agent = Agent::new("bench", AgentConfig::default())?;
     agent.create_backend(PosixParams {
         engine,
-        ..Default::default()
+        ..params.clone()
     })?;
+    println!(
+        "chunk {} KiB, queue depth {}, inline up to {} KiB",
+        params.chunk_size >> 10,
+        params.queue_depth,
+        params.inline_max >> 10
+    );
     println!(
         "nixl-rs POSIX ({}), {iters} iterations per point, files in {}",
         agent

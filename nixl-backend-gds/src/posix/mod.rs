@@ -55,6 +55,10 @@ pub struct PosixParams {
     pub direct_alignment: u64,
     /// How long cancel waits for chunks already in the kernel.
     pub cancel_timeout: Duration,
+    /// Page-cache (not `O_DIRECT`) requests of at most this many bytes run synchronously
+    /// inside post (a cached `pread`/`pwrite` is a memory copy; a hop to another thread only
+    /// adds latency). 0 disables it.
+    pub inline_max: u64,
 }
 
 impl Default for PosixParams {
@@ -66,6 +70,7 @@ impl Default for PosixParams {
             pool_threads: 4,
             direct_alignment: 4096,
             cancel_timeout: Duration::from_secs(10),
+            inline_max: 4 << 20,
         }
     }
 }
@@ -171,6 +176,7 @@ impl BackendPlugin for PosixPlugin {
                 }
                 "direct_alignment" => p.direct_alignment = num(k, v)?,
                 "cancel_timeout_ms" => p.cancel_timeout = Duration::from_millis(num(k, v)?),
+                "inline_max" => p.inline_max = num(k, v)?,
                 _ => {
                     return Err(Error::invalid(
                         "",
@@ -552,6 +558,9 @@ impl Backend for PosixBackend {
 
     fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
         let plan = self.plan(&spec)?;
+        if !plan.direct && spec.total_bytes() <= self.params.inline_max {
+            return Ok(Box::new(pool::InlineXfer::new(plan)));
+        }
         let why = match &self.uring_unavailable {
             None => match uring::UringXfer::new(plan.clone(), self.params.queue_depth) {
                 Ok(x) => return Ok(Box::new(x)),

@@ -298,3 +298,47 @@ impl Drop for PoolXfer {
         }
     }
 }
+
+/// A small page-cache request run synchronously inside `post`: a `pread`/`pwrite` of cached
+/// pages is a memory copy, so handing it to another thread (io-wq or the pool) only adds
+/// latency.
+pub(crate) struct InlineXfer {
+    plan: Plan,
+}
+
+impl InlineXfer {
+    pub fn new(plan: Plan) -> Self {
+        InlineXfer { plan }
+    }
+}
+
+impl BackendXfer for InlineXfer {
+    fn post(&mut self) -> Result<XferState> {
+        self.plan.check_file_sizes()?;
+        for &c in &self.plan.chunks {
+            run_chunk(self.plan.op, c).map_err(|e| match e {
+                ChunkError::Os(e) => Error::io(&self.plan.agent, Op::PostXfer, e),
+                ChunkError::Eof(off) => Error::backend(
+                    &self.plan.agent,
+                    "POSIX",
+                    Op::PostXfer,
+                    format!("end of file at offset {off} (the file shrank?)"),
+                ),
+            })?;
+        }
+        Ok(XferState::Done)
+    }
+
+    fn check(&mut self) -> Result<XferState> {
+        Ok(XferState::Done)
+    }
+
+    fn cancel(&mut self) -> Result<()> {
+        // Nothing is ever in flight outside `post`.
+        Ok(())
+    }
+
+    fn path(&self) -> Option<String> {
+        Some(self.plan.describe("inline pread/pwrite"))
+    }
+}

@@ -101,9 +101,22 @@ const BASE: KernelShape = KernelShape {
     schedule: KernelSchedule::Persistent,
 };
 
+/// The default: the winner of `gpu_bench --sweep` on an NVIDIA H200 (2026-11-22, docs/perf/gpu.md):
+/// per-block VRAM<->VRAM at 1 and 4 MiB x 1024, slowest cell 1925.9 GB/s (the first shape,
+/// `BASE`, reached 1815.0).
+const TUNED: KernelShape = KernelShape {
+    chunk: 64 << 10,
+    ctas_per_sm: 8,
+    threads: 256,
+    unroll: 8,
+    nc_loads: false,
+    streaming_stores: true,
+    schedule: KernelSchedule::PerChunk,
+};
+
 impl Default for KernelShape {
     fn default() -> Self {
-        BASE
+        TUNED
     }
 }
 

@@ -914,7 +914,7 @@ mod tests {
         let blocks: Vec<Segment> = (0..1024u64)
             .map(|i| seg(i << 21, (i << 21) + MIB, MIB))
             .collect();
-        let shape = KernelShape::default();
+        let shape = BASE;
         // Persistent: the resident CTAs over 8192 chunks (7.76 rounds: a last partial one).
         let (d, g) = plan(&blocks, &shape, 1056);
         assert_eq!((d.len(), g), (8192, 1056));
@@ -1064,7 +1064,7 @@ mod tests {
         let copies = |fixed| -> Vec<(u64, u64, u64)> {
             segs(fixed).iter().map(|s| (s.dst, s.src, s.len)).collect()
         };
-        let shape = KernelShape::default();
+        let shape = BASE;
         let prog = Program::parse(&ptx(&shape));
         // 32 chunks on 32 CTAs, as on the H200.
         assert_eq!(plan(&segs(false), &shape, 1056).1, 32);
@@ -1129,13 +1129,13 @@ mod tests {
 
     #[test]
     fn shapes_print_parse_and_validate() {
-        let d = KernelShape::default();
+        let d = BASE;
         assert_eq!(
             d.to_string(),
             "chunk=128k,ctas=8,threads=256,unroll=4,load=nc,store=cs,schedule=persistent"
         );
         assert_eq!(d.to_string().parse::<KernelShape>(), Ok(d));
-        assert_eq!("".parse::<KernelShape>(), Ok(d));
+        assert_eq!("".parse::<KernelShape>(), Ok(KernelShape::default()));
         let s: KernelShape =
             " chunk=1m, threads=1024,ctas=2,unroll=8,load=plain,store=wb,schedule=balanced "
                 .parse()

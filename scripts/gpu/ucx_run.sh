@@ -11,7 +11,7 @@ export LD_LIBRARY_PATH="$PWD/.carry/ucx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 s="$OUT/ucx-summary.txt"; : > "$s"
 say() { echo "$*" | tee -a "$s"; }
 run() { local name=$1 t=$2; shift 2; say "== $name: $*"; timeout "$t" "$@" > "$OUT/$name.log" 2>&1; local rc=$?; tail -n 25 "$OUT/$name.log" | tee -a "$s"; say "rc=$rc"; }
-run ucx-vram 120 $B/ucx-vram --nocapture
+[ "${SKIP_UCX:-0}" = 1 ] || run ucx-vram 120 $B/ucx-vram --nocapture
 for tls in "" "cuda_ipc,cuda_copy,tcp"; do
   tag=${tls:+-tls}
   args=(); [ -n "$tls" ] && args=(--tls "$tls")
@@ -23,3 +23,8 @@ run nixlbench-dv-read 120 $B/nixlbench --op READ --initiator-seg-type DRAM --tar
 run disagg-cuda-ipc-write 120 $B/disagg_kv --device cuda --op write --requests 16 --layers 8 --blocks 256 --block-bytes 1048576 --blocks-per-request 128
 run disagg-cuda-ipc-read 120 $B/disagg_kv --device cuda --op read --requests 16 --layers 8 --blocks 256 --block-bytes 1048576 --blocks-per-request 128
 run disagg-cuda-ucx-write 120 $B/disagg_kv --device cuda --backend ucx --op write --requests 8 --layers 8 --blocks 256 --block-bytes 1048576 --blocks-per-request 128
+# GPUDirect Storage (cuFile from the CUDA toolkit, libcufile 1.15) and the POSIX path beside it.
+df -T . /tmp > "$OUT/df.txt" 2>&1
+mkdir -p "$PWD/.gds-tmp"
+NIXL_CUFILE_PATH=$(ls /usr/local/cuda*/lib64/libcufile.so.0 2>/dev/null | head -1) CUFILE_LOGFILE_PATH="$OUT/cufile.log" TMPDIR="$PWD/.gds-tmp" \
+  run gds-tests 150 $B/gds-test --nocapture --test-threads=1

@@ -39,6 +39,8 @@ pub fn plugins() -> Vec<Arc<dyn BackendPlugin>> {
     v.push(Arc::new(nixl_backend_gds::PosixPlugin));
     #[cfg(feature = "s3")]
     v.push(Arc::new(nixl_backend_gds::S3Plugin));
+    #[cfg(feature = "gds")]
+    v.push(Arc::new(nixl_backend_gds::GdsPlugin));
     v
 }
 

@@ -24,6 +24,7 @@ run disagg-cuda-ipc-write 120 $B/disagg_kv --device cuda --op write --requests 1
 run disagg-cuda-ipc-read 120 $B/disagg_kv --device cuda --op read --requests 16 --layers 8 --blocks 256 --block-bytes 1048576 --blocks-per-request 128
 run disagg-cuda-ucx-write 120 $B/disagg_kv --device cuda --backend ucx --op write --requests 8 --layers 8 --blocks 256 --block-bytes 1048576 --blocks-per-request 128
 # GPUDirect Storage (cuFile from the CUDA toolkit, libcufile 1.15) and the POSIX path beside it.
+[ "${SKIP_GDS:-0}" = 1 ] && exit 0
 df -T . /tmp > "$OUT/df.txt" 2>&1
 mkdir -p "$PWD/.gds-tmp"
 NIXL_CUFILE_PATH=$(ls /usr/local/cuda*/lib64/libcufile.so.0 2>/dev/null | head -1) CUFILE_LOGFILE_PATH="$OUT/cufile.log" TMPDIR="$PWD/.gds-tmp" \

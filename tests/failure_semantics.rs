@@ -1,0 +1,695 @@
+//! Failure semantics over UCX between two processes (issue 8): a restarted target, a silent
+//! (SIGSTOPped) target, cancel under load, corruption injected and detected every time, and
+//! kill -9 of the target under the fault-injection wrapper. The target is this test binary
+//! spawned again (`support::child_entry`); metadata goes over the agents' side channel on
+//! 127.0.0.1. Every test skips with a printed reason when UCX cannot be loaded.
+//!
+//! The plain kill -9 of the target mid-transfer (no wrapper) is
+//! `nixl-backend-ucx/tests/two_process.rs::kill_target_mid_transfer_{tcp,shm}`.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use nixl::core::{FaultEvent, FaultLog, FaultParams, FaultPlan};
+use nixl::{
+    Agent, Error, MemKind, XferDescList, XferOp, XferOptions, XferReq, XferState, XferTarget,
+};
+use support::{buf, params, signal, unique, Target, DEADLINE, SHM, TCP};
+
+/// The child-role test the parent spawns (a no-op unless spawned as a target).
+const CHILD: &str = "child_role";
+
+#[test]
+fn child_role() {
+    support::child_entry();
+}
+
+fn one(addr: u64, len: u64) -> XferDescList {
+    XferDescList::blocks(MemKind::Dram, addr, len, 1)
+}
+
+fn write(p: &Agent, src: u64, dst: u64, len: u64, remote: &str, opts: XferOptions) -> XferReq {
+    p.create_xfer_req(XferOp::Write, &one(src, len), &one(dst, len), remote, opts)
+        .expect("make write")
+}
+
+/// Polls until the request leaves InProgress (bounded by [`DEADLINE`]); its outcome.
+fn settle(req: &XferReq) -> Result<(), Error> {
+    let end = Instant::now() + DEADLINE;
+    loop {
+        match req.check() {
+            Ok(XferState::Done) => return Ok(()),
+            Ok(XferState::InProgress) => {
+                assert!(
+                    Instant::now() < end,
+                    "request still in progress after {DEADLINE:?}"
+                );
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Restart of the target: the target process dies and a new one with the same agent name
+/// starts (new generation). On the survivor, requests and prepared lists built against the old
+/// incarnation fail with `PeerRestarted`, the write that was in flight is fenced and listed by
+/// `uncertain_requests()`, and new requests work after the metadata reload — with no restart of
+/// the survivor.
+#[test]
+fn restarted_target_fences_old_requests_and_new_ones_work() {
+    if !support::ucx_or_skip("restart") {
+        return;
+    }
+    // 64 MiB over tcp to a stopped process cannot drain: the write stays in flight.
+    let (big, small) = (64u64 << 20, 64u64 << 10);
+    let p = support::parent("survivor", params(TCP));
+    let src = buf(big as usize);
+    let _reg = p.register_mem(vec![src.clone()], &[]).expect("register");
+    let name = unique("restarting");
+    let mut t1 = Target::spawn(CHILD, &p, &name, TCP, big as usize);
+    let g1 = p.remote_generation(&name).expect("loaded");
+    assert_eq!(
+        g1, t1.generation,
+        "the survivor knows the target's generation"
+    );
+
+    // Built against incarnation 1: a request (used once, to show it worked), a prepared list,
+    // and the big write that will be in flight when the target dies.
+    src.fill(7);
+    let old = write(
+        &p,
+        src.addr(),
+        t1.addr,
+        small,
+        &name,
+        XferOptions::with_notif(format!("d:0:7:0:{small}").into_bytes()),
+    );
+    p.post_xfer_req(&old).expect("post");
+    old.wait(DEADLINE).expect("first write");
+    assert_eq!(t1.next(&p), "ok:0:intact");
+    let local = p
+        .prep_xfer_dlist(XferTarget::Initiator, &one(src.addr(), small), &[])
+        .expect("prep local");
+    let old_list = p
+        .prep_xfer_dlist(XferTarget::Agent(&name), &one(t1.addr, small), &[])
+        .expect("prep remote");
+    let inflight = write(&p, src.addr(), t1.addr, big, &name, XferOptions::default());
+
+    assert!(
+        signal::send(t1.child.id(), signal::STOP),
+        "SIGSTOP the target"
+    );
+    match p.post_xfer_req(&inflight) {
+        Ok(XferState::InProgress) => {}
+        other => panic!("a 64 MiB write to a stopped target over tcp is in flight, got {other:?}"),
+    }
+    t1.kill9();
+
+    // The new incarnation pushes its metadata to the survivor's side channel before its hello.
+    let mut t2 = Target::spawn(CHILD, &p, &name, TCP, big as usize);
+    let g2 = p.remote_generation(&name).expect("reloaded");
+    assert_ne!(g1, g2, "a restarted agent has a new generation");
+    assert_eq!(g2, t2.generation);
+
+    // The in-flight write is fenced, and listed as uncertain.
+    match inflight.check() {
+        Err(Error::PeerRestarted { built, current, .. }) => assert_eq!((built, current), (g1, g2)),
+        other => {
+            panic!("in-flight write to the old incarnation: expected PeerRestarted, got {other:?}")
+        }
+    }
+    assert!(!inflight.is_in_flight());
+    let uncertain = p.uncertain_requests();
+    let listed = uncertain
+        .iter()
+        .find(|u| u.id == inflight.id())
+        .unwrap_or_else(|| panic!("fenced write listed as uncertain: {uncertain:?}"));
+    assert_eq!(
+        (
+            listed.remote.as_str(),
+            listed.op,
+            listed.bytes,
+            listed.error
+        ),
+        (name.as_str(), XferOp::Write, big, "peer_restarted")
+    );
+
+    // Old request and old prepared list: typed errors, nothing sent.
+    match p.post_xfer_req(&old) {
+        Err(Error::PeerRestarted { built, current, .. }) => assert_eq!((built, current), (g1, g2)),
+        other => panic!("old request: expected PeerRestarted, got {other:?}"),
+    }
+    let stale = p
+        .make_prepped_xfer(
+            XferOp::Write,
+            &local,
+            &[0],
+            &old_list,
+            &[0],
+            XferOptions::default(),
+        )
+        .and_then(|r| p.post_xfer_req(&r));
+    assert!(
+        matches!(stale, Err(Error::PeerRestarted { .. })),
+        "old prepared list: {stale:?}"
+    );
+    assert_eq!(
+        t2.ask(&p, "has:7"),
+        "has:7:false",
+        "nothing of the old requests reached the new target"
+    );
+
+    // New requests to the new incarnation work, on the same survivor agent.
+    src.fill(9);
+    let new = write(
+        &p,
+        src.addr(),
+        t2.addr,
+        small,
+        &name,
+        XferOptions::with_notif(format!("d:1:9:0:{small}").into_bytes()),
+    );
+    p.post_xfer_req(&new).expect("post to the new incarnation");
+    new.wait(DEADLINE).expect("write to the new incarnation");
+    assert_eq!(t2.next(&p), "ok:1:intact");
+    src.fill(11);
+    let whole = write(&p, src.addr(), t2.addr, big, &name, XferOptions::default());
+    p.post_xfer_req(&whole).expect("post");
+    whole
+        .wait(DEADLINE)
+        .expect("64 MiB write to the new incarnation");
+    assert_eq!(t2.ask(&p, "uniform:1"), "uniform:11");
+    assert_eq!(t2.exit(&p), Some(0), "the new target exits cleanly");
+}
+
+/// A silent peer: the target is SIGSTOPped with a write in flight. The write ends in a typed
+/// uncertain error (`TimedOut` from its deadline, or `RemoteDisconnect` if UCX declares the
+/// peer dead first), is listed as uncertain, and `check` never reports InProgress once the
+/// deadline has passed; `wait` on another request ends the same way. Then the stopped target
+/// is killed and the survivor forgets it with typed, bounded calls. (Waking the target up
+/// instead is `silent_target_wakes_up_and_is_reloaded`, ignored: it crashes inside UCX.)
+#[test]
+fn silent_target_ends_requests_by_their_deadline() {
+    if !support::ucx_or_skip("silent_peer") {
+        return;
+    }
+    let (big, small) = (64u64 << 20, 64u64 << 10);
+    let mut ucx = params(TCP);
+    ucx.cancel_timeout = Duration::from_millis(500);
+    let p = support::parent("silent-src", ucx);
+    let src = buf(big as usize);
+    let _reg = p.register_mem(vec![src.clone()], &[]).expect("register");
+    // The big write covers [0, big); the check after waking uses [big, big + small), so stale
+    // bytes of the fenced write can never be mistaken for the new one.
+    let mut t = Target::spawn(CHILD, &p, &unique("silent"), TCP, (big + small) as usize);
+    let name = t.name.clone();
+    src.fill(3);
+    let warm = write(
+        &p,
+        src.addr(),
+        t.addr + big,
+        small,
+        &name,
+        XferOptions::with_notif(format!("d:0:3:{big}:{small}").into_bytes()),
+    );
+    p.post_xfer_req(&warm).expect("post");
+    warm.wait(DEADLINE).expect("warm-up write");
+    assert_eq!(t.next(&p), "ok:0:intact");
+
+    assert!(
+        signal::send(t.child.id(), signal::STOP),
+        "SIGSTOP the target"
+    );
+    let timeout = Duration::from_secs(2);
+    let req = write(
+        &p,
+        src.addr(),
+        t.addr,
+        big,
+        &name,
+        XferOptions {
+            timeout: Some(timeout),
+            ..XferOptions::default()
+        },
+    );
+    let posted = Instant::now();
+    let first = p.post_xfer_req(&req);
+    assert!(
+        matches!(first, Ok(XferState::InProgress)),
+        "in flight to a stopped target: {first:?}"
+    );
+    let (mut polls, end) = (0u64, posted + DEADLINE);
+    let err = loop {
+        let asked = Instant::now();
+        match req.check() {
+            Ok(XferState::InProgress) => {
+                assert!(
+                    asked < posted + timeout,
+                    "check reported InProgress {:?} after the post, past the {timeout:?} deadline",
+                    asked - posted
+                );
+                assert!(Instant::now() < end, "no outcome within {DEADLINE:?}");
+                polls += 1;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(XferState::Done) => panic!("a 64 MiB write to a stopped process over tcp completed"),
+            Err(e) => break e,
+        }
+    };
+    eprintln!(
+        "silent_peer: {} after {:?} ({polls} polls in progress)",
+        err.kind_name(),
+        posted.elapsed()
+    );
+    assert!(
+        matches!(err, Error::TimedOut { .. } | Error::RemoteDisconnect { .. }),
+        "{err:?}"
+    );
+    assert!(err.is_uncertain() && !req.is_in_flight());
+    assert!(
+        p.uncertain_requests().iter().any(|u| u.id == req.id()),
+        "listed as uncertain"
+    );
+    // Terminal: polling again gives the same kind of error.
+    assert_eq!(req.check().map_err(|e| e.kind_name()), Err(err.kind_name()));
+
+    // `wait` with a deadline on another request to the silent peer: a typed error, no hang.
+    let again = write(&p, src.addr(), t.addr, big, &name, XferOptions::default());
+    let outcome = p.post_xfer_req(&again).and_then(|_| again.wait(timeout));
+    match outcome {
+        Err(e) => assert!(e.is_uncertain(), "{e:?}"),
+        Ok(()) => panic!("a write to a stopped process completed"),
+    }
+    assert!(!again.is_in_flight());
+
+    // Clean up: kill the stopped target. The survivor keeps working (its UCX progress thread
+    // handles the dead connection) and forgets the peer with a typed, bounded call.
+    t.kill9();
+    let end = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < end {
+        p.progress();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    p.invalidate_remote(&name).expect("forget the dead peer");
+    assert!(
+        matches!(p.post_xfer_req(&again), Err(Error::PeerRestarted { .. })),
+        "requests to a forgotten peer fail typed"
+    );
+}
+
+/// The silent target wakes up (SIGCONT) after its in-flight write timed out and UCX's
+/// endpoint was force-closed under it; the survivor reloads its metadata at once and writes
+/// again. Ignored: with UCX 1.22.0 over tcp the initiator's UCX progress thread crashes with
+/// SIGSEGV in `uct_tcp_iface_handle_events` in most runs (3 of 4 here) while the woken
+/// target drains the old connection — see docs/perf/failure.md. Run it with
+/// `cargo test --test failure_semantics -- --ignored silent_target_wakes_up --nocapture`.
+#[test]
+#[ignore = "SIGSEGV inside UCX 1.22 tcp progress after a force-closed endpoint's peer wakes up (docs/perf/failure.md)"]
+fn silent_target_wakes_up_and_is_reloaded() {
+    if !support::ucx_or_skip("silent_wake") {
+        return;
+    }
+    let (big, small) = (64u64 << 20, 64u64 << 10);
+    let mut ucx = params(TCP);
+    ucx.cancel_timeout = Duration::from_millis(500);
+    let p = support::parent("wake-src", ucx);
+    let src = buf(big as usize);
+    let _reg = p.register_mem(vec![src.clone()], &[]).expect("register");
+    let mut t = Target::spawn(CHILD, &p, &unique("wake"), TCP, (big + small) as usize);
+    let name = t.name.clone();
+    assert!(
+        signal::send(t.child.id(), signal::STOP),
+        "SIGSTOP the target"
+    );
+    let req = write(
+        &p,
+        src.addr(),
+        t.addr,
+        big,
+        &name,
+        XferOptions {
+            timeout: Some(Duration::from_secs(2)),
+            ..XferOptions::default()
+        },
+    );
+    p.post_xfer_req(&req).expect("post");
+    let err = settle(&req).expect_err("a write to a stopped target cannot complete");
+    assert!(err.is_uncertain(), "{err:?}");
+    // Wake it up; after reloading its metadata the same process serves transfers again.
+    assert!(
+        signal::send(t.child.id(), signal::CONT),
+        "SIGCONT the target"
+    );
+    t.reconnect(&p);
+    src.fill(5);
+    let after = write(
+        &p,
+        src.addr(),
+        t.addr + big,
+        small,
+        &name,
+        XferOptions::with_notif(format!("d:1:5:{big}:{small}").into_bytes()),
+    );
+    p.post_xfer_req(&after).expect("post after waking");
+    after.wait(DEADLINE).expect("write after waking");
+    assert_eq!(t.next(&p), "ok:1:intact");
+    assert_eq!(t.exit(&p), Some(0));
+}
+
+/// Cancel under load: 16 large WRITEs in flight, all canceled (with a cancel timeout short
+/// enough that UCX's endpoint is force-closed under them). Each `cancel()` returns only when
+/// UCX no longer touches the memory: the source is scribbled right after the cancels return
+/// and the scribble never reaches the target. Dropping in-flight requests does the same; READs
+/// canceled the same way never land in local memory afterwards; and reposting (after a
+/// metadata reload, as the endpoint was closed) moves verified data.
+fn cancel_under_load(tls: &str, cancel_timeout: Duration) {
+    if !support::ucx_or_skip("cancel_under_load") {
+        return;
+    }
+    let n = 16usize;
+    let blk: usize = std::env::var("NIXL_FAIL_CANCEL_MIB")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(64)
+        << 20;
+    let mut ucx = params(tls);
+    ucx.cancel_timeout = cancel_timeout;
+    let p = support::parent("cancel-src", ucx);
+    let src = buf(n * blk);
+    let _reg = p.register_mem(vec![src.clone()], &[]).expect("register");
+    let mut t = Target::spawn(CHILD, &p, &unique("cancel"), tls, n * blk);
+    let (name, taddr) = (t.name.clone(), t.addr);
+    let fill = |base: u8| {
+        for k in 0..n {
+            src.write_at(k * blk, &vec![base + k as u8; blk]);
+        }
+    };
+    let make = |op: XferOp| -> Vec<XferReq> {
+        (0..n)
+            .map(|k| {
+                let (l, r) = (src.addr() + (k * blk) as u64, taddr + (k * blk) as u64);
+                p.create_xfer_req(
+                    op,
+                    &one(l, blk as u64),
+                    &one(r, blk as u64),
+                    &name,
+                    XferOptions::default(),
+                )
+                .expect("make")
+            })
+            .collect()
+    };
+    let post_all = |reqs: &[XferReq]| {
+        for r in reqs {
+            match p.post_xfer_req(r) {
+                Ok(_) => {}
+                // Reported, not hidden: a post may fail once a sibling's cancel closed the
+                // endpoint (only in the cancel phases, where this is a typed outcome).
+                Err(e) => assert!(matches!(e, Error::RemoteDisconnect { .. }), "post: {e:?}"),
+            }
+        }
+    };
+
+    // 1. cancel() every in-flight WRITE, then scribble the source.
+    fill(0x10);
+    let reqs = make(XferOp::Write);
+    post_all(&reqs);
+    let in_flight = reqs.iter().filter(|r| r.is_in_flight()).count();
+    let start = Instant::now();
+    let mut kinds = Vec::new();
+    for r in &reqs {
+        match r.cancel() {
+            Ok(()) => {}
+            Err(e) => panic!("cancel failed (memory leaked, never freed): {e:?}"),
+        }
+        assert!(!r.is_in_flight());
+        kinds.push(r.check().err().map_or("done", |e| e.kind_name()));
+    }
+    let took = start.elapsed();
+    src.fill(0xEE);
+    eprintln!(
+        "cancel_under_load[{tls}]: {in_flight}/{n} in flight, all canceled in {took:?}: {kinds:?}"
+    );
+    assert!(
+        kinds
+            .iter()
+            .all(|k| matches!(*k, "canceled" | "remote_disconnect")),
+        "{kinds:?}"
+    );
+    t.ensure_connected(&p);
+    assert_eq!(
+        t.ask(&p, "has:238"),
+        "has:238:false",
+        "source scribbled after cancel reached the target"
+    );
+
+    // 2. Drop every in-flight WRITE, then scribble.
+    fill(0x20);
+    let reqs = make(XferOp::Write);
+    post_all(&reqs);
+    drop(reqs);
+    src.fill(0xEF);
+    t.ensure_connected(&p);
+    assert_eq!(
+        t.ask(&p, "has:239"),
+        "has:239:false",
+        "source scribbled after drop reached the target"
+    );
+
+    // 3. Repost: everything arrives, verified by the target.
+    fill(0x30);
+    let reqs = make(XferOp::Write);
+    for r in &reqs {
+        p.post_xfer_req(r).expect("post after cancels");
+    }
+    for r in &reqs {
+        r.wait(DEADLINE).expect("write after cancels");
+    }
+    let want: Vec<String> = (0..n).map(|k| (0x30 + k).to_string()).collect();
+    assert_eq!(
+        t.ask(&p, &format!("uniform:{n}")),
+        format!("uniform:{}", want.join(","))
+    );
+
+    // 4. READs canceled in flight never land afterwards: local memory keeps what we put there.
+    let reqs = make(XferOp::Read);
+    post_all(&reqs);
+    for r in &reqs {
+        r.cancel().expect("cancel read");
+    }
+    src.fill(0xDD);
+    t.ensure_connected(&p);
+    assert_eq!(t.ask(&p, "p:sync"), "p:sync");
+    let mut chunk = vec![0u8; blk];
+    let want = vec![0xDDu8; blk];
+    for k in 0..n {
+        src.read_at(k * blk, &mut chunk);
+        assert!(
+            chunk == want,
+            "a canceled READ wrote region {k} after cancel returned"
+        );
+    }
+    // And a fresh READ brings the target's data back.
+    let reqs = make(XferOp::Read);
+    for r in &reqs {
+        p.post_xfer_req(r).expect("post read");
+        r.wait(DEADLINE).expect("read");
+    }
+    for k in 0..n {
+        src.read_at(k * blk, &mut chunk);
+        assert!(
+            chunk == vec![0x30 + k as u8; blk],
+            "read-back of region {k}"
+        );
+    }
+    assert_eq!(t.exit(&p), Some(0));
+}
+
+/// Over tcp the cancel timeout is long enough for UCX to finish the in-flight writes, so
+/// each cancel waits for them (no force-close).
+#[test]
+fn cancel_under_load_tcp() {
+    cancel_under_load(TCP, Duration::from_secs(30));
+}
+
+/// Over shared memory the cancel timeout is 20 ms: cancels force-close UCX's endpoint under
+/// the in-flight writes.
+#[test]
+fn cancel_under_load_shm() {
+    cancel_under_load(SHM, Duration::from_millis(20));
+}
+
+/// The tcp variant with a 20 ms cancel timeout (UCX's endpoint force-closed under 16 in-flight
+/// zero-copy puts). Ignored: with UCX 1.22.0 the initiator's UCX progress thread then crashes
+/// with SIGSEGV in `uct_tcp_iface_handle_events` (every run here) — see docs/perf/failure.md.
+#[test]
+#[ignore = "SIGSEGV inside UCX 1.22 tcp progress after force-closing an endpoint with puts in flight (docs/perf/failure.md)"]
+fn cancel_under_load_force_close_tcp() {
+    cancel_under_load(TCP, Duration::from_millis(20));
+}
+
+/// Corruption injected on the initiator (the fault wrapper around UCX flips one payload byte
+/// with probability 0.3) is detected by the target every time and only then: the set of
+/// requests the target reports `Error::Corrupt` for equals the set of posts the fault log
+/// recorded `FaultEvent::Corrupt` for, and every notification that passed verification came
+/// with intact data.
+fn corruption_detected_every_time(tls: &str, seed: u64) {
+    if !support::ucx_or_skip("corruption") {
+        return;
+    }
+    let log = FaultLog::new();
+    let plan = FaultPlan {
+        seed,
+        corrupt_prob: 0.3,
+        ..FaultPlan::default()
+    };
+    let p = support::parent(
+        "corrupt-src",
+        FaultParams::new(params(tls), plan, log.clone()),
+    );
+    let (blk, nblk) = (64u64 << 10, 4usize);
+    let len = blk * nblk as u64;
+    let src = buf(len as usize);
+    let _reg = p.register_mem(vec![src.clone()], &[]).expect("register");
+    let mut t = Target::spawn(CHILD, &p, &unique("corrupt"), tls, len as usize);
+    let name = t.name.clone();
+    let rounds = 150u64;
+    let (mut corrupt, mut intact) = (BTreeSet::new(), 0u64);
+    for i in 0..rounds {
+        let b = (i % 250 + 1) as u8;
+        src.fill(b);
+        let req = p
+            .create_xfer_req(
+                XferOp::Write,
+                &XferDescList::blocks(MemKind::Dram, src.addr(), blk, nblk),
+                &XferDescList::blocks(MemKind::Dram, t.addr, blk, nblk),
+                &name,
+                XferOptions {
+                    notif: Some(format!("d:{i}:{b}:0:{len}").into_bytes()),
+                    integrity: true,
+                    ..XferOptions::default()
+                },
+            )
+            .expect("make");
+        p.post_xfer_req(&req).expect("post");
+        req.wait(DEADLINE).expect("write");
+        assert_eq!(
+            src.to_vec(),
+            vec![b; len as usize],
+            "the wrapper restored the source"
+        );
+        let reply = t.next(&p);
+        if reply == format!("ok:{i}:intact") {
+            intact += 1;
+        } else if reply == format!("corrupt:{i}") {
+            corrupt.insert(i);
+        } else {
+            panic!("round {i}: {reply}");
+        }
+    }
+    let injected: BTreeSet<u64> = log
+        .events()
+        .iter()
+        .filter_map(|e| match e {
+            FaultEvent::Corrupt { post, .. } => Some(post - 1),
+            _ => None,
+        })
+        .collect();
+    eprintln!(
+        "corruption[{tls}]: {} of {rounds} corrupted, all detected; {intact} verified intact",
+        injected.len()
+    );
+    assert!(!injected.is_empty(), "the plan injected corruption");
+    assert_eq!(
+        corrupt, injected,
+        "Corrupt at the target exactly for the corrupted requests"
+    );
+    assert_eq!(intact + corrupt.len() as u64, rounds);
+    assert_eq!(t.exit(&p), Some(0));
+}
+
+#[test]
+fn corruption_detected_every_time_tcp() {
+    corruption_detected_every_time(TCP, 0xC0FFEE);
+}
+
+#[test]
+fn corruption_detected_every_time_shm() {
+    corruption_detected_every_time(SHM, 0xBADC0DE);
+}
+
+/// kill -9 of the target mid-transfer with the fault wrapper around UCX (delays and
+/// duplicated notifications switched on): the request ends in a typed uncertain error, is
+/// listed as uncertain, and later requests keep failing without hanging.
+#[test]
+fn kill9_target_mid_transfer_under_fault_wrapper() {
+    if !support::ucx_or_skip("kill9_fault_wrapper") {
+        return;
+    }
+    let log = FaultLog::new();
+    let plan = FaultPlan {
+        seed: 5,
+        delay_prob: 0.3,
+        delay: (Duration::from_millis(1), Duration::from_millis(5)),
+        dup_notif_prob: 0.2,
+        ..FaultPlan::default()
+    };
+    let p = support::parent("kill-src", FaultParams::new(params(TCP), plan, log.clone()));
+    let len = 64usize << 20;
+    let src = buf(len);
+    let _reg = p.register_mem(vec![src.clone()], &[]).expect("register");
+    let mut t = Target::spawn(CHILD, &p, &unique("kill"), TCP, len);
+    let blk = 4u64 << 20;
+    let req = p
+        .create_xfer_req(
+            XferOp::Write,
+            &XferDescList::blocks(MemKind::Dram, src.addr(), blk, len / blk as usize),
+            &XferDescList::blocks(MemKind::Dram, t.addr, blk, len / blk as usize),
+            &t.name,
+            XferOptions {
+                timeout: Some(Duration::from_secs(20)),
+                no_merge: true,
+                ..XferOptions::default()
+            },
+        )
+        .expect("make");
+    p.post_xfer_req(&req).expect("first post");
+    req.wait(DEADLINE).expect("first write");
+    let mut outcome = None;
+    for i in 0..200 {
+        if let Err(e) = p.post_xfer_req(&req) {
+            outcome = Some((e, false));
+            break;
+        }
+        if i == 0 {
+            t.kill9();
+        }
+        if let Err(e) = settle(&req) {
+            outcome = Some((e, true));
+            break;
+        }
+    }
+    let (e, from_flight) = outcome.expect("a write to a killed target fails");
+    eprintln!(
+        "kill9_fault_wrapper: {e} (in flight: {from_flight}); faults {:?}",
+        log.events().len()
+    );
+    assert!(e.is_uncertain(), "typed, uncertain-outcome error: {e:?}");
+    assert!(!req.is_in_flight());
+    if from_flight {
+        assert!(
+            p.uncertain_requests().iter().any(|u| u.id == req.id()),
+            "listed as uncertain"
+        );
+    }
+    let again = p
+        .post_xfer_req(&req)
+        .and_then(|_| req.wait(Duration::from_secs(20)));
+    assert!(
+        again.is_err(),
+        "a dead peer keeps failing requests: {again:?}"
+    );
+}

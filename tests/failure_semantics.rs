@@ -294,8 +294,14 @@ fn silent_target_ends_requests_by_their_deadline() {
         std::thread::sleep(Duration::from_millis(10));
     }
     p.invalidate_remote(&name).expect("forget the dead peer");
+    // `PeerRestarted`, or `NotAllowed` when the request's cancel could not be confirmed (over
+    // tcp UCX endpoints are not force-closed, so the request's memory stays leaked and it can
+    // never be posted again).
     assert!(
-        matches!(p.post_xfer_req(&again), Err(Error::PeerRestarted { .. })),
+        matches!(
+            p.post_xfer_req(&again),
+            Err(Error::PeerRestarted { .. }) | Err(Error::NotAllowed { .. })
+        ),
         "requests to a forgotten peer fail typed"
     );
 }

@@ -321,6 +321,19 @@ impl BackendXfer for UcxXfer {
             self.progress_once();
             std::thread::yield_now();
         }
+        if st.phase() == PENDING && self.peer.transports().contains("tcp/") {
+            // Force-closing an endpoint whose tcp transport still has zero-copy operations in
+            // flight crashes UCX's tcp progress (SIGSEGV in uct_tcp_iface_handle_events; see
+            // docs/perf/failure.md). Report the cancel as unconfirmed instead: the agent then
+            // keeps (leaks) the request's memory rather than freeing it under UCX.
+            tracing::warn!(agent = %self.agent, remote = %self.peer.name, "cancel: UCX still owns the request; not force-closing a tcp endpoint");
+            return Err(Error::backend(
+                &self.agent,
+                crate::UCX,
+                Op::Cancel,
+                "the transfer did not finish within cancel_timeout and a tcp endpoint cannot be force-closed safely; its memory stays allocated",
+            ));
+        }
         if st.phase() == PENDING {
             let pe = &self.peer.eps[self.worker];
             let mut g = pe.worker.lock();

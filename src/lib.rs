@@ -5,8 +5,8 @@
 
 pub use nixl_core as core;
 pub use nixl_core::{
-    Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, PreparedList, Registration, Result, XferDescList, XferOp,
-    XferOptions, XferReq, XferState, XferTarget,
+    Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, PreparedList, Registration, Result,
+    XferDescList, XferOp, XferOptions, XferReq, XferState, XferTarget,
 };
 pub use nixl_mem as mem;
 
@@ -30,7 +30,10 @@ use nixl_core::BackendPlugin;
 /// name (`Agent::create_backend_named`) and listing them (`Agent::available_backends`).
 pub fn plugins() -> Vec<Arc<dyn BackendPlugin>> {
     #[allow(unused_mut)]
-    let mut v: Vec<Arc<dyn BackendPlugin>> = vec![Arc::new(nixl_core::InprocPlugin), Arc::new(nixl_mem::CudaIpcPlugin)];
+    let mut v: Vec<Arc<dyn BackendPlugin>> = vec![
+        Arc::new(nixl_core::InprocPlugin),
+        Arc::new(nixl_mem::CudaIpcPlugin),
+    ];
     #[cfg(feature = "ucx")]
     v.push(Arc::new(nixl_backend_ucx::UcxPlugin));
     #[cfg(feature = "libfabric")]
@@ -46,7 +49,10 @@ pub fn plugins() -> Vec<Arc<dyn BackendPlugin>> {
 
 /// An [`AgentConfig`] whose plugin list is [`plugins()`]; the rest is the default.
 pub fn agent_config() -> AgentConfig {
-    AgentConfig { plugins: plugins(), ..AgentConfig::default() }
+    AgentConfig {
+        plugins: plugins(),
+        ..AgentConfig::default()
+    }
 }
 
 #[doc = include_str!("../docs/concepts.md")]

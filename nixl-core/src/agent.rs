@@ -568,7 +568,9 @@ impl Agent {
             } else {
                 Duration::from_micros(50)
             };
-            self.shared.notifs.wait_nonempty(deadline.min(Instant::now() + slice));
+            self.shared
+                .notifs
+                .wait_nonempty(deadline.min(Instant::now() + slice));
         }
     }
 

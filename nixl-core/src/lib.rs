@@ -63,9 +63,9 @@ pub mod codec;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod desc;
+mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
-mod error;
 mod fault;
 mod inproc;
 pub mod integrity;
@@ -79,8 +79,8 @@ mod xfer;
 
 pub use agent::{Agent, AgentConfig};
 pub use backend::{
-    downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer, Capabilities,
-    CostEstimate, CostMethod, QueryResult, Segment, XferSpec, XferState,
+    downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
+    Capabilities, CostEstimate, CostMethod, QueryResult, Segment, XferSpec, XferState,
 };
 pub use codec::AgentMetadata;
 pub use desc::{merge_contiguous, Desc, XferDescList, XferOp};

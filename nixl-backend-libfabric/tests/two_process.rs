@@ -170,18 +170,35 @@ fn start(provider: &str, tag: &str, p: LibfabricParams) -> Result<Session, Strin
     })
 }
 
+thread_local! {
+    /// Messages drained from an agent but not yet consumed, per (agent, sender): one drain can
+    /// return several, and none may be dropped.
+    static PENDING: std::cell::RefCell<std::collections::HashMap<(String, String), std::collections::VecDeque<Vec<u8>>>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
 fn next_notif(a: &Agent, from: &str) -> Result<Vec<u8>, String> {
+    let key = (a.name().to_owned(), from.to_owned());
     let end = Instant::now() + WAIT;
-    while Instant::now() < end {
-        if let Ok(mut n) = a.wait_notifs(Duration::from_millis(100)) {
-            if let Some(v) = n.remove(from) {
-                if let Some(m) = v.into_iter().next() {
-                    return Ok(m);
+    loop {
+        if let Some(m) = PENDING.with(|p| p.borrow_mut().get_mut(&key).and_then(|q| q.pop_front()))
+        {
+            return Ok(m);
+        }
+        if Instant::now() >= end {
+            return Err(format!("no notification from {from}"));
+        }
+        if let Ok(n) = a.wait_notifs(Duration::from_millis(100)) {
+            PENDING.with(|p| {
+                let mut p = p.borrow_mut();
+                for (sender, msgs) in n {
+                    p.entry((a.name().to_owned(), sender))
+                        .or_default()
+                        .extend(msgs);
                 }
-            }
+            });
         }
     }
-    Err(format!("no notification from {from}"))
 }
 
 fn two_process_roundtrip(provider: &str) -> Result<(), String> {

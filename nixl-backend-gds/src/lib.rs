@@ -1,8 +1,10 @@
 //! # nixl-backend-gds
 //!
 //! Storage tiers as nixl-rs transfer targets: POSIX files (feature `posix`, default; io_uring
-//! with a `pread`/`pwrite` thread-pool fallback), GPUDirect Storage (feature `gds`; cuFile,
-//! loaded at run time) and S3 objects (feature `s3`; `object_store`).
+//! with a `pread`/`pwrite` thread-pool fallback; VRAM through pinned bounce buffers, with the
+//! CUDA driver loaded at run time on first VRAM use), GPUDirect Storage (feature `gds`;
+//! cuFile, loaded at run time, with a bounce fallback for files cuFile refuses) and S3 objects
+//! (feature `s3`; `object_store`).
 //!
 //! As in NIXL, storage transfers are local ("loopback") requests: the remote side is the agent
 //! itself. The initiator prepares its DRAM descriptors with [`nixl_core::XferTarget::Initiator`]
@@ -42,6 +44,8 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "posix")]
+mod cuda;
 #[cfg(feature = "gds")]
 mod gds;
 #[cfg(feature = "posix")]
@@ -51,7 +55,7 @@ mod region;
 mod s3;
 
 #[cfg(feature = "gds")]
-pub use gds::{probe as gds_probe, GdsBackend, GdsParams, GdsPlugin, GDS};
+pub use gds::{probe as gds_probe, GdsBackend, GdsFallback, GdsParams, GdsPlugin, GDS};
 #[cfg(feature = "posix")]
 pub use posix::{Engine, PosixBackend, PosixParams, PosixPlugin, POSIX};
 pub use region::{FileRegion, ObjectRegion, OpenFlags};

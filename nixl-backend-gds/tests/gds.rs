@@ -1,19 +1,33 @@
 //! GPUDirect Storage scenarios. Without a GPU, libcuda or libcufile the backend reports
 //! `Unavailable` (quickly: the guard never calls cuFileDriverOpen) and these tests skip with
-//! the reason; on the GPU machine they move DRAM and VRAM to and from O_DIRECT files.
+//! the reason; on the GPU machine they move DRAM and VRAM to and from O_DIRECT files, through
+//! cuFile or, where cuFile refuses a file (`cuFileHandleRegister` failing on a VM's disk),
+//! through the reported bounce fallback.
+//!
+//! `NIXL_TEST_GDS_FORCE_COMPAT=1` creates every GDS backend with `force_compat_mode` (the
+//! cuFile driver is opened once per process, so run the binary once plain and once with it).
 #![cfg(feature = "gds")]
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nixl_backend_gds::{FileRegion, GdsParams, OpenFlags, PosixParams, GDS, POSIX};
+use nixl_backend_gds::{
+    FileRegion, GdsFallback, GdsParams, GdsPlugin, OpenFlags, PosixParams, GDS, POSIX,
+};
 use nixl_core::{
-    Agent, AgentConfig, Error, HostBuffer, MemKind, XferDescList, XferOp, XferOptions,
+    Agent, AgentConfig, BackendPlugin, Desc, Error, HostBuffer, MemKind, XferDescList, XferOp,
+    XferOptions,
 };
 
 const T: Duration = Duration::from_secs(60);
 
-fn gds_agent(tag: &str, params: GdsParams) -> Option<Agent> {
+fn force_compat() -> bool {
+    std::env::var("NIXL_TEST_GDS_FORCE_COMPAT").is_ok_and(|v| v == "1")
+}
+
+fn gds_agent(tag: &str, mut params: GdsParams) -> Option<Agent> {
+    params.force_compat_mode |= force_compat();
     let a = Agent::new(
         &format!("gds-{tag}-{}", std::process::id()),
         AgentConfig::default(),
@@ -186,4 +200,257 @@ fn vram_file_roundtrip_with_throughput() {
         gb(pr)
     );
     eprintln!("path: {:?}", a.path_report(a.name()));
+}
+
+#[test]
+fn plugin_params_are_parsed_and_checked() {
+    let map = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    for kv in [
+        vec![("force_compat_mode", "true"), ("fallback", "refuse")],
+        vec![("force_compat_mode", "false"), ("fallback", "bounce")],
+        vec![("bounce_chunk", "1048576"), ("bounce_buffers", "2")],
+        vec![("bounce_buffers", "auto")],
+    ] {
+        assert!(GdsPlugin.parse_params(&map(&kv)).is_ok(), "{kv:?}");
+    }
+    for kv in [
+        vec![("force_compat_mode", "maybe")],
+        vec![("fallback", "posix")],
+        vec![("bounce_chunk", "4097")],
+        vec![("bounce_chunk", "0")],
+        vec![("bounce_buffers", "0")],
+        vec![("max_batch", "0")],
+    ] {
+        assert!(
+            matches!(
+                GdsPlugin.parse_params(&map(&kv)),
+                Err(Error::InvalidParam { .. })
+            ),
+            "{kv:?}"
+        );
+    }
+    assert!(GdsPlugin.parse_params(&GdsPlugin.default_params()).is_ok());
+    // Typed params are checked before the driver is touched.
+    let a = Agent::new(
+        &format!("gds-badparams-{}", std::process::id()),
+        AgentConfig::default(),
+    )
+    .expect("agent");
+    let bad = GdsParams {
+        fallback_engine: PosixParams {
+            bounce_chunk: 100,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    assert!(matches!(
+        a.create_backend(bad),
+        Err(Error::InvalidParam { .. })
+    ));
+}
+
+/// Registers a file with GDS in fallback mode if cuFile refuses one: first an O_DIRECT file in
+/// the temp dir (refused on the GPU VM's virtio disk), then a buffered file in /dev/shm.
+fn refused_file(
+    a: &Agent,
+    dir: &std::path::Path,
+    len: u64,
+) -> Option<(Arc<FileRegion>, nixl_core::Registration)> {
+    let candidates = [
+        (dir.join("refused"), OpenFlags::direct()),
+        (
+            std::path::PathBuf::from(format!("/dev/shm/nixl-gds-refused-{}", std::process::id())),
+            OpenFlags::buffered(),
+        ),
+    ];
+    for (path, flags) in candidates {
+        let Ok(f) = FileRegion::open(&path, len, flags) else {
+            continue;
+        };
+        let f = Arc::new(f);
+        let reg = a
+            .register_mem(vec![f.clone()], &[GDS])
+            .expect("bounce mode registers");
+        let report = a.path_report(a.name());
+        if report.iter().any(|(_, p)| p.contains("GDS fallback")) {
+            eprintln!("cuFile refused {} ({report:?})", path.display());
+            return Some((f, reg));
+        }
+        eprintln!("cuFile took {}", path.display());
+    }
+    None
+}
+
+#[test]
+fn fallback_when_cufile_refuses_a_file_is_reported_and_moves_data() {
+    let Some(a) = gds_agent("fallback", GdsParams::default()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    const LEN: u64 = 8 << 20;
+    let Some((file, _freg)) = refused_file(&a, dir.path(), LEN) else {
+        eprintln!("skipping: cuFile registered every candidate file (no fallback to test here)");
+        return;
+    };
+    // DRAM through the fallback: pread/pwrite.
+    let (src, dst) = (
+        Arc::new(HostBuffer::new(LEN as usize).expect("alloc")),
+        Arc::new(HostBuffer::new(LEN as usize).expect("alloc")),
+    );
+    src.fill_pattern(5);
+    let _r = a
+        .register_mem(vec![src.clone(), dst.clone()], &[GDS])
+        .expect("register dram");
+    let remote = file.blocks(0, 1 << 20, 8);
+    for (op, buf) in [(XferOp::Write, &src), (XferOp::Read, &dst)] {
+        let req = a
+            .create_xfer_req(
+                op,
+                &XferDescList::blocks(MemKind::Dram, buf.addr(), 1 << 20, 8),
+                &remote,
+                a.name(),
+                XferOptions {
+                    backends: vec![GDS.to_owned()],
+                    ..Default::default()
+                },
+            )
+            .expect("request");
+        let path = req.path();
+        assert!(
+            path.contains("GDS fallback (cuFileHandleRegister failed: cuFile error"),
+            "{path}"
+        );
+        a.post_xfer_req(&req).expect("post");
+        req.wait(T).expect("wait");
+        eprintln!("DRAM {op:?}: {path}");
+    }
+    assert_eq!(src.to_vec(), dst.to_vec());
+    // VRAM through the fallback: pinned bounce buffers.
+    let (dev, back) = match (
+        nixl_mem::DeviceBuffer::new(0, LEN as usize),
+        nixl_mem::DeviceBuffer::new(0, LEN as usize),
+    ) {
+        (Ok(d), Ok(b)) => (Arc::new(d), Arc::new(b)),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("skipping the VRAM part: {e}");
+            return;
+        }
+    };
+    dev.copy_from_host(0, &src.to_vec()).expect("h2d");
+    let _v = a
+        .register_mem(vec![dev.clone(), back.clone()], &[GDS])
+        .expect("register vram");
+    for (op, d) in [(XferOp::Write, &dev), (XferOp::Read, &back)] {
+        let local = XferDescList::from_descs(
+            MemKind::Vram,
+            (0..3u64).map(|i| {
+                Desc::on_device(
+                    d.addr() + i * (3 << 20),
+                    if i == 2 { 2 << 20 } else { 3 << 20 },
+                    0,
+                )
+            }),
+        );
+        let remote = XferDescList::from_descs(
+            MemKind::File,
+            (0..3u64).map(|i| file.desc_at(i * (3 << 20), if i == 2 { 2 << 20 } else { 3 << 20 })),
+        );
+        let req = a
+            .create_xfer_req(
+                op,
+                &local,
+                &remote,
+                a.name(),
+                XferOptions {
+                    backends: vec![GDS.to_owned()],
+                    ..Default::default()
+                },
+            )
+            .expect("request");
+        let path = req.path();
+        assert!(
+            path.contains("GDS fallback (cuFileHandleRegister failed: cuFile error")
+                && path.contains("pinned bounce buffers"),
+            "{path}"
+        );
+        a.post_xfer_req(&req).expect("post");
+        req.wait(T).expect("wait");
+        eprintln!("VRAM {op:?}: {path}");
+    }
+    assert!(
+        back.to_vec().expect("d2h") == src.to_vec(),
+        "VRAM round trip through the fallback differs"
+    );
+    let _ = std::fs::remove_file(format!("/dev/shm/nixl-gds-refused-{}", std::process::id()));
+}
+
+#[test]
+fn refuse_fallback_is_a_typed_error() {
+    let Some(a) = gds_agent(
+        "refuse",
+        GdsParams {
+            fallback: GdsFallback::Refuse,
+            ..Default::default()
+        },
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = Arc::new(
+        FileRegion::open(dir.path().join("r"), 1 << 20, OpenFlags::direct()).expect("open"),
+    );
+    match a.register_mem(vec![f], &[GDS]) {
+        Ok(_) => eprintln!("skipping: cuFile registered the file (nothing to refuse)"),
+        Err(Error::Backend { message, .. }) => {
+            assert!(message.contains("cuFileHandleRegister failed"), "{message}");
+            eprintln!("refused as asked: {message}");
+        }
+        Err(e) => panic!("expected a Backend error, got {e}"),
+    }
+}
+
+#[test]
+fn gds_vram_cancel_in_flight() {
+    let Some(a) = gds_agent("cancel", GdsParams::default()) else {
+        return;
+    };
+    const LEN: usize = 64 << 20;
+    let dev = match nixl_mem::DeviceBuffer::new(0, LEN) {
+        Ok(d) => Arc::new(d),
+        Err(e) => {
+            eprintln!("skipping: {e}");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = Arc::new(
+        FileRegion::open(dir.path().join("c"), LEN as u64, OpenFlags::direct()).expect("open"),
+    );
+    let _r = a
+        .register_mem(vec![dev.clone(), file.clone()], &[GDS])
+        .expect("register");
+    let local = XferDescList::from_descs(
+        MemKind::Vram,
+        (0..64u64).map(|i| Desc::on_device(dev.addr() + i * (1 << 20), 1 << 20, 0)),
+    );
+    let req = a
+        .create_xfer_req(
+            XferOp::Write,
+            &local,
+            &file.blocks(0, 1 << 20, 64),
+            a.name(),
+            XferOptions {
+                backends: vec![GDS.to_owned()],
+                ..Default::default()
+            },
+        )
+        .expect("request");
+    a.post_xfer_req(&req).expect("post");
+    req.cancel().expect("cancel");
+    assert!(!req.is_in_flight());
+    eprintln!("canceled: {}", req.path());
 }

@@ -11,6 +11,20 @@
 //! `cuFileHandleRegister` on a duplicate of the region's descriptor. Transfers of fewer than
 //! [`GdsParams::batch_threshold`] segments run synchronously (`cuFileRead`/`cuFileWrite`) at
 //! post; larger ones go through the batch API and are polled.
+//!
+//! **Fallback.** Where cuFile cannot take a file (on a VM's virtio disk `cuFileHandleRegister`
+//! fails with cuFile error 5027, "cufio-fs: error getting volume attributes", even in
+//! compatibility mode), [`GdsFallback::Bounce`] (the default) still registers the file, in
+//! "bounce" mode: transfers touching it run on the POSIX engine (DRAM: `pread`/`pwrite` on a
+//! thread pool; VRAM: pinned staging buffers + `cuMemcpyAsync`), configured by
+//! [`GdsParams::fallback_engine`]. It is never silent: one `tracing::warn` per file, and the
+//! request path and the path report name the fallback and the cuFile error.
+//! [`GdsFallback::Refuse`] fails the registration instead.
+//!
+//! **Driver options are per process.** cuFile's driver is opened once per process, by the
+//! first GDS backend created; its [`GdsParams::cufile_path`] and
+//! [`GdsParams::force_compat_mode`] win, later backends share that driver (a differing
+//! `force_compat_mode` is logged and shown in their path report).
 
 mod sys;
 mod xfer;
@@ -27,6 +41,11 @@ use nixl_core::{
     Capabilities, Error, MemKind, Op, QueryResult, RegionDesc, Result, XferSpec,
 };
 
+use crate::cuda::{self, Cuda, PrimaryCtx};
+use crate::posix::bounce::{vram_context, PoolEngine};
+use crate::posix::pool::PoolXfer;
+use crate::posix::{build_plan, LocalMem, PlanSeg, PosixParams};
+
 /// The backend's type name.
 pub const GDS: &str = "GDS";
 
@@ -42,6 +61,28 @@ pub struct GdsParams {
     pub max_batch: usize,
     /// How long cancel waits for the batch to stop.
     pub cancel_timeout: Duration,
+    /// Forces cuFile's compatibility mode (POSIX I/O inside cuFile) before the driver opens:
+    /// `cuFileSetParameterBool(CUFILE_PARAM_FORCE_COMPAT_MODE)` with libcufile 1.14+, else the
+    /// `CUFILE_FORCE_COMPAT_MODE=true` environment variable. Only the first GDS backend of a
+    /// process opens the driver, so only its value counts.
+    pub force_compat_mode: bool,
+    /// What a FILE registration does when `cuFileHandleRegister` fails.
+    pub fallback: GdsFallback,
+    /// The engine of [`GdsFallback::Bounce`] transfers (pool threads, `bounce_chunk`,
+    /// `bounce_buffers`, `direct_alignment`, `cancel_timeout`; the I/O engine field is
+    /// ignored: the fallback always uses the thread pool).
+    pub fallback_engine: PosixParams,
+}
+
+/// What the GDS backend does with a file cuFile refuses (`cuFileHandleRegister` fails).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GdsFallback {
+    /// Register it anyway and move its data through the POSIX engine (pinned bounce buffers
+    /// + `pread`/`pwrite`); warned once per file and named in every path report.
+    #[default]
+    Bounce,
+    /// Fail the registration with the cuFile error.
+    Refuse,
 }
 
 impl Default for GdsParams {
@@ -51,7 +92,30 @@ impl Default for GdsParams {
             batch_threshold: 4,
             max_batch: 128,
             cancel_timeout: Duration::from_secs(10),
+            force_compat_mode: false,
+            fallback: GdsFallback::Bounce,
+            fallback_engine: PosixParams::default(),
         }
+    }
+}
+
+impl GdsParams {
+    fn validate(&self, agent: &str) -> Result<()> {
+        if self.max_batch == 0 || self.max_batch > 4096 {
+            return Err(Error::invalid(
+                agent,
+                Op::CreateBackend,
+                "GDS: max_batch must be in 1..=4096",
+            ));
+        }
+        self.fallback_engine.validate().map_err(|e| match e {
+            Error::InvalidParam { reason, op, .. } => Error::InvalidParam {
+                agent: agent.to_owned(),
+                op,
+                reason: format!("GDS fallback_engine: {reason}"),
+            },
+            other => other,
+        })
     }
 }
 
@@ -65,7 +129,8 @@ impl BackendParams for GdsParams {
     }
 }
 
-/// Creates `GDS` by name: `cufile_path`, `batch_threshold`, `max_batch`.
+/// Creates `GDS` by name: `cufile_path`, `batch_threshold`, `max_batch`, `force_compat_mode`
+/// (`true`/`false`), `fallback` (`bounce`/`refuse`), `bounce_chunk`, `bounce_buffers`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GdsPlugin;
 
@@ -79,6 +144,16 @@ impl BackendPlugin for GdsPlugin {
         BTreeMap::from([
             ("batch_threshold".to_owned(), d.batch_threshold.to_string()),
             ("max_batch".to_owned(), d.max_batch.to_string()),
+            (
+                "force_compat_mode".to_owned(),
+                d.force_compat_mode.to_string(),
+            ),
+            ("fallback".to_owned(), "bounce".to_owned()),
+            (
+                "bounce_chunk".to_owned(),
+                d.fallback_engine.bounce_chunk.to_string(),
+            ),
+            ("bounce_buffers".to_owned(), "auto".to_owned()),
         ])
     }
 
@@ -98,6 +173,39 @@ impl BackendPlugin for GdsPlugin {
                 "cufile_path" => p.cufile_path = Some(v.into()),
                 "batch_threshold" => p.batch_threshold = num(k, v)?,
                 "max_batch" => p.max_batch = num(k, v)?,
+                "force_compat_mode" => {
+                    p.force_compat_mode = match v.as_str() {
+                        "true" | "1" | "yes" => true,
+                        "false" | "0" | "no" => false,
+                        _ => {
+                            return Err(Error::invalid(
+                                "",
+                                Op::CreateBackend,
+                                format!("GDS: force_compat_mode={v} is not true or false"),
+                            ))
+                        }
+                    }
+                }
+                "fallback" => {
+                    p.fallback = match v.as_str() {
+                        "bounce" => GdsFallback::Bounce,
+                        "refuse" => GdsFallback::Refuse,
+                        _ => {
+                            return Err(Error::invalid(
+                                "",
+                                Op::CreateBackend,
+                                format!("GDS: fallback={v} is not bounce or refuse"),
+                            ))
+                        }
+                    }
+                }
+                "bounce_chunk" => p.fallback_engine.bounce_chunk = num(k, v)? as u64,
+                "bounce_buffers" => {
+                    p.fallback_engine.bounce_buffers = match v.as_str() {
+                        "auto" => None,
+                        _ => Some(num(k, v)?),
+                    }
+                }
                 _ => {
                     return Err(Error::invalid(
                         "",
@@ -107,24 +215,20 @@ impl BackendPlugin for GdsPlugin {
                 }
             }
         }
-        if p.max_batch == 0 || p.max_batch > 4096 {
-            return Err(Error::invalid(
-                "",
-                Op::CreateBackend,
-                "GDS: max_batch must be in 1..=4096",
-            ));
-        }
+        p.validate("")?;
         Ok(Box::new(p))
     }
 }
 
 /// The loaded, opened cuFile driver (one per process; cuFile's driver state is global).
 pub(crate) struct Driver {
-    pub cuda: sys::CudaFns,
+    /// Keeps libcuda loaded under libcufile.
+    _cuda: Arc<Cuda>,
     pub cufile: sys::CufileFns,
     /// Whether the nvidia-fs kernel module is loaded (otherwise cuFile is in compat mode).
     pub nvidia_fs: bool,
-    _libcuda: libloading::Library,
+    /// How compatibility mode was forced at open, if it was.
+    pub forced_compat: Option<&'static str>,
     _libcufile: libloading::Library,
 }
 
@@ -151,31 +255,10 @@ fn open_lib(candidates: &[PathBuf]) -> std::result::Result<libloading::Library, 
 
 fn open_driver(params: &GdsParams) -> std::result::Result<Arc<Driver>, (String, String)> {
     // 1. The CUDA driver and a device, before cuFile (cuFileDriverOpen spins without them).
-    let libcuda = open_lib(&["libcuda.so.1".into()]).map_err(|e| {
-        unavailable(
-            "libcuda.so.1 (the NVIDIA driver)",
-            format!("install the NVIDIA driver: {e}"),
-        )
+    let cuda = cuda::cuda().map_err(|e| match e {
+        Error::Unavailable { what, hint } => (what, hint),
+        other => unavailable("the CUDA driver", other.to_string()),
     })?;
-    let cuda = sys::cuda_fns(&libcuda)
-        .map_err(|e| unavailable("libcuda.so.1", format!("missing symbol {e}")))?;
-    // SAFETY: cuInit takes flags 0 and may be called any number of times.
-    let rc = unsafe { (cuda.cuInit)(0) };
-    if rc != 0 {
-        return Err(unavailable(
-            "a CUDA device",
-            format!("cuInit failed with CUresult {rc}"),
-        ));
-    }
-    let mut n = 0;
-    // SAFETY: the pointer is valid for one int; the driver is initialised.
-    let rc = unsafe { (cuda.cuDeviceGetCount)(&mut n) };
-    if rc != 0 || n <= 0 {
-        return Err(unavailable(
-            "a CUDA device",
-            format!("cuDeviceGetCount: CUresult {rc}, {n} devices"),
-        ));
-    }
     // 2. libcufile.
     let mut candidates: Vec<PathBuf> = Vec::new();
     if let Some(p) = &params.cufile_path {
@@ -214,6 +297,25 @@ fn open_driver(params: &GdsParams) -> std::result::Result<Arc<Driver>, (String, 
         // other threads reading the environment can set the variable themselves first.
         std::env::set_var("CUFILE_LOGFILE_PATH", log);
     }
+    // 4. Compatibility mode, if forced: the parameter API of libcufile 1.14+, else the
+    // environment variable cuFile reads at open.
+    let mut forced_compat = None;
+    if params.force_compat_mode {
+        if let Some(set) = sys::set_parameter_bool(&libcufile) {
+            // SAFETY: the driver is not open yet, which is when cuFile accepts parameters.
+            let st = unsafe { set(sys::CUFILE_PARAM_FORCE_COMPAT_MODE, true) };
+            if st.err == sys::CU_FILE_SUCCESS {
+                forced_compat = Some("cuFileSetParameterBool(CUFILE_PARAM_FORCE_COMPAT_MODE)");
+            } else {
+                tracing::warn!(err = st.err, "GDS: cuFileSetParameterBool(FORCE_COMPAT_MODE) failed; using CUFILE_FORCE_COMPAT_MODE");
+            }
+        }
+        if forced_compat.is_none() {
+            // Process-global, set under OPENING before cuFile reads it (as above).
+            std::env::set_var("CUFILE_FORCE_COMPAT_MODE", "true");
+            forced_compat = Some("CUFILE_FORCE_COMPAT_MODE=true");
+        }
+    }
     // SAFETY: the CUDA driver and a device are present (checked above), which is what
     // cuFileDriverOpen needs to return instead of spinning.
     let st = unsafe { (cufile.cuFileDriverOpen)() };
@@ -229,10 +331,10 @@ fn open_driver(params: &GdsParams) -> std::result::Result<Arc<Driver>, (String, 
     let nvidia_fs = std::path::Path::new("/proc/driver/nvidia-fs/stats").exists()
         || std::path::Path::new("/sys/module/nvidia_fs").exists();
     Ok(Arc::new(Driver {
-        cuda,
+        _cuda: cuda,
         cufile,
         nvidia_fs,
-        _libcuda: libcuda,
+        forced_compat,
         _libcufile: libcufile,
     }))
 }
@@ -259,6 +361,8 @@ pub(crate) struct BufMd {
     drv: Arc<Driver>,
     pub addr: u64,
     registered: bool,
+    /// The retained primary context of a VRAM buffer's GPU (for fallback transfers).
+    pub ctx: Option<Arc<PrimaryCtx>>,
 }
 
 impl Drop for BufMd {
@@ -273,11 +377,16 @@ impl Drop for BufMd {
     }
 }
 
-/// A registered file: the cuFile handle and the descriptor it was made from.
+/// A registered file: the cuFile handle and the descriptor it was made from, or (fallback)
+/// no handle and why cuFile refused the file.
 pub(crate) struct FileMd {
     drv: Arc<Driver>,
-    pub handle: sys::CUfileHandle_t,
-    _fd: OwnedFd,
+    pub handle: Option<sys::CUfileHandle_t>,
+    /// Set in bounce mode: "cuFileHandleRegister failed: cuFile error N (...)".
+    pub fallback: Option<String>,
+    pub fd: OwnedFd,
+    pub direct: bool,
+    pub path: Option<PathBuf>,
 }
 
 // SAFETY: a cuFile handle is an opaque token cuFile allows using from any thread.
@@ -287,8 +396,11 @@ unsafe impl Sync for FileMd {}
 
 impl Drop for FileMd {
     fn drop(&mut self) {
-        // SAFETY: the handle was registered once and no request holds this metadata any more.
-        unsafe { (self.drv.cufile.cuFileHandleDeregister)(self.handle) };
+        if let Some(h) = self.handle {
+            // SAFETY: the handle was registered once and no request holds this metadata any
+            // more.
+            unsafe { (self.drv.cufile.cuFileHandleDeregister)(h) };
+        }
     }
 }
 
@@ -297,6 +409,10 @@ pub struct GdsBackend {
     agent: String,
     params: GdsParams,
     drv: Arc<Driver>,
+    /// The fallback engine (pool and staging created on first fallback transfer).
+    engine: PoolEngine,
+    /// Files registered in bounce mode (count, first reason), for the path report.
+    fallbacks: Mutex<(usize, Option<String>)>,
 }
 
 impl std::fmt::Debug for GdsBackend {
@@ -312,46 +428,113 @@ impl GdsBackend {
     /// Opens cuFile (guarded) and creates the backend; [`Error::Unavailable`] without a GPU,
     /// libcuda or libcufile.
     pub fn new(params: GdsParams, ctx: BackendContext) -> Result<Self> {
+        params.validate(&ctx.agent)?;
         let drv = driver(&params)?;
+        if params.force_compat_mode != drv.forced_compat.is_some() {
+            tracing::warn!(agent = %ctx.agent, requested = params.force_compat_mode, "GDS: force_compat_mode differs from the cuFile driver already opened in this process; the driver's setting stays");
+        }
+        let engine = PoolEngine::new(params.fallback_engine.clone());
         Ok(GdsBackend {
             agent: ctx.agent,
             params,
             drv,
+            engine,
+            fallbacks: Mutex::new((0, None)),
         })
     }
 
-    fn mode(&self) -> &'static str {
-        if self.drv.nvidia_fs {
-            "cuFile (GPUDirect, nvidia-fs)"
+    fn mode(&self) -> String {
+        let mut m = if self.drv.nvidia_fs && self.drv.forced_compat.is_none() {
+            "cuFile (GPUDirect, nvidia-fs)".to_owned()
+        } else if let Some(how) = self.drv.forced_compat {
+            format!("cuFile compatibility mode (forced: {how})")
         } else {
-            "cuFile compatibility mode (no nvidia-fs: POSIX I/O through bounce buffers)"
+            "cuFile compatibility mode (no nvidia-fs: POSIX I/O through bounce buffers)".to_owned()
+        };
+        if self.params.force_compat_mode != self.drv.forced_compat.is_some() {
+            m.push_str(&format!(
+                " [force_compat_mode={} ignored: the process's cuFile driver was opened before]",
+                self.params.force_compat_mode
+            ));
+        }
+        m
+    }
+
+    /// The path of fallback transfers.
+    fn fallback_label(&self, why: &str, vram: bool) -> String {
+        if vram {
+            format!("GDS fallback ({why}): {}", self.engine.vram_label())
+        } else {
+            format!(
+                "GDS fallback ({why}): pread/pwrite x{}",
+                self.engine.params().pool_threads
+            )
         }
     }
 
-    fn register_buf(&self, region: &RegionDesc) -> Result<BackendMd> {
-        if region.kind == MemKind::Vram {
-            let ord = i32::try_from(region.dev_id)
-                .map_err(|_| Error::invalid(&self.agent, Op::RegisterMem, "bad GPU ordinal"))?;
-            let (mut dev, mut ctx) = (0, std::ptr::null_mut());
-            // SAFETY: out-pointers are valid; the driver was initialised in `driver()`.
-            let mut rc = unsafe { (self.drv.cuda.cuDeviceGet)(&mut dev, ord) };
-            if rc == 0 {
-                // SAFETY: out-pointer valid; `dev` came from cuDeviceGet. The primary context
-                // is retained for the process's lifetime (cuFile needs it current to register).
-                rc = unsafe { (self.drv.cuda.cuDevicePrimaryCtxRetain)(&mut ctx, dev) };
-            }
-            if rc == 0 {
-                // SAFETY: `ctx` is a valid retained context.
-                rc = unsafe { (self.drv.cuda.cuCtxSetCurrent)(ctx) };
-            }
-            if rc != 0 {
-                return Err(Error::invalid(
-                    &self.agent,
-                    Op::RegisterMem,
-                    format!("GPU {ord}: CUresult {rc}"),
-                ));
+    /// Runs a request touching a bounce-mode file on the POSIX engine.
+    fn prepare_fallback(&self, spec: &XferSpec, why: &str) -> Result<Box<dyn BackendXfer>> {
+        let me = &self.agent;
+        let mut segs = Vec::with_capacity(spec.segments.len());
+        for (i, s) in spec.segments.iter().enumerate() {
+            let b = downcast_md::<BufMd>(&s.local_md).ok_or_else(|| {
+                Error::invalid(
+                    me,
+                    Op::MakeXfer,
+                    format!("segment {i}: local metadata is not GDS's"),
+                )
+            })?;
+            let f = downcast_md::<FileMd>(&s.remote_md).ok_or_else(|| {
+                Error::invalid(
+                    me,
+                    Op::MakeXfer,
+                    format!("segment {i}: target is not a GDS file"),
+                )
+            })?;
+            let local = match (spec.local_kind, &b.ctx) {
+                (MemKind::Vram, Some(ctx)) => LocalMem::Vram(ctx),
+                (MemKind::Vram, None) => {
+                    return Err(Error::invalid(
+                        me,
+                        Op::MakeXfer,
+                        format!("segment {i}: VRAM registration without a CUDA context"),
+                    ))
+                }
+                _ => LocalMem::Dram,
+            };
+            segs.push(PlanSeg {
+                local,
+                local_addr: s.local_addr,
+                fd: f.fd.as_raw_fd(),
+                direct: f.direct,
+                path: f.path.as_ref(),
+                file_md: &s.remote_md,
+                remote_addr: s.remote_addr,
+                len: s.len,
+            });
+        }
+        let mut plan = build_plan(&self.engine, me, GDS, spec.op, &segs)?;
+        // The plan keeps the file metadata; the buffers' (and their contexts) too.
+        for s in &spec.segments {
+            if !plan.files.iter().any(|m| Arc::ptr_eq(m, &s.local_md)) {
+                plan.files.push(s.local_md.clone());
             }
         }
+        let label = self.fallback_label(why, plan.vram.is_some());
+        Ok(Box::new(PoolXfer::new(plan, self.engine.pool(me)?, label)))
+    }
+
+    fn register_buf(&self, region: &RegionDesc) -> Result<BackendMd> {
+        let ctx = if region.kind == MemKind::Vram {
+            let ctx = vram_context(&self.agent, GDS, region)?;
+            // cuFile registers VRAM in the current context; it stays current on this thread
+            // (as cuFileRead/Write on it expect).
+            ctx.bind()
+                .map_err(|e| e.into_error(&self.agent, GDS, Op::RegisterMem))?;
+            Some(ctx)
+        } else {
+            None
+        };
         let len = usize::try_from(region.len)
             .map_err(|_| Error::invalid(&self.agent, Op::RegisterMem, "region too large"))?;
         // SAFETY: the region is memory the agent keeps alive while this registration lives
@@ -359,6 +542,21 @@ impl GdsBackend {
         let st =
             unsafe { (self.drv.cufile.cuFileBufRegister)(region.addr as *const c_void, len, 0) };
         if st.err != sys::CU_FILE_SUCCESS {
+            if region.kind == MemKind::Vram && self.params.fallback == GdsFallback::Bounce {
+                // cuFile reads and writes unregistered device memory too (through its own
+                // staging), and fallback transfers never need the registration.
+                tracing::warn!(
+                    agent = %self.agent,
+                    err = st.err,
+                    "GDS: cuFileBufRegister failed for VRAM; using the buffer unregistered (fallback = bounce)"
+                );
+                return Ok(Arc::new(BufMd {
+                    drv: self.drv.clone(),
+                    addr: region.addr,
+                    registered: false,
+                    ctx,
+                }));
+            }
             if region.kind == MemKind::Dram {
                 // Host memory works unregistered (cuFile bounces it); registration only speeds it up.
                 tracing::debug!(
@@ -369,6 +567,7 @@ impl GdsBackend {
                     drv: self.drv.clone(),
                     addr: region.addr,
                     registered: false,
+                    ctx,
                 }));
             }
             return Err(Error::backend(
@@ -385,6 +584,7 @@ impl GdsBackend {
             drv: self.drv.clone(),
             addr: region.addr,
             registered: true,
+            ctx,
         }))
     }
 
@@ -416,21 +616,44 @@ impl GdsBackend {
         // SAFETY: both pointers are valid for the call; the descriptor stays open as long as
         // the handle (both live in FileMd).
         let st = unsafe { (self.drv.cufile.cuFileHandleRegister)(&mut handle, &mut descr) };
-        if st.err != sys::CU_FILE_SUCCESS {
-            return Err(Error::backend(
-                &self.agent,
-                GDS,
-                Op::RegisterMem,
-                format!(
-                    "cuFileHandleRegister: cuFile error {} (is the file opened with O_DIRECT?)",
-                    st.err
-                ),
-            ));
-        }
+        // SAFETY: F_GETFL only reads the status flags of a descriptor owned here.
+        let fl = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+        let direct = fl >= 0 && fl & libc::O_DIRECT != 0;
+        let path = (!region.meta.is_empty())
+            .then(|| PathBuf::from(String::from_utf8_lossy(&region.meta).into_owned()));
+        let (handle, fallback) = if st.err == sys::CU_FILE_SUCCESS {
+            (Some(handle), None)
+        } else {
+            let why = format!(
+                "cuFileHandleRegister failed: cuFile error {}{}",
+                st.err,
+                sys::error_hint(st.err)
+            );
+            if self.params.fallback == GdsFallback::Refuse {
+                return Err(Error::backend(
+                    &self.agent,
+                    GDS,
+                    Op::RegisterMem,
+                    format!("{why} (fallback = refuse)"),
+                ));
+            }
+            let name = path
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| format!("fd {raw}"));
+            tracing::warn!(agent = %self.agent, file = %name, reason = %why, "GDS: cuFile refused the file; its transfers use the POSIX bounce engine (fallback = bounce)");
+            let mut fb = self.fallbacks.lock().unwrap_or_else(|p| p.into_inner());
+            fb.0 += 1;
+            fb.1.get_or_insert_with(|| why.clone());
+            (None, Some(why))
+        };
         Ok(Arc::new(FileMd {
             drv: self.drv.clone(),
             handle,
-            _fd: fd,
+            fallback,
+            fd,
+            direct,
+            path,
         }))
     }
 }
@@ -498,6 +721,14 @@ impl Backend for GdsBackend {
     }
 
     fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
+        let fallback = spec
+            .segments
+            .iter()
+            .find_map(|s| downcast_md::<FileMd>(&s.remote_md).and_then(|f| f.fallback.clone()));
+        if let Some(why) = fallback {
+            xfer::check_spec(&self.agent, &spec)?;
+            return self.prepare_fallback(&spec, &why);
+        }
         xfer::GdsXfer::create(
             &self.agent,
             self.drv.clone(),
@@ -516,7 +747,18 @@ impl Backend for GdsBackend {
     }
 
     fn path_report(&self, remote: &str) -> Option<String> {
-        (remote == self.agent).then(|| self.mode().to_owned())
+        (remote == self.agent).then(|| {
+            let fb = self.fallbacks.lock().unwrap_or_else(|p| p.into_inner());
+            match &fb.1 {
+                None => self.mode(),
+                Some(why) => format!(
+                    "{}; {} file(s) in {}",
+                    self.mode(),
+                    fb.0,
+                    self.fallback_label(why, true)
+                ),
+            }
+        })
     }
 
     fn query(&self, region: &RegionDesc) -> Result<Option<QueryResult>> {

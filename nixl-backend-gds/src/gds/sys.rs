@@ -1,16 +1,13 @@
-//! Hand-written bindings of the parts of `cufile.h` (CUDA 12.0+, libcufile 1.5+) and the CUDA
-//! driver API the GDS backend uses, resolved at run time with libloading. No logic here
-//! beyond loading: see `super::lib` for the guarded open sequence.
+//! Hand-written bindings of the parts of `cufile.h` (CUDA 12.0+, libcufile 1.5+) the GDS
+//! backend uses, resolved at run time with libloading (the CUDA driver's are in
+//! `crate::cuda::sys`). No logic here beyond loading: see `super` for the guarded open
+//! sequence.
 #![allow(non_camel_case_types, non_snake_case, dead_code)]
 
 use std::ffi::{c_int, c_uint, c_void};
 
-/// `CUresult` (0 is `CUDA_SUCCESS`).
-pub type CUresult = c_int;
-/// `CUdevice`.
-pub type CUdevice = c_int;
-/// `CUcontext`.
-pub type CUcontext = *mut c_void;
+use crate::cuda::sys::load_fns;
+pub use crate::cuda::sys::CUresult;
 
 /// `CUfileError_t`: a cuFile status and the CUDA driver status behind it.
 #[repr(C)]
@@ -22,6 +19,30 @@ pub struct CUfileError_t {
     pub cu_err: CUresult,
 }
 
+/// The name and text of a `CUfileOpError` (cufile.h's `CUFILE_OP` table), as
+/// `" (CU_FILE_X: text)"`, or an empty string for a code not listed.
+pub fn error_hint(err: c_int) -> &'static str {
+    match err - 5000 {
+        1 => " (CU_FILE_DRIVER_NOT_INITIALIZED: nvidia-fs driver is not loaded)",
+        7 => " (CU_FILE_PLATFORM_NOT_SUPPORTED: GPUDirect Storage not supported on current platform)",
+        8 => " (CU_FILE_IO_NOT_SUPPORTED: GPUDirect Storage not supported on current file)",
+        9 => " (CU_FILE_DEVICE_NOT_SUPPORTED: GPUDirect Storage not supported on current GPU)",
+        10 => " (CU_FILE_NVFS_DRIVER_ERROR: nvidia-fs driver ioctl error)",
+        11 => " (CU_FILE_CUDA_DRIVER_ERROR: CUDA Driver API error)",
+        18 => " (CU_FILE_INVALID_FILE_TYPE: unsupported file type)",
+        19 => " (CU_FILE_INVALID_FILE_OPEN_FLAG: unsupported file open flags)",
+        20 => " (CU_FILE_DIO_NOT_SET: fd direct IO not set)",
+        22 => " (CU_FILE_INVALID_VALUE: invalid arguments)",
+        25 => " (CU_FILE_PERMISSION_DENIED: driver or file access error)",
+        27 => " (CU_FILE_HANDLE_NOT_REGISTERED: file descriptor is not registered; cufile.log may say more, e.g. cufio-fs: error getting volume attributes)",
+        28 => " (CU_FILE_HANDLE_ALREADY_REGISTERED: file descriptor is already registered)",
+        29 => " (CU_FILE_DEVICE_NOT_FOUND: GPU device not found)",
+        30 => " (CU_FILE_INTERNAL_ERROR: internal error)",
+        34 => " (CU_FILE_IO_DISABLED: GPUDirect Storage disabled by config on current file)",
+        _ => "",
+    }
+}
+
 /// `CU_FILE_SUCCESS`.
 pub const CU_FILE_SUCCESS: c_int = 0;
 /// `CU_FILE_HANDLE_TYPE_OPAQUE_FD`.
@@ -30,6 +51,8 @@ pub const CU_FILE_HANDLE_TYPE_OPAQUE_FD: c_int = 1;
 pub const CUFILE_READ: c_int = 0;
 /// `CUFILE_WRITE`.
 pub const CUFILE_WRITE: c_int = 1;
+/// `CUFILE_PARAM_FORCE_COMPAT_MODE` of `CUFileBoolConfigParameter_t` (libcufile 1.14+).
+pub const CUFILE_PARAM_FORCE_COMPAT_MODE: c_int = 2;
 /// `CUFILE_BATCH`.
 pub const CUFILE_BATCH: c_int = 1;
 /// `CUfileStatus_t` values.
@@ -105,15 +128,6 @@ pub struct CUfileIOEvents_t {
     pub ret: usize,
 }
 
-/// The libcuda entry points of the guard and of context selection.
-pub struct CudaFns {
-    pub cuInit: unsafe extern "C" fn(c_uint) -> CUresult,
-    pub cuDeviceGetCount: unsafe extern "C" fn(*mut c_int) -> CUresult,
-    pub cuDeviceGet: unsafe extern "C" fn(*mut CUdevice, c_int) -> CUresult,
-    pub cuDevicePrimaryCtxRetain: unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult,
-    pub cuCtxSetCurrent: unsafe extern "C" fn(CUcontext) -> CUresult,
-}
-
 /// The libcufile entry points.
 pub struct CufileFns {
     pub cuFileDriverOpen: unsafe extern "C" fn() -> CUfileError_t,
@@ -150,30 +164,17 @@ pub struct CufileFns {
     pub cuFileBatchIODestroy: unsafe extern "C" fn(CUfileBatchHandle_t),
 }
 
-macro_rules! load_fns {
-    ($lib:expr, $ty:ident { $($name:ident),* $(,)? }) => {{
-        $ty {
-            $(
-                // SAFETY: the symbol's C signature is the field's type, copied from the
-                // library's header; the `Library` outlives the pointer (kept beside it).
-                $name: unsafe { *$lib.get(concat!(stringify!($name), "\0").as_bytes()).map_err(|e| format!("{}: {e}", stringify!($name)))? },
-            )*
-        }
-    }};
-}
+/// `cuFileSetParameterBool(CUFileBoolConfigParameter_t, bool)`, libcufile 1.14+ only (loaded
+/// as an optional symbol); must be called before `cuFileDriverOpen`.
+pub type CuFileSetParameterBool = unsafe extern "C" fn(c_int, bool) -> CUfileError_t;
 
-/// Resolves the libcuda functions.
-pub fn cuda_fns(lib: &libloading::Library) -> Result<CudaFns, String> {
-    Ok(load_fns!(
-        lib,
-        CudaFns {
-            cuInit,
-            cuDeviceGetCount,
-            cuDeviceGet,
-            cuDevicePrimaryCtxRetain,
-            cuCtxSetCurrent
-        }
-    ))
+/// Resolves `cuFileSetParameterBool` where the library has it.
+pub fn set_parameter_bool(lib: &libloading::Library) -> Option<CuFileSetParameterBool> {
+    // SAFETY: the symbol's C signature is `CuFileSetParameterBool` (cufile.h of CUDA 12.6+);
+    // the `Library` is kept beside the pointer.
+    unsafe { lib.get::<CuFileSetParameterBool>(b"cuFileSetParameterBool\0") }
+        .ok()
+        .map(|s| *s)
 }
 
 /// Resolves the libcufile functions.

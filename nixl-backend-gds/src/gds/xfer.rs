@@ -27,7 +27,7 @@ pub(crate) struct GdsXfer {
     drv: Arc<Driver>,
     op: XferOp,
     ios: Vec<Io>,
-    mode: &'static str,
+    mode: String,
     batch: Option<Batch>,
     cancel_timeout: Duration,
     _keep: Vec<BackendMd>,
@@ -59,6 +59,37 @@ fn cufile_err(agent: &str, op: Op, what: &str, st: sys::CUfileError_t) -> Error 
     )
 }
 
+/// Checks what GDS can move at all: local DRAM/VRAM <-> FILE, no notification.
+pub(crate) fn check_spec(agent: &str, spec: &XferSpec) -> Result<()> {
+    if !spec.is_local {
+        return Err(Error::not_supported(
+            agent,
+            Op::MakeXfer,
+            "GDS moves data between this agent's memory and its files only",
+        ));
+    }
+    if !matches!(spec.local_kind, MemKind::Dram | MemKind::Vram)
+        || spec.remote_kind != MemKind::File
+    {
+        return Err(Error::not_supported(
+            agent,
+            Op::MakeXfer,
+            format!(
+                "GDS moves DRAM/VRAM <-> FILE, not {} <-> {}",
+                spec.local_kind, spec.remote_kind
+            ),
+        ));
+    }
+    if spec.notif.is_some() {
+        return Err(Error::not_supported(
+            agent,
+            Op::MakeXfer,
+            "GDS has no notifications",
+        ));
+    }
+    Ok(())
+}
+
 impl GdsXfer {
     /// Checks the segments, sets up a batch for long lists, and boxes the request.
     pub fn create(
@@ -66,34 +97,9 @@ impl GdsXfer {
         drv: Arc<Driver>,
         p: &GdsParams,
         spec: XferSpec,
-        mode: &'static str,
+        mode: String,
     ) -> Result<Box<dyn BackendXfer>> {
-        if !spec.is_local {
-            return Err(Error::not_supported(
-                agent,
-                Op::MakeXfer,
-                "GDS moves data between this agent's memory and its files only",
-            ));
-        }
-        if !matches!(spec.local_kind, MemKind::Dram | MemKind::Vram)
-            || spec.remote_kind != MemKind::File
-        {
-            return Err(Error::not_supported(
-                agent,
-                Op::MakeXfer,
-                format!(
-                    "GDS moves DRAM/VRAM <-> FILE, not {} <-> {}",
-                    spec.local_kind, spec.remote_kind
-                ),
-            ));
-        }
-        if spec.notif.is_some() {
-            return Err(Error::not_supported(
-                agent,
-                Op::MakeXfer,
-                "GDS has no notifications",
-            ));
-        }
+        check_spec(agent, &spec)?;
         let mut ios = Vec::with_capacity(spec.segments.len());
         let mut keep: Vec<BackendMd> = Vec::new();
         for (i, s) in spec.segments.iter().enumerate() {
@@ -111,10 +117,17 @@ impl GdsXfer {
                     format!("segment {i}: target is not a GDS file"),
                 )
             })?;
+            let fh = f.handle.ok_or_else(|| {
+                Error::invalid(
+                    agent,
+                    Op::MakeXfer,
+                    format!("segment {i}: the file has no cuFile handle (fallback mode)"),
+                )
+            })?;
             ios.push(Io {
                 base: b.addr,
                 buf_off: s.local_addr - b.addr,
-                fh: f.handle,
+                fh,
                 file_off: s.remote_addr,
                 len: s.len,
             });

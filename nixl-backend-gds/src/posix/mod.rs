@@ -7,14 +7,23 @@
 //! otherwise fail later with `EINVAL`: memory kinds, `O_DIRECT` alignment of offsets, lengths
 //! and buffers. Posting splits segments into chunks of [`PosixParams::chunk_size`] and keeps
 //! up to [`PosixParams::queue_depth`] of them in flight.
+//!
+//! VRAM <-> FILE (when GDS is absent) goes through pinned bounce buffers: VRAM registrations
+//! load the CUDA driver on first use (`Unavailable` without one, so the agent leaves that
+//! memory to other backends), and VRAM segments are split into chunks of
+//! [`PosixParams::bounce_chunk`] that the pool's workers copy through
+//! [`PosixParams::bounce_buffers`] page-aligned pinned buffers with `cuMemcpyAsync` on their
+//! own non-blocking streams, then `pwrite` (or `pread` then copy). With `O_DIRECT` only the
+//! file offsets and lengths of VRAM segments must be aligned (the staging is).
 
-mod pool;
+pub(crate) mod bounce;
+pub(crate) mod pool;
 mod uring;
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nixl_core::{
@@ -22,7 +31,8 @@ use nixl_core::{
     Capabilities, Error, MemKind, Op, QueryResult, RegionDesc, Result, XferOp, XferSpec,
 };
 
-use pool::Pool;
+use crate::cuda::PrimaryCtx;
+use bounce::{PoolEngine, VramMd, VramSide};
 
 /// The backend's type name.
 pub const POSIX: &str = "POSIX";
@@ -59,6 +69,13 @@ pub struct PosixParams {
     /// inside post (a cached `pread`/`pwrite` is a memory copy; a hop to another thread only
     /// adds latency). 0 disables it.
     pub inline_max: u64,
+    /// VRAM segments are split into chunks of at most this many bytes, each copied through
+    /// one pinned staging buffer of this size (a non-zero multiple of `direct_alignment`, at
+    /// most 1 GiB).
+    pub bounce_chunk: u64,
+    /// How many pinned staging buffers (allocated once, at the first VRAM transfer); `None`
+    /// = one per pool thread, which lets every worker copy at once.
+    pub bounce_buffers: Option<usize>,
 }
 
 impl Default for PosixParams {
@@ -71,12 +88,14 @@ impl Default for PosixParams {
             direct_alignment: 4096,
             cancel_timeout: Duration::from_secs(10),
             inline_max: 4 << 20,
+            bounce_chunk: 8 << 20,
+            bounce_buffers: None,
         }
     }
 }
 
 impl PosixParams {
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let bad = |r: &str| Err(Error::invalid("", Op::CreateBackend, format!("POSIX: {r}")));
         if self.queue_depth == 0 || self.queue_depth > 4096 {
             return bad("queue_depth must be in 1..=4096");
@@ -95,6 +114,17 @@ impl PosixParams {
         if self.pool_threads == 0 || self.pool_threads > 256 {
             return bad("pool_threads must be in 1..=256");
         }
+        if self.bounce_chunk == 0
+            || self.bounce_chunk > 1 << 30
+            || self.bounce_chunk % self.direct_alignment != 0
+        {
+            return bad(
+                "bounce_chunk must be a non-zero multiple of direct_alignment of at most 1 GiB",
+            );
+        }
+        if matches!(self.bounce_buffers, Some(n) if n == 0 || n > 256) {
+            return bad("bounce_buffers must be in 1..=256");
+        }
         Ok(())
     }
 }
@@ -111,7 +141,8 @@ impl BackendParams for PosixParams {
 
 /// Creates `POSIX` by name from string parameters: `engine` (`auto`, `io_uring`,
 /// `threadpool`), `queue_depth`, `chunk_size`, `pool_threads`, `direct_alignment`,
-/// `cancel_timeout_ms`.
+/// `cancel_timeout_ms`, `inline_max`, `bounce_chunk`, `bounce_buffers` (a number or `auto` =
+/// one per pool thread).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PosixPlugin;
 
@@ -135,6 +166,9 @@ impl BackendPlugin for PosixPlugin {
                 "cancel_timeout_ms".to_owned(),
                 d.cancel_timeout.as_millis().to_string(),
             ),
+            ("inline_max".to_owned(), d.inline_max.to_string()),
+            ("bounce_chunk".to_owned(), d.bounce_chunk.to_string()),
+            ("bounce_buffers".to_owned(), "auto".to_owned()),
         ])
     }
 
@@ -177,6 +211,13 @@ impl BackendPlugin for PosixPlugin {
                 "direct_alignment" => p.direct_alignment = num(k, v)?,
                 "cancel_timeout_ms" => p.cancel_timeout = Duration::from_millis(num(k, v)?),
                 "inline_max" => p.inline_max = num(k, v)?,
+                "bounce_chunk" => p.bounce_chunk = num(k, v)?,
+                "bounce_buffers" => {
+                    p.bounce_buffers = match v.as_str() {
+                        "auto" => None,
+                        _ => Some(usize::try_from(num(k, v)?).unwrap_or(usize::MAX)),
+                    }
+                }
                 _ => {
                     return Err(Error::invalid(
                         "",
@@ -208,12 +249,39 @@ pub(crate) struct Chunk {
     pub buf: u64,
     pub off: u64,
     pub len: u64,
+    /// For a VRAM chunk, the index of its context in the plan's [`VramSide::ctxs`]; `buf` is
+    /// then a device address.
+    pub gpu: Option<u32>,
+}
+
+/// The local side of a segment to plan.
+pub(crate) enum LocalMem<'a> {
+    /// Host memory.
+    Dram,
+    /// Device memory of the context's GPU.
+    Vram(&'a Arc<PrimaryCtx>),
+}
+
+/// One segment to plan, described by whichever backend registered it (POSIX, or GDS for its
+/// fallback).
+pub(crate) struct PlanSeg<'a> {
+    pub local: LocalMem<'a>,
+    pub local_addr: u64,
+    pub fd: RawFd,
+    pub direct: bool,
+    pub path: Option<&'a PathBuf>,
+    /// The file's metadata, kept by the plan so the descriptor stays open.
+    pub file_md: &'a BackendMd,
+    pub remote_addr: u64,
+    pub len: u64,
 }
 
 /// What a prepared POSIX transfer moves, shared by both engines.
 #[derive(Clone)]
 pub(crate) struct Plan {
     pub agent: String,
+    /// The backend name used in errors.
+    pub backend: &'static str,
     pub op: XferOp,
     pub chunks: Vec<Chunk>,
     /// Files read by the request, with the end of the furthest read (checked against the file
@@ -223,6 +291,8 @@ pub(crate) struct Plan {
     pub cancel_timeout: Duration,
     /// Keeps the duplicated descriptors open while the request lives.
     pub files: Vec<BackendMd>,
+    /// Staging buffers and contexts, for a VRAM request.
+    pub vram: Option<Arc<VramSide>>,
 }
 
 impl Plan {
@@ -283,13 +353,104 @@ fn fd_size(fd: RawFd) -> std::io::Result<u64> {
 /// `_IOR(0x12, 114, size_t)`.
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 
+/// Plans chunks of a transfer: checks `O_DIRECT` alignment (file offset and length; the buffer
+/// address too for DRAM), splits DRAM segments into `chunk_size` chunks and VRAM segments into
+/// `bounce_chunk` chunks, and allocates the engine's staging buffers for VRAM.
+pub(crate) fn build_plan(
+    engine: &PoolEngine,
+    agent: &str,
+    backend: &'static str,
+    op: XferOp,
+    segs: &[PlanSeg<'_>],
+) -> Result<Plan> {
+    let p = engine.params();
+    let align = p.direct_alignment;
+    let mut chunks = Vec::new();
+    let mut files: Vec<BackendMd> = Vec::new();
+    let mut read_ends: Vec<(RawFd, u64, Option<PathBuf>)> = Vec::new();
+    let mut ctxs: Vec<Arc<PrimaryCtx>> = Vec::new();
+    let mut direct = false;
+    for (i, s) in segs.iter().enumerate() {
+        let end = s
+            .remote_addr
+            .checked_add(s.len)
+            .ok_or_else(|| Error::invalid(agent, Op::MakeXfer, format!("segment {i} overflows")))?;
+        if s.direct {
+            direct = true;
+            let mut checks = vec![("file offset", s.remote_addr), ("length", s.len)];
+            if matches!(s.local, LocalMem::Dram) {
+                checks.push(("buffer address", s.local_addr));
+            }
+            for (what, v) in checks {
+                if v % align != 0 {
+                    return Err(Error::invalid(agent, Op::MakeXfer, format!("segment {i}: {what} {v:#x} is not a multiple of {align} as O_DIRECT requires")));
+                }
+            }
+        }
+        if !files.iter().any(|m| Arc::ptr_eq(m, s.file_md)) {
+            files.push(s.file_md.clone());
+        }
+        if op == XferOp::Read {
+            match read_ends.iter_mut().find(|(d, _, _)| *d == s.fd) {
+                Some(e) => e.1 = e.1.max(end),
+                None => read_ends.push((s.fd, end, s.path.cloned())),
+            }
+        }
+        let (step, gpu) = match s.local {
+            LocalMem::Dram => (p.chunk_size, None),
+            LocalMem::Vram(ctx) => {
+                let idx = match ctxs.iter().position(|c| c.ordinal() == ctx.ordinal()) {
+                    Some(k) => k,
+                    None => {
+                        ctxs.push(ctx.clone());
+                        ctxs.len() - 1
+                    }
+                };
+                (p.bounce_chunk, Some(idx as u32))
+            }
+        };
+        let mut done = 0;
+        while done < s.len {
+            let len = (s.len - done).min(step);
+            chunks.push(Chunk {
+                fd: s.fd,
+                buf: s.local_addr + done,
+                off: s.remote_addr + done,
+                len,
+                gpu,
+            });
+            done += len;
+        }
+    }
+    if chunks.is_empty() {
+        return Err(Error::invalid(agent, Op::MakeXfer, "no segments"));
+    }
+    let vram = match ctxs.first() {
+        None => None,
+        Some(first) => Some(Arc::new(VramSide {
+            staging: engine.staging(agent, first)?,
+            ctxs,
+        })),
+    };
+    Ok(Plan {
+        agent: agent.to_owned(),
+        backend,
+        op,
+        chunks,
+        read_ends,
+        direct,
+        cancel_timeout: p.cancel_timeout,
+        files,
+        vram,
+    })
+}
+
 /// The POSIX backend.
 pub struct PosixBackend {
     agent: String,
-    params: PosixParams,
     /// Why io_uring is not used, when it is not.
     uring_unavailable: Option<String>,
-    pool: OnceLock<Arc<Pool>>,
+    engine: PoolEngine,
 }
 
 impl std::fmt::Debug for PosixBackend {
@@ -302,7 +463,8 @@ impl std::fmt::Debug for PosixBackend {
 }
 
 impl PosixBackend {
-    /// Creates the backend, probing io_uring unless the thread pool was asked for.
+    /// Creates the backend, probing io_uring unless the thread pool was asked for. Nothing of
+    /// CUDA is loaded here (only at the first VRAM registration).
     pub fn new(params: PosixParams, ctx: BackendContext) -> Result<Self> {
         params.validate().map_err(|e| match e {
             Error::InvalidParam { reason, op, .. } => Error::InvalidParam {
@@ -327,9 +489,8 @@ impl PosixBackend {
         }
         Ok(PosixBackend {
             agent: ctx.agent,
-            params,
             uring_unavailable,
-            pool: OnceLock::new(),
+            engine: PoolEngine::new(params),
         })
     }
 
@@ -342,15 +503,12 @@ impl PosixBackend {
         }
     }
 
-    fn pool(&self) -> Result<Arc<Pool>> {
-        if let Some(p) = self.pool.get() {
-            return Ok(p.clone());
-        }
-        let p = Arc::new(
-            Pool::new(self.params.pool_threads)
-                .map_err(|e| Error::io(&self.agent, Op::MakeXfer, e))?,
-        );
-        Ok(self.pool.get_or_init(|| p).clone())
+    fn params(&self) -> &PosixParams {
+        self.engine.params()
+    }
+
+    fn vram_label(&self) -> String {
+        format!("{} (no GDS)", self.engine.vram_label())
     }
 
     fn plan(&self, spec: &XferSpec) -> Result<Plan> {
@@ -362,12 +520,12 @@ impl PosixBackend {
                 "POSIX moves data between this agent's memory and its files only",
             ));
         }
-        if spec.local_kind != MemKind::Dram {
+        if !matches!(spec.local_kind, MemKind::Dram | MemKind::Vram) {
             return Err(Error::not_supported(
                 me,
                 Op::MakeXfer,
                 format!(
-                    "POSIX moves DRAM to and from files, not {} (use GDS for VRAM)",
+                    "POSIX moves DRAM and VRAM to and from files, not {}",
                     spec.local_kind
                 ),
             ));
@@ -386,19 +544,31 @@ impl PosixBackend {
                 "POSIX has no notifications",
             ));
         }
-        let align = self.params.direct_alignment;
-        let mut chunks = Vec::new();
-        let mut files: Vec<BackendMd> = Vec::new();
-        let mut read_ends: Vec<(RawFd, u64, Option<PathBuf>)> = Vec::new();
-        let mut direct = false;
+        let mut segs = Vec::with_capacity(spec.segments.len());
         for (i, s) in spec.segments.iter().enumerate() {
-            downcast_md::<DramMd>(&s.local_md).ok_or_else(|| {
-                Error::invalid(
-                    me,
-                    Op::MakeXfer,
-                    format!("segment {i}: local metadata is not POSIX DRAM"),
-                )
-            })?;
+            let local = match spec.local_kind {
+                MemKind::Vram => LocalMem::Vram(
+                    &downcast_md::<VramMd>(&s.local_md)
+                        .ok_or_else(|| {
+                            Error::invalid(
+                                me,
+                                Op::MakeXfer,
+                                format!("segment {i}: local metadata is not POSIX VRAM"),
+                            )
+                        })?
+                        .ctx,
+                ),
+                _ => {
+                    downcast_md::<DramMd>(&s.local_md).ok_or_else(|| {
+                        Error::invalid(
+                            me,
+                            Op::MakeXfer,
+                            format!("segment {i}: local metadata is not POSIX DRAM"),
+                        )
+                    })?;
+                    LocalMem::Dram
+                }
+            };
             let f = downcast_md::<FileMd>(&s.remote_md).ok_or_else(|| {
                 Error::invalid(
                     me,
@@ -406,55 +576,18 @@ impl PosixBackend {
                     format!("segment {i}: target metadata is not a POSIX file"),
                 )
             })?;
-            let end = s.remote_addr.checked_add(s.len).ok_or_else(|| {
-                Error::invalid(me, Op::MakeXfer, format!("segment {i} overflows"))
-            })?;
-            if f.direct {
-                direct = true;
-                for (what, v) in [
-                    ("file offset", s.remote_addr),
-                    ("length", s.len),
-                    ("buffer address", s.local_addr),
-                ] {
-                    if v % align != 0 {
-                        return Err(Error::invalid(me, Op::MakeXfer, format!("segment {i}: {what} {v:#x} is not a multiple of {align} as O_DIRECT requires")));
-                    }
-                }
-            }
-            let fd = f.fd.as_raw_fd();
-            if !files.iter().any(|m| Arc::ptr_eq(m, &s.remote_md)) {
-                files.push(s.remote_md.clone());
-            }
-            if spec.op == XferOp::Read {
-                match read_ends.iter_mut().find(|(d, _, _)| *d == fd) {
-                    Some(e) => e.1 = e.1.max(end),
-                    None => read_ends.push((fd, end, f.path.clone())),
-                }
-            }
-            let mut done = 0;
-            while done < s.len {
-                let len = (s.len - done).min(self.params.chunk_size);
-                chunks.push(Chunk {
-                    fd,
-                    buf: s.local_addr + done,
-                    off: s.remote_addr + done,
-                    len,
-                });
-                done += len;
-            }
+            segs.push(PlanSeg {
+                local,
+                local_addr: s.local_addr,
+                fd: f.fd.as_raw_fd(),
+                direct: f.direct,
+                path: f.path.as_ref(),
+                file_md: &s.remote_md,
+                remote_addr: s.remote_addr,
+                len: s.len,
+            });
         }
-        if chunks.is_empty() {
-            return Err(Error::invalid(me, Op::MakeXfer, "no segments"));
-        }
-        Ok(Plan {
-            agent: me.clone(),
-            op: spec.op,
-            chunks,
-            read_ends,
-            direct,
-            cancel_timeout: self.params.cancel_timeout,
-            files,
-        })
+        build_plan(&self.engine, me, POSIX, spec.op, &segs)
     }
 }
 
@@ -465,7 +598,7 @@ impl Backend for PosixBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            mem_kinds: vec![MemKind::Dram, MemKind::File, MemKind::Block],
+            mem_kinds: vec![MemKind::Dram, MemKind::Vram, MemKind::File, MemKind::Block],
             remote: false,
             local: true,
             notifications: false,
@@ -490,6 +623,7 @@ impl Backend for PosixBackend {
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
         match region.kind {
             MemKind::Dram => Ok(Arc::new(DramMd)),
+            MemKind::Vram => bounce::register_vram(&self.agent, POSIX, region),
             MemKind::File | MemKind::Block => {
                 let raw = RawFd::try_from(region.dev_id).map_err(|_| {
                     Error::invalid(
@@ -526,13 +660,16 @@ impl Backend for PosixBackend {
             k => Err(Error::not_supported(
                 &self.agent,
                 Op::RegisterMem,
-                format!("POSIX registers DRAM, FILE and BLOCK, not {k}"),
+                format!("POSIX registers DRAM, VRAM, FILE and BLOCK, not {k}"),
             )),
         }
     }
 
     fn deregister(&self, md: BackendMd) -> Result<()> {
-        if downcast_md::<DramMd>(&md).is_none() && downcast_md::<FileMd>(&md).is_none() {
+        if downcast_md::<DramMd>(&md).is_none()
+            && downcast_md::<FileMd>(&md).is_none()
+            && downcast_md::<VramMd>(&md).is_none()
+        {
             return Err(Error::invalid(
                 &self.agent,
                 Op::DeregisterMem,
@@ -558,11 +695,15 @@ impl Backend for PosixBackend {
 
     fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
         let plan = self.plan(&spec)?;
-        if !plan.direct && spec.total_bytes() <= self.params.inline_max {
+        if plan.vram.is_some() {
+            let pool = self.engine.pool(&self.agent)?;
+            return Ok(Box::new(pool::PoolXfer::new(plan, pool, self.vram_label())));
+        }
+        if !plan.direct && spec.total_bytes() <= self.params().inline_max {
             return Ok(Box::new(pool::InlineXfer::new(plan)));
         }
         let why = match &self.uring_unavailable {
-            None => match uring::UringXfer::new(plan.clone(), self.params.queue_depth) {
+            None => match uring::UringXfer::new(plan.clone(), self.params().queue_depth) {
                 Ok(x) => return Ok(Box::new(x)),
                 Err(e) => {
                     tracing::warn!(agent = %self.agent, error = %e, "POSIX: io_uring setup failed; this request uses the thread pool");
@@ -571,7 +712,15 @@ impl Backend for PosixBackend {
             },
             Some(why) => why.clone(),
         };
-        Ok(Box::new(pool::PoolXfer::new(plan, self.pool()?, why)))
+        let label = format!(
+            "thread-pool pread/pwrite x{} ({why})",
+            self.params().pool_threads
+        );
+        Ok(Box::new(pool::PoolXfer::new(
+            plan,
+            self.engine.pool(&self.agent)?,
+            label,
+        )))
     }
 
     fn gen_notif(&self, remote: &str, _msg: &[u8]) -> Result<()> {
@@ -583,12 +732,19 @@ impl Backend for PosixBackend {
     }
 
     fn path_report(&self, remote: &str) -> Option<String> {
-        (remote == self.agent).then(|| match &self.uring_unavailable {
-            None => format!("io_uring, queue depth {}", self.params.queue_depth),
-            Some(why) => format!(
-                "thread-pool pread/pwrite x{} ({why})",
-                self.params.pool_threads
-            ),
+        (remote == self.agent).then(|| {
+            let dram = match &self.uring_unavailable {
+                None => format!("io_uring, queue depth {}", self.params().queue_depth),
+                Some(why) => format!(
+                    "thread-pool pread/pwrite x{} ({why})",
+                    self.params().pool_threads
+                ),
+            };
+            // The VRAM path is named once CUDA is loaded (by a VRAM registration).
+            match crate::cuda::loaded() {
+                Some(_) => format!("{dram}; VRAM: {}", self.vram_label()),
+                None => dram,
+            }
         })
     }
 

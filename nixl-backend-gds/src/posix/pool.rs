@@ -9,7 +9,9 @@ use std::time::Instant;
 
 use nixl_core::{BackendXfer, Error, Op, Result, XferOp, XferState};
 
+use super::bounce::{self, VramSide};
 use super::{Chunk, Plan};
+use crate::cuda::CudaError;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -18,6 +20,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The progress of one post of a request, shared with the workers running its chunks.
 struct Progress {
     agent: String,
+    backend: &'static str,
+    /// The staging buffers and contexts of a VRAM request.
+    vram: Option<Arc<VramSide>>,
     remaining: AtomicUsize,
     canceled: AtomicBool,
     error: Mutex<Option<Error>>,
@@ -114,18 +119,21 @@ fn worker(s: &Shared) {
         };
         let p = &job.progress;
         if !p.canceled.load(Ordering::Acquire) && lock(&p.error).is_none() {
-            if let Err(e) = run_chunk(job.op, job.chunk) {
+            let r = match (&p.vram, job.chunk.gpu) {
+                (_, None) => run_chunk(job.op, job.chunk),
+                (Some(v), Some(g)) => bounce::run_vram_chunk(job.op, job.chunk, v, g, &p.canceled),
+                (None, Some(_)) => Err(ChunkError::Os(std::io::Error::from_raw_os_error(
+                    libc::EINVAL,
+                ))),
+            };
+            // A chunk canceled while waiting for a staging buffer is skipped like a queued one.
+            if let Err(e) = r.or_else(|e| match e {
+                ChunkError::Canceled => Ok(()),
+                e => Err(e),
+            }) {
                 let mut err = lock(&p.error);
                 if err.is_none() {
-                    *err = Some(match e {
-                        ChunkError::Os(e) => Error::io(&p.agent, Op::CheckXfer, e),
-                        ChunkError::Eof(off) => Error::backend(
-                            &p.agent,
-                            "POSIX",
-                            Op::CheckXfer,
-                            format!("end of file at offset {off} (the file shrank?)"),
-                        ),
-                    });
+                    *err = Some(e.into_error(&p.agent, p.backend, Op::CheckXfer));
                 }
             }
         }
@@ -133,12 +141,63 @@ fn worker(s: &Shared) {
     }
 }
 
-enum ChunkError {
+/// Why a chunk failed.
+pub(crate) enum ChunkError {
+    /// The OS refused the I/O.
     Os(std::io::Error),
+    /// A read found the end of the file at this offset.
     Eof(u64),
+    /// A CUDA copy to or from a staging buffer failed.
+    Cuda(CudaError),
+    /// The request was canceled before the chunk got a staging buffer.
+    Canceled,
+}
+
+impl ChunkError {
+    fn into_error(self, agent: &str, backend: &str, op: Op) -> Error {
+        match self {
+            ChunkError::Os(e) => Error::io(agent, op, e),
+            ChunkError::Eof(off) => Error::backend(
+                agent,
+                backend,
+                op,
+                format!("end of file at offset {off} (the file shrank?)"),
+            ),
+            ChunkError::Cuda(e) => e.into_error(agent, backend, op),
+            ChunkError::Canceled => Error::Canceled {
+                agent: agent.to_owned(),
+                op,
+            },
+        }
+    }
 }
 
 fn run_chunk(op: XferOp, c: Chunk) -> std::result::Result<(), ChunkError> {
+    // SAFETY: the buffer lies in a DRAM registration the request keeps alive until this chunk
+    // is finished (cancel waits for running chunks); `fd` is owned by the plan.
+    unsafe { file_io(op, c.fd, c.buf, c.off, c.len) }
+}
+
+/// `pread`s or `pwrite`s `len` bytes between host memory at `buf` and offset `off` of `fd`,
+/// retrying short transfers and `EINTR`.
+///
+/// # Safety
+/// `buf..buf+len` is host memory that stays alive, and is not otherwise accessed, until this
+/// returns (READ writes it); `fd` stays open.
+pub(crate) unsafe fn file_io(
+    op: XferOp,
+    fd: std::os::fd::RawFd,
+    buf: u64,
+    off: u64,
+    len: u64,
+) -> std::result::Result<(), ChunkError> {
+    let c = Chunk {
+        fd,
+        buf,
+        off,
+        len,
+        gpu: None,
+    };
     let mut done = 0u64;
     while done < c.len {
         let buf = (c.buf + done) as *mut libc::c_void;
@@ -146,8 +205,7 @@ fn run_chunk(op: XferOp, c: Chunk) -> std::result::Result<(), ChunkError> {
         let off = libc::off_t::try_from(c.off + done)
             .map_err(|_| ChunkError::Os(std::io::Error::from_raw_os_error(libc::EOVERFLOW)))?;
         let n = match op {
-            // SAFETY: the buffer lies in a DRAM registration the request keeps alive until this
-            // chunk is finished (cancel waits for running chunks); `fd` is owned by the plan.
+            // SAFETY: the caller guarantees the buffer and the descriptor.
             XferOp::Read => unsafe { libc::pread(c.fd, buf, len, off) },
             // SAFETY: as above; pwrite only reads the buffer.
             XferOp::Write => unsafe { libc::pwrite(c.fd, buf, len, off) },
@@ -171,18 +229,18 @@ fn run_chunk(op: XferOp, c: Chunk) -> std::result::Result<(), ChunkError> {
 pub(crate) struct PoolXfer {
     plan: Plan,
     pool: Arc<Pool>,
-    why: String,
+    label: String,
     progress: Option<Arc<Progress>>,
     reported: bool,
 }
 
 impl PoolXfer {
-    /// A request on the pool; `why` says why io_uring is not used.
-    pub fn new(plan: Plan, pool: Arc<Pool>, why: String) -> Self {
+    /// A request on the pool; `label` is its path report (without the O_DIRECT suffix).
+    pub fn new(plan: Plan, pool: Arc<Pool>, label: String) -> Self {
         PoolXfer {
             plan,
             pool,
-            why,
+            label,
             progress: None,
             reported: false,
         }
@@ -206,7 +264,7 @@ impl PoolXfer {
         if self.reported {
             return Err(Error::backend(
                 &self.plan.agent,
-                "POSIX",
+                self.plan.backend,
                 Op::CheckXfer,
                 "request failed",
             ));
@@ -230,6 +288,8 @@ impl BackendXfer for PoolXfer {
         self.plan.check_file_sizes()?;
         let p = Arc::new(Progress {
             agent: self.plan.agent.clone(),
+            backend: self.plan.backend,
+            vram: self.plan.vram.clone(),
             remaining: AtomicUsize::new(self.plan.chunks.len()),
             canceled: AtomicBool::new(false),
             error: Mutex::new(None),
@@ -278,11 +338,7 @@ impl BackendXfer for PoolXfer {
     }
 
     fn path(&self) -> Option<String> {
-        Some(self.plan.describe(&format!(
-            "thread-pool pread/pwrite x{} ({})",
-            self.pool.threads.len(),
-            self.why
-        )))
+        Some(self.plan.describe(&self.label))
     }
 }
 
@@ -316,15 +372,8 @@ impl BackendXfer for InlineXfer {
     fn post(&mut self) -> Result<XferState> {
         self.plan.check_file_sizes()?;
         for &c in &self.plan.chunks {
-            run_chunk(self.plan.op, c).map_err(|e| match e {
-                ChunkError::Os(e) => Error::io(&self.plan.agent, Op::PostXfer, e),
-                ChunkError::Eof(off) => Error::backend(
-                    &self.plan.agent,
-                    "POSIX",
-                    Op::PostXfer,
-                    format!("end of file at offset {off} (the file shrank?)"),
-                ),
-            })?;
+            run_chunk(self.plan.op, c)
+                .map_err(|e| e.into_error(&self.plan.agent, self.plan.backend, Op::PostXfer))?;
         }
         Ok(XferState::Done)
     }

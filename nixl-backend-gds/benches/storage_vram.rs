@@ -1,0 +1,229 @@
+//! VRAM <-> FILE throughput with `O_DIRECT`: (a) the POSIX backend's pinned bounce engine,
+//! (b) the GDS backend (cuFile, or its bounce fallback where cuFile refuses the file; the path
+//! column says which), (c) the baseline a user writes by hand: `cuMemcpy` into one pinned host
+//! buffer then `pwrite` (and `pread` then `cuMemcpy`), one descriptor after another.
+//!
+//! ```text
+//! cargo bench -p nixl-backend-gds --features gds --bench storage_vram -- \
+//!     [--dir PATH] [--size-mib 64,256] [--block-mib 1,16] [--iters N]
+//! ```
+//! Each point moves `size` bytes in descriptors of `block` bytes per request (one request),
+//! `iters` times after one warm-up; GB/s = bytes / wall time of post + wait. Without a GPU it
+//! prints why and exits 0.
+
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nixl_backend_gds::{FileRegion, OpenFlags, PosixParams, POSIX};
+use nixl_core::{Agent, AgentConfig, Desc, MemKind, XferDescList, XferOp, XferOptions};
+use nixl_mem::{CudaHostBuffer, DeviceBuffer, HostMemory};
+
+const MIB: u64 = 1 << 20;
+const T: Duration = Duration::from_secs(300);
+
+fn list(v: &str) -> Result<Vec<u64>, std::num::ParseIntError> {
+    v.split(',').map(|x| x.trim().parse()).collect()
+}
+
+fn op_name(op: XferOp) -> &'static str {
+    match op {
+        XferOp::Write => "VRAM->FILE",
+        XferOp::Read => "FILE->VRAM",
+    }
+}
+
+/// One request of `size / block` descriptors through `backend`; GB/s over `iters` posts.
+#[allow(clippy::too_many_arguments)]
+fn agent_point(
+    a: &Agent,
+    backend: &str,
+    op: XferOp,
+    dev: &DeviceBuffer,
+    file: &FileRegion,
+    size: u64,
+    block: u64,
+    iters: usize,
+) -> Result<(f64, String), Box<dyn std::error::Error>> {
+    let n = (size / block) as usize;
+    let local = XferDescList::from_descs(
+        MemKind::Vram,
+        (0..n as u64).map(|i| Desc::on_device(dev.addr() + i * block, block, dev.ordinal() as u64)),
+    );
+    let req = a.create_xfer_req(
+        op,
+        &local,
+        &file.blocks(0, block, n),
+        a.name(),
+        XferOptions {
+            backends: vec![backend.to_owned()],
+            ..Default::default()
+        },
+    )?;
+    let mut spent = Duration::ZERO;
+    for i in 0..=iters {
+        let t = Instant::now();
+        a.post_xfer_req(&req)?;
+        req.wait(T)?;
+        if i > 0 {
+            spent += t.elapsed();
+        }
+    }
+    Ok((
+        (size * iters as u64) as f64 / spent.as_secs_f64() / 1e9,
+        req.path(),
+    ))
+}
+
+/// The hand-written baseline: per descriptor, a synchronous copy into one pinned buffer and a
+/// `pwrite` (or `pread` and a copy), sequential.
+fn baseline_point(
+    op: XferOp,
+    dev: &DeviceBuffer,
+    file: &FileRegion,
+    pinned: &CudaHostBuffer,
+    size: u64,
+    block: u64,
+    iters: usize,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    // SAFETY: the pinned buffer is at least `block` bytes, owned here and used by this thread
+    // only; no device copy is in flight when the slice is used (the copies are synchronous).
+    let host = unsafe { std::slice::from_raw_parts_mut(pinned.as_ptr(), block as usize) };
+    let f = file.file();
+    let mut spent = Duration::ZERO;
+    for i in 0..=iters {
+        let t = Instant::now();
+        for k in 0..size / block {
+            let (off, foff) = ((k * block) as usize, k * block);
+            match op {
+                XferOp::Write => {
+                    dev.copy_to_host(off, host)?;
+                    f.write_all_at(host, foff)?;
+                }
+                XferOp::Read => {
+                    f.read_exact_at(host, foff)?;
+                    dev.copy_from_host(off, host)?;
+                }
+            }
+        }
+        if i > 0 {
+            spent += t.elapsed();
+        }
+    }
+    Ok((size * iters as u64) as f64 / spent.as_secs_f64() / 1e9)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut dir = std::env::temp_dir();
+    let mut sizes = vec![64, 256];
+    let mut blocks = vec![1, 16];
+    let mut iters = 3usize;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--dir" => dir = args.next().ok_or("--dir PATH")?.into(),
+            "--size-mib" => sizes = list(&args.next().ok_or("--size-mib N[,N]")?)?,
+            "--block-mib" => blocks = list(&args.next().ok_or("--block-mib N[,N]")?)?,
+            "--iters" => iters = args.next().ok_or("--iters N")?.parse()?,
+            _ => {}
+        }
+    }
+    let max = sizes.iter().copied().max().unwrap_or(0) * MIB;
+    let dev = match DeviceBuffer::new(0, max as usize) {
+        Ok(d) => Arc::new(d),
+        Err(e) => {
+            println!("storage_vram: skipped: no CUDA device buffer: {e}");
+            return Ok(());
+        }
+    };
+    let pattern: Vec<u8> = (0..max).map(|i| (i * 131 % 251) as u8).collect();
+    dev.copy_from_host(0, &pattern)?;
+    let file = Arc::new(FileRegion::open(
+        dir.join(format!("nixl-rs-vram-bench-{}.bin", std::process::id())),
+        max,
+        OpenFlags::direct(),
+    )?);
+
+    let posix = Agent::new("bench-posix", AgentConfig::default())?;
+    posix.create_backend(PosixParams::default())?;
+    let _rp = posix.register_mem(vec![dev.clone(), file.clone()], &[POSIX])?;
+
+    #[cfg(feature = "gds")]
+    let gds = {
+        let a = Agent::new("bench-gds", AgentConfig::default())?;
+        match a.create_backend(nixl_backend_gds::GdsParams::default()) {
+            Ok(_) => {
+                match a.register_mem(vec![dev.clone(), file.clone()], &[nixl_backend_gds::GDS]) {
+                    Ok(r) => Some((a, r)),
+                    Err(e) => {
+                        println!("GDS: skipped: registration failed: {e}");
+                        None
+                    }
+                }
+            }
+            Err(e) => {
+                println!("GDS: skipped: {e}");
+                None
+            }
+        }
+    };
+    #[cfg(not(feature = "gds"))]
+    let gds: Option<(Agent, nixl_core::Registration)> = {
+        println!("GDS: skipped: built without the gds feature");
+        None
+    };
+
+    let pinned =
+        CudaHostBuffer::new(blocks.iter().copied().max().unwrap_or(1) as usize * MIB as usize)?;
+    println!(
+        "O_DIRECT file in {}, {iters} iterations per point (after 1 warm-up)",
+        dir.display()
+    );
+    println!(
+        "{:<11} {:>9} {:>10} {:<10} {:>8}  path",
+        "op", "size", "block", "method", "GB/s"
+    );
+    for &size_mib in &sizes {
+        for &block_mib in &blocks {
+            let (size, block) = (size_mib * MIB, block_mib * MIB);
+            if block > size {
+                continue;
+            }
+            for op in [XferOp::Write, XferOp::Read] {
+                let row = |method: &str, gbs: f64, path: &str| {
+                    println!(
+                        "{:<11} {:>5} MiB {:>6} MiB {:<10} {:>8.2}  {path}",
+                        op_name(op),
+                        size_mib,
+                        block_mib,
+                        method,
+                        gbs
+                    )
+                };
+                let (g, p) = agent_point(&posix, POSIX, op, &dev, &file, size, block, iters)?;
+                row("posix", g, &p);
+                if let Some((a, _)) = &gds {
+                    match agent_point(a, "GDS", op, &dev, &file, size, block, iters) {
+                        Ok((g, p)) => row("gds", g, &p),
+                        Err(e) => row("gds", f64::NAN, &format!("failed: {e}")),
+                    }
+                }
+                let g = baseline_point(op, &dev, &file, &pinned, size, block, iters)?;
+                row(
+                    "baseline",
+                    g,
+                    "cuMemcpy + pwrite/pread, one pinned buffer, sequential",
+                );
+            }
+        }
+    }
+    // The data made it: the file holds what the device held (the last WRITE of each method).
+    let mut head = vec![0u8; MIB as usize];
+    file.file().read_exact_at(&mut head, 0)?;
+    if head[..] != pattern[..MIB as usize] {
+        return Err("the file's first MiB differs from the device buffer".into());
+    }
+    drop(gds);
+    std::fs::remove_file(file.path()).ok();
+    Ok(())
+}

@@ -43,6 +43,26 @@ fn gds_agent(tag: &str, mut params: GdsParams) -> Option<Agent> {
     }
 }
 
+/// A request through GDS only.
+fn gds_request(
+    a: &Agent,
+    op: XferOp,
+    local: &XferDescList,
+    remote: &XferDescList,
+) -> nixl_core::XferReq {
+    a.create_xfer_req(
+        op,
+        local,
+        remote,
+        a.name(),
+        XferOptions {
+            backends: vec![GDS.to_owned()],
+            ..Default::default()
+        },
+    )
+    .expect("request")
+}
+
 fn xfer(
     a: &Agent,
     op: XferOp,
@@ -307,18 +327,12 @@ fn fallback_when_cufile_refuses_a_file_is_reported_and_moves_data() {
         .expect("register dram");
     let remote = file.blocks(0, 1 << 20, 8);
     for (op, buf) in [(XferOp::Write, &src), (XferOp::Read, &dst)] {
-        let req = a
-            .create_xfer_req(
-                op,
-                &XferDescList::blocks(MemKind::Dram, buf.addr(), 1 << 20, 8),
-                &remote,
-                a.name(),
-                XferOptions {
-                    backends: vec![GDS.to_owned()],
-                    ..Default::default()
-                },
-            )
-            .expect("request");
+        let req = gds_request(
+            &a,
+            op,
+            &XferDescList::blocks(MemKind::Dram, buf.addr(), 1 << 20, 8),
+            &remote,
+        );
         let path = req.path();
         assert!(
             path.contains("GDS fallback (cuFileHandleRegister failed: cuFile error"),
@@ -359,18 +373,7 @@ fn fallback_when_cufile_refuses_a_file_is_reported_and_moves_data() {
             MemKind::File,
             (0..3u64).map(|i| file.desc_at(i * (3 << 20), if i == 2 { 2 << 20 } else { 3 << 20 })),
         );
-        let req = a
-            .create_xfer_req(
-                op,
-                &local,
-                &remote,
-                a.name(),
-                XferOptions {
-                    backends: vec![GDS.to_owned()],
-                    ..Default::default()
-                },
-            )
-            .expect("request");
+        let req = gds_request(&a, op, &local, &remote);
         let path = req.path();
         assert!(
             path.contains("GDS fallback (cuFileHandleRegister failed: cuFile error")
@@ -437,18 +440,7 @@ fn gds_vram_cancel_in_flight() {
         MemKind::Vram,
         (0..64u64).map(|i| Desc::on_device(dev.addr() + i * (1 << 20), 1 << 20, 0)),
     );
-    let req = a
-        .create_xfer_req(
-            XferOp::Write,
-            &local,
-            &file.blocks(0, 1 << 20, 64),
-            a.name(),
-            XferOptions {
-                backends: vec![GDS.to_owned()],
-                ..Default::default()
-            },
-        )
-        .expect("request");
+    let req = gds_request(&a, XferOp::Write, &local, &file.blocks(0, 1 << 20, 64));
     a.post_xfer_req(&req).expect("post");
     req.cancel().expect("cancel");
     assert!(!req.is_in_flight());

@@ -502,16 +502,13 @@ impl GdsBackend {
                 }
                 _ => LocalMem::Dram,
             };
-            segs.push(PlanSeg {
+            segs.push(PlanSeg::new(
                 local,
-                local_addr: s.local_addr,
-                fd: f.fd.as_raw_fd(),
-                direct: f.direct,
-                path: f.path.as_ref(),
-                file_md: &s.remote_md,
-                remote_addr: s.remote_addr,
-                len: s.len,
-            });
+                s,
+                f.fd.as_raw_fd(),
+                f.direct,
+                f.path.as_ref(),
+            ));
         }
         let mut plan = build_plan(&self.engine, me, GDS, spec.op, &segs)?;
         // The plan keeps the file metadata; the buffers' (and their contexts) too.

@@ -445,6 +445,28 @@ pub(crate) fn build_plan(
     })
 }
 
+impl<'a> PlanSeg<'a> {
+    /// A segment of a spec whose target is the file `fd`.
+    pub fn new(
+        local: LocalMem<'a>,
+        s: &'a nixl_core::Segment,
+        fd: RawFd,
+        direct: bool,
+        path: Option<&'a PathBuf>,
+    ) -> Self {
+        PlanSeg {
+            local,
+            local_addr: s.local_addr,
+            fd,
+            direct,
+            path,
+            file_md: &s.remote_md,
+            remote_addr: s.remote_addr,
+            len: s.len,
+        }
+    }
+}
+
 /// The POSIX backend.
 pub struct PosixBackend {
     agent: String,
@@ -576,16 +598,13 @@ impl PosixBackend {
                     format!("segment {i}: target metadata is not a POSIX file"),
                 )
             })?;
-            segs.push(PlanSeg {
+            segs.push(PlanSeg::new(
                 local,
-                local_addr: s.local_addr,
-                fd: f.fd.as_raw_fd(),
-                direct: f.direct,
-                path: f.path.as_ref(),
-                file_md: &s.remote_md,
-                remote_addr: s.remote_addr,
-                len: s.len,
-            });
+                s,
+                f.fd.as_raw_fd(),
+                f.direct,
+                f.path.as_ref(),
+            ));
         }
         build_plan(&self.engine, me, POSIX, spec.op, &segs)
     }

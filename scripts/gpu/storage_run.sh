@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# GPU machine: VRAM <-> FILE of nixl-backend-gds from the prebuilt binaries in .carry/bin (see
+# scripts/gpu/storage_build.sh): the POSIX bounce-buffer tests, the GDS tests once plain and
+# once with force_compat_mode (NIXL_TEST_GDS_FORCE_COMPAT=1; cuFile's driver is opened once
+# per process), and the storage_vram bench (POSIX bounce vs GDS vs cuMemcpy + pwrite by hand).
+# Files go to a directory on the local disk (not tmpfs); logs and cufile.log to $OUT.
+# Bounded: 3 x 120 s tests + 220 s bench at most; SKIP_BENCH=1 skips the bench.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-/tmp/nixl-storage-out}"; mkdir -p "$OUT"
+B="${NIXL_GPU_BIN:-.carry/bin}"
+s="$OUT/storage-summary.txt"; : > "$s"
+say() { echo "$*" | tee -a "$s"; }
+for b in storage_vram storage-vram-file-test storage-gds-test; do
+    [ -x "$B/$b" ] || { say "missing $B/$b: run scripts/gpu/storage_build.sh and carry .carry"; exit 2; }
+done
+export TMPDIR="$PWD/.storage-tmp"; mkdir -p "$TMPDIR"
+NIXL_CUFILE_PATH=$(ls /usr/local/cuda*/lib64/libcufile.so.0 2>/dev/null | head -1); export NIXL_CUFILE_PATH
+export CUFILE_LOGFILE_PATH="$OUT/cufile.log"
+{ nvidia-smi; df -T "$TMPDIR"; echo "NIXL_CUFILE_PATH=$NIXL_CUFILE_PATH"; ls -l /usr/local/cuda*/lib64/libcufile.so* ; lsmod | grep -E 'nvidia|nvfs'; } > "$OUT/storage-env.txt" 2>&1
+say "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1); files on $(df -T "$TMPDIR" | tail -1 | awk '{print $2, $7}'); libcufile: ${NIXL_CUFILE_PATH:-none}"
+fail=0
+run() { # name timeout cmd...
+    local name=$1 t=$2; shift 2
+    say "== $name: $*"
+    timeout "$t" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
+    grep -E '^test result:|^skipping|FAILED|panicked|path|GB/s|refused|took|fallback' "$OUT/$name.log" | head -40 | tee -a "$s"
+    say "rc=$rc"
+    [ $rc -eq 0 ] || fail=1
+}
+run storage-vram-file 120 "$B/storage-vram-file-test" --nocapture --test-threads=2
+run storage-gds 120 "$B/storage-gds-test" --nocapture --test-threads=1
+CUFILE_LOGFILE_PATH="$OUT/cufile-force-compat.log" NIXL_TEST_GDS_FORCE_COMPAT=1 \
+    run storage-gds-force-compat 120 "$B/storage-gds-test" --nocapture --test-threads=1
+# On a GPU machine no VRAM test may skip.
+if nvidia-smi -L >/dev/null 2>&1 && grep -q '^skipping: no CUDA' "$OUT/storage-vram-file.log"; then
+    say "VRAM tests skipped although a GPU is visible"; fail=1
+fi
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+    say "== storage_vram bench (O_DIRECT, GB/s)"
+    timeout 220 "$B/storage_vram" --dir "$TMPDIR" --size-mib 64,256 --block-mib 1,16 --iters 3 > "$OUT/storage-vram-bench.txt" 2>&1
+    rc=$?
+    tee -a "$s" < "$OUT/storage-vram-bench.txt"
+    say "rc=$rc"; [ $rc -eq 0 ] || fail=1
+fi
+tail -n 20 "$OUT"/cufile*.log > "$OUT/cufile-tail.txt" 2>/dev/null || true
+rm -rf "$TMPDIR"
+say "overall: $([ $fail -eq 0 ] && echo PASS || echo FAIL)"
+exit $fail

@@ -211,4 +211,11 @@ mod tests {
         assert_eq!(std::mem::offset_of!(CUfileIOParams_t, fh), 40);
         assert_eq!(std::mem::size_of::<CUfileIOEvents_t>(), 24);
     }
+
+    #[test]
+    fn the_vm_disk_error_is_named() {
+        assert!(error_hint(5027).contains("CU_FILE_HANDLE_NOT_REGISTERED"));
+        assert!(error_hint(5020).contains("CU_FILE_DIO_NOT_SET"));
+        assert_eq!(error_hint(0), "");
+    }
 }

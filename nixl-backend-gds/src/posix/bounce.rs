@@ -302,3 +302,29 @@ impl PoolEngine {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_vram_path_names_buffers_chunk_and_threads() {
+        let e = PoolEngine::new(PosixParams::default());
+        assert_eq!(
+            e.vram_label(),
+            "pinned bounce buffers 4 x 8 MiB + pread/pwrite x4, cuMemcpyAsync"
+        );
+        let e = PoolEngine::new(PosixParams {
+            bounce_chunk: 512 << 10,
+            bounce_buffers: Some(2),
+            pool_threads: 8,
+            ..PosixParams::default()
+        });
+        assert_eq!(
+            e.vram_label(),
+            "pinned bounce buffers 2 x 512 KiB + pread/pwrite x8, cuMemcpyAsync"
+        );
+        // Nothing is allocated or loaded by an engine that has not moved VRAM.
+        assert!(lock(&e.staging).is_none());
+    }
+}

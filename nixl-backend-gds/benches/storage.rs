@@ -195,7 +195,11 @@ fn parse_op(s: &str) -> Result<XferOp, Box<dyn std::error::Error>> {
 }
 
 /// The lockstep protocol (see the module docs).
-fn serve(agent: &Agent, dir: &std::path::Path, iters: usize) -> Result<(), Box<dyn std::error::Error>> {
+fn serve(
+    agent: &Agent,
+    dir: &std::path::Path,
+    iters: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
     use std::io::{BufRead, Write};
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
@@ -243,6 +247,13 @@ fn serve(agent: &Agent, dir: &std::path::Path, iters: usize) -> Result<(), Box<d
     Ok(())
 }
 
+fn chunk_desc(p: &PosixParams) -> String {
+    p.chunk_size.map_or_else(
+        || "auto (device limit for O_DIRECT)".to_owned(),
+        |c| format!("{} KiB", c >> 10),
+    )
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut dir = std::env::temp_dir();
     let mut iters = 40usize;
@@ -262,7 +273,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
             "--chunk-kib" => {
-                params.chunk_size = args.next().ok_or("--chunk-kib N")?.parse::<u64>()? << 10
+                params.chunk_size = Some(args.next().ok_or("--chunk-kib N")?.parse::<u64>()? << 10)
             }
             "--threads" => params.pool_threads = args.next().ok_or("--threads N")?.parse()?,
             "--qd" => params.queue_depth = args.next().ok_or("--qd N")?.parse()?,
@@ -285,14 +296,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_default();
     if serve_mode {
         eprintln!(
-            "nixl-rs POSIX ({engine_desc}), chunk {} KiB, serving lockstep commands",
-            params.chunk_size >> 10
+            "nixl-rs POSIX ({engine_desc}), chunk {}, serving lockstep commands",
+            chunk_desc(&params)
         );
         return serve(&agent, &dir, iters);
     }
     println!(
-        "chunk {} KiB, queue depth {}, inline up to {} KiB",
-        params.chunk_size >> 10,
+        "chunk {}, queue depth {}, inline up to {} KiB",
+        chunk_desc(&params),
         params.queue_depth,
         params.inline_max >> 10
     );

@@ -21,7 +21,7 @@ fn agent(tag: &str, engine: Engine) -> Agent {
     a.create_backend(PosixParams {
         engine,
         queue_depth: 8,
-        chunk_size: 64 * 1024,
+        chunk_size: Some(64 * 1024),
         ..Default::default()
     })
     .expect("backend");

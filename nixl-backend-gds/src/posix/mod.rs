@@ -5,9 +5,11 @@
 //! and writes), notes whether it was opened with `O_DIRECT`, and becomes the transfer target of
 //! the agent's local (loopback) requests. Preparing a transfer checks everything that would
 //! otherwise fail later with `EINVAL`: memory kinds, `O_DIRECT` alignment of offsets, lengths
-//! and buffers. Posting splits segments into chunks of [`PosixParams::chunk_size`] and keeps
+//! and buffers. Posting splits segments into chunks (for `O_DIRECT` files by default the largest
+//! I/O the file's block device takes as one request, see [`PosixParams::chunk_size`]) and keeps
 //! up to [`PosixParams::queue_depth`] of them in flight.
 
+mod limits;
 mod pool;
 mod uring;
 
@@ -26,6 +28,9 @@ use pool::Pool;
 
 /// The backend's type name.
 pub const POSIX: &str = "POSIX";
+
+/// Chunk size for page-cache files and where a device's limits are unknown.
+const DEFAULT_CHUNK: u64 = 1 << 20;
 
 /// Which I/O engine the backend uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -47,8 +52,12 @@ pub struct PosixParams {
     /// Chunks in flight per request (io_uring queue depth).
     pub queue_depth: u32,
     /// Segments are split into chunks of at most this many bytes (a multiple of
-    /// `direct_alignment`, at most 1 GiB).
-    pub chunk_size: u64,
+    /// `direct_alignment`, at most 1 GiB). `None` (the default): for `O_DIRECT` files, the
+    /// largest I/O the file's block device takes as one request, `min(max_sectors_kb,
+    /// max_segments x page size)` from sysfs (a bigger direct I/O is split by the block layer,
+    /// and under io_uring a split can bounce the chunk to a kernel worker thread); 1 MiB for
+    /// page-cache files and where the device limits cannot be read.
+    pub chunk_size: Option<u64>,
     /// Threads of the fallback pool.
     pub pool_threads: usize,
     /// Alignment `O_DIRECT` files require of offsets, lengths and buffer addresses.
@@ -66,7 +75,7 @@ impl Default for PosixParams {
         PosixParams {
             engine: Engine::Auto,
             queue_depth: 64,
-            chunk_size: 1 << 20,
+            chunk_size: None,
             pool_threads: 4,
             direct_alignment: 4096,
             cancel_timeout: Duration::from_secs(10),
@@ -84,9 +93,9 @@ impl PosixParams {
         if !self.direct_alignment.is_power_of_two() || self.direct_alignment > 1 << 20 {
             return bad("direct_alignment must be a power of two of at most 1 MiB");
         }
-        if self.chunk_size == 0
-            || self.chunk_size > 1 << 30
-            || self.chunk_size % self.direct_alignment != 0
+        if self
+            .chunk_size
+            .is_some_and(|c| c == 0 || c > 1 << 30 || c % self.direct_alignment != 0)
         {
             return bad(
                 "chunk_size must be a non-zero multiple of direct_alignment of at most 1 GiB",
@@ -110,7 +119,7 @@ impl BackendParams for PosixParams {
 }
 
 /// Creates `POSIX` by name from string parameters: `engine` (`auto`, `io_uring`,
-/// `threadpool`), `queue_depth`, `chunk_size`, `pool_threads`, `direct_alignment`,
+/// `threadpool`), `queue_depth`, `chunk_size` (bytes, or `auto`), `pool_threads`, `direct_alignment`,
 /// `cancel_timeout_ms`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PosixPlugin;
@@ -125,7 +134,11 @@ impl BackendPlugin for PosixPlugin {
         BTreeMap::from([
             ("engine".to_owned(), "auto".to_owned()),
             ("queue_depth".to_owned(), d.queue_depth.to_string()),
-            ("chunk_size".to_owned(), d.chunk_size.to_string()),
+            (
+                "chunk_size".to_owned(),
+                d.chunk_size
+                    .map_or_else(|| "auto".to_owned(), |c| c.to_string()),
+            ),
             ("pool_threads".to_owned(), d.pool_threads.to_string()),
             (
                 "direct_alignment".to_owned(),
@@ -170,7 +183,7 @@ impl BackendPlugin for PosixPlugin {
                         Error::invalid("", Op::CreateBackend, "POSIX: queue_depth too large")
                     })?
                 }
-                "chunk_size" => p.chunk_size = num(k, v)?,
+                "chunk_size" => p.chunk_size = if v == "auto" { None } else { Some(num(k, v)?) },
                 "pool_threads" => {
                     p.pool_threads = usize::try_from(num(k, v)?).unwrap_or(usize::MAX)
                 }
@@ -198,6 +211,8 @@ struct DramMd;
 pub(crate) struct FileMd {
     fd: OwnedFd,
     direct: bool,
+    /// For `O_DIRECT` files: the device's one-request limit (see [`limits`]).
+    direct_chunk: Option<u64>,
     path: Option<PathBuf>,
 }
 
@@ -220,6 +235,8 @@ pub(crate) struct Plan {
     /// size at each post).
     pub read_ends: Vec<(RawFd, u64, Option<PathBuf>)>,
     pub direct: bool,
+    /// The largest chunk (bytes), for path reports.
+    pub max_chunk: u64,
     pub cancel_timeout: Duration,
     /// Keeps the duplicated descriptors open while the request lives.
     pub files: Vec<BackendMd>,
@@ -248,7 +265,8 @@ impl Plan {
     /// The path string of a request.
     pub fn describe(&self, engine: &str) -> String {
         format!(
-            "{engine}{}",
+            "{engine}, chunks up to {} KiB{}",
+            self.max_chunk >> 10,
             if self.direct {
                 " (O_DIRECT)"
             } else {
@@ -391,6 +409,7 @@ impl PosixBackend {
         let mut files: Vec<BackendMd> = Vec::new();
         let mut read_ends: Vec<(RawFd, u64, Option<PathBuf>)> = Vec::new();
         let mut direct = false;
+        let mut max_chunk = 0;
         for (i, s) in spec.segments.iter().enumerate() {
             downcast_md::<DramMd>(&s.local_md).ok_or_else(|| {
                 Error::invalid(
@@ -431,9 +450,14 @@ impl PosixBackend {
                     None => read_ends.push((fd, end, f.path.clone())),
                 }
             }
+            let chunk = self.params.chunk_size.unwrap_or(match f.direct_chunk {
+                Some(c) if f.direct => c,
+                _ => DEFAULT_CHUNK,
+            });
+            max_chunk = max_chunk.max(chunk.min(s.len));
             let mut done = 0;
             while done < s.len {
-                let len = (s.len - done).min(self.params.chunk_size);
+                let len = (s.len - done).min(chunk);
                 chunks.push(Chunk {
                     fd,
                     buf: s.local_addr + done,
@@ -452,6 +476,7 @@ impl PosixBackend {
             chunks,
             read_ends,
             direct,
+            max_chunk,
             cancel_timeout: self.params.cancel_timeout,
             files,
         })
@@ -517,8 +542,18 @@ impl Backend for PosixBackend {
                 let fl = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
                 let path = (!region.meta.is_empty())
                     .then(|| PathBuf::from(String::from_utf8_lossy(&region.meta).into_owned()));
+                let direct = fl >= 0 && fl & libc::O_DIRECT != 0;
+                let direct_chunk = direct
+                    .then(|| {
+                        limits::direct_chunk(fd.as_raw_fd(), self.params.direct_alignment, 1 << 30)
+                    })
+                    .flatten();
+                if let Some(c) = direct_chunk {
+                    tracing::debug!(agent = %self.agent, chunk_kib = c >> 10, "POSIX: O_DIRECT chunk from the device's limits");
+                }
                 Ok(Arc::new(FileMd {
-                    direct: fl >= 0 && fl & libc::O_DIRECT != 0,
+                    direct,
+                    direct_chunk,
                     fd,
                     path,
                 }))

@@ -236,13 +236,7 @@ impl fmt::Debug for MmapBuffer {
 // SAFETY: the mapping lives as long as the value and its description never changes.
 unsafe impl MemoryRegion for MmapBuffer {
     fn desc(&self) -> RegionDesc {
-        RegionDesc {
-            kind: MemKind::Dram,
-            addr: self.addr(),
-            len: self.len as u64,
-            dev_id: 0,
-            meta: Vec::new(),
-        }
+        RegionDesc::dram(self.addr(), self.len as u64)
     }
 }
 
@@ -403,13 +397,7 @@ impl fmt::Debug for CudaHostBuffer {
 // SAFETY: the allocation lives as long as the value; the description never changes.
 unsafe impl MemoryRegion for CudaHostBuffer {
     fn desc(&self) -> RegionDesc {
-        RegionDesc {
-            kind: MemKind::Dram,
-            addr: self.addr(),
-            len: self.len as u64,
-            dev_id: 0,
-            meta: Vec::new(),
-        }
+        RegionDesc::dram(self.addr(), self.len as u64)
     }
 }
 

@@ -279,7 +279,7 @@ mod tests {
         match GaudiBuffer::new(1 << 20) {
             Ok(b) => {
                 eprintln!("a Gaudi is present: {b:?}");
-                assert_eq!(b.desc().kind, MemKind::Vram);
+                assert_eq!(b.desc().kind, nixl_core::MemKind::Vram);
                 let _ = b.dmabuf();
             }
             Err(e) => {

@@ -7,7 +7,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
-use nixl_core::{Error, HostBuffer, MemKind, MemoryRegion, Op, RegionDesc, Result};
+use nixl_core::{Error, HostBuffer, MemoryRegion, Op, RegionDesc, Result};
 
 use crate::cuda::{self, cu, sys};
 
@@ -418,7 +418,7 @@ mod tests {
             let mut out = [0u8; 4];
             assert!(b.read_at(9_996, &mut out));
             assert_eq!(out, [1, 2, 3, 4]);
-            assert_eq!(b.desc().kind, MemKind::Dram);
+            assert_eq!(b.desc().kind, nixl_core::MemKind::Dram);
             assert_eq!(b.pages(), pages);
         }
         assert_eq!(

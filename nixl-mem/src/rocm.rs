@@ -14,7 +14,7 @@ use std::fmt;
 use std::os::fd::{FromRawFd, OwnedFd};
 
 use hip_sys::hiprt as sys;
-use nixl_core::{Error, MemKind, MemoryRegion, Op, RegionDesc, Result};
+use nixl_core::{Error, MemoryRegion, Op, RegionDesc, Result};
 
 use crate::DmaBuf;
 

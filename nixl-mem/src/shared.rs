@@ -17,7 +17,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Mutex;
 
-use nixl_core::{DecodeError, Error, MemKind, MemoryRegion, Op, RegionDesc, Result};
+use nixl_core::{DecodeError, Error, MemoryRegion, Op, RegionDesc, Result};
 
 use crate::host::HostMemory;
 use crate::wire::{Reader, Writer};

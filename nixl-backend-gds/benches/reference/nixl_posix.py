@@ -226,12 +226,12 @@ class DiskSide:
         os.close(self.fd)
 
 
-def fio_gbps(d, op, block, depth):
+def fio_gbps(path, op, block, depth):
+    """fio on the same file as the other sides (1 GiB, already laid out)."""
     import json
     import subprocess
-    f = os.path.join(d, f"fio-ref-bench-{os.getpid()}.bin")
     r = subprocess.run(
-        ["fio", "--name=ref", f"--filename={f}", "--size=512M", "--direct=1", "--ioengine=libaio",
+        ["fio", "--name=ref", f"--filename={path}", "--size=1G", "--direct=1", "--ioengine=libaio",
          f"--rw={'write' if op == 'WRITE' else 'read'}", f"--bs={block}", f"--iodepth={depth}",
          "--time_based", "--runtime=1", "--output-format=json"],
         capture_output=True, text=True, check=True)
@@ -276,7 +276,7 @@ def lockstep(args):
                 for key, fn in sides[k:] + sides[:k]:
                     res[key].append(total * args.turn / fn(op, args.turn) / 1e9)
                 if direct and args.fio:
-                    res["fio"].append(fio_gbps(args.dir, op, block, count))
+                    res["fio"].append(fio_gbps(shared, op, block, count))
             med = {k: (statistics.median(v) if v else None) for k, v in res.items()}
             print(f"{name:<22} {op:<6} NIXL {fmt(med['nixl'])}  disk sync {fmt(med.get('disk'))}  fio {fmt(med.get('fio'))}", flush=True)
             for i, n in enumerate(names):

@@ -3,7 +3,12 @@
 //!
 //! ```text
 //! cargo bench -p nixl-backend-gds --bench storage -- [--dir PATH] [--iters N] [--engine auto|threadpool]
+//!     [--chunk-kib N] [--qd N] [--threads N] [--inline-kib N] [--serve]
 //! ```
+//! `--serve` is the lockstep mode `benches/reference/nixl_posix.py --lockstep` drives: it reads
+//! `setup [@FILE] <pattern>`, `warm <WRITE|READ>`, `run <WRITE|READ> <iters>` and `teardown` lines on stdin and answers each
+//! with one line (`run` answers the elapsed seconds), so NIXL and nixl-rs take turns on the
+//! same disk within one run instead of minutes apart.
 //! Each pattern: a file of 1 GiB, `count` blocks of `block` bytes per request; iteration `i`
 //! targets the next `count * block` bytes of the file (wrapping), so O_DIRECT reads come from
 //! the device rather than a cache of the same offsets. Throughput = bytes moved / wall time of
@@ -51,61 +56,34 @@ const PATTERNS: &[Pattern] = &[
     },
 ];
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut dir = std::env::temp_dir();
-    let mut iters = 40usize;
-    let mut engine = Engine::Auto;
-    let mut params = PosixParams::default();
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--dir" => dir = args.next().ok_or("--dir PATH")?.into(),
-            "--iters" => iters = args.next().ok_or("--iters N")?.parse()?,
-            "--engine" => {
-                engine = match args.next().as_deref() {
-                    Some("threadpool") => Engine::ThreadPool,
-                    Some("io_uring") => Engine::IoUring,
-                    _ => Engine::Auto,
-                }
-            }
-            "--chunk-kib" => {
-                params.chunk_size = args.next().ok_or("--chunk-kib N")?.parse::<u64>()? << 10
-            }
-            "--qd" => params.queue_depth = args.next().ok_or("--qd N")?.parse()?,
-            "--inline-kib" => {
-                params.inline_max = args.next().ok_or("--inline-kib N")?.parse::<u64>()? << 10
-            }
-            "--bench" => {}
-            _ => {}
-        }
-    }
-    let agent = Agent::new("bench", AgentConfig::default())?;
-    agent.create_backend(PosixParams {
-        engine,
-        ..params.clone()
-    })?;
-    println!(
-        "chunk {} KiB, queue depth {}, inline up to {} KiB",
-        params.chunk_size >> 10,
-        params.queue_depth,
-        params.inline_max >> 10
-    );
-    println!(
-        "nixl-rs POSIX ({}), {iters} iterations per point, files in {}",
-        agent
-            .path_report("bench")
-            .first()
-            .map(|p| p.1.clone())
-            .unwrap_or_default(),
-        dir.display()
-    );
-    println!("{:<22} {:<6} {:>10}", "pattern", "op", "GB/s");
-    for p in PATTERNS {
-        let path = dir.join(format!(
-            "nixl-rs-bench-{}-{}.bin",
-            std::process::id(),
-            p.direct
-        ));
+/// One pattern's file, buffer, prepared lists and requests (built once, like NIXL's prepared
+/// requests), and where the next iteration starts.
+struct Prepared {
+    path: std::path::PathBuf,
+    /// The file was made here (removed on drop) rather than handed in by the driver.
+    owned: bool,
+    total: u64,
+    reqs: Vec<(XferOp, Vec<nixl_core::XferReq>)>,
+    next: usize,
+    _reg: nixl_core::Registration,
+}
+
+impl Prepared {
+    fn new(
+        agent: &Agent,
+        dir: &std::path::Path,
+        p: &Pattern,
+        iters: usize,
+        shared: Option<std::path::PathBuf>,
+    ) -> Result<Self, Box<dyn std::error::Error>> {
+        let owned = shared.is_none();
+        let path = shared.unwrap_or_else(|| {
+            dir.join(format!(
+                "nixl-rs-bench-{}-{}.bin",
+                std::process::id(),
+                p.direct
+            ))
+        });
         let flags = if p.direct {
             OpenFlags::direct()
         } else {
@@ -115,7 +93,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let total = p.block * p.count as u64;
         let buf = Arc::new(HostBuffer::new(total as usize).ok_or("alloc")?);
         buf.fill_pattern(1);
-        let _reg = agent.register_mem(vec![buf.clone(), file.clone()], &[])?;
+        let reg = agent.register_mem(vec![buf.clone(), file.clone()], &[])?;
         let local = agent.prep_xfer_dlist(
             XferTarget::Initiator,
             &XferDescList::blocks(MemKind::Dram, buf.addr(), p.block, p.count),
@@ -129,10 +107,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             &[],
         )?;
         let lidx: Vec<usize> = (0..p.count).collect();
-        // Requests for each window of the file, built once (NIXL's prepared-request model).
-        let windows = nblocks / p.count;
+        // Requests for each window of the file (NIXL's script uses the same windows).
+        let windows = (nblocks / p.count).min(iters + 1);
+        let mut reqs = Vec::new();
         for &op in p.ops {
-            let reqs: Vec<_> = (0..windows.min(iters + 1))
+            let r = (0..windows)
                 .map(|w| {
                     let ridx: Vec<usize> = (w * p.count..(w + 1) * p.count).collect();
                     agent.make_prepped_xfer(
@@ -144,20 +123,201 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         XferOptions::default(),
                     )
                 })
-                .collect::<Result<_, _>>()?;
-            // Warm-up (and, for READ through the page cache, populate the cache).
-            for r in &reqs {
-                agent.post_xfer_req(r)?;
-                r.wait(Duration::from_secs(60))?;
+                .collect::<Result<Vec<_>, _>>()?;
+            reqs.push((op, r));
+        }
+        Ok(Prepared {
+            path,
+            owned,
+            total,
+            reqs,
+            next: 0,
+            _reg: reg,
+        })
+    }
+
+    fn requests(&self, op: XferOp) -> Result<&[nixl_core::XferReq], Box<dyn std::error::Error>> {
+        Ok(self
+            .reqs
+            .iter()
+            .find(|(o, _)| *o == op)
+            .ok_or("op not in this pattern")?
+            .1
+            .as_slice())
+    }
+
+    /// One pass over every window (warm-up; for READ through the page cache it also fills the
+    /// cache).
+    fn warm(&mut self, agent: &Agent, op: XferOp) -> Result<(), Box<dyn std::error::Error>> {
+        for r in self.requests(op)? {
+            agent.post_xfer_req(r)?;
+            r.wait(Duration::from_secs(60))?;
+        }
+        self.next = 0;
+        Ok(())
+    }
+
+    /// Runs `iters` requests back to back, continuing the window rotation.
+    fn run(
+        &mut self,
+        agent: &Agent,
+        op: XferOp,
+        iters: usize,
+    ) -> Result<Duration, Box<dyn std::error::Error>> {
+        let n = self.requests(op)?.len();
+        let reqs = self.requests(op)?;
+        let t = Instant::now();
+        for i in 0..iters {
+            let r = &reqs[(self.next + i) % n];
+            agent.post_xfer_req(r)?;
+            r.wait(Duration::from_secs(60))?;
+        }
+        let el = t.elapsed();
+        self.next = (self.next + iters) % n;
+        Ok(el)
+    }
+}
+
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        if self.owned {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+fn parse_op(s: &str) -> Result<XferOp, Box<dyn std::error::Error>> {
+    match s {
+        "WRITE" => Ok(XferOp::Write),
+        "READ" => Ok(XferOp::Read),
+        _ => Err(format!("unknown op {s}").into()),
+    }
+}
+
+/// The lockstep protocol (see the module docs).
+fn serve(
+    agent: &Agent,
+    dir: &std::path::Path,
+    iters: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use std::io::{BufRead, Write};
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout();
+    let mut cur: Option<Prepared> = None;
+    for line in stdin.lock().lines() {
+        let line = line?;
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let reply = match w.as_slice() {
+            // `setup <pattern name>` or `setup @<path of an existing file> <pattern name>`.
+            ["setup", rest @ ..] => {
+                let (shared, name) = match rest.split_first() {
+                    Some((f, n)) if f.starts_with('@') => (Some(f[1..].into()), n),
+                    _ => (None, rest),
+                };
+                let name = name.join(" ");
+                let p = PATTERNS
+                    .iter()
+                    .find(|p| p.name == name)
+                    .ok_or_else(|| format!("unknown pattern {name}"))?;
+                // Drop the previous pattern's file before making the next one.
+                drop(cur.take());
+                cur = Some(Prepared::new(agent, dir, p, iters, shared)?);
+                "ok".to_owned()
             }
-            let t = Instant::now();
-            for i in 0..iters {
-                let r = &reqs[i % reqs.len()];
-                agent.post_xfer_req(r)?;
-                r.wait(Duration::from_secs(60))?;
+            ["warm", op] => {
+                cur.as_mut().ok_or("no setup")?.warm(agent, parse_op(op)?)?;
+                "ok".to_owned()
             }
-            let el = t.elapsed();
-            let gbps = (total * iters as u64) as f64 / el.as_secs_f64() / 1e9;
+            ["run", op, n] => {
+                let el = cur
+                    .as_mut()
+                    .ok_or("no setup")?
+                    .run(agent, parse_op(op)?, n.parse()?)?;
+                format!("{:.9}", el.as_secs_f64())
+            }
+            ["teardown"] => {
+                cur = None;
+                "ok".to_owned()
+            }
+            _ => return Err(format!("bad command {line:?}").into()),
+        };
+        writeln!(out, "{reply}")?;
+        out.flush()?;
+    }
+    Ok(())
+}
+
+fn chunk_desc(p: &PosixParams) -> String {
+    p.chunk_size.map_or_else(
+        || "auto (device limit for O_DIRECT)".to_owned(),
+        |c| format!("{} KiB", c >> 10),
+    )
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut dir = std::env::temp_dir();
+    let mut iters = 40usize;
+    let mut engine = Engine::Auto;
+    let mut params = PosixParams::default();
+    let mut serve_mode = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--dir" => dir = args.next().ok_or("--dir PATH")?.into(),
+            "--iters" => iters = args.next().ok_or("--iters N")?.parse()?,
+            "--engine" => {
+                engine = match args.next().as_deref() {
+                    Some("threadpool") => Engine::ThreadPool,
+                    Some("io_uring") => Engine::IoUring,
+                    _ => Engine::Auto,
+                }
+            }
+            "--chunk-kib" => {
+                params.chunk_size = Some(args.next().ok_or("--chunk-kib N")?.parse::<u64>()? << 10)
+            }
+            "--threads" => params.pool_threads = args.next().ok_or("--threads N")?.parse()?,
+            "--qd" => params.queue_depth = args.next().ok_or("--qd N")?.parse()?,
+            "--inline-kib" => {
+                params.inline_max = args.next().ok_or("--inline-kib N")?.parse::<u64>()? << 10
+            }
+            "--serve" => serve_mode = true,
+            _ => {}
+        }
+    }
+    let agent = Agent::new("bench", AgentConfig::default())?;
+    agent.create_backend(PosixParams {
+        engine,
+        ..params.clone()
+    })?;
+    let engine_desc = agent
+        .path_report("bench")
+        .first()
+        .map(|p| p.1.clone())
+        .unwrap_or_default();
+    if serve_mode {
+        eprintln!(
+            "nixl-rs POSIX ({engine_desc}), chunk {}, serving lockstep commands",
+            chunk_desc(&params)
+        );
+        return serve(&agent, &dir, iters);
+    }
+    println!(
+        "chunk {}, queue depth {}, inline up to {} KiB",
+        chunk_desc(&params),
+        params.queue_depth,
+        params.inline_max >> 10
+    );
+    println!(
+        "nixl-rs POSIX ({engine_desc}), {iters} iterations per point, files in {}",
+        dir.display()
+    );
+    println!("{:<22} {:<6} {:>10}", "pattern", "op", "GB/s");
+    for p in PATTERNS {
+        let mut prep = Prepared::new(&agent, &dir, p, iters, None)?;
+        for &op in p.ops {
+            prep.warm(&agent, op)?;
+            let el = prep.run(&agent, op, iters)?;
+            let gbps = (prep.total * iters as u64) as f64 / el.as_secs_f64() / 1e9;
             println!(
                 "{:<22} {:<6} {:>10.2}",
                 p.name,
@@ -165,8 +325,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 gbps
             );
         }
-        drop(_reg);
-        std::fs::remove_file(&path)?;
     }
     Ok(())
 }

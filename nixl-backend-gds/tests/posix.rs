@@ -21,7 +21,7 @@ fn agent(tag: &str, engine: Engine) -> Agent {
     a.create_backend(PosixParams {
         engine,
         queue_depth: 8,
-        chunk_size: 64 * 1024,
+        chunk_size: Some(64 * 1024),
         ..Default::default()
     })
     .expect("backend");
@@ -133,6 +133,15 @@ fn path_names_the_engine() {
         );
         let report = a.path_report(a.name());
         assert_eq!(report.len(), 1, "{report:?}");
+        if path.contains("io_uring") {
+            // Buffers are registered with the ring, or the path says why not.
+            assert!(
+                path.contains("fixed buffers") || path.contains("unregistered buffers: "),
+                "{path}"
+            );
+        }
+        // The chunk size is reported.
+        assert!(path.contains("chunks up to "), "{path}");
     }
 }
 

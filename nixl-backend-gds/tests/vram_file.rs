@@ -182,7 +182,7 @@ fn bad_bounce_params_are_typed_errors() {
         PosixParams {
             bounce_chunk: 8192,
             direct_alignment: 65536,
-            chunk_size: 65536,
+            chunk_size: Some(65536),
             ..Default::default()
         },
         PosixParams {

@@ -170,11 +170,12 @@ fn start(provider: &str, tag: &str, p: LibfabricParams) -> Result<Session, Strin
     })
 }
 
+/// Messages drained from an agent but not yet consumed, per (agent, sender).
+type Pending = std::collections::HashMap<(String, String), std::collections::VecDeque<Vec<u8>>>;
+
 thread_local! {
-    /// Messages drained from an agent but not yet consumed, per (agent, sender): one drain can
-    /// return several, and none may be dropped.
-    static PENDING: std::cell::RefCell<std::collections::HashMap<(String, String), std::collections::VecDeque<Vec<u8>>>> =
-        std::cell::RefCell::new(std::collections::HashMap::new());
+    /// One drain can return several messages, and none may be dropped.
+    static PENDING: std::cell::RefCell<Pending> = std::cell::RefCell::new(Pending::new());
 }
 
 fn next_notif(a: &Agent, from: &str) -> Result<Vec<u8>, String> {

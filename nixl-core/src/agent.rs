@@ -116,7 +116,9 @@ pub(crate) struct Shared {
     /// Requests that ended uncertain (bounded, oldest dropped).
     pub uncertain: Mutex<VecDeque<UncertainXfer>>,
     /// Notifications whose integrity check failed, not yet taken: (sender, message).
-    pub corrupt: Mutex<Vec<(String, Vec<u8>)>>,
+    /// Notifications that failed their integrity check: (sender, message, already reported
+    /// by `wait_notifs`).
+    pub corrupt: Mutex<Vec<(String, Vec<u8>, bool)>>,
 }
 
 /// How many uncertain requests an agent remembers.
@@ -477,7 +479,7 @@ impl Agent {
                         tracing::error!(agent = %self.name(), remote = %sender, "notification failed its integrity check");
                         self.shared.counters.failed();
                         let msg = parsed.map(|f| f.msg).unwrap_or_default();
-                        lock(&self.shared.corrupt).push((sender.clone(), msg));
+                        lock(&self.shared.corrupt).push((sender.clone(), msg, false));
                     }
                 }
             }
@@ -512,7 +514,7 @@ impl Agent {
     pub fn take_integrity_failures(&self) -> Vec<(Error, Vec<u8>)> {
         std::mem::take(&mut *lock(&self.shared.corrupt))
             .into_iter()
-            .map(|(remote, msg)| {
+            .map(|(remote, msg, _)| {
                 (
                     Error::Corrupt {
                         agent: self.name().to_owned(),
@@ -537,8 +539,10 @@ impl Agent {
     }
 
     /// Waits until at least one notification is queued or `timeout` passes, then drains.
-    /// Ends early with [`Error::Corrupt`] when a notification failed its integrity check (the
-    /// failure stays available to [`Agent::take_integrity_failures`]).
+    /// Ends early with [`Error::Corrupt`] when a notification failed its integrity check; each
+    /// failure ends one call (a caller that ignores the error and waits again is not woken by
+    /// the same failure), and all of them stay available to
+    /// [`Agent::take_integrity_failures`].
     pub fn wait_notifs(&self, timeout: Duration) -> Result<Notifs> {
         let deadline = Instant::now() + timeout;
         loop {
@@ -546,7 +550,11 @@ impl Agent {
             if !n.is_empty() {
                 return Ok(n);
             }
-            if let Some((remote, _)) = lock(&self.shared.corrupt).first() {
+            if let Some((remote, _, reported)) = lock(&self.shared.corrupt)
+                .iter_mut()
+                .find(|(_, _, reported)| !*reported)
+            {
+                *reported = true;
                 return Err(Error::Corrupt {
                     agent: self.name().to_owned(),
                     remote: remote.clone(),

@@ -84,6 +84,29 @@ pub struct RegionDesc {
 }
 
 impl RegionDesc {
+    /// Host memory at `addr` (a process virtual address) of `len` bytes.
+    pub fn dram(addr: u64, len: u64) -> Self {
+        RegionDesc {
+            kind: MemKind::Dram,
+            addr,
+            len,
+            dev_id: 0,
+            meta: Vec::new(),
+        }
+    }
+
+    /// Device memory at `addr` (a device pointer) of `len` bytes on device `dev_id` (its
+    /// ordinal).
+    pub fn vram(addr: u64, len: u64, dev_id: u64) -> Self {
+        RegionDesc {
+            kind: MemKind::Vram,
+            addr,
+            len,
+            dev_id,
+            meta: Vec::new(),
+        }
+    }
+
     /// One past the last byte.
     pub fn end(&self) -> Option<u64> {
         self.addr.checked_add(self.len)
@@ -280,13 +303,7 @@ impl fmt::Debug for HostBuffer {
 // SAFETY: the allocation lives as long as the value and its description never changes.
 unsafe impl MemoryRegion for HostBuffer {
     fn desc(&self) -> RegionDesc {
-        RegionDesc {
-            kind: MemKind::Dram,
-            addr: self.addr(),
-            len: self.len() as u64,
-            dev_id: 0,
-            meta: Vec::new(),
-        }
+        RegionDesc::dram(self.addr(), self.len() as u64)
     }
 }
 

@@ -438,6 +438,48 @@ fn hostile_integrity_frames_never_read_foreign_memory() {
 }
 
 #[test]
+fn wait_notifs_reports_each_integrity_failure_once() {
+    let a = agent("once-a");
+    let b = agent("once-b");
+    let (_sb, _rb) = registered(&b, 4096);
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
+    // Two frames that fail verification (memory b never registered).
+    for _ in 0..2 {
+        let frame = nixl_core::integrity::Frame {
+            hash: 1,
+            ranges: vec![(0, 8, 4096)],
+            msg: b"bad".to_vec(),
+        }
+        .encode();
+        a.gen_notif(b.name(), &frame, &[]).unwrap();
+    }
+    let short = Duration::from_millis(200);
+    // Each failure ends one wait; the same failure does not end the next one.
+    let mut corrupt = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while corrupt < 2 && std::time::Instant::now() < deadline {
+        match b.wait_notifs(short) {
+            Err(Error::Corrupt { remote, .. }) => {
+                assert_eq!(remote, a.name());
+                corrupt += 1;
+            }
+            Err(Error::TimedOut { .. }) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(corrupt, 2);
+    assert!(matches!(b.wait_notifs(short), Err(Error::TimedOut { .. })));
+    // A good notification after the failures is delivered.
+    a.gen_notif(b.name(), b"good", &[]).unwrap();
+    let n = b.wait_notifs(Duration::from_secs(5)).unwrap();
+    assert_eq!(n[a.name()], vec![b"good".to_vec()]);
+    // Reported or not, every failure stays available until taken.
+    assert_eq!(b.take_integrity_failures().len(), 2);
+    assert!(b.take_integrity_failures().is_empty());
+}
+
+#[test]
 fn uncertain_requests_are_listed() {
     let plan = FaultPlan {
         seed: 1,

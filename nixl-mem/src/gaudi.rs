@@ -16,7 +16,7 @@ use std::fmt;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::{Arc, OnceLock};
 
-use nixl_core::{Error, MemKind, MemoryRegion, Op, RegionDesc, Result};
+use nixl_core::{Error, MemoryRegion, Op, RegionDesc, Result};
 
 use crate::DmaBuf;
 
@@ -262,13 +262,7 @@ impl fmt::Debug for GaudiBuffer {
 // can touch it; the agent never dereferences VRAM addresses.)
 unsafe impl MemoryRegion for GaudiBuffer {
     fn desc(&self) -> RegionDesc {
-        RegionDesc {
-            kind: MemKind::Vram,
-            addr: self.addr,
-            len: self.len,
-            dev_id: 0,
-            meta: Vec::new(),
-        }
+        RegionDesc::vram(self.addr, self.len, 0)
     }
 }
 
@@ -285,7 +279,7 @@ mod tests {
         match GaudiBuffer::new(1 << 20) {
             Ok(b) => {
                 eprintln!("a Gaudi is present: {b:?}");
-                assert_eq!(b.desc().kind, MemKind::Vram);
+                assert_eq!(b.desc().kind, nixl_core::MemKind::Vram);
                 let _ = b.dmabuf();
             }
             Err(e) => {

@@ -7,7 +7,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
-use nixl_core::{Error, HostBuffer, MemKind, MemoryRegion, Op, RegionDesc, Result};
+use nixl_core::{Error, HostBuffer, MemoryRegion, Op, RegionDesc, Result};
 
 use crate::cuda::{self, cu, sys};
 
@@ -236,13 +236,7 @@ impl fmt::Debug for MmapBuffer {
 // SAFETY: the mapping lives as long as the value and its description never changes.
 unsafe impl MemoryRegion for MmapBuffer {
     fn desc(&self) -> RegionDesc {
-        RegionDesc {
-            kind: MemKind::Dram,
-            addr: self.addr(),
-            len: self.len as u64,
-            dev_id: 0,
-            meta: Vec::new(),
-        }
+        RegionDesc::dram(self.addr(), self.len as u64)
     }
 }
 
@@ -403,13 +397,7 @@ impl fmt::Debug for CudaHostBuffer {
 // SAFETY: the allocation lives as long as the value; the description never changes.
 unsafe impl MemoryRegion for CudaHostBuffer {
     fn desc(&self) -> RegionDesc {
-        RegionDesc {
-            kind: MemKind::Dram,
-            addr: self.addr(),
-            len: self.len as u64,
-            dev_id: 0,
-            meta: Vec::new(),
-        }
+        RegionDesc::dram(self.addr(), self.len as u64)
     }
 }
 
@@ -430,7 +418,7 @@ mod tests {
             let mut out = [0u8; 4];
             assert!(b.read_at(9_996, &mut out));
             assert_eq!(out, [1, 2, 3, 4]);
-            assert_eq!(b.desc().kind, MemKind::Dram);
+            assert_eq!(b.desc().kind, nixl_core::MemKind::Dram);
             assert_eq!(b.pages(), pages);
         }
         assert_eq!(

@@ -14,7 +14,7 @@ use std::fmt;
 use std::os::fd::{FromRawFd, OwnedFd};
 
 use hip_sys::hiprt as sys;
-use nixl_core::{Error, MemKind, MemoryRegion, Op, RegionDesc, Result};
+use nixl_core::{Error, MemoryRegion, Op, RegionDesc, Result};
 
 use crate::DmaBuf;
 
@@ -265,13 +265,7 @@ impl fmt::Debug for HipBuffer {
 // SAFETY: the allocation lives until Drop; the description never changes.
 unsafe impl MemoryRegion for HipBuffer {
     fn desc(&self) -> RegionDesc {
-        RegionDesc {
-            kind: MemKind::Vram,
-            addr: self.addr(),
-            len: self.len as u64,
-            dev_id: self.device as u64,
-            meta: Vec::new(),
-        }
+        RegionDesc::vram(self.addr(), self.len as u64, self.device as u64)
     }
 }
 
@@ -341,13 +335,7 @@ impl fmt::Debug for HipIpcMapping {
 // SAFETY: the mapping lives until Drop; the description never changes.
 unsafe impl MemoryRegion for HipIpcMapping {
     fn desc(&self) -> RegionDesc {
-        RegionDesc {
-            kind: MemKind::Vram,
-            addr: self.ptr as u64,
-            len: self.len,
-            dev_id: self.device as u64,
-            meta: Vec::new(),
-        }
+        RegionDesc::vram(self.ptr as u64, self.len, self.device as u64)
     }
 }
 

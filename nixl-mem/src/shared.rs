@@ -17,7 +17,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::Mutex;
 
-use nixl_core::{DecodeError, Error, MemKind, MemoryRegion, Op, RegionDesc, Result};
+use nixl_core::{DecodeError, Error, MemoryRegion, Op, RegionDesc, Result};
 
 use crate::host::HostMemory;
 use crate::wire::{Reader, Writer};
@@ -217,13 +217,7 @@ impl fmt::Debug for SharedHostBuffer {
 // SAFETY: the mapping lives as long as the value; the description never changes.
 unsafe impl MemoryRegion for SharedHostBuffer {
     fn desc(&self) -> RegionDesc {
-        RegionDesc {
-            kind: MemKind::Dram,
-            addr: self.addr(),
-            len: self.len as u64,
-            dev_id: 0,
-            meta: Vec::new(),
-        }
+        RegionDesc::dram(self.addr(), self.len as u64)
     }
 }
 
@@ -323,13 +317,7 @@ impl fmt::Debug for SharedHostMapping {
 // SAFETY: the mapping lives as long as the value; the description never changes.
 unsafe impl MemoryRegion for SharedHostMapping {
     fn desc(&self) -> RegionDesc {
-        RegionDesc {
-            kind: MemKind::Dram,
-            addr: self.addr(),
-            len: self.handle.len,
-            dev_id: 0,
-            meta: Vec::new(),
-        }
+        RegionDesc::dram(self.addr(), self.handle.len)
     }
 }
 

@@ -5,7 +5,8 @@
 //! and writes), notes whether it was opened with `O_DIRECT`, and becomes the transfer target of
 //! the agent's local (loopback) requests. Preparing a transfer checks everything that would
 //! otherwise fail later with `EINVAL`: memory kinds, `O_DIRECT` alignment of offsets, lengths
-//! and buffers. Posting splits segments into chunks of [`PosixParams::chunk_size`] and keeps
+//! and buffers. Posting splits segments into chunks (for `O_DIRECT` files by default the largest
+//! I/O the file's block device takes as one request, see [`PosixParams::chunk_size`]) and keeps
 //! up to [`PosixParams::queue_depth`] of them in flight.
 //!
 //! VRAM <-> FILE (when GDS is absent) goes through pinned bounce buffers: VRAM registrations
@@ -17,6 +18,7 @@
 //! file offsets and lengths of VRAM segments must be aligned (the staging is).
 
 pub(crate) mod bounce;
+mod limits;
 pub(crate) mod pool;
 mod uring;
 
@@ -36,6 +38,9 @@ use bounce::{PoolEngine, VramMd, VramSide};
 
 /// The backend's type name.
 pub const POSIX: &str = "POSIX";
+
+/// Chunk size for page-cache files and where a device's limits are unknown.
+const DEFAULT_CHUNK: u64 = 1 << 20;
 
 /// Which I/O engine the backend uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -57,8 +62,12 @@ pub struct PosixParams {
     /// Chunks in flight per request (io_uring queue depth).
     pub queue_depth: u32,
     /// Segments are split into chunks of at most this many bytes (a multiple of
-    /// `direct_alignment`, at most 1 GiB).
-    pub chunk_size: u64,
+    /// `direct_alignment`, at most 1 GiB). `None` (the default): for `O_DIRECT` files, the
+    /// largest I/O the file's block device takes as one request, `min(max_sectors_kb,
+    /// max_segments x page size)` from sysfs (a bigger direct I/O is split by the block layer,
+    /// and under io_uring a split can bounce the chunk to a kernel worker thread); 1 MiB for
+    /// page-cache files and where the device limits cannot be read.
+    pub chunk_size: Option<u64>,
     /// Threads of the fallback pool.
     pub pool_threads: usize,
     /// Alignment `O_DIRECT` files require of offsets, lengths and buffer addresses.
@@ -83,7 +92,7 @@ impl Default for PosixParams {
         PosixParams {
             engine: Engine::Auto,
             queue_depth: 64,
-            chunk_size: 1 << 20,
+            chunk_size: None,
             pool_threads: 4,
             direct_alignment: 4096,
             cancel_timeout: Duration::from_secs(10),
@@ -103,9 +112,9 @@ impl PosixParams {
         if !self.direct_alignment.is_power_of_two() || self.direct_alignment > 1 << 20 {
             return bad("direct_alignment must be a power of two of at most 1 MiB");
         }
-        if self.chunk_size == 0
-            || self.chunk_size > 1 << 30
-            || self.chunk_size % self.direct_alignment != 0
+        if self
+            .chunk_size
+            .is_some_and(|c| c == 0 || c > 1 << 30 || c % self.direct_alignment != 0)
         {
             return bad(
                 "chunk_size must be a non-zero multiple of direct_alignment of at most 1 GiB",
@@ -140,9 +149,9 @@ impl BackendParams for PosixParams {
 }
 
 /// Creates `POSIX` by name from string parameters: `engine` (`auto`, `io_uring`,
-/// `threadpool`), `queue_depth`, `chunk_size`, `pool_threads`, `direct_alignment`,
-/// `cancel_timeout_ms`, `inline_max`, `bounce_chunk`, `bounce_buffers` (a number or `auto` =
-/// one per pool thread).
+/// `threadpool`), `queue_depth`, `chunk_size` (bytes, or `auto`), `pool_threads`,
+/// `direct_alignment`, `cancel_timeout_ms`, `inline_max`, `bounce_chunk`, `bounce_buffers` (a
+/// number or `auto` = one per pool thread).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PosixPlugin;
 
@@ -156,7 +165,11 @@ impl BackendPlugin for PosixPlugin {
         BTreeMap::from([
             ("engine".to_owned(), "auto".to_owned()),
             ("queue_depth".to_owned(), d.queue_depth.to_string()),
-            ("chunk_size".to_owned(), d.chunk_size.to_string()),
+            (
+                "chunk_size".to_owned(),
+                d.chunk_size
+                    .map_or_else(|| "auto".to_owned(), |c| c.to_string()),
+            ),
             ("pool_threads".to_owned(), d.pool_threads.to_string()),
             (
                 "direct_alignment".to_owned(),
@@ -204,7 +217,7 @@ impl BackendPlugin for PosixPlugin {
                         Error::invalid("", Op::CreateBackend, "POSIX: queue_depth too large")
                     })?
                 }
-                "chunk_size" => p.chunk_size = num(k, v)?,
+                "chunk_size" => p.chunk_size = if v == "auto" { None } else { Some(num(k, v)?) },
                 "pool_threads" => {
                     p.pool_threads = usize::try_from(num(k, v)?).unwrap_or(usize::MAX)
                 }
@@ -239,6 +252,8 @@ struct DramMd;
 pub(crate) struct FileMd {
     fd: OwnedFd,
     direct: bool,
+    /// For `O_DIRECT` files: the device's one-request limit (see [`limits`]).
+    direct_chunk: Option<u64>,
     path: Option<PathBuf>,
 }
 
@@ -274,6 +289,8 @@ pub(crate) struct PlanSeg<'a> {
     pub file_md: &'a BackendMd,
     pub remote_addr: u64,
     pub len: u64,
+    /// For an `O_DIRECT` file: its device's one-request limit (see [`limits`]).
+    pub direct_chunk: Option<u64>,
 }
 
 /// What a prepared POSIX transfer moves, shared by both engines.
@@ -288,6 +305,8 @@ pub(crate) struct Plan {
     /// size at each post).
     pub read_ends: Vec<(RawFd, u64, Option<PathBuf>)>,
     pub direct: bool,
+    /// The largest chunk (bytes), for path reports.
+    pub max_chunk: u64,
     pub cancel_timeout: Duration,
     /// Keeps the duplicated descriptors open while the request lives.
     pub files: Vec<BackendMd>,
@@ -318,7 +337,8 @@ impl Plan {
     /// The path string of a request.
     pub fn describe(&self, engine: &str) -> String {
         format!(
-            "{engine}{}",
+            "{engine}, chunks up to {} KiB{}",
+            self.max_chunk >> 10,
             if self.direct {
                 " (O_DIRECT)"
             } else {
@@ -370,6 +390,7 @@ pub(crate) fn build_plan(
     let mut read_ends: Vec<(RawFd, u64, Option<PathBuf>)> = Vec::new();
     let mut ctxs: Vec<Arc<PrimaryCtx>> = Vec::new();
     let mut direct = false;
+    let mut max_chunk = 0;
     for (i, s) in segs.iter().enumerate() {
         let end = s
             .remote_addr
@@ -397,7 +418,13 @@ pub(crate) fn build_plan(
             }
         }
         let (step, gpu) = match s.local {
-            LocalMem::Dram => (p.chunk_size, None),
+            LocalMem::Dram => (
+                p.chunk_size.unwrap_or(match s.direct_chunk {
+                    Some(c) if s.direct => c,
+                    _ => DEFAULT_CHUNK,
+                }),
+                None,
+            ),
             LocalMem::Vram(ctx) => {
                 let idx = match ctxs.iter().position(|c| c.ordinal() == ctx.ordinal()) {
                     Some(k) => k,
@@ -409,6 +436,7 @@ pub(crate) fn build_plan(
                 (p.bounce_chunk, Some(idx as u32))
             }
         };
+        max_chunk = max_chunk.max(step.min(s.len));
         let mut done = 0;
         while done < s.len {
             let len = (s.len - done).min(step);
@@ -439,6 +467,7 @@ pub(crate) fn build_plan(
         chunks,
         read_ends,
         direct,
+        max_chunk,
         cancel_timeout: p.cancel_timeout,
         files,
         vram,
@@ -463,7 +492,15 @@ impl<'a> PlanSeg<'a> {
             file_md: &s.remote_md,
             remote_addr: s.remote_addr,
             len: s.len,
+            direct_chunk: None,
         }
+    }
+
+    /// Chunks DRAM segments of an `O_DIRECT` file at its device's one-request limit when
+    /// [`PosixParams::chunk_size`] is `None`.
+    pub fn with_direct_chunk(mut self, chunk: Option<u64>) -> Self {
+        self.direct_chunk = chunk;
+        self
     }
 }
 
@@ -598,13 +635,10 @@ impl PosixBackend {
                     format!("segment {i}: target metadata is not a POSIX file"),
                 )
             })?;
-            segs.push(PlanSeg::new(
-                local,
-                s,
-                f.fd.as_raw_fd(),
-                f.direct,
-                f.path.as_ref(),
-            ));
+            segs.push(
+                PlanSeg::new(local, s, f.fd.as_raw_fd(), f.direct, f.path.as_ref())
+                    .with_direct_chunk(f.direct_chunk),
+            );
         }
         build_plan(&self.engine, me, POSIX, spec.op, &segs)
     }
@@ -670,8 +704,22 @@ impl Backend for PosixBackend {
                 let fl = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
                 let path = (!region.meta.is_empty())
                     .then(|| PathBuf::from(String::from_utf8_lossy(&region.meta).into_owned()));
+                let direct = fl >= 0 && fl & libc::O_DIRECT != 0;
+                let direct_chunk = direct
+                    .then(|| {
+                        limits::direct_chunk(
+                            fd.as_raw_fd(),
+                            self.params().direct_alignment,
+                            1 << 30,
+                        )
+                    })
+                    .flatten();
+                if let Some(c) = direct_chunk {
+                    tracing::debug!(agent = %self.agent, chunk_kib = c >> 10, "POSIX: O_DIRECT chunk from the device's limits");
+                }
                 Ok(Arc::new(FileMd {
-                    direct: fl >= 0 && fl & libc::O_DIRECT != 0,
+                    direct,
+                    direct_chunk,
                     fd,
                     path,
                 }))

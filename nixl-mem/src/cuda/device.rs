@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
-use nixl_core::{Error, MemKind, MemoryRegion, Op, RegionDesc, Result};
+use nixl_core::{Error, MemoryRegion, Op, RegionDesc, Result};
 
 use super::ipc::{DmaBuf, IpcHandle};
 use super::{bind, context, cu, sys};
@@ -216,13 +216,7 @@ impl fmt::Debug for DeviceBuffer {
 // never changes; the device pointer is valid for any device or peer mapping it.
 unsafe impl MemoryRegion for DeviceBuffer {
     fn desc(&self) -> RegionDesc {
-        RegionDesc {
-            kind: MemKind::Vram,
-            addr: self.ptr,
-            len: self.len as u64,
-            dev_id: self.ordinal as u64,
-            meta: Vec::new(),
-        }
+        RegionDesc::vram(self.ptr, self.len as u64, self.ordinal as u64)
     }
 }
 

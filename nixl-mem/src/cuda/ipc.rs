@@ -6,7 +6,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
-use nixl_core::{DecodeError, Error, MemKind, MemoryRegion, Op, RegionDesc, Result};
+use nixl_core::{DecodeError, Error, MemoryRegion, Op, RegionDesc, Result};
 
 use super::{address_range, bind, context, cu, sys};
 use crate::wire::{Reader, Writer};
@@ -279,13 +279,7 @@ impl fmt::Debug for IpcMapping {
 // SAFETY: the mapping stays valid until Drop closes it, and the description never changes.
 unsafe impl MemoryRegion for IpcMapping {
     fn desc(&self) -> RegionDesc {
-        RegionDesc {
-            kind: MemKind::Vram,
-            addr: self.addr(),
-            len: self.handle.len,
-            dev_id: self.ordinal as u64,
-            meta: Vec::new(),
-        }
+        RegionDesc::vram(self.addr(), self.handle.len, self.ordinal as u64)
     }
 }
 

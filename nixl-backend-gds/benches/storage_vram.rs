@@ -218,8 +218,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     // The data made it: the file holds what the device held (the last WRITE of each method).
+    // Through a second, buffered descriptor: O_DIRECT would need an aligned buffer.
     let mut head = vec![0u8; MIB as usize];
-    file.file().read_exact_at(&mut head, 0)?;
+    std::fs::File::open(file.path())?.read_exact_at(&mut head, 0)?;
     if head[..] != pattern[..MIB as usize] {
         return Err("the file's first MiB differs from the device buffer".into());
     }

@@ -656,6 +656,8 @@ impl GdsBackend {
 }
 
 impl Backend for GdsBackend {
+    local_only_peer_methods!(GDS, "GDS files");
+
     fn name(&self) -> &str {
         GDS
     }
@@ -668,18 +670,6 @@ impl Backend for GdsBackend {
             notifications: false,
             needs_progress: false,
         }
-    }
-
-    fn connection_info(&self) -> Result<Vec<u8>> {
-        Ok(Vec::new())
-    }
-
-    fn connect(&self, _remote: &str, _info: &[u8]) -> Result<()> {
-        Ok(())
-    }
-
-    fn disconnect(&self, _remote: &str) -> Result<()> {
-        Ok(())
     }
 
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
@@ -705,18 +695,6 @@ impl Backend for GdsBackend {
         Ok(())
     }
 
-    fn public_metadata(&self, _md: &BackendMd) -> Result<Vec<u8>> {
-        Ok(Vec::new())
-    }
-
-    fn load_remote(&self, remote: &str, _region: &RegionDesc, _public: &[u8]) -> Result<BackendMd> {
-        Err(Error::not_supported(
-            &self.agent,
-            Op::LoadMetadata,
-            format!("GDS files of {remote} are not reachable from here"),
-        ))
-    }
-
     fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
         let fallback = spec
             .segments
@@ -733,14 +711,6 @@ impl Backend for GdsBackend {
             spec,
             self.mode(),
         )
-    }
-
-    fn gen_notif(&self, remote: &str, _msg: &[u8]) -> Result<()> {
-        Err(Error::not_supported(
-            &self.agent,
-            Op::GenNotif,
-            format!("GDS has no notifications (to {remote})"),
-        ))
     }
 
     fn path_report(&self, remote: &str) -> Option<String> {

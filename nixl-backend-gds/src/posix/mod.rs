@@ -645,6 +645,8 @@ impl PosixBackend {
 }
 
 impl Backend for PosixBackend {
+    local_only_peer_methods!(POSIX, "POSIX files");
+
     fn name(&self) -> &str {
         POSIX
     }
@@ -657,20 +659,6 @@ impl Backend for PosixBackend {
             notifications: false,
             needs_progress: false,
         }
-    }
-
-    fn connection_info(&self) -> Result<Vec<u8>> {
-        Ok(Vec::new())
-    }
-
-    fn connect(&self, remote: &str, _info: &[u8]) -> Result<()> {
-        // Peers' metadata may list POSIX; there is nothing to connect to (storage is local).
-        tracing::trace!(agent = %self.agent, remote, "POSIX ignores peers");
-        Ok(())
-    }
-
-    fn disconnect(&self, _remote: &str) -> Result<()> {
-        Ok(())
     }
 
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
@@ -748,18 +736,6 @@ impl Backend for PosixBackend {
         Ok(())
     }
 
-    fn public_metadata(&self, _md: &BackendMd) -> Result<Vec<u8>> {
-        Ok(Vec::new())
-    }
-
-    fn load_remote(&self, remote: &str, _region: &RegionDesc, _public: &[u8]) -> Result<BackendMd> {
-        Err(Error::not_supported(
-            &self.agent,
-            Op::LoadMetadata,
-            format!("POSIX files of {remote} are not reachable from here"),
-        ))
-    }
-
     fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
         let plan = self.plan(&spec)?;
         if plan.vram.is_some() {
@@ -788,14 +764,6 @@ impl Backend for PosixBackend {
             self.engine.pool(&self.agent)?,
             label,
         )))
-    }
-
-    fn gen_notif(&self, remote: &str, _msg: &[u8]) -> Result<()> {
-        Err(Error::not_supported(
-            &self.agent,
-            Op::GenNotif,
-            format!("POSIX has no notifications (to {remote})"),
-        ))
     }
 
     fn path_report(&self, remote: &str) -> Option<String> {

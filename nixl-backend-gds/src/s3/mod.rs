@@ -448,6 +448,8 @@ fn key_of(agent: &str, op: Op, region: &RegionDesc) -> Result<(String, ObjPath)>
 }
 
 impl Backend for S3Backend {
+    local_only_peer_methods!(OBJ, "OBJ regions");
+
     fn name(&self) -> &str {
         OBJ
     }
@@ -460,18 +462,6 @@ impl Backend for S3Backend {
             notifications: false,
             needs_progress: false,
         }
-    }
-
-    fn connection_info(&self) -> Result<Vec<u8>> {
-        Ok(Vec::new())
-    }
-
-    fn connect(&self, _remote: &str, _info: &[u8]) -> Result<()> {
-        Ok(())
-    }
-
-    fn disconnect(&self, _remote: &str) -> Result<()> {
-        Ok(())
     }
 
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
@@ -498,18 +488,6 @@ impl Backend for S3Backend {
             ));
         }
         Ok(())
-    }
-
-    fn public_metadata(&self, _md: &BackendMd) -> Result<Vec<u8>> {
-        Ok(Vec::new())
-    }
-
-    fn load_remote(&self, remote: &str, _region: &RegionDesc, _public: &[u8]) -> Result<BackendMd> {
-        Err(Error::not_supported(
-            &self.agent,
-            Op::LoadMetadata,
-            format!("OBJ regions of {remote} are not reachable from here"),
-        ))
     }
 
     fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
@@ -555,14 +533,6 @@ impl Backend for S3Backend {
             self.endpoint.clone(),
             self.params.op_timeout,
         )))
-    }
-
-    fn gen_notif(&self, remote: &str, _msg: &[u8]) -> Result<()> {
-        Err(Error::not_supported(
-            &self.agent,
-            Op::GenNotif,
-            format!("OBJ has no notifications (to {remote})"),
-        ))
     }
 
     fn path_report(&self, remote: &str) -> Option<String> {

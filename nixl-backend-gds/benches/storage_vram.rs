@@ -6,6 +6,7 @@
 //! ```text
 //! cargo bench -p nixl-backend-gds --features gds --bench storage_vram -- \
 //!     [--dir PATH] [--size-mib 64,256] [--block-mib 1,16] [--iters N]
+//!     [--bounce-chunk-mib N] [--threads N] [--only-posix]
 //! ```
 //! Each point moves `size` bytes in descriptors of `block` bytes per request (one request),
 //! `iters` times after one warm-up; GB/s = bytes / wall time of post + wait. Without a GPU it
@@ -118,6 +119,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut sizes = vec![64, 256];
     let mut blocks = vec![1, 16];
     let mut iters = 3usize;
+    let mut pp = PosixParams::default();
+    let mut only_posix = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -125,6 +128,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "--size-mib" => sizes = list(&args.next().ok_or("--size-mib N[,N]")?)?,
             "--block-mib" => blocks = list(&args.next().ok_or("--block-mib N[,N]")?)?,
             "--iters" => iters = args.next().ok_or("--iters N")?.parse()?,
+            "--bounce-chunk-mib" => {
+                pp.bounce_chunk = args.next().ok_or("--bounce-chunk-mib N")?.parse::<u64>()? << 20
+            }
+            "--threads" => pp.pool_threads = args.next().ok_or("--threads N")?.parse()?,
+            "--only-posix" => only_posix = true,
             _ => {}
         }
     }
@@ -145,11 +153,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?);
 
     let posix = Agent::new("bench-posix", AgentConfig::default())?;
-    posix.create_backend(PosixParams::default())?;
+    posix.create_backend(pp.clone())?;
     let _rp = posix.register_mem(vec![dev.clone(), file.clone()], &[POSIX])?;
 
+    #[cfg(not(feature = "gds"))]
+    let _ = only_posix;
     #[cfg(feature = "gds")]
-    let gds = {
+    let gds = if only_posix {
+        None
+    } else {
         let a = Agent::new("bench-gds", AgentConfig::default())?;
         match a.create_backend(nixl_backend_gds::GdsParams::default()) {
             Ok(_) => {

@@ -1,5 +1,6 @@
-//! KV-cache offload through the storage tiers: KV blocks go DRAM -> file -> S3 and back
-//! (S3 -> file -> DRAM), each hop verified and timed.
+//! KV-cache offload through the storage tiers: KV blocks go DRAM (or, with `--device cuda`,
+//! GPU memory) -> file -> S3 and back (S3 -> file -> DRAM or GPU memory), each hop verified
+//! and timed.
 //!
 //! ```text
 //! cargo run --release --example kv_offload --features s3            # starts a local moto S3
@@ -8,7 +9,10 @@
 //! ```
 //! Options: `--blocks N` (default 64), `--block-kib K` (default 256), `--dir PATH` (where the
 //! file tier lives; default the temp dir), `--buffered` (page cache instead of O_DIRECT),
-//! `--blocks-per-object N` (default 16). Without `--endpoint`, the `AWS_ENDPOINT_URL`
+//! `--blocks-per-object N` (default 16), `--device cpu|cuda` (default cpu: where the KV blocks
+//! start and end; cuda puts them in GPU 0's memory, moved to and from the file by the POSIX
+//! backend's pinned bounce buffers, or GDS where created), `--no-s3` (only the file tier:
+//! for machines without an S3 server, e.g. the GPU machine). Without `--endpoint`, the `AWS_ENDPOINT_URL`
 //! variable is used, else moto is started from `scripts/s3/moto_server.py` (installed by
 //! `scripts/deps/gds.sh`).
 
@@ -31,6 +35,7 @@ mod offload {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
+    use nixl::mem::DeviceBuffer;
     use nixl::storage::{FileRegion, ObjectRegion, OpenFlags, PosixParams, S3Params};
     use nixl::{Agent, AgentConfig, HostBuffer, MemKind, XferDescList, XferOp, XferOptions};
 
@@ -49,6 +54,8 @@ mod offload {
         per_object: usize,
         dir: std::path::PathBuf,
         direct: bool,
+        cuda: bool,
+        no_s3: bool,
     }
 
     fn parse() -> Res<Args> {
@@ -63,6 +70,8 @@ mod offload {
             per_object: 16,
             dir: std::env::temp_dir(),
             direct: true,
+            cuda: false,
+            no_s3: false,
         };
         let mut it = std::env::args().skip(1);
         while let Some(k) = it.next() {
@@ -78,6 +87,14 @@ mod offload {
                 "--blocks-per-object" => a.per_object = v()?.parse()?,
                 "--dir" => a.dir = v()?.into(),
                 "--buffered" => a.direct = false,
+                "--no-s3" => a.no_s3 = true,
+                "--device" => {
+                    a.cuda = match v()?.as_str() {
+                        "cpu" => false,
+                        "cuda" => true,
+                        d => return Err(format!("--device cpu|cuda, not {d}").into()),
+                    }
+                }
                 _ => return Err(format!("unknown option {k}").into()),
             }
         }
@@ -155,35 +172,29 @@ mod offload {
 
     pub fn run() -> Res<()> {
         let args = parse()?;
-        let (_moto, endpoint, access, secret) = match &args.endpoint {
-            Some(e) => (
-                None,
-                e.clone(),
-                args.access_key.clone(),
-                args.secret_key.clone(),
-            ),
-            None => {
-                let (m, e) = start_moto(&args.bucket)?;
-                println!("started moto S3 at {e}");
-                (
-                    Some(m),
-                    e,
-                    Some("testing".to_owned()),
-                    Some("testing".to_owned()),
-                )
-            }
-        };
         let total = args.block * args.blocks as u64;
         let agent = Agent::new("kv-offload", AgentConfig::default())?;
         agent.create_backend(PosixParams::default())?;
-        agent.create_backend(S3Params {
-            endpoint: Some(endpoint.clone()),
-            bucket: Some(args.bucket.clone()),
-            region: Some(args.region.clone()),
-            access_key_id: access,
-            secret_access_key: secret,
-            ..Default::default()
-        })?;
+        let mut _moto = None;
+        if !args.no_s3 {
+            let (endpoint, access, secret) = match &args.endpoint {
+                Some(e) => (e.clone(), args.access_key.clone(), args.secret_key.clone()),
+                None => {
+                    let (m, e) = start_moto(&args.bucket)?;
+                    println!("started moto S3 at {e}");
+                    _moto = Some(m);
+                    (e, Some("testing".to_owned()), Some("testing".to_owned()))
+                }
+            };
+            agent.create_backend(S3Params {
+                endpoint: Some(endpoint),
+                bucket: Some(args.bucket.clone()),
+                region: Some(args.region.clone()),
+                access_key_id: access,
+                secret_access_key: secret,
+                ..Default::default()
+            })?;
+        }
 
         // The DRAM tier: the KV blocks, a staging buffer between file and S3, and the restore target.
         let kv = Arc::new(HostBuffer::new(total as usize).ok_or("alloc")?);
@@ -207,7 +218,12 @@ mod offload {
             },
         )?);
         let run_id = std::process::id();
-        let objects: Vec<Arc<ObjectRegion>> = (0..args.blocks / args.per_object)
+        let groups = if args.no_s3 {
+            0
+        } else {
+            args.blocks / args.per_object
+        };
+        let objects: Vec<Arc<ObjectRegion>> = (0..groups)
             .map(|g| {
                 Arc::new(ObjectRegion::new(
                     format!("kv/{run_id}/group-{g}"),
@@ -219,30 +235,59 @@ mod offload {
         // to both backends, the file to POSIX, the objects to OBJ.
         let _dram = agent.register_mem(vec![kv.clone(), staging.clone(), restored.clone()], &[])?;
         let _file = agent.register_mem(vec![file.clone()], &[])?;
-        let _objects = agent.register_mem(
-            objects
-                .iter()
-                .map(|o| o.clone() as Arc<dyn nixl::core::MemoryRegion>)
-                .collect(),
-            &[],
-        )?;
+        // The GPU tier (--device cuda): the KV blocks start in and are restored to GPU 0.
+        let gpu = if args.cuda {
+            let src = Arc::new(DeviceBuffer::new(0, total as usize)?);
+            let dst = Arc::new(DeviceBuffer::new(0, total as usize)?);
+            src.copy_from_host(0, &kv.to_vec())?;
+            dst.fill(0)?;
+            Some((src, dst))
+        } else {
+            None
+        };
+        let _vram = gpu
+            .as_ref()
+            .map(|(s, d)| agent.register_mem(vec![s.clone(), d.clone()], &[]))
+            .transpose()?;
+        let _objects = (!objects.is_empty())
+            .then(|| {
+                agent.register_mem(
+                    objects
+                        .iter()
+                        .map(|o| o.clone() as Arc<dyn nixl::core::MemoryRegion>)
+                        .collect(),
+                    &[],
+                )
+            })
+            .transpose()?;
         println!(
-            "{} KV blocks of {} KiB ({:.1} MiB) -> {} ({}) -> s3://{}/kv/{run_id}/ ({} objects)",
+            "{} KV blocks of {} KiB ({:.1} MiB) in {} -> {} ({}){}",
             args.blocks,
             args.block >> 10,
             total as f64 / (1 << 20) as f64,
+            if gpu.is_some() { "GPU 0" } else { "DRAM" },
             path.display(),
             if args.direct {
                 "O_DIRECT"
             } else {
                 "page cache"
             },
-            args.bucket,
-            objects.len()
+            if args.no_s3 {
+                String::new()
+            } else {
+                format!(
+                    " -> s3://{}/kv/{run_id}/ ({} objects)",
+                    args.bucket,
+                    objects.len()
+                )
+            }
         );
 
         let dram =
             |b: &HostBuffer| XferDescList::blocks(MemKind::Dram, b.addr(), args.block, args.blocks);
+        let vram = |b: &DeviceBuffer| {
+            XferDescList::blocks(MemKind::Vram, b.addr(), args.block, args.blocks)
+        };
         let file_blocks = file.blocks(0, args.block, args.blocks);
         let obj_blocks = || {
             let mut l = XferDescList::new(MemKind::Object);
@@ -261,52 +306,74 @@ mod offload {
             )
         };
 
-        // Down: DRAM -> file, verified by reading the file back.
-        report(
-            "DRAM -> file (WRITE)",
-            hop(&agent, XferOp::Write, &dram(&kv), &file_blocks)?,
-        );
+        // Down: DRAM (or VRAM) -> file, verified by reading the file back.
+        match &gpu {
+            Some((src, _)) => report(
+                "VRAM -> file (WRITE)",
+                hop(&agent, XferOp::Write, &vram(src), &file_blocks)?,
+            ),
+            None => report(
+                "DRAM -> file (WRITE)",
+                hop(&agent, XferOp::Write, &dram(&kv), &file_blocks)?,
+            ),
+        }
         report(
             "file -> DRAM (READ)",
             hop(&agent, XferOp::Read, &dram(&staging), &file_blocks)?,
         );
         check("file holds the KV blocks", &kv, &staging)?;
-        // file -> S3: the staged copy goes up, one object per group of blocks.
-        report(
-            "DRAM -> S3 (WRITE)",
-            hop(&agent, XferOp::Write, &dram(&staging), &obj_blocks())?,
-        );
-        let sizes = agent.query_mem(
-            &objects.iter().map(|o| o.query_desc()).collect::<Vec<_>>(),
-            &[],
-        )?;
-        if sizes
-            .iter()
-            .any(|q| q.map(|q| q.size) != Some(Some(args.block * args.per_object as u64)))
-        {
-            return Err(format!("objects missing or of the wrong size: {sizes:?}").into());
-        }
-        println!(
-            "  verified: {} objects exist with the right size",
-            objects.len()
-        );
+        if !args.no_s3 {
+            // file -> S3: the staged copy goes up, one object per group of blocks.
+            report(
+                "DRAM -> S3 (WRITE)",
+                hop(&agent, XferOp::Write, &dram(&staging), &obj_blocks())?,
+            );
+            let sizes = agent.query_mem(
+                &objects.iter().map(|o| o.query_desc()).collect::<Vec<_>>(),
+                &[],
+            )?;
+            if sizes
+                .iter()
+                .any(|q| q.map(|q| q.size) != Some(Some(args.block * args.per_object as u64)))
+            {
+                return Err(format!("objects missing or of the wrong size: {sizes:?}").into());
+            }
+            println!(
+                "  verified: {} objects exist with the right size",
+                objects.len()
+            );
 
-        // Back up: S3 -> DRAM -> file -> DRAM.
-        staging.fill(0);
-        report(
-            "S3 -> DRAM (READ)",
-            hop(&agent, XferOp::Read, &dram(&staging), &obj_blocks())?,
-        );
-        check("S3 holds the KV blocks", &kv, &staging)?;
+            // Back up: S3 -> DRAM -> file -> DRAM.
+            staging.fill(0);
+            report(
+                "S3 -> DRAM (READ)",
+                hop(&agent, XferOp::Read, &dram(&staging), &obj_blocks())?,
+            );
+            check("S3 holds the KV blocks", &kv, &staging)?;
+        }
         report(
             "DRAM -> file (WRITE)",
             hop(&agent, XferOp::Write, &dram(&staging), &file_blocks)?,
         );
-        report(
-            "file -> DRAM (READ)",
-            hop(&agent, XferOp::Read, &dram(&restored), &file_blocks)?,
-        );
-        check("restored KV blocks equal the originals", &kv, &restored)?;
+        match &gpu {
+            Some((_, dst)) => {
+                report(
+                    "file -> VRAM (READ)",
+                    hop(&agent, XferOp::Read, &vram(dst), &file_blocks)?,
+                );
+                if dst.to_vec()? != kv.to_vec() {
+                    return Err("restored KV blocks in GPU memory differ from the originals".into());
+                }
+                println!("  verified: restored KV blocks in GPU memory equal the originals");
+            }
+            None => {
+                report(
+                    "file -> DRAM (READ)",
+                    hop(&agent, XferOp::Read, &dram(&restored), &file_blocks)?,
+                );
+                check("restored KV blocks equal the originals", &kv, &restored)?;
+            }
+        }
         if let Some(p) = agent
             .path_report(agent.name())
             .into_iter()
@@ -315,7 +382,7 @@ mod offload {
         {
             println!("paths: {p}");
         }
-        drop((_dram, _file, _objects));
+        drop((_dram, _file, _objects, _vram));
         std::fs::remove_file(&path)?;
         println!("ok");
         Ok(())

@@ -4,7 +4,8 @@
 # once with force_compat_mode (NIXL_TEST_GDS_FORCE_COMPAT=1; cuFile's driver is opened once
 # per process), and the storage_vram bench (POSIX bounce vs GDS vs cuMemcpy + pwrite by hand).
 # Files go to a directory on the local disk (not tmpfs); logs and cufile.log to $OUT.
-# Bounded: 3 x 120 s tests + 220 s bench at most; SKIP_BENCH=1 skips the bench.
+# Bounded: 4 x 120 s tests + 220 s bench at most; SKIP_BENCH=1 skips the bench;
+# SUPPLY_UDEV=1 also runs the GDS tests through cuFile's own data path (see below).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/nixl-storage-out}"; mkdir -p "$OUT"
@@ -32,6 +33,17 @@ run storage-vram-file 120 "$B/storage-vram-file-test" --nocapture --test-threads
 run storage-gds 120 "$B/storage-gds-test" --nocapture --test-threads=1
 CUFILE_LOGFILE_PATH="$OUT/cufile-force-compat.log" NIXL_TEST_GDS_FORCE_COMPAT=1 \
     run storage-gds-force-compat 120 "$B/storage-gds-test" --nocapture --test-threads=1
+# cuFile's own data path: the lent VMs run no udev daemon, so cuFile finds no ID_FS_USAGE for
+# their disk and refuses every file (error 5027). With SUPPLY_UDEV=1, write the two properties
+# udev records for an ext4 disk (only where no udev data exists) and run the GDS tests again:
+# then cuFileRead/Write and the batch API carry the data (compatibility mode without nvidia-fs).
+if [ "${SUPPLY_UDEV:-0}" = 1 ]; then
+    U="/run/udev/data/b$(stat -c '%Hd:%Ld' "$TMPDIR")"
+    if [ ! -e "$U" ]; then
+        mkdir -p /run/udev/data && printf 'E:ID_FS_USAGE=filesystem\nE:ID_FS_TYPE=ext4\n' > "$U" && say "wrote $U (no udev on this machine)"
+    fi
+    CUFILE_LOGFILE_PATH="$OUT/cufile-udev.log" run storage-gds-udev 120 "$B/storage-gds-test" --nocapture --test-threads=1
+fi
 # On a GPU machine no VRAM test may skip.
 if nvidia-smi -L >/dev/null 2>&1 && grep -q '^skipping: no CUDA' "$OUT/storage-vram-file.log"; then
     say "VRAM tests skipped although a GPU is visible"; fail=1

@@ -13,7 +13,7 @@ use nixl_core::{
 
 use crate::fabric::Mr;
 use crate::params::{LibfabricParams, LibfabricStats, RailStats};
-use crate::rail::{frame, Rail, RailConfig, Track};
+use crate::rail::{Rail, RailConfig, Track};
 use crate::result::{unavailable, FiError, LIBFABRIC};
 use crate::sys;
 use crate::wire;
@@ -586,7 +586,7 @@ impl Backend for LibfabricBackend {
         if !peer.alive.load(Ordering::SeqCst) {
             return Err(Error::disconnected(me, remote, Op::GenNotif, "peer was declared unreachable (operations did not complete in time); reload its metadata to reconnect"));
         }
-        let framed = frame(me, msg);
+        let framed = wire::encode_notif(me, msg);
         if framed.len() > self.inner.params.notif_size {
             return Err(Error::invalid(
                 me,

@@ -48,6 +48,16 @@ mod sys;
 mod wire;
 mod xfer;
 
+/// The pure decoders of the backend's wire bytes, for fuzzing (feature `fuzzing`; not a
+/// stable API).
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::wire::{
+        decode_conn, decode_notif, decode_region, encode_conn, encode_notif, encode_region,
+    };
+}
+
 pub use backend::LibfabricBackend;
 pub use params::{
     HmemMode, LibfabricParams, LibfabricPlugin, LibfabricStats, RailStats, DEFAULT_PROVIDERS,

@@ -168,28 +168,6 @@ pub(crate) fn mr_access() -> u64 {
         | u64::from(sys::FI_RECV)
 }
 
-/// Framing of notification messages: `N`, sender name length (u16 LE), name, payload.
-pub(crate) fn frame(sender: &str, msg: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(3 + sender.len() + msg.len());
-    v.push(b'N');
-    v.extend_from_slice(&(sender.len() as u16).to_le_bytes());
-    v.extend_from_slice(sender.as_bytes());
-    v.extend_from_slice(msg);
-    v
-}
-
-fn unframe(b: &[u8]) -> Option<(String, Vec<u8>)> {
-    if b.len() < 3 || b[0] != b'N' {
-        return None;
-    }
-    let n = usize::from(u16::from_le_bytes([b[1], b[2]]));
-    let name = b.get(3..3 + n)?;
-    Some((
-        std::str::from_utf8(name).ok()?.to_owned(),
-        b[3 + n..].to_vec(),
-    ))
-}
-
 impl Rail {
     /// Opens a rail from one info entry.
     pub fn open(
@@ -525,7 +503,7 @@ impl Rail {
                         let size = st.recv.slot_size;
                         let start = slot * size;
                         let bytes = st.recv.buf.get(start..start + len.min(size)).unwrap_or(&[]);
-                        match unframe(bytes) {
+                        match crate::wire::decode_notif(bytes) {
                             Some((sender, msg)) => {
                                 self.counters
                                     .notifs_received
@@ -585,20 +563,5 @@ impl Rail {
             mr.bind_endpoint_raw(self.ep.as_ptr())?;
         }
         Ok(mr)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn framing_round_trips_and_rejects_garbage() {
-        let f = frame("agent-a", b"hello");
-        assert_eq!(unframe(&f), Some(("agent-a".to_owned(), b"hello".to_vec())));
-        assert_eq!(unframe(b""), None);
-        assert_eq!(unframe(b"X\x01\x00a"), None);
-        assert_eq!(unframe(b"N\xff\x00a"), None);
-        assert_eq!(unframe(&frame("", b"")), Some((String::new(), Vec::new())));
     }
 }

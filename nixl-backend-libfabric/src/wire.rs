@@ -9,7 +9,7 @@ pub(crate) const MAX_RAILS: usize = 64;
 const MAX_NAME: usize = 1024;
 
 /// `LFB1`, provider (u8 len + bytes), rails (u8), per rail: name (u16 LE len + bytes).
-pub(crate) fn encode_conn(provider: &str, names: &[Vec<u8>]) -> Vec<u8> {
+pub fn encode_conn(provider: &str, names: &[Vec<u8>]) -> Vec<u8> {
     let mut v = CONN_MAGIC.to_vec();
     let p = &provider.as_bytes()[..provider.len().min(255)];
     v.push(p.len() as u8);
@@ -48,7 +48,7 @@ impl<'a> Reader<'a> {
 }
 
 /// The provider and per-rail endpoint names.
-pub(crate) fn decode_conn(b: &[u8]) -> Option<(String, Vec<Vec<u8>>)> {
+pub fn decode_conn(b: &[u8]) -> Option<(String, Vec<Vec<u8>>)> {
     let mut r = Reader(b);
     if r.take(4)? != CONN_MAGIC {
         return None;
@@ -71,7 +71,7 @@ pub(crate) fn decode_conn(b: &[u8]) -> Option<(String, Vec<Vec<u8>>)> {
 }
 
 /// Version, virtual-address flag, rails (u8), keys (u64 LE each).
-pub(crate) fn encode_region(virt_addr: bool, keys: &[u64]) -> Vec<u8> {
+pub fn encode_region(virt_addr: bool, keys: &[u64]) -> Vec<u8> {
     let mut v = vec![
         REGION_VERSION,
         u8::from(virt_addr),
@@ -84,7 +84,7 @@ pub(crate) fn encode_region(virt_addr: bool, keys: &[u64]) -> Vec<u8> {
 }
 
 /// The addressing mode and per-rail keys.
-pub(crate) fn decode_region(b: &[u8]) -> Option<(bool, Vec<u64>)> {
+pub fn decode_region(b: &[u8]) -> Option<(bool, Vec<u64>)> {
     let mut r = Reader(b);
     if r.u8()? != REGION_VERSION {
         return None;
@@ -102,10 +102,50 @@ pub(crate) fn decode_region(b: &[u8]) -> Option<(bool, Vec<u64>)> {
     r.0.is_empty().then_some((virt, keys))
 }
 
+/// Framing of notification messages: `N`, sender name length (u16 LE), name, payload. Agent
+/// names are at most 256 bytes (nixl-core's `MAX_NAME`), so the length fits.
+pub fn encode_notif(sender: &str, msg: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(3 + sender.len() + msg.len());
+    v.push(b'N');
+    v.extend_from_slice(&(sender.len() as u16).to_le_bytes());
+    v.extend_from_slice(sender.as_bytes());
+    v.extend_from_slice(msg);
+    v
+}
+
+/// The sender and payload of a framed notification; `None` when malformed.
+pub fn decode_notif(b: &[u8]) -> Option<(String, Vec<u8>)> {
+    if b.len() < 3 || b[0] != b'N' {
+        return None;
+    }
+    let n = usize::from(u16::from_le_bytes([b[1], b[2]]));
+    let name = b.get(3..3 + n)?;
+    Some((
+        std::str::from_utf8(name).ok()?.to_owned(),
+        b[3 + n..].to_vec(),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn notif_framing_round_trips_and_rejects_garbage() {
+        let f = encode_notif("agent-a", b"hello");
+        assert_eq!(
+            decode_notif(&f),
+            Some(("agent-a".to_owned(), b"hello".to_vec()))
+        );
+        assert_eq!(decode_notif(b""), None);
+        assert_eq!(decode_notif(b"X\x01\x00a"), None);
+        assert_eq!(decode_notif(b"N\xff\x00a"), None);
+        assert_eq!(
+            decode_notif(&encode_notif("", b"")),
+            Some((String::new(), Vec::new()))
+        );
+    }
 
     #[test]
     fn round_trips() {
@@ -131,6 +171,7 @@ mod tests {
     proptest! {
         #[test]
         fn decoders_never_panic(b in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = decode_notif(&b);
             let _ = decode_conn(&b);
             let _ = decode_region(&b);
         }

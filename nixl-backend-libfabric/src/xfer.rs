@@ -13,7 +13,7 @@ use nixl_core::{
 };
 
 use crate::backend::{Inner, LocalMd, Peer, RemoteMd};
-use crate::rail::{frame, Track};
+use crate::rail::Track;
 
 /// One RMA operation of a transfer.
 #[derive(Debug, Clone, Copy)]
@@ -101,7 +101,7 @@ impl LfXfer {
         }
         let notif = match &spec.notif {
             Some(n) => {
-                let f = frame(&me, n);
+                let f = crate::wire::encode_notif(&me, n);
                 if f.len() > inner.params.notif_size {
                     return Err(Error::invalid(
                         &me,

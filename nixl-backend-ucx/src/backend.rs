@@ -20,7 +20,7 @@ use crate::memory::{MemReg, RemoteMd};
 use crate::params::UcxParams;
 use crate::sys;
 use crate::wire;
-use crate::worker::{Worker, AM_NOTIF, NOTIF_MAGIC};
+use crate::worker::{Worker, AM_NOTIF};
 use crate::xfer::{Seg, UcxXfer};
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -98,8 +98,7 @@ impl UcxBackend {
         let workers = (0..params.num_workers)
             .map(|i| Worker::new(ctx.clone(), i, &agent, bctx.notifs.clone()))
             .collect::<Result<Vec<_>>>()?;
-        let mut header = NOTIF_MAGIC.to_vec();
-        header.extend_from_slice(agent.as_bytes());
+        let header = crate::wire::encode_notif_header(&agent);
         let b = UcxBackend {
             agent,
             ucx,

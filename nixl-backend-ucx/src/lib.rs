@@ -79,6 +79,17 @@ mod params;
 mod sys;
 mod wire;
 mod worker;
+
+/// The pure decoders of the backend's wire bytes, for fuzzing (feature `fuzzing`; not a
+/// stable API).
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::wire::{
+        decode_conn, decode_notif_header, decode_rkey, encode_conn, encode_notif_header,
+        encode_rkey,
+    };
+}
 mod xfer;
 
 pub use backend::{probe, UcxBackend, UcxPlugin};

@@ -1,11 +1,14 @@
-//! The backend's bytes in agent metadata: connection info (the workers' addresses) and
-//! region metadata (a packed rkey). Both are framed, bounded and checksummed, so truncated
-//! or corrupted bytes are refused with a typed error before UCX parses anything.
+//! The backend's bytes on the wire: in agent metadata, connection info (the workers'
+//! addresses) and region metadata (a packed rkey), both framed, bounded and checksummed, so
+//! truncated or corrupted bytes are refused with a typed error before UCX parses anything;
+//! and the header of notification active messages (magic + the sender's name).
 
 /// Connection info magic.
 const CONN_MAGIC: &[u8; 6] = b"NXUCX1";
 /// Region metadata magic.
 const RKEY_MAGIC: &[u8; 4] = b"NXRK";
+/// The header prefix of a notification (the sender's name follows).
+pub(crate) const NOTIF_MAGIC: &[u8; 4] = b"NXN1";
 /// The most workers a peer may announce.
 pub(crate) const MAX_WORKERS: usize = 64;
 /// The most bytes of one worker address or rkey.
@@ -39,8 +42,22 @@ fn take_u32(b: &mut &[u8]) -> Option<usize> {
     take(b, 4).map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]) as usize)
 }
 
+/// The header of a notification from `sender`.
+pub fn encode_notif_header(sender: &str) -> Vec<u8> {
+    let mut h = NOTIF_MAGIC.to_vec();
+    h.extend_from_slice(sender.as_bytes());
+    h
+}
+
+/// The sender named by a notification header; `None` unless it carries the magic and a
+/// non-empty UTF-8 name.
+pub fn decode_notif_header(h: &[u8]) -> Option<&str> {
+    let name = h.strip_prefix(NOTIF_MAGIC.as_slice())?;
+    std::str::from_utf8(name).ok().filter(|s| !s.is_empty())
+}
+
 /// Encodes the workers' addresses.
-pub(crate) fn encode_conn(addresses: &[&[u8]]) -> Vec<u8> {
+pub fn encode_conn(addresses: &[&[u8]]) -> Vec<u8> {
     let mut v = CONN_MAGIC.to_vec();
     v.push(addresses.len() as u8);
     for a in addresses {
@@ -51,7 +68,7 @@ pub(crate) fn encode_conn(addresses: &[&[u8]]) -> Vec<u8> {
 }
 
 /// Decodes connection info into worker addresses; `None` when malformed.
-pub(crate) fn decode_conn(bytes: &[u8]) -> Option<Vec<Vec<u8>>> {
+pub fn decode_conn(bytes: &[u8]) -> Option<Vec<Vec<u8>>> {
     let mut b = unseal(bytes)?;
     if take(&mut b, CONN_MAGIC.len())? != CONN_MAGIC {
         return None;
@@ -72,7 +89,7 @@ pub(crate) fn decode_conn(bytes: &[u8]) -> Option<Vec<Vec<u8>>> {
 }
 
 /// Encodes a packed rkey with the region's memory type.
-pub(crate) fn encode_rkey(mem_type: u8, packed: &[u8]) -> Vec<u8> {
+pub fn encode_rkey(mem_type: u8, packed: &[u8]) -> Vec<u8> {
     let mut v = RKEY_MAGIC.to_vec();
     v.push(mem_type);
     v.extend_from_slice(&(packed.len() as u32).to_le_bytes());
@@ -81,7 +98,7 @@ pub(crate) fn encode_rkey(mem_type: u8, packed: &[u8]) -> Vec<u8> {
 }
 
 /// Decodes region metadata into (memory type, packed rkey); `None` when malformed.
-pub(crate) fn decode_rkey(bytes: &[u8]) -> Option<(u8, &[u8])> {
+pub fn decode_rkey(bytes: &[u8]) -> Option<(u8, &[u8])> {
     let mut b = unseal(bytes)?;
     if take(&mut b, RKEY_MAGIC.len())? != RKEY_MAGIC {
         return None;
@@ -146,6 +163,18 @@ mod tests {
                 .collect();
             let _ = decode_conn(&v);
             let _ = decode_rkey(&v);
+            let _ = decode_notif_header(&v);
         }
+    }
+
+    #[test]
+    fn notif_header_round_trips_and_refuses_damage() {
+        let h = encode_notif_header("prefill-0");
+        assert_eq!(decode_notif_header(&h), Some("prefill-0"));
+        assert_eq!(decode_notif_header(b""), None);
+        assert_eq!(decode_notif_header(b"NXN"), None);
+        assert_eq!(decode_notif_header(b"NXN1"), None, "empty sender");
+        assert_eq!(decode_notif_header(b"NXN2abc"), None);
+        assert_eq!(decode_notif_header(b"NXN1\xff\xfe"), None, "not UTF-8");
     }
 }

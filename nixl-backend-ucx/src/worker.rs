@@ -15,8 +15,6 @@ use crate::sys;
 
 /// The active-message id of notifications.
 pub(crate) const AM_NOTIF: u32 = 0x4e58;
-/// The header prefix of a notification (the sender's name follows).
-pub(crate) const NOTIF_MAGIC: &[u8; 4] = b"NXN1";
 
 struct RawWorker(sys::ucp_worker_h);
 // SAFETY: the handle is only used while the owning Worker's mutex is held, which serialises
@@ -92,7 +90,7 @@ unsafe extern "C" fn am_recv(
         tracing::warn!(agent = %ctx.agent, "dropping a rendezvous notification (senders use eager)");
         return sys::UCS_OK;
     }
-    if header.is_null() || header_length < NOTIF_MAGIC.len() || (data.is_null() && length > 0) {
+    if header.is_null() || (data.is_null() && length > 0) {
         tracing::warn!(agent = %ctx.agent, "dropping a malformed notification");
         return sys::UCS_OK;
     }
@@ -105,9 +103,11 @@ unsafe extern "C" fn am_recv(
         // SAFETY: as above.
         unsafe { std::slice::from_raw_parts(data as *const u8, length) }.to_vec()
     };
-    match (&h[..4] == NOTIF_MAGIC, std::str::from_utf8(&h[4..])) {
-        (true, Ok(sender)) if !sender.is_empty() => ctx.notifs.push(sender, msg),
-        _ => tracing::warn!(agent = %ctx.agent, "dropping a notification with a malformed header"),
+    match crate::wire::decode_notif_header(h) {
+        Some(sender) => ctx.notifs.push(sender, msg),
+        None => {
+            tracing::warn!(agent = %ctx.agent, "dropping a notification with a malformed header")
+        }
     }
     sys::UCS_OK
 }

@@ -11,7 +11,7 @@ use super::{bind, context, cu, sys};
 
 /// A zero-initialised allocation in one GPU's memory (`cuMemAlloc`), freed on drop.
 ///
-/// It describes itself as [`MemKind::Vram`] with `dev_id` = the GPU ordinal and `addr` = the
+/// It describes itself as [`MemKind::Vram`](nixl_core::MemKind::Vram) with `dev_id` = the GPU ordinal and `addr` = the
 /// device pointer. Host access is by explicit copies (`copy_from_host`, `copy_to_host`), which
 /// synchronise with the device.
 ///

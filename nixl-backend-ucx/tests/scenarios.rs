@@ -224,7 +224,7 @@ fn cancel_returns_only_when_ucx_is_done() {
 }
 
 #[test]
-#[ignore = "SIGSEGV in UCX 1.22 uct_tcp_ep_progress_put_rx with num_workers = 3 over tcp (2 to 5 of 6 runs of this binary on the dev VM); known bug, see docs/reliability.md"]
+#[ignore = "SIGSEGV in UCX 1.22 uct_tcp_ep_progress_put_rx with num_workers = 3 over tcp (2 to 5 of 6 runs on the dev VM; 20 of 20 pass on UCX 1.23); known UCX bug, see docs/reliability.md"]
 fn several_workers_spread_requests() {
     if !common::ucx_or_skip("several_workers") {
         return;

@@ -1,5 +1,8 @@
 //! nixlbench-style throughput and latency CLI: two processes (this binary spawns the target),
-//! metadata over the side channel, DRAM or VRAM on either side, over the UCX backend.
+//! metadata over the side channel, DRAM or VRAM on either side, over the UCX backend; or, with
+//! `--backend POSIX` (or `GDS`, feature `gds`), one process moving DRAM/VRAM to and from a file
+//! in `--filepath DIR` (`--storage-enable-direct` for O_DIRECT), as NIXL's nixlbench does for
+//! its storage backends.
 //!
 //! ```text
 //! cargo bench --bench nixlbench -- --op WRITE --start-block-size 4096 --max-block-size 67108864 \
@@ -13,7 +16,8 @@
 //! `--max-batch-size` (powers of two between), or explicit `--blocks a,b --batches c,d`;
 //! `--total-buffer-size`, `--num-iter`, `--warmup-iter`, `--num-threads`, `--tls`,
 //! `--fresh-requests` (make a request per iteration instead of reposting one),
-//! `--progress-thread on|off` (the UCX backend's own thread), `--json`.
+//! `--progress-thread on|off` (the UCX backend's own thread), `--json`,
+//! `--backend UCX|POSIX|GDS`, `--filepath DIR`, `--storage-enable-direct`.
 //! KV mode (like NIXL's kvbench): `--mode kv` with `--model-layers`, `--kv-heads`,
 //! `--head-dim`, `--dtype-bytes`, `--tokens-per-block`, `--seq-len`, `--tp`: one request moves a
 //! sequence's K and V blocks of every layer (block = tokens x kv_heads/tp x head_dim x dtype).
@@ -25,6 +29,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nixl::storage::{FileRegion, OpenFlags};
 use nixl::ucx::UcxParams;
 use nixl::{Agent, AgentConfig, MemKind, XferDescList, XferOp, XferOptions, XferState, XferTarget};
 
@@ -50,6 +55,20 @@ struct Opts {
     json: bool,
     bytes_per_point: f64,
     progress_thread: bool,
+    backend: BenchBackend,
+    filepath: std::path::PathBuf,
+    direct: bool,
+}
+
+/// Which backend moves the data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BenchBackend {
+    /// Two processes over UCX.
+    Ucx,
+    /// One process, memory <-> a file, through the POSIX backend.
+    Posix,
+    /// One process, memory <-> a file, through GDS (cuFile).
+    Gds,
 }
 
 fn pow2_range(lo: u64, hi: u64) -> Vec<u64> {
@@ -98,6 +117,9 @@ fn parse() -> Res<Opts> {
         json: false,
         bytes_per_point: 2e9,
         progress_thread: true,
+        backend: BenchBackend::Ucx,
+        filepath: std::env::temp_dir(),
+        direct: false,
     };
     let (mut b0, mut b1, mut n0, mut n1) = (4096u64, 64u64 << 20, 1usize, 32usize);
     let mut kv: Option<[u64; 7]> = None;
@@ -153,11 +175,15 @@ fn parse() -> Res<Opts> {
                 }
             }
             "--backend" => {
-                let b = val()?;
-                if !b.eq_ignore_ascii_case("ucx") {
-                    return Err(format!("--backend {b}: only UCX").into());
+                o.backend = match val()?.to_ascii_uppercase().as_str() {
+                    "UCX" => BenchBackend::Ucx,
+                    "POSIX" => BenchBackend::Posix,
+                    "GDS" => BenchBackend::Gds,
+                    b => return Err(format!("--backend {b}: UCX, POSIX or GDS").into()),
                 }
             }
+            "--filepath" => o.filepath = val()?.into(),
+            "--storage-enable-direct" | "--storage_enable_direct" => o.direct = true,
             "--mode" => mode = val()?,
             "--model-layers" => kvv[0] = num(val()?)?,
             "--kv-heads" => kvv[1] = num(val()?)?,
@@ -205,6 +231,14 @@ fn parse() -> Res<Opts> {
     }
     if o.blocks.contains(&0) || o.batches.contains(&0) {
         return Err("block and batch sizes must be positive".into());
+    }
+    if o.backend != BenchBackend::Ucx {
+        o.target_kind = MemKind::File;
+        if o.direct && o.blocks.iter().any(|b| b % PAGE != 0) {
+            return Err(
+                "--storage-enable-direct needs block sizes that are multiples of 4096".into(),
+            );
+        }
     }
     let need = o
         .blocks
@@ -313,6 +347,33 @@ fn avg_p99(v: &mut [Duration]) -> (f64, f64) {
     (avg * 1e6, p99 * 1e6)
 }
 
+/// Where a point's remote descriptors live.
+enum Remote {
+    /// The spawned target process's memory at this address.
+    Peer(u64),
+    /// A file of this agent (storage backends).
+    File(Arc<FileRegion>),
+}
+
+impl Remote {
+    fn agent<'a>(&self, a: &'a Agent) -> &'a str {
+        match self {
+            Remote::Peer(_) => "nixlbench-target",
+            Remote::File(_) => a.name(),
+        }
+    }
+
+    fn descs(&self, kind: MemKind, off: u64, block: u64, batch: usize) -> XferDescList {
+        match self {
+            Remote::Peer(addr) => descs(kind, addr + off, block, batch),
+            Remote::File(f) => XferDescList::from_descs(
+                MemKind::File,
+                (0..batch as u64).map(|i| f.desc_at(off + i * (block + PAGE), block)),
+            ),
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)] // one point's parameters, passed to each thread
 fn thread_run(
     a: &Agent,
@@ -321,7 +382,7 @@ fn thread_run(
     block: u64,
     batch: usize,
     laddr: u64,
-    raddr: u64,
+    remote_side: &Remote,
     iters: usize,
 ) -> Res<Times> {
     let off = t as u64 * span(block, batch);
@@ -331,8 +392,8 @@ fn thread_run(
         &[],
     )?;
     let remote = a.prep_xfer_dlist(
-        XferTarget::Agent("nixlbench-target"),
-        &descs(o.target_kind, raddr + off, block, batch),
+        XferTarget::Agent(remote_side.agent(a)),
+        &remote_side.descs(o.target_kind, off, block, batch),
         &[],
     )?;
     let idx: Vec<usize> = (0..batch).collect();
@@ -423,7 +484,51 @@ fn initiator(o: &Opts) -> Res<()> {
             }
         }
     };
-    let path = a.path_report("nixlbench-target");
+    let result = sweep(&a, o, m.addr, &Remote::Peer(raddr));
+    let _ = a.gen_notif("nixlbench-target", b"done", &[]);
+    result
+}
+
+/// One process: memory <-> a file in `--filepath` through POSIX or GDS.
+fn storage(o: &Opts) -> Res<()> {
+    let a = Agent::new(
+        "nixlbench",
+        AgentConfig {
+            default_timeout: Duration::from_secs(60),
+            ..AgentConfig::default()
+        },
+    )?;
+    match o.backend {
+        BenchBackend::Posix => {
+            a.create_backend(nixl::storage::PosixParams::default())?;
+        }
+        #[cfg(feature = "gds")]
+        BenchBackend::Gds => {
+            a.create_backend(nixl::storage::GdsParams::default())?;
+        }
+        b => return Err(format!("backend {b:?} is not built in (GDS needs feature gds)").into()),
+    }
+    let m = alloc(o.init_kind, o.total_buffer)?;
+    let path = o
+        .filepath
+        .join(format!("nixlbench-{}.bin", std::process::id()));
+    let flags = if o.direct {
+        OpenFlags::direct()
+    } else {
+        OpenFlags::buffered()
+    };
+    let file = Arc::new(FileRegion::open(&path, o.total_buffer, flags)?);
+    let result = (|| -> Res<()> {
+        let _reg = a.register_mem(vec![m.region.clone(), file.clone()], &[])?;
+        sweep(&a, o, m.addr, &Remote::File(file.clone()))
+    })();
+    let _ = std::fs::remove_file(&path);
+    result
+}
+
+/// Runs every (block, batch) point and prints a row each.
+fn sweep(a: &Agent, o: &Opts, laddr: u64, remote: &Remote) -> Res<()> {
+    let path = a.path_report(remote.agent(a));
     if !o.json {
         println!(
             "# nixl-rs nixlbench: {:?} {} -> {}, {} thread(s), path {:?}",
@@ -443,7 +548,7 @@ fn initiator(o: &Opts) -> Res<()> {
             "xfer_p99"
         );
     }
-    let result = (|| -> Res<()> {
+    {
         for &block in &o.blocks {
             for &batch in &o.batches {
                 if span(block, batch) * o.threads as u64 > o.total_buffer {
@@ -459,8 +564,7 @@ fn initiator(o: &Opts) -> Res<()> {
                 let per_thread: Vec<Res<Times>> = std::thread::scope(|s| {
                     let hs: Vec<_> = (0..o.threads)
                         .map(|t| {
-                            let a = &a;
-                            s.spawn(move || thread_run(a, o, t, block, batch, m.addr, raddr, iters))
+                            s.spawn(move || thread_run(a, o, t, block, batch, laddr, remote, iters))
                         })
                         .collect();
                     hs.into_iter()
@@ -504,13 +608,12 @@ fn initiator(o: &Opts) -> Res<()> {
             }
         }
         Ok(())
-    })();
-    let _ = a.gen_notif("nixlbench-target", b"done", &[]);
-    result
+    }
 }
 
 fn main() {
     let r = parse().and_then(|o| match (o.role.as_str(), o.peer) {
+        ("initiator", _) if o.backend != BenchBackend::Ucx => storage(&o),
         ("initiator", _) => initiator(&o),
         ("target", Some(p)) => target(&o, p),
         _ => Err("--role target needs --peer".into()),

@@ -252,8 +252,8 @@ struct DramMd;
 pub(crate) struct FileMd {
     fd: OwnedFd,
     direct: bool,
-    /// For `O_DIRECT` files: the device's one-request limit (see [`limits`]).
-    direct_chunk: Option<u64>,
+    /// For `O_DIRECT` files: the device's one-request limits (see [`limits`]).
+    direct_chunk: Option<limits::DirectLimits>,
     path: Option<PathBuf>,
 }
 
@@ -289,8 +289,8 @@ pub(crate) struct PlanSeg<'a> {
     pub file_md: &'a BackendMd,
     pub remote_addr: u64,
     pub len: u64,
-    /// For an `O_DIRECT` file: its device's one-request limit (see [`limits`]).
-    pub direct_chunk: Option<u64>,
+    /// For an `O_DIRECT` file: its device's one-request limits (see [`limits`]).
+    pub direct_chunk: Option<limits::DirectLimits>,
 }
 
 /// What a prepared POSIX transfer moves, shared by both engines.
@@ -307,6 +307,9 @@ pub(crate) struct Plan {
     pub direct: bool,
     /// The largest chunk (bytes), for path reports.
     pub max_chunk: u64,
+    /// When the chunks assume buffers registered with an io_uring: the chunk size for an
+    /// engine that pins pages per I/O instead (see [`Plan::rechunk_unregistered`]).
+    pub unregistered_chunk: Option<u64>,
     pub cancel_timeout: Duration,
     /// Keeps the duplicated descriptors open while the request lives.
     pub files: Vec<BackendMd>,
@@ -315,6 +318,35 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
+    /// Splits host-memory chunks to the size an engine that pins pages at each I/O should use
+    /// (the thread pool, or io_uring when the buffers could not be registered); a no-op when
+    /// the chunks did not assume registered buffers.
+    pub fn rechunk_unregistered(&mut self) {
+        let Some(limit) = self.unregistered_chunk.take() else {
+            return;
+        };
+        let mut out = Vec::with_capacity(self.chunks.len());
+        for c in self.chunks.drain(..) {
+            if c.gpu.is_some() || c.len <= limit {
+                out.push(c);
+                continue;
+            }
+            let mut done = 0;
+            while done < c.len {
+                let len = (c.len - done).min(limit);
+                out.push(Chunk {
+                    buf: c.buf + done,
+                    off: c.off + done,
+                    len,
+                    ..c
+                });
+                done += len;
+            }
+        }
+        self.chunks = out;
+        self.max_chunk = self.chunks.iter().map(|c| c.len).max().unwrap_or(0);
+    }
+
     /// Refuses a READ past the current end of a file (instead of a short read later).
     pub fn check_file_sizes(&self) -> Result<()> {
         for (fd, end, path) in &self.read_ends {
@@ -391,6 +423,7 @@ pub(crate) fn build_plan(
     let mut ctxs: Vec<Arc<PrimaryCtx>> = Vec::new();
     let mut direct = false;
     let mut max_chunk = 0;
+    let mut unregistered_chunk: Option<u64> = None;
     for (i, s) in segs.iter().enumerate() {
         let end = s
             .remote_addr
@@ -419,10 +452,17 @@ pub(crate) fn build_plan(
         }
         let (step, gpu) = match s.local {
             LocalMem::Dram => (
-                p.chunk_size.unwrap_or(match s.direct_chunk {
-                    Some(c) if s.direct => c,
+                match (p.chunk_size, s.direct_chunk) {
+                    (Some(c), _) => c,
+                    (None, Some(l)) if s.direct => {
+                        if l.paged < l.registered {
+                            unregistered_chunk =
+                                Some(unregistered_chunk.map_or(l.paged, |u| u.min(l.paged)));
+                        }
+                        l.registered
+                    }
                     _ => DEFAULT_CHUNK,
-                }),
+                },
                 None,
             ),
             LocalMem::Vram(ctx) => {
@@ -468,6 +508,7 @@ pub(crate) fn build_plan(
         read_ends,
         direct,
         max_chunk,
+        unregistered_chunk,
         cancel_timeout: p.cancel_timeout,
         files,
         vram,
@@ -498,7 +539,7 @@ impl<'a> PlanSeg<'a> {
 
     /// Chunks DRAM segments of an `O_DIRECT` file at its device's one-request limit when
     /// [`PosixParams::chunk_size`] is `None`.
-    pub fn with_direct_chunk(mut self, chunk: Option<u64>) -> Self {
+    pub fn with_direct_chunk(mut self, chunk: Option<limits::DirectLimits>) -> Self {
         self.direct_chunk = chunk;
         self
     }
@@ -695,15 +736,15 @@ impl Backend for PosixBackend {
                 let direct = fl >= 0 && fl & libc::O_DIRECT != 0;
                 let direct_chunk = direct
                     .then(|| {
-                        limits::direct_chunk(
+                        limits::direct_limits(
                             fd.as_raw_fd(),
                             self.params().direct_alignment,
                             1 << 30,
                         )
                     })
                     .flatten();
-                if let Some(c) = direct_chunk {
-                    tracing::debug!(agent = %self.agent, chunk_kib = c >> 10, "POSIX: O_DIRECT chunk from the device's limits");
+                if let Some(l) = direct_chunk {
+                    tracing::debug!(agent = %self.agent, registered_kib = l.registered >> 10, paged_kib = l.paged >> 10, "POSIX: O_DIRECT chunks from the device's limits");
                 }
                 Ok(Arc::new(FileMd {
                     direct,
@@ -759,6 +800,9 @@ impl Backend for PosixBackend {
             "thread-pool pread/pwrite x{} ({why})",
             self.params().pool_threads
         );
+        // pread/pwrite pin pages per call: chunks at the device's segment limit.
+        let mut plan = plan;
+        plan.rechunk_unregistered();
         Ok(Box::new(pool::PoolXfer::new(
             plan,
             self.engine.pool(&self.agent)?,
@@ -806,5 +850,64 @@ impl Backend for PosixBackend {
             })),
             Err(e) => Err(Error::io(&self.agent, Op::QueryMem, e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(chunks: Vec<Chunk>, unregistered_chunk: Option<u64>) -> Plan {
+        Plan {
+            agent: "t".to_owned(),
+            backend: POSIX,
+            op: XferOp::Write,
+            max_chunk: chunks.iter().map(|c| c.len).max().unwrap_or(0),
+            chunks,
+            read_ends: Vec::new(),
+            direct: true,
+            unregistered_chunk,
+            cancel_timeout: Duration::from_secs(1),
+            files: Vec::new(),
+            vram: None,
+        }
+    }
+
+    fn chunk(buf: u64, off: u64, len: u64) -> Chunk {
+        Chunk {
+            fd: 3,
+            buf,
+            off,
+            len,
+            gpu: None,
+        }
+    }
+
+    #[test]
+    fn rechunk_splits_to_the_unregistered_size_and_covers_the_same_bytes() {
+        let mut p = plan(
+            vec![chunk(0x10000, 0, 4 << 20), chunk(0x900000, 8 << 20, 4096)],
+            Some(1016 << 10),
+        );
+        p.rechunk_unregistered();
+        assert!(p.chunks.iter().all(|c| c.len <= 1016 << 10));
+        assert_eq!(p.max_chunk, 1016 << 10);
+        assert_eq!(p.unregistered_chunk, None, "applied once");
+        let total: u64 = p.chunks.iter().map(|c| c.len).sum();
+        assert_eq!(total, (4 << 20) + 4096);
+        // Pieces are contiguous in memory and in the file, in order.
+        let mut next = (0x10000u64, 0u64);
+        for c in p.chunks.iter().take_while(|c| c.buf < 0x900000) {
+            assert_eq!((c.buf, c.off), next);
+            next = (c.buf + c.len, c.off + c.len);
+        }
+        assert_eq!(next, (0x10000 + (4 << 20), 4 << 20));
+        // A second call changes nothing; a plan without the hint is left alone.
+        let before = p.chunks.len();
+        p.rechunk_unregistered();
+        assert_eq!(p.chunks.len(), before);
+        let mut q = plan(vec![chunk(0, 0, 4 << 20)], None);
+        q.rechunk_unregistered();
+        assert_eq!(q.chunks.len(), 1);
     }
 }

@@ -107,14 +107,24 @@ pub(crate) struct UringXfer {
 
 impl UringXfer {
     /// Creates the request's ring.
-    pub fn new(plan: Plan, queue_depth: u32) -> std::io::Result<Self> {
-        let depth = (queue_depth as usize).min(plan.chunks.len()).max(1);
+    pub fn new(mut plan: Plan, queue_depth: u32) -> std::io::Result<Self> {
+        let mut depth = (queue_depth as usize).min(plan.chunks.len()).max(1);
         let entries = u32::try_from(depth.next_power_of_two()).unwrap_or(4096);
         let ring = new_ring(entries)?;
         let fixed = register_fixed(&ring, &plan.chunks).map_err(|e| {
             tracing::info!(agent = %plan.agent, error = %e, "POSIX: io_uring fixed buffers unavailable; this request pins pages per I/O");
             e.to_string()
         });
+        if fixed.is_err() {
+            // Pages pinned per I/O: smaller chunks (the device's segment limit), as many in
+            // flight as before.
+            plan.rechunk_unregistered();
+            depth = depth.max(
+                (queue_depth as usize)
+                    .min(plan.chunks.len())
+                    .min(entries as usize),
+            );
+        }
         Ok(UringXfer {
             fixed,
             done: vec![0; plan.chunks.len()],

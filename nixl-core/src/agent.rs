@@ -528,7 +528,8 @@ impl Agent {
     }
 
     /// Requests that ended uncertain (peer died or restarted, or deadline passed, while in
-    /// flight), oldest first, up to the last 4096.
+    /// flight), oldest first, up to the last 4096. A request whose `post` itself failed is not
+    /// listed: nothing of it was started, so its outcome is certain (the error says why).
     pub fn uncertain_requests(&self) -> Vec<UncertainXfer> {
         lock(&self.shared.uncertain).iter().cloned().collect()
     }

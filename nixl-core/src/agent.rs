@@ -529,7 +529,9 @@ impl Agent {
 
     /// Requests that ended uncertain (peer died or restarted, or deadline passed, while in
     /// flight), oldest first, up to the last 4096. A request whose `post` itself failed is not
-    /// listed: nothing of it was started, so its outcome is certain (the error says why).
+    /// listed: that error goes straight to the caller of `post`, and the backend no longer
+    /// touches the request's memory when it returns (part of a WRITE may have landed, as the
+    /// error's kind says for the peer-side cases).
     pub fn uncertain_requests(&self) -> Vec<UncertainXfer> {
         lock(&self.shared.uncertain).iter().cloned().collect()
     }

@@ -548,67 +548,65 @@ fn sweep(a: &Agent, o: &Opts, laddr: u64, remote: &Remote) -> Res<()> {
             "xfer_p99"
         );
     }
-    {
-        for &block in &o.blocks {
-            for &batch in &o.batches {
-                if span(block, batch) * o.threads as u64 > o.total_buffer {
-                    continue;
-                }
-                let bytes = block * batch as u64;
-                let iters = if o.iters > 0 {
-                    o.iters
-                } else {
-                    ((o.bytes_per_point / bytes as f64) as usize).clamp(8, 20_000)
-                };
-                let t0 = Instant::now();
-                let per_thread: Vec<Res<Times>> = std::thread::scope(|s| {
-                    let hs: Vec<_> = (0..o.threads)
-                        .map(|t| {
-                            s.spawn(move || thread_run(a, o, t, block, batch, laddr, remote, iters))
-                        })
-                        .collect();
-                    hs.into_iter()
-                        .map(|h| h.join().unwrap_or_else(|_| Err("thread panicked".into())))
-                        .collect()
-                });
-                let wall = t0.elapsed();
-                let mut all = Times::default();
-                for t in per_thread {
-                    let t = t?;
-                    all.prepare.extend(t.prepare);
-                    all.post.extend(t.post);
-                    all.xfer.extend(t.xfer);
-                }
-                // Bandwidth from transfer time (as NIXL's nixlbench: bytes over summed
-                // transfer time per thread, threads added).
-                let xsum: f64 =
-                    all.xfer.iter().map(Duration::as_secs_f64).sum::<f64>() / o.threads as f64;
-                let gbps = (bytes * iters as u64 * o.threads as u64) as f64 / xsum.max(1e-12) / 1e9;
-                let med = {
-                    let mut v = all.xfer.clone();
-                    v.sort();
-                    v.get(v.len() / 2)
-                        .copied()
-                        .unwrap_or_default()
-                        .as_secs_f64()
-                        * 1e6
-                };
-                let (pa, pp) = avg_p99(&mut all.prepare);
-                let (qa, qp) = avg_p99(&mut all.post);
-                let (xa, xp) = avg_p99(&mut all.xfer);
-                if o.json {
-                    println!(
-                        "{{\"impl\": \"nixl-rs\", \"op\": \"{}\", \"block\": {block}, \"batch\": {batch}, \"iters\": {iters}, \"gbps\": {gbps}, \"lat_med_us\": {med}, \"lat_p99_us\": {xp}, \"lat_avg_us\": {xa}, \"prep_avg_us\": {pa}, \"post_avg_us\": {qa}, \"wall_s\": {}}}",
-                        if o.op == XferOp::Read { "READ" } else { "WRITE" },
-                        wall.as_secs_f64()
-                    );
-                } else {
-                    println!("{block:>10} {batch:>6} {gbps:>9.3} {xa:>10.2} {pa:>10.2} {pp:>10.2} {qa:>10.2} {qp:>10.2} {xa:>10.2} {xp:>10.2}");
-                }
+    for &block in &o.blocks {
+        for &batch in &o.batches {
+            if span(block, batch) * o.threads as u64 > o.total_buffer {
+                continue;
+            }
+            let bytes = block * batch as u64;
+            let iters = if o.iters > 0 {
+                o.iters
+            } else {
+                ((o.bytes_per_point / bytes as f64) as usize).clamp(8, 20_000)
+            };
+            let t0 = Instant::now();
+            let per_thread: Vec<Res<Times>> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..o.threads)
+                    .map(|t| {
+                        s.spawn(move || thread_run(a, o, t, block, batch, laddr, remote, iters))
+                    })
+                    .collect();
+                hs.into_iter()
+                    .map(|h| h.join().unwrap_or_else(|_| Err("thread panicked".into())))
+                    .collect()
+            });
+            let wall = t0.elapsed();
+            let mut all = Times::default();
+            for t in per_thread {
+                let t = t?;
+                all.prepare.extend(t.prepare);
+                all.post.extend(t.post);
+                all.xfer.extend(t.xfer);
+            }
+            // Bandwidth from transfer time (as NIXL's nixlbench: bytes over summed
+            // transfer time per thread, threads added).
+            let xsum: f64 =
+                all.xfer.iter().map(Duration::as_secs_f64).sum::<f64>() / o.threads as f64;
+            let gbps = (bytes * iters as u64 * o.threads as u64) as f64 / xsum.max(1e-12) / 1e9;
+            let med = {
+                let mut v = all.xfer.clone();
+                v.sort();
+                v.get(v.len() / 2)
+                    .copied()
+                    .unwrap_or_default()
+                    .as_secs_f64()
+                    * 1e6
+            };
+            let (pa, pp) = avg_p99(&mut all.prepare);
+            let (qa, qp) = avg_p99(&mut all.post);
+            let (xa, xp) = avg_p99(&mut all.xfer);
+            if o.json {
+                println!(
+                    "{{\"impl\": \"nixl-rs\", \"op\": \"{}\", \"block\": {block}, \"batch\": {batch}, \"iters\": {iters}, \"gbps\": {gbps}, \"lat_med_us\": {med}, \"lat_p99_us\": {xp}, \"lat_avg_us\": {xa}, \"prep_avg_us\": {pa}, \"post_avg_us\": {qa}, \"wall_s\": {}}}",
+                    if o.op == XferOp::Read { "READ" } else { "WRITE" },
+                    wall.as_secs_f64()
+                );
+            } else {
+                println!("{block:>10} {batch:>6} {gbps:>9.3} {xa:>10.2} {pa:>10.2} {pp:>10.2} {qa:>10.2} {qp:>10.2} {xa:>10.2} {xp:>10.2}");
             }
         }
-        Ok(())
     }
+    Ok(())
 }
 
 fn main() {

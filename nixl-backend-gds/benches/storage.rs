@@ -164,8 +164,8 @@ impl Prepared {
         op: XferOp,
         iters: usize,
     ) -> Result<Duration, Box<dyn std::error::Error>> {
-        let n = self.requests(op)?.len();
         let reqs = self.requests(op)?;
+        let n = reqs.len();
         let t = Instant::now();
         for i in 0..iters {
             let r = &reqs[(self.next + i) % n];

@@ -103,24 +103,7 @@ fn eventually(mut f: impl FnMut() -> bool) -> bool {
 /// Puts raw bytes under a key, optionally with a lease of `ttl` seconds that nobody keeps
 /// alive (an agent that crashed right after publishing).
 fn raw_put(etcd: &LocalEtcd, key: &str, value: Vec<u8>, ttl: Option<i64>) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
-            .await
-            .unwrap();
-        let opts = match ttl {
-            Some(t) => Some(
-                etcd_client::PutOptions::new()
-                    .with_lease(c.lease_grant(t, None).await.unwrap().id()),
-            ),
-            None => None,
-        };
-        c.put(key, value, opts).await.unwrap();
-    });
+    etcd.put_raw(&[(key, &value)], ttl).unwrap();
 }
 
 #[test]
@@ -640,28 +623,13 @@ fn fetch_all_loads_every_peer_in_pages_and_reports_bad_entries() {
     )
     .unwrap();
     // More garbage entries than one page holds (transactions of 100 puts).
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let mut cl = etcd_client::Client::connect([etcd.endpoint()], None)
-            .await
-            .unwrap();
-        for chunk in 0..3 {
-            let ops: Vec<etcd_client::TxnOp> = (0..100)
-                .map(|i| {
-                    etcd_client::TxnOp::put(
-                        xa.key(&format!("junk{}", chunk * 100 + i), DEFAULT_LABEL),
-                        b"junk".to_vec(),
-                        None,
-                    )
-                })
-                .collect();
-            cl.txn(etcd_client::Txn::new().and_then(ops)).await.unwrap();
-        }
-    });
+    for chunk in 0..3 {
+        let keys: Vec<String> = (0..100)
+            .map(|i| xa.key(&format!("junk{}", chunk * 100 + i), DEFAULT_LABEL))
+            .collect();
+        let entries: Vec<(&str, &[u8])> = keys.iter().map(|k| (k.as_str(), &b"junk"[..])).collect();
+        etcd.put_raw(&entries, None).unwrap();
+    }
     let all = xa.fetch_all(DEFAULT_LABEL).unwrap();
     assert_eq!(all.len(), 302, "a itself and other labels are skipped");
     let ok: Vec<&str> = all

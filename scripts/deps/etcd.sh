@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs what nixl-core's `etcd` feature needs on Debian 12:
-#   - protobuf-compiler: `protoc`, which the etcd-client crate's build script runs;
+# Installs what nixl-core's `etcd` tests and examples need on Debian 12 (building the feature
+# needs nothing: its etcd client is pure Rust, no protoc):
 #   - etcd-server: the real `etcd` binary that nixl-core/tests/etcd.rs and
 #     nixl-core/examples/etcd_scale.rs start on 127.0.0.1 (Debian ships 3.4).
 # The Debian package also starts an etcd system service on a default install; the tests do
@@ -12,7 +12,6 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
 
 need=()
-command -v protoc >/dev/null 2>&1 || need+=(protobuf-compiler)
 command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
 if [ ${#need[@]} -gt 0 ]; then
     echo "etcd.sh: installing ${need[*]}"
@@ -29,4 +28,4 @@ if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet etcd 2>/d
     $SUDO systemctl disable --now etcd >/dev/null 2>&1 || true
 fi
 
-echo "etcd.sh: $(protoc --version), etcd $(etcd --version | sed -n 's/^etcd Version: //p')"
+echo "etcd.sh: etcd $(etcd --version | sed -n 's/^etcd Version: //p')"

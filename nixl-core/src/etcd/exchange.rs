@@ -3,10 +3,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{DeleteOptions, EventType, GetOptions, WatchOptions};
-
+use super::client::prefix_end;
 use super::config::{check_label, EtcdConfig, Resolved, DEFAULT_LABEL};
 use super::lease::{keep_alive, put_leased, LeaseState};
+use super::pb;
 use super::rpc::{block_on, Rpc};
 use super::watch::{self, PeerTable};
 use crate::agent::Agent;
@@ -76,26 +76,23 @@ impl EtcdExchange {
             .map_err(|e| Error::io(&me, Op::Exchange, e))?;
         let lease = Arc::new(LeaseState::default());
         let (rpc, revision) = block_on(&me, &rt, async {
-            let rpc = Rpc::connect(&me, &cfg.endpoints, cfg.request_timeout, cfg.retries).await?;
+            let rpc = Rpc::connect(&me, &cfg.endpoints, cfg.request_timeout, cfg.retries)?;
             let deadline = rpc.default_deadline();
+            let key = cfg.layout.all_prefix().into_bytes();
+            let probe = pb::RangeRequest {
+                range_end: prefix_end(&key),
+                key,
+                count_only: true,
+                ..Default::default()
+            };
             let probe = rpc
-                .call("reading the namespace", deadline, |mut c| {
-                    let key = cfg.layout.all_prefix();
-                    async move {
-                        c.get(
-                            key,
-                            Some(
-                                etcd_client::GetOptions::new()
-                                    .with_prefix()
-                                    .with_count_only(),
-                            ),
-                        )
-                        .await
-                    }
+                .call("reading the namespace", deadline, |c| {
+                    let req = probe.clone();
+                    async move { c.range(req).await }
                 })
                 .await?;
             lease.ensure(&rpc, cfg.ttl_secs, deadline).await?;
-            Ok((rpc, probe.header().map(|h| h.revision()).unwrap_or(0)))
+            Ok((rpc, probe.header.map(|h| h.revision).unwrap_or(0)))
         })?;
         let peers = Arc::new(PeerTable::starting_after(revision));
         let tasks = vec![
@@ -267,22 +264,24 @@ impl EtcdExchange {
                 .call(
                     "reading every agent's metadata",
                     self.rpc.default_deadline(),
-                    |mut c| {
-                        let (from, end) = (from.clone(), end.clone());
-                        let mut opts = GetOptions::new().with_range(end).with_limit(PAGE);
-                        if revision > 0 {
-                            opts = opts.with_revision(revision);
-                        }
-                        async move { c.get(from, Some(opts)).await }
+                    |c| {
+                        let req = pb::RangeRequest {
+                            key: from.clone(),
+                            range_end: end.clone().into_bytes(),
+                            limit: PAGE,
+                            revision,
+                            ..Default::default()
+                        };
+                        async move { c.range(req).await }
                     },
                 )
                 .await?;
             if revision == 0 {
-                revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+                revision = resp.header.as_ref().map(|h| h.revision).unwrap_or(0);
             }
-            let more = resp.more();
-            for kv in resp.kvs() {
-                out.push((kv.key().to_vec(), kv.value().to_vec()));
+            let more = resp.more;
+            for kv in resp.kvs {
+                out.push((kv.key, kv.value));
             }
             match out.last() {
                 Some((last, _)) if more => {
@@ -351,16 +350,18 @@ impl EtcdExchange {
         loop {
             let resp = self
                 .rpc
-                .call("reading metadata", self.rpc.default_deadline(), |mut c| {
-                    let key = key.to_owned();
-                    let opts =
-                        (read == Read::Serializable).then(|| GetOptions::new().with_serializable());
-                    async move { c.get(key, opts).await }
+                .call("reading metadata", self.rpc.default_deadline(), |c| {
+                    let req = pb::RangeRequest {
+                        key: key.as_bytes().to_vec(),
+                        serializable: read == Read::Serializable,
+                        ..Default::default()
+                    };
+                    async move { c.range(req).await }
                 })
                 .await?;
-            let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-            if let Some(kv) = resp.kvs().first() {
-                return Ok((kv.value().to_vec(), revision));
+            let revision = resp.header.as_ref().map(|h| h.revision).unwrap_or(0);
+            if let Some(kv) = resp.kvs.into_iter().next() {
+                return Ok((kv.value, revision));
             }
             if Instant::now() >= until {
                 return Err(Error::not_found(
@@ -387,21 +388,27 @@ impl EtcdExchange {
         revision: i64,
         until: Instant,
     ) -> Option<(Vec<u8>, i64)> {
-        let mut client = self.rpc.client.clone();
+        let client = self.rpc.client.clone();
         let left = until.saturating_duration_since(Instant::now());
         let watch = async move {
             let mut stream = client
-                .watch(key, Some(WatchOptions::new().with_start_revision(revision)))
+                .watch(pb::WatchCreateRequest {
+                    key: key.as_bytes().to_vec(),
+                    start_revision: revision,
+                    ..Default::default()
+                })
                 .await
                 .ok()?;
             loop {
                 let resp = stream.message().await.ok()??;
-                if resp.canceled() {
+                if resp.canceled {
                     return None;
                 }
-                for ev in resp.events() {
-                    if let (EventType::Put, Some(kv)) = (ev.event_type(), ev.kv()) {
-                        return Some((kv.value().to_vec(), kv.mod_revision()));
+                for ev in resp.events {
+                    if let (Ok(pb::EventType::Put), Some(kv)) =
+                        (pb::EventType::try_from(ev.r#type), ev.kv)
+                    {
+                        return Some((kv.value, kv.mod_revision));
                     }
                 }
             }
@@ -416,12 +423,12 @@ impl EtcdExchange {
         let prefix = self.cfg.layout.agent_prefix(self.agent.name());
         self.run(
             self.rpc
-                .call("deleting metadata", self.rpc.default_deadline(), |mut c| {
-                    let prefix = prefix.clone();
-                    async move {
-                        c.delete(prefix, Some(DeleteOptions::new().with_prefix()))
-                            .await
-                    }
+                .call("deleting metadata", self.rpc.default_deadline(), |c| {
+                    let req = pb::DeleteRangeRequest {
+                        range_end: prefix_end(prefix.as_bytes()),
+                        key: prefix.clone().into_bytes(),
+                    };
+                    async move { c.delete_range(req).await }
                 }),
         )
         .map(|_| ())
@@ -454,7 +461,7 @@ impl EtcdExchange {
             result = rt
                 .block_on(
                     self.rpc
-                        .call("revoking the lease", deadline, |mut c| async move {
+                        .call("revoking the lease", deadline, |c| async move {
                             c.lease_revoke(id).await
                         }),
                 )

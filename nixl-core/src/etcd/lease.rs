@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::PutOptions;
-
+use super::client::EtcdError;
+use super::pb;
 use super::rpc::Rpc;
 use crate::error::Result;
 
@@ -46,30 +46,18 @@ impl LeaseState {
             return Ok(id);
         }
         let resp = rpc
-            .call("granting a lease", deadline, |mut c| async move {
-                c.lease_grant(ttl_secs, None).await
+            .call("granting a lease", deadline, |c| async move {
+                c.lease_grant(ttl_secs).await
             })
             .await?;
-        self.id.store(resp.id(), Ordering::SeqCst);
-        tracing::debug!(agent = %rpc.agent, lease = resp.id(), ttl = resp.ttl(), "etcd lease granted");
-        Ok(resp.id())
+        self.id.store(resp.id, Ordering::SeqCst);
+        tracing::debug!(agent = %rpc.agent, lease = resp.id, ttl = resp.ttl, "etcd lease granted");
+        Ok(resp.id)
     }
 
     /// Takes the lease away for revoking; later publishes grant a new one.
     pub fn take(&self) -> i64 {
         self.id.swap(0, Ordering::SeqCst)
-    }
-}
-
-/// Whether `e` says the lease no longer exists on the server.
-pub(crate) fn is_lease_gone(e: &etcd_client::Error) -> bool {
-    match e {
-        etcd_client::Error::GRpcStatus(s) => {
-            i32::from(s.code()) == super::rpc::GRPC_NOT_FOUND
-                || s.message().contains("lease not found")
-        }
-        etcd_client::Error::LeaseKeepAliveError(m) => m.contains("not found"),
-        _ => false,
     }
 }
 
@@ -87,9 +75,13 @@ pub(crate) async fn put_leased(
     loop {
         let id = lease.ensure(rpc, ttl_secs, deadline).await?;
         let r = rpc
-            .call("publishing metadata", deadline, |mut c| {
-                let (k, v) = (key.clone(), value.clone());
-                async move { c.put(k, v, Some(PutOptions::new().with_lease(id))).await }
+            .call("publishing metadata", deadline, |c| {
+                let req = pb::PutRequest {
+                    key: key.clone().into_bytes(),
+                    value: value.clone(),
+                    lease: id,
+                };
+                async move { c.put(req).await }
             })
             .await;
         match r {
@@ -97,8 +89,8 @@ pub(crate) async fn put_leased(
                 source: Some(src), ..
             }) if !regranted
                 && src
-                    .downcast_ref::<etcd_client::Error>()
-                    .is_some_and(is_lease_gone) =>
+                    .downcast_ref::<EtcdError>()
+                    .is_some_and(EtcdError::is_lease_gone) =>
             {
                 lease.lost(id);
                 regranted = true;
@@ -121,11 +113,11 @@ pub(crate) async fn keep_alive(rpc: Rpc, lease: Arc<LeaseState>, ttl_secs: i64) 
             tokio::time::sleep(interval).await;
             continue;
         }
-        let mut client = rpc.client.clone();
-        let started = tokio::time::timeout(rpc.request_timeout, client.lease_keep_alive(id)).await;
-        let (mut keeper, mut stream) = match started {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(e)) if is_lease_gone(&e) => {
+        let started =
+            tokio::time::timeout(rpc.request_timeout, rpc.client.lease_keep_alive(id)).await;
+        let mut keeper = match started {
+            Ok(Ok(k)) => k,
+            Ok(Err(e)) if e.is_lease_gone() => {
                 lease.lost(id);
                 continue;
             }
@@ -144,18 +136,14 @@ pub(crate) async fn keep_alive(rpc: Rpc, lease: Arc<LeaseState>, ttl_secs: i64) 
             if lease.id() != id {
                 break;
             }
-            let answer = tokio::time::timeout(rpc.request_timeout, async {
-                keeper.keep_alive().await?;
-                stream.message().await
-            })
-            .await;
+            let answer = tokio::time::timeout(rpc.request_timeout, keeper.keep_alive()).await;
             match answer {
-                Ok(Ok(Some(r))) if r.ttl() > 0 => {}
-                Ok(Ok(Some(_))) => {
+                Ok(Ok(ttl)) if ttl > 0 => {}
+                Ok(Ok(_)) => {
                     lease.lost(id);
                     break;
                 }
-                Ok(Ok(None)) | Ok(Err(_)) | Err(_) => {
+                Ok(Err(_)) | Err(_) => {
                     tracing::debug!(agent = %rpc.agent, lease = id, "etcd keep-alive interrupted; reconnecting");
                     break;
                 }

@@ -7,6 +7,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::client::{Client, ConnectOptions, EtcdError};
+use super::pb;
 use crate::error::{Error, Op, Result};
 
 /// The environment variable naming the etcd binary (default: `etcd` on `PATH`).
@@ -187,6 +189,55 @@ impl LocalEtcd {
     pub fn restart(&mut self) -> Result<()> {
         self.kill();
         self.spawn()
+    }
+
+    /// Writes `entries` straight into etcd in one transaction, bypassing every agent and
+    /// check: what any process with write access to etcd can do. For tests of hostile,
+    /// stale or foreign keys. With `lease_ttl` (seconds) the keys are attached to a fresh
+    /// lease that nobody keeps alive, like those of an agent that crashed right after
+    /// publishing: they vanish after the TTL.
+    pub fn put_raw(&self, entries: &[(&str, &[u8])], lease_ttl: Option<i64>) -> Result<()> {
+        let me = "local-etcd";
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| err("starting a runtime", e))?;
+        let backend = |e: EtcdError| Error::Backend {
+            agent: me.to_owned(),
+            backend: "etcd".to_owned(),
+            op: Op::Exchange,
+            message: format!("raw put: {e}"),
+            source: Some(Box::new(e)),
+        };
+        rt.block_on(async {
+            let opts = ConnectOptions {
+                connect_timeout: Duration::from_secs(5),
+                keep_alive_interval: Duration::from_secs(5),
+                keep_alive_timeout: Duration::from_secs(5),
+            };
+            let c = Client::connect(&[self.endpoint()], opts).map_err(backend)?;
+            let lease = match lease_ttl {
+                Some(ttl) => c.lease_grant(ttl).await.map_err(backend)?.id,
+                None => 0,
+            };
+            let success = entries
+                .iter()
+                .map(|(k, v)| pb::RequestOp {
+                    request: Some(pb::request_op::Request::Put(pb::PutRequest {
+                        key: k.as_bytes().to_vec(),
+                        value: v.to_vec(),
+                        lease,
+                    })),
+                })
+                .collect();
+            c.txn(pb::TxnRequest {
+                success,
+                failure: Vec::new(),
+            })
+            .await
+            .map_err(backend)?;
+            Ok(())
+        })
     }
 
     /// Freezes (`SIGSTOP`) or thaws (`SIGCONT`) the server: a frozen server accepts

@@ -1,4 +1,4 @@
-//! Metadata exchange through etcd (feature `etcd`; building it needs `protoc`).
+//! Metadata exchange through etcd (feature `etcd`; pure Rust: building it needs no `protoc`).
 //!
 //! Large deployments publish agent metadata to etcd instead of dialling every peer's side
 //! channel. Each agent opens an [`EtcdExchange`], which
@@ -42,10 +42,12 @@
 //! # Ok(()) }
 //! ```
 
+mod client;
 mod config;
 mod exchange;
 mod lease;
 mod local;
+mod pb;
 mod rpc;
 mod watch;
 

@@ -4,8 +4,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, ConnectOptions};
-
+use super::client::{Client, ConnectOptions, EtcdError};
 use crate::error::{Error, Op, Result};
 
 /// Longest pause between two attempts.
@@ -13,29 +12,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// First pause between two attempts.
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 
-// gRPC status codes (stable across gRPC implementations).
-const GRPC_UNKNOWN: i32 = 2;
-const GRPC_DEADLINE_EXCEEDED: i32 = 4;
-pub(crate) const GRPC_NOT_FOUND: i32 = 5;
-const GRPC_ABORTED: i32 = 10;
-const GRPC_UNAVAILABLE: i32 = 14;
-
-/// Whether an etcd error may go away on its own (the server restarting, a leader election,
-/// a dropped connection), so the request is worth retrying.
-pub(crate) fn is_transient(e: &etcd_client::Error) -> bool {
-    use etcd_client::Error as E;
-    match e {
-        E::TransportError(_) | E::IoError(_) => true,
-        E::GRpcStatus(s) => matches!(
-            i32::from(s.code()),
-            GRPC_UNKNOWN | GRPC_DEADLINE_EXCEEDED | GRPC_ABORTED | GRPC_UNAVAILABLE
-        ),
-        _ => false,
-    }
-}
-
 /// Wraps an etcd error as [`Error::Backend`] with the native error as its source.
-pub(crate) fn etcd_error(agent: &str, what: &str, e: etcd_client::Error) -> Error {
+pub(crate) fn etcd_error(agent: &str, what: &str, e: EtcdError) -> Error {
     Error::Backend {
         agent: agent.to_owned(),
         backend: "etcd".to_owned(),
@@ -56,25 +34,20 @@ pub(crate) struct Rpc {
 
 impl Rpc {
     /// Creates the client (connections are made lazily; a dead endpoint shows up as errors of
-    /// the first requests).
-    pub async fn connect(
+    /// the first requests). Must run inside the exchange's runtime.
+    pub fn connect(
         agent: &str,
         endpoints: &[String],
         request_timeout: Duration,
         retries: u32,
     ) -> Result<Self> {
-        let opts = ConnectOptions::new()
-            .with_connect_timeout(request_timeout)
+        let opts = ConnectOptions {
+            connect_timeout: request_timeout,
             // HTTP/2 pings find a server that stopped answering under a long-lived watch.
-            .with_keep_alive(Duration::from_secs(2), request_timeout)
-            .with_keep_alive_while_idle(true);
-        let client = tokio::time::timeout(request_timeout, Client::connect(endpoints, Some(opts)))
-            .await
-            .map_err(|_| Error::TimedOut {
-                agent: agent.to_owned(),
-                op: Op::Exchange,
-                elapsed: request_timeout,
-            })?
+            keep_alive_interval: Duration::from_secs(2),
+            keep_alive_timeout: request_timeout,
+        };
+        let client = Client::connect(endpoints, opts)
             .map_err(|e| etcd_error(agent, "connecting to etcd", e))?;
         Ok(Rpc {
             agent: agent.to_owned(),
@@ -90,7 +63,7 @@ impl Rpc {
     pub async fn call<T, F, Fut>(&self, what: &str, deadline: Instant, mut f: F) -> Result<T>
     where
         F: FnMut(Client) -> Fut,
-        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+        Fut: Future<Output = std::result::Result<T, EtcdError>>,
     {
         let start = Instant::now();
         let mut backoff = FIRST_BACKOFF;
@@ -100,7 +73,7 @@ impl Rpc {
             let budget = left.min(self.request_timeout);
             let err = match tokio::time::timeout(budget, f(self.client.clone())).await {
                 Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) if is_transient(&e) => etcd_error(&self.agent, what, e),
+                Ok(Err(e)) if e.is_transient() => etcd_error(&self.agent, what, e),
                 Ok(Err(e)) => return Err(etcd_error(&self.agent, what, e)),
                 Err(_) => Error::TimedOut {
                     agent: self.agent.clone(),

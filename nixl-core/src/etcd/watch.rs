@@ -7,9 +7,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use etcd_client::{EventType, WatchOptions, WatchResponse};
-
+use super::client::prefix_end;
 use super::config::KeyLayout;
+use super::pb;
 use super::rpc::Rpc;
 use crate::agent::{lock, Agent, Shared};
 use crate::codec::AgentMetadata;
@@ -89,13 +89,13 @@ impl PeerTable {
     }
 
     /// Applies one watch response and returns the `(peer, generation)`s to invalidate.
-    fn apply(&self, layout: &KeyLayout, me: &str, resp: &WatchResponse) -> Vec<(String, u64)> {
+    fn apply(&self, layout: &KeyLayout, me: &str, resp: &pb::WatchResponse) -> Vec<(String, u64)> {
         let mut st = lock(&self.state);
         let mut gone = Vec::new();
-        for ev in resp.events() {
-            let Some(kv) = ev.kv() else { continue };
-            st.handled = st.handled.max(kv.mod_revision());
-            let Some((agent, label)) = layout.parse(kv.key()) else {
+        for ev in &resp.events {
+            let Some(kv) = &ev.kv else { continue };
+            st.handled = st.handled.max(kv.mod_revision);
+            let Some((agent, label)) = layout.parse(&kv.key) else {
                 continue;
             };
             if agent == me {
@@ -108,24 +108,25 @@ impl PeerTable {
                 continue;
             }
             let generation = w.generation;
-            let still_valid = match ev.event_type() {
-                EventType::Delete => false,
+            let still_valid = match pb::EventType::try_from(ev.r#type) {
                 // Republished: the same incarnation (new registrations) keeps the peer;
                 // another incarnation or bytes that do not decode fence it.
-                EventType::Put => AgentMetadata::decode(kv.value())
+                Ok(pb::EventType::Put) => AgentMetadata::decode(&kv.value)
                     .is_ok_and(|md| md.name == agent && md.generation == generation),
+                // A deletion (or an event type newer than this client) fences it.
+                _ => false,
             };
             if !still_valid {
                 st.peers.remove(&agent);
                 gone.push((agent, generation));
             }
         }
-        if resp.events().is_empty() && !resp.created() && !resp.canceled() {
+        if resp.events.is_empty() && !resp.created && !resp.canceled {
             // A progress notification: every event up to the header's revision was sent.
             // (Not a creation answer: its header is the current revision, but catch-up
             // events from the start revision may still follow.)
-            if let Some(h) = resp.header() {
-                st.handled = st.handled.max(h.revision());
+            if let Some(h) = &resp.header {
+                st.handled = st.handled.max(h.revision);
             }
         }
         gone
@@ -157,16 +158,14 @@ pub(crate) async fn run(
     let mut next = start_revision;
     let mut backoff = Duration::from_millis(100);
     loop {
-        let opts = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(next)
-            .with_progress_notify();
-        let mut client = rpc.client.clone();
-        let stream = tokio::time::timeout(
-            rpc.request_timeout,
-            client.watch(layout.all_prefix(), Some(opts)),
-        )
-        .await;
+        let key = layout.all_prefix().into_bytes();
+        let create = pb::WatchCreateRequest {
+            range_end: prefix_end(&key),
+            key,
+            start_revision: next,
+            progress_notify: true,
+        };
+        let stream = tokio::time::timeout(rpc.request_timeout, rpc.client.watch(create)).await;
         let mut stream = match stream {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
@@ -181,8 +180,8 @@ pub(crate) async fn run(
             match stream.message().await {
                 Ok(Some(resp)) => {
                     backoff = Duration::from_millis(100);
-                    if resp.compact_revision() > 0 || resp.canceled() {
-                        tracing::warn!(agent = %me, compact = resp.compact_revision(), reason = resp.cancel_reason(), "etcd watch canceled; re-reading watched peers");
+                    if resp.compact_revision > 0 || resp.canceled {
+                        tracing::warn!(agent = %me, compact = resp.compact_revision, reason = %resp.cancel_reason, "etcd watch canceled; re-reading watched peers");
                         match reconcile(&rpc, &layout, &shared, &table).await {
                             Some(resume) => next = resume,
                             None => {
@@ -231,20 +230,19 @@ async fn reconcile(
         for label in labels {
             let key = layout.key(&peer, &label);
             let resp = rpc
-                .call(
-                    "re-reading a watched key",
-                    rpc.default_deadline(),
-                    |mut c| {
-                        let key = key.clone();
-                        async move { c.get(key, None).await }
-                    },
-                )
+                .call("re-reading a watched key", rpc.default_deadline(), |c| {
+                    let req = pb::RangeRequest {
+                        key: key.clone().into_bytes(),
+                        ..Default::default()
+                    };
+                    async move { c.range(req).await }
+                })
                 .await
                 .ok()?;
-            let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+            let rev = resp.header.as_ref().map(|h| h.revision).unwrap_or(0);
             revision = Some(revision.map_or(rev, |r: i64| r.min(rev)));
-            let ok = resp.kvs().first().is_some_and(|kv| {
-                AgentMetadata::decode(kv.value())
+            let ok = resp.kvs.first().is_some_and(|kv| {
+                AgentMetadata::decode(&kv.value)
                     .is_ok_and(|md| md.name == peer && md.generation == generation)
             });
             if !ok {
@@ -265,12 +263,18 @@ async fn reconcile(
             .call(
                 "reading the revision",
                 rpc.default_deadline(),
-                |mut c| async move { c.get("\0", None).await },
+                |c| async move {
+                    c.range(pb::RangeRequest {
+                        key: vec![0],
+                        ..Default::default()
+                    })
+                    .await
+                },
             )
             .await
             .ok()?
-            .header()
-            .map(|h| h.revision())?,
+            .header
+            .map(|h| h.revision)?,
     };
     let mut st = lock(&table.state);
     st.handled = st.handled.max(resume);

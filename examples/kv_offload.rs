@@ -100,9 +100,9 @@ mod offload {
         }
         if a.blocks == 0
             || a.per_object == 0
-            || a.blocks % a.per_object != 0
+            || !a.blocks.is_multiple_of(a.per_object)
             || a.block == 0
-            || a.block % 4096 != 0
+            || !a.block.is_multiple_of(4096)
         {
             return Err("--blocks must be a non-zero multiple of --blocks-per-object, --block-kib a multiple of 4".into());
         }

@@ -2,15 +2,38 @@
 # Sets up the machine (scripts/setup.sh) and runs the whole test suite: every crate, every
 # feature that builds without a GPU (unit, scenario, conformance, two-process and doc tests),
 # then the main job (examples/disagg_kv) in both directions, which verifies every byte.
+#
+# A test whose dependency is missing fails here instead of passing silently
+# (nixl_core::testing): every dependency the set-up installs is required; only what a CPU
+# machine cannot have may skip (NIXL_ALLOW_SKIP). The skips are counted by reason at the end.
+# Extra arguments go to `cargo test` (e.g. `scripts/test.sh -p nixl-core`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 # shellcheck disable=SC1091
 source .deps/env.sh
+
+export NIXL_REQUIRE_DEPS="${NIXL_REQUIRE_DEPS:-1}"
+export NIXL_ALLOW_SKIP="${NIXL_ALLOW_SKIP:-gpu,multi-gpu,rocm-gpu,cuda-ucx,efa,fi-hmem,nvidia-fs}"
+export NIXL_SKIP_LOG="${NIXL_SKIP_LOG:-$(pwd)/target/skips.log}"
+mkdir -p "$(dirname "$NIXL_SKIP_LOG")"
+: >"$NIXL_SKIP_LOG"
+
+skip_summary() {
+    echo "== skipped tests by missing dependency (required here: all but $NIXL_ALLOW_SKIP):"
+    if [ -s "$NIXL_SKIP_LOG" ]; then
+        cut -f1 "$NIXL_SKIP_LOG" | sort | uniq -c | sort -rn
+        echo "   (details: $NIXL_SKIP_LOG)"
+    else
+        echo "   none"
+    fi
+}
+trap skip_summary EXIT
+
 cargo test --workspace --all-features --no-fail-fast "$@"
 for op in write read; do
-  echo "== main job: disagg_kv --op $op"
-  cargo run --quiet --all-features --example disagg_kv -- --op "$op" --requests 8 --layers 4 --blocks 64 --block-bytes 65536
+    echo "== main job: disagg_kv --op $op"
+    cargo run --quiet --all-features --example disagg_kv -- --op "$op" --requests 8 --layers 4 --blocks 64 --block-bytes 65536
 done
 echo "== main job over libfabric (shm)"
 cargo run --quiet --all-features --example disagg_kv -- --op write --requests 4 --layers 4 --blocks 64 --block-bytes 65536 --backend libfabric --provider shm

@@ -22,6 +22,7 @@ use support::{buf, params, signal, unique, Target, DEADLINE, SHM, TCP};
 const CHILD: &str = "child_role";
 
 #[test]
+#[ignore = "child process entry point: spawned (with --ignored) by a parent test of this file"]
 fn child_role() {
     support::child_entry();
 }

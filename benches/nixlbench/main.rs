@@ -29,6 +29,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "posix")]
 use nixl::storage::{FileRegion, OpenFlags};
 use nixl::ucx::UcxParams;
 use nixl::{Agent, AgentConfig, MemKind, XferDescList, XferOp, XferOptions, XferState, XferTarget};
@@ -352,13 +353,16 @@ enum Remote {
     /// The spawned target process's memory at this address.
     Peer(u64),
     /// A file of this agent (storage backends).
+    #[cfg(feature = "posix")]
     File(Arc<FileRegion>),
 }
 
 impl Remote {
     fn agent<'a>(&self, a: &'a Agent) -> &'a str {
+        let _ = a; // only storage targets name the agent itself
         match self {
             Remote::Peer(_) => "nixlbench-target",
+            #[cfg(feature = "posix")]
             Remote::File(_) => a.name(),
         }
     }
@@ -366,6 +370,7 @@ impl Remote {
     fn descs(&self, kind: MemKind, off: u64, block: u64, batch: usize) -> XferDescList {
         match self {
             Remote::Peer(addr) => descs(kind, addr + off, block, batch),
+            #[cfg(feature = "posix")]
             Remote::File(f) => XferDescList::from_descs(
                 MemKind::File,
                 (0..batch as u64).map(|i| f.desc_at(off + i * (block + PAGE), block)),
@@ -490,6 +495,17 @@ fn initiator(o: &Opts) -> Res<()> {
 }
 
 /// One process: memory <-> a file in `--filepath` through POSIX or GDS.
+#[cfg(not(feature = "posix"))]
+fn storage(o: &Opts) -> Res<()> {
+    Err(format!(
+        "--backend {:?} needs the storage backends: cargo bench --features posix (gds for GDS)",
+        o.backend
+    )
+    .into())
+}
+
+/// One process: memory <-> a file in `--filepath` through POSIX or GDS.
+#[cfg(feature = "posix")]
 fn storage(o: &Opts) -> Res<()> {
     let a = Agent::new(
         "nixlbench",

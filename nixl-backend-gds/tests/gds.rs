@@ -36,7 +36,11 @@ fn gds_agent(tag: &str, mut params: GdsParams) -> Option<Agent> {
     match a.create_backend(params) {
         Ok(_) => Some(a),
         Err(Error::Unavailable { what, hint }) => {
-            eprintln!("skipping: GDS unavailable: {what}: {hint}");
+            nixl_core::testing::skip(
+                &format!("gds {tag}"),
+                nixl_core::testing::Dep::Gpu,
+                format!("GDS unavailable: {what}: {hint}"),
+            );
             None
         }
         Err(e) => panic!("creating GDS: unexpected error {e}"),
@@ -156,7 +160,11 @@ fn vram_file_roundtrip_with_throughput() {
     let dev = match nixl_mem::DeviceBuffer::new(0, LEN) {
         Ok(d) => Arc::new(d),
         Err(e) => {
-            eprintln!("skipping: no device buffer: {e}");
+            nixl_core::testing::skip(
+                "gds device buffer",
+                nixl_core::testing::Dep::Gpu,
+                format!("no device buffer: {e}"),
+            );
             return;
         }
     };
@@ -350,7 +358,11 @@ fn fallback_when_cufile_refuses_a_file_is_reported_and_moves_data() {
     ) {
         (Ok(d), Ok(b)) => (Arc::new(d), Arc::new(b)),
         (Err(e), _) | (_, Err(e)) => {
-            eprintln!("skipping the VRAM part: {e}");
+            nixl_core::testing::skip(
+                "gds fallback VRAM part",
+                nixl_core::testing::Dep::Gpu,
+                format!("no device buffer: {e}"),
+            );
             return;
         }
     };
@@ -425,7 +437,11 @@ fn gds_vram_cancel_in_flight() {
     let dev = match nixl_mem::DeviceBuffer::new(0, LEN) {
         Ok(d) => Arc::new(d),
         Err(e) => {
-            eprintln!("skipping: {e}");
+            nixl_core::testing::skip(
+                "gds_vram_cancel_in_flight",
+                nixl_core::testing::Dep::Gpu,
+                format!("no device buffer: {e}"),
+            );
             return;
         }
     };

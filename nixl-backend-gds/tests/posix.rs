@@ -157,9 +157,11 @@ fn io_uring_engine_is_available_here_or_reported() {
         ..Default::default()
     }) {
         Ok(_) => {}
-        Err(Error::Unavailable { what, hint }) => {
-            eprintln!("skipping: io_uring unavailable here: {what}: {hint}")
-        }
+        Err(Error::Unavailable { what, hint }) => nixl_core::testing::skip(
+            "io_uring_backend",
+            nixl_core::testing::Dep::IoUring,
+            format!("io_uring unavailable here: {what}: {hint}"),
+        ),
         Err(e) => panic!("unexpected error: {e}"),
     }
 }

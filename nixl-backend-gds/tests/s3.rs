@@ -22,7 +22,8 @@ macro_rules! server_or_skip {
         match common::server() {
             Ok(s) => s,
             Err(why) => {
-                eprintln!("skipping: {why}");
+                let test = std::thread::current().name().unwrap_or("s3").to_owned();
+                nixl_core::testing::skip(&test, nixl_core::testing::Dep::S3, why);
                 return;
             }
         }

@@ -48,7 +48,11 @@ fn device(len: usize) -> Option<Arc<DeviceBuffer>> {
     match DeviceBuffer::new(0, len) {
         Ok(d) => Some(Arc::new(d)),
         Err(e) => {
-            eprintln!("skipping: no CUDA device buffer: {e}");
+            nixl_core::testing::skip(
+                "vram_file",
+                nixl_core::testing::Dep::Gpu,
+                format!("no CUDA device buffer: {e}"),
+            );
             None
         }
     }

@@ -30,7 +30,11 @@ fn params() -> LibfabricParams {
 #[test]
 fn dram_to_vram_and_back() {
     if !nixl_mem::cuda_is_available() {
-        eprintln!("skipping: no CUDA device");
+        nixl_core::testing::skip(
+            "libfabric dram_to_vram_and_back",
+            nixl_core::testing::Dep::Gpu,
+            "no CUDA device",
+        );
         return;
     }
     let a = Agent::new(
@@ -46,7 +50,11 @@ fn dram_to_vram_and_back() {
     match a.create_backend(params()) {
         Ok(_) => {}
         Err(e @ Error::Unavailable { .. }) => {
-            eprintln!("skipping: no libfabric provider with FI_HMEM here: {e}");
+            nixl_core::testing::skip(
+                "libfabric dram_to_vram_and_back",
+                nixl_core::testing::Dep::FiHmem,
+                format!("no libfabric provider with FI_HMEM here: {e}"),
+            );
             return;
         }
         Err(e) => panic!("{e}"),

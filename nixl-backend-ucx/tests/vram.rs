@@ -16,7 +16,7 @@ fn dram_to_vram_and_back() {
         return;
     }
     if !nixl_mem::cuda_is_available() {
-        eprintln!("vram: SKIPPED: no CUDA device");
+        nixl_core::testing::skip("ucx vram", nixl_core::testing::Dep::Gpu, "no CUDA device");
         return;
     }
     // Default transports: cuda_copy / cuda_ipc where UCX has them.
@@ -27,7 +27,11 @@ fn dram_to_vram_and_back() {
         .expect("caps")
         .supports(MemKind::Vram)
     {
-        eprintln!("vram: SKIPPED: this UCX is not CUDA-aware (install the libucx-cu13 wheel and the NVIDIA driver)");
+        nixl_core::testing::skip(
+            "ucx vram",
+            nixl_core::testing::Dep::CudaUcx,
+            "this UCX is not CUDA-aware (install the libucx-cu13 wheel and the NVIDIA driver)",
+        );
         return;
     }
     let len = 4 << 20;

@@ -75,6 +75,7 @@ mod registration;
 mod remote;
 pub mod sidechannel;
 mod telemetry;
+pub mod testing;
 mod xfer;
 
 pub use agent::{Agent, AgentConfig};

@@ -21,7 +21,12 @@ fn server() -> Option<LocalEtcd> {
     match LocalEtcd::start() {
         Ok(e) => Some(e),
         Err(Error::Unavailable { what, hint }) => {
-            eprintln!("skipping: {what} is unavailable ({hint})");
+            let test = std::thread::current().name().unwrap_or("etcd").to_owned();
+            nixl_core::testing::skip(
+                &test,
+                nixl_core::testing::Dep::Etcd,
+                format!("{what} is unavailable ({hint})"),
+            );
             None
         }
         Err(e) => panic!("starting etcd failed: {e}"),
@@ -352,6 +357,7 @@ const CHILD_ENV: &str = "NIXL_ETCD_TEST_CHILD_ENDPOINT";
 /// Not a test on its own: the crashing peer of `crashed_process_disappears_after_its_ttl`,
 /// run in a child process. Publishes, says so, and waits to be killed.
 #[test]
+#[ignore = "child process entry point: spawned (with --ignored) by a parent test of this file"]
 fn crash_child_process() {
     let Ok(endpoint) = std::env::var(CHILD_ENV) else {
         return;
@@ -378,6 +384,7 @@ fn crashed_process_disappears_after_its_ttl() {
         .args([
             "--exact",
             "crash_child_process",
+            "--ignored",
             "--nocapture",
             "--test-threads",
             "1",

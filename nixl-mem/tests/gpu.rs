@@ -147,6 +147,7 @@ fn gpu_ipc_between_two_processes() {
 }
 
 #[test]
+#[ignore = "child process entry point: spawned (with --ignored) by a parent test of this file"]
 fn gpu_ipc_child() {
     if std::env::var(ROLE).as_deref() != Ok("ipc") {
         return;

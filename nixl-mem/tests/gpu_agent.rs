@@ -120,6 +120,7 @@ fn gpu_agent_two_processes_vram_and_dram() {
 }
 
 #[test]
+#[ignore = "child process entry point: spawned (with --ignored) by a parent test of this file"]
 fn gpu_agent_initiator() {
     if std::env::var(ROLE).as_deref() != Ok("initiator") {
         return;

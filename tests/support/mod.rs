@@ -44,7 +44,11 @@ pub fn ucx_or_skip(test: &str) -> bool {
             true
         }
         Err(e) => {
-            eprintln!("{test}: SKIPPED: no usable UCX (run scripts/deps/ucx.sh): {e}");
+            nixl::core::testing::skip(
+                test,
+                nixl::core::testing::Dep::Ucx,
+                format!("no usable UCX (run scripts/deps/ucx.sh): {e}"),
+            );
             false
         }
     }
@@ -143,7 +147,13 @@ impl Target {
     pub fn spawn(test: &str, parent: &Agent, name: &str, tls: &str, len: usize) -> Target {
         let exe = std::env::current_exe().expect("test binary path");
         let child = Command::new(exe)
-            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                test,
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(ROLE, "target")
             .env(
                 PARENT_ADDR,

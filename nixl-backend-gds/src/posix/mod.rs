@@ -125,7 +125,7 @@ impl PosixParams {
         }
         if self.bounce_chunk == 0
             || self.bounce_chunk > 1 << 30
-            || self.bounce_chunk % self.direct_alignment != 0
+            || !self.bounce_chunk.is_multiple_of(self.direct_alignment)
         {
             return bad(
                 "bounce_chunk must be a non-zero multiple of direct_alignment of at most 1 GiB",

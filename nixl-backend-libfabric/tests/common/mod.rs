@@ -2,26 +2,36 @@
 #![allow(dead_code)]
 
 use nixl_backend_libfabric::{library_status, LibfabricParams};
+use nixl_core::testing::{skip, Dep};
 use nixl_core::{Agent, AgentConfig, Error};
 
-/// True (after printing why) when libfabric or the provider is missing here, so the caller
-/// skips. Run `scripts/deps/libfabric.sh` to install what the tests need.
+/// True (after reporting the skip, see `nixl_core::testing::skip`) when libfabric or the
+/// provider is missing here, so the caller returns. Run `scripts/deps/libfabric.sh` to
+/// install what the tests need; `efa` and other hardware providers count as [`Dep::Efa`].
 pub fn skip_without_provider(provider: &str) -> bool {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("libfabric test")
+        .to_owned();
     if let Err(e) = library_status() {
-        eprintln!("skipping: libfabric is not loadable ({e}); run scripts/deps/libfabric.sh");
+        skip(
+            &test,
+            Dep::Libfabric,
+            format!("libfabric is not loadable ({e}); run scripts/deps/libfabric.sh"),
+        );
         return true;
     }
-    let a = match Agent::new("probe", AgentConfig::default()) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("skipping: {e}");
-            return true;
-        }
-    };
+    let a = Agent::new("probe", AgentConfig::default()).expect("creating a probe agent");
     match a.create_backend(LibfabricParams::with_provider(provider)) {
         Ok(_) => false,
         Err(e @ Error::Unavailable { .. }) => {
-            eprintln!("skipping: provider {provider} unavailable: {e}");
+            // tcp, shm and sockets come with libfabric here; anything else is hardware (EFA,
+            // verbs) this machine may not have.
+            let dep = match provider {
+                "tcp" | "shm" | "sockets" => Dep::Libfabric,
+                _ => Dep::Efa,
+            };
+            skip(&test, dep, format!("provider {provider} unavailable: {e}"));
             true
         }
         Err(e) => panic!("creating a {provider} backend failed: {e}"),

@@ -30,7 +30,11 @@ pub fn ucx_or_skip(test: &str) -> bool {
             true
         }
         Err(e) => {
-            eprintln!("{test}: SKIPPED: no usable UCX: {e}");
+            nixl_core::testing::skip(
+                test,
+                nixl_core::testing::Dep::Ucx,
+                format!("no usable UCX (run scripts/deps/ucx.sh): {e}"),
+            );
             false
         }
     }

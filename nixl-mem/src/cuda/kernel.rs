@@ -121,9 +121,9 @@ impl Default for KernelShape {
 }
 
 fn size_text(n: u64) -> String {
-    if n >= 1 << 20 && n % (1 << 20) == 0 {
+    if n >= 1 << 20 && n.is_multiple_of(1 << 20) {
         format!("{}m", n >> 20)
-    } else if n >= 1 << 10 && n % (1 << 10) == 0 {
+    } else if n >= 1 << 10 && n.is_multiple_of(1 << 10) {
         format!("{}k", n >> 10)
     } else {
         n.to_string()
@@ -206,7 +206,7 @@ impl FromStr for KernelShape {
 impl KernelShape {
     /// Whether every field is in range; the error names the first that is not.
     pub fn validate(&self) -> Result<(), String> {
-        if self.chunk % 16 != 0 || !(4 << 10..=1 << 30).contains(&self.chunk) {
+        if !self.chunk.is_multiple_of(16) || !(4 << 10..=1 << 30).contains(&self.chunk) {
             return Err(format!(
                 "copy kernel chunk {} is not a multiple of 16 from 4 KiB to 1 GiB",
                 self.chunk
@@ -218,7 +218,7 @@ impl KernelShape {
                 self.ctas_per_sm
             ));
         }
-        if self.threads % 32 != 0 || !(32..=1024).contains(&self.threads) {
+        if !self.threads.is_multiple_of(32) || !(32..=1024).contains(&self.threads) {
             return Err(format!(
                 "copy kernel threads {} is not a multiple of 32 from 32 to 1024",
                 self.threads

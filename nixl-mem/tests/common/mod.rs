@@ -9,7 +9,11 @@ pub fn gpu(test: &str) -> bool {
     match nixl_mem::cuda::driver() {
         Ok(()) => true,
         Err(e) => {
-            eprintln!("skipping {test}: no usable CUDA GPU here ({e})");
+            nixl_core::testing::skip(
+                test,
+                nixl_core::testing::Dep::Gpu,
+                format!("no usable CUDA GPU here ({e})"),
+            );
             false
         }
     }
@@ -43,7 +47,13 @@ pub const ROLE: &str = "NIXL_MEM_TEST_ROLE";
 pub fn run_child(name: &str, env: &[(&str, String)], timeout: Duration) -> ExitStatus {
     let exe = std::env::current_exe().expect("test binary path");
     let mut cmd = Command::new(exe);
-    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"]);
+    cmd.args([
+        "--exact",
+        name,
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -1,0 +1,188 @@
+//! Skipping tests honestly: a test whose dependency is missing says so, and a run that is
+//! supposed to have that dependency fails instead of passing in zero seconds.
+//!
+//! libtest has no "skipped" outcome, so a test that cannot run returns early and counts as
+//! passed. [`skip`] makes that visible and checkable:
+//!
+//! - it prints `SKIPPED[dep] test: reason` to stderr;
+//! - it appends `dep<TAB>test<TAB>reason` to the file named by [`ENV_SKIP_LOG`]
+//!   (`NIXL_SKIP_LOG`), so a CI script can count skips by reason;
+//! - when the dependency is required here it panics instead, failing the test. A dependency
+//!   is required when [`ENV_REQUIRE_DEPS`] (`NIXL_REQUIRE_DEPS`) is `1`/`all` and
+//!   [`ENV_ALLOW_SKIP`] (`NIXL_ALLOW_SKIP`, comma separated [`Dep::name`]s) does not list it,
+//!   or when `NIXL_REQUIRE_DEPS` lists it by name.
+//!
+//! `scripts/test.sh` sets `NIXL_REQUIRE_DEPS=1` and allows only what a CPU machine cannot
+//! have (a GPU, EFA, FI_HMEM, nvidia-fs), so a missing UCX, libfabric, etcd or S3 server
+//! fails CI.
+//!
+//! ```
+//! use nixl_core::testing::{skip, Dep};
+//! fn my_test() {
+//!     if std::env::var_os("MY_GPU").is_none() {
+//!         skip("my_test", Dep::Gpu, "no GPU here");
+//!         return;
+//!     }
+//!     // ...
+//! }
+//! # let _ = my_test;
+//! ```
+
+use std::fmt::Display;
+use std::io::Write;
+
+/// Environment variable: `1` or `all` requires every dependency not allowed to skip; else a
+/// comma-separated list of [`Dep::name`]s that are required.
+pub const ENV_REQUIRE_DEPS: &str = "NIXL_REQUIRE_DEPS";
+/// Environment variable: comma-separated [`Dep::name`]s that may skip under
+/// `NIXL_REQUIRE_DEPS=1`.
+pub const ENV_ALLOW_SKIP: &str = "NIXL_ALLOW_SKIP";
+/// Environment variable: a file every skip is appended to (one line per skip).
+pub const ENV_SKIP_LOG: &str = "NIXL_SKIP_LOG";
+
+/// Something a test may need that a machine may not have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Dep {
+    /// A loadable UCX (`scripts/deps/ucx.sh`).
+    Ucx,
+    /// A loadable libfabric with its tcp/shm providers (`scripts/deps/libfabric.sh`).
+    Libfabric,
+    /// The `etcd` server binary (`scripts/deps/etcd.sh`).
+    Etcd,
+    /// An S3 test server (`scripts/deps/gds.sh`).
+    S3,
+    /// io_uring in this kernel.
+    IoUring,
+    /// NIXL itself (the nixl-cu13 wheel) for interoperability tests.
+    Nixl,
+    /// Network namespaces and veth pairs (root, iproute2).
+    Netns,
+    /// A CUDA GPU and driver.
+    Gpu,
+    /// Two or more CUDA GPUs.
+    MultiGpu,
+    /// A ROCm GPU.
+    RocmGpu,
+    /// An AWS EFA device.
+    Efa,
+    /// A libfabric provider with FI_HMEM (GPU memory registration).
+    FiHmem,
+    /// GPUDirect Storage's kernel driver (nvidia-fs) or a cuFile that accepts the files here.
+    NvidiaFs,
+    /// A CUDA-aware UCX (cuda transports).
+    CudaUcx,
+}
+
+impl Dep {
+    /// The name used in `NIXL_REQUIRE_DEPS`, `NIXL_ALLOW_SKIP` and the skip log.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dep::Ucx => "ucx",
+            Dep::Libfabric => "libfabric",
+            Dep::Etcd => "etcd",
+            Dep::S3 => "s3",
+            Dep::IoUring => "io-uring",
+            Dep::Nixl => "nixl",
+            Dep::Netns => "netns",
+            Dep::Gpu => "gpu",
+            Dep::MultiGpu => "multi-gpu",
+            Dep::RocmGpu => "rocm-gpu",
+            Dep::Efa => "efa",
+            Dep::FiHmem => "fi-hmem",
+            Dep::NvidiaFs => "nvidia-fs",
+            Dep::CudaUcx => "cuda-ucx",
+        }
+    }
+}
+
+impl Display for Dep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Whether `dep` is required under the given environment values.
+fn required_by(dep: Dep, require: Option<&str>, allow: Option<&str>) -> bool {
+    let list = |s: &str| {
+        s.split(',')
+            .map(str::trim)
+            .any(|n| n.eq_ignore_ascii_case(dep.name()))
+    };
+    match require.map(str::trim) {
+        None | Some("") | Some("0") => false,
+        Some("1") | Some("all") => !allow.is_some_and(list),
+        Some(names) => list(names),
+    }
+}
+
+/// Whether this run requires `dep` (see the module docs).
+pub fn is_required(dep: Dep) -> bool {
+    required_by(
+        dep,
+        std::env::var(ENV_REQUIRE_DEPS).ok().as_deref(),
+        std::env::var(ENV_ALLOW_SKIP).ok().as_deref(),
+    )
+}
+
+/// Reports that `test` cannot run because `dep` is missing, for the reason given. The caller
+/// returns early afterwards. Panics (failing the test) when this run requires `dep`.
+#[track_caller]
+pub fn skip(test: &str, dep: Dep, reason: impl Display) {
+    let reason = reason.to_string().replace(['\n', '\t'], " ");
+    if let Some(path) = std::env::var_os(ENV_SKIP_LOG) {
+        let line = format!("{dep}\t{test}\t{reason}\n");
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+        if let Err(e) = written {
+            eprintln!("{test}: could not append to the skip log: {e}");
+        }
+    }
+    if is_required(dep) {
+        panic!("{test}: requires {dep}, which this run must have ({ENV_REQUIRE_DEPS}): {reason}");
+    }
+    eprintln!("SKIPPED[{dep}] {test}: {reason}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requirement_rules() {
+        assert!(!required_by(Dep::Ucx, None, None));
+        assert!(!required_by(Dep::Ucx, Some("0"), None));
+        assert!(required_by(Dep::Ucx, Some("1"), None));
+        assert!(required_by(Dep::Ucx, Some("all"), Some("gpu,efa")));
+        assert!(!required_by(Dep::Gpu, Some("1"), Some("gpu, efa")));
+        assert!(required_by(Dep::Etcd, Some("ucx,etcd"), None));
+        assert!(!required_by(Dep::S3, Some("ucx,etcd"), None));
+    }
+
+    #[test]
+    fn names_are_unique() {
+        let all = [
+            Dep::Ucx,
+            Dep::Libfabric,
+            Dep::Etcd,
+            Dep::S3,
+            Dep::IoUring,
+            Dep::Nixl,
+            Dep::Netns,
+            Dep::Gpu,
+            Dep::MultiGpu,
+            Dep::RocmGpu,
+            Dep::Efa,
+            Dep::FiHmem,
+            Dep::NvidiaFs,
+            Dep::CudaUcx,
+        ];
+        let mut names: Vec<&str> = all.iter().map(|d| d.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), all.len());
+    }
+}

@@ -70,6 +70,7 @@ mod fault;
 mod inproc;
 pub mod integrity;
 mod mem;
+pub mod nixl_wire;
 mod notif;
 mod registration;
 mod remote;

@@ -10,7 +10,8 @@ use crate::codec::{AgentMetadata, BackendEntry, RegionEntry};
 use crate::desc::XferDescList;
 use crate::error::{Error, Op, Result};
 use crate::mem::{MemKind, RegionDesc};
-use crate::registration::{RegionKey, Registration};
+use crate::nixl_wire::Wire;
+use crate::registration::{RegInner, RegionKey, Registration};
 
 /// A peer's region, loaded into some backends.
 pub(crate) struct RemoteRegion {
@@ -41,6 +42,8 @@ impl Drop for RemoteRegion {
 pub(crate) struct RemotePeer {
     pub name: String,
     pub generation: u64,
+    /// The wire format the peer speaks.
+    pub wire: Wire,
     /// False once invalidated or replaced by a newer generation.
     pub valid: AtomicBool,
     /// Backend slot id -> connection info.
@@ -110,30 +113,7 @@ impl Agent {
                 conn_info,
             });
         }
-        let regs: Vec<Arc<crate::registration::RegInner>> = match sel.registrations {
-            None => lock(&self.shared.regs).live(),
-            Some(list) => {
-                let mut v = Vec::with_capacity(list.len());
-                for r in list {
-                    if !Arc::ptr_eq(&r.inner.shared, &self.shared) {
-                        return Err(Error::mismatch(
-                            self.name(),
-                            Op::LocalMetadata,
-                            "registration belongs to another agent",
-                        ));
-                    }
-                    if r.is_deregistered() {
-                        return Err(Error::not_found(
-                            self.name(),
-                            Op::LocalMetadata,
-                            "registration was deregistered",
-                        ));
-                    }
-                    v.push(r.inner.clone());
-                }
-                v
-            }
-        };
+        let regs = self.selected_registrations(sel)?;
         let mut regions = Vec::new();
         for reg in &regs {
             for r in &reg.regions {
@@ -162,19 +142,64 @@ impl Agent {
         .encode())
     }
 
+    /// The live registrations a selection names (all, when it names none).
+    pub(crate) fn selected_registrations(
+        &self,
+        sel: &MetadataSelection<'_>,
+    ) -> Result<Vec<Arc<RegInner>>> {
+        Ok(match sel.registrations {
+            None => lock(&self.shared.regs).live(),
+            Some(list) => {
+                let mut v = Vec::with_capacity(list.len());
+                for r in list {
+                    if !Arc::ptr_eq(&r.inner.shared, &self.shared) {
+                        return Err(Error::mismatch(
+                            self.name(),
+                            Op::LocalMetadata,
+                            "registration belongs to another agent",
+                        ));
+                    }
+                    if r.is_deregistered() {
+                        return Err(Error::not_found(
+                            self.name(),
+                            Op::LocalMetadata,
+                            "registration was deregistered",
+                        ));
+                    }
+                    v.push(r.inner.clone());
+                }
+                v
+            }
+        })
+    }
+
     /// Loads a peer's metadata and returns its name.
     ///
+    /// Takes this crate's metadata or a stock NIXL agent's blob (see [`crate::nixl_wire`]).
     /// Loading is append-only for one incarnation of a peer: new regions are added, identical
     /// ones skipped, and changed connection info or changed region metadata is refused with
     /// [`Error::Mismatch`] (nothing changes). Metadata with a new generation replaces the old
     /// incarnation: requests built against it then fail with [`Error::PeerRestarted`].
     #[doc(alias = "loadRemoteMD")]
     pub fn load_remote_metadata(&self, bytes: &[u8]) -> Result<String> {
-        let md = AgentMetadata::decode(bytes).map_err(|source| Error::Decode {
+        let decode_err = |source| Error::Decode {
             agent: self.name().to_owned(),
             op: Op::LoadMetadata,
             source,
-        })?;
+        };
+        if crate::nixl_wire::is_nixl_blob(bytes) {
+            let md = crate::nixl_wire::NixlMetadata::decode(bytes).map_err(decode_err)?;
+            let _guard = lock(&self.shared.md_lock);
+            let md = self.nixl_to_agent_metadata(md)?;
+            return self.load_decoded(md, Wire::Nixl);
+        }
+        let md = AgentMetadata::decode(bytes).map_err(decode_err)?;
+        let _guard = lock(&self.shared.md_lock);
+        self.load_decoded(md, Wire::Native)
+    }
+
+    /// Loads decoded metadata; the caller holds `md_lock`.
+    fn load_decoded(&self, md: AgentMetadata, wire: Wire) -> Result<String> {
         let me = self.name().to_owned();
         if md.name == me {
             return Err(Error::not_allowed(
@@ -183,23 +208,42 @@ impl Agent {
                 "an agent cannot load its own metadata",
             ));
         }
-        let _guard = lock(&self.shared.md_lock);
         let backends = self.shared.backends();
-        // Map the blob's backends onto ours (ones we do not have are ignored).
+        // Map the blob's backends onto ours (ones we do not have, or that cannot speak the
+        // blob's wire, are ignored).
         let local_slot: Vec<Option<Arc<BackendSlot>>> = md
             .backends
             .iter()
             .map(|e| {
                 backends
                     .iter()
-                    .find(|b| b.name == e.name && b.caps.remote)
+                    .find(|b| {
+                        b.name == e.name
+                            && b.caps.remote
+                            && (wire == Wire::Native || b.backend.nixl_wire().is_some())
+                    })
                     .cloned()
             })
             .collect();
+        if wire == Wire::Nixl
+            && md.has_conn_info
+            && !md
+                .backends
+                .iter()
+                .zip(&local_slot)
+                .any(|(e, s)| s.is_some() && !e.conn_info.is_empty())
+        {
+            // NIXL's rule too (NIXL_ERR_BACKEND): connection info, but none usable here.
+            return Err(Error::not_supported(
+                &me,
+                Op::LoadMetadata,
+                format!("none of {}'s backends speaks NIXL's wire here", md.name),
+            ));
+        }
         let existing = lock(&self.shared.remotes).get(&md.name).cloned();
         let same_gen = existing
             .as_ref()
-            .filter(|p| p.generation == md.generation)
+            .filter(|p| p.generation == md.generation && p.wire == wire)
             .cloned();
 
         // Validate everything before changing anything.
@@ -258,13 +302,14 @@ impl Agent {
             None => Arc::new(RemotePeer {
                 name: md.name.clone(),
                 generation: md.generation,
+                wire,
                 valid: AtomicBool::new(true),
                 conn: Mutex::new(BTreeMap::new()),
                 regions: Mutex::new(BTreeMap::new()),
             }),
         };
         // A restarted peer: fence the old incarnation first so backends can reconnect.
-        let replaced = existing.filter(|p| p.generation != md.generation);
+        let replaced = existing.filter(|p| p.generation != md.generation || p.wire != wire);
         if let Some(old) = &replaced {
             self.retire_peer(old);
         }
@@ -274,10 +319,10 @@ impl Agent {
         if md.has_conn_info {
             for (e, slot) in md.backends.iter().zip(&local_slot) {
                 let Some(slot) = slot else { continue };
-                if peer.is_connected(slot.id) {
+                if peer.is_connected(slot.id) || (wire == Wire::Nixl && e.conn_info.is_empty()) {
                     continue;
                 }
-                match slot.backend.connect(&md.name, &e.conn_info) {
+                match connect_slot(&me, slot, wire, &md.name, &e.conn_info) {
                     Ok(()) => {
                         lock(&peer.conn).insert(slot.id, e.conn_info.clone());
                         newly_connected.push(slot.clone());
@@ -313,7 +358,7 @@ impl Agent {
                 }
                 let mut mds = Vec::with_capacity(per.len());
                 for (slot, public) in per {
-                    match slot.backend.load_remote(&md.name, &desc, public) {
+                    match load_slot(&me, &slot, wire, &md.name, &desc, public) {
                         Ok(m) => mds.push((slot, m, public.to_vec())),
                         Err(e) => {
                             result = Err(e);
@@ -423,5 +468,36 @@ impl Agent {
         let mut v: Vec<String> = lock(&self.shared.remotes).keys().cloned().collect();
         v.sort();
         v
+    }
+}
+
+fn connect_slot(me: &str, slot: &BackendSlot, wire: Wire, remote: &str, info: &[u8]) -> Result<()> {
+    match (wire, slot.backend.nixl_wire()) {
+        (Wire::Native, _) => slot.backend.connect(remote, info),
+        (Wire::Nixl, Some(n)) => n.nixl_connect(remote, info),
+        (Wire::Nixl, None) => Err(Error::not_supported(
+            me,
+            Op::LoadMetadata,
+            format!("backend {} does not speak NIXL's wire", slot.name),
+        )),
+    }
+}
+
+fn load_slot(
+    me: &str,
+    slot: &BackendSlot,
+    wire: Wire,
+    remote: &str,
+    desc: &RegionDesc,
+    public: &[u8],
+) -> Result<BackendMd> {
+    match (wire, slot.backend.nixl_wire()) {
+        (Wire::Native, _) => slot.backend.load_remote(remote, desc, public),
+        (Wire::Nixl, Some(n)) => n.nixl_load_remote(remote, desc, public),
+        (Wire::Nixl, None) => Err(Error::not_supported(
+            me,
+            Op::LoadMetadata,
+            format!("backend {} does not speak NIXL's wire", slot.name),
+        )),
     }
 }

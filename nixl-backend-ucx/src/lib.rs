@@ -75,6 +75,7 @@ mod endpoint;
 mod error;
 mod loader;
 mod memory;
+mod nixl;
 mod params;
 mod sys;
 mod wire;

@@ -39,6 +39,11 @@ pub struct UcxParams {
     pub keepalive_interval: Option<Duration>,
     /// Further UCX options, names without the `UCX_` prefix (`("RNDV_THRESH", "8k")`).
     pub config: Vec<(String, String)>,
+    /// Mirror a NIXL agent's UCX context, for peers that are stock NIXL agents
+    /// (`nixl_core::nixl_wire`): context features `RMA|AMO32|AMO64|AM|WAKEUP` and UCX's
+    /// default address version (v1) instead of v2, so both sides select lanes from the same
+    /// inputs. NIXL peers are reachable without it, on less tested paths.
+    pub nixl_compat: bool,
 }
 
 impl Default for UcxParams {
@@ -52,12 +57,21 @@ impl Default for UcxParams {
             cancel_timeout: Duration::from_secs(5),
             keepalive_interval: None,
             config: Vec::new(),
+            nixl_compat: false,
         }
     }
 }
 
 fn bad(reason: impl Into<String>) -> Error {
     Error::invalid("", Op::CreateBackend, reason)
+}
+
+fn boolean(k: &str, v: &str) -> Result<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(bad(format!("UCX parameter {k}: {v:?} is not a boolean"))),
+    }
 }
 
 fn nonempty(k: &str, v: &str) -> Result<()> {
@@ -105,11 +119,11 @@ impl UcxParams {
         // The settings NIXL applies: without an infinite rendezvous threshold UCX (1.22) picks
         // software-emulated puts over tcp instead of CMA zero-copy between local processes
         // when peer error handling is on.
-        let mut defaults = vec![
-            ("RNDV_THRESH", "inf"),
-            ("ADDRESS_VERSION", "v2"),
-            ("MAX_RMA_RAILS", "2"),
-        ];
+        let mut defaults = vec![("RNDV_THRESH", "inf"), ("MAX_RMA_RAILS", "2")];
+        if !self.nixl_compat {
+            // NIXL asks for v2 only with EFA devices; UCX's default is v1.
+            defaults.push(("ADDRESS_VERSION", "v2"));
+        }
         if (version.0, version.1) >= (1, 19) {
             defaults.push(("MAX_COMPONENT_MDS", "32"));
         }
@@ -151,6 +165,7 @@ impl UcxParams {
         m.insert("devices".into(), opt(&self.devices));
         m.insert("num_workers".into(), self.num_workers.to_string());
         m.insert("progress_thread".into(), self.progress_thread.to_string());
+        m.insert("nixl_compat".into(), self.nixl_compat.to_string());
         m.insert(
             "cancel_timeout_ms".into(),
             self.cancel_timeout.as_millis().to_string(),
@@ -168,7 +183,8 @@ impl UcxParams {
     }
 
     /// Parses the string-map form: `ucx_path`, `transports`, `devices`, `num_workers`,
-    /// `progress_thread`, `cancel_timeout_ms`, `keepalive_interval_ms`, and `ucx.<OPTION>`.
+    /// `progress_thread`, `cancel_timeout_ms`, `keepalive_interval_ms`, `nixl_compat`, and
+    /// `ucx.<OPTION>`.
     /// Empty values mean "default". Unknown keys are refused.
     pub fn from_map(map: &BTreeMap<String, String>) -> Result<Self> {
         let mut p = UcxParams::default();
@@ -187,17 +203,8 @@ impl UcxParams {
                     p.num_workers =
                         usize::try_from(num(k, v)?).map_err(|_| bad("num_workers too large"))?
                 }
-                "progress_thread" if set => {
-                    p.progress_thread = match v.trim().to_ascii_lowercase().as_str() {
-                        "true" | "1" | "yes" | "on" => true,
-                        "false" | "0" | "no" | "off" => false,
-                        _ => {
-                            return Err(bad(format!(
-                                "UCX parameter progress_thread: {v:?} is not a boolean"
-                            )))
-                        }
-                    }
-                }
+                "progress_thread" if set => p.progress_thread = boolean(k, v)?,
+                "nixl_compat" if set => p.nixl_compat = boolean(k, v)?,
                 "cancel_timeout_ms" if set => p.cancel_timeout = Duration::from_millis(num(k, v)?),
                 "keepalive_interval_ms" => {
                     p.keepalive_interval = if set {
@@ -206,7 +213,7 @@ impl UcxParams {
                         None
                     }
                 }
-                "num_workers" | "progress_thread" | "cancel_timeout_ms" => {}
+                "num_workers" | "progress_thread" | "cancel_timeout_ms" | "nixl_compat" => {}
                 other => match other.strip_prefix("ucx.") {
                     Some(name) if !name.is_empty() => p.config.push((name.to_owned(), v.clone())),
                     _ => return Err(bad(format!("unknown UCX parameter {other:?}"))),
@@ -233,6 +240,7 @@ mod tests {
             cancel_timeout: Duration::from_millis(1500),
             keepalive_interval: Some(Duration::from_millis(200)),
             config: vec![("RNDV_THRESH".into(), "8k".into())],
+            nixl_compat: true,
         };
         assert_eq!(UcxParams::from_map(&p.to_map()).unwrap(), p);
         assert_eq!(
@@ -248,6 +256,7 @@ mod tests {
             ("num_workers", "65"),
             ("num_workers", "x"),
             ("progress_thread", "maybe"),
+            ("nixl_compat", "perhaps"),
             ("cancel_timeout_ms", "0"),
             ("keepalive_interval_ms", "-1"),
             ("bogus", "1"),

@@ -14,14 +14,14 @@ use crate::endpoint::Peer;
 use crate::error::status_error;
 use crate::loader::Ucx;
 use crate::sys;
-use crate::worker::{WorkerGuard, AM_NOTIF};
+use crate::worker::WorkerGuard;
 
 const PENDING: u8 = 0;
 const DONE: u8 = 1;
 const FAILED: u8 = 2;
 
-/// A notification: (header naming the sender, message).
-pub(crate) type Notif = (Arc<[u8]>, Arc<[u8]>);
+/// A notification: (active-message id, header naming the sender, message).
+pub(crate) type Notif = (u32, Arc<[u8]>, Arc<[u8]>);
 
 /// One post's completion state, shared with UCX callbacks.
 pub(crate) struct PostState {
@@ -29,7 +29,7 @@ pub(crate) struct PostState {
     status: AtomicI32,
     ucx: Arc<Ucx>,
     ep: sys::ucp_ep_h,
-    /// (header, message) of the notification to send after the flush.
+    /// (AM id, header, message) of the notification to send after the flush.
     notif: Option<Notif>,
 }
 
@@ -55,7 +55,7 @@ impl PostState {
     /// After the data is complete: sends the notification, or finishes. Runs under the worker
     /// lock (from `post` or a callback inside progress).
     fn after_flush(self: &Arc<Self>) {
-        let Some((header, msg)) = &self.notif else {
+        let Some((am_id, header, msg)) = &self.notif else {
             self.finish(sys::UCS_OK);
             return;
         };
@@ -74,7 +74,7 @@ impl PostState {
         let r = unsafe {
             self.ucx.lib.ucp_am_send_nbx(
                 self.ep,
-                AM_NOTIF,
+                *am_id,
                 header.as_ptr() as *const c_void,
                 header.len(),
                 msg.as_ptr() as *const c_void,

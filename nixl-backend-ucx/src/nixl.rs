@@ -223,7 +223,12 @@ impl NixlWire for UcxBackend {
         public: &[u8],
     ) -> Result<BackendMd> {
         let peer = lock(&self.peers).get(remote).cloned().ok_or_else(|| {
-            Error::disconnected(&self.agent, remote, Op::LoadMetadata, "not connected over UCX")
+            Error::disconnected(
+                &self.agent,
+                remote,
+                Op::LoadMetadata,
+                "not connected over UCX",
+            )
         })?;
         let bad = |why: String| {
             Error::invalid(
@@ -237,13 +242,21 @@ impl NixlWire for UcxBackend {
             Error::mismatch(
                 &self.agent,
                 Op::LoadMetadata,
-                format!("a {} region of {remote} carries UCX memory type {t}", region.kind),
+                format!(
+                    "a {} region of {remote} carries UCX memory type {t}",
+                    region.kind
+                ),
             )
         })?;
         let mut padded = Vec::with_capacity(public.len() + RKEY_PAD);
         padded.extend_from_slice(public);
         padded.resize(public.len() + RKEY_PAD, SYS_DEV_UNKNOWN);
-        Ok(Arc::new(RemoteMd::unpack_raw(&self.agent, &peer, mt, &padded)?))
+        Ok(Arc::new(RemoteMd::unpack_raw(
+            &self.agent,
+            &peer,
+            mt,
+            &padded,
+        )?))
     }
 }
 
@@ -257,7 +270,10 @@ mod tests {
         assert_eq!(address_release(&[0x61, 0x02, 0, 0]), Ok(Some(6)));
         assert_eq!(address_release(&[0x20, 0x30, 0x87, 0x80]), Ok(Some(7)));
         assert_eq!(address_release(&[0x20, 0x30, 0x07, 0x00]), Ok(None));
-        assert!(address_release(&[0x22, 0]).is_err(), "version 2 would abort UCX");
+        assert!(
+            address_release(&[0x22, 0]).is_err(),
+            "version 2 would abort UCX"
+        );
         assert!(address_release(&[1]).is_err());
         assert!(address_release(&vec![1; MAX_ADDRESS + 1]).is_err());
         assert_eq!(peer_minor(6, 22), 22);
@@ -274,15 +290,23 @@ mod tests {
         assert_eq!(check_rkey(&nixl), Ok(0));
         assert!(check_rkey(&nixl[..10]).is_err());
         assert!(check_rkey(&nixl[..8]).is_err());
-        let two = [3, 0, 0, 0, 0, 0, 0, 0, 1, 2, 9, 9, 1, 7, 0x05, 4, 5, 6, 0xff];
+        let two = [
+            3, 0, 0, 0, 0, 0, 0, 0, 1, 2, 9, 9, 1, 7, 0x05, 4, 5, 6, 0xff,
+        ];
         assert_eq!(check_rkey(&two), Ok(1));
         assert!(check_rkey(&two[..16]).is_err(), "truncated distance");
         assert!(check_rkey(&[3, 0, 0, 0, 0, 0, 0, 0, 1, 200, 1]).is_err());
         assert_eq!(check_rkey(&[0; 9]), Ok(0));
         assert!(check_rkey(&[0; 10]).is_err());
-        assert_eq!(kind_accepts(MemKind::Dram, 0), Some(sys::UCS_MEMORY_TYPE_HOST));
+        assert_eq!(
+            kind_accepts(MemKind::Dram, 0),
+            Some(sys::UCS_MEMORY_TYPE_HOST)
+        );
         assert_eq!(kind_accepts(MemKind::Dram, 1), None);
-        assert_eq!(kind_accepts(MemKind::Vram, 1), Some(sys::UCS_MEMORY_TYPE_CUDA));
+        assert_eq!(
+            kind_accepts(MemKind::Vram, 1),
+            Some(sys::UCS_MEMORY_TYPE_CUDA)
+        );
         assert_eq!(kind_accepts(MemKind::File, 0), None);
     }
 

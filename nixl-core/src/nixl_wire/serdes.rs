@@ -240,10 +240,7 @@ mod tests {
             r.field(b"t", "t", 2),
             Err(DecodeError::TooLarge { .. })
         ));
-        assert!(matches!(
-            r.u64(b"t", "t"),
-            Err(DecodeError::Invalid { .. })
-        ));
+        assert!(matches!(r.u64(b"t", "t"), Err(DecodeError::Invalid { .. })));
         assert_eq!(r.position(), MAGIC.len());
         assert_eq!(r.field(b"t", "t", 8).unwrap(), b"UCX");
         let mut bad = b.clone();

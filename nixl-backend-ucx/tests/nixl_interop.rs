@@ -74,7 +74,10 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 }
 
 fn nixl_to_rs(tls: &str) {
-    let test = format!("nixl_initiator_to_nixl_rs_target_{tls}");
+    let test = format!(
+        "nixl_initiator_to_nixl_rs_target_{}",
+        if tls == common::TCP { "tcp" } else { "shm" }
+    );
     let Some(env) = nixl_or_skip(&test) else {
         return;
     };
@@ -122,7 +125,10 @@ fn nixl_initiator_to_nixl_rs_target_shm() {
 }
 
 fn rs_to_nixl(tls: &str) {
-    let test = format!("nixl_rs_initiator_to_nixl_target_{tls}");
+    let test = format!(
+        "nixl_rs_initiator_to_nixl_target_{}",
+        if tls == common::TCP { "tcp" } else { "shm" }
+    );
     let Some(env) = nixl_or_skip(&test) else {
         return;
     };
@@ -499,4 +505,72 @@ fn nixl_blobs_from_another_ucx_or_damaged_change_nothing() {
             .expect("the real one loads"),
         py.name
     );
+}
+
+#[test]
+fn metadata_by_etcd_under_nixls_keys() {
+    use nixl_core::etcd::{EtcdConfig, EtcdExchange, LocalEtcd};
+    let test = "metadata_by_etcd_under_nixls_keys";
+    let Some(env) = nixl_or_skip(test) else {
+        return;
+    };
+    let etcd = match LocalEtcd::start() {
+        Ok(e) => e,
+        Err(e) => {
+            nixl_core::testing::skip(test, nixl_core::testing::Dep::Etcd, e);
+            return;
+        }
+    };
+    let rs = rs_agent(&env, "rs-etcd", common::TCP);
+    let src = buf(LEN, Some(55));
+    let _r = rs.register_mem(vec![src.clone()], &[]).expect("register");
+    let endpoint = etcd.endpoint();
+    let mut py = NixlPeer::start_bare(&env, common::TCP, &[("NIXL_ETCD_ENDPOINTS", &endpoint)]);
+    py.name = common::unique("py-etcd");
+    py.ok(json!({"op": "init", "name": py.name}));
+    let py_dst = py.alloc(LEN, None);
+    py.ok(json!({"op": "send_md"}));
+    let x = EtcdExchange::new(
+        &rs,
+        &EtcdConfig {
+            endpoints: vec![endpoint],
+            nixl_keys: true,
+            ..EtcdConfig::default()
+        },
+    )
+    .expect("etcd");
+    assert_eq!(
+        x.key(&py.name, "metadata"),
+        format!("/nixl/agents//{}/metadata", py.name)
+    );
+    assert_eq!(
+        x.fetch(&py.name, WAIT).expect("NIXL's blob from etcd"),
+        py.name
+    );
+    x.publish().expect("publish under NIXL's keys");
+    py.ok(json!({"op": "fetch_md", "name": rs.name()}));
+    let st = py.ok(json!({"op": "check_md", "name": rs.name(), "wait": 10}));
+    assert_eq!(st["loaded"], json!(true), "NIXL fetched our blob from etcd");
+    let req = rs
+        .create_xfer_req(
+            XferOp::Write,
+            &dram(src.addr(), LEN),
+            &dram(py_dst, LEN),
+            &py.name,
+            XferOptions::with_notif(b"etcd".to_vec()),
+        )
+        .expect("request");
+    rs.post_xfer_req(&req).expect("post");
+    req.wait(WAIT).expect("write");
+    assert_eq!(
+        py.notifs(1, WAIT),
+        vec![(rs.name().to_owned(), b"etcd".to_vec())]
+    );
+    assert!(py.read(py_dst, LEN) == pattern(LEN, 55));
+    // Each side's invalidation (a delete of its prefix) reaches the other through its watch.
+    x.invalidate_local().expect("delete our keys");
+    let st = py.ok(json!({"op": "check_md", "name": rs.name(), "want": false, "wait": 10}));
+    assert_eq!(st["loaded"], json!(false), "NIXL saw our prefix deleted");
+    py.ok(json!({"op": "invalidate_local"}));
+    eventually("NIXL's delete", || !rs.remotes().contains(&py.name));
 }

@@ -41,7 +41,11 @@ pub fn nixl_or_skip(test: &str) -> Option<NixlEnv> {
     match out {
         Ok(o) if o.status.success() => {
             let version = String::from_utf8_lossy(&o.stdout).trim().to_owned();
-            eprintln!("{test}: interop against NIXL {version} (nixl-cu13) with its UCX {ucx}");
+            println!("{test}: interop against NIXL {version} (nixl-cu13) with its UCX {ucx}");
+            if std::env::var_os("UCX_MODULES").is_none() {
+                run_in_child(test);
+                return None;
+            }
             Some(NixlEnv {
                 pythonpath,
                 ucx: PathBuf::from(ucx),
@@ -54,6 +58,30 @@ pub fn nixl_or_skip(test: &str) -> Option<NixlEnv> {
         )),
         Err(e) => skip(format!("python3: {e}")),
     }
+}
+
+/// UCX modules the test processes load: the wheel's `ib` and `rdmacm` modules pull in its
+/// bundled libnl, which crashes in its exit handlers (NIXL's own processes too), so a test
+/// process that loaded them dies with SIGSEGV after its tests passed.
+pub const UCX_MODULES: &str = "^ib,rdmacm";
+
+/// Runs `test` alone in a child of this test binary with [`UCX_MODULES`] set, and fails
+/// unless it passed there.
+fn run_in_child(test: &str) {
+    let exe = std::env::current_exe().expect("the test binary");
+    let out = Command::new(exe)
+        .args([test, "--exact", "--nocapture", "--test-threads", "1"])
+        .env("UCX_MODULES", UCX_MODULES)
+        .output()
+        .expect("the test binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    print!("{stdout}");
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{test} failed in its child process ({})",
+        out.status
+    );
 }
 
 /// A NIXL agent in a child process.

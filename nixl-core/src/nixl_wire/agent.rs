@@ -26,6 +26,21 @@ pub(crate) fn derived_generation(conns: &[NixlConn]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(&bytes).max(1)
 }
 
+/// The name and generation a metadata blob of either format carries; `None` as generation
+/// for a NIXL blob without connection info (it cannot tell its incarnation).
+pub(crate) fn metadata_identity(
+    bytes: &[u8],
+) -> std::result::Result<(String, Option<u64>), crate::error::DecodeError> {
+    if super::is_nixl_blob(bytes) {
+        let md = NixlMetadata::decode(bytes)?;
+        let g = (!md.conns.is_empty()).then(|| derived_generation(&md.conns));
+        Ok((md.name, g))
+    } else {
+        let md = AgentMetadata::decode(bytes)?;
+        Ok((md.name, Some(md.generation)))
+    }
+}
+
 impl Agent {
     /// The agent's full metadata as a stock NIXL agent's `getLocalMD` writes it, for NIXL
     /// peers: connection info and regions of every backend that speaks NIXL's wire

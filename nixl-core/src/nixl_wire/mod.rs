@@ -26,7 +26,7 @@
 //! docs/nixl-wire.md is the byte-level specification; docs/interop.md says how to set up
 //! both sides.
 
-mod agent;
+pub(crate) mod agent;
 mod backend;
 pub mod comm;
 mod listener;

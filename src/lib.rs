@@ -8,6 +8,7 @@ pub use nixl_core::{
     Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, PreparedList, Registration, Result,
     XferDescList, XferOp, XferOptions, XferReq, XferState, XferTarget,
 };
+pub use nixl_core::nixl_wire;
 pub use nixl_mem as mem;
 
 /// The UCX backend (feature `ucx`).

@@ -577,8 +577,14 @@ fn nixl_peer(o: &Opts) -> Res<()> {
     };
     let n = node(me, o)?;
     let listener = nixl::nixl_wire::NixlListener::start(&n.agent, ([127, 0, 0, 1], 0).into())?;
-    let py_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let op = if o.op == XferOp::Write { "write" } else { "read" };
+    let py_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let op = if o.op == XferOp::Write {
+        "write"
+    } else {
+        "read"
+    };
     let mut cmd = Command::new("python3");
     cmd.arg(&o.nixl_script);
     for (k, v) in [

@@ -15,6 +15,7 @@ from nixl_cu13._api import nixl_agent, nixl_agent_config
 
 agent = None
 bufs = {}  # addr -> numpy array (kept alive while registered)
+vbufs = {}  # addr -> torch CUDA tensor (VRAM; only where torch and a GPU exist)
 
 
 def pattern(n, seed):
@@ -22,20 +23,24 @@ def pattern(n, seed):
 
 
 def find(addr, n):
+    for a, t in vbufs.items():
+        if a <= addr and addr + n <= a + t.numel():
+            return t[addr - a: addr - a + n]
     for a, b in bufs.items():
         if a <= addr and addr + n <= a + b.size:
             return b[addr - a: addr - a + n]
     raise KeyError(f"no buffer holds {addr:#x}+{n}")
 
 
-def wait_xfer(h, deadline):
+def wait_xfer(h, deadline, spin=False):
     while True:
         st = agent.check_xfer_state(h)
         if st != "PROC":
             return st
         if time.time() > deadline:
             return "TIMEOUT"
-        time.sleep(0.0005)
+        if not spin:
+            time.sleep(0.0005)
 
 
 def handle(c):
@@ -56,6 +61,14 @@ def handle(c):
         if no_peer_errors:
             agent.create_backend("UCX", {"ucx_error_handling_mode": "none"})
         return {}
+    if op == "alloc" and c.get("vram"):
+        import torch
+        host = pattern(c["len"], c["seed"]) if "seed" in c else np.zeros(c["len"], np.uint8)
+        t = torch.from_numpy(host).to("cuda:0")
+        addr = t.data_ptr()
+        vbufs[addr] = t
+        agent.register_memory(agent.get_reg_descs([(addr, t.numel(), 0, "")], "VRAM"))
+        return {"addr": addr}
     if op == "alloc":
         b = pattern(c["len"], c.get("seed", 0)) if "seed" in c else np.zeros(c["len"], np.uint8)
         addr = b.ctypes.data
@@ -63,12 +76,23 @@ def handle(c):
         agent.register_memory(agent.get_reg_descs([(addr, b.size, 0, "")], "DRAM"))
         return {"addr": addr}
     if op == "fill":
-        find(c["addr"], c["len"])[:] = pattern(c["len"], c["seed"])
+        v = find(c["addr"], c["len"])
+        if isinstance(v, np.ndarray):
+            v[:] = pattern(c["len"], c["seed"])
+        else:
+            import torch
+            v.copy_(torch.from_numpy(pattern(c["len"], c["seed"])))
         return {}
     if op == "read":
-        return {"hex": find(c["addr"], c["len"]).tobytes().hex()}
+        v = find(c["addr"], c["len"])
+        if not isinstance(v, np.ndarray):
+            v = v.cpu().numpy()
+        return {"hex": v.tobytes().hex()}
     if op == "sha":
-        return {"sha": hashlib.sha256(find(c["addr"], c["len"]).tobytes()).hexdigest()}
+        v = find(c["addr"], c["len"])
+        if not isinstance(v, np.ndarray):
+            v = v.cpu().numpy()
+        return {"sha": hashlib.sha256(v.tobytes()).hexdigest()}
     if op == "md":
         return {"md": agent.get_agent_metadata().hex()}
     if op == "load":
@@ -77,9 +101,28 @@ def handle(c):
     if op == "remove":
         agent.remove_remote_agent(c["name"])
         return {}
+    if op == "bench":
+        # One request posted `iters` times back to back (each to completion): seconds taken.
+        mem = c.get("mem", "DRAM")
+        local = agent.get_xfer_descs([(c["laddr"], c["len"], 0)], mem)
+        remote = agent.get_xfer_descs([(c["raddr"], c["len"], 0)], mem)
+        h = agent.initialize_xfer(c["kind"], local, remote, c["remote"])
+        for _ in range(c.get("warmup", 2)):
+            agent.transfer(h)
+            if wait_xfer(h, time.time() + 60, spin=True) != "DONE":
+                return {"state": "ERR"}
+        t = time.perf_counter()
+        for _ in range(c["iters"]):
+            agent.transfer(h)
+            if wait_xfer(h, time.time() + 60, spin=True) != "DONE":
+                return {"state": "ERR"}
+        secs = time.perf_counter() - t
+        agent.release_xfer_handle(h)
+        return {"state": "DONE", "secs": secs}
     if op == "xfer":
-        local = agent.get_xfer_descs([(c["laddr"], c["len"], 0)], "DRAM")
-        remote = agent.get_xfer_descs([(c["raddr"], c["len"], 0)], "DRAM")
+        mem = c.get("mem", "DRAM")
+        local = agent.get_xfer_descs([(c["laddr"], c["len"], 0)], mem)
+        remote = agent.get_xfer_descs([(c["raddr"], c["len"], 0)], mem)
         h = agent.initialize_xfer(c["kind"], local, remote, c["remote"],
                                   bytes.fromhex(c.get("notif", "")))
         st = agent.transfer(h)

@@ -112,7 +112,10 @@ impl NixlPeer {
 
     /// Starts the script without creating an agent (send `init` yourself).
     pub fn start_bare(env: &NixlEnv, tls: &str, extra: &[(&str, &str)]) -> Self {
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/nixl_peer.py");
+        // NIXL_PEER_SCRIPT: where the script is when the binary runs on another machine.
+        let script = std::env::var("NIXL_PEER_SCRIPT").unwrap_or_else(|_| {
+            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/nixl_peer.py").to_owned()
+        });
         let mut cmd = Command::new("python3");
         cmd.arg(script)
             .env("PYTHONPATH", &env.pythonpath)

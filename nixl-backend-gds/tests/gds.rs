@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use nixl_backend_gds::{
     FileRegion, GdsFallback, GdsParams, GdsPlugin, OpenFlags, PosixParams, GDS, POSIX,
 };
+use nixl_core::backend::BackendPlugin;
 use nixl_core::{
-    Agent, AgentConfig, BackendPlugin, Desc, Error, HostBuffer, MemKind, XferDescList, XferOp,
-    XferOptions,
+    Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, XferDescList, XferOp, XferOptions,
 };
 
 const T: Duration = Duration::from_secs(60);

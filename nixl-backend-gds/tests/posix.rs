@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nixl_backend_gds::{Engine, FileRegion, OpenFlags, PosixParams, PosixPlugin, POSIX};
+use nixl_core::backend::BackendPlugin;
 use nixl_core::conformance::{assert_all, Suite};
 use nixl_core::{
-    Agent, AgentConfig, BackendPlugin, Desc, Error, HostBuffer, MemKind, MemoryRegion, RawRegion,
-    RegionDesc, XferDescList, XferOp, XferOptions, XferTarget,
+    Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, MemoryRegion, RawRegion, RegionDesc,
+    XferDescList, XferOp, XferOptions, XferTarget,
 };
 
 const T: Duration = Duration::from_secs(20);

@@ -13,9 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nixl_backend_gds::{Engine, FileRegion, OpenFlags, PosixParams, PosixPlugin, POSIX};
+use nixl_core::backend::BackendPlugin;
 use nixl_core::{
-    Agent, AgentConfig, BackendPlugin, Desc, Error, HostBuffer, MemKind, RawRegion, RegionDesc,
-    XferDescList, XferOp, XferOptions, XferReq,
+    Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, RawRegion, RegionDesc, XferDescList,
+    XferOp, XferOptions, XferReq,
 };
 use nixl_mem::DeviceBuffer;
 

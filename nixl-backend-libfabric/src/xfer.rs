@@ -8,9 +8,8 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use nixl_core::{
-    downcast_md, BackendMd, BackendXfer, Error, MemKind, Op, Result, XferOp, XferSpec, XferState,
-};
+use nixl_core::backend::{downcast_md, BackendMd, BackendXfer, XferSpec};
+use nixl_core::{Error, MemKind, Op, Result, XferOp, XferState};
 
 use crate::backend::{Inner, LocalMd, Peer, RemoteMd};
 use crate::rail::Track;

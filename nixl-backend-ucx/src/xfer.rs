@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicI32, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use nixl_core::{BackendXfer, Error, Op, Result, XferOp, XferState};
+use nixl_core::backend::BackendXfer;
+use nixl_core::{Error, Op, Result, XferOp, XferState};
 
 use crate::endpoint::Peer;
 use crate::error::status_error;
@@ -133,7 +134,7 @@ pub(crate) struct UcxXfer {
     pub notif: Option<Notif>,
     pub cancel_timeout: Duration,
     /// Keeps the segments' local and remote metadata (memory handles, rkeys) alive.
-    pub _keep: Vec<nixl_core::BackendMd>,
+    pub _keep: Vec<nixl_core::backend::BackendMd>,
     pub cur: Option<Arc<PostState>>,
     pub path: OnceLock<String>,
 }

@@ -71,7 +71,7 @@ pub enum DecodeError {
         needed: usize,
     },
     /// The magic bytes did not match.
-    #[error("not nixl-rs metadata (bad magic)")]
+    #[error("bad magic bytes (not this format)")]
     BadMagic,
     /// A version this build does not read.
     #[error("unsupported metadata version {0}")]

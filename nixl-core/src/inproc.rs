@@ -90,13 +90,7 @@ impl BackendPlugin for InprocPlugin {
         &self,
         params: &std::collections::BTreeMap<String, String>,
     ) -> Result<Box<dyn BackendParams>> {
-        if let Some(k) = params.keys().next() {
-            return Err(Error::invalid(
-                "",
-                Op::CreateBackend,
-                format!("INPROC takes no parameter {k}"),
-            ));
-        }
+        crate::params::ParamMap::new(INPROC, params).finish()?;
         Ok(Box::new(InprocParams::default()))
     }
 }

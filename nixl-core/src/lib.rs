@@ -58,7 +58,8 @@
 #![warn(missing_docs)]
 
 mod agent;
-mod backend;
+pub mod backend;
+pub mod bytes;
 pub mod codec;
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -71,6 +72,7 @@ mod inproc;
 pub mod integrity;
 mod mem;
 mod notif;
+mod params;
 mod registration;
 mod remote;
 pub mod sidechannel;
@@ -79,18 +81,15 @@ pub mod testing;
 mod xfer;
 
 pub use agent::{Agent, AgentConfig};
-pub use backend::{
-    downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
-    Capabilities, CostEstimate, CostMethod, QueryResult, Segment, XferSpec, XferState,
-};
+pub use backend::{Capabilities, CostEstimate, CostMethod, QueryResult, XferState};
 pub use codec::AgentMetadata;
-pub use desc::{merge_contiguous, Desc, XferDescList, XferOp};
+pub use desc::{Desc, XferDescList, XferOp};
 pub use error::{DecodeError, Error, Op, Result};
 pub use fault::{FaultEvent, FaultLog, FaultParams, FaultPlan};
-pub use inproc::{InprocBackend, InprocParams, InprocPlugin, INPROC};
+pub use inproc::{InprocParams, InprocPlugin, INPROC};
 pub use mem::{HostBuffer, MemKind, MemoryRegion, RawRegion, RegionDesc, PAGE_SIZE};
-pub use notif::{NotifQueue, Notifs};
+pub use notif::Notifs;
 pub use registration::Registration;
 pub use remote::MetadataSelection;
-pub use telemetry::{Counters, TelemetrySnapshot, XferTelemetry};
+pub use telemetry::{TelemetrySnapshot, XferTelemetry};
 pub use xfer::{PreparedList, UncertainXfer, XferOptions, XferReq, XferTarget};

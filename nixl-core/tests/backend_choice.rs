@@ -7,10 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::unique;
+use nixl_core::backend::{
+    Backend, BackendContext, BackendMd, BackendParams, BackendXfer, InprocBackend, XferSpec,
+};
 use nixl_core::{
-    Agent, AgentConfig, Backend, BackendContext, BackendMd, BackendParams, BackendXfer,
-    Capabilities, Error, HostBuffer, InprocBackend, InprocParams, MemKind, Op, RegionDesc, Result,
-    XferDescList, XferOp, XferOptions, XferSpec,
+    Agent, AgentConfig, Capabilities, Error, HostBuffer, InprocParams, MemKind, Op, RegionDesc,
+    Result, XferDescList, XferOp, XferOptions,
 };
 
 /// A real INPROC backend under another name that declines every transfer.

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nixl::core::BackendParams;
+use nixl::core::backend::BackendParams;
 use nixl::ucx::{probe, UcxParams};
 use nixl::{Agent, AgentConfig, Error, HostBuffer};
 

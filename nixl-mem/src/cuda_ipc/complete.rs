@@ -18,7 +18,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use cudarc::driver::CudaContext;
-use nixl_core::{Error, NotifQueue, Op, Result};
+use nixl_core::backend::NotifQueue;
+use nixl_core::{Error, Op, Result};
 
 use super::notif::NotifSenders;
 use crate::cuda::{self, stream::Event, CudaError};

@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use nixl_core::{Error, NotifQueue, Op, Result};
+use nixl_core::backend::NotifQueue;
+use nixl_core::{Error, Op, Result};
 
 /// The largest notification accepted.
 pub const MAX_NOTIF: usize = 16 << 20;

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use nixl_core::{BackendXfer, Error, Op, Result, XferState};
+use nixl_core::backend::BackendXfer;
+use nixl_core::{Error, Op, Result, XferState};
 
 use super::complete::{self, Notif, Outcome, Ticket};
 use crate::cuda::kernel::{self, CopyKernel, Segment};

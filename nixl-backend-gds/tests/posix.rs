@@ -323,7 +323,10 @@ fn bad_registrations_and_transfers_are_typed() {
     })
     .expect("storage");
     assert!(matches!(
-        a.register_mem(vec![Arc::new(bogus)], &[POSIX]),
+        a.register_mem(
+            vec![Arc::new(bogus)],
+            &[a.backend(POSIX).expect("POSIX backend")]
+        ),
         Err(Error::InvalidParam { .. })
     ));
     // Notifications are not a storage feature.

@@ -51,6 +51,23 @@ pub(crate) struct XferCore {
     _mds: Vec<BackendMd>,
 }
 
+/// Frames a notification from `me`, refused when larger than a receive slot.
+fn frame_notif(inner: &Inner, me: &str, msg: &[u8], op: Op) -> Result<Vec<u8>> {
+    let f = crate::wire::encode_notif(me, msg);
+    if f.len() > inner.params.notif_size {
+        return Err(Error::invalid(
+            me,
+            op,
+            format!(
+                "notification of {} bytes exceeds notif_size {}",
+                f.len(),
+                inner.params.notif_size
+            ),
+        ));
+    }
+    Ok(f)
+}
+
 /// A shared transfer state.
 pub(crate) type SharedCore = Arc<Mutex<XferCore>>;
 
@@ -98,24 +115,11 @@ impl LfXfer {
         if spec.segments.is_empty() {
             return Err(Error::invalid(&me, Op::MakeXfer, "no segments"));
         }
-        let notif = match &spec.notif {
-            Some(n) => {
-                let f = crate::wire::encode_notif(&me, n);
-                if f.len() > inner.params.notif_size {
-                    return Err(Error::invalid(
-                        &me,
-                        Op::MakeXfer,
-                        format!(
-                            "notification of {} bytes exceeds notif_size {}",
-                            f.len(),
-                            inner.params.notif_size
-                        ),
-                    ));
-                }
-                Some(f)
-            }
-            None => None,
-        };
+        let notif = spec
+            .notif
+            .as_deref()
+            .map(|n| frame_notif(&inner, &me, n, Op::MakeXfer))
+            .transpose()?;
         let mut nr = peer.addrs.len().min(inner.rails.len());
         let mut mds = Vec::with_capacity(spec.segments.len() * 2);
         let mut segs = Vec::with_capacity(spec.segments.len());
@@ -372,5 +376,12 @@ impl BackendXfer for LfXfer {
             if self.write { "WRITE" } else { "READ" },
             split.join(", ")
         ))
+    }
+    fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {
+        let framed = msg
+            .map(|m| frame_notif(&self.inner, &self.inner.agent, m, Op::PostXfer))
+            .transpose()?;
+        lock(&self.core).notif = framed;
+        Ok(())
     }
 }

@@ -382,6 +382,7 @@ impl Backend for UcxBackend {
             mem_type: mem_type.unwrap_or(sys::UCS_MEMORY_TYPE_HOST),
             segs,
             notif,
+            header: self.header.clone(),
             cancel_timeout: self.params.cancel_timeout,
             _keep: keep,
             cur: None,

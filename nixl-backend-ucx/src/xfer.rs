@@ -132,6 +132,8 @@ pub(crate) struct UcxXfer {
     pub mem_type: sys::ucs_memory_type_t,
     pub segs: Vec<Seg>,
     pub notif: Option<Notif>,
+    /// This agent's notification header (for [`BackendXfer::set_notif`]).
+    pub header: Arc<[u8]>,
     pub cancel_timeout: Duration,
     /// Keeps the segments' local and remote metadata (memory handles, rkeys) alive.
     pub _keep: Vec<nixl_core::backend::BackendMd>,
@@ -358,5 +360,10 @@ impl BackendXfer for UcxXfer {
 
     fn path(&self) -> Option<String> {
         Some(self.path.get_or_init(|| self.peer.transports()).clone())
+    }
+
+    fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {
+        self.notif = msg.map(|m| (self.header.clone(), Arc::<[u8]>::from(m)));
+        Ok(())
     }
 }

@@ -163,6 +163,17 @@ pub trait BackendXfer: Send {
     fn path(&self) -> Option<String> {
         None
     }
+    /// Replaces the notification the following posts send after their data (`None`: none).
+    /// Called only while the transfer is not in flight, and only on backends that declare
+    /// notifications; the default refuses.
+    fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {
+        let _ = msg;
+        Err(crate::Error::not_supported(
+            "",
+            crate::Op::PostXfer,
+            "this backend cannot change a prepared request's notification",
+        ))
+    }
 }
 
 /// A transport or storage engine.

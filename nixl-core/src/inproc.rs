@@ -370,4 +370,9 @@ impl BackendXfer for InprocXfer {
     fn path(&self) -> Option<String> {
         Some("in-process memcpy".to_owned())
     }
+
+    fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {
+        self.notif = msg.map(<[u8]>::to_vec);
+        Ok(())
+    }
 }

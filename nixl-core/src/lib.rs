@@ -80,11 +80,11 @@ mod telemetry;
 pub mod testing;
 mod xfer;
 
-pub use agent::{Agent, AgentConfig};
+pub use agent::{Agent, AgentConfig, BackendHandle};
 pub use backend::{Capabilities, CostEstimate, CostMethod, QueryResult, XferState};
 pub use codec::AgentMetadata;
 pub use desc::{Desc, XferDescList, XferOp};
-pub use error::{DecodeError, Error, Op, Result};
+pub use error::{DecodeError, Error, ErrorKind, Op, Result, SharedError};
 pub use fault::{FaultEvent, FaultLog, FaultParams, FaultPlan};
 pub use inproc::{InprocParams, InprocPlugin, INPROC};
 pub use mem::{HostBuffer, MemKind, MemoryRegion, RawRegion, RegionDesc, PAGE_SIZE};

@@ -172,9 +172,9 @@ impl BackendPlugin for CudaIpcPlugin {
             p.kernel_min_segments = n;
         }
         if let Some(shape) = m.str("kernel_shape") {
-            p.kernel_shape = shape.parse().map_err(|why| {
-                Error::invalid("", Op::CreateBackend, format!("CUDA_IPC {why}"))
-            })?;
+            p.kernel_shape = shape
+                .parse()
+                .map_err(|why| Error::invalid("", Op::CreateBackend, format!("CUDA_IPC {why}")))?;
         }
         m.finish()?;
         Ok(Box::new(p))
@@ -627,33 +627,20 @@ impl Backend for CudaIpcBackend {
         if copies.is_empty() {
             return Err(Error::invalid(&self.agent, Op::MakeXfer, "no segments"));
         }
-        let notif = match spec.notif {
-            None => None,
-            Some(msg) if msg.len() > MAX_NOTIF => {
-                return Err(Error::invalid(
-                    &self.agent,
-                    Op::MakeXfer,
-                    format!("notification of {} bytes exceeds {MAX_NOTIF}", msg.len()),
-                ));
-            }
-            Some(msg) => {
-                let route = if spec.is_local {
-                    NotifRoute::Local(self.notifs.clone())
-                } else {
-                    let peer = self.peer(&spec.remote, Op::MakeXfer)?;
-                    NotifRoute::Remote {
-                        senders: self.senders.clone(),
-                        server: peer.server.clone(),
-                    }
-                };
-                Some(Arc::new(Notif {
-                    agent: self.agent.clone(),
-                    remote: spec.remote.clone(),
-                    msg,
-                    route,
-                }))
+        // Where this request's notifications go (kept for per-post messages).
+        let route = if spec.is_local {
+            NotifRoute::Local(self.notifs.clone())
+        } else {
+            let peer = self.peer(&spec.remote, Op::MakeXfer)?;
+            NotifRoute::Remote {
+                senders: self.senders.clone(),
+                server: peer.server.clone(),
             }
         };
+        let notif = spec
+            .notif
+            .map(|msg| Notif::new(&self.agent, &spec.remote, msg, route.clone(), Op::MakeXfer))
+            .transpose()?;
         let stream =
             cuda::stream::Stream::new(self.ctx.clone()).map_err(|e| with_agent(e, &self.agent))?;
         let event = Arc::new(
@@ -720,6 +707,8 @@ impl Backend for CudaIpcBackend {
             event,
             engine,
             notif,
+            remote: spec.remote.clone(),
+            route,
             ticket: None,
             completer: self.completer.shared(),
             cancel_timeout: self.params.cancel_timeout,
@@ -788,7 +777,7 @@ mod tests {
         ] {
             let m = BTreeMap::from([(k.to_owned(), v.to_owned())]);
             assert_eq!(
-                p.parse_params(&m).err().map(|e| e.kind_name()),
+                p.parse_params(&m).err().map(|e| e.kind().as_str()),
                 Some("invalid_param"),
                 "{k}={v}"
             );
@@ -824,7 +813,7 @@ mod tests {
                     ..Default::default()
                 })
                 .unwrap_err();
-            assert_eq!(e.kind_name(), "invalid_param", "{e}");
+            assert_eq!(e.kind().as_str(), "invalid_param", "{e}");
             assert!(a.backends().is_empty());
         }
         let m = BTreeMap::from([(
@@ -843,7 +832,7 @@ mod tests {
         }
         let a = nixl_core::Agent::new("a", nixl_core::AgentConfig::default()).unwrap();
         let e = a.create_backend(CudaIpcParams::default()).unwrap_err();
-        assert_eq!(e.kind_name(), "unavailable", "{e}");
+        assert_eq!(e.kind().as_str(), "unavailable", "{e}");
         assert!(a.backends().is_empty());
     }
 }

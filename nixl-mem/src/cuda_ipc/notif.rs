@@ -314,6 +314,6 @@ mod tests {
         let e = NotifSenders::default()
             .send("a", "b", &name, b"x")
             .unwrap_err();
-        assert_eq!(e.kind_name(), "remote_disconnect");
+        assert_eq!(e.kind().as_str(), "remote_disconnect");
     }
 }

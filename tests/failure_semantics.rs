@@ -135,7 +135,12 @@ fn restarted_target_fences_old_requests_and_new_ones_work() {
             listed.bytes,
             listed.error
         ),
-        (name.as_str(), XferOp::Write, big, "peer_restarted")
+        (
+            name.as_str(),
+            XferOp::Write,
+            big,
+            nixl::core::ErrorKind::PeerRestarted
+        )
     );
 
     // Old request and old prepared list: typed errors, nothing sent.

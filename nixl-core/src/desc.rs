@@ -114,7 +114,7 @@ impl XferDescList {
         w.into_vec()
     }
 
-    /// Decodes [`XferDescList::encode`]'s bytes: bounded (at most [`MAX_LIST`] descriptors,
+    /// Decodes [`XferDescList::encode`]'s bytes: bounded (at most `MAX_LIST` (2^24) descriptors,
     /// nothing allocated beyond the input's size) and typed; a descriptor whose range
     /// overflows is refused. Whether the descriptors lie in registered memory is checked
     /// later, by `prep_xfer_dlist`.

@@ -1,7 +1,7 @@
 //! # nixl-core
 //!
 //! The heart of nixl-rs: an [`Agent`] per process registers memory with pluggable
-//! [`Backend`]s, exchanges metadata with peers, and moves descriptor lists with one-sided
+//! [`Backend`](backend::Backend)s, exchanges metadata with peers, and moves descriptor lists with one-sided
 //! READ/WRITE and notifications — NIXL's model, with Rust's guarantees:
 //!
 //! - **Registrations keep memory alive.** [`Agent::register_mem`] takes the memory itself

@@ -63,8 +63,8 @@ pub struct UncertainXfer {
     pub op: XferOp,
     /// Bytes of the request.
     pub bytes: u64,
-    /// The error's kind ([`Error::kind_name`]).
-    pub error: &'static str,
+    /// The error's kind.
+    pub error: crate::ErrorKind,
 }
 
 enum Side {
@@ -455,7 +455,7 @@ impl XferReq {
                 remote: self.spec.remote.clone(),
                 op: self.op,
                 bytes: self.spec.total_bytes(),
-                error: e.kind().as_str(),
+                error: e.kind(),
             });
         }
     }

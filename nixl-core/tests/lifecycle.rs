@@ -522,7 +522,12 @@ fn uncertain_requests_are_listed() {
     assert_eq!(u.len(), 1);
     assert_eq!(
         (u[0].id, u[0].remote.as_str(), u[0].bytes, u[0].error),
-        (req.id(), b.name(), 4096, "peer_restarted")
+        (
+            req.id(),
+            b.name(),
+            4096,
+            nixl_core::ErrorKind::PeerRestarted
+        )
     );
     a.clear_uncertain_requests();
     assert!(a.uncertain_requests().is_empty());

@@ -16,8 +16,9 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
+use nixl_core::backend::BackendMd;
 use nixl_core::nixl_wire::NixlWire;
-use nixl_core::{BackendMd, Error, MemKind, Op, RegionDesc, Result};
+use nixl_core::{Error, MemKind, Op, RegionDesc, Result};
 
 use crate::backend::{lock, UcxBackend};
 use crate::endpoint::Peer;
@@ -189,7 +190,7 @@ fn mismatch(agent: &str, local: String, peer: String) -> Error {
         backend: UCX.to_owned(),
         op: Op::LoadMetadata,
         message: source.to_string(),
-        source: Some(Box::new(source)),
+        source: Some(Arc::new(source)),
     }
 }
 

@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicI32, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use nixl_core::{BackendXfer, Error, Op, Result, XferOp, XferState};
+use nixl_core::backend::BackendXfer;
+use nixl_core::{Error, Op, Result, XferOp, XferState};
 
 use crate::endpoint::Peer;
 use crate::error::status_error;
@@ -22,6 +23,17 @@ const FAILED: u8 = 2;
 
 /// A notification: (active-message id, header naming the sender, message).
 pub(crate) type Notif = (u32, Arc<[u8]>, Arc<[u8]>);
+
+/// A notification from `agent` to `peer` in the format the peer reads: nixl-rs' (its own AM id,
+/// `header` naming the sender) or NIXL's (AM 0, no header, a `nixlSerDes` payload).
+pub(crate) fn make_notif(agent: &str, header: &Arc<[u8]>, peer: &Peer, msg: &[u8]) -> Notif {
+    if peer.nixl {
+        let payload = nixl_core::nixl_wire::notif::encode_notif(agent, msg);
+        (crate::nixl::AM_NIXL, Arc::from(&[][..]), payload.into())
+    } else {
+        (crate::worker::AM_NOTIF, header.clone(), msg.into())
+    }
+}
 
 /// One post's completion state, shared with UCX callbacks.
 pub(crate) struct PostState {
@@ -131,9 +143,11 @@ pub(crate) struct UcxXfer {
     pub mem_type: sys::ucs_memory_type_t,
     pub segs: Vec<Seg>,
     pub notif: Option<Notif>,
+    /// This agent's notification header (for [`BackendXfer::set_notif`]).
+    pub header: Arc<[u8]>,
     pub cancel_timeout: Duration,
     /// Keeps the segments' local and remote metadata (memory handles, rkeys) alive.
-    pub _keep: Vec<nixl_core::BackendMd>,
+    pub _keep: Vec<nixl_core::backend::BackendMd>,
     pub cur: Option<Arc<PostState>>,
     pub path: OnceLock<String>,
 }
@@ -357,5 +371,10 @@ impl BackendXfer for UcxXfer {
 
     fn path(&self) -> Option<String> {
         Some(self.path.get_or_init(|| self.peer.transports()).clone())
+    }
+
+    fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {
+        self.notif = msg.map(|m| make_notif(&self.agent, &self.header, &self.peer, m));
+        Ok(())
     }
 }

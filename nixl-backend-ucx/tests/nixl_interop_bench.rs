@@ -83,14 +83,15 @@ fn run(test: &str, env: &NixlEnv, kind: MemKind, tls: &str, len: usize, iters: u
         },
     )
     .expect("agent");
-    rs.create_backend(UcxParams {
-        library_path: Some(env.ucx.clone()),
-        transports: Some(tls.to_owned()),
-        nixl_compat: true,
-        ..UcxParams::default()
-    })
-    .expect("UCX on the wheel's libucp");
-    if !rs.backend_capabilities("UCX").expect("caps").supports(kind) {
+    let ucx = rs
+        .create_backend(UcxParams {
+            library_path: Some(env.ucx.clone()),
+            transports: Some(tls.to_owned()),
+            nixl_compat: true,
+            ..UcxParams::default()
+        })
+        .expect("UCX on the wheel's libucp");
+    if !ucx.capabilities().supports(kind) {
         nixl_core::testing::skip(
             test,
             nixl_core::testing::Dep::CudaUcx,

@@ -162,7 +162,7 @@ fn serve(mut s: TcpStream, agent: &Weak<Shared>, stop: &AtomicBool) -> std::io::
                 }
                 Command::Invalidate(name) => {
                     if agent.peer_wire(&name) == Some(Wire::Nixl) {
-                        if let Err(e) = agent.invalidate_remote(&name) {
+                        if let Err(e) = agent.invalidate_remote_metadata(&name) {
                             tracing::debug!(agent = %agent.name(), error = %e, "NIXLCOMM INVL");
                         }
                     } else {

@@ -181,12 +181,8 @@ impl NixlMetadata {
                 let (fixed, public) = e
                     .split_at_checked(24)
                     .ok_or(DecodeError::Invalid { what: "descriptor" })?;
-                let word = |i: usize| {
-                    let mut a = [0u8; 8];
-                    a.copy_from_slice(&fixed[i * 8..i * 8 + 8]);
-                    u64::from_le_bytes(a)
-                };
-                let (addr, len, dev_id) = (word(0), word(1), word(2));
+                let mut f = crate::bytes::ByteReader::new(fixed);
+                let (addr, len, dev_id) = (f.u64()?, f.u64()?, f.u64()?);
                 if len == 0 || addr.checked_add(len).is_none() {
                     return Err(DecodeError::Invalid {
                         what: "region range",

@@ -9,15 +9,16 @@
 //! reader does not check the `'|'` after a payload; this one does, bounds every length by the
 //! bytes left, and so only refuses blobs NIXL would also mis-parse.
 
+use crate::bytes::{ByteReader, ByteWriter};
 use crate::error::DecodeError;
 
 /// The 11-byte prefix of every blob.
 pub const MAGIC: &[u8; 11] = b"nixlSerDes|";
 
-/// Builds a blob field by field.
+/// Builds a blob field by field (over the crate's one byte writer).
 #[derive(Debug, Clone)]
 pub struct Writer {
-    buf: Vec<u8>,
+    w: ByteWriter,
 }
 
 impl Default for Writer {
@@ -29,19 +30,18 @@ impl Default for Writer {
 impl Writer {
     /// A blob holding only the magic.
     pub fn new() -> Self {
-        Writer {
-            buf: MAGIC.to_vec(),
-        }
+        let mut w = ByteWriter::with_capacity(256);
+        w.put(MAGIC);
+        Writer { w }
     }
 
     /// Appends `tag ‖ len ‖ payload ‖ '|'` (NIXL's `addStr` and `addBuf`).
     pub fn field(&mut self, tag: &[u8], payload: &[u8]) -> &mut Self {
-        self.buf.reserve(tag.len() + 9 + payload.len());
-        self.buf.extend_from_slice(tag);
-        self.buf
-            .extend_from_slice(&(payload.len() as u64).to_le_bytes());
-        self.buf.extend_from_slice(payload);
-        self.buf.push(b'|');
+        self.w
+            .put(tag)
+            .put_u64(payload.len() as u64)
+            .put(payload)
+            .put_u8(b'|');
         self
     }
 
@@ -57,15 +57,15 @@ impl Writer {
 
     /// The bytes so far.
     pub fn finish(self) -> Vec<u8> {
-        self.buf
+        self.w.into_vec()
     }
 }
 
-/// Reads a blob field by field, strictly in order.
+/// Reads a blob field by field, strictly in order (over the crate's one byte reader). A
+/// field that fails to read leaves the position where it was.
 #[derive(Debug, Clone)]
 pub struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
+    r: ByteReader<'a>,
 }
 
 impl<'a> Reader<'a> {
@@ -74,38 +74,35 @@ impl<'a> Reader<'a> {
         if !buf.starts_with(MAGIC) {
             return Err(DecodeError::BadMagic);
         }
-        Ok(Reader {
-            buf,
-            pos: MAGIC.len(),
-        })
+        let mut r = ByteReader::new(buf);
+        r.take(MAGIC.len())?;
+        Ok(Reader { r })
     }
 
     /// Bytes not read yet.
     pub fn remaining(&self) -> usize {
-        self.buf.len() - self.pos
+        self.r.remaining()
     }
 
     /// The read position.
     pub fn position(&self) -> usize {
-        self.pos
+        self.r.position()
     }
 
     /// Whether everything was read.
     pub fn at_end(&self) -> bool {
-        self.pos == self.buf.len()
+        self.remaining() == 0
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
-        let rest = self.remaining();
-        if n > rest {
-            return Err(DecodeError::Truncated {
-                offset: self.pos,
-                needed: n - rest,
-            });
-        }
-        let s = &self.buf[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(s)
+    /// Runs `f`; on error, puts the position back.
+    fn atomic<T>(
+        &mut self,
+        f: impl FnOnce(&mut ByteReader<'a>) -> Result<T, DecodeError>,
+    ) -> Result<T, DecodeError> {
+        let mut r = self.r.clone();
+        let out = f(&mut r)?;
+        self.r = r;
+        Ok(out)
     }
 
     /// Reads the field tagged `tag` and returns its payload, at most `max` bytes long.
@@ -115,39 +112,7 @@ impl<'a> Reader<'a> {
         what: &'static str,
         max: usize,
     ) -> Result<&'a [u8], DecodeError> {
-        let start = self.pos;
-        let r = self.field_inner(tag, what, max);
-        if r.is_err() {
-            self.pos = start;
-        }
-        r
-    }
-
-    fn field_inner(
-        &mut self,
-        tag: &[u8],
-        what: &'static str,
-        max: usize,
-    ) -> Result<&'a [u8], DecodeError> {
-        if self.take(tag.len())? != tag {
-            return Err(DecodeError::Invalid { what });
-        }
-        let mut len = [0u8; 8];
-        len.copy_from_slice(self.take(8)?);
-        let len = u64::from_le_bytes(len);
-        if len > max as u64 {
-            return Err(DecodeError::TooLarge {
-                what,
-                value: len,
-                limit: max as u64,
-            });
-        }
-        // Bounded by `max`, so it fits a usize.
-        let payload = self.take(len as usize)?;
-        if self.take(1)? != b"|" {
-            return Err(DecodeError::Invalid { what });
-        }
-        Ok(payload)
+        self.atomic(|r| field(r, tag, what, max))
     }
 
     /// Reads an 8-byte integer field.
@@ -155,26 +120,22 @@ impl<'a> Reader<'a> {
         self.exact::<8>(tag, what).map(u64::from_le_bytes)
     }
 
-    /// Reads a field whose payload is exactly `N` bytes (NIXL's `getBuf`), moving nothing on
-    /// error.
+    /// Reads a 4-byte integer field.
+    pub fn i32(&mut self, tag: &[u8], what: &'static str) -> Result<i32, DecodeError> {
+        self.exact::<4>(tag, what).map(i32::from_le_bytes)
+    }
+
+    /// Reads a field whose payload is exactly `N` bytes (NIXL's `getBuf`).
     fn exact<const N: usize>(
         &mut self,
         tag: &[u8],
         what: &'static str,
     ) -> Result<[u8; N], DecodeError> {
-        let start = self.pos;
-        let r = self
-            .field(tag, what, N)
-            .and_then(|p| p.try_into().map_err(|_| DecodeError::Invalid { what }));
-        if r.is_err() {
-            self.pos = start;
-        }
-        r
-    }
-
-    /// Reads a 4-byte integer field.
-    pub fn i32(&mut self, tag: &[u8], what: &'static str) -> Result<i32, DecodeError> {
-        self.exact::<4>(tag, what).map(i32::from_le_bytes)
+        self.atomic(|r| {
+            field(r, tag, what, N)?
+                .try_into()
+                .map_err(|_| DecodeError::Invalid { what })
+        })
     }
 
     /// Reads a field whose payload is UTF-8 text of 1..=`max` bytes.
@@ -184,23 +145,47 @@ impl<'a> Reader<'a> {
         what: &'static str,
         max: usize,
     ) -> Result<String, DecodeError> {
-        let p = self.field(tag, what, max)?;
-        if p.is_empty() {
-            return Err(DecodeError::Invalid { what });
-        }
-        std::str::from_utf8(p)
-            .map(str::to_owned)
-            .map_err(|_| DecodeError::Invalid { what })
+        self.atomic(|r| {
+            let p = field(r, tag, what, max)?;
+            if p.is_empty() {
+                return Err(DecodeError::Invalid { what });
+            }
+            std::str::from_utf8(p)
+                .map(str::to_owned)
+                .map_err(|_| DecodeError::Invalid { what })
+        })
     }
 
     /// Fails unless every byte was read.
     pub fn end(&self) -> Result<(), DecodeError> {
-        if self.at_end() {
-            Ok(())
-        } else {
-            Err(DecodeError::Trailing(self.remaining()))
-        }
+        self.r.clone().finish()
     }
+}
+
+/// `tag ‖ u64 len ‖ payload ‖ '|'`, with `len` at most `max` and the bytes left.
+fn field<'a>(
+    r: &mut ByteReader<'a>,
+    tag: &[u8],
+    what: &'static str,
+    max: usize,
+) -> Result<&'a [u8], DecodeError> {
+    if r.take(tag.len())? != tag {
+        return Err(DecodeError::Invalid { what });
+    }
+    let len = r.u64()?;
+    if len > max as u64 {
+        return Err(DecodeError::TooLarge {
+            what,
+            value: len,
+            limit: max as u64,
+        });
+    }
+    // Bounded by `max`, so it fits a usize.
+    let payload = r.take(len as usize)?;
+    if r.u8()? != b'|' {
+        return Err(DecodeError::Invalid { what });
+    }
+    Ok(payload)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use crate::error::Result;
 use crate::mem::RegionDesc;
 
 /// A backend's NIXL encodings. Transfers, notifications, disconnects and unloads go through
-/// the backend's ordinary [`crate::Backend`] methods: the backend remembers which peers it
+/// the backend's ordinary [`crate::backend::Backend`] methods: the backend remembers which peers it
 /// connected with [`NixlWire::nixl_connect`] and speaks NIXL's wire to them.
 pub trait NixlWire: Send + Sync {
     /// The connection info NIXL's backend of this type publishes (UCX: the raw address of the

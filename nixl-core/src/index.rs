@@ -108,7 +108,7 @@ mod tests {
                     .max_by_key(|(i, r)| (r.0, *i))
                     .map(|(_, r)| *r);
                 let got = idx
-                    .find(MemKind::Dram, 0, addr, len, |r| covers(r))
+                    .find(MemKind::Dram, 0, addr, len, covers)
                     .copied();
                 assert_eq!(got, want, "addr {addr} len {len}");
             }

@@ -32,6 +32,8 @@ trap skip_summary EXIT
 
 echo "== NIXL interop tests run against: nixl-cu13 $(PYTHONPATH="${NIXL_PYTHONPATH:-}" python3 -c 'from importlib.metadata import version; print(version("nixl-cu13"))' 2>/dev/null || echo 'MISSING (scripts/deps/nixl.sh)'), UCX $(basename "${NIXL_WHEEL_UCX:-none}")"
 cargo test --workspace --all-features --no-fail-fast "$@"
+echo "== quick start (docs/concepts.md, two processes over UCX)"
+cargo run --quiet --all-features --example quickstart
 for op in write read; do
     echo "== main job: disagg_kv --op $op"
     cargo run --quiet --all-features --example disagg_kv -- --op "$op" --requests 8 --layers 4 --blocks 64 --block-bytes 65536

@@ -26,8 +26,13 @@ const WAIT: Duration = Duration::from_secs(20);
 
 /// A nixl-rs agent on the wheel's UCX, mirroring NIXL's UCX context.
 fn rs_agent(env: &NixlEnv, role: &str, tls: &str) -> Agent {
+    rs_agent_named(env, &common::unique(role), tls)
+}
+
+/// Like [`rs_agent`] with a given name.
+fn rs_agent_named(env: &NixlEnv, name: &str, tls: &str) -> Agent {
     let a = Agent::new(
-        &common::unique(role),
+        name,
         AgentConfig {
             default_timeout: WAIT,
             ..AgentConfig::default()
@@ -573,4 +578,46 @@ fn metadata_by_etcd_under_nixls_keys() {
     assert_eq!(st["loaded"], json!(false), "NIXL saw our prefix deleted");
     py.ok(json!({"op": "invalidate_local"}));
     eventually("NIXL's delete", || !rs.remotes().contains(&py.name));
+}
+
+#[test]
+fn nixl_rs_restart_needs_invalidation_on_nixl() {
+    let test = "nixl_rs_restart_needs_invalidation_on_nixl";
+    let Some(env) = nixl_or_skip(test) else {
+        return;
+    };
+    let port = free_port();
+    let mut py = NixlPeer::start_listening(&env, &common::unique("py-fence"), common::TCP, port);
+    let py_src = py.alloc(LEN, Some(66));
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let name = common::unique("rs-restarting");
+    let first = rs_agent_named(&env, &name, common::TCP);
+    first.nixl_send_local_metadata(addr).expect("send");
+    let st = py.ok(json!({"op": "check_md", "name": name, "wait": 10}));
+    assert_eq!(st["loaded"], json!(true));
+    drop(first); // the nixl-rs process "restarts": same name, new worker address
+    let second = rs_agent_named(&env, &name, common::TCP);
+    let dst = buf(LEN, None);
+    let _r = second
+        .register_mem(vec![dst.clone()], &[])
+        .expect("register");
+    let blob = second.local_nixl_metadata().expect("md");
+    let e = py
+        .load(&blob)
+        .expect_err("NIXL refuses new connection info for a loaded name");
+    assert!(e.contains("NOT_ALLOWED"), "{e}");
+    // The documented way back: invalidate first, then publish again.
+    second.nixl_invalidate_local_metadata(addr).expect("INVL");
+    let st = py.ok(json!({"op": "check_md", "name": name, "want": false, "wait": 10}));
+    assert_eq!(st["loaded"], json!(false));
+    assert_eq!(py.load(&blob).expect("loads after INVL"), name);
+    assert_eq!(
+        py.xfer("WRITE", py_src, dst.addr(), LEN, &name, b"back"),
+        "DONE"
+    );
+    assert_eq!(
+        second.wait_notifs(WAIT).expect("notif")[&py.name],
+        vec![b"back".to_vec()]
+    );
+    assert!(dst.to_vec() == pattern(LEN, 66));
 }

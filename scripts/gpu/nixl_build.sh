@@ -5,8 +5,8 @@
 #                     machine's Python): the Python package, libnixl and its libraries, the UCX
 #                     plugin only, the bundled UCX 1.23 with its cma/cuda modules only, and
 #                     libcudart.so.13 (UCX's cuda memory hooks need it; torch may ship another)
-#   .carry/bin/nixl-interop-bench   the test binary of nixl-backend-ucx/tests/nixl_interop_bench.rs
-# Carry both paths (`carry: [".carry/nixl312", ".carry/bin"]`).
+#   .carry/nixl-bin/nixl-interop-bench   the test binary of nixl-backend-ucx/tests/nixl_interop_bench.rs
+# Carry both paths (`carry: [".carry/nixl312", ".carry/nixl-bin"]`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PKG="${NIXL_PKG:-nixl-cu13}"
@@ -57,13 +57,13 @@ echo "nixl_build.sh: $(du -sh "$OUTDIR" | cut -f1) in $OUTDIR"
 
 # The test binary (release, stripped). It finds tests/nixl_peer.py through NIXL_PEER_SCRIPT.
 export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
-mkdir -p .carry/bin
+mkdir -p .carry/nixl-bin
 exe=$(cargo test --release -p nixl-backend-ucx --test nixl_interop_bench --no-run --message-format=json 2>/dev/null \
   | python3 -c 'import json,sys
 for l in sys.stdin:
     try: m=json.loads(l)
     except ValueError: continue
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="nixl_interop_bench": print(m["executable"])' | tail -n1)
-cp "$exe" .carry/bin/nixl-interop-bench
-du -sh .carry/bin/nixl-interop-bench "$OUTDIR"
-echo "nixl_build.sh: total $(du -csh "$OUTDIR" .carry/bin/nixl-interop-bench | tail -n1 | cut -f1) (limit 64 MiB per call)"
+cp "$exe" .carry/nixl-bin/nixl-interop-bench
+du -sh .carry/nixl-bin/nixl-interop-bench "$OUTDIR"
+echo "nixl_build.sh: total $(du -csh "$OUTDIR" .carry/nixl-bin/nixl-interop-bench | tail -n1 | cut -f1) (limit 64 MiB per call)"

@@ -14,9 +14,10 @@ s="$OUT/nixl-summary.txt"; : > "$s"
 say() { echo "$*" | tee -a "$s"; }
 say "== host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n1); python $(python3 -V 2>&1)"
 say "== imports: $(PYTHONPATH="$N" python3 -c 'import numpy, torch, nixl_cu13._api; print("numpy", numpy.__version__, "torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -n1)"
-for t in vram_write_beside_nixl dram_write_beside_nixl; do
+for t in vram_write_beside_nixl:360 dram_write_beside_nixl:150; do
+    limit=${t#*:}; t=${t%:*}
     say "== $t"
-    timeout 300 .carry/bin/nixl-interop-bench "$t" --exact --nocapture > "$OUT/$t.log" 2>&1
+    timeout "$limit" .carry/nixl-bin/nixl-interop-bench "$t" --exact --nocapture > "$OUT/$t.log" 2>&1
     rc=$?
     grep -E "GB/s|every byte|path|SKIPPED|panicked|test result" "$OUT/$t.log" | tee -a "$s"
     say "rc=$rc"

@@ -42,17 +42,23 @@
 
 pub mod cuda;
 pub mod cuda_ipc;
+#[cfg(feature = "cufile")]
+pub mod cufile;
 #[cfg(feature = "gaudi")]
 pub mod gaudi;
 mod host;
 #[cfg(feature = "rocm")]
 pub mod rocm;
 mod shared;
+mod sys;
 mod wire;
 
 pub use cuda::device::DeviceBuffer;
 pub use cuda::ipc::{DmaBuf, IpcHandle, IpcMapping};
-pub use cuda::{device_count as cuda_device_count, is_available as cuda_is_available, CudaError};
+pub use cuda::{
+    device_count as cuda_device_count, is_available as cuda_is_available, Context, CudaError,
+    Stream,
+};
 pub use cuda_ipc::{
     CudaIpcBackend, CudaIpcParams, CudaIpcPlugin, KernelSchedule, KernelShape, CUDA_IPC,
 };

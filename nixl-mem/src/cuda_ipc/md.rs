@@ -5,7 +5,9 @@ use std::sync::Arc;
 use cudarc::driver::CudaContext;
 use nixl_core::DecodeError;
 
-use crate::cuda::{self, check, sys};
+use crate::cuda;
+use crate::sys::cu as sys;
+use crate::sys::memory::HostRegistration;
 use crate::{IpcHandle, IpcMapping, SharedHostHandle, SharedHostMapping};
 
 const TAG_VRAM: u8 = b'V';
@@ -54,8 +56,7 @@ impl Public {
 
 /// Host pages this backend page-locked at registration; unlocked on drop.
 pub(crate) struct HostPin {
-    ctx: Arc<CudaContext>,
-    addr: u64,
+    _reg: HostRegistration,
 }
 
 impl HostPin {
@@ -66,43 +67,15 @@ impl HostPin {
         addr: u64,
         len: u64,
     ) -> Result<Option<Self>, cuda::CudaError> {
-        cuda::bind(ctx).map_err(|_| cuda::CudaError {
-            call: "cuCtxSetCurrent",
-            code: 0,
-            name: "bind failed".into(),
-        })?;
-        // SAFETY: the agent keeps the region's memory alive while it is registered; the pin is
-        // dropped (unregistered) when the registration's metadata is released, before that.
-        let r = unsafe {
-            sys::cuMemHostRegister_v2(
-                addr as *mut std::ffi::c_void,
-                len as usize,
-                sys::CU_MEMHOSTREGISTER_PORTABLE,
-            )
-        };
-        match check("cuMemHostRegister", r) {
-            Ok(()) => Ok(Some(HostPin {
-                ctx: ctx.clone(),
-                addr,
-            })),
+        // Crate invariant: the agent keeps the region's memory alive while it is registered;
+        // the pin is dropped (unregistered) when the registration's metadata is released,
+        // before that.
+        match HostRegistration::new(ctx, addr, len as usize) {
+            Ok(reg) => Ok(Some(HostPin { _reg: reg })),
             Err(e) if e.code == sys::CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED as u32 => {
                 Ok(None)
             }
             Err(e) => Err(e),
-        }
-    }
-}
-
-impl Drop for HostPin {
-    fn drop(&mut self) {
-        if let Err(e) = cuda::bind(&self.ctx) {
-            tracing::warn!(error = %e, "binding a context to unpin failed");
-        }
-        // SAFETY: registered in `new`, unregistered once, while the memory is still alive.
-        if let Err(e) = check("cuMemHostUnregister", unsafe {
-            sys::cuMemHostUnregister(self.addr as *mut std::ffi::c_void)
-        }) {
-            tracing::warn!(error = %e, "unpinning a registered host region failed");
         }
     }
 }

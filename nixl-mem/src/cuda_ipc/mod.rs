@@ -661,10 +661,11 @@ impl Backend for CudaIpcBackend {
                 }))
             }
         };
-        let stream =
-            cuda::stream::Stream::new(self.ctx.clone()).map_err(|e| with_agent(e, &self.agent))?;
+        let stream = cuda::Stream::create(self.ctx.clone())
+            .map_err(|e| cuda::to_error(&self.agent, Op::MakeXfer, e))?;
         let event = Arc::new(
-            cuda::stream::Event::new(self.ctx.clone()).map_err(|e| with_agent(e, &self.agent))?,
+            cuda::Event::create(self.ctx.clone())
+                .map_err(|e| cuda::to_error(&self.agent, Op::MakeXfer, e))?,
         );
         // Copies that depend on each other run one by one, in order (the kernel's CTAs and a
         // batch's copies run in any order).

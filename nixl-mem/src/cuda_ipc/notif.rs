@@ -122,9 +122,7 @@ fn serve(listener: UnixListener, stop: Arc<AtomicBool>, notifs: Arc<NotifQueue>)
                 revents: 0,
             })
             .collect();
-        // SAFETY: `fds` is a valid array of `fds.len()` pollfd entries for the whole call.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 50) };
-        if n <= 0 {
+        if !matches!(crate::sys::host::poll(&mut fds, 50), Ok(n) if n > 0) {
             continue;
         }
         if fds[0].revents != 0 {

@@ -53,6 +53,68 @@ mod shared;
 mod sys;
 mod wire;
 
+/// The decoders of bytes that come from peers, for the fuzz targets in `fuzz/` (feature
+/// `fuzzing`; not a stable API). Each returns the re-encoding of what it decoded, so a target
+/// can check that a decode is exact.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    use crate::cuda_ipc::notif::FrameReader;
+    use crate::cuda_ipc::{ConnInfo, Public};
+
+    /// The longest sender name a connection's first frame may carry.
+    pub const MAX_NAME: usize = crate::cuda_ipc::notif::MAX_NAME;
+    /// The longest notification.
+    pub const MAX_NOTIF: usize = crate::cuda_ipc::notif::MAX_NOTIF;
+
+    /// One frame of the notification stream.
+    pub fn frame(b: &[u8]) -> Vec<u8> {
+        crate::cuda_ipc::notif::frame(b)
+    }
+
+    /// A `CUDA_IPC` region's public metadata (VRAM IPC handle, shared host handle, private).
+    pub fn region_md(b: &[u8]) -> Option<Vec<u8>> {
+        Public::decode(b).ok().map(|p| p.encode())
+    }
+
+    /// A `CUDA_IPC` backend's connection info.
+    pub fn conn_info(b: &[u8]) -> Option<Vec<u8>> {
+        ConnInfo::decode(b).ok().map(|c| c.encode())
+    }
+
+    /// A CUDA IPC handle ([`crate::IpcHandle::from_bytes`]).
+    pub fn ipc_handle(b: &[u8]) -> Option<Vec<u8>> {
+        crate::IpcHandle::from_bytes(b).ok().map(|h| h.to_bytes())
+    }
+
+    /// A shared host buffer's handle ([`crate::SharedHostHandle::from_bytes`]).
+    pub fn shared_handle(b: &[u8]) -> Option<Vec<u8>> {
+        crate::SharedHostHandle::from_bytes(b)
+            .ok()
+            .map(|h| h.to_bytes())
+    }
+
+    /// The notification stream of one `CUDA_IPC` connection, fed in pieces.
+    #[derive(Debug, Default)]
+    pub struct Frames(FrameReader);
+
+    impl Frames {
+        /// Feeds bytes; the notifications they completed, or `None` when the peer broke the
+        /// protocol.
+        pub fn feed(&mut self, bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
+            let mut out = Vec::new();
+            self.0
+                .feed(bytes, |s, m| out.push((s.to_owned(), m)))
+                .then_some(out)
+        }
+
+        /// Bytes buffered and not yet part of a complete frame.
+        pub fn buffered(&self) -> usize {
+            self.0.buffered()
+        }
+    }
+}
+
 pub use cuda::device::DeviceBuffer;
 pub use cuda::ipc::{DmaBuf, IpcHandle, IpcMapping};
 pub use cuda::{

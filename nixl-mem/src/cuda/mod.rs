@@ -3,7 +3,7 @@
 //! bounce engine and GDS backend of nixl-backend-gds all use it).
 //!
 //! Layering (house style): `cudarc::driver::sys` is the generated, run-time-loaded binding,
-//! called only from this crate's `sys` module; [`check`] is the only place a `CUresult`
+//! called only from this crate's `sys` module; one private `check` is the only place a `CUresult`
 //! becomes a typed error ([`CudaError`], carried as the `source` of
 //! [`nixl_core::Error::Backend`] by [`CudaError::into_error`]); the safe layer is the owning
 //! types ([`DeviceBuffer`](crate::DeviceBuffer), [`IpcMapping`](crate::IpcMapping),

@@ -8,7 +8,43 @@ use nixl_core::DecodeError;
 use crate::cuda;
 use crate::sys::cu as sys;
 use crate::sys::memory::HostRegistration;
+use crate::wire::{Reader, Writer};
 use crate::{IpcHandle, IpcMapping, SharedHostHandle, SharedHostMapping};
+
+const CONN_MAGIC: &[u8; 4] = b"NXCU";
+/// The longest host id a peer may send.
+const MAX_HOST_ID: usize = 256;
+/// The longest abstract socket name (`sun_path`).
+const MAX_SOCKET_NAME: usize = 108;
+
+/// A `CUDA_IPC` backend's connection info: which host it runs on, its process id, and the
+/// abstract socket name of its notification listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ConnInfo {
+    pub host: Vec<u8>,
+    pub pid: u32,
+    pub server: Vec<u8>,
+}
+
+impl ConnInfo {
+    pub fn encode(&self) -> Vec<u8> {
+        Writer::new(CONN_MAGIC)
+            .bytes(&self.host)
+            .u64(u64::from(self.pid))
+            .bytes(&self.server)
+            .finish()
+    }
+
+    pub fn decode(info: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(info, CONN_MAGIC)?;
+        let host = r.bytes("CUDA_IPC host id", MAX_HOST_ID)?.to_vec();
+        let pid = r.u64()?;
+        let server = r.bytes("CUDA_IPC socket name", MAX_SOCKET_NAME)?.to_vec();
+        r.finish()?;
+        let pid = u32::try_from(pid).map_err(|_| DecodeError::Invalid { what: "pid" })?;
+        Ok(ConnInfo { host, pid, server })
+    }
+}
 
 const TAG_VRAM: u8 = b'V';
 const TAG_SHARED: u8 = b'S';

@@ -20,6 +20,12 @@
 //! GPU libraries are loaded at run time: the crate builds and its tests run on a machine with
 //! no GPU, where every GPU entry point returns [`nixl_core::Error::Unavailable`].
 //!
+//! This crate is the workspace's one CUDA layer (cudarc's run-time-loaded bindings, see
+//! [`cuda`]): the UCX backend registers VRAM in a GPU's primary [`Context`], and the storage
+//! backends of nixl-backend-gds copy through its [`Stream`]s and [`CudaHostBuffer`]s and reach
+//! GPUDirect Storage through `cufile` (feature `cufile`). All of the crate's calls into native
+//! code, and so all of its `unsafe` blocks, are in one private `sys` module.
+//!
 //! The [`CudaIpcBackend`] (`CUDA_IPC`) moves VRAM<->VRAM and DRAM<->VRAM between processes of
 //! one host with CUDA IPC handles, the GPUs' copy engines, and a scatter-gather copy kernel
 //! (hand-written PTX, JIT-compiled by the driver) for VRAM requests of many blocks; see

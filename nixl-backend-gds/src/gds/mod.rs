@@ -223,6 +223,7 @@ fn driver(params: &GdsParams, agent: &str) -> Result<Arc<Driver>> {
         log_path: None,
         force_compat_mode: params.force_compat_mode,
     })
+    .inspect(|_| crate::posix::bounce::note_cuda_used())
     .map_err(|e| match e {
         Error::NotSupported { op, what, .. } => Error::NotSupported {
             agent: agent.to_owned(),

@@ -21,13 +21,18 @@ use super::pool::{file_io, ChunkError, Pool};
 use super::{Chunk, PosixParams};
 use crate::sys::gpu;
 
-/// Set once a VRAM region was registered (CUDA loaded and a device found) by any POSIX or GDS
-/// backend of the process: from then on path reports name the VRAM path.
-static VRAM_SEEN: AtomicBool = AtomicBool::new(false);
+/// Set once this crate used CUDA (a VRAM registration of any POSIX or GDS backend, or the GDS
+/// driver's open): from then on POSIX path reports name the VRAM path.
+static CUDA_USED: AtomicBool = AtomicBool::new(false);
 
-/// Whether a VRAM registration of this crate succeeded in this process.
-pub(crate) fn vram_seen() -> bool {
-    VRAM_SEEN.load(Ordering::Relaxed)
+/// Whether this crate used CUDA in this process (see [`note_cuda_used`]).
+pub(crate) fn cuda_used() -> bool {
+    CUDA_USED.load(Ordering::Relaxed)
+}
+
+/// Notes that CUDA was loaded and has a device (for path reports).
+pub(crate) fn note_cuda_used() {
+    CUDA_USED.store(true, Ordering::Relaxed);
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -80,7 +85,7 @@ pub(crate) fn vram_context(agent: &str, backend: &str, region: &RegionDesc) -> R
     })?;
     ctx.check_device_range(region.addr, region.len)
         .map_err(|why| Error::invalid(agent, Op::RegisterMem, format!("VRAM region: {why}")))?;
-    VRAM_SEEN.store(true, Ordering::Relaxed);
+    note_cuda_used();
     Ok(ctx)
 }
 

@@ -795,7 +795,7 @@ impl Backend for PosixBackend {
                 ),
             };
             // The VRAM path is named once CUDA is loaded (by a VRAM registration).
-            if bounce::vram_seen() {
+            if bounce::cuda_used() {
                 format!("{dram}; VRAM: {}", self.vram_label())
             } else {
                 dram

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use crate::agent::{lock, Agent, BackendSlot, Shared};
+use crate::agent::{lock, Agent, BackendHandle, BackendSlot, Shared};
 use crate::backend::BackendMd;
 use crate::error::{Error, Op, Result};
 use crate::mem::{MemKind, MemoryRegion, RegionDesc};
@@ -66,6 +66,7 @@ impl Drop for RegInner {
 /// It keeps the memory alive; so does every prepared list and request built on it. Dropping the
 /// last of them deregisters; [`Agent::deregister_mem`] does so explicitly and reports errors.
 #[derive(Clone)]
+#[must_use = "dropping the registration deregisters the memory at once"]
 pub struct Registration {
     pub(crate) inner: Arc<RegInner>,
 }
@@ -85,22 +86,22 @@ impl Registration {
         self.inner.regions.iter().map(|r| r.desc.clone()).collect()
     }
 
-    /// The backends each region is registered with.
-    pub fn backends(&self) -> Vec<String> {
-        let mut v: Vec<String> = self
+    /// The backends the regions are registered with, in creation order.
+    pub fn backends(&self) -> Vec<BackendHandle> {
+        let mut v: Vec<(usize, BackendHandle)> = self
             .inner
             .regions
             .iter()
             .flat_map(|r| {
                 lock(&r.mds)
                     .iter()
-                    .map(|(s, _)| s.name.clone())
+                    .map(|(s, _)| (s.id, s.handle(self.inner.shared.generation)))
                     .collect::<Vec<_>>()
             })
             .collect();
-        v.sort();
-        v.dedup();
-        v
+        v.sort_by_key(|(id, _)| *id);
+        v.dedup_by_key(|(id, _)| *id);
+        v.into_iter().map(|(_, h)| h).collect()
     }
 
     /// Whether it was explicitly deregistered.
@@ -172,7 +173,7 @@ impl Agent {
     pub fn register_mem(
         &self,
         regions: Vec<Arc<dyn MemoryRegion>>,
-        hints: &[&str],
+        hints: &[BackendHandle],
     ) -> Result<Registration> {
         let name = self.name().to_owned();
         if regions.is_empty() {

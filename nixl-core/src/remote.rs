@@ -364,9 +364,11 @@ impl Agent {
         }
     }
 
-    /// Forgets a peer: its requests fail from now on, and it must be loaded again to be used.
+    /// Forgets a peer's metadata: its requests fail from now on, and it must be loaded again
+    /// to be used. (The counterpart on the peer's side is
+    /// [`Agent::invalidate_local_metadata`], which asks peers to forget it.)
     #[doc(alias = "invalidateRemoteMD")]
-    pub fn invalidate_remote(&self, remote: &str) -> Result<()> {
+    pub fn invalidate_remote_metadata(&self, remote: &str) -> Result<()> {
         let _guard = lock(&self.shared.md_lock);
         let peer = lock(&self.shared.remotes).remove(remote).ok_or_else(|| {
             Error::not_found(
@@ -411,6 +413,15 @@ impl Agent {
                 .iter()
                 .all(|d| peer.find(list.kind(), d.dev_id, d.addr, d.len).is_some()),
         }
+    }
+
+    /// The regions a loaded peer registered (from its metadata), ordered by kind, device and
+    /// address: where an initiator may read or write, without addresses passed out of band.
+    /// [`Error::NotFound`] for a peer that is not loaded.
+    pub fn remote_regions(&self, remote: &str) -> Result<Vec<RegionDesc>> {
+        let peer = self.remote_peer(remote, Op::LoadMetadata)?;
+        let regions = lock(&peer.regions);
+        Ok(regions.values().map(|r| r.desc.clone()).collect())
     }
 
     /// The generation of a loaded peer.

@@ -65,7 +65,7 @@ impl CufileError {
             backend: backend.to_owned(),
             op,
             message: self.to_string(),
-            source: Some(Box::new(self)),
+            source: Some(std::sync::Arc::new(self)),
         }
     }
 }
@@ -279,7 +279,7 @@ mod tests {
         assert_eq!(hint(0), "");
         assert_eq!(hint(1), "");
         let err = e.into_error("a", "GDS", Op::RegisterMem);
-        assert_eq!(err.kind_name(), "backend");
+        assert_eq!(err.kind().as_str(), "backend");
         assert!(std::error::Error::source(&err).is_some());
     }
 

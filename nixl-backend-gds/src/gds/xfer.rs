@@ -4,9 +4,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nixl_core::{
-    downcast_md, BackendMd, BackendXfer, Error, MemKind, Op, Result, XferOp, XferSpec, XferState,
-};
+use nixl_core::backend::{downcast_md, BackendMd, BackendXfer, XferSpec};
+use nixl_core::{Error, MemKind, Op, Result, XferOp, XferState};
 use nixl_mem::cufile::{status, Batch, BatchEvent, BatchIo, Driver};
 
 use super::{BufMd, FileMd, GdsParams, GDS};

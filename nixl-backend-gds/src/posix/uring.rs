@@ -12,7 +12,8 @@
 use std::time::{Duration, Instant};
 
 use io_uring::{opcode, types, IoUring, Probe};
-use nixl_core::{BackendXfer, Error, Op, Result, XferOp, XferState};
+use nixl_core::backend::BackendXfer;
+use nixl_core::{Error, Op, Result, XferOp, XferState};
 
 use super::Plan;
 use crate::sys::uring as sys;

@@ -61,7 +61,7 @@ impl CudaError {
             backend: backend.to_owned(),
             op,
             message: self.to_string(),
-            source: Some(Box::new(self)),
+            source: Some(std::sync::Arc::new(self)),
         }
     }
 }
@@ -292,7 +292,7 @@ mod tests {
             .unwrap_err()
             .is_not_ready());
         let err = to_error("a", Op::PostXfer, e.clone());
-        assert_eq!(err.kind_name(), "backend");
+        assert_eq!(err.kind().as_str(), "backend");
         assert!(std::error::Error::source(&err).is_some());
         match e.into_error("a", "GDS", Op::RegisterMem) {
             Error::Backend { backend, .. } => assert_eq!(backend, "GDS"),
@@ -305,11 +305,14 @@ mod tests {
         match driver() {
             Ok(()) => eprintln!("CUDA present; nothing to check"),
             Err(e) => {
-                assert_eq!(e.kind_name(), "unavailable", "{e}");
+                assert_eq!(e.kind().as_str(), "unavailable", "{e}");
                 assert!(!is_available());
                 assert!(device_count().is_err());
                 assert!(context(0).is_err());
-                assert_eq!(Context::primary(0).unwrap_err().kind_name(), "unavailable");
+                assert_eq!(
+                    Context::primary(0).unwrap_err().kind().as_str(),
+                    "unavailable"
+                );
                 assert!(!drv::has_symbol("cuInit"));
             }
         }

@@ -5,7 +5,8 @@
 # and the copy kernel's shape sweep (gpu_bench --sweep: per-block VRAM<->VRAM WRITE and READ at
 # 1 and 4 MiB x 1024 blocks for every shape of KernelShape::sweep(), table + best shape).
 # A normal run takes about four minutes; bounded by the timeouts below (3 x 90 s tests, 150 s
-# bench, 180 s sweep, optional 60 s copy-engine comparison with NIXL_GPU_CE=1).
+# bench, 180 s sweep, optional 60 s copy-engine comparison with NIXL_GPU_CE=1). SKIP_BENCH=1
+# runs the tests only.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BIN="${NIXL_GPU_BIN:-.carry/bin}"
@@ -57,6 +58,12 @@ must_pass nixl-mem-gpu-agent gpu_conformance_suite
 must_pass nixl-mem-gpu-agent gpu_agent_two_processes_vram_and_dram
 # Which engine the per-block VRAM copies used, and any fallback warning.
 grep -hE 'path: .*copy kernel|copy kernel (unavailable|not prepared|launch failed)|did not load' "$OUT"/nixl-mem-gpu-agent.log | sort | uniq -c | head -5 | tee -a "$summary"
+
+if [ "${SKIP_BENCH:-0}" = 1 ]; then
+    say ""
+    say "overall (tests only, SKIP_BENCH=1): $([ $fail -eq 0 ] && echo PASS || echo FAIL)"
+    exit $fail
+fi
 
 say ""
 say "== gpu_bench: two processes, GPU 0 -> GPU 0, 1024 blocks per request =="

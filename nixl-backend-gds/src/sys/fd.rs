@@ -57,3 +57,37 @@ pub(crate) fn page_size() -> u64 {
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     u64::try_from(p).ok().filter(|&p| p > 0).unwrap_or(4096)
 }
+
+#[cfg(all(test, feature = "posix"))]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    #[test]
+    fn descriptors_are_duplicated_flagged_and_sized_or_refused() {
+        let dir = std::env::temp_dir().join(format!("nixl-sysfd-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("f");
+        let f = std::fs::File::create(&path).expect("create");
+        f.set_len(8192).expect("len");
+        let dup = dup_cloexec(f.as_raw_fd()).expect("dup");
+        assert_ne!(dup.as_raw_fd(), f.as_raw_fd());
+        assert!(!is_direct(dup.as_fd()));
+        assert_eq!(fstat(dup.as_raw_fd()).expect("fstat").st_size, 8192);
+        // A regular file is no block device.
+        assert!(block_device_size(dup.as_raw_fd()).is_err());
+        // Bad descriptors are errors, not crashes.
+        assert!(dup_cloexec(-1).is_err());
+        assert!(fstat(-1).is_err());
+        assert!(page_size() >= 4096);
+        if let Ok(d) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+        {
+            assert!(is_direct(d.as_fd()));
+        }
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+}

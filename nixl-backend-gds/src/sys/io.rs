@@ -36,3 +36,36 @@ pub(crate) fn copy_to(dst: u64, src: &[u8]) {
     // await points, so an abort never tears it.
     unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst as *mut u8, src.len()) };
 }
+
+#[cfg(all(test, feature = "posix"))]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn pread_and_pwrite_move_the_bytes_of_the_named_range() {
+        let dir = std::env::temp_dir().join(format!("nixl-sysio-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.join("f"))
+            .expect("open");
+        let src: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
+        // The buffers are owned here and outlive the calls (the crate invariant).
+        assert_eq!(
+            pwrite(f.as_raw_fd(), src.as_ptr() as u64, src.len(), 100),
+            4096
+        );
+        let mut dst = vec![0u8; 4096];
+        assert_eq!(
+            pread(f.as_raw_fd(), dst.as_mut_ptr() as u64, dst.len(), 100),
+            4096
+        );
+        assert_eq!(dst, src);
+        assert_eq!(pread(-1, dst.as_mut_ptr() as u64, 1, 0), -1);
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+}

@@ -39,6 +39,12 @@ if [ -f "$UCX/lib/libucp.so.0" ]; then
         cp -L "$f" .carry/ucx/lib/ucx/
     done
     strip --strip-unneeded .carry/ucx/lib/*.so.0 .carry/ucx/lib/ucx/*.so.0 2>/dev/null || true
+    # The wheel's bundled CUDA runtime: lib/ucx/libucm_cuda.so.0 finds it by RUNPATH
+    # (../../../libucx_cu13.libs); without it UCX's CUDA memory hooks do not load.
+    libs="$(dirname "$UCX")/libucx_cu13.libs"
+    if [ -d "$libs" ]; then
+        rm -rf .carry/libucx_cu13.libs && cp -rL "$libs" .carry/libucx_cu13.libs
+    fi
     echo "UCX libraries from $UCX: $(du -sh .carry/ucx | cut -f1)"
 else
     echo "no UCX at $UCX (run scripts/deps/ucx.sh): the UCX VRAM test will skip there" >&2

@@ -65,6 +65,8 @@ pub const DEFAULT_LIFETIME: Duration = Duration::from_secs(300);
 pub const MAX_HOSTS: usize = 64;
 /// Most segments in one net.
 pub const MAX_SEGMENTS: usize = 16;
+/// How long [`Net::create`] and a plug ([`Net::set_port`]) wait for interfaces to come up.
+pub const CARRIER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The shape of a net: how many hosts, and which hosts each segment joins.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -198,6 +200,9 @@ impl Net {
         };
         // On error `net` drops and removes whatever was made so far.
         net.build()?;
+        for h in 0..spec.hosts {
+            net.wait_carrier(h, None)?;
+        }
         Ok(net)
     }
 
@@ -298,14 +303,52 @@ impl Net {
     }
 
     /// Plugs (`up`) or pulls (`!up`) the cable of `host` on `segment`: the wire's port goes
-    /// down, the host's interface loses its carrier and keeps its address and routes.
+    /// down, the host's interface loses its carrier and keeps its address and routes. A plug
+    /// returns once the host's interface is up again.
     pub fn set_port(&self, segment: usize, host: usize, up: bool) -> io::Result<()> {
         self.check_port(segment, host)?;
         let port = format!("h{host}");
         let state = if up { "up" } else { "down" };
         self.tools
-            .ip(&["-n", &self.wires[segment], "link", "set", &port, state])
-            .map(drop)
+            .ip(&["-n", &self.wires[segment], "link", "set", &port, state])?;
+        if up {
+            self.wait_carrier(host, Some(segment))?;
+        }
+        Ok(())
+    }
+
+    /// Waits (up to [`CARRIER_TIMEOUT`]) until `host`'s interface on `segment` (or every
+    /// interface of the host) is up with a carrier: the kernel reports carrier changes with a
+    /// delay of up to a second, and a program that lists interfaces before then (libfabric's
+    /// tcp provider does) would not see it.
+    fn wait_carrier(&self, host: usize, segment: Option<usize>) -> io::Result<()> {
+        let ns = self.live_host(host)?;
+        let want: Vec<String> = (0..self.spec.segments.len())
+            .filter(|&s| segment.is_none_or(|x| x == s) && self.on_segment(s, host))
+            .map(Self::ifname)
+            .collect();
+        let end = std::time::Instant::now() + CARRIER_TIMEOUT;
+        loop {
+            let out = self.tools.ip(&["-n", ns, "-br", "link", "show"])?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            let up = |name: &str| {
+                text.lines().any(|l| {
+                    let mut w = l.split_whitespace();
+                    let n = w.next().unwrap_or("");
+                    n.split('@').next() == Some(name) && w.next() == Some("UP")
+                })
+            };
+            if want.iter().all(|n| up(n)) {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= end {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("host {host}: {want:?} not up after {CARRIER_TIMEOUT:?}: {text}"),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Pulls (or plugs) every cable of `segment`: the whole rail fails.

@@ -63,6 +63,8 @@ fn forward(
                             break;
                         }
                     }
+                    // The blank line before each control line is the sender's, not output.
+                    _ if line.is_empty() => {}
                     _ => eprintln!("[{label}] {line}"),
                 }
             }

@@ -66,8 +66,11 @@ impl Tools {
     /// Finds every tool; `Unsupported` naming what is missing (the caller skips).
     pub fn find() -> io::Result<Tools> {
         let need = |n: &str, pkg: &str| {
-            find_tool(n)
-                .ok_or_else(|| unsupported(format!("`{n}` not found (install {pkg}: scripts/deps/netns.sh)")))
+            find_tool(n).ok_or_else(|| {
+                unsupported(format!(
+                    "`{n}` not found (install {pkg}: scripts/deps/netns.sh)"
+                ))
+            })
         };
         Ok(Tools {
             ip: need("ip", "iproute2")?,
@@ -156,7 +159,11 @@ pub fn sweep() -> usize {
     for ns in tools.list_ns() {
         if let Some(pid) = owner_pid(&ns) {
             if !alive(pid) {
-                tracing::info!(ns, pid, "removing a leftover network namespace of a dead process");
+                tracing::info!(
+                    ns,
+                    pid,
+                    "removing a leftover network namespace of a dead process"
+                );
                 tools.remove_ns(&ns);
                 removed += 1;
             }

@@ -460,7 +460,11 @@ impl Net {
             .arg(&self.tools.sh)
             .args(["-c", script, "nixl-host"])
             .arg(&self.tools.timeout)
-            .args(["-s", "KILL", &format!("{}s", self.spec.lifetime.as_secs().max(1))])
+            .args([
+                "-s",
+                "KILL",
+                &format!("{}s", self.spec.lifetime.as_secs().max(1)),
+            ])
             .arg(cmd.get_program())
             .args(cmd.get_args());
         for (k, v) in cmd.get_envs() {
@@ -524,10 +528,24 @@ impl Net {
         Ok(ns)
     }
 
-    /// Destroys `host`: kills every process in it and deletes its namespace, which removes
-    /// its interfaces (so its wires lose the ports). Its peers see a host that vanished.
+    /// Destroys `host` as a power cut would: its cables are pulled first (so nothing it
+    /// sends while dying, such as the resets of its closing sockets, reaches anyone), then
+    /// every process in it is killed and its namespace deleted, which removes its interfaces.
+    /// Its peers see a host that vanished.
     pub fn destroy_host(&self, host: usize) -> io::Result<()> {
         let ns = self.live_host(host)?.to_owned();
+        for s in 0..self.spec.segments.len() {
+            if self.on_segment(s, host) {
+                self.tools.ip(&[
+                    "-n",
+                    &self.wires[s],
+                    "link",
+                    "set",
+                    &format!("h{host}"),
+                    "down",
+                ])?;
+            }
+        }
         self.tools.remove_ns(&ns);
         if let Some(d) = self
             .destroyed

@@ -124,7 +124,10 @@ impl HostProcess {
                 let st = self.wait(Duration::from_secs(5)).ok();
                 Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
-                    format!("{}: exited ({st:?}) before sending a control line", self.label),
+                    format!(
+                        "{}: exited ({st:?}) before sending a control line",
+                        self.label
+                    ),
                 ))
             }
         }
@@ -139,7 +142,10 @@ impl HostProcess {
             let line = self.recv(left)?;
             match line.strip_prefix(prefix) {
                 Some(rest) => return Ok(rest.to_owned()),
-                None => eprintln!("[{}] (skipped while waiting for {prefix:?}) {line}", self.label),
+                None => eprintln!(
+                    "[{}] (skipped while waiting for {prefix:?}) {line}",
+                    self.label
+                ),
             }
         }
     }
@@ -177,7 +183,9 @@ impl HostProcess {
             let _ = self.child.kill();
             match self.child.wait() {
                 Ok(st) => self.status = Some(st),
-                Err(e) => tracing::debug!(label = %self.label, error = %e, "reaping a host process failed"),
+                Err(e) => {
+                    tracing::debug!(label = %self.label, error = %e, "reaping a host process failed")
+                }
             }
         }
         for r in self.readers.drain(..) {

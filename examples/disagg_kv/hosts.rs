@@ -58,7 +58,10 @@ impl Meta {
 
     /// Decode's side: joins the etcd that `--etcd URL` names and publishes the agent.
     pub fn join(&mut self, o: &Opts, agent: &Agent) -> Res<()> {
-        let url = o.etcd_url.as_deref().ok_or("decode over etcd needs --etcd URL")?;
+        let url = o
+            .etcd_url
+            .as_deref()
+            .ok_or("decode over etcd needs --etcd URL")?;
         #[cfg(feature = "etcd")]
         {
             self.open(agent, url)
@@ -166,7 +169,10 @@ pub fn run(o: &Opts) -> Res<()> {
     let mut p = net.spawn(0, "prefill", Command::new(&exe).args(&prefill_args))?;
     let line = p.expect("listening ", o.timeout)?;
     let mut words = line.split_whitespace();
-    let addr = words.next().ok_or("prefill announced no address")?.to_owned();
+    let addr = words
+        .next()
+        .ok_or("prefill announced no address")?
+        .to_owned();
     let mut decode_args = args;
     decode_args.extend([
         "--role".into(),
@@ -181,7 +187,10 @@ pub fn run(o: &Opts) -> Res<()> {
     }
     let mut d = net.spawn(1, "decode", Command::new(&exe).args(&decode_args))?;
     let end = Instant::now() + o.timeout * 2;
-    let left = || end.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    let left = || {
+        end.saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1))
+    };
     let ds = d.wait(left());
     let ps = p.wait(left());
     for s in 0..o.rails {

@@ -601,7 +601,11 @@ impl Backend for LibfabricBackend {
                     s.domain,
                     s.bytes_written,
                     s.bytes_read,
-                    if peer.rail_ok(s.rail) { "" } else { " [failed]" }
+                    if peer.rail_ok(s.rail) {
+                        ""
+                    } else {
+                        " [failed]"
+                    }
                 )
             })
             .collect();

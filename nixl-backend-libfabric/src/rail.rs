@@ -77,7 +77,9 @@ impl Track {
     /// The rails with operations still in flight.
     pub fn stuck_rails(&self) -> Vec<usize> {
         let g = self.lock();
-        (0..g.per_rail.len()).filter(|&r| g.per_rail[r] > 0).collect()
+        (0..g.per_rail.len())
+            .filter(|&r| g.per_rail[r] > 0)
+            .collect()
     }
 }
 

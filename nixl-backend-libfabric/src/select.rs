@@ -95,8 +95,7 @@ pub(crate) fn select(lib: &'static Lib, p: &LibfabricParams) -> Result<Option<Se
                 let groups = domain_groups(&list, &p.domains);
                 // Every domain asked for, or none: a missing one must not be replaced by
                 // another rail on a domain already used (a silent loss of bandwidth).
-                if groups.is_empty() || (!p.domains.is_empty() && groups.len() < p.domains.len())
-                {
+                if groups.is_empty() || (!p.domains.is_empty() && groups.len() < p.domains.len()) {
                     continue;
                 }
                 let mut infos = Vec::with_capacity(p.rails);

@@ -144,7 +144,10 @@ impl UcxParams {
                 || self.config.iter().any(|(n, _)| n == "TCP_USER_TIMEOUT");
             if !user_set {
                 let t = (k * TCP_USER_TIMEOUT_FACTOR).max(Duration::from_secs(1));
-                v.push(("TCP_USER_TIMEOUT".to_owned(), format!("{}ms", t.as_millis())));
+                v.push((
+                    "TCP_USER_TIMEOUT".to_owned(),
+                    format!("{}ms", t.as_millis()),
+                ));
             }
         }
         v.extend(self.config.iter().cloned());
@@ -274,7 +277,11 @@ mod tests {
         p.keepalive_interval = Some(Duration::from_millis(10));
         assert_eq!(get(&p, "TCP_USER_TIMEOUT"), ["1000ms"], "at least a second");
         p.config = vec![("TCP_USER_TIMEOUT".into(), "30s".into())];
-        assert_eq!(get(&p, "TCP_USER_TIMEOUT"), ["30s"], "the user's value wins");
+        assert_eq!(
+            get(&p, "TCP_USER_TIMEOUT"),
+            ["30s"],
+            "the user's value wins"
+        );
         assert!(get(&UcxParams::default(), "TCP_USER_TIMEOUT").is_empty());
     }
 

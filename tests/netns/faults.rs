@@ -90,10 +90,16 @@ fn link_down_mid_write(test: &str, backend: &'static str, keepalive_ms: u64) {
     let released = a.ok("release");
     let uncertain = a.ok("uncertain");
     println!(
-        "{test}: {got} B in flight at the cut; error {f:?} after {to_error:?}; {released}; uncertain: {uncertain}; target received {after} B in all"
+        "{test}: {got} B in flight at the cut; `{}` after {to_error:?} ({}); {released}; uncertain: {uncertain}; target received {after} B in all",
+        f.kind, f.msg
     );
+    let detection = match (backend, keepalive_ms) {
+        ("ucx", 0) => ", no keep-alive".to_owned(),
+        ("ucx", k) => format!(", keep-alive {k} ms"),
+        _ => String::new(),
+    };
     report(
-        &format!("{backend}: cable pulled mid-WRITE (64 MiB, {got} B through)"),
+        &format!("{backend}{detection}: cable pulled mid-WRITE (64 MiB, {got} B through)"),
         "typed error by the deadline; memory kept while the backend may touch it",
         &format!("`{}`; buffer {released}", f.kind),
         Some(to_error),

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use nixl::core::testing::netns::{IfCounters, Net, NetSpec};
+use nixl::core::testing::netns::{Net, NetSpec};
 
 use crate::{cfg, report, until, Peer, T};
 
@@ -23,9 +23,7 @@ fn two_rails(test: &str, backend: &'static str) -> Option<(Net, Peer, Peer)> {
 }
 
 fn sent(net: &Net, rail: usize) -> u64 {
-    net.counters(rail, 0)
-        .unwrap_or(IfCounters::default())
-        .tx_bytes
+    net.counters(rail, 0).unwrap_or_default().tx_bytes
 }
 
 /// A 32 MiB write crosses both links: each host-0 interface sends at least a quarter of it

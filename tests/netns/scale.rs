@@ -198,7 +198,7 @@ pub(crate) fn child(ctl: Control) -> Result<(), String> {
                     .iter()
                     .map(|n| {
                         s.spawn(move || -> Result<(), String> {
-                            let mut seen = vec![false; AGENTS];
+                            let mut seen = [false; AGENTS];
                             seen[n.g] = true;
                             let end = Instant::now() + PHASE;
                             while seen.iter().any(|s| !s) {

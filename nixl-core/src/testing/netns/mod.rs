@@ -25,7 +25,7 @@
 //! lifetime bounds them even if it never does; [`sweep`] (run by every [`Net::create`])
 //! removes what a killed test process left behind. Creating namespaces needs root and
 //! iproute2 (`scripts/deps/netns.sh`); [`Net::for_test`] skips the test otherwise
-//! ([`Dep::Netns`](super::Dep::Netns)).
+//! ([`Dep::Netns`]).
 //!
 //! ```no_run
 //! use std::time::Duration;

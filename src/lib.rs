@@ -24,7 +24,7 @@ pub use nixl_backend_gds as storage;
 
 use std::sync::Arc;
 
-use nixl_core::BackendPlugin;
+use nixl_core::backend::BackendPlugin;
 
 /// Every backend type compiled into this build (per cargo feature), for creating backends by
 /// name (`Agent::create_backend_named`) and listing them (`Agent::available_backends`).

@@ -37,10 +37,10 @@ fn write(p: &Agent, src: u64, dst: u64, len: u64, remote: &str, opts: XferOption
 }
 
 /// Polls until the request leaves InProgress (bounded by [`DEADLINE`]); its outcome.
-fn settle(req: &XferReq) -> Result<(), Error> {
+fn settle(p: &Agent, req: &XferReq) -> Result<(), Error> {
     let end = Instant::now() + DEADLINE;
     loop {
-        match req.check() {
+        match p.check_xfer_state(req) {
             Ok(XferState::Done) => return Ok(()),
             Ok(XferState::InProgress) => {
                 assert!(
@@ -116,7 +116,7 @@ fn restarted_target_fences_old_requests_and_new_ones_work() {
     assert_eq!(g2, t2.generation);
 
     // The in-flight write is fenced, and listed as uncertain.
-    match inflight.check() {
+    match p.check_xfer_state(&inflight) {
         Err(Error::PeerRestarted { built, current, .. }) => assert_eq!((built, current), (g1, g2)),
         other => {
             panic!("in-flight write to the old incarnation: expected PeerRestarted, got {other:?}")
@@ -135,7 +135,12 @@ fn restarted_target_fences_old_requests_and_new_ones_work() {
             listed.bytes,
             listed.error
         ),
-        (name.as_str(), XferOp::Write, big, "peer_restarted")
+        (
+            name.as_str(),
+            XferOp::Write,
+            big,
+            nixl::core::ErrorKind::PeerRestarted
+        )
     );
 
     // Old request and old prepared list: typed errors, nothing sent.
@@ -245,7 +250,7 @@ fn silent_target_ends_requests_by_their_deadline() {
     let (mut polls, end) = (0u64, posted + DEADLINE);
     let err = loop {
         let asked = Instant::now();
-        match req.check() {
+        match p.check_xfer_state(&req) {
             Ok(XferState::InProgress) => {
                 assert!(
                     asked < posted + timeout,
@@ -262,7 +267,7 @@ fn silent_target_ends_requests_by_their_deadline() {
     };
     eprintln!(
         "silent_peer: {} after {:?} ({polls} polls in progress)",
-        err.kind_name(),
+        err.kind().as_str(),
         posted.elapsed()
     );
     assert!(
@@ -275,7 +280,10 @@ fn silent_target_ends_requests_by_their_deadline() {
         "listed as uncertain"
     );
     // Terminal: polling again gives the same kind of error.
-    assert_eq!(req.check().map_err(|e| e.kind_name()), Err(err.kind_name()));
+    assert_eq!(
+        p.check_xfer_state(&req).map_err(|e| e.kind().as_str()),
+        Err(err.kind().as_str())
+    );
 
     // `wait` with a deadline on another request to the silent peer: a typed error, no hang.
     let again = write(&p, src.addr(), t.addr, big, &name, XferOptions::default());
@@ -294,7 +302,8 @@ fn silent_target_ends_requests_by_their_deadline() {
         p.progress();
         std::thread::sleep(Duration::from_millis(10));
     }
-    p.invalidate_remote(&name).expect("forget the dead peer");
+    p.invalidate_remote_metadata(&name)
+        .expect("forget the dead peer");
     // `PeerRestarted`, or `NotAllowed` when the request's cancel could not be confirmed (over
     // tcp UCX endpoints are not force-closed, so the request's memory stays leaked and it can
     // never be posted again).
@@ -343,7 +352,7 @@ fn silent_target_wakes_up_and_is_reloaded() {
         },
     );
     p.post_xfer_req(&req).expect("post");
-    let err = settle(&req).expect_err("a write to a stopped target cannot complete");
+    let err = settle(&p, &req).expect_err("a write to a stopped target cannot complete");
     assert!(err.is_uncertain(), "{err:?}");
     // Wake it up; after reloading its metadata the same process serves transfers again.
     assert!(
@@ -433,7 +442,11 @@ fn cancel_under_load(tls: &str, cancel_timeout: Duration) {
             Err(e) => panic!("cancel failed (memory leaked, never freed): {e:?}"),
         }
         assert!(!r.is_in_flight());
-        kinds.push(r.check().err().map_or("done", |e| e.kind_name()));
+        kinds.push(
+            p.check_xfer_state(r)
+                .err()
+                .map_or("done", |e| e.kind().as_str()),
+        );
     }
     let took = start.elapsed();
     src.fill(0xEE);
@@ -674,7 +687,7 @@ fn kill9_target_mid_transfer_under_fault_wrapper() {
         if i == 0 {
             t.kill9();
         }
-        if let Err(e) = settle(&req) {
+        if let Err(e) = settle(&p, &req) {
             outcome = Some((e, true));
             break;
         }

@@ -57,7 +57,7 @@ fn agent_point(
         &file.blocks(0, block, n),
         a.name(),
         XferOptions {
-            backends: vec![backend.to_owned()],
+            backends: a.backend(backend).into_iter().collect(),
             ..Default::default()
         },
     )?;
@@ -153,8 +153,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     )?);
 
     let posix = Agent::new("bench-posix", AgentConfig::default())?;
-    posix.create_backend(pp.clone())?;
-    let _rp = posix.register_mem(vec![dev.clone(), file.clone()], &[POSIX])?;
+    let ph = posix.create_backend(pp.clone())?;
+    let _rp = posix.register_mem(vec![dev.clone(), file.clone()], &[ph])?;
 
     #[cfg(not(feature = "gds"))]
     let _ = only_posix;
@@ -164,15 +164,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         let a = Agent::new("bench-gds", AgentConfig::default())?;
         match a.create_backend(nixl_backend_gds::GdsParams::default()) {
-            Ok(_) => {
-                match a.register_mem(vec![dev.clone(), file.clone()], &[nixl_backend_gds::GDS]) {
-                    Ok(r) => Some((a, r)),
-                    Err(e) => {
-                        println!("GDS: skipped: registration failed: {e}");
-                        None
-                    }
+            Ok(h) => match a.register_mem(vec![dev.clone(), file.clone()], &[h]) {
+                Ok(r) => Some((a, r)),
+                Err(e) => {
+                    println!("GDS: skipped: registration failed: {e}");
+                    None
                 }
-            }
+            },
             Err(e) => {
                 println!("GDS: skipped: {e}");
                 None

@@ -44,7 +44,7 @@
 
 #![warn(missing_docs)]
 
-/// The peer-facing half of `nixl_core::Backend` for the storage backends of this crate, which
+/// The peer-facing half of `nixl_core::backend::Backend` for the storage backends of this crate, which
 /// only move data between the agent's memory and its own storage: nothing to publish or
 /// connect to, no peer regions, no notifications. Expands to those six methods inside an
 /// `impl Backend` whose type has an `agent: String` field; `$what` names the backend's
@@ -67,7 +67,7 @@ macro_rules! local_only_peer_methods {
             Ok(())
         }
 
-        fn public_metadata(&self, _md: &nixl_core::BackendMd) -> nixl_core::Result<Vec<u8>> {
+        fn public_metadata(&self, _md: &nixl_core::backend::BackendMd) -> nixl_core::Result<Vec<u8>> {
             Ok(Vec::new())
         }
 
@@ -76,7 +76,7 @@ macro_rules! local_only_peer_methods {
             remote: &str,
             _region: &nixl_core::RegionDesc,
             _public: &[u8],
-        ) -> nixl_core::Result<nixl_core::BackendMd> {
+        ) -> nixl_core::Result<nixl_core::backend::BackendMd> {
             Err(nixl_core::Error::not_supported(
                 &self.agent,
                 nixl_core::Op::LoadMetadata,

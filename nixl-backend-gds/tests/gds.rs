@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use nixl_backend_gds::{
     FileRegion, GdsFallback, GdsParams, GdsPlugin, OpenFlags, PosixParams, GDS, POSIX,
 };
+use nixl_core::backend::BackendPlugin;
 use nixl_core::{
-    Agent, AgentConfig, BackendPlugin, Desc, Error, HostBuffer, MemKind, XferDescList, XferOp,
-    XferOptions,
+    Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, XferDescList, XferOp, XferOptions,
 };
 
 const T: Duration = Duration::from_secs(60);
@@ -60,7 +60,7 @@ fn gds_request(
         remote,
         a.name(),
         XferOptions {
-            backends: vec![GDS.to_owned()],
+            backends: a.backend(GDS).into_iter().collect(),
             ..Default::default()
         },
     )
@@ -80,7 +80,7 @@ fn xfer(
         &remote,
         a.name(),
         XferOptions {
-            backends: vec![backend.to_owned()],
+            backends: a.backend(backend).into_iter().collect(),
             ..Default::default()
         },
     )?;
@@ -176,7 +176,10 @@ fn vram_file_roundtrip_with_throughput() {
         FileRegion::open(dir.path().join("v"), LEN as u64, OpenFlags::direct()).expect("open"),
     );
     let _r = a
-        .register_mem(vec![dev.clone(), back.clone()], &[GDS])
+        .register_mem(
+            vec![dev.clone(), back.clone()],
+            &[a.backend(GDS).expect("GDS backend")],
+        )
         .expect("register vram");
     let _r2 = a
         .register_mem(vec![host.clone(), file.clone()], &[])
@@ -301,7 +304,7 @@ fn refused_file(
         };
         let f = Arc::new(f);
         let reg = a
-            .register_mem(vec![f.clone()], &[GDS])
+            .register_mem(vec![f.clone()], &[a.backend(GDS).expect("GDS backend")])
             .expect("bounce mode registers");
         let report = a.path_report(a.name());
         if report.iter().any(|(_, p)| p.contains("GDS fallback")) {
@@ -331,7 +334,10 @@ fn fallback_when_cufile_refuses_a_file_is_reported_and_moves_data() {
     );
     src.fill_pattern(5);
     let _r = a
-        .register_mem(vec![src.clone(), dst.clone()], &[GDS])
+        .register_mem(
+            vec![src.clone(), dst.clone()],
+            &[a.backend(GDS).expect("GDS backend")],
+        )
         .expect("register dram");
     let remote = file.blocks(0, 1 << 20, 8);
     for (op, buf) in [(XferOp::Write, &src), (XferOp::Read, &dst)] {
@@ -368,7 +374,10 @@ fn fallback_when_cufile_refuses_a_file_is_reported_and_moves_data() {
     };
     dev.copy_from_host(0, &src.to_vec()).expect("h2d");
     let _v = a
-        .register_mem(vec![dev.clone(), back.clone()], &[GDS])
+        .register_mem(
+            vec![dev.clone(), back.clone()],
+            &[a.backend(GDS).expect("GDS backend")],
+        )
         .expect("register vram");
     for (op, d) in [(XferOp::Write, &dev), (XferOp::Read, &back)] {
         let local = XferDescList::from_descs(
@@ -418,7 +427,7 @@ fn refuse_fallback_is_a_typed_error() {
     let f = Arc::new(
         FileRegion::open(dir.path().join("r"), 1 << 20, OpenFlags::direct()).expect("open"),
     );
-    match a.register_mem(vec![f], &[GDS]) {
+    match a.register_mem(vec![f], &[a.backend(GDS).expect("GDS backend")]) {
         Ok(_) => eprintln!("skipping: cuFile registered the file (nothing to refuse)"),
         Err(Error::Backend { message, .. }) => {
             assert!(message.contains("cuFileHandleRegister failed"), "{message}");
@@ -450,7 +459,10 @@ fn gds_vram_cancel_in_flight() {
         FileRegion::open(dir.path().join("c"), LEN as u64, OpenFlags::direct()).expect("open"),
     );
     let _r = a
-        .register_mem(vec![dev.clone(), file.clone()], &[GDS])
+        .register_mem(
+            vec![dev.clone(), file.clone()],
+            &[a.backend(GDS).expect("GDS backend")],
+        )
         .expect("register");
     let local = XferDescList::from_descs(
         MemKind::Vram,

@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nixl_backend_gds::{Engine, FileRegion, OpenFlags, PosixParams, PosixPlugin, POSIX};
+use nixl_core::backend::BackendPlugin;
 use nixl_core::conformance::{assert_all, Suite};
 use nixl_core::{
-    Agent, AgentConfig, BackendPlugin, Desc, Error, HostBuffer, MemKind, MemoryRegion, RawRegion,
-    RegionDesc, XferDescList, XferOp, XferOptions, XferTarget,
+    Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, MemoryRegion, RawRegion, RegionDesc,
+    XferDescList, XferOp, XferOptions, XferTarget,
 };
 
 const T: Duration = Duration::from_secs(20);
@@ -322,7 +323,10 @@ fn bad_registrations_and_transfers_are_typed() {
     })
     .expect("storage");
     assert!(matches!(
-        a.register_mem(vec![Arc::new(bogus)], &[POSIX]),
+        a.register_mem(
+            vec![Arc::new(bogus)],
+            &[a.backend(POSIX).expect("POSIX backend")]
+        ),
         Err(Error::InvalidParam { .. })
     ));
     // Notifications are not a storage feature.

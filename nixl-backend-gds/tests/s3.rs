@@ -9,10 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nixl_backend_gds::{ObjectRegion, S3Params, S3Plugin};
+use nixl_core::backend::BackendPlugin;
 use nixl_core::conformance::{assert_all, Suite};
 use nixl_core::{
-    Agent, AgentConfig, BackendPlugin, Desc, Error, HostBuffer, MemKind, MemoryRegion,
-    XferDescList, XferOp, XferOptions,
+    Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, MemoryRegion, XferDescList, XferOp,
+    XferOptions,
 };
 
 const T: Duration = Duration::from_secs(60);

@@ -13,9 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nixl_backend_gds::{Engine, FileRegion, OpenFlags, PosixParams, PosixPlugin, POSIX};
+use nixl_core::backend::BackendPlugin;
 use nixl_core::{
-    Agent, AgentConfig, BackendPlugin, Desc, Error, HostBuffer, MemKind, RawRegion, RegionDesc,
-    XferDescList, XferOp, XferOptions, XferReq,
+    Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, RawRegion, RegionDesc, XferDescList,
+    XferOp, XferOptions, XferReq,
 };
 use nixl_mem::DeviceBuffer;
 
@@ -97,7 +98,7 @@ fn request(
         remote,
         a.name(),
         XferOptions {
-            backends: vec![POSIX.to_owned()],
+            backends: a.backend(POSIX).into_iter().collect(),
             ..Default::default()
         },
     )
@@ -127,7 +128,10 @@ fn vram_registration_without_cuda_is_unavailable() {
             meta: Vec::new(),
         })
     });
-    match a.register_mem(vec![fake.clone()], &[POSIX]) {
+    match a.register_mem(
+        vec![fake.clone()],
+        &[a.backend(POSIX).expect("POSIX backend")],
+    ) {
         Err(Error::Unavailable { what, hint }) => {
             assert!(what.contains("libcuda") || what.contains("CUDA"), "{what}");
             assert!(!hint.is_empty());
@@ -137,7 +141,7 @@ fn vram_registration_without_cuda_is_unavailable() {
     }
     // Asked again: the same typed answer (the failed load is cached, not retried).
     assert!(matches!(
-        a.register_mem(vec![fake], &[POSIX]),
+        a.register_mem(vec![fake], &[a.backend(POSIX).expect("POSIX backend")]),
         Err(Error::Unavailable { .. })
     ));
     // Nothing changed: DRAM and files still work, and the report names no VRAM path.
@@ -259,7 +263,10 @@ fn roundtrip(
     let bytes = pattern(total as usize, seed);
     src.copy_from_host(0, &bytes).expect("h2d");
     let _r = a
-        .register_mem(vec![src.clone(), dst.clone()], &[POSIX])
+        .register_mem(
+            vec![src.clone(), dst.clone()],
+            &[a.backend(POSIX).expect("POSIX backend")],
+        )
         .expect("register VRAM with POSIX");
     // File offsets: the segments packed one after another from `file_base`.
     let mut fsegs = Vec::new();
@@ -312,7 +319,10 @@ fn vram_file_roundtrip_direct_and_page_cache() {
             .expect("open"),
         );
         let _fr = a
-            .register_mem(vec![direct.clone()], &[POSIX])
+            .register_mem(
+                vec![direct.clone()],
+                &[a.backend(POSIX).expect("POSIX backend")],
+            )
             .expect("register");
         let segs = [
             (0, 3 * MIB + 8192),
@@ -333,7 +343,10 @@ fn vram_file_roundtrip_direct_and_page_cache() {
             .expect("open"),
         );
         let _fc = a
-            .register_mem(vec![cached.clone()], &[POSIX])
+            .register_mem(
+                vec![cached.clone()],
+                &[a.backend(POSIX).expect("POSIX backend")],
+            )
             .expect("register");
         let segs = [(1, 1_000_001), (2 * MIB + 3, 3 * MIB + 17), (6 * MIB, 4095)];
         let path = roundtrip(&a, &cached, &segs, 17, 2);
@@ -353,10 +366,16 @@ fn vram_misaligned_direct_is_typed_error_at_prepare() {
         FileRegion::open(dir.path().join("d"), 8 * MIB, OpenFlags::direct()).expect("open"),
     );
     let _r = a
-        .register_mem(vec![dev.clone()], &[POSIX])
+        .register_mem(
+            vec![dev.clone()],
+            &[a.backend(POSIX).expect("POSIX backend")],
+        )
         .expect("register vram");
     let _f = a
-        .register_mem(vec![file.clone()], &[POSIX])
+        .register_mem(
+            vec![file.clone()],
+            &[a.backend(POSIX).expect("POSIX backend")],
+        )
         .expect("register file");
     for (what, local, remote) in [
         ("file offset", (0, MIB), (512, MIB)),
@@ -428,13 +447,13 @@ fn vram_registration_checks_the_range_and_device() {
     ] {
         // SAFETY: registration fails before any transfer touches the range.
         let r = Arc::new(unsafe { RawRegion::new(desc) });
-        match a.register_mem(vec![r], &[POSIX]) {
+        match a.register_mem(vec![r], &[a.backend(POSIX).expect("POSIX backend")]) {
             Err(Error::InvalidParam { reason, .. }) => eprintln!("{what}: {reason}"),
             other => panic!("{what}: expected InvalidParam, got {other:?}"),
         }
     }
     let _ok = a
-        .register_mem(vec![dev], &[POSIX])
+        .register_mem(vec![dev], &[a.backend(POSIX).expect("POSIX backend")])
         .expect("the real buffer registers");
 }
 
@@ -457,7 +476,10 @@ fn vram_cancel_in_flight_waits_for_running_chunks() {
     let file =
         Arc::new(FileRegion::open(dir.path().join("c"), LEN, OpenFlags::direct()).expect("open"));
     let _r = a
-        .register_mem(vec![dev.clone(), file.clone()], &[POSIX])
+        .register_mem(
+            vec![dev.clone(), file.clone()],
+            &[a.backend(POSIX).expect("POSIX backend")],
+        )
         .expect("register");
     let local = vram(&dev, &[(0, LEN)]);
     let remote = files(&file, &[(0, LEN)]);
@@ -497,7 +519,10 @@ fn vram_path_is_reported() {
     };
     let a = agent("path", small_bounce());
     let _r = a
-        .register_mem(vec![dev.clone()], &[POSIX])
+        .register_mem(
+            vec![dev.clone()],
+            &[a.backend(POSIX).expect("POSIX backend")],
+        )
         .expect("register");
     let report = a.path_report(a.name());
     let posix = report

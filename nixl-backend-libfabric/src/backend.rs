@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nixl_core::{
-    downcast_md, Backend, BackendContext, BackendMd, BackendXfer, Capabilities, Error, MemKind,
-    NotifQueue, Op, RegionDesc, Result, XferSpec,
+use nixl_core::backend::{
+    downcast_md, Backend, BackendContext, BackendMd, BackendXfer, NotifQueue, XferSpec,
 };
+use nixl_core::{Capabilities, Error, MemKind, Op, RegionDesc, Result};
 
 use crate::fabric::Mr;
 use crate::params::{LibfabricParams, LibfabricStats, RailStats};
@@ -377,8 +377,12 @@ impl Backend for LibfabricBackend {
 
     fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
         let me = &self.inner.agent;
-        let (provider, names) = wire::decode_conn(info).ok_or_else(|| {
-            Error::invalid(me, Op::LoadMetadata, "malformed LIBFABRIC connection info")
+        let (provider, names) = wire::decode_conn(info).map_err(|e| {
+            Error::invalid(
+                me,
+                Op::LoadMetadata,
+                format!("malformed LIBFABRIC connection info: {e}"),
+            )
         })?;
         if provider != self.inner.provider {
             return Err(Error::mismatch(
@@ -478,11 +482,11 @@ impl Backend for LibfabricBackend {
     }
 
     fn load_remote(&self, _remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
-        let (virt_addr, keys) = wire::decode_region(public).ok_or_else(|| {
+        let (virt_addr, keys) = wire::decode_region(public).map_err(|e| {
             Error::invalid(
                 &self.inner.agent,
                 Op::LoadMetadata,
-                "malformed LIBFABRIC region metadata",
+                format!("malformed LIBFABRIC region metadata: {e}"),
             )
         })?;
         if virt_addr != self.inner.virt_addr {

@@ -5,7 +5,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use nixl_core::{Backend, BackendContext, BackendParams, BackendPlugin, Error, Op, Result};
+use nixl_core::backend::{Backend, BackendContext, BackendParams, BackendPlugin, ParamMap};
+use nixl_core::{Error, Op, Result};
 
 use crate::rail::RailCounters;
 use crate::result::LIBFABRIC;
@@ -188,54 +189,59 @@ impl BackendPlugin for LibfabricPlugin {
     }
 
     fn parse_params(&self, params: &BTreeMap<String, String>) -> Result<Box<dyn BackendParams>> {
-        let mut p = LibfabricParams::default();
-        let bad = |k: &str, v: &str| {
-            Error::invalid(
-                "",
-                Op::CreateBackend,
-                format!("LIBFABRIC: bad value {v:?} for {k}"),
-            )
+        let mut m = ParamMap::new("LIBFABRIC", params);
+        let mut p = LibfabricParams {
+            provider: m.string("provider"),
+            ..LibfabricParams::default()
         };
-        for (k, v) in params {
-            let num = || v.trim().parse::<u64>().map_err(|_| bad(k, v));
-            match k.as_str() {
-                "provider" => p.provider = (!v.is_empty()).then(|| v.clone()),
-                "domains" => {
-                    p.domains = v
-                        .split(',')
-                        .map(str::trim)
-                        .filter(|s| !s.is_empty())
-                        .map(str::to_owned)
-                        .collect()
-                }
-                "rails" => p.rails = usize::try_from(num()?).map_err(|_| bad(k, v))?,
-                "stripe_min" => p.stripe_min = num()?,
-                "hmem" => {
-                    p.hmem = match v.as_str() {
-                        "auto" => HmemMode::Auto,
-                        "off" => HmemMode::Off,
-                        "require" => HmemMode::Require,
-                        _ => return Err(bad(k, v)),
-                    }
-                }
-                "progress_thread" => {
-                    p.progress_thread = v.parse::<bool>().map_err(|_| bad(k, v))?
-                }
-                "idle_sleep_us" => p.idle_sleep = Duration::from_micros(num()?),
-                "notif_size" => p.notif_size = usize::try_from(num()?).map_err(|_| bad(k, v))?,
-                "notif_slots" => p.notif_slots = usize::try_from(num()?).map_err(|_| bad(k, v))?,
-                "op_timeout_ms" => p.op_timeout = Duration::from_millis(num()?),
-                _ => {
-                    return Err(Error::invalid(
-                        "",
-                        Op::CreateBackend,
-                        format!("LIBFABRIC has no parameter {k}"),
-                    ))
-                }
-            }
+        if let Some(d) = m.str("domains") {
+            p.domains = d
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect();
         }
+        if let Some(n) = m.usize("rails")? {
+            p.rails = n;
+        }
+        if let Some(n) = m.u64("stripe_min")? {
+            p.stripe_min = n;
+        }
+        if let Some(h) = m.parse::<HmemMode>("hmem", "auto, off or require")? {
+            p.hmem = h;
+        }
+        if let Some(b) = m.bool("progress_thread")? {
+            p.progress_thread = b;
+        }
+        if let Some(us) = m.u64("idle_sleep_us")? {
+            p.idle_sleep = Duration::from_micros(us);
+        }
+        if let Some(n) = m.usize("notif_size")? {
+            p.notif_size = n;
+        }
+        if let Some(n) = m.usize("notif_slots")? {
+            p.notif_slots = n;
+        }
+        if let Some(d) = m.millis("op_timeout_ms")? {
+            p.op_timeout = d;
+        }
+        m.finish()?;
         p.validate("")?;
         Ok(Box::new(p))
+    }
+}
+
+impl std::str::FromStr for HmemMode {
+    type Err = ();
+
+    fn from_str(s: &str) -> std::result::Result<Self, ()> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(HmemMode::Auto),
+            "off" => Ok(HmemMode::Off),
+            "require" => Ok(HmemMode::Require),
+            _ => Err(()),
+        }
     }
 }
 

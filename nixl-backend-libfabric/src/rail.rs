@@ -12,7 +12,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use nixl_core::NotifQueue;
+use nixl_core::backend::NotifQueue;
 
 use crate::fabric::{Av, Cq, Domain, Endpoint, Fabric, Info, Mr};
 use crate::result::{check, FiError};
@@ -522,13 +522,14 @@ impl Rail {
                         let start = slot * size;
                         let bytes = st.recv.buf.get(start..start + len.min(size)).unwrap_or(&[]);
                         match crate::wire::decode_notif(bytes) {
-                            Some((sender, msg)) => {
+                            Ok((sender, msg)) => {
                                 self.counters
                                     .notifs_received
                                     .fetch_add(1, Ordering::Relaxed);
                                 notifs.push(&sender, msg);
                             }
-                            None => tracing::warn!(
+                            Err(e) => tracing::warn!(
+                                error = %e,
                                 rail = self.index,
                                 len,
                                 "dropping a malformed notification message"

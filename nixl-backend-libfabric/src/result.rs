@@ -73,7 +73,7 @@ impl FiError {
                 backend: LIBFABRIC.to_owned(),
                 op,
                 message: self.to_string(),
-                source: Some(Box::new(self)),
+                source: Some(std::sync::Arc::new(self)),
             },
         }
     }

@@ -8,9 +8,8 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use nixl_core::{
-    downcast_md, BackendMd, BackendXfer, Error, MemKind, Op, Result, XferOp, XferSpec, XferState,
-};
+use nixl_core::backend::{downcast_md, BackendMd, BackendXfer, XferSpec};
+use nixl_core::{Error, MemKind, Op, Result, XferOp, XferState};
 
 use crate::backend::{Inner, LocalMd, Peer, RemoteMd};
 use crate::rail::Track;
@@ -50,6 +49,23 @@ pub(crate) struct XferCore {
     failed: Option<Error>,
     /// The metadata the operations' keys and descriptors come from.
     _mds: Vec<BackendMd>,
+}
+
+/// Frames a notification from `me`, refused when larger than a receive slot.
+fn frame_notif(inner: &Inner, me: &str, msg: &[u8], op: Op) -> Result<Vec<u8>> {
+    let f = crate::wire::encode_notif(me, msg);
+    if f.len() > inner.params.notif_size {
+        return Err(Error::invalid(
+            me,
+            op,
+            format!(
+                "notification of {} bytes exceeds notif_size {}",
+                f.len(),
+                inner.params.notif_size
+            ),
+        ));
+    }
+    Ok(f)
 }
 
 /// A shared transfer state.
@@ -99,24 +115,11 @@ impl LfXfer {
         if spec.segments.is_empty() {
             return Err(Error::invalid(&me, Op::MakeXfer, "no segments"));
         }
-        let notif = match &spec.notif {
-            Some(n) => {
-                let f = crate::wire::encode_notif(&me, n);
-                if f.len() > inner.params.notif_size {
-                    return Err(Error::invalid(
-                        &me,
-                        Op::MakeXfer,
-                        format!(
-                            "notification of {} bytes exceeds notif_size {}",
-                            f.len(),
-                            inner.params.notif_size
-                        ),
-                    ));
-                }
-                Some(f)
-            }
-            None => None,
-        };
+        let notif = spec
+            .notif
+            .as_deref()
+            .map(|n| frame_notif(&inner, &me, n, Op::MakeXfer))
+            .transpose()?;
         let mut nr = peer.addrs.len().min(inner.rails.len());
         let mut mds = Vec::with_capacity(spec.segments.len() * 2);
         let mut segs = Vec::with_capacity(spec.segments.len());
@@ -412,5 +415,12 @@ impl BackendXfer for LfXfer {
             if self.write { "WRITE" } else { "READ" },
             split.join(", ")
         ))
+    }
+    fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {
+        let framed = msg
+            .map(|m| frame_notif(&self.inner, &self.inner.agent, m, Op::PostXfer))
+            .transpose()?;
+        lock(&self.core).notif = framed;
+        Ok(())
     }
 }

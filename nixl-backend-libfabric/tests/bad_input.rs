@@ -91,7 +91,7 @@ fn bad_params_are_refused() {
         ("rails".to_owned(), "2".to_owned()),
     ]);
     assert_eq!(
-        a.create_backend_named("LIBFABRIC", &m).unwrap(),
+        a.create_backend_named("LIBFABRIC", &m).unwrap().name(),
         "LIBFABRIC"
     );
 }

@@ -1,4 +1,4 @@
-//! The `UCX` backend: the [`nixl_core::Backend`] implementation over the safe layer.
+//! The `UCX` backend: the [`nixl_core::backend::Backend`] implementation over the safe layer.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
@@ -7,10 +7,11 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use nixl_core::{
+use nixl_core::backend::{
     downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
-    Capabilities, CostEstimate, CostMethod, Error, MemKind, Op, RegionDesc, Result, XferSpec,
+    XferSpec,
 };
+use nixl_core::{Capabilities, CostEstimate, CostMethod, Error, MemKind, Op, RegionDesc, Result};
 
 use crate::context::Context;
 use crate::endpoint::Peer;
@@ -216,11 +217,11 @@ impl Backend for UcxBackend {
     }
 
     fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
-        let addrs = wire::decode_conn(info).ok_or_else(|| {
+        let addrs = wire::decode_conn(info).map_err(|e| {
             Error::invalid(
                 &self.agent,
                 Op::LoadMetadata,
-                format!("malformed UCX connection info from {remote}"),
+                format!("malformed UCX connection info from {remote}: {e}"),
             )
         })?;
         let peer = Arc::new(Peer::connect(&self.agent, remote, &self.workers, &addrs)?);
@@ -381,6 +382,7 @@ impl Backend for UcxBackend {
             mem_type: mem_type.unwrap_or(sys::UCS_MEMORY_TYPE_HOST),
             segs,
             notif,
+            header: self.header.clone(),
             cancel_timeout: self.params.cancel_timeout,
             _keep: keep,
             cur: None,

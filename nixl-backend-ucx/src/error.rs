@@ -68,7 +68,7 @@ pub(crate) fn status_error(
             backend: UCX.to_owned(),
             op,
             message: format!("{call} failed: {message}"),
-            source: Some(Box::new(UcxError::Status {
+            source: Some(std::sync::Arc::new(UcxError::Status {
                 call,
                 status: status as i32,
                 message,

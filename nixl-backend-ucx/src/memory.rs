@@ -143,11 +143,11 @@ impl RemoteMd {
         region: &RegionDesc,
         public: &[u8],
     ) -> Result<Self> {
-        let (t, packed) = wire::decode_rkey(public).ok_or_else(|| {
+        let (t, packed) = wire::decode_rkey(public).map_err(|e| {
             Error::invalid(
                 agent,
                 Op::LoadMetadata,
-                format!("malformed UCX region metadata from {}", peer.name),
+                format!("malformed UCX region metadata from {}: {e}", peer.name),
             )
         })?;
         let mt = t as sys::ucs_memory_type_t;

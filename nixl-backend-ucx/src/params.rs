@@ -4,9 +4,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use nixl_core::backend::ParamMap;
 use nixl_core::{Error, Op, Result};
 
 use crate::wire::MAX_WORKERS;
+use crate::UCX;
 
 /// Parameters of the UCX backend.
 ///
@@ -189,48 +191,26 @@ impl UcxParams {
     /// `progress_thread`, `cancel_timeout_ms`, `keepalive_interval_ms`, and `ucx.<OPTION>`.
     /// Empty values mean "default". Unknown keys are refused.
     pub fn from_map(map: &BTreeMap<String, String>) -> Result<Self> {
-        let mut p = UcxParams::default();
-        let num = |k: &str, v: &str| {
-            v.trim()
-                .parse::<u64>()
-                .map_err(|_| bad(format!("UCX parameter {k}: {v:?} is not a number")))
+        let mut m = ParamMap::new(UCX, map);
+        let (tls, alias) = (m.string("transports"), m.string("ucx_tls"));
+        let mut p = UcxParams {
+            library_path: m.string("ucx_path").map(PathBuf::from),
+            transports: tls.or(alias),
+            devices: m.string("devices"),
+            keepalive_interval: m.millis("keepalive_interval_ms")?,
+            config: m.prefixed("ucx.")?,
+            ..UcxParams::default()
         };
-        for (k, v) in map {
-            let set = !v.is_empty();
-            match k.as_str() {
-                "ucx_path" => p.library_path = set.then(|| PathBuf::from(v)),
-                "transports" | "ucx_tls" => p.transports = set.then(|| v.clone()),
-                "devices" => p.devices = set.then(|| v.clone()),
-                "num_workers" if set => {
-                    p.num_workers =
-                        usize::try_from(num(k, v)?).map_err(|_| bad("num_workers too large"))?
-                }
-                "progress_thread" if set => {
-                    p.progress_thread = match v.trim().to_ascii_lowercase().as_str() {
-                        "true" | "1" | "yes" | "on" => true,
-                        "false" | "0" | "no" | "off" => false,
-                        _ => {
-                            return Err(bad(format!(
-                                "UCX parameter progress_thread: {v:?} is not a boolean"
-                            )))
-                        }
-                    }
-                }
-                "cancel_timeout_ms" if set => p.cancel_timeout = Duration::from_millis(num(k, v)?),
-                "keepalive_interval_ms" => {
-                    p.keepalive_interval = if set {
-                        Some(Duration::from_millis(num(k, v)?))
-                    } else {
-                        None
-                    }
-                }
-                "num_workers" | "progress_thread" | "cancel_timeout_ms" => {}
-                other => match other.strip_prefix("ucx.") {
-                    Some(name) if !name.is_empty() => p.config.push((name.to_owned(), v.clone())),
-                    _ => return Err(bad(format!("unknown UCX parameter {other:?}"))),
-                },
-            }
+        if let Some(n) = m.usize("num_workers")? {
+            p.num_workers = n;
         }
+        if let Some(b) = m.bool("progress_thread")? {
+            p.progress_thread = b;
+        }
+        if let Some(d) = m.millis("cancel_timeout_ms")? {
+            p.cancel_timeout = d;
+        }
+        m.finish()?;
         p.validate()?;
         Ok(p)
     }

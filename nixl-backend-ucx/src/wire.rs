@@ -1,7 +1,11 @@
 //! The backend's bytes on the wire: in agent metadata, connection info (the workers'
 //! addresses) and region metadata (a packed rkey), both framed, bounded and checksummed, so
 //! truncated or corrupted bytes are refused with a typed error before UCX parses anything;
-//! and the header of notification active messages (magic + the sender's name).
+//! and the header of notification active messages (magic + the sender's name). Read and
+//! written with nixl-core's one byte reader ([`nixl_core::bytes`]).
+
+use nixl_core::bytes::{ByteReader, ByteWriter};
+use nixl_core::DecodeError;
 
 /// Connection info magic.
 const CONN_MAGIC: &[u8; 6] = b"NXUCX1";
@@ -32,84 +36,86 @@ fn unseal(bytes: &[u8]) -> Option<&[u8]> {
     (fnv(body).to_le_bytes() == sum).then_some(body)
 }
 
-fn take<'a>(b: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-    let (h, t) = b.split_at_checked(n)?;
-    *b = t;
-    Some(h)
-}
-
-fn take_u32(b: &mut &[u8]) -> Option<usize> {
-    take(b, 4).map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]) as usize)
+/// The body of sealed bytes; damage is [`DecodeError::Invalid`] ("checksum").
+fn unsealed(bytes: &[u8]) -> Result<&[u8], DecodeError> {
+    unseal(bytes).ok_or(DecodeError::Invalid { what: "checksum" })
 }
 
 /// The header of a notification from `sender`.
 pub fn encode_notif_header(sender: &str) -> Vec<u8> {
-    let mut h = NOTIF_MAGIC.to_vec();
-    h.extend_from_slice(sender.as_bytes());
-    h
+    let mut w = ByteWriter::new();
+    w.put(NOTIF_MAGIC).put(sender.as_bytes());
+    w.into_vec()
 }
 
-/// The sender named by a notification header; `None` unless it carries the magic and a
-/// non-empty UTF-8 name.
-pub fn decode_notif_header(h: &[u8]) -> Option<&str> {
-    let name = h.strip_prefix(NOTIF_MAGIC.as_slice())?;
-    std::str::from_utf8(name).ok().filter(|s| !s.is_empty())
+/// The sender named by a notification header: it carries the magic and a non-empty UTF-8
+/// name.
+pub fn decode_notif_header(h: &[u8]) -> Result<&str, DecodeError> {
+    let mut r = ByteReader::new(h);
+    r.magic(NOTIF_MAGIC)?;
+    let name = r.rest();
+    match std::str::from_utf8(name) {
+        Ok(s) if !s.is_empty() => Ok(s),
+        _ => Err(DecodeError::Invalid {
+            what: "notification sender",
+        }),
+    }
 }
 
 /// Encodes the workers' addresses.
 pub fn encode_conn(addresses: &[&[u8]]) -> Vec<u8> {
-    let mut v = CONN_MAGIC.to_vec();
-    v.push(addresses.len() as u8);
+    let mut w = ByteWriter::new();
+    w.put(CONN_MAGIC).put_len(addresses.len());
     for a in addresses {
-        v.extend_from_slice(&(a.len() as u32).to_le_bytes());
-        v.extend_from_slice(a);
+        w.put_blob(a);
     }
-    seal(v)
+    seal(w.into_vec())
 }
 
-/// Decodes connection info into worker addresses; `None` when malformed.
-pub fn decode_conn(bytes: &[u8]) -> Option<Vec<Vec<u8>>> {
-    let mut b = unseal(bytes)?;
-    if take(&mut b, CONN_MAGIC.len())? != CONN_MAGIC {
-        return None;
-    }
-    let n = usize::from(*take(&mut b, 1)?.first()?);
-    if n == 0 || n > MAX_WORKERS {
-        return None;
+/// Decodes connection info into worker addresses.
+pub fn decode_conn(bytes: &[u8]) -> Result<Vec<Vec<u8>>, DecodeError> {
+    let mut r = ByteReader::new(unsealed(bytes)?);
+    r.magic(CONN_MAGIC)?;
+    let n = r.count("worker count", MAX_WORKERS, 5)?;
+    if n == 0 {
+        return Err(DecodeError::Invalid {
+            what: "worker count",
+        });
     }
     let mut out = Vec::with_capacity(n);
     for _ in 0..n {
-        let len = take_u32(&mut b)?;
-        if len == 0 || len > MAX_BLOB {
-            return None;
+        let a = r.blob("worker address", MAX_BLOB)?;
+        if a.is_empty() {
+            return Err(DecodeError::Invalid {
+                what: "worker address",
+            });
         }
-        out.push(take(&mut b, len)?.to_vec());
+        out.push(a.to_vec());
     }
-    b.is_empty().then_some(out)
+    r.finish()?;
+    Ok(out)
 }
 
 /// Encodes a packed rkey with the region's memory type.
 pub fn encode_rkey(mem_type: u8, packed: &[u8]) -> Vec<u8> {
-    let mut v = RKEY_MAGIC.to_vec();
-    v.push(mem_type);
-    v.extend_from_slice(&(packed.len() as u32).to_le_bytes());
-    v.extend_from_slice(packed);
-    seal(v)
+    let mut w = ByteWriter::new();
+    w.put(RKEY_MAGIC).put_u8(mem_type).put_blob(packed);
+    seal(w.into_vec())
 }
 
-/// Decodes region metadata into (memory type, packed rkey); `None` when malformed.
-pub fn decode_rkey(bytes: &[u8]) -> Option<(u8, &[u8])> {
-    let mut b = unseal(bytes)?;
-    if take(&mut b, RKEY_MAGIC.len())? != RKEY_MAGIC {
-        return None;
+/// Decodes region metadata into (memory type, packed rkey).
+pub fn decode_rkey(bytes: &[u8]) -> Result<(u8, &[u8]), DecodeError> {
+    let mut r = ByteReader::new(unsealed(bytes)?);
+    r.magic(RKEY_MAGIC)?;
+    let t = r.u8()?;
+    let packed = r.blob("packed rkey", MAX_BLOB)?;
+    if packed.is_empty() {
+        return Err(DecodeError::Invalid {
+            what: "packed rkey",
+        });
     }
-    let t = *take(&mut b, 1)?.first()?;
-    let len = take_u32(&mut b)?;
-    if len == 0 || len > MAX_BLOB {
-        return None;
-    }
-    let packed = take(&mut b, len)?;
-    b.is_empty().then_some((t, packed))
+    r.finish()?;
+    Ok((t, packed))
 }
 
 #[cfg(test)]
@@ -119,34 +125,31 @@ mod tests {
     #[test]
     fn conn_roundtrips_and_refuses_damage() {
         let e = encode_conn(&[b"abc", b"defg"]);
-        assert_eq!(
-            decode_conn(&e),
-            Some(vec![b"abc".to_vec(), b"defg".to_vec()])
-        );
+        assert_eq!(decode_conn(&e), Ok(vec![b"abc".to_vec(), b"defg".to_vec()]));
         for i in 0..e.len() {
-            assert_eq!(decode_conn(&e[..i]), None, "prefix {i}");
+            assert!(decode_conn(&e[..i]).is_err(), "prefix {i}");
             let mut d = e.clone();
             d[i] ^= 0x40;
-            assert_eq!(decode_conn(&d), None, "flip {i}");
+            assert!(decode_conn(&d).is_err(), "flip {i}");
         }
-        assert_eq!(decode_conn(&encode_conn(&[])), None);
-        assert_eq!(decode_conn(&encode_conn(&[b""])), None);
+        assert!(decode_conn(&encode_conn(&[])).is_err());
+        assert!(decode_conn(&encode_conn(&[b""])).is_err());
     }
 
     #[test]
     fn rkey_roundtrips_and_refuses_damage() {
         let e = encode_rkey(0, b"packed-rkey");
-        assert_eq!(decode_rkey(&e), Some((0, &b"packed-rkey"[..])));
+        assert_eq!(decode_rkey(&e), Ok((0, &b"packed-rkey"[..])));
         for i in 0..e.len() {
-            assert_eq!(decode_rkey(&e[..i]), None);
+            assert!(decode_rkey(&e[..i]).is_err());
             let mut d = e.clone();
             d[i] ^= 1;
-            assert_eq!(decode_rkey(&d), None);
+            assert!(decode_rkey(&d).is_err());
         }
         let mut extra = encode_rkey(0, b"x");
         extra.insert(5, 0);
-        assert_eq!(decode_rkey(&extra), None);
-        assert_eq!(decode_rkey(&[]), None);
+        assert!(decode_rkey(&extra).is_err());
+        assert!(decode_rkey(&[]).is_err());
     }
 
     #[test]
@@ -170,11 +173,11 @@ mod tests {
     #[test]
     fn notif_header_round_trips_and_refuses_damage() {
         let h = encode_notif_header("prefill-0");
-        assert_eq!(decode_notif_header(&h), Some("prefill-0"));
-        assert_eq!(decode_notif_header(b""), None);
-        assert_eq!(decode_notif_header(b"NXN"), None);
-        assert_eq!(decode_notif_header(b"NXN1"), None, "empty sender");
-        assert_eq!(decode_notif_header(b"NXN2abc"), None);
-        assert_eq!(decode_notif_header(b"NXN1\xff\xfe"), None, "not UTF-8");
+        assert_eq!(decode_notif_header(&h), Ok("prefill-0"));
+        assert!(decode_notif_header(b"").is_err());
+        assert!(decode_notif_header(b"NXN").is_err());
+        assert!(decode_notif_header(b"NXN1").is_err(), "empty sender");
+        assert!(decode_notif_header(b"NXN2abc").is_err());
+        assert!(decode_notif_header(b"NXN1\xff\xfe").is_err(), "not UTF-8");
     }
 }

@@ -7,7 +7,8 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use nixl_core::{NotifQueue, Op, Result};
+use nixl_core::backend::NotifQueue;
+use nixl_core::{Op, Result};
 
 use crate::context::Context;
 use crate::error::check;
@@ -104,9 +105,9 @@ unsafe extern "C" fn am_recv(
         unsafe { std::slice::from_raw_parts(data as *const u8, length) }.to_vec()
     };
     match crate::wire::decode_notif_header(h) {
-        Some(sender) => ctx.notifs.push(sender, msg),
-        None => {
-            tracing::warn!(agent = %ctx.agent, "dropping a notification with a malformed header")
+        Ok(sender) => ctx.notifs.push(sender, msg),
+        Err(e) => {
+            tracing::warn!(agent = %ctx.agent, error = %e, "dropping a notification with a malformed header")
         }
     }
     sys::UCS_OK

@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicI32, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use nixl_core::{BackendXfer, Error, Op, Result, XferOp, XferState};
+use nixl_core::backend::BackendXfer;
+use nixl_core::{Error, Op, Result, XferOp, XferState};
 
 use crate::endpoint::Peer;
 use crate::error::status_error;
@@ -131,9 +132,11 @@ pub(crate) struct UcxXfer {
     pub mem_type: sys::ucs_memory_type_t,
     pub segs: Vec<Seg>,
     pub notif: Option<Notif>,
+    /// This agent's notification header (for [`BackendXfer::set_notif`]).
+    pub header: Arc<[u8]>,
     pub cancel_timeout: Duration,
     /// Keeps the segments' local and remote metadata (memory handles, rkeys) alive.
-    pub _keep: Vec<nixl_core::BackendMd>,
+    pub _keep: Vec<nixl_core::backend::BackendMd>,
     pub cur: Option<Arc<PostState>>,
     pub path: OnceLock<String>,
 }
@@ -357,5 +360,10 @@ impl BackendXfer for UcxXfer {
 
     fn path(&self) -> Option<String> {
         Some(self.path.get_or_init(|| self.peer.transports()).clone())
+    }
+
+    fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {
+        self.notif = msg.map(|m| (self.header.clone(), Arc::<[u8]>::from(m)));
+        Ok(())
     }
 }

@@ -215,7 +215,10 @@ fn cancel_returns_only_when_ucx_is_done() {
     a.post_xfer_req(&req).expect("post");
     req.cancel().expect("cancel confirms UCX stopped");
     assert!(!req.is_in_flight());
-    assert!(matches!(req.check(), Err(Error::Canceled { .. })));
+    assert!(matches!(
+        a.check_xfer_state(&req),
+        Err(Error::Canceled { .. })
+    ));
     // Reposting after a cancel works (the endpoint may have been closed: then a typed error).
     match a.post_xfer_req(&req).and_then(|_| req.wait(T)) {
         Ok(()) => assert!(dst.to_vec() == src.to_vec(), "data after repost"),
@@ -359,7 +362,7 @@ fn no_progress_threads_with_polling() {
     let mut st = a.post_xfer_req(&req).expect("post");
     let end = std::time::Instant::now() + T;
     while st == XferState::InProgress && std::time::Instant::now() < end {
-        st = req.check().expect("check");
+        st = a.check_xfer_state(&req).expect("check");
     }
     assert_eq!(st, XferState::Done);
     let (n, dst) = poller.join().expect("poller").expect("notification");
@@ -373,7 +376,11 @@ fn vram_without_cuda_is_refused() {
         return;
     }
     let a = common::agent("a", common::TCP, false).expect("agent");
-    let caps = a.backend_capabilities("UCX").expect("caps");
+    let caps = a
+        .backend("UCX")
+        .expect("UCX backend")
+        .capabilities()
+        .clone();
     if caps.supports(MemKind::Vram) {
         eprintln!("vram: UCX is CUDA-aware here; skipping the refusal check");
         return;

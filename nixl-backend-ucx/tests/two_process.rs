@@ -282,7 +282,9 @@ fn scenario(tls: &str) {
     assert_eq!(t.join(DEADLINE), Some(0), "target exits cleanly");
 
     // An invalidated peer fails its requests with a typed error.
-    parent.invalidate_remote(&t.name).expect("invalidate");
+    parent
+        .invalidate_remote_metadata(&t.name)
+        .expect("invalidate");
     let e = parent
         .post_xfer_req(&r)
         .expect_err("post to an invalidated peer");

@@ -23,8 +23,9 @@ fn dram_to_vram_and_back() {
     let a = common::agent("a", "all", false).expect("agent");
     let b = common::agent("b", "all", false).expect("agent");
     if !b
-        .backend_capabilities("UCX")
-        .expect("caps")
+        .backend("UCX")
+        .expect("UCX backend")
+        .capabilities()
         .supports(MemKind::Vram)
     {
         nixl_core::testing::skip(

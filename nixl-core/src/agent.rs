@@ -90,6 +90,70 @@ impl std::fmt::Debug for BackendSlot {
     }
 }
 
+/// A backend created on an agent (NIXL's `nixlBackendH*`): what
+/// [`Agent::create_backend`] returns, and what every backend hint names (registration,
+/// descriptor preparation, [`crate::XferOptions::backends`], notifications, queries).
+///
+/// Cheap to clone; equal when it names the same backend of the same agent. It does not keep
+/// the backend alive; a handle of another agent is refused with [`Error::Mismatch`].
+#[derive(Clone)]
+pub struct BackendHandle {
+    name: Arc<str>,
+    slot: usize,
+    agent: u64,
+    caps: Arc<Capabilities>,
+}
+
+impl BackendHandle {
+    /// The backend's type name (`"UCX"`, `"POSIX"`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What the backend can do.
+    #[doc(alias = "getBackendParams")]
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+}
+
+impl PartialEq for BackendHandle {
+    fn eq(&self, other: &Self) -> bool {
+        self.slot == other.slot && self.agent == other.agent
+    }
+}
+
+impl Eq for BackendHandle {}
+
+impl std::hash::Hash for BackendHandle {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        (self.slot, self.agent).hash(h);
+    }
+}
+
+impl std::fmt::Debug for BackendHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BackendHandle({})", self.name)
+    }
+}
+
+impl std::fmt::Display for BackendHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+impl BackendSlot {
+    pub(crate) fn handle(&self, agent_generation: u64) -> BackendHandle {
+        BackendHandle {
+            name: Arc::from(self.name.as_str()),
+            slot: self.id,
+            agent: agent_generation,
+            caps: Arc::new(self.caps.clone()),
+        }
+    }
+}
+
 /// What an asynchronous metadata fetch ended with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum FetchStatus {
@@ -104,8 +168,9 @@ pub(crate) struct Shared {
     pub backends: RwLock<Vec<Arc<BackendSlot>>>,
     pub regs: Mutex<RegTable>,
     pub remotes: Mutex<HashMap<String, Arc<RemotePeer>>>,
-    /// Serialises metadata loads and invalidations (never held by transfers).
-    pub md_lock: Mutex<()>,
+    /// Per peer name: serialises loads and invalidations of that peer (never held by
+    /// transfers, nor across other peers' loads).
+    pub peer_locks: Mutex<HashMap<String, std::sync::Weak<Mutex<()>>>>,
     pub notifs: Arc<NotifQueue>,
     pub counters: Counters,
     pub fetches: Mutex<HashMap<String, FetchStatus>>,
@@ -136,6 +201,20 @@ impl Shared {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// The lock serialising loads and invalidations of peer `name`.
+    pub fn peer_lock(&self, name: &str) -> Arc<Mutex<()>> {
+        let mut locks = lock(&self.peer_locks);
+        if let Some(l) = locks.get(name).and_then(std::sync::Weak::upgrade) {
+            return l;
+        }
+        if locks.len() >= 64 && locks.len().is_power_of_two() {
+            locks.retain(|_, w| w.strong_count() > 0);
+        }
+        let l = Arc::new(Mutex::new(()));
+        locks.insert(name.to_owned(), Arc::downgrade(&l));
+        l
     }
 
     pub fn next_id(&self) -> u64 {
@@ -247,7 +326,7 @@ impl Agent {
             backends: RwLock::new(Vec::new()),
             regs: Mutex::new(RegTable::default()),
             remotes: Mutex::new(HashMap::new()),
-            md_lock: Mutex::new(()),
+            peer_locks: Mutex::new(HashMap::new()),
             notifs: Arc::new(NotifQueue::new()),
             fetches: Mutex::new(HashMap::new()),
             stop: Arc::new(AtomicBool::new(false)),
@@ -331,31 +410,40 @@ impl Agent {
             .iter()
             .find(|p| p.name().eq_ignore_ascii_case(backend))
             .ok_or_else(|| {
+                let known = self.available_backends().join(", ");
                 Error::not_found(
                     self.name(),
                     Op::CreateBackend,
-                    format!("backend type {backend}"),
+                    format!(
+                        "backend type {backend} among this agent's plugins ({known}): build the \
+                         config with `nixl::agent_config()` (the facade lists every backend \
+                         compiled in) or add the backend crate's plugin (e.g. \
+                         `nixl_backend_ucx::UcxPlugin`) to `AgentConfig::plugins`"
+                    ),
                 )
             })
     }
 
-    /// Creates a backend from typed params (each backend crate's params struct).
+    /// Creates a backend from typed params (each backend crate's params struct) and returns
+    /// its handle.
     #[doc(alias = "createBackend")]
-    pub fn create_backend<P: BackendParams + 'static>(&self, params: P) -> Result<String> {
+    pub fn create_backend<P: BackendParams + 'static>(&self, params: P) -> Result<BackendHandle> {
         self.create_backend_boxed(Box::new(params))
     }
 
-    /// Creates a backend by type name from a string map (parsed once by the backend's plugin).
+    /// Creates a backend by type name from a string map (parsed once by the backend's
+    /// plugin). The type must be among [`AgentConfig::plugins`]: `AgentConfig::default()`
+    /// knows only INPROC; the `nixl` facade's `agent_config()` knows every backend compiled in.
     pub fn create_backend_named(
         &self,
         backend: &str,
         params: &BTreeMap<String, String>,
-    ) -> Result<String> {
+    ) -> Result<BackendHandle> {
         let p = self.plugin(backend)?.parse_params(params)?;
         self.create_backend_boxed(p)
     }
 
-    fn create_backend_boxed(&self, params: Box<dyn BackendParams>) -> Result<String> {
+    fn create_backend_boxed(&self, params: Box<dyn BackendParams>) -> Result<BackendHandle> {
         let wanted = params.backend_name().to_owned();
         if self.shared.backends().iter().any(|b| b.name == wanted) {
             return Err(Error::not_allowed(
@@ -384,38 +472,43 @@ impl Agent {
             ));
         }
         let id = slots.len();
-        slots.push(Arc::new(BackendSlot {
+        let slot = Arc::new(BackendSlot {
             id,
             name: name.clone(),
             backend,
             caps,
-        }));
+        });
+        let handle = slot.handle(self.shared.generation);
+        slots.push(slot);
         tracing::debug!(agent = %self.name(), backend = %name, "backend created");
-        Ok(name)
+        Ok(handle)
     }
 
-    /// Names of the backends created on this agent, in creation order.
-    pub fn backends(&self) -> Vec<String> {
+    /// The backends created on this agent, in creation order.
+    pub fn backends(&self) -> Vec<BackendHandle> {
         self.shared
             .backends()
             .iter()
-            .map(|b| b.name.clone())
+            .map(|b| b.handle(self.shared.generation))
             .collect()
     }
 
-    /// A backend's capabilities.
-    pub fn backend_capabilities(&self, backend: &str) -> Result<Capabilities> {
+    /// The backend of type `name` created on this agent, if any.
+    pub fn backend(&self, name: &str) -> Option<BackendHandle> {
         self.shared
             .backends()
             .iter()
-            .find(|b| b.name == backend)
-            .map(|b| b.caps.clone())
-            .ok_or_else(|| {
-                Error::not_found(self.name(), Op::CreateBackend, format!("backend {backend}"))
-            })
+            .find(|b| b.name == name)
+            .map(|b| b.handle(self.shared.generation))
     }
 
-    pub(crate) fn select_backends(&self, op: Op, hints: &[&str]) -> Result<Vec<Arc<BackendSlot>>> {
+    /// The backends `hints` name (all, in creation order, when empty). A handle of another
+    /// agent is [`Error::Mismatch`].
+    pub(crate) fn select_backends(
+        &self,
+        op: Op,
+        hints: &[BackendHandle],
+    ) -> Result<Vec<Arc<BackendSlot>>> {
         let all = self.shared.backends();
         if hints.is_empty() {
             return Ok(all);
@@ -423,8 +516,14 @@ impl Agent {
         hints
             .iter()
             .map(|h| {
-                all.iter()
-                    .find(|b| b.name == *h)
+                if h.agent != self.shared.generation {
+                    return Err(Error::mismatch(
+                        self.name(),
+                        op,
+                        format!("backend handle {h} belongs to another agent"),
+                    ));
+                }
+                all.get(h.slot)
                     .cloned()
                     .ok_or_else(|| Error::not_found(self.name(), op, format!("backend {h}")))
             })
@@ -436,7 +535,7 @@ impl Agent {
     pub fn query_mem(
         &self,
         regions: &[RegionDesc],
-        hints: &[&str],
+        hints: &[BackendHandle],
     ) -> Result<Vec<Option<QueryResult>>> {
         let backends = self.select_backends(Op::QueryMem, hints)?;
         regions
@@ -541,10 +640,11 @@ impl Agent {
         lock(&self.shared.uncertain).clear();
     }
 
-    /// Waits until at least one notification is queued or `timeout` passes, then drains.
-    /// Ends early with [`Error::Corrupt`] when a notification failed its integrity check; each
-    /// failure ends one call (a caller that ignores the error and waits again is not woken by
-    /// the same failure), and all of them stay available to
+    /// Waits until at least one notification is queued or `timeout` passes, then drains:
+    /// `Ok` with an empty map when nothing arrived in time (like [`Agent::get_notifs`], a
+    /// quiet peer is not an error). Ends early with [`Error::Corrupt`] when a notification
+    /// failed its integrity check; each failure ends one call (a caller that ignores the error
+    /// and waits again is not woken by the same failure), and all of them stay available to
     /// [`Agent::take_integrity_failures`].
     pub fn wait_notifs(&self, timeout: Duration) -> Result<Notifs> {
         let deadline = Instant::now() + timeout;
@@ -565,11 +665,7 @@ impl Agent {
                 });
             }
             if Instant::now() >= deadline {
-                return Err(Error::TimedOut {
-                    agent: self.name().to_owned(),
-                    op: Op::GetNotifs,
-                    elapsed: timeout,
-                });
+                return Ok(n);
             }
             // Sleep on the queue: backends with their own progress deliver straight into it
             // and wake this thread. Without the agent's progress thread, come back every short
@@ -587,7 +683,7 @@ impl Agent {
 
     /// Sends a standalone notification to a loaded peer.
     #[doc(alias = "genNotif")]
-    pub fn gen_notif(&self, remote: &str, msg: &[u8], hints: &[&str]) -> Result<()> {
+    pub fn gen_notif(&self, remote: &str, msg: &[u8], hints: &[BackendHandle]) -> Result<()> {
         let peer = self.remote_peer(remote, Op::GenNotif)?;
         let backends = self.select_backends(Op::GenNotif, hints)?;
         let slot = backends

@@ -1,4 +1,6 @@
-//! The backend contract: what a transport or storage engine implements to plug into an agent.
+//! The backend-author API: what a transport or storage engine implements to plug into an
+//! agent. Applications do not need this module (the crate root is their API); backend crates
+//! do.
 //!
 //! A backend is a trait object ([`Backend`]) created from a params value ([`BackendParams`]) with
 //! a [`BackendContext`] (the agent's name and notification queue). It reports its
@@ -14,7 +16,12 @@ use std::time::Duration;
 use crate::desc::XferOp;
 use crate::error::Result;
 use crate::mem::{MemKind, RegionDesc};
-use crate::notif::NotifQueue;
+
+pub use crate::desc::merge_contiguous;
+pub use crate::inproc::InprocBackend;
+pub use crate::notif::NotifQueue;
+pub use crate::params::{parse_bool, ParamMap};
+pub use crate::telemetry::Counters;
 
 /// Backend-private metadata of a registered or loaded region (a memory handle, an rkey). The
 /// backend downcasts it with [`downcast_md`].
@@ -155,6 +162,17 @@ pub trait BackendXfer: Send {
     /// Which transports carried this transfer (for path reports), if the backend knows.
     fn path(&self) -> Option<String> {
         None
+    }
+    /// Replaces the notification the following posts send after their data (`None`: none).
+    /// Called only while the transfer is not in flight, and only on backends that declare
+    /// notifications; the default refuses.
+    fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {
+        let _ = msg;
+        Err(crate::Error::not_supported(
+            "",
+            crate::Op::PostXfer,
+            "this backend cannot change a prepared request's notification",
+        ))
     }
 }
 

@@ -1,17 +1,19 @@
 //! The metadata codec: an agent's connection info and registered regions as bytes.
 //!
-//! Layout (little endian): magic `b"NIXLRSMD"`, `u16` version, name, `u64` generation, `u8`
-//! flags, backend count then `(name, conn_info)` pairs, region count then
-//! `(backend index, kind, addr, len, dev_id, meta, public)` records. Every length and count is
-//! bounded before anything is allocated, so hostile bytes cost at most their own size.
+//! Layout (little endian, [`crate::bytes`]): magic `b"NIXLRSMD"`, `u16` version, name, `u64`
+//! generation, `u8` flags, backend count then `(name, conn_info)` pairs, region count then
+//! `(backend index, kind, addr, len, dev_id, meta, public)` records, and an xxh3-64 checksum
+//! of everything before it. Every length and count is bounded before anything is allocated,
+//! so hostile bytes cost at most their own size; a damaged byte anywhere is refused.
 
+use crate::bytes::{ByteReader, ByteWriter};
 use crate::error::DecodeError;
 use crate::mem::{MemKind, RegionDesc};
 
 /// Magic prefix of encoded metadata.
 pub const MAGIC: &[u8; 8] = b"NIXLRSMD";
 /// The version this build writes (and the only one it reads).
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Longest agent or backend name.
 pub const MAX_NAME: usize = 256;
 /// Most backends in one metadata blob.
@@ -61,33 +63,31 @@ pub struct AgentMetadata {
 }
 
 impl AgentMetadata {
-    /// Encodes to bytes.
+    /// Encodes to bytes (the body, then its checksum).
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(64 + self.regions.len() * 48);
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&VERSION.to_le_bytes());
-        put_bytes(&mut out, self.name.as_bytes());
-        out.extend_from_slice(&self.generation.to_le_bytes());
-        out.push(if self.has_conn_info { FLAG_CONN } else { 0 });
-        put_u32(&mut out, self.backends.len());
+        let mut w = ByteWriter::with_capacity(64 + self.regions.len() * 56);
+        w.put(MAGIC).put_u16(VERSION);
+        w.put_str(&self.name).put_u64(self.generation);
+        w.put_u8(if self.has_conn_info { FLAG_CONN } else { 0 });
+        w.put_len(self.backends.len());
         for b in &self.backends {
-            put_bytes(&mut out, b.name.as_bytes());
-            put_bytes(&mut out, &b.conn_info);
+            w.put_str(&b.name).put_blob(&b.conn_info);
         }
-        put_u32(&mut out, self.regions.len());
+        w.put_len(self.regions.len());
         for r in &self.regions {
-            put_u32(&mut out, r.backend);
-            out.push(r.desc.kind.tag());
-            out.extend_from_slice(&r.desc.addr.to_le_bytes());
-            out.extend_from_slice(&r.desc.len.to_le_bytes());
-            out.extend_from_slice(&r.desc.dev_id.to_le_bytes());
-            put_bytes(&mut out, &r.desc.meta);
-            put_bytes(&mut out, &r.public);
+            w.put_len(r.backend).put_u8(r.desc.kind.tag());
+            w.put_u64(r.desc.addr)
+                .put_u64(r.desc.len)
+                .put_u64(r.desc.dev_id);
+            w.put_blob(&r.desc.meta).put_blob(&r.public);
         }
-        out
+        let sum = checksum(w.as_slice());
+        w.put_u64(sum);
+        w.into_vec()
     }
 
-    /// Decodes bytes, refusing anything malformed, oversized or with trailing bytes.
+    /// Decodes bytes, refusing anything malformed, oversized, damaged (checksum) or with
+    /// trailing bytes.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         if bytes.len() > MAX_METADATA {
             return Err(DecodeError::TooLarge {
@@ -96,15 +96,36 @@ impl AgentMetadata {
                 limit: MAX_METADATA as u64,
             });
         }
-        let mut r = Reader { buf: bytes, pos: 0 };
-        if r.take(MAGIC.len())? != MAGIC {
-            return Err(DecodeError::BadMagic);
-        }
+        let mut r = ByteReader::new(bytes);
+        r.magic(MAGIC)?;
         let version = r.u16()?;
         if version != VERSION {
             return Err(DecodeError::UnsupportedVersion(version));
         }
-        let name = r.string("agent name")?;
+        // The checksum covers everything before it: a damaged byte anywhere (a name, a
+        // generation, an address) is refused before any field is believed.
+        let Some(body_len) = bytes.len().checked_sub(8) else {
+            return Err(DecodeError::Truncated {
+                offset: r.position(),
+                needed: 8,
+            });
+        };
+        let (body, sum) = bytes.split_at(body_len);
+        if body.len() < r.position() {
+            return Err(DecodeError::Truncated {
+                offset: body.len(),
+                needed: r.position() - body.len(),
+            });
+        }
+        let mut sb = [0u8; 8];
+        sb.copy_from_slice(sum);
+        if checksum(body) != u64::from_le_bytes(sb) {
+            return Err(DecodeError::Invalid { what: "checksum" });
+        }
+        let mut r = ByteReader::new(body);
+        r.magic(MAGIC)?;
+        r.u16()?;
+        let name = r.str("agent name", MAX_NAME)?.to_owned();
         if name.is_empty() {
             return Err(DecodeError::Invalid { what: "agent name" });
         }
@@ -113,16 +134,17 @@ impl AgentMetadata {
         if flags & !FLAG_CONN != 0 {
             return Err(DecodeError::Invalid { what: "flags" });
         }
+        // A backend record is at least two empty length-prefixed strings.
         let nb = r.count("backend count", MAX_BACKENDS, 8)?;
         let mut backends = Vec::with_capacity(nb);
         for _ in 0..nb {
-            let bname = r.string("backend name")?;
+            let bname = r.str("backend name", MAX_NAME)?.to_owned();
             if bname.is_empty() || backends.iter().any(|b: &BackendEntry| b.name == bname) {
                 return Err(DecodeError::Invalid {
                     what: "backend name",
                 });
             }
-            let conn_info = r.blob("connection info")?.to_vec();
+            let conn_info = r.blob("connection info", MAX_BLOB)?.to_vec();
             backends.push(BackendEntry {
                 name: bname,
                 conn_info,
@@ -149,8 +171,8 @@ impl AgentMetadata {
                     what: "region range",
                 });
             }
-            let meta = r.blob("region meta")?.to_vec();
-            let public = r.blob("region public metadata")?.to_vec();
+            let meta = r.blob("region meta", MAX_BLOB)?.to_vec();
+            let public = r.blob("region public metadata", MAX_BLOB)?.to_vec();
             regions.push(RegionEntry {
                 backend,
                 desc: RegionDesc {
@@ -163,9 +185,7 @@ impl AgentMetadata {
                 public,
             });
         }
-        if r.pos != bytes.len() {
-            return Err(DecodeError::Trailing(bytes.len() - r.pos));
-        }
+        r.finish()?;
         Ok(AgentMetadata {
             name,
             generation,
@@ -176,109 +196,10 @@ impl AgentMetadata {
     }
 }
 
-fn put_u32(out: &mut Vec<u8>, v: usize) {
-    // Counts are bounded far below u32::MAX by the agent; saturate rather than wrap.
-    out.extend_from_slice(&u32::try_from(v).unwrap_or(u32::MAX).to_le_bytes());
-}
-
-fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
-    put_u32(out, b.len());
-    out.extend_from_slice(b);
-}
-
-struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
-        let rest = self.buf.len() - self.pos;
-        if n > rest {
-            return Err(DecodeError::Truncated {
-                offset: self.pos,
-                needed: n - rest,
-            });
-        }
-        let s = &self.buf[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(s)
-    }
-
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
-        let mut a = [0u8; N];
-        a.copy_from_slice(self.take(N)?);
-        Ok(a)
-    }
-
-    fn u8(&mut self) -> Result<u8, DecodeError> {
-        Ok(self.array::<1>()?[0])
-    }
-
-    fn u16(&mut self) -> Result<u16, DecodeError> {
-        Ok(u16::from_le_bytes(self.array()?))
-    }
-
-    fn u32(&mut self) -> Result<u32, DecodeError> {
-        Ok(u32::from_le_bytes(self.array()?))
-    }
-
-    fn u64(&mut self) -> Result<u64, DecodeError> {
-        Ok(u64::from_le_bytes(self.array()?))
-    }
-
-    /// A count bounded by `limit` and by what the remaining bytes could hold at `min_size`
-    /// bytes per element.
-    fn count(
-        &mut self,
-        what: &'static str,
-        limit: usize,
-        min_size: usize,
-    ) -> Result<usize, DecodeError> {
-        let n = self.u32()? as usize;
-        let room = (self.buf.len() - self.pos) / min_size.max(1);
-        if n > limit {
-            return Err(DecodeError::TooLarge {
-                what,
-                value: n as u64,
-                limit: limit as u64,
-            });
-        }
-        if n > room {
-            return Err(DecodeError::Truncated {
-                offset: self.pos,
-                needed: (n - room) * min_size,
-            });
-        }
-        Ok(n)
-    }
-
-    fn blob(&mut self, what: &'static str) -> Result<&'a [u8], DecodeError> {
-        let n = self.u32()? as usize;
-        if n > MAX_BLOB {
-            return Err(DecodeError::TooLarge {
-                what,
-                value: n as u64,
-                limit: MAX_BLOB as u64,
-            });
-        }
-        self.take(n)
-    }
-
-    fn string(&mut self, what: &'static str) -> Result<String, DecodeError> {
-        let n = self.u32()? as usize;
-        if n > MAX_NAME {
-            return Err(DecodeError::TooLarge {
-                what,
-                value: n as u64,
-                limit: MAX_NAME as u64,
-            });
-        }
-        let b = self.take(n)?;
-        std::str::from_utf8(b)
-            .map(str::to_owned)
-            .map_err(|_| DecodeError::Invalid { what })
-    }
+/// The blob's checksum: xxh3-64 of the body. It catches damage, not forgery (anyone can
+/// recompute it); authenticated metadata is the side channel's and etcd's job.
+fn checksum(body: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(body)
 }
 
 #[cfg(test)]
@@ -369,26 +290,73 @@ mod tests {
         }
     }
 
+    /// Encodes a body as `encode` does (checksum appended), for hand-made hostile bodies.
+    fn sealed(body: Vec<u8>) -> Vec<u8> {
+        let sum = checksum(&body);
+        let mut b = body;
+        b.extend_from_slice(&sum.to_le_bytes());
+        b
+    }
+
     #[test]
     fn hostile_counts_do_not_allocate() {
-        let mut b = Vec::new();
-        b.extend_from_slice(MAGIC);
-        b.extend_from_slice(&VERSION.to_le_bytes());
-        put_bytes(&mut b, b"x");
-        b.extend_from_slice(&0u64.to_le_bytes());
-        b.push(0);
-        b.extend_from_slice(&u32::MAX.to_le_bytes());
+        let mut w = ByteWriter::new();
+        w.put(MAGIC)
+            .put_u16(VERSION)
+            .put_str("x")
+            .put_u64(0)
+            .put_u8(0);
+        w.put_u32(u32::MAX);
         assert!(matches!(
-            AgentMetadata::decode(&b),
+            AgentMetadata::decode(&sealed(w.clone().into_vec())),
             Err(DecodeError::TooLarge { .. })
         ));
-        let mut b2 = b.clone();
+        let mut b2 = w.into_vec();
         let n = b2.len();
         b2[n - 4..].copy_from_slice(&60u32.to_le_bytes());
         assert!(matches!(
-            AgentMetadata::decode(&b2),
+            AgentMetadata::decode(&sealed(b2)),
             Err(DecodeError::Truncated { .. })
         ));
+    }
+
+    /// Every single-byte change of real metadata is refused (the checksum covers names,
+    /// generation, addresses and lengths, not only backend parts).
+    #[test]
+    fn every_single_byte_corruption_is_refused() {
+        let md = AgentMetadata {
+            name: "decode-0".into(),
+            generation: 0x1234_5678_9abc,
+            has_conn_info: true,
+            backends: vec![BackendEntry {
+                name: "UCX".into(),
+                conn_info: vec![7; 40],
+            }],
+            regions: (0..4)
+                .map(|i| RegionEntry {
+                    backend: 0,
+                    desc: RegionDesc {
+                        kind: MemKind::Dram,
+                        addr: 0x7f00_0000_0000 + i * 4096,
+                        len: 4096,
+                        dev_id: 0,
+                        meta: vec![],
+                    },
+                    public: vec![9; 24],
+                })
+                .collect(),
+        };
+        let bytes = md.encode();
+        for i in 0..bytes.len() {
+            for x in [1u8, 0x80, 0xff] {
+                let mut m = bytes.clone();
+                m[i] ^= x;
+                assert!(
+                    AgentMetadata::decode(&m).is_err(),
+                    "byte {i} ^ {x:#x} loaded"
+                );
+            }
+        }
     }
 
     #[test]
@@ -406,10 +374,14 @@ mod tests {
             AgentMetadata::decode(&b),
             Err(DecodeError::UnsupportedVersion(9))
         );
+        b[8] = VERSION as u8;
         b[0] = b'X';
         assert_eq!(AgentMetadata::decode(&b), Err(DecodeError::BadMagic));
         let mut t = md.encode();
         t.push(0);
-        assert_eq!(AgentMetadata::decode(&t), Err(DecodeError::Trailing(1)));
+        assert_eq!(
+            AgentMetadata::decode(&t),
+            Err(DecodeError::Invalid { what: "checksum" })
+        );
     }
 }

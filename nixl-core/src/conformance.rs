@@ -16,12 +16,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::{
-    Agent, AgentConfig, Capabilities, Error, HostBuffer, MemKind, MemoryRegion, Result,
-    XferDescList, XferOp, XferOptions, XferTarget,
+    Agent, AgentConfig, BackendHandle, Capabilities, Error, HostBuffer, MemKind, MemoryRegion,
+    Result, XferDescList, XferOp, XferOptions, XferTarget,
 };
 
-/// Makes a backend on a fresh agent and returns its name.
-pub type CreateFn = Arc<dyn Fn(&Agent) -> Result<String> + Send + Sync>;
+/// Makes a backend on a fresh agent and returns its handle.
+pub type CreateFn = Arc<dyn Fn(&Agent) -> Result<BackendHandle> + Send + Sync>;
 /// Makes a storage region (a file, an object) of the given size.
 pub type StorageFn = Arc<dyn Fn(u64) -> Result<Arc<dyn MemoryRegion>> + Send + Sync>;
 
@@ -62,6 +62,10 @@ fn cases() -> Vec<Case> {
             write_then_read_by_block_index,
         ),
         ("notification_follows_data", notification_follows_data),
+        (
+            "notification_changes_per_post",
+            notification_changes_per_post,
+        ),
         (
             "standalone_notifications_keep_order",
             standalone_notifications_keep_order,
@@ -107,7 +111,7 @@ pub fn assert_all(suite: &Suite) {
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
-fn agent(s: &Suite, role: &str) -> std::result::Result<(Agent, String), String> {
+fn agent(s: &Suite, role: &str) -> std::result::Result<(Agent, BackendHandle), String> {
     let name = format!(
         "{}-{role}-{}-{}",
         s.name,
@@ -119,8 +123,11 @@ fn agent(s: &Suite, role: &str) -> std::result::Result<(Agent, String), String> 
     Ok((a, b))
 }
 
-fn caps(a: &Agent, b: &str) -> std::result::Result<Capabilities, String> {
-    a.backend_capabilities(b).map_err(|e| e.to_string())
+fn caps(a: &Agent, b: &BackendHandle) -> std::result::Result<Capabilities, String> {
+    ensure(a.backends().contains(b), || {
+        format!("{b} is not a backend of {}", a.name())
+    })?;
+    Ok(b.capabilities().clone())
 }
 
 fn buf(len: usize) -> std::result::Result<Arc<HostBuffer>, String> {
@@ -145,7 +152,7 @@ fn ensure(cond: bool, msg: impl FnOnce() -> String) -> std::result::Result<(), S
 struct Pair {
     a: Agent,
     b: Agent,
-    backend: String,
+    backend: BackendHandle,
     src: Arc<HostBuffer>,
     dst: Arc<HostBuffer>,
     _regs: (crate::Registration, crate::Registration),
@@ -308,6 +315,61 @@ fn notification_follows_data(s: &Suite) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// One prepared request reposted for several KV requests, each post with its own message
+/// (NIXL's per-post `notifMsg`), then with none.
+fn notification_changes_per_post(s: &Suite) -> std::result::Result<(), String> {
+    let len = 64 << 10;
+    let Some(p) = pair(s, len)? else {
+        return Ok(());
+    };
+    if !caps(&p.a, &p.backend)?.notifications {
+        return Ok(());
+    }
+    let req =
+        p.a.create_xfer_req(
+            XferOp::Write,
+            &XferDescList::blocks(MemKind::Dram, p.src.addr(), len as u64, 1),
+            &XferDescList::blocks(MemKind::Dram, p.dst.addr(), len as u64, 1),
+            p.b.name(),
+            XferOptions::with_notif(b"kv request 0".to_vec()),
+        )
+        .map_err(e2s("create"))?;
+    let mut got: Vec<Vec<u8>> = Vec::new();
+    for k in 0..3u64 {
+        if k > 0 {
+            req.set_notif(Some(format!("kv request {k}").into_bytes()))
+                .map_err(e2s("set_notif"))?;
+        }
+        p.src.fill_pattern(300 + k);
+        p.a.post_xfer_req(&req).map_err(e2s("post"))?;
+        req.wait(TIMEOUT).map_err(e2s("wait"))?;
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        while got.len() as u64 <= k && std::time::Instant::now() < deadline {
+            let mut n =
+                p.b.wait_notifs(Duration::from_millis(100))
+                    .map_err(e2s("wait notif"))?;
+            got.append(n.entry(p.a.name().to_owned()).or_default());
+        }
+        ensure(p.dst.to_vec() == p.src.to_vec(), || {
+            format!("post {k}: data differs")
+        })?;
+    }
+    let want: Vec<Vec<u8>> = (0..3)
+        .map(|k| format!("kv request {k}").into_bytes())
+        .collect();
+    ensure(got == want, || format!("notifications {got:?}"))?;
+    // Without a message the next post delivers none.
+    req.set_notif(None).map_err(e2s("clear notif"))?;
+    p.a.post_xfer_req(&req).map_err(e2s("post without notif"))?;
+    req.wait(TIMEOUT).map_err(e2s("wait without notif"))?;
+    let n =
+        p.b.wait_notifs(Duration::from_millis(300))
+            .map_err(e2s("wait notif"))?;
+    ensure(n.is_empty(), || {
+        format!("a post without a message notified: {n:?}")
+    })
+}
+
 fn standalone_notifications_keep_order(s: &Suite) -> std::result::Result<(), String> {
     let Some(p) = pair(s, 4096)? else {
         return Ok(());
@@ -413,12 +475,17 @@ fn bad_descriptors_are_refused(s: &Suite) -> std::result::Result<(), String> {
         ),
         || "empty descriptor accepted".into(),
     )?;
+    let stranger = Agent::new(&format!("{}-stranger", a.name()), AgentConfig::default())
+        .map_err(e2s("stranger agent"))?;
+    let foreign = stranger
+        .create_backend(crate::InprocParams::default())
+        .map_err(e2s("stranger backend"))?;
     ensure(
         matches!(
-            a.prep_xfer_dlist(XferTarget::Initiator, &outside, &["NOPE"]),
-            Err(Error::NotFound { .. })
+            a.prep_xfer_dlist(XferTarget::Initiator, &outside, &[foreign]),
+            Err(Error::Mismatch { .. })
         ),
-        || "unknown backend hint accepted".into(),
+        || "another agent's backend handle accepted as a hint".into(),
     )?;
     let l = a
         .prep_xfer_dlist(
@@ -511,7 +578,7 @@ fn invalidated_peer_fails_requests(s: &Suite) -> std::result::Result<(), String>
             XferOptions::default(),
         )
         .map_err(e2s("create"))?;
-    p.a.invalidate_remote(p.b.name())
+    p.a.invalidate_remote_metadata(p.b.name())
         .map_err(e2s("invalidate"))?;
     ensure(
         matches!(p.a.post_xfer_req(&req), Err(Error::PeerRestarted { .. })),
@@ -519,7 +586,7 @@ fn invalidated_peer_fails_requests(s: &Suite) -> std::result::Result<(), String>
     )?;
     ensure(
         matches!(
-            p.a.invalidate_remote(p.b.name()),
+            p.a.invalidate_remote_metadata(p.b.name()),
             Err(Error::NotFound { .. })
         ),
         || "double invalidate accepted".into(),

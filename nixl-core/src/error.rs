@@ -4,6 +4,10 @@
 //! it came from. Transfer progress is not an error: see [`crate::XferState`].
 
 use std::fmt;
+use std::sync::Arc;
+
+/// A native error kept as an error's source: shared, so [`Error`] is `Clone`.
+pub type SharedError = Arc<dyn std::error::Error + Send + Sync>;
 
 /// The result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -71,7 +75,7 @@ pub enum DecodeError {
         needed: usize,
     },
     /// The magic bytes did not match.
-    #[error("not nixl-rs metadata (bad magic)")]
+    #[error("bad magic bytes (not this format)")]
     BadMagic,
     /// A version this build does not read.
     #[error("unsupported metadata version {0}")]
@@ -99,7 +103,10 @@ pub enum DecodeError {
 
 /// Errors of nixl-core and of every backend (backends wrap their native errors in
 /// [`Error::Backend`]).
-#[derive(Debug, thiserror::Error)]
+///
+/// `Clone` (a request's terminal error is reported to every later `check`), with a
+/// [`ErrorKind`] for matching without the fields.
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A parameter is not valid for the operation.
@@ -125,7 +132,7 @@ pub enum Error {
         message: String,
         /// The native error, if any.
         #[source]
-        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+        source: Option<SharedError>,
     },
     /// Something named was not found: an agent, a backend, a registration, a region, a key.
     #[error("{agent}: {op}: not found: {what}")]
@@ -257,7 +264,7 @@ pub enum Error {
         op: Op,
         /// The error.
         #[source]
-        source: std::io::Error,
+        source: Arc<std::io::Error>,
     },
 }
 
@@ -271,24 +278,24 @@ impl Error {
         )
     }
 
-    /// A short stable name of the variant, used as a telemetry label.
-    pub fn kind_name(&self) -> &'static str {
+    /// The variant, without its fields.
+    pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::InvalidParam { .. } => "invalid_param",
-            Error::Backend { .. } => "backend",
-            Error::NotFound { .. } => "not_found",
-            Error::Mismatch { .. } => "mismatch",
-            Error::NotAllowed { .. } => "not_allowed",
-            Error::RepostActive { .. } => "repost_active",
-            Error::NotSupported { .. } => "not_supported",
-            Error::RemoteDisconnect { .. } => "remote_disconnect",
-            Error::PeerRestarted { .. } => "peer_restarted",
-            Error::Canceled { .. } => "canceled",
-            Error::TimedOut { .. } => "timed_out",
-            Error::Unavailable { .. } => "unavailable",
-            Error::Decode { .. } => "decode",
-            Error::Corrupt { .. } => "corrupt",
-            Error::Io { .. } => "io",
+            Error::InvalidParam { .. } => ErrorKind::InvalidParam,
+            Error::Backend { .. } => ErrorKind::Backend,
+            Error::NotFound { .. } => ErrorKind::NotFound,
+            Error::Mismatch { .. } => ErrorKind::Mismatch,
+            Error::NotAllowed { .. } => ErrorKind::NotAllowed,
+            Error::RepostActive { .. } => ErrorKind::RepostActive,
+            Error::NotSupported { .. } => ErrorKind::NotSupported,
+            Error::RemoteDisconnect { .. } => ErrorKind::RemoteDisconnect,
+            Error::PeerRestarted { .. } => ErrorKind::PeerRestarted,
+            Error::Canceled { .. } => ErrorKind::Canceled,
+            Error::TimedOut { .. } => ErrorKind::TimedOut,
+            Error::Unavailable { .. } => ErrorKind::Unavailable,
+            Error::Decode { .. } => ErrorKind::Decode,
+            Error::Corrupt { .. } => ErrorKind::Corrupt,
+            Error::Io { .. } => ErrorKind::Io,
         }
     }
 
@@ -363,7 +370,118 @@ impl Error {
         Error::Io {
             agent: agent.to_owned(),
             op,
-            source,
+            source: Arc::new(source),
         }
+    }
+
+    /// Builds an [`Error::Backend`] carrying a native error as its source.
+    pub fn backend_source(
+        agent: &str,
+        backend: &str,
+        op: Op,
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Backend {
+            agent: agent.to_owned(),
+            backend: backend.to_owned(),
+            op,
+            message: message.into(),
+            source: Some(Arc::new(source)),
+        }
+    }
+}
+
+/// The variants of [`Error`], without their fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// [`Error::InvalidParam`].
+    InvalidParam,
+    /// [`Error::Backend`].
+    Backend,
+    /// [`Error::NotFound`].
+    NotFound,
+    /// [`Error::Mismatch`].
+    Mismatch,
+    /// [`Error::NotAllowed`].
+    NotAllowed,
+    /// [`Error::RepostActive`].
+    RepostActive,
+    /// [`Error::NotSupported`].
+    NotSupported,
+    /// [`Error::RemoteDisconnect`].
+    RemoteDisconnect,
+    /// [`Error::PeerRestarted`].
+    PeerRestarted,
+    /// [`Error::Canceled`].
+    Canceled,
+    /// [`Error::TimedOut`].
+    TimedOut,
+    /// [`Error::Unavailable`].
+    Unavailable,
+    /// [`Error::Decode`].
+    Decode,
+    /// [`Error::Corrupt`].
+    Corrupt,
+    /// [`Error::Io`].
+    Io,
+}
+
+impl ErrorKind {
+    /// A short stable name, used as a telemetry label (`"timed_out"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidParam => "invalid_param",
+            ErrorKind::Backend => "backend",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Mismatch => "mismatch",
+            ErrorKind::NotAllowed => "not_allowed",
+            ErrorKind::RepostActive => "repost_active",
+            ErrorKind::NotSupported => "not_supported",
+            ErrorKind::RemoteDisconnect => "remote_disconnect",
+            ErrorKind::PeerRestarted => "peer_restarted",
+            ErrorKind::Canceled => "canceled",
+            ErrorKind::TimedOut => "timed_out",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Decode => "decode",
+            ErrorKind::Corrupt => "corrupt",
+            ErrorKind::Io => "io",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_clone_with_their_source() {
+        let e = Error::backend_source(
+            "a",
+            "UCX",
+            Op::PostXfer,
+            "put failed",
+            std::io::Error::other("native"),
+        );
+        let c = e.clone();
+        assert_eq!(c.kind(), ErrorKind::Backend);
+        assert_eq!(
+            std::error::Error::source(&c).map(|s| s.to_string()),
+            Some("native".to_owned())
+        );
+        assert_eq!(c.to_string(), e.to_string());
+        assert_eq!(
+            Error::io("a", Op::Exchange, std::io::ErrorKind::TimedOut.into())
+                .kind()
+                .as_str(),
+            "io"
+        );
     }
 }

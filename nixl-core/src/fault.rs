@@ -438,4 +438,10 @@ impl BackendXfer for FaultXfer {
     fn path(&self) -> Option<String> {
         self.inner.path().map(|p| format!("{p} (fault injection)"))
     }
+
+    fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {
+        // The wrapper sends the notification itself (see `prepare_xfer`).
+        self.notif = msg.map(<[u8]>::to_vec);
+        Ok(())
+    }
 }

@@ -90,13 +90,7 @@ impl BackendPlugin for InprocPlugin {
         &self,
         params: &std::collections::BTreeMap<String, String>,
     ) -> Result<Box<dyn BackendParams>> {
-        if let Some(k) = params.keys().next() {
-            return Err(Error::invalid(
-                "",
-                Op::CreateBackend,
-                format!("INPROC takes no parameter {k}"),
-            ));
-        }
+        crate::params::ParamMap::new(INPROC, params).finish()?;
         Ok(Box::new(InprocParams::default()))
     }
 }
@@ -375,5 +369,10 @@ impl BackendXfer for InprocXfer {
 
     fn path(&self) -> Option<String> {
         Some("in-process memcpy".to_owned())
+    }
+
+    fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {
+        self.notif = msg.map(<[u8]>::to_vec);
+        Ok(())
     }
 }

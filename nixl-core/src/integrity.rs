@@ -8,6 +8,7 @@
 
 use xxhash_rust::xxh3::Xxh3;
 
+use crate::bytes::{ByteReader, ByteWriter};
 use crate::error::DecodeError;
 
 /// Prefix of an integrity frame (a user message that starts with it is treated as a frame).
@@ -29,17 +30,13 @@ pub struct Frame {
 impl Frame {
     /// Encodes the frame.
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(20 + self.ranges.len() * 24 + self.msg.len());
-        v.extend_from_slice(MAGIC);
-        v.extend_from_slice(&self.hash.to_le_bytes());
-        v.extend_from_slice(&(self.ranges.len() as u32).to_le_bytes());
+        let mut w = ByteWriter::with_capacity(20 + self.ranges.len() * 24 + self.msg.len());
+        w.put(MAGIC).put_u64(self.hash).put_len(self.ranges.len());
         for &(d, a, l) in &self.ranges {
-            v.extend_from_slice(&d.to_le_bytes());
-            v.extend_from_slice(&a.to_le_bytes());
-            v.extend_from_slice(&l.to_le_bytes());
+            w.put_u64(d).put_u64(a).put_u64(l);
         }
-        v.extend_from_slice(&self.msg);
-        v
+        w.put(&self.msg);
+        w.into_vec()
     }
 
     /// `None` when `bytes` is not a frame; otherwise the frame or why it is malformed.
@@ -49,44 +46,12 @@ impl Frame {
     }
 
     fn parse_body(b: &[u8]) -> Result<Frame, DecodeError> {
-        let u64_at = |o: usize| -> Result<u64, DecodeError> {
-            b.get(o..o + 8)
-                .map(|s| {
-                    let mut a = [0u8; 8];
-                    a.copy_from_slice(s);
-                    u64::from_le_bytes(a)
-                })
-                .ok_or(DecodeError::Truncated {
-                    offset: o,
-                    needed: 8,
-                })
-        };
-        let hash = u64_at(0)?;
-        let n = b
-            .get(8..12)
-            .map(|s| u32::from_le_bytes([s[0], s[1], s[2], s[3]]) as usize)
-            .ok_or(DecodeError::Truncated {
-                offset: 8,
-                needed: 4,
-            })?;
-        if n > MAX_RANGES {
-            return Err(DecodeError::TooLarge {
-                what: "integrity ranges",
-                value: n as u64,
-                limit: MAX_RANGES as u64,
-            });
-        }
-        let end = 12 + n * 24;
-        if b.len() < end {
-            return Err(DecodeError::Truncated {
-                offset: b.len(),
-                needed: end - b.len(),
-            });
-        }
+        let mut r = ByteReader::new(b);
+        let hash = r.u64()?;
+        let n = r.count("integrity ranges", MAX_RANGES, 24)?;
         let mut ranges = Vec::with_capacity(n);
-        for i in 0..n {
-            let o = 12 + i * 24;
-            let (d, a, l) = (u64_at(o)?, u64_at(o + 8)?, u64_at(o + 16)?);
+        for _ in 0..n {
+            let (d, a, l) = (r.u64()?, r.u64()?, r.u64()?);
             if a.checked_add(l).is_none() {
                 return Err(DecodeError::Invalid {
                     what: "integrity range",
@@ -97,7 +62,7 @@ impl Frame {
         Ok(Frame {
             hash,
             ranges,
-            msg: b[end..].to_vec(),
+            msg: r.rest().to_vec(),
         })
     }
 }

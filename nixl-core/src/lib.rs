@@ -1,7 +1,7 @@
 //! # nixl-core
 //!
 //! The heart of nixl-rs: an [`Agent`] per process registers memory with pluggable
-//! [`Backend`]s, exchanges metadata with peers, and moves descriptor lists with one-sided
+//! [`Backend`](backend::Backend)s, exchanges metadata with peers, and moves descriptor lists with one-sided
 //! READ/WRITE and notifications — NIXL's model, with Rust's guarantees:
 //!
 //! - **Registrations keep memory alive.** [`Agent::register_mem`] takes the memory itself
@@ -58,7 +58,8 @@
 #![warn(missing_docs)]
 
 mod agent;
-mod backend;
+pub mod backend;
+pub mod bytes;
 pub mod codec;
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -67,10 +68,12 @@ mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 mod fault;
+mod index;
 mod inproc;
 pub mod integrity;
 mod mem;
 mod notif;
+mod params;
 mod registration;
 mod remote;
 pub mod sidechannel;
@@ -78,19 +81,16 @@ mod telemetry;
 pub mod testing;
 mod xfer;
 
-pub use agent::{Agent, AgentConfig};
-pub use backend::{
-    downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
-    Capabilities, CostEstimate, CostMethod, QueryResult, Segment, XferSpec, XferState,
-};
+pub use agent::{Agent, AgentConfig, BackendHandle};
+pub use backend::{Capabilities, CostEstimate, CostMethod, QueryResult, XferState};
 pub use codec::AgentMetadata;
-pub use desc::{merge_contiguous, Desc, XferDescList, XferOp};
-pub use error::{DecodeError, Error, Op, Result};
+pub use desc::{Desc, XferDescList, XferOp};
+pub use error::{DecodeError, Error, ErrorKind, Op, Result, SharedError};
 pub use fault::{FaultEvent, FaultLog, FaultParams, FaultPlan};
-pub use inproc::{InprocBackend, InprocParams, InprocPlugin, INPROC};
+pub use inproc::{InprocParams, InprocPlugin, INPROC};
 pub use mem::{HostBuffer, MemKind, MemoryRegion, RawRegion, RegionDesc, PAGE_SIZE};
-pub use notif::{NotifQueue, Notifs};
+pub use notif::Notifs;
 pub use registration::Registration;
 pub use remote::MetadataSelection;
-pub use telemetry::{Counters, TelemetrySnapshot, XferTelemetry};
+pub use telemetry::{TelemetrySnapshot, XferTelemetry};
 pub use xfer::{PreparedList, UncertainXfer, XferOptions, XferReq, XferTarget};

@@ -321,7 +321,7 @@ impl Agent {
                 let name = self.load_remote_metadata(&f.payload)?;
                 if !remote.is_empty() && name != remote {
                     // Checked by the server too; a wrong answer must not stay loaded.
-                    let _ = self.invalidate_remote(&name);
+                    let _ = self.invalidate_remote_metadata(&name);
                     return Err(Error::mismatch(
                         self.name(),
                         Op::Exchange,

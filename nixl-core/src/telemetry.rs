@@ -122,7 +122,7 @@ impl Counters {
 /// Whether `NIXL_TELEMETRY_ENABLE` asks for telemetry ("1", "true", "yes", "on").
 pub fn env_enabled() -> bool {
     std::env::var("NIXL_TELEMETRY_ENABLE")
-        .map(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
+        .map(|v| crate::params::parse_bool(&v) == Some(true))
         .unwrap_or(false)
 }
 

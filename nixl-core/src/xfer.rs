@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::agent::{lock, Agent, BackendSlot, Shared};
+use crate::agent::{lock, Agent, BackendHandle, BackendSlot, Shared};
 use crate::backend::{BackendMd, BackendXfer, CostEstimate, Segment, XferSpec, XferState};
 use crate::desc::{merge_contiguous, Desc, XferDescList, XferOp};
 use crate::error::{Error, Op, Result};
@@ -44,9 +44,9 @@ struct CachedRegion {
     mds: Vec<(usize, BackendMd)>,
 }
 
-/// What an integrity-checked request hashes and tells the target.
+/// What an integrity-checked request hashes and tells the target (the user's message is the
+/// request's current notification).
 struct IntegrityPlan {
-    msg: Vec<u8>,
     local: Vec<(u64, u64)>,
     remote: Vec<(u64, u64, u64)>,
 }
@@ -63,8 +63,8 @@ pub struct UncertainXfer {
     pub op: XferOp,
     /// Bytes of the request.
     pub bytes: u64,
-    /// The error's kind ([`Error::kind_name`]).
-    pub error: &'static str,
+    /// The error's kind.
+    pub error: crate::ErrorKind,
 }
 
 enum Side {
@@ -74,6 +74,7 @@ enum Side {
 }
 
 /// A descriptor list resolved once against registrations (NIXL's `nixlDlistH`).
+#[must_use = "a prepared list is only useful to build requests from"]
 pub struct PreparedList {
     shared: Arc<Shared>,
     side: Side,
@@ -122,7 +123,7 @@ pub struct XferOptions {
     /// A notification for the target, delivered only after the request's data is complete.
     pub notif: Option<Vec<u8>>,
     /// Backends to choose from, in preference order (empty: all, in creation order).
-    pub backends: Vec<String>,
+    pub backends: Vec<BackendHandle>,
     /// A deadline for each post: past it, `check` cancels and reports `TimedOut`.
     pub timeout: Option<Duration>,
     /// Do not merge contiguous descriptors.
@@ -157,6 +158,8 @@ enum Status {
 
 struct ReqState {
     status: Status,
+    /// The notification of the next posts (NIXL's per-post `notifMsg`).
+    notif: Option<Vec<u8>>,
     /// The integrity frame of the current post, sent once the data is complete.
     frame: Option<Vec<u8>>,
     xfer: Box<dyn BackendXfer>,
@@ -165,9 +168,12 @@ struct ReqState {
     leaked: bool,
 }
 
-/// A transfer request (NIXL's `nixlXferReqH`): post it, poll or wait, repost once done.
-/// Dropping it while in flight cancels it first; if the backend cannot confirm it stopped, the
-/// memory it uses is leaked rather than freed under the hardware.
+/// A transfer request (NIXL's `nixlXferReqH`): post it with [`Agent::post_xfer_req`], poll
+/// with [`Agent::check_xfer_state`] or [`XferReq::wait`], repost once done (with another
+/// notification: [`XferReq::set_notif`]). Dropping it while in flight cancels it first; if the
+/// backend cannot confirm it stopped, the memory it uses is leaked rather than freed under the
+/// hardware.
+#[must_use = "dropping a request cancels it"]
 pub struct XferReq {
     id: u64,
     shared: Arc<Shared>,
@@ -192,105 +198,6 @@ impl std::fmt::Debug for XferReq {
     }
 }
 
-fn dup_error(e: &Error) -> Error {
-    match e {
-        Error::InvalidParam { agent, op, reason } => Error::InvalidParam {
-            agent: agent.clone(),
-            op: *op,
-            reason: reason.clone(),
-        },
-        Error::Backend {
-            agent,
-            backend,
-            op,
-            message,
-            ..
-        } => Error::Backend {
-            agent: agent.clone(),
-            backend: backend.clone(),
-            op: *op,
-            message: message.clone(),
-            source: None,
-        },
-        Error::NotFound { agent, op, what } => Error::NotFound {
-            agent: agent.clone(),
-            op: *op,
-            what: what.clone(),
-        },
-        Error::Mismatch { agent, op, what } => Error::Mismatch {
-            agent: agent.clone(),
-            op: *op,
-            what: what.clone(),
-        },
-        Error::NotAllowed { agent, op, reason } => Error::NotAllowed {
-            agent: agent.clone(),
-            op: *op,
-            reason: reason.clone(),
-        },
-        Error::RepostActive { agent, op } => Error::RepostActive {
-            agent: agent.clone(),
-            op: *op,
-        },
-        Error::NotSupported { agent, op, what } => Error::NotSupported {
-            agent: agent.clone(),
-            op: *op,
-            what: what.clone(),
-        },
-        Error::RemoteDisconnect {
-            agent,
-            remote,
-            op,
-            reason,
-        } => Error::RemoteDisconnect {
-            agent: agent.clone(),
-            remote: remote.clone(),
-            op: *op,
-            reason: reason.clone(),
-        },
-        Error::PeerRestarted {
-            agent,
-            remote,
-            op,
-            built,
-            current,
-        } => Error::PeerRestarted {
-            agent: agent.clone(),
-            remote: remote.clone(),
-            op: *op,
-            built: *built,
-            current: *current,
-        },
-        Error::Canceled { agent, op } => Error::Canceled {
-            agent: agent.clone(),
-            op: *op,
-        },
-        Error::TimedOut { agent, op, elapsed } => Error::TimedOut {
-            agent: agent.clone(),
-            op: *op,
-            elapsed: *elapsed,
-        },
-        Error::Unavailable { what, hint } => Error::Unavailable {
-            what: what.clone(),
-            hint: hint.clone(),
-        },
-        Error::Decode { agent, op, source } => Error::Decode {
-            agent: agent.clone(),
-            op: *op,
-            source: source.clone(),
-        },
-        Error::Corrupt { agent, remote, op } => Error::Corrupt {
-            agent: agent.clone(),
-            remote: remote.clone(),
-            op: *op,
-        },
-        Error::Io { agent, op, source } => Error::Io {
-            agent: agent.clone(),
-            op: *op,
-            source: std::io::Error::new(source.kind(), source.to_string()),
-        },
-    }
-}
-
 impl XferReq {
     /// A process-unique id of the request.
     pub fn id(&self) -> u64 {
@@ -304,8 +211,41 @@ impl XferReq {
 
     /// The backend carrying it.
     #[doc(alias = "queryXferBackend")]
-    pub fn backend(&self) -> &str {
-        &self.backend.name
+    pub fn backend(&self) -> BackendHandle {
+        self.backend.handle(self.shared.generation)
+    }
+
+    /// Sets the notification the following posts deliver after their data (`None`: none):
+    /// NIXL's per-post `notifMsg`, so one prepared request serves many KV requests. Refused
+    /// while the request is in flight ([`Error::RepostActive`]) and by backends without
+    /// notifications ([`Error::NotSupported`]); nothing changes on error.
+    #[doc(alias = "notifMsg")]
+    pub fn set_notif(&self, msg: Option<Vec<u8>>) -> Result<()> {
+        let mut st = lock(&self.state);
+        if let Status::Posted { .. } = st.status {
+            return Err(Error::RepostActive {
+                agent: self.shared.name.clone(),
+                op: Op::PostXfer,
+            });
+        }
+        if msg.is_some() && !self.backend.caps.notifications {
+            return Err(Error::not_supported(
+                &self.shared.name,
+                Op::PostXfer,
+                format!("backend {} has no notifications", self.backend.name),
+            ));
+        }
+        // With integrity checking the agent sends the notification itself (in the frame).
+        if self.integrity.is_none() {
+            st.xfer.set_notif(msg.as_deref()).map_err(|e| match e {
+                Error::NotSupported { what, .. } => {
+                    Error::not_supported(&self.shared.name, Op::PostXfer, what)
+                }
+                e => e,
+            })?;
+        }
+        st.notif = msg;
+        Ok(())
     }
 
     /// The target agent's name.
@@ -362,9 +302,9 @@ impl XferReq {
         Ok(())
     }
 
-    /// Posts the request (NIXL's `postXferReq`). Refused while in flight; allowed again once
-    /// it is done, failed or canceled.
-    pub fn post(&self) -> Result<XferState> {
+    /// Posts the request ([`Agent::post_xfer_req`] checks ownership first). Refused while in
+    /// flight; allowed again once it is done, failed or canceled.
+    pub(crate) fn post(&self) -> Result<XferState> {
         let mut st = lock(&self.state);
         if let Status::Posted { .. } = st.status {
             return Err(Error::RepostActive {
@@ -381,6 +321,7 @@ impl XferReq {
         }
         self.peer_check()?;
         let start = Instant::now();
+        let msg = st.notif.clone().unwrap_or_default();
         st.frame = self.integrity.as_ref().map(|p| {
             // SAFETY: the local ranges lie in DRAM registrations this request keeps alive, and
             // the transfer has not started, so only the caller's own writes could race.
@@ -388,7 +329,7 @@ impl XferReq {
             crate::integrity::Frame {
                 hash,
                 ranges: p.remote.clone(),
-                msg: p.msg.clone(),
+                msg,
             }
             .encode()
         });
@@ -415,15 +356,15 @@ impl XferReq {
             }
             Err(e) => {
                 self.shared.counters.failed();
-                st.status = Status::Failed(dup_error(&e));
+                st.status = Status::Failed(e.clone());
                 Err(e)
             }
         }
     }
 
-    /// Polls the request (NIXL's `getXferStatus`): `Done`, `InProgress`, or the terminal error.
-    #[doc(alias = "getXferStatus")]
-    pub fn check(&self) -> Result<XferState> {
+    /// Polls the request ([`Agent::check_xfer_state`]): `Done`, `InProgress`, or the terminal
+    /// error.
+    pub(crate) fn check(&self) -> Result<XferState> {
         let mut st = lock(&self.state);
         self.check_locked(&mut st)
     }
@@ -436,7 +377,7 @@ impl XferReq {
                 "request was never posted",
             )),
             Status::Done => Ok(XferState::Done),
-            Status::Failed(e) => Err(dup_error(e)),
+            Status::Failed(e) => Err(e.clone()),
             Status::Canceled => Err(Error::Canceled {
                 agent: self.shared.name.clone(),
                 op: Op::CheckXfer,
@@ -445,7 +386,7 @@ impl XferReq {
                 let (at, deadline) = (*at, *deadline);
                 // A peer invalidated or restarted mid-transfer: fence the request.
                 if let Err(e) = self.peer_check() {
-                    self.abort_locked(st, dup_error(&e));
+                    self.abort_locked(st, e.clone());
                     return Err(e);
                 }
                 match st.xfer.check() {
@@ -460,7 +401,7 @@ impl XferReq {
                                 op: Op::CheckXfer,
                                 elapsed: at.elapsed(),
                             };
-                            self.abort_locked(st, dup_error(&e));
+                            self.abort_locked(st, e.clone());
                             Err(e)
                         }
                         _ => Ok(XferState::InProgress),
@@ -468,7 +409,7 @@ impl XferReq {
                     Err(e) => {
                         self.shared.counters.failed();
                         self.note_uncertain(&e);
-                        st.status = Status::Failed(dup_error(&e));
+                        st.status = Status::Failed(e.clone());
                         Err(e)
                     }
                 }
@@ -492,7 +433,7 @@ impl XferReq {
         if let Some(frame) = st.frame.take() {
             if let Err(e) = self.backend.backend.gen_notif(&self.spec.remote, &frame) {
                 self.shared.counters.failed();
-                st.status = Status::Failed(dup_error(&e));
+                st.status = Status::Failed(e.clone());
                 return Err(e);
             }
         }
@@ -514,7 +455,7 @@ impl XferReq {
                 remote: self.spec.remote.clone(),
                 op: self.op,
                 bytes: self.spec.total_bytes(),
-                error: e.kind_name(),
+                error: e.kind(),
             });
         }
     }
@@ -536,7 +477,7 @@ impl XferReq {
                                 op: Op::Wait,
                                 elapsed: timeout,
                             };
-                            self.abort_locked(&mut st, dup_error(&e));
+                            self.abort_locked(&mut st, e.clone());
                             return Err(e);
                         }
                     }
@@ -561,7 +502,7 @@ impl XferReq {
         if let Status::Posted { .. } = st.status {
             if let Err(e) = st.xfer.cancel() {
                 st.leaked = true;
-                st.status = Status::Failed(dup_error(&e));
+                st.status = Status::Failed(e.clone());
                 return Err(e);
             }
             st.status = Status::Canceled;
@@ -603,7 +544,7 @@ impl Agent {
         &self,
         target: XferTarget<'_>,
         descs: &XferDescList,
-        hints: &[&str],
+        hints: &[BackendHandle],
     ) -> Result<PreparedList> {
         let me = self.name();
         let backends = self.select_backends(Op::PrepXferDlist, hints)?;
@@ -817,8 +758,7 @@ impl Agent {
         }
         let wants_notif = opts.notif.is_some() || opts.integrity;
         // Choose the first backend (in preference order) that holds every entry on both sides.
-        let hints: Vec<&str> = opts.backends.iter().map(String::as_str).collect();
-        let candidates = self.select_backends(Op::MakeXfer, &hints)?;
+        let candidates = self.select_backends(Op::MakeXfer, &opts.backends)?;
         let eligible: Vec<Arc<BackendSlot>> = candidates
             .into_iter()
             .filter(|b| {
@@ -904,7 +844,6 @@ impl Agent {
             return Err(refusal.unwrap_or_else(no_backend));
         };
         let integrity = opts.integrity.then(|| IntegrityPlan {
-            msg: opts.notif.clone().unwrap_or_default(),
             local: spec
                 .segments
                 .iter()
@@ -935,6 +874,7 @@ impl Agent {
             timeout: opts.timeout,
             state: Mutex::new(ReqState {
                 status: Status::Ready,
+                notif: opts.notif.clone(),
                 frame: None,
                 xfer,
                 tel: XferTelemetry::default(),
@@ -1020,14 +960,14 @@ impl Agent {
                 ),
             ));
         }
-        let hints: Vec<&str> = opts.backends.iter().map(String::as_str).collect();
-        let l = self.prep_xfer_dlist(XferTarget::Initiator, local, &hints)?;
-        let r = self.prep_xfer_dlist(XferTarget::Agent(remote_agent), remote, &hints)?;
+        let l = self.prep_xfer_dlist(XferTarget::Initiator, local, &opts.backends)?;
+        let r = self.prep_xfer_dlist(XferTarget::Agent(remote_agent), remote, &opts.backends)?;
         let idx: Vec<usize> = (0..local.len()).collect();
         self.make_prepped_xfer(op, &l, &idx, &r, &idx, opts)
     }
 
-    /// Posts a request (NIXL's `postXferReq`).
+    /// Posts a request (NIXL's `postXferReq`): the one way to start (and restart, once done)
+    /// a request. Returns `Done` when the backend completed it inside the call.
     #[doc(alias = "postXferReq")]
     pub fn post_xfer_req(&self, req: &XferReq) -> Result<XferState> {
         self.check_owner(req, Op::PostXfer)?;
@@ -1043,8 +983,8 @@ impl Agent {
 
     /// The backend a request uses (NIXL's `queryXferBackend`).
     #[doc(alias = "queryXferBackend")]
-    pub fn query_xfer_backend(&self, req: &XferReq) -> String {
-        req.backend().to_owned()
+    pub fn query_xfer_backend(&self, req: &XferReq) -> BackendHandle {
+        req.backend()
     }
 
     /// The backend's estimate of a request's cost, where it can make one.

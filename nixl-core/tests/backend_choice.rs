@@ -7,10 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::unique;
+use nixl_core::backend::{
+    Backend, BackendContext, BackendMd, BackendParams, BackendXfer, InprocBackend, XferSpec,
+};
 use nixl_core::{
-    Agent, AgentConfig, Backend, BackendContext, BackendMd, BackendParams, BackendXfer,
-    Capabilities, Error, HostBuffer, InprocBackend, InprocParams, MemKind, Op, RegionDesc, Result,
-    XferDescList, XferOp, XferOptions, XferSpec,
+    Agent, AgentConfig, Capabilities, Error, HostBuffer, InprocParams, MemKind, Op, RegionDesc,
+    Result, XferDescList, XferOp, XferOptions,
 };
 
 /// A real INPROC backend under another name that declines every transfer.
@@ -84,10 +86,9 @@ fn a_declining_backend_yields_to_the_next() {
     );
     let ra = a.register_mem(vec![sa.clone()], &[]).unwrap();
     let _rb = b.register_mem(vec![sb.clone()], &[]).unwrap();
-    assert_eq!(
-        ra.backends(),
-        vec!["DECLINING".to_owned(), "INPROC".to_owned()]
-    );
+    let mut names: Vec<String> = ra.backends().iter().map(|h| h.name().to_owned()).collect();
+    names.sort();
+    assert_eq!(names, vec!["DECLINING".to_owned(), "INPROC".to_owned()]);
     a.load_remote_metadata(&b.local_metadata().unwrap())
         .unwrap();
     sa.fill(5);
@@ -96,13 +97,13 @@ fn a_declining_backend_yields_to_the_next() {
     let req = a
         .create_xfer_req(XferOp::Write, &l, &r, b.name(), XferOptions::default())
         .unwrap();
-    assert_eq!(req.backend(), "INPROC");
+    assert_eq!(req.backend().name(), "INPROC");
     a.post_xfer_req(&req).unwrap();
     req.wait(Duration::from_secs(5)).unwrap();
     assert_eq!(sb.to_vec(), vec![5u8; 4096]);
     // Restricted to the declining backend, its refusal is what the caller sees.
     let only = XferOptions {
-        backends: vec!["DECLINING".into()],
+        backends: vec![a.backend("DECLINING").expect("declining backend")],
         ..XferOptions::default()
     };
     assert!(matches!(

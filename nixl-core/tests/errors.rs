@@ -61,11 +61,11 @@ fn duplicate_and_unknown_backends_are_refused() {
     assert!(b.backends().is_empty());
     assert_eq!(b.available_backends(), vec!["INPROC".to_owned()]);
     assert!(b.backend_params("inproc").unwrap().is_empty());
-    assert_eq!(a.backends(), vec!["INPROC".to_owned()]);
-    assert!(matches!(
-        a.backend_capabilities("nope"),
-        Err(Error::NotFound { .. })
-    ));
+    let backends = a.backends();
+    let names: Vec<&str> = backends.iter().map(|h| h.name()).collect();
+    assert_eq!(names, vec!["INPROC"]);
+    assert!(a.backend("nope").is_none());
+    assert!(a.backend("INPROC").is_some_and(|h| h.capabilities().remote));
 }
 
 #[test]
@@ -77,9 +77,12 @@ fn bad_registrations_change_nothing() {
         Err(Error::InvalidParam { .. })
     ));
     let b = Arc::new(HostBuffer::new(4096).unwrap());
+    // A hint naming another agent's backend.
+    let stranger = agent("reg-stranger");
+    let foreign = stranger.backend("INPROC").expect("stranger's backend");
     assert!(matches!(
-        a.register_mem(vec![b.clone()], &["NOPE"]),
-        Err(Error::NotFound { .. })
+        a.register_mem(vec![b.clone()], &[foreign]),
+        Err(Error::Mismatch { .. })
     ));
     // SAFETY: a zero-length region names no memory.
     let empty = unsafe {
@@ -381,11 +384,11 @@ fn bad_transfer_inputs_change_nothing() {
             &remote,
             &[0],
             XferOptions {
-                backends: vec!["NOPE".into()],
+                backends: vec![agent("stranger").backend("INPROC").expect("handle")],
                 ..opts()
             }
         ),
-        Err(Error::NotFound { .. })
+        Err(Error::Mismatch { .. })
     ));
     // Lists of another agent.
     let bl = b
@@ -453,11 +456,11 @@ fn timeouts_are_typed() {
         },
     )
     .unwrap();
-    // Nothing is queued: waiting for notifications ends in TimedOut.
-    assert!(matches!(
-        a.wait_notifs(std::time::Duration::from_millis(20)),
-        Err(Error::TimedOut { .. })
-    ));
+    // Nothing is queued: waiting for notifications ends, on time, with none.
+    assert!(a
+        .wait_notifs(std::time::Duration::from_millis(20))
+        .unwrap()
+        .is_empty());
     // A side-channel fetch from a closed port ends in a typed error, not a hang.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -142,7 +142,10 @@ fn delayed_request_is_canceled_by_its_deadline_and_by_wait() {
     assert!(matches!(err, Error::TimedOut { .. }), "{err:?}");
     assert!(!req.is_in_flight());
     // Terminal: polling again reports the same error.
-    assert!(matches!(req.check(), Err(Error::TimedOut { .. })));
+    assert!(matches!(
+        a.check_xfer_state(&req),
+        Err(Error::TimedOut { .. })
+    ));
     // wait() with a deadline.
     let req = mk(None);
     a.post_xfer_req(&req).unwrap();
@@ -154,7 +157,10 @@ fn delayed_request_is_canceled_by_its_deadline_and_by_wait() {
     let req = mk(None);
     a.post_xfer_req(&req).unwrap();
     req.cancel().unwrap();
-    assert!(matches!(req.check(), Err(Error::Canceled { .. })));
+    assert!(matches!(
+        a.check_xfer_state(&req),
+        Err(Error::Canceled { .. })
+    ));
     // Dropping an in-flight request cancels it.
     let req = mk(None);
     a.post_xfer_req(&req).unwrap();
@@ -287,7 +293,7 @@ fn telemetry_counts_requests_and_bytes() {
             XferOptions::default(),
         )
         .unwrap();
-    assert_eq!(a.query_xfer_backend(&req), "INPROC");
+    assert_eq!(a.query_xfer_backend(&req).name(), "INPROC");
     assert!(req.path().contains("INPROC"));
     assert_eq!(a.estimate_xfer_cost(&req).unwrap(), None);
     for _ in 0..3 {
@@ -370,7 +376,7 @@ fn integrity_detects_every_corruption() {
         req.wait(Duration::from_secs(5)).unwrap();
         match b.wait_notifs(Duration::from_secs(5)) {
             Ok(n) => {
-                assert_eq!(n[a.name()], vec![b"kv".to_vec()]);
+                assert_eq!(n.get(a.name()), Some(&vec![b"kv".to_vec()]), "round {i}");
                 assert_eq!(
                     sa.to_vec(),
                     sb.to_vec(),
@@ -464,12 +470,15 @@ fn wait_notifs_reports_each_integrity_failure_once() {
                 assert_eq!(remote, a.name());
                 corrupt += 1;
             }
-            Err(Error::TimedOut { .. }) => {}
+            Ok(n) if n.is_empty() => {}
             other => panic!("unexpected {other:?}"),
         }
     }
     assert_eq!(corrupt, 2);
-    assert!(matches!(b.wait_notifs(short), Err(Error::TimedOut { .. })));
+    assert!(
+        b.wait_notifs(short).unwrap().is_empty(),
+        "nothing arrived: Ok(empty)"
+    );
     // A good notification after the failures is delivered.
     a.gen_notif(b.name(), b"good", &[]).unwrap();
     let n = b.wait_notifs(Duration::from_secs(5)).unwrap();
@@ -504,13 +513,21 @@ fn uncertain_requests_are_listed() {
         .unwrap();
     a.post_xfer_req(&req).unwrap();
     // The peer is invalidated while the request is in flight: the request is fenced.
-    a.invalidate_remote(b.name()).unwrap();
-    assert!(matches!(req.check(), Err(Error::PeerRestarted { .. })));
+    a.invalidate_remote_metadata(b.name()).unwrap();
+    assert!(matches!(
+        a.check_xfer_state(&req),
+        Err(Error::PeerRestarted { .. })
+    ));
     let u = a.uncertain_requests();
     assert_eq!(u.len(), 1);
     assert_eq!(
         (u[0].id, u[0].remote.as_str(), u[0].bytes, u[0].error),
-        (req.id(), b.name(), 4096, "peer_restarted")
+        (
+            req.id(),
+            b.name(),
+            4096,
+            nixl_core::ErrorKind::PeerRestarted
+        )
     );
     a.clear_uncertain_requests();
     assert!(a.uncertain_requests().is_empty());

@@ -178,7 +178,14 @@ fn target(a: &Args) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let n = agent.wait_notifs(left.max(Duration::from_millis(1)))?;
+        if left.is_zero() {
+            return Err(nixl_core::Error::TimedOut {
+                agent: "bench-target".into(),
+                op: nixl_core::Op::GetNotifs,
+                elapsed: Duration::from_secs(600),
+            });
+        }
+        let n = agent.wait_notifs(left)?;
         for msg in n.get("bench-initiator").into_iter().flatten() {
             let text = String::from_utf8_lossy(msg);
             let mut w = text.split_whitespace();
@@ -534,7 +541,7 @@ fn post_and_spin(agent: &Agent, req: &nixl_core::XferReq) -> Result<()> {
     agent.post_xfer_req(req)?;
     let deadline = Instant::now() + WAIT;
     loop {
-        if req.check()? == nixl_core::XferState::Done {
+        if agent.check_xfer_state(req)? == nixl_core::XferState::Done {
             return Ok(());
         }
         if Instant::now() >= deadline {

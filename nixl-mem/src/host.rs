@@ -422,13 +422,14 @@ mod tests {
             assert_eq!(b.pages(), pages);
         }
         assert_eq!(
-            MmapBuffer::new(0, Pages::Base).unwrap_err().kind_name(),
+            MmapBuffer::new(0, Pages::Base).unwrap_err().kind().as_str(),
             "invalid_param"
         );
         assert_eq!(
             MmapBuffer::new(usize::MAX, Pages::Base)
                 .unwrap_err()
-                .kind_name(),
+                .kind()
+                .as_str(),
             "invalid_param"
         );
     }
@@ -443,7 +444,7 @@ mod tests {
             }
             Err(e) => {
                 eprintln!("no reserved huge pages here: {e}");
-                assert_eq!(e.kind_name(), "unavailable");
+                assert_eq!(e.kind().as_str(), "unavailable");
             }
         }
         let b = MmapBuffer::huge_or_fallback(1 << 20).unwrap();
@@ -463,13 +464,13 @@ mod tests {
             return;
         }
         let e = Pinned::new(HostBuffer::new(8192).unwrap()).unwrap_err();
-        assert_eq!(e.kind_name(), "unavailable", "{e}");
+        assert_eq!(e.kind().as_str(), "unavailable", "{e}");
         assert_eq!(
-            CudaHostBuffer::new(4096).unwrap_err().kind_name(),
+            CudaHostBuffer::new(4096).unwrap_err().kind().as_str(),
             "unavailable"
         );
         assert_eq!(
-            CudaHostBuffer::new(0).unwrap_err().kind_name(),
+            CudaHostBuffer::new(0).unwrap_err().kind().as_str(),
             "invalid_param"
         );
     }

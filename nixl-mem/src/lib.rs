@@ -33,7 +33,7 @@
 //! assert_eq!(buf.to_vec()[4 << 19], 1);
 //! match nixl_mem::DeviceBuffer::new(0, 1 << 20) {
 //!     Ok(gpu) => assert_eq!(gpu.to_vec()?, vec![0u8; 1 << 20]),
-//!     Err(e) => assert_eq!(e.kind_name(), "unavailable"), // no GPU here
+//!     Err(e) => assert_eq!(e.kind().as_str(), "unavailable"), // no GPU here
 //! }
 //! # Ok(()) }
 //! ```

@@ -48,7 +48,7 @@ fn check(op: Op, call: &'static str, r: sys::hipError_t) -> Result<()> {
         backend: "HIP".into(),
         op,
         message: e.to_string(),
-        source: Some(Box::new(e)),
+        source: Some(std::sync::Arc::new(e)),
     })
 }
 
@@ -346,7 +346,7 @@ mod tests {
     #[test]
     fn without_an_amd_gpu_everything_is_unavailable() {
         assert_eq!(
-            HipBuffer::new(0, 0).unwrap_err().kind_name(),
+            HipBuffer::new(0, 0).unwrap_err().kind().as_str(),
             "invalid_param"
         );
         match device_count() {
@@ -361,9 +361,9 @@ mod tests {
             }
             Err(e) => {
                 eprintln!("no AMD GPU here: {e}");
-                assert_eq!(e.kind_name(), "unavailable");
+                assert_eq!(e.kind().as_str(), "unavailable");
                 assert_eq!(
-                    HipBuffer::new(0, 4096).unwrap_err().kind_name(),
+                    HipBuffer::new(0, 4096).unwrap_err().kind().as_str(),
                     "unavailable"
                 );
             }

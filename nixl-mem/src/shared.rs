@@ -366,7 +366,8 @@ mod tests {
         assert_eq!(
             SharedHostMapping::open(&wrong_token)
                 .unwrap_err()
-                .kind_name(),
+                .kind()
+                .as_str(),
             "not_found"
         );
         let wrong_len = SharedHostHandle {
@@ -374,7 +375,10 @@ mod tests {
             ..h.clone()
         };
         assert_eq!(
-            SharedHostMapping::open(&wrong_len).unwrap_err().kind_name(),
+            SharedHostMapping::open(&wrong_len)
+                .unwrap_err()
+                .kind()
+                .as_str(),
             "mismatch"
         );
         let bytes = h.to_bytes();
@@ -384,11 +388,11 @@ mod tests {
         }
         drop(b);
         assert_eq!(
-            SharedHostMapping::open(&h).unwrap_err().kind_name(),
+            SharedHostMapping::open(&h).unwrap_err().kind().as_str(),
             "not_found"
         );
         assert_eq!(
-            SharedHostBuffer::new(0).unwrap_err().kind_name(),
+            SharedHostBuffer::new(0).unwrap_err().kind().as_str(),
             "invalid_param"
         );
     }

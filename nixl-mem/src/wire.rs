@@ -1,79 +1,55 @@
-//! A tiny bounded little-endian reader/writer for the bytes this crate puts on the wire (IPC
-//! handles, shared-memory handles, connection info). Every decode failure is a typed
-//! [`DecodeError`]; nothing reads past the input.
+//! The bytes this crate puts on the wire (IPC handles, shared-memory handles, connection
+//! info), in the builder shape its encoders use, over nixl-core's one byte reader and writer
+//! ([`nixl_core::bytes`]): a magic prefix, then bounded little-endian fields. Every decode
+//! failure is a typed [`DecodeError`]; nothing reads past the input.
 
+use nixl_core::bytes::{ByteReader, ByteWriter};
 use nixl_core::DecodeError;
 
-pub(crate) struct Writer(pub Vec<u8>);
+pub(crate) struct Writer(ByteWriter);
 
 impl Writer {
     pub fn new(magic: &[u8; 4]) -> Self {
-        Writer(magic.to_vec())
+        let mut w = ByteWriter::new();
+        w.put(magic);
+        Writer(w)
     }
     pub fn u64(mut self, v: u64) -> Self {
-        self.0.extend_from_slice(&v.to_le_bytes());
+        self.0.put_u64(v);
         self
     }
     pub fn bytes(mut self, b: &[u8]) -> Self {
-        self = self.u64(b.len() as u64);
-        self.0.extend_from_slice(b);
+        self.0.put_blob(b);
         self
     }
     pub fn raw(mut self, b: &[u8]) -> Self {
-        self.0.extend_from_slice(b);
+        self.0.put(b);
         self
     }
     pub fn finish(self) -> Vec<u8> {
-        self.0
+        self.0.into_vec()
     }
 }
 
-pub(crate) struct Reader<'a> {
-    buf: &'a [u8],
-    pos: usize,
-}
+pub(crate) struct Reader<'a>(ByteReader<'a>);
 
 impl<'a> Reader<'a> {
     pub fn new(buf: &'a [u8], magic: &[u8; 4]) -> Result<Self, DecodeError> {
-        let mut r = Reader { buf, pos: 0 };
-        if r.raw(4)? != magic {
-            return Err(DecodeError::BadMagic);
-        }
-        Ok(r)
+        let mut r = ByteReader::new(buf);
+        r.magic(magic)?;
+        Ok(Reader(r))
     }
     pub fn raw(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
-        let Some(end) = end else {
-            return Err(DecodeError::Truncated {
-                offset: self.pos,
-                needed: n.saturating_sub(self.buf.len() - self.pos),
-            });
-        };
-        let s = &self.buf[self.pos..end];
-        self.pos = end;
-        Ok(s)
+        self.0.take(n)
     }
     pub fn u64(&mut self) -> Result<u64, DecodeError> {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(self.raw(8)?);
-        Ok(u64::from_le_bytes(a))
+        self.0.u64()
     }
     pub fn bytes(&mut self, what: &'static str, limit: usize) -> Result<&'a [u8], DecodeError> {
-        let n = self.u64()?;
-        if n > limit as u64 {
-            return Err(DecodeError::TooLarge {
-                what,
-                value: n,
-                limit: limit as u64,
-            });
-        }
-        self.raw(n as usize)
+        self.0.blob(what, limit)
     }
     pub fn finish(self) -> Result<(), DecodeError> {
-        match self.buf.len() - self.pos {
-            0 => Ok(()),
-            n => Err(DecodeError::Trailing(n)),
-        }
+        self.0.finish()
     }
 }
 
@@ -107,7 +83,7 @@ mod tests {
             Reader::new(b"NOPE", b"TEST").err(),
             Some(DecodeError::BadMagic)
         );
-        let big = Writer::new(b"TEST").u64(1 << 40).finish();
+        let big = Writer::new(b"TEST").raw(&u32::MAX.to_le_bytes()).finish();
         assert!(matches!(
             Reader::new(&big, b"TEST").unwrap().bytes("x", 16),
             Err(DecodeError::TooLarge { .. })

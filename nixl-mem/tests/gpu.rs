@@ -37,23 +37,30 @@ fn gpu_device_buffer_allocates_copies_and_bounds_checks() {
     assert!(b.to_vec().unwrap().iter().all(|&x| x == 0xAB));
     // Bad input: typed, nothing copied.
     assert_eq!(
-        a.copy_from_host(len - 1, &[1, 2]).unwrap_err().kind_name(),
+        a.copy_from_host(len - 1, &[1, 2])
+            .unwrap_err()
+            .kind()
+            .as_str(),
         "invalid_param"
     );
     assert_eq!(
         a.copy_to_host(usize::MAX, &mut [0u8; 2])
             .unwrap_err()
-            .kind_name(),
+            .kind()
+            .as_str(),
         "invalid_param"
     );
     assert_eq!(
-        b.copy_from_device(0, &a, len, 1).unwrap_err().kind_name(),
+        b.copy_from_device(0, &a, len, 1)
+            .unwrap_err()
+            .kind()
+            .as_str(),
         "invalid_param"
     );
     assert_eq!(first_diff(&a.to_vec().unwrap(), &p), None);
     let n = nixl_mem::cuda_device_count().unwrap();
     assert_eq!(
-        DeviceBuffer::new(n, 4096).unwrap_err().kind_name(),
+        DeviceBuffer::new(n, 4096).unwrap_err().kind().as_str(),
         "invalid_param"
     );
     if n > 1 {
@@ -95,14 +102,16 @@ fn gpu_ipc_export_refuses_host_and_wrong_device_pointers() {
     assert_eq!(
         IpcHandle::export(0, host.addr(), 4096)
             .unwrap_err()
-            .kind_name(),
+            .kind()
+            .as_str(),
         "invalid_param"
     );
     let dev = DeviceBuffer::new(0, 1 << 20).unwrap();
     assert_eq!(
         IpcHandle::export(0, dev.addr(), (1 << 20) + 1)
             .unwrap_err()
-            .kind_name(),
+            .kind()
+            .as_str(),
         "invalid_param"
     );
     let h = IpcHandle::export(0, dev.addr() + 4096, 4096).unwrap();
@@ -116,7 +125,7 @@ fn gpu_ipc_export_refuses_host_and_wrong_device_pointers() {
             m.copy_to_host(0, &mut b).unwrap();
             assert_eq!(b, [0u8; 16]);
         }
-        Err(e) => assert_eq!(e.kind_name(), "backend", "{e}"),
+        Err(e) => assert_eq!(e.kind().as_str(), "backend", "{e}"),
     }
 }
 
@@ -166,7 +175,7 @@ fn gpu_ipc_child() {
     m.copy_from_host(IPC_LEN / 2, &pattern(11, IPC_LEN / 2))
         .unwrap();
     assert_eq!(
-        m.copy_from_host(IPC_LEN, &[1]).unwrap_err().kind_name(),
+        m.copy_from_host(IPC_LEN, &[1]).unwrap_err().kind().as_str(),
         "invalid_param"
     );
     drop(m); // cuIpcCloseMemHandle
@@ -192,7 +201,10 @@ fn gpu_dmabuf_export_is_an_fd_or_typed_not_supported() {
         }
         Err(e) => {
             eprintln!("dma-buf not offered here: {e}");
-            assert!(matches!(e.kind_name(), "not_supported" | "backend"), "{e}");
+            assert!(
+                matches!(e.kind().as_str(), "not_supported" | "backend"),
+                "{e}"
+            );
         }
     }
 }

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nixl::core::BackendParams;
+use nixl::core::backend::BackendParams;
 use nixl::ucx::{probe, UcxParams};
 use nixl::{Agent, AgentConfig, Error, HostBuffer};
 
@@ -97,26 +97,20 @@ pub fn buf(len: usize) -> Arc<HostBuffer> {
     Arc::new(HostBuffer::new(len).expect("alloc"))
 }
 
-/// Unix signals the tests send to the target (Linux numbering).
+/// Unix signals the tests send to the target.
 pub mod signal {
-    /// Kill.
-    pub const KILL: i32 = 9;
-    /// Continue a stopped process.
-    pub const CONT: i32 = 18;
-    /// Stop (cannot be caught).
-    pub const STOP: i32 = 19;
+    use nixl::core::testing::signal::{self as sig, Sig};
 
-    extern "C" {
-        fn kill(pid: i32, sig: i32) -> i32;
-    }
+    /// Kill.
+    pub const KILL: Sig = Sig::Kill;
+    /// Continue a stopped process.
+    pub const CONT: Sig = Sig::Cont;
+    /// Stop (cannot be caught).
+    pub const STOP: Sig = Sig::Stop;
 
     /// Sends `sig` to `pid`; whether it was delivered.
-    pub fn send(pid: u32, sig: i32) -> bool {
-        let Ok(pid) = i32::try_from(pid) else {
-            return false;
-        };
-        // SAFETY: kill(2) takes plain integers and touches no memory of ours.
-        unsafe { kill(pid, sig) == 0 }
+    pub fn send(pid: u32, s: Sig) -> bool {
+        sig::send(pid, s).is_ok()
     }
 }
 
@@ -212,7 +206,6 @@ impl Target {
                 Ok(mut n) => self
                     .pending
                     .extend(n.remove(&self.name).unwrap_or_default()),
-                Err(Error::TimedOut { .. }) => {}
                 Err(e) => return Err(format!("wait_notifs: {e}")),
             }
         }
@@ -230,7 +223,9 @@ impl Target {
     /// Drops the parent's view of the target and loads its metadata again over the side
     /// channel (after a cancel force-closed the endpoint, or a silent peer woke up).
     pub fn reconnect(&self, parent: &Agent) {
-        parent.invalidate_remote(&self.name).expect("invalidate");
+        parent
+            .invalidate_remote_metadata(&self.name)
+            .expect("invalidate");
         parent
             .fetch_remote_metadata_blocking(&self.name, self.listen, Duration::from_secs(20))
             .expect("reload the target's metadata");
@@ -245,7 +240,7 @@ impl Target {
                 eprintln!(
                     "{}: endpoint unusable ({}), reloading its metadata",
                     self.name,
-                    e.kind_name()
+                    e.kind().as_str()
                 );
                 self.reconnect(parent);
             }
@@ -327,7 +322,7 @@ impl TargetSide {
         {
             return Ok(());
         }
-        let _ = self.agent.invalidate_remote(&self.parent);
+        let _ = self.agent.invalidate_remote_metadata(&self.parent);
         self.agent
             .fetch_remote_metadata_blocking(&self.parent, self.parent_addr, Duration::from_secs(20))
             .map_err(|e| e.to_string())?;
@@ -503,7 +498,7 @@ fn target_main() -> Result<(), String> {
         let got = side.agent.wait_notifs(Duration::from_millis(200));
         let msgs = match got {
             Ok(mut n) => n.remove(&side.parent).unwrap_or_default(),
-            Err(Error::TimedOut { .. } | Error::Corrupt { .. }) => Vec::new(),
+            Err(Error::Corrupt { .. }) => Vec::new(),
             Err(other) => return Err(other.to_string()),
         };
         for m in msgs {

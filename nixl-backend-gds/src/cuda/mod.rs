@@ -35,7 +35,7 @@ impl CudaError {
             backend: backend.to_owned(),
             op,
             message: self.to_string(),
-            source: Some(Box::new(self)),
+            source: Some(std::sync::Arc::new(self)),
         }
     }
 }

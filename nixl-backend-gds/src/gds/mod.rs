@@ -36,10 +36,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use nixl_core::{
+use nixl_core::backend::{
     downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
-    Capabilities, Error, MemKind, Op, QueryResult, RegionDesc, Result, XferSpec,
+    ParamMap, XferSpec,
 };
+use nixl_core::{Capabilities, Error, MemKind, Op, QueryResult, RegionDesc, Result};
 
 use crate::cuda::{self, Cuda, PrimaryCtx};
 use crate::posix::bounce::{vram_context, PoolEngine};
@@ -158,63 +159,34 @@ impl BackendPlugin for GdsPlugin {
     }
 
     fn parse_params(&self, params: &BTreeMap<String, String>) -> Result<Box<dyn BackendParams>> {
-        let mut p = GdsParams::default();
-        let num = |k: &str, v: &str| {
-            v.parse::<usize>().map_err(|_| {
-                Error::invalid(
-                    "",
-                    Op::CreateBackend,
-                    format!("GDS: {k}={v} is not a number"),
-                )
-            })
+        let mut m = ParamMap::new(GDS, params);
+        let mut p = GdsParams {
+            cufile_path: m.string("cufile_path").map(Into::into),
+            ..GdsParams::default()
         };
-        for (k, v) in params {
-            match k.as_str() {
-                "cufile_path" => p.cufile_path = Some(v.into()),
-                "batch_threshold" => p.batch_threshold = num(k, v)?,
-                "max_batch" => p.max_batch = num(k, v)?,
-                "force_compat_mode" => {
-                    p.force_compat_mode = match v.as_str() {
-                        "true" | "1" | "yes" => true,
-                        "false" | "0" | "no" => false,
-                        _ => {
-                            return Err(Error::invalid(
-                                "",
-                                Op::CreateBackend,
-                                format!("GDS: force_compat_mode={v} is not true or false"),
-                            ))
-                        }
-                    }
-                }
-                "fallback" => {
-                    p.fallback = match v.as_str() {
-                        "bounce" => GdsFallback::Bounce,
-                        "refuse" => GdsFallback::Refuse,
-                        _ => {
-                            return Err(Error::invalid(
-                                "",
-                                Op::CreateBackend,
-                                format!("GDS: fallback={v} is not bounce or refuse"),
-                            ))
-                        }
-                    }
-                }
-                "bounce_chunk" => p.fallback_engine.bounce_chunk = num(k, v)? as u64,
-                "bounce_buffers" => {
-                    p.fallback_engine.bounce_buffers = match v.as_str() {
-                        "auto" => None,
-                        _ => Some(num(k, v)?),
-                    }
-                }
-                _ => {
-                    return Err(Error::invalid(
-                        "",
-                        Op::CreateBackend,
-                        format!("GDS: unknown parameter {k}"),
-                    ))
-                }
-            }
+        if let Some(n) = m.usize("batch_threshold")? {
+            p.batch_threshold = n;
         }
+        if let Some(n) = m.usize("max_batch")? {
+            p.max_batch = n;
+        }
+        if let Some(b) = m.bool("force_compat_mode")? {
+            p.force_compat_mode = b;
+        }
+        let fallbacks = [
+            ("bounce", GdsFallback::Bounce),
+            ("refuse", GdsFallback::Refuse),
+        ];
+        if let Some(f) = m.choice("fallback", &fallbacks)? {
+            p.fallback = f;
+        }
+        if let Some(n) = m.u64("bounce_chunk")? {
+            p.fallback_engine.bounce_chunk = n;
+        }
+        if let Some(n) = m.auto("bounce_buffers", "auto or a count")? {
+            p.fallback_engine.bounce_buffers = n;
+        }
+        m.finish()?;
         p.validate("")?;
         Ok(Box::new(p))
     }

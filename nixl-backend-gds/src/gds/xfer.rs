@@ -5,9 +5,8 @@ use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nixl_core::{
-    downcast_md, BackendMd, BackendXfer, Error, MemKind, Op, Result, XferOp, XferSpec, XferState,
-};
+use nixl_core::backend::{downcast_md, BackendMd, BackendXfer, XferSpec};
+use nixl_core::{Error, MemKind, Op, Result, XferOp, XferState};
 
 use super::{sys, BufMd, Driver, FileMd, GdsParams, GDS};
 

@@ -14,7 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use nixl_core::{BackendMd, Error, Op, RegionDesc, Result, XferOp};
+use nixl_core::backend::BackendMd;
+use nixl_core::{Error, Op, RegionDesc, Result, XferOp};
 
 use super::pool::{file_io, ChunkError, Pool};
 use super::{Chunk, PosixParams};

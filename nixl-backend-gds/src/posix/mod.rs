@@ -28,10 +28,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nixl_core::{
+use nixl_core::backend::{
     downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
-    Capabilities, Error, MemKind, Op, QueryResult, RegionDesc, Result, XferOp, XferSpec,
+    ParamMap, XferSpec,
 };
+use nixl_core::{Capabilities, Error, MemKind, Op, QueryResult, RegionDesc, Result, XferOp};
 
 use crate::cuda::PrimaryCtx;
 use bounce::{PoolEngine, VramMd, VramSide};
@@ -186,60 +187,43 @@ impl BackendPlugin for PosixPlugin {
     }
 
     fn parse_params(&self, params: &BTreeMap<String, String>) -> Result<Box<dyn BackendParams>> {
+        let mut m = ParamMap::new(POSIX, params);
         let mut p = PosixParams::default();
-        let num = |k: &str, v: &str| {
-            v.parse::<u64>().map_err(|_| {
-                Error::invalid(
-                    "",
-                    Op::CreateBackend,
-                    format!("POSIX: {k}={v} is not a number"),
-                )
-            })
-        };
-        for (k, v) in params {
-            match k.as_str() {
-                "engine" => {
-                    p.engine = match v.as_str() {
-                        "auto" => Engine::Auto,
-                        "io_uring" | "uring" => Engine::IoUring,
-                        "threadpool" | "posix" => Engine::ThreadPool,
-                        _ => {
-                            return Err(Error::invalid(
-                                "",
-                                Op::CreateBackend,
-                                format!("POSIX: unknown engine {v}"),
-                            ))
-                        }
-                    }
-                }
-                "queue_depth" => {
-                    p.queue_depth = u32::try_from(num(k, v)?).map_err(|_| {
-                        Error::invalid("", Op::CreateBackend, "POSIX: queue_depth too large")
-                    })?
-                }
-                "chunk_size" => p.chunk_size = if v == "auto" { None } else { Some(num(k, v)?) },
-                "pool_threads" => {
-                    p.pool_threads = usize::try_from(num(k, v)?).unwrap_or(usize::MAX)
-                }
-                "direct_alignment" => p.direct_alignment = num(k, v)?,
-                "cancel_timeout_ms" => p.cancel_timeout = Duration::from_millis(num(k, v)?),
-                "inline_max" => p.inline_max = num(k, v)?,
-                "bounce_chunk" => p.bounce_chunk = num(k, v)?,
-                "bounce_buffers" => {
-                    p.bounce_buffers = match v.as_str() {
-                        "auto" => None,
-                        _ => Some(usize::try_from(num(k, v)?).unwrap_or(usize::MAX)),
-                    }
-                }
-                _ => {
-                    return Err(Error::invalid(
-                        "",
-                        Op::CreateBackend,
-                        format!("POSIX: unknown parameter {k}"),
-                    ))
-                }
-            }
+        let engines = [
+            ("auto", Engine::Auto),
+            ("io_uring", Engine::IoUring),
+            ("uring", Engine::IoUring),
+            ("threadpool", Engine::ThreadPool),
+            ("posix", Engine::ThreadPool),
+        ];
+        if let Some(e) = m.choice("engine", &engines)? {
+            p.engine = e;
         }
+        if let Some(q) = m.parse("queue_depth", "a queue depth (u32)")? {
+            p.queue_depth = q;
+        }
+        if let Some(c) = m.auto("chunk_size", "auto or a size in bytes")? {
+            p.chunk_size = c;
+        }
+        if let Some(n) = m.usize("pool_threads")? {
+            p.pool_threads = n;
+        }
+        if let Some(n) = m.u64("direct_alignment")? {
+            p.direct_alignment = n;
+        }
+        if let Some(d) = m.millis("cancel_timeout_ms")? {
+            p.cancel_timeout = d;
+        }
+        if let Some(n) = m.u64("inline_max")? {
+            p.inline_max = n;
+        }
+        if let Some(n) = m.u64("bounce_chunk")? {
+            p.bounce_chunk = n;
+        }
+        if let Some(n) = m.auto("bounce_buffers", "auto or a count")? {
+            p.bounce_buffers = n;
+        }
+        m.finish()?;
         p.validate()?;
         Ok(Box::new(p))
     }
@@ -519,7 +503,7 @@ impl<'a> PlanSeg<'a> {
     /// A segment of a spec whose target is the file `fd`.
     pub fn new(
         local: LocalMem<'a>,
-        s: &'a nixl_core::Segment,
+        s: &'a nixl_core::backend::Segment,
         fd: RawFd,
         direct: bool,
         path: Option<&'a PathBuf>,

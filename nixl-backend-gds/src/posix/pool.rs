@@ -7,7 +7,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use nixl_core::{BackendXfer, Error, Op, Result, XferOp, XferState};
+use nixl_core::backend::BackendXfer;
+use nixl_core::{Error, Op, Result, XferOp, XferState};
 
 use super::bounce::{self, VramSide};
 use super::{Chunk, Plan};
@@ -29,7 +30,7 @@ struct Progress {
     done: Condvar,
     done_lock: Mutex<()>,
     /// Keeps the plan's descriptors open while any chunk of this post is queued or running.
-    _files: Vec<nixl_core::BackendMd>,
+    _files: Vec<nixl_core::backend::BackendMd>,
 }
 
 impl Progress {

@@ -13,7 +13,8 @@ use std::mem::ManuallyDrop;
 use std::time::{Duration, Instant};
 
 use io_uring::{opcode, types, IoUring, Probe};
-use nixl_core::{BackendXfer, Error, Op, Result, XferOp, XferState};
+use nixl_core::backend::BackendXfer;
+use nixl_core::{Error, Op, Result, XferOp, XferState};
 
 use super::Plan;
 

@@ -48,7 +48,7 @@ pub(crate) fn map_error(agent: &str, endpoint: &str, op: Op, e: object_store::Er
                     backend: super::OBJ.to_owned(),
                     op,
                     message: first_line(&other.to_string()),
-                    source: Some(Box::new(other)),
+                    source: Some(std::sync::Arc::new(other)),
                 },
             }
         }

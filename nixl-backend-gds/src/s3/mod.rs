@@ -17,10 +17,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nixl_core::{
+use nixl_core::backend::{
     downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
-    Capabilities, Error, MemKind, Op, QueryResult, RegionDesc, Result, XferSpec,
+    ParamMap, XferSpec,
 };
+use nixl_core::{Capabilities, Error, MemKind, Op, QueryResult, RegionDesc, Result};
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as ObjPath;
 use object_store::{BackoffConfig, ClientOptions, ObjectStoreExt, RetryConfig};
@@ -224,48 +225,50 @@ impl BackendPlugin for S3Plugin {
     }
 
     fn parse_params(&self, params: &BTreeMap<String, String>) -> Result<Box<dyn BackendParams>> {
-        let mut p = S3Params::default();
-        let num = |k: &str, v: &str| {
-            v.parse::<u64>().map_err(|_| {
-                Error::invalid(
-                    "",
-                    Op::CreateBackend,
-                    format!("OBJ: {k}={v} is not a number"),
-                )
-            })
+        let mut m = ParamMap::new(OBJ, params);
+        // NIXL's name first, then the short one.
+        let (over, plain) = (m.string("endpoint_override"), m.string("endpoint"));
+        let mut p = S3Params {
+            endpoint: over.or(plain),
+            bucket: m.string("bucket"),
+            region: m.string("region"),
+            access_key_id: m.string("access_key"),
+            secret_access_key: m.string("secret_key"),
+            session_token: m.string("session_token"),
+            ..S3Params::default()
         };
-        let size = |k: &str, v: &str| {
-            num(k, v).and_then(|n| {
-                usize::try_from(n).map_err(|_| {
-                    Error::invalid("", Op::CreateBackend, format!("OBJ: {k} too large"))
-                })
-            })
-        };
-        for (k, v) in params {
-            match k.as_str() {
-                "endpoint_override" | "endpoint" => p.endpoint = Some(v.clone()),
-                "bucket" => p.bucket = Some(v.clone()),
-                "region" => p.region = Some(v.clone()),
-                "access_key" => p.access_key_id = Some(v.clone()),
-                "secret_key" => p.secret_access_key = Some(v.clone()),
-                "session_token" => p.session_token = Some(v.clone()),
-                "scheme" | "use_virtual_addressing" => p.virtual_hosted_style = v == "true",
-                "multipart_threshold" => p.multipart_threshold = num(k, v)?,
-                "part_size" => p.part_size = num(k, v)?,
-                "max_concurrency" => p.max_concurrency = size(k, v)?,
-                "max_retries" => p.max_retries = size(k, v)?,
-                "request_timeout_ms" => p.request_timeout = Duration::from_millis(num(k, v)?),
-                "connect_timeout_ms" => p.connect_timeout = Duration::from_millis(num(k, v)?),
-                "worker_threads" => p.worker_threads = size(k, v)?,
-                _ => {
-                    return Err(Error::invalid(
-                        "",
-                        Op::CreateBackend,
-                        format!("OBJ: unknown parameter {k}"),
-                    ))
-                }
+        // NIXL's OBJ plugin: `scheme` (http/https) applies to an endpoint given without one.
+        let schemes = [("http", "http"), ("https", "https")];
+        if let Some(scheme) = m.choice("scheme", &schemes)? {
+            if let Some(e) = p.endpoint.as_mut().filter(|e| !e.contains("://")) {
+                *e = format!("{scheme}://{e}");
             }
         }
+        if let Some(b) = m.bool("use_virtual_addressing")? {
+            p.virtual_hosted_style = b;
+        }
+        if let Some(n) = m.u64("multipart_threshold")? {
+            p.multipart_threshold = n;
+        }
+        if let Some(n) = m.u64("part_size")? {
+            p.part_size = n;
+        }
+        if let Some(n) = m.usize("max_concurrency")? {
+            p.max_concurrency = n;
+        }
+        if let Some(n) = m.usize("max_retries")? {
+            p.max_retries = n;
+        }
+        if let Some(d) = m.millis("request_timeout_ms")? {
+            p.request_timeout = d;
+        }
+        if let Some(d) = m.millis("connect_timeout_ms")? {
+            p.connect_timeout = d;
+        }
+        if let Some(n) = m.usize("worker_threads")? {
+            p.worker_threads = n;
+        }
+        m.finish()?;
         p.validate("")?;
         Ok(Box::new(p))
     }

@@ -5,9 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt, TryStreamExt};
-use nixl_core::{
-    downcast_md, BackendMd, BackendXfer, Error, Op, Result, XferOp, XferSpec, XferState,
-};
+use nixl_core::backend::{downcast_md, BackendMd, BackendXfer, XferSpec};
+use nixl_core::{Error, Op, Result, XferOp, XferState};
 use object_store::aws::AmazonS3;
 use object_store::path::Path as ObjPath;
 use object_store::{MultipartUpload, ObjectStoreExt, PutPayload};

@@ -1,6 +1,6 @@
 //! The libfabric backend's wire bytes from peers: connection info and region metadata (in
 //! agent metadata) and framed notifications (in received messages). Arbitrary bytes must
-//! decode to `None` or to values that re-encode to the same bytes; nothing may panic.
+//! decode to an error or to values that re-encode to the same bytes; nothing may panic.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -9,13 +9,13 @@ use nixl_backend_libfabric::fuzzing::{
 };
 
 fuzz_target!(|data: &[u8]| {
-    if let Some((provider, names)) = decode_conn(data) {
+    if let Ok((provider, names)) = decode_conn(data) {
         assert_eq!(encode_conn(&provider, &names), data, "conn info re-encodes");
     }
-    if let Some((virt, keys)) = decode_region(data) {
+    if let Ok((virt, keys)) = decode_region(data) {
         assert_eq!(encode_region(virt, &keys), data, "region metadata re-encodes");
     }
-    if let Some((sender, msg)) = decode_notif(data) {
+    if let Ok((sender, msg)) = decode_notif(data) {
         assert_eq!(encode_notif(&sender, &msg), data, "notification re-frames");
     }
     // Structured side: whatever we encode decodes back.
@@ -23,7 +23,7 @@ fuzz_target!(|data: &[u8]| {
         let cut = usize::from(n).min(rest.len());
         if let Ok(sender) = std::str::from_utf8(&rest[..cut]) {
             let f = encode_notif(sender, &rest[cut..]);
-            assert_eq!(decode_notif(&f), Some((sender.to_owned(), rest[cut..].to_vec())));
+            assert_eq!(decode_notif(&f), Ok((sender.to_owned(), rest[cut..].to_vec())));
         }
         let keys: Vec<u64> = rest
             .chunks_exact(8)
@@ -32,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
             .collect();
         if !keys.is_empty() {
             let virt = n & 1 == 1;
-            assert_eq!(decode_region(&encode_region(virt, &keys)), Some((virt, keys)));
+            assert_eq!(decode_region(&encode_region(virt, &keys)), Ok((virt, keys)));
         }
     }
 });

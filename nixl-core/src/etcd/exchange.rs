@@ -437,7 +437,7 @@ impl EtcdExchange {
     /// Forgets a peer locally: invalidates it on the agent and stops watching it.
     pub fn forget(&self, remote: &str) -> Result<()> {
         self.peers.untrack(remote, None);
-        self.agent.invalidate_remote(remote)
+        self.agent.invalidate_remote_metadata(remote)
     }
 
     /// Revokes the lease (this agent's keys vanish at once), stops the background tasks and

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use super::client::{Client, ConnectOptions, EtcdError};
 use super::pb;
 use crate::error::{Error, Op, Result};
+use crate::testing::signal::Sig;
 
 /// The environment variable naming the etcd binary (default: `etcd` on `PATH`).
 pub const ENV_ETCD_BIN: &str = "NIXL_ETCD_BIN";
@@ -215,7 +216,7 @@ impl LocalEtcd {
             backend: "etcd".to_owned(),
             op: Op::Exchange,
             message: format!("raw put: {e}"),
-            source: Some(Box::new(e)),
+            source: Some(std::sync::Arc::new(e)),
         };
         rt.block_on(async {
             let opts = ConnectOptions {
@@ -258,18 +259,8 @@ impl LocalEtcd {
                 "etcd is not running",
             ));
         };
-        let status = Command::new("kill")
-            .arg(if paused { "-STOP" } else { "-CONT" })
-            .arg(c.id().to_string())
-            .status()
-            .map_err(|e| err("signalling etcd", e))?;
-        if !status.success() {
-            return Err(err(
-                "signalling etcd",
-                std::io::Error::other(format!("kill exited with {status}")),
-            ));
-        }
-        Ok(())
+        let sig = if paused { Sig::Stop } else { Sig::Cont };
+        crate::testing::signal::send(c.id(), sig).map_err(|e| err("signalling etcd", e))
     }
 }
 
@@ -277,10 +268,7 @@ impl Drop for LocalEtcd {
     fn drop(&mut self) {
         if let Some(c) = &self.child {
             // A frozen process still dies on SIGKILL; thaw anyway so nothing lingers.
-            let _ = Command::new("kill")
-                .arg("-CONT")
-                .arg(c.id().to_string())
-                .status();
+            let _ = crate::testing::signal::send(c.id(), Sig::Cont);
         }
         self.kill();
         if let Err(e) = std::fs::remove_dir_all(&self.dir) {

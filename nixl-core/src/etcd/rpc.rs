@@ -19,7 +19,7 @@ pub(crate) fn etcd_error(agent: &str, what: &str, e: EtcdError) -> Error {
         backend: "etcd".to_owned(),
         op: Op::Exchange,
         message: format!("{what}: {e}"),
-        source: Some(Box::new(e)),
+        source: Some(std::sync::Arc::new(e)),
     }
 }
 

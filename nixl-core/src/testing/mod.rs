@@ -153,9 +153,58 @@ pub fn skip(test: &str, dep: Dep, reason: impl Display) {
     eprintln!("SKIPPED[{dep}] {test}: {reason}");
 }
 
+/// Stopping, continuing and killing processes a test started (a peer that stalls, a server
+/// that freezes), without an external `kill` binary (a minimal system has none).
+pub mod signal {
+    use rustix::process::{kill_process, Pid, Signal};
+
+    /// A signal a test sends.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Sig {
+        /// `SIGSTOP`: freeze (cannot be caught).
+        Stop,
+        /// `SIGCONT`: thaw.
+        Cont,
+        /// `SIGKILL`.
+        Kill,
+        /// `SIGTERM`.
+        Term,
+    }
+
+    /// Sends `sig` to process `pid`; the OS error when it could not be delivered.
+    pub fn send(pid: u32, sig: Sig) -> std::io::Result<()> {
+        let pid = i32::try_from(pid)
+            .ok()
+            .and_then(Pid::from_raw)
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+        let s = match sig {
+            Sig::Stop => Signal::STOP,
+            Sig::Cont => Signal::CONT,
+            Sig::Kill => Signal::KILL,
+            Sig::Term => Signal::TERM,
+        };
+        kill_process(pid, s).map_err(std::io::Error::from)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signals_reach_a_child_and_bad_pids_are_errors() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        signal::send(child.id(), signal::Sig::Stop).unwrap();
+        signal::send(child.id(), signal::Sig::Cont).unwrap();
+        signal::send(child.id(), signal::Sig::Kill).unwrap();
+        let st = child.wait().unwrap();
+        assert!(!st.success());
+        assert!(signal::send(0, signal::Sig::Term).is_err());
+        assert!(signal::send(u32::MAX, signal::Sig::Term).is_err());
+    }
 
     #[test]
     fn requirement_rules() {

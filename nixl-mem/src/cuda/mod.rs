@@ -68,7 +68,7 @@ pub(crate) fn to_error(agent: &str, op: Op, e: CudaError) -> Error {
         backend: CUDA.to_owned(),
         op,
         message: e.to_string(),
-        source: Some(Box::new(e)),
+        source: Some(std::sync::Arc::new(e)),
     }
 }
 
@@ -297,7 +297,7 @@ mod tests {
             .unwrap_err()
             .is_not_ready());
         let err = to_error("a", Op::PostXfer, e);
-        assert_eq!(err.kind_name(), "backend");
+        assert_eq!(err.kind().as_str(), "backend");
         assert!(std::error::Error::source(&err).is_some());
     }
 
@@ -306,7 +306,7 @@ mod tests {
         match driver() {
             Ok(()) => eprintln!("CUDA present; nothing to check"),
             Err(e) => {
-                assert_eq!(e.kind_name(), "unavailable", "{e}");
+                assert_eq!(e.kind().as_str(), "unavailable", "{e}");
                 assert!(!is_available());
                 assert!(device_count().is_err());
                 assert!(context(0).is_err());

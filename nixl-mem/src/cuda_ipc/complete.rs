@@ -18,7 +18,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use cudarc::driver::CudaContext;
-use nixl_core::{Error, NotifQueue, Op, Result};
+use nixl_core::backend::NotifQueue;
+use nixl_core::{Error, Op, Result};
 
 use super::notif::NotifSenders;
 use crate::cuda::{self, stream::Event, CudaError};
@@ -36,6 +37,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Where a notification goes once the data is complete.
+#[derive(Clone)]
 pub(crate) enum NotifRoute {
     /// A peer's notification server.
     Remote {
@@ -66,6 +68,34 @@ pub(crate) struct Notif {
 }
 
 impl Notif {
+    /// A notification of `msg` from `agent` to `remote` along `route`; refused when larger
+    /// than a notification frame carries.
+    pub fn new(
+        agent: &str,
+        remote: &str,
+        msg: Vec<u8>,
+        route: NotifRoute,
+        op: Op,
+    ) -> Result<Arc<Notif>> {
+        if msg.len() > super::MAX_NOTIF {
+            return Err(Error::invalid(
+                agent,
+                op,
+                format!(
+                    "notification of {} bytes exceeds {}",
+                    msg.len(),
+                    super::MAX_NOTIF
+                ),
+            ));
+        }
+        Ok(Arc::new(Notif {
+            agent: agent.to_owned(),
+            remote: remote.to_owned(),
+            msg,
+            route,
+        }))
+    }
+
     fn deliver(&self) -> Result<()> {
         match &self.route {
             NotifRoute::Remote { senders, server } => {
@@ -364,7 +394,10 @@ mod tests {
                 server: b"nixl-cuda-ipc-test-no-such-server".to_vec(),
             },
         };
-        assert_eq!(gone.deliver().unwrap_err().kind_name(), "remote_disconnect");
+        assert_eq!(
+            gone.deliver().unwrap_err().kind().as_str(),
+            "remote_disconnect"
+        );
     }
 
     /// A completion flag set by the test: the host-side stand-in for a CUDA event, so the
@@ -445,7 +478,7 @@ mod tests {
         }
         // Delivered (here: failed, no server) while the other destination is still waiting.
         match b.outcome() {
-            Outcome::Failed(f) => assert_eq!(b.error(f).kind_name(), "remote_disconnect"),
+            Outcome::Failed(f) => assert_eq!(b.error(f).kind().as_str(), "remote_disconnect"),
             o => panic!("{o:?}"),
         }
         assert!(matches!(a.outcome(), Outcome::Pending));

@@ -50,10 +50,11 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use cudarc::driver::CudaContext;
-use nixl_core::{
+use nixl_core::backend::{
     downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
-    Capabilities, Error, MemKind, NotifQueue, Op, RegionDesc, Result, XferOp, XferSpec,
+    NotifQueue, ParamMap, XferSpec,
 };
+use nixl_core::{Capabilities, Error, MemKind, Op, RegionDesc, Result, XferOp};
 
 use crate::cuda;
 use crate::cuda::kernel::{self, CopyKernel};
@@ -150,40 +151,32 @@ impl BackendPlugin for CudaIpcPlugin {
     }
 
     fn parse_params(&self, params: &BTreeMap<String, String>) -> Result<Box<dyn BackendParams>> {
-        let bad = |k: &str, v: &str| {
-            Error::invalid(
-                "",
-                Op::CreateBackend,
-                format!("CUDA_IPC parameter {k}={v:?} is not valid"),
-            )
-        };
+        let mut m = ParamMap::new(CUDA_IPC, params);
         let mut p = CudaIpcParams::default();
-        for (k, v) in params {
-            match k.as_str() {
-                "device" => p.device = v.parse().map_err(|_| bad(k, v))?,
-                "pin_host" => p.pin_host = v.parse().map_err(|_| bad(k, v))?,
-                "batch_copies" => p.batch_copies = v.parse().map_err(|_| bad(k, v))?,
-                "cancel_timeout_ms" => {
-                    p.cancel_timeout = Duration::from_millis(v.parse().map_err(|_| bad(k, v))?)
-                }
-                "copy_kernel" => p.copy_kernel = v.parse().map_err(|_| bad(k, v))?,
-                "kernel_min_segments" => {
-                    p.kernel_min_segments = v.parse().map_err(|_| bad(k, v))?
-                }
-                "kernel_shape" => {
-                    p.kernel_shape = v.parse().map_err(|why| {
-                        Error::invalid("", Op::CreateBackend, format!("CUDA_IPC {why}"))
-                    })?
-                }
-                _ => {
-                    return Err(Error::invalid(
-                        "",
-                        Op::CreateBackend,
-                        format!("CUDA_IPC has no parameter {k}"),
-                    ))
-                }
-            }
+        if let Some(d) = m.parse("device", "a device ordinal")? {
+            p.device = d;
         }
+        if let Some(b) = m.bool("pin_host")? {
+            p.pin_host = b;
+        }
+        if let Some(b) = m.bool("batch_copies")? {
+            p.batch_copies = b;
+        }
+        if let Some(d) = m.millis("cancel_timeout_ms")? {
+            p.cancel_timeout = d;
+        }
+        if let Some(b) = m.bool("copy_kernel")? {
+            p.copy_kernel = b;
+        }
+        if let Some(n) = m.usize("kernel_min_segments")? {
+            p.kernel_min_segments = n;
+        }
+        if let Some(shape) = m.str("kernel_shape") {
+            p.kernel_shape = shape
+                .parse()
+                .map_err(|why| Error::invalid("", Op::CreateBackend, format!("CUDA_IPC {why}")))?;
+        }
+        m.finish()?;
         Ok(Box::new(p))
     }
 }
@@ -634,33 +627,20 @@ impl Backend for CudaIpcBackend {
         if copies.is_empty() {
             return Err(Error::invalid(&self.agent, Op::MakeXfer, "no segments"));
         }
-        let notif = match spec.notif {
-            None => None,
-            Some(msg) if msg.len() > MAX_NOTIF => {
-                return Err(Error::invalid(
-                    &self.agent,
-                    Op::MakeXfer,
-                    format!("notification of {} bytes exceeds {MAX_NOTIF}", msg.len()),
-                ));
-            }
-            Some(msg) => {
-                let route = if spec.is_local {
-                    NotifRoute::Local(self.notifs.clone())
-                } else {
-                    let peer = self.peer(&spec.remote, Op::MakeXfer)?;
-                    NotifRoute::Remote {
-                        senders: self.senders.clone(),
-                        server: peer.server.clone(),
-                    }
-                };
-                Some(Arc::new(Notif {
-                    agent: self.agent.clone(),
-                    remote: spec.remote.clone(),
-                    msg,
-                    route,
-                }))
+        // Where this request's notifications go (kept for per-post messages).
+        let route = if spec.is_local {
+            NotifRoute::Local(self.notifs.clone())
+        } else {
+            let peer = self.peer(&spec.remote, Op::MakeXfer)?;
+            NotifRoute::Remote {
+                senders: self.senders.clone(),
+                server: peer.server.clone(),
             }
         };
+        let notif = spec
+            .notif
+            .map(|msg| Notif::new(&self.agent, &spec.remote, msg, route.clone(), Op::MakeXfer))
+            .transpose()?;
         let stream =
             cuda::stream::Stream::new(self.ctx.clone()).map_err(|e| with_agent(e, &self.agent))?;
         let event = Arc::new(
@@ -727,6 +707,8 @@ impl Backend for CudaIpcBackend {
             event,
             engine,
             notif,
+            remote: spec.remote.clone(),
+            route,
             ticket: None,
             completer: self.completer.shared(),
             cancel_timeout: self.params.cancel_timeout,
@@ -785,7 +767,7 @@ mod tests {
         for (k, v) in [
             ("device", "x"),
             ("pin_host", "maybe"),
-            ("copy_kernel", "yes"),
+            ("copy_kernel", "sometimes"),
             ("kernel_min_segments", "-3"),
             ("kernel_shape", "threads=48"),
             ("kernel_shape", "chunk=1k"),
@@ -795,7 +777,7 @@ mod tests {
         ] {
             let m = BTreeMap::from([(k.to_owned(), v.to_owned())]);
             assert_eq!(
-                p.parse_params(&m).err().map(|e| e.kind_name()),
+                p.parse_params(&m).err().map(|e| e.kind().as_str()),
                 Some("invalid_param"),
                 "{k}={v}"
             );
@@ -831,7 +813,7 @@ mod tests {
                     ..Default::default()
                 })
                 .unwrap_err();
-            assert_eq!(e.kind_name(), "invalid_param", "{e}");
+            assert_eq!(e.kind().as_str(), "invalid_param", "{e}");
             assert!(a.backends().is_empty());
         }
         let m = BTreeMap::from([(
@@ -850,7 +832,7 @@ mod tests {
         }
         let a = nixl_core::Agent::new("a", nixl_core::AgentConfig::default()).unwrap();
         let e = a.create_backend(CudaIpcParams::default()).unwrap_err();
-        assert_eq!(e.kind_name(), "unavailable", "{e}");
+        assert_eq!(e.kind().as_str(), "unavailable", "{e}");
         assert!(a.backends().is_empty());
     }
 }

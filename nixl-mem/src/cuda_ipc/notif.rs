@@ -14,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use nixl_core::{Error, NotifQueue, Op, Result};
+use nixl_core::backend::NotifQueue;
+use nixl_core::{Error, Op, Result};
 
 /// The largest notification accepted.
 pub const MAX_NOTIF: usize = 16 << 20;
@@ -313,6 +314,6 @@ mod tests {
         let e = NotifSenders::default()
             .send("a", "b", &name, b"x")
             .unwrap_err();
-        assert_eq!(e.kind_name(), "remote_disconnect");
+        assert_eq!(e.kind().as_str(), "remote_disconnect");
     }
 }

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use nixl_core::{BackendXfer, Error, Op, Result, XferState};
+use nixl_core::backend::BackendXfer;
+use nixl_core::{Error, Op, Result, XferState};
 
 use super::complete::{self, Notif, Outcome, Ticket};
 use crate::cuda::kernel::{self, CopyKernel, Segment};
@@ -82,6 +83,9 @@ pub(crate) struct CudaIpcXfer {
     pub event: Arc<Event>,
     pub engine: Engine,
     pub notif: Option<Arc<Notif>>,
+    /// The target agent and where its notifications go (for per-post messages).
+    pub remote: String,
+    pub route: super::complete::NotifRoute,
     /// The latest post's notification ticket.
     pub ticket: Option<Arc<Ticket>>,
     pub completer: Arc<complete::Shared>,
@@ -300,6 +304,19 @@ impl BackendXfer for CudaIpcXfer {
             self.engine_name(),
             self.device
         ))
+    }
+    fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {
+        self.notif = match msg {
+            None => None,
+            Some(m) => Some(Notif::new(
+                &self.agent,
+                &self.remote,
+                m.to_vec(),
+                self.route.clone(),
+                Op::PostXfer,
+            )?),
+        };
+        Ok(())
     }
 }
 

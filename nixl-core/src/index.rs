@@ -107,9 +107,7 @@ mod tests {
                     .filter(|(_, r)| covers(r))
                     .max_by_key(|(i, r)| (r.0, *i))
                     .map(|(_, r)| *r);
-                let got = idx
-                    .find(MemKind::Dram, 0, addr, len, covers)
-                    .copied();
+                let got = idx.find(MemKind::Dram, 0, addr, len, covers).copied();
                 assert_eq!(got, want, "addr {addr} len {len}");
             }
         }

@@ -100,7 +100,7 @@ struct State {
 fn err(e: &Error, since: Instant) -> String {
     format!(
         "err {} {} {}",
-        e.kind_name(),
+        e.kind().as_str(),
         since.elapsed().as_millis(),
         e.to_string().replace('\n', " ")
     )
@@ -236,7 +236,7 @@ impl State {
             }
             "known" => Ok(format!("ok {}", a.check_remote_metadata(arg(1)?, None))),
             "forget" => {
-                a.invalidate_remote(arg(1)?).map_err(e)?;
+                a.invalidate_remote_metadata(arg(1)?).map_err(e)?;
                 Ok("ok".into())
             }
             // etcd-serve: start etcd on this agent's address; its URL.
@@ -301,7 +301,7 @@ impl State {
                 let r = a
                     .create_xfer_req(op, &local, &remote, arg(3)?, opts)
                     .map_err(e)?;
-                let s = r.post().map_err(e)?;
+                let s = a.post_xfer_req(&r).map_err(e)?;
                 self.reqs.insert(arg(1)?.to_owned(), r);
                 Ok(format!("ok {}", state(s)))
             }
@@ -310,7 +310,7 @@ impl State {
                     .reqs
                     .get(arg(1)?)
                     .ok_or("err usage 0 no such request")?;
-                Ok(format!("ok {}", state(r.check().map_err(e)?)))
+                Ok(format!("ok {}", state(a.check_xfer_state(r).map_err(e)?)))
             }
             "wait" => {
                 let r = self
@@ -325,7 +325,7 @@ impl State {
                     .reqs
                     .get(arg(1)?)
                     .ok_or("err usage 0 no such request")?;
-                Ok(format!("ok {}", state(r.post().map_err(e)?)))
+                Ok(format!("ok {}", state(a.post_xfer_req(r).map_err(e)?)))
             }
             "drop" => {
                 self.reqs.remove(arg(1)?);

@@ -176,7 +176,7 @@ pub(crate) fn child(ctl: Control) -> Result<(), String> {
                                     .agent
                                     .create_xfer_req(XferOp::Write, &src, &dst, &peer, opts)
                                     .map_err(e)?;
-                                r.post().map_err(e)?;
+                                n.agent.post_xfer_req(&r).map_err(e)?;
                                 reqs.push(r);
                             }
                             for r in &reqs {

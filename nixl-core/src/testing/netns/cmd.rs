@@ -97,15 +97,13 @@ impl Tools {
         }
     }
 
-    /// SIGKILLs the given pids (the shell's builtin `kill`: no procps needed).
+    /// SIGKILLs the given pids.
     pub fn kill(&self, pids: &[u32]) {
-        if pids.is_empty() {
-            return;
-        }
-        let list: Vec<String> = pids.iter().map(u32::to_string).collect();
-        let script = format!("kill -9 {} 2>/dev/null; true", list.join(" "));
-        if let Err(e) = run(&self.sh, &["-c", &script]) {
-            tracing::debug!(error = %e, "killing processes of a namespace failed");
+        for &pid in pids {
+            // A process that exited meanwhile is fine.
+            if let Err(e) = crate::testing::signal::send(pid, crate::testing::signal::Sig::Kill) {
+                tracing::debug!(pid, error = %e, "killing a process of a namespace failed");
+            }
         }
     }
 

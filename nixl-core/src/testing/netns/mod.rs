@@ -226,7 +226,10 @@ impl Net {
             let ns = format!("{}-h{h}", self.tag);
             t.ip(&["netns", "add", &ns]).map_err(cannot)?;
             self.hosts.push(ns.clone());
-            t.ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+            // The first command inside a namespace: where `ip` cannot enter one (e.g. a
+            // chroot whose root is not a mount point), namespaces are unusable here.
+            t.ip(&["-n", &ns, "link", "set", "lo", "up"])
+                .map_err(cannot)?;
         }
         for (s, members) in self.spec.segments.clone().iter().enumerate() {
             let wire = format!("{}-w{s}", self.tag);

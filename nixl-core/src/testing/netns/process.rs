@@ -9,7 +9,7 @@
 //! its end closes and [`Control`] exits the child: a host process never outlives its test.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::process::{Child, ChildStdin, ExitStatus};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -197,6 +197,81 @@ impl HostProcess {
 impl Drop for HostProcess {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+impl super::Net {
+    /// Starts `cmd` (program, arguments, environment and directory are taken from it) inside
+    /// `host` with piped stdio; see [`HostProcess`] and [`Control`].
+    pub fn spawn(&self, host: usize, label: &str, cmd: &Command) -> io::Result<HostProcess> {
+        let ns = self.live_host(host)?;
+        // Inside the new namespaces: a private /dev/shm, the host's name, then the program
+        // under `timeout` (it is PID 1 there, so when it ends every process of the host ends).
+        let script = "mount -t tmpfs -o mode=1777,size=256m nixl-shm /dev/shm \
+                      && echo \"nixl-h$NIXL_NETNS_HOST\" > /proc/sys/kernel/hostname \
+                      && exec \"$@\"";
+        let mut c = Command::new(&self.tools.ip);
+        c.args(["netns", "exec", ns])
+            .arg(&self.tools.unshare)
+            .args([
+                "--pid",
+                "--mount",
+                "--uts",
+                "--ipc",
+                "--fork",
+                "--kill-child",
+                "--mount-proc",
+                "--",
+            ])
+            .arg(&self.tools.sh)
+            .args(["-c", script, "nixl-host"])
+            .arg(&self.tools.timeout)
+            .args([
+                "-s",
+                "KILL",
+                &format!("{}s", self.spec.lifetime.as_secs().max(1)),
+            ])
+            .arg(cmd.get_program())
+            .args(cmd.get_args());
+        for (k, v) in cmd.get_envs() {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
+        if let Some(d) = cmd.get_current_dir() {
+            c.current_dir(d);
+        }
+        c.env(ENV_HOST, host.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = c.spawn()?;
+        HostProcess::new(format!("h{host}:{label}"), child)
+    }
+
+    /// Starts this test binary again inside `host`, running only the (ignored) test `test`
+    /// with `--nocapture`, with extra environment `env`: the usual child-process entry point
+    /// of a test file.
+    pub fn spawn_test(
+        &self,
+        host: usize,
+        test: &str,
+        env: &[(&str, String)],
+    ) -> io::Result<HostProcess> {
+        let exe = std::env::current_exe()?;
+        let mut c = Command::new(exe);
+        c.args([
+            "--exact",
+            test,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ]);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        self.spawn(host, test, &c)
     }
 }
 

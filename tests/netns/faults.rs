@@ -9,8 +9,8 @@ use crate::{cfg, report, until, Peer, T};
 const MIB: usize = 1 << 20;
 /// The big transfer: at [`RATE`] it takes seconds, so a fault hits it in flight.
 const BIG: usize = 64 * MIB;
-/// The link's rate during fault tests (tc tbf): 400 Mbit/s, 50 MB/s.
-const RATE: u64 = 400_000_000;
+/// The link's rate during fault tests (tc tbf): 200 Mbit/s, 25 MB/s: the write lasts 2.7 s.
+const RATE: u64 = 200_000_000;
 /// The deadline of a transfer that a fault hits.
 const DEADLINE_MS: u64 = 6_000;
 

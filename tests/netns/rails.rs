@@ -70,7 +70,8 @@ fn ucx_two_lanes_carry_bytes() {
 /// pulled) once both carry it; returns the write's error and the time from the cut to it.
 fn fail_rail_mid_write(net: &Net, a: &mut Peer, b: &Peer) -> (crate::Failure, Duration) {
     for rail in 0..2 {
-        net.limit_rate(rail, Some(200_000_000)).expect("slow rails");
+        // 50 Mbit/s each: the 16 MiB on each rail take 2.7 s.
+        net.limit_rate(rail, Some(50_000_000)).expect("slow rails");
     }
     a.ok("fill 90");
     let before = [sent(net, 0), sent(net, 1)];

@@ -70,7 +70,6 @@
 
 mod backend;
 mod context;
-mod cuda;
 mod endpoint;
 mod error;
 mod loader;

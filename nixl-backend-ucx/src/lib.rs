@@ -75,7 +75,6 @@
 
 mod backend;
 mod context;
-mod cuda;
 mod endpoint;
 mod error;
 mod loader;
@@ -101,4 +100,4 @@ mod xfer;
 pub use backend::{probe, UcxBackend, UcxPlugin};
 pub use error::{UcxError, UCX};
 pub use loader::{DEPS_HOME, MIN_VERSION};
-pub use params::UcxParams;
+pub use params::{UcxParams, TCP_USER_TIMEOUT_FACTOR};

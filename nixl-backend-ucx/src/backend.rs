@@ -172,6 +172,7 @@ impl UcxBackend {
             &self.agent,
             &self.workers,
             &addrs,
+            false,
         )?);
         *g = Some(p.clone());
         Ok(p)
@@ -234,7 +235,13 @@ impl Backend for UcxBackend {
                 format!("malformed UCX connection info from {remote}: {e}"),
             )
         })?;
-        let peer = Arc::new(Peer::connect(&self.agent, remote, &self.workers, &addrs)?);
+        let peer = Arc::new(Peer::connect(
+            &self.agent,
+            remote,
+            &self.workers,
+            &addrs,
+            self.params.shm_notifications,
+        )?);
         if let Some(old) = lock(&self.peers).insert(remote.to_owned(), peer) {
             tracing::debug!(agent = %self.agent, remote, "replaced UCX endpoints of {}", old.name);
         }
@@ -329,6 +336,7 @@ impl Backend for UcxBackend {
             ));
         }
         let worker = self.next_worker.fetch_add(1, Ordering::Relaxed) % self.workers.len();
+        let bytes = spec.total_bytes();
         let mut segs = Vec::with_capacity(spec.segments.len());
         let mut keep: Vec<BackendMd> = Vec::new();
         let mut mem_type = None;
@@ -395,6 +403,7 @@ impl Backend for UcxBackend {
             _keep: keep,
             cur: None,
             path: OnceLock::new(),
+            bytes,
         }))
     }
 
@@ -407,7 +416,7 @@ impl Backend for UcxBackend {
         peer.check_alive(&self.agent, 0, Op::GenNotif)?;
         let pe = &peer.eps[0];
         let mut g = pe.worker.lock();
-        let ep = pe.raw(&g).ok_or_else(|| {
+        let ep = pe.notif_raw(&g).ok_or_else(|| {
             Error::disconnected(&self.agent, remote, Op::GenNotif, "UCX endpoint was closed")
         })?;
         // The buffers must outlive the send: owned here, leaked if it does not finish.

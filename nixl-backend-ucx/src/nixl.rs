@@ -209,7 +209,7 @@ impl NixlWire for UcxBackend {
 
     fn nixl_connect(&self, remote: &str, info: &[u8]) -> Result<()> {
         self.version_check(remote, info)?;
-        let mut peer = Peer::connect(&self.agent, remote, &self.workers, &[info.to_vec()])?;
+        let mut peer = Peer::connect(&self.agent, remote, &self.workers, &[info.to_vec()], false)?;
         peer.nixl = true;
         if let Some(old) = lock(&self.peers).insert(remote.to_owned(), Arc::new(peer)) {
             tracing::debug!(agent = %self.agent, remote, "replaced UCX endpoints of {}", old.name);

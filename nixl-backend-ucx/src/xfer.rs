@@ -21,6 +21,16 @@ const PENDING: u8 = 0;
 const DONE: u8 = 1;
 const FAILED: u8 = 2;
 
+/// Requests up to this size are progressed inside `post` until done (or until a pass finds
+/// nothing to do): over shared-memory copy transports (cma, UCX's "scopy") a put/get only
+/// queues its copy, which the worker's progress performs, so a small request is then complete
+/// when `post` returns, without a `check` round trip. Larger ones return at once, leaving the
+/// copy to `check` or the progress thread.
+const INLINE_PROGRESS_BYTES: u64 = 256 << 10;
+
+/// Most progress passes one `check` makes while the request stays in flight.
+const CHECK_PASSES: usize = 64;
+
 /// A notification: (active-message id, header naming the sender, message).
 pub(crate) type Notif = (u32, Arc<[u8]>, Arc<[u8]>);
 
@@ -40,6 +50,8 @@ pub(crate) struct PostState {
     phase: AtomicU8,
     status: AtomicI32,
     ucx: Arc<Ucx>,
+    /// The endpoint the notification goes on (the peer's shared-memory notification endpoint
+    /// where it has one).
     ep: sys::ucp_ep_h,
     /// (AM id, header, message) of the notification to send after the flush.
     notif: Option<Notif>,
@@ -150,6 +162,8 @@ pub(crate) struct UcxXfer {
     pub _keep: Vec<nixl_core::backend::BackendMd>,
     pub cur: Option<Arc<PostState>>,
     pub path: OnceLock<String>,
+    /// Total bytes per post (for [`INLINE_PROGRESS_BYTES`]).
+    pub bytes: u64,
 }
 
 // SAFETY: the raw handles in `segs` are owned by metadata kept alive in `_keep` and only used
@@ -254,7 +268,48 @@ impl UcxXfer {
         let mut g = self.peer.eps[self.worker].worker.lock();
         g.progress_all();
     }
+
+    /// Progresses the worker until `st` leaves `PENDING` or a pass finds nothing to do
+    /// (bounded): no idle pass after the one that completed it.
+    fn progress_until(&self, st: &PostState) {
+        let mut g = self.peer.eps[self.worker].worker.lock();
+        for _ in 0..CHECK_PASSES {
+            if g.progress() == 0 || st.phase() != PENDING {
+                break;
+            }
+        }
+    }
 }
+
+/// A post's completion state: the previous one (`cur`) reset when no UCX callback holds it any
+/// more (no allocation per post), else a new one; `cur` is set to it.
+fn fresh_state(
+    cur: &mut Option<Arc<PostState>>,
+    ucx: &Arc<Ucx>,
+    notif: &Option<Notif>,
+    ep: sys::ucp_ep_h,
+) -> Arc<PostState> {
+    if let Some(arc) = cur.as_mut() {
+        if let Some(st) = Arc::get_mut(arc) {
+            st.phase = AtomicU8::new(PENDING);
+            st.status = AtomicI32::new(0);
+            st.ep = ep;
+            st.notif.clone_from(notif);
+            return arc.clone();
+        }
+    }
+    let st = Arc::new(PostState {
+        phase: AtomicU8::new(PENDING),
+        status: AtomicI32::new(0),
+        ucx: ucx.clone(),
+        ep,
+        notif: notif.clone(),
+    });
+    *cur = Some(st.clone());
+    st
+}
+
+impl UcxXfer {}
 
 impl BackendXfer for UcxXfer {
     fn post(&mut self) -> Result<XferState> {
@@ -280,13 +335,8 @@ impl BackendXfer for UcxXfer {
                 return Err(self.state_error(Op::PostXfer, st));
             }
         }
-        let state = Arc::new(PostState {
-            phase: AtomicU8::new(PENDING),
-            status: AtomicI32::new(0),
-            ucx: self.ucx.clone(),
-            ep,
-            notif: self.notif.clone(),
-        });
+        let notif_ep = pe.notif_raw(&g).unwrap_or(ep);
+        let state = fresh_state(&mut self.cur, &self.ucx, &self.notif, notif_ep);
         // SAFETY: zeroed request params with a mask are the documented form.
         let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
         p.op_attr_mask = sys::UCP_OP_ATTR_FIELD_CALLBACK | sys::UCP_OP_ATTR_FIELD_USER_DATA;
@@ -304,9 +354,14 @@ impl BackendXfer for UcxXfer {
             } else {
                 state.finish(st);
             }
+        } else if self.bytes <= INLINE_PROGRESS_BYTES {
+            for _ in 0..CHECK_PASSES {
+                if g.progress() == 0 || state.phase() != PENDING {
+                    break;
+                }
+            }
         }
         drop(g);
-        self.cur = Some(state.clone());
         self.outcome(&state, Op::PostXfer)
     }
 
@@ -319,7 +374,7 @@ impl BackendXfer for UcxXfer {
             ));
         };
         if st.phase() == PENDING {
-            self.progress_once();
+            self.progress_until(&st);
         }
         self.outcome(&st, Op::CheckXfer)
     }

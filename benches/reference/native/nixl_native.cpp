@@ -217,13 +217,20 @@ write_all(int fd, const std::string &s) {
     }
 }
 
+// The next line from `fd` that starts with `key` (other lines, e.g. UCX's own reports on the
+// target's stdout, are skipped); dies at EOF.
 std::string
-field(const std::string &line, const char *key) {
+field(int fd, const char *key) {
     const std::string k = std::string(key) + " ";
-    if (line.compare(0, k.size(), k) != 0) {
-        die("expected '" + std::string(key) + "' from the peer, got '" + line.substr(0, 40) + "'");
+    for (;;) {
+        const std::string line = read_line(fd);
+        if (line.empty()) {
+            die("the peer closed its pipe before sending '" + std::string(key) + "'");
+        }
+        if (line.compare(0, k.size(), k) == 0) {
+            return line.substr(k.size());
+        }
     }
-    return line.substr(k.size());
 }
 
 struct Side {
@@ -272,7 +279,7 @@ target(const Opts &o) {
     check(s.agent->getLocalMD(md), "getLocalMD");
     write_all(1, "MD " + hex(md) + "\nADDR " + std::to_string(uintptr_t(s.buf)) + "\n");
     std::string peer;
-    check(s.agent->loadRemoteMD(unhex(field(read_line(0), "MD")), peer), "loadRemoteMD");
+    check(s.agent->loadRemoteMD(unhex(field(0, "MD")), peer), "loadRemoteMD");
 
     if (o.mode == "notif") {
         std::vector<int64_t> seen;
@@ -470,7 +477,7 @@ notif_run(nixlAgent *a, const Opts &o, uint8_t *lbuf, uintptr_t raddr, Child &c)
         }
     }
     release(a, q);
-    const std::string line = field(read_line(c.from), "SEEN");
+    const std::string line = field(c.from, "SEEN");
     std::vector<int64_t> seen;
     size_t pos = 0;
     uint64_t bad = 0;
@@ -505,9 +512,9 @@ initiator(const Opts &o) {
     Side s = make_side(kInit, o.buffer, 1);
     Child c = spawn(o);
     std::string peer;
-    check(s.agent->loadRemoteMD(unhex(field(read_line(c.from), "MD")), peer), "loadRemoteMD");
+    check(s.agent->loadRemoteMD(unhex(field(c.from, "MD")), peer), "loadRemoteMD");
     if (peer != kTarget) die("unexpected peer " + peer);
-    const uintptr_t raddr = uintptr_t(num(field(read_line(c.from), "ADDR")));
+    const uintptr_t raddr = uintptr_t(num(field(c.from, "ADDR")));
     std::string md;
     check(s.agent->getLocalMD(md), "getLocalMD");
     write_all(c.to, "MD " + hex(md) + "\n");

@@ -196,7 +196,7 @@ fn restarted_target_fences_old_requests_and_new_ones_work() {
 /// peer dead first), is listed as uncertain, and `check` never reports InProgress once the
 /// deadline has passed; `wait` on another request ends the same way. Then the stopped target
 /// is killed and the survivor forgets it with typed, bounded calls. (Waking the target up
-/// instead is `silent_target_wakes_up_and_is_reloaded`, ignored: it crashes inside UCX.)
+/// instead is `silent_target_wakes_up_and_is_reloaded`.)
 #[test]
 fn silent_target_ends_requests_by_their_deadline() {
     if !support::ucx_or_skip("silent_peer") {
@@ -316,14 +316,15 @@ fn silent_target_ends_requests_by_their_deadline() {
     );
 }
 
-/// The silent target wakes up (SIGCONT) after its in-flight write timed out and UCX's
-/// endpoint was force-closed under it; the survivor reloads its metadata at once and writes
-/// again. Ignored: with UCX 1.22.0 over tcp the initiator's UCX progress thread crashes with
-/// SIGSEGV in `uct_tcp_iface_handle_events` in most runs (3 of 4 here) while the woken
-/// target drains the old connection — see docs/perf/failure.md. Run it with
-/// `cargo test --test failure_semantics -- --ignored silent_target_wakes_up --nocapture`.
+/// The silent target wakes up (SIGCONT) right after its in-flight write timed out, and the
+/// survivor forgets and reloads it at once (`invalidate_remote_metadata` while the old write
+/// is still in flight over tcp and the woken target drains it). Typed outcomes throughout: the
+/// write ends `TimedOut` (or `RemoteDisconnect`), its cancel over tcp is refused so the
+/// request's memory is kept (a repost is `NotAllowed`), the invalidation returns `Ok` (the
+/// endpoint drains, or is fenced and closed by UCX later, never force-closed), and a new write
+/// after the reload lands intact. Before the endpoint-close fix this crashed UCX 1.22's tcp
+/// progress (SIGSEGV in `uct_tcp_iface_handle_events`) in 3 of 4 runs.
 #[test]
-#[ignore = "SIGSEGV inside UCX 1.22 tcp progress after a force-closed endpoint's peer wakes up (docs/perf/failure.md)"]
 fn silent_target_wakes_up_and_is_reloaded() {
     if !support::ucx_or_skip("silent_wake") {
         return;
@@ -351,15 +352,32 @@ fn silent_target_wakes_up_and_is_reloaded() {
             ..XferOptions::default()
         },
     );
-    p.post_xfer_req(&req).expect("post");
+    let first = p.post_xfer_req(&req);
+    assert!(
+        matches!(first, Ok(XferState::InProgress)),
+        "a 64 MiB write to a stopped target over tcp is in flight: {first:?}"
+    );
     let err = settle(&p, &req).expect_err("a write to a stopped target cannot complete");
-    assert!(err.is_uncertain(), "{err:?}");
-    // Wake it up; after reloading its metadata the same process serves transfers again.
+    assert!(
+        matches!(err, Error::TimedOut { .. } | Error::RemoteDisconnect { .. }),
+        "{err:?}"
+    );
+    // Its cancel over tcp could not be confirmed: the memory is kept, the request retired.
+    assert!(
+        matches!(p.post_xfer_req(&req), Err(Error::NotAllowed { .. })),
+        "a request whose cancel was refused cannot be posted again"
+    );
+    // Wake it up and forget it at once, with the old write still in flight.
     assert!(
         signal::send(t.child.id(), signal::CONT),
         "SIGCONT the target"
     );
-    t.reconnect(&p);
+    let start = Instant::now();
+    p.invalidate_remote_metadata(&name)
+        .expect("invalidate a peer with a write in flight");
+    eprintln!("silent_wake: invalidated in {:?}", start.elapsed());
+    p.fetch_remote_metadata_blocking(&name, t.listen, Duration::from_secs(20))
+        .expect("reload the woken target");
     src.fill(5);
     let after = write(
         &p,
@@ -373,6 +391,137 @@ fn silent_target_wakes_up_and_is_reloaded() {
     after.wait(DEADLINE).expect("write after waking");
     assert_eq!(t.next(&p), "ok:1:intact");
     assert_eq!(t.exit(&p), Some(0));
+}
+
+/// `invalidate_remote_metadata` while 16 large WRITEs are in flight (under load), optionally
+/// to a stopped target so that none of them can finish while the endpoint closes. The call
+/// returns `Ok` within its bound (the drain is bounded by `cancel_timeout`), every request
+/// that was in flight ends in `PeerRestarted` (fenced; listed as uncertain), the process keeps
+/// running (UCX is never asked to force-close a tcp endpoint with puts in flight), and after a
+/// reload the same target takes new writes that it verifies region by region.
+fn invalidate_under_load(tls: &str, stop_target: bool) {
+    if !support::ucx_or_skip("invalidate_under_load") {
+        return;
+    }
+    let (n, blk) = (16usize, 32usize << 20);
+    let mut ucx = params(tls);
+    ucx.cancel_timeout = Duration::from_millis(300);
+    let p = support::parent("inval-src", ucx);
+    let src = buf(n * blk);
+    let _reg = p.register_mem(vec![src.clone()], &[]).expect("register");
+    let mut t = Target::spawn(CHILD, &p, &unique("inval"), tls, n * blk);
+    let (name, taddr) = (t.name.clone(), t.addr);
+    src.fill(0x41);
+    if stop_target {
+        assert!(signal::send(t.child.id(), signal::STOP), "SIGSTOP");
+    }
+    let reqs: Vec<XferReq> = (0..n)
+        .map(|k| {
+            let off = (k * blk) as u64;
+            write(
+                &p,
+                src.addr() + off,
+                taddr + off,
+                blk as u64,
+                &name,
+                XferOptions::default(),
+            )
+        })
+        .collect();
+    for r in &reqs {
+        p.post_xfer_req(r).expect("post");
+    }
+    let in_flight: Vec<bool> = reqs.iter().map(XferReq::is_in_flight).collect();
+    let count = in_flight.iter().filter(|f| **f).count();
+    if stop_target {
+        assert_eq!(count, n, "every write to a stopped target is in flight");
+    }
+    let start = Instant::now();
+    p.invalidate_remote_metadata(&name)
+        .expect("invalidate under load");
+    let took = start.elapsed();
+    let mut kinds = Vec::new();
+    for (r, was) in reqs.iter().zip(&in_flight) {
+        let outcome = settle(&p, r);
+        kinds.push(outcome.as_ref().err().map_or("done", |e| e.kind().as_str()));
+        if *was {
+            match outcome {
+                Ok(()) => assert!(!stop_target, "a write to a stopped target completed"),
+                Err(Error::PeerRestarted { .. }) => assert!(
+                    p.uncertain_requests().iter().any(|u| u.id == r.id()),
+                    "a fenced write is listed as uncertain"
+                ),
+                Err(e) => panic!("in-flight write after invalidate: {e:?}"),
+            }
+        }
+    }
+    eprintln!(
+        "invalidate_under_load[{tls}, stopped: {stop_target}]: {count}/{n} in flight, invalidated in {took:?}: {kinds:?}"
+    );
+    assert!(count > 0, "nothing was in flight when the peer was forgotten");
+    if stop_target {
+        assert!(signal::send(t.child.id(), signal::CONT), "SIGCONT");
+    }
+    p.fetch_remote_metadata_blocking(&name, t.listen, Duration::from_secs(20))
+        .expect("reload");
+    // A barrier write: its completion (a flush of the new endpoint) also means the target
+    // processed what it had queued; then fresh data everywhere, verified by the target.
+    for k in 0..n {
+        src.write_at(k * blk, &vec![0x50 + k as u8; blk]);
+    }
+    let fresh: Vec<XferReq> = (0..n)
+        .map(|k| {
+            let off = (k * blk) as u64;
+            write(
+                &p,
+                src.addr() + off,
+                taddr + off,
+                blk as u64,
+                &name,
+                XferOptions::default(),
+            )
+        })
+        .collect();
+    for r in &fresh {
+        p.post_xfer_req(r).expect("post after reload");
+        r.wait(DEADLINE).expect("write after reload");
+    }
+    // Old writes (fenced, possibly still draining into the target) must not overwrite the
+    // fresh data: the target sees 0x50 + k in region k, or reports which region differs.
+    let want: Vec<String> = (0..n).map(|k| (0x50 + k).to_string()).collect();
+    let end = Instant::now() + DEADLINE;
+    loop {
+        let got = t.ask(&p, &format!("uniform:{n}"));
+        if got == format!("uniform:{}", want.join(",")) {
+            break;
+        }
+        // A region still being written by an old, fenced write: write it again.
+        assert!(Instant::now() < end, "target memory after reload: {got}");
+        for r in &fresh {
+            p.post_xfer_req(r).expect("repost");
+            r.wait(DEADLINE).expect("rewrite");
+        }
+    }
+    assert_eq!(t.exit(&p), Some(0));
+}
+
+/// Over tcp to a stopped target: every endpoint still has puts in flight when it closes, so
+/// it is fenced, not force-closed.
+#[test]
+fn invalidate_under_load_tcp_stopped_target() {
+    invalidate_under_load(TCP, true);
+}
+
+/// Over tcp to a live target: the endpoints drain (bounded) before they close.
+#[test]
+fn invalidate_under_load_tcp() {
+    invalidate_under_load(TCP, false);
+}
+
+/// Over shared memory: what does not drain in time is force-closed (safe there).
+#[test]
+fn invalidate_under_load_shm() {
+    invalidate_under_load(SHM, false);
 }
 
 /// Cancel under load: 16 large WRITEs in flight, all canceled (with a cancel timeout short
@@ -542,13 +691,95 @@ fn cancel_under_load_shm() {
     cancel_under_load(SHM, Duration::from_millis(20));
 }
 
-/// The tcp variant with a 20 ms cancel timeout (UCX's endpoint force-closed under 16 in-flight
-/// zero-copy puts). Ignored: with UCX 1.22.0 the initiator's UCX progress thread then crashes
-/// with SIGSEGV in `uct_tcp_iface_handle_events` (every run here) — see docs/perf/failure.md.
+/// The tcp variant with a 20 ms cancel timeout: 16 × 64 MiB WRITEs in flight to a stopped
+/// target, each canceled. UCX cannot finish them within 20 ms and force-closing a tcp endpoint
+/// with puts in flight crashes UCX 1.22, so every cancel is refused with the typed
+/// `Error::Backend { op: Cancel }`: the request ends (no longer in flight), its memory is kept
+/// (a repost is `NotAllowed`), and dropping such requests does the same. The endpoint is left
+/// open: once the target resumes, the same agent moves new data that the target verifies.
 #[test]
-#[ignore = "SIGSEGV inside UCX 1.22 tcp progress after force-closing an endpoint with puts in flight (docs/perf/failure.md)"]
 fn cancel_under_load_force_close_tcp() {
-    cancel_under_load(TCP, Duration::from_millis(20));
+    if !support::ucx_or_skip("cancel_force_close_tcp") {
+        return;
+    }
+    let (n, blk) = (16usize, 64usize << 20);
+    let mut ucx = params(TCP);
+    ucx.cancel_timeout = Duration::from_millis(20);
+    let p = support::parent("cancel-tcp-src", ucx);
+    let src = buf(n * blk);
+    let _reg = p.register_mem(vec![src.clone()], &[]).expect("register");
+    let mut t = Target::spawn(CHILD, &p, &unique("cancel-tcp"), TCP, n * blk);
+    let (name, taddr) = (t.name.clone(), t.addr);
+    let make = || -> Vec<XferReq> {
+        (0..n)
+            .map(|k| {
+                let off = (k * blk) as u64;
+                write(
+                    &p,
+                    src.addr() + off,
+                    taddr + off,
+                    blk as u64,
+                    &name,
+                    XferOptions::default(),
+                )
+            })
+            .collect()
+    };
+    src.fill(0x10);
+    assert!(signal::send(t.child.id(), signal::STOP), "SIGSTOP");
+    let reqs = make();
+    for r in &reqs {
+        assert_eq!(
+            p.post_xfer_req(r).expect("post"),
+            XferState::InProgress,
+            "a 64 MiB write to a stopped target is in flight"
+        );
+    }
+    for (k, r) in reqs.iter().enumerate() {
+        match r.cancel() {
+            Err(Error::Backend {
+                op: nixl::core::Op::Cancel,
+                ..
+            }) => {}
+            other => panic!("cancel {k} over tcp with puts in flight: {other:?}"),
+        }
+        assert!(!r.is_in_flight(), "a refused cancel still ends the request");
+        assert!(
+            matches!(p.check_xfer_state(r), Err(Error::Backend { .. })),
+            "its terminal state is the refusal"
+        );
+        assert!(
+            matches!(p.post_xfer_req(r), Err(Error::NotAllowed { .. })),
+            "its memory is kept: it can never be posted again"
+        );
+    }
+    // Dropping in-flight requests takes the same path (their memory is leaked, not freed).
+    let dropped = make();
+    for r in &dropped {
+        p.post_xfer_req(r).expect("post");
+    }
+    drop(dropped);
+    drop(reqs);
+    assert!(signal::send(t.child.id(), signal::CONT), "SIGCONT");
+    // The endpoint was never closed: once the old writes drain, new data lands and is verified.
+    let fresh = make();
+    let want: Vec<String> = (0..n).map(|k| (0x30 + k).to_string()).collect();
+    let end = Instant::now() + DEADLINE;
+    loop {
+        for k in 0..n {
+            src.write_at(k * blk, &vec![0x30 + k as u8; blk]);
+        }
+        for r in &fresh {
+            p.post_xfer_req(r).expect("post after the refused cancels");
+            r.wait(DEADLINE).expect("write after the refused cancels");
+        }
+        let got = t.ask(&p, &format!("uniform:{n}"));
+        if got == format!("uniform:{}", want.join(",")) {
+            break;
+        }
+        assert!(Instant::now() < end, "target memory: {got}");
+    }
+    assert_eq!(t.exit(&p), Some(0));
 }
 
 /// Corruption injected on the initiator (the fault wrapper around UCX flips one payload byte

@@ -235,11 +235,15 @@ impl Backend for UcxBackend {
         let Some(peer) = lock(&self.peers).remove(remote) else {
             return Ok(());
         };
-        // Requests still using the peer end now (UCX completes them with an error), so
-        // nothing touches their memory after this returns.
+        // Never force-closes a tcp endpoint with operations in flight (that crashes UCX
+        // 1.22's tcp progress): each endpoint drains for up to `cancel_timeout`, and what is
+        // still in flight over tcp is fenced and closed by UCX in flush mode later. Requests
+        // still using the peer are fenced by the agent; their cancel keeps (leaks) the memory
+        // of any operation UCX has not released.
         for pe in &peer.eps {
             let mut g = pe.worker.lock();
-            pe.force_close(&mut g);
+            let how = pe.close_early(&mut g, self.params.cancel_timeout);
+            tracing::debug!(agent = %self.agent, remote, worker = pe.worker.index, ?how, "UCX endpoint closed for disconnect");
         }
         Ok(())
     }
@@ -432,6 +436,9 @@ impl Backend for UcxBackend {
                 st,
             )),
             None => {
+                // Still in flight inside UCX: counted (never uncounted) so closing the
+                // endpoint early drains it first.
+                pe.shared.begin_op();
                 std::mem::forget(buf);
                 std::mem::forget(hdr);
                 Err(Error::TimedOut {

@@ -279,15 +279,16 @@ impl WorkerGuard<'_> {
         unsafe { self.w.ctx.ucx.lib.ucp_worker_progress(self.g.0) }
     }
 
-    /// Progresses until nothing happens (bounded).
+    /// Progresses until nothing happens (bounded); how many events UCX reported, saturating
+    /// (the count is UCX's to report and is never trusted for arithmetic).
     pub fn progress_all(&mut self) -> u32 {
-        let mut total = 0;
+        let mut total = 0u32;
         for _ in 0..64 {
             let n = self.progress();
             if n == 0 {
                 break;
             }
-            total += n;
+            total = total.saturating_add(n);
         }
         total
     }

@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use nixl_core::backend::BackendXfer;
 use nixl_core::{Error, Op, Result, XferOp, XferState};
 
-use crate::endpoint::Peer;
+use crate::endpoint::{EpShared, Peer};
 use crate::error::status_error;
 use crate::loader::Ucx;
 use crate::sys;
-use crate::worker::{WorkerGuard, AM_NOTIF};
+use crate::worker::AM_NOTIF;
 
 const PENDING: u8 = 0;
 const DONE: u8 = 1;
@@ -30,8 +30,14 @@ pub(crate) struct PostState {
     status: AtomicI32,
     ucx: Arc<Ucx>,
     ep: sys::ucp_ep_h,
+    /// The endpoint's shared state: its in-flight count (this post is one until it
+    /// finishes) and whether it was closed or fenced.
+    shared: Arc<EpShared>,
     /// (header, message) of the notification to send after the flush.
     notif: Option<Notif>,
+    /// A put/get of the batch failed to start: once the flush shows the earlier ones are
+    /// complete, the post ends with this status (and sends no notification).
+    failed_issue: Option<sys::ucs_status_t>,
 }
 
 // SAFETY: `ep` is only used inside UCX callbacks and `post`, both under the worker lock; the
@@ -45,21 +51,36 @@ impl PostState {
         self.phase.load(Ordering::Acquire)
     }
 
+    /// Records the outcome, once (later calls change nothing).
     fn finish(&self, status: sys::ucs_status_t) {
         self.status.store(status as i32, Ordering::Release);
-        self.phase.store(
-            if status == sys::UCS_OK { DONE } else { FAILED },
-            Ordering::Release,
-        );
+        let phase = if status == sys::UCS_OK { DONE } else { FAILED };
+        if self
+            .phase
+            .compare_exchange(PENDING, phase, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.shared.end_op();
+        }
     }
 
     /// After the data is complete: sends the notification, or finishes. Runs under the worker
     /// lock (from `post` or a callback inside progress).
     fn after_flush(self: &Arc<Self>) {
+        if let Some(st) = self.failed_issue {
+            self.finish(st);
+            return;
+        }
         let Some((header, msg)) = &self.notif else {
             self.finish(sys::UCS_OK);
             return;
         };
+        if self.shared.is_closed() {
+            // The endpoint was fenced or closed under this post (its peer was forgotten):
+            // the data is complete but the notification cannot be sent on it.
+            self.finish(sys::UCS_ERR_CANCELED);
+            return;
+        }
         // SAFETY: zeroed request params with a mask are the documented form.
         let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
         p.op_attr_mask = sys::UCP_OP_ATTR_FIELD_CALLBACK
@@ -69,8 +90,8 @@ impl PostState {
         p.cb.send = Some(am_done);
         let user = Arc::into_raw(self.clone());
         p.user_data = user as *mut c_void;
-        // SAFETY: the endpoint is live (it is closed only under the worker lock, which the
-        // caller holds, and a closed endpoint completes this state before); header and
+        // SAFETY: the endpoint is live: it is closed or fenced only under the worker lock,
+        // which the caller holds, and a closed or fenced one was refused above; header and
         // message live in this state, which the callback keeps alive until completion.
         let r = unsafe {
             self.ucx.lib.ucp_am_send_nbx(
@@ -225,20 +246,6 @@ impl UcxXfer {
         }
     }
 
-    /// After a put/get failed mid-batch: waits until UCX no longer touches the earlier
-    /// segments' memory (flush, or force-close the endpoint).
-    fn quiesce(&self, g: &mut WorkerGuard<'_>, ep: sys::ucp_ep_h) {
-        // SAFETY: zeroed request params (no callback) make flush return a request to poll.
-        let p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
-        // SAFETY: the endpoint is live under the held lock.
-        let r = unsafe { self.ucx.lib.ucp_ep_flush_nbx(ep, &p) };
-        if g.wait_request(r, Instant::now() + self.cancel_timeout)
-            .is_none()
-        {
-            self.peer.eps[self.worker].force_close(g);
-        }
-    }
-
     fn progress_once(&self) {
         let mut g = self.peer.eps[self.worker].worker.lock();
         g.progress_all();
@@ -256,25 +263,33 @@ impl BackendXfer for UcxXfer {
         self.peer
             .check_alive(&self.agent, self.worker, Op::PostXfer)?;
         let pe = &self.peer.eps[self.worker];
-        let mut g = pe.worker.lock();
+        let g = pe.worker.lock();
         let ep = pe
             .raw(&g)
             .ok_or_else(|| self.disconnected(Op::PostXfer, "UCX endpoint was closed"))?;
+        let mut failed_issue = None;
         for (i, s) in self.segs.iter().enumerate() {
             let st = self.issue(ep, s);
             if st != sys::UCS_OK && st != sys::UCS_INPROGRESS {
-                if i > 0 {
-                    self.quiesce(&mut g, ep);
+                if i == 0 {
+                    return Err(self.state_error(Op::PostXfer, st));
                 }
-                return Err(self.state_error(Op::PostXfer, st));
+                // Earlier segments may still be moving: the flush below tells when UCX is
+                // done with them, and the post ends with this error then (a cancel meanwhile
+                // follows the usual rules; nothing is force-closed here).
+                failed_issue = Some(st);
+                break;
             }
         }
+        pe.shared.begin_op();
         let state = Arc::new(PostState {
             phase: AtomicU8::new(PENDING),
             status: AtomicI32::new(0),
             ucx: self.ucx.clone(),
             ep,
+            shared: pe.shared.clone(),
             notif: self.notif.clone(),
+            failed_issue,
         });
         // SAFETY: zeroed request params with a mask are the documented form.
         let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
@@ -324,7 +339,12 @@ impl BackendXfer for UcxXfer {
             self.progress_once();
             std::thread::yield_now();
         }
-        if st.phase() == PENDING && self.peer.transports().contains("tcp/") {
+        let tcp = {
+            let pe = &self.peer.eps[self.worker];
+            let g = pe.worker.lock();
+            pe.uses_tcp(&g)
+        };
+        if st.phase() == PENDING && tcp {
             // Force-closing an endpoint whose tcp transport still has zero-copy operations in
             // flight crashes UCX's tcp progress (SIGSEGV in uct_tcp_iface_handle_events; see
             // docs/perf/failure.md). Report the cancel as unconfirmed instead: the agent then

@@ -63,6 +63,7 @@ pub mod bytes;
 pub mod codec;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+mod deferred;
 mod desc;
 mod error;
 #[cfg(feature = "etcd")]
@@ -86,7 +87,7 @@ pub use codec::AgentMetadata;
 pub use desc::{Desc, XferDescList, XferOp};
 pub use error::{DecodeError, Error, ErrorKind, Op, Result, SharedError};
 pub use fault::{FaultEvent, FaultLog, FaultParams, FaultPlan};
-pub use inproc::{InprocParams, InprocPlugin, INPROC};
+pub use inproc::{Completion, InprocParams, InprocPlugin, INPROC};
 pub use mem::{HostBuffer, MemKind, MemoryRegion, RawRegion, RegionDesc, PAGE_SIZE};
 pub use notif::Notifs;
 pub use registration::Registration;

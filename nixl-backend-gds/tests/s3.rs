@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use nixl_backend_gds::{ObjectRegion, S3Params, S3Plugin};
 use nixl_core::backend::BackendPlugin;
-use nixl_core::conformance::{assert_all, Suite};
+use nixl_core::conformance::Suite;
 use nixl_core::{
     Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, MemoryRegion, XferDescList, XferOp,
     XferOptions,
@@ -302,16 +302,27 @@ fn partial_object_writes_and_bad_params_are_refused() {
     assert!(S3Plugin.parse_params(&S3Plugin.default_params()).is_ok());
 }
 
-#[test]
-fn conformance_s3() {
-    let s = server_or_skip!();
+fn s3_suite() -> Option<Suite> {
+    let s = match common::server() {
+        Ok(s) => s,
+        Err(why) => {
+            let test = std::thread::current().name().unwrap_or("s3").to_owned();
+            nixl_core::testing::skip(&test, nixl_core::testing::Dep::S3, why);
+            return None;
+        }
+    };
     let p = common::params(&s);
-    assert_all(&Suite {
+    Some(Suite {
         name: "obj".to_owned(),
         config: AgentConfig::default(),
         create: Arc::new(move |a: &Agent| a.create_backend(p.clone())),
         storage: Some(Arc::new(|len| {
             Ok(Arc::new(ObjectRegion::new(common::key("conf"), len)) as Arc<dyn MemoryRegion>)
         })),
-    });
+    })
+}
+
+/// The shared conformance suite on S3 (moto), one test per case.
+mod conformance_s3 {
+    nixl_core::conformance_tests!(super::s3_suite);
 }

@@ -130,8 +130,27 @@ pub fn is_required(dep: Dep) -> bool {
 #[track_caller]
 pub fn skip(test: &str, dep: Dep, reason: impl Display) {
     let reason = reason.to_string().replace(['\n', '\t'], " ");
+    log_skip(dep.name(), test, &reason);
+    if is_required(dep) {
+        panic!("{test}: requires {dep}, which this run must have ({ENV_REQUIRE_DEPS}): {reason}");
+    }
+    eprintln!("SKIPPED[{dep}] {test}: {reason}");
+}
+
+/// Reports that `test` does not apply to what it runs against: a conformance case that a
+/// backend's declared `capability` excludes (its conformance suite checks that the
+/// declaration matches the behaviour). Printed as `NOT APPLICABLE[capability] test: reason`
+/// and appended to the skip log as `n/a:capability<TAB>test<TAB>reason`, so CI counts it by
+/// capability; it never fails a run (nothing is missing: the case has nothing to check).
+pub fn not_applicable(test: &str, capability: &str, reason: impl Display) {
+    let reason = reason.to_string().replace(['\n', '\t'], " ");
+    log_skip(&format!("n/a:{capability}"), test, &reason);
+    eprintln!("NOT APPLICABLE[{capability}] {test}: {reason}");
+}
+
+fn log_skip(what: &str, test: &str, reason: &str) {
     if let Some(path) = std::env::var_os(ENV_SKIP_LOG) {
-        let line = format!("{dep}\t{test}\t{reason}\n");
+        let line = format!("{what}\t{test}\t{reason}\n");
         let written = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -141,10 +160,6 @@ pub fn skip(test: &str, dep: Dep, reason: impl Display) {
             eprintln!("{test}: could not append to the skip log: {e}");
         }
     }
-    if is_required(dep) {
-        panic!("{test}: requires {dep}, which this run must have ({ENV_REQUIRE_DEPS}): {reason}");
-    }
-    eprintln!("SKIPPED[{dep}] {test}: {reason}");
 }
 
 /// Stopping, continuing and killing processes a test started (a peer that stalls, a server

@@ -872,9 +872,13 @@ fn corruption_detected_every_time_shm() {
     corruption_detected_every_time(SHM, 0xBADC0DE);
 }
 
-/// kill -9 of the target mid-transfer with the fault wrapper around UCX (delays and
-/// duplicated notifications switched on): the request ends in a typed uncertain error, is
-/// listed as uncertain, and later requests keep failing without hanging.
+/// kill -9 of the target while a WRITE is in flight, with the fault wrapper around UCX holding
+/// every post back (delay) and duplicating every notification. The faults are real: the first
+/// WRITE's notification reaches the target twice, each time with the data intact. Then the
+/// target is stopped, a WRITE posted (`InProgress`: held back, then moving towards a stopped
+/// process) and the target killed: the request ends in a typed uncertain error, is listed as
+/// uncertain, and later requests keep failing without hanging. The fault log holds exactly
+/// one delay and one duplicate per post.
 #[test]
 fn kill9_target_mid_transfer_under_fault_wrapper() {
     if !support::ucx_or_skip("kill9_fault_wrapper") {
@@ -883,9 +887,9 @@ fn kill9_target_mid_transfer_under_fault_wrapper() {
     let log = FaultLog::new();
     let plan = FaultPlan {
         seed: 5,
-        delay_prob: 0.3,
+        delay_prob: 1.0,
         delay: (Duration::from_millis(1), Duration::from_millis(5)),
-        dup_notif_prob: 0.2,
+        dup_notif_prob: 1.0,
         ..FaultPlan::default()
     };
     let p = support::parent("kill-src", FaultParams::new(params(TCP), plan, log.clone()));
@@ -894,6 +898,7 @@ fn kill9_target_mid_transfer_under_fault_wrapper() {
     let _reg = p.register_mem(vec![src.clone()], &[]).expect("register");
     let mut t = Target::spawn(CHILD, &p, &unique("kill"), TCP, len);
     let blk = 4u64 << 20;
+    src.fill(7);
     let req = p
         .create_xfer_req(
             XferOp::Write,
@@ -903,44 +908,47 @@ fn kill9_target_mid_transfer_under_fault_wrapper() {
             XferOptions {
                 timeout: Some(Duration::from_secs(20)),
                 no_merge: true,
+                notif: Some(format!("d:0:7:0:{len}").into_bytes()),
                 ..XferOptions::default()
             },
         )
         .expect("make");
-    p.post_xfer_req(&req).expect("first post");
-    req.wait(DEADLINE).expect("first write");
-    let mut outcome = None;
-    for i in 0..200 {
-        if let Err(e) = p.post_xfer_req(&req) {
-            outcome = Some((e, false));
-            break;
-        }
-        if i == 0 {
-            t.kill9();
-        }
-        if let Err(e) = settle(&p, &req) {
-            outcome = Some((e, true));
-            break;
-        }
-    }
-    let (e, from_flight) = outcome.expect("a write to a killed target fails");
-    eprintln!(
-        "kill9_fault_wrapper: {e} (in flight: {from_flight}); faults {:?}",
-        log.events().len()
+    assert_eq!(
+        p.post_xfer_req(&req).expect("first post"),
+        XferState::InProgress,
+        "a post held back by the injected delay is in flight"
     );
+    req.wait(DEADLINE).expect("first write");
+    assert_eq!(t.next(&p), "ok:0:intact", "the notification, after the data");
+    assert_eq!(t.next(&p), "ok:0:intact", "its injected duplicate");
+    assert!(signal::send(t.child.id(), signal::STOP), "SIGSTOP");
+    assert_eq!(
+        p.post_xfer_req(&req).expect("post to the stopped target"),
+        XferState::InProgress
+    );
+    t.kill9();
+    let e = settle(&p, &req).expect_err("a write to a killed target cannot complete");
+    eprintln!("kill9_fault_wrapper: {e}; faults {:?}", log.events());
     assert!(e.is_uncertain(), "typed, uncertain-outcome error: {e:?}");
     assert!(!req.is_in_flight());
-    if from_flight {
-        assert!(
-            p.uncertain_requests().iter().any(|u| u.id == req.id()),
-            "listed as uncertain"
-        );
-    }
+    assert!(
+        p.uncertain_requests().iter().any(|u| u.id == req.id()),
+        "listed as uncertain"
+    );
     let again = p
         .post_xfer_req(&req)
         .and_then(|_| req.wait(Duration::from_secs(20)));
     assert!(
         again.is_err(),
         "a dead peer keeps failing requests: {again:?}"
+    );
+    let events = log.events();
+    let count = |f: fn(&FaultEvent) -> bool| events.iter().filter(|e| f(e)).count();
+    let posts = count(|e| matches!(e, FaultEvent::Delay { .. }));
+    assert!(posts >= 2, "{events:?}");
+    assert_eq!(
+        count(|e| matches!(e, FaultEvent::DupNotif { .. })),
+        posts,
+        "{events:?}"
     );
 }

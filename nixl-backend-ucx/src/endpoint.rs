@@ -319,7 +319,12 @@ impl Peer {
 
     /// Which transports the first endpoint uses.
     pub fn transports(&self) -> String {
-        let Some(pe) = self.eps.first() else {
+        self.transports_on(0)
+    }
+
+    /// Which transports the endpoint on local worker `worker` uses.
+    pub fn transports_on(&self, worker: usize) -> String {
+        let Some(pe) = self.eps.get(worker) else {
             return "no endpoint".to_owned();
         };
         let ucx = &pe.worker.ctx.ucx;

@@ -379,7 +379,18 @@ impl BackendXfer for UcxXfer {
     }
 
     fn path(&self) -> Option<String> {
-        Some(self.path.get_or_init(|| self.peer.transports()).clone())
+        Some(
+            self.path
+                .get_or_init(|| {
+                    let t = self.peer.transports_on(self.worker);
+                    if self.peer.eps.len() > 1 {
+                        format!("{t} [worker {}]", self.worker)
+                    } else {
+                        t
+                    }
+                })
+                .clone(),
+        )
     }
 
     fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {

@@ -31,6 +31,8 @@
 use std::fmt::Display;
 use std::io::Write;
 
+pub mod two_process;
+
 /// Environment variable: `1` or `all` requires every dependency not allowed to skip; else a
 /// comma-separated list of [`Dep::name`]s that are required.
 pub const ENV_REQUIRE_DEPS: &str = "NIXL_REQUIRE_DEPS";
@@ -72,6 +74,9 @@ pub enum Dep {
     NvidiaFs,
     /// A CUDA-aware UCX (cuda transports).
     CudaUcx,
+    /// UCX 1.23 or later: several workers per backend over UCX's tcp transport (1.22 crashes
+    /// in its tcp put emulation there; docs/reliability.md).
+    Ucx123,
 }
 
 impl Dep {
@@ -92,6 +97,7 @@ impl Dep {
             Dep::FiHmem => "fi-hmem",
             Dep::NvidiaFs => "nvidia-fs",
             Dep::CudaUcx => "cuda-ucx",
+            Dep::Ucx123 => "ucx-1.23",
         }
     }
 }
@@ -243,6 +249,7 @@ mod tests {
             Dep::FiHmem,
             Dep::NvidiaFs,
             Dep::CudaUcx,
+            Dep::Ucx123,
         ];
         let mut names: Vec<&str> = all.iter().map(|d| d.name()).collect();
         names.sort();

@@ -241,8 +241,10 @@ fn silent_target_ends_requests_by_their_deadline() {
             ..XferOptions::default()
         },
     );
-    let posted = Instant::now();
     let first = p.post_xfer_req(&req);
+    // The request's deadline runs from inside the post: measured from after it returned, a
+    // check that starts past `posted + timeout` starts past the deadline.
+    let posted = Instant::now();
     assert!(
         matches!(first, Ok(XferState::InProgress)),
         "in flight to a stopped target: {first:?}"

@@ -311,12 +311,13 @@ fn expired_lease_invalidates_the_peer() {
     let Some(etcd) = server() else { return };
     let (a, b) = (peer("a", 1), peer("b", 1));
     let xa = EtcdExchange::new(&a.agent, &config(&etcd)).unwrap();
-    // b "crashes" right after publishing: its key sits on a 1 s lease nobody keeps alive.
+    // b "crashes" right after publishing: its key sits on a lease nobody keeps alive (4 s:
+    // long enough for the fetch below on a loaded machine, well within `eventually`'s wait).
     raw_put(
         &etcd,
         &xa.key("b", DEFAULT_LABEL),
         b.agent.local_metadata().unwrap(),
-        Some(1),
+        Some(4),
     );
     xa.fetch("b", Duration::ZERO).unwrap();
     let built = write_req(&a, &b, 0).unwrap();
@@ -334,8 +335,9 @@ fn expired_lease_invalidates_the_peer() {
 #[test]
 fn a_live_exchange_keeps_its_lease_past_the_ttl() {
     let Some(etcd) = server() else { return };
+    // Keep-alives go every TTL/3: the lease survives unless they stall for a whole TTL.
     let cfg = EtcdConfig {
-        lease_ttl: Duration::from_secs(2),
+        lease_ttl: Duration::from_secs(5),
         ..config(&etcd)
     };
     let (a, b) = (peer("a", 1), peer("b", 1));
@@ -345,8 +347,8 @@ fn a_live_exchange_keeps_its_lease_past_the_ttl() {
     );
     xb.publish().unwrap();
     xa.fetch("b", Duration::ZERO).unwrap();
-    // Three TTLs: without keep-alives the key would be gone.
-    std::thread::sleep(Duration::from_secs(6));
+    // Over two TTLs: without keep-alives the key would be gone.
+    std::thread::sleep(Duration::from_secs(12));
     assert!(a.agent.check_remote_metadata("b", None));
     let xc = EtcdExchange::new(&peer("c", 1).agent, &cfg).unwrap();
     assert!(xc.fetch("b", Duration::ZERO).is_ok());

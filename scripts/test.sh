@@ -31,6 +31,8 @@ skip_summary() {
 trap skip_summary EXIT
 
 cargo test --workspace --all-features --no-fail-fast "$@"
+echo "== quick start (docs/concepts.md, two processes over UCX)"
+cargo run --quiet --all-features --example quickstart
 for op in write read; do
     echo "== main job: disagg_kv --op $op"
     cargo run --quiet --all-features --example disagg_kv -- --op "$op" --requests 8 --layers 4 --blocks 64 --block-bytes 65536

@@ -168,8 +168,9 @@ pub(crate) struct Shared {
     pub backends: RwLock<Vec<Arc<BackendSlot>>>,
     pub regs: Mutex<RegTable>,
     pub remotes: Mutex<HashMap<String, Arc<RemotePeer>>>,
-    /// Serialises metadata loads and invalidations (never held by transfers).
-    pub md_lock: Mutex<()>,
+    /// Per peer name: serialises loads and invalidations of that peer (never held by
+    /// transfers, nor across other peers' loads).
+    pub peer_locks: Mutex<HashMap<String, std::sync::Weak<Mutex<()>>>>,
     pub notifs: Arc<NotifQueue>,
     pub counters: Counters,
     pub fetches: Mutex<HashMap<String, FetchStatus>>,
@@ -200,6 +201,20 @@ impl Shared {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// The lock serialising loads and invalidations of peer `name`.
+    pub fn peer_lock(&self, name: &str) -> Arc<Mutex<()>> {
+        let mut locks = lock(&self.peer_locks);
+        if let Some(l) = locks.get(name).and_then(std::sync::Weak::upgrade) {
+            return l;
+        }
+        if locks.len() >= 64 && locks.len().is_power_of_two() {
+            locks.retain(|_, w| w.strong_count() > 0);
+        }
+        let l = Arc::new(Mutex::new(()));
+        locks.insert(name.to_owned(), Arc::downgrade(&l));
+        l
     }
 
     pub fn next_id(&self) -> u64 {
@@ -311,7 +326,7 @@ impl Agent {
             backends: RwLock::new(Vec::new()),
             regs: Mutex::new(RegTable::default()),
             remotes: Mutex::new(HashMap::new()),
-            md_lock: Mutex::new(()),
+            peer_locks: Mutex::new(HashMap::new()),
             notifs: Arc::new(NotifQueue::new()),
             fetches: Mutex::new(HashMap::new()),
             stop: Arc::new(AtomicBool::new(false)),

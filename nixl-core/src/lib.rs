@@ -69,6 +69,7 @@ mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 mod fault;
+mod index;
 mod inproc;
 pub mod integrity;
 mod mem;

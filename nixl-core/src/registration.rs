@@ -1,17 +1,19 @@
 //! Registrations: memory registered with backends, kept alive while anything uses it.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::agent::{lock, Agent, BackendHandle, BackendSlot, Shared};
 use crate::backend::BackendMd;
 use crate::error::{Error, Op, Result};
+use crate::index::{RegionIndex, RegionKey};
 use crate::mem::{MemKind, MemoryRegion, RegionDesc};
 
 /// One registered region and its per-backend metadata.
 pub(crate) struct RegRegion {
     pub desc: RegionDesc,
+    /// Unique per region (the agent's id counter): its key in the agent's index.
+    pub seq: u64,
     /// Held so the memory outlives every backend registration and transfer.
     pub _memory: Arc<dyn MemoryRegion>,
     pub mds: Mutex<Vec<(Arc<BackendSlot>, BackendMd)>>,
@@ -46,7 +48,7 @@ impl RegInner {
             }
             self.shared.counters.deregistered(r.desc.len);
         }
-        lock(&self.shared.regs).remove(self.id);
+        lock(&self.shared.regs).remove(self);
         errors
     }
 }
@@ -110,27 +112,31 @@ impl Registration {
     }
 }
 
-/// Orders regions by (kind, device, start address, unique id) for range look-ups.
-pub(crate) type RegionKey = (MemKind, u64, u64, u64);
+/// A registration region's key in the agent's index: its own range and its unique sequence
+/// number (so one memory registered twice has two entries).
+fn region_key(r: &RegRegion) -> RegionKey {
+    (r.desc.kind, r.desc.dev_id, r.desc.addr, r.seq)
+}
 
-/// The agent's index of live registrations: key to (registration, region index).
+/// The agent's index of live registrations: region to (registration, region index).
 #[derive(Default)]
 pub(crate) struct RegTable {
-    by_start: BTreeMap<RegionKey, (Weak<RegInner>, usize)>,
+    by_start: RegionIndex<(Weak<RegInner>, usize)>,
 }
 
 impl RegTable {
     fn insert(&mut self, inner: &Arc<RegInner>) {
         for (i, r) in inner.regions.iter().enumerate() {
-            self.by_start.insert(
-                (r.desc.kind, r.desc.dev_id, r.desc.addr, inner.id),
-                (Arc::downgrade(inner), i),
-            );
+            self.by_start
+                .insert(region_key(r), r.desc.len, (Arc::downgrade(inner), i));
         }
     }
 
-    pub fn remove(&mut self, id: u64) {
-        self.by_start.retain(|k, _| k.3 != id);
+    /// Removes a registration's regions: O(regions log n), whatever the table's size.
+    fn remove(&mut self, inner: &RegInner) {
+        for r in &inner.regions {
+            self.by_start.remove(&region_key(r));
+        }
     }
 
     /// The live registration region covering `[addr, addr+len)`.
@@ -141,14 +147,19 @@ impl RegTable {
         addr: u64,
         len: u64,
     ) -> Option<(Arc<RegInner>, usize)> {
+        let mut found = None;
         self.by_start
-            .range((kind, dev_id, 0, 0)..=(kind, dev_id, addr, u64::MAX))
-            .rev()
-            .filter_map(|(_, (w, i))| w.upgrade().map(|r| (r, *i)))
-            .find(|(r, i)| {
-                !r.deregistered.load(Ordering::SeqCst)
-                    && r.regions[*i].desc.covers(addr, len, dev_id)
-            })
+            .find(kind, dev_id, addr, len, |(w, i)| match w.upgrade() {
+                Some(r)
+                    if !r.deregistered.load(Ordering::SeqCst)
+                        && r.regions[*i].desc.covers(addr, len, dev_id) =>
+                {
+                    found = Some((r, *i));
+                    true
+                }
+                _ => false,
+            });
+        found
     }
 
     pub fn live(&self) -> Vec<Arc<RegInner>> {
@@ -251,6 +262,7 @@ impl Agent {
                 .zip(per_region)
                 .map(|((m, d), mds)| RegRegion {
                     desc: d,
+                    seq: self.shared.next_id(),
                     _memory: m,
                     mds: Mutex::new(mds),
                 })

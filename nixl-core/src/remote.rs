@@ -1,6 +1,6 @@
 //! Peers' metadata: producing ours, loading theirs, invalidating them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -9,8 +9,9 @@ use crate::backend::BackendMd;
 use crate::codec::{AgentMetadata, BackendEntry, RegionEntry};
 use crate::desc::XferDescList;
 use crate::error::{Error, Op, Result};
+use crate::index::RegionIndex;
 use crate::mem::{MemKind, RegionDesc};
-use crate::registration::{RegionKey, Registration};
+use crate::registration::Registration;
 
 /// A peer's region, loaded into some backends.
 pub(crate) struct RemoteRegion {
@@ -45,8 +46,8 @@ pub(crate) struct RemotePeer {
     pub valid: AtomicBool,
     /// Backend slot id -> connection info.
     pub conn: Mutex<BTreeMap<usize, Vec<u8>>>,
-    /// (kind, dev, addr, seq) -> region.
-    pub regions: Mutex<BTreeMap<RegionKey, Arc<RemoteRegion>>>,
+    /// The peer's loaded regions.
+    pub regions: Mutex<RegionIndex<Arc<RemoteRegion>>>,
 }
 
 impl RemotePeer {
@@ -63,16 +64,204 @@ impl RemotePeer {
         len: u64,
     ) -> Option<Arc<RemoteRegion>> {
         lock(&self.regions)
-            .range((kind, dev_id, 0, 0)..=(kind, dev_id, addr, u64::MAX))
-            .rev()
-            .map(|(_, r)| r)
-            .find(|r| r.desc.covers(addr, len, dev_id))
+            .find(kind, dev_id, addr, len, |r| {
+                r.desc.covers(addr, len, dev_id)
+            })
             .cloned()
     }
 }
 
 /// A region's public bytes per local backend, while loading.
 type PerBackend<'a> = Vec<(Arc<BackendSlot>, &'a [u8])>;
+
+/// What loading one blob will do, found before anything changes.
+struct LoadPlan<'a> {
+    /// The blob's backends mapped onto ours (`None`: we have no such remote-capable backend).
+    slots: Vec<Option<Arc<BackendSlot>>>,
+    /// The loaded incarnation of this peer, if any.
+    existing: Option<Arc<RemotePeer>>,
+    /// Whether the blob is that same incarnation (an append).
+    same_gen: bool,
+    /// Regions not loaded yet, grouped per region (one entry per backend that has it).
+    new_regions: Vec<(RegionDesc, PerBackend<'a>)>,
+}
+
+impl<'a> LoadPlan<'a> {
+    /// Checks the blob against what is loaded, without changing anything: O(regions).
+    fn validate(agent: &Agent, md: &'a AgentMetadata) -> Result<Self> {
+        let me = agent.name();
+        let backends = agent.shared.backends();
+        let slots: Vec<Option<Arc<BackendSlot>>> = md
+            .backends
+            .iter()
+            .map(|e| {
+                backends
+                    .iter()
+                    .find(|b| b.name == e.name && b.caps.remote)
+                    .cloned()
+            })
+            .collect();
+        let existing = lock(&agent.shared.remotes).get(&md.name).cloned();
+        let same = existing.as_ref().filter(|p| p.generation == md.generation);
+        match same {
+            Some(peer) if md.has_conn_info => {
+                let conn = lock(&peer.conn);
+                for (e, slot) in md.backends.iter().zip(&slots) {
+                    let old = slot.as_ref().and_then(|s| conn.get(&s.id));
+                    if old.is_some_and(|old| *old != e.conn_info) {
+                        return Err(Error::mismatch(
+                            me,
+                            Op::LoadMetadata,
+                            format!(
+                                "connection info of {} for backend {} changed",
+                                md.name, e.name
+                            ),
+                        ));
+                    }
+                }
+            }
+            Some(_) => {}
+            None if !md.has_conn_info => {
+                return Err(Error::not_found(
+                    me,
+                    Op::LoadMetadata,
+                    format!(
+                        "connection info of {} (load its full metadata first)",
+                        md.name
+                    ),
+                ))
+            }
+            None => {}
+        }
+        // Group the blob's entries per region (one RemoteRegion holds every backend's md).
+        let mut new_regions: Vec<(RegionDesc, PerBackend<'a>)> = Vec::new();
+        let mut by_desc: HashMap<&RegionDesc, usize> = HashMap::new();
+        for r in &md.regions {
+            let Some(slot) = &slots[r.backend] else {
+                continue;
+            };
+            if let Some(peer) = same {
+                if let Some(old) = peer.find(r.desc.kind, r.desc.dev_id, r.desc.addr, r.desc.len) {
+                    if old.desc == r.desc {
+                        let changed = old
+                            .mds
+                            .iter()
+                            .find(|(s, _, _)| s.id == slot.id)
+                            .is_some_and(|(_, _, public)| *public != r.public);
+                        if changed {
+                            return Err(Error::mismatch(
+                                me,
+                                Op::LoadMetadata,
+                                format!("metadata of a region of {} changed", md.name),
+                            ));
+                        }
+                        continue;
+                    }
+                }
+            }
+            match by_desc.get(&r.desc) {
+                Some(&i) => new_regions[i].1.push((slot.clone(), &r.public)),
+                None => {
+                    by_desc.insert(&r.desc, new_regions.len());
+                    new_regions.push((r.desc.clone(), vec![(slot.clone(), &r.public)]));
+                }
+            }
+        }
+        Ok(LoadPlan {
+            slots,
+            same_gen: same.is_some(),
+            existing,
+            new_regions,
+        })
+    }
+
+    /// Connects the backends and loads the regions. On error, everything this call did is
+    /// undone (see [`LoadGuard`]) and the peer's loaded state is as before (or, for a new
+    /// incarnation, not loaded).
+    fn apply(&self, agent: &Agent, md: &AgentMetadata) -> Result<()> {
+        let peer = match (&self.existing, self.same_gen) {
+            (Some(p), true) => p.clone(),
+            _ => Arc::new(RemotePeer {
+                name: md.name.clone(),
+                generation: md.generation,
+                valid: AtomicBool::new(true),
+                conn: Mutex::new(BTreeMap::new()),
+                regions: Mutex::new(RegionIndex::default()),
+            }),
+        };
+        if let (Some(old), false) = (&self.existing, self.same_gen) {
+            // A restarted peer: fence the old incarnation first so backends can reconnect.
+            lock(&agent.shared.remotes).remove(&md.name);
+            agent.retire_peer(old);
+        }
+        let mut guard = LoadGuard {
+            agent,
+            peer: &peer,
+            connected: Vec::new(),
+        };
+        if md.has_conn_info {
+            for (e, slot) in md.backends.iter().zip(&self.slots) {
+                let Some(slot) = slot else { continue };
+                if peer.is_connected(slot.id) {
+                    continue;
+                }
+                slot.backend.connect(&md.name, &e.conn_info)?;
+                lock(&peer.conn).insert(slot.id, e.conn_info.clone());
+                guard.connected.push(slot.clone());
+            }
+        }
+        // Regions are loaded into a private index and published in one step, so transfers
+        // to this peer never wait for a long load.
+        let mut loaded = RegionIndex::default();
+        for (desc, per) in &self.new_regions {
+            let mut mds = Vec::with_capacity(per.len());
+            for (slot, public) in per {
+                if !peer.is_connected(slot.id) {
+                    continue;
+                }
+                let m = slot.backend.load_remote(&md.name, desc, public)?;
+                mds.push((slot.clone(), m, public.to_vec()));
+            }
+            if mds.is_empty() {
+                continue;
+            }
+            let key = (desc.kind, desc.dev_id, desc.addr, agent.shared.next_id());
+            loaded.insert(
+                key,
+                desc.len,
+                Arc::new(RemoteRegion {
+                    desc: desc.clone(),
+                    mds,
+                }),
+            );
+        }
+        lock(&peer.regions).append(&mut loaded);
+        if !self.same_gen {
+            lock(&agent.shared.remotes).insert(md.name.clone(), peer.clone());
+        }
+        guard.connected.clear();
+        Ok(())
+    }
+}
+
+/// Undoes a failed load's connections (regions not yet published are dropped with their
+/// index, which unloads them).
+struct LoadGuard<'a> {
+    agent: &'a Agent,
+    peer: &'a Arc<RemotePeer>,
+    connected: Vec<Arc<BackendSlot>>,
+}
+
+impl Drop for LoadGuard<'_> {
+    fn drop(&mut self) {
+        for slot in self.connected.drain(..) {
+            lock(&self.peer.conn).remove(&slot.id);
+            if let Err(e) = slot.backend.disconnect(&self.peer.name) {
+                tracing::warn!(agent = %self.agent.name(), remote = %self.peer.name, error = %e, "rollback disconnect failed");
+            }
+        }
+    }
+}
 
 /// What a partial metadata blob should carry.
 #[derive(Debug, Clone, Default)]
@@ -167,7 +356,12 @@ impl Agent {
     /// Loading is append-only for one incarnation of a peer: new regions are added, identical
     /// ones skipped, and changed connection info or changed region metadata is refused with
     /// [`Error::Mismatch`] (nothing changes). Metadata with a new generation replaces the old
-    /// incarnation: requests built against it then fail with [`Error::PeerRestarted`].
+    /// incarnation: requests built against it then fail with [`Error::PeerRestarted`]; if the
+    /// new incarnation's metadata then fails to load, the peer is left not loaded (the old
+    /// incarnation is gone either way: its process restarted).
+    ///
+    /// Costs are linear in the blob's regions, and only loads of the same peer wait for each
+    /// other: transfers and loads of other peers go on while a large peer loads.
     #[doc(alias = "loadRemoteMD")]
     pub fn load_remote_metadata(&self, bytes: &[u8]) -> Result<String> {
         let md = AgentMetadata::decode(bytes).map_err(|source| Error::Decode {
@@ -175,177 +369,18 @@ impl Agent {
             op: Op::LoadMetadata,
             source,
         })?;
-        let me = self.name().to_owned();
-        if md.name == me {
+        if md.name == self.name() {
             return Err(Error::not_allowed(
-                &me,
+                self.name(),
                 Op::LoadMetadata,
                 "an agent cannot load its own metadata",
             ));
         }
-        let _guard = lock(&self.shared.md_lock);
-        let backends = self.shared.backends();
-        // Map the blob's backends onto ours (ones we do not have are ignored).
-        let local_slot: Vec<Option<Arc<BackendSlot>>> = md
-            .backends
-            .iter()
-            .map(|e| {
-                backends
-                    .iter()
-                    .find(|b| b.name == e.name && b.caps.remote)
-                    .cloned()
-            })
-            .collect();
-        let existing = lock(&self.shared.remotes).get(&md.name).cloned();
-        let same_gen = existing
-            .as_ref()
-            .filter(|p| p.generation == md.generation)
-            .cloned();
-
-        // Validate everything before changing anything.
-        if let Some(peer) = &same_gen {
-            let conn = lock(&peer.conn);
-            for (e, slot) in md.backends.iter().zip(&local_slot) {
-                if let (true, Some(slot)) = (md.has_conn_info, slot) {
-                    if let Some(old) = conn.get(&slot.id) {
-                        if *old != e.conn_info {
-                            return Err(Error::mismatch(
-                                &me,
-                                Op::LoadMetadata,
-                                format!(
-                                    "connection info of {} for backend {} changed",
-                                    md.name, e.name
-                                ),
-                            ));
-                        }
-                    }
-                }
-            }
-            drop(conn);
-            for r in &md.regions {
-                let Some(slot) = &local_slot[r.backend] else {
-                    continue;
-                };
-                if let Some(old) = peer.find(r.desc.kind, r.desc.dev_id, r.desc.addr, r.desc.len) {
-                    if old.desc == r.desc {
-                        if let Some((_, _, public)) =
-                            old.mds.iter().find(|(s, _, _)| s.id == slot.id)
-                        {
-                            if *public != r.public {
-                                return Err(Error::mismatch(
-                                    &me,
-                                    Op::LoadMetadata,
-                                    format!("metadata of a region of {} changed", md.name),
-                                ));
-                            }
-                        }
-                    }
-                }
-            }
-        } else if !md.has_conn_info {
-            return Err(Error::not_found(
-                &me,
-                Op::LoadMetadata,
-                format!(
-                    "connection info of {} (load its full metadata first)",
-                    md.name
-                ),
-            ));
-        }
-
-        let peer = match &same_gen {
-            Some(p) => p.clone(),
-            None => Arc::new(RemotePeer {
-                name: md.name.clone(),
-                generation: md.generation,
-                valid: AtomicBool::new(true),
-                conn: Mutex::new(BTreeMap::new()),
-                regions: Mutex::new(BTreeMap::new()),
-            }),
-        };
-        // A restarted peer: fence the old incarnation first so backends can reconnect.
-        let replaced = existing.filter(|p| p.generation != md.generation);
-        if let Some(old) = &replaced {
-            self.retire_peer(old);
-        }
-
-        let mut newly_connected = Vec::new();
-        let mut result = Ok(());
-        if md.has_conn_info {
-            for (e, slot) in md.backends.iter().zip(&local_slot) {
-                let Some(slot) = slot else { continue };
-                if peer.is_connected(slot.id) {
-                    continue;
-                }
-                match slot.backend.connect(&md.name, &e.conn_info) {
-                    Ok(()) => {
-                        lock(&peer.conn).insert(slot.id, e.conn_info.clone());
-                        newly_connected.push(slot.clone());
-                    }
-                    Err(err) => {
-                        result = Err(err);
-                        break;
-                    }
-                }
-            }
-        }
-        let mut added: Vec<RegionKey> = Vec::new();
-        if result.is_ok() {
-            // Group the blob's entries per region so one RemoteRegion holds every backend's md.
-            let mut grouped: Vec<(RegionDesc, PerBackend<'_>)> = Vec::new();
-            for r in &md.regions {
-                let Some(slot) = &local_slot[r.backend] else {
-                    continue;
-                };
-                if !peer.is_connected(slot.id) {
-                    continue;
-                }
-                match grouped.iter_mut().find(|(d, _)| *d == r.desc) {
-                    Some((_, v)) => v.push((slot.clone(), &r.public)),
-                    None => grouped.push((r.desc.clone(), vec![(slot.clone(), &r.public)])),
-                }
-            }
-            'regions: for (desc, per) in grouped {
-                if let Some(old) = peer.find(desc.kind, desc.dev_id, desc.addr, desc.len) {
-                    if old.desc == desc {
-                        continue;
-                    }
-                }
-                let mut mds = Vec::with_capacity(per.len());
-                for (slot, public) in per {
-                    match slot.backend.load_remote(&md.name, &desc, public) {
-                        Ok(m) => mds.push((slot, m, public.to_vec())),
-                        Err(e) => {
-                            result = Err(e);
-                            drop(mds);
-                            break 'regions;
-                        }
-                    }
-                }
-                let key = (desc.kind, desc.dev_id, desc.addr, self.shared.next_id());
-                lock(&peer.regions).insert(key, Arc::new(RemoteRegion { desc, mds }));
-                added.push(key);
-            }
-        }
-        if let Err(e) = result {
-            // Roll back what this call added.
-            let mut regions = lock(&peer.regions);
-            for k in &added {
-                regions.remove(k);
-            }
-            drop(regions);
-            for slot in newly_connected {
-                lock(&peer.conn).remove(&slot.id);
-                if let Err(e2) = slot.backend.disconnect(&md.name) {
-                    tracing::warn!(agent = %me, error = %e2, "rollback disconnect failed");
-                }
-            }
-            return Err(e);
-        }
-        if same_gen.is_none() {
-            lock(&self.shared.remotes).insert(md.name.clone(), peer);
-        }
-        tracing::debug!(agent = %me, remote = %md.name, generation = md.generation, regions = added.len(), "metadata loaded");
+        let peer_lock = self.shared.peer_lock(&md.name);
+        let _serialised = lock(&peer_lock);
+        let plan = LoadPlan::validate(self, &md)?;
+        plan.apply(self, &md)?;
+        tracing::debug!(agent = %self.name(), remote = %md.name, generation = md.generation, regions = plan.new_regions.len(), "metadata loaded");
         Ok(md.name)
     }
 
@@ -369,7 +404,8 @@ impl Agent {
     /// [`Agent::invalidate_local_metadata`], which asks peers to forget it.)
     #[doc(alias = "invalidateRemoteMD")]
     pub fn invalidate_remote_metadata(&self, remote: &str) -> Result<()> {
-        let _guard = lock(&self.shared.md_lock);
+        let peer_lock = self.shared.peer_lock(remote);
+        let _serialised = lock(&peer_lock);
         let peer = lock(&self.shared.remotes).remove(remote).ok_or_else(|| {
             Error::not_found(
                 self.name(),
@@ -384,7 +420,8 @@ impl Agent {
     /// Invalidates a peer only if the loaded incarnation has this generation (so a stale
     /// message cannot remove a restarted peer). Returns whether it did.
     pub(crate) fn invalidate_remote_generation(&self, remote: &str, generation: u64) -> bool {
-        let _guard = lock(&self.shared.md_lock);
+        let peer_lock = self.shared.peer_lock(remote);
+        let _serialised = lock(&peer_lock);
         let mut remotes = lock(&self.shared.remotes);
         match remotes.get(remote) {
             Some(p) if p.generation == generation => {

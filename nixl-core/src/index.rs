@@ -1,0 +1,117 @@
+//! The range index behind registration and peer-region look-ups: regions keyed by
+//! (kind, device, start address, sequence), and the longest region per (kind, device) so a
+//! look-up only scans regions that could cover the range (O(log n) plus the overlapping
+//! candidates, not every region below the address).
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::mem::MemKind;
+
+/// Orders regions by (kind, device, start address, unique sequence) for range look-ups.
+pub(crate) type RegionKey = (MemKind, u64, u64, u64);
+
+/// Regions by start address with a bound on backward scans.
+pub(crate) struct RegionIndex<V> {
+    map: BTreeMap<RegionKey, V>,
+    /// The longest region ever inserted per (kind, device): a region starting more than this
+    /// below a range cannot cover it. Never shrinks (a stale bound only costs a longer scan).
+    longest: HashMap<(MemKind, u64), u64>,
+}
+
+impl<V> Default for RegionIndex<V> {
+    fn default() -> Self {
+        RegionIndex {
+            map: BTreeMap::new(),
+            longest: HashMap::new(),
+        }
+    }
+}
+
+impl<V> RegionIndex<V> {
+    /// Inserts a region of `len` bytes under `key`.
+    pub fn insert(&mut self, key: RegionKey, len: u64, value: V) {
+        let l = self.longest.entry((key.0, key.1)).or_insert(0);
+        *l = (*l).max(len);
+        self.map.insert(key, value);
+    }
+
+    /// Removes a region.
+    pub fn remove(&mut self, key: &RegionKey) -> Option<V> {
+        self.map.remove(key)
+    }
+
+    /// Moves every region of `other` into this index.
+    pub fn append(&mut self, other: &mut RegionIndex<V>) {
+        for (k, l) in other.longest.drain() {
+            let e = self.longest.entry(k).or_insert(0);
+            *e = (*e).max(l);
+        }
+        self.map.append(&mut other.map);
+    }
+
+    /// The nearest-starting region among those that could cover `[addr, addr + len)` on
+    /// `(kind, dev)` for which `covers` holds.
+    pub fn find<'a>(
+        &'a self,
+        kind: MemKind,
+        dev: u64,
+        addr: u64,
+        len: u64,
+        mut covers: impl FnMut(&'a V) -> bool,
+    ) -> Option<&'a V> {
+        let longest = *self.longest.get(&(kind, dev))?;
+        let end = addr.checked_add(len)?;
+        let lowest = end.saturating_sub(longest);
+        if lowest > addr {
+            return None;
+        }
+        self.map
+            .range((kind, dev, lowest, 0)..=(kind, dev, addr, u64::MAX))
+            .rev()
+            .map(|(_, v)| v)
+            .find(|v| covers(v))
+    }
+
+    /// Every region, in key order.
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.map.values()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (start, len) regions; `find` must agree with a linear scan.
+    #[test]
+    fn find_agrees_with_a_linear_scan() {
+        let regions: Vec<(u64, u64)> = vec![
+            (0, 100),
+            (50, 10),
+            (200, 4096),
+            (300, 8),
+            (5000, 1),
+            (5000, 2),
+            (9000, 1 << 20),
+        ];
+        let mut idx = RegionIndex::default();
+        for (i, &(s, l)) in regions.iter().enumerate() {
+            idx.insert((MemKind::Dram, 0, s, i as u64), l, (s, l));
+        }
+        for addr in (0..12_000u64).step_by(7) {
+            for len in [1u64, 5, 64, 4000] {
+                let covers = |&(s, l): &(u64, u64)| addr >= s && addr + len <= s + l;
+                let want = regions
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| covers(r))
+                    .max_by_key(|(i, r)| (r.0, *i))
+                    .map(|(_, r)| *r);
+                let got = idx.find(MemKind::Dram, 0, addr, len, covers).copied();
+                assert_eq!(got, want, "addr {addr} len {len}");
+            }
+        }
+        assert!(idx.find(MemKind::Vram, 0, 10, 1, |_| true).is_none());
+        assert!(idx.find(MemKind::Dram, 0, u64::MAX, 2, |_| true).is_none());
+    }
+}

@@ -460,7 +460,10 @@ fn invalidate_under_load(tls: &str, stop_target: bool) {
     eprintln!(
         "invalidate_under_load[{tls}, stopped: {stop_target}]: {count}/{n} in flight, invalidated in {took:?}: {kinds:?}"
     );
-    assert!(count > 0, "nothing was in flight when the peer was forgotten");
+    assert!(
+        count > 0,
+        "nothing was in flight when the peer was forgotten"
+    );
     if stop_target {
         assert!(signal::send(t.child.id(), signal::CONT), "SIGCONT");
     }
@@ -832,7 +835,7 @@ fn corruption_detected_every_time(tls: &str, seed: u64) {
         assert_eq!(
             src.to_vec(),
             vec![b; len as usize],
-            "the wrapper restored the source"
+            "the caller's source was never written (the wrapper corrupts a private copy)"
         );
         let reply = t.next(&p);
         if reply == format!("ok:{i}:intact") {
@@ -921,7 +924,11 @@ fn kill9_target_mid_transfer_under_fault_wrapper() {
         "a post held back by the injected delay is in flight"
     );
     req.wait(DEADLINE).expect("first write");
-    assert_eq!(t.next(&p), "ok:0:intact", "the notification, after the data");
+    assert_eq!(
+        t.next(&p),
+        "ok:0:intact",
+        "the notification, after the data"
+    );
     assert_eq!(t.next(&p), "ok:0:intact", "its injected duplicate");
     assert!(signal::send(t.child.id(), signal::STOP), "SIGSTOP");
     assert_eq!(

@@ -37,7 +37,11 @@ fn agent_or_skip(tag: &str, engine: Engine) -> Option<Agent> {
         Ok(_) => Some(a),
         Err(Error::Unavailable { what, hint }) if engine == Engine::IoUring => {
             let test = std::thread::current().name().unwrap_or(tag).to_owned();
-            skip(&test, Dep::IoUring, format!("io_uring unavailable: {what}: {hint}"));
+            skip(
+                &test,
+                Dep::IoUring,
+                format!("io_uring unavailable: {what}: {hint}"),
+            );
             None
         }
         Err(e) => panic!("creating POSIX on {engine:?}: {e}"),

@@ -98,7 +98,7 @@ impl UcxBackend {
         if params.num_workers > 1 && ucx.version < (1, 23, 0) {
             // docs/reliability.md, "Known bugs": with several workers, UCX 1.22's tcp put
             // emulation dereferences a NULL receive buffer (uct_tcp_ep_progress_put_rx) in
-            // 20-40% of runs of scenarios.rs::several_workers_spread_requests; the same test
+            // 20-40% of runs of scenarios.rs::several_workers_spread_requests_tcp; the same test
             // passes every run on UCX 1.23.
             tracing::warn!(agent = %agent, version = %ucx.version_string(), num_workers = params.num_workers,
                 "UCX before 1.23 can crash with several workers when peers are reached over its tcp transport; use num_workers = 1 there or UCX >= 1.23");

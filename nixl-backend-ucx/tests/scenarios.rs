@@ -241,7 +241,10 @@ fn cancel_returns_only_when_ucx_is_done() {
     a.post_xfer_req(&control).expect("post control");
     control.wait(T).expect("control completes");
     let after = dst.to_vec();
-    assert!(after[len..] == vec![0xEE; 4096][..], "the control WRITE landed");
+    assert!(
+        after[len..] == vec![0xEE; 4096][..],
+        "the control WRITE landed"
+    );
     assert!(
         after[..len] == snapshot[..len],
         "the destination changed after cancel returned"
@@ -249,7 +252,10 @@ fn cancel_returns_only_when_ucx_is_done() {
     // Reposting after a cancel works (the endpoint may have been closed: then a typed error).
     src.fill_pattern(4);
     match a.post_xfer_req(&req).and_then(|_| req.wait(T)) {
-        Ok(()) => assert!(dst.to_vec()[..len] == src.to_vec()[..len], "data after repost"),
+        Ok(()) => assert!(
+            dst.to_vec()[..len] == src.to_vec()[..len],
+            "data after repost"
+        ),
         Err(e) => assert!(matches!(e, Error::RemoteDisconnect { .. }), "{e:?}"),
     }
 }

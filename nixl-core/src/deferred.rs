@@ -75,7 +75,11 @@ impl Scheduler {
 
     /// Runs `job` on the scheduler's thread at `due` (at once if it is past). Fails only when
     /// the thread cannot be started.
-    pub fn schedule(&self, due: Instant, job: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+    pub fn schedule(
+        &self,
+        due: Instant,
+        job: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<()> {
         {
             let mut t = lock(&self.thread);
             if t.is_none() {
@@ -171,8 +175,14 @@ mod tests {
             .map(|_| rx.recv_timeout(Duration::from_secs(10)).unwrap())
             .collect();
         assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), [3, 1, 2, 0]);
-        assert!(got.iter().all(|g| g.1), "jobs run on the scheduler's thread");
-        assert!(got[3].2 >= now + Duration::from_millis(60), "not before its due time");
+        assert!(
+            got.iter().all(|g| g.1),
+            "jobs run on the scheduler's thread"
+        );
+        assert!(
+            got[3].2 >= now + Duration::from_millis(60),
+            "not before its due time"
+        );
     }
 
     #[test]

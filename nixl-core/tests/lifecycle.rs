@@ -115,7 +115,12 @@ fn canceled_in_flight_never_lands(a: &Agent, b: &Agent, delay: Duration) {
         a.create_xfer_req(
             XferOp::Write,
             &XferDescList::blocks(MemKind::Dram, sa.addr(), LEN as u64, 1),
-            &XferDescList::blocks(MemKind::Dram, sb.addr() + (slot * LEN) as u64, LEN as u64, 1),
+            &XferDescList::blocks(
+                MemKind::Dram,
+                sb.addr() + (slot * LEN) as u64,
+                LEN as u64,
+                1,
+            ),
             b.name(),
             XferOptions {
                 timeout,
@@ -258,7 +263,10 @@ fn deferred_inproc_notification_follows_data_without_polling() {
         );
         let n = b.wait_notifs(Duration::from_secs(20)).unwrap();
         assert_eq!(n[a.name()], vec![format!("r{round}").into_bytes()]);
-        assert!(sb.to_vec() == sa.to_vec(), "round {round}: data before notification");
+        assert!(
+            sb.to_vec() == sa.to_vec(),
+            "round {round}: data before notification"
+        );
         req.wait(Duration::from_secs(20)).unwrap();
     }
 }
@@ -292,9 +300,15 @@ fn injected_faults_are_deterministic_and_detected() {
         let mut outcomes = Vec::new();
         for i in 0..200u64 {
             sa.fill_pattern(i);
+            let sent = sa.to_vec();
             let ok = a.post_xfer_req(&req).is_ok() && req.wait(Duration::from_secs(5)).is_ok();
             let notifs = b.get_notifs().unwrap().get(a.name()).map_or(0, Vec::len);
-            let intact = sa.to_vec() == sb.to_vec();
+            // The injector corrupts a private copy: the caller's source is never written.
+            assert!(
+                sa.to_vec() == sent,
+                "post {i}: the source buffer was modified"
+            );
+            let intact = sent == sb.to_vec();
             outcomes.push((ok, notifs, intact));
         }
         (outcomes, log.events())
@@ -319,6 +333,62 @@ fn injected_faults_are_deterministic_and_detected() {
     assert_eq!(o1.iter().filter(|o| o.0 && o.1 == 0).count(), drops);
     assert_eq!(o1.iter().filter(|o| o.1 == 2).count(), dups);
     assert_eq!(o1.iter().filter(|o| o.0 && !o.2).count(), corrupt);
+}
+
+/// A corrupted WRITE moves a private copy with one byte flipped: while it is in flight (held
+/// back by a delay) and after it landed, the caller's registered source is exactly what the
+/// caller wrote, and the destination differs from it in exactly one byte.
+#[test]
+fn corrupted_write_sends_a_private_copy_and_never_touches_the_source() {
+    let plan = FaultPlan {
+        seed: 9,
+        corrupt_prob: 1.0,
+        delay_prob: 1.0,
+        delay: (Duration::from_millis(100), Duration::from_millis(100)),
+        ..FaultPlan::default()
+    };
+    let (a, log) = faulty("pc-a", plan);
+    let b = agent("pc-b");
+    let (sa, _ra) = registered(&a, 1 << 16);
+    let (sb, _rb) = registered(&b, 1 << 16);
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
+    let req = a
+        .create_xfer_req(
+            XferOp::Write,
+            &XferDescList::blocks(MemKind::Dram, sa.addr(), 1 << 14, 4),
+            &XferDescList::blocks(MemKind::Dram, sb.addr(), 1 << 14, 4),
+            b.name(),
+            XferOptions::default(),
+        )
+        .unwrap();
+    for round in 0..3u64 {
+        sa.fill_pattern(round + 40);
+        let sent = sa.to_vec();
+        assert_eq!(a.post_xfer_req(&req).unwrap(), XferState::InProgress);
+        assert!(
+            sa.to_vec() == sent,
+            "round {round}: source written while in flight"
+        );
+        req.wait(Duration::from_secs(20)).unwrap();
+        assert!(sa.to_vec() == sent, "round {round}: source written");
+        let got = sb.to_vec();
+        let diff: Vec<usize> = (0..got.len()).filter(|&i| got[i] != sent[i]).collect();
+        assert_eq!(
+            diff.len(),
+            1,
+            "round {round}: one corrupted byte, got {diff:?}"
+        );
+        let logged = log.events().iter().rev().find_map(|e| match e {
+            FaultEvent::Corrupt { offset, .. } => Some(*offset),
+            _ => None,
+        });
+        assert_eq!(
+            logged,
+            Some(diff[0] as u64),
+            "round {round}: at the logged offset"
+        );
+    }
 }
 
 #[test]

@@ -124,8 +124,13 @@ impl Target {
     /// Spawns `test` (the binary's child-role test) as target agent `name` over `tls` with
     /// `len` bytes of registered memory (zeroed), and waits for its hello.
     pub fn spawn(test: &str, parent: &Agent, name: &str, tls: &str, len: usize) -> Target {
-        let child = Child::spawn(test, parent, name, &[("tls", tls), ("len", &len.to_string())])
-            .expect("spawn target");
+        let child = Child::spawn(
+            test,
+            parent,
+            name,
+            &[("tls", tls), ("len", &len.to_string())],
+        )
+        .expect("spawn target");
         let mut t = Target {
             child,
             name: name.to_owned(),

@@ -43,7 +43,10 @@ pub(super) fn stop_in_flight(s: &Suite, how: Stop) -> CaseResult {
     let not_in_flight = || {
         Ok(Outcome::NotApplicable {
             capability: "completes inside post",
-            reason: format!("a {} MiB WRITE was complete before it could be stopped", len >> 20),
+            reason: format!(
+                "a {} MiB WRITE was complete before it could be stopped",
+                len >> 20
+            ),
         })
     };
     if p.a.post_xfer_req(&req).map_err(e2s("post"))? == XferState::Done {

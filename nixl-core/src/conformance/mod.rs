@@ -118,9 +118,10 @@ impl Need {
             Need::Remote if !c.remote => na("remote", "declares no transfers to other agents"),
             Need::Local if !c.local => na("local", "declares no transfers to the agent itself"),
             Need::Notifications if !c.notifications => na("notifications", "declares none"),
-            Need::Storage if s.storage.is_none() => {
-                na("storage", "a transport backend (the suite has no storage regions)")
-            }
+            Need::Storage if s.storage.is_none() => na(
+                "storage",
+                "a transport backend (the suite has no storage regions)",
+            ),
             Need::Transport if s.storage.is_some() => na(
                 "transport",
                 "a storage backend: its local transfers go to storage",
@@ -175,9 +176,11 @@ fn table() -> Vec<Case> {
         c("write_then_read_by_block_index", &[Remote, Dram], |s| {
             passed(transfer::write_then_read_by_block_index(s))
         }),
-        c("notification_follows_data", &[Remote, Dram, Notifications], |s| {
-            passed(notify::notification_follows_data(s))
-        }),
+        c(
+            "notification_follows_data",
+            &[Remote, Dram, Notifications],
+            |s| passed(notify::notification_follows_data(s)),
+        ),
         c(
             "notification_changes_per_post",
             &[Remote, Dram, Notifications],
@@ -290,8 +293,7 @@ pub fn check(case: &str, make: impl FnOnce() -> Option<Suite>) {
 #[doc(hidden)]
 pub fn assert_case_list(generated: &[&str]) {
     assert_eq!(
-        generated,
-        CASES,
+        generated, CASES,
         "conformance_tests! and conformance::CASES disagree"
     );
 }

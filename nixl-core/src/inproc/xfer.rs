@@ -220,11 +220,10 @@ impl BackendXfer for InprocXfer {
                     "a copy in progress did not finish",
                 ));
             }
-            ph = p
-                .cv
-                .wait_timeout(ph, end - now)
-                .map(|(g, _)| g)
-                .unwrap_or_else(|poison| poison.into_inner().0);
+            ph =
+                p.cv.wait_timeout(ph, end - now)
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|poison| poison.into_inner().0);
         }
         Ok(())
     }

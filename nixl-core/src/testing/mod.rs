@@ -13,8 +13,10 @@
 //!   or when `NIXL_REQUIRE_DEPS` lists it by name.
 //!
 //! `scripts/test.sh` sets `NIXL_REQUIRE_DEPS=1` and allows only what a CPU machine cannot
-//! have (a GPU, EFA, FI_HMEM, nvidia-fs), so a missing UCX, libfabric, etcd or S3 server
-//! fails CI.
+//! have (a GPU, EFA, FI_HMEM, nvidia-fs) and UCX 1.23 (not yet packaged), so a missing UCX,
+//! libfabric, etcd or S3 server fails CI (`scripts/check-required-deps.sh` proves it).
+//! Conformance cases a backend's capabilities exclude are reported with [`not_applicable`];
+//! [`two_process`] is the harness for tests that spawn a child agent.
 //!
 //! ```
 //! use nixl_core::testing::{skip, Dep};

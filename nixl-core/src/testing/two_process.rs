@@ -172,7 +172,12 @@ impl Child {
     }
 
     /// Sends `msg` to the child and returns its next notification (within `timeout`).
-    pub fn ask(&mut self, parent: &Agent, msg: &[u8], timeout: Duration) -> Result<Vec<u8>, String> {
+    pub fn ask(
+        &mut self,
+        parent: &Agent,
+        msg: &[u8],
+        timeout: Duration,
+    ) -> Result<Vec<u8>, String> {
         parent
             .gen_notif(&self.name, msg, &[])
             .map_err(|e| format!("notify {}: {e}", self.name))?;

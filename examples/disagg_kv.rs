@@ -15,13 +15,26 @@
 //! ```
 //! Flags: `--op read|write`, `--requests N`, `--layers L`, `--blocks B` (pool blocks per
 //! layer), `--block-bytes S`, `--blocks-per-request K`, `--backend ucx|libfabric|cuda_ipc`,
-//! `--tls UCX_TLS`, `--provider tcp|shm|efa` and `--rails R` (libfabric), `--device cpu|cuda`
-//! (KV pools in host or GPU memory; with `cuda` the default backend is `cuda_ipc`, the native
-//! CUDA IPC + copy-engine/copy-kernel path), `--timeout-secs T`. (`--role decode --peer ADDR`
-//! is how the example starts its child.)
+//! `--tls UCX_TLS`, `--provider tcp|shm|efa`, `--rails R` and `--domains D0,D1` (libfabric),
+//! `--device cpu|cuda` (KV pools in host or GPU memory; with `cuda` the default backend is
+//! `cuda_ipc`, the native CUDA IPC + copy-engine/copy-kernel path), `--timeout-secs T`,
+//! `--metadata side-channel|etcd` (with `etcd`, prefill starts an etcd server and both sides
+//! publish and fetch their metadata there; needs `--features etcd`), `--listen IP` (the side
+//! channel's and etcd's address), `--expect-path TEXT` (fail unless the request path names
+//! TEXT; repeatable).
+//!
+//! `--hosts 2` runs prefill and decode on two hosts of their own: network, PID, mount, IPC and
+//! UTS namespaces joined by `--rails` virtual links (`nixl::core::testing::netns`; needs root
+//! and iproute2), so nothing but the network path connects them, and the run fails unless the
+//! path report names the network transport (UCX `tcp/eth0`, libfabric `tcp` on `eth0`):
+//!
+//! ```text
+//! sudo cargo run --example disagg_kv --features libfabric,etcd -- --hosts 2 --backend libfabric --metadata etcd
+//! ```
+//! (`--role decode --peer ADDR` and `--decode external` are how the example starts its parts.)
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,6 +45,9 @@ use nixl::{
     Agent, AgentConfig, HostBuffer, MemKind, PreparedList, XferDescList, XferOp, XferOptions,
     XferTarget,
 };
+
+#[path = "disagg_kv/hosts.rs"]
+mod hosts;
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -51,6 +67,13 @@ struct Opts {
     rails: usize,
     cuda: bool,
     timeout: Duration,
+    hosts: usize,
+    etcd: bool,
+    etcd_url: Option<String>,
+    listen: IpAddr,
+    domains: Vec<String>,
+    expect_path: Vec<String>,
+    external_decode: bool,
 }
 
 fn parse() -> Res<Opts> {
@@ -69,6 +92,13 @@ fn parse() -> Res<Opts> {
         rails: 1,
         cuda: false,
         timeout: Duration::from_secs(60),
+        hosts: 1,
+        etcd: false,
+        etcd_url: None,
+        listen: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        domains: Vec::new(),
+        expect_path: Vec::new(),
+        external_decode: false,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -105,6 +135,28 @@ fn parse() -> Res<Opts> {
             }
             "--provider" => o.provider = Some(val()?.clone()),
             "--rails" => o.rails = num(val()?)?,
+            "--domains" => o.domains = val()?.split(',').map(str::to_owned).collect(),
+            "--hosts" => o.hosts = num(val()?)?,
+            "--metadata" => {
+                o.etcd = match val()?.to_ascii_lowercase().as_str() {
+                    "side-channel" | "sidechannel" => false,
+                    "etcd" => true,
+                    v => return Err(format!("--metadata: {v} is not side-channel|etcd").into()),
+                }
+            }
+            "--etcd" => {
+                o.etcd = true;
+                o.etcd_url = Some(val()?.clone());
+            }
+            "--listen" => o.listen = val()?.parse().map_err(|_| "--listen: not an IP address")?,
+            "--expect-path" => o.expect_path.push(val()?.clone()),
+            "--decode" => {
+                o.external_decode = match val()?.as_str() {
+                    "external" => true,
+                    "child" => false,
+                    v => return Err(format!("--decode: {v} is not external|child").into()),
+                }
+            }
             "--device" => {
                 o.cuda = match val()?.to_ascii_lowercase().as_str() {
                     "cpu" | "dram" => false,
@@ -113,7 +165,7 @@ fn parse() -> Res<Opts> {
                 }
             }
             "-h" | "--help" => {
-                println!("disagg_kv [--op read|write] [--requests N] [--layers L] [--blocks B] [--block-bytes S] [--blocks-per-request K] [--backend ucx|libfabric|cuda_ipc] [--tls UCX_TLS] [--provider P] [--rails R] [--device cpu|cuda] [--timeout-secs T]");
+                println!("disagg_kv [--op read|write] [--requests N] [--layers L] [--blocks B] [--block-bytes S] [--blocks-per-request K] [--backend ucx|libfabric|cuda_ipc] [--tls UCX_TLS] [--provider P] [--rails R] [--domains D0,D1] [--device cpu|cuda] [--timeout-secs T] [--metadata side-channel|etcd] [--listen IP] [--expect-path TEXT] [--hosts 1|2]");
                 std::process::exit(0);
             }
             f => return Err(format!("unknown flag {f}").into()),
@@ -131,6 +183,12 @@ fn parse() -> Res<Opts> {
     }
     if o.rails == 0 {
         return Err("--rails must be positive".into());
+    }
+    if !matches!(o.hosts, 1 | 2) {
+        return Err("--hosts must be 1 or 2".into());
+    }
+    if o.etcd && !cfg!(feature = "etcd") {
+        return Err("--metadata etcd needs `--features etcd`".into());
     }
     Ok(o)
 }
@@ -222,6 +280,8 @@ struct Node {
     agent: Agent,
     pool: Pool,
     _reg: nixl::Registration,
+    /// The etcd exchange (and server) when metadata goes through etcd.
+    meta: hosts::Meta,
 }
 
 fn node(name: &str, o: &Opts) -> Res<Node> {
@@ -229,6 +289,7 @@ fn node(name: &str, o: &Opts) -> Res<Node> {
         name,
         AgentConfig {
             listen: true,
+            listen_addr: SocketAddr::new(o.listen, 0),
             default_timeout: o.timeout,
             ..AgentConfig::default()
         },
@@ -237,13 +298,17 @@ fn node(name: &str, o: &Opts) -> Res<Node> {
         #[cfg(feature = "libfabric")]
         "libfabric" => {
             use nixl::libfabric::LibfabricParams;
-            agent.create_backend(match o.provider.as_deref() {
+            let mut p = match o.provider.as_deref() {
                 None | Some("tcp") => LibfabricParams::tcp_loopback(o.rails),
                 Some(p) => LibfabricParams {
                     rails: o.rails,
                     ..LibfabricParams::with_provider(p)
                 },
-            })?;
+            };
+            if !o.domains.is_empty() {
+                p.domains = o.domains.clone();
+            }
+            agent.create_backend(p)?;
         }
         #[cfg(not(feature = "libfabric"))]
         "libfabric" => return Err("--backend libfabric needs `--features libfabric`".into()),
@@ -271,6 +336,7 @@ fn node(name: &str, o: &Opts) -> Res<Node> {
         agent,
         pool,
         _reg: reg,
+        meta: hosts::Meta::default(),
     })
 }
 
@@ -350,9 +416,15 @@ fn verify_request(o: &Opts, n: &Node, req: usize, dst: &[usize]) -> Res<()> {
     Ok(())
 }
 
-fn prefill(o: &Opts) -> Res<()> {
-    let n = node("prefill", o)?;
+fn prefill(o: &Opts, ctl: Option<&hosts::Control>) -> Res<()> {
+    let mut n = node("prefill", o)?;
     let addr = n.agent.listen_addr().ok_or("side channel not listening")?;
+    let etcd = n.meta.serve(o, &n.agent)?;
+    if o.external_decode {
+        // Started by `--hosts 2` in its own host: announce where decode finds us.
+        hosts::announce(ctl, addr, etcd.as_deref());
+        return prefill_run(o, &n);
+    }
     let exe = std::env::current_exe()?;
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     args.extend([
@@ -361,6 +433,9 @@ fn prefill(o: &Opts) -> Res<()> {
         "--peer".into(),
         addr.to_string(),
     ]);
+    if let Some(url) = etcd {
+        args.extend(["--etcd".into(), url]);
+    }
     let mut child = Command::new(exe).args(&args).stdin(Stdio::null()).spawn()?;
     let r = prefill_run(o, &n);
     let end = Instant::now() + o.timeout;
@@ -391,6 +466,8 @@ fn prefill_run(o: &Opts, n: &Node) -> Res<()> {
         .strip_prefix("ready:")
         .and_then(|s| s.parse().ok())
         .ok_or("bad ready message")?;
+    // Over etcd, decode published its metadata before it said ready.
+    n.meta.fetch(o, "decode")?;
     println!(
         "prefill: {} KV pool, connected to decode: {:?}",
         n.pool.kind(),
@@ -426,6 +503,7 @@ fn prefill_run(o: &Opts, n: &Node) -> Res<()> {
             xfer.0.push(started.elapsed());
             if req == 0 {
                 println!("prefill: request path: {}", x.path());
+                hosts::check_path(o, &x.path())?;
             }
         } else {
             a.gen_notif("decode", tag.as_bytes(), &[])?;
@@ -451,10 +529,20 @@ fn prefill_run(o: &Opts, n: &Node) -> Res<()> {
 }
 
 fn decode(o: &Opts, peer: SocketAddr) -> Res<()> {
-    let n = node("decode", o)?;
+    let mut n = node("decode", o)?;
+    if o.etcd {
+        n.meta.join(o, &n.agent)?;
+        n.meta.fetch(o, "prefill")?;
+    } else {
+        n.agent
+            .fetch_remote_metadata_blocking("prefill", peer, o.timeout)?;
+        n.agent.send_local_metadata(peer)?;
+    }
     let a = &n.agent;
-    a.fetch_remote_metadata_blocking("prefill", peer, o.timeout)?;
-    a.send_local_metadata(peer)?;
+    if o.op == XferOp::Write {
+        // The requests' path is prefill's to check; decode checks the connection it has.
+        hosts::check_path(o, &format!("{:?}", a.path_report("prefill")))?;
+    }
     a.gen_notif(
         "prefill",
         format!("ready:{}", n.pool.addr()).as_bytes(),
@@ -501,6 +589,7 @@ fn decode(o: &Opts, peer: SocketAddr) -> Res<()> {
             xfer.0.push(started.elapsed());
             if req == 0 {
                 println!("decode: request path: {}", x.path());
+                hosts::check_path(o, &x.path())?;
             }
         }
         let verdict = verify_request(o, &n, req, &dst);
@@ -531,8 +620,11 @@ fn decode(o: &Opts, peer: SocketAddr) -> Res<()> {
 
 fn main() -> Res<()> {
     let o = parse()?;
+    // Present when `--hosts 2` started this process in a host: it exits with its parent.
+    let ctl = hosts::control();
     match (o.role.as_str(), o.peer) {
-        ("prefill", _) => prefill(&o),
+        ("prefill", _) if o.hosts == 2 => hosts::run(&o),
+        ("prefill", _) => prefill(&o, ctl.as_ref()),
         ("decode", Some(peer)) => decode(&o, peer),
         ("decode", None) => Err("--role decode needs --peer".into()),
         (r, _) => Err(format!("unknown role {r}").into()),

@@ -18,6 +18,14 @@ use nixl::{
 };
 use support::{buf, params, signal, unique, Target, DEADLINE, SHM, TCP};
 
+/// Keeps a SIGSTOPped target alive in UCX's eyes: with the 500 ms keep-alive of
+/// `support::params`, UCX's tcp user timeout (2 s) would declare a stopped peer dead and fail
+/// its endpoint, and these tests need the endpoint alive with puts in flight when it closes.
+fn stopped_peer_stays_alive(ucx: &mut nixl::ucx::UcxParams) {
+    ucx.config
+        .push(("TCP_USER_TIMEOUT".to_owned(), "120s".to_owned()));
+}
+
 /// The child-role test the parent spawns (a no-op unless spawned as a target).
 const CHILD: &str = "child_role";
 
@@ -334,6 +342,7 @@ fn silent_target_wakes_up_and_is_reloaded() {
     let (big, small) = (64u64 << 20, 64u64 << 10);
     let mut ucx = params(TCP);
     ucx.cancel_timeout = Duration::from_millis(500);
+    stopped_peer_stays_alive(&mut ucx);
     let p = support::parent("wake-src", ucx);
     let src = buf(big as usize);
     let _reg = p.register_mem(vec![src.clone()], &[]).expect("register");
@@ -365,9 +374,10 @@ fn silent_target_wakes_up_and_is_reloaded() {
         "{err:?}"
     );
     // Its cancel over tcp could not be confirmed: the memory is kept, the request retired.
+    let repost = p.post_xfer_req(&req);
     assert!(
-        matches!(p.post_xfer_req(&req), Err(Error::NotAllowed { .. })),
-        "a request whose cancel was refused cannot be posted again"
+        matches!(repost, Err(Error::NotAllowed { .. })),
+        "a request whose cancel was refused cannot be posted again: {repost:?}"
     );
     // Wake it up and forget it at once, with the old write still in flight.
     assert!(
@@ -408,6 +418,9 @@ fn invalidate_under_load(tls: &str, stop_target: bool) {
     let (n, blk) = (16usize, 32usize << 20);
     let mut ucx = params(tls);
     ucx.cancel_timeout = Duration::from_millis(300);
+    if stop_target {
+        stopped_peer_stays_alive(&mut ucx);
+    }
     let p = support::parent("inval-src", ucx);
     let src = buf(n * blk);
     let _reg = p.register_mem(vec![src.clone()], &[]).expect("register");
@@ -710,6 +723,7 @@ fn cancel_under_load_force_close_tcp() {
     let (n, blk) = (16usize, 64usize << 20);
     let mut ucx = params(TCP);
     ucx.cancel_timeout = Duration::from_millis(20);
+    stopped_peer_stays_alive(&mut ucx);
     let p = support::parent("cancel-tcp-src", ucx);
     let src = buf(n * blk);
     let _reg = p.register_mem(vec![src.clone()], &[]).expect("register");

@@ -32,6 +32,18 @@
 //! sudo cargo run --example disagg_kv --features libfabric,etcd -- --hosts 2 --backend libfabric --metadata etcd
 //! ```
 //! (`--role decode --peer ADDR` and `--decode external` are how the example starts its parts.)
+//!
+//! With a stock NIXL agent as the other side (`--nixl-peer`): the example plays `--role
+//! prefill` (default) or `--role decode` and starts `examples/nixl_kv.py` (NIXL's Python API,
+//! nixl-cu13 wheel from `scripts/deps/nixl.sh`) as the other role. Metadata goes over NIXL's
+//! side channel (this side serves `NIXLCOMM`), notifications and data over UCX in NIXL's
+//! wire; this side loads the wheel's own libucp (`NIXL_WHEEL_UCX`, or `--ucx-path`) so both
+//! sides run one UCX. Host memory only.
+//!
+//! ```text
+//! cargo run --release --example disagg_kv -- --nixl-peer --op write
+//! cargo run --release --example disagg_kv -- --nixl-peer --role decode --op read
+//! ```
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -74,6 +86,9 @@ struct Opts {
     domains: Vec<String>,
     expect_path: Vec<String>,
     external_decode: bool,
+    nixl_peer: bool,
+    ucx_path: Option<std::path::PathBuf>,
+    nixl_script: std::path::PathBuf,
 }
 
 fn parse() -> Res<Opts> {
@@ -99,6 +114,9 @@ fn parse() -> Res<Opts> {
         domains: Vec::new(),
         expect_path: Vec::new(),
         external_decode: false,
+        nixl_peer: false,
+        ucx_path: None,
+        nixl_script: concat!(env!("CARGO_MANIFEST_DIR"), "/examples/nixl_kv.py").into(),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -134,6 +152,9 @@ fn parse() -> Res<Opts> {
                 }
             }
             "--provider" => o.provider = Some(val()?.clone()),
+            "--nixl-peer" => o.nixl_peer = true,
+            "--ucx-path" => o.ucx_path = Some(val()?.into()),
+            "--nixl-script" => o.nixl_script = val()?.into(),
             "--rails" => o.rails = num(val()?)?,
             "--domains" => o.domains = val()?.split(',').map(str::to_owned).collect(),
             "--hosts" => o.hosts = num(val()?)?,
@@ -165,7 +186,7 @@ fn parse() -> Res<Opts> {
                 }
             }
             "-h" | "--help" => {
-                println!("disagg_kv [--op read|write] [--requests N] [--layers L] [--blocks B] [--block-bytes S] [--blocks-per-request K] [--backend ucx|libfabric|cuda_ipc] [--tls UCX_TLS] [--provider P] [--rails R] [--domains D0,D1] [--device cpu|cuda] [--timeout-secs T] [--metadata side-channel|etcd] [--listen IP] [--expect-path TEXT] [--hosts 1|2]");
+                println!("disagg_kv [--op read|write] [--requests N] [--layers L] [--blocks B] [--block-bytes S] [--blocks-per-request K] [--backend ucx|libfabric|cuda_ipc] [--tls UCX_TLS] [--provider P] [--rails R] [--domains D0,D1] [--device cpu|cuda] [--timeout-secs T] [--metadata side-channel|etcd] [--listen IP] [--expect-path TEXT] [--hosts 1|2] [--nixl-peer [--role prefill|decode] [--ucx-path LIBUCP] [--nixl-script PY]]");
                 std::process::exit(0);
             }
             f => return Err(format!("unknown flag {f}").into()),
@@ -189,6 +210,15 @@ fn parse() -> Res<Opts> {
     }
     if o.etcd && !cfg!(feature = "etcd") {
         return Err("--metadata etcd needs `--features etcd`".into());
+    }
+    if o.nixl_peer && (o.backend != "ucx" || o.cuda) {
+        return Err("--nixl-peer runs over UCX with host memory".into());
+    }
+    if o.nixl_peer && o.ucx_path.is_none() {
+        o.ucx_path = std::env::var_os("NIXL_WHEEL_UCX").map(Into::into);
+        if o.ucx_path.is_none() {
+            return Err("--nixl-peer needs the NIXL wheel's libucp: run scripts/deps/nixl.sh and set NIXL_WHEEL_UCX, or pass --ucx-path".into());
+        }
     }
     Ok(o)
 }
@@ -288,7 +318,8 @@ fn node(name: &str, o: &Opts) -> Res<Node> {
     let agent = Agent::new(
         name,
         AgentConfig {
-            listen: true,
+            // A NIXL peer speaks NIXL's side channel (served by `nixl_peer` below).
+            listen: !o.nixl_peer,
             listen_addr: SocketAddr::new(o.listen, 0),
             default_timeout: o.timeout,
             ..AgentConfig::default()
@@ -318,6 +349,8 @@ fn node(name: &str, o: &Opts) -> Res<Node> {
         _ => {
             agent.create_backend(UcxParams {
                 transports: o.tls.clone(),
+                library_path: o.ucx_path.clone(),
+                nixl_compat: o.nixl_peer,
                 ..UcxParams::default()
             })?;
         }
@@ -538,6 +571,10 @@ fn decode(o: &Opts, peer: SocketAddr) -> Res<()> {
             .fetch_remote_metadata_blocking("prefill", peer, o.timeout)?;
         n.agent.send_local_metadata(peer)?;
     }
+    decode_run(o, &n)
+}
+
+fn decode_run(o: &Opts, n: &Node) -> Res<()> {
     let a = &n.agent;
     if o.op == XferOp::Write {
         // The requests' path is prefill's to check; decode checks the connection it has.
@@ -592,7 +629,7 @@ fn decode(o: &Opts, peer: SocketAddr) -> Res<()> {
                 hosts::check_path(o, &x.path())?;
             }
         }
-        let verdict = verify_request(o, &n, req, &dst);
+        let verdict = verify_request(o, n, req, &dst);
         let reply = match &verdict {
             Ok(()) => format!("ok:{req}"),
             Err(e) => format!("bad:{req}: {e}"),
@@ -618,8 +655,96 @@ fn decode(o: &Opts, peer: SocketAddr) -> Res<()> {
     Ok(())
 }
 
+/// This side against a stock NIXL agent (`examples/nixl_kv.py`) playing the other role.
+fn nixl_peer(o: &Opts) -> Res<()> {
+    let (me, other) = match o.role.as_str() {
+        "prefill" => ("prefill", "decode"),
+        "decode" => ("decode", "prefill"),
+        r => return Err(format!("unknown role {r}").into()),
+    };
+    let n = node(me, o)?;
+    let listener = nixl::nixl_wire::NixlListener::start(&n.agent, ([127, 0, 0, 1], 0).into())?;
+    let py_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let op = if o.op == XferOp::Write {
+        "write"
+    } else {
+        "read"
+    };
+    let mut cmd = Command::new("python3");
+    cmd.arg(&o.nixl_script);
+    for (k, v) in [
+        ("--role", other.to_owned()),
+        ("--peer-port", listener.local_addr().port().to_string()),
+        ("--listen-port", py_port.to_string()),
+        ("--op", op.to_owned()),
+        ("--requests", o.requests.to_string()),
+        ("--layers", o.layers.to_string()),
+        ("--blocks", o.blocks.to_string()),
+        ("--block-bytes", o.block_bytes.to_string()),
+        ("--blocks-per-request", o.per_request.to_string()),
+        ("--timeout", o.timeout.as_secs().to_string()),
+    ] {
+        cmd.args([k, &v]);
+    }
+    if let Some(p) = std::env::var_os("NIXL_PYTHONPATH") {
+        cmd.env("PYTHONPATH", p);
+    }
+    if let Some(t) = &o.tls {
+        cmd.env("UCX_TLS", t);
+    }
+    let mut child = cmd.stdin(Stdio::null()).spawn()?;
+    // The NIXL agent sends its metadata to our listener and fetches ours from it.
+    let end = Instant::now() + o.timeout;
+    let mut r: Res<()> = Ok(());
+    while !n.agent.check_remote_metadata(other, None) {
+        if Instant::now() >= end || child.try_wait()?.is_some() {
+            r = Err(format!("no metadata from the NIXL {other} within {:?}", o.timeout).into());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    println!(
+        "{me} (nixl-rs): NIXL peer {other} loaded over NIXLCOMM, wire {:?}",
+        n.agent.peer_wire(other)
+    );
+    if r.is_ok() {
+        r = if me == "prefill" {
+            prefill_run(o, &n)
+        } else {
+            decode_run(o, &n)
+        };
+    }
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break Some(st);
+        }
+        if Instant::now() >= end + o.timeout || r.is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    r?;
+    match status {
+        Some(st) if st.success() => Ok(()),
+        Some(st) => Err(format!("the NIXL {other} exited with {st}").into()),
+        None => Err(format!("the NIXL {other} did not exit in time").into()),
+    }
+}
+
 fn main() -> Res<()> {
     let o = parse()?;
+    if o.nixl_peer {
+        if std::env::var_os("UCX_MODULES").is_none() {
+            // The NIXL wheel's UCX loads its bundled libnl through the ib and rdmacm modules,
+            // and libnl crashes in its exit handlers. Set before any thread or UCX exists.
+            std::env::set_var("UCX_MODULES", "^ib,rdmacm");
+        }
+        return nixl_peer(&o);
+    }
     // Present when `--hosts 2` started this process in a host: it exits with its parent.
     let ctl = hosts::control();
     match (o.role.as_str(), o.peer) {

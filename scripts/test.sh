@@ -31,12 +31,17 @@ skip_summary() {
 }
 trap skip_summary EXIT
 
+echo "== NIXL interop tests run against: nixl-cu13 $(PYTHONPATH="${NIXL_PYTHONPATH:-}" python3 -c 'from importlib.metadata import version; print(version("nixl-cu13"))' 2>/dev/null || echo 'MISSING (scripts/deps/nixl.sh)'), UCX $(basename "${NIXL_WHEEL_UCX:-none}")"
 cargo test --workspace --all-features --no-fail-fast "$@"
 echo "== quick start (docs/concepts.md, two processes over UCX)"
 cargo run --quiet --all-features --example quickstart
 for op in write read; do
     echo "== main job: disagg_kv --op $op"
     cargo run --quiet --all-features --example disagg_kv -- --op "$op" --requests 8 --layers 4 --blocks 64 --block-bytes 65536
+done
+for role in prefill decode; do
+    echo "== main job with a stock NIXL agent: disagg_kv --nixl-peer --role $role"
+    cargo run --quiet --all-features --example disagg_kv -- --nixl-peer --role "$role" --op write --requests 4 --layers 4 --blocks 64 --block-bytes 65536
 done
 echo "== main job over libfabric (shm)"
 cargo run --quiet --all-features --example disagg_kv -- --op write --requests 4 --layers 4 --blocks 64 --block-bytes 65536 --backend libfabric --provider shm

@@ -216,6 +216,8 @@ impl Drop for PeerEp {
 pub(crate) struct Peer {
     pub name: String,
     pub eps: Vec<PeerEp>,
+    /// Whether the peer is a stock NIXL agent (notifications in NIXL's format).
+    pub nixl: bool,
 }
 
 impl std::fmt::Debug for Peer {
@@ -294,6 +296,7 @@ impl Peer {
         Ok(Peer {
             name: name.to_owned(),
             eps,
+            nixl: false,
         })
     }
 

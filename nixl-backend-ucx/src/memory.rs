@@ -72,6 +72,8 @@ pub(crate) struct MemReg {
     pub mem_type: sys::ucs_memory_type_t,
     /// The framed packed rkey (the region's public metadata).
     pub public: Vec<u8>,
+    /// The raw packed rkey (what NIXL publishes).
+    pub packed: Vec<u8>,
 }
 
 // SAFETY: memory handles are context-level objects; the context is created with
@@ -135,6 +137,7 @@ impl MemReg {
         // SAFETY: UCX returned `size` readable bytes at buf.
         let packed = unsafe { std::slice::from_raw_parts(buf as *const u8, size) };
         let public = wire::encode_rkey(mt as u8, packed);
+        let packed = packed.to_vec();
         // SAFETY: buf came from ucp_rkey_pack and is released once.
         unsafe { ucx.lib.ucp_rkey_buffer_release(buf) };
         Ok(MemReg {
@@ -142,6 +145,7 @@ impl MemReg {
             memh,
             mem_type: mt,
             public,
+            packed,
         })
     }
 
@@ -154,6 +158,8 @@ impl MemReg {
         let ctx = unsafe { std::ptr::read(&this.ctx) };
         // SAFETY: as above.
         drop(unsafe { std::ptr::read(&this.public) });
+        // SAFETY: as above.
+        drop(unsafe { std::ptr::read(&this.packed) });
         check(&ctx.ucx, agent, Op::DeregisterMem, "ucp_mem_unmap", st)
     }
 }
@@ -203,6 +209,17 @@ impl RemoteMd {
                 format!("region of kind {} carries UCX memory type {t}", region.kind),
             ));
         }
+        Self::unpack_raw(agent, peer, mt, packed)
+    }
+
+    /// Unpacks a raw packed rkey on every endpoint of `peer`. The caller vouches for the bytes
+    /// (checked framing, or `crate::nixl::check_rkey` and padding).
+    pub fn unpack_raw(
+        agent: &str,
+        peer: &Arc<Peer>,
+        mt: sys::ucs_memory_type_t,
+        packed: &[u8],
+    ) -> Result<Self> {
         let mut md = RemoteMd {
             peer: peer.clone(),
             rkeys: Vec::with_capacity(peer.eps.len()),
@@ -220,7 +237,8 @@ impl RemoteMd {
             };
             let mut rkey: sys::ucp_rkey_h = std::ptr::null_mut();
             // SAFETY: the endpoint is live under the locked worker; the packed bytes were
-            // framed and checksummed by their owner and outlive the call.
+            // framed and checksummed by their owner, or checked structurally and padded with
+            // terminators (NIXL peers), and outlive the call.
             let st = unsafe {
                 pe.worker.ctx.ucx.lib.ucp_ep_rkey_unpack(
                     ep,

@@ -46,6 +46,11 @@ pub struct UcxParams {
     pub keepalive_interval: Option<Duration>,
     /// Further UCX options, names without the `UCX_` prefix (`("RNDV_THRESH", "8k")`).
     pub config: Vec<(String, String)>,
+    /// Mirror a NIXL agent's UCX context, for peers that are stock NIXL agents
+    /// (`nixl_core::nixl_wire`): context features `RMA|AMO32|AMO64|AM|WAKEUP` and UCX's
+    /// default address version (v1) instead of v2, so both sides select lanes from the same
+    /// inputs. NIXL peers are reachable without it, on less tested paths.
+    pub nixl_compat: bool,
 }
 
 impl Default for UcxParams {
@@ -59,6 +64,7 @@ impl Default for UcxParams {
             cancel_timeout: Duration::from_secs(5),
             keepalive_interval: None,
             config: Vec::new(),
+            nixl_compat: false,
         }
     }
 }
@@ -116,11 +122,11 @@ impl UcxParams {
         // The settings NIXL applies: without an infinite rendezvous threshold UCX (1.22) picks
         // software-emulated puts over tcp instead of CMA zero-copy between local processes
         // when peer error handling is on.
-        let mut defaults = vec![
-            ("RNDV_THRESH", "inf"),
-            ("ADDRESS_VERSION", "v2"),
-            ("MAX_RMA_RAILS", "2"),
-        ];
+        let mut defaults = vec![("RNDV_THRESH", "inf"), ("MAX_RMA_RAILS", "2")];
+        if !self.nixl_compat {
+            // NIXL asks for v2 only with EFA devices; UCX's default is v1.
+            defaults.push(("ADDRESS_VERSION", "v2"));
+        }
         if (version.0, version.1) >= (1, 19) {
             defaults.push(("MAX_COMPONENT_MDS", "32"));
         }
@@ -171,6 +177,7 @@ impl UcxParams {
         m.insert("devices".into(), opt(&self.devices));
         m.insert("num_workers".into(), self.num_workers.to_string());
         m.insert("progress_thread".into(), self.progress_thread.to_string());
+        m.insert("nixl_compat".into(), self.nixl_compat.to_string());
         m.insert(
             "cancel_timeout_ms".into(),
             self.cancel_timeout.as_millis().to_string(),
@@ -188,7 +195,8 @@ impl UcxParams {
     }
 
     /// Parses the string-map form: `ucx_path`, `transports`, `devices`, `num_workers`,
-    /// `progress_thread`, `cancel_timeout_ms`, `keepalive_interval_ms`, and `ucx.<OPTION>`.
+    /// `progress_thread`, `cancel_timeout_ms`, `keepalive_interval_ms`, `nixl_compat`, and
+    /// `ucx.<OPTION>`.
     /// Empty values mean "default". Unknown keys are refused.
     pub fn from_map(map: &BTreeMap<String, String>) -> Result<Self> {
         let mut m = ParamMap::new(UCX, map);
@@ -206,6 +214,9 @@ impl UcxParams {
         }
         if let Some(b) = m.bool("progress_thread")? {
             p.progress_thread = b;
+        }
+        if let Some(b) = m.bool("nixl_compat")? {
+            p.nixl_compat = b;
         }
         if let Some(d) = m.millis("cancel_timeout_ms")? {
             p.cancel_timeout = d;
@@ -231,6 +242,7 @@ mod tests {
             cancel_timeout: Duration::from_millis(1500),
             keepalive_interval: Some(Duration::from_millis(200)),
             config: vec![("RNDV_THRESH".into(), "8k".into())],
+            nixl_compat: true,
         };
         assert_eq!(UcxParams::from_map(&p.to_map()).unwrap(), p);
         assert_eq!(
@@ -272,6 +284,7 @@ mod tests {
             ("num_workers", "65"),
             ("num_workers", "x"),
             ("progress_thread", "maybe"),
+            ("nixl_compat", "perhaps"),
             ("cancel_timeout_ms", "0"),
             ("keepalive_interval_ms", "-1"),
             ("bogus", "1"),

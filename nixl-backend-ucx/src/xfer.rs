@@ -15,14 +15,24 @@ use crate::endpoint::{EpShared, Peer};
 use crate::error::status_error;
 use crate::loader::Ucx;
 use crate::sys;
-use crate::worker::AM_NOTIF;
 
 const PENDING: u8 = 0;
 const DONE: u8 = 1;
 const FAILED: u8 = 2;
 
-/// A notification: (header naming the sender, message).
-pub(crate) type Notif = (Arc<[u8]>, Arc<[u8]>);
+/// A notification: (active-message id, header naming the sender, message).
+pub(crate) type Notif = (u32, Arc<[u8]>, Arc<[u8]>);
+
+/// A notification from `agent` to `peer` in the format the peer reads: nixl-rs' (its own AM id,
+/// `header` naming the sender) or NIXL's (AM 0, no header, a `nixlSerDes` payload).
+pub(crate) fn make_notif(agent: &str, header: &Arc<[u8]>, peer: &Peer, msg: &[u8]) -> Notif {
+    if peer.nixl {
+        let payload = nixl_core::nixl_wire::notif::encode_notif(agent, msg);
+        (crate::nixl::AM_NIXL, Arc::from(&[][..]), payload.into())
+    } else {
+        (crate::worker::AM_NOTIF, header.clone(), msg.into())
+    }
+}
 
 /// One post's completion state, shared with UCX callbacks.
 pub(crate) struct PostState {
@@ -33,7 +43,7 @@ pub(crate) struct PostState {
     /// The endpoint's shared state: its in-flight count (this post is one until it
     /// finishes) and whether it was closed or fenced.
     shared: Arc<EpShared>,
-    /// (header, message) of the notification to send after the flush.
+    /// (AM id, header, message) of the notification to send after the flush.
     notif: Option<Notif>,
     /// A put/get of the batch failed to start: once the flush shows the earlier ones are
     /// complete, the post ends with this status (and sends no notification).
@@ -71,7 +81,7 @@ impl PostState {
             self.finish(st);
             return;
         }
-        let Some((header, msg)) = &self.notif else {
+        let Some((am_id, header, msg)) = &self.notif else {
             self.finish(sys::UCS_OK);
             return;
         };
@@ -96,7 +106,7 @@ impl PostState {
         let r = unsafe {
             self.ucx.lib.ucp_am_send_nbx(
                 self.ep,
-                AM_NOTIF,
+                *am_id,
                 header.as_ptr() as *const c_void,
                 header.len(),
                 msg.as_ptr() as *const c_void,
@@ -394,7 +404,7 @@ impl BackendXfer for UcxXfer {
     }
 
     fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {
-        self.notif = msg.map(|m| (self.header.clone(), Arc::<[u8]>::from(m)));
+        self.notif = msg.map(|m| make_notif(&self.agent, &self.header, &self.peer, m));
         Ok(())
     }
 }

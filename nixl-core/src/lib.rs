@@ -73,6 +73,7 @@ mod index;
 mod inproc;
 pub mod integrity;
 mod mem;
+pub mod nixl_wire;
 mod notif;
 mod params;
 mod registration;

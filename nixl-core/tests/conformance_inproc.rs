@@ -32,7 +32,7 @@ fn inproc_progress_thread() -> Option<Suite> {
 
 fn deferred() -> InprocParams {
     InprocParams {
-        completion: Completion::Deferred(Duration::from_millis(20)),
+        completion: Completion::Deferred(Duration::from_millis(50)),
     }
 }
 
@@ -62,7 +62,7 @@ fn fault_inproc_delayed() -> Option<Suite> {
     let plan = FaultPlan {
         seed: 11,
         delay_prob: 1.0,
-        delay: (Duration::from_millis(5), Duration::from_millis(30)),
+        delay: (Duration::from_millis(50), Duration::from_millis(100)),
         ..FaultPlan::default()
     };
     Some(Suite::new(

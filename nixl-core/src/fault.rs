@@ -226,10 +226,10 @@ impl Backend for FaultInjector {
     fn unload(&self, md: BackendMd) -> Result<()> {
         self.0.inner.unload(md)
     }
-    fn prepare_xfer(&self, mut spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
+    fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
         // The wrapper sends the notification itself, after the data, so it can drop or
-        // duplicate it.
-        let notif = spec.notif.take();
+        // duplicate it (the wrapped backend gets the spec without it).
+        let notif = spec.notif.clone();
         let local: Vec<(u64, u64)> = spec
             .segments
             .iter()
@@ -238,7 +238,13 @@ impl Backend for FaultInjector {
         let remote = spec.remote.clone();
         let op = spec.op;
         let corruptible = spec.local_kind == MemKind::Dram;
-        let inner = self.0.inner.prepare_xfer(spec)?;
+        let inner = if notif.is_some() {
+            let mut quiet = spec.clone();
+            quiet.notif = None;
+            self.0.inner.prepare_xfer(&quiet)?
+        } else {
+            self.0.inner.prepare_xfer(spec)?
+        };
         Ok(Box::new(FaultXfer {
             core: self.0.clone(),
             inner,

@@ -260,7 +260,7 @@ impl Backend for InprocBackend {
         }))
     }
 
-    fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
+    fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
         if spec.local_kind != MemKind::Dram || spec.remote_kind != MemKind::Dram {
             return Err(Error::not_supported(
                 &self.agent,
@@ -271,10 +271,10 @@ impl Backend for InprocBackend {
         let mut segs = Vec::with_capacity(spec.segments.len());
         let mut target: Option<Weak<Endpoint>> = None;
         for s in &spec.segments {
-            let t = downcast_md::<TargetMd>(&s.remote_md).ok_or_else(|| {
+            let t = spec.md(s.remote_md).and_then(downcast_md::<TargetMd>).ok_or_else(|| {
                 Error::invalid(&self.agent, Op::MakeXfer, "remote metadata is not INPROC's")
             })?;
-            downcast_md::<LocalMd>(&s.local_md).ok_or_else(|| {
+            spec.md(s.local_md).and_then(downcast_md::<LocalMd>).ok_or_else(|| {
                 Error::invalid(&self.agent, Op::MakeXfer, "local metadata is not INPROC's")
             })?;
             target.get_or_insert_with(|| t.ep.clone());
@@ -284,11 +284,11 @@ impl Backend for InprocBackend {
             target.ok_or_else(|| Error::invalid(&self.agent, Op::MakeXfer, "no segments"))?;
         Ok(Box::new(InprocXfer {
             agent: self.agent.clone(),
-            remote: spec.remote,
+            remote: spec.remote.clone(),
             op: spec.op,
             segs,
             target,
-            notif: spec.notif,
+            notif: spec.notif.clone(),
         }))
     }
 

@@ -95,21 +95,20 @@ impl GdsXfer {
         agent: &str,
         drv: Arc<Driver>,
         p: &GdsParams,
-        spec: XferSpec,
+        spec: &XferSpec,
         mode: String,
     ) -> Result<Box<dyn BackendXfer>> {
-        check_spec(agent, &spec)?;
+        check_spec(agent, spec)?;
         let mut ios = Vec::with_capacity(spec.segments.len());
-        let mut keep: Vec<BackendMd> = Vec::new();
         for (i, s) in spec.segments.iter().enumerate() {
-            let b = downcast_md::<BufMd>(&s.local_md).ok_or_else(|| {
+            let b = spec.md(s.local_md).and_then(downcast_md::<BufMd>).ok_or_else(|| {
                 Error::invalid(
                     agent,
                     Op::MakeXfer,
                     format!("segment {i}: local metadata is not GDS's"),
                 )
             })?;
-            let f = downcast_md::<FileMd>(&s.remote_md).ok_or_else(|| {
+            let f = spec.md(s.remote_md).and_then(downcast_md::<FileMd>).ok_or_else(|| {
                 Error::invalid(
                     agent,
                     Op::MakeXfer,
@@ -130,12 +129,8 @@ impl GdsXfer {
                 file_off: s.remote_addr,
                 len: s.len,
             });
-            for m in [&s.local_md, &s.remote_md] {
-                if !keep.iter().any(|k| Arc::ptr_eq(k, m)) {
-                    keep.push(m.clone());
-                }
-            }
         }
+        let keep = spec.mds.clone();
         let batch = if ios.len() >= p.batch_threshold.max(1) {
             let cap = ios.len().min(p.max_batch.max(1));
             let mut handle = std::ptr::null_mut();

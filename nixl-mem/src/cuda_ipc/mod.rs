@@ -561,7 +561,7 @@ impl Backend for CudaIpcBackend {
         Ok(Arc::new(Target::Identity))
     }
 
-    fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
+    fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
         for k in [spec.local_kind, spec.remote_kind] {
             if !matches!(k, MemKind::Dram | MemKind::Vram) {
                 return Err(Error::not_supported(
@@ -583,14 +583,14 @@ impl Backend for CudaIpcBackend {
                 Err("DRAM")
             };
         for s in &spec.segments {
-            downcast_md::<LocalMd>(&s.local_md).ok_or_else(|| {
+            spec.md(s.local_md).and_then(downcast_md::<LocalMd>).ok_or_else(|| {
                 Error::invalid(
                     &self.agent,
                     Op::MakeXfer,
                     "local metadata is not CUDA_IPC's",
                 )
             })?;
-            let t = downcast_md::<Target>(&s.remote_md).ok_or_else(|| {
+            let t = spec.md(s.remote_md).and_then(downcast_md::<Target>).ok_or_else(|| {
                 Error::invalid(
                     &self.agent,
                     Op::MakeXfer,
@@ -639,6 +639,7 @@ impl Backend for CudaIpcBackend {
         };
         let notif = spec
             .notif
+            .clone()
             .map(|msg| Notif::new(&self.agent, &spec.remote, msg, route.clone(), Op::MakeXfer))
             .transpose()?;
         let stream =

@@ -12,31 +12,36 @@
 //!
 //! Flat mode (`--mode flat`): `n` descriptors of `--block` bytes over `--regions` registered
 //! regions per side; the target's blocks are a fixed shuffle of the initiator's (nothing
-//! merges, as with a block table's free list). Per step, the median over `--iters` runs, in
-//! ns per descriptor: `prep` (both `prep_xfer_dlist` calls), `make` (`make_prepped_xfer`),
-//! `post` (`post_xfer_req`), `done` (post until `Done`: includes the data movement), `repost`
-//! (post + done of a built request), `fresh` (make + post + done + drop every time), `drop`.
-//! The last line is the linearity figure: ns per descriptor at the largest `n` over the
-//! smallest (1.0 is linear; the goal is <= 1.5).
+//! merges, as with a block table's free list). Every point is set up first, then measured in
+//! `--rounds` interleaved rounds (so a busy moment of a shared machine hits every size alike);
+//! per step the best time over all runs, in ns per descriptor: `prep` (both `prep_xfer_dlist`
+//! calls), `make` (`make_prepped_xfer`), `post` (`post_xfer_req`), `done` (post until `Done`:
+//! includes the data movement), `repost` (post + done of a built request), `fresh` (make +
+//! post + done + drop every time), `drop`. The last line is the linearity figure: ns per
+//! descriptor at the largest `n` over the smallest (1.0 is linear; the goal is <= 1.5).
 //!
-//! KV mode (`--mode kv`): model-shaped block tables (one strided region per layer and K/V,
-//! vLLM's layout), a request named by block ids (`prep_strided_dlist` + `make_block_xfer`):
-//! `build` (make), `post`, `build+post`, `repost` and `fresh` cycles, and the path taken
-//! (whether the backend consumed the strides or got materialized segments).
+//! KV mode (`--mode kv`, `--model llama3-8b,llama3-70b,moe16`, `--kv-blocks N` block ids per
+//! request, `--tp N`): model-shaped block tables (one region per layer holding K and V, in
+//! vLLM's split layout and FlashInfer's interleaved one), a request named by block ids
+//! (`prep_strided_dlist` + `make_block_xfer`): `prep`, `build` (make), `post`, `build+post`,
+//! `repost` (post + done) and `fresh` (build + post + done + drop) cycles alternated, their
+//! ratio, and the path taken (whether the backend consumed the strides or got materialized
+//! segments); then the same transfer as a flat descriptor list for comparison.
 
+mod flat;
 mod kv;
 mod null;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nixl::{Agent, AgentConfig, MemKind, XferDescList, XferOp, XferOptions, XferState, XferTarget};
+use nixl::{Agent, AgentConfig, MemKind, XferState};
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// The backends the bench knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Which {
+enum Which {
     Null,
     Inproc,
     Ucx,
@@ -73,7 +78,7 @@ impl Which {
         Ok(())
     }
 
-    pub fn kind(self) -> MemKind {
+    fn kind(self) -> MemKind {
         if self == Which::CudaIpc {
             MemKind::Vram
         } else {
@@ -84,17 +89,18 @@ impl Which {
 
 /// Command-line options.
 #[derive(Debug, Clone)]
-pub struct Opts {
-    pub backends: Vec<Which>,
-    pub mode: String,
-    pub descs: Vec<usize>,
-    pub block: u64,
-    pub regions: usize,
-    pub iters: usize,
-    pub models: Vec<String>,
-    pub kv_blocks: Option<u64>,
-    pub tp: Option<u64>,
-    pub json: bool,
+struct Opts {
+    backends: Vec<Which>,
+    mode: String,
+    descs: Vec<usize>,
+    block: u64,
+    regions: usize,
+    iters: usize,
+    rounds: usize,
+    models: Vec<String>,
+    kv_blocks: Option<u64>,
+    tp: Option<u64>,
+    json: bool,
 }
 
 fn parse() -> Res<Opts> {
@@ -105,6 +111,7 @@ fn parse() -> Res<Opts> {
         block: 4096,
         regions: 64,
         iters: 0,
+        rounds: 5,
         models: vec!["llama3-8b".into(), "llama3-70b".into(), "moe16".into()],
         kv_blocks: None,
         tp: None,
@@ -121,7 +128,8 @@ fn parse() -> Res<Opts> {
                 .cloned()
                 .ok_or_else(|| format!("{flag} needs a value"))
         };
-        let list = |s: String| -> Vec<String> { s.split(',').map(|x| x.trim().to_owned()).collect() };
+        let list =
+            |s: String| -> Vec<String> { s.split(',').map(|x| x.trim().to_owned()).collect() };
         match flag.as_str() {
             "--backend" => {
                 o.backends = list(val()?)
@@ -139,6 +147,7 @@ fn parse() -> Res<Opts> {
             "--block" => o.block = val()?.parse()?,
             "--regions" => o.regions = val()?.parse::<usize>()?.max(1),
             "--iters" => o.iters = val()?.parse()?,
+            "--rounds" => o.rounds = val()?.parse::<usize>()?.max(1),
             "--model" => o.models = list(val()?),
             "--kv-blocks" => o.kv_blocks = Some(val()?.parse()?),
             "--tp" => o.tp = Some(val()?.parse()?),
@@ -160,8 +169,8 @@ fn parse() -> Res<Opts> {
 }
 
 /// Memory of one side: one allocation cut into `regions` registered regions.
-pub struct Side {
-    pub base: u64,
+struct Side {
+    base: u64,
     /// Dropped before the memory its regions view.
     _reg: nixl::Registration,
     _mem: Arc<dyn nixl::core::MemoryRegion>,
@@ -181,7 +190,7 @@ fn alloc(kind: MemKind, len: u64) -> Res<(Arc<dyn nixl::core::MemoryRegion>, u64
 }
 
 /// Two agents with the backend under test; the initiator has loaded the target.
-pub fn agents(which: Which, tag: &str) -> Res<(Agent, Agent)> {
+fn agents(which: Which, tag: &str) -> Res<(Agent, Agent)> {
     let cfg = || AgentConfig {
         default_timeout: Duration::from_secs(60),
         ..AgentConfig::default()
@@ -194,13 +203,20 @@ pub fn agents(which: Which, tag: &str) -> Res<(Agent, Agent)> {
 }
 
 /// Registers `len` bytes as `regions` equal regions (each a view of one allocation).
-pub fn side(agent: &Agent, kind: MemKind, len: u64, regions: usize) -> Res<Side> {
+fn side(agent: &Agent, kind: MemKind, len: u64, regions: usize) -> Res<Side> {
     let (mem, base) = alloc(kind, len)?;
     let per = len / regions as u64;
     let dev = 0;
     let views: Vec<Arc<dyn nixl::core::MemoryRegion>> = (0..regions as u64)
         .map(|i| {
-            let (addr, l) = (base + i * per, if i + 1 == regions as u64 { len - i * per } else { per });
+            let (addr, l) = (
+                base + i * per,
+                if i + 1 == regions as u64 {
+                    len - i * per
+                } else {
+                    per
+                },
+            );
             let desc = if kind == MemKind::Vram {
                 nixl::core::RegionDesc::vram(addr, l, dev)
             } else {
@@ -221,28 +237,24 @@ pub fn side(agent: &Agent, kind: MemKind, len: u64, regions: usize) -> Res<Side>
     })
 }
 
-/// The median of `v`.
-pub fn median(v: &mut [Duration]) -> Duration {
-    if v.is_empty() {
-        return Duration::ZERO;
-    }
-    v.sort();
-    v[v.len() / 2]
+/// The shortest of `v` (on a shared machine the best run is the one others disturbed least).
+fn best(v: &[Duration]) -> Duration {
+    v.iter().copied().min().unwrap_or_default()
 }
 
-/// Runs `f` `iters` times; the median time.
-pub fn time<T>(iters: usize, mut f: impl FnMut() -> Res<T>) -> Res<Duration> {
+/// Runs `f` `iters` times; the best time.
+fn time<T>(iters: usize, mut f: impl FnMut() -> Res<T>) -> Res<Duration> {
     let mut v = Vec::with_capacity(iters);
     for _ in 0..iters {
         let t = Instant::now();
         std::hint::black_box(f()?);
         v.push(t.elapsed());
     }
-    Ok(median(&mut v))
+    Ok(best(&v))
 }
 
 /// Posts a request and polls it to `Done`.
-pub fn run(a: &Agent, req: &nixl::XferReq) -> Res<()> {
+fn run(a: &Agent, req: &nixl::XferReq) -> Res<()> {
     let end = Instant::now() + Duration::from_secs(60);
     let mut st = a.post_xfer_req(req)?;
     while st == XferState::InProgress {
@@ -255,7 +267,7 @@ pub fn run(a: &Agent, req: &nixl::XferReq) -> Res<()> {
 }
 
 /// A fixed permutation of `0..n` (so the target's blocks never line up into merges).
-pub fn shuffle(n: usize) -> Vec<usize> {
+fn shuffle(n: usize) -> Vec<usize> {
     let mut v: Vec<usize> = (0..n).collect();
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     for i in (1..n).rev() {
@@ -267,166 +279,11 @@ pub fn shuffle(n: usize) -> Vec<usize> {
     v
 }
 
-const STEPS: [&str; 7] = ["prep", "make", "post", "done", "repost", "fresh", "drop"];
-
-/// One flat point: the per-step medians in ns per descriptor.
-fn flat_point(which: Which, o: &Opts, n: usize) -> Res<[f64; 7]> {
-    let (a, b) = agents(which, &format!("flat{n}"))?;
-    let kind = which.kind();
-    let len = n as u64 * o.block;
-    let regions = o.regions.min(n);
-    let la = side(&a, kind, len, regions)?;
-    let lb = side(&b, kind, len, regions)?;
-    a.load_remote_metadata(&b.local_metadata()?)?;
-    let remote = b.name().to_owned();
-    let perm = shuffle(n);
-    let ldescs = XferDescList::blocks(kind, la.base, o.block, n);
-    let rdescs = XferDescList::from_descs(
-        kind,
-        perm.iter()
-            .map(|&p| nixl::Desc::new(lb.base + p as u64 * o.block, o.block)),
-    );
-    let iters = if o.iters > 0 {
-        o.iters
-    } else {
-        (2_000_000 / n).clamp(5, 101)
-    };
-    let (iters_data, iters_cpu) = match which {
-        // Moving the data dominates: fewer rounds.
-        Which::Null => (iters, iters),
-        _ => ((iters / 4).max(5), iters),
-    };
-    let prep = time(iters_cpu, || {
-        let l = a.prep_xfer_dlist(XferTarget::Initiator, &ldescs, &[])?;
-        let r = a.prep_xfer_dlist(XferTarget::Agent(&remote), &rdescs, &[])?;
-        Ok((l, r))
-    })?;
-    let l = a.prep_xfer_dlist(XferTarget::Initiator, &ldescs, &[])?;
-    let r = a.prep_xfer_dlist(XferTarget::Agent(&remote), &rdescs, &[])?;
-    let idx: Vec<usize> = (0..n).collect();
-    let make = || a.make_prepped_xfer(XferOp::Write, &l, &idx, &r, &idx, XferOptions::default());
-    let (mut makes, mut drops) = (Vec::new(), Vec::new());
-    for _ in 0..iters_cpu {
-        let t = Instant::now();
-        let req = make()?;
-        makes.push(t.elapsed());
-        let t = Instant::now();
-        drop(req);
-        drops.push(t.elapsed());
-    }
-    let mk = median(&mut makes);
-    let req = make()?;
-    run(&a, &req)?; // first touch of the pages
-    let mut posts = Vec::new();
-    let mut dones = Vec::new();
-    for _ in 0..iters_data {
-        let t = Instant::now();
-        let mut st = a.post_xfer_req(&req)?;
-        posts.push(t.elapsed());
-        while st == XferState::InProgress {
-            st = a.check_xfer_state(&req)?;
-        }
-        dones.push(t.elapsed());
-    }
-    let repost = time(iters_data, || run(&a, &req))?;
-    let fresh = time(iters_data, || {
-        let r = make()?;
-        run(&a, &r)
-    })?;
-    drop(req);
-    let per = |d: Duration| d.as_nanos() as f64 / n as f64;
-    Ok([
-        per(prep),
-        per(mk),
-        per(median(&mut posts)),
-        per(median(&mut dones)),
-        per(repost),
-        per(fresh),
-        per(median(&mut drops)),
-    ])
-}
-
-fn flat(which: Which, o: &Opts) -> Res<()> {
-    if !o.json {
-        println!(
-            "# flat {}: {} B descriptors over {} regions per side, ns per descriptor (median)",
-            which.name(),
-            o.block,
-            o.regions
-        );
-        print!("{:>8}", "descs");
-        for s in STEPS {
-            print!(" {s:>9}");
-        }
-        println!();
-    }
-    let mut rows = Vec::new();
-    for &n in &o.descs {
-        let row = flat_point(which, o, n)?;
-        if o.json {
-            let fields: Vec<String> = STEPS
-                .iter()
-                .zip(row)
-                .map(|(s, v)| format!("\"{s}_ns\": {v:.1}"))
-                .collect();
-            println!(
-                "{{\"bench\": \"scale\", \"mode\": \"flat\", \"backend\": \"{}\", \"descs\": {n}, \"block\": {}, {}}}",
-                which.name(),
-                o.block,
-                fields.join(", ")
-            );
-        } else {
-            print!("{n:>8}");
-            for v in row {
-                print!(" {v:>9.1}");
-            }
-            println!();
-        }
-        rows.push((n, row));
-    }
-    if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
-        if rows.len() > 1 {
-            let lin: Vec<f64> = (0..STEPS.len())
-                .map(|i| last.1[i] / first.1[i].max(1e-9))
-                .collect();
-            if o.json {
-                let fields: Vec<String> = STEPS
-                    .iter()
-                    .zip(&lin)
-                    .map(|(s, v)| format!("\"{s}\": {v:.2}"))
-                    .collect();
-                println!(
-                    "{{\"bench\": \"scale\", \"mode\": \"linearity\", \"backend\": \"{}\", \"from\": {}, \"to\": {}, {}}}",
-                    which.name(),
-                    first.0,
-                    last.0,
-                    fields.join(", ")
-                );
-            } else {
-                print!("{:>8}", format!("{}/{}", short(last.0), short(first.0)));
-                for v in lin {
-                    print!(" {v:>9.2}");
-                }
-                println!("   <- linearity (ns/desc at {} over at {})", last.0, first.0);
-            }
-        }
-    }
-    Ok(())
-}
-
-fn short(n: usize) -> String {
-    if n >= 1024 && n % 1024 == 0 {
-        format!("{}k", n / 1024)
-    } else {
-        n.to_string()
-    }
-}
-
 fn main() {
-    let r = parse().and_then(|o| {
+    let r = parse().map(|o| {
         for &w in &o.backends {
             if o.mode == "flat" || o.mode == "all" {
-                if let Err(e) = flat(w, &o) {
+                if let Err(e) = flat::sweep(w, &o) {
                     println!("# flat {}: skipped: {e}", w.name());
                 }
             }
@@ -436,7 +293,6 @@ fn main() {
                 }
             }
         }
-        Ok(())
     });
     if let Err(e) = r {
         eprintln!("scale: {e}");

@@ -97,7 +97,12 @@ impl Backend for Null {
         Ok(Vec::new())
     }
 
-    fn load_remote(&self, _remote: &str, _region: &RegionDesc, _public: &[u8]) -> Result<BackendMd> {
+    fn load_remote(
+        &self,
+        _remote: &str,
+        _region: &RegionDesc,
+        _public: &[u8],
+    ) -> Result<BackendMd> {
         Ok(Arc::new(()))
     }
 

@@ -123,12 +123,18 @@ impl LfXfer {
         let mut nr = peer.addrs.len().min(inner.rails.len());
         let mut segs = Vec::with_capacity(spec.segments.len());
         for s in &spec.segments {
-            let l = spec.md(s.local_md).and_then(downcast_md::<LocalMd>).ok_or_else(|| {
-                Error::invalid(&me, Op::MakeXfer, "local metadata is not LIBFABRIC's")
-            })?;
-            let r = spec.md(s.remote_md).and_then(downcast_md::<RemoteMd>).ok_or_else(|| {
-                Error::invalid(&me, Op::MakeXfer, "remote metadata is not LIBFABRIC's")
-            })?;
+            let l = spec
+                .md(s.local_md)
+                .and_then(downcast_md::<LocalMd>)
+                .ok_or_else(|| {
+                    Error::invalid(&me, Op::MakeXfer, "local metadata is not LIBFABRIC's")
+                })?;
+            let r = spec
+                .md(s.remote_md)
+                .and_then(downcast_md::<RemoteMd>)
+                .ok_or_else(|| {
+                    Error::invalid(&me, Op::MakeXfer, "remote metadata is not LIBFABRIC's")
+                })?;
             let inside =
                 |a: u64, base: u64, len: u64| a >= base && s.len <= len && a - base <= len - s.len;
             if !inside(s.local_addr, l.addr, l.len) || !inside(s.remote_addr, r.base, r.len) {

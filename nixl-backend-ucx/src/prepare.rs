@@ -28,7 +28,11 @@ struct Handles<'a> {
 }
 
 impl Handles<'_> {
-    fn resolve(&mut self, l: &BackendMd, r: &BackendMd) -> Result<(sys::ucp_mem_h, sys::ucp_rkey_h)> {
+    fn resolve(
+        &mut self,
+        l: &BackendMd,
+        r: &BackendMd,
+    ) -> Result<(sys::ucp_mem_h, sys::ucp_rkey_h)> {
         let key = (Arc::as_ptr(l) as *const (), Arc::as_ptr(r) as *const ());
         if let Some((a, b, memh, rkey)) = self.last {
             if (a, b) == key {
@@ -41,7 +45,11 @@ impl Handles<'_> {
         let rr = downcast_md::<RemoteMd>(r)
             .ok_or_else(|| Error::invalid(me, Op::MakeXfer, "remote metadata is not UCX's"))?;
         if self.remote_type != Some(rr.mem_type) {
-            return Err(Error::mismatch(me, Op::MakeXfer, "remote region of another memory kind"));
+            return Err(Error::mismatch(
+                me,
+                Op::MakeXfer,
+                "remote region of another memory kind",
+            ));
         }
         if !Arc::ptr_eq(&rr.peer, self.peer) {
             return Err(Error::mismatch(
@@ -81,7 +89,8 @@ impl UcxBackend {
                 ));
             }
         }
-        let first = first_remote_md.ok_or_else(|| Error::invalid(me, Op::MakeXfer, "no segments"))?;
+        let first =
+            first_remote_md.ok_or_else(|| Error::invalid(me, Op::MakeXfer, "no segments"))?;
         let peer = downcast_md::<RemoteMd>(first)
             .ok_or_else(|| Error::invalid(me, Op::MakeXfer, "remote metadata is not UCX's"))?
             .peer
@@ -137,7 +146,15 @@ impl UcxBackend {
         }
         let mem_type = h.mem_type;
         let keep = spec.mds.clone();
-        Ok(self.xfer(peer, worker, spec.op, mem_type, Work::Segs(segs), spec.notif.as_deref(), keep))
+        Ok(self.xfer(
+            peer,
+            worker,
+            spec.op,
+            mem_type,
+            Work::Segs(segs),
+            spec.notif.as_deref(),
+            keep,
+        ))
     }
 
     pub(crate) fn prepare_block_table(&self, spec: &BlockXferSpec) -> Result<UcxXfer> {
@@ -172,6 +189,14 @@ impl UcxBackend {
             runs: spec.runs.clone(),
             segments: spec.segment_count(),
         };
-        Ok(self.xfer(peer, worker, spec.op, mem_type, work, spec.notif.as_deref(), keep))
+        Ok(self.xfer(
+            peer,
+            worker,
+            spec.op,
+            mem_type,
+            work,
+            spec.notif.as_deref(),
+            keep,
+        ))
     }
 }

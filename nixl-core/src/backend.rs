@@ -41,6 +41,7 @@ pub fn distinct_mds<'a>(mds: impl IntoIterator<Item = &'a BackendMd>) -> Vec<Bac
     let mut out: Vec<BackendMd> = Vec::new();
     let mut last: Option<*const ()> = None;
     for m in mds {
+        crate::work::tick(1);
         let p = Arc::as_ptr(m) as *const ();
         if last == Some(p) {
             continue;
@@ -141,6 +142,7 @@ pub struct XferSpec {
 impl XferSpec {
     /// Total bytes.
     pub fn total_bytes(&self) -> u64 {
+        crate::work::tick(self.segments.len());
         self.segments.iter().map(|s| s.len).sum()
     }
 

@@ -30,6 +30,7 @@ impl<V> Default for RegionIndex<V> {
 impl<V> RegionIndex<V> {
     /// Inserts a region of `len` bytes under `key`.
     pub fn insert(&mut self, key: RegionKey, len: u64, value: V) {
+        crate::work::tick(1);
         let l = self.longest.entry((key.0, key.1)).or_insert(0);
         *l = (*l).max(len);
         self.map.insert(key, value);
@@ -37,6 +38,7 @@ impl<V> RegionIndex<V> {
 
     /// Removes a region.
     pub fn remove(&mut self, key: &RegionKey) -> Option<V> {
+        crate::work::tick(1);
         self.map.remove(key)
     }
 
@@ -76,6 +78,7 @@ impl<V> RegionIndex<V> {
     ) -> Option<(&'a V, u64)> {
         use std::ops::Bound::{Excluded, Included};
         let (key, v) = self.find_key(kind, dev, addr, len, covers)?;
+        crate::work::tick(1);
         let next = self
             .map
             .range((Excluded(*key), Included((kind, dev, u64::MAX, u64::MAX))))
@@ -98,10 +101,14 @@ impl<V> RegionIndex<V> {
         if lowest > addr {
             return None;
         }
+        crate::work::tick(1);
         self.map
             .range((kind, dev, lowest, 0)..=(kind, dev, addr, u64::MAX))
             .rev()
-            .find(|(_, v)| covers(v))
+            .find(|(_, v)| {
+                crate::work::tick(1);
+                covers(v)
+            })
     }
 
     /// Every region, in key order.
@@ -139,9 +146,7 @@ mod tests {
                     .filter(|(_, r)| covers(r))
                     .max_by_key(|(i, r)| (r.0, *i))
                     .map(|(_, r)| *r);
-                let got = idx
-                    .find(MemKind::Dram, 0, addr, len, covers)
-                    .copied();
+                let got = idx.find(MemKind::Dram, 0, addr, len, covers).copied();
                 assert_eq!(got, want, "addr {addr} len {len}");
             }
         }

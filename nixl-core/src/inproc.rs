@@ -6,6 +6,8 @@
 //! delivers notifications after the data. Use it to test code built on the agent without a
 //! network, and wrap it in [`crate::FaultParams`] to inject faults deterministically.
 
+mod blocks;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -13,7 +15,7 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use crate::agent::lock;
 use crate::backend::{
     downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
-    Capabilities, XferSpec, XferState,
+    BlockXferSpec, Capabilities, XferSpec, XferState,
 };
 use crate::desc::XferOp;
 use crate::error::{Error, Op, Result};
@@ -268,15 +270,21 @@ impl Backend for InprocBackend {
                 "INPROC moves DRAM only",
             ));
         }
+        crate::work::tick(spec.segments.len());
         let mut segs = Vec::with_capacity(spec.segments.len());
         let mut target: Option<Weak<Endpoint>> = None;
         for s in &spec.segments {
-            let t = spec.md(s.remote_md).and_then(downcast_md::<TargetMd>).ok_or_else(|| {
-                Error::invalid(&self.agent, Op::MakeXfer, "remote metadata is not INPROC's")
-            })?;
-            spec.md(s.local_md).and_then(downcast_md::<LocalMd>).ok_or_else(|| {
-                Error::invalid(&self.agent, Op::MakeXfer, "local metadata is not INPROC's")
-            })?;
+            let t = spec
+                .md(s.remote_md)
+                .and_then(downcast_md::<TargetMd>)
+                .ok_or_else(|| {
+                    Error::invalid(&self.agent, Op::MakeXfer, "remote metadata is not INPROC's")
+                })?;
+            spec.md(s.local_md)
+                .and_then(downcast_md::<LocalMd>)
+                .ok_or_else(|| {
+                    Error::invalid(&self.agent, Op::MakeXfer, "local metadata is not INPROC's")
+                })?;
             target.get_or_insert_with(|| t.ep.clone());
             segs.push((s.local_addr, s.remote_addr, s.len, t.region));
         }
@@ -290,6 +298,10 @@ impl Backend for InprocBackend {
             target,
             notif: spec.notif.clone(),
         }))
+    }
+
+    fn prepare_blocks(&self, spec: &BlockXferSpec) -> Result<Option<Box<dyn BackendXfer>>> {
+        Ok(Some(Box::new(blocks::prepare(self, spec)?)))
     }
 
     fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
@@ -327,6 +339,7 @@ impl BackendXfer for InprocXfer {
             )
         })?;
         let regions = ep.regions.read().unwrap_or_else(|p| p.into_inner());
+        crate::work::tick(2 * self.segs.len());
         for &(_, raddr, len, region) in &self.segs {
             match regions.get(&region) {
                 Some(&(a, l)) if raddr >= a && raddr + len <= a + l => {}

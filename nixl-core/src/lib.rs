@@ -78,10 +78,13 @@ mod params;
 mod prep;
 mod registration;
 mod remote;
+#[cfg(test)]
+mod scale_tests;
 pub mod sidechannel;
 mod strided;
 mod telemetry;
 pub mod testing;
+mod work;
 mod xfer;
 
 pub use agent::{Agent, AgentConfig, BackendHandle};
@@ -93,9 +96,9 @@ pub use fault::{FaultEvent, FaultLog, FaultParams, FaultPlan};
 pub use inproc::{InprocParams, InprocPlugin, INPROC};
 pub use mem::{HostBuffer, MemKind, MemoryRegion, RawRegion, RegionDesc, PAGE_SIZE};
 pub use notif::Notifs;
+pub use prep::PreparedList;
 pub use registration::Registration;
 pub use remote::MetadataSelection;
-pub use telemetry::{TelemetrySnapshot, XferTelemetry};
-pub use prep::PreparedList;
 pub use strided::{StridedDesc, StridedDescList};
+pub use telemetry::{TelemetrySnapshot, XferTelemetry};
 pub use xfer::{UncertainXfer, XferOptions, XferReq, XferTarget};

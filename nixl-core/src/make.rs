@@ -19,9 +19,11 @@ use crate::remote::RemotePeer;
 use crate::strided::{block_runs, BlockXferSpec, LayerPair};
 use crate::xfer::{IntegrityPlan, ReqParts, ReqSpec, XferOptions, XferReq};
 
+/// Pairs whose entries are read ahead together in `make_prepped_xfer`.
+const GATHER: usize = 64;
+
 /// Entries of the region -> metadata index cache of `build_spec`.
 const MD_CACHE: usize = 64;
-
 
 /// What both kinds of request check first.
 struct Ends {
@@ -80,7 +82,13 @@ impl Agent {
         let candidates = self
             .select_backends(Op::MakeXfer, &opts.backends)?
             .into_iter()
-            .filter(|b| if is_local { b.caps.local } else { b.caps.remote })
+            .filter(|b| {
+                if is_local {
+                    b.caps.local
+                } else {
+                    b.caps.remote
+                }
+            })
             .filter(|b| !wants_notif || b.caps.notifications)
             .collect();
         Ok(Ends {
@@ -91,7 +99,13 @@ impl Agent {
         })
     }
 
-    fn no_backend(&self, local: &PreparedList, remote: &PreparedList, e: &Ends, notif: bool) -> Error {
+    fn no_backend(
+        &self,
+        local: &PreparedList,
+        remote: &PreparedList,
+        e: &Ends,
+        notif: bool,
+    ) -> Error {
         Error::not_supported(
             self.name(),
             Op::MakeXfer,
@@ -137,61 +151,75 @@ impl Agent {
         // (`build_spec` maps them to a backend's metadata).
         let mut segments: Vec<Segment> = Vec::with_capacity(local_idx.len());
         let mut last_pair = None;
-        for (k, (&li, &ri)) in local_idx.iter().zip(remote_idx).enumerate() {
-            let (l, lreg) = local.block(li).ok_or_else(|| {
-                Error::invalid(
-                    me,
-                    Op::MakeXfer,
-                    format!("local index {li} out of range ({})", local.len()),
-                )
-            })?;
-            let (r, rreg) = remote.block(ri).ok_or_else(|| {
-                Error::invalid(
-                    me,
-                    Op::MakeXfer,
-                    format!("remote index {ri} out of range ({})", remote.len()),
-                )
-            })?;
-            if l.len != r.len {
-                return Err(Error::mismatch(
-                    me,
-                    Op::MakeXfer,
-                    format!("pair {k}: local {} bytes, remote {} bytes", l.len, r.len),
-                ));
-            }
-            if last_pair != Some((lreg, rreg)) {
-                // A backend must hold both regions of every pair.
-                let (lr, rr) = (&local.regions[lreg as usize], &remote.regions[rreg as usize]);
-                ends.candidates
-                    .retain(|b| lr.md(b.id).is_some() && rr.md(b.id).is_some());
-                last_pair = Some((lreg, rreg));
-            }
-            let (lreg, rreg) = (lreg as usize, rreg as usize);
-            if !opts.no_merge {
-                if let Some(p) = segments.last_mut() {
-                    if p.local_md == lreg
-                        && p.remote_md == rreg
-                        && p.local_dev == l.dev_id
-                        && p.remote_dev == r.dev_id
-                        && p.local_addr.checked_add(p.len) == Some(l.addr)
-                        && p.remote_addr.checked_add(p.len) == Some(r.addr)
-                    {
-                        if let Some(n) = p.len.checked_add(l.len) {
-                            p.len = n;
-                            continue;
+        // Indices are often random over large lists: each chunk's entries are first touched in
+        // a tight loop (many cache misses in flight at once), then processed in order.
+        for (c, (lc, rc)) in local_idx
+            .chunks(GATHER)
+            .zip(remote_idx.chunks(GATHER))
+            .enumerate()
+        {
+            std::hint::black_box(local.touch(lc) ^ remote.touch(rc));
+            for (j, (&li, &ri)) in lc.iter().zip(rc).enumerate() {
+                let k = c * GATHER + j;
+                let (l, lreg) = local.block(li).ok_or_else(|| {
+                    Error::invalid(
+                        me,
+                        Op::MakeXfer,
+                        format!("local index {li} out of range ({})", local.len()),
+                    )
+                })?;
+                let (r, rreg) = remote.block(ri).ok_or_else(|| {
+                    Error::invalid(
+                        me,
+                        Op::MakeXfer,
+                        format!("remote index {ri} out of range ({})", remote.len()),
+                    )
+                })?;
+                if l.len != r.len {
+                    return Err(Error::mismatch(
+                        me,
+                        Op::MakeXfer,
+                        format!("pair {k}: local {} bytes, remote {} bytes", l.len, r.len),
+                    ));
+                }
+                if last_pair != Some((lreg, rreg)) {
+                    // A backend must hold both regions of every pair.
+                    let (lr, rr) = (
+                        &local.regions[lreg as usize],
+                        &remote.regions[rreg as usize],
+                    );
+                    crate::work::tick(ends.candidates.len());
+                    ends.candidates
+                        .retain(|b| lr.md(b.id).is_some() && rr.md(b.id).is_some());
+                    last_pair = Some((lreg, rreg));
+                }
+                let (lreg, rreg) = (lreg as usize, rreg as usize);
+                if !opts.no_merge {
+                    if let Some(p) = segments.last_mut() {
+                        if p.local_md == lreg
+                            && p.remote_md == rreg
+                            && p.local_dev == l.dev_id
+                            && p.remote_dev == r.dev_id
+                            && p.local_addr.checked_add(p.len) == Some(l.addr)
+                            && p.remote_addr.checked_add(p.len) == Some(r.addr)
+                        {
+                            if let Some(n) = p.len.checked_add(l.len) {
+                                p.len = n;
+                                continue;
+                            }
                         }
                     }
                 }
+                segments.push(Segment {
+                    local_addr: l.addr,
+                    local_dev: l.dev_id,
+                    local_md: lreg,
+                    remote_addr: r.addr,
+                    remote_dev: r.dev_id,
+                    remote_md: rreg,
+                    len: l.len,
+                });
             }
-            segments.push(Segment {
-                local_addr: l.addr,
-                local_dev: l.dev_id,
-                local_md: lreg,
-                remote_addr: r.addr,
-                remote_dev: r.dev_id,
-                remote_md: rreg,
-                len: l.len,
-            });
         }
         let notif = opts.notif.is_some();
         if ends.candidates.is_empty() {
@@ -211,7 +239,18 @@ impl Agent {
             };
             let spec = self.build_spec(&slot, op, (local, remote), segs, &opts, &ends)?;
             match slot.backend.prepare_xfer(&spec) {
-                Ok(x) => return Ok(self.request(slot, x, ReqSpec::Segments(spec), (local, remote), ends, op, &opts, None)),
+                Ok(x) => {
+                    return Ok(self.request(
+                        slot,
+                        x,
+                        ReqSpec::Segments(spec),
+                        (local, remote),
+                        ends,
+                        op,
+                        &opts,
+                        None,
+                    ))
+                }
                 Err(e @ Error::NotSupported { .. }) => {
                     tracing::debug!(agent = %me, backend = %slot.name, error = %e, "backend declined the transfer");
                     refusal = Some(e);
@@ -242,12 +281,17 @@ impl Agent {
         let mut index = |map: &mut [(usize, usize); MD_CACHE], list: &PreparedList, reg: usize| {
             let e = &mut map[reg % MD_CACHE];
             if e.0 != reg {
-                let md = list.regions.get(reg).and_then(|r| r.md(slot.id)).ok_or_else(vanished)?;
+                let md = list
+                    .regions
+                    .get(reg)
+                    .and_then(|r| r.md(slot.id))
+                    .ok_or_else(vanished)?;
                 *e = (reg, mds.len());
                 mds.push(md.clone());
             }
             Ok::<usize, Error>(e.1)
         };
+        crate::work::tick(segments.len());
         for s in &mut segments {
             s.local_md = index(&mut lmap, local, s.local_md)?;
             s.remote_md = index(&mut rmap, remote, s.remote_md)?;
@@ -260,7 +304,11 @@ impl Agent {
             is_local: ends.is_local,
             segments,
             mds,
-            notif: if opts.integrity { None } else { opts.notif.clone() },
+            notif: if opts.integrity {
+                None
+            } else {
+                opts.notif.clone()
+            },
         })
     }
 
@@ -333,7 +381,11 @@ impl Agent {
         check_ids(me, "local", local_blocks, ll)?;
         check_ids(me, "remote", remote_blocks, rl)?;
         for (a, b) in ll.iter().zip(rl) {
-            let (lr, rr) = (&local.regions[a.region as usize], &remote.regions[b.region as usize]);
+            let (lr, rr) = (
+                &local.regions[a.region as usize],
+                &remote.regions[b.region as usize],
+            );
+            crate::work::tick(ends.candidates.len());
             ends.candidates
                 .retain(|s| lr.md(s.id).is_some() && rr.md(s.id).is_some());
         }
@@ -341,15 +393,20 @@ impl Agent {
         let runs = block_runs(local_blocks, remote_blocks, !opts.no_merge);
         let mut refusal = None;
         for slot in std::mem::take(&mut ends.candidates) {
-            let vanished =
-                || Error::not_found(me, Op::MakeXfer, "backend metadata vanished");
+            let vanished = || Error::not_found(me, Op::MakeXfer, "backend metadata vanished");
             let mut layers = Vec::with_capacity(ll.len());
             for (a, b) in ll.iter().zip(rl) {
                 layers.push(LayerPair {
                     local: a.run,
-                    local_md: local.regions[a.region as usize].md(slot.id).ok_or_else(vanished)?.clone(),
+                    local_md: local.regions[a.region as usize]
+                        .md(slot.id)
+                        .ok_or_else(vanished)?
+                        .clone(),
                     remote: b.run,
-                    remote_md: remote.regions[b.region as usize].md(slot.id).ok_or_else(vanished)?.clone(),
+                    remote_md: remote.regions[b.region as usize]
+                        .md(slot.id)
+                        .ok_or_else(vanished)?
+                        .clone(),
                 });
             }
             let spec = BlockXferSpec {
@@ -360,7 +417,11 @@ impl Agent {
                 is_local: ends.is_local,
                 layers,
                 runs: runs.clone(),
-                notif: if opts.integrity { None } else { opts.notif.clone() },
+                notif: if opts.integrity {
+                    None
+                } else {
+                    opts.notif.clone()
+                },
             };
             let summary = format!(
                 "block table: {} layers x {} blocks",
@@ -371,7 +432,10 @@ impl Agent {
                 Ok(Some(x)) => Ok((x, ReqSpec::Blocks(spec), format!("{summary}, strided"))),
                 Ok(None) => {
                     let flat = spec.materialize();
-                    let note = format!("{summary}, materialized into {} segments", flat.segments.len());
+                    let note = format!(
+                        "{summary}, materialized into {} segments",
+                        flat.segments.len()
+                    );
                     slot.backend
                         .prepare_xfer(&flat)
                         .map(|x| (x, ReqSpec::Segments(flat), note))
@@ -380,7 +444,16 @@ impl Agent {
             };
             match tried {
                 Ok((x, spec, note)) => {
-                    return Ok(self.request(slot, x, spec, (local, remote), ends, op, &opts, Some(note)))
+                    return Ok(self.request(
+                        slot,
+                        x,
+                        spec,
+                        (local, remote),
+                        ends,
+                        op,
+                        &opts,
+                        Some(note),
+                    ))
                 }
                 Err(e @ Error::NotSupported { .. }) => {
                     tracing::debug!(agent = %me, backend = %slot.name, error = %e, "backend declined the transfer");
@@ -434,6 +507,7 @@ impl Agent {
 
 /// Checks every id against the smallest layer: O(ids + layers).
 fn check_ids(me: &str, side: &str, ids: &[usize], layers: &[PrepLayer]) -> Result<()> {
+    crate::work::tick(ids.len() + layers.len());
     let max = ids.iter().copied().max().unwrap_or(0) as u64;
     let (l, smallest) = layers
         .iter()

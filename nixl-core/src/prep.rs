@@ -36,6 +36,7 @@ pub(crate) struct PrepRegion {
 impl PrepRegion {
     /// The metadata of backend slot `slot`.
     pub fn md(&self, slot: usize) -> Option<&BackendMd> {
+        crate::work::tick(self.mds.len());
         self.mds.iter().find(|(id, _)| *id == slot).map(|(_, m)| m)
     }
 }
@@ -134,9 +135,22 @@ impl PreparedList {
         }
     }
 
+    /// Reads the entries of `idx` (a descriptor list's; a block table computes its blocks) so
+    /// their cache misses overlap; returns a value to keep the reads.
+    pub(crate) fn touch(&self, idx: &[usize]) -> u64 {
+        crate::work::tick(idx.len());
+        match &self.layout {
+            Layout::Flat(e) => idx
+                .iter()
+                .fold(0, |acc, &i| acc ^ e.get(i).map_or(0, |e| e.desc.len)),
+            Layout::Strided { .. } => 0,
+        }
+    }
+
     /// Descriptor `i` and its region's index (a block table's blocks are numbered layer after
     /// layer, as in [`StridedDescList::to_desc_list`]).
     pub(crate) fn block(&self, i: usize) -> Option<(Desc, u32)> {
+        crate::work::tick(1);
         match &self.layout {
             Layout::Flat(e) => e.get(i).map(|e| (e.desc, e.region)),
             Layout::Strided {
@@ -190,12 +204,19 @@ impl Resolver<'_> {
     /// The prepared region covering `[addr, addr + len)` on `dev`: `Ok(None)` where no
     /// registered (or loaded) region covers it.
     fn resolve(&mut self, what: &dyn Fn() -> String, d: Desc) -> Result<Option<u32>> {
+        crate::work::tick(1);
         let end = d.addr.saturating_add(d.len);
-        let hit = |c: &Cached| d.dev_id == c.dev && d.addr >= c.start && d.addr < c.bound && end <= c.end;
+        let hit =
+            |c: &Cached| d.dev_id == c.dev && d.addr >= c.start && d.addr < c.bound && end <= c.end;
         if let Some(c) = self.last.filter(hit) {
             return Ok(Some(c.idx));
         }
-        if let Some((_, c)) = self.found.range((d.dev_id, 0)..=(d.dev_id, d.addr)).next_back() {
+        crate::work::tick(1);
+        if let Some((_, c)) = self
+            .found
+            .range((d.dev_id, 0)..=(d.dev_id, d.addr))
+            .next_back()
+        {
             if hit(c) {
                 self.last = Some(*c);
                 return Ok(Some(c.idx));
@@ -204,8 +225,7 @@ impl Resolver<'_> {
         let me = self.agent.name();
         let (key, desc, found) = match self.side {
             Side::Remote(peer) => {
-                let Some((r, bound)) = peer.find_bounded(self.kind, d.dev_id, d.addr, d.len)
-                else {
+                let Some((r, bound)) = peer.find_bounded(self.kind, d.dev_id, d.addr, d.len) else {
                     return Ok(None);
                 };
                 let key = (Arc::as_ptr(&r) as *const () as u64, 0);
@@ -391,7 +411,11 @@ impl Agent {
         let me = self.name();
         let kind = table.kind();
         if table.is_empty() {
-            return Err(Error::invalid(me, Op::PrepXferDlist, "a block table with no layers"));
+            return Err(Error::invalid(
+                me,
+                Op::PrepXferDlist,
+                "a block table with no layers",
+            ));
         }
         let side = self.side(target)?;
         let whose = self.whose(&side);
@@ -401,7 +425,11 @@ impl Agent {
         let mut total = 0u64;
         for (l, run) in table.descs().iter().enumerate() {
             if let Some(why) = run.problem() {
-                return Err(Error::invalid(me, Op::PrepXferDlist, format!("layer {l}: {why}")));
+                return Err(Error::invalid(
+                    me,
+                    Op::PrepXferDlist,
+                    format!("layer {l}: {why}"),
+                ));
             }
             // `problem` checked that the range does not overflow.
             let end = run.end().unwrap_or(u64::MAX);
@@ -419,9 +447,9 @@ impl Agent {
             })?;
             layers.push(PrepLayer { run: *run, region });
             starts.push(total);
-            total = total.checked_add(run.count).ok_or_else(|| {
-                Error::invalid(me, Op::PrepXferDlist, "block count overflows")
-            })?;
+            total = total
+                .checked_add(run.count)
+                .ok_or_else(|| Error::invalid(me, Op::PrepXferDlist, "block count overflows"))?;
         }
         let first = layers[0].run.count;
         let uniform = layers.iter().all(|l| l.run.count == first).then_some(first);

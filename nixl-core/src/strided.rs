@@ -176,6 +176,7 @@ pub struct BlockRun {
 /// `merge` is false). The caller checked that both lists have the same length.
 pub(crate) fn block_runs(local: &[usize], remote: &[usize], merge: bool) -> Vec<BlockRun> {
     let mut runs: Vec<BlockRun> = Vec::new();
+    crate::work::tick(local.len());
     for (&l, &r) in local.iter().zip(remote) {
         let (l, r) = (l as u64, r as u64);
         if merge {
@@ -254,6 +255,7 @@ pub struct BlockXferSpec {
 impl BlockXferSpec {
     /// Blocks per layer.
     pub fn blocks_per_layer(&self) -> u64 {
+        crate::work::tick(self.runs.len());
         self.runs.iter().map(|r| r.count).sum()
     }
 
@@ -271,6 +273,7 @@ impl BlockXferSpec {
     /// The number of contiguous segments: a run is one segment in a dense layer, one per
     /// block otherwise.
     pub fn segment_count(&self) -> usize {
+        crate::work::tick(self.layers.len());
         let per = self.blocks_per_layer() as usize;
         self.layers
             .iter()
@@ -295,10 +298,8 @@ impl BlockXferSpec {
 
     /// Every segment, layer after layer: `(layer, local addr, remote addr, len)`.
     pub fn segments(&self) -> impl Iterator<Item = (usize, u64, u64, u64)> + '_ {
-        (0..self.layers.len()).flat_map(move |l| {
-            self.layer_segments(l)
-                .map(move |(a, b, n)| (l, a, b, n))
-        })
+        (0..self.layers.len())
+            .flat_map(move |l| self.layer_segments(l).map(move |(a, b, n)| (l, a, b, n)))
     }
 
     /// The same transfer as a segment list (for backends that do not consume strides): layer
@@ -382,7 +383,10 @@ mod tests {
         assert_eq!(StridedDesc::new(0, 8, 8, 0).problem(), Some("no blocks"));
         assert_eq!(StridedDesc::new(0, 8, 0, 1).problem(), Some("empty blocks"));
         assert!(StridedDesc::new(0, 4, 8, 2).problem().is_some());
-        assert!(StridedDesc::new(0, 4, 8, 1).problem().is_none(), "one block may have any stride");
+        assert!(
+            StridedDesc::new(0, 4, 8, 1).problem().is_none(),
+            "one block may have any stride"
+        );
         assert!(StridedDesc::new(u64::MAX - 8, 16, 8, 2).problem().is_some());
         assert_eq!(StridedDesc::new(100, 16, 8, 3).end(), Some(140));
         assert_eq!(StridedDesc::new(100, 16, 8, 3).block(3), None);
@@ -413,7 +417,14 @@ mod tests {
 
     fn layer() -> impl Strategy<Value = (u64, u64, u64, u64, u64, u64)> {
         // (local addr, local gap, remote addr, remote gap, len, count)
-        (0u64..1 << 20, 0u64..3, 0u64..1 << 20, 0u64..3, 1u64..64, 1u64..24)
+        (
+            0u64..1 << 20,
+            0u64..3,
+            0u64..1 << 20,
+            0u64..3,
+            1u64..64,
+            1u64..24,
+        )
     }
 
     proptest! {
@@ -510,7 +521,10 @@ mod tests {
     #[test]
     fn out_of_range_layer_has_no_segments() {
         let s = spec(
-            vec![pair(StridedDesc::new(0, 8, 8, 4), StridedDesc::new(64, 8, 8, 4))],
+            vec![pair(
+                StridedDesc::new(0, 8, 8, 4),
+                StridedDesc::new(64, 8, 8, 4),
+            )],
             vec![BlockRun {
                 local: 0,
                 remote: 1,

@@ -449,13 +449,16 @@ impl GdsBackend {
         let me = &self.agent;
         let mut segs = Vec::with_capacity(spec.segments.len());
         for (i, s) in spec.segments.iter().enumerate() {
-            let b = spec.md(s.local_md).and_then(downcast_md::<BufMd>).ok_or_else(|| {
-                Error::invalid(
-                    me,
-                    Op::MakeXfer,
-                    format!("segment {i}: local metadata is not GDS's"),
-                )
-            })?;
+            let b = spec
+                .md(s.local_md)
+                .and_then(downcast_md::<BufMd>)
+                .ok_or_else(|| {
+                    Error::invalid(
+                        me,
+                        Op::MakeXfer,
+                        format!("segment {i}: local metadata is not GDS's"),
+                    )
+                })?;
             let fmd = spec.md(s.remote_md).ok_or_else(|| {
                 Error::invalid(me, Op::MakeXfer, format!("segment {i} names no metadata"))
             })?;
@@ -669,14 +672,11 @@ impl Backend for GdsBackend {
     }
 
     fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
-        let fallback = spec
-            .segments
-            .iter()
-            .find_map(|s| {
-                spec.md(s.remote_md)
-                    .and_then(downcast_md::<FileMd>)
-                    .and_then(|f| f.fallback.clone())
-            });
+        let fallback = spec.segments.iter().find_map(|s| {
+            spec.md(s.remote_md)
+                .and_then(downcast_md::<FileMd>)
+                .and_then(|f| f.fallback.clone())
+        });
         if let Some(why) = fallback {
             xfer::check_spec(&self.agent, spec)?;
             return self.prepare_fallback(spec, &why);

@@ -101,20 +101,26 @@ impl GdsXfer {
         check_spec(agent, spec)?;
         let mut ios = Vec::with_capacity(spec.segments.len());
         for (i, s) in spec.segments.iter().enumerate() {
-            let b = spec.md(s.local_md).and_then(downcast_md::<BufMd>).ok_or_else(|| {
-                Error::invalid(
-                    agent,
-                    Op::MakeXfer,
-                    format!("segment {i}: local metadata is not GDS's"),
-                )
-            })?;
-            let f = spec.md(s.remote_md).and_then(downcast_md::<FileMd>).ok_or_else(|| {
-                Error::invalid(
-                    agent,
-                    Op::MakeXfer,
-                    format!("segment {i}: target is not a GDS file"),
-                )
-            })?;
+            let b = spec
+                .md(s.local_md)
+                .and_then(downcast_md::<BufMd>)
+                .ok_or_else(|| {
+                    Error::invalid(
+                        agent,
+                        Op::MakeXfer,
+                        format!("segment {i}: local metadata is not GDS's"),
+                    )
+                })?;
+            let f = spec
+                .md(s.remote_md)
+                .and_then(downcast_md::<FileMd>)
+                .ok_or_else(|| {
+                    Error::invalid(
+                        agent,
+                        Op::MakeXfer,
+                        format!("segment {i}: target is not a GDS file"),
+                    )
+                })?;
             let fh = f.handle.ok_or_else(|| {
                 Error::invalid(
                     agent,

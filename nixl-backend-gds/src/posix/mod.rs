@@ -647,13 +647,15 @@ impl PosixBackend {
                         .ctx,
                 ),
                 _ => {
-                    spec.md(s.local_md).and_then(downcast_md::<DramMd>).ok_or_else(|| {
-                        Error::invalid(
-                            me,
-                            Op::MakeXfer,
-                            format!("segment {i}: local metadata is not POSIX DRAM"),
-                        )
-                    })?;
+                    spec.md(s.local_md)
+                        .and_then(downcast_md::<DramMd>)
+                        .ok_or_else(|| {
+                            Error::invalid(
+                                me,
+                                Op::MakeXfer,
+                                format!("segment {i}: local metadata is not POSIX DRAM"),
+                            )
+                        })?;
                     LocalMem::Dram
                 }
             };

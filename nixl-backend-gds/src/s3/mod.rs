@@ -520,7 +520,11 @@ impl Backend for S3Backend {
             ));
         }
         for (i, s) in spec.segments.iter().enumerate() {
-            if spec.md(s.local_md).and_then(downcast_md::<DramMd>).is_none() {
+            if spec
+                .md(s.local_md)
+                .and_then(downcast_md::<DramMd>)
+                .is_none()
+            {
                 return Err(Error::invalid(
                     me,
                     Op::MakeXfer,

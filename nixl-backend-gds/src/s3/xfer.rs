@@ -51,13 +51,16 @@ impl Plan {
         let mut tasks = Vec::new();
         let mut writes: Vec<ObjectWrite> = Vec::new();
         for (i, s) in spec.segments.iter().enumerate() {
-            let o = spec.md(s.remote_md).and_then(downcast_md::<ObjMd>).ok_or_else(|| {
-                Error::invalid(
-                    agent,
-                    Op::MakeXfer,
-                    format!("segment {i}: target metadata is not an OBJ object"),
-                )
-            })?;
+            let o = spec
+                .md(s.remote_md)
+                .and_then(downcast_md::<ObjMd>)
+                .ok_or_else(|| {
+                    Error::invalid(
+                        agent,
+                        Op::MakeXfer,
+                        format!("segment {i}: target metadata is not an OBJ object"),
+                    )
+                })?;
             match spec.op {
                 XferOp::Read => {
                     let mut done = 0;

@@ -583,20 +583,25 @@ impl Backend for CudaIpcBackend {
                 Err("DRAM")
             };
         for s in &spec.segments {
-            spec.md(s.local_md).and_then(downcast_md::<LocalMd>).ok_or_else(|| {
-                Error::invalid(
-                    &self.agent,
-                    Op::MakeXfer,
-                    "local metadata is not CUDA_IPC's",
-                )
-            })?;
-            let t = spec.md(s.remote_md).and_then(downcast_md::<Target>).ok_or_else(|| {
-                Error::invalid(
-                    &self.agent,
-                    Op::MakeXfer,
-                    "remote metadata is not CUDA_IPC's",
-                )
-            })?;
+            spec.md(s.local_md)
+                .and_then(downcast_md::<LocalMd>)
+                .ok_or_else(|| {
+                    Error::invalid(
+                        &self.agent,
+                        Op::MakeXfer,
+                        "local metadata is not CUDA_IPC's",
+                    )
+                })?;
+            let t = spec
+                .md(s.remote_md)
+                .and_then(downcast_md::<Target>)
+                .ok_or_else(|| {
+                    Error::invalid(
+                        &self.agent,
+                        Op::MakeXfer,
+                        "remote metadata is not CUDA_IPC's",
+                    )
+                })?;
             let remote = t
                 .translate(s.remote_addr, s.len)
                 .map_err(|why| Error::not_supported(&self.agent, Op::MakeXfer, why))?;

@@ -124,8 +124,8 @@ fn model(which: Which, o: &Opts, m: &Model, interleaved: bool) -> Res<()> {
     let pool = m.blocks + m.blocks / 4;
     let bytes = m.layers * 2 * pool * bb;
     let (a, b) = agents(which, &format!("kv-{}-{interleaved}", m.name))?;
-    let la = side(&a, kind, bytes, m.layers as usize)?;
-    let lb = side(&b, kind, bytes, m.layers as usize)?;
+    let la = side(&a, which, bytes, m.layers as usize)?;
+    let lb = side(&b, which, bytes, m.layers as usize)?;
     a.load_remote_metadata(&b.local_metadata()?)?;
     let remote = b.name().to_owned();
     let (lt, rt) = (
@@ -201,7 +201,7 @@ fn model(which: Which, o: &Opts, m: &Model, interleaved: bool) -> Res<()> {
         );
     } else {
         println!(
-            "# kv {} {} ({layout}): {} layers x K,V x {} blocks of {bb} B = {n} blocks, {:.1} MiB",
+            "# kv {} {} ({layout}): {} layers x K,V x {} blocks of {bb} B = {n} blocks, {:.1} MiB; best of {iters}",
             which.name(),
             m.name,
             m.layers,
@@ -209,15 +209,22 @@ fn model(which: Which, o: &Opts, m: &Model, interleaved: bool) -> Res<()> {
             (n as u64 * bb) as f64 / 1048576.0
         );
         println!("#   path: {path}");
+        let data = if which == Which::Null {
+            "nothing moved".to_owned()
+        } else {
+            format!(
+                "repost {:.1} us | fresh {:.1} us (fresh/repost {:.3}) | {gbps:.2} GB/s",
+                us(repost),
+                us(fresh),
+                fresh.as_secs_f64() / repost.as_secs_f64()
+            )
+        };
         println!(
-            "    prep {:.1} us | build {:.1} us | post {:.1} us | build+post {:.1} us | repost {:.1} us | fresh {:.1} us (fresh/repost {:.3}) | {gbps:.2} GB/s",
+            "    prep {:.1} us | build {:.1} us | post {:.1} us | build+post {:.1} us | {data}",
             us(prep),
             us(best(&builds)),
             us(best(&posts)),
             us(best(&both)),
-            us(repost),
-            us(fresh),
-            fresh.as_secs_f64() / repost.as_secs_f64()
         );
         println!(
             "    as a flat list (NIXL's way): prep {:.1} ns/desc ({:.1} ms), make {:.1} ns/desc ({:.1} ms)",

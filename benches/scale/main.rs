@@ -173,20 +173,38 @@ struct Side {
     base: u64,
     /// Dropped before the memory its regions view.
     _reg: nixl::Registration,
-    _mem: Arc<dyn nixl::core::MemoryRegion>,
+    _mem: Mem,
 }
 
-/// Allocates `len` bytes of `kind` (DRAM is not touched: pages are committed by the first
-/// copy, so `NULL` measures no memory at all).
-fn alloc(kind: MemKind, len: u64) -> Res<(Arc<dyn nixl::core::MemoryRegion>, u64)> {
-    if kind == MemKind::Vram {
-        let b = Arc::new(nixl::mem::DeviceBuffer::new(0, len as usize)?);
-        let a = b.addr();
-        return Ok((b, a));
+/// One side's allocation.
+enum Mem {
+    /// Registered memory a backend moves.
+    Region(#[allow(dead_code)] Arc<dyn nixl::core::MemoryRegion>),
+    /// Address space only (`NULL` never touches it, so no page is committed).
+    Reserved(#[allow(dead_code)] Vec<u8>),
+}
+
+/// Allocates `len` bytes for `which`.
+fn alloc(which: Which, len: u64) -> Res<(Mem, u64)> {
+    match which {
+        Which::CudaIpc => {
+            let b = Arc::new(nixl::mem::DeviceBuffer::new(0, len as usize)?);
+            let a = b.addr();
+            Ok((Mem::Region(b), a))
+        }
+        Which::Null => {
+            let v: Vec<u8> = Vec::with_capacity(len as usize);
+            let a = v.as_ptr() as u64;
+            Ok((Mem::Reserved(v), a))
+        }
+        _ => {
+            let b = Arc::new(
+                nixl::HostBuffer::new(len as usize).ok_or("cannot allocate host memory")?,
+            );
+            let a = b.addr();
+            Ok((Mem::Region(b), a))
+        }
     }
-    let b = Arc::new(nixl::HostBuffer::new(len as usize).ok_or("cannot allocate host memory")?);
-    let a = b.addr();
-    Ok((b, a))
 }
 
 /// Two agents with the backend under test; the initiator has loaded the target.
@@ -203,8 +221,9 @@ fn agents(which: Which, tag: &str) -> Res<(Agent, Agent)> {
 }
 
 /// Registers `len` bytes as `regions` equal regions (each a view of one allocation).
-fn side(agent: &Agent, kind: MemKind, len: u64, regions: usize) -> Res<Side> {
-    let (mem, base) = alloc(kind, len)?;
+fn side(agent: &Agent, which: Which, len: u64, regions: usize) -> Res<Side> {
+    let kind = which.kind();
+    let (mem, base) = alloc(which, len)?;
     let per = len / regions as u64;
     let dev = 0;
     let views: Vec<Arc<dyn nixl::core::MemoryRegion>> = (0..regions as u64)
@@ -222,9 +241,10 @@ fn side(agent: &Agent, kind: MemKind, len: u64, regions: usize) -> Res<Side> {
             } else {
                 nixl::core::RegionDesc::dram(addr, l)
             };
-            // SAFETY: every view lies inside `mem`, which `Side` keeps alive until after the
-            // registration (fields drop in order); the bench drops every prepared list and
-            // request built on a side before the side.
+            // SAFETY: every view lies inside `mem` (allocated, `len` bytes), which `Side` keeps
+            // alive until after the registration (fields drop in order); the bench drops every
+            // prepared list and request built on a side before the side. `Reserved` memory is
+            // only registered with NULL, which never reads or writes it.
             let r = unsafe { nixl::core::RawRegion::new(desc) };
             Arc::new(r) as Arc<dyn nixl::core::MemoryRegion>
         })

@@ -15,13 +15,38 @@
 //! ```
 //! Flags: `--op read|write`, `--requests N`, `--layers L`, `--blocks B` (pool blocks per
 //! layer), `--block-bytes S`, `--blocks-per-request K`, `--backend ucx|libfabric|cuda_ipc`,
-//! `--tls UCX_TLS`, `--provider tcp|shm|efa` and `--rails R` (libfabric), `--device cpu|cuda`
-//! (KV pools in host or GPU memory; with `cuda` the default backend is `cuda_ipc`, the native
-//! CUDA IPC + copy-engine/copy-kernel path), `--timeout-secs T`. (`--role decode --peer ADDR`
-//! is how the example starts its child.)
+//! `--tls UCX_TLS`, `--provider tcp|shm|efa`, `--rails R` and `--domains D0,D1` (libfabric),
+//! `--device cpu|cuda` (KV pools in host or GPU memory; with `cuda` the default backend is
+//! `cuda_ipc`, the native CUDA IPC + copy-engine/copy-kernel path), `--timeout-secs T`,
+//! `--metadata side-channel|etcd` (with `etcd`, prefill starts an etcd server and both sides
+//! publish and fetch their metadata there; needs `--features etcd`), `--listen IP` (the side
+//! channel's and etcd's address), `--expect-path TEXT` (fail unless the request path names
+//! TEXT; repeatable).
+//!
+//! `--hosts 2` runs prefill and decode on two hosts of their own: network, PID, mount, IPC and
+//! UTS namespaces joined by `--rails` virtual links (`nixl::core::testing::netns`; needs root
+//! and iproute2), so nothing but the network path connects them, and the run fails unless the
+//! path report names the network transport (UCX `tcp/eth0`, libfabric `tcp` on `eth0`):
+//!
+//! ```text
+//! sudo cargo run --example disagg_kv --features libfabric,etcd -- --hosts 2 --backend libfabric --metadata etcd
+//! ```
+//! (`--role decode --peer ADDR` and `--decode external` are how the example starts its parts.)
+//!
+//! With a stock NIXL agent as the other side (`--nixl-peer`): the example plays `--role
+//! prefill` (default) or `--role decode` and starts `examples/nixl_kv.py` (NIXL's Python API,
+//! nixl-cu13 wheel from `scripts/deps/nixl.sh`) as the other role. Metadata goes over NIXL's
+//! side channel (this side serves `NIXLCOMM`), notifications and data over UCX in NIXL's
+//! wire; this side loads the wheel's own libucp (`NIXL_WHEEL_UCX`, or `--ucx-path`) so both
+//! sides run one UCX. Host memory only.
+//!
+//! ```text
+//! cargo run --release --example disagg_kv -- --nixl-peer --op write
+//! cargo run --release --example disagg_kv -- --nixl-peer --role decode --op read
+//! ```
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,6 +57,9 @@ use nixl::{
     Agent, AgentConfig, HostBuffer, MemKind, PreparedList, XferDescList, XferOp, XferOptions,
     XferTarget,
 };
+
+#[path = "disagg_kv/hosts.rs"]
+mod hosts;
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -51,6 +79,16 @@ struct Opts {
     rails: usize,
     cuda: bool,
     timeout: Duration,
+    hosts: usize,
+    etcd: bool,
+    etcd_url: Option<String>,
+    listen: IpAddr,
+    domains: Vec<String>,
+    expect_path: Vec<String>,
+    external_decode: bool,
+    nixl_peer: bool,
+    ucx_path: Option<std::path::PathBuf>,
+    nixl_script: std::path::PathBuf,
 }
 
 fn parse() -> Res<Opts> {
@@ -69,6 +107,16 @@ fn parse() -> Res<Opts> {
         rails: 1,
         cuda: false,
         timeout: Duration::from_secs(60),
+        hosts: 1,
+        etcd: false,
+        etcd_url: None,
+        listen: IpAddr::V4(Ipv4Addr::LOCALHOST),
+        domains: Vec::new(),
+        expect_path: Vec::new(),
+        external_decode: false,
+        nixl_peer: false,
+        ucx_path: None,
+        nixl_script: concat!(env!("CARGO_MANIFEST_DIR"), "/examples/nixl_kv.py").into(),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -104,7 +152,32 @@ fn parse() -> Res<Opts> {
                 }
             }
             "--provider" => o.provider = Some(val()?.clone()),
+            "--nixl-peer" => o.nixl_peer = true,
+            "--ucx-path" => o.ucx_path = Some(val()?.into()),
+            "--nixl-script" => o.nixl_script = val()?.into(),
             "--rails" => o.rails = num(val()?)?,
+            "--domains" => o.domains = val()?.split(',').map(str::to_owned).collect(),
+            "--hosts" => o.hosts = num(val()?)?,
+            "--metadata" => {
+                o.etcd = match val()?.to_ascii_lowercase().as_str() {
+                    "side-channel" | "sidechannel" => false,
+                    "etcd" => true,
+                    v => return Err(format!("--metadata: {v} is not side-channel|etcd").into()),
+                }
+            }
+            "--etcd" => {
+                o.etcd = true;
+                o.etcd_url = Some(val()?.clone());
+            }
+            "--listen" => o.listen = val()?.parse().map_err(|_| "--listen: not an IP address")?,
+            "--expect-path" => o.expect_path.push(val()?.clone()),
+            "--decode" => {
+                o.external_decode = match val()?.as_str() {
+                    "external" => true,
+                    "child" => false,
+                    v => return Err(format!("--decode: {v} is not external|child").into()),
+                }
+            }
             "--device" => {
                 o.cuda = match val()?.to_ascii_lowercase().as_str() {
                     "cpu" | "dram" => false,
@@ -113,7 +186,7 @@ fn parse() -> Res<Opts> {
                 }
             }
             "-h" | "--help" => {
-                println!("disagg_kv [--op read|write] [--requests N] [--layers L] [--blocks B] [--block-bytes S] [--blocks-per-request K] [--backend ucx|libfabric|cuda_ipc] [--tls UCX_TLS] [--provider P] [--rails R] [--device cpu|cuda] [--timeout-secs T]");
+                println!("disagg_kv [--op read|write] [--requests N] [--layers L] [--blocks B] [--block-bytes S] [--blocks-per-request K] [--backend ucx|libfabric|cuda_ipc] [--tls UCX_TLS] [--provider P] [--rails R] [--domains D0,D1] [--device cpu|cuda] [--timeout-secs T] [--metadata side-channel|etcd] [--listen IP] [--expect-path TEXT] [--hosts 1|2] [--nixl-peer [--role prefill|decode] [--ucx-path LIBUCP] [--nixl-script PY]]");
                 std::process::exit(0);
             }
             f => return Err(format!("unknown flag {f}").into()),
@@ -131,6 +204,21 @@ fn parse() -> Res<Opts> {
     }
     if o.rails == 0 {
         return Err("--rails must be positive".into());
+    }
+    if !matches!(o.hosts, 1 | 2) {
+        return Err("--hosts must be 1 or 2".into());
+    }
+    if o.etcd && !cfg!(feature = "etcd") {
+        return Err("--metadata etcd needs `--features etcd`".into());
+    }
+    if o.nixl_peer && (o.backend != "ucx" || o.cuda) {
+        return Err("--nixl-peer runs over UCX with host memory".into());
+    }
+    if o.nixl_peer && o.ucx_path.is_none() {
+        o.ucx_path = std::env::var_os("NIXL_WHEEL_UCX").map(Into::into);
+        if o.ucx_path.is_none() {
+            return Err("--nixl-peer needs the NIXL wheel's libucp: run scripts/deps/nixl.sh and set NIXL_WHEEL_UCX, or pass --ucx-path".into());
+        }
     }
     Ok(o)
 }
@@ -222,13 +310,17 @@ struct Node {
     agent: Agent,
     pool: Pool,
     _reg: nixl::Registration,
+    /// The etcd exchange (and server) when metadata goes through etcd.
+    meta: hosts::Meta,
 }
 
 fn node(name: &str, o: &Opts) -> Res<Node> {
     let agent = Agent::new(
         name,
         AgentConfig {
-            listen: true,
+            // A NIXL peer speaks NIXL's side channel (served by `nixl_peer` below).
+            listen: !o.nixl_peer,
+            listen_addr: SocketAddr::new(o.listen, 0),
             default_timeout: o.timeout,
             ..AgentConfig::default()
         },
@@ -237,13 +329,17 @@ fn node(name: &str, o: &Opts) -> Res<Node> {
         #[cfg(feature = "libfabric")]
         "libfabric" => {
             use nixl::libfabric::LibfabricParams;
-            agent.create_backend(match o.provider.as_deref() {
+            let mut p = match o.provider.as_deref() {
                 None | Some("tcp") => LibfabricParams::tcp_loopback(o.rails),
                 Some(p) => LibfabricParams {
                     rails: o.rails,
                     ..LibfabricParams::with_provider(p)
                 },
-            })?;
+            };
+            if !o.domains.is_empty() {
+                p.domains = o.domains.clone();
+            }
+            agent.create_backend(p)?;
         }
         #[cfg(not(feature = "libfabric"))]
         "libfabric" => return Err("--backend libfabric needs `--features libfabric`".into()),
@@ -253,6 +349,8 @@ fn node(name: &str, o: &Opts) -> Res<Node> {
         _ => {
             agent.create_backend(UcxParams {
                 transports: o.tls.clone(),
+                library_path: o.ucx_path.clone(),
+                nixl_compat: o.nixl_peer,
                 ..UcxParams::default()
             })?;
         }
@@ -271,6 +369,7 @@ fn node(name: &str, o: &Opts) -> Res<Node> {
         agent,
         pool,
         _reg: reg,
+        meta: hosts::Meta::default(),
     })
 }
 
@@ -350,9 +449,15 @@ fn verify_request(o: &Opts, n: &Node, req: usize, dst: &[usize]) -> Res<()> {
     Ok(())
 }
 
-fn prefill(o: &Opts) -> Res<()> {
-    let n = node("prefill", o)?;
+fn prefill(o: &Opts, ctl: Option<&hosts::Control>) -> Res<()> {
+    let mut n = node("prefill", o)?;
     let addr = n.agent.listen_addr().ok_or("side channel not listening")?;
+    let etcd = n.meta.serve(o, &n.agent)?;
+    if o.external_decode {
+        // Started by `--hosts 2` in its own host: announce where decode finds us.
+        hosts::announce(ctl, addr, etcd.as_deref());
+        return prefill_run(o, &n);
+    }
     let exe = std::env::current_exe()?;
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     args.extend([
@@ -361,6 +466,9 @@ fn prefill(o: &Opts) -> Res<()> {
         "--peer".into(),
         addr.to_string(),
     ]);
+    if let Some(url) = etcd {
+        args.extend(["--etcd".into(), url]);
+    }
     let mut child = Command::new(exe).args(&args).stdin(Stdio::null()).spawn()?;
     let r = prefill_run(o, &n);
     let end = Instant::now() + o.timeout;
@@ -391,6 +499,8 @@ fn prefill_run(o: &Opts, n: &Node) -> Res<()> {
         .strip_prefix("ready:")
         .and_then(|s| s.parse().ok())
         .ok_or("bad ready message")?;
+    // Over etcd, decode published its metadata before it said ready.
+    n.meta.fetch(o, "decode")?;
     println!(
         "prefill: {} KV pool, connected to decode: {:?}",
         n.pool.kind(),
@@ -426,6 +536,7 @@ fn prefill_run(o: &Opts, n: &Node) -> Res<()> {
             xfer.0.push(started.elapsed());
             if req == 0 {
                 println!("prefill: request path: {}", x.path());
+                hosts::check_path(o, &x.path())?;
             }
         } else {
             a.gen_notif("decode", tag.as_bytes(), &[])?;
@@ -451,10 +562,24 @@ fn prefill_run(o: &Opts, n: &Node) -> Res<()> {
 }
 
 fn decode(o: &Opts, peer: SocketAddr) -> Res<()> {
-    let n = node("decode", o)?;
+    let mut n = node("decode", o)?;
+    if o.etcd {
+        n.meta.join(o, &n.agent)?;
+        n.meta.fetch(o, "prefill")?;
+    } else {
+        n.agent
+            .fetch_remote_metadata_blocking("prefill", peer, o.timeout)?;
+        n.agent.send_local_metadata(peer)?;
+    }
+    decode_run(o, &n)
+}
+
+fn decode_run(o: &Opts, n: &Node) -> Res<()> {
     let a = &n.agent;
-    a.fetch_remote_metadata_blocking("prefill", peer, o.timeout)?;
-    a.send_local_metadata(peer)?;
+    if o.op == XferOp::Write {
+        // The requests' path is prefill's to check; decode checks the connection it has.
+        hosts::check_path(o, &format!("{:?}", a.path_report("prefill")))?;
+    }
     a.gen_notif(
         "prefill",
         format!("ready:{}", n.pool.addr()).as_bytes(),
@@ -501,9 +626,10 @@ fn decode(o: &Opts, peer: SocketAddr) -> Res<()> {
             xfer.0.push(started.elapsed());
             if req == 0 {
                 println!("decode: request path: {}", x.path());
+                hosts::check_path(o, &x.path())?;
             }
         }
-        let verdict = verify_request(o, &n, req, &dst);
+        let verdict = verify_request(o, n, req, &dst);
         let reply = match &verdict {
             Ok(()) => format!("ok:{req}"),
             Err(e) => format!("bad:{req}: {e}"),
@@ -529,10 +655,101 @@ fn decode(o: &Opts, peer: SocketAddr) -> Res<()> {
     Ok(())
 }
 
+/// This side against a stock NIXL agent (`examples/nixl_kv.py`) playing the other role.
+fn nixl_peer(o: &Opts) -> Res<()> {
+    let (me, other) = match o.role.as_str() {
+        "prefill" => ("prefill", "decode"),
+        "decode" => ("decode", "prefill"),
+        r => return Err(format!("unknown role {r}").into()),
+    };
+    let n = node(me, o)?;
+    let listener = nixl::nixl_wire::NixlListener::start(&n.agent, ([127, 0, 0, 1], 0).into())?;
+    let py_port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let op = if o.op == XferOp::Write {
+        "write"
+    } else {
+        "read"
+    };
+    let mut cmd = Command::new("python3");
+    cmd.arg(&o.nixl_script);
+    for (k, v) in [
+        ("--role", other.to_owned()),
+        ("--peer-port", listener.local_addr().port().to_string()),
+        ("--listen-port", py_port.to_string()),
+        ("--op", op.to_owned()),
+        ("--requests", o.requests.to_string()),
+        ("--layers", o.layers.to_string()),
+        ("--blocks", o.blocks.to_string()),
+        ("--block-bytes", o.block_bytes.to_string()),
+        ("--blocks-per-request", o.per_request.to_string()),
+        ("--timeout", o.timeout.as_secs().to_string()),
+    ] {
+        cmd.args([k, &v]);
+    }
+    if let Some(p) = std::env::var_os("NIXL_PYTHONPATH") {
+        cmd.env("PYTHONPATH", p);
+    }
+    if let Some(t) = &o.tls {
+        cmd.env("UCX_TLS", t);
+    }
+    let mut child = cmd.stdin(Stdio::null()).spawn()?;
+    // The NIXL agent sends its metadata to our listener and fetches ours from it.
+    let end = Instant::now() + o.timeout;
+    let mut r: Res<()> = Ok(());
+    while !n.agent.check_remote_metadata(other, None) {
+        if Instant::now() >= end || child.try_wait()?.is_some() {
+            r = Err(format!("no metadata from the NIXL {other} within {:?}", o.timeout).into());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    println!(
+        "{me} (nixl-rs): NIXL peer {other} loaded over NIXLCOMM, wire {:?}",
+        n.agent.peer_wire(other)
+    );
+    if r.is_ok() {
+        r = if me == "prefill" {
+            prefill_run(o, &n)
+        } else {
+            decode_run(o, &n)
+        };
+    }
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break Some(st);
+        }
+        if Instant::now() >= end + o.timeout || r.is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    r?;
+    match status {
+        Some(st) if st.success() => Ok(()),
+        Some(st) => Err(format!("the NIXL {other} exited with {st}").into()),
+        None => Err(format!("the NIXL {other} did not exit in time").into()),
+    }
+}
+
 fn main() -> Res<()> {
     let o = parse()?;
+    if o.nixl_peer {
+        if std::env::var_os("UCX_MODULES").is_none() {
+            // The NIXL wheel's UCX loads its bundled libnl through the ib and rdmacm modules,
+            // and libnl crashes in its exit handlers. Set before any thread or UCX exists.
+            std::env::set_var("UCX_MODULES", "^ib,rdmacm");
+        }
+        return nixl_peer(&o);
+    }
+    // Present when `--hosts 2` started this process in a host: it exits with its parent.
+    let ctl = hosts::control();
     match (o.role.as_str(), o.peer) {
-        ("prefill", _) => prefill(&o),
+        ("prefill", _) if o.hosts == 2 => hosts::run(&o),
+        ("prefill", _) => prefill(&o, ctl.as_ref()),
         ("decode", Some(peer)) => decode(&o, peer),
         ("decode", None) => Err("--role decode needs --peer".into()),
         (r, _) => Err(format!("unknown role {r}").into()),

@@ -4,6 +4,7 @@
 //! and, per cargo feature, the backend crates (`ucx`, `libfabric`, `posix`/`gds`/`s3`).
 
 pub use nixl_core as core;
+pub use nixl_core::nixl_wire;
 pub use nixl_core::{
     Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, PreparedList, Registration, Result,
     XferDescList, XferOp, XferOptions, XferReq, XferState, XferTarget,

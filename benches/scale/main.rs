@@ -198,9 +198,8 @@ fn alloc(which: Which, len: u64) -> Res<(Mem, u64)> {
             Ok((Mem::Reserved(v), a))
         }
         _ => {
-            let b = Arc::new(
-                nixl::HostBuffer::new(len as usize).ok_or("cannot allocate host memory")?,
-            );
+            let b =
+                Arc::new(nixl::HostBuffer::new(len as usize).ok_or("cannot allocate host memory")?);
             let a = b.addr();
             Ok((Mem::Region(b), a))
         }

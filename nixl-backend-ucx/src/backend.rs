@@ -21,21 +21,21 @@ use crate::memory::{MemReg, RemoteMd};
 use crate::params::UcxParams;
 use crate::sys;
 use crate::wire;
-use crate::worker::{Worker, AM_NOTIF};
-use crate::xfer::{UcxXfer, Work};
+use crate::worker::Worker;
+use crate::xfer::{Notif, UcxXfer, Work};
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // The tables guarded here are updated by single inserts/removes.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The UCX backend of one agent.
 pub struct UcxBackend {
-    agent: String,
-    ucx: Arc<Ucx>,
+    pub(crate) agent: String,
+    pub(crate) ucx: Arc<Ucx>,
     ctx: Arc<Context>,
     pub(crate) workers: Vec<Arc<Worker>>,
-    peers: Mutex<HashMap<String, Arc<Peer>>>,
+    pub(crate) peers: Mutex<HashMap<String, Arc<Peer>>>,
     self_peer: Mutex<Option<Arc<Peer>>>,
     header: Arc<[u8]>,
     pub(crate) next_worker: AtomicUsize,
@@ -103,7 +103,12 @@ impl UcxBackend {
             tracing::warn!(agent = %agent, version = %ucx.version_string(), num_workers = params.num_workers,
                 "UCX before 1.23 can crash with several workers when peers are reached over its tcp transport; use num_workers = 1 there or UCX >= 1.23");
         }
-        let ctx = Context::new(ucx.clone(), &agent, &params.ucx_config(ucx.version))?;
+        let ctx = Context::new(
+            ucx.clone(),
+            &agent,
+            &params.ucx_config(ucx.version),
+            params.nixl_compat,
+        )?;
         let workers = (0..params.num_workers)
             .map(|i| Worker::new(ctx.clone(), i, &agent, bctx.notifs.clone()))
             .collect::<Result<Vec<_>>>()?;
@@ -188,6 +193,7 @@ impl UcxBackend {
         notif: Option<&[u8]>,
         keep: Vec<BackendMd>,
     ) -> UcxXfer {
+        let notif = notif.map(|m| self.notif_for(&peer, m.to_vec()));
         UcxXfer {
             agent: self.agent.clone(),
             ucx: self.ucx.clone(),
@@ -196,7 +202,7 @@ impl UcxBackend {
             op,
             mem_type: mem_type.unwrap_or(sys::UCS_MEMORY_TYPE_HOST),
             work,
-            notif: notif.map(|m| (self.header.clone(), Arc::<[u8]>::from(m))),
+            notif,
             header: self.header.clone(),
             cancel_timeout: self.params.cancel_timeout,
             _keep: keep,
@@ -205,7 +211,12 @@ impl UcxBackend {
         }
     }
 
-    fn reg<'a>(&self, md: &'a BackendMd, op: Op) -> Result<&'a MemReg> {
+    /// A notification to `peer` in the format it reads.
+    fn notif_for(&self, peer: &Peer, msg: Vec<u8>) -> Notif {
+        crate::xfer::make_notif(&self.agent, &self.header, peer, &msg)
+    }
+
+    pub(crate) fn reg<'a>(&self, md: &'a BackendMd, op: Op) -> Result<&'a MemReg> {
         downcast_md::<MemReg>(md)
             .ok_or_else(|| Error::invalid(&self.agent, op, "not UCX registration metadata"))
     }
@@ -343,7 +354,7 @@ impl Backend for UcxBackend {
             Error::disconnected(&self.agent, remote, Op::GenNotif, "UCX endpoint was closed")
         })?;
         // The buffers must outlive the send: owned here, leaked if it does not finish.
-        let (hdr, buf) = (self.header.clone(), msg.to_vec());
+        let (am_id, hdr, buf) = self.notif_for(&peer, msg.to_vec());
         // SAFETY: zeroed request params with a mask are the documented form.
         let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
         p.op_attr_mask = sys::UCP_OP_ATTR_FIELD_FLAGS;
@@ -353,7 +364,7 @@ impl Backend for UcxBackend {
         let r = unsafe {
             self.ucx.lib.ucp_am_send_nbx(
                 ep,
-                AM_NOTIF,
+                am_id,
                 hdr.as_ptr() as *const c_void,
                 hdr.len(),
                 buf.as_ptr() as *const c_void,
@@ -431,6 +442,10 @@ impl Backend for UcxBackend {
             error_margin: duration / 2,
             method: CostMethod::Analytical,
         }))
+    }
+
+    fn nixl_wire(&self) -> Option<&dyn nixl_core::nixl_wire::NixlWire> {
+        Some(self)
     }
 
     fn path_report(&self, remote: &str) -> Option<String> {

@@ -45,7 +45,14 @@ fn cstring(agent: &str, what: &str, s: &str) -> Result<CString> {
 impl Context {
     /// Reads UCX's configuration, applies `config` (`("TLS", "tcp")`, ...) and creates the
     /// context.
-    pub fn new(ucx: Arc<Ucx>, agent: &str, config: &[(String, String)]) -> Result<Arc<Self>> {
+    /// With `nixl_features`, the context asks for NIXL's features (adds 32- and 64-bit
+    /// atomics).
+    pub fn new(
+        ucx: Arc<Ucx>,
+        agent: &str,
+        config: &[(String, String)],
+        nixl_features: bool,
+    ) -> Result<Arc<Self>> {
         let mut cfg: *mut sys::ucp_config_t = std::ptr::null_mut();
         // SAFETY: NULL env prefix and file name select the defaults; cfg is a valid out-pointer.
         let st = unsafe {
@@ -87,6 +94,9 @@ impl Context {
             | sys::UCP_PARAM_FIELD_NAME) as u64;
         params.features =
             (sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_AM | sys::UCP_FEATURE_WAKEUP) as u64;
+        if nixl_features {
+            params.features |= (sys::UCP_FEATURE_AMO32 | sys::UCP_FEATURE_AMO64) as u64;
+        }
         params.mt_workers_shared = 1;
         params.name = name.as_ptr();
         let mut raw: sys::ucp_context_h = std::ptr::null_mut();

@@ -87,6 +87,8 @@ impl Drop for PeerEp {
 pub(crate) struct Peer {
     pub name: String,
     pub eps: Vec<PeerEp>,
+    /// Whether the peer is a stock NIXL agent (notifications in NIXL's format).
+    pub nixl: bool,
 }
 
 impl std::fmt::Debug for Peer {
@@ -165,6 +167,7 @@ impl Peer {
         Ok(Peer {
             name: name.to_owned(),
             eps,
+            nixl: false,
         })
     }
 

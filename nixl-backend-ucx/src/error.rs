@@ -23,6 +23,16 @@ pub enum UcxError {
         /// UCX's text for it.
         message: String,
     },
+    /// A peer's worker address comes from another UCX minor version than the one loaded here:
+    /// worker addresses and packed rkeys are UCX-internal formats, so both sides must load
+    /// the same UCX minor version.
+    #[error("the peer runs UCX {peer}, this agent UCX {local}; load the same UCX minor version on both sides (UcxParams::library_path can load a NIXL wheel's bundled libucp)")]
+    VersionMismatch {
+        /// The version loaded here (`"1.22.0"`).
+        local: String,
+        /// The peer's version, as its worker address tells it (`"1.23"`).
+        peer: String,
+    },
 }
 
 /// Whether a status means the peer is unreachable or gone.

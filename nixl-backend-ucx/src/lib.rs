@@ -21,6 +21,11 @@
 //!   workers' addresses. Both are framed and checksummed, so damaged bytes are refused before
 //!   UCX parses them (UCX itself trusts them, as NIXL does: load metadata only from peers you
 //!   trust).
+//! - **NIXL's wire.** The backend also speaks to stock NIXL agents
+//!   ([`nixl_core::nixl_wire`]): to them it publishes worker 0's raw address and raw packed
+//!   rkeys, and sends and receives notifications as NIXL's active message 0. Their addresses
+//!   must name the UCX minor version loaded here ([`UcxError::VersionMismatch`] otherwise);
+//!   [`UcxParams::nixl_compat`] mirrors NIXL's context. docs/interop.md has the set-up.
 //! - **Tuned like NIXL.** Unless set in the environment or [`UcxParams::config`], the context
 //!   uses `RNDV_THRESH=inf`, `ADDRESS_VERSION=v2`, `MAX_RMA_RAILS=2` (and
 //!   `MAX_COMPONENT_MDS=32` on UCX >= 1.19). Without the first, UCX 1.22 with peer error
@@ -70,11 +75,11 @@
 
 mod backend;
 mod context;
-mod cuda;
 mod endpoint;
 mod error;
 mod loader;
 mod memory;
+mod nixl;
 mod params;
 mod prepare;
 mod sys;
@@ -96,4 +101,4 @@ mod xfer;
 pub use backend::{probe, UcxBackend, UcxPlugin};
 pub use error::{UcxError, UCX};
 pub use loader::{DEPS_HOME, MIN_VERSION};
-pub use params::UcxParams;
+pub use params::{UcxParams, TCP_USER_TIMEOUT_FACTOR};

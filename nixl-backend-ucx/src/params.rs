@@ -37,10 +37,20 @@ pub struct UcxParams {
     /// How long `cancel` waits for a transfer before force-closing its endpoint.
     pub cancel_timeout: Duration,
     /// UCX keep-alive interval (`UCX_KEEPALIVE_INTERVAL`): how soon a silent dead peer is
-    /// detected. `None`: UCX's default.
+    /// detected. Over tcp it also bounds how long sent data may stay unacknowledged
+    /// (`UCX_TCP_USER_TIMEOUT`, [`TCP_USER_TIMEOUT_FACTOR`] times the interval, at least a
+    /// second): without that, a peer behind a failed link is never declared dead while a
+    /// transfer to it is in flight (UCX's keep-alive messages queue behind the unacknowledged
+    /// data), so the request can only time out and its memory must then be kept, as UCX
+    /// cannot confirm it stopped. `None`: UCX's defaults (the system's TCP timeouts, minutes).
     pub keepalive_interval: Option<Duration>,
     /// Further UCX options, names without the `UCX_` prefix (`("RNDV_THRESH", "8k")`).
     pub config: Vec<(String, String)>,
+    /// Mirror a NIXL agent's UCX context, for peers that are stock NIXL agents
+    /// (`nixl_core::nixl_wire`): context features `RMA|AMO32|AMO64|AM|WAKEUP` and UCX's
+    /// default address version (v1) instead of v2, so both sides select lanes from the same
+    /// inputs. NIXL peers are reachable without it, on less tested paths.
+    pub nixl_compat: bool,
 }
 
 impl Default for UcxParams {
@@ -54,9 +64,14 @@ impl Default for UcxParams {
             cancel_timeout: Duration::from_secs(5),
             keepalive_interval: None,
             config: Vec::new(),
+            nixl_compat: false,
         }
     }
 }
+
+/// `UCX_TCP_USER_TIMEOUT` is this many keep-alive intervals (see
+/// [`UcxParams::keepalive_interval`]).
+pub const TCP_USER_TIMEOUT_FACTOR: u32 = 4;
 
 fn bad(reason: impl Into<String>) -> Error {
     Error::invalid("", Op::CreateBackend, reason)
@@ -107,11 +122,11 @@ impl UcxParams {
         // The settings NIXL applies: without an infinite rendezvous threshold UCX (1.22) picks
         // software-emulated puts over tcp instead of CMA zero-copy between local processes
         // when peer error handling is on.
-        let mut defaults = vec![
-            ("RNDV_THRESH", "inf"),
-            ("ADDRESS_VERSION", "v2"),
-            ("MAX_RMA_RAILS", "2"),
-        ];
+        let mut defaults = vec![("RNDV_THRESH", "inf"), ("MAX_RMA_RAILS", "2")];
+        if !self.nixl_compat {
+            // NIXL asks for v2 only with EFA devices; UCX's default is v1.
+            defaults.push(("ADDRESS_VERSION", "v2"));
+        }
         if (version.0, version.1) >= (1, 19) {
             defaults.push(("MAX_COMPONENT_MDS", "32"));
         }
@@ -133,6 +148,15 @@ impl UcxParams {
                 "KEEPALIVE_INTERVAL".to_owned(),
                 format!("{}ms", k.as_millis().max(1)),
             ));
+            let user_set = std::env::var_os("UCX_TCP_USER_TIMEOUT").is_some()
+                || self.config.iter().any(|(n, _)| n == "TCP_USER_TIMEOUT");
+            if !user_set {
+                let t = (k * TCP_USER_TIMEOUT_FACTOR).max(Duration::from_secs(1));
+                v.push((
+                    "TCP_USER_TIMEOUT".to_owned(),
+                    format!("{}ms", t.as_millis()),
+                ));
+            }
         }
         v.extend(self.config.iter().cloned());
         v
@@ -153,6 +177,7 @@ impl UcxParams {
         m.insert("devices".into(), opt(&self.devices));
         m.insert("num_workers".into(), self.num_workers.to_string());
         m.insert("progress_thread".into(), self.progress_thread.to_string());
+        m.insert("nixl_compat".into(), self.nixl_compat.to_string());
         m.insert(
             "cancel_timeout_ms".into(),
             self.cancel_timeout.as_millis().to_string(),
@@ -170,7 +195,8 @@ impl UcxParams {
     }
 
     /// Parses the string-map form: `ucx_path`, `transports`, `devices`, `num_workers`,
-    /// `progress_thread`, `cancel_timeout_ms`, `keepalive_interval_ms`, and `ucx.<OPTION>`.
+    /// `progress_thread`, `cancel_timeout_ms`, `keepalive_interval_ms`, `nixl_compat`, and
+    /// `ucx.<OPTION>`.
     /// Empty values mean "default". Unknown keys are refused.
     pub fn from_map(map: &BTreeMap<String, String>) -> Result<Self> {
         let mut m = ParamMap::new(UCX, map);
@@ -188,6 +214,9 @@ impl UcxParams {
         }
         if let Some(b) = m.bool("progress_thread")? {
             p.progress_thread = b;
+        }
+        if let Some(b) = m.bool("nixl_compat")? {
+            p.nixl_compat = b;
         }
         if let Some(d) = m.millis("cancel_timeout_ms")? {
             p.cancel_timeout = d;
@@ -213,6 +242,7 @@ mod tests {
             cancel_timeout: Duration::from_millis(1500),
             keepalive_interval: Some(Duration::from_millis(200)),
             config: vec![("RNDV_THRESH".into(), "8k".into())],
+            nixl_compat: true,
         };
         assert_eq!(UcxParams::from_map(&p.to_map()).unwrap(), p);
         assert_eq!(
@@ -222,12 +252,39 @@ mod tests {
     }
 
     #[test]
+    fn keepalive_bounds_unacknowledged_tcp_data() {
+        let get = |p: &UcxParams, k: &str| {
+            p.ucx_config((1, 22, 0))
+                .into_iter()
+                .filter(|(n, _)| n == k)
+                .map(|(_, v)| v)
+                .collect::<Vec<_>>()
+        };
+        let mut p = UcxParams {
+            keepalive_interval: Some(Duration::from_millis(500)),
+            ..UcxParams::default()
+        };
+        assert_eq!(get(&p, "KEEPALIVE_INTERVAL"), ["500ms"]);
+        assert_eq!(get(&p, "TCP_USER_TIMEOUT"), ["2000ms"]);
+        p.keepalive_interval = Some(Duration::from_millis(10));
+        assert_eq!(get(&p, "TCP_USER_TIMEOUT"), ["1000ms"], "at least a second");
+        p.config = vec![("TCP_USER_TIMEOUT".into(), "30s".into())];
+        assert_eq!(
+            get(&p, "TCP_USER_TIMEOUT"),
+            ["30s"],
+            "the user's value wins"
+        );
+        assert!(get(&UcxParams::default(), "TCP_USER_TIMEOUT").is_empty());
+    }
+
+    #[test]
     fn bad_values_are_refused() {
         for (k, v) in [
             ("num_workers", "0"),
             ("num_workers", "65"),
             ("num_workers", "x"),
             ("progress_thread", "maybe"),
+            ("nixl_compat", "perhaps"),
             ("cancel_timeout_ms", "0"),
             ("keepalive_interval_ms", "-1"),
             ("bogus", "1"),

@@ -22,10 +22,10 @@ struct RawWorker(sys::ucp_worker_h);
 // every call into the worker as UCS_THREAD_MODE_SERIALIZED requires.
 unsafe impl Send for RawWorker {}
 
-/// What the notification handler needs.
-struct AmCtx {
-    notifs: Arc<NotifQueue>,
-    agent: String,
+/// What the notification handlers need.
+pub(crate) struct AmCtx {
+    pub notifs: Arc<NotifQueue>,
+    pub agent: String,
 }
 
 /// An endpoint queued for closing.
@@ -160,28 +160,35 @@ impl Worker {
             notifs,
             agent: agent.to_owned(),
         }));
-        // SAFETY: zeroed params with a field mask is the documented form.
-        let mut hp: sys::ucp_am_handler_param_t = unsafe { std::mem::zeroed() };
-        hp.field_mask = (sys::UCP_AM_HANDLER_PARAM_FIELD_ID
-            | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
-            | sys::UCP_AM_HANDLER_PARAM_FIELD_ARG) as u64;
-        hp.id = AM_NOTIF;
-        hp.cb = Some(am_recv);
-        hp.arg = am as *mut c_void;
-        // SAFETY: raw is live; the handler argument stays valid until after the worker is
-        // destroyed (freed in Drop).
-        let st = unsafe { ucx.lib.ucp_worker_set_am_recv_handler(raw, &hp) };
-        if let Err(e) = check(
-            ucx,
-            agent,
-            Op::CreateBackend,
-            "ucp_worker_set_am_recv_handler",
-            st,
-        ) {
-            destroy(raw);
-            // SAFETY: allocated above, never shared (the worker is destroyed).
-            drop(unsafe { Box::from_raw(am) });
-            return Err(e);
+        // Our notifications, and NIXL's (id 0, `nixl_core::nixl_wire::notif`).
+        let handlers: [(u32, sys::ucp_am_recv_callback_t); 2] = [
+            (AM_NOTIF, Some(am_recv)),
+            (crate::nixl::AM_NIXL, Some(crate::nixl::am_recv_nixl)),
+        ];
+        for (id, cb) in handlers {
+            // SAFETY: zeroed params with a field mask is the documented form.
+            let mut hp: sys::ucp_am_handler_param_t = unsafe { std::mem::zeroed() };
+            hp.field_mask = (sys::UCP_AM_HANDLER_PARAM_FIELD_ID
+                | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
+                | sys::UCP_AM_HANDLER_PARAM_FIELD_ARG) as u64;
+            hp.id = id;
+            hp.cb = cb;
+            hp.arg = am as *mut c_void;
+            // SAFETY: raw is live; the handler argument stays valid until after the worker
+            // is destroyed (freed in Drop).
+            let st = unsafe { ucx.lib.ucp_worker_set_am_recv_handler(raw, &hp) };
+            if let Err(e) = check(
+                ucx,
+                agent,
+                Op::CreateBackend,
+                "ucp_worker_set_am_recv_handler",
+                st,
+            ) {
+                destroy(raw);
+                // SAFETY: allocated above, never shared (the worker is destroyed).
+                drop(unsafe { Box::from_raw(am) });
+                return Err(e);
+            }
         }
         Ok(Arc::new(Worker {
             ctx,
@@ -203,7 +210,7 @@ impl Worker {
     /// Locks the worker.
     pub fn lock(&self) -> WorkerGuard<'_> {
         // UCX's CUDA transports run in the calling thread's CUDA context.
-        crate::cuda::apply();
+        crate::memory::apply_vram_context();
         WorkerGuard {
             g: self.raw.lock().unwrap_or_else(|p| p.into_inner()),
             w: self,

@@ -15,14 +15,25 @@ use crate::endpoint::Peer;
 use crate::error::status_error;
 use crate::loader::Ucx;
 use crate::sys;
-use crate::worker::{WorkerGuard, AM_NOTIF};
+use crate::worker::WorkerGuard;
 
 const PENDING: u8 = 0;
 const DONE: u8 = 1;
 const FAILED: u8 = 2;
 
-/// A notification: (header naming the sender, message).
-pub(crate) type Notif = (Arc<[u8]>, Arc<[u8]>);
+/// A notification: (active-message id, header naming the sender, message).
+pub(crate) type Notif = (u32, Arc<[u8]>, Arc<[u8]>);
+
+/// A notification from `agent` to `peer` in the format the peer reads: nixl-rs' (its own AM id,
+/// `header` naming the sender) or NIXL's (AM 0, no header, a `nixlSerDes` payload).
+pub(crate) fn make_notif(agent: &str, header: &Arc<[u8]>, peer: &Peer, msg: &[u8]) -> Notif {
+    if peer.nixl {
+        let payload = nixl_core::nixl_wire::notif::encode_notif(agent, msg);
+        (crate::nixl::AM_NIXL, Arc::from(&[][..]), payload.into())
+    } else {
+        (crate::worker::AM_NOTIF, header.clone(), msg.into())
+    }
+}
 
 /// One post's completion state, shared with UCX callbacks.
 pub(crate) struct PostState {
@@ -30,7 +41,7 @@ pub(crate) struct PostState {
     status: AtomicI32,
     ucx: Arc<Ucx>,
     ep: sys::ucp_ep_h,
-    /// (header, message) of the notification to send after the flush.
+    /// (AM id, header, message) of the notification to send after the flush.
     notif: Option<Notif>,
 }
 
@@ -56,7 +67,7 @@ impl PostState {
     /// After the data is complete: sends the notification, or finishes. Runs under the worker
     /// lock (from `post` or a callback inside progress).
     fn after_flush(self: &Arc<Self>) {
-        let Some((header, msg)) = &self.notif else {
+        let Some((am_id, header, msg)) = &self.notif else {
             self.finish(sys::UCS_OK);
             return;
         };
@@ -75,7 +86,7 @@ impl PostState {
         let r = unsafe {
             self.ucx.lib.ucp_am_send_nbx(
                 self.ep,
-                AM_NOTIF,
+                *am_id,
                 header.as_ptr() as *const c_void,
                 header.len(),
                 msg.as_ptr() as *const c_void,
@@ -449,7 +460,7 @@ impl BackendXfer for UcxXfer {
     }
 
     fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {
-        self.notif = msg.map(|m| (self.header.clone(), Arc::<[u8]>::from(m)));
+        self.notif = msg.map(|m| make_notif(&self.agent, &self.header, &self.peer, m));
         Ok(())
     }
 }

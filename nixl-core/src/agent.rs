@@ -715,12 +715,22 @@ impl Agent {
     }
 
     /// Which transports each backend uses to reach `remote` (so a fallback is visible).
+    /// For a peer speaking NIXL's wire, a last entry `("wire", ...)` says which guarantees do
+    /// not cross to it ([`crate::nixl_wire::NIXL_PEER_NOTE`]).
     pub fn path_report(&self, remote: &str) -> Vec<(String, String)> {
-        self.shared
+        let mut v: Vec<(String, String)> = self
+            .shared
             .backends()
             .iter()
             .filter_map(|b| b.backend.path_report(remote).map(|p| (b.name.clone(), p)))
-            .collect()
+            .collect();
+        if self.peer_wire(remote) == Some(crate::nixl_wire::Wire::Nixl) {
+            v.push((
+                "wire".to_owned(),
+                crate::nixl_wire::NIXL_PEER_NOTE.to_owned(),
+            ));
+        }
+        v
     }
 
     pub(crate) fn remote_peer(&self, remote: &str, op: Op) -> Result<Arc<RemotePeer>> {

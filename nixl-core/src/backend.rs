@@ -279,6 +279,11 @@ pub trait Backend: Send + Sync + 'static {
         let _ = region;
         Ok(None)
     }
+    /// The backend's NIXL wire, when it can reach stock NIXL agents of its type
+    /// ([`crate::nixl_wire`]).
+    fn nixl_wire(&self) -> Option<&dyn crate::nixl_wire::NixlWire> {
+        None
+    }
 }
 
 /// What [`Backend::query`] found about a storage region.

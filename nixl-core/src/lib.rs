@@ -73,6 +73,7 @@ mod inproc;
 pub mod integrity;
 mod make;
 mod mem;
+pub mod nixl_wire;
 mod notif;
 mod params;
 mod prep;

@@ -78,6 +78,17 @@ impl Agent {
                 "integrity checking covers DRAM -> DRAM WRITE only",
             ));
         }
+        if opts.integrity
+            && remote_peer
+                .as_ref()
+                .is_some_and(|p| p.wire == crate::nixl_wire::Wire::Nixl)
+        {
+            return Err(Error::not_supported(
+                me,
+                Op::MakeXfer,
+                "integrity checking needs a nixl-rs target; this peer speaks NIXL's wire",
+            ));
+        }
         let wants_notif = opts.notif.is_some() || opts.integrity;
         let candidates = self
             .select_backends(Op::MakeXfer, &opts.backends)?

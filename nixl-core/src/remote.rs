@@ -11,7 +11,8 @@ use crate::desc::XferDescList;
 use crate::error::{Error, Op, Result};
 use crate::index::RegionIndex;
 use crate::mem::{MemKind, RegionDesc};
-use crate::registration::Registration;
+use crate::nixl_wire::Wire;
+use crate::registration::{RegInner, Registration};
 
 /// A peer's region, loaded into some backends.
 pub(crate) struct RemoteRegion {
@@ -42,6 +43,8 @@ impl Drop for RemoteRegion {
 pub(crate) struct RemotePeer {
     pub name: String,
     pub generation: u64,
+    /// The wire format the peer speaks.
+    pub wire: Wire,
     /// False once invalidated or replaced by a newer generation.
     pub valid: AtomicBool,
     /// Backend slot id -> connection info.
@@ -106,21 +109,44 @@ struct LoadPlan<'a> {
 
 impl<'a> LoadPlan<'a> {
     /// Checks the blob against what is loaded, without changing anything: O(regions).
-    fn validate(agent: &Agent, md: &'a AgentMetadata) -> Result<Self> {
+    fn validate(agent: &Agent, md: &'a AgentMetadata, wire: Wire) -> Result<Self> {
         let me = agent.name();
         let backends = agent.shared.backends();
+        // The blob's backends mapped onto ours (ones we do not have, or that cannot speak the
+        // blob's wire, are ignored).
         let slots: Vec<Option<Arc<BackendSlot>>> = md
             .backends
             .iter()
             .map(|e| {
                 backends
                     .iter()
-                    .find(|b| b.name == e.name && b.caps.remote)
+                    .find(|b| {
+                        b.name == e.name
+                            && b.caps.remote
+                            && (wire == Wire::Native || b.backend.nixl_wire().is_some())
+                    })
                     .cloned()
             })
             .collect();
+        if wire == Wire::Nixl
+            && md.has_conn_info
+            && !md
+                .backends
+                .iter()
+                .zip(&slots)
+                .any(|(e, s)| s.is_some() && !e.conn_info.is_empty())
+        {
+            // NIXL's rule too (NIXL_ERR_BACKEND): connection info, but none usable here.
+            return Err(Error::not_supported(
+                me,
+                Op::LoadMetadata,
+                format!("none of {}'s backends speaks NIXL's wire here", md.name),
+            ));
+        }
         let existing = lock(&agent.shared.remotes).get(&md.name).cloned();
-        let same = existing.as_ref().filter(|p| p.generation == md.generation);
+        let same = existing
+            .as_ref()
+            .filter(|p| p.generation == md.generation && p.wire == wire);
         match same {
             Some(peer) if md.has_conn_info => {
                 let conn = lock(&peer.conn);
@@ -196,12 +222,13 @@ impl<'a> LoadPlan<'a> {
     /// Connects the backends and loads the regions. On error, everything this call did is
     /// undone (see [`LoadGuard`]) and the peer's loaded state is as before (or, for a new
     /// incarnation, not loaded).
-    fn apply(&self, agent: &Agent, md: &AgentMetadata) -> Result<()> {
+    fn apply(&self, agent: &Agent, md: &AgentMetadata, wire: Wire) -> Result<()> {
         let peer = match (&self.existing, self.same_gen) {
             (Some(p), true) => p.clone(),
             _ => Arc::new(RemotePeer {
                 name: md.name.clone(),
                 generation: md.generation,
+                wire,
                 valid: AtomicBool::new(true),
                 conn: Mutex::new(BTreeMap::new()),
                 regions: Mutex::new(RegionIndex::default()),
@@ -220,10 +247,10 @@ impl<'a> LoadPlan<'a> {
         if md.has_conn_info {
             for (e, slot) in md.backends.iter().zip(&self.slots) {
                 let Some(slot) = slot else { continue };
-                if peer.is_connected(slot.id) {
+                if peer.is_connected(slot.id) || (wire == Wire::Nixl && e.conn_info.is_empty()) {
                     continue;
                 }
-                slot.backend.connect(&md.name, &e.conn_info)?;
+                connect_slot(agent.name(), slot, wire, &md.name, &e.conn_info)?;
                 lock(&peer.conn).insert(slot.id, e.conn_info.clone());
                 guard.connected.push(slot.clone());
             }
@@ -237,7 +264,7 @@ impl<'a> LoadPlan<'a> {
                 if !peer.is_connected(slot.id) {
                     continue;
                 }
-                let m = slot.backend.load_remote(&md.name, desc, public)?;
+                let m = load_slot(agent.name(), slot, wire, &md.name, desc, public)?;
                 mds.push((slot.clone(), m, public.to_vec()));
             }
             if mds.is_empty() {
@@ -317,30 +344,7 @@ impl Agent {
                 conn_info,
             });
         }
-        let regs: Vec<Arc<crate::registration::RegInner>> = match sel.registrations {
-            None => lock(&self.shared.regs).live(),
-            Some(list) => {
-                let mut v = Vec::with_capacity(list.len());
-                for r in list {
-                    if !Arc::ptr_eq(&r.inner.shared, &self.shared) {
-                        return Err(Error::mismatch(
-                            self.name(),
-                            Op::LocalMetadata,
-                            "registration belongs to another agent",
-                        ));
-                    }
-                    if r.is_deregistered() {
-                        return Err(Error::not_found(
-                            self.name(),
-                            Op::LocalMetadata,
-                            "registration was deregistered",
-                        ));
-                    }
-                    v.push(r.inner.clone());
-                }
-                v
-            }
-        };
+        let regs = self.selected_registrations(sel)?;
         let mut regions = Vec::new();
         for reg in &regs {
             for r in &reg.regions {
@@ -369,8 +373,40 @@ impl Agent {
         .encode())
     }
 
+    /// The live registrations a selection names (all, when it names none).
+    pub(crate) fn selected_registrations(
+        &self,
+        sel: &MetadataSelection<'_>,
+    ) -> Result<Vec<Arc<RegInner>>> {
+        Ok(match sel.registrations {
+            None => lock(&self.shared.regs).live(),
+            Some(list) => {
+                let mut v = Vec::with_capacity(list.len());
+                for r in list {
+                    if !Arc::ptr_eq(&r.inner.shared, &self.shared) {
+                        return Err(Error::mismatch(
+                            self.name(),
+                            Op::LocalMetadata,
+                            "registration belongs to another agent",
+                        ));
+                    }
+                    if r.is_deregistered() {
+                        return Err(Error::not_found(
+                            self.name(),
+                            Op::LocalMetadata,
+                            "registration was deregistered",
+                        ));
+                    }
+                    v.push(r.inner.clone());
+                }
+                v
+            }
+        })
+    }
+
     /// Loads a peer's metadata and returns its name.
     ///
+    /// Takes this crate's metadata or a stock NIXL agent's blob (see [`crate::nixl_wire`]).
     /// Loading is append-only for one incarnation of a peer: new regions are added, identical
     /// ones skipped, and changed connection info or changed region metadata is refused with
     /// [`Error::Mismatch`] (nothing changes). Metadata with a new generation replaces the old
@@ -382,23 +418,43 @@ impl Agent {
     /// other: transfers and loads of other peers go on while a large peer loads.
     #[doc(alias = "loadRemoteMD")]
     pub fn load_remote_metadata(&self, bytes: &[u8]) -> Result<String> {
-        let md = AgentMetadata::decode(bytes).map_err(|source| Error::Decode {
+        let decode_err = |source| Error::Decode {
             agent: self.name().to_owned(),
             op: Op::LoadMetadata,
             source,
-        })?;
-        if md.name == self.name() {
+        };
+        if crate::nixl_wire::is_nixl_blob(bytes) {
+            let n = crate::nixl_wire::NixlMetadata::decode(bytes).map_err(decode_err)?;
+            self.refuse_own(&n.name)?;
+            let peer_lock = self.shared.peer_lock(&n.name);
+            let _serialised = lock(&peer_lock);
+            // A NIXL blob's incarnation depends on what is loaded: decided under the lock.
+            let md = self.nixl_to_agent_metadata(n)?;
+            return self.load_locked(md, Wire::Nixl);
+        }
+        let md = AgentMetadata::decode(bytes).map_err(decode_err)?;
+        self.refuse_own(&md.name)?;
+        let peer_lock = self.shared.peer_lock(&md.name);
+        let _serialised = lock(&peer_lock);
+        self.load_locked(md, Wire::Native)
+    }
+
+    fn refuse_own(&self, name: &str) -> Result<()> {
+        if name == self.name() {
             return Err(Error::not_allowed(
                 self.name(),
                 Op::LoadMetadata,
                 "an agent cannot load its own metadata",
             ));
         }
-        let peer_lock = self.shared.peer_lock(&md.name);
-        let _serialised = lock(&peer_lock);
-        let plan = LoadPlan::validate(self, &md)?;
-        plan.apply(self, &md)?;
-        tracing::debug!(agent = %self.name(), remote = %md.name, generation = md.generation, regions = plan.new_regions.len(), "metadata loaded");
+        Ok(())
+    }
+
+    /// Loads decoded metadata; the caller holds the peer's lock.
+    fn load_locked(&self, md: AgentMetadata, wire: Wire) -> Result<String> {
+        let plan = LoadPlan::validate(self, &md, wire)?;
+        plan.apply(self, &md, wire)?;
+        tracing::debug!(agent = %self.name(), remote = %md.name, generation = md.generation, ?wire, regions = plan.new_regions.len(), "metadata loaded");
         Ok(md.name)
     }
 
@@ -489,5 +545,36 @@ impl Agent {
         let mut v: Vec<String> = lock(&self.shared.remotes).keys().cloned().collect();
         v.sort();
         v
+    }
+}
+
+fn connect_slot(me: &str, slot: &BackendSlot, wire: Wire, remote: &str, info: &[u8]) -> Result<()> {
+    match (wire, slot.backend.nixl_wire()) {
+        (Wire::Native, _) => slot.backend.connect(remote, info),
+        (Wire::Nixl, Some(n)) => n.nixl_connect(remote, info),
+        (Wire::Nixl, None) => Err(Error::not_supported(
+            me,
+            Op::LoadMetadata,
+            format!("backend {} does not speak NIXL's wire", slot.name),
+        )),
+    }
+}
+
+fn load_slot(
+    me: &str,
+    slot: &BackendSlot,
+    wire: Wire,
+    remote: &str,
+    desc: &RegionDesc,
+    public: &[u8],
+) -> Result<BackendMd> {
+    match (wire, slot.backend.nixl_wire()) {
+        (Wire::Native, _) => slot.backend.load_remote(remote, desc, public),
+        (Wire::Nixl, Some(n)) => n.nixl_load_remote(remote, desc, public),
+        (Wire::Nixl, None) => Err(Error::not_supported(
+            me,
+            Op::LoadMetadata,
+            format!("backend {} does not speak NIXL's wire", slot.name),
+        )),
     }
 }

@@ -1,7 +1,8 @@
 //! Metadata exchange over a TCP side channel.
 //!
 //! Each agent with `listen` on runs a listener thread. Frames are `u32` big-endian length,
-//! one type byte, payload; every read and write has a deadline and frames are bounded.
+//! one type byte, payload; frames are bounded, and a whole exchange has one deadline (each
+//! read and write gets only the time left, so a peer that trickles bytes cannot stretch it).
 //!
 //! | type | payload | reply |
 //! |---|---|---|
@@ -106,7 +107,43 @@ fn encode_invalidate(name: &str, generation: u64) -> Vec<u8> {
     v
 }
 
+/// The deadline of serving one connection (reading the request, writing the reply).
 const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A stream whose every read and write is bounded by what is left of one deadline.
+struct Deadlined<'a> {
+    s: &'a TcpStream,
+    deadline: Instant,
+}
+
+impl Deadlined<'_> {
+    fn left(&self) -> std::io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            Err(std::io::ErrorKind::TimedOut.into())
+        } else {
+            Ok(left)
+        }
+    }
+}
+
+impl Read for Deadlined<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.s.set_read_timeout(Some(self.left()?))?;
+        self.s.read(buf)
+    }
+}
+
+impl Write for Deadlined<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.s.set_write_timeout(Some(self.left()?))?;
+        self.s.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.s.flush()
+    }
+}
 
 pub(crate) fn start_listener(agent: &Agent) -> Result<()> {
     let name = agent.name().to_owned();
@@ -153,11 +190,13 @@ pub(crate) fn start_listener(agent: &Agent) -> Result<()> {
     Ok(())
 }
 
-fn serve(agent: &Agent, mut s: TcpStream) -> std::io::Result<()> {
-    s.set_nonblocking(false)?;
-    s.set_read_timeout(Some(IO_TIMEOUT))?;
-    s.set_write_timeout(Some(IO_TIMEOUT))?;
-    s.set_nodelay(true)?;
+fn serve(agent: &Agent, stream: TcpStream) -> std::io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_nodelay(true)?;
+    let mut s = Deadlined {
+        s: &stream,
+        deadline: Instant::now() + IO_TIMEOUT,
+    };
     let f = read_frame(&mut s)?;
     match f.kind {
         PUSH => match agent.load_remote_metadata(&f.payload) {
@@ -199,11 +238,6 @@ fn connect(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
         return Err(std::io::ErrorKind::TimedOut.into());
     }
     let s = TcpStream::connect_timeout(&addr, left)?;
-    let io = deadline
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_millis(1));
-    s.set_read_timeout(Some(io))?;
-    s.set_write_timeout(Some(io))?;
     s.set_nodelay(true)?;
     Ok(s)
 }
@@ -214,7 +248,11 @@ fn exchange(
     payload: &[u8],
     deadline: Instant,
 ) -> std::io::Result<Frame> {
-    let mut s = connect(addr, deadline)?;
+    let stream = connect(addr, deadline)?;
+    let mut s = Deadlined {
+        s: &stream,
+        deadline,
+    };
     write_frame(&mut s, kind, payload)?;
     read_frame(&mut s)
 }

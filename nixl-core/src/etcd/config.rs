@@ -13,6 +13,9 @@ pub const ENV_ENDPOINTS: &str = "NIXL_ETCD_ENDPOINTS";
 pub const ENV_NAMESPACE: &str = "NIXL_ETCD_NAMESPACE";
 /// The namespace used when neither the config nor the environment names one.
 pub const DEFAULT_NAMESPACE: &str = "/nixl/agents";
+/// NIXL's default namespace prefix. NIXL writes keys as `prefix + "/" + agent + "/" +
+/// label`, so its default keys have a double slash: `/nixl/agents//{agent}/metadata`.
+pub const NIXL_NAMESPACE: &str = "/nixl/agents/";
 /// The label full metadata is published under.
 pub const DEFAULT_LABEL: &str = "metadata";
 /// Longest label accepted.
@@ -47,6 +50,13 @@ pub struct EtcdConfig {
     /// How many times a request that failed transiently (connection refused, deadline,
     /// leader change) is retried before its error is returned.
     pub retries: u32,
+    /// Use NIXL's keys and blobs, to meet stock NIXL agents in etcd
+    /// ([`crate::nixl_wire`]): the namespace is taken verbatim (default [`NIXL_NAMESPACE`],
+    /// so keys are `/nixl/agents//{agent}/{label}`), agent names are not escaped, `publish`
+    /// writes NIXL's blob and NIXL's empty announcement key `{namespace}/{agent}/`. Deleting
+    /// the agent's prefix (lease expiry, `invalidate_local`) invalidates it on NIXL peers
+    /// too.
+    pub nixl_keys: bool,
 }
 
 impl Default for EtcdConfig {
@@ -57,6 +67,7 @@ impl Default for EtcdConfig {
             lease_ttl: Duration::from_secs(10),
             request_timeout: Duration::from_secs(2),
             retries: 2,
+            nixl_keys: false,
         }
     }
 }
@@ -69,6 +80,7 @@ pub(crate) struct Resolved {
     pub ttl_secs: i64,
     pub request_timeout: Duration,
     pub retries: u32,
+    pub nixl: bool,
 }
 
 impl EtcdConfig {
@@ -108,7 +120,14 @@ impl EtcdConfig {
             Some(ns) => ns.clone(),
             None => env(ENV_NAMESPACE)
                 .filter(|s| !s.is_empty())
-                .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned()),
+                .unwrap_or_else(|| {
+                    if self.nixl_keys {
+                        NIXL_NAMESPACE
+                    } else {
+                        DEFAULT_NAMESPACE
+                    }
+                    .to_owned()
+                }),
         };
         if namespace.is_empty() {
             return Err(bad(
@@ -126,10 +145,15 @@ impl EtcdConfig {
         }
         Ok(Resolved {
             endpoints,
-            layout: KeyLayout::new(&namespace),
+            layout: if self.nixl_keys {
+                KeyLayout::verbatim(&namespace)
+            } else {
+                KeyLayout::new(&namespace)
+            },
             ttl_secs,
             request_timeout: self.request_timeout,
             retries: self.retries,
+            nixl: self.nixl_keys,
         })
     }
 }
@@ -138,8 +162,10 @@ impl EtcdConfig {
 /// one agent's prefix never covers another's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct KeyLayout {
-    /// The namespace without a trailing `/`.
+    /// The namespace without a trailing `/` (or verbatim, for NIXL's keys).
     ns: String,
+    /// Whether names are escaped (not in NIXL's layout).
+    escaped: bool,
 }
 
 fn escape(s: &str) -> String {
@@ -175,6 +201,23 @@ impl KeyLayout {
     pub fn new(namespace: &str) -> Self {
         KeyLayout {
             ns: namespace.trim_end_matches('/').to_owned(),
+            escaped: true,
+        }
+    }
+
+    /// NIXL's layout: the namespace verbatim and names unescaped.
+    pub fn verbatim(namespace: &str) -> Self {
+        KeyLayout {
+            ns: namespace.to_owned(),
+            escaped: false,
+        }
+    }
+
+    fn esc(&self, s: &str) -> String {
+        if self.escaped {
+            escape(s)
+        } else {
+            s.to_owned()
         }
     }
 
@@ -190,12 +233,12 @@ impl KeyLayout {
 
     /// `{namespace}/{agent}/`: one agent's keys.
     pub fn agent_prefix(&self, agent: &str) -> String {
-        format!("{}/{}/", self.ns, escape(agent))
+        format!("{}/{}/", self.ns, self.esc(agent))
     }
 
     /// `{namespace}/{agent}/{label}`.
     pub fn key(&self, agent: &str, label: &str) -> String {
-        format!("{}/{}/{}", self.ns, escape(agent), escape(label))
+        format!("{}/{}/{}", self.ns, self.esc(agent), self.esc(label))
     }
 
     /// The agent and label of a key under this namespace, `None` for any other key.
@@ -205,6 +248,9 @@ impl KeyLayout {
         let (agent, label) = rest.split_once('/')?;
         if agent.is_empty() || label.is_empty() || label.contains('/') {
             return None;
+        }
+        if !self.escaped {
+            return Some((agent.to_owned(), label.to_owned()));
         }
         Some((unescape(agent)?, unescape(label)?))
     }

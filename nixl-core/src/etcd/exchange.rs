@@ -10,8 +10,9 @@ use super::pb;
 use super::rpc::{block_on, Rpc};
 use super::watch::{self, PeerTable};
 use crate::agent::Agent;
-use crate::codec::AgentMetadata;
 use crate::error::{Error, Op, Result};
+use crate::nixl_wire::agent::metadata_identity;
+use crate::nixl_wire::is_nixl_blob;
 use crate::remote::MetadataSelection;
 
 /// How a read is served.
@@ -157,6 +158,19 @@ impl EtcdExchange {
     /// Publishes the agent's full metadata under [`DEFAULT_LABEL`] (NIXL's `sendLocalMD`).
     #[doc(alias = "sendLocalMD")]
     pub fn publish(&self) -> Result<()> {
+        if self.cfg.nixl {
+            // NIXL announces an agent with an empty value at its prefix, then the blob.
+            let announce = self.cfg.layout.agent_prefix(self.agent.name());
+            self.run(put_leased(
+                &self.rpc,
+                &self.lease,
+                self.cfg.ttl_secs,
+                announce,
+                Vec::new(),
+                self.rpc.default_deadline(),
+            ))?;
+            return self.publish_bytes(DEFAULT_LABEL, &self.agent.local_nixl_metadata()?);
+        }
         self.publish_bytes(DEFAULT_LABEL, &self.agent.local_metadata()?)
     }
 
@@ -164,7 +178,12 @@ impl EtcdExchange {
     #[doc(alias = "sendLocalPartialMD")]
     pub fn publish_partial(&self, label: &str, selection: &MetadataSelection<'_>) -> Result<()> {
         check_label(self.agent.name(), label)?;
-        self.publish_bytes(label, &self.agent.local_partial_metadata(selection)?)
+        let md = if self.cfg.nixl {
+            self.agent.local_partial_nixl_metadata(selection)?
+        } else {
+            self.agent.local_partial_metadata(selection)?
+        };
+        self.publish_bytes(label, &md)
     }
 
     /// Publishes metadata bytes under `label`. They must be this agent's own current
@@ -172,19 +191,22 @@ impl EtcdExchange {
     pub fn publish_bytes(&self, label: &str, metadata: &[u8]) -> Result<()> {
         let me = self.agent.name();
         check_label(me, label)?;
-        let md = AgentMetadata::decode(metadata).map_err(|source| Error::Decode {
+        let (name, generation) = metadata_identity(metadata).map_err(|source| Error::Decode {
             agent: me.to_owned(),
             op: Op::Exchange,
             source,
         })?;
-        if md.name != me || md.generation != self.agent.generation() {
+        let ours = match generation {
+            // NIXL blobs carry no generation of ours: the name is all there is to check.
+            _ if is_nixl_blob(metadata) => name == me,
+            Some(g) => name == me && g == self.agent.generation(),
+            None => false,
+        };
+        if !ours {
             return Err(Error::mismatch(
                 me,
                 Op::Exchange,
-                format!(
-                    "metadata of {} (generation {}) is not this agent's",
-                    md.name, md.generation
-                ),
+                format!("metadata of {name} (generation {generation:?}) is not this agent's"),
             ));
         }
         let key = self.cfg.layout.key(me, label);
@@ -303,26 +325,28 @@ impl EtcdExchange {
     ) -> Result<String> {
         let me = self.agent.name();
         let key = self.cfg.layout.key(remote, label);
-        let md = AgentMetadata::decode(value).map_err(|source| Error::Decode {
+        let (md_name, _) = metadata_identity(value).map_err(|source| Error::Decode {
             agent: me.to_owned(),
             op: Op::Exchange,
             source,
         })?;
-        if md.name != remote {
+        if md_name != remote {
             return Err(Error::mismatch(
                 me,
                 Op::Exchange,
-                format!("key {key} holds metadata of {}", md.name),
+                format!("key {key} holds metadata of {md_name}"),
             ));
         }
         let name = self.agent.load_remote_metadata(value)?;
-        if self.peers.track(remote, md.generation, label, revision) {
+        // The loaded incarnation (derived from connection info for a NIXL blob).
+        let generation = self.agent.remote_generation(remote).unwrap_or(0);
+        if self.peers.track(remote, generation, label, revision) {
             // The watch already went past our read: re-read so a deletion in between is seen.
             // When that read fails, the peer cannot be vouched for: fence it too.
             let check = self
                 .run(self.read_or_wait(&key, Duration::ZERO, Read::Linearizable))
-                .and_then(|(now, _)| match AgentMetadata::decode(&now) {
-                    Ok(m) if m.name == remote && m.generation == md.generation => Ok(()),
+                .and_then(|(now, _)| match metadata_identity(&now) {
+                    Ok((n, g)) if n == remote && g.is_none_or(|g| g == generation) => Ok(()),
                     _ => Err(Error::not_found(
                         me,
                         Op::Exchange,
@@ -330,11 +354,11 @@ impl EtcdExchange {
                     )),
                 });
             if let Err(e) = check {
-                self.peers.untrack(remote, Some(md.generation));
+                self.peers.untrack(remote, Some(generation));
                 watch::invalidate(
                     &Arc::downgrade(&self.agent.shared),
                     remote,
-                    md.generation,
+                    generation,
                     "its key changed while it was loaded",
                 );
                 return Err(e);

@@ -53,6 +53,7 @@ mod watch;
 
 pub use config::{
     EtcdConfig, DEFAULT_LABEL, DEFAULT_NAMESPACE, ENV_ENDPOINTS, ENV_NAMESPACE, MAX_LABEL,
+    NIXL_NAMESPACE,
 };
 pub use exchange::EtcdExchange;
 pub use local::{LocalEtcd, ENV_ETCD_BIN};

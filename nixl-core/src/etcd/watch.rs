@@ -12,7 +12,7 @@ use super::config::KeyLayout;
 use super::pb;
 use super::rpc::Rpc;
 use crate::agent::{lock, Agent, Shared};
-use crate::codec::AgentMetadata;
+use crate::nixl_wire::agent::metadata_identity;
 
 /// A peer loaded through etcd: the incarnation loaded and the labels it came from.
 #[derive(Debug)]
@@ -111,8 +111,9 @@ impl PeerTable {
             let still_valid = match pb::EventType::try_from(ev.r#type) {
                 // Republished: the same incarnation (new registrations) keeps the peer;
                 // another incarnation or bytes that do not decode fence it.
-                Ok(pb::EventType::Put) => AgentMetadata::decode(&kv.value)
-                    .is_ok_and(|md| md.name == agent && md.generation == generation),
+                // (A NIXL blob without connection info cannot name its incarnation: kept.)
+                Ok(pb::EventType::Put) => metadata_identity(&kv.value)
+                    .is_ok_and(|(n, g)| n == agent && g.is_none_or(|g| g == generation)),
                 // A deletion (or an event type newer than this client) fences it.
                 _ => false,
             };
@@ -242,8 +243,8 @@ async fn reconcile(
             let rev = resp.header.as_ref().map(|h| h.revision).unwrap_or(0);
             revision = Some(revision.map_or(rev, |r: i64| r.min(rev)));
             let ok = resp.kvs.first().is_some_and(|kv| {
-                AgentMetadata::decode(&kv.value)
-                    .is_ok_and(|md| md.name == peer && md.generation == generation)
+                metadata_identity(&kv.value)
+                    .is_ok_and(|(n, g)| n == peer && g.is_none_or(|g| g == generation))
             });
             if !ok {
                 table.untrack(&peer, Some(generation));

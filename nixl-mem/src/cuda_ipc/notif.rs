@@ -19,7 +19,8 @@ use nixl_core::{Error, Op, Result};
 
 /// The largest notification accepted.
 pub const MAX_NOTIF: usize = 16 << 20;
-const MAX_NAME: usize = 256;
+/// The longest sender name accepted (the first frame of a connection).
+pub(crate) const MAX_NAME: usize = 256;
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The receiving side: a listener thread feeding the agent's queue; stops on drop.
@@ -77,38 +78,66 @@ fn unique() -> u64 {
 
 struct Conn {
     stream: UnixStream,
+    frames: FrameReader,
+}
+
+/// The receiving state of one connection: bytes not yet framed, and the sender's name once its
+/// first frame arrived. Pure (no I/O), so the decoder can be fuzzed.
+#[derive(Debug, Default)]
+pub(crate) struct FrameReader {
     buf: Vec<u8>,
     sender: Option<String>,
 }
 
-/// Parses complete frames out of `c.buf`; false when the peer broke the protocol.
-fn drain_frames(c: &mut Conn, notifs: &NotifQueue) -> bool {
-    loop {
-        if c.buf.len() < 4 {
-            return true;
-        }
-        let n = u32::from_le_bytes([c.buf[0], c.buf[1], c.buf[2], c.buf[3]]) as usize;
-        let limit = if c.sender.is_none() {
-            MAX_NAME
-        } else {
-            MAX_NOTIF
-        };
-        if n > limit {
-            return false;
-        }
-        if c.buf.len() < 4 + n {
-            return true;
-        }
-        let frame: Vec<u8> = c.buf[4..4 + n].to_vec();
-        c.buf.drain(..4 + n);
-        match &c.sender {
-            None => match String::from_utf8(frame) {
-                Ok(s) if !s.is_empty() => c.sender = Some(s),
-                _ => return false,
-            },
-            Some(s) => notifs.push(s, frame),
+impl FrameReader {
+    /// Appends `bytes` and hands every complete notification, with its sender, to `deliver`;
+    /// false when the peer broke the protocol (a frame over the limit, an empty or non-UTF-8
+    /// name): the connection is then dropped. Buffers at most one frame (`4 + MAX_NOTIF`
+    /// bytes) plus what one read returned.
+    pub fn feed(&mut self, bytes: &[u8], mut deliver: impl FnMut(&str, Vec<u8>)) -> bool {
+        self.buf.extend_from_slice(bytes);
+        loop {
+            if self.buf.len() < 4 {
+                return true;
+            }
+            let n =
+                u32::from_le_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
+            let limit = if self.sender.is_none() {
+                MAX_NAME
+            } else {
+                MAX_NOTIF
+            };
+            if n > limit {
+                return false;
+            }
+            if self.buf.len() < 4 + n {
+                return true;
+            }
+            let frame: Vec<u8> = self.buf[4..4 + n].to_vec();
+            self.buf.drain(..4 + n);
+            match &self.sender {
+                None => match String::from_utf8(frame) {
+                    Ok(s) if !s.is_empty() => self.sender = Some(s),
+                    _ => return false,
+                },
+                Some(s) => deliver(s, frame),
+            }
         }
     }
+
+    /// Bytes received and not yet part of a complete frame.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+}
+
+/// One frame: the length (`u32` little-endian) and the bytes.
+pub(crate) fn frame(b: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(4 + b.len());
+    frame.extend_from_slice(&(b.len() as u32).to_le_bytes());
+    frame.extend_from_slice(b);
+    frame
 }
 
 fn serve(listener: UnixListener, stop: Arc<AtomicBool>, notifs: Arc<NotifQueue>) {
@@ -123,9 +152,7 @@ fn serve(listener: UnixListener, stop: Arc<AtomicBool>, notifs: Arc<NotifQueue>)
                 revents: 0,
             })
             .collect();
-        // SAFETY: `fds` is a valid array of `fds.len()` pollfd entries for the whole call.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 50) };
-        if n <= 0 {
+        if !matches!(crate::sys::host::poll(&mut fds, 50), Ok(n) if n > 0) {
             continue;
         }
         if fds[0].revents != 0 {
@@ -133,8 +160,7 @@ fn serve(listener: UnixListener, stop: Arc<AtomicBool>, notifs: Arc<NotifQueue>)
                 if stream.set_nonblocking(true).is_ok() {
                     conns.push(Conn {
                         stream,
-                        buf: Vec::new(),
-                        sender: None,
+                        frames: FrameReader::default(),
                     });
                 }
             }
@@ -151,8 +177,7 @@ fn serve(listener: UnixListener, stop: Arc<AtomicBool>, notifs: Arc<NotifQueue>)
                         break;
                     }
                     Ok(k) => {
-                        c.buf.extend_from_slice(&chunk[..k]);
-                        if !drain_frames(c, &notifs) {
+                        if !c.frames.feed(&chunk[..k], |s, m| notifs.push(s, m)) {
                             tracing::warn!(
                                 "CUDA_IPC notification peer broke the protocol; disconnecting it"
                             );
@@ -252,10 +277,7 @@ fn connect(agent: &str, name: &[u8]) -> std::io::Result<UnixStream> {
 }
 
 fn write_frame(s: &mut UnixStream, b: &[u8]) -> std::io::Result<()> {
-    let mut frame = Vec::with_capacity(4 + b.len());
-    frame.extend_from_slice(&(b.len() as u32).to_le_bytes());
-    frame.extend_from_slice(b);
-    s.write_all(&frame)
+    s.write_all(&frame(b))
 }
 
 #[cfg(test)]
@@ -303,6 +325,35 @@ mod tests {
         assert!(senders
             .send("a", "b", server.name(), &vec![0u8; MAX_NOTIF + 1])
             .is_err());
+    }
+
+    #[test]
+    fn frames_split_anywhere_decode_the_same_and_breakers_are_refused() {
+        let mut bytes = frame(b"sender");
+        for m in [&b"one"[..], b"", b"three"] {
+            bytes.extend_from_slice(&frame(m));
+        }
+        for step in [1, 2, 3, 5, 64] {
+            let mut r = FrameReader::default();
+            let mut got = Vec::new();
+            for piece in bytes.chunks(step) {
+                assert!(r.feed(piece, |s, m| got.push((s.to_owned(), m))));
+            }
+            assert_eq!(r.buffered(), 0);
+            let want: Vec<(String, Vec<u8>)> = [&b"one"[..], b"", b"three"]
+                .iter()
+                .map(|m| ("sender".to_owned(), m.to_vec()))
+                .collect();
+            assert_eq!(got, want, "step {step}");
+        }
+        for bad in [
+            frame(b""),
+            frame(&[0xff, 0xfe]),
+            frame(&[b'x'; MAX_NAME + 1]),
+            [frame(b"s"), (MAX_NOTIF as u32 + 1).to_le_bytes().to_vec()].concat(),
+        ] {
+            assert!(!FrameReader::default().feed(&bad, |_, _| panic!("delivered")));
+        }
     }
 
     #[test]

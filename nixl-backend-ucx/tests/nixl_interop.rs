@@ -1,0 +1,623 @@
+//! Interoperability with stock NIXL (the PyPI nixl-cu13 wheel through its Python API, in a
+//! child process: `tests/nixl_peer.py`), over UCX tcp and shared memory, both sides loading
+//! the wheel's own libucp. Every byte moved is verified.
+//!
+//! Needs `scripts/deps/nixl.sh` (NIXL_PYTHONPATH, NIXL_WHEEL_UCX); without it the tests skip
+//! with `Dep::Nixl`, which CI does not allow.
+
+mod common;
+#[path = "common/nixl_peer.rs"]
+mod nixl_peer;
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nixl_backend_ucx::{UcxError, UcxParams};
+use nixl_core::nixl_wire::{NixlListener, NixlMetadata, Wire, NIXL_PEER_NOTE};
+use nixl_core::{
+    Agent, AgentConfig, Error, HostBuffer, MemKind, XferDescList, XferOp, XferOptions,
+};
+use nixl_peer::{nixl_or_skip, pattern, NixlEnv, NixlPeer};
+use serde_json::json;
+
+const LEN: usize = 256 << 10;
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A nixl-rs agent on the wheel's UCX, mirroring NIXL's UCX context.
+fn rs_agent(env: &NixlEnv, role: &str, tls: &str) -> Agent {
+    rs_agent_named(env, &common::unique(role), tls)
+}
+
+/// Like [`rs_agent`] with a given name.
+fn rs_agent_named(env: &NixlEnv, name: &str, tls: &str) -> Agent {
+    let a = Agent::new(
+        name,
+        AgentConfig {
+            default_timeout: WAIT,
+            ..AgentConfig::default()
+        },
+    )
+    .expect("agent");
+    a.create_backend(UcxParams {
+        library_path: Some(env.ucx.clone()),
+        transports: Some(tls.to_owned()),
+        keepalive_interval: Some(Duration::from_millis(500)),
+        nixl_compat: true,
+        ..UcxParams::default()
+    })
+    .expect("UCX backend on the wheel's libucp");
+    a
+}
+
+fn buf(len: usize, seed: Option<u64>) -> Arc<HostBuffer> {
+    let b = common::buf(len);
+    match seed {
+        Some(s) => assert!(b.write_at(0, &pattern(len, s))),
+        None => b.fill(0),
+    }
+    b
+}
+
+fn dram(addr: u64, len: usize) -> XferDescList {
+    XferDescList::blocks(MemKind::Dram, addr, len as u64, 1)
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + WAIT;
+    while !f() {
+        assert!(Instant::now() < end, "{what}: not within {WAIT:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn nixl_to_rs(tls: &str) {
+    let test = format!(
+        "nixl_initiator_to_nixl_rs_target_{}",
+        if tls == common::TCP { "tcp" } else { "shm" }
+    );
+    let Some(env) = nixl_or_skip(&test) else {
+        return;
+    };
+    let rs = rs_agent(&env, "rs-target", tls);
+    let (dst, src) = (buf(LEN, None), buf(LEN, Some(5)));
+    let _regs = rs
+        .register_mem(vec![dst.clone(), src.clone()], &[])
+        .expect("register");
+    let mut py = NixlPeer::start(&env, &common::unique("py-init"), tls, &[]);
+    let (py_src, py_dst) = (py.alloc(LEN, Some(9)), py.alloc(LEN, None));
+    // NIXL loads our blob; it needs nothing else from us (a notification names its sender).
+    assert_eq!(
+        py.load(&rs.local_nixl_metadata().expect("md"))
+            .expect("NIXL loads it"),
+        rs.name()
+    );
+
+    let st = py.xfer("WRITE", py_src, dst.addr(), LEN, rs.name(), b"kv-ready");
+    assert_eq!(st, "DONE");
+    let n = rs.wait_notifs(WAIT).expect("the notification arrives");
+    assert_eq!(n[&py.name], vec![b"kv-ready".to_vec()]);
+    assert!(
+        dst.to_vec() == pattern(LEN, 9),
+        "every byte NIXL wrote is in place"
+    );
+
+    assert_eq!(
+        py.xfer("READ", py_dst, src.addr(), LEN, rs.name(), b""),
+        "DONE"
+    );
+    assert!(
+        py.read(py_dst, LEN) == pattern(LEN, 5),
+        "every byte NIXL read is ours"
+    );
+}
+
+#[test]
+fn nixl_initiator_to_nixl_rs_target_tcp() {
+    nixl_to_rs(common::TCP);
+}
+
+#[test]
+fn nixl_initiator_to_nixl_rs_target_shm() {
+    nixl_to_rs(common::SHM);
+}
+
+fn rs_to_nixl(tls: &str) {
+    let test = format!(
+        "nixl_rs_initiator_to_nixl_target_{}",
+        if tls == common::TCP { "tcp" } else { "shm" }
+    );
+    let Some(env) = nixl_or_skip(&test) else {
+        return;
+    };
+    let rs = rs_agent(&env, "rs-init", tls);
+    let (src, dst) = (buf(LEN, Some(3)), buf(LEN, None));
+    let _regs = rs
+        .register_mem(vec![src.clone(), dst.clone()], &[])
+        .expect("register");
+    let mut py = NixlPeer::start(&env, &common::unique("py-target"), tls, &[]);
+    let (py_dst, py_src) = (py.alloc(LEN, None), py.alloc(LEN, Some(11)));
+    let name = rs
+        .load_remote_metadata(&py.metadata())
+        .expect("a NIXL blob loads");
+    assert_eq!(name, py.name);
+    assert_eq!(rs.peer_wire(&name), Some(Wire::Nixl));
+    let report = rs.path_report(&name);
+    assert!(
+        report
+            .iter()
+            .any(|(b, p)| b == "UCX" && p.contains("UCX 1.")),
+        "{report:?}"
+    );
+    assert!(report.contains(&("wire".to_owned(), NIXL_PEER_NOTE.to_owned())));
+    if tls == common::SHM {
+        assert!(
+            report.iter().all(|(_, p)| !p.contains("tcp/")),
+            "{report:?}"
+        );
+    }
+
+    let req = rs
+        .create_xfer_req(
+            XferOp::Write,
+            &dram(src.addr(), LEN),
+            &dram(py_dst, LEN),
+            &name,
+            XferOptions::with_notif(b"layer-0 done".to_vec()),
+        )
+        .expect("request");
+    rs.post_xfer_req(&req).expect("post");
+    req.wait(WAIT).expect("WRITE completes");
+    let n = py.notifs(1, WAIT);
+    assert_eq!(n, vec![(rs.name().to_owned(), b"layer-0 done".to_vec())]);
+    assert!(
+        py.read(py_dst, LEN) == pattern(LEN, 3),
+        "every byte we wrote is in NIXL's memory"
+    );
+
+    let req = rs
+        .create_xfer_req(
+            XferOp::Read,
+            &dram(dst.addr(), LEN),
+            &dram(py_src, LEN),
+            &name,
+            XferOptions::default(),
+        )
+        .expect("request");
+    rs.post_xfer_req(&req).expect("post");
+    req.wait(WAIT).expect("READ completes");
+    assert!(
+        dst.to_vec() == pattern(LEN, 11),
+        "every byte read from NIXL"
+    );
+
+    // Integrity frames cannot be checked by a NIXL target: refused, not silently dropped.
+    let e = rs
+        .create_xfer_req(
+            XferOp::Write,
+            &dram(src.addr(), LEN),
+            &dram(py_dst, LEN),
+            &name,
+            XferOptions {
+                integrity: true,
+                ..XferOptions::default()
+            },
+        )
+        .expect_err("integrity to a NIXL peer");
+    assert!(matches!(e, Error::NotSupported { .. }), "{e}");
+}
+
+#[test]
+fn nixl_rs_initiator_to_nixl_target_tcp() {
+    rs_to_nixl(common::TCP);
+}
+
+#[test]
+fn nixl_rs_initiator_to_nixl_target_shm() {
+    rs_to_nixl(common::SHM);
+}
+
+#[test]
+fn standalone_notifications_both_ways() {
+    let test = "standalone_notifications_both_ways";
+    let Some(env) = nixl_or_skip(test) else {
+        return;
+    };
+    let rs = rs_agent(&env, "rs-notif", common::TCP);
+    let mut py = NixlPeer::start(&env, &common::unique("py-notif"), common::TCP, &[]);
+    rs.load_remote_metadata(&py.metadata()).expect("load");
+    py.load(&rs.local_nixl_metadata().expect("md"))
+        .expect("NIXL loads");
+    let binary: Vec<u8> = (0..=255u8).collect();
+    for m in [&b"hello"[..], &binary[..]] {
+        rs.gen_notif(&py.name, m, &[]).expect("gen_notif");
+    }
+    let got = py.notifs(2, WAIT);
+    let want = vec![
+        (rs.name().to_owned(), b"hello".to_vec()),
+        (rs.name().to_owned(), binary.clone()),
+    ];
+    assert_eq!(got, want);
+    py.ok(json!({"op": "gen_notif", "remote": rs.name(), "msg": nixl_peer::hex(&binary)}));
+    let n = rs.wait_notifs(WAIT).expect("NIXL's notification");
+    assert_eq!(n[&py.name], vec![binary]);
+}
+
+#[test]
+fn side_channel_nixl_listens() {
+    let test = "side_channel_nixl_listens";
+    let Some(env) = nixl_or_skip(test) else {
+        return;
+    };
+    let rs = rs_agent(&env, "rs-client", common::TCP);
+    let src = buf(LEN, Some(21));
+    let _r = rs.register_mem(vec![src.clone()], &[]).expect("register");
+    let port = free_port();
+    let mut py = NixlPeer::start_listening(&env, &common::unique("py-server"), common::TCP, port);
+    let py_dst = py.alloc(LEN, None);
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    // Fetch (NIXLCOMM:SEND, answered with LOAD on the same connection), then push ours.
+    let name = rs
+        .nixl_fetch_remote_metadata(&py.name, addr, WAIT)
+        .expect("fetch from NIXL");
+    assert_eq!(name, py.name);
+    rs.nixl_send_local_metadata(addr).expect("send to NIXL");
+    let st = py.ok(json!({"op": "check_md", "name": rs.name(), "wait": 10}));
+    assert_eq!(st["loaded"], json!(true), "NIXL loaded what we sent");
+    let req = rs
+        .create_xfer_req(
+            XferOp::Write,
+            &dram(src.addr(), LEN),
+            &dram(py_dst, LEN),
+            &name,
+            XferOptions::with_notif(b"sc".to_vec()),
+        )
+        .expect("request");
+    rs.post_xfer_req(&req).expect("post");
+    req.wait(WAIT).expect("write");
+    assert_eq!(
+        py.notifs(1, WAIT),
+        vec![(rs.name().to_owned(), b"sc".to_vec())]
+    );
+    assert!(py.read(py_dst, LEN) == pattern(LEN, 21));
+    // Invalidation: NIXL forgets us.
+    rs.nixl_invalidate_local_metadata(addr).expect("INVL");
+    let st = py.ok(json!({"op": "check_md", "name": rs.name(), "want": false, "wait": 10}));
+    assert_eq!(st["loaded"], json!(false), "NIXL dropped us after INVL");
+    // Asking the wrong name is refused and loads nothing new.
+    let e = rs
+        .nixl_fetch_remote_metadata("someone-else", addr, WAIT)
+        .expect_err("wrong name");
+    assert!(matches!(e, Error::Mismatch { .. }), "{e}");
+}
+
+#[test]
+fn side_channel_nixl_rs_listens() {
+    let test = "side_channel_nixl_rs_listens";
+    let Some(env) = nixl_or_skip(test) else {
+        return;
+    };
+    let rs = rs_agent(&env, "rs-server", common::TCP);
+    let dst = buf(LEN, None);
+    let _r = rs.register_mem(vec![dst.clone()], &[]).expect("register");
+    let listener = NixlListener::start(&rs, SocketAddr::from(([127, 0, 0, 1], 0))).expect("listen");
+    let port = listener.local_addr().port();
+    // NIXL reads a fetch's answer on its own listener thread, so it listens too.
+    let mut py =
+        NixlPeer::start_listening(&env, &common::unique("py-client"), common::TCP, free_port());
+    let py_src = py.alloc(LEN, Some(33));
+    py.ok(json!({"op": "fetch_md", "name": rs.name(), "ip": "127.0.0.1", "port": port}));
+    let st = py.ok(json!({"op": "check_md", "name": rs.name(), "wait": 10}));
+    assert_eq!(
+        st["loaded"],
+        json!(true),
+        "NIXL fetched our metadata from our listener"
+    );
+    py.ok(json!({"op": "send_md", "ip": "127.0.0.1", "port": port}));
+    eventually("NIXL's LOAD", || rs.remotes().contains(&py.name));
+    assert_eq!(rs.peer_wire(&py.name), Some(Wire::Nixl));
+    assert_eq!(
+        py.xfer("WRITE", py_src, dst.addr(), LEN, rs.name(), b"via-listener"),
+        "DONE"
+    );
+    assert_eq!(
+        rs.wait_notifs(WAIT).expect("notif")[&py.name],
+        vec![b"via-listener".to_vec()]
+    );
+    assert!(dst.to_vec() == pattern(LEN, 33));
+    // NIXL invalidates itself: we forget it.
+    py.ok(json!({"op": "invalidate_local", "ip": "127.0.0.1", "port": port}));
+    eventually("NIXL's INVL", || !rs.remotes().contains(&py.name));
+}
+
+#[test]
+fn nixl_peer_restart_fences_old_requests() {
+    let test = "nixl_peer_restart_fences_old_requests";
+    let Some(env) = nixl_or_skip(test) else {
+        return;
+    };
+    let rs = rs_agent(&env, "rs-restart", common::TCP);
+    let src = buf(LEN, Some(44));
+    let _r = rs.register_mem(vec![src.clone()], &[]).expect("register");
+    let name = common::unique("py-restart");
+    let mut py = NixlPeer::start(&env, &name, common::TCP, &[]);
+    let dst1 = py.alloc(LEN, None);
+    rs.load_remote_metadata(&py.metadata()).expect("load");
+    let gen1 = rs.remote_generation(&name).expect("loaded");
+    let old = rs
+        .create_xfer_req(
+            XferOp::Write,
+            &dram(src.addr(), LEN),
+            &dram(dst1, LEN),
+            &name,
+            XferOptions::default(),
+        )
+        .expect("request");
+    drop(py); // the NIXL process exits
+    let mut py = NixlPeer::start(&env, &name, common::TCP, &[]);
+    let dst2 = py.alloc(LEN, None);
+    rs.load_remote_metadata(&py.metadata())
+        .expect("the new incarnation loads");
+    assert_ne!(
+        rs.remote_generation(&name),
+        Some(gen1),
+        "a new worker address is a new incarnation"
+    );
+    let e = rs
+        .post_xfer_req(&old)
+        .expect_err("a request built against the old process");
+    assert!(matches!(e, Error::PeerRestarted { .. }), "{e}");
+    let req = rs
+        .create_xfer_req(
+            XferOp::Write,
+            &dram(src.addr(), LEN),
+            &dram(dst2, LEN),
+            &name,
+            XferOptions::with_notif(b"again".to_vec()),
+        )
+        .expect("request");
+    rs.post_xfer_req(&req).expect("post");
+    req.wait(WAIT).expect("write to the new process");
+    assert_eq!(
+        py.notifs(1, WAIT),
+        vec![(rs.name().to_owned(), b"again".to_vec())]
+    );
+    assert!(py.read(dst2, LEN) == pattern(LEN, 44));
+}
+
+#[test]
+fn nixl_peer_killed_mid_transfer_is_a_typed_error() {
+    let test = "nixl_peer_killed_mid_transfer_is_a_typed_error";
+    let Some(env) = nixl_or_skip(test) else {
+        return;
+    };
+    const BIG: usize = 64 << 20;
+    let rs = rs_agent(&env, "rs-kill", common::TCP);
+    let src = buf(BIG, Some(1));
+    let _r = rs.register_mem(vec![src.clone()], &[]).expect("register");
+    let mut py = NixlPeer::start(&env, &common::unique("py-kill"), common::TCP, &[]);
+    let dst = py.alloc(BIG, None);
+    let name = rs.load_remote_metadata(&py.metadata()).expect("load");
+    let blocks = 64;
+    let req = rs
+        .create_xfer_req(
+            XferOp::Write,
+            &XferDescList::blocks(MemKind::Dram, src.addr(), (BIG / blocks) as u64, blocks),
+            &XferDescList::blocks(MemKind::Dram, dst, (BIG / blocks) as u64, blocks),
+            &name,
+            XferOptions::with_notif(b"never".to_vec()),
+        )
+        .expect("request");
+    rs.post_xfer_req(&req).expect("post");
+    py.kill();
+    let t = Instant::now();
+    match req.wait(WAIT) {
+        // The 64 MiB may have landed before the kill on a fast machine; then the next one
+        // must fail.
+        Ok(()) => {
+            rs.post_xfer_req(&req).ok();
+            let e = req.wait(WAIT).expect_err("a write to a dead NIXL process");
+            assert!(
+                matches!(e, Error::RemoteDisconnect { .. } | Error::TimedOut { .. }),
+                "{e}"
+            );
+        }
+        Err(e) => assert!(
+            matches!(e, Error::RemoteDisconnect { .. } | Error::TimedOut { .. }),
+            "{e}"
+        ),
+    }
+    assert!(
+        t.elapsed() <= WAIT * 2 + Duration::from_secs(5),
+        "ended within the deadline"
+    );
+}
+
+#[test]
+fn nixl_blobs_from_another_ucx_or_damaged_change_nothing() {
+    let test = "nixl_blobs_from_another_ucx_or_damaged_change_nothing";
+    let Some(env) = nixl_or_skip(test) else {
+        return;
+    };
+    let rs = rs_agent(&env, "rs-hostile", common::TCP);
+    let mut py = NixlPeer::start(&env, &common::unique("py-hostile"), common::TCP, &[]);
+    py.alloc(4096, Some(1));
+    let good = NixlMetadata::decode(&py.metadata()).expect("decodes");
+    // The peer's address claims another UCX minor version (the release nibble of the v1
+    // trailer): refused, naming both versions.
+    let mut other = good.clone();
+    let info = &mut other.conns[0].info;
+    let n = info.len();
+    info[n - 2] = 0x80 | (((info[n - 2] & 0x0f) + 15) % 16);
+    let e = rs
+        .load_remote_metadata(&other.encode())
+        .expect_err("another UCX");
+    let Error::Backend {
+        message,
+        source: Some(src),
+        ..
+    } = &e
+    else {
+        panic!("{e}")
+    };
+    assert!(
+        matches!(
+            src.downcast_ref::<UcxError>(),
+            Some(UcxError::VersionMismatch { .. })
+        ),
+        "{e}"
+    );
+    assert!(
+        message.contains(&format!(
+            "UCX {}",
+            nixl_backend_ucx::probe(&UcxParams::default())
+                .expect("ucx")
+                .0
+        )),
+        "{message}"
+    );
+    // An address version UCX would abort on.
+    let mut v9 = good.clone();
+    v9.conns[0].info[0] = (v9.conns[0].info[0] & 0xf0) | 9;
+    assert!(matches!(
+        rs.load_remote_metadata(&v9.encode()),
+        Err(Error::InvalidParam { .. })
+    ));
+    // A truncated rkey.
+    let mut short = good.clone();
+    short.sections[0].descs[0].public.truncate(5);
+    assert!(matches!(
+        rs.load_remote_metadata(&short.encode()),
+        Err(Error::InvalidParam { .. })
+    ));
+    // A DRAM region carrying a CUDA rkey.
+    let mut cuda = good.clone();
+    cuda.sections[0].descs[0].public[8] = 1;
+    assert!(matches!(
+        rs.load_remote_metadata(&cuda.encode()),
+        Err(Error::Mismatch { .. })
+    ));
+    assert!(rs.remotes().is_empty(), "nothing was loaded");
+    assert_eq!(
+        rs.load_remote_metadata(&good.encode())
+            .expect("the real one loads"),
+        py.name
+    );
+}
+
+#[test]
+fn metadata_by_etcd_under_nixls_keys() {
+    use nixl_core::etcd::{EtcdConfig, EtcdExchange, LocalEtcd};
+    let test = "metadata_by_etcd_under_nixls_keys";
+    let Some(env) = nixl_or_skip(test) else {
+        return;
+    };
+    let etcd = match LocalEtcd::start() {
+        Ok(e) => e,
+        Err(e) => {
+            nixl_core::testing::skip(test, nixl_core::testing::Dep::Etcd, e);
+            return;
+        }
+    };
+    let rs = rs_agent(&env, "rs-etcd", common::TCP);
+    let src = buf(LEN, Some(55));
+    let _r = rs.register_mem(vec![src.clone()], &[]).expect("register");
+    let endpoint = etcd.endpoint();
+    let mut py = NixlPeer::start_bare(&env, common::TCP, &[("NIXL_ETCD_ENDPOINTS", &endpoint)]);
+    py.name = common::unique("py-etcd");
+    py.ok(json!({"op": "init", "name": py.name}));
+    let py_dst = py.alloc(LEN, None);
+    py.ok(json!({"op": "send_md"}));
+    let x = EtcdExchange::new(
+        &rs,
+        &EtcdConfig {
+            endpoints: vec![endpoint],
+            nixl_keys: true,
+            ..EtcdConfig::default()
+        },
+    )
+    .expect("etcd");
+    assert_eq!(
+        x.key(&py.name, "metadata"),
+        format!("/nixl/agents//{}/metadata", py.name)
+    );
+    assert_eq!(
+        x.fetch(&py.name, WAIT).expect("NIXL's blob from etcd"),
+        py.name
+    );
+    x.publish().expect("publish under NIXL's keys");
+    py.ok(json!({"op": "fetch_md", "name": rs.name()}));
+    let st = py.ok(json!({"op": "check_md", "name": rs.name(), "wait": 10}));
+    assert_eq!(st["loaded"], json!(true), "NIXL fetched our blob from etcd");
+    let req = rs
+        .create_xfer_req(
+            XferOp::Write,
+            &dram(src.addr(), LEN),
+            &dram(py_dst, LEN),
+            &py.name,
+            XferOptions::with_notif(b"etcd".to_vec()),
+        )
+        .expect("request");
+    rs.post_xfer_req(&req).expect("post");
+    req.wait(WAIT).expect("write");
+    assert_eq!(
+        py.notifs(1, WAIT),
+        vec![(rs.name().to_owned(), b"etcd".to_vec())]
+    );
+    assert!(py.read(py_dst, LEN) == pattern(LEN, 55));
+    // Each side's invalidation (a delete of its prefix) reaches the other through its watch.
+    x.invalidate_local().expect("delete our keys");
+    let st = py.ok(json!({"op": "check_md", "name": rs.name(), "want": false, "wait": 10}));
+    assert_eq!(st["loaded"], json!(false), "NIXL saw our prefix deleted");
+    py.ok(json!({"op": "invalidate_local"}));
+    eventually("NIXL's delete", || !rs.remotes().contains(&py.name));
+}
+
+#[test]
+fn nixl_rs_restart_needs_invalidation_on_nixl() {
+    let test = "nixl_rs_restart_needs_invalidation_on_nixl";
+    let Some(env) = nixl_or_skip(test) else {
+        return;
+    };
+    let port = free_port();
+    let mut py = NixlPeer::start_listening(&env, &common::unique("py-fence"), common::TCP, port);
+    let py_src = py.alloc(LEN, Some(66));
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let name = common::unique("rs-restarting");
+    let first = rs_agent_named(&env, &name, common::TCP);
+    first.nixl_send_local_metadata(addr).expect("send");
+    let st = py.ok(json!({"op": "check_md", "name": name, "wait": 10}));
+    assert_eq!(st["loaded"], json!(true));
+    drop(first); // the nixl-rs process "restarts": same name, new worker address
+    let second = rs_agent_named(&env, &name, common::TCP);
+    let dst = buf(LEN, None);
+    let _r = second
+        .register_mem(vec![dst.clone()], &[])
+        .expect("register");
+    let blob = second.local_nixl_metadata().expect("md");
+    let e = py
+        .load(&blob)
+        .expect_err("NIXL refuses new connection info for a loaded name");
+    assert!(e.contains("NOT_ALLOWED"), "{e}");
+    // The documented way back: invalidate first, then publish again.
+    second.nixl_invalidate_local_metadata(addr).expect("INVL");
+    let st = py.ok(json!({"op": "check_md", "name": name, "want": false, "wait": 10}));
+    assert_eq!(st["loaded"], json!(false));
+    assert_eq!(py.load(&blob).expect("loads after INVL"), name);
+    assert_eq!(
+        py.xfer("WRITE", py_src, dst.addr(), LEN, &name, b"back"),
+        "DONE"
+    );
+    assert_eq!(
+        second.wait_notifs(WAIT).expect("notif")[&py.name],
+        vec![b"back".to_vec()]
+    );
+    assert!(dst.to_vec() == pattern(LEN, 66));
+}

@@ -1,0 +1,201 @@
+//! The agent's side of NIXL's metadata: producing NIXL blobs from the agent's backends and
+//! registrations, and turning a peer's blob into the agent's own loading form.
+
+use std::collections::BTreeMap;
+
+use super::metadata::{NixlConn, NixlDesc, NixlMetadata, NixlSection};
+use super::Wire;
+use crate::agent::{lock, Agent};
+use crate::codec::{AgentMetadata, BackendEntry, RegionEntry};
+use crate::error::{Error, Op, Result};
+use crate::mem::{MemKind, RegionDesc};
+use crate::remote::MetadataSelection;
+
+/// The generation given to a NIXL peer: a hash of its connection info (a NIXL blob carries
+/// none, and a restarted NIXL process has new worker addresses).
+pub(crate) fn derived_generation(conns: &[NixlConn]) -> u64 {
+    let mut sorted: Vec<&NixlConn> = conns.iter().collect();
+    sorted.sort_by(|a, b| a.backend.cmp(&b.backend));
+    let mut bytes = Vec::new();
+    for c in sorted {
+        bytes.extend_from_slice(&(c.backend.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(c.backend.as_bytes());
+        bytes.extend_from_slice(&(c.info.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(&c.info);
+    }
+    xxhash_rust::xxh3::xxh3_64(&bytes).max(1)
+}
+
+/// The name and generation a metadata blob of either format carries; `None` as generation
+/// for a NIXL blob without connection info (it cannot tell its incarnation).
+#[cfg(feature = "etcd")]
+pub(crate) fn metadata_identity(
+    bytes: &[u8],
+) -> std::result::Result<(String, Option<u64>), crate::error::DecodeError> {
+    if super::is_nixl_blob(bytes) {
+        let md = NixlMetadata::decode(bytes)?;
+        let g = (!md.conns.is_empty()).then(|| derived_generation(&md.conns));
+        Ok((md.name, g))
+    } else {
+        let md = AgentMetadata::decode(bytes)?;
+        Ok((md.name, Some(md.generation)))
+    }
+}
+
+impl Agent {
+    /// The agent's full metadata as a stock NIXL agent's `getLocalMD` writes it, for NIXL
+    /// peers: connection info and regions of every backend that speaks NIXL's wire
+    /// ([`super::NixlWire`]).
+    #[doc(alias = "getLocalMD")]
+    pub fn local_nixl_metadata(&self) -> Result<Vec<u8>> {
+        self.local_partial_nixl_metadata(&MetadataSelection {
+            registrations: None,
+            include_conn: true,
+        })
+    }
+
+    /// Partial metadata in NIXL's format (`getLocalPartialMD`): only the selected
+    /// registrations, and connection info when asked for. NIXL needs connection info in the
+    /// first blob it loads from an agent.
+    #[doc(alias = "getLocalPartialMD")]
+    pub fn local_partial_nixl_metadata(&self, sel: &MetadataSelection<'_>) -> Result<Vec<u8>> {
+        let backends = self.shared.backends();
+        let mut conns = Vec::new();
+        if sel.include_conn {
+            for b in &backends {
+                if let (true, Some(n)) = (b.caps.remote, b.backend.nixl_wire()) {
+                    conns.push(NixlConn {
+                        backend: b.name.clone(),
+                        info: n.nixl_connection_info()?,
+                    });
+                }
+            }
+        }
+        // Sections in NIXL's order: by memory kind, then backend; descriptors sorted.
+        let mut sections: BTreeMap<(MemKind, usize), (String, Vec<NixlDesc>)> = BTreeMap::new();
+        for reg in self.selected_registrations(sel)? {
+            for r in &reg.regions {
+                for (slot, md) in lock(&r.mds).iter() {
+                    let Some(n) = slot.backend.nixl_wire().filter(|_| slot.caps.remote) else {
+                        continue;
+                    };
+                    sections
+                        .entry((r.desc.kind, slot.id))
+                        .or_insert_with(|| (slot.name.clone(), Vec::new()))
+                        .1
+                        .push(NixlDesc {
+                            addr: r.desc.addr,
+                            len: r.desc.len,
+                            dev_id: r.desc.dev_id,
+                            public: n.nixl_public_metadata(md)?,
+                        });
+                }
+            }
+        }
+        let sections = sections
+            .into_iter()
+            .map(|((kind, _), (backend, mut descs))| {
+                descs.sort_by_key(|d| (d.addr, d.len, d.dev_id));
+                NixlSection {
+                    backend,
+                    kind,
+                    descs,
+                }
+            })
+            .collect();
+        Ok(NixlMetadata {
+            name: self.shared.name.clone(),
+            conns,
+            sections,
+        }
+        .encode())
+    }
+
+    /// The wire format a loaded peer speaks.
+    pub fn peer_wire(&self, remote: &str) -> Option<Wire> {
+        lock(&self.shared.remotes).get(remote).map(|p| p.wire)
+    }
+
+    /// Turns a decoded NIXL blob into the agent's loading form. A blob without connection
+    /// info belongs to the NIXL incarnation already loaded under that name, if any.
+    pub(crate) fn nixl_to_agent_metadata(&self, md: NixlMetadata) -> Result<AgentMetadata> {
+        let generation = if md.conns.is_empty() {
+            lock(&self.shared.remotes)
+                .get(&md.name)
+                .filter(|p| p.wire == Wire::Nixl)
+                .map_or(0, |p| p.generation)
+        } else {
+            derived_generation(&md.conns)
+        };
+        let has_conn_info = !md.conns.is_empty();
+        let mut backends: Vec<BackendEntry> = md
+            .conns
+            .into_iter()
+            .map(|c| BackendEntry {
+                name: c.backend,
+                conn_info: c.info,
+            })
+            .collect();
+        let mut regions = Vec::new();
+        for s in md.sections {
+            let idx = match backends.iter().position(|b| b.name == s.backend) {
+                Some(i) => i,
+                None => {
+                    backends.push(BackendEntry {
+                        name: s.backend.clone(),
+                        conn_info: Vec::new(),
+                    });
+                    backends.len() - 1
+                }
+            };
+            for d in s.descs {
+                regions.push(RegionEntry {
+                    backend: idx,
+                    desc: RegionDesc {
+                        kind: s.kind,
+                        addr: d.addr,
+                        len: d.len,
+                        dev_id: d.dev_id,
+                        meta: Vec::new(),
+                    },
+                    public: d.public,
+                });
+            }
+        }
+        if backends.len() > crate::codec::MAX_BACKENDS {
+            return Err(Error::invalid(
+                self.name(),
+                Op::LoadMetadata,
+                "too many backends in a NIXL blob",
+            ));
+        }
+        Ok(AgentMetadata {
+            name: md.name,
+            generation,
+            has_conn_info,
+            backends,
+            regions,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_depends_on_connection_info_only() {
+        let c = |b: &str, i: &[u8]| NixlConn {
+            backend: b.into(),
+            info: i.to_vec(),
+        };
+        let g1 = derived_generation(&[c("UCX", b"abc"), c("X", b"1")]);
+        assert_eq!(g1, derived_generation(&[c("X", b"1"), c("UCX", b"abc")]));
+        assert_ne!(g1, derived_generation(&[c("UCX", b"abd"), c("X", b"1")]));
+        assert_ne!(
+            derived_generation(&[c("UC", b"Xabc")]),
+            derived_generation(&[c("UCX", b"abc")])
+        );
+        assert_ne!(derived_generation(&[]), 0);
+    }
+}

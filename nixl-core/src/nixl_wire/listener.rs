@@ -1,0 +1,282 @@
+//! NIXL's `NIXLCOMM` side channel: a listener that serves NIXL agents (and nixl-rs agents
+//! speaking NIXL's wire), and the client calls that reach a NIXL agent's listener.
+
+use std::io::ErrorKind;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::comm::{encode_command, parse_body, read_frame, write_frame, Command};
+use super::metadata::NixlMetadata;
+use super::Wire;
+use crate::agent::{Agent, Shared};
+use crate::error::{Error, Op, Result};
+
+/// Most connections served at once; more are closed on accept.
+pub const MAX_CONNECTIONS: usize = 64;
+/// How long a frame may take to arrive once its first byte did (NIXL 1.5 uses 5 s).
+const FRAME_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often idle connections look at the stop flag.
+const IDLE_TICK: Duration = Duration::from_millis(200);
+
+/// Serves NIXL's side channel for an agent: `LOAD` loads the blob, `SEND` answers with the
+/// agent's NIXL metadata on the same connection, `INVL` forgets a NIXL peer (never a nixl-rs
+/// one: the command is unauthenticated). Connections stay open for many frames, as NIXL
+/// reuses them. Stops when dropped.
+pub struct NixlListener {
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for NixlListener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NixlListener")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl NixlListener {
+    /// Binds `addr` (port 0 picks one; NIXL's default port is 8888) and starts serving.
+    pub fn start(agent: &Agent, addr: SocketAddr) -> Result<Self> {
+        let name = agent.name().to_owned();
+        let io = |e| Error::io(&name, Op::Exchange, e);
+        let listener = TcpListener::bind(addr).map_err(io)?;
+        let addr = listener.local_addr().map_err(io)?;
+        listener.set_nonblocking(true).map_err(io)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let weak = Arc::downgrade(&agent.shared);
+        let st = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("nixl-comm-{name}"))
+            .spawn(move || accept_loop(listener, weak, st))
+            .map_err(io)?;
+        Ok(NixlListener {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for NixlListener {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                tracing::error!("NIXLCOMM listener thread panicked");
+            }
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, agent: Weak<Shared>, stop: Arc<AtomicBool>) {
+    let open = Arc::new(AtomicUsize::new(0));
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((s, peer)) => {
+                if open.load(Ordering::Acquire) >= MAX_CONNECTIONS {
+                    tracing::warn!(%peer, "NIXLCOMM: too many connections; closing this one");
+                    continue;
+                }
+                open.fetch_add(1, Ordering::AcqRel);
+                let (agent, stop, open2) = (agent.clone(), stop.clone(), open.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("nixl-comm-conn".into())
+                    .spawn(move || {
+                        if let Err(e) = serve(s, &agent, &stop) {
+                            tracing::debug!(%peer, error = %e, "NIXLCOMM connection ended");
+                        }
+                        open2.fetch_sub(1, Ordering::AcqRel);
+                    });
+                if spawned.is_err() {
+                    open.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "NIXLCOMM accept failed");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+}
+
+/// Serves one connection until the peer closes it, a frame is bad, or the listener stops.
+fn serve(mut s: TcpStream, agent: &Weak<Shared>, stop: &AtomicBool) -> std::io::Result<()> {
+    s.set_nonblocking(false)?;
+    s.set_nodelay(true)?;
+    s.set_write_timeout(Some(FRAME_TIMEOUT))?;
+    loop {
+        // Wait for the first byte of a frame, looking at the stop flag every tick.
+        s.set_read_timeout(Some(IDLE_TICK))?;
+        let mut first = [0u8; 1];
+        match s.peek(&mut first) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                if stop.load(Ordering::Relaxed) || agent.strong_count() == 0 {
+                    return Ok(());
+                }
+                continue;
+            }
+            Err(e) => return Err(e),
+        }
+        s.set_read_timeout(Some(FRAME_TIMEOUT))?;
+        let body = read_frame(&mut s)?;
+        let Some(shared) = agent.upgrade() else {
+            return Ok(());
+        };
+        let agent = Agent { shared };
+        let cmds = parse_body(&body)
+            .map_err(|e| std::io::Error::new(ErrorKind::InvalidData, e.to_string()))?;
+        for c in cmds {
+            match c {
+                Command::Load(blob) => {
+                    if let Err(e) = agent.load_remote_metadata(&blob) {
+                        // NIXL's protocol has no answer for LOAD: log, as NIXL does.
+                        tracing::warn!(agent = %agent.name(), error = %e, "NIXLCOMM LOAD refused");
+                    }
+                }
+                Command::Send => {
+                    let reply = agent
+                        .local_nixl_metadata()
+                        .ok()
+                        .and_then(|md| encode_command(&Command::Load(md)));
+                    match reply {
+                        Some(r) => write_frame(&mut s, &r)?,
+                        None => {
+                            tracing::warn!(agent = %agent.name(), "NIXLCOMM SEND: metadata unavailable or holds the NIXLCOMM marker")
+                        }
+                    }
+                }
+                Command::Invalidate(name) => {
+                    if agent.peer_wire(&name) == Some(Wire::Nixl) {
+                        if let Err(e) = agent.invalidate_remote_metadata(&name) {
+                            tracing::debug!(agent = %agent.name(), error = %e, "NIXLCOMM INVL");
+                        }
+                    } else {
+                        tracing::debug!(agent = %agent.name(), remote = %name, "NIXLCOMM INVL ignored: not a NIXL peer loaded here");
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn connect(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(ErrorKind::TimedOut.into());
+    }
+    let s = TcpStream::connect_timeout(&addr, left)?;
+    s.set_nodelay(true)?;
+    let io = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    s.set_read_timeout(Some(io))?;
+    s.set_write_timeout(Some(io))?;
+    Ok(s)
+}
+
+impl Agent {
+    fn nixl_io(&self, e: std::io::Error, timeout: Duration) -> Error {
+        if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) {
+            Error::TimedOut {
+                agent: self.name().to_owned(),
+                op: Op::Exchange,
+                elapsed: timeout,
+            }
+        } else {
+            Error::io(self.name(), Op::Exchange, e)
+        }
+    }
+
+    fn nixl_command(&self, addr: SocketAddr, cmd: &Command, timeout: Duration) -> Result<()> {
+        let body = encode_command(cmd).ok_or_else(|| {
+            Error::not_supported(
+                self.name(),
+                Op::Exchange,
+                "the metadata holds the bytes NIXLCOMM: (NIXL would split it)",
+            )
+        })?;
+        let mut s =
+            connect(addr, Instant::now() + timeout).map_err(|e| self.nixl_io(e, timeout))?;
+        write_frame(&mut s, &body).map_err(|e| self.nixl_io(e, timeout))
+    }
+
+    /// Sends this agent's NIXL metadata to the NIXL listener at `addr` (NIXL's
+    /// `sendLocalMD`). NIXL answers nothing; it loads the blob within its listener's poll
+    /// delay (100 ms by default).
+    #[doc(alias = "sendLocalMD")]
+    pub fn nixl_send_local_metadata(&self, addr: SocketAddr) -> Result<()> {
+        let md = self.local_nixl_metadata()?;
+        self.nixl_send_metadata_bytes(addr, &md)
+    }
+
+    /// Sends NIXL metadata bytes (e.g. from [`Agent::local_partial_nixl_metadata`]).
+    pub fn nixl_send_metadata_bytes(&self, addr: SocketAddr, md: &[u8]) -> Result<()> {
+        let timeout = self.shared.config.default_timeout;
+        self.nixl_command(addr, &Command::Load(md.to_vec()), timeout)
+    }
+
+    /// Asks the NIXL listener at `addr` for its agent's metadata (NIXL's `fetchRemoteMD`),
+    /// loads it and returns the name, blocking up to `timeout`. The answer must be `remote`'s.
+    #[doc(alias = "fetchRemoteMD")]
+    pub fn nixl_fetch_remote_metadata(
+        &self,
+        remote: &str,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<String> {
+        let deadline = Instant::now() + timeout;
+        let io = |e| self.nixl_io(e, timeout);
+        let mut s = connect(addr, deadline).map_err(io)?;
+        let body = encode_command(&Command::Send).unwrap_or_default();
+        write_frame(&mut s, &body).map_err(io)?;
+        let reply = read_frame(&mut s).map_err(io)?;
+        let decode = |source| Error::Decode {
+            agent: self.name().to_owned(),
+            op: Op::Exchange,
+            source,
+        };
+        let blob = match parse_body(&reply).map_err(decode)?.as_slice() {
+            [Command::Load(b)] => b.clone(),
+            _ => {
+                return Err(Error::invalid(
+                    self.name(),
+                    Op::Exchange,
+                    "a NIXLCOMM SEND must be answered by one LOAD",
+                ))
+            }
+        };
+        let md = NixlMetadata::decode(&blob).map_err(decode)?;
+        if md.name != remote {
+            return Err(Error::mismatch(
+                self.name(),
+                Op::Exchange,
+                format!("asked {addr} for {remote}, got {}", md.name),
+            ));
+        }
+        self.load_remote_metadata(&blob)
+    }
+
+    /// Tells the NIXL listener at `addr` to forget this agent (NIXL's `invalidateLocalMD`).
+    /// Send it before re-publishing under the same name with new connection info: a NIXL
+    /// agent refuses changed connection info for a name it has loaded.
+    #[doc(alias = "invalidateLocalMD")]
+    pub fn nixl_invalidate_local_metadata(&self, addr: SocketAddr) -> Result<()> {
+        let timeout = self.shared.config.default_timeout;
+        self.nixl_command(addr, &Command::Invalidate(self.name().to_owned()), timeout)
+    }
+}

@@ -1,0 +1,59 @@
+//! Speaking NIXL's own wire, to join deployments of stock NIXL agents (NIXL 1.5, over UCX).
+//!
+//! Between nixl-rs agents the crate's own formats stay the default ([`crate::codec`], the
+//! [`crate::sidechannel`] frames, etcd keys with leases): they carry generations, are
+//! checksummed where it matters and are bounded. A NIXL agent speaks none of them, so an
+//! agent can also:
+//!
+//! - produce NIXL's metadata blob ([`Agent::local_nixl_metadata`],
+//!   [`Agent::local_partial_nixl_metadata`]) and load one: [`Agent::load_remote_metadata`]
+//!   takes either format (a NIXL blob starts with `nixlSerDes|`);
+//! - serve and use NIXL's `NIXLCOMM` TCP side channel ([`NixlListener`],
+//!   [`Agent::nixl_send_local_metadata`], [`Agent::nixl_fetch_remote_metadata`],
+//!   [`Agent::nixl_invalidate_local_metadata`]);
+//! - publish and fetch under NIXL's etcd keys (`crate::etcd::EtcdConfig::nixl_keys`, feature
+//!   `etcd`);
+//! - move data and notifications with a NIXL peer through backends that implement
+//!   [`NixlWire`] (the UCX backend: one worker's raw address, raw packed rkeys, notifications
+//!   as active message 0 with a `nixlSerDes` payload).
+//!
+//! The choice is per peer: the same agent talks to nixl-rs peers in its own format and to
+//! NIXL peers in theirs. What does not cross to a NIXL peer ([`NIXL_PEER_NOTE`], also in
+//! [`Agent::path_report`]): a NIXL blob has no generation (this crate derives one from the
+//! peer's connection info, so a restarted NIXL peer, which has a new worker address, still
+//! fences requests built against its old incarnation), no integrity check (requests to a NIXL
+//! peer refuse `XferOptions::integrity`), and nothing on NIXL's channels is authenticated.
+//! docs/nixl-wire.md is the byte-level specification; docs/interop.md says how to set up
+//! both sides.
+
+pub(crate) mod agent;
+mod backend;
+pub mod comm;
+mod listener;
+pub mod metadata;
+pub mod notif;
+pub mod serdes;
+
+pub use backend::NixlWire;
+pub use listener::NixlListener;
+pub use metadata::{is_nixl_blob, NixlConn, NixlDesc, NixlMetadata, NixlSection};
+
+#[cfg(doc)]
+use crate::Agent;
+
+/// The wire format a peer was loaded with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Wire {
+    /// nixl-rs' own formats.
+    Native,
+    /// NIXL's formats (a stock NIXL agent).
+    Nixl,
+}
+
+/// What a path report says about a NIXL peer: the guarantees that do not cross to it.
+pub const NIXL_PEER_NOTE: &str = "NIXL wire: generation derived from its connection info \
+     (none on the wire), no integrity frames, no authentication";
+
+/// The NIXL version this crate's NIXL wire was checked against.
+pub const NIXL_VERSION: &str = "1.5.1";

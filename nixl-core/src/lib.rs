@@ -72,6 +72,7 @@ mod index;
 mod inproc;
 pub mod integrity;
 mod make;
+mod make_blocks;
 mod mem;
 pub mod nixl_wire;
 mod notif;

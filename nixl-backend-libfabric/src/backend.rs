@@ -514,7 +514,7 @@ impl Backend for LibfabricBackend {
         }))
     }
 
-    fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
+    fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
         let peer = if spec.is_local {
             self.inner.me.clone()
         } else {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use nixl_core::backend::{
     downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
-    XferSpec,
+    BlockXferSpec, XferSpec,
 };
 use nixl_core::{Capabilities, CostEstimate, CostMethod, Error, MemKind, Op, RegionDesc, Result};
 
@@ -22,7 +22,7 @@ use crate::params::UcxParams;
 use crate::sys;
 use crate::wire;
 use crate::worker::Worker;
-use crate::xfer::{Notif, Seg, UcxXfer};
+use crate::xfer::{Notif, UcxXfer, Work};
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // The tables guarded here are updated by single inserts/removes.
@@ -38,7 +38,7 @@ pub struct UcxBackend {
     pub(crate) peers: Mutex<HashMap<String, Arc<Peer>>>,
     self_peer: Mutex<Option<Arc<Peer>>>,
     header: Arc<[u8]>,
-    next_worker: AtomicUsize,
+    pub(crate) next_worker: AtomicUsize,
     params: UcxParams,
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -177,6 +177,40 @@ impl UcxBackend {
         Ok(p)
     }
 
+    pub(crate) fn agent(&self) -> &str {
+        &self.agent
+    }
+
+    /// A prepared transfer over `work` on `worker`'s endpoint to `peer`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn xfer(
+        &self,
+        peer: Arc<Peer>,
+        worker: usize,
+        op: nixl_core::XferOp,
+        mem_type: Option<sys::ucs_memory_type_t>,
+        work: Work,
+        notif: Option<&[u8]>,
+        keep: Vec<BackendMd>,
+    ) -> UcxXfer {
+        let notif = notif.map(|m| self.notif_for(&peer, m.to_vec()));
+        UcxXfer {
+            agent: self.agent.clone(),
+            ucx: self.ucx.clone(),
+            peer,
+            worker,
+            op,
+            mem_type: mem_type.unwrap_or(sys::UCS_MEMORY_TYPE_HOST),
+            work,
+            notif,
+            header: self.header.clone(),
+            cancel_timeout: self.params.cancel_timeout,
+            _keep: keep,
+            cur: None,
+            path: OnceLock::new(),
+        }
+    }
+
     /// A notification to `peer` in the format it reads.
     fn notif_for(&self, peer: &Peer, msg: Vec<u8>) -> Notif {
         crate::xfer::make_notif(&self.agent, &self.header, peer, &msg)
@@ -303,103 +337,12 @@ impl Backend for UcxBackend {
         )?))
     }
 
-    fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
-        let me = &self.agent;
-        for k in [spec.local_kind, spec.remote_kind] {
-            if !self.capabilities().supports(k) {
-                return Err(Error::not_supported(
-                    me,
-                    Op::MakeXfer,
-                    format!("UCX here does not move {k}"),
-                ));
-            }
-        }
-        let first = spec
-            .segments
-            .first()
-            .ok_or_else(|| Error::invalid(me, Op::MakeXfer, "no segments"))?;
-        let peer = downcast_md::<RemoteMd>(&first.remote_md)
-            .ok_or_else(|| Error::invalid(me, Op::MakeXfer, "remote metadata is not UCX's"))?
-            .peer
-            .clone();
-        if peer.name != spec.remote {
-            return Err(Error::mismatch(
-                me,
-                Op::MakeXfer,
-                format!(
-                    "remote metadata belongs to {}, not {}",
-                    peer.name, spec.remote
-                ),
-            ));
-        }
-        let worker = self.next_worker.fetch_add(1, Ordering::Relaxed) % self.workers.len();
-        let mut segs = Vec::with_capacity(spec.segments.len());
-        let mut keep: Vec<BackendMd> = Vec::new();
-        let mut mem_type = None;
-        for s in &spec.segments {
-            let l = self.reg(&s.local_md, Op::MakeXfer)?;
-            let r = downcast_md::<RemoteMd>(&s.remote_md)
-                .ok_or_else(|| Error::invalid(me, Op::MakeXfer, "remote metadata is not UCX's"))?;
-            if crate::memory::mem_type(spec.remote_kind) != Some(r.mem_type) {
-                return Err(Error::mismatch(
-                    me,
-                    Op::MakeXfer,
-                    format!("remote region is not {}", spec.remote_kind),
-                ));
-            }
-            if !Arc::ptr_eq(&r.peer, &peer) {
-                return Err(Error::mismatch(
-                    me,
-                    Op::MakeXfer,
-                    "segments reach different peers or connections",
-                ));
-            }
-            if *mem_type.get_or_insert(l.mem_type) != l.mem_type {
-                return Err(Error::mismatch(
-                    me,
-                    Op::MakeXfer,
-                    "local segments of different memory types",
-                ));
-            }
-            if s.len == 0
-                || s.local_addr.checked_add(s.len).is_none()
-                || s.remote_addr.checked_add(s.len).is_none()
-            {
-                return Err(Error::invalid(
-                    me,
-                    Op::MakeXfer,
-                    "empty or overflowing segment",
-                ));
-            }
-            segs.push(Seg {
-                local: s.local_addr,
-                remote: s.remote_addr,
-                len: s.len,
-                memh: l.memh,
-                rkey: r.rkeys[worker],
-            });
-            for m in [&s.local_md, &s.remote_md] {
-                if !keep.iter().any(|k| Arc::ptr_eq(k, m)) {
-                    keep.push(m.clone());
-                }
-            }
-        }
-        let notif = spec.notif.map(|m| self.notif_for(&peer, m));
-        Ok(Box::new(UcxXfer {
-            agent: me.clone(),
-            ucx: self.ucx.clone(),
-            peer,
-            worker,
-            op: spec.op,
-            mem_type: mem_type.unwrap_or(sys::UCS_MEMORY_TYPE_HOST),
-            segs,
-            notif,
-            header: self.header.clone(),
-            cancel_timeout: self.params.cancel_timeout,
-            _keep: keep,
-            cur: None,
-            path: OnceLock::new(),
-        }))
+    fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
+        Ok(Box::new(self.prepare_segments(spec)?))
+    }
+
+    fn prepare_blocks(&self, spec: &BlockXferSpec) -> Result<Option<Box<dyn BackendXfer>>> {
+        Ok(Some(Box::new(self.prepare_block_table(spec)?)))
     }
 
     fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
@@ -472,7 +415,7 @@ impl Backend for UcxBackend {
         let Some(first) = spec.segments.first() else {
             return Ok(None);
         };
-        let Some(r) = downcast_md::<RemoteMd>(&first.remote_md) else {
+        let Some(r) = spec.md(first.remote_md).and_then(downcast_md::<RemoteMd>) else {
             return Ok(None);
         };
         let pe = &r.peer.eps[0];

@@ -81,6 +81,7 @@ mod loader;
 mod memory;
 mod nixl;
 mod params;
+mod prepare;
 mod sys;
 mod wire;
 mod worker;

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicI32, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use nixl_core::backend::BackendXfer;
-use nixl_core::{Error, Op, Result, XferOp, XferState};
+use nixl_core::backend::{BackendXfer, BlockRun};
+use nixl_core::{Error, Op, Result, StridedDesc, XferOp, XferState};
 
 use crate::endpoint::{EpShared, Peer};
 use crate::error::status_error;
@@ -153,6 +153,84 @@ pub(crate) struct Seg {
     pub rkey: sys::ucp_rkey_h,
 }
 
+/// One layer of a block-table transfer: both sides' runs and the checked handles.
+#[derive(Clone, Copy)]
+pub(crate) struct BlockLayer {
+    pub local: StridedDesc,
+    pub remote: StridedDesc,
+    /// Blocks are contiguous on both sides: a run of ids is one put/get.
+    pub dense: bool,
+    pub memh: sys::ucp_mem_h,
+    pub rkey: sys::ucp_rkey_h,
+}
+
+/// What a post issues: a list of segments, or a block table walked per post (addresses are
+/// computed from the layer and the id; nothing is stored per block).
+pub(crate) enum Work {
+    Segs(Vec<Seg>),
+    Blocks {
+        layers: Vec<BlockLayer>,
+        runs: Vec<BlockRun>,
+        /// Puts/gets per post.
+        segments: usize,
+    },
+}
+
+impl Work {
+    /// Operations per post.
+    pub fn len(&self) -> usize {
+        match self {
+            Work::Segs(v) => v.len(),
+            Work::Blocks { segments, .. } => *segments,
+        }
+    }
+
+    /// Calls `f` on every segment in order until it returns `false`; returns whether every
+    /// call returned `true`.
+    fn each(&self, mut f: impl FnMut(&Seg) -> bool) -> bool {
+        match self {
+            Work::Segs(v) => v.iter().all(f),
+            Work::Blocks { layers, runs, .. } => {
+                for l in layers {
+                    for r in runs {
+                        // In bounds: the agent checked every id against every layer's count.
+                        let (la, ra) = (
+                            l.local.addr + r.local * l.local.stride,
+                            l.remote.addr + r.remote * l.remote.stride,
+                        );
+                        if l.dense {
+                            let s = Seg {
+                                local: la,
+                                remote: ra,
+                                len: r.count * l.local.len,
+                                memh: l.memh,
+                                rkey: l.rkey,
+                            };
+                            if !f(&s) {
+                                return false;
+                            }
+                            continue;
+                        }
+                        for k in 0..r.count {
+                            let s = Seg {
+                                local: la + k * l.local.stride,
+                                remote: ra + k * l.remote.stride,
+                                len: l.local.len,
+                                memh: l.memh,
+                                rkey: l.rkey,
+                            };
+                            if !f(&s) {
+                                return false;
+                            }
+                        }
+                    }
+                }
+                true
+            }
+        }
+    }
+}
+
 /// A prepared UCX transfer.
 pub(crate) struct UcxXfer {
     pub agent: String,
@@ -161,7 +239,7 @@ pub(crate) struct UcxXfer {
     pub worker: usize,
     pub op: XferOp,
     pub mem_type: sys::ucs_memory_type_t,
-    pub segs: Vec<Seg>,
+    pub work: Work,
     pub notif: Option<Notif>,
     /// This agent's notification header (for [`BackendXfer::set_notif`]).
     pub header: Arc<[u8]>,
@@ -172,7 +250,7 @@ pub(crate) struct UcxXfer {
     pub path: OnceLock<String>,
 }
 
-// SAFETY: the raw handles in `segs` are owned by metadata kept alive in `_keep` and only used
+// SAFETY: the raw handles in `work` are owned by metadata kept alive in `_keep` and only used
 // under the worker lock.
 unsafe impl Send for UcxXfer {}
 
@@ -215,7 +293,7 @@ impl UcxXfer {
         // SAFETY: zeroed request params with a mask are the documented form.
         let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
         p.op_attr_mask = sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE | sys::UCP_OP_ATTR_FIELD_MEMH;
-        if self.segs.len() > 1 {
+        if self.work.len() > 1 {
             // Many operations in flight: let UCX optimise for bandwidth (as NIXL does).
             p.op_attr_mask |= sys::UCP_OP_ATTR_FLAG_MULTI_SEND;
         }
@@ -277,19 +355,24 @@ impl BackendXfer for UcxXfer {
         let ep = pe
             .raw(&g)
             .ok_or_else(|| self.disconnected(Op::PostXfer, "UCX endpoint was closed"))?;
+        let mut issued = 0usize;
         let mut failed_issue = None;
-        for (i, s) in self.segs.iter().enumerate() {
+        self.work.each(|s| {
             let st = self.issue(ep, s);
             if st != sys::UCS_OK && st != sys::UCS_INPROGRESS {
-                if i == 0 {
-                    return Err(self.state_error(Op::PostXfer, st));
-                }
-                // Earlier segments may still be moving: the flush below tells when UCX is
-                // done with them, and the post ends with this error then (a cancel meanwhile
-                // follows the usual rules; nothing is force-closed here).
                 failed_issue = Some(st);
-                break;
+                return false;
             }
+            issued += 1;
+            true
+        });
+        if let Some(st) = failed_issue {
+            if issued == 0 {
+                return Err(self.state_error(Op::PostXfer, st));
+            }
+            // Earlier segments may still be moving: the flush below tells when UCX is done
+            // with them, and the post ends with this error then (a cancel meanwhile follows
+            // the usual rules; nothing is force-closed here).
         }
         pe.shared.begin_op();
         let state = Arc::new(PostState {

@@ -74,6 +74,24 @@ impl RemotePeer {
     }
 }
 
+impl RemotePeer {
+    /// As [`RemotePeer::find`], with the bound below which every covered range finds the same
+    /// region (see [`RegionIndex::find_bounded`]).
+    pub fn find_bounded(
+        &self,
+        kind: MemKind,
+        dev_id: u64,
+        addr: u64,
+        len: u64,
+    ) -> Option<(Arc<RemoteRegion>, u64)> {
+        lock(&self.regions)
+            .find_bounded(kind, dev_id, addr, len, |r| {
+                r.desc.covers(addr, len, dev_id)
+            })
+            .map(|(r, bound)| (r.clone(), bound))
+    }
+}
+
 /// A region's public bytes per local backend, while loading.
 type PerBackend<'a> = Vec<(Arc<BackendSlot>, &'a [u8])>;
 

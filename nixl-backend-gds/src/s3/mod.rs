@@ -523,7 +523,7 @@ impl Backend for S3Backend {
         Ok(())
     }
 
-    fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
+    fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
         let me = &self.agent;
         if !spec.is_local {
             return Err(Error::not_supported(
@@ -550,7 +550,11 @@ impl Backend for S3Backend {
             ));
         }
         for (i, s) in spec.segments.iter().enumerate() {
-            if downcast_md::<DramMd>(&s.local_md).is_none() {
+            if spec
+                .md(s.local_md)
+                .and_then(downcast_md::<DramMd>)
+                .is_none()
+            {
                 return Err(Error::invalid(
                     me,
                     Op::MakeXfer,
@@ -558,7 +562,7 @@ impl Backend for S3Backend {
                 ));
             }
         }
-        let plan = xfer::Plan::new(me, &spec, &self.params)?;
+        let plan = xfer::Plan::new(me, spec, &self.params)?;
         Ok(Box::new(xfer::S3Xfer::new(
             plan,
             self.store.clone(),

@@ -241,7 +241,7 @@ impl Backend for FaultInjector {
     fn unload(&self, md: BackendMd) -> Result<()> {
         self.0.inner.unload(md)
     }
-    fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
+    fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
         Ok(Box::new(FaultXfer::prepare(self.0.clone(), spec)?))
     }
     fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {

@@ -86,14 +86,17 @@ pub(super) struct FaultXfer {
 }
 
 impl FaultXfer {
-    pub fn prepare(core: Arc<Core>, mut spec: XferSpec) -> Result<Self> {
+    pub fn prepare(core: Arc<Core>, spec: &XferSpec) -> Result<Self> {
+        // The wrapper sends the notification itself, after the data, so it can drop or
+        // duplicate it (the wrapped backend gets the spec without it).
+        let mut spec = spec.clone();
         let notif = spec.notif.take();
         let local = spec
             .segments
             .iter()
             .map(|s| (s.local_addr, s.len))
             .collect();
-        let mut inner = core.inner.prepare_xfer(spec.clone())?;
+        let mut inner = core.inner.prepare_xfer(&spec)?;
         let inner_notif = core.inner.capabilities().notifications && inner.set_notif(None).is_ok();
         Ok(FaultXfer {
             main: slot(inner),
@@ -153,14 +156,17 @@ impl FaultXfer {
             .inner
             .register(&RegionDesc::dram(buf.addr(), total))?;
         let mut spec = self.spec.clone();
+        // The copy's metadata goes last in the spec's list; every segment's local side names it.
+        let md_index = spec.mds.len();
+        spec.mds.push(md.clone());
         let mut off = 0;
         for s in &mut spec.segments {
             s.local_addr = buf.addr() + off;
             s.local_dev = 0;
-            s.local_md = md.clone();
+            s.local_md = md_index;
             off += s.len;
         }
-        let xfer = match self.core.inner.prepare_xfer(spec) {
+        let xfer = match self.core.inner.prepare_xfer(&spec) {
             Ok(x) => x,
             Err(e) => {
                 let _ = self.core.inner.deregister(md);

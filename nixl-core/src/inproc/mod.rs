@@ -14,6 +14,8 @@
 
 mod xfer;
 
+mod blocks;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -25,7 +27,7 @@ use xfer::{InprocXfer, Plan};
 use crate::agent::lock;
 use crate::backend::{
     downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
-    Capabilities, XferSpec,
+    BlockXferSpec, Capabilities, XferSpec,
 };
 use crate::error::{Error, Op, Result};
 use crate::mem::{MemKind, RegionDesc};
@@ -312,7 +314,7 @@ impl Backend for InprocBackend {
         }))
     }
 
-    fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
+    fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
         if spec.local_kind != MemKind::Dram || spec.remote_kind != MemKind::Dram {
             return Err(Error::not_supported(
                 &self.agent,
@@ -320,15 +322,21 @@ impl Backend for InprocBackend {
                 "INPROC moves DRAM only",
             ));
         }
+        crate::work::tick(spec.segments.len());
         let mut segs = Vec::with_capacity(spec.segments.len());
         let mut target: Option<Weak<Endpoint>> = None;
         for s in &spec.segments {
-            let t = downcast_md::<TargetMd>(&s.remote_md).ok_or_else(|| {
-                Error::invalid(&self.agent, Op::MakeXfer, "remote metadata is not INPROC's")
-            })?;
-            downcast_md::<LocalMd>(&s.local_md).ok_or_else(|| {
-                Error::invalid(&self.agent, Op::MakeXfer, "local metadata is not INPROC's")
-            })?;
+            let t = spec
+                .md(s.remote_md)
+                .and_then(downcast_md::<TargetMd>)
+                .ok_or_else(|| {
+                    Error::invalid(&self.agent, Op::MakeXfer, "remote metadata is not INPROC's")
+                })?;
+            spec.md(s.local_md)
+                .and_then(downcast_md::<LocalMd>)
+                .ok_or_else(|| {
+                    Error::invalid(&self.agent, Op::MakeXfer, "local metadata is not INPROC's")
+                })?;
             target.get_or_insert_with(|| t.ep.clone());
             segs.push((s.local_addr, s.remote_addr, s.len, t.region));
         }
@@ -336,17 +344,21 @@ impl Backend for InprocBackend {
             target.ok_or_else(|| Error::invalid(&self.agent, Op::MakeXfer, "no segments"))?;
         let plan = Plan {
             agent: self.agent.clone(),
-            remote: spec.remote,
+            remote: spec.remote.clone(),
             op: spec.op,
             segs,
             target,
         };
         Ok(Box::new(InprocXfer::new(
             plan,
-            spec.notif,
+            spec.notif.clone(),
             self.completion,
             self.sched.clone(),
         )))
+    }
+
+    fn prepare_blocks(&self, spec: &BlockXferSpec) -> Result<Option<Box<dyn BackendXfer>>> {
+        Ok(Some(Box::new(blocks::prepare(self, spec)?)))
     }
 
     fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {

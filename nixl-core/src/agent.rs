@@ -7,10 +7,12 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::auth::{Auth, Bindings, Signer};
 use crate::backend::{
     Backend, BackendContext, BackendParams, BackendPlugin, Capabilities, QueryResult,
 };
 use crate::error::{Error, Op, Result};
+use crate::limits::Limits;
 use crate::mem::RegionDesc;
 use crate::notif::{NotifQueue, Notifs};
 use crate::registration::RegTable;
@@ -36,6 +38,14 @@ pub struct AgentConfig {
     pub default_timeout: Duration,
     /// Backend types this agent can create by name.
     pub plugins: Vec<Arc<dyn BackendPlugin>>,
+    /// Authenticate peers with a cluster credential (`None`: trust every peer that can reach
+    /// the side channel, etcd or the transports; see `docs/security.md`).
+    pub auth: Option<Auth>,
+    /// Lets the side channel listen on a non-loopback address without [`AgentConfig::auth`]
+    /// (refused otherwise): the explicit opt-out for a network where every host is trusted.
+    pub allow_unauthenticated_listener: bool,
+    /// Bounds on what peers can make this agent hold.
+    pub limits: Limits,
 }
 
 impl Default for AgentConfig {
@@ -48,6 +58,9 @@ impl Default for AgentConfig {
             telemetry: telemetry::env_enabled(),
             default_timeout: Duration::from_secs(30),
             plugins: vec![Arc::new(crate::inproc::InprocPlugin)],
+            auth: None,
+            allow_unauthenticated_listener: false,
+            limits: Limits::default(),
         }
     }
 }
@@ -69,6 +82,12 @@ impl std::fmt::Debug for AgentConfig {
                     .map(|p| p.name().to_owned())
                     .collect::<Vec<_>>(),
             )
+            .field("auth", &self.auth)
+            .field(
+                "allow_unauthenticated_listener",
+                &self.allow_unauthenticated_listener,
+            )
+            .field("limits", &self.limits)
             .finish()
     }
 }
@@ -184,6 +203,10 @@ pub(crate) struct Shared {
     /// Notifications that failed their integrity check: (sender, message, already reported
     /// by `wait_notifs`).
     pub corrupt: Mutex<Vec<(String, Vec<u8>, bool)>>,
+    /// Signs this agent's metadata and frames; verifies peers'.
+    pub signer: Signer,
+    /// Peer names bound to the credential that first loaded them.
+    pub bindings: Arc<Bindings>,
 }
 
 /// How many uncertain requests an agent remembers.
@@ -318,6 +341,18 @@ impl Agent {
                 "agent name must be 1..=256 bytes",
             ));
         }
+        let signer = Signer::new(config.auth.clone()).map_err(|e| match e {
+            Error::Io { source, .. } => Error::Io {
+                agent: name.to_owned(),
+                op: Op::CreateBackend,
+                source,
+            },
+            e => e,
+        })?;
+        let notifs = NotifQueue::with_limits(
+            config.limits.max_queued_notif_bytes,
+            config.limits.max_queued_notif_bytes_per_sender,
+        );
         let shared = Arc::new(Shared {
             name: name.to_owned(),
             generation: new_generation(),
@@ -327,7 +362,7 @@ impl Agent {
             regs: Mutex::new(RegTable::default()),
             remotes: Mutex::new(HashMap::new()),
             peer_locks: Mutex::new(HashMap::new()),
-            notifs: Arc::new(NotifQueue::new()),
+            notifs: Arc::new(notifs),
             fetches: Mutex::new(HashMap::new()),
             stop: Arc::new(AtomicBool::new(false)),
             listen_addr: Mutex::new(None),
@@ -335,6 +370,8 @@ impl Agent {
             next_id: AtomicU64::new(1),
             uncertain: Mutex::new(VecDeque::new()),
             corrupt: Mutex::new(Vec::new()),
+            signer,
+            bindings: Arc::new(Bindings::default()),
         });
         let agent = Agent { shared };
         if agent.shared.config.listen {
@@ -455,6 +492,13 @@ impl Agent {
         let ctx = BackendContext {
             agent: self.shared.name.clone(),
             notifs: self.shared.notifs.clone(),
+            peers: crate::hello::PeerAuth::new(
+                &self.shared.name,
+                self.shared.generation,
+                self.shared.config.auth.clone(),
+                self.shared.bindings.clone(),
+                self.shared.signer.replay.clone(),
+            ),
         };
         let backend = params.create(ctx)?;
         let caps = backend.capabilities();
@@ -645,7 +689,9 @@ impl Agent {
     /// quiet peer is not an error). Ends early with [`Error::Corrupt`] when a notification
     /// failed its integrity check; each failure ends one call (a caller that ignores the error
     /// and waits again is not woken by the same failure), and all of them stay available to
-    /// [`Agent::take_integrity_failures`].
+    /// [`Agent::take_integrity_failures`]. Likewise ends early with
+    /// [`Error::LimitExceeded`] once per batch of notifications dropped because the queue was
+    /// full ([`Agent::dropped_notifs`] has the counts).
     pub fn wait_notifs(&self, timeout: Duration) -> Result<Notifs> {
         let deadline = Instant::now() + timeout;
         loop {
@@ -664,6 +710,23 @@ impl Agent {
                     op: Op::GetNotifs,
                 });
             }
+            let drops = self.shared.notifs.take_unreported_drops();
+            if !drops.is_empty() {
+                let mut list: Vec<String> = drops
+                    .iter()
+                    .map(|(sender, n)| format!("{n} from {sender}"))
+                    .collect();
+                list.sort();
+                return Err(Error::limit(
+                    self.name(),
+                    Op::GetNotifs,
+                    format!(
+                        "queued notification bytes: dropped {} (see Agent::dropped_notifs)",
+                        list.join(", ")
+                    ),
+                    self.shared.config.limits.max_queued_notif_bytes,
+                ));
+            }
             if Instant::now() >= deadline {
                 return Ok(n);
             }
@@ -679,6 +742,12 @@ impl Agent {
                 .notifs
                 .wait_nonempty(deadline.min(Instant::now() + slice));
         }
+    }
+
+    /// Notifications dropped because the queue was full, per sender, since the agent was
+    /// created (see [`crate::Limits::max_queued_notif_bytes`]).
+    pub fn dropped_notifs(&self) -> HashMap<String, u64> {
+        self.shared.notifs.dropped()
     }
 
     /// Sends a standalone notification to a loaded peer.

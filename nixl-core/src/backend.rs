@@ -18,6 +18,7 @@ use crate::error::Result;
 use crate::mem::{MemKind, RegionDesc};
 
 pub use crate::desc::merge_contiguous;
+pub use crate::hello::{Hello, PeerAuth, SessionId, Sessions, SESSION_LEN};
 pub use crate::inproc::InprocBackend;
 pub use crate::notif::NotifQueue;
 pub use crate::params::{parse_bool, ParamMap};
@@ -61,6 +62,9 @@ pub struct BackendContext {
     pub agent: String,
     /// Where the backend delivers notifications it receives.
     pub notifs: Arc<NotifQueue>,
+    /// Signs and checks connection hellos: how the backend learns which peer a notification
+    /// comes from (see [`crate::hello`]).
+    pub peers: PeerAuth,
 }
 
 /// One contiguous piece of a transfer, after merging.

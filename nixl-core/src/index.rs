@@ -72,6 +72,11 @@ impl<V> RegionIndex<V> {
             .find(|v| covers(v))
     }
 
+    /// How many regions it holds.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
     /// Every region, in key order.
     pub fn values(&self) -> impl Iterator<Item = &V> {
         self.map.values()
@@ -107,9 +112,7 @@ mod tests {
                     .filter(|(_, r)| covers(r))
                     .max_by_key(|(i, r)| (r.0, *i))
                     .map(|(_, r)| *r);
-                let got = idx
-                    .find(MemKind::Dram, 0, addr, len, covers)
-                    .copied();
+                let got = idx.find(MemKind::Dram, 0, addr, len, covers).copied();
                 assert_eq!(got, want, "addr {addr} len {len}");
             }
         }

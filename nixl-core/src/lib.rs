@@ -58,6 +58,7 @@
 #![warn(missing_docs)]
 
 mod agent;
+pub mod auth;
 pub mod backend;
 pub mod bytes;
 pub mod codec;
@@ -68,9 +69,11 @@ mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 mod fault;
+pub mod hello;
 mod index;
 mod inproc;
 pub mod integrity;
+mod limits;
 mod mem;
 mod notif;
 mod params;
@@ -82,12 +85,14 @@ pub mod testing;
 mod xfer;
 
 pub use agent::{Agent, AgentConfig, BackendHandle};
+pub use auth::{Auth, Credential};
 pub use backend::{Capabilities, CostEstimate, CostMethod, QueryResult, XferState};
 pub use codec::AgentMetadata;
 pub use desc::{Desc, XferDescList, XferOp};
 pub use error::{DecodeError, Error, ErrorKind, Op, Result, SharedError};
 pub use fault::{FaultEvent, FaultLog, FaultParams, FaultPlan};
 pub use inproc::{InprocParams, InprocPlugin, INPROC};
+pub use limits::{Limits, ListenerLimits, NOTIF_OVERHEAD};
 pub use mem::{HostBuffer, MemKind, MemoryRegion, RawRegion, RegionDesc, PAGE_SIZE};
 pub use notif::Notifs;
 pub use registration::Registration;

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::agent::{lock, Agent, BackendSlot};
+use crate::auth::Proof;
 use crate::backend::BackendMd;
 use crate::codec::{AgentMetadata, BackendEntry, RegionEntry};
 use crate::desc::XferDescList;
@@ -48,6 +49,8 @@ pub(crate) struct RemotePeer {
     pub conn: Mutex<BTreeMap<usize, Vec<u8>>>,
     /// The peer's loaded regions.
     pub regions: Mutex<RegionIndex<Arc<RemoteRegion>>>,
+    /// The owner commitment its authenticated metadata carried (who may invalidate it).
+    pub owner_commit: Option<[u8; 32]>,
 }
 
 impl RemotePeer {
@@ -87,9 +90,11 @@ struct LoadPlan<'a> {
 }
 
 impl<'a> LoadPlan<'a> {
-    /// Checks the blob against what is loaded, without changing anything: O(regions).
-    fn validate(agent: &Agent, md: &'a AgentMetadata) -> Result<Self> {
+    /// Checks the blob against what is loaded, its authentication against the name's
+    /// binding, and the agent's limits, without changing anything: O(regions).
+    fn validate(agent: &Agent, md: &'a AgentMetadata, proof: Option<&Proof>) -> Result<Self> {
         let me = agent.name();
+        let limits = &agent.shared.config.limits;
         let backends = agent.shared.backends();
         let slots: Vec<Option<Arc<BackendSlot>>> = md
             .backends
@@ -101,8 +106,40 @@ impl<'a> LoadPlan<'a> {
                     .cloned()
             })
             .collect();
-        let existing = lock(&agent.shared.remotes).get(&md.name).cloned();
+        let (existing, loaded) = {
+            let remotes = lock(&agent.shared.remotes);
+            (remotes.get(&md.name).cloned(), remotes.len())
+        };
         let same = existing.as_ref().filter(|p| p.generation == md.generation);
+        if let Some(proof) = proof {
+            agent.shared.bindings.check(
+                me,
+                &md.name,
+                proof,
+                same.is_none(),
+                limits.max_known_names,
+            )?;
+            if let Some(peer) = same {
+                if peer.owner_commit != Some(proof.owner_commit) {
+                    return Err(Error::not_allowed(
+                        me,
+                        Op::LoadMetadata,
+                        format!(
+                            "metadata of {} claims its loaded generation but another owner",
+                            md.name
+                        ),
+                    ));
+                }
+            }
+        }
+        if existing.is_none() && loaded >= limits.max_peers {
+            return Err(Error::limit(
+                me,
+                Op::LoadMetadata,
+                "loaded peers",
+                limits.max_peers,
+            ));
+        }
         match same {
             Some(peer) if md.has_conn_info => {
                 let conn = lock(&peer.conn);
@@ -167,6 +204,19 @@ impl<'a> LoadPlan<'a> {
                 }
             }
         }
+        let have: usize = same.map_or(0, |p| lock(&p.regions).len());
+        if have.saturating_add(new_regions.len()) > limits.max_regions_per_peer {
+            return Err(Error::limit(
+                me,
+                Op::LoadMetadata,
+                format!(
+                    "regions of {} ({have} loaded + {} new)",
+                    md.name,
+                    new_regions.len()
+                ),
+                limits.max_regions_per_peer,
+            ));
+        }
         Ok(LoadPlan {
             slots,
             same_gen: same.is_some(),
@@ -178,7 +228,7 @@ impl<'a> LoadPlan<'a> {
     /// Connects the backends and loads the regions. On error, everything this call did is
     /// undone (see [`LoadGuard`]) and the peer's loaded state is as before (or, for a new
     /// incarnation, not loaded).
-    fn apply(&self, agent: &Agent, md: &AgentMetadata) -> Result<()> {
+    fn apply(&self, agent: &Agent, md: &AgentMetadata, proof: Option<&Proof>) -> Result<()> {
         let peer = match (&self.existing, self.same_gen) {
             (Some(p), true) => p.clone(),
             _ => Arc::new(RemotePeer {
@@ -187,6 +237,7 @@ impl<'a> LoadPlan<'a> {
                 valid: AtomicBool::new(true),
                 conn: Mutex::new(BTreeMap::new()),
                 regions: Mutex::new(RegionIndex::default()),
+                owner_commit: proof.map(|p| p.owner_commit),
             }),
         };
         if let (Some(old), false) = (&self.existing, self.same_gen) {
@@ -239,6 +290,9 @@ impl<'a> LoadPlan<'a> {
         if !self.same_gen {
             lock(&agent.shared.remotes).insert(md.name.clone(), peer.clone());
         }
+        if let Some(p) = proof {
+            agent.shared.bindings.record(&md.name, p);
+        }
         guard.connected.clear();
         Ok(())
     }
@@ -261,6 +315,16 @@ impl Drop for LoadGuard<'_> {
             }
         }
     }
+}
+
+/// Who asks to invalidate a peer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Invalidator<'a> {
+    /// This process (the application, or the etcd watcher acting for it).
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    Local,
+    /// A peer over the side channel, with the owner token it revealed (if any).
+    Peer(Option<&'a [u8]>),
 }
 
 /// What a partial metadata blob should carry.
@@ -341,14 +405,15 @@ impl Agent {
                 }
             }
         }
-        Ok(AgentMetadata {
+        let blob = AgentMetadata {
             name: self.shared.name.clone(),
             generation: self.shared.generation,
             has_conn_info: sel.include_conn,
             backends: entries,
             regions,
         }
-        .encode())
+        .encode();
+        Ok(self.shared.signer.seal(blob))
     }
 
     /// Loads a peer's metadata and returns its name.
@@ -362,9 +427,16 @@ impl Agent {
     ///
     /// Costs are linear in the blob's regions, and only loads of the same peer wait for each
     /// other: transfers and loads of other peers go on while a large peer loads.
+    ///
+    /// With [`crate::AgentConfig::auth`], only metadata sealed under an accepted credential
+    /// loads, a name stays with the credential that first loaded it, a new incarnation must be
+    /// newer than every one accepted before (no replays), and [`crate::Limits`] bound peers and
+    /// regions ([`Error::NotAllowed`] / [`Error::LimitExceeded`]; nothing changes).
     #[doc(alias = "loadRemoteMD")]
     pub fn load_remote_metadata(&self, bytes: &[u8]) -> Result<String> {
-        let md = AgentMetadata::decode(bytes).map_err(|source| Error::Decode {
+        let opened = self.shared.signer.open(self.name(), bytes)?;
+        let proof = opened.proof;
+        let md = AgentMetadata::decode(opened.blob).map_err(|source| Error::Decode {
             agent: self.name().to_owned(),
             op: Op::LoadMetadata,
             source,
@@ -378,8 +450,8 @@ impl Agent {
         }
         let peer_lock = self.shared.peer_lock(&md.name);
         let _serialised = lock(&peer_lock);
-        let plan = LoadPlan::validate(self, &md)?;
-        plan.apply(self, &md)?;
+        let plan = LoadPlan::validate(self, &md, proof.as_ref())?;
+        plan.apply(self, &md, proof.as_ref())?;
         tracing::debug!(agent = %self.name(), remote = %md.name, generation = md.generation, regions = plan.new_regions.len(), "metadata loaded");
         Ok(md.name)
     }
@@ -418,21 +490,40 @@ impl Agent {
     }
 
     /// Invalidates a peer only if the loaded incarnation has this generation (so a stale
-    /// message cannot remove a restarted peer). Returns whether it did.
-    pub(crate) fn invalidate_remote_generation(&self, remote: &str, generation: u64) -> bool {
+    /// message cannot remove a restarted peer) and, when it was loaded from authenticated
+    /// metadata, only for its owner (`owner_token` hashes to the commitment its metadata
+    /// carried). Returns whether it did; [`Error::NotAllowed`] for a peer that is not the
+    /// owner of the loaded incarnation.
+    pub(crate) fn invalidate_remote_generation(
+        &self,
+        remote: &str,
+        generation: u64,
+        by: Invalidator<'_>,
+    ) -> Result<bool> {
         let peer_lock = self.shared.peer_lock(remote);
         let _serialised = lock(&peer_lock);
         let mut remotes = lock(&self.shared.remotes);
+        let allowed = |p: &RemotePeer| match (by, p.owner_commit) {
+            (Invalidator::Local, _) | (Invalidator::Peer(_), None) => true,
+            (Invalidator::Peer(token), Some(c)) => {
+                token.is_some_and(|t| crate::auth::commit(t) == c)
+            }
+        };
         match remotes.get(remote) {
-            Some(p) if p.generation == generation => {
+            Some(p) if p.generation == generation && allowed(p) => {
                 let peer = remotes.remove(remote);
                 drop(remotes);
                 if let Some(p) = peer {
                     self.retire_peer(&p);
                 }
-                true
+                Ok(true)
             }
-            _ => false,
+            Some(p) if p.generation == generation => Err(Error::not_allowed(
+                self.name(),
+                Op::Invalidate,
+                format!("only {remote} itself (or this process) may invalidate it"),
+            )),
+            _ => Ok(false),
         }
     }
 
@@ -459,6 +550,27 @@ impl Agent {
         let peer = self.remote_peer(remote, Op::LoadMetadata)?;
         let regions = lock(&peer.regions);
         Ok(regions.values().map(|r| r.desc.clone()).collect())
+    }
+
+    /// The name and generation of metadata bytes, when this agent would accept them as
+    /// authentic: with authentication on, they verify under an accepted credential and that
+    /// credential is the one the name is bound to (if bound); with it off, they decode.
+    /// Nothing is loaded.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    pub(crate) fn authentic_identity(&self, bytes: &[u8]) -> Option<(String, u64)> {
+        let opened = self.shared.signer.open(self.name(), bytes).ok()?;
+        let md = AgentMetadata::decode(opened.blob).ok()?;
+        if let Some(p) = &opened.proof {
+            if self
+                .shared
+                .bindings
+                .credential_of(&md.name)
+                .is_some_and(|c| c != p.credential)
+            {
+                return None;
+            }
+        }
+        Some((md.name, md.generation))
     }
 
     /// The generation of a loaded peer.

@@ -172,11 +172,13 @@ impl EtcdExchange {
     pub fn publish_bytes(&self, label: &str, metadata: &[u8]) -> Result<()> {
         let me = self.agent.name();
         check_label(me, label)?;
-        let md = AgentMetadata::decode(metadata).map_err(|source| Error::Decode {
-            agent: me.to_owned(),
-            op: Op::Exchange,
-            source,
-        })?;
+        let md = crate::auth::unsealed(metadata)
+            .and_then(AgentMetadata::decode)
+            .map_err(|source| Error::Decode {
+                agent: me.to_owned(),
+                op: Op::Exchange,
+                source,
+            })?;
         if md.name != me || md.generation != self.agent.generation() {
             return Err(Error::mismatch(
                 me,
@@ -303,11 +305,13 @@ impl EtcdExchange {
     ) -> Result<String> {
         let me = self.agent.name();
         let key = self.cfg.layout.key(remote, label);
-        let md = AgentMetadata::decode(value).map_err(|source| Error::Decode {
-            agent: me.to_owned(),
-            op: Op::Exchange,
-            source,
-        })?;
+        let md = crate::auth::unsealed(value)
+            .and_then(AgentMetadata::decode)
+            .map_err(|source| Error::Decode {
+                agent: me.to_owned(),
+                op: Op::Exchange,
+                source,
+            })?;
         if md.name != remote {
             return Err(Error::mismatch(
                 me,
@@ -321,8 +325,8 @@ impl EtcdExchange {
             // When that read fails, the peer cannot be vouched for: fence it too.
             let check = self
                 .run(self.read_or_wait(&key, Duration::ZERO, Read::Linearizable))
-                .and_then(|(now, _)| match AgentMetadata::decode(&now) {
-                    Ok(m) if m.name == remote && m.generation == md.generation => Ok(()),
+                .and_then(|(now, _)| match self.agent.authentic_identity(&now) {
+                    Some((name, g)) if name == remote && g == md.generation => Ok(()),
                     _ => Err(Error::not_found(
                         me,
                         Op::Exchange,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use nixl_core::backend::{
     downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
-    XferSpec,
+    PeerAuth, Sessions, XferSpec,
 };
 use nixl_core::{Capabilities, CostEstimate, CostMethod, Error, MemKind, Op, RegionDesc, Result};
 
@@ -37,7 +37,10 @@ pub struct UcxBackend {
     workers: Vec<Arc<Worker>>,
     peers: Mutex<HashMap<String, Arc<Peer>>>,
     self_peer: Mutex<Option<Arc<Peer>>>,
-    header: Arc<[u8]>,
+    /// Signs this agent's hellos and checks peers'.
+    peer_auth: PeerAuth,
+    /// Sessions peers opened with their hellos (who each notification is from).
+    sessions: Arc<Sessions>,
     next_worker: AtomicUsize,
     params: UcxParams,
     stop: Arc<AtomicBool>,
@@ -104,10 +107,19 @@ impl UcxBackend {
                 "UCX before 1.23 can crash with several workers when peers are reached over its tcp transport; use num_workers = 1 there or UCX >= 1.23");
         }
         let ctx = Context::new(ucx.clone(), &agent, &params.ucx_config(ucx.version))?;
+        let sessions = Arc::new(Sessions::default());
         let workers = (0..params.num_workers)
-            .map(|i| Worker::new(ctx.clone(), i, &agent, bctx.notifs.clone()))
+            .map(|i| {
+                Worker::new(
+                    ctx.clone(),
+                    i,
+                    &agent,
+                    bctx.notifs.clone(),
+                    bctx.peers.clone(),
+                    sessions.clone(),
+                )
+            })
             .collect::<Result<Vec<_>>>()?;
-        let header = crate::wire::encode_notif_header(&agent);
         let b = UcxBackend {
             agent,
             ucx,
@@ -115,7 +127,8 @@ impl UcxBackend {
             workers,
             peers: Mutex::new(HashMap::new()),
             self_peer: Mutex::new(None),
-            header: header.into(),
+            peer_auth: bctx.peers,
+            sessions,
             next_worker: AtomicUsize::new(0),
             params,
             stop: Arc::new(AtomicBool::new(false)),
@@ -144,6 +157,12 @@ impl UcxBackend {
         self.ucx.version_string()
     }
 
+    /// Notifications dropped because they came on a connection without an accepted hello
+    /// (an unknown session, or a session used on another connection).
+    pub fn unattributed_notifs(&self) -> u64 {
+        self.sessions.unattributed()
+    }
+
     /// Where UCX was loaded from.
     pub fn ucx_path(&self) -> &std::path::Path {
         &self.ucx.path
@@ -162,12 +181,9 @@ impl UcxBackend {
             return Ok(p.clone());
         }
         let addrs: Vec<Vec<u8>> = self.workers.iter().map(|w| w.address().to_vec()).collect();
-        let p = Arc::new(Peer::connect(
-            &self.agent,
-            &self.agent,
-            &self.workers,
-            &addrs,
-        )?);
+        let mut p = Peer::connect(&self.agent, &self.agent, &self.workers, &addrs)?;
+        crate::session::introduce(&self.ucx, &self.peer_auth, &mut p)?;
+        let p = Arc::new(p);
         *g = Some(p.clone());
         Ok(p)
     }
@@ -224,8 +240,9 @@ impl Backend for UcxBackend {
                 format!("malformed UCX connection info from {remote}: {e}"),
             )
         })?;
-        let peer = Arc::new(Peer::connect(&self.agent, remote, &self.workers, &addrs)?);
-        if let Some(old) = lock(&self.peers).insert(remote.to_owned(), peer) {
+        let mut peer = Peer::connect(&self.agent, remote, &self.workers, &addrs)?;
+        crate::session::introduce(&self.ucx, &self.peer_auth, &mut peer)?;
+        if let Some(old) = lock(&self.peers).insert(remote.to_owned(), Arc::new(peer)) {
             tracing::debug!(agent = %self.agent, remote, "replaced UCX endpoints of {}", old.name);
         }
         Ok(())
@@ -370,9 +387,10 @@ impl Backend for UcxBackend {
                 }
             }
         }
-        let notif = spec
-            .notif
-            .map(|m| (self.header.clone(), Arc::<[u8]>::from(m)));
+        let header = peer.headers.get(worker).cloned().ok_or_else(|| {
+            Error::invalid(me, Op::MakeXfer, "UCX endpoint without a session header")
+        })?;
+        let notif = spec.notif.map(|m| (header.clone(), Arc::<[u8]>::from(m)));
         Ok(Box::new(UcxXfer {
             agent: me.clone(),
             ucx: self.ucx.clone(),
@@ -382,7 +400,7 @@ impl Backend for UcxBackend {
             mem_type: mem_type.unwrap_or(sys::UCS_MEMORY_TYPE_HOST),
             segs,
             notif,
-            header: self.header.clone(),
+            header,
             cancel_timeout: self.params.cancel_timeout,
             _keep: keep,
             cur: None,
@@ -403,11 +421,18 @@ impl Backend for UcxBackend {
             Error::disconnected(&self.agent, remote, Op::GenNotif, "UCX endpoint was closed")
         })?;
         // The buffers must outlive the send: owned here, leaked if it does not finish.
-        let (hdr, buf) = (self.header.clone(), msg.to_vec());
+        let hdr = peer.headers.first().cloned().ok_or_else(|| {
+            Error::invalid(
+                &self.agent,
+                Op::GenNotif,
+                "UCX endpoint without a session header",
+            )
+        })?;
+        let buf = msg.to_vec();
         // SAFETY: zeroed request params with a mask are the documented form.
         let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
         p.op_attr_mask = sys::UCP_OP_ATTR_FIELD_FLAGS;
-        p.flags = sys::UCP_AM_SEND_FLAG_EAGER;
+        p.flags = crate::session::AM_FLAGS;
         // SAFETY: the endpoint is live under the held lock; header and message stay valid
         // until UCX released the request (below), or forever (leaked on timeout).
         let r = unsafe {

@@ -87,6 +87,9 @@ impl Drop for PeerEp {
 pub(crate) struct Peer {
     pub name: String,
     pub eps: Vec<PeerEp>,
+    /// Per endpoint: the notification header of the session its hello opened
+    /// (`crate::session::introduce`).
+    pub headers: Vec<Arc<[u8]>>,
 }
 
 impl std::fmt::Debug for Peer {
@@ -165,6 +168,7 @@ impl Peer {
         Ok(Peer {
             name: name.to_owned(),
             eps,
+            headers: Vec::new(),
         })
     }
 

@@ -76,6 +76,7 @@ mod error;
 mod loader;
 mod memory;
 mod params;
+mod session;
 mod sys;
 mod wire;
 mod worker;

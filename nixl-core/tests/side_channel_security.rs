@@ -73,7 +73,9 @@ fn authenticated_agents_exchange_and_others_are_refused() {
         assert!(intruder.remotes().is_empty());
     }
     // Unsealed metadata is refused even when delivered out of band.
-    let e = b.load_remote_metadata(&open.local_metadata().unwrap()).unwrap_err();
+    let e = b
+        .load_remote_metadata(&open.local_metadata().unwrap())
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotAllowed);
     // A raw unsigned frame gets a refusal, not metadata.
     let mut w = nixl_core::bytes::ByteWriter::new();
@@ -107,7 +109,8 @@ fn a_name_stays_with_its_credential_and_replays_are_refused() {
     assert_eq!(victim.remote_generation(&name), Some(gen));
 
     // A captured PUSH frame replayed: refused (nonce seen).
-    let (frame, _) = encode_signed_request(Kind::Push, &md, &Credential::parse(&c1.export()).unwrap()).unwrap();
+    let (frame, _) =
+        encode_signed_request(Kind::Push, &md, &Credential::parse(&c1.export()).unwrap()).unwrap();
     assert_eq!(decode(&raw(addr, &frame)).unwrap().kind, Kind::Ack);
     assert_eq!(decode(&raw(addr, &frame)).unwrap().kind, Kind::Err);
 
@@ -196,10 +199,14 @@ fn slowloris_and_idle_connections_do_not_stall_fetches() {
         }
         sent
     });
-    let idle: Vec<TcpStream> = (0..130).map(|_| TcpStream::connect(addr).unwrap()).collect();
+    let idle: Vec<TcpStream> = (0..130)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
     std::thread::sleep(Duration::from_millis(200));
     let loaded = slowest_fetch(&b, 8);
-    eprintln!("slowest fetch: {baseline:?} alone, {loaded:?} beside a slowloris and 130 idle connections");
+    eprintln!(
+        "slowest fetch: {baseline:?} alone, {loaded:?} beside a slowloris and 130 idle connections"
+    );
     // The old listener served one connection at a time with 5 s per read: >= 5 s here.
     assert!(
         loaded < baseline + Duration::from_secs(1),
@@ -226,7 +233,8 @@ fn the_server_closes_a_request_that_does_not_finish_in_time() {
             break;
         }
         let mut buf = [0u8; 1];
-        s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
         match s.read(&mut buf) {
             Ok(0) => {
                 closed = true;
@@ -239,8 +247,16 @@ fn the_server_closes_a_request_that_does_not_finish_in_time() {
             _ => {}
         }
     }
-    assert!(closed, "the server kept a trickling request for {:?}", t.elapsed());
-    assert!(t.elapsed() < Duration::from_secs(3), "closed after {:?}", t.elapsed());
+    assert!(
+        closed,
+        "the server kept a trickling request for {:?}",
+        t.elapsed()
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "closed after {:?}",
+        t.elapsed()
+    );
 }
 
 #[test]
@@ -269,7 +285,10 @@ fn a_blocking_fetch_ends_by_its_deadline_against_a_slow_server() {
         .unwrap_err();
     let took = t.elapsed();
     assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
-    assert!(took < Duration::from_millis(2300), "returned after {took:?}");
+    assert!(
+        took < Duration::from_millis(2300),
+        "returned after {took:?}"
+    );
     drop(a);
     server.join().unwrap();
 }
@@ -294,7 +313,10 @@ fn connection_and_byte_limits_hold() {
     s.write_all(&(2u32 << 20).to_le_bytes()).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     let mut buf = [0u8; 16];
-    assert!(matches!(s.read(&mut buf), Ok(0) | Err(_)), "oversize frame not refused");
+    assert!(
+        matches!(s.read(&mut buf), Ok(0) | Err(_)),
+        "oversize frame not refused"
+    );
     // Two requests that together exceed the byte budget: the second is refused while the
     // first holds its bytes.
     let mut first = TcpStream::connect(addr).unwrap();
@@ -303,7 +325,9 @@ fn connection_and_byte_limits_hold() {
     std::thread::sleep(Duration::from_millis(100));
     let mut second = TcpStream::connect(addr).unwrap();
     second.write_all(&(800u32 << 10).to_le_bytes()).unwrap();
-    second.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    second
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
     let reply = read_frame(&mut second, 1 << 20).unwrap();
     let f = decode(&reply).unwrap();
     assert_eq!(f.kind, Kind::Err);
@@ -319,15 +343,23 @@ fn peer_and_region_limits_are_typed_and_change_nothing() {
         ..Limits::default()
     };
     let a = agent("plim", cfg);
-    let peers: Vec<Agent> = (0..3).map(|_| agent("plim-peer", AgentConfig::default())).collect();
-    a.load_remote_metadata(&peers[0].local_metadata().unwrap()).unwrap();
-    a.load_remote_metadata(&peers[1].local_metadata().unwrap()).unwrap();
-    let e = a.load_remote_metadata(&peers[2].local_metadata().unwrap()).unwrap_err();
+    let peers: Vec<Agent> = (0..3)
+        .map(|_| agent("plim-peer", AgentConfig::default()))
+        .collect();
+    a.load_remote_metadata(&peers[0].local_metadata().unwrap())
+        .unwrap();
+    a.load_remote_metadata(&peers[1].local_metadata().unwrap())
+        .unwrap();
+    let e = a
+        .load_remote_metadata(&peers[2].local_metadata().unwrap())
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::LimitExceeded, "{e}");
     assert_eq!(a.remotes().len(), 2);
     // Regions: four registrations of a peer already loaded are refused as a whole.
     let regs: Vec<_> = (0..4).map(|_| registered(&peers[0], 4096)).collect();
-    let e = a.load_remote_metadata(&peers[0].local_metadata().unwrap()).unwrap_err();
+    let e = a
+        .load_remote_metadata(&peers[0].local_metadata().unwrap())
+        .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::LimitExceeded, "{e}");
     assert!(a.remote_regions(peers[0].name()).unwrap().is_empty());
     drop(regs);
@@ -341,15 +373,22 @@ fn a_notification_flood_is_bounded_and_reported_once() {
     let target = agent("flood-t", cfg);
     let flooder = agent("flood-f", AgentConfig::default());
     let quiet = agent("flood-q", AgentConfig::default());
-    flooder.load_remote_metadata(&target.local_metadata().unwrap()).unwrap();
-    quiet.load_remote_metadata(&target.local_metadata().unwrap()).unwrap();
+    flooder
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    quiet
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
     for _ in 0..1000 {
         flooder.gen_notif(target.name(), &[0u8; 1024], &[]).unwrap();
     }
     quiet.gen_notif(target.name(), b"still heard", &[]).unwrap();
     let got = target.get_notifs().unwrap();
     let kept = got[flooder.name()].len();
-    assert!(kept * (1024 + nixl_core::NOTIF_OVERHEAD) <= 32 << 10, "{kept} kept");
+    assert!(
+        kept * (1024 + nixl_core::NOTIF_OVERHEAD) <= 32 << 10,
+        "{kept} kept"
+    );
     assert_eq!(got[quiet.name()], vec![b"still heard".to_vec()]);
     let dropped = target.dropped_notifs()[flooder.name()];
     assert_eq!(dropped as usize + kept, 1000);
@@ -357,6 +396,9 @@ fn a_notification_flood_is_bounded_and_reported_once() {
     let e = target.wait_notifs(Duration::from_secs(1)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::LimitExceeded, "{e}");
     let t = Instant::now();
-    assert!(target.wait_notifs(Duration::from_millis(200)).unwrap().is_empty());
+    assert!(target
+        .wait_notifs(Duration::from_millis(200))
+        .unwrap()
+        .is_empty());
     assert!(t.elapsed() >= Duration::from_millis(200));
 }

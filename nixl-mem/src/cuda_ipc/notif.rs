@@ -1,8 +1,10 @@
 //! The notification channel of `CUDA_IPC`: a Unix stream socket in the abstract namespace
 //! (named in the connection info), one connection per sending peer, length-prefixed frames.
-//! The first frame on a connection is the sender's agent name; each later frame is one
-//! notification. Bounded: names up to 256 bytes, messages up to [`MAX_NOTIF`]; a peer that
-//! breaks the protocol is disconnected.
+//! The first frame on a connection is the sender's hello (`nixl_core::hello`: signed with the
+//! cluster credential when authentication is on); each later frame is one notification,
+//! attributed to the hello's sender, never to a name inside it. Bounded: hellos up to 1 KiB,
+//! messages up to [`MAX_NOTIF`]; a peer that breaks the protocol or whose hello is refused is
+//! disconnected.
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
@@ -14,12 +16,12 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use nixl_core::backend::NotifQueue;
+use nixl_core::backend::{NotifQueue, PeerAuth};
 use nixl_core::{Error, Op, Result};
 
 /// The largest notification accepted.
 pub const MAX_NOTIF: usize = 16 << 20;
-const MAX_NAME: usize = 256;
+const MAX_HELLO: usize = 1024;
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The receiving side: a listener thread feeding the agent's queue; stops on drop.
@@ -30,7 +32,7 @@ pub(crate) struct NotifServer {
 }
 
 impl NotifServer {
-    pub fn start(agent: &str, notifs: Arc<NotifQueue>) -> Result<Self> {
+    pub fn start(agent: &str, notifs: Arc<NotifQueue>, peers: PeerAuth) -> Result<Self> {
         let io = |e| Error::io(agent, Op::CreateBackend, e);
         let name = format!("nixl-cuda-ipc-{}-{:016x}", std::process::id(), unique()).into_bytes();
         let addr = SocketAddr::from_abstract_name(&name).map_err(io)?;
@@ -40,7 +42,7 @@ impl NotifServer {
         let s = stop.clone();
         let thread = std::thread::Builder::new()
             .name(format!("nixl-cuda-ipc-notif-{agent}"))
-            .spawn(move || serve(listener, s, notifs))
+            .spawn(move || serve(listener, s, notifs, peers))
             .map_err(io)?;
         Ok(NotifServer {
             name,
@@ -82,14 +84,14 @@ struct Conn {
 }
 
 /// Parses complete frames out of `c.buf`; false when the peer broke the protocol.
-fn drain_frames(c: &mut Conn, notifs: &NotifQueue) -> bool {
+fn drain_frames(c: &mut Conn, notifs: &NotifQueue, peers: &PeerAuth) -> bool {
     loop {
         if c.buf.len() < 4 {
             return true;
         }
         let n = u32::from_le_bytes([c.buf[0], c.buf[1], c.buf[2], c.buf[3]]) as usize;
         let limit = if c.sender.is_none() {
-            MAX_NAME
+            MAX_HELLO
         } else {
             MAX_NOTIF
         };
@@ -102,16 +104,21 @@ fn drain_frames(c: &mut Conn, notifs: &NotifQueue) -> bool {
         let frame: Vec<u8> = c.buf[4..4 + n].to_vec();
         c.buf.drain(..4 + n);
         match &c.sender {
-            None => match String::from_utf8(frame) {
-                Ok(s) if !s.is_empty() => c.sender = Some(s),
-                _ => return false,
+            None => match peers.check_hello(&frame) {
+                Ok(h) => c.sender = Some(h.sender),
+                Err(e) => {
+                    tracing::warn!(error = %e, "CUDA_IPC notification connection refused");
+                    return false;
+                }
             },
-            Some(s) => notifs.push(s, frame),
+            Some(s) => {
+                notifs.push(s, frame);
+            }
         }
     }
 }
 
-fn serve(listener: UnixListener, stop: Arc<AtomicBool>, notifs: Arc<NotifQueue>) {
+fn serve(listener: UnixListener, stop: Arc<AtomicBool>, notifs: Arc<NotifQueue>, peers: PeerAuth) {
     let mut conns: Vec<Conn> = Vec::new();
     let mut chunk = vec![0u8; 64 << 10];
     while !stop.load(Ordering::Relaxed) {
@@ -152,7 +159,7 @@ fn serve(listener: UnixListener, stop: Arc<AtomicBool>, notifs: Arc<NotifQueue>)
                     }
                     Ok(k) => {
                         c.buf.extend_from_slice(&chunk[..k]);
-                        if !drain_frames(c, &notifs) {
+                        if !drain_frames(c, &notifs, &peers) {
                             tracing::warn!(
                                 "CUDA_IPC notification peer broke the protocol; disconnecting it"
                             );
@@ -179,13 +186,22 @@ type SenderSlot = Mutex<Option<UnixStream>>;
 type SenderMap = HashMap<(String, Vec<u8>), Arc<SenderSlot>>;
 
 /// The sending side: one lazily opened connection per peer.
-#[derive(Default)]
 pub(crate) struct NotifSenders {
+    /// Signs the hello that opens each connection.
+    peers: PeerAuth,
     /// (sending agent, server name) -> connection.
     conns: Mutex<SenderMap>,
 }
 
 impl NotifSenders {
+    /// Senders introducing themselves with `peers`' hellos.
+    pub fn new(peers: PeerAuth) -> Self {
+        NotifSenders {
+            peers,
+            conns: Mutex::new(HashMap::new()),
+        }
+    }
+
     /// Sends `msg` as `agent` to the server named `name`; reconnects once if the cached
     /// connection broke.
     pub fn send(&self, agent: &str, remote: &str, name: &[u8], msg: &[u8]) -> Result<()> {
@@ -207,7 +223,7 @@ impl NotifSenders {
         let mut last_err = None;
         for _ in 0..2 {
             if g.is_none() {
-                match connect(agent, name) {
+                match connect(&self.peers, remote, name) {
                     Ok(s) => *g = Some(s),
                     Err(e) => {
                         last_err = Some(e);
@@ -243,11 +259,15 @@ impl NotifSenders {
     }
 }
 
-fn connect(agent: &str, name: &[u8]) -> std::io::Result<UnixStream> {
+fn connect(peers: &PeerAuth, remote: &str, name: &[u8]) -> std::io::Result<UnixStream> {
+    let hello = peers
+        .new_session()
+        .and_then(|session| peers.hello(remote, &session))
+        .map_err(std::io::Error::other)?;
     let addr = SocketAddr::from_abstract_name(name)?;
     let mut s = UnixStream::connect_addr(&addr)?;
     s.set_write_timeout(Some(WRITE_TIMEOUT))?;
-    write_frame(&mut s, agent.as_bytes())?;
+    write_frame(&mut s, &hello)?;
     Ok(s)
 }
 
@@ -273,17 +293,23 @@ mod tests {
         all
     }
 
+    fn server(q: &Arc<NotifQueue>) -> NotifServer {
+        NotifServer::start("b", q.clone(), PeerAuth::unauthenticated("b")).unwrap()
+    }
+
+    fn senders(me: &str) -> NotifSenders {
+        NotifSenders::new(PeerAuth::unauthenticated(me))
+    }
+
     #[test]
     fn notifications_arrive_in_order_per_sender() {
         let q = Arc::new(NotifQueue::new());
-        let server = NotifServer::start("b", q.clone()).unwrap();
-        let senders = NotifSenders::default();
+        let server = server(&q);
+        let a = senders("a");
         for i in 0..50u32 {
-            senders
-                .send("a", "b", server.name(), &i.to_le_bytes())
-                .unwrap();
+            a.send("a", "b", server.name(), &i.to_le_bytes()).unwrap();
         }
-        senders.send("c", "b", server.name(), b"").unwrap();
+        senders("c").send("c", "b", server.name(), b"").unwrap();
         let got = wait_for(&q, 51);
         let a: Vec<Vec<u8>> = (0..50u32).map(|i| i.to_le_bytes().to_vec()).collect();
         assert_eq!(got["a"], a);
@@ -293,13 +319,20 @@ mod tests {
     #[test]
     fn protocol_breakers_are_dropped_and_others_still_served() {
         let q = Arc::new(NotifQueue::new());
-        let server = NotifServer::start("b", q.clone()).unwrap();
+        let server = server(&q);
         let addr = SocketAddr::from_abstract_name(server.name()).unwrap();
         let mut bad = UnixStream::connect_addr(&addr).unwrap();
         bad.write_all(&(u32::MAX).to_le_bytes()).unwrap();
-        let senders = NotifSenders::default();
+        // A bare name instead of a hello (the old protocol): refused.
+        let mut named = UnixStream::connect_addr(&addr).unwrap();
+        write_frame(&mut named, b"a").unwrap();
+        write_frame(&mut named, b"forged").unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let senders = senders("a");
         senders.send("a", "b", server.name(), b"ok").unwrap();
         assert_eq!(wait_for(&q, 1)["a"], vec![b"ok".to_vec()]);
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(q.is_empty(), "a frame after a bare name was delivered");
         assert!(senders
             .send("a", "b", server.name(), &vec![0u8; MAX_NOTIF + 1])
             .is_err());
@@ -308,12 +341,10 @@ mod tests {
     #[test]
     fn a_gone_server_is_a_typed_disconnect() {
         let q = Arc::new(NotifQueue::new());
-        let server = NotifServer::start("b", q).unwrap();
+        let server = server(&q);
         let name = server.name().to_vec();
         drop(server);
-        let e = NotifSenders::default()
-            .send("a", "b", &name, b"x")
-            .unwrap_err();
+        let e = senders("a").send("a", "b", &name, b"x").unwrap_err();
         assert_eq!(e.kind().as_str(), "remote_disconnect");
     }
 }

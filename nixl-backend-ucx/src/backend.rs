@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,7 @@ use crate::loader::{self, Ucx};
 use crate::memory::{MemReg, RemoteMd};
 use crate::params::UcxParams;
 use crate::sys;
+use crate::validate::Shapes;
 use crate::wire;
 use crate::worker::{Worker, AM_NOTIF};
 use crate::xfer::{Seg, UcxXfer};
@@ -41,6 +42,8 @@ pub struct UcxBackend {
     peer_auth: PeerAuth,
     /// Sessions peers opened with their hellos (who each notification is from).
     sessions: Arc<Sessions>,
+    /// The shapes of this UCX's addresses and keys, for checking peers' (`crate::validate`).
+    shapes: RwLock<Shapes>,
     next_worker: AtomicUsize,
     params: UcxParams,
     stop: Arc<AtomicBool>,
@@ -120,11 +123,13 @@ impl UcxBackend {
                 )
             })
             .collect::<Result<Vec<_>>>()?;
+        let shapes = own_shapes(&ctx, &agent, &workers)?;
         let b = UcxBackend {
             agent,
             ucx,
             ctx,
             workers,
+            shapes: RwLock::new(shapes),
             peers: Mutex::new(HashMap::new()),
             self_peer: Mutex::new(None),
             peer_auth: bctx.peers,
@@ -182,6 +187,10 @@ impl UcxBackend {
         }
         let addrs: Vec<Vec<u8>> = self.workers.iter().map(|w| w.address().to_vec()).collect();
         let mut p = Peer::connect(&self.agent, &self.agent, &self.workers, &addrs)?;
+        p.address = {
+            let shapes = self.shapes.read().unwrap_or_else(|p| p.into_inner());
+            addrs.first().and_then(|a| shapes.check_address(a).ok())
+        };
         crate::session::introduce(&self.ucx, &self.peer_auth, &mut p)?;
         let p = Arc::new(p);
         *g = Some(p.clone());
@@ -192,6 +201,40 @@ impl UcxBackend {
         downcast_md::<MemReg>(md)
             .ok_or_else(|| Error::invalid(&self.agent, op, "not UCX registration metadata"))
     }
+}
+
+/// Learns the shapes of this UCX's own worker addresses and host-memory keys; fails when
+/// its format is not the one `crate::validate` knows (nothing a peer sends could be checked).
+fn own_shapes(ctx: &Arc<Context>, agent: &str, workers: &[Arc<Worker>]) -> Result<Shapes> {
+    let addrs: Vec<&[u8]> = workers.iter().map(|w| w.address()).collect();
+    let minor = ctx.ucx.version.1;
+    let mut shapes = Shapes::from_own(&addrs, minor).map_err(|e| Error::Unavailable {
+        what: format!(
+            "checking peers' UCX {} worker addresses",
+            ctx.ucx.version_string()
+        ),
+        hint: format!(
+            "this UCX packs its worker address in a form nixl-rs does not know ({e}); \
+             unified mode (UCX_UNIFIED_MODE=y) is not supported"
+        ),
+    })?;
+    // One page registered and unregistered at once: the packed size of each memory domain's
+    // part of a host-memory key.
+    let page = vec![0u8; 4096];
+    let region = RegionDesc {
+        kind: MemKind::Dram,
+        addr: page.as_ptr() as u64,
+        len: page.len() as u64,
+        dev_id: 0,
+        meta: Vec::new(),
+    };
+    let reg = MemReg::map(ctx, agent, &region)?;
+    if let (Ok((_, packed)), Some(a)) = (wire::decode_rkey(&reg.public), addrs.first()) {
+        shapes.learn_rkey(packed, a);
+    }
+    drop(reg);
+    drop(page);
+    Ok(shapes)
 }
 
 impl Drop for UcxBackend {
@@ -240,7 +283,21 @@ impl Backend for UcxBackend {
                 format!("malformed UCX connection info from {remote}: {e}"),
             )
         })?;
+        let mut checked = Vec::with_capacity(addrs.len());
+        {
+            let shapes = self.shapes.read().unwrap_or_else(|p| p.into_inner());
+            for a in &addrs {
+                checked.push(shapes.check_address(a).map_err(|e| {
+                    Error::invalid(
+                        &self.agent,
+                        Op::LoadMetadata,
+                        format!("refused a UCX worker address of {remote}: {e}"),
+                    )
+                })?);
+            }
+        }
         let mut peer = Peer::connect(&self.agent, remote, &self.workers, &addrs)?;
+        peer.address = checked.into_iter().next();
         crate::session::introduce(&self.ucx, &self.peer_auth, &mut peer)?;
         if let Some(old) = lock(&self.peers).insert(remote.to_owned(), Arc::new(peer)) {
             tracing::debug!(agent = %self.agent, remote, "replaced UCX endpoints of {}", old.name);
@@ -262,7 +319,19 @@ impl Backend for UcxBackend {
     }
 
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
-        Ok(Arc::new(MemReg::map(&self.ctx, &self.agent, region)?))
+        let reg = MemReg::map(&self.ctx, &self.agent, region)?;
+        if region.kind != MemKind::Dram {
+            // Keys of other memory (VRAM) name memory domains a host page does not.
+            if let (Ok((_, packed)), Some(w)) =
+                (wire::decode_rkey(&reg.public), self.workers.first())
+            {
+                self.shapes
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .learn_rkey(packed, w.address());
+            }
+        }
+        Ok(Arc::new(reg))
     }
 
     fn deregister(&self, md: BackendMd) -> Result<()> {
@@ -287,22 +356,26 @@ impl Backend for UcxBackend {
 
     fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
         let peer = self.peer(remote, Op::LoadMetadata)?;
+        let shapes = self.shapes.read().unwrap_or_else(|p| p.into_inner());
         Ok(Arc::new(RemoteMd::unpack(
             &self.agent,
             &peer,
             region,
             public,
+            &shapes,
         )?))
     }
 
     fn load_local(&self, region: &RegionDesc, md: &BackendMd) -> Result<BackendMd> {
         let public = self.reg(md, Op::PrepXferDlist)?.public.clone();
         let peer = self.self_peer()?;
+        let shapes = self.shapes.read().unwrap_or_else(|p| p.into_inner());
         Ok(Arc::new(RemoteMd::unpack(
             &self.agent,
             &peer,
             region,
             &public,
+            &shapes,
         )?))
     }
 

@@ -78,6 +78,7 @@ mod memory;
 mod params;
 mod session;
 mod sys;
+mod validate;
 mod wire;
 mod worker;
 

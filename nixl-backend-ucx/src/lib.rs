@@ -87,6 +87,7 @@ mod worker;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
+    pub use crate::validate::{parse_address, parse_rkey};
     pub use crate::wire::{
         decode_conn, decode_notif_header, decode_rkey, encode_conn, encode_notif_header,
         encode_rkey,

@@ -207,6 +207,8 @@ pub(crate) struct Shared {
     pub signer: Signer,
     /// Peer names bound to the credential that first loaded them.
     pub bindings: Arc<Bindings>,
+    /// This process, as its metadata announces it (for peers' liveness watches).
+    pub process: Option<crate::liveness::ProcessId>,
 }
 
 /// How many uncertain requests an agent remembers.
@@ -372,6 +374,7 @@ impl Agent {
             corrupt: Mutex::new(Vec::new()),
             signer,
             bindings: Arc::new(Bindings::default()),
+            process: crate::liveness::ProcessId::current(),
         });
         let agent = Agent { shared };
         if agent.shared.config.listen {
@@ -754,6 +757,7 @@ impl Agent {
     #[doc(alias = "genNotif")]
     pub fn gen_notif(&self, remote: &str, msg: &[u8], hints: &[BackendHandle]) -> Result<()> {
         let peer = self.remote_peer(remote, Op::GenNotif)?;
+        peer.check_alive(self.name(), Op::GenNotif)?;
         let backends = self.select_backends(Op::GenNotif, hints)?;
         let slot = backends
             .iter()

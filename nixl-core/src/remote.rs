@@ -51,9 +51,24 @@ pub(crate) struct RemotePeer {
     pub regions: Mutex<RegionIndex<Arc<RemoteRegion>>>,
     /// The owner commitment its authenticated metadata carried (who may invalidate it).
     pub owner_commit: Option<[u8; 32]>,
+    /// Its process, when it runs on this host (tells its exit without a transport).
+    pub process: Option<crate::liveness::ProcessWatch>,
 }
 
 impl RemotePeer {
+    /// `RemoteDisconnect` when the peer's process is known to have exited.
+    pub fn check_alive(&self, agent: &str, op: Op) -> Result<()> {
+        if self.process.as_ref().is_some_and(|p| p.exited()) {
+            return Err(Error::disconnected(
+                agent,
+                &self.name,
+                op,
+                "its process exited",
+            ));
+        }
+        Ok(())
+    }
+
     pub fn is_connected(&self, slot_id: usize) -> bool {
         lock(&self.conn).contains_key(&slot_id)
     }
@@ -229,9 +244,18 @@ impl<'a> LoadPlan<'a> {
     /// undone (see [`LoadGuard`]) and the peer's loaded state is as before (or, for a new
     /// incarnation, not loaded).
     fn apply(&self, agent: &Agent, md: &AgentMetadata, proof: Option<&Proof>) -> Result<()> {
+        let process = match (self.same_gen, &md.process) {
+            (false, Some(id)) => {
+                crate::liveness::ProcessWatch::open(id, agent.shared.process.as_ref()).map_err(
+                    |why| Error::disconnected(agent.name(), &md.name, Op::LoadMetadata, why),
+                )?
+            }
+            _ => None,
+        };
         let peer = match (&self.existing, self.same_gen) {
             (Some(p), true) => p.clone(),
             _ => Arc::new(RemotePeer {
+                process,
                 name: md.name.clone(),
                 generation: md.generation,
                 valid: AtomicBool::new(true),
@@ -409,6 +433,7 @@ impl Agent {
             name: self.shared.name.clone(),
             generation: self.shared.generation,
             has_conn_info: sel.include_conn,
+            process: self.shared.process,
             backends: entries,
             regions,
         }

@@ -285,6 +285,7 @@ impl XferReq {
 
     fn peer_check(&self) -> Result<()> {
         if let Some(p) = &self.remote {
+            p.check_alive(&self.shared.name, Op::PostXfer)?;
             if !p.valid.load(Ordering::SeqCst) {
                 let current = lock(&self.shared.remotes)
                     .get(&p.name)

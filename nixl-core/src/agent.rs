@@ -209,6 +209,8 @@ pub(crate) struct Shared {
     pub bindings: Arc<Bindings>,
     /// This process, as its metadata announces it (for peers' liveness watches).
     pub process: Option<crate::liveness::ProcessId>,
+    /// Dropped requests the backends have not released yet (with their memory).
+    pub draining: Mutex<Vec<crate::xfer::Drained>>,
 }
 
 /// How many uncertain requests an agent remembers.
@@ -254,11 +256,26 @@ impl Shared {
                 }
             }
         }
+        self.reap_drained();
+    }
+
+    /// Releases dropped requests whose backends let go of them.
+    pub fn reap_drained(&self) {
+        let mut d = lock(&self.draining);
+        if !d.is_empty() {
+            d.retain_mut(|x| x.busy());
+        }
     }
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
+        self.reap_drained();
+        // What backends still own is never freed under them: leaked instead.
+        for d in std::mem::take(&mut *lock(&self.draining)) {
+            tracing::error!(agent = %self.name, "agent dropped with a request its backend never released; leaking its memory");
+            std::mem::forget(d);
+        }
         self.stop.store(true, Ordering::SeqCst);
         let me = std::thread::current().id();
         for t in std::mem::take(&mut *lock(&self.threads)) {
@@ -375,6 +392,7 @@ impl Agent {
             signer,
             bindings: Arc::new(Bindings::default()),
             process: crate::liveness::ProcessId::current(),
+            draining: Mutex::new(Vec::new()),
         });
         let agent = Agent { shared };
         if agent.shared.config.listen {
@@ -680,6 +698,13 @@ impl Agent {
     /// error's kind says for the peer-side cases).
     pub fn uncertain_requests(&self) -> Vec<UncertainXfer> {
         lock(&self.shared.uncertain).iter().cloned().collect()
+    }
+
+    /// Dropped requests whose backend has not yet released them (each still holds its
+    /// memory; see [`crate::XferReq::is_draining`]). Reaped by the agent's progress.
+    pub fn draining_requests(&self) -> usize {
+        self.shared.reap_drained();
+        lock(&self.shared.draining).len()
     }
 
     /// Forgets the uncertain requests listed so far.

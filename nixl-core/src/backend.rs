@@ -163,6 +163,11 @@ pub trait BackendXfer: Send {
     /// of the transfer; an `Err` means it could not be sure, and the agent then never frees
     /// that memory.
     fn cancel(&mut self) -> Result<()>;
+    /// Starts stopping the transfer without blocking: its deadline passed or its peer is
+    /// gone, and the request has already ended. The agent then polls [`BackendXfer::check`]
+    /// until it stops reporting `InProgress` before releasing the transfer's memory. The
+    /// default does nothing (the transfer runs to its end or fails).
+    fn abandon(&mut self) {}
     /// Which transports carried this transfer (for path reports), if the backend knows.
     fn path(&self) -> Option<String> {
         None

@@ -654,16 +654,28 @@ impl Agent {
 
     fn frame_matches(&self, f: &crate::integrity::Frame) -> bool {
         // Every range must lie in this agent's own DRAM registrations before it is read; the
-        // registrations found are held for the duration of the hash.
+        // registrations found are held for the duration of the hash. A frame may not make the
+        // agent hash more bytes than the regions it names hold (a real WRITE lands each byte
+        // once), so a forged frame costs at most one pass over registered memory.
         let mut held = Vec::with_capacity(f.ranges.len());
+        let mut regions = std::collections::HashMap::new();
+        let mut total: u64 = 0;
         {
             let regs = lock(&self.shared.regs);
             for &(dev, addr, len) in &f.ranges {
                 match regs.find(crate::mem::MemKind::Dram, dev, addr, len) {
-                    Some(r) => held.push(r),
+                    Some(r) => {
+                        let size = r.0.regions[r.1].desc.len;
+                        regions.insert((Arc::as_ptr(&r.0) as usize, r.1), size);
+                        held.push(r);
+                    }
                     None => return false,
                 }
+                total = total.saturating_add(len);
             }
+        }
+        if total > regions.values().sum::<u64>() {
+            return false;
         }
         // SAFETY: each range lies inside a live DRAM registration held in `held`, whose memory
         // the registration keeps alive and readable.

@@ -578,22 +578,22 @@ impl Agent {
     }
 
     /// The name and generation of metadata bytes, when this agent would accept them as
-    /// authentic: with authentication on, they verify under an accepted credential and that
-    /// credential is the one the name is bound to (if bound); with it off, they decode.
-    /// Nothing is loaded.
+    /// authentic: with authentication on, they verify under an accepted credential, that
+    /// credential is the one the name is bound to (if bound), and another incarnation is newer
+    /// than every one accepted before; with it off, they decode. Nothing is loaded.
     #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
     pub(crate) fn authentic_identity(&self, bytes: &[u8]) -> Option<(String, u64)> {
         let opened = self.shared.signer.open(self.name(), bytes).ok()?;
         let md = AgentMetadata::decode(opened.blob).ok()?;
         if let Some(p) = &opened.proof {
-            if self
-                .shared
+            let loaded = self.remote_generation(&md.name);
+            let new_incarnation = loaded != Some(md.generation);
+            // What a load would refuse (another credential, a replayed older incarnation) is
+            // not authentic news about the peer.
+            self.shared
                 .bindings
-                .credential_of(&md.name)
-                .is_some_and(|c| c != p.credential)
-            {
-                return None;
-            }
+                .check(self.name(), &md.name, p, new_incarnation, usize::MAX)
+                .ok()?;
         }
         Some((md.name, md.generation))
     }

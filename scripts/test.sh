@@ -35,5 +35,7 @@ for op in write read; do
     echo "== main job: disagg_kv --op $op"
     cargo run --quiet --all-features --example disagg_kv -- --op "$op" --requests 8 --layers 4 --blocks 64 --block-bytes 65536
 done
+echo "== main job with authentication on (a cluster credential for the side channel, metadata and hellos)"
+cargo run --quiet --all-features --example disagg_kv -- --op write --requests 4 --layers 4 --blocks 64 --block-bytes 65536 --auth
 echo "== main job over libfabric (shm)"
 cargo run --quiet --all-features --example disagg_kv -- --op write --requests 4 --layers 4 --blocks 64 --block-bytes 65536 --backend libfabric --provider shm

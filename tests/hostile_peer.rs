@@ -549,9 +549,11 @@ fn a_write_to_a_stopped_peer_ends_by_its_deadline() {
     if !ucx_or_skip("a_write_to_a_stopped_peer_ends_by_its_deadline") {
         return;
     }
-    let mut v = Victim::spawn(CHILD, &VictimSpec::new(TCP, None));
+    // 48 MiB: more than the kernel's socket buffers hold (tcp_rmem up to 32 MiB here), so the
+    // WRITE cannot complete while the target is stopped.
     let mut spec = VictimSpec::new(TCP, None);
-    spec.mem = 8 << 20;
+    spec.mem = 64 << 20;
+    let mut v = Victim::spawn(CHILD, &spec);
     let t = Victim::spawn(CHILD, &spec);
     let (_, r) = fetched(&mut v, &t.name, t.listen, 20_000);
     assert!(r.starts_with("ok:"), "{r}");

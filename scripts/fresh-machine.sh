@@ -35,6 +35,13 @@ mirror="${FRESH_MIRROR:-http://deb.debian.org/debian}"
 mounts=()
 cleanup() {
     local m
+    # Mounts the commands made inside the root (`ip netns add` makes /run/netns one), then
+    # ours, innermost first.
+    local inner
+    inner=$(awk -v r="$root/" 'index($2, r) == 1 { print $2 }' /proc/mounts | sort -r)
+    for m in $inner; do
+        umount -l "$m" 2>/dev/null || true
+    done
     for ((i = ${#mounts[@]} - 1; i >= 0; i--)); do
         m="${mounts[$i]}"
         umount -l "$m" 2>/dev/null || true
@@ -63,6 +70,11 @@ rm -f "$root.debootstrap.log"
 dpkg-query --admindir="$root/var/lib/dpkg" -W -f='${Package}\n' | sort >"$root/.base-packages"
 
 mnt() { mount "$@"; mounts+=("${!#}"); }
+# A machine's root is a mount point, and tools that give a process mount namespaces of its
+# own (`ip netns exec`, `unshare --mount`: the network-namespace tests) make it private or a
+# slave, which fails on a chroot whose root is a plain directory: bind it onto itself first.
+mnt --bind "$root" "$root"
+mount --make-private "$root"
 mnt -t proc proc "$root/proc"
 mnt -t sysfs sys "$root/sys"
 mnt --rbind /dev "$root/dev"

@@ -4,7 +4,9 @@
 //! with a `pread`/`pwrite` thread-pool fallback; VRAM through pinned bounce buffers, with the
 //! CUDA driver loaded at run time on first VRAM use), GPUDirect Storage (feature `gds`;
 //! cuFile, loaded at run time, with a bounce fallback for files cuFile refuses) and S3 objects
-//! (feature `s3`; `object_store`).
+//! (feature `s3`; `object_store`). CUDA and cuFile are reached only through nixl-mem's layer
+//! (cudarc's run-time-loaded bindings); this crate's own calls into native code (libc,
+//! io_uring, and the raw-address operations of that layer) live in one `sys` module.
 //!
 //! As in NIXL, storage transfers are local ("loopback") requests: the remote side is the agent
 //! itself. The initiator prepares its DRAM descriptors with [`nixl_core::XferTarget::Initiator`]
@@ -94,8 +96,6 @@ macro_rules! local_only_peer_methods {
     };
 }
 
-#[cfg(feature = "posix")]
-mod cuda;
 #[cfg(feature = "gds")]
 mod gds;
 #[cfg(feature = "posix")]
@@ -103,6 +103,7 @@ mod posix;
 mod region;
 #[cfg(feature = "s3")]
 mod s3;
+mod sys;
 
 #[cfg(feature = "gds")]
 pub use gds::{probe as gds_probe, GdsBackend, GdsFallback, GdsParams, GdsPlugin, GDS};

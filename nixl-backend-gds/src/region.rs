@@ -7,7 +7,7 @@
 //! naming a caller-owned descriptor is safe too.
 
 use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -93,9 +93,7 @@ impl FileRegion {
 
     /// Wraps an already open file (its path is kept for queries and reports).
     pub fn from_file(file: File, path: impl Into<PathBuf>, len: u64) -> Self {
-        // SAFETY: F_GETFL only reads the descriptor's status flags.
-        let fl = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
-        let direct = fl >= 0 && fl & libc::O_DIRECT != 0;
+        let direct = crate::sys::fd::is_direct(file.as_fd());
         FileRegion {
             file,
             path: path.into(),

@@ -7,85 +7,18 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nixl_core::backend::{
-    downcast_md, Backend, BackendContext, BackendMd, BackendXfer, Hello, SessionId, Sessions,
-    XferSpec,
+    downcast_md, Backend, BackendContext, BackendMd, BackendXfer, Hello, Sessions, XferSpec,
 };
 use nixl_core::{Capabilities, Error, MemKind, Op, RegionDesc, Result};
 
 use crate::fabric::Mr;
 use crate::params::{LibfabricParams, LibfabricStats, RailStats};
+pub(crate) use crate::peer::Peer;
 use crate::rail::{Inbox, Rail, RailConfig, Track};
 use crate::result::{unavailable, FiError, LIBFABRIC};
 use crate::sys;
 use crate::wire;
 use crate::xfer::XferCore;
-
-/// A connected peer (or this agent itself, for loopback): its address on each rail.
-pub(crate) struct Peer {
-    pub name: String,
-    pub conn: Vec<u8>,
-    /// `(rail, fi_addr)` for rails both sides have.
-    pub addrs: Vec<(Arc<Rail>, sys::fi_addr_t)>,
-    pub alive: AtomicBool,
-    /// Set once the addresses were removed from the AVs.
-    removed: AtomicBool,
-    /// The session this agent's hello opened at the peer: what its notifications carry.
-    pub session: SessionId,
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        if self.removed.load(Ordering::SeqCst) {
-            return;
-        }
-        for (rail, a) in &self.addrs {
-            if let Err(e) = rail.av.remove(*a) {
-                tracing::debug!(peer = %self.name, error = %e, "removing a peer address failed");
-            }
-        }
-    }
-}
-
-impl Peer {
-    fn connect(
-        name: &str,
-        conn: &[u8],
-        rails: &[Arc<Rail>],
-        names: &[Vec<u8>],
-        session: SessionId,
-    ) -> std::result::Result<Peer, FiError> {
-        let mut p = Peer {
-            name: name.to_owned(),
-            conn: conn.to_vec(),
-            addrs: Vec::new(),
-            alive: AtomicBool::new(true),
-            removed: AtomicBool::new(false),
-            session,
-        };
-        for (rail, addr) in rails.iter().zip(names) {
-            // On failure `p` is dropped and removes what was inserted so far.
-            let a = rail.av.insert(addr)?;
-            p.addrs.push((rail.clone(), a));
-        }
-        Ok(p)
-    }
-
-    /// Declares the peer unreachable (its operations did not complete in time): removes its
-    /// addresses, which makes the provider tear the connections down and flush what is queued
-    /// on them, and fails later requests at once. A new `connect` (fresh metadata) revives it.
-    pub fn declare_unreachable(&self) {
-        self.alive.store(false, Ordering::SeqCst);
-        if self.removed.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        tracing::warn!(peer = %self.name, "operations did not complete in time; dropping the peer's connections");
-        for (rail, a) in &self.addrs {
-            if let Err(e) = rail.av.remove(*a) {
-                tracing::debug!(peer = %self.name, error = %e, "removing a peer address failed");
-            }
-        }
-    }
-}
 
 /// A region registered on every rail.
 pub(crate) struct LocalMd {
@@ -479,7 +412,9 @@ impl Backend for LibfabricBackend {
             ));
         }
         if let Some(p) = self.inner.peers().get(remote) {
-            if p.conn == info && p.alive.load(Ordering::SeqCst) {
+            // The same incarnation with every rail working: nothing to do. A failed rail or
+            // peer is connected again (a reload after a repair revives it).
+            if p.conn == info && p.alive.load(Ordering::SeqCst) && p.all_rails_ok() {
                 return Ok(());
             }
         }
@@ -659,8 +594,16 @@ impl Backend for LibfabricBackend {
             .take(peer.addrs.len())
             .map(|s| {
                 format!(
-                    "rail{} {}: {} B written, {} B read",
-                    s.rail, s.domain, s.bytes_written, s.bytes_read
+                    "rail{} {}: {} B written, {} B read{}",
+                    s.rail,
+                    s.domain,
+                    s.bytes_written,
+                    s.bytes_read,
+                    if peer.rail_ok(s.rail) {
+                        ""
+                    } else {
+                        " [failed]"
+                    }
                 )
             })
             .collect();
@@ -674,15 +617,13 @@ impl Backend for LibfabricBackend {
 }
 
 impl LibfabricBackend {
-    /// Sends one framed message to `peer` on its first rail and waits (up to `op_timeout`)
-    /// for the provider to complete it.
+    /// Sends one framed message to `peer` over its notification rail (the first healthy one)
+    /// and waits (up to `op_timeout`) for the provider to complete it.
     fn send_framed(&self, peer: &Arc<Peer>, framed: &[u8], op: Op) -> Result<()> {
         let me = &self.inner.agent;
         let remote = peer.name.as_str();
-        let (rail, addr) = peer
-            .addrs
-            .first()
-            .cloned()
+        let (r, rail, addr) = peer
+            .notif_rail()
             .ok_or_else(|| Error::disconnected(me, remote, op, "no rail reaches the peer"))?;
         let track = Arc::new(Track::default());
         let deadline = Instant::now() + self.inner.params.op_timeout;
@@ -693,7 +634,7 @@ impl LibfabricBackend {
         {
             if Instant::now() >= deadline {
                 // The provider would not take the message for a whole op_timeout.
-                peer.declare_unreachable();
+                peer.fail_rails(&[r]);
                 return Err(Error::TimedOut {
                     agent: me.clone(),
                     op: op,
@@ -707,8 +648,9 @@ impl LibfabricBackend {
         }
         if !self.inner.drain(&track) {
             // The send buffer belongs to the rail, so nothing of the caller's is at risk; the
-            // connection is torn down so the send is flushed and later calls fail fast.
-            peer.declare_unreachable();
+            // connection is torn down so the send is flushed and later calls fail fast (or
+            // take another rail).
+            peer.fail_rails(&[r]);
             self.inner.drain(&track);
             return Err(Error::TimedOut {
                 agent: me.clone(),

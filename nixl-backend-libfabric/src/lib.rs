@@ -41,6 +41,7 @@
 mod backend;
 mod fabric;
 mod params;
+mod peer;
 mod rail;
 mod result;
 mod select;

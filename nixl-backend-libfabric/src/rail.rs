@@ -81,6 +81,8 @@ pub(crate) struct Track {
 #[derive(Debug, Default)]
 struct TrackInner {
     outstanding: usize,
+    /// Operations in flight per rail (indexed by rail).
+    per_rail: Vec<usize>,
     error: Option<FiError>,
 }
 
@@ -89,13 +91,21 @@ impl Track {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn add(&self) {
-        self.lock().outstanding += 1;
+    fn add(&self, rail: usize) {
+        let mut g = self.lock();
+        g.outstanding += 1;
+        if g.per_rail.len() <= rail {
+            g.per_rail.resize(rail + 1, 0);
+        }
+        g.per_rail[rail] += 1;
     }
 
-    fn complete(&self, err: Option<FiError>) {
+    fn complete(&self, rail: usize, err: Option<FiError>) {
         let mut g = self.lock();
         g.outstanding = g.outstanding.saturating_sub(1);
+        if let Some(n) = g.per_rail.get_mut(rail) {
+            *n = n.saturating_sub(1);
+        }
         if g.error.is_none() {
             g.error = err;
         }
@@ -105,6 +115,14 @@ impl Track {
     pub fn state(&self) -> (usize, Option<FiError>) {
         let g = self.lock();
         (g.outstanding, g.error.clone())
+    }
+
+    /// The rails with operations still in flight.
+    pub fn stuck_rails(&self) -> Vec<usize> {
+        let g = self.lock();
+        (0..g.per_rail.len())
+            .filter(|&r| g.per_rail[r] > 0)
+            .collect()
     }
 }
 
@@ -385,7 +403,7 @@ impl Rail {
         };
         match check(if write { "fi_write" } else { "fi_read" }, ret) {
             Ok(_) => {
-                track.add();
+                track.add(self.index);
                 st.inflight.insert(p as usize, ctx);
                 Ok(true)
             }
@@ -430,7 +448,7 @@ impl Rail {
         };
         match check("fi_send", ret) {
             Ok(_) => {
-                track.add();
+                track.add(self.index);
                 st.inflight.insert(p as usize, ctx);
                 Ok(true)
             }
@@ -531,14 +549,14 @@ impl Rail {
                     c.fetch_add(len, Ordering::Relaxed);
                     self.counters.ops.fetch_add(1, Ordering::Relaxed);
                 }
-                track.complete(err);
+                track.complete(self.index, err);
             }
             OpKind::Send { track, slot } => {
                 st.send_free.push(slot);
                 if err.is_none() {
                     self.counters.notifs_sent.fetch_add(1, Ordering::Relaxed);
                 }
-                track.complete(err);
+                track.complete(self.index, err);
             }
             OpKind::Recv { slot } => {
                 match err {
@@ -598,5 +616,29 @@ impl Rail {
             mr.bind_endpoint_raw(self.ep.as_ptr())?;
         }
         Ok(mr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn track_knows_which_rails_are_stuck() {
+        let t = Track::default();
+        t.add(0);
+        t.add(1);
+        t.add(1);
+        t.complete(0, None);
+        t.complete(1, None);
+        assert_eq!(t.state().0, 1);
+        assert_eq!(t.stuck_rails(), vec![1]);
+        t.complete(1, Some(FiError::new("fi_write", sys::FI_EIO)));
+        assert_eq!(t.state().0, 0);
+        assert!(t.stuck_rails().is_empty());
+        assert!(t.state().1.is_some(), "the first error is kept");
+        // A completion for a rail never added to cannot underflow or panic.
+        t.complete(7, None);
+        assert_eq!(t.state().0, 0);
     }
 }

@@ -93,7 +93,9 @@ pub(crate) fn select(lib: &'static Lib, p: &LibfabricParams) -> Result<Option<Se
                     continue;
                 };
                 let groups = domain_groups(&list, &p.domains);
-                if groups.is_empty() {
+                // Every domain asked for, or none: a missing one must not be replaced by
+                // another rail on a domain already used (a silent loss of bandwidth).
+                if groups.is_empty() || (!p.domains.is_empty() && groups.len() < p.domains.len()) {
                     continue;
                 }
                 let mut infos = Vec::with_capacity(p.rails);
@@ -115,8 +117,9 @@ pub(crate) fn select(lib: &'static Lib, p: &LibfabricParams) -> Result<Option<Se
     Ok(None)
 }
 
-/// One entry per distinct domain (the wanted ones, in the wanted order, when given),
-/// preferring IPv4 addressing where a domain offers several formats.
+/// One entry per distinct domain (the wanted ones, in the wanted order, when given; a wanted
+/// one the list lacks is left out), preferring IPv4 addressing where a domain offers several
+/// formats.
 fn domain_groups<'a>(list: &'a Info, wanted: &[String]) -> Vec<&'a sys::fi_info> {
     let mut out: Vec<(String, &sys::fi_info)> = Vec::new();
     for e in list.entries() {

@@ -151,17 +151,24 @@ impl LfXfer {
             mds.push(s.local_md.clone());
             mds.push(s.remote_md.clone());
         }
-        if nr == 0 {
+        // Only rails that still reach the peer (see peer.rs).
+        let healthy = peer.healthy_rails(nr);
+        if healthy.is_empty() {
             return Err(Error::disconnected(
                 &me,
                 &spec.remote,
                 Op::MakeXfer,
-                "no rail reaches the peer",
+                if nr == 0 {
+                    "no rail reaches the peer"
+                } else {
+                    "every rail to the peer failed; reload its metadata once a link is repaired"
+                },
             ));
         }
+        let nr = healthy.len();
         // Stripe: big segments are cut across rails, every piece goes to the least-loaded rail,
         // and no piece exceeds its rail's largest message.
-        let mut load = vec![0u64; nr];
+        let mut load = vec![0u64; inner.rails.len()];
         let mut ops = Vec::new();
         let stripe_min = inner.params.stripe_min;
         for (local, raddr, len, l, r) in segs {
@@ -172,7 +179,11 @@ impl LfXfer {
             };
             let mut off = 0;
             while off < len {
-                let rail = (0..nr).min_by_key(|&i| load[i]).unwrap_or(0);
+                let rail = healthy
+                    .iter()
+                    .copied()
+                    .min_by_key(|&i| load[i])
+                    .unwrap_or(healthy[0]);
                 let max_msg = inner.rails[rail].max_msg;
                 let n = piece.min(len - off).min(max_msg);
                 ops.push(RmaOp {
@@ -249,8 +260,9 @@ impl XferCore {
         e
     }
 
-    /// Waits for what is in flight; if it does not complete in time the peer is declared
-    /// unreachable (flushing its queued operations) and waited for once more.
+    /// Waits for what is in flight; if it does not complete in time, the rails it is stuck on
+    /// are failed for this peer (their connections torn down, flushing what is queued; with
+    /// no rail left the peer is unreachable) and it is waited for once more.
     fn settle(&self) -> bool {
         if self.inner.drain(&self.track) {
             return true;
@@ -258,7 +270,12 @@ impl XferCore {
         if Arc::ptr_eq(&self.peer, &self.inner.me) {
             return false;
         }
-        self.peer.declare_unreachable();
+        let stuck = self.track.stuck_rails();
+        if stuck.is_empty() {
+            self.peer.declare_unreachable();
+        } else {
+            self.peer.fail_rails(&stuck);
+        }
         self.inner.drain(&self.track)
     }
 
@@ -305,8 +322,16 @@ impl XferCore {
         }
         if self.phase == Phase::Data {
             if let Some(n) = &self.notif {
-                let (rail, addr) = &self.peer.addrs[0];
-                match rail.post_send(*addr, n, &self.track) {
+                let Some((_, rail, addr)) = self.peer.notif_rail() else {
+                    let e = Error::disconnected(
+                        &self.inner.agent,
+                        &self.peer.name,
+                        op,
+                        "no rail left for the notification",
+                    );
+                    return Err(self.fail(e));
+                };
+                match rail.post_send(addr, n, &self.track) {
                     Ok(true) => {
                         self.phase = Phase::Notif;
                         return Ok(XferState::InProgress);
@@ -332,6 +357,20 @@ impl BackendXfer for LfXfer {
                 agent: self.inner.agent.clone(),
                 op: Op::PostXfer,
             });
+        }
+        // Striped over a rail that has failed since it was built: refused at once (building
+        // the request again stripes it over the rails left).
+        if let Some(r) = c.ops.iter().map(|o| o.rail).find(|&r| !c.peer.rail_ok(r)) {
+            let domain = c.inner.rails.get(r).map(|x| x.domain_name.clone());
+            return Err(Error::disconnected(
+                &self.inner.agent,
+                &c.peer.name,
+                Op::PostXfer,
+                format!(
+                    "rail {r} ({}) to the peer failed; build the request again to use the rails left",
+                    domain.unwrap_or_default()
+                ),
+            ));
         }
         // A fresh tracker: late completions of an earlier, canceled post cannot count here.
         c.track = Arc::new(Track::default());

@@ -72,6 +72,11 @@ fn bad_params_are_refused() {
             domains: vec!["no-such-domain".into()],
             ..LibfabricParams::tcp_loopback(1)
         },
+        // One of two domains missing: refused, not two rails on the one that exists.
+        LibfabricParams {
+            domains: vec!["lo".into(), "no-such-domain".into()],
+            ..LibfabricParams::tcp_loopback(2)
+        },
     ] {
         match a.create_backend(p) {
             Err(Error::Unavailable { what, hint }) => eprintln!("{what}: {hint}"),

@@ -70,7 +70,6 @@
 
 mod backend;
 mod context;
-mod cuda;
 mod endpoint;
 mod error;
 mod loader;
@@ -98,4 +97,4 @@ mod xfer;
 pub use backend::{probe, UcxBackend, UcxPlugin};
 pub use error::{UcxError, UCX};
 pub use loader::{DEPS_HOME, MIN_VERSION};
-pub use params::UcxParams;
+pub use params::{UcxParams, TCP_USER_TIMEOUT_FACTOR};

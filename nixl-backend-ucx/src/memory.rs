@@ -1,7 +1,8 @@
 //! Registered memory (`ucp_mem_map`) and peers' remote keys (`ucp_ep_rkey_unpack`).
 
+use std::cell::Cell;
 use std::ffi::c_void;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use nixl_core::{Error, MemKind, Op, RegionDesc, Result};
 
@@ -14,6 +15,49 @@ use crate::wire;
 
 /// Zero bytes after a remote key handed to UCX.
 const RKEY_PAD: usize = 256;
+/// The CUDA context UCX's CUDA transports use: the primary context of the first GPU whose
+/// memory was registered (nixl-mem's one context policy).
+///
+/// UCX's `cuda_copy`/`cuda_ipc` memory domains query pointer attributes and issue copies in the
+/// calling thread's current CUDA context; with none current, registering VRAM fails ("failed
+/// to insert region [0x0..0x0]"). So the first VRAM registration makes the region's GPU's
+/// primary context current and records it, and every thread that later takes a worker lock
+/// (posting, polling, the progress threads) makes it current once ([`apply_vram_context`]).
+/// Nothing of CUDA is loaded unless VRAM is registered.
+static VRAM_CONTEXT: OnceLock<nixl_mem::Context> = OnceLock::new();
+
+thread_local! {
+    /// The GPU ordinal + 1 whose context this thread made current (0: none).
+    static APPLIED: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Makes the primary context of GPU `device` current on this thread and records it for the
+/// worker threads. Called before registering VRAM.
+fn ensure_vram_context(device: u64) -> std::result::Result<(), String> {
+    let ordinal =
+        usize::try_from(device).map_err(|_| format!("device id {device} is not a CUDA ordinal"))?;
+    let ctx = nixl_mem::Context::primary(ordinal).map_err(|e| e.to_string())?;
+    ctx.bind().map_err(|e| e.to_string())?;
+    let recorded = VRAM_CONTEXT.get_or_init(|| ctx.clone());
+    if recorded.ordinal() != ordinal {
+        tracing::warn!("VRAM of a second GPU registered; UCX's threads use the first GPU's context (one agent per GPU)");
+    }
+    APPLIED.with(|a| a.set(ordinal + 1));
+    Ok(())
+}
+
+/// Makes the recorded context current on this thread, once (a no-op until VRAM is registered).
+pub(crate) fn apply_vram_context() {
+    let Some(ctx) = VRAM_CONTEXT.get() else {
+        return;
+    };
+    if APPLIED.with(Cell::get) == ctx.ordinal() + 1 {
+        return;
+    }
+    if ctx.bind().is_ok() {
+        APPLIED.with(|a| a.set(ctx.ordinal() + 1));
+    }
+}
 
 /// The UCX memory type of a kind, if UCX can move it.
 pub(crate) fn mem_type(kind: MemKind) -> Option<sys::ucs_memory_type_t> {
@@ -64,9 +108,9 @@ impl MemReg {
             ));
         }
         if region.kind == MemKind::Vram {
-            crate::cuda::ensure_context(region.dev_id).map_err(|e| Error::Unavailable {
+            ensure_vram_context(region.dev_id).map_err(|e| Error::Unavailable {
                 what: format!("a CUDA context for GPU {}", region.dev_id),
-                hint: format!("UCX registers VRAM in the current CUDA context: {e}"),
+                hint: format!("UCX registers VRAM in the GPU's primary CUDA context: {e}"),
             })?;
         }
         // SAFETY: zeroed params with a field mask is the documented form.

@@ -37,7 +37,12 @@ pub struct UcxParams {
     /// How long `cancel` waits for a transfer before force-closing its endpoint.
     pub cancel_timeout: Duration,
     /// UCX keep-alive interval (`UCX_KEEPALIVE_INTERVAL`): how soon a silent dead peer is
-    /// detected. `None`: UCX's default.
+    /// detected. Over tcp it also bounds how long sent data may stay unacknowledged
+    /// (`UCX_TCP_USER_TIMEOUT`, [`TCP_USER_TIMEOUT_FACTOR`] times the interval, at least a
+    /// second): without that, a peer behind a failed link is never declared dead while a
+    /// transfer to it is in flight (UCX's keep-alive messages queue behind the unacknowledged
+    /// data), so the request can only time out and its memory must then be kept, as UCX
+    /// cannot confirm it stopped. `None`: UCX's defaults (the system's TCP timeouts, minutes).
     pub keepalive_interval: Option<Duration>,
     /// Further UCX options, names without the `UCX_` prefix (`("RNDV_THRESH", "8k")`).
     pub config: Vec<(String, String)>,
@@ -57,6 +62,10 @@ impl Default for UcxParams {
         }
     }
 }
+
+/// `UCX_TCP_USER_TIMEOUT` is this many keep-alive intervals (see
+/// [`UcxParams::keepalive_interval`]).
+pub const TCP_USER_TIMEOUT_FACTOR: u32 = 4;
 
 fn bad(reason: impl Into<String>) -> Error {
     Error::invalid("", Op::CreateBackend, reason)
@@ -133,6 +142,15 @@ impl UcxParams {
                 "KEEPALIVE_INTERVAL".to_owned(),
                 format!("{}ms", k.as_millis().max(1)),
             ));
+            let user_set = std::env::var_os("UCX_TCP_USER_TIMEOUT").is_some()
+                || self.config.iter().any(|(n, _)| n == "TCP_USER_TIMEOUT");
+            if !user_set {
+                let t = (k * TCP_USER_TIMEOUT_FACTOR).max(Duration::from_secs(1));
+                v.push((
+                    "TCP_USER_TIMEOUT".to_owned(),
+                    format!("{}ms", t.as_millis()),
+                ));
+            }
         }
         v.extend(self.config.iter().cloned());
         v
@@ -219,6 +237,32 @@ mod tests {
             UcxParams::from_map(&UcxParams::default().to_map()).unwrap(),
             UcxParams::default()
         );
+    }
+
+    #[test]
+    fn keepalive_bounds_unacknowledged_tcp_data() {
+        let get = |p: &UcxParams, k: &str| {
+            p.ucx_config((1, 22, 0))
+                .into_iter()
+                .filter(|(n, _)| n == k)
+                .map(|(_, v)| v)
+                .collect::<Vec<_>>()
+        };
+        let mut p = UcxParams {
+            keepalive_interval: Some(Duration::from_millis(500)),
+            ..UcxParams::default()
+        };
+        assert_eq!(get(&p, "KEEPALIVE_INTERVAL"), ["500ms"]);
+        assert_eq!(get(&p, "TCP_USER_TIMEOUT"), ["2000ms"]);
+        p.keepalive_interval = Some(Duration::from_millis(10));
+        assert_eq!(get(&p, "TCP_USER_TIMEOUT"), ["1000ms"], "at least a second");
+        p.config = vec![("TCP_USER_TIMEOUT".into(), "30s".into())];
+        assert_eq!(
+            get(&p, "TCP_USER_TIMEOUT"),
+            ["30s"],
+            "the user's value wins"
+        );
+        assert!(get(&UcxParams::default(), "TCP_USER_TIMEOUT").is_empty());
     }
 
     #[test]

@@ -286,7 +286,7 @@ impl Worker {
     /// Locks the worker.
     pub fn lock(&self) -> WorkerGuard<'_> {
         // UCX's CUDA transports run in the calling thread's CUDA context.
-        crate::cuda::apply();
+        crate::memory::apply_vram_context();
         WorkerGuard {
             g: self.raw.lock().unwrap_or_else(|p| p.into_inner()),
             w: self,

@@ -729,3 +729,41 @@ fn authenticated_exchange_through_etcd() {
     transfer(&a, &b2, 0, 0x3e);
     drop(xb);
 }
+/// `LocalEtcd::start_on` serves on the address it is given (here 127.0.0.2, also a loopback
+/// address on Linux), and agents exchange metadata through it; an address this machine does
+/// not have is an I/O error and starts nothing.
+#[test]
+fn local_etcd_binds_the_address_it_is_given() {
+    let ip: std::net::IpAddr = [127, 0, 0, 2].into();
+    let etcd = match LocalEtcd::start_on(ip) {
+        Ok(e) => e,
+        Err(Error::Unavailable { what, hint }) => {
+            nixl_core::testing::skip(
+                "local_etcd_binds_the_address_it_is_given",
+                nixl_core::testing::Dep::Etcd,
+                format!("{what} is unavailable ({hint})"),
+            );
+            return;
+        }
+        Err(e) => panic!("starting etcd on {ip} failed: {e}"),
+    };
+    assert!(
+        etcd.endpoint().starts_with("http://127.0.0.2:"),
+        "{}",
+        etcd.endpoint()
+    );
+    let (a, b) = (peer("bind-a", 1), peer("bind-b", 1));
+    let (xa, xb) = (
+        EtcdExchange::new(&a.agent, &config(&etcd)).unwrap(),
+        EtcdExchange::new(&b.agent, &config(&etcd)).unwrap(),
+    );
+    xb.publish().unwrap();
+    assert_eq!(xa.fetch("bind-b", WAIT).unwrap(), "bind-b");
+    // 192.0.2.1 is TEST-NET-1 (RFC 5737): never an address of this machine.
+    match LocalEtcd::start_on([192, 0, 2, 1].into()) {
+        Err(Error::Io { source, .. }) => {
+            assert_eq!(source.kind(), std::io::ErrorKind::AddrNotAvailable)
+        }
+        other => panic!("etcd on a foreign address: {other:?}"),
+    }
+}

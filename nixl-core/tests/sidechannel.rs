@@ -183,3 +183,67 @@ fn listener_stops_when_the_agent_is_dropped() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// A fetch has one deadline for the whole exchange: a server that trickles its reply (a byte
+/// every 100 ms, each read well within any per-read timeout) cannot stretch it.
+#[test]
+fn fetch_deadline_bounds_a_trickling_reply() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let _ = nixl_core::sidechannel::read_frame(&mut s, 1 << 20);
+        // A frame header announcing 1000 bytes, then the body one byte at a time, for at
+        // most 10 s.
+        let _ = s.write_all(&1000u32.to_le_bytes());
+        for _ in 0..100 {
+            if s.write_all(&[0]).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    let a = listening("trickled");
+    let t = Instant::now();
+    match a.fetch_remote_metadata_blocking("slow", addr, Duration::from_secs(1)) {
+        Err(Error::TimedOut { .. }) => {}
+        other => panic!("expected TimedOut, got {other:?}"),
+    }
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "the deadline held: {:?}",
+        t.elapsed()
+    );
+    assert!(a.remotes().is_empty());
+    server.join().unwrap();
+}
+
+/// A client that trickles its request cannot hold the listener (which serves one connection
+/// at a time) past the serving deadline: a real peer behind it is served.
+#[test]
+fn a_trickling_client_cannot_hold_the_listener() {
+    let b = listening("held");
+    let addr = b.listen_addr().unwrap();
+    let trickler = std::thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        // A PUSH header announcing 100 bytes, sent a byte every 500 ms (60 s in all).
+        for byte in [0u8, 0, 0, 100, 1].into_iter().chain([0u8; 100]) {
+            if s.write_all(&[byte]).is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let a = Agent::new(&unique("held-a"), AgentConfig::default()).unwrap();
+    a.create_backend(nixl_core::InprocParams::default())
+        .unwrap();
+    let md = a.local_metadata().unwrap();
+    let t = Instant::now();
+    a.send_metadata_bytes(addr, &md, Duration::from_secs(10))
+        .expect("served once the trickling client's deadline (5 s) passed");
+    assert!(t.elapsed() < Duration::from_secs(10));
+    assert!(b.remotes().contains(&a.name().to_owned()));
+    drop(b);
+    trickler.join().unwrap();
+}

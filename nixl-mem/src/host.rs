@@ -3,13 +3,12 @@
 //! ([`Pinned`] around any host memory, [`CudaHostBuffer`] allocated pinned).
 
 use std::fmt;
-use std::ptr::NonNull;
-use std::sync::Arc;
 
-use cudarc::driver::CudaContext;
 use nixl_core::{Error, HostBuffer, MemoryRegion, Op, RegionDesc, Result};
 
-use crate::cuda::{self, cu, sys};
+use crate::cuda::{self, Context};
+use crate::sys::host::{self as raw, Mapping};
+use crate::sys::memory::{HostAlloc, HostRegistration};
 
 /// Host memory accessed by copies: what [`Pinned`] wraps and what the `CUDA_IPC` backend can
 /// pin. The provided methods bound-check every access (false = nothing copied).
@@ -35,38 +34,12 @@ pub unsafe trait HostMemory: Send + Sync + 'static {
 
     /// Copies `src` in at `offset`; false (nothing copied) when out of range.
     fn write_at(&self, offset: usize, src: &[u8]) -> bool {
-        match offset.checked_add(src.len()) {
-            Some(end) if end <= self.len() => {
-                // SAFETY: in range of memory the trait contract keeps valid; `src` is distinct.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        src.as_ptr(),
-                        self.as_ptr().add(offset),
-                        src.len(),
-                    )
-                };
-                true
-            }
-            _ => false,
-        }
+        raw::write_at(self, offset, src)
     }
 
     /// Copies out at `offset`; false (nothing copied) when out of range.
     fn read_at(&self, offset: usize, dst: &mut [u8]) -> bool {
-        match offset.checked_add(dst.len()) {
-            Some(end) if end <= self.len() => {
-                // SAFETY: in range of valid memory; `dst` is a distinct exclusive slice.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        self.as_ptr().add(offset),
-                        dst.as_mut_ptr(),
-                        dst.len(),
-                    )
-                };
-                true
-            }
-            _ => false,
-        }
+        raw::read_at(self, offset, dst)
     }
 
     /// Copies everything out.
@@ -78,8 +51,7 @@ pub unsafe trait HostMemory: Send + Sync + 'static {
 
     /// Sets every byte.
     fn fill(&self, byte: u8) {
-        // SAFETY: the whole range is valid and writable.
-        unsafe { std::ptr::write_bytes(self.as_ptr(), byte, self.len()) };
+        raw::fill(self, byte)
     }
 }
 
@@ -114,16 +86,10 @@ pub const HUGE_PAGE_2M: usize = 2 << 20;
 /// pages are reserved (`vm.nr_hugepages`); [`MmapBuffer::huge_or_fallback`] falls back to
 /// transparent huge pages and [`MmapBuffer::pages`] says which one it got.
 pub struct MmapBuffer {
-    ptr: NonNull<u8>,
+    map: Mapping,
     len: usize,
-    map_len: usize,
     pages: Pages,
 }
-
-// SAFETY: plain memory owned by the value, accessed by copies through raw pointers.
-unsafe impl Send for MmapBuffer {}
-// SAFETY: as above.
-unsafe impl Sync for MmapBuffer {}
 
 impl MmapBuffer {
     /// Maps `len` zeroed bytes on the given pages.
@@ -145,45 +111,16 @@ impl MmapBuffer {
         let Some(map_len) = map_len else {
             return Err(Error::invalid("-", Op::RegisterMem, "length overflows"));
         };
-        // SAFETY: an anonymous private mapping at an address of the kernel's choosing; no
-        // existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            let err = std::io::Error::last_os_error();
-            return Err(match pages {
+        let map = Mapping::anonymous(map_len, extra, pages == Pages::Transparent).map_err(|err| {
+            match pages {
                 Pages::Huge2M => Error::Unavailable {
                     what: format!("{} reserved 2 MiB huge pages ({err})", map_len / HUGE_PAGE_2M),
                     hint: "reserve them with `sysctl vm.nr_hugepages=N`, or use MmapBuffer::huge_or_fallback".to_owned(),
                 },
                 _ => Error::io("-", Op::RegisterMem, err),
-            });
-        }
-        if pages == Pages::Transparent {
-            // SAFETY: advises on the mapping just created; failure only means no THP.
-            let _ = unsafe { libc::madvise(p, map_len, libc::MADV_HUGEPAGE) };
-        }
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| {
-            Error::io(
-                "-",
-                Op::RegisterMem,
-                std::io::Error::other("mmap returned null"),
-            )
+            }
         })?;
-        Ok(MmapBuffer {
-            ptr,
-            len,
-            map_len,
-            pages,
-        })
+        Ok(MmapBuffer { map, len, pages })
     }
 
     /// Reserved huge pages when available, else transparent huge pages.
@@ -207,19 +144,10 @@ impl MmapBuffer {
 // SAFETY: the mapping lives until Drop.
 unsafe impl HostMemory for MmapBuffer {
     fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.map.as_ptr()
     }
     fn len(&self) -> usize {
         self.len
-    }
-}
-
-impl Drop for MmapBuffer {
-    fn drop(&mut self) {
-        // SAFETY: the mapping was created by `new` with this length and is unmapped once.
-        if unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.map_len) } != 0 {
-            tracing::warn!(error = %std::io::Error::last_os_error(), "munmap failed");
-        }
     }
 }
 
@@ -244,8 +172,8 @@ unsafe impl MemoryRegion for MmapBuffer {
 /// context), unregistered on drop. Copies between it and GPUs run at full PCIe/NVLink-C2C speed
 /// and asynchronously. `Unavailable` without CUDA.
 pub struct Pinned<M: HostMemory> {
-    // `Drop for Pinned` unregisters before the fields (and so `inner`'s memory) are dropped.
-    ctx: Arc<CudaContext>,
+    // Fields drop in order: the pages are unregistered before `inner`'s memory is released.
+    _reg: HostRegistration,
     inner: M,
 }
 
@@ -254,36 +182,16 @@ impl<M: HostMemory> Pinned<M> {
     /// `Error::Backend` (`CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED`) and the memory is dropped.
     pub fn new(inner: M) -> Result<Self> {
         let ctx = cuda::context(0)?;
-        // SAFETY: `inner` is valid host memory of this length for as long as `Pinned` lives,
-        // and Drop unregisters it before the memory is released.
-        let r = unsafe {
-            sys::cuMemHostRegister_v2(
-                inner.as_ptr().cast(),
-                inner.len(),
-                sys::CU_MEMHOSTREGISTER_PORTABLE,
-            )
-        };
-        cu(Op::RegisterMem, "cuMemHostRegister", r)?;
-        Ok(Pinned { ctx, inner })
+        // `inner` is valid host memory of this length (the `HostMemory` contract) for as long
+        // as `Pinned` lives, and the registration is dropped first.
+        let reg = HostRegistration::new(&ctx, inner.addr(), inner.len())
+            .map_err(|e| cuda::to_error("-", Op::RegisterMem, e))?;
+        Ok(Pinned { _reg: reg, inner })
     }
 
     /// The pinned memory.
     pub fn inner(&self) -> &M {
         &self.inner
-    }
-}
-
-impl<M: HostMemory> Drop for Pinned<M> {
-    fn drop(&mut self) {
-        if let Err(e) = cuda::bind(&self.ctx) {
-            tracing::warn!(error = %e, "binding a context to unpin failed");
-        }
-        // SAFETY: registered in `new`, unregistered once, before `inner` is dropped.
-        if let Err(e) = cu(Op::DeregisterMem, "cuMemHostUnregister", unsafe {
-            sys::cuMemHostUnregister(self.inner.as_ptr().cast())
-        }) {
-            tracing::warn!(error = %e, "unpinning host memory failed");
-        }
     }
 }
 
@@ -320,18 +228,11 @@ impl<M: HostMemory + fmt::Debug> fmt::Debug for Pinned<M> {
 /// Pinned host memory allocated by the CUDA driver (`cuMemHostAlloc`, portable and mapped),
 /// freed on drop. `Unavailable` without CUDA.
 pub struct CudaHostBuffer {
-    ctx: Arc<CudaContext>,
-    ptr: NonNull<u8>,
-    len: usize,
+    mem: HostAlloc,
 }
 
-// SAFETY: plain pinned memory owned by the value, accessed by copies.
-unsafe impl Send for CudaHostBuffer {}
-// SAFETY: as above.
-unsafe impl Sync for CudaHostBuffer {}
-
 impl CudaHostBuffer {
-    /// Allocates `len` zeroed pinned bytes.
+    /// Allocates `len` zeroed pinned bytes (GPU 0's primary context is made current).
     pub fn new(len: usize) -> Result<Self> {
         if len == 0 {
             return Err(Error::invalid(
@@ -341,47 +242,42 @@ impl CudaHostBuffer {
             ));
         }
         let ctx = cuda::context(0)?;
-        let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
-        let flags = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
-        // SAFETY: valid out pointer; the context is current.
-        cu(Op::RegisterMem, "cuMemHostAlloc", unsafe {
-            sys::cuMemHostAlloc(&mut p, len, flags)
-        })?;
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| {
-            Error::backend(
+        let mem = HostAlloc::new(ctx, len).map_err(|e| cuda::to_error("-", Op::RegisterMem, e))?;
+        let b = CudaHostBuffer { mem };
+        b.fill(0);
+        Ok(b)
+    }
+
+    /// Allocates `len` zeroed pinned bytes with `ctx` current (the memory is pinned for every
+    /// context: `CU_MEMHOSTALLOC_PORTABLE`). The caller's current context is left as it was.
+    pub fn new_in(ctx: &Context, len: usize) -> Result<Self> {
+        if len == 0 {
+            return Err(Error::invalid(
                 "-",
-                cuda::CUDA,
                 Op::RegisterMem,
-                "cuMemHostAlloc returned null",
-            )
-        })?;
-        let b = CudaHostBuffer { ctx, ptr, len };
+                "a host buffer needs at least one byte",
+            ));
+        }
+        let mem = {
+            let _g = ctx
+                .scoped()
+                .map_err(|e| cuda::to_error("-", Op::RegisterMem, e))?;
+            HostAlloc::new(ctx.inner().clone(), len)
+                .map_err(|e| cuda::to_error("-", Op::RegisterMem, e))?
+        };
+        let b = CudaHostBuffer { mem };
         b.fill(0);
         Ok(b)
     }
 }
 
-// SAFETY: the allocation lives until Drop.
+// SAFETY: the allocation lives until the value (and so `HostAlloc`) is dropped.
 unsafe impl HostMemory for CudaHostBuffer {
     fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.mem.as_ptr()
     }
     fn len(&self) -> usize {
-        self.len
-    }
-}
-
-impl Drop for CudaHostBuffer {
-    fn drop(&mut self) {
-        if let Err(e) = cuda::bind(&self.ctx) {
-            tracing::warn!(error = %e, "binding a context to free pinned memory failed");
-        }
-        // SAFETY: allocated by cuMemHostAlloc in `new`, freed once.
-        if let Err(e) = cu(Op::DeregisterMem, "cuMemFreeHost", unsafe {
-            sys::cuMemFreeHost(self.ptr.as_ptr().cast())
-        }) {
-            tracing::warn!(error = %e, "freeing pinned host memory failed");
-        }
+        self.mem.len()
     }
 }
 
@@ -389,7 +285,7 @@ impl fmt::Debug for CudaHostBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CudaHostBuffer")
             .field("addr", &format_args!("{:#x}", self.addr()))
-            .field("len", &self.len)
+            .field("len", &self.len())
             .finish()
     }
 }
@@ -397,7 +293,7 @@ impl fmt::Debug for CudaHostBuffer {
 // SAFETY: the allocation lives as long as the value; the description never changes.
 unsafe impl MemoryRegion for CudaHostBuffer {
     fn desc(&self) -> RegionDesc {
-        RegionDesc::dram(self.addr(), self.len as u64)
+        RegionDesc::dram(self.addr(), self.len() as u64)
     }
 }
 

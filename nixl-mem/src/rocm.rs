@@ -9,13 +9,11 @@
 //! Run here: build, and the no-device path (`Unavailable`) in CI. Not run: allocation, copies,
 //! IPC and dma-buf on an AMD GPU (none was available).
 
-use std::ffi::{c_void, CStr};
 use std::fmt;
-use std::os::fd::{FromRawFd, OwnedFd};
 
-use hip_sys::hiprt as sys;
 use nixl_core::{Error, MemoryRegion, Op, RegionDesc, Result};
 
+use crate::sys::hip::{self as raw, HipAlloc, HipIpcOpen};
 use crate::DmaBuf;
 
 /// A failed HIP call.
@@ -30,40 +28,31 @@ pub struct HipError {
     pub name: String,
 }
 
-fn check(op: Op, call: &'static str, r: sys::hipError_t) -> Result<()> {
-    if r == sys::hipError_t::hipSuccess {
-        return Ok(());
-    }
-    // SAFETY: hipGetErrorName returns a static NUL-terminated string for any code.
-    let name = unsafe { CStr::from_ptr(sys::hipGetErrorName(r)) }
-        .to_string_lossy()
-        .into_owned();
-    let e = HipError {
-        call,
-        code: r as u32,
-        name,
-    };
-    Err(Error::Backend {
+fn to_error(op: Op, e: HipError) -> Error {
+    Error::Backend {
         agent: "-".into(),
         backend: "HIP".into(),
         op,
         message: e.to_string(),
         source: Some(std::sync::Arc::new(e)),
-    })
+    }
 }
 
 /// The number of visible AMD GPUs; `Unavailable` when there is none (or no driver).
 pub fn device_count() -> Result<usize> {
-    let mut n = 0;
-    // SAFETY: valid out pointer; the runtime reports a missing driver or device as a code.
-    let r = unsafe { sys::hipGetDeviceCount(&mut n) };
-    if r != sys::hipError_t::hipSuccess || n <= 0 {
-        return Err(Error::Unavailable {
+    match raw::device_count() {
+        Ok(n) if n > 0 => Ok(n as usize),
+        Ok(n) => Err(Error::Unavailable {
             what: "an AMD GPU (HIP)".into(),
-            hint: format!("hipGetDeviceCount returned {r:?} with {n} devices; check the amdgpu driver and /dev/kfd"),
-        });
+            hint: format!(
+                "hipGetDeviceCount found {n} devices; check the amdgpu driver and /dev/kfd"
+            ),
+        }),
+        Err(e) => Err(Error::Unavailable {
+            what: "an AMD GPU (HIP)".into(),
+            hint: format!("{e}; check the amdgpu driver and /dev/kfd"),
+        }),
     }
-    Ok(n as usize)
 }
 
 fn set_device(op: Op, device: usize) -> Result<()> {
@@ -75,25 +64,16 @@ fn set_device(op: Op, device: usize) -> Result<()> {
             format!("HIP device {device} does not exist ({n} visible)"),
         ));
     }
-    // SAFETY: a valid ordinal (checked above).
-    check(op, "hipSetDevice", unsafe {
-        sys::hipSetDevice(device as i32)
-    })
+    raw::set_device(device).map_err(|e| to_error(op, e))
 }
 
 /// A zero-initialised `hipMalloc` allocation, freed on drop; VRAM with `dev_id` = the HIP
 /// device ordinal and `addr` = the device pointer.
 pub struct HipBuffer {
-    ptr: *mut c_void,
+    mem: HipAlloc,
     len: usize,
     device: usize,
 }
-
-// SAFETY: a device allocation owned by the value; HIP calls are thread-safe once the device is
-// set on the calling thread (every method sets it).
-unsafe impl Send for HipBuffer {}
-// SAFETY: as above; host access is by copies only.
-unsafe impl Sync for HipBuffer {}
 
 impl HipBuffer {
     /// Allocates `len` bytes on HIP device `device` and zeroes them.
@@ -106,22 +86,13 @@ impl HipBuffer {
             ));
         }
         set_device(Op::RegisterMem, device)?;
-        let mut ptr: *mut c_void = std::ptr::null_mut();
-        // SAFETY: valid out pointer; the device is set.
-        check(Op::RegisterMem, "hipMalloc", unsafe {
-            sys::hipMalloc(&mut ptr, len)
-        })?;
-        let b = HipBuffer { ptr, len, device };
-        // SAFETY: the whole fresh allocation; hipMemset is synchronous for device memory.
-        check(Op::RegisterMem, "hipMemset", unsafe {
-            sys::hipMemset(ptr, 0, len)
-        })?;
-        Ok(b)
+        let mem = HipAlloc::new(device, len).map_err(|e| to_error(Op::RegisterMem, e))?;
+        Ok(HipBuffer { mem, len, device })
     }
 
     /// The device pointer.
     pub fn addr(&self) -> u64 {
-        self.ptr as u64
+        self.mem.addr()
     }
 
     /// Length in bytes.
@@ -134,10 +105,9 @@ impl HipBuffer {
         false
     }
 
-    fn range(&self, offset: usize, n: usize) -> Result<*mut c_void> {
+    fn range(&self, offset: usize, n: usize) -> Result<()> {
         match offset.checked_add(n) {
-            // SAFETY: in bounds of the allocation (checked).
-            Some(end) if end <= self.len => Ok(unsafe { self.ptr.cast::<u8>().add(offset) }.cast()),
+            Some(end) if end <= self.len => Ok(()),
             _ => Err(Error::invalid(
                 "-",
                 Op::PostXfer,
@@ -148,46 +118,29 @@ impl HipBuffer {
 
     /// Copies `src` in at `offset` (synchronous).
     pub fn copy_from_host(&self, offset: usize, src: &[u8]) -> Result<()> {
-        let dst = self.range(offset, src.len())?;
+        self.range(offset, src.len())?;
         set_device(Op::PostXfer, self.device)?;
-        // SAFETY: `dst` range is inside the allocation; `src` is a live slice.
-        check(Op::PostXfer, "hipMemcpy", unsafe {
-            sys::hipMemcpy(
-                dst,
-                src.as_ptr().cast(),
-                src.len(),
-                sys::hipMemcpyKind::hipMemcpyHostToDevice,
-            )
-        })
+        self.mem
+            .write(offset, src)
+            .map_err(|e| to_error(Op::PostXfer, e))
     }
 
     /// Copies out at `offset` into `dst` (synchronous).
     pub fn copy_to_host(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        let src = self.range(offset, dst.len())?;
+        self.range(offset, dst.len())?;
         set_device(Op::PostXfer, self.device)?;
-        // SAFETY: `src` range is inside the allocation; `dst` is a live exclusive slice.
-        check(Op::PostXfer, "hipMemcpy", unsafe {
-            sys::hipMemcpy(
-                dst.as_mut_ptr().cast(),
-                src,
-                dst.len(),
-                sys::hipMemcpyKind::hipMemcpyDeviceToHost,
-            )
-        })
+        self.mem
+            .read(offset, dst)
+            .map_err(|e| to_error(Op::PostXfer, e))
     }
 
     /// Exports the allocation for another process (`hipIpcGetMemHandle`).
     pub fn ipc_handle(&self) -> Result<HipIpcHandle> {
         set_device(Op::RegisterMem, self.device)?;
-        let mut h = sys::hipIpcMemHandle_t { reserved: [0; 64] };
-        // SAFETY: valid out pointer; the allocation is live.
-        check(Op::RegisterMem, "hipIpcGetMemHandle", unsafe {
-            sys::hipIpcGetMemHandle(&mut h, self.ptr)
-        })?;
-        let mut bytes = [0u8; 64];
-        for (d, s) in bytes.iter_mut().zip(h.reserved.iter()) {
-            *d = *s as u8;
-        }
+        let bytes = self
+            .mem
+            .ipc_handle()
+            .map_err(|e| to_error(Op::RegisterMem, e))?;
         Ok(HipIpcHandle {
             bytes,
             len: self.len as u64,
@@ -197,58 +150,23 @@ impl HipBuffer {
     /// Exports the allocation as a dma-buf (for NIC registration) with
     /// `hipMemGetHandleForAddressRange`, looked up at run time (ROCm >= 6.2).
     pub fn dmabuf(&self) -> Result<DmaBuf> {
-        type F = unsafe extern "C" fn(*mut c_void, u64, usize, u32, u64) -> sys::hipError_t;
         set_device(Op::RegisterMem, self.device)?;
-        let this = libloading::os::unix::Library::this();
-        // SAFETY: the symbol, if present, has the C signature of hipMemGetHandleForAddressRange.
-        let f = unsafe { this.get::<F>(b"hipMemGetHandleForAddressRange") }.map_err(|_| {
-            Error::not_supported(
-                "-",
-                Op::RegisterMem,
-                "this HIP runtime has no hipMemGetHandleForAddressRange (ROCm >= 6.2)",
-            )
-        })?;
-        let mut fd: i32 = -1;
-        const HIP_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD: u32 = 1;
-        // SAFETY: `fd` is a valid out pointer for the int handle; the range is the whole live
-        // allocation (hipMalloc returns page-aligned memory).
-        let r = unsafe {
-            f(
-                (&mut fd as *mut i32).cast(),
-                self.addr(),
-                self.len,
-                HIP_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
-                0,
-            )
-        };
-        check(Op::RegisterMem, "hipMemGetHandleForAddressRange", r)?;
-        if fd < 0 {
-            return Err(Error::backend(
-                "-",
-                "HIP",
-                Op::RegisterMem,
-                "no dma-buf fd returned",
-            ));
-        }
-        // SAFETY: a fresh descriptor owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let fd = self
+            .mem
+            .dmabuf()
+            .map_err(|e| to_error(Op::RegisterMem, e))?
+            .ok_or_else(|| {
+                Error::not_supported(
+                    "-",
+                    Op::RegisterMem,
+                    "this HIP runtime has no hipMemGetHandleForAddressRange (ROCm >= 6.2)",
+                )
+            })?;
         Ok(DmaBuf {
             fd,
             offset: 0,
             len: self.len as u64,
         })
-    }
-}
-
-impl Drop for HipBuffer {
-    fn drop(&mut self) {
-        let _ = set_device(Op::DeregisterMem, self.device);
-        // SAFETY: allocated by hipMalloc in `new`, freed once.
-        if let Err(e) = check(Op::DeregisterMem, "hipFree", unsafe {
-            sys::hipFree(self.ptr)
-        }) {
-            tracing::warn!(error = %e, "hipFree failed");
-        }
     }
 }
 
@@ -262,7 +180,8 @@ impl fmt::Debug for HipBuffer {
     }
 }
 
-// SAFETY: the allocation lives until Drop; the description never changes.
+// SAFETY: the allocation lives until the value (and its `HipAlloc`) is dropped; the
+// description never changes.
 unsafe impl MemoryRegion for HipBuffer {
     fn desc(&self) -> RegionDesc {
         RegionDesc::vram(self.addr(), self.len as u64, self.device as u64)
@@ -280,46 +199,22 @@ pub struct HipIpcHandle {
 
 /// Another process's HIP allocation mapped here (`hipIpcOpenMemHandle`), closed on drop.
 pub struct HipIpcMapping {
-    ptr: *mut c_void,
+    mem: HipIpcOpen,
     len: u64,
     device: usize,
 }
-
-// SAFETY: as for HipBuffer.
-unsafe impl Send for HipIpcMapping {}
-// SAFETY: as for HipBuffer.
-unsafe impl Sync for HipIpcMapping {}
 
 impl HipIpcMapping {
     /// Maps a handle exported by another process onto HIP device `device`.
     pub fn open(device: usize, handle: &HipIpcHandle) -> Result<Self> {
         set_device(Op::LoadMetadata, device)?;
-        let mut h = sys::hipIpcMemHandle_t { reserved: [0; 64] };
-        for (d, s) in h.reserved.iter_mut().zip(handle.bytes.iter()) {
-            *d = *s as _;
-        }
-        let mut ptr: *mut c_void = std::ptr::null_mut();
-        // SAFETY: valid out pointer; flag 1 = hipIpcMemLazyEnablePeerAccess.
-        check(Op::LoadMetadata, "hipIpcOpenMemHandle", unsafe {
-            sys::hipIpcOpenMemHandle(&mut ptr, h, 1)
-        })?;
+        let mem =
+            HipIpcOpen::open(device, &handle.bytes).map_err(|e| to_error(Op::LoadMetadata, e))?;
         Ok(HipIpcMapping {
-            ptr,
+            mem,
             len: handle.len,
             device,
         })
-    }
-}
-
-impl Drop for HipIpcMapping {
-    fn drop(&mut self) {
-        let _ = set_device(Op::Invalidate, self.device);
-        // SAFETY: opened in `open`, closed once.
-        if let Err(e) = check(Op::Invalidate, "hipIpcCloseMemHandle", unsafe {
-            sys::hipIpcCloseMemHandle(self.ptr)
-        }) {
-            tracing::warn!(error = %e, "hipIpcCloseMemHandle failed");
-        }
     }
 }
 
@@ -332,10 +227,11 @@ impl fmt::Debug for HipIpcMapping {
     }
 }
 
-// SAFETY: the mapping lives until Drop; the description never changes.
+// SAFETY: the mapping lives until the value (and its `HipIpcOpen`) is dropped; the
+// description never changes.
 unsafe impl MemoryRegion for HipIpcMapping {
     fn desc(&self) -> RegionDesc {
-        RegionDesc::vram(self.ptr as u64, self.len, self.device as u64)
+        RegionDesc::vram(self.mem.addr(), self.len, self.device as u64)
     }
 }
 

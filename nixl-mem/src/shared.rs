@@ -13,13 +13,13 @@ use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fmt;
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::ptr::NonNull;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Mutex;
 
 use nixl_core::{DecodeError, Error, MemoryRegion, Op, RegionDesc, Result};
 
 use crate::host::HostMemory;
+use crate::sys::host::{memfd, Mapping};
 use crate::wire::{Reader, Writer};
 
 const MAGIC: &[u8; 4] = b"NXSH";
@@ -99,37 +99,15 @@ fn random_token() -> u64 {
     h.finish()
 }
 
-fn map_shared(fd: &impl AsRawFd, len: usize) -> std::io::Result<NonNull<u8>> {
-    // SAFETY: maps `len` bytes of a file we hold open; the kernel picks the address.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(std::io::Error::last_os_error());
-    }
-    NonNull::new(p.cast::<u8>()).ok_or_else(|| std::io::Error::other("mmap returned null"))
-}
-
 /// Host memory backed by a memfd that another process can map (see the module docs), zeroed,
 /// unmapped and closed on drop.
 pub struct SharedHostBuffer {
-    ptr: NonNull<u8>,
+    // Fields drop in order: unmapped, then the memfd closed.
+    map: Mapping,
     len: usize,
     fd: OwnedFd,
     token: u64,
 }
-
-// SAFETY: plain shared memory owned by the value, accessed by copies.
-unsafe impl Send for SharedHostBuffer {}
-// SAFETY: as above.
-unsafe impl Sync for SharedHostBuffer {}
 
 impl SharedHostBuffer {
     /// Creates and maps a `len`-byte memfd.
@@ -144,23 +122,13 @@ impl SharedHostBuffer {
         let token = random_token();
         let name = CString::new(SharedHostHandle::name(token))
             .map_err(|_| Error::invalid("-", Op::RegisterMem, "memfd name"))?;
-        // SAFETY: `name` is a valid C string; memfd_create returns a new descriptor or -1.
-        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
-        if raw < 0 {
-            return Err(Error::io(
-                "-",
-                Op::RegisterMem,
-                std::io::Error::last_os_error(),
-            ));
-        }
-        // SAFETY: a fresh descriptor nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = memfd(&name).map_err(|e| Error::io("-", Op::RegisterMem, e))?;
         let file = File::from(fd);
         file.set_len(len as u64)
             .map_err(|e| Error::io("-", Op::RegisterMem, e))?;
-        let ptr = map_shared(&file, len).map_err(|e| Error::io("-", Op::RegisterMem, e))?;
+        let map = Mapping::shared(&file, len).map_err(|e| Error::io("-", Op::RegisterMem, e))?;
         let b = SharedHostBuffer {
-            ptr,
+            map,
             len,
             fd: OwnedFd::from(file),
             token,
@@ -186,7 +154,7 @@ impl SharedHostBuffer {
 // SAFETY: the mapping lives until Drop.
 unsafe impl HostMemory for SharedHostBuffer {
     fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.map.as_ptr()
     }
     fn len(&self) -> usize {
         self.len
@@ -198,10 +166,7 @@ impl Drop for SharedHostBuffer {
         LIVE.lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&self.addr());
-        // SAFETY: mapped in `new` with this length, unmapped once; the fd closes after.
-        if unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) } != 0 {
-            tracing::warn!(error = %std::io::Error::last_os_error(), "munmap failed");
-        }
+        // Then the fields: the mapping is unmapped, the memfd closed.
     }
 }
 
@@ -223,14 +188,9 @@ unsafe impl MemoryRegion for SharedHostBuffer {
 
 /// Another process's [`SharedHostBuffer`] mapped into this one, unmapped on drop.
 pub struct SharedHostMapping {
-    ptr: NonNull<u8>,
+    map: Mapping,
     handle: SharedHostHandle,
 }
-
-// SAFETY: plain shared memory owned (mapped) by the value, accessed by copies.
-unsafe impl Send for SharedHostMapping {}
-// SAFETY: as above.
-unsafe impl Sync for SharedHostMapping {}
 
 impl SharedHostMapping {
     /// Opens and maps the buffer a handle names. `NotFound` when the exporter is gone or the
@@ -267,9 +227,9 @@ impl SharedHostMapping {
         }
         let len = usize::try_from(handle.len)
             .map_err(|_| Error::invalid("-", Op::LoadMetadata, "length"))?;
-        let ptr = map_shared(&file, len).map_err(|e| Error::io("-", Op::LoadMetadata, e))?;
+        let map = Mapping::shared(&file, len).map_err(|e| Error::io("-", Op::LoadMetadata, e))?;
         Ok(SharedHostMapping {
-            ptr,
+            map,
             handle: handle.clone(),
         })
     }
@@ -289,19 +249,10 @@ impl SharedHostMapping {
 // SAFETY: the mapping lives until Drop.
 unsafe impl HostMemory for SharedHostMapping {
     fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.map.as_ptr()
     }
     fn len(&self) -> usize {
         self.handle.len as usize
-    }
-}
-
-impl Drop for SharedHostMapping {
-    fn drop(&mut self) {
-        // SAFETY: mapped in `open` with this length, unmapped once.
-        if unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.handle.len as usize) } != 0 {
-            tracing::warn!(error = %std::io::Error::last_os_error(), "munmap failed");
-        }
     }
 }
 

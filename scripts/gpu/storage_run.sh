@@ -16,16 +16,27 @@ for b in storage_vram storage-vram-file-test storage-gds-test; do
     [ -x "$B/$b" ] || { say "missing $B/$b: run scripts/gpu/storage_build.sh and carry .carry"; exit 2; }
 done
 export TMPDIR="$PWD/.storage-tmp"; mkdir -p "$TMPDIR"
-NIXL_CUFILE_PATH=$(ls /usr/local/cuda*/lib64/libcufile.so.0 2>/dev/null | head -1); export NIXL_CUFILE_PATH
+# libcufile is loaded by cudarc under the name libcufile.so (then .so.12 ... .so.1), from the
+# loader's path; the toolkit may ship only libcufile.so.0: link it into a directory on
+# LD_LIBRARY_PATH.
+CUFILE=$(ls /usr/local/cuda*/lib64/libcufile.so.0 /usr/local/cuda*/targets/*/lib/libcufile.so.0 2>/dev/null | head -1)
+if [ -n "$CUFILE" ]; then
+    mkdir -p "$TMPDIR/cufile-lib" && ln -sf "$CUFILE" "$TMPDIR/cufile-lib/libcufile.so"
+    export LD_LIBRARY_PATH="$TMPDIR/cufile-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 export CUFILE_LOGFILE_PATH="$OUT/cufile.log"
-{ nvidia-smi; df -T "$TMPDIR"; echo "NIXL_CUFILE_PATH=$NIXL_CUFILE_PATH"; ls -l /usr/local/cuda*/lib64/libcufile.so* ; lsmod | grep -E 'nvidia|nvfs'; } > "$OUT/storage-env.txt" 2>&1
-say "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1); files on $(df -T "$TMPDIR" | tail -1 | awk '{print $2, $7}'); libcufile: ${NIXL_CUFILE_PATH:-none}"
+# With a GPU visible, a test that skips for want of the GPU (or of cuFile) fails.
+if nvidia-smi -L >/dev/null 2>&1; then
+    export NIXL_REQUIRE_DEPS=1 NIXL_ALLOW_SKIP="${NIXL_ALLOW_SKIP:-nvidia-fs,s3,etcd,netns,nixl,efa,fi-hmem,rocm-gpu,libfabric,ucx,cuda-ucx,io-uring,multi-gpu}"
+fi
+{ nvidia-smi; df -T "$TMPDIR"; echo "libcufile: $CUFILE"; ls -l /usr/local/cuda*/lib64/libcufile.so* ; lsmod | grep -E 'nvidia|nvfs'; } > "$OUT/storage-env.txt" 2>&1
+say "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1); files on $(df -T "$TMPDIR" | tail -1 | awk '{print $2, $7}'); libcufile: ${CUFILE:-none}"
 fail=0
 run() { # name timeout cmd...
     local name=$1 t=$2; shift 2
     say "== $name: $*"
     timeout "$t" "$@" > "$OUT/$name.log" 2>&1; local rc=$?
-    grep -E '^test result:|^skipping|FAILED|panicked|path|GB/s|refused|took|fallback' "$OUT/$name.log" | head -40 | tee -a "$s"
+    grep -E '^test result:|^skipping|SKIPPED|FAILED|panicked|path|GB/s|refused|took|fallback' "$OUT/$name.log" | head -40 | tee -a "$s"
     say "rc=$rc"
     [ $rc -eq 0 ] || fail=1
 }
@@ -45,8 +56,8 @@ if [ "${SUPPLY_UDEV:-0}" = 1 ]; then
     CUFILE_LOGFILE_PATH="$OUT/cufile-udev.log" run storage-gds-udev 120 "$B/storage-gds-test" --nocapture --test-threads=1
 fi
 # On a GPU machine no VRAM test may skip.
-if nvidia-smi -L >/dev/null 2>&1 && grep -q '^skipping: no CUDA' "$OUT/storage-vram-file.log"; then
-    say "VRAM tests skipped although a GPU is visible"; fail=1
+if nvidia-smi -L >/dev/null 2>&1 && grep -qE 'SKIPPED\[gpu\]' "$OUT"/storage-*.log; then
+    say "VRAM or GDS tests skipped although a GPU is visible"; fail=1
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
     say "== storage_vram bench (O_DIRECT, GB/s)"

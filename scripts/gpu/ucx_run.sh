@@ -10,7 +10,7 @@ export NIXL_UCX_HOME="$PWD/.carry/ucx"
 export LD_LIBRARY_PATH="$PWD/.carry/ucx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 s="$OUT/ucx-summary.txt"; : > "$s"
 say() { echo "$*" | tee -a "$s"; }
-run() { local name=$1 t=$2; shift 2; say "== $name: $*"; timeout "$t" "$@" > "$OUT/$name.log" 2>&1; local rc=$?; tail -n 25 "$OUT/$name.log" | tee -a "$s"; say "rc=$rc"; }
+run() { local name=$1 t=$2; shift 2; if [ ! -x "$1" ]; then say "== $name: $1 missing (not built), skipped"; return; fi; say "== $name: $*"; timeout "$t" "$@" > "$OUT/$name.log" 2>&1; local rc=$?; tail -n 25 "$OUT/$name.log" | tee -a "$s"; say "rc=$rc"; }
 [ "${SKIP_UCX:-0}" = 1 ] || run ucx-vram 120 $B/ucx-vram --nocapture
 for tls in "" "cuda_ipc,cuda_copy,tcp"; do
   tag=${tls:+-tls}
@@ -26,6 +26,10 @@ run disagg-cuda-ucx-write 120 $B/disagg_kv --device cuda --backend ucx --op writ
 # GPUDirect Storage (cuFile from the CUDA toolkit, libcufile 1.15) and the POSIX path beside it.
 [ "${SKIP_GDS:-0}" = 1 ] && exit 0
 df -T . /tmp > "$OUT/df.txt" 2>&1
-mkdir -p "$PWD/.gds-tmp"
-NIXL_CUFILE_PATH=$(ls /usr/local/cuda*/lib64/libcufile.so.0 2>/dev/null | head -1) CUFILE_LOGFILE_PATH="$OUT/cufile.log" TMPDIR="$PWD/.gds-tmp" \
-  run gds-tests 150 $B/gds-test --nocapture --test-threads=1
+mkdir -p "$PWD/.gds-tmp/cufile-lib"
+# cudarc loads libcufile as libcufile.so from the loader's path (see scripts/gpu/storage_run.sh).
+CUFILE=$(ls /usr/local/cuda*/lib64/libcufile.so.0 2>/dev/null | head -1)
+[ -n "$CUFILE" ] && ln -sf "$CUFILE" "$PWD/.gds-tmp/cufile-lib/libcufile.so"
+GDS_TEST=$B/gds-test; [ -x "$GDS_TEST" ] || GDS_TEST=$B/storage-gds-test
+LD_LIBRARY_PATH="$PWD/.gds-tmp/cufile-lib:$LD_LIBRARY_PATH" CUFILE_LOGFILE_PATH="$OUT/cufile.log" TMPDIR="$PWD/.gds-tmp" \
+  run gds-tests 150 "$GDS_TEST" --nocapture --test-threads=1

@@ -1,11 +1,14 @@
 //! `GDS`: GPUDirect Storage through cuFile (feature `gds`), loaded at run time.
 //!
-//! Opening the driver is guarded: libcufile 1.20's `cuFileDriverOpen` spins forever when
-//! libcuda is absent, so the backend first loads `libcuda.so.1`, runs `cuInit` and requires
-//! a device, and only then opens cuFile (with `CUFILE_LOGFILE_PATH` set when the caller did
-//! not set it). Anything missing is [`Error::Unavailable`] naming what to install. Where the
-//! `nvidia-fs` kernel module is absent, cuFile runs in compatibility mode (POSIX I/O through
-//! its own bounce buffers); the path report says which.
+//! cuFile and CUDA are nixl-mem's layer (cudarc's run-time-loaded bindings,
+//! [`nixl_mem::cufile`]). Opening the driver is guarded: libcufile 1.20's `cuFileDriverOpen`
+//! spins forever when libcuda is absent, so the CUDA driver and a device are required first,
+//! and only then is cuFile opened (its log moved out of the working directory through cuFile's
+//! own parameter API when the environment has no `CUFILE_LOGFILE_PATH`; the environment is
+//! never changed). Anything missing is [`Error::Unavailable`] naming what to install; see
+//! [`nixl_mem::cufile`] for where libcufile is looked for. Where the `nvidia-fs` kernel module
+//! is absent, cuFile runs in compatibility mode (POSIX I/O through its own bounce buffers);
+//! the path report says which.
 //!
 //! Memory (DRAM or VRAM) is registered with `cuFileBufRegister`; files with
 //! `cuFileHandleRegister` on a duplicate of the region's descriptor. Transfers of fewer than
@@ -22,18 +25,15 @@
 //! [`GdsFallback::Refuse`] fails the registration instead.
 //!
 //! **Driver options are per process.** cuFile's driver is opened once per process, by the
-//! first GDS backend created; its [`GdsParams::cufile_path`] and
-//! [`GdsParams::force_compat_mode`] win, later backends share that driver (a differing
-//! `force_compat_mode` is logged and shown in their path report).
+//! first GDS backend created; its [`GdsParams::force_compat_mode`] wins, later backends share
+//! that driver (a differing `force_compat_mode` is logged and shown in their path report).
 
-mod sys;
 mod xfer;
 
 use std::collections::BTreeMap;
-use std::ffi::c_void;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nixl_core::backend::{
@@ -41,8 +41,9 @@ use nixl_core::backend::{
     ParamMap, XferSpec,
 };
 use nixl_core::{Capabilities, Error, MemKind, Op, QueryResult, RegionDesc, Result};
+use nixl_mem::cufile::{self, BufRegistration, Driver, FileHandle, Options};
+use nixl_mem::Context;
 
-use crate::cuda::{self, Cuda, PrimaryCtx};
 use crate::posix::bounce::{vram_context, PoolEngine};
 use crate::posix::pool::PoolXfer;
 use crate::posix::{build_plan, LocalMem, PlanSeg, PosixParams};
@@ -53,9 +54,6 @@ pub const GDS: &str = "GDS";
 /// Parameters of the GDS backend.
 #[derive(Debug, Clone)]
 pub struct GdsParams {
-    /// Where libcufile is (default: `NIXL_CUFILE_PATH`, then `libcufile.so.0` on the loader
-    /// path, then `$CUDA_HOME/lib64`, `/usr/local/cuda/lib64`).
-    pub cufile_path: Option<PathBuf>,
     /// Transfers with at least this many segments use the batch API.
     pub batch_threshold: usize,
     /// Entries per batch (cuFile's `max_batch_io_size`, 128 by default in cufile.json).
@@ -63,9 +61,10 @@ pub struct GdsParams {
     /// How long cancel waits for the batch to stop.
     pub cancel_timeout: Duration,
     /// Forces cuFile's compatibility mode (POSIX I/O inside cuFile) before the driver opens:
-    /// `cuFileSetParameterBool(CUFILE_PARAM_FORCE_COMPAT_MODE)` with libcufile 1.14+, else the
-    /// `CUFILE_FORCE_COMPAT_MODE=true` environment variable. Only the first GDS backend of a
-    /// process opens the driver, so only its value counts.
+    /// `cuFileSetParameterBool(CUFILE_PARAM_FORCE_COMPAT_MODE)` with libcufile 1.14+; with an
+    /// older library only if the process started with `CUFILE_FORCE_COMPAT_MODE=true` in its
+    /// environment (otherwise creation fails with `NotSupported`). Only the first GDS backend
+    /// of a process opens the driver, so only its value counts.
     pub force_compat_mode: bool,
     /// What a FILE registration does when `cuFileHandleRegister` fails.
     pub fallback: GdsFallback,
@@ -89,7 +88,6 @@ pub enum GdsFallback {
 impl Default for GdsParams {
     fn default() -> Self {
         GdsParams {
-            cufile_path: None,
             batch_threshold: 4,
             max_batch: 128,
             cancel_timeout: Duration::from_secs(10),
@@ -130,7 +128,7 @@ impl BackendParams for GdsParams {
     }
 }
 
-/// Creates `GDS` by name: `cufile_path`, `batch_threshold`, `max_batch`, `force_compat_mode`
+/// Creates `GDS` by name: `batch_threshold`, `max_batch`, `force_compat_mode`
 /// (`true`/`false`), `fallback` (`bounce`/`refuse`), `bounce_chunk`, `bounce_buffers`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GdsPlugin;
@@ -160,10 +158,7 @@ impl BackendPlugin for GdsPlugin {
 
     fn parse_params(&self, params: &BTreeMap<String, String>) -> Result<Box<dyn BackendParams>> {
         let mut m = ParamMap::new(GDS, params);
-        let mut p = GdsParams {
-            cufile_path: m.string("cufile_path").map(Into::into),
-            ..GdsParams::default()
-        };
+        let mut p = GdsParams::default();
         if let Some(n) = m.usize("batch_threshold")? {
             p.batch_threshold = n;
         }
@@ -192,186 +187,68 @@ impl BackendPlugin for GdsPlugin {
     }
 }
 
-/// The loaded, opened cuFile driver (one per process; cuFile's driver state is global).
-pub(crate) struct Driver {
-    /// Keeps libcuda loaded under libcufile.
-    _cuda: Arc<Cuda>,
-    pub cufile: sys::CufileFns,
-    /// Whether the nvidia-fs kernel module is loaded (otherwise cuFile is in compat mode).
-    pub nvidia_fs: bool,
-    /// How compatibility mode was forced at open, if it was.
-    pub forced_compat: Option<&'static str>,
-    _libcufile: libloading::Library,
-}
-
-static DRIVER: OnceLock<std::result::Result<Arc<Driver>, (String, String)>> = OnceLock::new();
-/// Serialises first-time opening across agents.
-static OPENING: Mutex<()> = Mutex::new(());
-
-fn unavailable(what: &str, hint: impl Into<String>) -> (String, String) {
-    (what.to_owned(), hint.into())
-}
-
-fn open_lib(candidates: &[PathBuf]) -> std::result::Result<libloading::Library, String> {
-    let mut errs = Vec::new();
-    for c in candidates {
-        // SAFETY: loading libcuda/libcufile runs their initialisers, which have no
-        // preconditions; the library is kept alive as long as the functions taken from it.
-        match unsafe { libloading::Library::new(c) } {
-            Ok(l) => return Ok(l),
-            Err(e) => errs.push(format!("{}: {e}", c.display())),
-        }
-    }
-    Err(errs.join("; "))
-}
-
-fn open_driver(params: &GdsParams) -> std::result::Result<Arc<Driver>, (String, String)> {
-    // 1. The CUDA driver and a device, before cuFile (cuFileDriverOpen spins without them).
-    let cuda = cuda::cuda().map_err(|e| match e {
-        Error::Unavailable { what, hint } => (what, hint),
-        other => unavailable("the CUDA driver", other.to_string()),
-    })?;
-    // 2. libcufile.
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Some(p) = &params.cufile_path {
-        candidates.push(p.clone());
-    }
-    if let Ok(p) = std::env::var("NIXL_CUFILE_PATH") {
-        candidates.push(p.into());
-    }
-    candidates.push("libcufile.so.0".into());
-    for home in [
-        std::env::var("CUDA_HOME").ok(),
-        Some("/usr/local/cuda".to_owned()),
-    ]
-    .into_iter()
-    .flatten()
-    {
-        candidates.push(PathBuf::from(home).join("lib64/libcufile.so.0"));
-    }
-    let libcufile = open_lib(&candidates).map_err(|e| {
-        unavailable(
-            "libcufile (GPUDirect Storage)",
-            format!("install the CUDA toolkit's cuFile or set NIXL_CUFILE_PATH: {e}"),
-        )
-    })?;
-    let cufile = sys::cufile_fns(&libcufile).map_err(|e| {
-        unavailable(
-            "libcufile",
-            format!("missing symbol {e} (libcufile 1.5+ needed)"),
-        )
-    })?;
-    // 3. cuFile writes a log to the working directory unless told otherwise.
-    if std::env::var_os("CUFILE_LOGFILE_PATH").is_none() {
-        let log = std::env::temp_dir().join(format!("nixl-cufile-{}.log", std::process::id()));
-        tracing::debug!(path = %log.display(), "GDS: setting CUFILE_LOGFILE_PATH");
-        // Process-global; done once, under OPENING, before cuFile reads it. Callers that run
-        // other threads reading the environment can set the variable themselves first.
-        std::env::set_var("CUFILE_LOGFILE_PATH", log);
-    }
-    // 4. Compatibility mode, if forced: the parameter API of libcufile 1.14+, else the
-    // environment variable cuFile reads at open.
-    let mut forced_compat = None;
-    if params.force_compat_mode {
-        if let Some(set) = sys::set_parameter_bool(&libcufile) {
-            // SAFETY: the driver is not open yet, which is when cuFile accepts parameters.
-            let st = unsafe { set(sys::CUFILE_PARAM_FORCE_COMPAT_MODE, true) };
-            if st.err == sys::CU_FILE_SUCCESS {
-                forced_compat = Some("cuFileSetParameterBool(CUFILE_PARAM_FORCE_COMPAT_MODE)");
-            } else {
-                tracing::warn!(err = st.err, "GDS: cuFileSetParameterBool(FORCE_COMPAT_MODE) failed; using CUFILE_FORCE_COMPAT_MODE");
-            }
-        }
-        if forced_compat.is_none() {
-            // Process-global, set under OPENING before cuFile reads it (as above).
-            std::env::set_var("CUFILE_FORCE_COMPAT_MODE", "true");
-            forced_compat = Some("CUFILE_FORCE_COMPAT_MODE=true");
-        }
-    }
-    // SAFETY: the CUDA driver and a device are present (checked above), which is what
-    // cuFileDriverOpen needs to return instead of spinning.
-    let st = unsafe { (cufile.cuFileDriverOpen)() };
-    if st.err != sys::CU_FILE_SUCCESS {
-        return Err(unavailable(
-            "the cuFile driver",
-            format!(
-                "cuFileDriverOpen failed: cuFile error {} (CUresult {})",
-                st.err, st.cu_err
-            ),
-        ));
-    }
-    let nvidia_fs = std::path::Path::new("/proc/driver/nvidia-fs/stats").exists()
-        || std::path::Path::new("/sys/module/nvidia_fs").exists();
-    Ok(Arc::new(Driver {
-        _cuda: cuda,
-        cufile,
-        nvidia_fs,
-        forced_compat,
-        _libcufile: libcufile,
-    }))
-}
-
-/// Loads and opens cuFile once per process; later calls return the same driver or the same
-/// reason it is unavailable.
-pub(crate) fn driver(params: &GdsParams) -> Result<Arc<Driver>> {
-    let _g = OPENING.lock().unwrap_or_else(|p| p.into_inner());
-    DRIVER
-        .get_or_init(|| open_driver(params))
-        .clone()
-        .map_err(|(what, hint)| Error::Unavailable { what, hint })
+/// Opens (once per process) nixl-mem's cuFile driver with the backend's options.
+fn driver(params: &GdsParams, agent: &str) -> Result<Arc<Driver>> {
+    cufile::open(&Options {
+        log_path: None,
+        force_compat_mode: params.force_compat_mode,
+    })
+    .inspect(|_| crate::posix::bounce::note_cuda_used())
+    .map_err(|e| match e {
+        Error::NotSupported { op, what, .. } => Error::NotSupported {
+            agent: agent.to_owned(),
+            op,
+            what: format!("GDS: {what}"),
+        },
+        other => other,
+    })
 }
 
 /// Whether GDS can be used here, and why not.
 pub fn probe() -> std::result::Result<(), String> {
-    driver(&GdsParams::default())
+    driver(&GdsParams::default(), "-")
         .map(|_| ())
         .map_err(|e| e.to_string())
 }
 
 /// A registered buffer (DRAM or VRAM).
 pub(crate) struct BufMd {
-    drv: Arc<Driver>,
     pub addr: u64,
-    registered: bool,
-    /// The retained primary context of a VRAM buffer's GPU (for fallback transfers).
-    pub ctx: Option<Arc<PrimaryCtx>>,
+    /// The cuFile registration, deregistered on drop (`None`: used unregistered).
+    _registration: Option<BufRegistration>,
+    /// The primary context of a VRAM buffer's GPU (for fallback transfers).
+    pub ctx: Option<Context>,
 }
 
-impl Drop for BufMd {
-    fn drop(&mut self) {
-        if self.registered {
-            // SAFETY: `addr` was registered by cuFileBufRegister and is deregistered once.
-            let st = unsafe { (self.drv.cufile.cuFileBufDeregister)(self.addr as *const c_void) };
-            if st.err != sys::CU_FILE_SUCCESS {
-                tracing::warn!(err = st.err, "GDS: cuFileBufDeregister failed");
-            }
-        }
-    }
-}
-
-/// A registered file: the cuFile handle and the descriptor it was made from, or (fallback)
-/// no handle and why cuFile refused the file.
+/// A registered file: the cuFile handle (which owns a duplicate of the region's descriptor),
+/// or (fallback) the duplicate alone and why cuFile refused the file.
 pub(crate) struct FileMd {
-    drv: Arc<Driver>,
-    pub handle: Option<sys::CUfileHandle_t>,
+    file: GdsFile,
     /// Set in bounce mode: "cuFileHandleRegister failed: cuFile error N (...)".
     pub fallback: Option<String>,
-    pub fd: OwnedFd,
     pub direct: bool,
     pub path: Option<PathBuf>,
 }
 
-// SAFETY: a cuFile handle is an opaque token cuFile allows using from any thread.
-unsafe impl Send for FileMd {}
-// SAFETY: as above; cuFile synchronises internally.
-unsafe impl Sync for FileMd {}
+enum GdsFile {
+    Registered(FileHandle),
+    Bounce(OwnedFd),
+}
 
-impl Drop for FileMd {
-    fn drop(&mut self) {
-        if let Some(h) = self.handle {
-            // SAFETY: the handle was registered once and no request holds this metadata any
-            // more.
-            unsafe { (self.drv.cufile.cuFileHandleDeregister)(h) };
+impl FileMd {
+    /// The cuFile handle, unless the file is in bounce mode.
+    pub fn handle(&self) -> Option<&FileHandle> {
+        match &self.file {
+            GdsFile::Registered(h) => Some(h),
+            GdsFile::Bounce(_) => None,
+        }
+    }
+
+    /// The backend's descriptor of the file.
+    pub fn raw_fd(&self) -> RawFd {
+        match &self.file {
+            GdsFile::Registered(h) => h.fd().as_raw_fd(),
+            GdsFile::Bounce(fd) => fd.as_raw_fd(),
         }
     }
 }
@@ -391,7 +268,7 @@ impl std::fmt::Debug for GdsBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GdsBackend")
             .field("agent", &self.agent)
-            .field("nvidia_fs", &self.drv.nvidia_fs)
+            .field("nvidia_fs", &self.drv.nvidia_fs())
             .finish()
     }
 }
@@ -401,8 +278,8 @@ impl GdsBackend {
     /// libcuda or libcufile.
     pub fn new(params: GdsParams, ctx: BackendContext) -> Result<Self> {
         params.validate(&ctx.agent)?;
-        let drv = driver(&params)?;
-        if params.force_compat_mode != drv.forced_compat.is_some() {
+        let drv = driver(&params, &ctx.agent)?;
+        if params.force_compat_mode != drv.forced_compat().is_some() {
             tracing::warn!(agent = %ctx.agent, requested = params.force_compat_mode, "GDS: force_compat_mode differs from the cuFile driver already opened in this process; the driver's setting stays");
         }
         let engine = PoolEngine::new(params.fallback_engine.clone());
@@ -416,14 +293,14 @@ impl GdsBackend {
     }
 
     fn mode(&self) -> String {
-        let mut m = if self.drv.nvidia_fs && self.drv.forced_compat.is_none() {
+        let mut m = if self.drv.nvidia_fs() && self.drv.forced_compat().is_none() {
             "cuFile (GPUDirect, nvidia-fs)".to_owned()
-        } else if let Some(how) = self.drv.forced_compat {
+        } else if let Some(how) = self.drv.forced_compat() {
             format!("cuFile compatibility mode (forced: {how})")
         } else {
             "cuFile compatibility mode (no nvidia-fs: POSIX I/O through bounce buffers)".to_owned()
         };
-        if self.params.force_compat_mode != self.drv.forced_compat.is_some() {
+        if self.params.force_compat_mode != self.drv.forced_compat().is_some() {
             m.push_str(&format!(
                 " [force_compat_mode={} ignored: the process's cuFile driver was opened before]",
                 self.params.force_compat_mode
@@ -477,7 +354,7 @@ impl GdsBackend {
             segs.push(PlanSeg::new(
                 local,
                 s,
-                f.fd.as_raw_fd(),
+                f.raw_fd(),
                 f.direct,
                 f.path.as_ref(),
             ));
@@ -506,53 +383,35 @@ impl GdsBackend {
         };
         let len = usize::try_from(region.len)
             .map_err(|_| Error::invalid(&self.agent, Op::RegisterMem, "region too large"))?;
-        // SAFETY: the region is memory the agent keeps alive while this registration lives
-        // (MemoryRegion contract); cuFile only records and pins it.
-        let st =
-            unsafe { (self.drv.cufile.cuFileBufRegister)(region.addr as *const c_void, len, 0) };
-        if st.err != sys::CU_FILE_SUCCESS {
-            if region.kind == MemKind::Vram && self.params.fallback == GdsFallback::Bounce {
+        // Crate invariant: the region is memory the agent keeps alive while this registration
+        // lives (MemoryRegion contract); the registration is dropped with this metadata.
+        let registration = match crate::sys::gpu::register_buf(&self.drv, region.addr, len) {
+            Ok(r) => Some(r),
+            Err(e)
+                if region.kind == MemKind::Vram && self.params.fallback == GdsFallback::Bounce =>
+            {
                 // cuFile reads and writes unregistered device memory too (through its own
                 // staging), and fallback transfers never need the registration.
                 tracing::warn!(
                     agent = %self.agent,
-                    err = st.err,
+                    error = %e,
                     "GDS: cuFileBufRegister failed for VRAM; using the buffer unregistered (fallback = bounce)"
                 );
-                return Ok(Arc::new(BufMd {
-                    drv: self.drv.clone(),
-                    addr: region.addr,
-                    registered: false,
-                    ctx,
-                }));
+                None
             }
-            if region.kind == MemKind::Dram {
+            Err(e) if region.kind == MemKind::Dram => {
                 // Host memory works unregistered (cuFile bounces it); registration only speeds it up.
                 tracing::debug!(
-                    err = st.err,
+                    error = %e,
                     "GDS: host buffer not registered with cuFile; using it unregistered"
                 );
-                return Ok(Arc::new(BufMd {
-                    drv: self.drv.clone(),
-                    addr: region.addr,
-                    registered: false,
-                    ctx,
-                }));
+                None
             }
-            return Err(Error::backend(
-                &self.agent,
-                GDS,
-                Op::RegisterMem,
-                format!(
-                    "cuFileBufRegister: cuFile error {} (CUresult {})",
-                    st.err, st.cu_err
-                ),
-            ));
-        }
+            Err(e) => return Err(e.into_error(&self.agent, GDS, Op::RegisterMem)),
+        };
         Ok(Arc::new(BufMd {
-            drv: self.drv.clone(),
             addr: region.addr,
-            registered: true,
+            _registration: registration,
             ctx,
         }))
     }
@@ -565,62 +424,46 @@ impl GdsBackend {
                 "device id is not a file descriptor",
             )
         })?;
-        // SAFETY: F_DUPFD_CLOEXEC only creates a descriptor; an invalid one yields EBADF.
-        let dup = unsafe { libc::fcntl(raw, libc::F_DUPFD_CLOEXEC, 0) };
-        if dup < 0 {
-            return Err(Error::invalid(
+        let fd = crate::sys::fd::dup_cloexec(raw).map_err(|_| {
+            Error::invalid(
                 &self.agent,
                 Op::RegisterMem,
                 format!("device id {raw} is not an open file descriptor"),
-            ));
-        }
-        // SAFETY: `dup` is a new descriptor owned here.
-        let fd = unsafe { OwnedFd::from_raw_fd(dup) };
-        let mut descr = sys::CUfileDescr_t {
-            type_: sys::CU_FILE_HANDLE_TYPE_OPAQUE_FD,
-            handle: sys::CUfileDescrHandle { fd: fd.as_raw_fd() },
-            fs_ops: std::ptr::null(),
-        };
-        let mut handle = std::ptr::null_mut();
-        // SAFETY: both pointers are valid for the call; the descriptor stays open as long as
-        // the handle (both live in FileMd).
-        let st = unsafe { (self.drv.cufile.cuFileHandleRegister)(&mut handle, &mut descr) };
-        // SAFETY: F_GETFL only reads the status flags of a descriptor owned here.
-        let fl = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
-        let direct = fl >= 0 && fl & libc::O_DIRECT != 0;
+            )
+        })?;
+        let direct = crate::sys::fd::is_direct(fd.as_fd());
         let path = (!region.meta.is_empty())
             .then(|| PathBuf::from(String::from_utf8_lossy(&region.meta).into_owned()));
-        let (handle, fallback) = if st.err == sys::CU_FILE_SUCCESS {
-            (Some(handle), None)
-        } else {
-            let why = format!(
-                "cuFileHandleRegister failed: cuFile error {}{}",
-                st.err,
-                sys::error_hint(st.err)
-            );
-            if self.params.fallback == GdsFallback::Refuse {
-                return Err(Error::backend(
-                    &self.agent,
-                    GDS,
-                    Op::RegisterMem,
-                    format!("{why} (fallback = refuse)"),
-                ));
+        let (file, fallback) = match FileHandle::register(&self.drv, fd) {
+            Ok(h) => (GdsFile::Registered(h), None),
+            Err((e, fd)) => {
+                let why = format!(
+                    "cuFileHandleRegister failed: cuFile error {}{}",
+                    e.code,
+                    e.hint()
+                );
+                if self.params.fallback == GdsFallback::Refuse {
+                    return Err(Error::backend(
+                        &self.agent,
+                        GDS,
+                        Op::RegisterMem,
+                        format!("{why} (fallback = refuse)"),
+                    ));
+                }
+                let name = path
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| format!("fd {raw}"));
+                tracing::warn!(agent = %self.agent, file = %name, reason = %why, "GDS: cuFile refused the file; its transfers use the POSIX bounce engine (fallback = bounce)");
+                let mut fb = self.fallbacks.lock().unwrap_or_else(|p| p.into_inner());
+                fb.0 += 1;
+                fb.1.get_or_insert_with(|| why.clone());
+                (GdsFile::Bounce(fd), Some(why))
             }
-            let name = path
-                .as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_else(|| format!("fd {raw}"));
-            tracing::warn!(agent = %self.agent, file = %name, reason = %why, "GDS: cuFile refused the file; its transfers use the POSIX bounce engine (fallback = bounce)");
-            let mut fb = self.fallbacks.lock().unwrap_or_else(|p| p.into_inner());
-            fb.0 += 1;
-            fb.1.get_or_insert_with(|| why.clone());
-            (None, Some(why))
         };
         Ok(Arc::new(FileMd {
-            drv: self.drv.clone(),
-            handle,
+            file,
             fallback,
-            fd,
             direct,
             path,
         }))
@@ -676,13 +519,7 @@ impl Backend for GdsBackend {
             xfer::check_spec(&self.agent, &spec)?;
             return self.prepare_fallback(&spec, &why);
         }
-        xfer::GdsXfer::create(
-            &self.agent,
-            self.drv.clone(),
-            &self.params,
-            spec,
-            self.mode(),
-        )
+        xfer::GdsXfer::create(&self.agent, &self.drv, &self.params, spec, self.mode())
     }
 
     fn path_report(&self, remote: &str) -> Option<String> {

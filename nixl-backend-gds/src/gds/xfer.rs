@@ -1,21 +1,23 @@
 //! GDS transfers: synchronous `cuFileRead`/`cuFileWrite` for short lists, the batch API
 //! (submit, poll with a zero timeout, cancel) for long ones.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nixl_core::backend::{downcast_md, BackendMd, BackendXfer, XferSpec};
 use nixl_core::{Error, MemKind, Op, Result, XferOp, XferState};
+use nixl_mem::cufile::{status, Batch, BatchEvent, BatchIo, Driver};
 
-use super::{sys, BufMd, Driver, FileMd, GdsParams, GDS};
+use super::{BufMd, FileMd, GdsParams, GDS};
+use crate::sys::gpu;
 
-/// One I/O: `len` bytes between `base + buf_off` and `file_off` of `fh`.
-#[derive(Clone, Copy)]
+/// One I/O: `len` bytes between `base + buf_off` and `file_off` of `file`.
+#[derive(Clone)]
 struct Io {
     base: u64,
     buf_off: u64,
-    fh: sys::CUfileHandle_t,
+    /// A file registered with cuFile (checked when the request is created).
+    file: Arc<FileMd>,
     file_off: u64,
     len: u64,
 }
@@ -23,39 +25,24 @@ struct Io {
 /// A prepared GDS request.
 pub(crate) struct GdsXfer {
     agent: String,
-    drv: Arc<Driver>,
     op: XferOp,
     ios: Vec<Io>,
     mode: String,
-    batch: Option<Batch>,
+    batch: Option<BatchState>,
     cancel_timeout: Duration,
     _keep: Vec<BackendMd>,
 }
 
-struct Batch {
-    handle: sys::CUfileBatchHandle_t,
+struct BatchState {
+    batch: Batch,
     cap: usize,
     /// Next io to submit.
     next: usize,
     /// Submitted and not yet reported.
     inflight: usize,
     completed: usize,
-    params: Vec<sys::CUfileIOParams_t>,
-    events: Vec<sys::CUfileIOEvents_t>,
+    events: Vec<BatchEvent>,
     error: Option<Error>,
-}
-
-// SAFETY: the raw cuFile handles are opaque tokens usable from any thread; the buffers they
-// name are kept alive by `_keep` and the agent's registrations.
-unsafe impl Send for GdsXfer {}
-
-fn cufile_err(agent: &str, op: Op, what: &str, st: sys::CUfileError_t) -> Error {
-    Error::backend(
-        agent,
-        GDS,
-        op,
-        format!("{what}: cuFile error {} (CUresult {})", st.err, st.cu_err),
-    )
 }
 
 /// Checks what GDS can move at all: local DRAM/VRAM <-> FILE, no notification.
@@ -93,7 +80,7 @@ impl GdsXfer {
     /// Checks the segments, sets up a batch for long lists, and boxes the request.
     pub fn create(
         agent: &str,
-        drv: Arc<Driver>,
+        drv: &Driver,
         p: &GdsParams,
         spec: XferSpec,
         mode: String,
@@ -109,24 +96,24 @@ impl GdsXfer {
                     format!("segment {i}: local metadata is not GDS's"),
                 )
             })?;
-            let f = downcast_md::<FileMd>(&s.remote_md).ok_or_else(|| {
+            let file = s.remote_md.clone().downcast::<FileMd>().map_err(|_| {
                 Error::invalid(
                     agent,
                     Op::MakeXfer,
                     format!("segment {i}: target is not a GDS file"),
                 )
             })?;
-            let fh = f.handle.ok_or_else(|| {
-                Error::invalid(
+            if file.handle().is_none() {
+                return Err(Error::invalid(
                     agent,
                     Op::MakeXfer,
                     format!("segment {i}: the file has no cuFile handle (fallback mode)"),
-                )
-            })?;
+                ));
+            }
             ios.push(Io {
                 base: b.addr,
                 buf_off: s.local_addr - b.addr,
-                fh,
+                file,
                 file_off: s.remote_addr,
                 len: s.len,
             });
@@ -138,21 +125,14 @@ impl GdsXfer {
         }
         let batch = if ios.len() >= p.batch_threshold.max(1) {
             let cap = ios.len().min(p.max_batch.max(1));
-            let mut handle = std::ptr::null_mut();
-            // SAFETY: the out-pointer is valid; `cap` is within cuFile's batch limit.
-            let st = unsafe { (drv.cufile.cuFileBatchIOSetUp)(&mut handle, cap as u32) };
-            if st.err != sys::CU_FILE_SUCCESS {
-                return Err(cufile_err(agent, Op::MakeXfer, "cuFileBatchIOSetUp", st));
-            }
-            Some(Batch {
-                handle,
+            let batch = Batch::new(drv, cap).map_err(|e| e.into_error(agent, GDS, Op::MakeXfer))?;
+            Some(BatchState {
+                batch,
                 cap,
                 next: 0,
                 inflight: 0,
                 completed: 0,
-                params: Vec::with_capacity(cap),
-                // SAFETY: CUfileIOEvents_t is plain data (a pointer and integers); all-zero is valid.
-                events: vec![unsafe { std::mem::zeroed() }; cap],
+                events: Vec::with_capacity(cap),
                 error: None,
             })
         } else {
@@ -160,7 +140,6 @@ impl GdsXfer {
         };
         Ok(Box::new(GdsXfer {
             agent: agent.to_owned(),
-            drv,
             op: spec.op,
             ios,
             mode,
@@ -179,23 +158,16 @@ impl GdsXfer {
                     (io.file_off + done) as libc::off_t,
                     (io.buf_off + done) as libc::off_t,
                 );
-                let n = match self.op {
-                    // SAFETY: the buffer is a registration kept alive by the request; the file
-                    // handle is registered and held in `_keep`; cuFile writes `len` bytes at most.
-                    XferOp::Read => unsafe {
-                        (self.drv.cufile.cuFileRead)(io.fh, io.base as *mut c_void, len, foff, boff)
-                    },
-                    // SAFETY: as above; cuFileWrite only reads the buffer.
-                    XferOp::Write => unsafe {
-                        (self.drv.cufile.cuFileWrite)(
-                            io.fh,
-                            io.base as *const c_void,
-                            len,
-                            foff,
-                            boff,
-                        )
-                    },
+                let Some(fh) = io.file.handle() else {
+                    return Err(Error::invalid(
+                        &self.agent,
+                        Op::PostXfer,
+                        "the file has no cuFile handle (fallback mode)",
+                    ));
                 };
+                // Crate invariant: the buffer is a registration kept alive by the request; the
+                // file handle is registered and held in `ios` and `_keep`.
+                let n = gpu::file_io(fh, self.op == XferOp::Write, io.base, len, foff, boff);
                 if n < 0 {
                     let why = if n == -1 {
                         std::io::Error::last_os_error().to_string()
@@ -224,88 +196,70 @@ impl GdsXfer {
     }
 
     fn submit_more(&mut self) {
-        let (agent, op, drv) = (self.agent.clone(), self.op, self.drv.clone());
+        let (agent, write) = (self.agent.as_str(), self.op == XferOp::Write);
         let Some(b) = &mut self.batch else { return };
         if b.error.is_some() || b.inflight > 0 || b.next >= self.ios.len() {
             return;
         }
         let end = (b.next + b.cap).min(self.ios.len());
-        b.params.clear();
+        let mut entries = Vec::with_capacity(end - b.next);
         for (k, io) in self.ios[b.next..end].iter().enumerate() {
-            b.params.push(sys::CUfileIOParams_t {
-                mode: sys::CUFILE_BATCH,
-                devPtr_base: io.base as *mut c_void,
-                file_offset: io.file_off as libc::off_t,
-                devPtr_offset: io.buf_off as libc::off_t,
-                size: io.len as usize,
-                fh: io.fh,
-                opcode: if op == XferOp::Read {
-                    sys::CUFILE_READ
-                } else {
-                    sys::CUFILE_WRITE
-                },
-                cookie: (b.next + k) as *mut c_void,
+            let Some(file) = io.file.handle() else {
+                b.error = Some(Error::invalid(
+                    agent,
+                    Op::PostXfer,
+                    "the file has no cuFile handle (fallback mode)",
+                ));
+                return;
+            };
+            entries.push(BatchIo {
+                file,
+                base: io.base,
+                buf_off: io.buf_off as i64,
+                file_off: io.file_off as i64,
+                len: io.len as usize,
+                write,
+                cookie: b.next + k,
             });
         }
-        let n = b.params.len() as u32;
-        // SAFETY: `params` holds `n` entries naming live registrations; the batch handle was
-        // set up for `cap >= n` entries and has none in flight.
-        let st = unsafe { (drv.cufile.cuFileBatchIOSubmit)(b.handle, n, b.params.as_mut_ptr(), 0) };
-        if st.err != sys::CU_FILE_SUCCESS {
-            b.error = Some(cufile_err(&agent, Op::PostXfer, "cuFileBatchIOSubmit", st));
+        // Crate invariant: the entries name registrations the request keeps alive (`ios`,
+        // `_keep`); the batch has none in flight and room for them.
+        if let Err(e) = gpu::submit(&mut b.batch, &entries) {
+            b.error = Some(e.into_error(agent, GDS, Op::PostXfer));
             return;
         }
-        b.inflight = n as usize;
+        b.inflight = entries.len();
         b.next = end;
     }
 
     fn poll(&mut self) {
-        let (agent, drv) = (self.agent.clone(), self.drv.clone());
+        let agent = self.agent.as_str();
         let Some(b) = &mut self.batch else { return };
         if b.inflight == 0 {
             return;
         }
-        let mut nr = b.cap as u32;
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `events` has room for `cap` entries and `nr` says so; a zero timeout polls.
-        let st = unsafe {
-            (drv.cufile.cuFileBatchIOGetStatus)(
-                b.handle,
-                0,
-                &mut nr,
-                b.events.as_mut_ptr(),
-                &mut ts,
-            )
-        };
-        if st.err != sys::CU_FILE_SUCCESS {
-            b.error.get_or_insert_with(|| {
-                cufile_err(&agent, Op::CheckXfer, "cuFileBatchIOGetStatus", st)
-            });
+        if let Err(e) = b.batch.poll(&mut b.events) {
+            b.error
+                .get_or_insert_with(|| e.into_error(agent, GDS, Op::CheckXfer));
             return;
         }
-        for ev in &b.events[..(nr as usize).min(b.cap)] {
+        for ev in &b.events {
             match ev.status {
-                sys::CUFILE_COMPLETE => {
+                status::COMPLETE => {
                     b.inflight = b.inflight.saturating_sub(1);
                     b.completed += 1;
                 }
-                sys::CUFILE_FAILED
-                | sys::CUFILE_CANCELED
-                | sys::CUFILE_INVALID
-                | sys::CUFILE_TIMEOUT => {
+                status::FAILED | status::CANCELED | status::INVALID | status::TIMEOUT => {
                     b.inflight = b.inflight.saturating_sub(1);
-                    let idx = ev.cookie as usize;
+                    let idx = ev.cookie;
                     b.error.get_or_insert_with(|| {
                         Error::backend(
-                            &agent,
+                            agent,
                             GDS,
                             Op::CheckXfer,
                             format!(
                                 "batch entry {idx} ended with status {:#x} (ret {})",
-                                ev.status, ev.ret as isize
+                                ev.status, ev.ret
                             ),
                         )
                     });
@@ -361,7 +315,6 @@ impl BackendXfer for GdsXfer {
     }
 
     fn cancel(&mut self) -> Result<()> {
-        let drv = self.drv.clone();
         let Some(b) = &mut self.batch else {
             return Ok(());
         };
@@ -369,8 +322,9 @@ impl BackendXfer for GdsXfer {
             return Ok(());
         }
         b.next = self.ios.len();
-        // SAFETY: the handle is valid; cancel asks cuFile to stop the entries in flight.
-        let _ = unsafe { (drv.cufile.cuFileBatchIOCancel)(b.handle) };
+        if let Err(e) = b.batch.cancel() {
+            tracing::debug!(agent = %self.agent, error = %e, "GDS: cuFileBatchIOCancel failed; waiting for the entries");
+        }
         let deadline = Instant::now() + self.cancel_timeout;
         loop {
             self.poll();
@@ -406,12 +360,14 @@ impl Drop for GdsXfer {
     fn drop(&mut self) {
         if self.batch.as_ref().is_some_and(|b| b.inflight > 0) && self.cancel().is_err() {
             tracing::error!(agent = %self.agent, "GDS: batch entries still in flight; leaking the batch");
+            // cuFile may still use the buffers and files: keep them registered, and the batch
+            // undestroyed, for the life of the process.
             std::mem::forget(std::mem::take(&mut self._keep));
-            return;
+            std::mem::forget(std::mem::take(&mut self.ios));
+            if let Some(b) = self.batch.take() {
+                std::mem::forget(b.batch);
+            }
         }
-        if let Some(b) = &self.batch {
-            // SAFETY: nothing is in flight on the handle, which is destroyed once.
-            unsafe { (self.drv.cufile.cuFileBatchIODestroy)(b.handle) };
-        }
+        // Otherwise nothing is in flight: the batch is destroyed with the request.
     }
 }

@@ -16,18 +16,33 @@ use std::time::Duration;
 
 use nixl_core::backend::BackendMd;
 use nixl_core::{Error, Op, RegionDesc, Result, XferOp};
+use nixl_mem::{Context, CudaError, CudaHostBuffer, HostMemory, Stream};
 
 use super::pool::{file_io, ChunkError, Pool};
 use super::{Chunk, PosixParams};
-use crate::cuda::{self, CudaError, PinnedBuf, PrimaryCtx, Stream};
+use crate::sys::gpu;
+
+/// Set once this crate used CUDA (a VRAM registration of any POSIX or GDS backend, or the GDS
+/// driver's open): from then on POSIX path reports name the VRAM path.
+static CUDA_USED: AtomicBool = AtomicBool::new(false);
+
+/// Whether this crate used CUDA in this process (see [`note_cuda_used`]).
+pub(crate) fn cuda_used() -> bool {
+    CUDA_USED.load(Ordering::Relaxed)
+}
+
+/// Notes that CUDA was loaded and has a device (for path reports).
+pub(crate) fn note_cuda_used() {
+    CUDA_USED.store(true, Ordering::Relaxed);
+}
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Backend metadata of a registered VRAM region: the retained primary context of its GPU.
+/// Backend metadata of a registered VRAM region: the primary context of its GPU.
 pub(crate) struct VramMd {
-    pub ctx: Arc<PrimaryCtx>,
+    pub ctx: Context,
 }
 
 /// Registers VRAM for bounce transfers: loads CUDA (`Unavailable` without a driver or device),
@@ -37,51 +52,59 @@ pub(crate) fn register_vram(agent: &str, backend: &str, region: &RegionDesc) -> 
     Ok(Arc::new(VramMd { ctx }))
 }
 
-/// The retained primary context of a VRAM region's GPU, after checking the region lies in
+/// The primary context of a VRAM region's GPU (nixl-mem's), after checking the region lies in
 /// one device allocation of that GPU.
-pub(crate) fn vram_context(
-    agent: &str,
-    backend: &str,
-    region: &RegionDesc,
-) -> Result<Arc<PrimaryCtx>> {
-    let cuda = cuda::cuda()?;
-    let ordinal = i32::try_from(region.dev_id)
+pub(crate) fn vram_context(agent: &str, backend: &str, region: &RegionDesc) -> Result<Context> {
+    let count = nixl_mem::cuda_device_count()?;
+    let ordinal = usize::try_from(region.dev_id)
         .ok()
-        .filter(|o| *o < cuda.device_count())
+        .filter(|o| *o < count)
         .ok_or_else(|| {
             Error::invalid(
                 agent,
                 Op::RegisterMem,
                 format!(
-                    "VRAM dev_id {} is not a CUDA device ordinal (0..{})",
-                    region.dev_id,
-                    cuda.device_count()
+                    "VRAM dev_id {} is not a CUDA device ordinal (0..{count})",
+                    region.dev_id
                 ),
             )
         })?;
-    let ctx = cuda
-        .retain_primary(ordinal)
-        .map_err(|e| e.into_error(agent, backend, Op::RegisterMem))?;
-    ctx.check_range(region.addr, region.len)
+    let ctx = Context::primary(ordinal).map_err(|e| match e {
+        Error::Backend {
+            op,
+            message,
+            source,
+            ..
+        } => Error::Backend {
+            agent: agent.to_owned(),
+            backend: backend.to_owned(),
+            op,
+            message,
+            source,
+        },
+        other => other,
+    })?;
+    ctx.check_device_range(region.addr, region.len)
         .map_err(|why| Error::invalid(agent, Op::RegisterMem, format!("VRAM region: {why}")))?;
+    note_cuda_used();
     Ok(ctx)
 }
 
 /// One staging buffer and the streams it copies on (one per GPU it has served).
 struct Slot {
     /// Owns the pinned memory `base` points into.
-    _buf: PinnedBuf,
+    _buf: CudaHostBuffer,
     /// `buf`'s address rounded up to the O_DIRECT alignment.
     base: u64,
     streams: Vec<Stream>,
 }
 
 impl Slot {
-    fn stream_for(&mut self, ctx: &Arc<PrimaryCtx>) -> std::result::Result<&Stream, CudaError> {
+    fn stream_for(&mut self, ctx: &Context) -> std::result::Result<&Stream, CudaError> {
         let i = match self
             .streams
             .iter()
-            .position(|s| s.ctx().ordinal() == ctx.ordinal())
+            .position(|s| s.ordinal() == ctx.ordinal())
         {
             Some(i) => i,
             None => {
@@ -102,7 +125,7 @@ pub(crate) struct Staging {
 
 impl Staging {
     fn new(
-        ctx: &Arc<PrimaryCtx>,
+        ctx: &Context,
         count: usize,
         chunk: u64,
         align: u64,
@@ -111,7 +134,7 @@ impl Staging {
         let len = usize::try_from(chunk + extra).map_err(|_| "bounce_chunk too large")?;
         let mut free = Vec::with_capacity(count);
         for _ in 0..count {
-            let buf = PinnedBuf::new(ctx, len).map_err(|e| e.to_string())?;
+            let buf = CudaHostBuffer::new_in(ctx, len).map_err(|e| e.to_string())?;
             let base = buf.addr().next_multiple_of(align);
             if base + chunk > buf.addr() + buf.len() as u64 {
                 return Err(format!(
@@ -174,7 +197,7 @@ impl Drop for SlotGuard<'_> {
 /// contexts the chunks' [`Chunk::gpu`] indexes name.
 pub(crate) struct VramSide {
     pub staging: Arc<Staging>,
-    pub ctxs: Vec<Arc<PrimaryCtx>>,
+    pub ctxs: Vec<Context>,
 }
 
 /// Runs one VRAM chunk through a staging buffer on the calling pool worker.
@@ -196,21 +219,18 @@ pub(crate) fn run_vram_chunk(
     let host = slot.base;
     ctx.bind().map_err(ChunkError::Cuda)?;
     let stream = slot.stream_for(ctx).map_err(ChunkError::Cuda)?;
+    // Crate invariant: `c.buf..+len` lies in a VRAM registration of this GPU that the request
+    // keeps alive until the chunk finishes (cancel waits for running chunks); the staging
+    // buffer is this worker's alone (the slot it holds) and at least `len` bytes; the plan
+    // keeps `fd` open.
     match op {
         XferOp::Write => {
-            // SAFETY: `c.buf..+len` lies in a VRAM registration of this GPU that the request
-            // keeps alive until the chunk finishes (cancel waits for running chunks); the
-            // staging buffer is this worker's alone and at least `len` bytes; ctx is current.
-            unsafe { stream.copy_dtoh(host as *mut u8, c.buf, len) }.map_err(ChunkError::Cuda)?;
-            // SAFETY: the staging buffer holds `len` bytes and only this worker uses it;
-            // the plan keeps `fd` open.
-            unsafe { file_io(op, c.fd, host, c.off, c.len) }
+            gpu::copy_to_host(stream, host, c.buf, len).map_err(ChunkError::Cuda)?;
+            file_io(op, c.fd, host, c.off, c.len)
         }
         XferOp::Read => {
-            // SAFETY: as above; pread writes only the staging buffer.
-            unsafe { file_io(op, c.fd, host, c.off, c.len) }?;
-            // SAFETY: as for the WRITE copy, with the directions swapped.
-            unsafe { stream.copy_htod(c.buf, host as *const u8, len) }.map_err(ChunkError::Cuda)
+            file_io(op, c.fd, host, c.off, c.len)?;
+            gpu::copy_from_host(stream, c.buf, host, len).map_err(ChunkError::Cuda)
         }
     }
 }
@@ -267,7 +287,7 @@ impl PoolEngine {
     }
 
     /// The staging buffers, allocated on first use (with `ctx` current).
-    pub fn staging(&self, agent: &str, ctx: &Arc<PrimaryCtx>) -> Result<Arc<Staging>> {
+    pub fn staging(&self, agent: &str, ctx: &Context) -> Result<Arc<Staging>> {
         let mut g = lock(&self.staging);
         if let Some(s) = &*g {
             return Ok(s.clone());

@@ -18,6 +18,8 @@
 use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 
+use crate::sys::fd::{fstat, page_size};
+
 /// Chunks are never made smaller than this, whatever the device says.
 const FLOOR: u64 = 128 << 10;
 
@@ -51,22 +53,10 @@ pub(crate) fn direct_limits(fd: RawFd, align: u64, cap: u64) -> Option<DirectLim
     })
 }
 
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(p).ok().filter(|&p| p > 0).unwrap_or(4096)
-}
-
 /// `(max_sectors_kb in bytes, max_segments)` of the block device holding `fd` (the device
 /// itself for a block device, the filesystem's device for a regular file).
 fn device_limits(fd: RawFd) -> Option<(u64, Option<u64>)> {
-    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
-    // SAFETY: fstat writes a `stat` into the pointer it is given, which is valid for writes.
-    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
-        return None;
-    }
-    // SAFETY: fstat succeeded, so the struct is initialised (and it was zeroed before).
-    let st = unsafe { st.assume_init() };
+    let st = fstat(fd).ok()?;
     let dev = if st.st_mode & libc::S_IFMT == libc::S_IFBLK {
         st.st_rdev
     } else {

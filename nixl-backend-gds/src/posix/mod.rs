@@ -23,7 +23,7 @@ pub(crate) mod pool;
 mod uring;
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +34,9 @@ use nixl_core::backend::{
 };
 use nixl_core::{Capabilities, Error, MemKind, Op, QueryResult, RegionDesc, Result, XferOp};
 
-use crate::cuda::PrimaryCtx;
+use nixl_mem::Context;
+
+use crate::sys::fd as sysfd;
 use bounce::{PoolEngine, VramMd, VramSide};
 
 /// The backend's type name.
@@ -258,7 +260,7 @@ pub(crate) enum LocalMem<'a> {
     /// Host memory.
     Dram,
     /// Device memory of the context's GPU.
-    Vram(&'a Arc<PrimaryCtx>),
+    Vram(&'a Context),
 }
 
 /// One segment to plan, described by whichever backend registered it (POSIX, or GDS for its
@@ -365,29 +367,12 @@ impl Plan {
 }
 
 fn fd_size(fd: RawFd) -> std::io::Result<u64> {
-    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
-    // SAFETY: fstat writes a `stat` into the pointer it is given, which is valid for writes.
-    let rc = unsafe { libc::fstat(fd, st.as_mut_ptr()) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fstat succeeded, so it initialised the struct (and it was zeroed before).
-    let st = unsafe { st.assume_init() };
+    let st = sysfd::fstat(fd)?;
     if st.st_mode & libc::S_IFMT == libc::S_IFBLK {
-        let mut size = 0u64;
-        // SAFETY: BLKGETSIZE64 writes one u64 into the pointer, which is valid for writes.
-        let rc = unsafe { libc::ioctl(fd, BLKGETSIZE64, &mut size as *mut u64) };
-        return if rc == 0 {
-            Ok(size)
-        } else {
-            Err(std::io::Error::last_os_error())
-        };
+        return sysfd::block_device_size(fd);
     }
     Ok(u64::try_from(st.st_size).unwrap_or(0))
 }
-
-/// `_IOR(0x12, 114, size_t)`.
-const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 
 /// Plans chunks of a transfer: checks `O_DIRECT` alignment (file offset and length; the buffer
 /// address too for DRAM), splits DRAM segments into `chunk_size` chunks and VRAM segments into
@@ -404,7 +389,7 @@ pub(crate) fn build_plan(
     let mut chunks = Vec::new();
     let mut files: Vec<BackendMd> = Vec::new();
     let mut read_ends: Vec<(RawFd, u64, Option<PathBuf>)> = Vec::new();
-    let mut ctxs: Vec<Arc<PrimaryCtx>> = Vec::new();
+    let mut ctxs: Vec<Context> = Vec::new();
     let mut direct = false;
     let mut max_chunk = 0;
     let mut unregistered_chunk: Option<u64> = None;
@@ -453,7 +438,7 @@ pub(crate) fn build_plan(
                 let idx = match ctxs.iter().position(|c| c.ordinal() == ctx.ordinal()) {
                     Some(k) => k,
                     None => {
-                        ctxs.push(ctx.clone());
+                        ctxs.push((*ctx).clone());
                         ctxs.len() - 1
                     }
                 };
@@ -698,26 +683,16 @@ impl Backend for PosixBackend {
                         format!("device id {} is not a file descriptor", region.dev_id),
                     )
                 })?;
-                // SAFETY: F_DUPFD_CLOEXEC only creates a new descriptor; an invalid `raw`
-                // yields EBADF.
-                let dup = unsafe { libc::fcntl(raw, libc::F_DUPFD_CLOEXEC, 0) };
-                if dup < 0 {
-                    return Err(Error::invalid(
+                let fd = sysfd::dup_cloexec(raw).map_err(|e| {
+                    Error::invalid(
                         &self.agent,
                         Op::RegisterMem,
-                        format!(
-                            "device id {raw} is not an open file descriptor: {}",
-                            std::io::Error::last_os_error()
-                        ),
-                    ));
-                }
-                // SAFETY: `dup` is a new descriptor this process owns and nothing else closes.
-                let fd = unsafe { OwnedFd::from_raw_fd(dup) };
-                // SAFETY: F_GETFL only reads the status flags of a descriptor we own.
-                let fl = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+                        format!("device id {raw} is not an open file descriptor: {e}"),
+                    )
+                })?;
                 let path = (!region.meta.is_empty())
                     .then(|| PathBuf::from(String::from_utf8_lossy(&region.meta).into_owned()));
-                let direct = fl >= 0 && fl & libc::O_DIRECT != 0;
+                let direct = sysfd::is_direct(fd.as_fd());
                 let direct_chunk = direct
                     .then(|| {
                         limits::direct_limits(
@@ -804,9 +779,10 @@ impl Backend for PosixBackend {
                 ),
             };
             // The VRAM path is named once CUDA is loaded (by a VRAM registration).
-            match crate::cuda::loaded() {
-                Some(_) => format!("{dram}; VRAM: {}", self.vram_label()),
-                None => dram,
+            if bounce::cuda_used() {
+                format!("{dram}; VRAM: {}", self.vram_label())
+            } else {
+                dram
             }
         })
     }

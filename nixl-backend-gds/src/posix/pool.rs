@@ -10,9 +10,11 @@ use std::time::Instant;
 use nixl_core::backend::BackendXfer;
 use nixl_core::{Error, Op, Result, XferOp, XferState};
 
+use nixl_mem::CudaError;
+
 use super::bounce::{self, VramSide};
 use super::{Chunk, Plan};
-use crate::cuda::CudaError;
+use crate::sys::io;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -174,18 +176,16 @@ impl ChunkError {
 }
 
 fn run_chunk(op: XferOp, c: Chunk) -> std::result::Result<(), ChunkError> {
-    // SAFETY: the buffer lies in a DRAM registration the request keeps alive until this chunk
-    // is finished (cancel waits for running chunks); `fd` is owned by the plan.
-    unsafe { file_io(op, c.fd, c.buf, c.off, c.len) }
+    // Crate invariant: the buffer lies in a DRAM registration the request keeps alive until
+    // this chunk is finished (cancel waits for running chunks); `fd` is owned by the plan.
+    file_io(op, c.fd, c.buf, c.off, c.len)
 }
 
 /// `pread`s or `pwrite`s `len` bytes between host memory at `buf` and offset `off` of `fd`,
-/// retrying short transfers and `EINTR`.
-///
-/// # Safety
-/// `buf..buf+len` is host memory that stays alive, and is not otherwise accessed, until this
-/// returns (READ writes it); `fd` stays open.
-pub(crate) unsafe fn file_io(
+/// retrying short transfers and `EINTR`. Crate invariant (`crate::sys`): `buf..buf+len` is host
+/// memory that stays alive, and is not otherwise accessed, until this returns (READ writes
+/// it); `fd` stays open.
+pub(crate) fn file_io(
     op: XferOp,
     fd: std::os::fd::RawFd,
     buf: u64,
@@ -201,15 +201,13 @@ pub(crate) unsafe fn file_io(
     };
     let mut done = 0u64;
     while done < c.len {
-        let buf = (c.buf + done) as *mut libc::c_void;
+        let buf = c.buf + done;
         let len = (c.len - done) as usize;
         let off = libc::off_t::try_from(c.off + done)
             .map_err(|_| ChunkError::Os(std::io::Error::from_raw_os_error(libc::EOVERFLOW)))?;
         let n = match op {
-            // SAFETY: the caller guarantees the buffer and the descriptor.
-            XferOp::Read => unsafe { libc::pread(c.fd, buf, len, off) },
-            // SAFETY: as above; pwrite only reads the buffer.
-            XferOp::Write => unsafe { libc::pwrite(c.fd, buf, len, off) },
+            XferOp::Read => io::pread(c.fd, buf, len, off),
+            XferOp::Write => io::pwrite(c.fd, buf, len, off),
         };
         if n < 0 {
             let e = std::io::Error::last_os_error();

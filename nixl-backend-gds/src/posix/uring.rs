@@ -9,7 +9,6 @@
 //! cannot be pinned (`RLIMIT_MEMLOCK`), the request uses plain `READ`/`WRITE` and its path
 //! says so.
 
-use std::mem::ManuallyDrop;
 use std::time::{Duration, Instant};
 
 use io_uring::{opcode, types, IoUring, Probe};
@@ -17,6 +16,7 @@ use nixl_core::backend::BackendXfer;
 use nixl_core::{Error, Op, Result, XferOp, XferState};
 
 use super::Plan;
+use crate::sys::uring as sys;
 
 /// Checks that this process may create an io_uring that reads and writes files.
 pub(crate) fn probe() -> std::result::Result<(), String> {
@@ -66,17 +66,9 @@ fn register_fixed(ring: &IoUring, chunks: &[super::Chunk]) -> std::io::Result<Ve
             merged.len()
         )));
     }
-    let iovecs: Vec<libc::iovec> = merged
-        .iter()
-        .map(|&(s, e)| libc::iovec {
-            iov_base: s as *mut libc::c_void,
-            iov_len: (e - s) as usize,
-        })
-        .collect();
-    // SAFETY: each iovec spans memory inside the DRAM registrations of the request's chunks;
-    // the kernel pins those pages until the ring is dropped, so no I/O ever touches unpinned
-    // memory, and the request keeps the registrations alive as long as the ring.
-    unsafe { ring.submitter().register_buffers(&iovecs)? };
+    // Crate invariant: each span lies in the DRAM registrations of the request's chunks, which
+    // the request keeps alive as long as the ring.
+    sys::register_buffers(ring, &merged)?;
     Ok(chunks
         .iter()
         .map(|c| {
@@ -90,7 +82,7 @@ fn register_fixed(ring: &IoUring, chunks: &[super::Chunk]) -> std::io::Result<Ve
 /// A request driven by its own ring.
 pub(crate) struct UringXfer {
     plan: Plan,
-    ring: ManuallyDrop<IoUring>,
+    ring: sys::Ring,
     /// Each chunk's fixed-buffer index, or why the buffers could not be registered.
     fixed: std::result::Result<Vec<u16>, String>,
     depth: usize,
@@ -130,7 +122,7 @@ impl UringXfer {
             fixed,
             done: vec![0; plan.chunks.len()],
             plan,
-            ring: ManuallyDrop::new(ring),
+            ring: sys::Ring::new(ring),
             depth,
             next: 0,
             inflight: 0,
@@ -164,10 +156,10 @@ impl UringXfer {
 
     fn push(&mut self, idx: usize) -> bool {
         let e = self.entry(idx);
-        // SAFETY: the entry names a buffer inside a DRAM registration and a descriptor owned by
-        // the plan; the request holds both until its chunks complete (cancel and drop drain
-        // them, or leak the ring and the agent leaks the memory).
-        unsafe { self.ring.submission().push(&e).is_ok() }
+        // Crate invariant: the entry names a buffer inside a DRAM registration and a descriptor
+        // owned by the plan; the request holds both until its chunks complete (cancel and drop
+        // drain them, or leak the ring and the agent leaks the memory).
+        sys::push(&mut self.ring, &e)
     }
 
     /// Queues chunks up to the depth and submits them.
@@ -360,9 +352,8 @@ impl Drop for UringXfer {
     fn drop(&mut self) {
         if self.inflight > 0 && !self.drain(self.plan.cancel_timeout) {
             tracing::error!(agent = %self.plan.agent, inflight = self.inflight, "POSIX: chunks still in the kernel; leaking the ring");
-            return;
+            self.ring.leak();
         }
-        // SAFETY: no chunk is in flight, and the ring is dropped exactly once, here.
-        unsafe { ManuallyDrop::drop(&mut self.ring) };
+        // Otherwise no chunk is in flight and the ring closes with the request.
     }
 }

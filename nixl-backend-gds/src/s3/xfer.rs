@@ -130,12 +130,9 @@ fn gather(pieces: &[(u64, u64)], offset: u64, len: u64) -> Vec<u8> {
         }
         let from = offset.max(start);
         let to = (offset + len).min(end);
-        // SAFETY: the piece lies in a DRAM registration the request keeps alive, and the
-        // task reading it is aborted and awaited before the request lets go of it.
-        let src = unsafe {
-            std::slice::from_raw_parts((addr + (from - start)) as *const u8, (to - from) as usize)
-        };
-        out.extend_from_slice(src);
+        // Crate invariant: the piece lies in a DRAM registration the request keeps alive, and
+        // the task reading it is aborted and awaited before the request lets go of it.
+        crate::sys::io::append_from(addr + (from - start), (to - from) as usize, &mut out);
     }
     out
 }
@@ -164,10 +161,10 @@ async fn run_task(t: &Task, plan: &Plan, store: &AmazonS3, endpoint: &str) -> Re
                     ),
                 ));
             }
-            // SAFETY: `dst..dst+len` lies in a DRAM registration the request keeps alive; the
-            // task is aborted and awaited before the request lets go of it, and this copy runs
-            // between await points so it is never torn by an abort.
-            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), *dst as *mut u8, bytes.len()) };
+            // Crate invariant: `dst..dst+len` lies in a DRAM registration the request keeps
+            // alive; the task is aborted and awaited before the request lets go of it, and this
+            // copy runs between await points so it is never torn by an abort.
+            crate::sys::io::copy_to(*dst, &bytes);
             Ok(())
         }
         Task::Put {

@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
     let before = a.remotes();
     match a.load_remote_metadata(data) {
         Ok(name) => {
-            let _ = a.invalidate_remote(&name);
+            let _ = a.invalidate_remote_metadata(&name);
         }
         Err(_) => assert_eq!(a.remotes(), before),
     }

@@ -1,7 +1,8 @@
 //! A throw-away single-node etcd for tests, examples and users' CI: the real `etcd` binary
-//! on 127.0.0.1 with free ports and a temporary data directory, killed on drop.
+//! on 127.0.0.1 (or another local address) with free ports and a temporary data directory,
+//! killed on drop.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,8 +41,8 @@ pub struct LocalEtcd {
     peer: SocketAddr,
 }
 
-fn free_port() -> std::io::Result<SocketAddr> {
-    TcpListener::bind("127.0.0.1:0")?.local_addr()
+fn free_port(ip: IpAddr) -> std::io::Result<SocketAddr> {
+    TcpListener::bind((ip, 0))?.local_addr()
 }
 
 fn err(what: &str, e: std::io::Error) -> Error {
@@ -60,9 +61,8 @@ fn healthy(addr: SocketAddr) -> bool {
     };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
     let _ = s.set_write_timeout(Some(Duration::from_millis(500)));
-    if s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .is_err()
-    {
+    let req = format!("GET /health HTTP/1.0\r\nHost: {}\r\n\r\n", addr.ip());
+    if s.write_all(req.as_bytes()).is_err() {
         return false;
     }
     let mut body = String::new();
@@ -71,9 +71,17 @@ fn healthy(addr: SocketAddr) -> bool {
 }
 
 impl LocalEtcd {
-    /// Starts a server (binary from [`ENV_ETCD_BIN`] or `etcd` on `PATH`) and waits until it
-    /// is healthy. [`Error::Unavailable`] when there is no etcd binary.
+    /// Starts a server on 127.0.0.1 (binary from [`ENV_ETCD_BIN`] or `etcd` on `PATH`) and
+    /// waits until it is healthy. [`Error::Unavailable`] when there is no etcd binary.
     pub fn start() -> Result<Self> {
+        Self::start_on(IpAddr::V4(Ipv4Addr::LOCALHOST))
+    }
+
+    /// Like [`LocalEtcd::start`], with the client and peer ports on `ip`, an address of this
+    /// machine (e.g. a host's address in a [`testing::netns`](crate::testing::netns) net, so
+    /// agents on other hosts reach it over the link). An address this machine does not have
+    /// is an [`Error::Io`] (`AddrNotAvailable`), and nothing is started.
+    pub fn start_on(ip: IpAddr) -> Result<Self> {
         static N: AtomicU64 = AtomicU64::new(0);
         let bin = std::env::var(ENV_ETCD_BIN).unwrap_or_else(|_| "etcd".to_owned());
         let dir = std::env::temp_dir().join(format!(
@@ -89,8 +97,8 @@ impl LocalEtcd {
                 child: None,
                 bin: bin.clone(),
                 dir: dir.clone(),
-                client: free_port().map_err(|e| err("picking a port", e))?,
-                peer: free_port().map_err(|e| err("picking a port", e))?,
+                client: free_port(ip).map_err(|e| err("picking a port", e))?,
+                peer: free_port(ip).map_err(|e| err("picking a port", e))?,
             };
             match me.spawn() {
                 Ok(()) => return Ok(me),
@@ -165,7 +173,7 @@ impl LocalEtcd {
         })
     }
 
-    /// The client URL, `http://127.0.0.1:PORT`.
+    /// The client URL, `http://IP:PORT`.
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.client)
     }

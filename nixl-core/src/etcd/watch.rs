@@ -12,7 +12,6 @@ use super::config::KeyLayout;
 use super::pb;
 use super::rpc::Rpc;
 use crate::agent::{lock, Agent, Shared};
-use crate::codec::AgentMetadata;
 
 /// A peer loaded through etcd: the incarnation loaded and the labels it came from.
 #[derive(Debug)]

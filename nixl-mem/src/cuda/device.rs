@@ -1,13 +1,14 @@
 //! CUDA device memory: [`DeviceBuffer`], owned `cuMemAlloc` allocations.
 
 use std::fmt;
-use std::sync::Arc;
 
-use cudarc::driver::CudaContext;
 use nixl_core::{Error, MemoryRegion, Op, RegionDesc, Result};
 
 use super::ipc::{DmaBuf, IpcHandle};
-use super::{bind, context, cu, sys};
+use super::{bind, context, cu, to_error};
+use crate::sys::driver::ctx_synchronize;
+use crate::sys::memory::DeviceAlloc;
+use crate::sys::stream::Stream;
 
 /// A zero-initialised allocation in one GPU's memory (`cuMemAlloc`), freed on drop.
 ///
@@ -25,8 +26,7 @@ use super::{bind, context, cu, sys};
 /// # Ok(()) }
 /// ```
 pub struct DeviceBuffer {
-    ctx: Arc<CudaContext>,
-    ptr: sys::CUdeviceptr,
+    mem: DeviceAlloc,
     len: usize,
     ordinal: usize,
 }
@@ -51,17 +51,8 @@ impl DeviceBuffer {
             ));
         }
         let ctx = context(ordinal)?;
-        let mut ptr: sys::CUdeviceptr = 0;
-        // SAFETY: the context is current; `ptr` is a valid out pointer.
-        cu(Op::RegisterMem, "cuMemAlloc", unsafe {
-            sys::cuMemAlloc_v2(&mut ptr, len)
-        })?;
-        Ok(DeviceBuffer {
-            ctx,
-            ptr,
-            len,
-            ordinal,
-        })
+        let mem = DeviceAlloc::new(ctx, len).map_err(|e| to_error("-", Op::RegisterMem, e))?;
+        Ok(DeviceBuffer { mem, len, ordinal })
     }
 
     /// The GPU ordinal.
@@ -81,12 +72,12 @@ impl DeviceBuffer {
 
     /// The device pointer.
     pub fn addr(&self) -> u64 {
-        self.ptr
+        self.mem.ptr()
     }
 
-    fn range(&self, offset: usize, n: usize) -> Result<u64> {
+    fn check_range(&self, offset: usize, n: usize) -> Result<()> {
         match offset.checked_add(n) {
-            Some(end) if end <= self.len => Ok(self.ptr + offset as u64),
+            Some(end) if end <= self.len => Ok(()),
             _ => Err(Error::invalid(
                 "-",
                 Op::PostXfer,
@@ -100,40 +91,29 @@ impl DeviceBuffer {
 
     /// Sets every byte to `byte` and waits for it.
     pub fn fill(&self, byte: u8) -> Result<()> {
-        bind(&self.ctx)?;
-        // SAFETY: the whole allocation belongs to self; the synchronous memset completes
-        // before returning.
-        cu(Op::PostXfer, "cuMemsetD8", unsafe {
-            sys::cuMemsetD8_v2(self.ptr, byte, self.len)
-        })?;
+        bind(self.mem.context())?;
+        cu(Op::PostXfer, self.mem.memset(byte))?;
         self.synchronize()
     }
 
     /// Copies `src` to the buffer at `offset` (synchronous host-to-device copy).
     pub fn copy_from_host(&self, offset: usize, src: &[u8]) -> Result<()> {
-        let dst = self.range(offset, src.len())?;
+        self.check_range(offset, src.len())?;
         if src.is_empty() {
             return Ok(());
         }
-        bind(&self.ctx)?;
-        // SAFETY: `dst..dst+len` lies in the allocation; `src` is a live slice; the copy is
-        // synchronous with respect to the host buffer.
-        cu(Op::PostXfer, "cuMemcpyHtoD", unsafe {
-            sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len())
-        })
+        bind(self.mem.context())?;
+        cu(Op::PostXfer, self.mem.write(offset, src))
     }
 
     /// Copies bytes at `offset` into `dst` (synchronous device-to-host copy).
     pub fn copy_to_host(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        let src = self.range(offset, dst.len())?;
+        self.check_range(offset, dst.len())?;
         if dst.is_empty() {
             return Ok(());
         }
-        bind(&self.ctx)?;
-        // SAFETY: `src..src+len` lies in the allocation; `dst` is a live exclusive slice.
-        cu(Op::PostXfer, "cuMemcpyDtoH", unsafe {
-            sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len())
-        })
+        bind(self.mem.context())?;
+        cu(Op::PostXfer, self.mem.read(offset, dst))
     }
 
     /// Copies `len` bytes from `src` at `src_offset` to this buffer at `offset` (device to
@@ -145,18 +125,27 @@ impl DeviceBuffer {
         src_offset: usize,
         len: usize,
     ) -> Result<()> {
-        let d = self.range(offset, len)?;
-        let s = src.range(src_offset, len)?;
+        self.check_range(offset, len)?;
+        src.check_range(src_offset, len)?;
         if len == 0 {
             return Ok(());
         }
-        bind(&self.ctx)?;
-        // SAFETY: both ranges lie in live allocations (checked above); unified addressing lets
-        // the driver resolve either device.
-        cu(Op::PostXfer, "cuMemcpyDtoD", unsafe {
-            sys::cuMemcpyDtoD_v2(d, s, len)
-        })?;
+        bind(self.mem.context())?;
+        cu(
+            Op::PostXfer,
+            self.mem.copy_from(offset, &src.mem, src_offset, len),
+        )?;
         self.synchronize()
+    }
+
+    /// Enqueues a copy of `host` to the start of the buffer on `stream`; the caller keeps
+    /// `host` alive until the stream has run it.
+    pub(crate) fn upload_async(
+        &self,
+        host: &[u8],
+        stream: &Stream,
+    ) -> std::result::Result<(), super::CudaError> {
+        self.mem.upload_async(host, stream)
     }
 
     /// Copies the whole buffer to a vector.
@@ -168,37 +157,19 @@ impl DeviceBuffer {
 
     /// Waits for all work of the buffer's context.
     pub fn synchronize(&self) -> Result<()> {
-        bind(&self.ctx)?;
-        // SAFETY: the context is current.
-        cu(Op::Wait, "cuCtxSynchronize", unsafe {
-            sys::cuCtxSynchronize()
-        })
+        bind(self.mem.context())?;
+        cu(Op::Wait, ctx_synchronize())
     }
 
     /// Exports the allocation for another process (`cuIpcGetMemHandle`).
     pub fn ipc_handle(&self) -> Result<IpcHandle> {
-        IpcHandle::export(self.ordinal, self.ptr, self.len as u64)
+        IpcHandle::export(self.ordinal, self.addr(), self.len as u64)
     }
 
     /// Exports the allocation as a dma-buf file descriptor (for NIC registration), where the
     /// driver supports it (`cuMemGetHandleForAddressRange`).
     pub fn dmabuf(&self) -> Result<DmaBuf> {
-        DmaBuf::export_cuda(self.ordinal, self.ptr, self.len as u64)
-    }
-}
-
-impl Drop for DeviceBuffer {
-    fn drop(&mut self) {
-        if let Err(e) = bind(&self.ctx) {
-            tracing::warn!(error = %e, "binding the context to free device memory failed");
-        }
-        // SAFETY: allocated by `new`, freed once. Registrations hold an `Arc` of the buffer, so
-        // no transfer can still use it; cuMemFree waits for outstanding work on it.
-        if let Err(e) = cu(Op::DeregisterMem, "cuMemFree", unsafe {
-            sys::cuMemFree_v2(self.ptr)
-        }) {
-            tracing::warn!(error = %e, "freeing device memory failed");
-        }
+        DmaBuf::export_cuda(self.ordinal, self.addr(), self.len as u64)
     }
 }
 
@@ -206,7 +177,7 @@ impl fmt::Debug for DeviceBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeviceBuffer")
             .field("ordinal", &self.ordinal)
-            .field("addr", &format_args!("{:#x}", self.ptr))
+            .field("addr", &format_args!("{:#x}", self.addr()))
             .field("len", &self.len)
             .finish()
     }
@@ -216,7 +187,7 @@ impl fmt::Debug for DeviceBuffer {
 // never changes; the device pointer is valid for any device or peer mapping it.
 unsafe impl MemoryRegion for DeviceBuffer {
     fn desc(&self) -> RegionDesc {
-        RegionDesc::vram(self.ptr, self.len as u64, self.ordinal as u64)
+        RegionDesc::vram(self.addr(), self.len as u64, self.ordinal as u64)
     }
 }
 

@@ -2,13 +2,14 @@
 //! by another process ([`IpcMapping`], closed on drop), and dma-buf export ([`DmaBuf`]).
 
 use std::fmt;
-use std::os::fd::{FromRawFd, OwnedFd};
-use std::sync::Arc;
+use std::os::fd::OwnedFd;
 
-use cudarc::driver::CudaContext;
 use nixl_core::{DecodeError, Error, MemoryRegion, Op, RegionDesc, Result};
 
-use super::{address_range, bind, context, cu, sys};
+use super::{address_range, context, cu};
+use crate::sys::cu as sys;
+use crate::sys::driver::{device_attribute, has_symbol};
+use crate::sys::ipc::{self as raw, IpcOpen};
 use crate::wire::{Reader, Writer};
 
 const MAGIC: &[u8; 4] = b"NXCI";
@@ -76,27 +77,7 @@ impl IpcHandle {
                 format!("{addr:#x}+{len} is not inside one CUDA allocation"),
             ));
         }
-        let one: u32 = 1;
-        // SAFETY: the attribute value is a 4-byte flag; `alloc_base` is a live allocation.
-        let r = unsafe {
-            sys::cuPointerSetAttribute(
-                (&one as *const u32).cast(),
-                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
-                alloc_base,
-            )
-        };
-        cu(Op::RegisterMem, "cuPointerSetAttribute(SYNC_MEMOPS)", r)?;
-        let mut h = std::mem::MaybeUninit::<sys::CUipcMemHandle>::zeroed();
-        // SAFETY: `h` is a valid out pointer for the 64-byte handle; the allocation is live.
-        cu(Op::RegisterMem, "cuIpcGetMemHandle", unsafe {
-            sys::cuIpcGetMemHandle(h.as_mut_ptr(), alloc_base)
-        })?;
-        // SAFETY: written by the driver above (and zero-initialised before).
-        let h = unsafe { h.assume_init() };
-        let mut handle = [0u8; 64];
-        for (d, s) in handle.iter_mut().zip(h.reserved.iter()) {
-            *d = *s as u8;
-        }
+        let handle = cu(Op::RegisterMem, raw::export(alloc_base))?;
         Ok(IpcHandle {
             handle,
             ordinal: ordinal as u64,
@@ -153,11 +134,10 @@ impl IpcHandle {
 /// drop (`cuIpcCloseMemHandle`). As a [`MemoryRegion`] it is the exported range, as VRAM of the
 /// GPU it was opened on.
 pub struct IpcMapping {
-    ctx: Arc<CudaContext>,
+    mem: IpcOpen,
     ordinal: usize,
     /// The GPU whose memory it is, in this process's numbering, where the driver says.
     resident: Option<usize>,
-    base: u64,
     handle: IpcHandle,
 }
 
@@ -167,24 +147,17 @@ impl IpcMapping {
     /// (CUDA refuses that), when the exporter freed it, or without CUDA.
     pub fn open(ordinal: usize, handle: &IpcHandle) -> Result<Self> {
         let ctx = context(ordinal)?;
-        let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
-        for (d, s) in h.reserved.iter_mut().zip(handle.handle.iter()) {
-            *d = *s as _;
-        }
-        let mut base: sys::CUdeviceptr = 0;
-        let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
-        // SAFETY: the context is current; `base` is a valid out pointer; the handle is plain
-        // bytes the driver validates.
-        cu(Op::LoadMetadata, "cuIpcOpenMemHandle", unsafe {
-            sys::cuIpcOpenMemHandle_v2(&mut base, h, flags)
-        })?;
+        let mem = cu(
+            Op::LoadMetadata,
+            IpcOpen::open(ctx, &handle.handle, handle.alloc_size),
+        )?;
+        let base = mem.base();
         Ok(IpcMapping {
-            ctx,
+            mem,
             ordinal,
             // With one visible GPU, device memory can only be on it.
             resident: super::pointer_device(base)
                 .or_else(|| (super::device_count().ok() == Some(1)).then_some(0)),
-            base,
             handle: handle.clone(),
         })
     }
@@ -192,12 +165,12 @@ impl IpcMapping {
     /// Where the exporter's address `remote` is mapped here, if it lies in the allocation.
     pub fn translate(&self, remote: u64, len: u64) -> Option<u64> {
         let off = remote.checked_sub(self.handle.alloc_base)?;
-        (off.checked_add(len)? <= self.handle.alloc_size).then(|| self.base + off)
+        (off.checked_add(len)? <= self.handle.alloc_size).then(|| self.mem.base() + off)
     }
 
     /// The mapped address of the exported range.
     pub fn addr(&self) -> u64 {
-        self.base + (self.handle.addr - self.handle.alloc_base)
+        self.mem.base() + self.offset()
     }
 
     /// The handle it was opened from.
@@ -216,9 +189,14 @@ impl IpcMapping {
         self.resident
     }
 
+    /// Where the exported range starts inside the allocation.
+    fn offset(&self) -> u64 {
+        self.handle.addr - self.handle.alloc_base
+    }
+
     fn range(&self, offset: usize, n: usize) -> Result<u64> {
         match (offset as u64).checked_add(n as u64) {
-            Some(end) if end <= self.handle.len => Ok(self.addr() + offset as u64),
+            Some(end) if end <= self.handle.len => Ok(self.offset() + offset as u64),
             _ => Err(Error::invalid(
                 "-",
                 Op::PostXfer,
@@ -232,37 +210,14 @@ impl IpcMapping {
 
     /// Copies `src` into the mapped range at `offset` (synchronous).
     pub fn copy_from_host(&self, offset: usize, src: &[u8]) -> Result<()> {
-        let dst = self.range(offset, src.len())?;
-        bind(&self.ctx)?;
-        // SAFETY: the range lies in the live mapping; `src` is a live slice.
-        cu(Op::PostXfer, "cuMemcpyHtoD", unsafe {
-            sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len())
-        })
+        let at = self.range(offset, src.len())?;
+        cu(Op::PostXfer, self.mem.write(at, src))
     }
 
     /// Copies the mapped range at `offset` into `dst` (synchronous).
     pub fn copy_to_host(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
-        let src = self.range(offset, dst.len())?;
-        bind(&self.ctx)?;
-        // SAFETY: the range lies in the live mapping; `dst` is a live exclusive slice.
-        cu(Op::PostXfer, "cuMemcpyDtoH", unsafe {
-            sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len())
-        })
-    }
-}
-
-impl Drop for IpcMapping {
-    fn drop(&mut self) {
-        if let Err(e) = bind(&self.ctx) {
-            tracing::warn!(error = %e, "binding the context to close an IPC mapping failed");
-        }
-        // SAFETY: opened by `open`, closed once; the owner (a registration or loaded remote
-        // region) is dropped only after every request using it is gone.
-        if let Err(e) = cu(Op::Invalidate, "cuIpcCloseMemHandle", unsafe {
-            sys::cuIpcCloseMemHandle(self.base)
-        }) {
-            tracing::warn!(error = %e, "closing a CUDA IPC mapping failed");
-        }
+        let at = self.range(offset, dst.len())?;
+        cu(Op::PostXfer, self.mem.read(at, dst))
     }
 }
 
@@ -301,24 +256,14 @@ impl DmaBuf {
     /// when the device or driver offers no dma-buf (`CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED`
     /// is 0, or the open kernel module is not in use).
     pub(crate) fn export_cuda(ordinal: usize, addr: u64, len: u64) -> Result<Self> {
-        let ctx = context(ordinal)?;
-        // SAFETY: `culib` is loaded (context() checked the driver); looking a symbol up calls
-        // nothing.
-        let has =
-            unsafe { sys::culib().get::<*const ()>(b"cuMemGetHandleForAddressRange") }.is_ok();
-        let mut supported = 0i32;
-        // SAFETY: valid out pointer; the device handle comes from the live context.
-        let r = unsafe {
-            sys::cuDeviceGetAttribute(
-                &mut supported,
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED,
-                ctx.cu_device(),
-            )
-        };
-        cu(
+        let _ctx = context(ordinal)?;
+        let has = has_symbol("cuMemGetHandleForAddressRange");
+        let supported = cu(
             Op::RegisterMem,
-            "cuDeviceGetAttribute(DMA_BUF_SUPPORTED)",
-            r,
+            device_attribute(
+                ordinal,
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED,
+            ),
         )?;
         if !has || supported == 0 {
             return Err(Error::not_supported("-", Op::RegisterMem, format!("GPU {ordinal} offers no dma-buf export (needs the open kernel module and CUDA >= 11.7)")));
@@ -336,32 +281,18 @@ impl DmaBuf {
                 "dma-buf range overflows",
             ));
         };
-        let mut fd: i32 = -1;
-        // SAFETY: `fd` is a valid out pointer for the int handle; the range is page-aligned.
-        let r = unsafe {
-            sys::cuMemGetHandleForAddressRange(
-                (&mut fd as *mut i32).cast(),
-                start,
-                (end - start) as usize,
-                sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
-                0,
-            )
-        };
-        cu(
+        let fd: OwnedFd = cu(
             Op::RegisterMem,
-            "cuMemGetHandleForAddressRange(DMA_BUF_FD)",
-            r,
-        )?;
-        if fd < 0 {
-            return Err(Error::backend(
+            raw::dmabuf_fd(start, (end - start) as usize),
+        )?
+        .ok_or_else(|| {
+            Error::backend(
                 "-",
                 super::CUDA,
                 Op::RegisterMem,
                 "driver returned no dma-buf fd",
-            ));
-        }
-        // SAFETY: the driver returned a fresh fd that nothing else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+            )
+        })?;
         Ok(DmaBuf {
             fd,
             offset: addr - start,

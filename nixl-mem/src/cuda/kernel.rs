@@ -26,8 +26,11 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
 
-use super::stream::Stream;
-use super::{bind, check, sys, CudaError};
+use super::{bind, CudaError};
+use crate::sys::cu as sys;
+use crate::sys::driver::device_attribute;
+use crate::sys::module::KernelModule;
+use crate::sys::stream::Stream;
 
 /// Bytes per descriptor in the device array.
 pub(crate) const DESC_BYTES: usize = 24;
@@ -659,19 +662,11 @@ pub(crate) fn descriptor_bytes(descs: &[Segment]) -> Vec<u8> {
 
 /// The loaded module (unloaded on drop) and its kernel, for one context.
 pub(crate) struct CopyKernel {
-    ctx: Arc<CudaContext>,
-    module: sys::CUmodule,
-    func: sys::CUfunction,
+    module: KernelModule,
     shape: KernelShape,
     /// CTAs of the shape resident on the whole GPU at once.
     resident: u32,
 }
-
-// SAFETY: module and function handles are context-wide and may be used from any thread that has
-// the context current; every method binds it first, and cuLaunchKernel is thread-safe.
-unsafe impl Send for CopyKernel {}
-// SAFETY: as above; the handles are never mutated after `load`.
-unsafe impl Sync for CopyKernel {}
 
 impl CopyKernel {
     /// JIT-compiles the PTX of `shape` (already validated) for GPU `ordinal` in `ctx`. The
@@ -680,53 +675,18 @@ impl CopyKernel {
         shape.validate()?;
         bind(&ctx).map_err(|e| e.to_string())?;
         let text = ptx(&shape);
-        let mut log = vec![0u8; 8192];
-        let mut opts = [
-            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
-            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
-        ];
-        let mut vals: [*mut std::ffi::c_void; 2] = [log.as_mut_ptr().cast(), log.len() as _];
-        let mut module: sys::CUmodule = std::ptr::null_mut();
-        // SAFETY: the context is current; `text` is NUL-terminated and lives across the call;
-        // the two options point at a live buffer of the stated size (the size option is passed
-        // by value in the pointer, as the driver API specifies); `module` is a valid out
-        // pointer.
-        let r = unsafe {
-            sys::cuModuleLoadDataEx(
-                &mut module,
-                text.as_ptr().cast(),
-                opts.len() as u32,
-                opts.as_mut_ptr(),
-                vals.as_mut_ptr(),
-            )
-        };
-        if let Err(e) = check("cuModuleLoadDataEx", r) {
-            let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
-            let log = String::from_utf8_lossy(&log[..end]);
-            return Err(format!("{e}: {}", log.trim()));
-        }
-        let unload = |module| {
-            // SAFETY: loaded just above, unloaded once on this error path.
-            let _ = unsafe { sys::cuModuleUnload(module) };
-        };
-        let mut func: sys::CUfunction = std::ptr::null_mut();
-        // SAFETY: the module is live; NAME is NUL-terminated; `func` is a valid out pointer.
-        let r = unsafe { sys::cuModuleGetFunction(&mut func, module, NAME.as_ptr()) };
-        if let Err(e) = check("cuModuleGetFunction", r) {
-            unload(module);
-            return Err(e.to_string());
-        }
-        let resident = match occupancy(func, ordinal, &shape) {
-            Ok(c) => c,
-            Err(e) => {
-                unload(module);
-                return Err(e.to_string());
+        let text = CStr::from_bytes_with_nul(text.as_bytes())
+            .map_err(|_| "the PTX is not one NUL-terminated string".to_owned())?;
+        let module = KernelModule::load(ctx, text, NAME).map_err(|(e, log)| {
+            if e.call == "cuModuleLoadDataEx" {
+                format!("{e}: {log}")
+            } else {
+                e.to_string()
             }
-        };
+        })?;
+        let resident = occupancy(&module, ordinal, &shape).map_err(|e| e.to_string())?;
         Ok(CopyKernel {
-            ctx,
             module,
-            func,
             shape,
             resident,
         })
@@ -740,11 +700,11 @@ impl CopyKernel {
     /// Enqueues the kernel over `count` descriptors at device address `descs` on `stream`,
     /// `grid` CTAs of the shape's threads.
     ///
-    /// # Safety
-    /// `descs` must hold `count` descriptors (stream-ordered before this launch) whose ranges
-    /// are device memory this context can reach, live until the launch completes, with no
-    /// destination overlapping another descriptor's source or destination (see [`conflict`]).
-    pub unsafe fn launch(
+    /// Crate invariant (see `crate::sys`): `descs` holds `count` descriptors (stream-ordered
+    /// before this launch) whose ranges are device memory this context can reach, live until
+    /// the launch completes, with no destination overlapping another descriptor's source or
+    /// destination (see [`conflict`]).
+    pub fn launch(
         &self,
         descs: u64,
         count: u64,
@@ -754,68 +714,19 @@ impl CopyKernel {
         if count == 0 {
             return Ok(());
         }
-        let (mut a, mut n) = (descs, count);
-        let mut params: [*mut std::ffi::c_void; 2] =
-            [(&mut a as *mut u64).cast(), (&mut n as *mut u64).cast()];
-        // SAFETY: the function belongs to this context and the stream too; `params` points at
-        // two live u64 values matching the kernel's two .u64 parameters (the driver copies them
-        // before returning); the block is the PTX's `.maxntid`; the memory contract is the
-        // caller's (see above).
-        check("cuLaunchKernel", unsafe {
-            sys::cuLaunchKernel(
-                self.func,
-                grid.max(1),
-                1,
-                1,
-                self.shape.threads,
-                1,
-                1,
-                0,
-                stream.raw(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        })
+        self.module
+            .launch2(grid.max(1), self.shape.threads, stream, descs, count)
     }
 }
 
-fn occupancy(func: sys::CUfunction, ordinal: usize, shape: &KernelShape) -> Result<u32, CudaError> {
-    let mut per_sm = 0;
-    // SAFETY: `func` is a live function of the current context; valid out pointer.
-    check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
-        sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, func, shape.threads as i32, 0)
-    })?;
-    let mut dev: sys::CUdevice = 0;
-    // SAFETY: valid out pointer; the driver validates the ordinal.
-    check("cuDeviceGet", unsafe {
-        sys::cuDeviceGet(&mut dev, ordinal as i32)
-    })?;
-    let mut sms = 0;
-    // SAFETY: valid out pointer for a 4-byte attribute of a valid device.
-    check("cuDeviceGetAttribute", unsafe {
-        sys::cuDeviceGetAttribute(
-            &mut sms,
-            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-            dev,
-        )
-    })?;
+fn occupancy(module: &KernelModule, ordinal: usize, shape: &KernelShape) -> Result<u32, CudaError> {
+    let per_sm = module.blocks_per_sm(shape.threads)?;
+    let sms = device_attribute(
+        ordinal,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    )?;
     let per_sm = per_sm.clamp(1, shape.ctas_per_sm as i32);
     Ok(u32::try_from(sms.max(1) * per_sm).unwrap_or(1))
-}
-
-impl Drop for CopyKernel {
-    fn drop(&mut self) {
-        if let Err(e) = bind(&self.ctx) {
-            tracing::warn!(error = %e, "binding the context to unload the copy kernel failed");
-        }
-        // SAFETY: loaded in `load`, unloaded once; requests using the kernel hold an `Arc` of
-        // it and wait for their streams before they drop it.
-        if let Err(e) = check("cuModuleUnload", unsafe {
-            sys::cuModuleUnload(self.module)
-        }) {
-            tracing::warn!(error = %e, "cuModuleUnload failed");
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,11 +1,17 @@
-//! The CUDA driver, loaded at run time through cudarc's `sys` bindings.
+//! The CUDA driver, loaded at run time through cudarc: the one CUDA layer of the workspace
+//! (nixl-mem's memory types and `CUDA_IPC`, the UCX backend's VRAM registration, and the POSIX
+//! bounce engine and GDS backend of nixl-backend-gds all use it).
 //!
-//! Layering (house style): `cudarc::driver::sys` is the generated, run-time-loaded binding;
-//! one private `check` function is the only place a `CUresult` becomes a typed error
-//! ([`CudaError`] carried as the `source` of [`nixl_core::Error::Backend`]); the safe layer is
-//! the owning types ([`DeviceBuffer`](crate::DeviceBuffer), [`IpcMapping`](crate::IpcMapping),
-//! streams and events) whose `Drop` releases exactly one handle each, and which hold an `Arc`
-//! of their context.
+//! Layering (house style): `cudarc::driver::sys` is the generated, run-time-loaded binding,
+//! called only from this crate's `sys` module; one private `check` is the only place a `CUresult`
+//! becomes a typed error ([`CudaError`], carried as the `source` of
+//! [`nixl_core::Error::Backend`] by [`CudaError::into_error`]); the safe layer is the owning
+//! types ([`DeviceBuffer`](crate::DeviceBuffer), [`IpcMapping`](crate::IpcMapping),
+//! [`CudaHostBuffer`](crate::CudaHostBuffer), [`Stream`]) whose `Drop` releases exactly one
+//! handle each, and which hold an `Arc` of their context.
+//!
+//! **One context policy: the device's primary context** (the one the CUDA runtime, and so
+//! PyTorch, allocates in), retained once per process per GPU ([`Context::primary`]).
 //!
 //! Nothing here calls into the driver before [`driver`] has checked that `libcuda` is present
 //! (`cudarc::driver::sys::is_culib_present`), that every symbol this crate uses exists (cudarc
@@ -17,14 +23,17 @@ pub(crate) mod ipc;
 pub(crate) mod kernel;
 #[cfg(test)]
 mod ptx_sim;
-pub(crate) mod stream;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-pub(crate) use cudarc::driver::sys;
 use cudarc::driver::CudaContext;
 use nixl_core::{Error, Op, Result};
+
+use crate::sys::cu;
+use crate::sys::driver as drv;
+pub(crate) use crate::sys::stream::Event;
+pub use crate::sys::stream::Stream;
 
 /// A failed CUDA driver call: the function and the driver's error code and name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,7 +50,19 @@ pub struct CudaError {
 impl CudaError {
     /// Whether the code is `CUDA_ERROR_NOT_READY` (work still in flight).
     pub fn is_not_ready(&self) -> bool {
-        self.code == sys::CUresult::CUDA_ERROR_NOT_READY as u32
+        self.code == cu::CUresult::CUDA_ERROR_NOT_READY as u32
+    }
+
+    /// Wraps the error into the workspace error of `backend` (`CUDA`, `POSIX`, `GDS`),
+    /// naming the agent (`-` outside an agent) and the operation.
+    pub fn into_error(self, agent: &str, backend: &str, op: Op) -> Error {
+        Error::Backend {
+            agent: agent.to_owned(),
+            backend: backend.to_owned(),
+            op,
+            message: self.to_string(),
+            source: Some(std::sync::Arc::new(self)),
+        }
     }
 }
 
@@ -49,8 +70,8 @@ impl CudaError {
 pub(crate) const CUDA: &str = "CUDA";
 
 /// Converts a driver status into a typed result. The one conversion point.
-pub(crate) fn check(call: &'static str, r: sys::CUresult) -> std::result::Result<(), CudaError> {
-    if r == sys::CUresult::CUDA_SUCCESS {
+pub(crate) fn check(call: &'static str, r: cu::CUresult) -> std::result::Result<(), CudaError> {
+    if r == cu::CUresult::CUDA_SUCCESS {
         return Ok(());
     }
     Err(CudaError {
@@ -60,115 +81,31 @@ pub(crate) fn check(call: &'static str, r: sys::CUresult) -> std::result::Result
     })
 }
 
-/// Wraps a driver error into the workspace error, naming the agent (or `-` for memory types
-/// used outside an agent) and the operation.
+/// Wraps a driver error into the workspace error of this crate's `CUDA` types.
 pub(crate) fn to_error(agent: &str, op: Op, e: CudaError) -> Error {
-    Error::Backend {
-        agent: agent.to_owned(),
-        backend: CUDA.to_owned(),
-        op,
-        message: e.to_string(),
-        source: Some(std::sync::Arc::new(e)),
+    e.into_error(agent, CUDA, op)
+}
+
+/// The same conversion for errors of cudarc's safe layer (`CudaContext`).
+pub(crate) fn from_driver(call: &'static str, e: cudarc::driver::DriverError) -> CudaError {
+    CudaError {
+        call,
+        code: e.0 as u32,
+        name: format!("{:?}", e.0),
     }
 }
 
-/// `check` then `to_error`, for memory types (no agent).
-pub(crate) fn cu(op: Op, call: &'static str, r: sys::CUresult) -> Result<()> {
-    check(call, r).map_err(|e| to_error("-", op, e))
+/// A driver result as the workspace error of the memory types (no agent).
+pub(crate) fn cu<T>(op: Op, r: std::result::Result<T, CudaError>) -> Result<T> {
+    r.map_err(|e| to_error("-", op, e))
 }
-
-/// Every driver symbol this crate calls (cudarc's `CudaContext` included); checked once so a
-/// missing one is an `Unavailable` error instead of cudarc's panic.
-const SYMBOLS: &[&str] = &[
-    "cuInit",
-    "cuGetErrorName",
-    "cuGetErrorString",
-    "cuDeviceGet",
-    "cuDeviceGetCount",
-    "cuDeviceGetAttribute",
-    "cuDevicePrimaryCtxRetain",
-    "cuDevicePrimaryCtxRelease_v2",
-    "cuCtxGetCurrent",
-    "cuCtxSetCurrent",
-    "cuCtxSynchronize",
-    "cuMemAlloc_v2",
-    "cuMemFree_v2",
-    "cuMemsetD8_v2",
-    "cuMemcpyHtoD_v2",
-    "cuMemcpyDtoH_v2",
-    "cuMemcpyDtoD_v2",
-    "cuMemcpyAsync",
-    "cuMemGetAddressRange_v2",
-    "cuPointerGetAttribute",
-    "cuPointerSetAttribute",
-    "cuMemHostRegister_v2",
-    "cuMemHostUnregister",
-    "cuMemHostAlloc",
-    "cuMemFreeHost",
-    "cuIpcGetMemHandle",
-    "cuIpcOpenMemHandle_v2",
-    "cuIpcCloseMemHandle",
-    "cuStreamCreate",
-    "cuStreamDestroy_v2",
-    "cuStreamSynchronize",
-    "cuEventCreate",
-    "cuEventDestroy_v2",
-    "cuEventRecord",
-    "cuEventQuery",
-    "cuMemcpyHtoDAsync_v2",
-    "cuModuleLoadDataEx",
-    "cuModuleGetFunction",
-    "cuModuleUnload",
-    "cuLaunchKernel",
-    "cuOccupancyMaxActiveBlocksPerMultiprocessor",
-];
 
 static DRIVER: OnceLock<std::result::Result<(), (String, String)>> = OnceLock::new();
-
-fn load_driver() -> std::result::Result<(), (String, String)> {
-    // SAFETY: only tries to dlopen candidate library names; no symbol is called.
-    if !unsafe { sys::is_culib_present() } {
-        return Err((
-            "the CUDA driver (libcuda.so)".to_owned(),
-            "install the NVIDIA driver or put libcuda.so.1 on LD_LIBRARY_PATH".to_owned(),
-        ));
-    }
-    // SAFETY: `is_culib_present` just succeeded, so `culib` loads instead of panicking.
-    let lib = unsafe { sys::culib() };
-    for name in SYMBOLS {
-        // SAFETY: looks a symbol up without calling it; the pointer type is irrelevant here.
-        if unsafe { lib.get::<*const ()>(name.as_bytes()) }.is_err() {
-            return Err((
-                format!("the CUDA driver symbol {name}"),
-                "update the NVIDIA driver (>= 525)".to_owned(),
-            ));
-        }
-    }
-    // SAFETY: cuInit exists (checked above) and may be called any number of times.
-    let r = unsafe { sys::cuInit(0) };
-    if let Err(e) = check("cuInit", r) {
-        return Err((
-            "a CUDA device".to_owned(),
-            format!("{e}; check the driver and CUDA_VISIBLE_DEVICES"),
-        ));
-    }
-    let mut n = 0;
-    // SAFETY: cuInit succeeded; `n` is a valid out pointer.
-    let r = unsafe { sys::cuDeviceGetCount(&mut n) };
-    match check("cuDeviceGetCount", r) {
-        Ok(()) if n > 0 => Ok(()),
-        Ok(()) => Err((
-            "a CUDA device".to_owned(),
-            "no device is visible (CUDA_VISIBLE_DEVICES?)".to_owned(),
-        )),
-        Err(e) => Err(("a CUDA device".to_owned(), e.to_string())),
-    }
-}
 
 /// Checks (once per process) that the CUDA driver is loadable, complete and has a device.
 /// Every CUDA entry point of this crate calls it first.
 pub fn driver() -> Result<()> {
-    match DRIVER.get_or_init(load_driver) {
+    match DRIVER.get_or_init(drv::load) {
         Ok(()) => Ok(()),
         Err((what, hint)) => Err(Error::Unavailable {
             what: what.clone(),
@@ -185,18 +122,15 @@ pub fn is_available() -> bool {
 /// The number of visible CUDA devices.
 pub fn device_count() -> Result<usize> {
     driver()?;
-    let mut n = 0;
-    // SAFETY: the driver is initialised; `n` is a valid out pointer.
-    cu(Op::CreateBackend, "cuDeviceGetCount", unsafe {
-        sys::cuDeviceGetCount(&mut n)
-    })?;
+    let n = drv::device_count().map_err(|e| to_error("-", Op::CreateBackend, e))?;
     Ok(usize::try_from(n).unwrap_or(0))
 }
 
 static CONTEXTS: Mutex<Option<HashMap<usize, Arc<CudaContext>>>> = Mutex::new(None);
 
-/// The primary context of a device, retained once per process and bound to the calling thread.
-pub(crate) fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
+/// The primary context of a device, retained once per process; the calling thread's current
+/// context is left as it was.
+pub(crate) fn retain(ordinal: usize) -> Result<Arc<CudaContext>> {
     driver()?;
     let count = device_count()?;
     if ordinal >= count {
@@ -208,79 +142,140 @@ pub(crate) fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
     }
     let mut g = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
     let map = g.get_or_insert_with(HashMap::new);
-    let ctx = match map.get(&ordinal) {
-        Some(c) => c.clone(),
-        None => {
-            let c = CudaContext::new(ordinal).map_err(|e| {
-                to_error(
-                    "-",
-                    Op::CreateBackend,
-                    from_driver("cuDevicePrimaryCtxRetain", e),
-                )
-            })?;
-            map.insert(ordinal, c.clone());
-            c
-        }
-    };
-    drop(g);
+    if let Some(c) = map.get(&ordinal) {
+        return Ok(c.clone());
+    }
+    // cudarc binds a context it creates; the guard puts the caller's back.
+    let _restore = drv::Restore::keep().map_err(|e| to_error("-", Op::CreateBackend, e))?;
+    let c = CudaContext::new(ordinal).map_err(|e| {
+        to_error(
+            "-",
+            Op::CreateBackend,
+            from_driver("cuDevicePrimaryCtxRetain", e),
+        )
+    })?;
+    map.insert(ordinal, c.clone());
+    Ok(c)
+}
+
+/// The primary context of a device, retained once per process and bound to the calling thread.
+pub(crate) fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
+    let ctx = retain(ordinal)?;
     bind(&ctx)?;
     Ok(ctx)
 }
 
 /// Makes `ctx` current on the calling thread.
 pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
-    ctx.bind_to_thread()
-        .map_err(|e| to_error("-", Op::PostXfer, from_driver("cuCtxSetCurrent", e)))
+    bind_raw(ctx).map_err(|e| to_error("-", Op::PostXfer, e))
 }
 
-fn from_driver(call: &'static str, e: cudarc::driver::DriverError) -> CudaError {
-    CudaError {
-        call,
-        code: e.0 as u32,
-        name: format!("{:?}", e.0),
-    }
+/// [`bind`] with the driver's error.
+pub(crate) fn bind_raw(ctx: &CudaContext) -> std::result::Result<(), CudaError> {
+    ctx.bind_to_thread()
+        .map_err(|e| from_driver("cuCtxSetCurrent", e))
 }
 
 /// The device ordinal a device pointer belongs to, or `None` for host memory / unknown
 /// pointers.
 pub(crate) fn pointer_device(ptr: u64) -> Option<usize> {
-    let mut mem_type: u32 = 0;
-    // SAFETY: the out pointer is valid for the attribute's 4-byte value; the driver only reads
-    // `ptr` as a number.
-    let r = unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut mem_type as *mut u32).cast(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            ptr,
-        )
-    };
-    if check("cuPointerGetAttribute", r).is_err()
-        || mem_type != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32
-    {
-        return None;
+    match drv::pointer_kind(ptr) {
+        Ok((_, Some(ord))) => usize::try_from(ord).ok(),
+        _ => None,
     }
-    let mut ord: i32 = -1;
-    // SAFETY: as above, 4-byte attribute.
-    let r = unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut ord as *mut i32).cast(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            ptr,
-        )
-    };
-    check("cuPointerGetAttribute", r).ok()?;
-    usize::try_from(ord).ok()
 }
 
 /// The allocation containing a device pointer: (base, size).
 pub(crate) fn address_range(op: Op, ptr: u64) -> Result<(u64, u64)> {
-    let mut base: sys::CUdeviceptr = 0;
-    let mut size: usize = 0;
-    // SAFETY: valid out pointers; the driver only looks `ptr` up.
-    cu(op, "cuMemGetAddressRange", unsafe {
-        sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr)
-    })?;
-    Ok((base, size as u64))
+    drv::address_range(ptr).map_err(|e| to_error("-", op, e))
+}
+
+/// The primary context of one GPU: what the memory of this crate, the CUDA runtime (and so
+/// PyTorch) and cuFile use. Retained once per process and GPU, never released; cheap to clone.
+#[derive(Clone)]
+pub struct Context {
+    ctx: Arc<CudaContext>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("ordinal", &self.ctx.ordinal())
+            .finish()
+    }
+}
+
+/// Restores the calling thread's previous current context on drop (see [`Context::scoped`]).
+pub struct ScopedContext {
+    _restore: drv::Restore,
+}
+
+impl Context {
+    /// The primary context of GPU `ordinal`. The calling thread's current context is left as
+    /// it was. `Unavailable` without CUDA, `InvalidParam` for an ordinal that does not exist.
+    pub fn primary(ordinal: usize) -> Result<Context> {
+        Ok(Context {
+            ctx: retain(ordinal)?,
+        })
+    }
+
+    /// The GPU ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    /// Makes the context current on the calling thread (and leaves it there).
+    pub fn bind(&self) -> std::result::Result<(), CudaError> {
+        bind_raw(&self.ctx)
+    }
+
+    /// Makes the context current until the guard drops, then restores the caller's context
+    /// (for calls made on a user's thread).
+    pub fn scoped(&self) -> std::result::Result<ScopedContext, CudaError> {
+        Ok(ScopedContext {
+            _restore: drv::Restore::bind(&self.ctx)?,
+        })
+    }
+
+    /// Checks that `[addr, addr + len)` is device memory of this GPU inside one allocation;
+    /// the reason when it is not.
+    pub fn check_device_range(&self, addr: u64, len: u64) -> std::result::Result<(), String> {
+        let _g = self.scoped().map_err(|e| e.to_string())?;
+        let ordinal = match drv::pointer_kind(addr) {
+            Ok((t, ord)) if t == drv::MEMORYTYPE_DEVICE => ord,
+            Ok((t, _)) => {
+                return Err(format!(
+                    "{addr:#x} is not CUDA device memory (memory type {t})"
+                ))
+            }
+            Err(e) => return Err(format!("{addr:#x} is not CUDA device memory ({e})")),
+        };
+        if let Some(o) = ordinal.filter(|&o| usize::try_from(o).ok() != Some(self.ordinal())) {
+            return Err(format!(
+                "{addr:#x} is memory of GPU {o}, not of GPU {} (the region's dev_id)",
+                self.ordinal()
+            ));
+        }
+        let (base, size) = drv::address_range(addr).map_err(|e| e.to_string())?;
+        let end = addr.checked_add(len).ok_or("the region overflows")?;
+        if end > base + size {
+            return Err(format!(
+                "{addr:#x}+{len} runs past the end of its allocation {base:#x}+{size}"
+            ));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn inner(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+}
+
+impl Stream {
+    /// A non-blocking stream of `ctx` (made current on the calling thread).
+    pub fn new(ctx: &Context) -> std::result::Result<Stream, CudaError> {
+        Stream::create(ctx.ctx.clone())
+    }
 }
 
 #[cfg(test)]
@@ -289,16 +284,20 @@ mod tests {
 
     #[test]
     fn errors_are_typed_and_named() {
-        let e = check("cuMemAlloc", sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY).unwrap_err();
+        let e = check("cuMemAlloc", cu::CUresult::CUDA_ERROR_OUT_OF_MEMORY).unwrap_err();
         assert_eq!(e.code, 2);
         assert!(e.to_string().contains("CUDA_ERROR_OUT_OF_MEMORY"));
-        assert!(check("x", sys::CUresult::CUDA_SUCCESS).is_ok());
-        assert!(check("x", sys::CUresult::CUDA_ERROR_NOT_READY)
+        assert!(check("x", cu::CUresult::CUDA_SUCCESS).is_ok());
+        assert!(check("x", cu::CUresult::CUDA_ERROR_NOT_READY)
             .unwrap_err()
             .is_not_ready());
-        let err = to_error("a", Op::PostXfer, e);
+        let err = to_error("a", Op::PostXfer, e.clone());
         assert_eq!(err.kind().as_str(), "backend");
         assert!(std::error::Error::source(&err).is_some());
+        match e.into_error("a", "GDS", Op::RegisterMem) {
+            Error::Backend { backend, .. } => assert_eq!(backend, "GDS"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
@@ -310,6 +309,11 @@ mod tests {
                 assert!(!is_available());
                 assert!(device_count().is_err());
                 assert!(context(0).is_err());
+                assert_eq!(
+                    Context::primary(0).unwrap_err().kind().as_str(),
+                    "unavailable"
+                );
+                assert!(!drv::has_symbol("cuInit"));
             }
         }
     }

@@ -22,7 +22,7 @@ use nixl_core::backend::NotifQueue;
 use nixl_core::{Error, Op, Result};
 
 use super::notif::NotifSenders;
-use crate::cuda::{self, stream::Event, CudaError};
+use crate::cuda::{self, CudaError, Event};
 
 /// How long the idle completer sleeps before looking again (a submission wakes it at once).
 const IDLE_WAIT: Duration = Duration::from_millis(100);
@@ -566,7 +566,7 @@ mod tests {
         let ctx = cuda::context(0).unwrap();
         let c = Completer::start("t", Some(ctx.clone())).unwrap();
         let q = Arc::new(NotifQueue::new());
-        let ev: Arc<dyn Completion> = Arc::new(Event::new(ctx).unwrap());
+        let ev: Arc<dyn Completion> = Arc::new(Event::create(ctx).unwrap());
         let t = Arc::new(Ticket::new(ev, local_notif(&q, b"done")));
         c.shared().submit(t.clone());
         assert_eq!(received(&q, 1), vec![b"done".to_vec()]);

@@ -5,8 +5,46 @@ use std::sync::Arc;
 use cudarc::driver::CudaContext;
 use nixl_core::DecodeError;
 
-use crate::cuda::{self, check, sys};
+use crate::cuda;
+use crate::sys::cu as sys;
+use crate::sys::memory::HostRegistration;
+use crate::wire::{Reader, Writer};
 use crate::{IpcHandle, IpcMapping, SharedHostHandle, SharedHostMapping};
+
+const CONN_MAGIC: &[u8; 4] = b"NXCU";
+/// The longest host id a peer may send.
+const MAX_HOST_ID: usize = 256;
+/// The longest abstract socket name (`sun_path`).
+const MAX_SOCKET_NAME: usize = 108;
+
+/// A `CUDA_IPC` backend's connection info: which host it runs on, its process id, and the
+/// abstract socket name of its notification listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ConnInfo {
+    pub host: Vec<u8>,
+    pub pid: u32,
+    pub server: Vec<u8>,
+}
+
+impl ConnInfo {
+    pub fn encode(&self) -> Vec<u8> {
+        Writer::new(CONN_MAGIC)
+            .bytes(&self.host)
+            .u64(u64::from(self.pid))
+            .bytes(&self.server)
+            .finish()
+    }
+
+    pub fn decode(info: &[u8]) -> Result<Self, DecodeError> {
+        let mut r = Reader::new(info, CONN_MAGIC)?;
+        let host = r.bytes("CUDA_IPC host id", MAX_HOST_ID)?.to_vec();
+        let pid = r.u64()?;
+        let server = r.bytes("CUDA_IPC socket name", MAX_SOCKET_NAME)?.to_vec();
+        r.finish()?;
+        let pid = u32::try_from(pid).map_err(|_| DecodeError::Invalid { what: "pid" })?;
+        Ok(ConnInfo { host, pid, server })
+    }
+}
 
 const TAG_VRAM: u8 = b'V';
 const TAG_SHARED: u8 = b'S';
@@ -54,8 +92,7 @@ impl Public {
 
 /// Host pages this backend page-locked at registration; unlocked on drop.
 pub(crate) struct HostPin {
-    ctx: Arc<CudaContext>,
-    addr: u64,
+    _reg: HostRegistration,
 }
 
 impl HostPin {
@@ -66,43 +103,15 @@ impl HostPin {
         addr: u64,
         len: u64,
     ) -> Result<Option<Self>, cuda::CudaError> {
-        cuda::bind(ctx).map_err(|_| cuda::CudaError {
-            call: "cuCtxSetCurrent",
-            code: 0,
-            name: "bind failed".into(),
-        })?;
-        // SAFETY: the agent keeps the region's memory alive while it is registered; the pin is
-        // dropped (unregistered) when the registration's metadata is released, before that.
-        let r = unsafe {
-            sys::cuMemHostRegister_v2(
-                addr as *mut std::ffi::c_void,
-                len as usize,
-                sys::CU_MEMHOSTREGISTER_PORTABLE,
-            )
-        };
-        match check("cuMemHostRegister", r) {
-            Ok(()) => Ok(Some(HostPin {
-                ctx: ctx.clone(),
-                addr,
-            })),
+        // Crate invariant: the agent keeps the region's memory alive while it is registered;
+        // the pin is dropped (unregistered) when the registration's metadata is released,
+        // before that.
+        match HostRegistration::new(ctx, addr, len as usize) {
+            Ok(reg) => Ok(Some(HostPin { _reg: reg })),
             Err(e) if e.code == sys::CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED as u32 => {
                 Ok(None)
             }
             Err(e) => Err(e),
-        }
-    }
-}
-
-impl Drop for HostPin {
-    fn drop(&mut self) {
-        if let Err(e) = cuda::bind(&self.ctx) {
-            tracing::warn!(error = %e, "binding a context to unpin failed");
-        }
-        // SAFETY: registered in `new`, unregistered once, while the memory is still alive.
-        if let Err(e) = check("cuMemHostUnregister", unsafe {
-            sys::cuMemHostUnregister(self.addr as *mut std::ffi::c_void)
-        }) {
-            tracing::warn!(error = %e, "unpinning a registered host region failed");
         }
     }
 }

@@ -42,7 +42,7 @@
 
 mod complete;
 mod md;
-mod notif;
+pub(crate) mod notif;
 mod xfer;
 
 use std::collections::{BTreeMap, HashMap};
@@ -59,18 +59,16 @@ use nixl_core::{Capabilities, Error, MemKind, Op, RegionDesc, Result, XferOp};
 use crate::cuda;
 use crate::cuda::kernel::{self, CopyKernel};
 pub use crate::cuda::kernel::{KernelSchedule, KernelShape};
-use crate::wire::{Reader, Writer};
 use crate::{IpcHandle, IpcMapping, SharedHostHandle, SharedHostMapping};
 use complete::{Completer, Notif, NotifRoute};
-use md::{HostImport, HostPin, LocalMd, Public, Target};
+pub(crate) use md::{ConnInfo, Public};
+use md::{HostImport, HostPin, LocalMd, Target};
 pub use notif::MAX_NOTIF;
 use notif::{NotifSenders, NotifServer};
 use xfer::{CudaIpcXfer, Engine, KernelPlan};
 
 /// The backend's type name.
 pub const CUDA_IPC: &str = "CUDA_IPC";
-
-const CONN_MAGIC: &[u8; 4] = b"NXCU";
 
 /// Parameters of the `CUDA_IPC` backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -414,29 +412,21 @@ impl Backend for CudaIpcBackend {
     }
 
     fn connection_info(&self) -> Result<Vec<u8>> {
-        Ok(Writer::new(CONN_MAGIC)
-            .bytes(&self.host_id)
-            .u64(u64::from(std::process::id()))
-            .bytes(self.server.name())
-            .finish())
+        Ok(ConnInfo {
+            host: self.host_id.clone(),
+            pid: std::process::id(),
+            server: self.server.name().to_vec(),
+        }
+        .encode())
     }
 
     fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
-        let decode = |source| Error::Decode {
-            agent: self.agent.clone(),
-            op: Op::LoadMetadata,
-            source,
-        };
-        let mut r = Reader::new(info, CONN_MAGIC).map_err(decode)?;
-        let host = r.bytes("CUDA_IPC host id", 256).map_err(decode)?.to_vec();
-        let pid = r.u64().map_err(decode)?;
-        let server = r
-            .bytes("CUDA_IPC socket name", 108)
-            .map_err(decode)?
-            .to_vec();
-        r.finish().map_err(decode)?;
-        let pid = u32::try_from(pid)
-            .map_err(|_| decode(nixl_core::DecodeError::Invalid { what: "pid" }))?;
+        let ConnInfo { host, pid, server } =
+            ConnInfo::decode(info).map_err(|source| Error::Decode {
+                agent: self.agent.clone(),
+                op: Op::LoadMetadata,
+                source,
+            })?;
         let peer = Peer {
             same_host: host == self.host_id,
             pid,
@@ -641,10 +631,11 @@ impl Backend for CudaIpcBackend {
             .notif
             .map(|msg| Notif::new(&self.agent, &spec.remote, msg, route.clone(), Op::MakeXfer))
             .transpose()?;
-        let stream =
-            cuda::stream::Stream::new(self.ctx.clone()).map_err(|e| with_agent(e, &self.agent))?;
+        let stream = cuda::Stream::create(self.ctx.clone())
+            .map_err(|e| cuda::to_error(&self.agent, Op::MakeXfer, e))?;
         let event = Arc::new(
-            cuda::stream::Event::new(self.ctx.clone()).map_err(|e| with_agent(e, &self.agent))?,
+            cuda::Event::create(self.ctx.clone())
+                .map_err(|e| cuda::to_error(&self.agent, Op::MakeXfer, e))?,
         );
         // Copies that depend on each other run one by one, in order (the kernel's CTAs and a
         // batch's copies run in any order).

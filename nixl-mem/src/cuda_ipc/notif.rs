@@ -2,9 +2,9 @@
 //! (named in the connection info), one connection per sending peer, length-prefixed frames.
 //! The first frame on a connection is the sender's hello (`nixl_core::hello`: signed with the
 //! cluster credential when authentication is on); each later frame is one notification,
-//! attributed to the hello's sender, never to a name inside it. Bounded: hellos up to 1 KiB,
-//! messages up to [`MAX_NOTIF`]; a peer that breaks the protocol or whose hello is refused is
-//! disconnected.
+//! attributed to the hello's sender, never to a name inside it. Bounded: hellos up to
+//! [`MAX_HELLO`] bytes, messages up to [`MAX_NOTIF`]; a peer that breaks the protocol or whose
+//! hello is refused is disconnected.
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
@@ -21,7 +21,8 @@ use nixl_core::{Error, Op, Result};
 
 /// The largest notification accepted.
 pub const MAX_NOTIF: usize = 16 << 20;
-const MAX_HELLO: usize = 1024;
+/// The longest first frame of a connection (the sender's hello).
+pub(crate) const MAX_HELLO: usize = 1024;
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The receiving side: a listener thread feeding the agent's queue; stops on drop.
@@ -79,46 +80,82 @@ fn unique() -> u64 {
 
 struct Conn {
     stream: UnixStream,
+    frames: FrameReader,
+}
+
+/// The receiving state of one connection: bytes not yet framed, and the sender once its first
+/// frame (a hello) was accepted. Pure (no I/O), so the decoder can be fuzzed.
+#[derive(Debug, Default)]
+pub(crate) struct FrameReader {
     buf: Vec<u8>,
     sender: Option<String>,
 }
 
-/// Parses complete frames out of `c.buf`; false when the peer broke the protocol.
-fn drain_frames(c: &mut Conn, notifs: &NotifQueue, peers: &PeerAuth) -> bool {
-    loop {
-        if c.buf.len() < 4 {
-            return true;
-        }
-        let n = u32::from_le_bytes([c.buf[0], c.buf[1], c.buf[2], c.buf[3]]) as usize;
-        let limit = if c.sender.is_none() {
-            MAX_HELLO
-        } else {
-            MAX_NOTIF
-        };
-        if n > limit {
-            return false;
-        }
-        if c.buf.len() < 4 + n {
-            return true;
-        }
-        let frame: Vec<u8> = c.buf[4..4 + n].to_vec();
-        c.buf.drain(..4 + n);
-        match &c.sender {
-            None => match peers.check_hello(&frame) {
-                Ok(h) => c.sender = Some(h.sender),
-                Err(e) => {
-                    tracing::warn!(error = %e, "CUDA_IPC notification connection refused");
-                    return false;
-                }
-            },
-            Some(s) => {
-                notifs.push(s, frame);
+impl FrameReader {
+    /// Appends `bytes` and hands every complete notification, with its sender, to `deliver`;
+    /// the first frame goes to `first`, which names the sender (a checked hello) or refuses
+    /// it. False when the peer broke the protocol (a frame over the limit, a refused first
+    /// frame): the connection is then dropped. Buffers at most one frame (`4 + MAX_NOTIF`
+    /// bytes) plus what one read returned.
+    pub fn feed(
+        &mut self,
+        bytes: &[u8],
+        mut first: impl FnMut(Vec<u8>) -> Option<String>,
+        mut deliver: impl FnMut(&str, Vec<u8>),
+    ) -> bool {
+        self.buf.extend_from_slice(bytes);
+        loop {
+            if self.buf.len() < 4 {
+                return true;
+            }
+            let n =
+                u32::from_le_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
+            let limit = if self.sender.is_none() {
+                MAX_HELLO
+            } else {
+                MAX_NOTIF
+            };
+            if n > limit {
+                return false;
+            }
+            if self.buf.len() < 4 + n {
+                return true;
+            }
+            let frame: Vec<u8> = self.buf[4..4 + n].to_vec();
+            self.buf.drain(..4 + n);
+            match &self.sender {
+                None => match first(frame) {
+                    Some(s) => self.sender = Some(s),
+                    None => return false,
+                },
+                Some(s) => deliver(s, frame),
             }
         }
     }
+
+    /// Bytes received and not yet part of a complete frame.
+    #[cfg(any(test, feature = "fuzzing"))]
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+}
+
+/// One frame: the length (`u32` little-endian) and the bytes.
+pub(crate) fn frame(b: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(4 + b.len());
+    frame.extend_from_slice(&(b.len() as u32).to_le_bytes());
+    frame.extend_from_slice(b);
+    frame
 }
 
 fn serve(listener: UnixListener, stop: Arc<AtomicBool>, notifs: Arc<NotifQueue>, peers: PeerAuth) {
+    let check = |hello: Vec<u8>| match peers.check_hello(&hello) {
+        Ok(h) => Some(h.sender),
+        Err(e) => {
+            tracing::warn!(error = %e, "CUDA_IPC notification connection refused");
+            None
+        }
+    };
     let mut conns: Vec<Conn> = Vec::new();
     let mut chunk = vec![0u8; 64 << 10];
     while !stop.load(Ordering::Relaxed) {
@@ -130,9 +167,7 @@ fn serve(listener: UnixListener, stop: Arc<AtomicBool>, notifs: Arc<NotifQueue>,
                 revents: 0,
             })
             .collect();
-        // SAFETY: `fds` is a valid array of `fds.len()` pollfd entries for the whole call.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 50) };
-        if n <= 0 {
+        if !matches!(crate::sys::host::poll(&mut fds, 50), Ok(n) if n > 0) {
             continue;
         }
         if fds[0].revents != 0 {
@@ -140,8 +175,7 @@ fn serve(listener: UnixListener, stop: Arc<AtomicBool>, notifs: Arc<NotifQueue>,
                 if stream.set_nonblocking(true).is_ok() {
                     conns.push(Conn {
                         stream,
-                        buf: Vec::new(),
-                        sender: None,
+                        frames: FrameReader::default(),
                     });
                 }
             }
@@ -158,8 +192,10 @@ fn serve(listener: UnixListener, stop: Arc<AtomicBool>, notifs: Arc<NotifQueue>,
                         break;
                     }
                     Ok(k) => {
-                        c.buf.extend_from_slice(&chunk[..k]);
-                        if !drain_frames(c, &notifs, &peers) {
+                        let deliver = |s: &str, m: Vec<u8>| {
+                            notifs.push(s, m);
+                        };
+                        if !c.frames.feed(&chunk[..k], check, deliver) {
                             tracing::warn!(
                                 "CUDA_IPC notification peer broke the protocol; disconnecting it"
                             );
@@ -272,10 +308,7 @@ fn connect(peers: &PeerAuth, remote: &str, name: &[u8]) -> std::io::Result<UnixS
 }
 
 fn write_frame(s: &mut UnixStream, b: &[u8]) -> std::io::Result<()> {
-    let mut frame = Vec::with_capacity(4 + b.len());
-    frame.extend_from_slice(&(b.len() as u32).to_le_bytes());
-    frame.extend_from_slice(b);
-    s.write_all(&frame)
+    s.write_all(&frame(b))
 }
 
 #[cfg(test)]
@@ -299,6 +332,11 @@ mod tests {
 
     fn senders(me: &str) -> NotifSenders {
         NotifSenders::new(PeerAuth::unauthenticated(me))
+    }
+
+    /// The first frame as a plain name (the fuzzing wrapper's stand-in for a hello).
+    fn name(f: Vec<u8>) -> Option<String> {
+        String::from_utf8(f).ok().filter(|s| !s.is_empty())
     }
 
     #[test]
@@ -336,6 +374,35 @@ mod tests {
         assert!(senders
             .send("a", "b", server.name(), &vec![0u8; MAX_NOTIF + 1])
             .is_err());
+    }
+
+    #[test]
+    fn frames_split_anywhere_decode_the_same_and_breakers_are_refused() {
+        let mut bytes = frame(b"sender");
+        for m in [&b"one"[..], b"", b"three"] {
+            bytes.extend_from_slice(&frame(m));
+        }
+        for step in [1, 2, 3, 5, 64] {
+            let mut r = FrameReader::default();
+            let mut got = Vec::new();
+            for piece in bytes.chunks(step) {
+                assert!(r.feed(piece, name, |s, m| got.push((s.to_owned(), m))));
+            }
+            assert_eq!(r.buffered(), 0);
+            let want: Vec<(String, Vec<u8>)> = [&b"one"[..], b"", b"three"]
+                .iter()
+                .map(|m| ("sender".to_owned(), m.to_vec()))
+                .collect();
+            assert_eq!(got, want, "step {step}");
+        }
+        for bad in [
+            frame(b""),
+            frame(&[0xff, 0xfe]),
+            frame(&[b'x'; MAX_HELLO + 1]),
+            [frame(b"s"), (MAX_NOTIF as u32 + 1).to_le_bytes().to_vec()].concat(),
+        ] {
+            assert!(!FrameReader::default().feed(&bad, name, |_, _| panic!("delivered")));
+        }
     }
 
     #[test]

@@ -10,8 +10,8 @@ use nixl_core::{Error, Op, Result, XferState};
 
 use super::complete::{self, Notif, Outcome, Ticket};
 use crate::cuda::kernel::{self, CopyKernel, Segment};
-use crate::cuda::stream::{Event, Stream};
-use crate::cuda::{self, check, sys, CudaError};
+use crate::cuda::{self, CudaError, Event, Stream};
+use crate::sys::memory::{memcpy_async, memcpy_batch_async};
 use crate::DeviceBuffer;
 
 /// The longest note (why an engine was not used) kept in the path.
@@ -45,13 +45,10 @@ impl KernelPlan {
         let (descs, grid) = kernel.plan(&segs);
         let host = kernel::descriptor_bytes(&descs);
         let buf = DeviceBuffer::alloc(device, host.len().max(1)).map_err(|e| e.to_string())?;
-        // SAFETY: `buf` holds `host.len()` bytes; `host` is kept alive with the plan (the
-        // driver stages pageable sources before returning anyway); the copy is ordered on the
-        // request's stream before any launch that reads it.
-        check("cuMemcpyHtoDAsync", unsafe {
-            sys::cuMemcpyHtoDAsync_v2(buf.addr(), host.as_ptr().cast(), host.len(), stream.raw())
-        })
-        .map_err(|e| e.to_string())?;
+        // Crate invariant: `host` is kept alive with the plan (the driver stages pageable
+        // sources before returning anyway); the copy is ordered on the request's stream before
+        // any launch that reads it.
+        buf.upload_async(&host, stream).map_err(|e| e.to_string())?;
         Ok(KernelPlan {
             kernel,
             descs: buf,
@@ -116,16 +113,16 @@ impl CudaIpcXfer {
 
     fn enqueue(&mut self) -> std::result::Result<(), CudaError> {
         if let Engine::Kernel(p) = &self.engine {
-            // SAFETY: the descriptors were uploaded on this stream at prepare time; prepare
-            // admitted the kernel only for segments whose both ends are device memory of this
-            // context's GPU (local registrations, same-GPU IPC mappings), kept alive by the
-            // request's registrations and loaded regions; prepare admitted it only for copies
-            // of which no two conflict (`kernel::conflict`: no destination overlaps another
-            // copy's destination or source, or its own source).
-            match unsafe {
-                p.kernel
-                    .launch(p.descs.addr(), p.count, p.grid, &self.stream)
-            } {
+            // Crate invariant (the launch's): the descriptors were uploaded on this stream at
+            // prepare time; prepare admitted the kernel only for segments whose both ends are
+            // device memory of this context's GPU (local registrations, same-GPU IPC
+            // mappings), kept alive by the request's registrations and loaded regions; prepare
+            // admitted it only for copies of which no two conflict (`kernel::conflict`: no
+            // destination overlaps another copy's destination or source, or its own source).
+            match p
+                .kernel
+                .launch(p.descs.addr(), p.count, p.grid, &self.stream)
+            {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     tracing::warn!(agent = %self.agent, error = %e, "the copy kernel did not launch; using cuMemcpyBatchAsync for this request");
@@ -144,12 +141,9 @@ impl CudaIpcXfer {
             }
         }
         for &(dst, src, len) in &self.copies {
-            // SAFETY: both ranges lie in memory the request keeps alive (local registration,
-            // loaded peer region), resolved to this process's addresses; unified addressing
-            // lets the driver route host and device pointers.
-            check("cuMemcpyAsync", unsafe {
-                sys::cuMemcpyAsync(dst, src, len as usize, self.stream.raw())
-            })?;
+            // Crate invariant: both ranges lie in memory the request keeps alive (local
+            // registration, loaded peer region), resolved to this process's addresses.
+            memcpy_async(dst, src, len as usize, &self.stream)?;
         }
         Ok(())
     }
@@ -157,45 +151,8 @@ impl CudaIpcXfer {
     /// One driver call for every segment (CUDA 12.8+), so a request of many blocks is not
     /// bound by the per-call launch cost.
     fn enqueue_batch(&mut self) -> std::result::Result<(), CudaError> {
-        // SAFETY: looking a symbol up calls nothing; the driver is loaded (a stream exists).
-        if unsafe { sys::culib().get::<*const ()>(b"cuMemcpyBatchAsync") }.is_err() {
-            return Err(CudaError {
-                call: "cuMemcpyBatchAsync",
-                code: 0,
-                name: "symbol missing".into(),
-            });
-        }
-        let mut dsts: Vec<sys::CUdeviceptr> = self.copies.iter().map(|c| c.0).collect();
-        let mut srcs: Vec<sys::CUdeviceptr> = self.copies.iter().map(|c| c.1).collect();
-        let mut sizes: Vec<usize> = self.copies.iter().map(|c| c.2 as usize).collect();
-        let loc = sys::CUmemLocation {
-            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
-            id: 0,
-        };
-        let mut attrs = [sys::CUmemcpyAttributes {
-            srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
-            srcLocHint: loc,
-            dstLocHint: loc,
-            flags: 0,
-        }];
-        let mut idx = [0usize];
-        let mut fail_idx = usize::MAX;
-        // SAFETY: the three arrays have `copies.len()` entries each and live across the call;
-        // one attribute applies from index 0; every range is valid as in `enqueue`.
-        let r = unsafe {
-            sys::cuMemcpyBatchAsync(
-                dsts.as_mut_ptr(),
-                srcs.as_mut_ptr(),
-                sizes.as_mut_ptr(),
-                dsts.len(),
-                attrs.as_mut_ptr(),
-                idx.as_mut_ptr(),
-                1,
-                &mut fail_idx,
-                self.stream.raw(),
-            )
-        };
-        check("cuMemcpyBatchAsync", r)
+        // Crate invariant: every range is valid as in `enqueue`.
+        memcpy_batch_async(&self.copies, &self.stream)
     }
 
     /// What the engine is, for the path.

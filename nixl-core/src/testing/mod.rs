@@ -27,6 +27,9 @@
 //! }
 //! # let _ = my_test;
 //! ```
+//!
+//! [`netns`] builds several "hosts" (network, PID, mount, IPC and UTS namespaces) joined by
+//! virtual links on one Linux machine, for tests that must cross a real network path.
 
 use std::fmt::Display;
 use std::io::Write;
@@ -39,6 +42,9 @@ pub const ENV_REQUIRE_DEPS: &str = "NIXL_REQUIRE_DEPS";
 pub const ENV_ALLOW_SKIP: &str = "NIXL_ALLOW_SKIP";
 /// Environment variable: a file every skip is appended to (one line per skip).
 pub const ENV_SKIP_LOG: &str = "NIXL_SKIP_LOG";
+
+#[cfg(target_os = "linux")]
+pub mod netns;
 
 /// Something a test may need that a machine may not have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,0 +1,137 @@
+//! A connected peer: its address on each rail, and which rails still reach it.
+//!
+//! A rail whose operations to the peer did not complete in time (a failed link: the tcp
+//! provider reports nothing, the operations just stop) is marked failed for that peer and its
+//! address removed from the rail's AV, which tears that connection down. New transfers are
+//! striped over the rails left, and notifications go over the first of them; when no rail is
+//! left the peer is unreachable and requests fail at once. Fresh metadata (a reload after the
+//! repair) connects every rail again.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use nixl_core::backend::SessionId;
+
+use crate::rail::Rail;
+use crate::result::FiError;
+use crate::sys;
+
+/// A connected peer (or this agent itself, for loopback).
+pub(crate) struct Peer {
+    pub name: String,
+    pub conn: Vec<u8>,
+    /// `(rail, fi_addr)` for rails both sides have.
+    pub addrs: Vec<(Arc<Rail>, sys::fi_addr_t)>,
+    pub alive: AtomicBool,
+    /// Per rail: whether it still reaches the peer.
+    rail_ok: Vec<AtomicBool>,
+    /// Per rail: set once the address was removed from the rail's AV.
+    removed: Vec<AtomicBool>,
+    /// The session this agent's hello opened at the peer: what its notifications carry.
+    pub session: SessionId,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        for r in 0..self.addrs.len() {
+            self.remove(r);
+        }
+    }
+}
+
+impl Peer {
+    pub fn connect(
+        name: &str,
+        conn: &[u8],
+        rails: &[Arc<Rail>],
+        names: &[Vec<u8>],
+        session: SessionId,
+    ) -> Result<Peer, FiError> {
+        let mut p = Peer {
+            name: name.to_owned(),
+            conn: conn.to_vec(),
+            addrs: Vec::new(),
+            alive: AtomicBool::new(true),
+            rail_ok: Vec::new(),
+            removed: Vec::new(),
+            session,
+        };
+        for (rail, addr) in rails.iter().zip(names) {
+            // On failure `p` is dropped and removes what was inserted so far.
+            let a = rail.av.insert(addr)?;
+            p.addrs.push((rail.clone(), a));
+            p.rail_ok.push(AtomicBool::new(true));
+            p.removed.push(AtomicBool::new(false));
+        }
+        Ok(p)
+    }
+
+    /// Removes rail `r`'s address from its AV (once).
+    fn remove(&self, r: usize) {
+        let (Some((rail, a)), Some(removed)) = (self.addrs.get(r), self.removed.get(r)) else {
+            return;
+        };
+        if removed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if let Err(e) = rail.av.remove(*a) {
+            tracing::debug!(peer = %self.name, rail = r, error = %e, "removing a peer address failed");
+        }
+    }
+
+    /// Whether rail `r` still reaches the peer.
+    pub fn rail_ok(&self, r: usize) -> bool {
+        self.alive.load(Ordering::SeqCst)
+            && self
+                .rail_ok
+                .get(r)
+                .is_some_and(|ok| ok.load(Ordering::SeqCst))
+    }
+
+    /// The rails (of the first `n`) that still reach the peer.
+    pub fn healthy_rails(&self, n: usize) -> Vec<usize> {
+        (0..n.min(self.addrs.len()))
+            .filter(|&r| self.rail_ok(r))
+            .collect()
+    }
+
+    /// Whether every rail reaches the peer.
+    pub fn all_rails_ok(&self) -> bool {
+        self.healthy_rails(self.addrs.len()).len() == self.addrs.len()
+    }
+
+    /// The rail notifications to the peer go over: the first healthy one.
+    pub fn notif_rail(&self) -> Option<(usize, Arc<Rail>, sys::fi_addr_t)> {
+        let r = *self.healthy_rails(self.addrs.len()).first()?;
+        self.addrs.get(r).map(|(rail, a)| (r, rail.clone(), *a))
+    }
+
+    /// Marks `rails` failed (their operations did not complete in time) and tears their
+    /// connections down; with no rail left the peer is unreachable.
+    pub fn fail_rails(&self, rails: &[usize]) {
+        for &r in rails {
+            if let Some(ok) = self.rail_ok.get(r) {
+                if ok.swap(false, Ordering::SeqCst) {
+                    let domain = self.addrs.get(r).map(|(x, _)| x.domain_name.as_str());
+                    tracing::warn!(peer = %self.name, rail = r, ?domain, "operations did not complete in time; the rail no longer carries transfers to this peer");
+                }
+                self.remove(r);
+            }
+        }
+        if self.healthy_rails(self.addrs.len()).is_empty() {
+            self.declare_unreachable();
+        }
+    }
+
+    /// Declares the peer unreachable: removes its addresses, which makes the provider tear the
+    /// connections down and flush what is queued on them, and fails later requests at once. A
+    /// new `connect` (fresh metadata) revives it.
+    pub fn declare_unreachable(&self) {
+        if self.alive.swap(false, Ordering::SeqCst) {
+            tracing::warn!(peer = %self.name, "operations did not complete in time; dropping the peer's connections");
+        }
+        for r in 0..self.addrs.len() {
+            self.remove(r);
+        }
+    }
+}

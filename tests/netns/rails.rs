@@ -1,0 +1,204 @@
+//! Two rails: two links (`eth0`, `eth1`) between the same two hosts.
+
+use std::time::{Duration, Instant};
+
+use nixl::core::testing::netns::{Net, NetSpec};
+
+use crate::{cfg, report, until, Peer, T};
+
+const MIB: usize = 1 << 20;
+const BIG: usize = 32 * MIB;
+
+fn two_rails(test: &str, backend: &'static str) -> Option<(Net, Peer, Peer)> {
+    let net = Net::for_test(test, &NetSpec::pair(2))?;
+    let mut ca = cfg(&net, "init", 0, backend, BIG);
+    let mut cb = cfg(&net, "target", 1, backend, 2 * BIG);
+    ca.domains = vec![Net::ifname(0), Net::ifname(1)];
+    cb.domains = ca.domains.clone();
+    let mut a = Peer::start(&net, 0, &ca);
+    let mut b = Peer::start(&net, 1, &cb);
+    a.ok(&format!("fetch {} {} 20000", b.name, b.listen));
+    b.ok(&format!("fetch {} {} 20000", a.name, a.listen));
+    Some((net, a, b))
+}
+
+fn sent(net: &Net, rail: usize) -> u64 {
+    net.counters(rail, 0).unwrap_or_default().tx_bytes
+}
+
+/// A 32 MiB write crosses both links: each host-0 interface sends at least a quarter of it
+/// (`/sys/class/net/eth*/statistics/tx_bytes`), and every byte arrives.
+fn both_rails_carry_bytes(test: &str, backend: &'static str) {
+    let Some((net, mut a, mut b)) = two_rails(test, backend) else {
+        return;
+    };
+    a.ok("fill 77");
+    let before = [sent(&net, 0), sent(&net, 1)];
+    a.ok(&format!(
+        "post w write {} {} {BIG} 30000 striped",
+        b.name, b.addr
+    ));
+    a.ok("wait w 30000");
+    assert_eq!(b.ok(&format!("notifs {} 1 20000", a.name)), "striped");
+    assert_eq!(b.ok(&format!("verify 77 0 {BIG}")), "");
+    let carried = [sent(&net, 0) - before[0], sent(&net, 1) - before[1]];
+    let path = a.ok(&format!("path {}", b.name));
+    println!(
+        "{test}: eth0 sent {} B, eth1 sent {} B; {path}",
+        carried[0], carried[1]
+    );
+    for (rail, c) in carried.iter().enumerate() {
+        assert!(
+            *c >= (BIG / 4) as u64,
+            "eth{rail} carried {c} B of {BIG}: {carried:?}; {path}"
+        );
+    }
+    assert!(path.contains("eth0") && path.contains("eth1"), "{path}");
+}
+
+#[test]
+fn libfabric_two_rails_carry_bytes() {
+    both_rails_carry_bytes("libfabric_two_rails_carry_bytes", "libfabric");
+}
+
+#[test]
+fn ucx_two_lanes_carry_bytes() {
+    both_rails_carry_bytes("ucx_two_lanes_carry_bytes", "ucx");
+}
+
+/// Starts a 32 MiB write striped over two slowed rails and fails rail 1 (both its cables
+/// pulled) once both carry it; returns the write's error and the time from the cut to it.
+fn fail_rail_mid_write(net: &Net, a: &mut Peer, b: &Peer) -> (crate::Failure, Duration) {
+    for rail in 0..2 {
+        // 50 Mbit/s each: the 16 MiB on each rail take 2.7 s.
+        net.limit_rate(rail, Some(50_000_000)).expect("slow rails");
+    }
+    a.ok("fill 90");
+    let before = [sent(net, 0), sent(net, 1)];
+    a.ok(&format!("post w write {} {} {BIG} 6000", b.name, b.addr));
+    assert!(
+        until(T, || {
+            sent(net, 0) - before[0] > 2 * MIB as u64 && sent(net, 1) - before[1] > 2 * MIB as u64
+        }),
+        "both rails carry the write"
+    );
+    assert_eq!(a.ok("check w"), "InProgress", "still in flight");
+    net.set_segment(1, false).expect("fail rail 1");
+    let cut = Instant::now();
+    let f = a
+        .cmd("wait w 30000")
+        .expect_err("half the write is on a dead rail");
+    (f, cut.elapsed())
+}
+
+/// A 1 MiB write of `byte` into the target's second half, verified; the bytes each
+/// interface sent meanwhile, and the request's path (its split over the rails).
+fn small_write(net: &Net, a: &mut Peer, b: &mut Peer, byte: u8, id: &str) -> ([u64; 2], String) {
+    a.ok(&format!("fill {byte}"));
+    let before = [sent(net, 0), sent(net, 1)];
+    a.ok(&format!(
+        "post {id} write {} {} {MIB} 20000 {id}",
+        b.name,
+        b.addr + BIG as u64
+    ));
+    a.ok(&format!("wait {id} 20000"));
+    assert_eq!(b.ok(&format!("notifs {} 1 20000", a.name)), id);
+    assert_eq!(b.ok(&format!("verify {byte} {BIG} {MIB}")), "");
+    let path = a.ok(&format!("reqpath {id}"));
+    ([sent(net, 0) - before[0], sent(net, 1) - before[1]], path)
+}
+
+/// libfabric: the striped write fails (its deadline: the tcp provider reports nothing for a
+/// dead link), the rail it is stuck on is failed for that peer (the path report says so),
+/// and new requests, with no reload, go over rail 0 alone; once the rail is repaired, a
+/// metadata reload brings it back into the stripe.
+#[test]
+fn libfabric_rail_down_mid_transfer_moves_new_requests_to_the_other_rail() {
+    let test = "libfabric_rail_down_mid_transfer";
+    let Some((net, mut a, mut b)) = two_rails(test, "libfabric") else {
+        return;
+    };
+    let (f, to_error) = fail_rail_mid_write(&net, &mut a, &b);
+    assert_eq!(f.kind, "timed_out", "{f:?}");
+    let path = a.ok(&format!("path {}", b.name));
+    assert!(
+        path.contains("rail1 eth1") && path.contains("[failed]"),
+        "{path}"
+    );
+    assert!(
+        !path.contains("eth0: 0 B written, 0 B read [failed]"),
+        "{path}"
+    );
+    let (moved, moved_path) = small_write(&net, &mut a, &mut b, 91, "after-failure");
+    assert!(
+        moved_path.contains(&format!("rail0 eth0: {MIB} B"))
+            && moved_path.contains("rail1 eth1: 0 B"),
+        "rail 0 alone carries the new request: {moved_path}"
+    );
+    assert!(moved[0] >= MIB as u64, "eth0 sent it: {moved:?}");
+    net.set_segment(1, true).expect("repair rail 1");
+    a.ok(&format!("forget {}", b.name));
+    a.ok(&format!("fetch {} {} 20000", b.name, b.listen));
+    let (both, both_path) = small_write(&net, &mut a, &mut b, 92, "after-repair");
+    let half = format!("{} B", MIB / 2);
+    assert!(
+        both_path.contains(&format!("rail0 eth0: {half}"))
+            && both_path.contains(&format!("rail1 eth1: {half}")),
+        "both rails again after the reload: {both_path}"
+    );
+    assert!(
+        both[0] >= (MIB / 2) as u64 && both[1] >= (MIB / 2) as u64,
+        "{both:?}"
+    );
+    println!("{test}: {f:?} after {to_error:?}; {path}; new request {moved:?} {moved_path}; after repair {both:?} {both_path}");
+    report(
+        "libfabric: rail 1 of 2 fails mid-WRITE (32 MiB striped)",
+        "typed error; the rail reported; new requests on the other rail",
+        "`timed_out` (the tcp provider reports no error for a dead link); path report marks rail1 `[failed]`; new 1 MiB write, no reload: all bytes on eth0, verified; after the repair and a reload both rails again",
+        Some(to_error),
+    );
+}
+
+/// UCX: the endpoint's lanes fail together: the striped write ends in `RemoteDisconnect`
+/// (TCP user timeout of the failed lane) and reconnecting is refused while the rail is down
+/// (UCX connects every lane it selected, and still selects the dead interface); after the
+/// repair, a reload and new requests work over both lanes again.
+#[test]
+fn ucx_rail_down_mid_transfer_fails_the_request_until_repaired() {
+    let test = "ucx_rail_down_mid_transfer";
+    let Some((net, mut a, mut b)) = two_rails(test, "ucx") else {
+        return;
+    };
+    let (f, to_error) = fail_rail_mid_write(&net, &mut a, &b);
+    assert_eq!(f.kind, "remote_disconnect", "{f:?}");
+    let path = a.ok(&format!("path {}", b.name));
+    assert!(path.contains("failed"), "{path}");
+    let early = a
+        .cmd(&format!("post e write {} {} {MIB} 5000", b.name, b.addr))
+        .expect_err("the endpoint failed");
+    assert_eq!(early.kind, "remote_disconnect");
+    a.ok(&format!("forget {}", b.name));
+    let reload = a
+        .cmd(&format!("fetch {} {} 20000", b.name, b.listen))
+        .expect_err("UCX cannot connect the dead lane");
+    assert_eq!(reload.kind, "remote_disconnect", "{reload:?}");
+    net.set_segment(1, true).expect("repair rail 1");
+    a.ok(&format!("fetch {} {} 20000", b.name, b.listen));
+    if b.cmd(&format!("notify {} probe", a.name)).is_err() {
+        b.ok(&format!("forget {}", a.name));
+        b.ok(&format!("fetch {} {} 20000", a.name, a.listen));
+    }
+    let (both, both_path) = small_write(&net, &mut a, &mut b, 93, "after-repair");
+    assert!(both_path.contains("tcp/eth0, tcp/eth1"), "{both_path}");
+    assert!(
+        both[0] + both[1] >= MIB as u64,
+        "the write crossed the links: {both:?}"
+    );
+    println!("{test}: {f:?} after {to_error:?}; {path}; reload while down {reload:?}; after repair {both:?}");
+    report(
+        "UCX: rail 1 of 2 fails mid-WRITE (32 MiB over two lanes)",
+        "typed error",
+        "`remote_disconnect` (the endpoint's lanes fail together); new requests fail at once; a reload is refused (`remote_disconnect`, destination unreachable) until the rail is repaired, then works",
+        Some(to_error),
+    );
+}

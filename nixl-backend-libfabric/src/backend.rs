@@ -629,7 +629,7 @@ impl LibfabricBackend {
         let deadline = Instant::now() + self.inner.params.op_timeout;
         let mut idle = 0u32;
         while !rail
-            .post_send(addr, &framed, &track)
+            .post_send(addr, framed, &track)
             .map_err(|e| e.into_error(me, Some(remote), op))?
         {
             if Instant::now() >= deadline {
@@ -637,7 +637,7 @@ impl LibfabricBackend {
                 peer.fail_rails(&[r]);
                 return Err(Error::TimedOut {
                     agent: me.clone(),
-                    op: op,
+                    op,
                     elapsed: self.inner.params.op_timeout,
                 });
             }
@@ -654,7 +654,7 @@ impl LibfabricBackend {
             self.inner.drain(&track);
             return Err(Error::TimedOut {
                 agent: me.clone(),
-                op: op,
+                op,
                 elapsed: self.inner.params.op_timeout,
             });
         }

@@ -336,11 +336,13 @@ fn connection_and_byte_limits_hold() {
 
 #[test]
 fn peer_and_region_limits_are_typed_and_change_nothing() {
-    let mut cfg = AgentConfig::default();
-    cfg.limits = Limits {
-        max_peers: 2,
-        max_regions_per_peer: 3,
-        ..Limits::default()
+    let cfg = AgentConfig {
+        limits: Limits {
+            max_peers: 2,
+            max_regions_per_peer: 3,
+            ..Limits::default()
+        },
+        ..AgentConfig::default()
     };
     let a = agent("plim", cfg);
     let peers: Vec<Agent> = (0..3)

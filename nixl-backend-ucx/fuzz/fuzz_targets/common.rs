@@ -24,6 +24,8 @@ pub struct World {
 
 static WORLD: OnceLock<World> = OnceLock::new();
 static SEQ: AtomicU64 = AtomicU64::new(1);
+static LOADED: AtomicU64 = AtomicU64::new(0);
+static REFUSED: AtomicU64 = AtomicU64::new(0);
 
 fn ucx(tls: &str) -> UcxParams {
     UcxParams {
@@ -131,9 +133,17 @@ pub fn metadata(conn_info: Vec<u8>, rkey: Option<(Vec<u8>, (u64, u64))>) -> (Str
 pub fn load_and_forget(bytes: &[u8], name: &str) {
     let v = &world().victim;
     if v.load_remote_metadata(bytes).is_ok() {
+        LOADED.fetch_add(1, Ordering::Relaxed);
         v.progress();
         let _ = v.invalidate_remote_metadata(name);
         v.progress();
+    } else {
+        REFUSED.fetch_add(1, Ordering::Relaxed);
+    }
+    let (l, r) = (LOADED.load(Ordering::Relaxed), REFUSED.load(Ordering::Relaxed));
+    if (l + r) % 5000 == 0 {
+        // How many inputs got past the checks into UCX (and loaded) in this process.
+        eprintln!("UNPACK-STATS loaded {l} refused {r}");
     }
 }
 

@@ -1,7 +1,7 @@
 //! Side-channel frames: bytes, authentication, and reading and writing under one deadline.
 //!
 //! A frame is a `u32` length, then a body ([`crate::bytes`], little endian):
-//! magic `NXS2`, the kind, an auth flag, with authentication the [`Stamp`] (credential id,
+//! magic `NXS2`, the kind, an auth flag, with authentication the stamp (credential id,
 //! timestamp, nonce), the payload (length-prefixed), and with authentication an HMAC-SHA256
 //! of everything in the body before it. A reply carries the nonce of the request it answers,
 //! under a different MAC domain, so a request can be neither replayed nor reflected.
@@ -34,7 +34,7 @@ pub enum Kind {
     Ack,
     /// Reply: metadata (payload: the blob).
     Metadata,
-    /// Reply: refused (payload: an error code and message, see [`encode_error`]).
+    /// Reply: refused (payload: an error code and a message).
     Err,
 }
 

@@ -50,6 +50,16 @@ const ATTR_V1: usize = 16;
 /// `sizeof(ucp_address_v2_packed_iface_attr_t)`.
 const ATTR_V2: usize = 8;
 
+/// `UCP_ADDR_IFACE_FLAG_*` bits of a v2 attribute word (up to `ATOMIC64`).
+const V2_KNOWN_FLAGS: u16 = (1 << 10) - 1;
+/// `UCP_ADDR_IFACE_FLAG_AM_SYNC | UCP_ADDR_IFACE_FLAG_CB_ASYNC`: the peer offers active
+/// messages on this interface.
+const V2_AM_FLAGS: u16 = (1 << 1) | (1 << 2);
+/// Smallest receive segment (in units of 64 bytes) of an interface that offers active
+/// messages: UCX asserts that a remote key fits in one (`ucp_ep_config_init`: `rkey_size <=
+/// am.max_bcopy`), and legitimate transports offer kilobytes.
+const V2_MIN_AM_SEG: u16 = 16;
+
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 
@@ -110,6 +120,20 @@ fn extended(r: &mut ByteReader<'_>, first: u8, mask: u8, v2: bool) -> Result<u8,
     } else {
         Ok(v)
     }
+}
+
+/// `ucp_address_v2_packed_iface_attr_t`: fp8 overhead, bandwidth, latency, prio, `u16`
+/// segment size (x64 bytes), `u16` flags.
+fn v2_attr(a: &[u8]) -> Result<(), DecodeError> {
+    let seg = u16::from_le_bytes([a[4], a[5]]);
+    let flags = u16::from_le_bytes([a[6], a[7]]);
+    if flags & !V2_KNOWN_FLAGS != 0 {
+        return Err(invalid("UCX interface flags"));
+    }
+    if flags & V2_AM_FLAGS != 0 && seg < V2_MIN_AM_SEG {
+        return Err(invalid("UCX interface segment size"));
+    }
+    Ok(())
 }
 
 fn finite_attr(a: &[u8]) -> Result<(), DecodeError> {
@@ -187,7 +211,9 @@ pub fn parse_address(bytes: &[u8], loaded_minor: u32) -> Result<Address, DecodeE
                 }
                 let csum = r.u16()?;
                 let attr = r.take(if v2 { ATTR_V2 } else { ATTR_V1 })?;
-                if !v2 {
+                if v2 {
+                    v2_attr(attr)?;
+                } else {
                     finite_attr(attr)?;
                 }
                 let lb = r.u8()?;
@@ -452,6 +478,15 @@ mod tests {
         assert!(s.check_address(&m).is_err());
         let mut m = a.clone();
         m[1] = 0x12; // unknown header flag
+        assert!(s.check_address(&m).is_err());
+        // The second entry's segment size (offsets 53-54) zeroed: UCX would abort
+        // (`rkey_size <= am.max_bcopy`; found by the unpack_address fuzz target).
+        let mut m = a.clone();
+        m[53] ^= 0x80;
+        assert!(s.check_address(&m).is_err());
+        // An unknown interface flag.
+        let mut m = a.clone();
+        m[56] |= 0x80;
         assert!(s.check_address(&m).is_err());
     }
 

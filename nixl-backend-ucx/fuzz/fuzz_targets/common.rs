@@ -30,6 +30,9 @@ static REFUSED: AtomicU64 = AtomicU64::new(0);
 fn ucx(tls: &str) -> UcxParams {
     UcxParams {
         transports: Some(tls.into()),
+        // Mutated addresses name unreachable hosts; UCX's default blocking tcp connect would
+        // then take the kernel's SYN timeout (minutes) per input. Parsing is the same.
+        config: vec![("TCP_CONN_NB".into(), "y".into())],
         ..UcxParams::default()
     }
 }

@@ -43,6 +43,8 @@ for role in prefill decode; do
     echo "== main job with a stock NIXL agent: disagg_kv --nixl-peer --role $role"
     cargo run --quiet --all-features --example disagg_kv -- --nixl-peer --role "$role" --op write --requests 4 --layers 4 --blocks 64 --block-bytes 65536
 done
+echo "== main job with authentication on (a cluster credential for the side channel, metadata and hellos)"
+cargo run --quiet --all-features --example disagg_kv -- --op write --requests 4 --layers 4 --blocks 64 --block-bytes 65536 --auth
 echo "== main job over libfabric (shm)"
 cargo run --quiet --all-features --example disagg_kv -- --op write --requests 4 --layers 4 --blocks 64 --block-bytes 65536 --backend libfabric --provider shm
 # Across a network: prefill and decode on two hosts (network namespaces joined by a virtual

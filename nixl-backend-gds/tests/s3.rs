@@ -108,6 +108,7 @@ fn etag(s: &common::S3Server, key: &str) -> String {
     let ctx = nixl_core::backend::BackendContext {
         agent: "etag-reader".to_owned(),
         notifs: Arc::new(nixl_core::backend::NotifQueue::new()),
+        peers: nixl_core::backend::PeerAuth::unauthenticated("etag-reader"),
     };
     let b = nixl_backend_gds::S3Backend::new(common::params(s), ctx).expect("backend");
     b.etag(key).expect("head").expect("an ETag")

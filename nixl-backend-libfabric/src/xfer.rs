@@ -51,9 +51,11 @@ pub(crate) struct XferCore {
     _mds: Vec<BackendMd>,
 }
 
-/// Frames a notification from `me`, refused when larger than a receive slot.
-fn frame_notif(inner: &Inner, me: &str, msg: &[u8], op: Op) -> Result<Vec<u8>> {
-    let f = crate::wire::encode_notif(me, msg);
+/// Frames a notification to `peer` (in the session its hello opened), refused when larger
+/// than a receive slot.
+fn frame_notif(inner: &Inner, peer: &Peer, msg: &[u8], op: Op) -> Result<Vec<u8>> {
+    let me = inner.agent.as_str();
+    let f = crate::wire::encode_notif(&peer.session, msg);
     if f.len() > inner.params.notif_size {
         return Err(Error::invalid(
             me,
@@ -118,7 +120,7 @@ impl LfXfer {
         let notif = spec
             .notif
             .as_deref()
-            .map(|n| frame_notif(&inner, &me, n, Op::MakeXfer))
+            .map(|n| frame_notif(&inner, &peer, n, Op::MakeXfer))
             .transpose()?;
         let mut nr = peer.addrs.len().min(inner.rails.len());
         let mut segs = Vec::with_capacity(spec.segments.len());
@@ -421,10 +423,10 @@ impl BackendXfer for LfXfer {
         ))
     }
     fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {
-        let framed = msg
-            .map(|m| frame_notif(&self.inner, &self.inner.agent, m, Op::PostXfer))
+        let mut core = lock(&self.core);
+        core.notif = msg
+            .map(|m| frame_notif(&self.inner, &core.peer, m, Op::PostXfer))
             .transpose()?;
-        lock(&self.core).notif = framed;
         Ok(())
     }
 }

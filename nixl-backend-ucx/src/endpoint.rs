@@ -218,6 +218,12 @@ pub(crate) struct Peer {
     pub eps: Vec<PeerEp>,
     /// Whether the peer is a stock NIXL agent (notifications in NIXL's format).
     pub nixl: bool,
+    /// Per endpoint: the notification header of the session its hello opened
+    /// (`crate::session::introduce`).
+    pub headers: Vec<Arc<[u8]>>,
+    /// The peer's worker address as checked by `crate::validate` (what its rkeys are
+    /// checked against).
+    pub address: Option<crate::validate::Address>,
 }
 
 impl std::fmt::Debug for Peer {
@@ -253,9 +259,10 @@ impl Peer {
             let mut ep: sys::ucp_ep_h = std::ptr::null_mut();
             w.keep_handler_arg(shared.clone());
             let g = w.lock();
-            // SAFETY: the worker is live and locked; the address bytes were framed and
-            // checksummed by wire::decode_conn and outlive the call (UCX copies what it
-            // keeps); the handler argument is kept alive by the worker (above).
+            // SAFETY: the worker is live and locked; the address bytes were framed by
+            // wire::decode_conn and checked by validate::Shapes::check_address (UCX reads
+            // exactly them), and outlive the call (UCX copies what it keeps); the handler
+            // argument is kept alive by the worker (above).
             let mut st = unsafe { w.ctx.ucx.lib.ucp_ep_create(g.raw(), &p, &mut ep) };
             let mut peer_failure = true;
             if st == sys::UCS_ERR_UNREACHABLE {
@@ -297,6 +304,8 @@ impl Peer {
             name: name.to_owned(),
             eps,
             nixl: false,
+            headers: Vec::new(),
+            address: None,
         })
     }
 

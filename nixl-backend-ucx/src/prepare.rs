@@ -146,7 +146,7 @@ impl UcxBackend {
         }
         let mem_type = h.mem_type;
         let keep = spec.mds.clone();
-        Ok(self.xfer(
+        self.xfer(
             peer,
             worker,
             spec.op,
@@ -154,7 +154,7 @@ impl UcxBackend {
             Work::Segs(segs),
             spec.notif.as_deref(),
             keep,
-        ))
+        )
     }
 
     pub(crate) fn prepare_block_table(&self, spec: &BlockXferSpec) -> Result<UcxXfer> {
@@ -189,7 +189,7 @@ impl UcxBackend {
             runs: spec.runs.clone(),
             segments: spec.segment_count(),
         };
-        Ok(self.xfer(
+        self.xfer(
             peer,
             worker,
             spec.op,
@@ -197,6 +197,6 @@ impl UcxBackend {
             work,
             spec.notif.as_deref(),
             keep,
-        ))
+        )
     }
 }

@@ -96,7 +96,7 @@ impl PostState {
         p.op_attr_mask = sys::UCP_OP_ATTR_FIELD_CALLBACK
             | sys::UCP_OP_ATTR_FIELD_USER_DATA
             | sys::UCP_OP_ATTR_FIELD_FLAGS;
-        p.flags = sys::UCP_AM_SEND_FLAG_EAGER;
+        p.flags = crate::session::am_flags(*am_id);
         p.cb.send = Some(am_done);
         let user = Arc::into_raw(self.clone());
         p.user_data = user as *mut c_void;

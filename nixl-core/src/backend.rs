@@ -18,6 +18,7 @@ use crate::error::Result;
 use crate::mem::{MemKind, RegionDesc};
 
 pub use crate::desc::merge_contiguous;
+pub use crate::hello::{Hello, PeerAuth, SessionId, Sessions, SESSION_LEN};
 pub use crate::inproc::InprocBackend;
 pub use crate::notif::NotifQueue;
 pub use crate::params::{parse_bool, ParamMap};
@@ -83,6 +84,9 @@ pub struct BackendContext {
     pub agent: String,
     /// Where the backend delivers notifications it receives.
     pub notifs: Arc<NotifQueue>,
+    /// Signs and checks connection hellos: how the backend learns which peer a notification
+    /// comes from (see [`crate::hello`]).
+    pub peers: PeerAuth,
 }
 
 /// One contiguous piece of a transfer, after merging. Its regions' metadata are named by index
@@ -194,6 +198,11 @@ pub trait BackendXfer: Send {
     /// of the transfer; an `Err` means it could not be sure, and the agent then never frees
     /// that memory.
     fn cancel(&mut self) -> Result<()>;
+    /// Starts stopping the transfer without blocking: its deadline passed or its peer is
+    /// gone, and the request has already ended. The agent then polls [`BackendXfer::check`]
+    /// until it stops reporting `InProgress` before releasing the transfer's memory. The
+    /// default does nothing (the transfer runs to its end or fails).
+    fn abandon(&mut self) {}
     /// Which transports carried this transfer (for path reports), if the backend knows.
     fn path(&self) -> Option<String> {
         None

@@ -111,6 +111,11 @@ impl<V> RegionIndex<V> {
             })
     }
 
+    /// How many regions it holds.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
     /// Every region, in key order.
     pub fn values(&self) -> impl Iterator<Item = &V> {
         self.map.values()

@@ -58,6 +58,7 @@
 #![warn(missing_docs)]
 
 mod agent;
+pub mod auth;
 pub mod backend;
 pub mod bytes;
 pub mod codec;
@@ -69,9 +70,12 @@ mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 mod fault;
+pub mod hello;
 mod index;
 mod inproc;
 pub mod integrity;
+mod limits;
+mod liveness;
 mod make;
 mod make_blocks;
 mod mem;
@@ -91,12 +95,15 @@ mod work;
 mod xfer;
 
 pub use agent::{Agent, AgentConfig, BackendHandle};
+pub use auth::{Auth, Credential};
 pub use backend::{Capabilities, CostEstimate, CostMethod, QueryResult, XferState};
 pub use codec::AgentMetadata;
 pub use desc::{Desc, XferDescList, XferOp};
 pub use error::{DecodeError, Error, ErrorKind, Op, Result, SharedError};
 pub use fault::{FaultEvent, FaultLog, FaultParams, FaultPlan};
 pub use inproc::{Completion, InprocParams, InprocPlugin, INPROC};
+pub use limits::{Limits, ListenerLimits, NOTIF_OVERHEAD};
+pub use liveness::ProcessId;
 pub use mem::{HostBuffer, MemKind, MemoryRegion, RawRegion, RegionDesc, PAGE_SIZE};
 pub use notif::Notifs;
 pub use prep::PreparedList;

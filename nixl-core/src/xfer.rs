@@ -142,6 +142,33 @@ struct ReqState {
     tel: XferTelemetry,
     /// Set when cancel could not make sure the backend stopped: the memory is then leaked.
     leaked: bool,
+    /// Set when the request ended (deadline, peer gone) while the backend still owned it:
+    /// its memory stays held until the backend's `check` stops reporting `InProgress`.
+    draining: bool,
+}
+
+impl ReqState {
+    /// Polls a draining request once; returns whether it is still draining.
+    fn settle(&mut self) -> bool {
+        if self.draining && !matches!(self.xfer.check(), Ok(XferState::InProgress)) {
+            self.draining = false;
+        }
+        self.draining
+    }
+}
+
+/// A dropped request the backend has not released yet: its transfer and the memory it uses,
+/// held by the agent until the backend confirms (see [`Agent::draining_requests`]).
+pub(crate) struct Drained {
+    xfer: Box<dyn BackendXfer>,
+    _keep: Option<[Regions; 2]>,
+}
+
+impl Drained {
+    /// Polls once; returns whether the backend still owns it.
+    pub(crate) fn busy(&mut self) -> bool {
+        matches!(self.xfer.check(), Ok(XferState::InProgress))
+    }
 }
 
 /// A transfer request (NIXL's `nixlXferReqH`): post it with [`Agent::post_xfer_req`], poll
@@ -203,6 +230,7 @@ impl XferReq {
                 xfer: p.xfer,
                 tel: XferTelemetry::default(),
                 leaked: false,
+                draining: false,
             }),
             keep: Some(p.keep),
             note: p.note,
@@ -297,6 +325,7 @@ impl XferReq {
 
     fn peer_check(&self) -> Result<()> {
         if let Some(p) = &self.remote {
+            p.check_alive(&self.shared.name, Op::PostXfer)?;
             if !p.valid.load(Ordering::SeqCst) {
                 let current = lock(&self.shared.remotes)
                     .get(&p.name)
@@ -329,6 +358,14 @@ impl XferReq {
                 &self.shared.name,
                 Op::PostXfer,
                 "an earlier cancel could not be confirmed",
+            ));
+        }
+        if st.settle() {
+            return Err(Error::not_allowed(
+                &self.shared.name,
+                Op::PostXfer,
+                "the backend has not yet released the previous post (it ended by its deadline \
+                 or its peer's failure while in flight)",
             ));
         }
         self.peer_check()?;
@@ -389,7 +426,11 @@ impl XferReq {
                 "request was never posted",
             )),
             Status::Done => Ok(XferState::Done),
-            Status::Failed(e) => Err(e.clone()),
+            Status::Failed(e) => {
+                let e = e.clone();
+                st.settle();
+                Err(e)
+            }
             Status::Canceled => Err(Error::Canceled {
                 agent: self.shared.name.clone(),
                 op: Op::CheckXfer,
@@ -429,12 +470,13 @@ impl XferReq {
         }
     }
 
-    /// Cancels the in-flight transfer and records `terminal` as its outcome.
+    /// Ends the in-flight transfer with `terminal` now, without waiting for the backend: it
+    /// is asked to stop ([`BackendXfer::abandon`]) and the request drains (its memory stays
+    /// held) until the backend confirms.
     fn abort_locked(&self, st: &mut ReqState, terminal: Error) {
-        if let Err(e) = st.xfer.cancel() {
-            tracing::error!(agent = %self.shared.name, error = %e, "cancel failed; leaking the request's memory");
-            st.leaked = true;
-        }
+        st.xfer.abandon();
+        st.draining = true;
+        st.settle();
         self.shared.counters.failed();
         self.note_uncertain(&terminal);
         st.status = Status::Failed(terminal);
@@ -472,8 +514,10 @@ impl XferReq {
         }
     }
 
-    /// Blocks until the request completes, fails, or `timeout` passes; on timeout the request
-    /// is canceled and ends `TimedOut`.
+    /// Blocks until the request completes, fails, or `timeout` passes; on timeout it ends
+    /// `TimedOut` at once (the wait never outlasts `timeout` by more than one poll). The
+    /// backend may still own the transfer then: the request drains ([`XferReq::is_draining`])
+    /// and keeps its memory until the backend confirms it stopped.
     pub fn wait(&self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         let mut spins = 0u32;
@@ -522,6 +566,14 @@ impl XferReq {
         Ok(())
     }
 
+    /// Whether the request ended (by its deadline, or its peer's failure) while the backend
+    /// still owned it, and the backend has not confirmed since that it stopped: until then
+    /// the memory it names stays registered and alive, and it cannot be posted again. Polls
+    /// the backend once. See `docs/reliability.md` for when this lasts.
+    pub fn is_draining(&self) -> bool {
+        lock(&self.state).settle()
+    }
+
     /// Whether the request is in flight.
     pub fn is_in_flight(&self) -> bool {
         matches!(lock(&self.state).status, Status::Posted { .. })
@@ -539,7 +591,33 @@ impl Drop for XferReq {
         }
         if st.leaked {
             std::mem::forget(self.keep.take());
+            return;
         }
+        if st.settle() {
+            // The backend still owns the transfer: the agent keeps it and its memory until the
+            // backend confirms (its progress reaps it).
+            let placeholder: Box<dyn BackendXfer> = Box::new(Released);
+            let xfer = std::mem::replace(&mut st.xfer, placeholder);
+            lock(&self.shared.draining).push(Drained {
+                xfer,
+                _keep: self.keep.take(),
+            });
+        }
+    }
+}
+
+/// What a request holds after handing its transfer to the agent's drain list.
+struct Released;
+
+impl BackendXfer for Released {
+    fn post(&mut self) -> Result<XferState> {
+        Ok(XferState::Done)
+    }
+    fn check(&mut self) -> Result<XferState> {
+        Ok(XferState::Done)
+    }
+    fn cancel(&mut self) -> Result<()> {
+        Ok(())
     }
 }
 

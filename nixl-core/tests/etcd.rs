@@ -658,6 +658,79 @@ fn fetch_all_loads_every_peer_in_pages_and_reports_bad_entries() {
     assert!(matches!(xa.fetch_all(""), Err(Error::InvalidParam { .. })));
 }
 
+/// An agent with a credential.
+fn signed_peer(name: &str, cred: &nixl_core::Credential, blocks: usize) -> Peer {
+    let agent = Agent::new(
+        name,
+        AgentConfig {
+            auth: Some(nixl_core::Auth::new(cred.clone())),
+            ..AgentConfig::default()
+        },
+    )
+    .unwrap();
+    agent.create_backend(InprocParams::default()).unwrap();
+    let buf = Arc::new(HostBuffer::new(BLOCK as usize * blocks).unwrap());
+    let reg = agent.register_mem(vec![buf.clone()], &[]).unwrap();
+    Peer {
+        agent,
+        buf,
+        _reg: reg,
+    }
+}
+
+/// With a cluster credential, metadata in etcd carries its MAC: two authenticated agents
+/// exchange through etcd and transfer; write access to etcd alone cannot inject a peer (a
+/// forged blob under a key is refused and does not replace the loaded one), nor replay an
+/// old incarnation's blob.
+#[test]
+fn authenticated_exchange_through_etcd() {
+    let Some(etcd) = server() else { return };
+    let cred = nixl_core::Credential::generate("cluster").unwrap();
+    let (a, b) = (signed_peer("a", &cred, 1), signed_peer("b", &cred, 4));
+    let xa = EtcdExchange::new(&a.agent, &config(&etcd)).unwrap();
+    let xb = EtcdExchange::new(&b.agent, &config(&etcd)).unwrap();
+    xb.publish().unwrap();
+    assert_eq!(xa.fetch("b", Duration::ZERO).unwrap(), "b");
+    transfer(&a, &b, 1, 0x3c);
+    let g = b.agent.generation();
+    let old_blob = b.agent.local_metadata().unwrap();
+
+    // Someone with etcd write access but no credential: an unsigned blob and a blob signed
+    // with another secret under b's key (a new generation, pointing at their own memory).
+    let key = xa.key("b", DEFAULT_LABEL);
+    let intruder = peer("b", 1);
+    raw_put(&etcd, &key, intruder.agent.local_metadata().unwrap(), None);
+    let other = signed_peer("b", &nixl_core::Credential::generate("cluster").unwrap(), 1);
+    raw_put(&etcd, &key, other.agent.local_metadata().unwrap(), None);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        a.agent.remote_generation("b"),
+        Some(g),
+        "a forged put replaced b"
+    );
+    assert!(matches!(
+        xa.fetch("b", Duration::ZERO),
+        Err(Error::NotAllowed { .. })
+    ));
+    assert_eq!(a.agent.remote_generation("b"), Some(g));
+    transfer(&a, &b, 2, 0x3d);
+
+    // b restarts; its old incarnation's blob, replayed into etcd, is refused by an agent that
+    // saw the newer one.
+    let b2 = signed_peer("b", &cred, 4);
+    let xb2 = EtcdExchange::new(&b2.agent, &config(&etcd)).unwrap();
+    xb2.publish().unwrap();
+    assert!(eventually(|| a.agent.remote_generation("b") != Some(g)));
+    xa.fetch("b", Duration::ZERO).unwrap();
+    assert_eq!(a.agent.remote_generation("b"), Some(b2.agent.generation()));
+    raw_put(&etcd, &key, old_blob, None);
+    assert!(matches!(
+        xa.fetch("b", Duration::ZERO),
+        Err(Error::NotAllowed { .. })
+    ));
+    transfer(&a, &b2, 0, 0x3e);
+    drop(xb);
+}
 /// `LocalEtcd::start_on` serves on the address it is given (here 127.0.0.2, also a loopback
 /// address on Linux), and agents exchange metadata through it; an address this machine does
 /// not have is an I/O error and starts nothing.

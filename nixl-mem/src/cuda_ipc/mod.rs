@@ -289,7 +289,7 @@ impl CudaIpcBackend {
             Error::invalid(&ctx.agent, Op::CreateBackend, format!("CUDA_IPC {why}"))
         })?;
         let cu_ctx = cuda::context(params.device).map_err(|e| with_agent(e, &ctx.agent))?;
-        let server = NotifServer::start(&ctx.agent, ctx.notifs.clone())?;
+        let server = NotifServer::start(&ctx.agent, ctx.notifs.clone(), ctx.peers.clone())?;
         let completer = Completer::start(&ctx.agent, Some(cu_ctx.clone()))?;
         Ok(CudaIpcBackend {
             agent: ctx.agent,
@@ -298,7 +298,7 @@ impl CudaIpcBackend {
             host_id: host_id(),
             notifs: ctx.notifs,
             server,
-            senders: Arc::new(NotifSenders::default()),
+            senders: Arc::new(NotifSenders::new(ctx.peers.clone())),
             completer,
             kernel: OnceLock::new(),
             peers: Mutex::new(HashMap::new()),

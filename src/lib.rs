@@ -6,8 +6,8 @@
 pub use nixl_core as core;
 pub use nixl_core::nixl_wire;
 pub use nixl_core::{
-    Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, PreparedList, Registration, Result,
-    XferDescList, XferOp, XferOptions, XferReq, XferState, XferTarget,
+    Agent, AgentConfig, Auth, Credential, Desc, Error, HostBuffer, Limits, MemKind, PreparedList,
+    Registration, Result, XferDescList, XferOp, XferOptions, XferReq, XferState, XferTarget,
 };
 pub use nixl_mem as mem;
 

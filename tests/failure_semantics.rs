@@ -18,6 +18,14 @@ use nixl::{
 };
 use support::{buf, params, signal, unique, Target, DEADLINE, SHM, TCP};
 
+/// Keeps a SIGSTOPped target alive in UCX's eyes: with the 500 ms keep-alive of
+/// `support::params`, UCX's tcp user timeout (2 s) would declare a stopped peer dead and fail
+/// its endpoint, and these tests need the endpoint alive with puts in flight when it closes.
+fn stopped_peer_stays_alive(ucx: &mut nixl::ucx::UcxParams) {
+    ucx.config
+        .push(("TCP_USER_TIMEOUT".to_owned(), "120s".to_owned()));
+}
+
 /// The child-role test the parent spawns (a no-op unless spawned as a target).
 const CHILD: &str = "child_role";
 
@@ -196,7 +204,7 @@ fn restarted_target_fences_old_requests_and_new_ones_work() {
 /// peer dead first), is listed as uncertain, and `check` never reports InProgress once the
 /// deadline has passed; `wait` on another request ends the same way. Then the stopped target
 /// is killed and the survivor forgets it with typed, bounded calls. (Waking the target up
-/// instead is `silent_target_wakes_up_and_is_reloaded`, ignored: it crashes inside UCX.)
+/// instead is `silent_target_wakes_up_and_is_reloaded`.)
 #[test]
 fn silent_target_ends_requests_by_their_deadline() {
     if !support::ucx_or_skip("silent_peer") {
@@ -241,8 +249,10 @@ fn silent_target_ends_requests_by_their_deadline() {
             ..XferOptions::default()
         },
     );
-    let posted = Instant::now();
     let first = p.post_xfer_req(&req);
+    // The request's deadline runs from inside the post: measured from after it returned, a
+    // check that starts past `posted + timeout` starts past the deadline.
+    let posted = Instant::now();
     assert!(
         matches!(first, Ok(XferState::InProgress)),
         "in flight to a stopped target: {first:?}"
@@ -316,14 +326,15 @@ fn silent_target_ends_requests_by_their_deadline() {
     );
 }
 
-/// The silent target wakes up (SIGCONT) after its in-flight write timed out and UCX's
-/// endpoint was force-closed under it; the survivor reloads its metadata at once and writes
-/// again. Ignored: with UCX 1.22.0 over tcp the initiator's UCX progress thread crashes with
-/// SIGSEGV in `uct_tcp_iface_handle_events` in most runs (3 of 4 here) while the woken
-/// target drains the old connection — see docs/perf/failure.md. Run it with
-/// `cargo test --test failure_semantics -- --ignored silent_target_wakes_up --nocapture`.
+/// The silent target wakes up (SIGCONT) right after its in-flight write timed out, and the
+/// survivor forgets and reloads it at once (`invalidate_remote_metadata` while the old write
+/// is still in flight over tcp and the woken target drains it). Typed outcomes throughout: the
+/// write ends `TimedOut` (or `RemoteDisconnect`), its cancel over tcp is refused so the
+/// request's memory is kept (a repost is `NotAllowed`), the invalidation returns `Ok` (the
+/// endpoint drains, or is fenced and closed by UCX later, never force-closed), and a new write
+/// after the reload lands intact. Before the endpoint-close fix this crashed UCX 1.22's tcp
+/// progress (SIGSEGV in `uct_tcp_iface_handle_events`) in 3 of 4 runs.
 #[test]
-#[ignore = "SIGSEGV inside UCX 1.22 tcp progress after a force-closed endpoint's peer wakes up (docs/perf/failure.md)"]
 fn silent_target_wakes_up_and_is_reloaded() {
     if !support::ucx_or_skip("silent_wake") {
         return;
@@ -331,6 +342,7 @@ fn silent_target_wakes_up_and_is_reloaded() {
     let (big, small) = (64u64 << 20, 64u64 << 10);
     let mut ucx = params(TCP);
     ucx.cancel_timeout = Duration::from_millis(500);
+    stopped_peer_stays_alive(&mut ucx);
     let p = support::parent("wake-src", ucx);
     let src = buf(big as usize);
     let _reg = p.register_mem(vec![src.clone()], &[]).expect("register");
@@ -351,15 +363,33 @@ fn silent_target_wakes_up_and_is_reloaded() {
             ..XferOptions::default()
         },
     );
-    p.post_xfer_req(&req).expect("post");
+    let first = p.post_xfer_req(&req);
+    assert!(
+        matches!(first, Ok(XferState::InProgress)),
+        "a 64 MiB write to a stopped target over tcp is in flight: {first:?}"
+    );
     let err = settle(&p, &req).expect_err("a write to a stopped target cannot complete");
-    assert!(err.is_uncertain(), "{err:?}");
-    // Wake it up; after reloading its metadata the same process serves transfers again.
+    assert!(
+        matches!(err, Error::TimedOut { .. } | Error::RemoteDisconnect { .. }),
+        "{err:?}"
+    );
+    // Its cancel over tcp could not be confirmed: the memory is kept, the request retired.
+    let repost = p.post_xfer_req(&req);
+    assert!(
+        matches!(repost, Err(Error::NotAllowed { .. })),
+        "a request whose cancel was refused cannot be posted again: {repost:?}"
+    );
+    // Wake it up and forget it at once, with the old write still in flight.
     assert!(
         signal::send(t.child.id(), signal::CONT),
         "SIGCONT the target"
     );
-    t.reconnect(&p);
+    let start = Instant::now();
+    p.invalidate_remote_metadata(&name)
+        .expect("invalidate a peer with a write in flight");
+    eprintln!("silent_wake: invalidated in {:?}", start.elapsed());
+    p.fetch_remote_metadata_blocking(&name, t.listen, Duration::from_secs(20))
+        .expect("reload the woken target");
     src.fill(5);
     let after = write(
         &p,
@@ -373,6 +403,143 @@ fn silent_target_wakes_up_and_is_reloaded() {
     after.wait(DEADLINE).expect("write after waking");
     assert_eq!(t.next(&p), "ok:1:intact");
     assert_eq!(t.exit(&p), Some(0));
+}
+
+/// `invalidate_remote_metadata` while 16 large WRITEs are in flight (under load), optionally
+/// to a stopped target so that none of them can finish while the endpoint closes. The call
+/// returns `Ok` within its bound (the drain is bounded by `cancel_timeout`), every request
+/// that was in flight ends in `PeerRestarted` (fenced; listed as uncertain), the process keeps
+/// running (UCX is never asked to force-close a tcp endpoint with puts in flight), and after a
+/// reload the same target takes new writes that it verifies region by region.
+fn invalidate_under_load(tls: &str, stop_target: bool) {
+    if !support::ucx_or_skip("invalidate_under_load") {
+        return;
+    }
+    let (n, blk) = (16usize, 32usize << 20);
+    let mut ucx = params(tls);
+    ucx.cancel_timeout = Duration::from_millis(300);
+    if stop_target {
+        stopped_peer_stays_alive(&mut ucx);
+    }
+    let p = support::parent("inval-src", ucx);
+    let src = buf(n * blk);
+    let _reg = p.register_mem(vec![src.clone()], &[]).expect("register");
+    let mut t = Target::spawn(CHILD, &p, &unique("inval"), tls, n * blk);
+    let (name, taddr) = (t.name.clone(), t.addr);
+    src.fill(0x41);
+    if stop_target {
+        assert!(signal::send(t.child.id(), signal::STOP), "SIGSTOP");
+    }
+    let reqs: Vec<XferReq> = (0..n)
+        .map(|k| {
+            let off = (k * blk) as u64;
+            write(
+                &p,
+                src.addr() + off,
+                taddr + off,
+                blk as u64,
+                &name,
+                XferOptions::default(),
+            )
+        })
+        .collect();
+    for r in &reqs {
+        p.post_xfer_req(r).expect("post");
+    }
+    let in_flight: Vec<bool> = reqs.iter().map(XferReq::is_in_flight).collect();
+    let count = in_flight.iter().filter(|f| **f).count();
+    if stop_target {
+        assert_eq!(count, n, "every write to a stopped target is in flight");
+    }
+    let start = Instant::now();
+    p.invalidate_remote_metadata(&name)
+        .expect("invalidate under load");
+    let took = start.elapsed();
+    let mut kinds = Vec::new();
+    for (r, was) in reqs.iter().zip(&in_flight) {
+        let outcome = settle(&p, r);
+        kinds.push(outcome.as_ref().err().map_or("done", |e| e.kind().as_str()));
+        if *was {
+            match outcome {
+                Ok(()) => assert!(!stop_target, "a write to a stopped target completed"),
+                Err(Error::PeerRestarted { .. }) => assert!(
+                    p.uncertain_requests().iter().any(|u| u.id == r.id()),
+                    "a fenced write is listed as uncertain"
+                ),
+                Err(e) => panic!("in-flight write after invalidate: {e:?}"),
+            }
+        }
+    }
+    eprintln!(
+        "invalidate_under_load[{tls}, stopped: {stop_target}]: {count}/{n} in flight, invalidated in {took:?}: {kinds:?}"
+    );
+    assert!(
+        count > 0,
+        "nothing was in flight when the peer was forgotten"
+    );
+    if stop_target {
+        assert!(signal::send(t.child.id(), signal::CONT), "SIGCONT");
+    }
+    p.fetch_remote_metadata_blocking(&name, t.listen, Duration::from_secs(20))
+        .expect("reload");
+    // A barrier write: its completion (a flush of the new endpoint) also means the target
+    // processed what it had queued; then fresh data everywhere, verified by the target.
+    for k in 0..n {
+        src.write_at(k * blk, &vec![0x50 + k as u8; blk]);
+    }
+    let fresh: Vec<XferReq> = (0..n)
+        .map(|k| {
+            let off = (k * blk) as u64;
+            write(
+                &p,
+                src.addr() + off,
+                taddr + off,
+                blk as u64,
+                &name,
+                XferOptions::default(),
+            )
+        })
+        .collect();
+    for r in &fresh {
+        p.post_xfer_req(r).expect("post after reload");
+        r.wait(DEADLINE).expect("write after reload");
+    }
+    // Old writes (fenced, possibly still draining into the target) must not overwrite the
+    // fresh data: the target sees 0x50 + k in region k, or reports which region differs.
+    let want: Vec<String> = (0..n).map(|k| (0x50 + k).to_string()).collect();
+    let end = Instant::now() + DEADLINE;
+    loop {
+        let got = t.ask(&p, &format!("uniform:{n}"));
+        if got == format!("uniform:{}", want.join(",")) {
+            break;
+        }
+        // A region still being written by an old, fenced write: write it again.
+        assert!(Instant::now() < end, "target memory after reload: {got}");
+        for r in &fresh {
+            p.post_xfer_req(r).expect("repost");
+            r.wait(DEADLINE).expect("rewrite");
+        }
+    }
+    assert_eq!(t.exit(&p), Some(0));
+}
+
+/// Over tcp to a stopped target: every endpoint still has puts in flight when it closes, so
+/// it is fenced, not force-closed.
+#[test]
+fn invalidate_under_load_tcp_stopped_target() {
+    invalidate_under_load(TCP, true);
+}
+
+/// Over tcp to a live target: the endpoints drain (bounded) before they close.
+#[test]
+fn invalidate_under_load_tcp() {
+    invalidate_under_load(TCP, false);
+}
+
+/// Over shared memory: what does not drain in time is force-closed (safe there).
+#[test]
+fn invalidate_under_load_shm() {
+    invalidate_under_load(SHM, false);
 }
 
 /// Cancel under load: 16 large WRITEs in flight, all canceled (with a cancel timeout short
@@ -542,13 +709,96 @@ fn cancel_under_load_shm() {
     cancel_under_load(SHM, Duration::from_millis(20));
 }
 
-/// The tcp variant with a 20 ms cancel timeout (UCX's endpoint force-closed under 16 in-flight
-/// zero-copy puts). Ignored: with UCX 1.22.0 the initiator's UCX progress thread then crashes
-/// with SIGSEGV in `uct_tcp_iface_handle_events` (every run here) — see docs/perf/failure.md.
+/// The tcp variant with a 20 ms cancel timeout: 16 × 64 MiB WRITEs in flight to a stopped
+/// target, each canceled. UCX cannot finish them within 20 ms and force-closing a tcp endpoint
+/// with puts in flight crashes UCX 1.22, so every cancel is refused with the typed
+/// `Error::Backend { op: Cancel }`: the request ends (no longer in flight), its memory is kept
+/// (a repost is `NotAllowed`), and dropping such requests does the same. The endpoint is left
+/// open: once the target resumes, the same agent moves new data that the target verifies.
 #[test]
-#[ignore = "SIGSEGV inside UCX 1.22 tcp progress after force-closing an endpoint with puts in flight (docs/perf/failure.md)"]
 fn cancel_under_load_force_close_tcp() {
-    cancel_under_load(TCP, Duration::from_millis(20));
+    if !support::ucx_or_skip("cancel_force_close_tcp") {
+        return;
+    }
+    let (n, blk) = (16usize, 64usize << 20);
+    let mut ucx = params(TCP);
+    ucx.cancel_timeout = Duration::from_millis(20);
+    stopped_peer_stays_alive(&mut ucx);
+    let p = support::parent("cancel-tcp-src", ucx);
+    let src = buf(n * blk);
+    let _reg = p.register_mem(vec![src.clone()], &[]).expect("register");
+    let mut t = Target::spawn(CHILD, &p, &unique("cancel-tcp"), TCP, n * blk);
+    let (name, taddr) = (t.name.clone(), t.addr);
+    let make = || -> Vec<XferReq> {
+        (0..n)
+            .map(|k| {
+                let off = (k * blk) as u64;
+                write(
+                    &p,
+                    src.addr() + off,
+                    taddr + off,
+                    blk as u64,
+                    &name,
+                    XferOptions::default(),
+                )
+            })
+            .collect()
+    };
+    src.fill(0x10);
+    assert!(signal::send(t.child.id(), signal::STOP), "SIGSTOP");
+    let reqs = make();
+    for r in &reqs {
+        assert_eq!(
+            p.post_xfer_req(r).expect("post"),
+            XferState::InProgress,
+            "a 64 MiB write to a stopped target is in flight"
+        );
+    }
+    for (k, r) in reqs.iter().enumerate() {
+        match r.cancel() {
+            Err(Error::Backend {
+                op: nixl::core::Op::Cancel,
+                ..
+            }) => {}
+            other => panic!("cancel {k} over tcp with puts in flight: {other:?}"),
+        }
+        assert!(!r.is_in_flight(), "a refused cancel still ends the request");
+        assert!(
+            matches!(p.check_xfer_state(r), Err(Error::Backend { .. })),
+            "its terminal state is the refusal"
+        );
+        assert!(
+            matches!(p.post_xfer_req(r), Err(Error::NotAllowed { .. })),
+            "its memory is kept: it can never be posted again"
+        );
+    }
+    // Dropping in-flight requests takes the same path (their memory is leaked, not freed).
+    let dropped = make();
+    for r in &dropped {
+        p.post_xfer_req(r).expect("post");
+    }
+    drop(dropped);
+    drop(reqs);
+    assert!(signal::send(t.child.id(), signal::CONT), "SIGCONT");
+    // The endpoint was never closed: once the old writes drain, new data lands and is verified.
+    let fresh = make();
+    let want: Vec<String> = (0..n).map(|k| (0x30 + k).to_string()).collect();
+    let end = Instant::now() + DEADLINE;
+    loop {
+        for k in 0..n {
+            src.write_at(k * blk, &vec![0x30 + k as u8; blk]);
+        }
+        for r in &fresh {
+            p.post_xfer_req(r).expect("post after the refused cancels");
+            r.wait(DEADLINE).expect("write after the refused cancels");
+        }
+        let got = t.ask(&p, &format!("uniform:{n}"));
+        if got == format!("uniform:{}", want.join(",")) {
+            break;
+        }
+        assert!(Instant::now() < end, "target memory: {got}");
+    }
+    assert_eq!(t.exit(&p), Some(0));
 }
 
 /// Corruption injected on the initiator (the fault wrapper around UCX flips one payload byte
@@ -599,7 +849,7 @@ fn corruption_detected_every_time(tls: &str, seed: u64) {
         assert_eq!(
             src.to_vec(),
             vec![b; len as usize],
-            "the wrapper restored the source"
+            "the caller's source was never written (the wrapper corrupts a private copy)"
         );
         let reply = t.next(&p);
         if reply == format!("ok:{i}:intact") {
@@ -641,9 +891,13 @@ fn corruption_detected_every_time_shm() {
     corruption_detected_every_time(SHM, 0xBADC0DE);
 }
 
-/// kill -9 of the target mid-transfer with the fault wrapper around UCX (delays and
-/// duplicated notifications switched on): the request ends in a typed uncertain error, is
-/// listed as uncertain, and later requests keep failing without hanging.
+/// kill -9 of the target while a WRITE is in flight, with the fault wrapper around UCX holding
+/// every post back (delay) and duplicating every notification. The faults are real: the first
+/// WRITE's notification reaches the target twice, each time with the data intact. Then the
+/// target is stopped, a WRITE posted (`InProgress`: held back, then moving towards a stopped
+/// process) and the target killed: the request ends in a typed uncertain error, is listed as
+/// uncertain, and later requests keep failing without hanging. The fault log holds exactly
+/// one delay and one duplicate per post.
 #[test]
 fn kill9_target_mid_transfer_under_fault_wrapper() {
     if !support::ucx_or_skip("kill9_fault_wrapper") {
@@ -652,9 +906,9 @@ fn kill9_target_mid_transfer_under_fault_wrapper() {
     let log = FaultLog::new();
     let plan = FaultPlan {
         seed: 5,
-        delay_prob: 0.3,
+        delay_prob: 1.0,
         delay: (Duration::from_millis(1), Duration::from_millis(5)),
-        dup_notif_prob: 0.2,
+        dup_notif_prob: 1.0,
         ..FaultPlan::default()
     };
     let p = support::parent("kill-src", FaultParams::new(params(TCP), plan, log.clone()));
@@ -663,6 +917,7 @@ fn kill9_target_mid_transfer_under_fault_wrapper() {
     let _reg = p.register_mem(vec![src.clone()], &[]).expect("register");
     let mut t = Target::spawn(CHILD, &p, &unique("kill"), TCP, len);
     let blk = 4u64 << 20;
+    src.fill(7);
     let req = p
         .create_xfer_req(
             XferOp::Write,
@@ -672,44 +927,51 @@ fn kill9_target_mid_transfer_under_fault_wrapper() {
             XferOptions {
                 timeout: Some(Duration::from_secs(20)),
                 no_merge: true,
+                notif: Some(format!("d:0:7:0:{len}").into_bytes()),
                 ..XferOptions::default()
             },
         )
         .expect("make");
-    p.post_xfer_req(&req).expect("first post");
-    req.wait(DEADLINE).expect("first write");
-    let mut outcome = None;
-    for i in 0..200 {
-        if let Err(e) = p.post_xfer_req(&req) {
-            outcome = Some((e, false));
-            break;
-        }
-        if i == 0 {
-            t.kill9();
-        }
-        if let Err(e) = settle(&p, &req) {
-            outcome = Some((e, true));
-            break;
-        }
-    }
-    let (e, from_flight) = outcome.expect("a write to a killed target fails");
-    eprintln!(
-        "kill9_fault_wrapper: {e} (in flight: {from_flight}); faults {:?}",
-        log.events().len()
+    assert_eq!(
+        p.post_xfer_req(&req).expect("first post"),
+        XferState::InProgress,
+        "a post held back by the injected delay is in flight"
     );
+    req.wait(DEADLINE).expect("first write");
+    assert_eq!(
+        t.next(&p),
+        "ok:0:intact",
+        "the notification, after the data"
+    );
+    assert_eq!(t.next(&p), "ok:0:intact", "its injected duplicate");
+    assert!(signal::send(t.child.id(), signal::STOP), "SIGSTOP");
+    assert_eq!(
+        p.post_xfer_req(&req).expect("post to the stopped target"),
+        XferState::InProgress
+    );
+    t.kill9();
+    let e = settle(&p, &req).expect_err("a write to a killed target cannot complete");
+    eprintln!("kill9_fault_wrapper: {e}; faults {:?}", log.events());
     assert!(e.is_uncertain(), "typed, uncertain-outcome error: {e:?}");
     assert!(!req.is_in_flight());
-    if from_flight {
-        assert!(
-            p.uncertain_requests().iter().any(|u| u.id == req.id()),
-            "listed as uncertain"
-        );
-    }
+    assert!(
+        p.uncertain_requests().iter().any(|u| u.id == req.id()),
+        "listed as uncertain"
+    );
     let again = p
         .post_xfer_req(&req)
         .and_then(|_| req.wait(Duration::from_secs(20)));
     assert!(
         again.is_err(),
         "a dead peer keeps failing requests: {again:?}"
+    );
+    let events = log.events();
+    let count = |f: fn(&FaultEvent) -> bool| events.iter().filter(|e| f(e)).count();
+    let posts = count(|e| matches!(e, FaultEvent::Delay { .. }));
+    assert!(posts >= 2, "{events:?}");
+    assert_eq!(
+        count(|e| matches!(e, FaultEvent::DupNotif { .. })),
+        posts,
+        "{events:?}"
     );
 }

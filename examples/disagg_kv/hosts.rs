@@ -166,7 +166,15 @@ pub fn run(o: &Opts) -> Res<()> {
         "--decode".into(),
         "external".into(),
     ]);
-    let mut p = net.spawn(0, "prefill", Command::new(&exe).args(&prefill_args))?;
+    let with_cred = |mut c: Command| {
+        if let Some(cr) = &o.cred {
+            c.env(nixl::core::auth::ENV_CREDENTIAL, cr.export());
+        }
+        c
+    };
+    let mut pc = Command::new(&exe);
+    pc.args(&prefill_args);
+    let mut p = net.spawn(0, "prefill", &with_cred(pc))?;
     let line = p.expect("listening ", o.timeout)?;
     let mut words = line.split_whitespace();
     let addr = words
@@ -185,7 +193,9 @@ pub fn run(o: &Opts) -> Res<()> {
     if let Some(url) = words.next().filter(|u| *u != "-") {
         decode_args.extend(["--etcd".into(), url.to_owned()]);
     }
-    let mut d = net.spawn(1, "decode", Command::new(&exe).args(&decode_args))?;
+    let mut dc = Command::new(&exe);
+    dc.args(&decode_args);
+    let mut d = net.spawn(1, "decode", &with_cred(dc))?;
     let end = Instant::now() + o.timeout * 2;
     let left = || {
         end.saturating_duration_since(Instant::now())

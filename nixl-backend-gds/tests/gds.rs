@@ -474,3 +474,30 @@ fn gds_vram_cancel_in_flight() {
     assert!(!req.is_in_flight());
     eprintln!("canceled: {}", req.path());
 }
+
+/// The shared conformance suite on GDS, one test per case: O_DIRECT files in a temporary
+/// directory (skipped without a GPU, libcuda or libcufile).
+fn gds_suite() -> Option<nixl_core::conformance::Suite> {
+    let params = GdsParams {
+        force_compat_mode: force_compat(),
+        ..Default::default()
+    };
+    gds_agent("conformance-probe", params.clone())?;
+    let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
+    let seq = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    Some(nixl_core::conformance::Suite {
+        name: "gds".to_owned(),
+        config: AgentConfig::default(),
+        create: Arc::new(move |a: &Agent| a.create_backend(params.clone())),
+        storage: Some(Arc::new(move |len| {
+            let n = seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let f = FileRegion::open(dir.path().join(format!("c{n}")), len, OpenFlags::direct())
+                .map_err(|e| Error::io("conformance", nixl_core::Op::RegisterMem, e))?;
+            Ok(Arc::new(f) as Arc<dyn nixl_core::MemoryRegion>)
+        })),
+    })
+}
+
+mod conformance_gds {
+    nixl_core::conformance_tests!(super::gds_suite);
+}

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use nixl_backend_gds::{Engine, FileRegion, OpenFlags, PosixParams, PosixPlugin, POSIX};
 use nixl_core::backend::BackendPlugin;
-use nixl_core::conformance::{assert_all, Suite};
+use nixl_core::conformance::Suite;
+use nixl_core::testing::{skip, Dep};
 use nixl_core::{
     Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, MemoryRegion, RawRegion, RegionDesc,
     XferDescList, XferOp, XferOptions, XferTarget,
@@ -17,16 +18,43 @@ use nixl_core::{
 const T: Duration = Duration::from_secs(20);
 
 fn agent(tag: &str, engine: Engine) -> Agent {
+    agent_or_skip(tag, engine).expect("io_uring is available (checked by the caller)")
+}
+
+/// An agent with a POSIX backend on `engine`; `None` (after reporting a skip for
+/// [`Dep::IoUring`]) when `Engine::IoUring` is asked for and this kernel has none.
+fn agent_or_skip(tag: &str, engine: Engine) -> Option<Agent> {
     let name = format!("posix-{tag}-{}", std::process::id());
     let a = Agent::new(&name, AgentConfig::default()).expect("agent");
-    a.create_backend(PosixParams {
+    match a.create_backend(PosixParams {
         engine,
         queue_depth: 8,
         chunk_size: Some(64 * 1024),
+        // Buffered requests go through the engine too (not inline pread/pwrite).
+        inline_max: 0,
         ..Default::default()
-    })
-    .expect("backend");
-    a
+    }) {
+        Ok(_) => Some(a),
+        Err(Error::Unavailable { what, hint }) if engine == Engine::IoUring => {
+            let test = std::thread::current().name().unwrap_or(tag).to_owned();
+            skip(
+                &test,
+                Dep::IoUring,
+                format!("io_uring unavailable: {what}: {hint}"),
+            );
+            None
+        }
+        Err(e) => panic!("creating POSIX on {engine:?}: {e}"),
+    }
+}
+
+/// The word a request's path names for an engine that was asked for explicitly.
+fn engine_word(engine: Engine) -> &'static str {
+    match engine {
+        Engine::IoUring => "io_uring",
+        Engine::ThreadPool => "thread-pool",
+        Engine::Auto => "",
+    }
 }
 
 fn buf(len: usize) -> Arc<HostBuffer> {
@@ -34,14 +62,29 @@ fn buf(len: usize) -> Arc<HostBuffer> {
 }
 
 fn xfer(a: &Agent, op: XferOp, local: XferDescList, remote: XferDescList) -> nixl_core::Result<()> {
-    let req = a.create_xfer_req(op, &local, &remote, a.name(), XferOptions::default())?;
-    a.post_xfer_req(&req)?;
-    req.wait(T)
+    xfer_path(a, op, local, remote).map(|_| ())
 }
 
+/// Runs one request; the path it reported.
+fn xfer_path(
+    a: &Agent,
+    op: XferOp,
+    local: XferDescList,
+    remote: XferDescList,
+) -> nixl_core::Result<String> {
+    let req = a.create_xfer_req(op, &local, &remote, a.name(), XferOptions::default())?;
+    a.post_xfer_req(&req)?;
+    req.wait(T)?;
+    Ok(req.path())
+}
+
+/// A scattered WRITE and READ back through `engine`, which both requests' paths must name
+/// (no silent fallback to the other engine).
 fn roundtrip(engine: Engine, flags: OpenFlags) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let a = agent(&format!("rt-{engine:?}-{}", flags.direct), engine);
+    let Some(a) = agent_or_skip(&format!("rt-{engine:?}-{}", flags.direct), engine) else {
+        return;
+    };
     const BLOCK: u64 = 256 * 1024;
     const N: usize = 12;
     let file =
@@ -58,14 +101,20 @@ fn roundtrip(engine: Engine, flags: OpenFlags) {
         MemKind::File,
         perm.iter().map(|&j| file.desc_at(j * BLOCK, BLOCK)),
     );
-    xfer(&a, XferOp::Write, local, remote.clone()).expect("write");
-    xfer(
+    let wpath = xfer_path(&a, XferOp::Write, local, remote.clone()).expect("write");
+    let rpath = xfer_path(
         &a,
         XferOp::Read,
         XferDescList::blocks(MemKind::Dram, dst.addr(), BLOCK, N),
         remote,
     )
     .expect("read");
+    for path in [&wpath, &rpath] {
+        assert!(path.contains(engine_word(engine)), "{engine:?}: {path}");
+        if engine == Engine::IoUring {
+            assert!(!path.contains("thread-pool"), "fell back: {path}");
+        }
+    }
     assert_eq!(src.to_vec(), dst.to_vec());
     // The bytes really are in the file, where the descriptors said.
     let on_disk = std::fs::read(file.path()).expect("read file");
@@ -82,12 +131,12 @@ fn roundtrip(engine: Engine, flags: OpenFlags) {
 
 #[test]
 fn io_uring_buffered_roundtrip() {
-    roundtrip(Engine::Auto, OpenFlags::buffered());
+    roundtrip(Engine::IoUring, OpenFlags::buffered());
 }
 
 #[test]
 fn io_uring_direct_roundtrip() {
-    roundtrip(Engine::Auto, OpenFlags::direct());
+    roundtrip(Engine::IoUring, OpenFlags::direct());
 }
 
 #[test]
@@ -103,8 +152,11 @@ fn thread_pool_direct_roundtrip() {
 #[test]
 fn path_names_the_engine() {
     let dir = tempfile::tempdir().expect("tempdir");
-    for (engine, word) in [(Engine::ThreadPool, "thread-pool"), (Engine::Auto, "")] {
-        let a = agent(&format!("path-{engine:?}"), engine);
+    for engine in [Engine::ThreadPool, Engine::IoUring] {
+        let word = engine_word(engine);
+        let Some(a) = agent_or_skip(&format!("path-{engine:?}"), engine) else {
+            continue;
+        };
         let file = Arc::new(
             FileRegion::open(
                 dir.path().join(format!("{engine:?}")),
@@ -472,6 +524,8 @@ fn suite(engine: Engine, direct: bool) -> Suite {
         create: Arc::new(move |a: &Agent| {
             a.create_backend(PosixParams {
                 engine,
+                // Buffered requests through the engine named, not inline pread/pwrite.
+                inline_max: 0,
                 ..Default::default()
             })
         }),
@@ -489,13 +543,36 @@ fn suite(engine: Engine, direct: bool) -> Suite {
     }
 }
 
-#[test]
-fn conformance_io_uring() {
-    assert_all(&suite(Engine::Auto, true));
-    assert_all(&suite(Engine::Auto, false));
+fn io_uring_direct() -> Option<Suite> {
+    agent_or_skip("conf-probe", Engine::IoUring)?;
+    Some(suite(Engine::IoUring, true))
 }
 
-#[test]
-fn conformance_thread_pool() {
-    assert_all(&suite(Engine::ThreadPool, true));
+fn io_uring_buffered() -> Option<Suite> {
+    agent_or_skip("conf-probe", Engine::IoUring)?;
+    Some(suite(Engine::IoUring, false))
+}
+
+fn thread_pool_direct() -> Option<Suite> {
+    Some(suite(Engine::ThreadPool, true))
+}
+
+fn thread_pool_buffered() -> Option<Suite> {
+    Some(suite(Engine::ThreadPool, false))
+}
+
+mod conformance_io_uring_direct {
+    nixl_core::conformance_tests!(super::io_uring_direct);
+}
+
+mod conformance_io_uring_buffered {
+    nixl_core::conformance_tests!(super::io_uring_buffered);
+}
+
+mod conformance_thread_pool_direct {
+    nixl_core::conformance_tests!(super::thread_pool_direct);
+}
+
+mod conformance_thread_pool_buffered {
+    nixl_core::conformance_tests!(super::thread_pool_buffered);
 }

@@ -7,14 +7,14 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nixl_core::backend::{
-    downcast_md, Backend, BackendContext, BackendMd, BackendXfer, NotifQueue, XferSpec,
+    downcast_md, Backend, BackendContext, BackendMd, BackendXfer, Hello, Sessions, XferSpec,
 };
 use nixl_core::{Capabilities, Error, MemKind, Op, RegionDesc, Result};
 
 use crate::fabric::Mr;
 use crate::params::{LibfabricParams, LibfabricStats, RailStats};
 pub(crate) use crate::peer::Peer;
-use crate::rail::{Rail, RailConfig, Track};
+use crate::rail::{Inbox, Rail, RailConfig, Track};
 use crate::result::{unavailable, FiError, LIBFABRIC};
 use crate::sys;
 use crate::wire;
@@ -44,7 +44,8 @@ pub(crate) struct Inner {
     pub agent: String,
     pub provider: String,
     pub rails: Vec<Arc<Rail>>,
-    pub notifs: Arc<NotifQueue>,
+    /// Received messages: notifications by session, hellos checked.
+    pub inbox: Inbox,
     pub params: LibfabricParams,
     pub hmem: bool,
     pub delivery_complete: bool,
@@ -65,7 +66,7 @@ impl Inner {
     pub fn poll(&self) -> usize {
         let mut n = 0;
         for r in &self.rails {
-            match r.poll(&self.notifs) {
+            match r.poll(&self.inbox) {
                 Ok(k) => n += k,
                 Err(e) => {
                     tracing::warn!(agent = %self.agent, rail = r.index, error = %e, "polling the completion queue failed")
@@ -175,9 +176,9 @@ fn progress_loop(inner: &Inner, i: usize, stop: &AtomicBool) {
     let mut idle = 0u32;
     while !stop.load(Ordering::Relaxed) {
         let n = if rail.waitable && idle > 64 {
-            rail.wait_poll(&inner.notifs, 1)
+            rail.wait_poll(&inner.inbox, 1)
         } else {
-            rail.poll(&inner.notifs)
+            rail.poll(&inner.inbox)
         };
         let n = match n {
             Ok(n) => n,
@@ -249,7 +250,23 @@ impl LibfabricBackend {
         }
         let names: Vec<Vec<u8>> = rails.iter().map(|r| r.addr.clone()).collect();
         let conn = wire::encode_conn(&sel.provider, &names);
-        let me = Arc::new(Peer::connect(&agent, &conn, &rails, &names).map_err(fail)?);
+        // Notifications to itself (loopback) need no hello: its own session is known.
+        let session = ctx.peers.new_session()?;
+        let me = Arc::new(Peer::connect(&agent, &conn, &rails, &names, session).map_err(fail)?);
+        let inbox = Inbox {
+            notifs: ctx.notifs,
+            peers: ctx.peers,
+            sessions: Sessions::default(),
+        };
+        inbox.sessions.accept(
+            &Hello {
+                sender: agent.clone(),
+                generation: 0,
+                session,
+                authenticated: true,
+            },
+            0,
+        );
         let virt_addr = rails
             .first()
             .is_some_and(|r| r.mr_mode & u64::from(sys::FI_MR_VIRT_ADDR) != 0);
@@ -263,7 +280,7 @@ impl LibfabricBackend {
             agent,
             provider: sel.provider,
             rails,
-            notifs: ctx.notifs,
+            inbox,
             hmem: sel.hmem,
             delivery_complete: sel.delivery_complete,
             virt_addr,
@@ -402,9 +419,25 @@ impl Backend for LibfabricBackend {
             }
         }
         let n = names.len().min(self.inner.rails.len());
-        let peer = Peer::connect(remote, info, &self.inner.rails[..n], &names[..n])
+        for (i, name) in names[..n].iter().enumerate() {
+            let own = self.inner.rails[i].addr.as_slice();
+            crate::validate::check_name(&self.inner.provider, name, own).map_err(|e| {
+                Error::invalid(
+                    me,
+                    Op::LoadMetadata,
+                    format!("refused an endpoint name of {remote} (rail {i}): {e}"),
+                )
+            })?;
+        }
+        let session = self.inner.inbox.peers.new_session()?;
+        let peer = Peer::connect(remote, info, &self.inner.rails[..n], &names[..n], session)
             .map_err(|e| e.into_error(me, Some(remote), Op::LoadMetadata))?;
-        if let Some(old) = self.inner.peers().insert(remote.to_owned(), Arc::new(peer)) {
+        let peer = Arc::new(peer);
+        // The hello goes first on the notification rail (sends are ordered, FI_ORDER_SAS):
+        // it tells the peer which session this agent's notifications carry.
+        let hello = self.inner.inbox.peers.hello(remote, &session)?;
+        self.send_framed(&peer, &wire::encode_hello(&hello), Op::LoadMetadata)?;
+        if let Some(old) = self.inner.peers().insert(remote.to_owned(), peer) {
             old.alive.store(false, Ordering::SeqCst);
         }
         Ok(())
@@ -514,7 +547,7 @@ impl Backend for LibfabricBackend {
         }))
     }
 
-    fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
+    fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
         let peer = if spec.is_local {
             self.inner.me.clone()
         } else {
@@ -530,7 +563,7 @@ impl Backend for LibfabricBackend {
         if !peer.alive.load(Ordering::SeqCst) {
             return Err(Error::disconnected(me, remote, Op::GenNotif, "peer was declared unreachable (operations did not complete in time); reload its metadata to reconnect"));
         }
-        let framed = wire::encode_notif(me, msg);
+        let framed = wire::encode_notif(&peer.session, msg);
         if framed.len() > self.inner.params.notif_size {
             return Err(Error::invalid(
                 me,
@@ -542,46 +575,7 @@ impl Backend for LibfabricBackend {
                 ),
             ));
         }
-        let (r, rail, addr) = peer.notif_rail().ok_or_else(|| {
-            Error::disconnected(me, remote, Op::GenNotif, "no rail reaches the peer")
-        })?;
-        let track = Arc::new(Track::default());
-        let deadline = Instant::now() + self.inner.params.op_timeout;
-        let mut idle = 0u32;
-        while !rail
-            .post_send(addr, &framed, &track)
-            .map_err(|e| e.into_error(me, Some(remote), Op::GenNotif))?
-        {
-            if Instant::now() >= deadline {
-                // The provider would not take the message for a whole op_timeout.
-                peer.fail_rails(&[r]);
-                return Err(Error::TimedOut {
-                    agent: me.clone(),
-                    op: Op::GenNotif,
-                    elapsed: self.inner.params.op_timeout,
-                });
-            }
-            if self.inner.poll() == 0 {
-                idle += 1;
-                backoff(idle, self.inner.params.idle_sleep);
-            }
-        }
-        if !self.inner.drain(&track) {
-            // The send buffer belongs to the rail, so nothing of the caller's is at risk; the
-            // connection is torn down so the send is flushed and later calls fail fast (or
-            // take another rail).
-            peer.fail_rails(&[r]);
-            self.inner.drain(&track);
-            return Err(Error::TimedOut {
-                agent: me.clone(),
-                op: Op::GenNotif,
-                elapsed: self.inner.params.op_timeout,
-            });
-        }
-        match track.state().1 {
-            Some(e) => Err(e.into_error(me, Some(remote), Op::GenNotif)),
-            None => Ok(()),
-        }
+        self.send_framed(&peer, &framed, Op::GenNotif)
     }
 
     fn progress(&self) -> Result<bool> {
@@ -619,5 +613,54 @@ impl Backend for LibfabricBackend {
             peer.addrs.len(),
             per_rail.join("; ")
         ))
+    }
+}
+
+impl LibfabricBackend {
+    /// Sends one framed message to `peer` over its notification rail (the first healthy one)
+    /// and waits (up to `op_timeout`) for the provider to complete it.
+    fn send_framed(&self, peer: &Arc<Peer>, framed: &[u8], op: Op) -> Result<()> {
+        let me = &self.inner.agent;
+        let remote = peer.name.as_str();
+        let (r, rail, addr) = peer
+            .notif_rail()
+            .ok_or_else(|| Error::disconnected(me, remote, op, "no rail reaches the peer"))?;
+        let track = Arc::new(Track::default());
+        let deadline = Instant::now() + self.inner.params.op_timeout;
+        let mut idle = 0u32;
+        while !rail
+            .post_send(addr, framed, &track)
+            .map_err(|e| e.into_error(me, Some(remote), op))?
+        {
+            if Instant::now() >= deadline {
+                // The provider would not take the message for a whole op_timeout.
+                peer.fail_rails(&[r]);
+                return Err(Error::TimedOut {
+                    agent: me.clone(),
+                    op,
+                    elapsed: self.inner.params.op_timeout,
+                });
+            }
+            if self.inner.poll() == 0 {
+                idle += 1;
+                backoff(idle, self.inner.params.idle_sleep);
+            }
+        }
+        if !self.inner.drain(&track) {
+            // The send buffer belongs to the rail, so nothing of the caller's is at risk; the
+            // connection is torn down so the send is flushed and later calls fail fast (or
+            // take another rail).
+            peer.fail_rails(&[r]);
+            self.inner.drain(&track);
+            return Err(Error::TimedOut {
+                agent: me.clone(),
+                op,
+                elapsed: self.inner.params.op_timeout,
+            });
+        }
+        match track.state().1 {
+            Some(e) => Err(e.into_error(me, Some(remote), op)),
+            None => Ok(()),
+        }
     }
 }

@@ -46,6 +46,7 @@ mod rail;
 mod result;
 mod select;
 mod sys;
+mod validate;
 mod wire;
 mod xfer;
 
@@ -54,8 +55,10 @@ mod xfer;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
+    pub use crate::validate::check_name;
     pub use crate::wire::{
-        decode_conn, decode_notif, decode_region, encode_conn, encode_notif, encode_region,
+        decode_conn, decode_message, decode_region, encode_conn, encode_hello, encode_notif,
+        encode_region, Message,
     };
 }
 

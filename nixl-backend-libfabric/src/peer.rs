@@ -10,6 +10,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use nixl_core::backend::SessionId;
+
 use crate::rail::Rail;
 use crate::result::FiError;
 use crate::sys;
@@ -25,6 +27,8 @@ pub(crate) struct Peer {
     rail_ok: Vec<AtomicBool>,
     /// Per rail: set once the address was removed from the rail's AV.
     removed: Vec<AtomicBool>,
+    /// The session this agent's hello opened at the peer: what its notifications carry.
+    pub session: SessionId,
 }
 
 impl Drop for Peer {
@@ -41,6 +45,7 @@ impl Peer {
         conn: &[u8],
         rails: &[Arc<Rail>],
         names: &[Vec<u8>],
+        session: SessionId,
     ) -> Result<Peer, FiError> {
         let mut p = Peer {
             name: name.to_owned(),
@@ -49,6 +54,7 @@ impl Peer {
             alive: AtomicBool::new(true),
             rail_ok: Vec::new(),
             removed: Vec::new(),
+            session,
         };
         for (rail, addr) in rails.iter().zip(names) {
             // On failure `p` is dropped and removes what was inserted so far.

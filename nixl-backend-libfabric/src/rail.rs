@@ -12,7 +12,50 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use nixl_core::backend::NotifQueue;
+use nixl_core::backend::{NotifQueue, PeerAuth, Sessions};
+
+/// Where received messages go: notifications into the agent's queue, attributed by the
+/// session a checked hello opened (never by a name in the message).
+pub(crate) struct Inbox {
+    pub notifs: Arc<NotifQueue>,
+    pub peers: PeerAuth,
+    pub sessions: Sessions,
+}
+
+impl Inbox {
+    fn deliver(&self, rail: usize, bytes: &[u8]) -> bool {
+        match crate::wire::decode_message(bytes) {
+            Ok(crate::wire::Message::Hello(h)) => match self.peers.check_hello(h) {
+                Ok(hello) => {
+                    // RDM endpoints have no connection identity: the session id (random,
+                    // from a checked hello) is what ties a notification to its sender.
+                    self.sessions.accept(&hello, 0);
+                    false
+                }
+                Err(e) => {
+                    tracing::warn!(rail, error = %e, "refused a libfabric peer's hello");
+                    false
+                }
+            },
+            Ok(crate::wire::Message::Notif(session, msg)) => {
+                match self.sessions.sender(&session, 0) {
+                    Some(sender) => {
+                        self.notifs.push(&sender, msg.to_vec());
+                        true
+                    }
+                    None => {
+                        tracing::warn!(rail, "dropping a notification of an unknown session");
+                        false
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, rail, len = bytes.len(), "dropping a malformed notification message");
+                false
+            }
+        }
+    }
+}
 
 use crate::fabric::{Av, Cq, Domain, Endpoint, Fabric, Info, Mr};
 use crate::result::{check, FiError};
@@ -422,7 +465,7 @@ impl Rail {
 
     /// Reads completions (bounded), delivering received notifications into `notifs`.
     /// Returns how many completions were handled.
-    pub fn poll(&self, notifs: &NotifQueue) -> Result<usize, FiError> {
+    pub fn poll(&self, notifs: &Inbox) -> Result<usize, FiError> {
         let mut st = self.lock();
         let mut entries = [sys::fi_cq_msg_entry {
             op_context: std::ptr::null_mut(),
@@ -454,7 +497,7 @@ impl Rail {
 
     /// Blocks up to `timeout_ms` in `fi_cq_sread` (without the rail's lock, so posting goes
     /// on meanwhile), handles what arrived, then polls. Only for waitable rails.
-    pub fn wait_poll(&self, notifs: &NotifQueue, timeout_ms: i32) -> Result<usize, FiError> {
+    pub fn wait_poll(&self, notifs: &Inbox, timeout_ms: i32) -> Result<usize, FiError> {
         let mut entries = [sys::fi_cq_msg_entry {
             op_context: std::ptr::null_mut(),
             flags: 0,
@@ -482,7 +525,7 @@ impl Rail {
         ctx: *mut c_void,
         len: usize,
         err: Option<FiError>,
-        notifs: &NotifQueue,
+        notifs: &Inbox,
     ) -> Result<(), FiError> {
         let Some(op) = st.inflight.remove(&(ctx as usize)) else {
             tracing::warn!(
@@ -521,19 +564,10 @@ impl Rail {
                         let size = st.recv.slot_size;
                         let start = slot * size;
                         let bytes = st.recv.buf.get(start..start + len.min(size)).unwrap_or(&[]);
-                        match crate::wire::decode_notif(bytes) {
-                            Ok((sender, msg)) => {
-                                self.counters
-                                    .notifs_received
-                                    .fetch_add(1, Ordering::Relaxed);
-                                notifs.push(&sender, msg);
-                            }
-                            Err(e) => tracing::warn!(
-                                error = %e,
-                                rail = self.index,
-                                len,
-                                "dropping a malformed notification message"
-                            ),
+                        if notifs.deliver(self.index, bytes) {
+                            self.counters
+                                .notifs_received
+                                .fetch_add(1, Ordering::Relaxed);
                         }
                     }
                     Some(e) if e.code == sys::FI_ECANCELED => return Ok(()),

@@ -1,20 +1,21 @@
 //! The bytes this backend puts in agent metadata: connection info (provider + one endpoint
 //! name per rail) and per-region public metadata (addressing mode + one key per rail), and the
-//! framing of notification messages. Read and written with nixl-core's one byte reader
+//! framing of the notification path: a connection's hello, then notifications naming its
+//! session (never the sender's name). Read and written with nixl-core's one byte reader
 //! ([`nixl_core::bytes`]): bounded, typed errors on anything malformed.
 
+use nixl_core::backend::{SessionId, SESSION_LEN};
 use nixl_core::bytes::{ByteReader, ByteWriter};
 use nixl_core::DecodeError;
 
 const CONN_MAGIC: &[u8; 4] = b"LFB2";
 const REGION_MAGIC: &[u8; 4] = b"LFR2";
-const NOTIF_MAGIC: &[u8; 2] = b"N2";
+const NOTIF_MAGIC: &[u8; 2] = b"N3";
+const HELLO_MAGIC: &[u8; 2] = b"H3";
 /// Upper bound on rails in metadata.
 pub(crate) const MAX_RAILS: usize = 64;
 /// Longest provider name or endpoint name.
 const MAX_NAME: usize = 1024;
-/// Longest sender name of a notification (nixl-core's agent-name bound).
-const MAX_SENDER: usize = nixl_core::codec::MAX_NAME;
 
 /// `LFB2`, provider, rail count, per rail: endpoint name.
 pub fn encode_conn(provider: &str, names: &[Vec<u8>]) -> Vec<u8> {
@@ -73,19 +74,41 @@ pub fn decode_region(b: &[u8]) -> Result<(bool, Vec<u64>), DecodeError> {
     Ok((virt, keys))
 }
 
-/// Framing of notification messages: `N2`, the sender's name, then the payload.
-pub fn encode_notif(sender: &str, msg: &[u8]) -> Vec<u8> {
-    let mut w = ByteWriter::with_capacity(6 + sender.len() + msg.len());
-    w.put(NOTIF_MAGIC).put_str(sender).put(msg);
+/// A message on the notification path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Message<'a> {
+    /// A connection's hello (`nixl_core::hello`): who its later notifications are from.
+    Hello(&'a [u8]),
+    /// A notification in a session a hello opened.
+    Notif(SessionId, &'a [u8]),
+}
+
+/// Frames a hello: `H3`, then the hello.
+pub fn encode_hello(hello: &[u8]) -> Vec<u8> {
+    let mut w = ByteWriter::with_capacity(2 + hello.len());
+    w.put(HELLO_MAGIC).put(hello);
     w.into_vec()
 }
 
-/// The sender and payload of a framed notification.
-pub fn decode_notif(b: &[u8]) -> Result<(String, Vec<u8>), DecodeError> {
+/// Frames a notification: `N3`, the session id, then the payload (never the sender's name:
+/// the receiver knows the sender from the session's hello).
+pub fn encode_notif(session: &SessionId, msg: &[u8]) -> Vec<u8> {
+    let mut w = ByteWriter::with_capacity(2 + SESSION_LEN + msg.len());
+    w.put(NOTIF_MAGIC).put(session).put(msg);
+    w.into_vec()
+}
+
+/// Parses a message of the notification path.
+pub fn decode_message(b: &[u8]) -> Result<Message<'_>, DecodeError> {
     let mut r = ByteReader::new(b);
-    r.magic(NOTIF_MAGIC)?;
-    let sender = r.str("notification sender", MAX_SENDER)?.to_owned();
-    Ok((sender, r.rest().to_vec()))
+    match r.array::<2>()? {
+        m if &m == HELLO_MAGIC => Ok(Message::Hello(r.rest())),
+        m if &m == NOTIF_MAGIC => {
+            let s = r.array::<SESSION_LEN>()?;
+            Ok(Message::Notif(s, r.rest()))
+        }
+        _ => Err(DecodeError::BadMagic),
+    }
 }
 
 #[cfg(test)]
@@ -94,18 +117,19 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn notif_framing_round_trips_and_rejects_garbage() {
-        let f = encode_notif("agent-a", b"hello");
+    fn message_framing_round_trips_and_rejects_garbage() {
+        let f = encode_notif(&[3; SESSION_LEN], b"hello");
         assert_eq!(
-            decode_notif(&f),
-            Ok(("agent-a".to_owned(), b"hello".to_vec()))
+            decode_message(&f),
+            Ok(Message::Notif([3; SESSION_LEN], &b"hello"[..]))
         );
-        assert!(decode_notif(b"").is_err());
-        assert!(decode_notif(b"X2\x01\x00\x00\x00a").is_err());
-        assert!(decode_notif(b"N2\xff\x00\x00\x00a").is_err());
-        assert_eq!(
-            decode_notif(&encode_notif("", b"")),
-            Ok((String::new(), Vec::new()))
+        let h = encode_hello(b"NXHELLO1...");
+        assert_eq!(decode_message(&h), Ok(Message::Hello(&b"NXHELLO1..."[..])));
+        assert!(decode_message(b"").is_err());
+        assert!(decode_message(b"N3short").is_err());
+        assert!(
+            decode_message(b"N2\x07\x00\x00\x00agent-ahello").is_err(),
+            "old named frame"
         );
     }
 
@@ -138,7 +162,7 @@ mod tests {
     proptest! {
         #[test]
         fn decoders_never_panic(b in proptest::collection::vec(any::<u8>(), 0..200)) {
-            let _ = decode_notif(&b);
+            let _ = decode_message(&b);
             let _ = decode_conn(&b);
             let _ = decode_region(&b);
         }

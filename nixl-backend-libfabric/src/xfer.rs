@@ -51,9 +51,11 @@ pub(crate) struct XferCore {
     _mds: Vec<BackendMd>,
 }
 
-/// Frames a notification from `me`, refused when larger than a receive slot.
-fn frame_notif(inner: &Inner, me: &str, msg: &[u8], op: Op) -> Result<Vec<u8>> {
-    let f = crate::wire::encode_notif(me, msg);
+/// Frames a notification to `peer` (in the session its hello opened), refused when larger
+/// than a receive slot.
+fn frame_notif(inner: &Inner, peer: &Peer, msg: &[u8], op: Op) -> Result<Vec<u8>> {
+    let me = inner.agent.as_str();
+    let f = crate::wire::encode_notif(&peer.session, msg);
     if f.len() > inner.params.notif_size {
         return Err(Error::invalid(
             me,
@@ -99,7 +101,7 @@ impl XferCore {
 }
 
 impl LfXfer {
-    pub fn prepare(inner: Arc<Inner>, peer: Arc<Peer>, spec: XferSpec) -> Result<LfXfer> {
+    pub fn prepare(inner: Arc<Inner>, peer: Arc<Peer>, spec: &XferSpec) -> Result<LfXfer> {
         let me = inner.agent.clone();
         let kinds_ok = |k: MemKind| k == MemKind::Dram || (k == MemKind::Vram && inner.hmem);
         if !kinds_ok(spec.local_kind) || !kinds_ok(spec.remote_kind) {
@@ -118,18 +120,23 @@ impl LfXfer {
         let notif = spec
             .notif
             .as_deref()
-            .map(|n| frame_notif(&inner, &me, n, Op::MakeXfer))
+            .map(|n| frame_notif(&inner, &peer, n, Op::MakeXfer))
             .transpose()?;
         let mut nr = peer.addrs.len().min(inner.rails.len());
-        let mut mds = Vec::with_capacity(spec.segments.len() * 2);
         let mut segs = Vec::with_capacity(spec.segments.len());
         for s in &spec.segments {
-            let l = downcast_md::<LocalMd>(&s.local_md).ok_or_else(|| {
-                Error::invalid(&me, Op::MakeXfer, "local metadata is not LIBFABRIC's")
-            })?;
-            let r = downcast_md::<RemoteMd>(&s.remote_md).ok_or_else(|| {
-                Error::invalid(&me, Op::MakeXfer, "remote metadata is not LIBFABRIC's")
-            })?;
+            let l = spec
+                .md(s.local_md)
+                .and_then(downcast_md::<LocalMd>)
+                .ok_or_else(|| {
+                    Error::invalid(&me, Op::MakeXfer, "local metadata is not LIBFABRIC's")
+                })?;
+            let r = spec
+                .md(s.remote_md)
+                .and_then(downcast_md::<RemoteMd>)
+                .ok_or_else(|| {
+                    Error::invalid(&me, Op::MakeXfer, "remote metadata is not LIBFABRIC's")
+                })?;
             let inside =
                 |a: u64, base: u64, len: u64| a >= base && s.len <= len && a - base <= len - s.len;
             if !inside(s.local_addr, l.addr, l.len) || !inside(s.remote_addr, r.base, r.len) {
@@ -146,9 +153,8 @@ impl LfXfer {
                 s.remote_addr - r.base
             };
             segs.push((s.local_addr, raddr, s.len, l, r));
-            mds.push(s.local_md.clone());
-            mds.push(s.remote_md.clone());
         }
+        let mds = spec.mds.clone();
         // Only rails that still reach the peer (see peer.rs).
         let healthy = peer.healthy_rails(nr);
         if healthy.is_empty() {
@@ -417,10 +423,10 @@ impl BackendXfer for LfXfer {
         ))
     }
     fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {
-        let framed = msg
-            .map(|m| frame_notif(&self.inner, &self.inner.agent, m, Op::PostXfer))
+        let mut core = lock(&self.core);
+        core.notif = msg
+            .map(|m| frame_notif(&self.inner, &core.peer, m, Op::PostXfer))
             .transpose()?;
-        lock(&self.core).notif = framed;
         Ok(())
     }
 }

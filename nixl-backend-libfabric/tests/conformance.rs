@@ -1,55 +1,60 @@
-//! The shared conformance suite on the tcp and shm providers, in one process.
+//! The shared conformance suite, one test per case, on the tcp (one and two rails), shm and
+//! sockets providers, in one process.
 
 use std::sync::Arc;
 
 use nixl_backend_libfabric::LibfabricParams;
-use nixl_core::conformance::{assert_all, Suite};
+use nixl_core::conformance::Suite;
 use nixl_core::AgentConfig;
 
 mod common;
 
-fn suite(name: &str, params: LibfabricParams) -> Suite {
-    Suite::new(
+fn suite(provider: &str, name: &str, params: LibfabricParams) -> Option<Suite> {
+    if common::skip_without_provider(provider) {
+        return None;
+    }
+    Some(Suite::new(
         name,
         AgentConfig::default(),
         Arc::new(move |a| a.create_backend(params.clone())),
-    )
+    ))
 }
 
-#[test]
-fn conformance_tcp() {
-    if common::skip_without_provider("tcp") {
-        return;
-    }
-    assert_all(&suite("lf-tcp", LibfabricParams::tcp_loopback(1)));
+fn tcp() -> Option<Suite> {
+    suite("tcp", "lf-tcp", LibfabricParams::tcp_loopback(1))
 }
 
-#[test]
-fn conformance_shm() {
-    if common::skip_without_provider("shm") {
-        return;
-    }
-    assert_all(&suite("lf-shm", LibfabricParams::with_provider("shm")));
+fn tcp_two_rails() -> Option<Suite> {
+    suite("tcp", "lf-tcp2", LibfabricParams::tcp_loopback(2))
 }
 
-#[test]
-fn conformance_tcp_two_rails() {
-    if common::skip_without_provider("tcp") {
-        return;
-    }
-    assert_all(&suite("lf-tcp2", LibfabricParams::tcp_loopback(2)));
+fn shm() -> Option<Suite> {
+    suite("shm", "lf-shm", LibfabricParams::with_provider("shm"))
 }
 
-#[test]
-fn conformance_sockets() {
-    if common::skip_without_provider("sockets") {
-        return;
-    }
-    assert_all(&suite(
+fn sockets() -> Option<Suite> {
+    suite(
+        "sockets",
         "lf-sockets",
         LibfabricParams {
             domains: vec!["lo".to_owned()],
             ..LibfabricParams::with_provider("sockets")
         },
-    ));
+    )
+}
+
+mod conformance_tcp {
+    nixl_core::conformance_tests!(super::tcp);
+}
+
+mod conformance_tcp_two_rails {
+    nixl_core::conformance_tests!(super::tcp_two_rails);
+}
+
+mod conformance_shm {
+    nixl_core::conformance_tests!(super::shm);
+}
+
+mod conformance_sockets {
+    nixl_core::conformance_tests!(super::sockets);
 }

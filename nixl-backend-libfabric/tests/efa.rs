@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nixl_backend_libfabric::LibfabricParams;
-use nixl_core::conformance::{assert_all, Suite};
+use nixl_core::conformance::Suite;
 use nixl_core::{Agent, AgentConfig, HostBuffer, MemKind, XferDescList, XferOp, XferOptions};
 
 fn provider() -> (String, usize) {
@@ -29,18 +29,21 @@ fn params() -> LibfabricParams {
     }
 }
 
-#[test]
-fn conformance_on_chosen_provider() {
+fn chosen() -> Option<Suite> {
     let (p, _) = provider();
     if common::skip_without_provider(&p) {
-        return;
+        return None;
     }
     let params = params();
-    assert_all(&Suite::new(
+    Some(Suite::new(
         &format!("lf-{p}"),
         AgentConfig::default(),
         Arc::new(move |a| a.create_backend(params.clone())),
-    ));
+    ))
+}
+
+mod conformance_on_chosen_provider {
+    nixl_core::conformance_tests!(super::chosen);
 }
 
 #[test]

@@ -1,5 +1,6 @@
-//! Two processes over libfabric (tcp on loopback, and shm): this test binary spawns itself as
-//! the target (env `NIXL_LF_TEST_ROLE`); the agents exchange metadata over the side channel;
+//! Two processes over libfabric (tcp on loopback, and shm), on the shared harness
+//! `nixl_core::testing::two_process`: this test binary spawns itself as the target; the agents
+//! exchange metadata over the side channel;
 //! the initiator writes and reads descriptor batches with notifications and standalone
 //! notifications, and the target answers each notification with a digest of its memory at
 //! the moment the notification arrived. Another test kills the target and checks the
@@ -7,21 +8,14 @@
 
 mod common;
 
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nixl_backend_libfabric::LibfabricParams;
+use nixl_core::testing::two_process::{child_main, Child, ChildEnv, ENV_CHILD};
 use nixl_core::{
     Agent, AgentConfig, Error, HostBuffer, MemKind, XferDescList, XferOp, XferOptions, XferTarget,
 };
-
-const ROLE: &str = "NIXL_LF_TEST_ROLE";
-const PARENT_ADDR: &str = "NIXL_LF_TEST_PARENT_ADDR";
-const PARENT_NAME: &str = "NIXL_LF_TEST_PARENT_NAME";
-const CHILD_NAME: &str = "NIXL_LF_TEST_CHILD_NAME";
-const PROVIDER: &str = "NIXL_LF_TEST_PROVIDER";
 const LEN: usize = 32 * BLOCK;
 const BLOCK: usize = 64 << 10;
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -31,10 +25,6 @@ fn fnv(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     })
-}
-
-fn env(k: &str) -> Result<String, String> {
-    std::env::var(k).map_err(|_| format!("{k} not set"))
 }
 
 fn params(provider: &str) -> LibfabricParams {
@@ -55,32 +45,19 @@ fn config(listen: bool) -> AgentConfig {
 #[test]
 #[ignore = "child process entry point: spawned (with --ignored) by a parent test of this file"]
 fn child_target_role() {
-    if std::env::var_os(ROLE).is_none() {
-        return;
-    }
-    match target_main() {
-        Ok(()) => std::process::exit(0),
-        Err(e) => {
-            eprintln!("target failed: {e}");
-            std::process::exit(2)
-        }
-    }
+    child_main(target_main);
 }
 
-fn target_main() -> Result<(), String> {
+fn target_main(env: ChildEnv) -> Result<(), String> {
     let e = |e: Error| e.to_string();
-    let (name, parent, provider) = (env(CHILD_NAME)?, env(PARENT_NAME)?, env(PROVIDER)?);
-    let parent_addr: SocketAddr = env(PARENT_ADDR)?
-        .parse()
-        .map_err(|_| "bad parent address")?;
-    let a = Agent::new(&name, config(false)).map_err(e)?;
+    let provider = env.var("provider")?;
+    let parent = env.parent.clone();
+    let a = Agent::new(&env.name, config(false)).map_err(e)?;
     a.create_backend(params(&provider)).map_err(e)?;
     let mem = Arc::new(HostBuffer::new(LEN).ok_or("alloc")?);
     mem.fill_pattern(7);
     let _reg = a.register_mem(vec![mem.clone()], &[]).map_err(e)?;
-    a.fetch_remote_metadata_blocking(&parent, parent_addr, WAIT)
-        .map_err(e)?;
-    a.send_local_metadata(parent_addr).map_err(e)?;
+    env.connect(&a, WAIT)?;
     a.gen_notif(&parent, format!("addr:{}", mem.addr()).as_bytes(), &[])
         .map_err(e)?;
     let end = Instant::now() + DEADLINE;
@@ -104,29 +81,11 @@ fn target_main() -> Result<(), String> {
     Err("no exit notification before the deadline".into())
 }
 
-struct Target {
-    child: Child,
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        let end = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < end {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 struct Session {
     a: Agent,
     child: String,
     remote_addr: u64,
-    target: Target,
+    target: Child,
 }
 
 fn start(provider: &str, tag: &str, p: LibfabricParams) -> Result<Session, String> {
@@ -135,27 +94,14 @@ fn start(provider: &str, tag: &str, p: LibfabricParams) -> Result<Session, Strin
     let child_name = format!("lf-child-{tag}-{}", std::process::id());
     let a = Agent::new(&name, config(true)).map_err(e)?;
     a.create_backend(p).map_err(e)?;
-    let addr = a.listen_addr().ok_or("no side channel")?;
-    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let child = Command::new(exe)
-        .args([
-            "--exact",
-            "child_target_role",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(ROLE, "target")
-        .env(PARENT_ADDR, addr.to_string())
-        .env(PARENT_NAME, &name)
-        .env(CHILD_NAME, &child_name)
-        .env(PROVIDER, provider)
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    let target = Target { child };
-    let msg = next_notif(&a, &child_name)?;
+    let mut target = Child::spawn(
+        "child_target_role",
+        &a,
+        &child_name,
+        &[("provider", provider)],
+    )
+    .map_err(|e| e.to_string())?;
+    let msg = target.next(&a, WAIT)?;
     let remote_addr = std::str::from_utf8(&msg)
         .ok()
         .and_then(|s| s.strip_prefix("addr:"))
@@ -172,41 +118,9 @@ fn start(provider: &str, tag: &str, p: LibfabricParams) -> Result<Session, Strin
     })
 }
 
-/// Messages drained from an agent but not yet consumed, per (agent, sender).
-type Pending = std::collections::HashMap<(String, String), std::collections::VecDeque<Vec<u8>>>;
-
-thread_local! {
-    /// One drain can return several messages, and none may be dropped.
-    static PENDING: std::cell::RefCell<Pending> = std::cell::RefCell::new(Pending::new());
-}
-
-fn next_notif(a: &Agent, from: &str) -> Result<Vec<u8>, String> {
-    let key = (a.name().to_owned(), from.to_owned());
-    let end = Instant::now() + WAIT;
-    loop {
-        if let Some(m) = PENDING.with(|p| p.borrow_mut().get_mut(&key).and_then(|q| q.pop_front()))
-        {
-            return Ok(m);
-        }
-        if Instant::now() >= end {
-            return Err(format!("no notification from {from}"));
-        }
-        if let Ok(n) = a.wait_notifs(Duration::from_millis(100)) {
-            PENDING.with(|p| {
-                let mut p = p.borrow_mut();
-                for (sender, msgs) in n {
-                    p.entry((a.name().to_owned(), sender))
-                        .or_default()
-                        .extend(msgs);
-                }
-            });
-        }
-    }
-}
-
 fn two_process_roundtrip(provider: &str) -> Result<(), String> {
     let e = |e: Error| e.to_string();
-    let s = start(provider, provider, params(provider))?;
+    let mut s = start(provider, provider, params(provider))?;
     let a = &s.a;
     let src = Arc::new(HostBuffer::new(LEN).ok_or("alloc")?);
     let back = Arc::new(HostBuffer::new(LEN).ok_or("alloc")?);
@@ -242,7 +156,7 @@ fn two_process_roundtrip(provider: &str) -> Result<(), String> {
             )
             .map_err(e)?;
         a.post_xfer_req(&req).map_err(e)?;
-        let reply = next_notif(a, &s.child)?;
+        let reply = s.target.next(a, WAIT)?;
         let want = format!("w{round}:{:016x}", fnv(&src.to_vec()));
         if reply != want.as_bytes() {
             return Err(format!(
@@ -273,7 +187,7 @@ fn two_process_roundtrip(provider: &str) -> Result<(), String> {
             .map_err(e)?;
     }
     for i in 0..20 {
-        let r = next_notif(a, &s.child)?;
+        let r = s.target.next(a, WAIT)?;
         if !r.starts_with(format!("n{i}:").as_bytes()) {
             return Err(format!(
                 "notification {i} came back as {:?}",
@@ -286,21 +200,16 @@ fn two_process_roundtrip(provider: &str) -> Result<(), String> {
         return Err(format!("path does not name libfabric: {path}"));
     }
     a.gen_notif(&s.child, b"exit", &[]).map_err(e)?;
-    let mut t = s.target;
-    let end = Instant::now() + WAIT;
-    loop {
-        match t.child.try_wait() {
-            Ok(Some(st)) if st.success() => return Ok(()),
-            Ok(Some(st)) => return Err(format!("target exited with {st}")),
-            Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(20)),
-            _ => return Err("target did not exit".into()),
-        }
+    match s.target.join(WAIT) {
+        Some(st) if st.success() => Ok(()),
+        Some(st) => Err(format!("target exited with {st}")),
+        None => Err("target did not exit".into()),
     }
 }
 
 #[test]
 fn two_processes_tcp() {
-    if std::env::var_os(ROLE).is_some() || common::skip_without_provider("tcp") {
+    if std::env::var_os(ENV_CHILD).is_some() || common::skip_without_provider("tcp") {
         return;
     }
     two_process_roundtrip("tcp").unwrap();
@@ -308,7 +217,7 @@ fn two_processes_tcp() {
 
 #[test]
 fn two_processes_shm() {
-    if std::env::var_os(ROLE).is_some() || common::skip_without_provider("shm") {
+    if std::env::var_os(ENV_CHILD).is_some() || common::skip_without_provider("shm") {
         return;
     }
     two_process_roundtrip("shm").unwrap();
@@ -320,7 +229,7 @@ fn two_processes_shm() {
 /// peer whose socket was reset queued without completing it). Never a hang, never Ok.
 #[test]
 fn killed_target_fails_requests_with_typed_errors() {
-    if std::env::var_os(ROLE).is_some() || common::skip_without_provider("tcp") {
+    if std::env::var_os(ENV_CHILD).is_some() || common::skip_without_provider("tcp") {
         return;
     }
     let p = LibfabricParams {
@@ -332,8 +241,7 @@ fn killed_target_fails_requests_with_typed_errors() {
     let src = Arc::new(HostBuffer::new(LEN).unwrap());
     let _r = a.register_mem(vec![src.clone()], &[]).unwrap();
     let mut t = s.target;
-    t.child.kill().unwrap();
-    t.child.wait().unwrap();
+    t.kill();
     let opts = XferOptions {
         timeout: Some(Duration::from_secs(3)),
         ..Default::default()

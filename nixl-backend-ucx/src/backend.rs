@@ -3,13 +3,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nixl_core::backend::{
     downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
-    XferSpec,
+    BlockXferSpec, PeerAuth, Sessions, XferSpec,
 };
 use nixl_core::{Capabilities, CostEstimate, CostMethod, Error, MemKind, Op, RegionDesc, Result};
 
@@ -20,9 +20,10 @@ use crate::loader::{self, Ucx};
 use crate::memory::{MemReg, RemoteMd};
 use crate::params::UcxParams;
 use crate::sys;
+use crate::validate::Shapes;
 use crate::wire;
 use crate::worker::Worker;
-use crate::xfer::{Notif, Seg, UcxXfer};
+use crate::xfer::{Notif, UcxXfer, Work};
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // The tables guarded here are updated by single inserts/removes.
@@ -37,8 +38,13 @@ pub struct UcxBackend {
     pub(crate) workers: Vec<Arc<Worker>>,
     pub(crate) peers: Mutex<HashMap<String, Arc<Peer>>>,
     self_peer: Mutex<Option<Arc<Peer>>>,
-    header: Arc<[u8]>,
-    next_worker: AtomicUsize,
+    /// Signs this agent's hellos and checks peers'.
+    peer_auth: PeerAuth,
+    /// Sessions peers opened with their hellos (who each notification is from).
+    sessions: Arc<Sessions>,
+    /// The shapes of this UCX's addresses and keys, for checking peers' (`crate::validate`).
+    pub(crate) shapes: RwLock<Shapes>,
+    pub(crate) next_worker: AtomicUsize,
     params: UcxParams,
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -98,7 +104,7 @@ impl UcxBackend {
         if params.num_workers > 1 && ucx.version < (1, 23, 0) {
             // docs/reliability.md, "Known bugs": with several workers, UCX 1.22's tcp put
             // emulation dereferences a NULL receive buffer (uct_tcp_ep_progress_put_rx) in
-            // 20-40% of runs of scenarios.rs::several_workers_spread_requests; the same test
+            // 20-40% of runs of scenarios.rs::several_workers_spread_requests_tcp; the same test
             // passes every run on UCX 1.23.
             tracing::warn!(agent = %agent, version = %ucx.version_string(), num_workers = params.num_workers,
                 "UCX before 1.23 can crash with several workers when peers are reached over its tcp transport; use num_workers = 1 there or UCX >= 1.23");
@@ -109,18 +115,30 @@ impl UcxBackend {
             &params.ucx_config(ucx.version),
             params.nixl_compat,
         )?;
+        let sessions = Arc::new(Sessions::default());
         let workers = (0..params.num_workers)
-            .map(|i| Worker::new(ctx.clone(), i, &agent, bctx.notifs.clone()))
+            .map(|i| {
+                Worker::new(
+                    ctx.clone(),
+                    i,
+                    &agent,
+                    bctx.notifs.clone(),
+                    bctx.peers.clone(),
+                    sessions.clone(),
+                )
+            })
             .collect::<Result<Vec<_>>>()?;
-        let header = crate::wire::encode_notif_header(&agent);
+        let shapes = own_shapes(&ctx, &agent, &workers)?;
         let b = UcxBackend {
             agent,
             ucx,
             ctx,
             workers,
+            shapes: RwLock::new(shapes),
             peers: Mutex::new(HashMap::new()),
             self_peer: Mutex::new(None),
-            header: header.into(),
+            peer_auth: bctx.peers,
+            sessions,
             next_worker: AtomicUsize::new(0),
             params,
             stop: Arc::new(AtomicBool::new(false)),
@@ -149,6 +167,12 @@ impl UcxBackend {
         self.ucx.version_string()
     }
 
+    /// Notifications dropped because they came on a connection without an accepted hello
+    /// (an unknown session, or a session used on another connection).
+    pub fn unattributed_notifs(&self) -> u64 {
+        self.sessions.unattributed()
+    }
+
     /// Where UCX was loaded from.
     pub fn ucx_path(&self) -> &std::path::Path {
         &self.ucx.path
@@ -167,26 +191,111 @@ impl UcxBackend {
             return Ok(p.clone());
         }
         let addrs: Vec<Vec<u8>> = self.workers.iter().map(|w| w.address().to_vec()).collect();
-        let p = Arc::new(Peer::connect(
-            &self.agent,
-            &self.agent,
-            &self.workers,
-            &addrs,
-            false,
-        )?);
+        let mut p = Peer::connect(&self.agent, &self.agent, &self.workers, &addrs, false)?;
+        p.address = {
+            let shapes = self.shapes.read().unwrap_or_else(|p| p.into_inner());
+            addrs.first().and_then(|a| shapes.check_address(a).ok())
+        };
+        crate::session::introduce(&self.ucx, &self.peer_auth, &mut p)?;
+        let p = Arc::new(p);
         *g = Some(p.clone());
         Ok(p)
     }
 
-    /// A notification to `peer` in the format it reads.
-    fn notif_for(&self, peer: &Peer, msg: Vec<u8>) -> Notif {
-        crate::xfer::make_notif(&self.agent, &self.header, peer, &msg)
+    pub(crate) fn agent(&self) -> &str {
+        &self.agent
+    }
+
+    /// A prepared transfer over `work` on `worker`'s endpoint to `peer`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn xfer(
+        &self,
+        peer: Arc<Peer>,
+        worker: usize,
+        op: nixl_core::XferOp,
+        mem_type: Option<sys::ucs_memory_type_t>,
+        work: Work,
+        notif: Option<&[u8]>,
+        keep: Vec<BackendMd>,
+    ) -> Result<UcxXfer> {
+        let header = self.session_header(&peer, worker, Op::MakeXfer)?;
+        let notif = notif.map(|m| crate::xfer::make_notif(&self.agent, &header, &peer, m));
+        let bytes = work.bytes();
+        Ok(UcxXfer {
+            bytes,
+            agent: self.agent.clone(),
+            ucx: self.ucx.clone(),
+            peer,
+            worker,
+            op,
+            mem_type: mem_type.unwrap_or(sys::UCS_MEMORY_TYPE_HOST),
+            work,
+            notif,
+            header,
+            cancel_timeout: self.params.cancel_timeout,
+            _keep: keep,
+            cur: None,
+            path: OnceLock::new(),
+        })
+    }
+
+    /// The notification header for `peer` on `worker`'s endpoint: the session its hello
+    /// opened (nixl-rs peers), or none (stock NIXL peers, whose notifications name the sender
+    /// in the payload).
+    fn session_header(&self, peer: &Peer, worker: usize, op: Op) -> Result<Arc<[u8]>> {
+        if peer.nixl {
+            return Ok(Arc::from(&[][..]));
+        }
+        peer.headers
+            .get(worker)
+            .cloned()
+            .ok_or_else(|| Error::invalid(&self.agent, op, "UCX endpoint without a session header"))
+    }
+
+    /// A notification to `peer` on `worker`'s endpoint, in the format the peer reads.
+    fn notif_for(&self, peer: &Peer, worker: usize, msg: &[u8], op: Op) -> Result<Notif> {
+        let header = self.session_header(peer, worker, op)?;
+        Ok(crate::xfer::make_notif(&self.agent, &header, peer, msg))
     }
 
     pub(crate) fn reg<'a>(&self, md: &'a BackendMd, op: Op) -> Result<&'a MemReg> {
         downcast_md::<MemReg>(md)
             .ok_or_else(|| Error::invalid(&self.agent, op, "not UCX registration metadata"))
     }
+}
+
+/// Learns the shapes of this UCX's own worker addresses and host-memory keys; fails when
+/// its format is not the one `crate::validate` knows (nothing a peer sends could be checked).
+fn own_shapes(ctx: &Arc<Context>, agent: &str, workers: &[Arc<Worker>]) -> Result<Shapes> {
+    let addrs: Vec<&[u8]> = workers.iter().map(|w| w.address()).collect();
+    let minor = ctx.ucx.version.1;
+    let mut shapes = Shapes::from_own(&addrs, minor).map_err(|e| Error::Unavailable {
+        what: format!(
+            "checking peers' UCX {} worker addresses",
+            ctx.ucx.version_string()
+        ),
+        hint: format!(
+            "this UCX packs its worker address in a form nixl-rs does not know ({e}); \
+             unified mode (UCX_UNIFIED_MODE=y) is not supported"
+        ),
+    })?;
+    // One page registered and unregistered at once: the packed size of each memory domain's
+    // part of a host-memory key.
+    let page = vec![0u8; 4096];
+    let region = RegionDesc {
+        kind: MemKind::Dram,
+        addr: page.as_ptr() as u64,
+        len: page.len() as u64,
+        dev_id: 0,
+        meta: Vec::new(),
+    };
+    let reg = MemReg::map(ctx, agent, &region)?;
+    if let (Ok((_, packed)), Some(a)) = (wire::decode_rkey(&reg.public), addrs.first()) {
+        shapes.learn_rkey(packed, a);
+    }
+    drop(reg);
+    drop(page);
+    Ok(shapes)
 }
 
 impl Drop for UcxBackend {
@@ -235,14 +344,29 @@ impl Backend for UcxBackend {
                 format!("malformed UCX connection info from {remote}: {e}"),
             )
         })?;
-        let peer = Arc::new(Peer::connect(
+        let mut checked = Vec::with_capacity(addrs.len());
+        {
+            let shapes = self.shapes.read().unwrap_or_else(|p| p.into_inner());
+            for a in &addrs {
+                checked.push(shapes.check_address(a).map_err(|e| {
+                    Error::invalid(
+                        &self.agent,
+                        Op::LoadMetadata,
+                        format!("refused a UCX worker address of {remote}: {e}"),
+                    )
+                })?);
+            }
+        }
+        let mut peer = Peer::connect(
             &self.agent,
             remote,
             &self.workers,
             &addrs,
             self.params.shm_notifications,
-        )?);
-        if let Some(old) = lock(&self.peers).insert(remote.to_owned(), peer) {
+        )?;
+        peer.address = checked.into_iter().next();
+        crate::session::introduce(&self.ucx, &self.peer_auth, &mut peer)?;
+        if let Some(old) = lock(&self.peers).insert(remote.to_owned(), Arc::new(peer)) {
             tracing::debug!(agent = %self.agent, remote, "replaced UCX endpoints of {}", old.name);
         }
         Ok(())
@@ -252,17 +376,33 @@ impl Backend for UcxBackend {
         let Some(peer) = lock(&self.peers).remove(remote) else {
             return Ok(());
         };
-        // Requests still using the peer end now (UCX completes them with an error), so
-        // nothing touches their memory after this returns.
+        // Never force-closes a tcp endpoint with operations in flight (that crashes UCX
+        // 1.22's tcp progress): each endpoint drains for up to `cancel_timeout`, and what is
+        // still in flight over tcp is fenced and closed by UCX in flush mode later. Requests
+        // still using the peer are fenced by the agent; their cancel keeps (leaks) the memory
+        // of any operation UCX has not released.
         for pe in &peer.eps {
             let mut g = pe.worker.lock();
-            pe.force_close(&mut g);
+            let how = pe.close_early(&mut g, self.params.cancel_timeout);
+            tracing::debug!(agent = %self.agent, remote, worker = pe.worker.index, ?how, "UCX endpoint closed for disconnect");
         }
         Ok(())
     }
 
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
-        Ok(Arc::new(MemReg::map(&self.ctx, &self.agent, region)?))
+        let reg = MemReg::map(&self.ctx, &self.agent, region)?;
+        if region.kind != MemKind::Dram {
+            // Keys of other memory (VRAM) name memory domains a host page does not.
+            if let (Ok((_, packed)), Some(w)) =
+                (wire::decode_rkey(&reg.public), self.workers.first())
+            {
+                self.shapes
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .learn_rkey(packed, w.address());
+            }
+        }
+        Ok(Arc::new(reg))
     }
 
     fn deregister(&self, md: BackendMd) -> Result<()> {
@@ -287,124 +427,35 @@ impl Backend for UcxBackend {
 
     fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
         let peer = self.peer(remote, Op::LoadMetadata)?;
+        let shapes = self.shapes.read().unwrap_or_else(|p| p.into_inner());
         Ok(Arc::new(RemoteMd::unpack(
             &self.agent,
             &peer,
             region,
             public,
+            &shapes,
         )?))
     }
 
     fn load_local(&self, region: &RegionDesc, md: &BackendMd) -> Result<BackendMd> {
         let public = self.reg(md, Op::PrepXferDlist)?.public.clone();
         let peer = self.self_peer()?;
+        let shapes = self.shapes.read().unwrap_or_else(|p| p.into_inner());
         Ok(Arc::new(RemoteMd::unpack(
             &self.agent,
             &peer,
             region,
             &public,
+            &shapes,
         )?))
     }
 
-    fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
-        let me = &self.agent;
-        for k in [spec.local_kind, spec.remote_kind] {
-            if !self.capabilities().supports(k) {
-                return Err(Error::not_supported(
-                    me,
-                    Op::MakeXfer,
-                    format!("UCX here does not move {k}"),
-                ));
-            }
-        }
-        let first = spec
-            .segments
-            .first()
-            .ok_or_else(|| Error::invalid(me, Op::MakeXfer, "no segments"))?;
-        let peer = downcast_md::<RemoteMd>(&first.remote_md)
-            .ok_or_else(|| Error::invalid(me, Op::MakeXfer, "remote metadata is not UCX's"))?
-            .peer
-            .clone();
-        if peer.name != spec.remote {
-            return Err(Error::mismatch(
-                me,
-                Op::MakeXfer,
-                format!(
-                    "remote metadata belongs to {}, not {}",
-                    peer.name, spec.remote
-                ),
-            ));
-        }
-        let worker = self.next_worker.fetch_add(1, Ordering::Relaxed) % self.workers.len();
-        let bytes = spec.total_bytes();
-        let mut segs = Vec::with_capacity(spec.segments.len());
-        let mut keep: Vec<BackendMd> = Vec::new();
-        let mut mem_type = None;
-        for s in &spec.segments {
-            let l = self.reg(&s.local_md, Op::MakeXfer)?;
-            let r = downcast_md::<RemoteMd>(&s.remote_md)
-                .ok_or_else(|| Error::invalid(me, Op::MakeXfer, "remote metadata is not UCX's"))?;
-            if crate::memory::mem_type(spec.remote_kind) != Some(r.mem_type) {
-                return Err(Error::mismatch(
-                    me,
-                    Op::MakeXfer,
-                    format!("remote region is not {}", spec.remote_kind),
-                ));
-            }
-            if !Arc::ptr_eq(&r.peer, &peer) {
-                return Err(Error::mismatch(
-                    me,
-                    Op::MakeXfer,
-                    "segments reach different peers or connections",
-                ));
-            }
-            if *mem_type.get_or_insert(l.mem_type) != l.mem_type {
-                return Err(Error::mismatch(
-                    me,
-                    Op::MakeXfer,
-                    "local segments of different memory types",
-                ));
-            }
-            if s.len == 0
-                || s.local_addr.checked_add(s.len).is_none()
-                || s.remote_addr.checked_add(s.len).is_none()
-            {
-                return Err(Error::invalid(
-                    me,
-                    Op::MakeXfer,
-                    "empty or overflowing segment",
-                ));
-            }
-            segs.push(Seg {
-                local: s.local_addr,
-                remote: s.remote_addr,
-                len: s.len,
-                memh: l.memh,
-                rkey: r.rkeys[worker],
-            });
-            for m in [&s.local_md, &s.remote_md] {
-                if !keep.iter().any(|k| Arc::ptr_eq(k, m)) {
-                    keep.push(m.clone());
-                }
-            }
-        }
-        let notif = spec.notif.map(|m| self.notif_for(&peer, m));
-        Ok(Box::new(UcxXfer {
-            agent: me.clone(),
-            ucx: self.ucx.clone(),
-            peer,
-            worker,
-            op: spec.op,
-            mem_type: mem_type.unwrap_or(sys::UCS_MEMORY_TYPE_HOST),
-            segs,
-            notif,
-            header: self.header.clone(),
-            cancel_timeout: self.params.cancel_timeout,
-            _keep: keep,
-            cur: None,
-            path: OnceLock::new(),
-            bytes,
-        }))
+    fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
+        Ok(Box::new(self.prepare_segments(spec)?))
+    }
+
+    fn prepare_blocks(&self, spec: &BlockXferSpec) -> Result<Option<Box<dyn BackendXfer>>> {
+        Ok(Some(Box::new(self.prepare_block_table(spec)?)))
     }
 
     fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
@@ -420,11 +471,11 @@ impl Backend for UcxBackend {
             Error::disconnected(&self.agent, remote, Op::GenNotif, "UCX endpoint was closed")
         })?;
         // The buffers must outlive the send: owned here, leaked if it does not finish.
-        let (am_id, hdr, buf) = self.notif_for(&peer, msg.to_vec());
+        let (am_id, hdr, buf) = self.notif_for(&peer, 0, msg, Op::GenNotif)?;
         // SAFETY: zeroed request params with a mask are the documented form.
         let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
         p.op_attr_mask = sys::UCP_OP_ATTR_FIELD_FLAGS;
-        p.flags = sys::UCP_AM_SEND_FLAG_EAGER;
+        p.flags = crate::session::am_flags(am_id);
         // SAFETY: the endpoint is live under the held lock; header and message stay valid
         // until UCX released the request (below), or forever (leaked on timeout).
         let r = unsafe {
@@ -449,6 +500,9 @@ impl Backend for UcxBackend {
                 st,
             )),
             None => {
+                // Still in flight inside UCX: counted (never uncounted) so closing the
+                // endpoint early drains it first.
+                pe.shared.begin_op();
                 std::mem::forget(buf);
                 std::mem::forget(hdr);
                 Err(Error::TimedOut {
@@ -474,7 +528,7 @@ impl Backend for UcxBackend {
         let Some(first) = spec.segments.first() else {
             return Ok(None);
         };
-        let Some(r) = downcast_md::<RemoteMd>(&first.remote_md) else {
+        let Some(r) = spec.md(first.remote_md).and_then(downcast_md::<RemoteMd>) else {
             return Ok(None);
         };
         let pe = &r.peer.eps[0];

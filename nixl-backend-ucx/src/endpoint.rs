@@ -7,11 +7,19 @@
 //! to the target seeing it on the dev VM). Data never uses it, and a notification is only sent
 //! once the data endpoint's flush completed, so notifications still follow their data; a dead
 //! peer is detected on the data endpoint, which closes both.
+//!
+//! Closing an endpoint early (a cancel that outlived its timeout, a peer forgotten with
+//! `invalidate_remote_metadata`) never force-closes a tcp endpoint with operations in flight:
+//! UCX 1.22's tcp transport crashes in its progress (SIGSEGV in `uct_tcp_iface_handle_events`)
+//! when that happens. [`PeerEp::close_early`] drains the endpoint first (bounded); what does
+//! not drain over tcp is fenced (no new operation can start on it) and closed in UCX's flush
+//! mode from the worker's graveyard, so UCX finishes the operations and releases it when the
+//! peer answers or fails.
 
 use std::ffi::{c_void, CStr};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nixl_core::{Error, Op, Result};
 
@@ -19,14 +27,42 @@ use crate::error::status_error;
 use crate::sys;
 use crate::worker::{Grave, Worker, WorkerGuard};
 
-/// State the endpoint's error handler writes.
+/// State the endpoint's error handler writes, and what the backend's requests on it share.
 #[derive(Debug, Default)]
 pub(crate) struct EpShared {
     failed: AtomicBool,
     status: AtomicI32,
+    /// Set (under the worker lock) once the endpoint was closed or fenced early: nothing new
+    /// may start on it, and callbacks of earlier operations must not send on it.
+    closed: AtomicBool,
+    /// Posts (and timed-out notifications) on this endpoint that UCX has not completed yet.
+    inflight: AtomicUsize,
 }
 
 impl EpShared {
+    /// Whether the endpoint was closed or fenced early.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// One more operation in flight.
+    pub fn begin_op(&self) {
+        self.inflight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// One operation fewer in flight.
+    pub fn end_op(&self) {
+        // Saturating: a count can never wrap into "many in flight".
+        let _ = self
+            .inflight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
+
+    /// Operations in flight.
+    pub fn inflight(&self) -> usize {
+        self.inflight.load(Ordering::Acquire)
+    }
+
     pub fn failed(&self) -> Option<sys::ucs_status_t> {
         self.failed
             .load(Ordering::Acquire)
@@ -46,6 +82,25 @@ unsafe extern "C" fn ep_error(arg: *mut c_void, _ep: sys::ucp_ep_h, status: sys:
     shared.fail(status);
 }
 
+/// How [`PeerEp::close_early`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EarlyClose {
+    /// It was already closed or fenced.
+    AlreadyClosed,
+    /// Nothing was in flight (or everything drained, or the endpoint had failed): closed now.
+    Closed,
+    /// Operations were still in flight over a transport that cannot be force-closed safely
+    /// (tcp): fenced and left to UCX to close in flush mode once they finish.
+    Fenced,
+    /// Operations were still in flight over shared memory: force-closed (UCX completed them
+    /// with an error; nothing touches their memory any more).
+    Forced,
+}
+
+const TCP_UNKNOWN: u8 = 0;
+const TCP_NO: u8 = 1;
+const TCP_YES: u8 = 2;
+
 /// One endpoint on one worker.
 pub(crate) struct PeerEp {
     pub worker: Arc<Worker>,
@@ -53,10 +108,10 @@ pub(crate) struct PeerEp {
     /// The same-host notification endpoint (shared memory), if any.
     notif_ep: Option<sys::ucp_ep_h>,
     pub shared: Arc<EpShared>,
-    /// Set (under the worker lock) once the endpoint was closed early.
-    closed: AtomicBool,
     /// Whether UCX detects this peer's failure (peer error handling mode).
     pub peer_failure: bool,
+    /// Whether a lane of the endpoint is UCX's tcp transport (`TCP_*`, cached once known).
+    tcp: AtomicU8,
 }
 
 // SAFETY: the endpoint handle is only used under its worker's mutex.
@@ -67,20 +122,42 @@ unsafe impl Sync for PeerEp {}
 impl PeerEp {
     /// The handle, if still open. Only call with the worker locked.
     pub fn raw(&self, _g: &WorkerGuard<'_>) -> Option<sys::ucp_ep_h> {
-        (!self.closed.load(Ordering::Acquire)).then_some(self.ep)
+        (!self.shared.is_closed()).then_some(self.ep)
+    }
+
+    /// Whether a lane of this endpoint uses UCX's tcp transport. Unknown (the endpoint was
+    /// closed before anyone asked) counts as tcp, so nothing is force-closed on a guess.
+    pub fn uses_tcp(&self, g: &WorkerGuard<'_>) -> bool {
+        match self.tcp.load(Ordering::Acquire) {
+            TCP_NO => return false,
+            TCP_YES => return true,
+            _ => {}
+        }
+        let Some(ep) = self.raw(g) else {
+            return true;
+        };
+        let lanes = if self.worker.ctx.ucx.has_ep_transports() {
+            query_transports(g, ep)
+        } else {
+            print_info(g, ep)
+        };
+        let tcp = lanes.contains("tcp/") || lanes.contains("tcp_");
+        self.tcp
+            .store(if tcp { TCP_YES } else { TCP_NO }, Ordering::Release);
+        tcp
     }
 
     /// The endpoint notifications go on (the shared-memory one where there is one), if still
     /// open. Only call with the worker locked.
     pub fn notif_raw(&self, _g: &WorkerGuard<'_>) -> Option<sys::ucp_ep_h> {
-        (!self.closed.load(Ordering::Acquire)).then_some(self.notif_ep.unwrap_or(self.ep))
+        (!self.shared.is_closed()).then_some(self.notif_ep.unwrap_or(self.ep))
     }
 
     /// The shared-memory transport notifications use, if they have their own endpoint.
     pub fn notif_transports(&self) -> Option<String> {
         let ep = self.notif_ep?;
         let g = self.worker.lock();
-        if self.closed.load(Ordering::Acquire) {
+        if self.shared.is_closed() {
             return None;
         }
         let all = query_transports(&g, ep);
@@ -93,8 +170,10 @@ impl PeerEp {
 
     /// Closes the endpoint now with `UCP_EP_CLOSE_FLAG_FORCE`: UCX completes every request
     /// on it (with an error) and no longer touches their memory. Requires the worker lock.
+    /// Never call it on a tcp endpoint with operations in flight (see the module docs):
+    /// [`PeerEp::close_early`] decides.
     pub fn force_close(&self, g: &mut WorkerGuard<'_>) -> bool {
-        if self.closed.swap(true, Ordering::AcqRel) {
+        if self.shared.closed.swap(true, Ordering::AcqRel) {
             return true;
         }
         if self.shared.failed().is_none() {
@@ -107,11 +186,67 @@ impl PeerEp {
         }
         g.close_ep(self.ep, true, Duration::from_secs(2))
     }
+
+    /// Closes the endpoint before its peer is dropped (the peer was forgotten), without ever
+    /// force-closing a healthy tcp endpoint:
+    ///
+    /// 1. the endpoint failed (UCX completed its requests with an error): force-close now;
+    /// 2. operations in flight: flush it for up to `drain` (they complete normally);
+    /// 3. tcp: fence it (nothing new starts; callbacks of earlier operations do not send on
+    ///    it) and queue it for a flush-mode close at the worker's next progress pass, so UCX
+    ///    closes it once what is still in flight finishes or the peer fails;
+    /// 4. shared memory: force-close, as a cancel does (UCX completes what is left with an
+    ///    error and no longer touches its memory).
+    ///
+    /// Requires the worker lock.
+    pub fn close_early(&self, g: &mut WorkerGuard<'_>, drain: Duration) -> EarlyClose {
+        if self.shared.is_closed() {
+            return EarlyClose::AlreadyClosed;
+        }
+        if self.shared.failed().is_none() && self.shared.inflight() > 0 {
+            // SAFETY: zeroed request params (no callback) make flush return a request to poll.
+            let p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
+            // SAFETY: the endpoint is open (checked above) under the held worker lock.
+            let r = unsafe { self.worker.ctx.ucx.lib.ucp_ep_flush_nbx(self.ep, &p) };
+            g.wait_request(r, Instant::now() + drain);
+            // Let completion callbacks of the drained operations run.
+            g.progress_all();
+        }
+        if self.shared.failed().is_some() {
+            self.force_close(g);
+            return EarlyClose::Closed;
+        }
+        let pending = self.shared.inflight() > 0;
+        if self.uses_tcp(g) {
+            self.shared.closed.store(true, Ordering::Release);
+            if let Some(n) = self.notif_ep {
+                self.worker.bury(Grave {
+                    ep: n,
+                    force: false,
+                });
+            }
+            self.worker.bury(Grave {
+                ep: self.ep,
+                force: false,
+            });
+            return if pending {
+                EarlyClose::Fenced
+            } else {
+                EarlyClose::Closed
+            };
+        }
+        self.force_close(g);
+        if pending {
+            EarlyClose::Forced
+        } else {
+            EarlyClose::Closed
+        }
+    }
 }
 
 impl Drop for PeerEp {
     fn drop(&mut self) {
-        if !self.closed.load(Ordering::Acquire) {
+        if !self.shared.is_closed() {
             let force = self.shared.failed().is_some();
             if let Some(n) = self.notif_ep {
                 self.worker.bury(Grave {
@@ -173,6 +308,12 @@ pub(crate) struct Peer {
     pub eps: Vec<PeerEp>,
     /// Whether the peer is a stock NIXL agent (notifications in NIXL's format).
     pub nixl: bool,
+    /// Per endpoint: the notification header of the session its hello opened
+    /// (`crate::session::introduce`).
+    pub headers: Vec<Arc<[u8]>>,
+    /// The peer's worker address as checked by `crate::validate` (what its rkeys are
+    /// checked against).
+    pub address: Option<crate::validate::Address>,
 }
 
 impl std::fmt::Debug for Peer {
@@ -211,9 +352,10 @@ impl Peer {
             let mut ep: sys::ucp_ep_h = std::ptr::null_mut();
             w.keep_handler_arg(shared.clone());
             let g = w.lock();
-            // SAFETY: the worker is live and locked; the address bytes were framed and
-            // checksummed by wire::decode_conn and outlive the call (UCX copies what it
-            // keeps); the handler argument is kept alive by the worker (above).
+            // SAFETY: the worker is live and locked; the address bytes were framed by
+            // wire::decode_conn and checked by validate::Shapes::check_address (UCX reads
+            // exactly them), and outlive the call (UCX copies what it keeps); the handler
+            // argument is kept alive by the worker (above).
             let mut st = unsafe { w.ctx.ucx.lib.ucp_ep_create(g.raw(), &p, &mut ep) };
             let mut peer_failure = true;
             if st == sys::UCS_ERR_UNREACHABLE {
@@ -253,14 +395,16 @@ impl Peer {
                 ep,
                 notif_ep,
                 shared,
-                closed: AtomicBool::new(false),
                 peer_failure,
+                tcp: AtomicU8::new(TCP_UNKNOWN),
             });
         }
         Ok(Peer {
             name: name.to_owned(),
             eps,
             nixl: false,
+            headers: Vec::new(),
+            address: None,
         })
     }
 
@@ -286,7 +430,12 @@ impl Peer {
 
     /// Which transports the first endpoint uses.
     pub fn transports(&self) -> String {
-        let Some(pe) = self.eps.first() else {
+        self.transports_on(0)
+    }
+
+    /// Which transports the endpoint on local worker `worker` uses.
+    pub fn transports_on(&self, worker: usize) -> String {
+        let Some(pe) = self.eps.get(worker) else {
             return "no endpoint".to_owned();
         };
         let ucx = &pe.worker.ctx.ucx;

@@ -81,7 +81,10 @@ mod loader;
 mod memory;
 mod nixl;
 mod params;
+mod prepare;
+mod session;
 mod sys;
+mod validate;
 mod wire;
 mod worker;
 
@@ -90,6 +93,7 @@ mod worker;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
+    pub use crate::validate::{parse_address, parse_rkey};
     pub use crate::wire::{
         decode_conn, decode_notif_header, decode_rkey, encode_conn, encode_notif_header,
         encode_rkey,

@@ -10,8 +10,11 @@ use crate::context::Context;
 use crate::endpoint::Peer;
 use crate::error::{check, status_error};
 use crate::sys;
+use crate::validate::Shapes;
 use crate::wire;
 
+/// Zero bytes after a remote key handed to UCX.
+const RKEY_PAD: usize = 256;
 /// The CUDA context UCX's CUDA transports use: the primary context of the first GPU whose
 /// memory was registered (nixl-mem's one context policy).
 ///
@@ -187,18 +190,34 @@ unsafe impl Send for RemoteMd {}
 unsafe impl Sync for RemoteMd {}
 
 impl RemoteMd {
-    /// Unpacks framed region metadata on every endpoint of `peer`.
+    /// Unpacks framed region metadata on every endpoint of `peer`, after checking the
+    /// packed key's structure against the peer's address (`crate::validate`).
     pub fn unpack(
         agent: &str,
         peer: &Arc<Peer>,
         region: &RegionDesc,
         public: &[u8],
+        shapes: &Shapes,
     ) -> Result<Self> {
         let (t, packed) = wire::decode_rkey(public).map_err(|e| {
             Error::invalid(
                 agent,
                 Op::LoadMetadata,
                 format!("malformed UCX region metadata from {}: {e}", peer.name),
+            )
+        })?;
+        let address = peer.address.as_ref().ok_or_else(|| {
+            Error::invalid(
+                agent,
+                Op::LoadMetadata,
+                "UCX peer without a checked address",
+            )
+        })?;
+        shapes.check_rkey(packed, address, t).map_err(|e| {
+            Error::invalid(
+                agent,
+                Op::LoadMetadata,
+                format!("refused a UCX remote key from {}: {e}", peer.name),
             )
         })?;
         let mt = t as sys::ucs_memory_type_t;
@@ -212,14 +231,19 @@ impl RemoteMd {
         Self::unpack_raw(agent, peer, mt, packed)
     }
 
-    /// Unpacks a raw packed rkey on every endpoint of `peer`. The caller vouches for the bytes
-    /// (checked framing, or `crate::nixl::check_rkey` and padding).
+    /// Unpacks a raw packed rkey on every endpoint of `peer` (zero-padded here). The caller
+    /// vouches for the bytes (`validate::Shapes::check_rkey`, or `crate::nixl::check_rkey`).
     pub fn unpack_raw(
         agent: &str,
         peer: &Arc<Peer>,
         mt: sys::ucs_memory_type_t,
         packed: &[u8],
     ) -> Result<Self> {
+        // Zero padding past the key: if UCX ever read further than this module's model of
+        // it, it reads zeros, not someone else's memory.
+        let mut padded = Vec::with_capacity(packed.len() + RKEY_PAD);
+        padded.extend_from_slice(packed);
+        padded.resize(packed.len() + RKEY_PAD, 0);
         let mut md = RemoteMd {
             peer: peer.clone(),
             rkeys: Vec::with_capacity(peer.eps.len()),
@@ -237,12 +261,12 @@ impl RemoteMd {
             };
             let mut rkey: sys::ucp_rkey_h = std::ptr::null_mut();
             // SAFETY: the endpoint is live under the locked worker; the packed bytes were
-            // framed and checksummed by their owner, or checked structurally and padded with
-            // terminators (NIXL peers), and outlive the call.
+            // checked by validate::Shapes::check_rkey (UCX reads exactly them) or, from NIXL
+            // peers, structurally, are followed by zero padding, and outlive the call.
             let st = unsafe {
                 pe.worker.ctx.ucx.lib.ucp_ep_rkey_unpack(
                     ep,
-                    packed.as_ptr() as *const c_void,
+                    padded.as_ptr() as *const c_void,
                     &mut rkey,
                 )
             };

@@ -130,6 +130,12 @@ pub(crate) unsafe extern "C" fn am_recv_nixl(
     // SAFETY: arg is the AmCtx registered with this handler; it lives until after the worker
     // is destroyed.
     let ctx = unsafe { &*(arg as *const AmCtx) };
+    if ctx.peers.is_authenticated() {
+        // NIXL's notifications name their sender in the payload, which nothing vouches for:
+        // an agent that requires a credential takes none (it loads no NIXL peer either).
+        tracing::warn!(agent = %ctx.agent, "dropping a NIXL-format notification (this agent requires authenticated peers)");
+        return sys::UCS_OK;
+    }
     // SAFETY: UCX passes a valid param struct for the duration of the callback.
     let attr = unsafe { param.as_ref() }.map_or(0, |p| p.recv_attr);
     if attr & sys::UCP_AM_RECV_ATTR_FLAG_RNDV as u64 != 0 || header_length != 0 {
@@ -144,9 +150,12 @@ pub(crate) unsafe extern "C" fn am_recv_nixl(
     // (checked non-null above).
     let payload = unsafe { std::slice::from_raw_parts(data as *const u8, length) };
     match nixl_core::nixl_wire::notif::decode_notif(payload) {
-        Ok((sender, msg)) => ctx.notifs.push(&sender, msg),
+        Ok((sender, msg)) => {
+            // A full queue counts the drop itself.
+            ctx.notifs.push(&sender, msg);
+        }
         Err(e) => {
-            tracing::warn!(agent = %ctx.agent, error = %e, "dropping a malformed NIXL notification")
+            tracing::warn!(agent = %ctx.agent, error = %e, "dropping a malformed NIXL notification");
         }
     }
     sys::UCS_OK
@@ -209,8 +218,23 @@ impl NixlWire for UcxBackend {
 
     fn nixl_connect(&self, remote: &str, info: &[u8]) -> Result<()> {
         self.version_check(remote, info)?;
+        // Parsed as UCX parses it and checked against our own addresses' shapes before
+        // ucp_ep_create (as for nixl-rs peers).
+        let checked = self
+            .shapes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .check_address(info)
+            .map_err(|e| {
+                Error::invalid(
+                    &self.agent,
+                    Op::LoadMetadata,
+                    format!("refused the UCX worker address of NIXL agent {remote}: {e}"),
+                )
+            })?;
         let mut peer = Peer::connect(&self.agent, remote, &self.workers, &[info.to_vec()], false)?;
         peer.nixl = true;
+        peer.address = Some(checked);
         if let Some(old) = lock(&self.peers).insert(remote.to_owned(), Arc::new(peer)) {
             tracing::debug!(agent = %self.agent, remote, "replaced UCX endpoints of {}", old.name);
         }

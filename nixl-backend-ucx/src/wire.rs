@@ -1,9 +1,11 @@
 //! The backend's bytes on the wire: in agent metadata, connection info (the workers'
 //! addresses) and region metadata (a packed rkey), both framed, bounded and checksummed, so
-//! truncated or corrupted bytes are refused with a typed error before UCX parses anything;
-//! and the header of notification active messages (magic + the sender's name). Read and
-//! written with nixl-core's one byte reader ([`nixl_core::bytes`]).
+//! truncated or corrupted bytes are refused with a typed error before UCX parses anything
+//! (the structure UCX itself reads is checked in [`crate::validate`]); and the header of
+//! notification active messages (magic + the session id of the connection's hello, never a
+//! name). Read and written with nixl-core's one byte reader ([`nixl_core::bytes`]).
 
+use nixl_core::backend::{SessionId, SESSION_LEN};
 use nixl_core::bytes::{ByteReader, ByteWriter};
 use nixl_core::DecodeError;
 
@@ -11,8 +13,8 @@ use nixl_core::DecodeError;
 const CONN_MAGIC: &[u8; 6] = b"NXUCX1";
 /// Region metadata magic.
 const RKEY_MAGIC: &[u8; 4] = b"NXRK";
-/// The header prefix of a notification (the sender's name follows).
-pub(crate) const NOTIF_MAGIC: &[u8; 4] = b"NXN1";
+/// The header prefix of a notification (the session id follows).
+pub(crate) const NOTIF_MAGIC: &[u8; 4] = b"NXN2";
 /// The most workers a peer may announce.
 pub(crate) const MAX_WORKERS: usize = 64;
 /// The most bytes of one worker address or rkey.
@@ -41,25 +43,20 @@ fn unsealed(bytes: &[u8]) -> Result<&[u8], DecodeError> {
     unseal(bytes).ok_or(DecodeError::Invalid { what: "checksum" })
 }
 
-/// The header of a notification from `sender`.
-pub fn encode_notif_header(sender: &str) -> Vec<u8> {
+/// The header of a notification sent in session `session`.
+pub fn encode_notif_header(session: &SessionId) -> Vec<u8> {
     let mut w = ByteWriter::new();
-    w.put(NOTIF_MAGIC).put(sender.as_bytes());
+    w.put(NOTIF_MAGIC).put(session);
     w.into_vec()
 }
 
-/// The sender named by a notification header: it carries the magic and a non-empty UTF-8
-/// name.
-pub fn decode_notif_header(h: &[u8]) -> Result<&str, DecodeError> {
+/// The session a notification header names (the receiver maps it to the sender).
+pub fn decode_notif_header(h: &[u8]) -> Result<SessionId, DecodeError> {
     let mut r = ByteReader::new(h);
     r.magic(NOTIF_MAGIC)?;
-    let name = r.rest();
-    match std::str::from_utf8(name) {
-        Ok(s) if !s.is_empty() => Ok(s),
-        _ => Err(DecodeError::Invalid {
-            what: "notification sender",
-        }),
-    }
+    let s = r.array::<SESSION_LEN>()?;
+    r.finish()?;
+    Ok(s)
 }
 
 /// Encodes the workers' addresses.
@@ -172,12 +169,18 @@ mod tests {
 
     #[test]
     fn notif_header_round_trips_and_refuses_damage() {
-        let h = encode_notif_header("prefill-0");
-        assert_eq!(decode_notif_header(&h), Ok("prefill-0"));
+        let h = encode_notif_header(&[5; SESSION_LEN]);
+        assert_eq!(decode_notif_header(&h), Ok([5; SESSION_LEN]));
         assert!(decode_notif_header(b"").is_err());
         assert!(decode_notif_header(b"NXN").is_err());
-        assert!(decode_notif_header(b"NXN1").is_err(), "empty sender");
-        assert!(decode_notif_header(b"NXN2abc").is_err());
-        assert!(decode_notif_header(b"NXN1\xff\xfe").is_err(), "not UTF-8");
+        assert!(decode_notif_header(b"NXN2").is_err(), "no session");
+        assert!(decode_notif_header(&h[..h.len() - 1]).is_err());
+        let mut long = h.clone();
+        long.push(0);
+        assert!(decode_notif_header(&long).is_err());
+        assert!(
+            decode_notif_header(b"NXN1prefill-0").is_err(),
+            "old name header"
+        );
     }
 }

@@ -7,7 +7,7 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use nixl_core::backend::NotifQueue;
+use nixl_core::backend::{NotifQueue, PeerAuth, Sessions};
 use nixl_core::{Op, Result};
 
 use crate::context::Context;
@@ -22,10 +22,12 @@ struct RawWorker(sys::ucp_worker_h);
 // every call into the worker as UCS_THREAD_MODE_SERIALIZED requires.
 unsafe impl Send for RawWorker {}
 
-/// What the notification handlers need.
+/// What the notification and hello handlers need.
 pub(crate) struct AmCtx {
     pub notifs: Arc<NotifQueue>,
     pub agent: String,
+    pub peers: PeerAuth,
+    sessions: Arc<Sessions>,
 }
 
 /// An endpoint queued for closing.
@@ -74,6 +76,48 @@ pub(crate) struct WorkerGuard<'a> {
     w: &'a Worker,
 }
 
+/// The endpoint an active message came on (its sender's connection), when the sender asked
+/// for replies (`UCP_AM_SEND_FLAG_REPLY`, which this backend always sets).
+fn reply_ep(param: *const sys::ucp_am_recv_param_t) -> Option<u64> {
+    // SAFETY: UCX passes a valid param struct (or NULL) for the duration of the callback.
+    let p = unsafe { param.as_ref() }?;
+    (p.recv_attr & sys::UCP_AM_RECV_ATTR_FIELD_REPLY_EP as u64 != 0 && !p.reply_ep.is_null())
+        .then_some(p.reply_ep as u64)
+}
+
+/// The header and (eager) payload of an active message, or why it is dropped.
+///
+/// # Safety
+///
+/// The pointers and lengths are those UCX passed to an active-message callback that is
+/// still running.
+unsafe fn am_parts<'a>(
+    header: *const c_void,
+    header_length: usize,
+    data: *mut c_void,
+    length: usize,
+    param: *const sys::ucp_am_recv_param_t,
+) -> std::result::Result<(&'a [u8], &'a [u8]), &'static str> {
+    // SAFETY: as the caller guarantees.
+    let attr = unsafe { param.as_ref() }.map_or(0, |p| p.recv_attr);
+    if attr & sys::UCP_AM_RECV_ATTR_FLAG_RNDV as u64 != 0 {
+        return Err("a rendezvous message (senders use eager)");
+    }
+    if header.is_null() || (data.is_null() && length > 0) {
+        return Err("a malformed message");
+    }
+    // SAFETY: UCX guarantees header/data point to header_length/length readable bytes for the
+    // duration of the callback (checked non-null above).
+    let h = unsafe { std::slice::from_raw_parts(header as *const u8, header_length) };
+    let d = if length == 0 {
+        &[][..]
+    } else {
+        // SAFETY: as above.
+        unsafe { std::slice::from_raw_parts(data as *const u8, length) }
+    };
+    Ok((h, d))
+}
+
 unsafe extern "C" fn am_recv(
     arg: *mut c_void,
     header: *const c_void,
@@ -85,41 +129,74 @@ unsafe extern "C" fn am_recv(
     // SAFETY: arg is the AmCtx registered with this handler; it lives until after the worker
     // is destroyed.
     let ctx = unsafe { &*(arg as *const AmCtx) };
-    // SAFETY: UCX passes a valid param struct for the duration of the callback.
-    let attr = unsafe { param.as_ref() }.map_or(0, |p| p.recv_attr);
-    if attr & sys::UCP_AM_RECV_ATTR_FLAG_RNDV as u64 != 0 {
-        tracing::warn!(agent = %ctx.agent, "dropping a rendezvous notification (senders use eager)");
-        return sys::UCS_OK;
-    }
-    if header.is_null() || (data.is_null() && length > 0) {
-        tracing::warn!(agent = %ctx.agent, "dropping a malformed notification");
-        return sys::UCS_OK;
-    }
-    // SAFETY: UCX guarantees header/data point to header_length/length readable bytes for the
-    // duration of the callback (checked non-null above).
-    let h = unsafe { std::slice::from_raw_parts(header as *const u8, header_length) };
-    let msg = if length == 0 {
-        Vec::new()
-    } else {
-        // SAFETY: as above.
-        unsafe { std::slice::from_raw_parts(data as *const u8, length) }.to_vec()
+    // SAFETY: the arguments are this callback's own.
+    let (h, msg) = match unsafe { am_parts(header, header_length, data, length, param) } {
+        Ok(p) => p,
+        Err(why) => {
+            tracing::warn!(agent = %ctx.agent, why, "dropping a notification");
+            return sys::UCS_OK;
+        }
     };
-    match crate::wire::decode_notif_header(h) {
-        Ok(sender) => ctx.notifs.push(sender, msg),
+    let session = match crate::wire::decode_notif_header(h) {
+        Ok(s) => s,
         Err(e) => {
-            tracing::warn!(agent = %ctx.agent, error = %e, "dropping a notification with a malformed header")
+            tracing::warn!(agent = %ctx.agent, error = %e, "dropping a notification with a malformed header");
+            return sys::UCS_OK;
+        }
+    };
+    // The sender is the peer whose hello opened this connection, never a name in the message.
+    match reply_ep(param).and_then(|ep| ctx.sessions.sender(&session, ep)) {
+        Some(sender) => {
+            ctx.notifs.push(&sender, msg.to_vec());
+        }
+        None => {
+            tracing::warn!(agent = %ctx.agent, "dropping a notification from a connection without an accepted hello");
+        }
+    }
+    sys::UCS_OK
+}
+
+unsafe extern "C" fn hello_recv(
+    arg: *mut c_void,
+    header: *const c_void,
+    header_length: usize,
+    data: *mut c_void,
+    length: usize,
+    param: *const sys::ucp_am_recv_param_t,
+) -> sys::ucs_status_t {
+    // SAFETY: arg is the AmCtx registered with this handler; it lives until after the worker
+    // is destroyed.
+    let ctx = unsafe { &*(arg as *const AmCtx) };
+    // SAFETY: the arguments are this callback's own.
+    let Ok((h, _)) = (unsafe { am_parts(header, header_length, data, length, param) }) else {
+        tracing::warn!(agent = %ctx.agent, "dropping a malformed hello");
+        return sys::UCS_OK;
+    };
+    let Some(ep) = reply_ep(param) else {
+        tracing::warn!(agent = %ctx.agent, "dropping a hello without its connection");
+        return sys::UCS_OK;
+    };
+    match ctx.peers.check_hello(h) {
+        Ok(hello) => {
+            tracing::debug!(agent = %ctx.agent, remote = %hello.sender, authenticated = hello.authenticated, "UCX connection introduced");
+            ctx.sessions.accept(&hello, ep);
+        }
+        Err(e) => {
+            tracing::warn!(agent = %ctx.agent, error = %e, "refused a UCX connection's hello");
         }
     }
     sys::UCS_OK
 }
 
 impl Worker {
-    /// Creates a worker with the notification handler.
+    /// Creates a worker with the notification and hello handlers.
     pub fn new(
         ctx: Arc<Context>,
         index: usize,
         agent: &str,
         notifs: Arc<NotifQueue>,
+        peers: PeerAuth,
+        sessions: Arc<Sessions>,
     ) -> Result<Arc<Self>> {
         let ucx = &ctx.ucx;
         // SAFETY: zeroed params with a field mask is the documented form.
@@ -159,10 +236,14 @@ impl Worker {
         let am = Box::into_raw(Box::new(AmCtx {
             notifs,
             agent: agent.to_owned(),
+            peers,
+            sessions,
         }));
-        // Our notifications, and NIXL's (id 0, `nixl_core::nixl_wire::notif`).
-        let handlers: [(u32, sys::ucp_am_recv_callback_t); 2] = [
+        // Our notifications and hellos, and NIXL's notifications (id 0,
+        // `nixl_core::nixl_wire::notif`).
+        let handlers: [(u32, sys::ucp_am_recv_callback_t); 3] = [
             (AM_NOTIF, Some(am_recv)),
+            (crate::session::AM_HELLO, Some(hello_recv)),
             (crate::nixl::AM_NIXL, Some(crate::nixl::am_recv_nixl)),
         ];
         for (id, cb) in handlers {
@@ -174,8 +255,8 @@ impl Worker {
             hp.id = id;
             hp.cb = cb;
             hp.arg = am as *mut c_void;
-            // SAFETY: raw is live; the handler argument stays valid until after the worker
-            // is destroyed (freed in Drop).
+            // SAFETY: raw is live; the handler argument stays valid until after the worker is
+            // destroyed (freed in Drop).
             let st = unsafe { ucx.lib.ucp_worker_set_am_recv_handler(raw, &hp) };
             if let Err(e) = check(
                 ucx,
@@ -286,15 +367,16 @@ impl WorkerGuard<'_> {
         unsafe { self.w.ctx.ucx.lib.ucp_worker_progress(self.g.0) }
     }
 
-    /// Progresses until nothing happens (bounded).
+    /// Progresses until nothing happens (bounded); how many events UCX reported, saturating
+    /// (the count is UCX's to report and is never trusted for arithmetic).
     pub fn progress_all(&mut self) -> u32 {
-        let mut total = 0;
+        let mut total = 0u32;
         for _ in 0..64 {
             let n = self.progress();
             if n == 0 {
                 break;
             }
-            total += n;
+            total = total.saturating_add(n);
         }
         total
     }

@@ -8,14 +8,13 @@ use std::sync::atomic::{AtomicI32, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use nixl_core::backend::BackendXfer;
-use nixl_core::{Error, Op, Result, XferOp, XferState};
+use nixl_core::backend::{BackendXfer, BlockRun};
+use nixl_core::{Error, Op, Result, StridedDesc, XferOp, XferState};
 
-use crate::endpoint::Peer;
+use crate::endpoint::{EpShared, Peer};
 use crate::error::status_error;
 use crate::loader::Ucx;
 use crate::sys;
-use crate::worker::WorkerGuard;
 
 const PENDING: u8 = 0;
 const DONE: u8 = 1;
@@ -53,8 +52,14 @@ pub(crate) struct PostState {
     /// The endpoint the notification goes on (the peer's shared-memory notification endpoint
     /// where it has one).
     ep: sys::ucp_ep_h,
+    /// The endpoint's shared state: its in-flight count (this post is one until it
+    /// finishes) and whether it was closed or fenced.
+    shared: Arc<EpShared>,
     /// (AM id, header, message) of the notification to send after the flush.
     notif: Option<Notif>,
+    /// A put/get of the batch failed to start: once the flush shows the earlier ones are
+    /// complete, the post ends with this status (and sends no notification).
+    failed_issue: Option<sys::ucs_status_t>,
 }
 
 // SAFETY: `ep` is only used inside UCX callbacks and `post`, both under the worker lock; the
@@ -68,32 +73,47 @@ impl PostState {
         self.phase.load(Ordering::Acquire)
     }
 
+    /// Records the outcome, once (later calls change nothing).
     fn finish(&self, status: sys::ucs_status_t) {
         self.status.store(status as i32, Ordering::Release);
-        self.phase.store(
-            if status == sys::UCS_OK { DONE } else { FAILED },
-            Ordering::Release,
-        );
+        let phase = if status == sys::UCS_OK { DONE } else { FAILED };
+        if self
+            .phase
+            .compare_exchange(PENDING, phase, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.shared.end_op();
+        }
     }
 
     /// After the data is complete: sends the notification, or finishes. Runs under the worker
     /// lock (from `post` or a callback inside progress).
     fn after_flush(self: &Arc<Self>) {
+        if let Some(st) = self.failed_issue {
+            self.finish(st);
+            return;
+        }
         let Some((am_id, header, msg)) = &self.notif else {
             self.finish(sys::UCS_OK);
             return;
         };
+        if self.shared.is_closed() {
+            // The endpoint was fenced or closed under this post (its peer was forgotten):
+            // the data is complete but the notification cannot be sent on it.
+            self.finish(sys::UCS_ERR_CANCELED);
+            return;
+        }
         // SAFETY: zeroed request params with a mask are the documented form.
         let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
         p.op_attr_mask = sys::UCP_OP_ATTR_FIELD_CALLBACK
             | sys::UCP_OP_ATTR_FIELD_USER_DATA
             | sys::UCP_OP_ATTR_FIELD_FLAGS;
-        p.flags = sys::UCP_AM_SEND_FLAG_EAGER;
+        p.flags = crate::session::am_flags(*am_id);
         p.cb.send = Some(am_done);
         let user = Arc::into_raw(self.clone());
         p.user_data = user as *mut c_void;
-        // SAFETY: the endpoint is live (it is closed only under the worker lock, which the
-        // caller holds, and a closed endpoint completes this state before); header and
+        // SAFETY: the endpoint is live: it is closed or fenced only under the worker lock,
+        // which the caller holds, and a closed or fenced one was refused above; header and
         // message live in this state, which the callback keeps alive until completion.
         let r = unsafe {
             self.ucx.lib.ucp_am_send_nbx(
@@ -145,6 +165,95 @@ pub(crate) struct Seg {
     pub rkey: sys::ucp_rkey_h,
 }
 
+/// One layer of a block-table transfer: both sides' runs and the checked handles.
+#[derive(Clone, Copy)]
+pub(crate) struct BlockLayer {
+    pub local: StridedDesc,
+    pub remote: StridedDesc,
+    /// Blocks are contiguous on both sides: a run of ids is one put/get.
+    pub dense: bool,
+    pub memh: sys::ucp_mem_h,
+    pub rkey: sys::ucp_rkey_h,
+}
+
+/// What a post issues: a list of segments, or a block table walked per post (addresses are
+/// computed from the layer and the id; nothing is stored per block).
+pub(crate) enum Work {
+    Segs(Vec<Seg>),
+    Blocks {
+        layers: Vec<BlockLayer>,
+        runs: Vec<BlockRun>,
+        /// Puts/gets per post.
+        segments: usize,
+    },
+}
+
+impl Work {
+    /// Operations per post.
+    pub fn len(&self) -> usize {
+        match self {
+            Work::Segs(v) => v.len(),
+            Work::Blocks { segments, .. } => *segments,
+        }
+    }
+
+    /// Bytes per post.
+    pub fn bytes(&self) -> u64 {
+        match self {
+            Work::Segs(v) => v.iter().map(|s| s.len).sum(),
+            Work::Blocks { layers, runs, .. } => {
+                let ids: u64 = runs.iter().map(|r| r.count).sum();
+                layers.iter().map(|l| l.local.len.saturating_mul(ids)).sum()
+            }
+        }
+    }
+
+    /// Calls `f` on every segment in order until it returns `false`; returns whether every
+    /// call returned `true`.
+    fn each(&self, mut f: impl FnMut(&Seg) -> bool) -> bool {
+        match self {
+            Work::Segs(v) => v.iter().all(f),
+            Work::Blocks { layers, runs, .. } => {
+                for l in layers {
+                    for r in runs {
+                        // In bounds: the agent checked every id against every layer's count.
+                        let (la, ra) = (
+                            l.local.addr + r.local * l.local.stride,
+                            l.remote.addr + r.remote * l.remote.stride,
+                        );
+                        if l.dense {
+                            let s = Seg {
+                                local: la,
+                                remote: ra,
+                                len: r.count * l.local.len,
+                                memh: l.memh,
+                                rkey: l.rkey,
+                            };
+                            if !f(&s) {
+                                return false;
+                            }
+                            continue;
+                        }
+                        for k in 0..r.count {
+                            let s = Seg {
+                                local: la + k * l.local.stride,
+                                remote: ra + k * l.remote.stride,
+                                len: l.local.len,
+                                memh: l.memh,
+                                rkey: l.rkey,
+                            };
+                            if !f(&s) {
+                                return false;
+                            }
+                        }
+                    }
+                }
+                true
+            }
+        }
+    }
+}
+
 /// A prepared UCX transfer.
 pub(crate) struct UcxXfer {
     pub agent: String,
@@ -153,7 +262,7 @@ pub(crate) struct UcxXfer {
     pub worker: usize,
     pub op: XferOp,
     pub mem_type: sys::ucs_memory_type_t,
-    pub segs: Vec<Seg>,
+    pub work: Work,
     pub notif: Option<Notif>,
     /// This agent's notification header (for [`BackendXfer::set_notif`]).
     pub header: Arc<[u8]>,
@@ -166,7 +275,7 @@ pub(crate) struct UcxXfer {
     pub bytes: u64,
 }
 
-// SAFETY: the raw handles in `segs` are owned by metadata kept alive in `_keep` and only used
+// SAFETY: the raw handles in `work` are owned by metadata kept alive in `_keep` and only used
 // under the worker lock.
 unsafe impl Send for UcxXfer {}
 
@@ -209,7 +318,7 @@ impl UcxXfer {
         // SAFETY: zeroed request params with a mask are the documented form.
         let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
         p.op_attr_mask = sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE | sys::UCP_OP_ATTR_FIELD_MEMH;
-        if self.segs.len() > 1 {
+        if self.work.len() > 1 {
             // Many operations in flight: let UCX optimise for bandwidth (as NIXL does).
             p.op_attr_mask |= sys::UCP_OP_ATTR_FLAG_MULTI_SEND;
         }
@@ -250,20 +359,6 @@ impl UcxXfer {
         }
     }
 
-    /// After a put/get failed mid-batch: waits until UCX no longer touches the earlier
-    /// segments' memory (flush, or force-close the endpoint).
-    fn quiesce(&self, g: &mut WorkerGuard<'_>, ep: sys::ucp_ep_h) {
-        // SAFETY: zeroed request params (no callback) make flush return a request to poll.
-        let p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
-        // SAFETY: the endpoint is live under the held lock.
-        let r = unsafe { self.ucx.lib.ucp_ep_flush_nbx(ep, &p) };
-        if g.wait_request(r, Instant::now() + self.cancel_timeout)
-            .is_none()
-        {
-            self.peer.eps[self.worker].force_close(g);
-        }
-    }
-
     fn progress_once(&self) {
         let mut g = self.peer.eps[self.worker].worker.lock();
         g.progress_all();
@@ -288,6 +383,8 @@ fn fresh_state(
     ucx: &Arc<Ucx>,
     notif: &Option<Notif>,
     ep: sys::ucp_ep_h,
+    shared: &Arc<EpShared>,
+    failed_issue: Option<sys::ucs_status_t>,
 ) -> Arc<PostState> {
     if let Some(arc) = cur.as_mut() {
         if let Some(st) = Arc::get_mut(arc) {
@@ -295,6 +392,10 @@ fn fresh_state(
             st.status = AtomicI32::new(0);
             st.ep = ep;
             st.notif.clone_from(notif);
+            if !Arc::ptr_eq(&st.shared, shared) {
+                st.shared = shared.clone();
+            }
+            st.failed_issue = failed_issue;
             return arc.clone();
         }
     }
@@ -303,13 +404,13 @@ fn fresh_state(
         status: AtomicI32::new(0),
         ucx: ucx.clone(),
         ep,
+        shared: shared.clone(),
         notif: notif.clone(),
+        failed_issue,
     });
     *cur = Some(st.clone());
     st
 }
-
-impl UcxXfer {}
 
 impl BackendXfer for UcxXfer {
     fn post(&mut self) -> Result<XferState> {
@@ -326,17 +427,35 @@ impl BackendXfer for UcxXfer {
         let ep = pe
             .raw(&g)
             .ok_or_else(|| self.disconnected(Op::PostXfer, "UCX endpoint was closed"))?;
-        for (i, s) in self.segs.iter().enumerate() {
+        let mut issued = 0usize;
+        let mut failed_issue = None;
+        self.work.each(|s| {
             let st = self.issue(ep, s);
             if st != sys::UCS_OK && st != sys::UCS_INPROGRESS {
-                if i > 0 {
-                    self.quiesce(&mut g, ep);
-                }
+                failed_issue = Some(st);
+                return false;
+            }
+            issued += 1;
+            true
+        });
+        if let Some(st) = failed_issue {
+            if issued == 0 {
                 return Err(self.state_error(Op::PostXfer, st));
             }
+            // Earlier segments may still be moving: the flush below tells when UCX is done
+            // with them, and the post ends with this error then (a cancel meanwhile follows
+            // the usual rules; nothing is force-closed here).
         }
+        pe.shared.begin_op();
         let notif_ep = pe.notif_raw(&g).unwrap_or(ep);
-        let state = fresh_state(&mut self.cur, &self.ucx, &self.notif, notif_ep);
+        let state = fresh_state(
+            &mut self.cur,
+            &self.ucx,
+            &self.notif,
+            notif_ep,
+            &pe.shared,
+            failed_issue,
+        );
         // SAFETY: zeroed request params with a mask are the documented form.
         let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
         p.op_attr_mask = sys::UCP_OP_ATTR_FIELD_CALLBACK | sys::UCP_OP_ATTR_FIELD_USER_DATA;
@@ -390,7 +509,12 @@ impl BackendXfer for UcxXfer {
             self.progress_once();
             std::thread::yield_now();
         }
-        if st.phase() == PENDING && self.peer.transports().contains("tcp/") {
+        let tcp = {
+            let pe = &self.peer.eps[self.worker];
+            let g = pe.worker.lock();
+            pe.uses_tcp(&g)
+        };
+        if st.phase() == PENDING && tcp {
             // Force-closing an endpoint whose tcp transport still has zero-copy operations in
             // flight crashes UCX's tcp progress (SIGSEGV in uct_tcp_iface_handle_events; see
             // docs/perf/failure.md). Report the cancel as unconfirmed instead: the agent then
@@ -425,7 +549,18 @@ impl BackendXfer for UcxXfer {
     }
 
     fn path(&self) -> Option<String> {
-        Some(self.path.get_or_init(|| self.peer.transports()).clone())
+        Some(
+            self.path
+                .get_or_init(|| {
+                    let t = self.peer.transports_on(self.worker);
+                    if self.peer.eps.len() > 1 {
+                        format!("{t} [worker {}]", self.worker)
+                    } else {
+                        t
+                    }
+                })
+                .clone(),
+        )
     }
 
     fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {

@@ -182,7 +182,14 @@ fn dram_write_beside_nixl() {
     let Some(env) = nixl_or_skip(test) else {
         return;
     };
-    run(test, &env, MemKind::Dram, "shm,cma,self", 16 << 20, 10);
+    // NIXL 1.5.1 refuses a UCX_TLS without a CUDA transport on a host with NVIDIA GPUs
+    // ("does not enable CUDA memory support"): add cuda_copy there (it carries no DRAM).
+    let tls = if nixl_mem::cuda_is_available() {
+        "shm,cma,self,cuda_copy"
+    } else {
+        "shm,cma,self"
+    };
+    run(test, &env, MemKind::Dram, tls, 16 << 20, 10);
 }
 
 #[test]

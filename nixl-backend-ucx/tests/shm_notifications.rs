@@ -20,7 +20,13 @@ const T: Duration = Duration::from_secs(30);
 fn pair(
     shm_notifications: bool,
     len: usize,
-) -> (Agent, Agent, Arc<HostBuffer>, Arc<HostBuffer>, Vec<Registration>) {
+) -> (
+    Agent,
+    Agent,
+    Arc<HostBuffer>,
+    Arc<HostBuffer>,
+    Vec<Registration>,
+) {
     let mk = |role| {
         let a = Agent::new(&common::unique(role), common::config(false)).expect("agent");
         a.create_backend(UcxParams {
@@ -57,7 +63,8 @@ fn same_host_notifications_go_over_shared_memory_after_their_data() {
     let path = a.path_report(b.name());
     let report = &path[0].1;
     assert!(
-        report.contains("notifications over") && (report.contains("posix/") || report.contains("sysv/")),
+        report.contains("notifications over")
+            && (report.contains("posix/") || report.contains("sysv/")),
         "a same-host peer gets a shared-memory notification endpoint: {report}"
     );
     // Data on the first endpoint (cma between processes of this host), with peer failure
@@ -77,15 +84,20 @@ fn same_host_notifications_go_over_shared_memory_after_their_data() {
         .expect("make");
     for i in 0..200u32 {
         src.fill_pattern(u64::from(i));
-        req.set_notif(Some(i.to_le_bytes().to_vec())).expect("set notif");
+        req.set_notif(Some(i.to_le_bytes().to_vec()))
+            .expect("set notif");
         a.post_xfer_req(&req).expect("post");
         req.wait(T).expect("done");
         let n = b.wait_notifs(T).expect("notification");
         assert_eq!(n[a.name()], vec![i.to_le_bytes().to_vec()], "in order");
-        assert!(dst.to_vec() == src.to_vec(), "data complete at notification {i}");
+        assert!(
+            dst.to_vec() == src.to_vec(),
+            "data complete at notification {i}"
+        );
     }
     // A standalone notification takes the same endpoint.
-    a.gen_notif(b.name(), b"standalone", &[]).expect("gen_notif");
+    a.gen_notif(b.name(), b"standalone", &[])
+        .expect("gen_notif");
     let n = b.wait_notifs(T).expect("standalone notification");
     assert_eq!(n[a.name()], vec![b"standalone".to_vec()]);
     // And back, from b's side.
@@ -114,14 +126,19 @@ fn burst_of_notifications_arrives_complete_and_in_order() {
     // The target does not drain while the initiator sends 1000 (its progress thread keeps
     // UCX's queue moving); then every message is there once, in order.
     for i in 0..1000u32 {
-        req.set_notif(Some(i.to_le_bytes().to_vec())).expect("set notif");
+        req.set_notif(Some(i.to_le_bytes().to_vec()))
+            .expect("set notif");
         a.post_xfer_req(&req).expect("post");
         req.wait(T).expect("done");
     }
     let mut got = Vec::new();
     let end = std::time::Instant::now() + T;
     while got.len() < 1000 && std::time::Instant::now() < end {
-        if let Some(v) = b.wait_notifs(Duration::from_millis(200)).expect("drain").remove(a.name()) {
+        if let Some(v) = b
+            .wait_notifs(Duration::from_millis(200))
+            .expect("drain")
+            .remove(a.name())
+        {
             got.extend(v);
         }
     }

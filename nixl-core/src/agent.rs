@@ -7,10 +7,12 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::auth::{Auth, Bindings, Signer};
 use crate::backend::{
     Backend, BackendContext, BackendParams, BackendPlugin, Capabilities, QueryResult,
 };
 use crate::error::{Error, Op, Result};
+use crate::limits::Limits;
 use crate::mem::RegionDesc;
 use crate::notif::{NotifQueue, Notifs};
 use crate::registration::RegTable;
@@ -36,6 +38,14 @@ pub struct AgentConfig {
     pub default_timeout: Duration,
     /// Backend types this agent can create by name.
     pub plugins: Vec<Arc<dyn BackendPlugin>>,
+    /// Authenticate peers with a cluster credential (`None`: trust every peer that can reach
+    /// the side channel, etcd or the transports; see `docs/security.md`).
+    pub auth: Option<Auth>,
+    /// Lets the side channel listen on a non-loopback address without [`AgentConfig::auth`]
+    /// (refused otherwise): the explicit opt-out for a network where every host is trusted.
+    pub allow_unauthenticated_listener: bool,
+    /// Bounds on what peers can make this agent hold.
+    pub limits: Limits,
 }
 
 impl Default for AgentConfig {
@@ -48,6 +58,9 @@ impl Default for AgentConfig {
             telemetry: telemetry::env_enabled(),
             default_timeout: Duration::from_secs(30),
             plugins: vec![Arc::new(crate::inproc::InprocPlugin)],
+            auth: None,
+            allow_unauthenticated_listener: false,
+            limits: Limits::default(),
         }
     }
 }
@@ -69,6 +82,12 @@ impl std::fmt::Debug for AgentConfig {
                     .map(|p| p.name().to_owned())
                     .collect::<Vec<_>>(),
             )
+            .field("auth", &self.auth)
+            .field(
+                "allow_unauthenticated_listener",
+                &self.allow_unauthenticated_listener,
+            )
+            .field("limits", &self.limits)
             .finish()
     }
 }
@@ -184,6 +203,14 @@ pub(crate) struct Shared {
     /// Notifications that failed their integrity check: (sender, message, already reported
     /// by `wait_notifs`).
     pub corrupt: Mutex<Vec<(String, Vec<u8>, bool)>>,
+    /// Signs this agent's metadata and frames; verifies peers'.
+    pub signer: Signer,
+    /// Peer names bound to the credential that first loaded them.
+    pub bindings: Arc<Bindings>,
+    /// This process, as its metadata announces it (for peers' liveness watches).
+    pub process: Option<crate::liveness::ProcessId>,
+    /// Dropped requests the backends have not released yet (with their memory).
+    pub draining: Mutex<Vec<crate::xfer::Drained>>,
 }
 
 /// How many uncertain requests an agent remembers.
@@ -229,11 +256,26 @@ impl Shared {
                 }
             }
         }
+        self.reap_drained();
+    }
+
+    /// Releases dropped requests whose backends let go of them.
+    pub fn reap_drained(&self) {
+        let mut d = lock(&self.draining);
+        if !d.is_empty() {
+            d.retain_mut(|x| x.busy());
+        }
     }
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
+        self.reap_drained();
+        // What backends still own is never freed under them: leaked instead.
+        for d in std::mem::take(&mut *lock(&self.draining)) {
+            tracing::error!(agent = %self.name, "agent dropped with a request its backend never released; leaking its memory");
+            std::mem::forget(d);
+        }
         self.stop.store(true, Ordering::SeqCst);
         let me = std::thread::current().id();
         for t in std::mem::take(&mut *lock(&self.threads)) {
@@ -318,6 +360,18 @@ impl Agent {
                 "agent name must be 1..=256 bytes",
             ));
         }
+        let signer = Signer::new(config.auth.clone()).map_err(|e| match e {
+            Error::Io { source, .. } => Error::Io {
+                agent: name.to_owned(),
+                op: Op::CreateBackend,
+                source,
+            },
+            e => e,
+        })?;
+        let notifs = NotifQueue::with_limits(
+            config.limits.max_queued_notif_bytes,
+            config.limits.max_queued_notif_bytes_per_sender,
+        );
         let shared = Arc::new(Shared {
             name: name.to_owned(),
             generation: new_generation(),
@@ -327,7 +381,7 @@ impl Agent {
             regs: Mutex::new(RegTable::default()),
             remotes: Mutex::new(HashMap::new()),
             peer_locks: Mutex::new(HashMap::new()),
-            notifs: Arc::new(NotifQueue::new()),
+            notifs: Arc::new(notifs),
             fetches: Mutex::new(HashMap::new()),
             stop: Arc::new(AtomicBool::new(false)),
             listen_addr: Mutex::new(None),
@@ -335,6 +389,10 @@ impl Agent {
             next_id: AtomicU64::new(1),
             uncertain: Mutex::new(VecDeque::new()),
             corrupt: Mutex::new(Vec::new()),
+            signer,
+            bindings: Arc::new(Bindings::default()),
+            process: crate::liveness::ProcessId::current(),
+            draining: Mutex::new(Vec::new()),
         });
         let agent = Agent { shared };
         if agent.shared.config.listen {
@@ -455,6 +513,13 @@ impl Agent {
         let ctx = BackendContext {
             agent: self.shared.name.clone(),
             notifs: self.shared.notifs.clone(),
+            peers: crate::hello::PeerAuth::new(
+                &self.shared.name,
+                self.shared.generation,
+                self.shared.config.auth.clone(),
+                self.shared.bindings.clone(),
+                self.shared.signer.replay.clone(),
+            ),
         };
         let backend = params.create(ctx)?;
         let caps = backend.capabilities();
@@ -589,16 +654,28 @@ impl Agent {
 
     fn frame_matches(&self, f: &crate::integrity::Frame) -> bool {
         // Every range must lie in this agent's own DRAM registrations before it is read; the
-        // registrations found are held for the duration of the hash.
+        // registrations found are held for the duration of the hash. A frame may not make the
+        // agent hash more bytes than the regions it names hold (a real WRITE lands each byte
+        // once), so a forged frame costs at most one pass over registered memory.
         let mut held = Vec::with_capacity(f.ranges.len());
+        let mut regions = std::collections::HashMap::new();
+        let mut total: u64 = 0;
         {
             let regs = lock(&self.shared.regs);
             for &(dev, addr, len) in &f.ranges {
                 match regs.find(crate::mem::MemKind::Dram, dev, addr, len) {
-                    Some(r) => held.push(r),
+                    Some(r) => {
+                        let size = r.0.regions[r.1].desc.len;
+                        regions.insert((Arc::as_ptr(&r.0) as usize, r.1), size);
+                        held.push(r);
+                    }
                     None => return false,
                 }
+                total = total.saturating_add(len);
             }
+        }
+        if total > regions.values().sum::<u64>() {
+            return false;
         }
         // SAFETY: each range lies inside a live DRAM registration held in `held`, whose memory
         // the registration keeps alive and readable.
@@ -635,6 +712,13 @@ impl Agent {
         lock(&self.shared.uncertain).iter().cloned().collect()
     }
 
+    /// Dropped requests whose backend has not yet released them (each still holds its
+    /// memory; see [`crate::XferReq::is_draining`]). Reaped by the agent's progress.
+    pub fn draining_requests(&self) -> usize {
+        self.shared.reap_drained();
+        lock(&self.shared.draining).len()
+    }
+
     /// Forgets the uncertain requests listed so far.
     pub fn clear_uncertain_requests(&self) {
         lock(&self.shared.uncertain).clear();
@@ -645,7 +729,9 @@ impl Agent {
     /// quiet peer is not an error). Ends early with [`Error::Corrupt`] when a notification
     /// failed its integrity check; each failure ends one call (a caller that ignores the error
     /// and waits again is not woken by the same failure), and all of them stay available to
-    /// [`Agent::take_integrity_failures`].
+    /// [`Agent::take_integrity_failures`]. Likewise ends early with
+    /// [`Error::LimitExceeded`] once per batch of notifications dropped because the queue was
+    /// full ([`Agent::dropped_notifs`] has the counts).
     pub fn wait_notifs(&self, timeout: Duration) -> Result<Notifs> {
         let deadline = Instant::now() + timeout;
         loop {
@@ -664,6 +750,23 @@ impl Agent {
                     op: Op::GetNotifs,
                 });
             }
+            let drops = self.shared.notifs.take_unreported_drops();
+            if !drops.is_empty() {
+                let mut list: Vec<String> = drops
+                    .iter()
+                    .map(|(sender, n)| format!("{n} from {sender}"))
+                    .collect();
+                list.sort();
+                return Err(Error::limit(
+                    self.name(),
+                    Op::GetNotifs,
+                    format!(
+                        "queued notification bytes: dropped {} (see Agent::dropped_notifs)",
+                        list.join(", ")
+                    ),
+                    self.shared.config.limits.max_queued_notif_bytes,
+                ));
+            }
             if Instant::now() >= deadline {
                 return Ok(n);
             }
@@ -681,10 +784,17 @@ impl Agent {
         }
     }
 
+    /// Notifications dropped because the queue was full, per sender, since the agent was
+    /// created (see [`crate::Limits::max_queued_notif_bytes`]).
+    pub fn dropped_notifs(&self) -> HashMap<String, u64> {
+        self.shared.notifs.dropped()
+    }
+
     /// Sends a standalone notification to a loaded peer.
     #[doc(alias = "genNotif")]
     pub fn gen_notif(&self, remote: &str, msg: &[u8], hints: &[BackendHandle]) -> Result<()> {
         let peer = self.remote_peer(remote, Op::GenNotif)?;
+        peer.check_alive(self.name(), Op::GenNotif)?;
         let backends = self.select_backends(Op::GenNotif, hints)?;
         let slot = backends
             .iter()

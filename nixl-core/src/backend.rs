@@ -18,9 +18,11 @@ use crate::error::Result;
 use crate::mem::{MemKind, RegionDesc};
 
 pub use crate::desc::merge_contiguous;
+pub use crate::hello::{Hello, PeerAuth, SessionId, Sessions, SESSION_LEN};
 pub use crate::inproc::InprocBackend;
 pub use crate::notif::NotifQueue;
 pub use crate::params::{parse_bool, ParamMap};
+pub use crate::strided::{BlockRun, BlockXferSpec, LayerPair, LayerSegments};
 pub use crate::telemetry::Counters;
 
 /// Backend-private metadata of a registered or loaded region (a memory handle, an rkey). The
@@ -30,6 +32,27 @@ pub type BackendMd = Arc<dyn Any + Send + Sync>;
 /// Downcasts backend metadata to the backend's own type.
 pub fn downcast_md<T: Any + Send + Sync>(md: &BackendMd) -> Option<&T> {
     md.as_ref().downcast_ref::<T>()
+}
+
+/// The distinct metadata among `mds` (by identity), in first-seen order: what a prepared
+/// transfer keeps alive. Linear: neighbours usually share a region, and the rest are found
+/// in a set.
+pub fn distinct_mds<'a>(mds: impl IntoIterator<Item = &'a BackendMd>) -> Vec<BackendMd> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out: Vec<BackendMd> = Vec::new();
+    let mut last: Option<*const ()> = None;
+    for m in mds {
+        crate::work::tick(1);
+        let p = Arc::as_ptr(m) as *const ();
+        if last == Some(p) {
+            continue;
+        }
+        last = Some(p);
+        if seen.insert(p as usize) {
+            out.push(m.clone());
+        }
+    }
+    out
 }
 
 /// What a backend can do.
@@ -61,23 +84,28 @@ pub struct BackendContext {
     pub agent: String,
     /// Where the backend delivers notifications it receives.
     pub notifs: Arc<NotifQueue>,
+    /// Signs and checks connection hellos: how the backend learns which peer a notification
+    /// comes from (see [`crate::hello`]).
+    pub peers: PeerAuth,
 }
 
-/// One contiguous piece of a transfer, after merging.
-#[derive(Clone)]
+/// One contiguous piece of a transfer, after merging. Its regions' metadata are named by index
+/// into [`XferSpec::mds`].
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Segment {
     /// Local address (or offset).
     pub local_addr: u64,
     /// Local device id.
     pub local_dev: u64,
-    /// The local region's backend metadata.
-    pub local_md: BackendMd,
+    /// The local region's backend metadata: an index into [`XferSpec::mds`].
+    pub local_md: usize,
     /// Remote address (or offset, for storage).
     pub remote_addr: u64,
     /// Remote device id.
     pub remote_dev: u64,
-    /// The remote region's backend metadata (from `load_remote` or `load_local`).
-    pub remote_md: BackendMd,
+    /// The remote region's backend metadata (from `load_remote` or `load_local`): an index
+    /// into [`XferSpec::mds`].
+    pub remote_md: usize,
     /// Length in bytes.
     pub len: u64,
 }
@@ -107,6 +135,10 @@ pub struct XferSpec {
     pub is_local: bool,
     /// The segments, merged.
     pub segments: Vec<Segment>,
+    /// The backend metadata of the segments' regions, which segments name by index: usually
+    /// each region's once, so a backend checks (downcasts) each once and keeps them all
+    /// alive by cloning this list (the same metadata may appear more than once).
+    pub mds: Vec<BackendMd>,
     /// A notification to deliver to the remote after all data is complete.
     pub notif: Option<Vec<u8>>,
 }
@@ -114,7 +146,14 @@ pub struct XferSpec {
 impl XferSpec {
     /// Total bytes.
     pub fn total_bytes(&self) -> u64 {
+        crate::work::tick(self.segments.len());
         self.segments.iter().map(|s| s.len).sum()
+    }
+
+    /// Metadata `i` of [`XferSpec::mds`] (what [`Segment::local_md`] and
+    /// [`Segment::remote_md`] name).
+    pub fn md(&self, i: usize) -> Option<&BackendMd> {
+        self.mds.get(i)
     }
 }
 
@@ -159,6 +198,11 @@ pub trait BackendXfer: Send {
     /// of the transfer; an `Err` means it could not be sure, and the agent then never frees
     /// that memory.
     fn cancel(&mut self) -> Result<()>;
+    /// Starts stopping the transfer without blocking: its deadline passed or its peer is
+    /// gone, and the request has already ended. The agent then polls [`BackendXfer::check`]
+    /// until it stops reporting `InProgress` before releasing the transfer's memory. The
+    /// default does nothing (the transfer runs to its end or fails).
+    fn abandon(&mut self) {}
     /// Which transports carried this transfer (for path reports), if the backend knows.
     fn path(&self) -> Option<String> {
         None
@@ -210,8 +254,19 @@ pub trait Backend: Send + Sync + 'static {
         drop(md);
         Ok(())
     }
-    /// Prepares a transfer.
-    fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>>;
+    /// Prepares a transfer. The spec is the agent's (it keeps it for the request's life):
+    /// copy out what the transfer needs.
+    fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>>;
+    /// Prepares a block-table transfer by its strides, where the backend can move it without
+    /// one descriptor per block (a copy kernel that computes block addresses, a per-block
+    /// loop over the layers and id runs, vectored I/O). `Ok(None)`, the default, means it
+    /// cannot: the agent then materializes the blocks into segments
+    /// ([`BlockXferSpec::materialize`]) and calls [`Backend::prepare_xfer`]. Errors mean the
+    /// same as there (`NotSupported` lets the next backend try).
+    fn prepare_blocks(&self, spec: &BlockXferSpec) -> Result<Option<Box<dyn BackendXfer>>> {
+        let _ = spec;
+        Ok(None)
+    }
     /// Sends a standalone notification.
     fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()>;
     /// Drives the backend's progress engine; returns whether anything happened.

@@ -1,19 +1,21 @@
 //! The metadata codec: an agent's connection info and registered regions as bytes.
 //!
 //! Layout (little endian, [`crate::bytes`]): magic `b"NIXLRSMD"`, `u16` version, name, `u64`
-//! generation, `u8` flags, backend count then `(name, conn_info)` pairs, region count then
+//! generation, `u8` flags, with the process flag the agent's [`ProcessId`] (boot id, pid
+//! namespace, pid, start time), backend count then `(name, conn_info)` pairs, region count then
 //! `(backend index, kind, addr, len, dev_id, meta, public)` records, and an xxh3-64 checksum
 //! of everything before it. Every length and count is bounded before anything is allocated,
 //! so hostile bytes cost at most their own size; a damaged byte anywhere is refused.
 
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::error::DecodeError;
+use crate::liveness::ProcessId;
 use crate::mem::{MemKind, RegionDesc};
 
 /// Magic prefix of encoded metadata.
 pub const MAGIC: &[u8; 8] = b"NIXLRSMD";
 /// The version this build writes (and the only one it reads).
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
 /// Longest agent or backend name.
 pub const MAX_NAME: usize = 256;
 /// Most backends in one metadata blob.
@@ -26,6 +28,7 @@ pub const MAX_REGIONS: usize = 1 << 22;
 pub const MAX_METADATA: usize = 256 << 20;
 
 const FLAG_CONN: u8 = 1;
+const FLAG_PROCESS: u8 = 2;
 
 /// A backend's entry in metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +59,8 @@ pub struct AgentMetadata {
     pub generation: u64,
     /// Whether the backends' connection info is included.
     pub has_conn_info: bool,
+    /// The process the agent runs in (lets peers on the same host notice when it exits).
+    pub process: Option<ProcessId>,
     /// Backends.
     pub backends: Vec<BackendEntry>,
     /// Regions.
@@ -68,7 +73,17 @@ impl AgentMetadata {
         let mut w = ByteWriter::with_capacity(64 + self.regions.len() * 56);
         w.put(MAGIC).put_u16(VERSION);
         w.put_str(&self.name).put_u64(self.generation);
-        w.put_u8(if self.has_conn_info { FLAG_CONN } else { 0 });
+        let mut flags = if self.has_conn_info { FLAG_CONN } else { 0 };
+        if self.process.is_some() {
+            flags |= FLAG_PROCESS;
+        }
+        w.put_u8(flags);
+        if let Some(p) = &self.process {
+            w.put(&p.boot_id)
+                .put_u64(p.pid_ns)
+                .put_u32(p.pid)
+                .put_u64(p.start_time);
+        }
         w.put_len(self.backends.len());
         for b in &self.backends {
             w.put_str(&b.name).put_blob(&b.conn_info);
@@ -131,9 +146,19 @@ impl AgentMetadata {
         }
         let generation = r.u64()?;
         let flags = r.u8()?;
-        if flags & !FLAG_CONN != 0 {
+        if flags & !(FLAG_CONN | FLAG_PROCESS) != 0 {
             return Err(DecodeError::Invalid { what: "flags" });
         }
+        let process = if flags & FLAG_PROCESS != 0 {
+            Some(ProcessId {
+                boot_id: r.array()?,
+                pid_ns: r.u64()?,
+                pid: r.u32()?,
+                start_time: r.u64()?,
+            })
+        } else {
+            None
+        };
         // A backend record is at least two empty length-prefixed strings.
         let nb = r.count("backend count", MAX_BACKENDS, 8)?;
         let mut backends = Vec::with_capacity(nb);
@@ -190,6 +215,7 @@ impl AgentMetadata {
             name,
             generation,
             has_conn_info: flags & FLAG_CONN != 0,
+            process,
             backends,
             regions,
         })
@@ -216,8 +242,21 @@ mod tests {
             ("[A-Z]{1,8}", proptest::collection::vec(any::<u8>(), 0..64)),
             1..4,
         );
-        (("[a-z0-9-]{1,32}", any::<u64>(), any::<bool>()), backends).prop_flat_map(
-            |((name, generation, conn), bes)| {
+        let process = proptest::option::of(
+            (any::<[u8; 16]>(), any::<u64>(), any::<u32>(), any::<u64>()).prop_map(
+                |(boot_id, pid_ns, pid, start_time)| ProcessId {
+                    boot_id,
+                    pid_ns,
+                    pid,
+                    start_time,
+                },
+            ),
+        );
+        (
+            ("[a-z0-9-]{1,32}", any::<u64>(), any::<bool>(), process),
+            backends,
+        )
+            .prop_flat_map(|((name, generation, conn, process), bes)| {
                 let mut seen = std::collections::HashSet::new();
                 let backends: Vec<BackendEntry> = bes
                     .into_iter()
@@ -251,11 +290,11 @@ mod tests {
                     name: name.clone(),
                     generation,
                     has_conn_info: conn,
+                    process,
                     backends: backends.clone(),
                     regions,
                 })
-            },
-        )
+            })
     }
 
     proptest! {
@@ -328,6 +367,7 @@ mod tests {
             name: "decode-0".into(),
             generation: 0x1234_5678_9abc,
             has_conn_info: true,
+            process: ProcessId::current(),
             backends: vec![BackendEntry {
                 name: "UCX".into(),
                 conn_info: vec![7; 40],
@@ -365,6 +405,7 @@ mod tests {
             name: "a".into(),
             generation: 1,
             has_conn_info: true,
+            process: None,
             backends: vec![],
             regions: vec![],
         };

@@ -255,6 +255,19 @@ pub enum Error {
         /// The operation.
         op: Op,
     },
+    /// A configured limit would be exceeded (peers, regions per peer, queued notifications,
+    /// side-channel connections or bytes); nothing changed.
+    #[error("{agent}: {op}: limit exceeded: {what} (limit {limit})")]
+    LimitExceeded {
+        /// The agent.
+        agent: String,
+        /// The operation.
+        op: Op,
+        /// What is limited.
+        what: String,
+        /// The limit.
+        limit: u64,
+    },
     /// An I/O error (side channel, files).
     #[error("{agent}: {op}: i/o error: {source}")]
     Io {
@@ -295,6 +308,7 @@ impl Error {
             Error::Unavailable { .. } => ErrorKind::Unavailable,
             Error::Decode { .. } => ErrorKind::Decode,
             Error::Corrupt { .. } => ErrorKind::Corrupt,
+            Error::LimitExceeded { .. } => ErrorKind::LimitExceeded,
             Error::Io { .. } => ErrorKind::Io,
         }
     }
@@ -365,6 +379,16 @@ impl Error {
         }
     }
 
+    /// Builds an [`Error::LimitExceeded`].
+    pub fn limit(agent: &str, op: Op, what: impl Into<String>, limit: usize) -> Self {
+        Error::LimitExceeded {
+            agent: agent.to_owned(),
+            op,
+            what: what.into(),
+            limit: limit as u64,
+        }
+    }
+
     /// Builds an [`Error::Io`].
     pub fn io(agent: &str, op: Op, source: std::io::Error) -> Self {
         Error::Io {
@@ -424,6 +448,8 @@ pub enum ErrorKind {
     Decode,
     /// [`Error::Corrupt`].
     Corrupt,
+    /// [`Error::LimitExceeded`].
+    LimitExceeded,
     /// [`Error::Io`].
     Io,
 }
@@ -446,6 +472,7 @@ impl ErrorKind {
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Decode => "decode",
             ErrorKind::Corrupt => "corrupt",
+            ErrorKind::LimitExceeded => "limit_exceeded",
             ErrorKind::Io => "io",
         }
     }

@@ -30,6 +30,7 @@ impl<V> Default for RegionIndex<V> {
 impl<V> RegionIndex<V> {
     /// Inserts a region of `len` bytes under `key`.
     pub fn insert(&mut self, key: RegionKey, len: u64, value: V) {
+        crate::work::tick(1);
         let l = self.longest.entry((key.0, key.1)).or_insert(0);
         *l = (*l).max(len);
         self.map.insert(key, value);
@@ -37,6 +38,7 @@ impl<V> RegionIndex<V> {
 
     /// Removes a region.
     pub fn remove(&mut self, key: &RegionKey) -> Option<V> {
+        crate::work::tick(1);
         self.map.remove(key)
     }
 
@@ -57,19 +59,61 @@ impl<V> RegionIndex<V> {
         dev: u64,
         addr: u64,
         len: u64,
-        mut covers: impl FnMut(&'a V) -> bool,
+        covers: impl FnMut(&'a V) -> bool,
     ) -> Option<&'a V> {
+        self.find_key(kind, dev, addr, len, covers).map(|(_, v)| v)
+    }
+
+    /// As [`RegionIndex::find`], with a bound for reusing the answer: `find` returns the same
+    /// region for every range it covers that starts below the bound (no other region of
+    /// `(kind, dev)` starts between it and the bound). Lets a caller resolve a run of
+    /// descriptors in one region with one look-up.
+    pub fn find_bounded<'a>(
+        &'a self,
+        kind: MemKind,
+        dev: u64,
+        addr: u64,
+        len: u64,
+        covers: impl FnMut(&'a V) -> bool,
+    ) -> Option<(&'a V, u64)> {
+        use std::ops::Bound::{Excluded, Included};
+        let (key, v) = self.find_key(kind, dev, addr, len, covers)?;
+        crate::work::tick(1);
+        let next = self
+            .map
+            .range((Excluded(*key), Included((kind, dev, u64::MAX, u64::MAX))))
+            .next()
+            .map_or(u64::MAX, |(k, _)| k.2);
+        Some((v, next))
+    }
+
+    fn find_key<'a>(
+        &'a self,
+        kind: MemKind,
+        dev: u64,
+        addr: u64,
+        len: u64,
+        mut covers: impl FnMut(&'a V) -> bool,
+    ) -> Option<(&'a RegionKey, &'a V)> {
         let longest = *self.longest.get(&(kind, dev))?;
         let end = addr.checked_add(len)?;
         let lowest = end.saturating_sub(longest);
         if lowest > addr {
             return None;
         }
+        crate::work::tick(1);
         self.map
             .range((kind, dev, lowest, 0)..=(kind, dev, addr, u64::MAX))
             .rev()
-            .map(|(_, v)| v)
-            .find(|v| covers(v))
+            .find(|(_, v)| {
+                crate::work::tick(1);
+                covers(v)
+            })
+    }
+
+    /// How many regions it holds.
+    pub fn len(&self) -> usize {
+        self.map.len()
     }
 
     /// Every region, in key order.
@@ -109,6 +153,18 @@ mod tests {
                     .map(|(_, r)| *r);
                 let got = idx.find(MemKind::Dram, 0, addr, len, covers).copied();
                 assert_eq!(got, want, "addr {addr} len {len}");
+            }
+        }
+        // The bound: every range the found region covers below it finds the same region.
+        for addr in (0..12_000u64).step_by(13) {
+            let covers = |a: u64, l: u64| move |&(s, n): &(u64, u64)| a >= s && a + l <= s + n;
+            let Some((&r, bound)) = idx.find_bounded(MemKind::Dram, 0, addr, 1, covers(addr, 1))
+            else {
+                continue;
+            };
+            for a2 in r.0..(r.0 + r.1).min(bound).min(r.0 + 5000) {
+                let again = idx.find(MemKind::Dram, 0, a2, 1, covers(a2, 1)).copied();
+                assert_eq!(again, Some(r), "addr {a2} below bound {bound}");
             }
         }
         assert!(idx.find(MemKind::Vram, 0, 10, 1, |_| true).is_none());

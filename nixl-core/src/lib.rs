@@ -58,40 +58,57 @@
 #![warn(missing_docs)]
 
 mod agent;
+pub mod auth;
 pub mod backend;
 pub mod bytes;
 pub mod codec;
 #[cfg(feature = "conformance")]
 pub mod conformance;
+mod deferred;
 mod desc;
 mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 mod fault;
+pub mod hello;
 mod index;
 mod inproc;
 pub mod integrity;
+mod limits;
+mod liveness;
+mod make;
+mod make_blocks;
 mod mem;
 pub mod nixl_wire;
 mod notif;
 mod params;
+mod prep;
 mod registration;
 mod remote;
+#[cfg(test)]
+mod scale_tests;
 pub mod sidechannel;
+mod strided;
 mod telemetry;
 pub mod testing;
+mod work;
 mod xfer;
 
 pub use agent::{Agent, AgentConfig, BackendHandle};
+pub use auth::{Auth, Credential};
 pub use backend::{Capabilities, CostEstimate, CostMethod, QueryResult, XferState};
 pub use codec::AgentMetadata;
 pub use desc::{Desc, XferDescList, XferOp};
 pub use error::{DecodeError, Error, ErrorKind, Op, Result, SharedError};
 pub use fault::{FaultEvent, FaultLog, FaultParams, FaultPlan};
-pub use inproc::{InprocParams, InprocPlugin, INPROC};
+pub use inproc::{Completion, InprocParams, InprocPlugin, INPROC};
+pub use limits::{Limits, ListenerLimits, NOTIF_OVERHEAD};
+pub use liveness::ProcessId;
 pub use mem::{HostBuffer, MemKind, MemoryRegion, RawRegion, RegionDesc, PAGE_SIZE};
 pub use notif::Notifs;
+pub use prep::PreparedList;
 pub use registration::Registration;
 pub use remote::MetadataSelection;
+pub use strided::{StridedDesc, StridedDescList};
 pub use telemetry::{TelemetrySnapshot, XferTelemetry};
-pub use xfer::{PreparedList, UncertainXfer, XferOptions, XferReq, XferTarget};
+pub use xfer::{UncertainXfer, XferOptions, XferReq, XferTarget};

@@ -2,19 +2,42 @@
 //!
 //! Backends push what they receive; `Agent::get_notifs` drains it. Messages from one peer stay
 //! in the order they arrived.
+//!
+//! The queue is bounded in bytes, overall and per sender ([`crate::Limits`]). Policy: a
+//! notification that does not fit is **dropped and counted** (senders are not slowed: a
+//! one-sided transport cannot push back on its peer); the receiver learns of it from
+//! [`crate::Agent::wait_notifs`] (one `LimitExceeded` error per batch of drops) and
+//! [`crate::Agent::dropped_notifs`] (the counts per sender).
 
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
+use crate::limits::NOTIF_OVERHEAD;
+
+/// Most senders whose drops are counted by name (others are counted under `"*"`).
+const MAX_DROP_NAMES: usize = 1024;
+
 /// Notifications drained from an agent: sender name to messages, in arrival order.
 pub type Notifs = HashMap<String, Vec<Vec<u8>>>;
 
 /// A thread-safe queue of received notifications, shared by an agent and its backends.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct NotifQueue {
     inner: Mutex<Inner>,
     ready: Condvar,
+    max_bytes: usize,
+    max_bytes_per_sender: usize,
+}
+
+impl Default for NotifQueue {
+    fn default() -> Self {
+        let l = crate::Limits::default();
+        NotifQueue::with_limits(
+            l.max_queued_notif_bytes,
+            l.max_queued_notif_bytes_per_sender,
+        )
+    }
 }
 
 #[derive(Debug, Default)]
@@ -22,12 +45,43 @@ struct Inner {
     pending: Notifs,
     count: usize,
     received: u64,
+    bytes: usize,
+    sender_bytes: HashMap<String, usize>,
+    /// Drops per sender since the agent last reported them.
+    dropped_unreported: HashMap<String, u64>,
+    /// Drops per sender since the queue was made.
+    dropped: HashMap<String, u64>,
+}
+
+fn cost(msg: &[u8]) -> usize {
+    msg.len().saturating_add(NOTIF_OVERHEAD)
+}
+
+fn count_drop(map: &mut HashMap<String, u64>, sender: &str) {
+    if let Some(n) = map.get_mut(sender) {
+        *n += 1;
+    } else if map.len() < MAX_DROP_NAMES {
+        map.insert(sender.to_owned(), 1);
+    } else {
+        *map.entry("*".to_owned()).or_default() += 1;
+    }
 }
 
 impl NotifQueue {
-    /// A new empty queue.
+    /// A new empty queue with the default limits.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A new empty queue holding at most `max_bytes` (and `max_bytes_per_sender` from one
+    /// sender), each message counted as its length plus [`NOTIF_OVERHEAD`].
+    pub fn with_limits(max_bytes: usize, max_bytes_per_sender: usize) -> Self {
+        NotifQueue {
+            inner: Mutex::new(Inner::default()),
+            ready: Condvar::new(),
+            max_bytes,
+            max_bytes_per_sender,
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -36,9 +90,33 @@ impl NotifQueue {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adds a message from `sender`.
-    pub fn push(&self, sender: &str, msg: Vec<u8>) {
+    /// Adds a message from `sender`; returns false when it did not fit (dropped and counted).
+    pub fn push(&self, sender: &str, msg: Vec<u8>) -> bool {
+        let c = cost(&msg);
         let mut g = self.lock();
+        let mine = g.sender_bytes.get(sender).copied().unwrap_or(0);
+        if g.bytes.saturating_add(c) > self.max_bytes
+            || mine.saturating_add(c) > self.max_bytes_per_sender
+        {
+            count_drop(&mut g.dropped_unreported, sender);
+            count_drop(&mut g.dropped, sender);
+            drop(g);
+            tracing::warn!(
+                sender,
+                bytes = msg.len(),
+                "notification queue full: dropped a notification"
+            );
+            // Wake a waiter so the drop is reported without waiting for the next message.
+            self.ready.notify_all();
+            return false;
+        }
+        g.bytes += c;
+        match g.sender_bytes.get_mut(sender) {
+            Some(b) => *b += c,
+            None => {
+                g.sender_bytes.insert(sender.to_owned(), c);
+            }
+        }
         match g.pending.get_mut(sender) {
             Some(v) => v.push(msg),
             None => {
@@ -49,13 +127,32 @@ impl NotifQueue {
         g.received += 1;
         drop(g);
         self.ready.notify_all();
+        true
     }
 
     /// Takes everything queued.
     pub fn drain(&self) -> Notifs {
         let mut g = self.lock();
         g.count = 0;
+        g.bytes = 0;
+        g.sender_bytes.clear();
         std::mem::take(&mut g.pending)
+    }
+
+    /// Drops per sender not yet reported, then forgets them (the next call returns only
+    /// newer drops).
+    pub fn take_unreported_drops(&self) -> HashMap<String, u64> {
+        std::mem::take(&mut self.lock().dropped_unreported)
+    }
+
+    /// Drops per sender since the queue was made.
+    pub fn dropped(&self) -> HashMap<String, u64> {
+        self.lock().dropped.clone()
+    }
+
+    /// Bytes queued (messages plus [`NOTIF_OVERHEAD`] each).
+    pub fn queued_bytes(&self) -> usize {
+        self.lock().bytes
     }
 
     /// Takes everything queued into `out` (appending per sender, keeping order).
@@ -80,11 +177,12 @@ impl NotifQueue {
         self.lock().received
     }
 
-    /// Blocks until something is queued or the deadline passes; returns whether something is.
+    /// Blocks until something is queued (or a drop awaits its report) or the deadline
+    /// passes; returns whether something is.
     pub fn wait_nonempty(&self, deadline: Instant) -> bool {
         let mut g = self.lock();
         loop {
-            if g.count > 0 {
+            if g.count > 0 || !g.dropped_unreported.is_empty() {
                 return true;
             }
             let now = Instant::now();
@@ -117,5 +215,28 @@ mod tests {
         assert!(q.is_empty());
         assert_eq!(q.received(), 3);
         assert!(!q.wait_nonempty(Instant::now() + Duration::from_millis(5)));
+    }
+
+    #[test]
+    fn bounded_per_sender_and_overall_with_counted_drops() {
+        let per = 10 * (100 + NOTIF_OVERHEAD);
+        let q = NotifQueue::with_limits(2 * per + 1, per);
+        for _ in 0..15 {
+            q.push("flood", vec![0; 100]);
+        }
+        // The flooder filled its share; another sender still gets in.
+        assert!(q.push("quiet", vec![1; 100]));
+        assert_eq!(q.len(), 11);
+        assert_eq!(q.dropped()["flood"], 5);
+        assert!(q.wait_nonempty(Instant::now()));
+        assert_eq!(q.take_unreported_drops()["flood"], 5);
+        assert!(q.take_unreported_drops().is_empty());
+        // Overall bound: a message larger than everything is dropped.
+        assert!(!q.push("quiet", vec![0; 3 * per]));
+        // Draining frees the room.
+        let d = q.drain();
+        assert_eq!(d["flood"].len(), 10);
+        assert_eq!(q.queued_bytes(), 0);
+        assert!(q.push("flood", vec![0; 100]));
     }
 }

@@ -162,6 +162,31 @@ impl RegTable {
         found
     }
 
+    /// As [`RegTable::find`], with the bound below which every covered range finds the same
+    /// region (see [`RegionIndex::find_bounded`]).
+    pub fn find_bounded(
+        &self,
+        kind: MemKind,
+        dev_id: u64,
+        addr: u64,
+        len: u64,
+    ) -> Option<(Arc<RegInner>, usize, u64)> {
+        let mut found = None;
+        let (_, bound) = self
+            .by_start
+            .find_bounded(kind, dev_id, addr, len, |(w, i)| match w.upgrade() {
+                Some(r)
+                    if !r.deregistered.load(Ordering::SeqCst)
+                        && r.regions[*i].desc.covers(addr, len, dev_id) =>
+                {
+                    found = Some((r, *i));
+                    true
+                }
+                _ => false,
+            })?;
+        found.map(|(r, i)| (r, i, bound))
+    }
+
     pub fn live(&self) -> Vec<Arc<RegInner>> {
         let mut v: Vec<Arc<RegInner>> = self
             .by_start

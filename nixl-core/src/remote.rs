@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::agent::{lock, Agent, BackendSlot};
+use crate::auth::Proof;
 use crate::backend::BackendMd;
 use crate::codec::{AgentMetadata, BackendEntry, RegionEntry};
 use crate::desc::XferDescList;
@@ -51,9 +52,26 @@ pub(crate) struct RemotePeer {
     pub conn: Mutex<BTreeMap<usize, Vec<u8>>>,
     /// The peer's loaded regions.
     pub regions: Mutex<RegionIndex<Arc<RemoteRegion>>>,
+    /// The owner commitment its authenticated metadata carried (who may invalidate it).
+    pub owner_commit: Option<[u8; 32]>,
+    /// Its process, when it runs on this host (tells its exit without a transport).
+    pub process: Option<crate::liveness::ProcessWatch>,
 }
 
 impl RemotePeer {
+    /// `RemoteDisconnect` when the peer's process is known to have exited.
+    pub fn check_alive(&self, agent: &str, op: Op) -> Result<()> {
+        if self.process.as_ref().is_some_and(|p| p.exited()) {
+            return Err(Error::disconnected(
+                agent,
+                &self.name,
+                op,
+                "its process exited",
+            ));
+        }
+        Ok(())
+    }
+
     pub fn is_connected(&self, slot_id: usize) -> bool {
         lock(&self.conn).contains_key(&slot_id)
     }
@@ -74,6 +92,24 @@ impl RemotePeer {
     }
 }
 
+impl RemotePeer {
+    /// As [`RemotePeer::find`], with the bound below which every covered range finds the same
+    /// region (see [`RegionIndex::find_bounded`]).
+    pub fn find_bounded(
+        &self,
+        kind: MemKind,
+        dev_id: u64,
+        addr: u64,
+        len: u64,
+    ) -> Option<(Arc<RemoteRegion>, u64)> {
+        lock(&self.regions)
+            .find_bounded(kind, dev_id, addr, len, |r| {
+                r.desc.covers(addr, len, dev_id)
+            })
+            .map(|(r, bound)| (r.clone(), bound))
+    }
+}
+
 /// A region's public bytes per local backend, while loading.
 type PerBackend<'a> = Vec<(Arc<BackendSlot>, &'a [u8])>;
 
@@ -90,9 +126,16 @@ struct LoadPlan<'a> {
 }
 
 impl<'a> LoadPlan<'a> {
-    /// Checks the blob against what is loaded, without changing anything: O(regions).
-    fn validate(agent: &Agent, md: &'a AgentMetadata, wire: Wire) -> Result<Self> {
+    /// Checks the blob against what is loaded, its authentication against the name's
+    /// binding, and the agent's limits, without changing anything: O(regions).
+    fn validate(
+        agent: &Agent,
+        md: &'a AgentMetadata,
+        wire: Wire,
+        proof: Option<&Proof>,
+    ) -> Result<Self> {
         let me = agent.name();
+        let limits = &agent.shared.config.limits;
         let backends = agent.shared.backends();
         // The blob's backends mapped onto ours (ones we do not have, or that cannot speak the
         // blob's wire, are ignored).
@@ -125,10 +168,42 @@ impl<'a> LoadPlan<'a> {
                 format!("none of {}'s backends speaks NIXL's wire here", md.name),
             ));
         }
-        let existing = lock(&agent.shared.remotes).get(&md.name).cloned();
+        let (existing, loaded) = {
+            let remotes = lock(&agent.shared.remotes);
+            (remotes.get(&md.name).cloned(), remotes.len())
+        };
         let same = existing
             .as_ref()
             .filter(|p| p.generation == md.generation && p.wire == wire);
+        if let Some(proof) = proof {
+            agent.shared.bindings.check(
+                me,
+                &md.name,
+                proof,
+                same.is_none(),
+                limits.max_known_names,
+            )?;
+            if let Some(peer) = same {
+                if peer.owner_commit != Some(proof.owner_commit) {
+                    return Err(Error::not_allowed(
+                        me,
+                        Op::LoadMetadata,
+                        format!(
+                            "metadata of {} claims its loaded generation but another owner",
+                            md.name
+                        ),
+                    ));
+                }
+            }
+        }
+        if existing.is_none() && loaded >= limits.max_peers {
+            return Err(Error::limit(
+                me,
+                Op::LoadMetadata,
+                "loaded peers",
+                limits.max_peers,
+            ));
+        }
         match same {
             Some(peer) if md.has_conn_info => {
                 let conn = lock(&peer.conn);
@@ -193,6 +268,19 @@ impl<'a> LoadPlan<'a> {
                 }
             }
         }
+        let have: usize = same.map_or(0, |p| lock(&p.regions).len());
+        if have.saturating_add(new_regions.len()) > limits.max_regions_per_peer {
+            return Err(Error::limit(
+                me,
+                Op::LoadMetadata,
+                format!(
+                    "regions of {} ({have} loaded + {} new)",
+                    md.name,
+                    new_regions.len()
+                ),
+                limits.max_regions_per_peer,
+            ));
+        }
         Ok(LoadPlan {
             slots,
             same_gen: same.is_some(),
@@ -204,16 +292,32 @@ impl<'a> LoadPlan<'a> {
     /// Connects the backends and loads the regions. On error, everything this call did is
     /// undone (see [`LoadGuard`]) and the peer's loaded state is as before (or, for a new
     /// incarnation, not loaded).
-    fn apply(&self, agent: &Agent, md: &AgentMetadata, wire: Wire) -> Result<()> {
+    fn apply(
+        &self,
+        agent: &Agent,
+        md: &AgentMetadata,
+        wire: Wire,
+        proof: Option<&Proof>,
+    ) -> Result<()> {
+        let process = match (self.same_gen, &md.process) {
+            (false, Some(id)) => {
+                crate::liveness::ProcessWatch::open(id, agent.shared.process.as_ref()).map_err(
+                    |why| Error::disconnected(agent.name(), &md.name, Op::LoadMetadata, why),
+                )?
+            }
+            _ => None,
+        };
         let peer = match (&self.existing, self.same_gen) {
             (Some(p), true) => p.clone(),
             _ => Arc::new(RemotePeer {
+                process,
                 name: md.name.clone(),
                 generation: md.generation,
                 wire,
                 valid: AtomicBool::new(true),
                 conn: Mutex::new(BTreeMap::new()),
                 regions: Mutex::new(RegionIndex::default()),
+                owner_commit: proof.map(|p| p.owner_commit),
             }),
         };
         if let (Some(old), false) = (&self.existing, self.same_gen) {
@@ -266,6 +370,9 @@ impl<'a> LoadPlan<'a> {
         if !self.same_gen {
             lock(&agent.shared.remotes).insert(md.name.clone(), peer.clone());
         }
+        if let Some(p) = proof {
+            agent.shared.bindings.record(&md.name, p);
+        }
         guard.connected.clear();
         Ok(())
     }
@@ -288,6 +395,16 @@ impl Drop for LoadGuard<'_> {
             }
         }
     }
+}
+
+/// Who asks to invalidate a peer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Invalidator<'a> {
+    /// This process (the application, or the etcd watcher acting for it).
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    Local,
+    /// A peer over the side channel, with the owner token it revealed (if any).
+    Peer(Option<&'a [u8]>),
 }
 
 /// What a partial metadata blob should carry.
@@ -345,14 +462,16 @@ impl Agent {
                 }
             }
         }
-        Ok(AgentMetadata {
+        let blob = AgentMetadata {
             name: self.shared.name.clone(),
             generation: self.shared.generation,
             has_conn_info: sel.include_conn,
+            process: self.shared.process,
             backends: entries,
             regions,
         }
-        .encode())
+        .encode();
+        Ok(self.shared.signer.seal(blob))
     }
 
     /// The live registrations a selection names (all, when it names none).
@@ -398,6 +517,11 @@ impl Agent {
     ///
     /// Costs are linear in the blob's regions, and only loads of the same peer wait for each
     /// other: transfers and loads of other peers go on while a large peer loads.
+    ///
+    /// With [`crate::AgentConfig::auth`], only metadata sealed under an accepted credential
+    /// loads, a name stays with the credential that first loaded it, a new incarnation must be
+    /// newer than every one accepted before (no replays), and [`crate::Limits`] bound peers and
+    /// regions ([`Error::NotAllowed`] / [`Error::LimitExceeded`]; nothing changes).
     #[doc(alias = "loadRemoteMD")]
     pub fn load_remote_metadata(&self, bytes: &[u8]) -> Result<String> {
         let decode_err = |source| Error::Decode {
@@ -406,19 +530,29 @@ impl Agent {
             source,
         };
         if crate::nixl_wire::is_nixl_blob(bytes) {
+            if self.shared.signer.auth.is_some() {
+                return Err(Error::not_allowed(
+                    self.name(),
+                    Op::LoadMetadata,
+                    "a stock NIXL agent's metadata cannot be authenticated (this agent requires a \
+                     credential)",
+                ));
+            }
             let n = crate::nixl_wire::NixlMetadata::decode(bytes).map_err(decode_err)?;
             self.refuse_own(&n.name)?;
             let peer_lock = self.shared.peer_lock(&n.name);
             let _serialised = lock(&peer_lock);
             // A NIXL blob's incarnation depends on what is loaded: decided under the lock.
             let md = self.nixl_to_agent_metadata(n)?;
-            return self.load_locked(md, Wire::Nixl);
+            return self.load_locked(md, Wire::Nixl, None);
         }
-        let md = AgentMetadata::decode(bytes).map_err(decode_err)?;
+        let opened = self.shared.signer.open(self.name(), bytes)?;
+        let proof = opened.proof;
+        let md = AgentMetadata::decode(opened.blob).map_err(decode_err)?;
         self.refuse_own(&md.name)?;
         let peer_lock = self.shared.peer_lock(&md.name);
         let _serialised = lock(&peer_lock);
-        self.load_locked(md, Wire::Native)
+        self.load_locked(md, Wire::Native, proof.as_ref())
     }
 
     fn refuse_own(&self, name: &str) -> Result<()> {
@@ -433,9 +567,9 @@ impl Agent {
     }
 
     /// Loads decoded metadata; the caller holds the peer's lock.
-    fn load_locked(&self, md: AgentMetadata, wire: Wire) -> Result<String> {
-        let plan = LoadPlan::validate(self, &md, wire)?;
-        plan.apply(self, &md, wire)?;
+    fn load_locked(&self, md: AgentMetadata, wire: Wire, proof: Option<&Proof>) -> Result<String> {
+        let plan = LoadPlan::validate(self, &md, wire, proof)?;
+        plan.apply(self, &md, wire, proof)?;
         tracing::debug!(agent = %self.name(), remote = %md.name, generation = md.generation, ?wire, regions = plan.new_regions.len(), "metadata loaded");
         Ok(md.name)
     }
@@ -474,21 +608,40 @@ impl Agent {
     }
 
     /// Invalidates a peer only if the loaded incarnation has this generation (so a stale
-    /// message cannot remove a restarted peer). Returns whether it did.
-    pub(crate) fn invalidate_remote_generation(&self, remote: &str, generation: u64) -> bool {
+    /// message cannot remove a restarted peer) and, when it was loaded from authenticated
+    /// metadata, only for its owner (`owner_token` hashes to the commitment its metadata
+    /// carried). Returns whether it did; [`Error::NotAllowed`] for a peer that is not the
+    /// owner of the loaded incarnation.
+    pub(crate) fn invalidate_remote_generation(
+        &self,
+        remote: &str,
+        generation: u64,
+        by: Invalidator<'_>,
+    ) -> Result<bool> {
         let peer_lock = self.shared.peer_lock(remote);
         let _serialised = lock(&peer_lock);
         let mut remotes = lock(&self.shared.remotes);
+        let allowed = |p: &RemotePeer| match (by, p.owner_commit) {
+            (Invalidator::Local, _) | (Invalidator::Peer(_), None) => true,
+            (Invalidator::Peer(token), Some(c)) => {
+                token.is_some_and(|t| crate::auth::commit(t) == c)
+            }
+        };
         match remotes.get(remote) {
-            Some(p) if p.generation == generation => {
+            Some(p) if p.generation == generation && allowed(p) => {
                 let peer = remotes.remove(remote);
                 drop(remotes);
                 if let Some(p) = peer {
                     self.retire_peer(&p);
                 }
-                true
+                Ok(true)
             }
-            _ => false,
+            Some(p) if p.generation == generation => Err(Error::not_allowed(
+                self.name(),
+                Op::Invalidate,
+                format!("only {remote} itself (or this process) may invalidate it"),
+            )),
+            _ => Ok(false),
         }
     }
 
@@ -515,6 +668,35 @@ impl Agent {
         let peer = self.remote_peer(remote, Op::LoadMetadata)?;
         let regions = lock(&peer.regions);
         Ok(regions.values().map(|r| r.desc.clone()).collect())
+    }
+
+    /// The name and generation of metadata bytes, when this agent would accept them as
+    /// authentic: with authentication on, they verify under an accepted credential, that
+    /// credential is the one the name is bound to (if bound), and another incarnation is newer
+    /// than every one accepted before; with it off, they decode. Nothing is loaded.
+    #[cfg(feature = "etcd")]
+    pub(crate) fn authentic_identity(&self, bytes: &[u8]) -> Option<(String, Option<u64>)> {
+        if crate::nixl_wire::is_nixl_blob(bytes) {
+            // A stock NIXL agent's blob: never authentic under a credential; without one,
+            // its name and (connection-derived) incarnation, as a load would see them.
+            if self.shared.signer.auth.is_some() {
+                return None;
+            }
+            return crate::nixl_wire::agent::metadata_identity(bytes).ok();
+        }
+        let opened = self.shared.signer.open(self.name(), bytes).ok()?;
+        let md = AgentMetadata::decode(opened.blob).ok()?;
+        if let Some(p) = &opened.proof {
+            let loaded = self.remote_generation(&md.name);
+            let new_incarnation = loaded != Some(md.generation);
+            // What a load would refuse (another credential, a replayed older incarnation) is
+            // not authentic news about the peer.
+            self.shared
+                .bindings
+                .check(self.name(), &md.name, p, new_incarnation, usize::MAX)
+                .ok()?;
+        }
+        Some((md.name, Some(md.generation)))
     }
 
     /// The generation of a loaded peer.

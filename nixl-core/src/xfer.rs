@@ -5,12 +5,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::agent::{lock, Agent, BackendHandle, BackendSlot, Shared};
-use crate::backend::{BackendMd, BackendXfer, CostEstimate, Segment, XferSpec, XferState};
-use crate::desc::{merge_contiguous, Desc, XferDescList, XferOp};
+use crate::backend::{BackendXfer, CostEstimate, XferSpec, XferState};
+use crate::desc::{XferDescList, XferOp};
 use crate::error::{Error, Op, Result};
-use crate::mem::MemKind;
-use crate::registration::RegUse;
-use crate::remote::{RemotePeer, RemoteRegion};
+use crate::prep::Regions;
+use crate::remote::RemotePeer;
+use crate::strided::BlockXferSpec;
 use crate::telemetry::XferTelemetry;
 
 /// Whose memory a descriptor list names.
@@ -22,33 +22,59 @@ pub enum XferTarget<'a> {
     Agent(&'a str),
 }
 
-/// What a prepared list or request holds so the memory it names stays valid.
-enum Keep {
-    Local { _held: RegUse },
-    Remote { _held: Arc<RemoteRegion> },
-}
-
-struct PrepEntry {
-    desc: Desc,
-    /// Region identity (for merging across neighbours).
-    region: u64,
-    /// (backend slot id, md)
-    mds: Vec<(usize, BackendMd)>,
-    keep: Arc<Keep>,
-}
-
-struct CachedRegion {
-    reg: u64,
-    idx: usize,
-    keep: Arc<Keep>,
-    mds: Vec<(usize, BackendMd)>,
-}
-
 /// What an integrity-checked request hashes and tells the target (the user's message is the
 /// request's current notification).
-struct IntegrityPlan {
-    local: Vec<(u64, u64)>,
-    remote: Vec<(u64, u64, u64)>,
+pub(crate) struct IntegrityPlan {
+    pub local: Vec<(u64, u64)>,
+    pub remote: Vec<(u64, u64, u64)>,
+}
+
+/// What a request moves: segments, or a block table a backend consumes as strides.
+pub(crate) enum ReqSpec {
+    Segments(XferSpec),
+    Blocks(BlockXferSpec),
+}
+
+impl ReqSpec {
+    fn remote(&self) -> &str {
+        match self {
+            ReqSpec::Segments(s) => &s.remote,
+            ReqSpec::Blocks(b) => &b.remote,
+        }
+    }
+
+    /// Calls `f((local addr, remote addr, remote dev, len))` for every segment.
+    pub fn for_each_segment(&self, mut f: impl FnMut((u64, u64, u64, u64))) {
+        match self {
+            ReqSpec::Segments(s) => {
+                for g in &s.segments {
+                    f((g.local_addr, g.remote_addr, g.remote_dev, g.len));
+                }
+            }
+            ReqSpec::Blocks(b) => {
+                for (l, la, ra, len) in b.segments() {
+                    f((la, ra, b.layers[l].remote.dev_id, len));
+                }
+            }
+        }
+    }
+}
+
+/// What [`XferReq::new`] assembles a request from.
+pub(crate) struct ReqParts {
+    pub shared: Arc<Shared>,
+    pub op: XferOp,
+    pub backend: Arc<BackendSlot>,
+    pub xfer: Box<dyn BackendXfer>,
+    pub remote: Option<Arc<RemotePeer>>,
+    pub spec: ReqSpec,
+    pub integrity: Option<IntegrityPlan>,
+    pub timeout: Option<Duration>,
+    pub notif: Option<Vec<u8>>,
+    /// The region tables of the local and remote lists.
+    pub keep: [Regions; 2],
+    /// How a block request reached the backend (for the path).
+    pub note: Option<String>,
 }
 
 /// A request that ended in an uncertain state: its peer died or restarted, or its deadline
@@ -65,56 +91,6 @@ pub struct UncertainXfer {
     pub bytes: u64,
     /// The error's kind.
     pub error: crate::ErrorKind,
-}
-
-enum Side {
-    Initiator,
-    SelfTarget,
-    Remote(Arc<RemotePeer>),
-}
-
-/// A descriptor list resolved once against registrations (NIXL's `nixlDlistH`).
-#[must_use = "a prepared list is only useful to build requests from"]
-pub struct PreparedList {
-    shared: Arc<Shared>,
-    side: Side,
-    kind: MemKind,
-    entries: Vec<PrepEntry>,
-}
-
-impl std::fmt::Debug for PreparedList {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PreparedList")
-            .field("kind", &self.kind)
-            .field("len", &self.entries.len())
-            .finish()
-    }
-}
-
-impl PreparedList {
-    /// Number of descriptors.
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// Whether it is empty.
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// The memory kind.
-    pub fn kind(&self) -> MemKind {
-        self.kind
-    }
-
-    /// The name of the agent whose memory it names (`None` for the initiator side).
-    pub fn target(&self) -> Option<&str> {
-        match &self.side {
-            Side::Initiator => None,
-            Side::SelfTarget => Some(&self.shared.name),
-            Side::Remote(p) => Some(&p.name),
-        }
-    }
 }
 
 /// Options of a transfer request.
@@ -166,6 +142,33 @@ struct ReqState {
     tel: XferTelemetry,
     /// Set when cancel could not make sure the backend stopped: the memory is then leaked.
     leaked: bool,
+    /// Set when the request ended (deadline, peer gone) while the backend still owned it:
+    /// its memory stays held until the backend's `check` stops reporting `InProgress`.
+    draining: bool,
+}
+
+impl ReqState {
+    /// Polls a draining request once; returns whether it is still draining.
+    fn settle(&mut self) -> bool {
+        if self.draining && !matches!(self.xfer.check(), Ok(XferState::InProgress)) {
+            self.draining = false;
+        }
+        self.draining
+    }
+}
+
+/// A dropped request the backend has not released yet: its transfer and the memory it uses,
+/// held by the agent until the backend confirms (see [`Agent::draining_requests`]).
+pub(crate) struct Drained {
+    xfer: Box<dyn BackendXfer>,
+    _keep: Option<[Regions; 2]>,
+}
+
+impl Drained {
+    /// Polls once; returns whether the backend still owns it.
+    pub(crate) fn busy(&mut self) -> bool {
+        matches!(self.xfer.check(), Ok(XferState::InProgress))
+    }
 }
 
 /// A transfer request (NIXL's `nixlXferReqH`): post it with [`Agent::post_xfer_req`], poll
@@ -181,10 +184,15 @@ pub struct XferReq {
     op: XferOp,
     backend: Arc<BackendSlot>,
     remote: Option<Arc<RemotePeer>>,
-    spec: XferSpec,
+    spec: ReqSpec,
+    /// Bytes and segments per post.
+    bytes: u64,
+    segments: usize,
     timeout: Option<Duration>,
     state: Mutex<ReqState>,
-    keep: Vec<Arc<Keep>>,
+    /// Keeps the memory of both lists' regions valid (leaked if a cancel is unconfirmed).
+    keep: Option<[Regions; 2]>,
+    note: Option<String>,
 }
 
 impl std::fmt::Debug for XferReq {
@@ -192,13 +200,43 @@ impl std::fmt::Debug for XferReq {
         f.debug_struct("XferReq")
             .field("op", &self.op)
             .field("backend", &self.backend.name)
-            .field("remote", &self.spec.remote)
-            .field("segments", &self.spec.segments.len())
+            .field("remote", &self.spec.remote())
+            .field("segments", &self.segments)
             .finish()
     }
 }
 
 impl XferReq {
+    pub(crate) fn new(p: ReqParts) -> Self {
+        let (bytes, segments) = match &p.spec {
+            ReqSpec::Segments(s) => (s.total_bytes(), s.segments.len()),
+            ReqSpec::Blocks(b) => (b.total_bytes(), b.segment_count()),
+        };
+        XferReq {
+            id: p.shared.next_id(),
+            shared: p.shared,
+            integrity: p.integrity,
+            op: p.op,
+            backend: p.backend,
+            remote: p.remote,
+            spec: p.spec,
+            bytes,
+            segments,
+            timeout: p.timeout,
+            state: Mutex::new(ReqState {
+                status: Status::Ready,
+                notif: p.notif,
+                frame: None,
+                xfer: p.xfer,
+                tel: XferTelemetry::default(),
+                leaked: false,
+                draining: false,
+            }),
+            keep: Some(p.keep),
+            note: p.note,
+        }
+    }
+
     /// A process-unique id of the request.
     pub fn id(&self) -> u64 {
         self.id
@@ -250,31 +288,33 @@ impl XferReq {
 
     /// The target agent's name.
     pub fn remote(&self) -> &str {
-        &self.spec.remote
+        self.spec.remote()
     }
 
-    /// Descriptors after merging.
+    /// Descriptors after merging (for a block request: the contiguous segments its blocks
+    /// form, whether or not the backend materialized them).
     pub fn segment_count(&self) -> usize {
-        self.spec.segments.len()
+        self.segments
     }
 
     /// Total bytes per post.
     pub fn total_bytes(&self) -> u64 {
-        self.spec.total_bytes()
+        self.bytes
     }
 
-    /// The transports this request used (or the backend's path to its target).
+    /// The transports this request used (or the backend's path to its target); for a block
+    /// request, also whether the backend consumed the strides or got materialized segments.
     pub fn path(&self) -> String {
         let st = lock(&self.state);
         let p = st
             .xfer
             .path()
-            .or_else(|| self.backend.backend.path_report(&self.spec.remote));
-        format!(
-            "{}: {}",
-            self.backend.name,
-            p.unwrap_or_else(|| "default".to_owned())
-        )
+            .or_else(|| self.backend.backend.path_report(self.spec.remote()));
+        let p = p.unwrap_or_else(|| "default".to_owned());
+        match &self.note {
+            Some(n) => format!("{}: {p} ({n})", self.backend.name),
+            None => format!("{}: {p}", self.backend.name),
+        }
     }
 
     /// Telemetry of the latest post.
@@ -285,6 +325,7 @@ impl XferReq {
 
     fn peer_check(&self) -> Result<()> {
         if let Some(p) = &self.remote {
+            p.check_alive(&self.shared.name, Op::PostXfer)?;
             if !p.valid.load(Ordering::SeqCst) {
                 let current = lock(&self.shared.remotes)
                     .get(&p.name)
@@ -319,6 +360,14 @@ impl XferReq {
                 "an earlier cancel could not be confirmed",
             ));
         }
+        if st.settle() {
+            return Err(Error::not_allowed(
+                &self.shared.name,
+                Op::PostXfer,
+                "the backend has not yet released the previous post (it ended by its deadline \
+                 or its peer's failure while in flight)",
+            ));
+        }
         self.peer_check()?;
         let start = Instant::now();
         let msg = st.notif.clone().unwrap_or_default();
@@ -339,8 +388,8 @@ impl XferReq {
             start: Some(start),
             post_duration: posted - start,
             xfer_duration: Duration::ZERO,
-            bytes: self.spec.total_bytes(),
-            desc_count: self.spec.segments.len(),
+            bytes: self.bytes,
+            desc_count: self.segments,
         };
         match r {
             Ok(XferState::Done) => {
@@ -377,7 +426,11 @@ impl XferReq {
                 "request was never posted",
             )),
             Status::Done => Ok(XferState::Done),
-            Status::Failed(e) => Err(e.clone()),
+            Status::Failed(e) => {
+                let e = e.clone();
+                st.settle();
+                Err(e)
+            }
             Status::Canceled => Err(Error::Canceled {
                 agent: self.shared.name.clone(),
                 op: Op::CheckXfer,
@@ -417,12 +470,13 @@ impl XferReq {
         }
     }
 
-    /// Cancels the in-flight transfer and records `terminal` as its outcome.
+    /// Ends the in-flight transfer with `terminal` now, without waiting for the backend: it
+    /// is asked to stop ([`BackendXfer::abandon`]) and the request drains (its memory stays
+    /// held) until the backend confirms.
     fn abort_locked(&self, st: &mut ReqState, terminal: Error) {
-        if let Err(e) = st.xfer.cancel() {
-            tracing::error!(agent = %self.shared.name, error = %e, "cancel failed; leaking the request's memory");
-            st.leaked = true;
-        }
+        st.xfer.abandon();
+        st.draining = true;
+        st.settle();
         self.shared.counters.failed();
         self.note_uncertain(&terminal);
         st.status = Status::Failed(terminal);
@@ -431,7 +485,7 @@ impl XferReq {
     /// The data is complete: send the integrity frame, if any, and record the completion.
     fn complete(&self, st: &mut ReqState) -> Result<XferState> {
         if let Some(frame) = st.frame.take() {
-            if let Err(e) = self.backend.backend.gen_notif(&self.spec.remote, &frame) {
+            if let Err(e) = self.backend.backend.gen_notif(self.spec.remote(), &frame) {
                 self.shared.counters.failed();
                 st.status = Status::Failed(e.clone());
                 return Err(e);
@@ -452,16 +506,18 @@ impl XferReq {
             }
             u.push_back(UncertainXfer {
                 id: self.id,
-                remote: self.spec.remote.clone(),
+                remote: self.spec.remote().to_owned(),
                 op: self.op,
-                bytes: self.spec.total_bytes(),
+                bytes: self.bytes,
                 error: e.kind(),
             });
         }
     }
 
-    /// Blocks until the request completes, fails, or `timeout` passes; on timeout the request
-    /// is canceled and ends `TimedOut`.
+    /// Blocks until the request completes, fails, or `timeout` passes; on timeout it ends
+    /// `TimedOut` at once (the wait never outlasts `timeout` by more than one poll). The
+    /// backend may still own the transfer then: the request drains ([`XferReq::is_draining`])
+    /// and keeps its memory until the backend confirms it stopped.
     pub fn wait(&self, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         let mut spins = 0u32;
@@ -510,6 +566,14 @@ impl XferReq {
         Ok(())
     }
 
+    /// Whether the request ended (by its deadline, or its peer's failure) while the backend
+    /// still owned it, and the backend has not confirmed since that it stopped: until then
+    /// the memory it names stays registered and alive, and it cannot be posted again. Polls
+    /// the backend once. See `docs/reliability.md` for when this lasts.
+    pub fn is_draining(&self) -> bool {
+        lock(&self.state).settle()
+    }
+
     /// Whether the request is in flight.
     pub fn is_in_flight(&self) -> bool {
         matches!(lock(&self.state).status, Status::Posted { .. })
@@ -526,429 +590,38 @@ impl Drop for XferReq {
             }
         }
         if st.leaked {
-            for k in std::mem::take(&mut self.keep) {
-                std::mem::forget(k);
-            }
+            std::mem::forget(self.keep.take());
+            return;
+        }
+        if st.settle() {
+            // The backend still owns the transfer: the agent keeps it and its memory until the
+            // backend confirms (its progress reaps it).
+            let placeholder: Box<dyn BackendXfer> = Box::new(Released);
+            let xfer = std::mem::replace(&mut st.xfer, placeholder);
+            lock(&self.shared.draining).push(Drained {
+                xfer,
+                _keep: self.keep.take(),
+            });
         }
     }
 }
 
+/// What a request holds after handing its transfer to the agent's drain list.
+struct Released;
+
+impl BackendXfer for Released {
+    fn post(&mut self) -> Result<XferState> {
+        Ok(XferState::Done)
+    }
+    fn check(&mut self) -> Result<XferState> {
+        Ok(XferState::Done)
+    }
+    fn cancel(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
 impl Agent {
-    /// Resolves descriptors once against registrations (NIXL's `prepXferDlist`).
-    ///
-    /// For [`XferTarget::Initiator`] and for the agent's own name they must lie inside this
-    /// agent's registrations; for a peer, inside its loaded regions. `hints` narrows the
-    /// backends considered.
-    #[doc(alias = "prepXferDlist")]
-    pub fn prep_xfer_dlist(
-        &self,
-        target: XferTarget<'_>,
-        descs: &XferDescList,
-        hints: &[BackendHandle],
-    ) -> Result<PreparedList> {
-        let me = self.name();
-        let backends = self.select_backends(Op::PrepXferDlist, hints)?;
-        let ids: Vec<usize> = backends.iter().map(|b| b.id).collect();
-        let kind = descs.kind();
-        let side = match target {
-            XferTarget::Initiator => Side::Initiator,
-            XferTarget::Agent(n) if n == me => Side::SelfTarget,
-            XferTarget::Agent(n) => Side::Remote(self.remote_peer(n, Op::PrepXferDlist)?),
-        };
-        let mut entries = Vec::with_capacity(descs.len());
-        // Registration regions already resolved in this call: (reg id, region idx) -> entry parts.
-        let mut local_cache: Vec<CachedRegion> = Vec::new();
-        for (i, d) in descs.descs().iter().enumerate() {
-            if d.len == 0 || d.end().is_none() {
-                return Err(Error::invalid(
-                    me,
-                    Op::PrepXferDlist,
-                    format!("descriptor {i} is empty or overflows"),
-                ));
-            }
-            let entry = match &side {
-                Side::Remote(peer) => {
-                    let r = peer.find(kind, d.dev_id, d.addr, d.len).ok_or_else(|| {
-                        Error::not_found(
-                            me,
-                            Op::PrepXferDlist,
-                            format!(
-                                "descriptor {i} ({:#x}+{}) in {}'s loaded regions",
-                                d.addr, d.len, peer.name
-                            ),
-                        )
-                    })?;
-                    let mds: Vec<(usize, BackendMd)> = ids
-                        .iter()
-                        .filter_map(|&id| r.md_for(id).map(|m| (id, m)))
-                        .collect();
-                    if mds.is_empty() {
-                        return Err(Error::not_found(
-                            me,
-                            Op::PrepXferDlist,
-                            format!("descriptor {i}: no selected backend loaded that region"),
-                        ));
-                    }
-                    let region = Arc::as_ptr(&r) as u64;
-                    PrepEntry {
-                        desc: *d,
-                        region,
-                        mds,
-                        keep: Arc::new(Keep::Remote { _held: r }),
-                    }
-                }
-                Side::Initiator | Side::SelfTarget => {
-                    let (reg, idx) = lock(&self.shared.regs)
-                        .find(kind, d.dev_id, d.addr, d.len)
-                        .ok_or_else(|| {
-                            Error::not_found(
-                                me,
-                                Op::PrepXferDlist,
-                                format!(
-                                    "descriptor {i} ({kind} {:#x}+{} dev {}) in registered memory",
-                                    d.addr, d.len, d.dev_id
-                                ),
-                            )
-                        })?;
-                    let cached = local_cache.iter().find(|c| c.reg == reg.id && c.idx == idx);
-                    let (keep, mds) = match cached {
-                        Some(c) => (c.keep.clone(), c.mds.clone()),
-                        None => {
-                            let region = &reg.regions[idx];
-                            let mut mds = Vec::new();
-                            for id in &ids {
-                                if let Some(md) = region.md_for(*id) {
-                                    let md = match side {
-                                        Side::SelfTarget => {
-                                            let Some(slot) = backends.iter().find(|b| b.id == *id)
-                                            else {
-                                                continue;
-                                            };
-                                            if !slot.caps.local {
-                                                continue;
-                                            }
-                                            slot.backend.load_local(&region.desc, &md)?
-                                        }
-                                        _ => md,
-                                    };
-                                    mds.push((*id, md));
-                                }
-                            }
-                            if mds.is_empty() {
-                                return Err(Error::not_found(me, Op::PrepXferDlist, format!("descriptor {i}: no selected backend holds that registration")));
-                            }
-                            let keep = Arc::new(Keep::Local {
-                                _held: RegUse::new(reg.clone()),
-                            });
-                            local_cache.push(CachedRegion {
-                                reg: reg.id,
-                                idx,
-                                keep: keep.clone(),
-                                mds: mds.clone(),
-                            });
-                            (keep, mds)
-                        }
-                    };
-                    PrepEntry {
-                        desc: *d,
-                        region: reg.id << 16 ^ idx as u64,
-                        mds,
-                        keep,
-                    }
-                }
-            };
-            entries.push(entry);
-        }
-        Ok(PreparedList {
-            shared: self.shared.clone(),
-            side,
-            kind,
-            entries,
-        })
-    }
-
-    /// Builds a request from prepared lists by block index (NIXL's `makeXferReq`); runs that
-    /// are contiguous on both sides are merged.
-    #[doc(alias = "makeXferReq")]
-    pub fn make_prepped_xfer(
-        &self,
-        op: XferOp,
-        local: &PreparedList,
-        local_idx: &[usize],
-        remote: &PreparedList,
-        remote_idx: &[usize],
-        opts: XferOptions,
-    ) -> Result<XferReq> {
-        let me = self.name();
-        if !Arc::ptr_eq(&local.shared, &self.shared) || !Arc::ptr_eq(&remote.shared, &self.shared) {
-            return Err(Error::mismatch(
-                me,
-                Op::MakeXfer,
-                "prepared list belongs to another agent",
-            ));
-        }
-        if !matches!(local.side, Side::Initiator) {
-            return Err(Error::invalid(
-                me,
-                Op::MakeXfer,
-                "local list must be prepared for XferTarget::Initiator",
-            ));
-        }
-        let (remote_name, remote_peer, is_local) = match &remote.side {
-            Side::Initiator => {
-                return Err(Error::invalid(
-                    me,
-                    Op::MakeXfer,
-                    "remote list must be prepared for an agent",
-                ))
-            }
-            Side::SelfTarget => (self.shared.name.clone(), None, true),
-            Side::Remote(p) => (p.name.clone(), Some(p.clone()), false),
-        };
-        if local_idx.len() != remote_idx.len() {
-            return Err(Error::mismatch(
-                me,
-                Op::MakeXfer,
-                format!(
-                    "{} local and {} remote indices",
-                    local_idx.len(),
-                    remote_idx.len()
-                ),
-            ));
-        }
-        if local_idx.is_empty() {
-            return Err(Error::invalid(me, Op::MakeXfer, "no descriptors"));
-        }
-        let mut pairs = Vec::with_capacity(local_idx.len());
-        for (k, (&li, &ri)) in local_idx.iter().zip(remote_idx).enumerate() {
-            let l = local.entries.get(li).ok_or_else(|| {
-                Error::invalid(
-                    me,
-                    Op::MakeXfer,
-                    format!("local index {li} out of range ({})", local.len()),
-                )
-            })?;
-            let r = remote.entries.get(ri).ok_or_else(|| {
-                Error::invalid(
-                    me,
-                    Op::MakeXfer,
-                    format!("remote index {ri} out of range ({})", remote.len()),
-                )
-            })?;
-            if l.desc.len != r.desc.len {
-                return Err(Error::mismatch(
-                    me,
-                    Op::MakeXfer,
-                    format!(
-                        "pair {k}: local {} bytes, remote {} bytes",
-                        l.desc.len, r.desc.len
-                    ),
-                ));
-            }
-            pairs.push((l, r));
-        }
-        if opts.integrity
-            && (op != XferOp::Write || local.kind != MemKind::Dram || remote.kind != MemKind::Dram)
-        {
-            return Err(Error::not_supported(
-                me,
-                Op::MakeXfer,
-                "integrity checking covers DRAM -> DRAM WRITE only",
-            ));
-        }
-        if opts.integrity
-            && remote_peer
-                .as_ref()
-                .is_some_and(|p| p.wire == crate::nixl_wire::Wire::Nixl)
-        {
-            return Err(Error::not_supported(
-                me,
-                Op::MakeXfer,
-                "integrity checking needs a nixl-rs target; this peer speaks NIXL's wire",
-            ));
-        }
-        let wants_notif = opts.notif.is_some() || opts.integrity;
-        // Choose the first backend (in preference order) that holds every entry on both sides.
-        let candidates = self.select_backends(Op::MakeXfer, &opts.backends)?;
-        let eligible: Vec<Arc<BackendSlot>> = candidates
-            .into_iter()
-            .filter(|b| {
-                if is_local {
-                    b.caps.local
-                } else {
-                    b.caps.remote
-                }
-            })
-            .filter(|b| !wants_notif || b.caps.notifications)
-            .filter(|b| {
-                pairs.iter().all(|(l, r)| {
-                    l.mds.iter().any(|(id, _)| *id == b.id)
-                        && r.mds.iter().any(|(id, _)| *id == b.id)
-                })
-            })
-            .collect();
-        let no_backend = || {
-            Error::not_supported(
-                me,
-                Op::MakeXfer,
-                format!(
-                    "no backend can move {} -> {} to {remote_name}{}",
-                    local.kind,
-                    remote.kind,
-                    if opts.notif.is_some() {
-                        " with a notification"
-                    } else {
-                        ""
-                    }
-                ),
-            )
-        };
-        // The segments are the same for every backend; only the metadata differs.
-        let triples: Vec<(u64, u64, u64)> = pairs
-            .iter()
-            .map(|(l, r)| (l.desc.addr, r.desc.addr, l.desc.len))
-            .collect();
-        let merged: Vec<(u64, u64, u64, usize)> = if opts.no_merge {
-            triples
-                .iter()
-                .enumerate()
-                .map(|(i, &(a, b, c))| (a, b, c, i))
-                .collect()
-        } else {
-            merge_contiguous(&triples, |a, b| {
-                let (la, ra) = pairs[a];
-                let (lb, rb) = pairs[b];
-                la.region == lb.region
-                    && ra.region == rb.region
-                    && la.desc.dev_id == lb.desc.dev_id
-                    && ra.desc.dev_id == rb.desc.dev_id
-            })
-        };
-        // Try the eligible backends in preference order; one that cannot reach these regions
-        // (NotSupported) yields to the next.
-        let mut refusal = None;
-        let mut chosen = None;
-        for slot in eligible {
-            let spec = self.build_spec(
-                &slot,
-                op,
-                (local, remote),
-                &pairs,
-                &merged,
-                &opts,
-                is_local,
-                &remote_name,
-            )?;
-            match slot.backend.prepare_xfer(spec.clone()) {
-                Ok(x) => {
-                    chosen = Some((slot, spec, x));
-                    break;
-                }
-                Err(e @ Error::NotSupported { .. }) => {
-                    tracing::debug!(agent = %me, backend = %slot.name, error = %e, "backend declined the transfer");
-                    refusal = Some(e);
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        let Some((slot, spec, xfer)) = chosen else {
-            return Err(refusal.unwrap_or_else(no_backend));
-        };
-        let integrity = opts.integrity.then(|| IntegrityPlan {
-            local: spec
-                .segments
-                .iter()
-                .map(|s| (s.local_addr, s.len))
-                .collect(),
-            remote: spec
-                .segments
-                .iter()
-                .map(|s| (s.remote_dev, s.remote_addr, s.len))
-                .collect(),
-        });
-        let mut keep: Vec<Arc<Keep>> = Vec::new();
-        for (l, r) in &pairs {
-            for k in [&l.keep, &r.keep] {
-                if !keep.iter().any(|x| Arc::ptr_eq(x, k)) {
-                    keep.push(k.clone());
-                }
-            }
-        }
-        Ok(XferReq {
-            id: self.shared.next_id(),
-            integrity,
-            shared: self.shared.clone(),
-            op,
-            backend: slot,
-            remote: remote_peer,
-            spec,
-            timeout: opts.timeout,
-            state: Mutex::new(ReqState {
-                status: Status::Ready,
-                notif: opts.notif.clone(),
-                frame: None,
-                xfer,
-                tel: XferTelemetry::default(),
-                leaked: false,
-            }),
-            keep,
-        })
-    }
-
-    /// The backend-specific transfer description for one candidate backend.
-    #[allow(clippy::too_many_arguments)]
-    fn build_spec(
-        &self,
-        slot: &BackendSlot,
-        op: XferOp,
-        (local, remote): (&PreparedList, &PreparedList),
-        pairs: &[(&PrepEntry, &PrepEntry)],
-        merged: &[(u64, u64, u64, usize)],
-        opts: &XferOptions,
-        is_local: bool,
-        remote_name: &str,
-    ) -> Result<XferSpec> {
-        let md = |e: &PrepEntry| {
-            e.mds
-                .iter()
-                .find(|(id, _)| *id == slot.id)
-                .map(|(_, m)| m.clone())
-        };
-        let mut segments = Vec::with_capacity(merged.len());
-        for &(laddr, raddr, len, first) in merged {
-            let (l, r) = pairs[first];
-            let (Some(local_md), Some(remote_md)) = (md(l), md(r)) else {
-                return Err(Error::not_found(
-                    self.name(),
-                    Op::MakeXfer,
-                    "backend metadata vanished",
-                ));
-            };
-            segments.push(Segment {
-                local_addr: laddr,
-                local_dev: l.desc.dev_id,
-                local_md,
-                remote_addr: raddr,
-                remote_dev: r.desc.dev_id,
-                remote_md,
-                len,
-            });
-        }
-        Ok(XferSpec {
-            op,
-            local_kind: local.kind,
-            remote_kind: remote.kind,
-            remote: remote_name.to_owned(),
-            is_local,
-            segments,
-            notif: if opts.integrity {
-                None
-            } else {
-                opts.notif.clone()
-            },
-        })
-    }
-
     /// One-shot form: prepares both lists and builds a request over all their descriptors
     /// (NIXL's `createXferReq`).
     #[doc(alias = "createXferReq")]
@@ -1002,7 +675,10 @@ impl Agent {
     #[doc(alias = "estimateXferCost")]
     pub fn estimate_xfer_cost(&self, req: &XferReq) -> Result<Option<CostEstimate>> {
         self.check_owner(req, Op::EstimateCost)?;
-        req.backend.backend.estimate_cost(&req.spec)
+        match &req.spec {
+            ReqSpec::Segments(s) => req.backend.backend.estimate_cost(s),
+            ReqSpec::Blocks(b) => req.backend.backend.estimate_cost(&b.materialize()),
+        }
     }
 
     fn check_owner(&self, req: &XferReq, op: Op) -> Result<()> {

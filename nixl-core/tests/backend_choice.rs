@@ -46,7 +46,7 @@ impl Backend for Declining {
     fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
         self.0.load_remote(remote, region, public)
     }
-    fn prepare_xfer(&self, _spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
+    fn prepare_xfer(&self, _spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
         Err(Error::not_supported(
             "test",
             Op::MakeXfer,

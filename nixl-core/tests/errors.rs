@@ -250,6 +250,7 @@ fn bad_metadata_changes_nothing() {
         name: "stranger".into(),
         generation: 5,
         has_conn_info: false,
+        process: None,
         backends: vec![],
         regions: vec![],
     };
@@ -262,6 +263,7 @@ fn bad_metadata_changes_nothing() {
         name: "liar".into(),
         generation: 5,
         has_conn_info: true,
+        process: None,
         backends: vec![BackendEntry {
             name: "INPROC".into(),
             conn_info: vec![1, 2, 3],

@@ -311,12 +311,13 @@ fn expired_lease_invalidates_the_peer() {
     let Some(etcd) = server() else { return };
     let (a, b) = (peer("a", 1), peer("b", 1));
     let xa = EtcdExchange::new(&a.agent, &config(&etcd)).unwrap();
-    // b "crashes" right after publishing: its key sits on a 1 s lease nobody keeps alive.
+    // b "crashes" right after publishing: its key sits on a lease nobody keeps alive (4 s:
+    // long enough for the fetch below on a loaded machine, well within `eventually`'s wait).
     raw_put(
         &etcd,
         &xa.key("b", DEFAULT_LABEL),
         b.agent.local_metadata().unwrap(),
-        Some(1),
+        Some(4),
     );
     xa.fetch("b", Duration::ZERO).unwrap();
     let built = write_req(&a, &b, 0).unwrap();
@@ -334,8 +335,9 @@ fn expired_lease_invalidates_the_peer() {
 #[test]
 fn a_live_exchange_keeps_its_lease_past_the_ttl() {
     let Some(etcd) = server() else { return };
+    // Keep-alives go every TTL/3: the lease survives unless they stall for a whole TTL.
     let cfg = EtcdConfig {
-        lease_ttl: Duration::from_secs(2),
+        lease_ttl: Duration::from_secs(5),
         ..config(&etcd)
     };
     let (a, b) = (peer("a", 1), peer("b", 1));
@@ -345,8 +347,8 @@ fn a_live_exchange_keeps_its_lease_past_the_ttl() {
     );
     xb.publish().unwrap();
     xa.fetch("b", Duration::ZERO).unwrap();
-    // Three TTLs: without keep-alives the key would be gone.
-    std::thread::sleep(Duration::from_secs(6));
+    // Over two TTLs: without keep-alives the key would be gone.
+    std::thread::sleep(Duration::from_secs(12));
     assert!(a.agent.check_remote_metadata("b", None));
     let xc = EtcdExchange::new(&peer("c", 1).agent, &cfg).unwrap();
     assert!(xc.fetch("b", Duration::ZERO).is_ok());
@@ -656,6 +658,79 @@ fn fetch_all_loads_every_peer_in_pages_and_reports_bad_entries() {
     assert!(matches!(xa.fetch_all(""), Err(Error::InvalidParam { .. })));
 }
 
+/// An agent with a credential.
+fn signed_peer(name: &str, cred: &nixl_core::Credential, blocks: usize) -> Peer {
+    let agent = Agent::new(
+        name,
+        AgentConfig {
+            auth: Some(nixl_core::Auth::new(cred.clone())),
+            ..AgentConfig::default()
+        },
+    )
+    .unwrap();
+    agent.create_backend(InprocParams::default()).unwrap();
+    let buf = Arc::new(HostBuffer::new(BLOCK as usize * blocks).unwrap());
+    let reg = agent.register_mem(vec![buf.clone()], &[]).unwrap();
+    Peer {
+        agent,
+        buf,
+        _reg: reg,
+    }
+}
+
+/// With a cluster credential, metadata in etcd carries its MAC: two authenticated agents
+/// exchange through etcd and transfer; write access to etcd alone cannot inject a peer (a
+/// forged blob under a key is refused and does not replace the loaded one), nor replay an
+/// old incarnation's blob.
+#[test]
+fn authenticated_exchange_through_etcd() {
+    let Some(etcd) = server() else { return };
+    let cred = nixl_core::Credential::generate("cluster").unwrap();
+    let (a, b) = (signed_peer("a", &cred, 1), signed_peer("b", &cred, 4));
+    let xa = EtcdExchange::new(&a.agent, &config(&etcd)).unwrap();
+    let xb = EtcdExchange::new(&b.agent, &config(&etcd)).unwrap();
+    xb.publish().unwrap();
+    assert_eq!(xa.fetch("b", Duration::ZERO).unwrap(), "b");
+    transfer(&a, &b, 1, 0x3c);
+    let g = b.agent.generation();
+    let old_blob = b.agent.local_metadata().unwrap();
+
+    // Someone with etcd write access but no credential: an unsigned blob and a blob signed
+    // with another secret under b's key (a new generation, pointing at their own memory).
+    let key = xa.key("b", DEFAULT_LABEL);
+    let intruder = peer("b", 1);
+    raw_put(&etcd, &key, intruder.agent.local_metadata().unwrap(), None);
+    let other = signed_peer("b", &nixl_core::Credential::generate("cluster").unwrap(), 1);
+    raw_put(&etcd, &key, other.agent.local_metadata().unwrap(), None);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        a.agent.remote_generation("b"),
+        Some(g),
+        "a forged put replaced b"
+    );
+    assert!(matches!(
+        xa.fetch("b", Duration::ZERO),
+        Err(Error::NotAllowed { .. })
+    ));
+    assert_eq!(a.agent.remote_generation("b"), Some(g));
+    transfer(&a, &b, 2, 0x3d);
+
+    // b restarts; its old incarnation's blob, replayed into etcd, is refused by an agent that
+    // saw the newer one.
+    let b2 = signed_peer("b", &cred, 4);
+    let xb2 = EtcdExchange::new(&b2.agent, &config(&etcd)).unwrap();
+    xb2.publish().unwrap();
+    assert!(eventually(|| a.agent.remote_generation("b") != Some(g)));
+    xa.fetch("b", Duration::ZERO).unwrap();
+    assert_eq!(a.agent.remote_generation("b"), Some(b2.agent.generation()));
+    raw_put(&etcd, &key, old_blob, None);
+    assert!(matches!(
+        xa.fetch("b", Duration::ZERO),
+        Err(Error::NotAllowed { .. })
+    ));
+    transfer(&a, &b2, 0, 0x3e);
+    drop(xb);
+}
 /// `LocalEtcd::start_on` serves on the address it is given (here 127.0.0.2, also a loopback
 /// address on Linux), and agents exchange metadata through it; an address this machine does
 /// not have is an I/O error and starts nothing.

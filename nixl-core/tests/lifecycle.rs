@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use common::{agent, agent_with, registered, unique};
 use nixl_core::{
-    Agent, AgentConfig, Error, FaultEvent, FaultLog, FaultParams, FaultPlan, InprocParams, MemKind,
-    XferDescList, XferOp, XferOptions, XferState, XferTarget,
+    Agent, AgentConfig, Completion, Error, FaultEvent, FaultLog, FaultParams, FaultPlan,
+    InprocParams, MemKind, XferDescList, XferOp, XferOptions, XferState, XferTarget,
 };
 
 fn faulty(prefix: &str, plan: FaultPlan) -> (Agent, Arc<FaultLog>) {
@@ -98,25 +98,29 @@ fn restarted_peer_fails_old_requests_and_new_ones_work() {
     assert_eq!(sb2.to_vec(), vec![9u8; 4096]);
 }
 
-#[test]
-fn delayed_request_is_canceled_by_its_deadline_and_by_wait() {
-    let plan = FaultPlan {
-        seed: 1,
-        delay_prob: 1.0,
-        delay: (Duration::from_secs(30), Duration::from_secs(30)),
-        ..FaultPlan::default()
-    };
-    let (a, log) = faulty("dl-a", plan);
-    let b = agent("dl-b");
-    let (sa, _ra) = registered(&a, 4096);
-    let (sb, _rb) = registered(&b, 4096);
+/// Deadline, `wait`, cancel and drop while the data is really in flight: the initiator's
+/// backend holds every post back for `delay` (the fault injector's delay, or INPROC's deferred
+/// completion), so each step acts on a request that is `InProgress` with the destination
+/// still unchanged, and checks that it stays unchanged after the request ended: a deadline
+/// or cancel that did not stop the transfer would let the copy land later.
+fn canceled_in_flight_never_lands(a: &Agent, b: &Agent, delay: Duration) {
+    const LEN: usize = 4096;
+    const SLOTS: usize = 6;
+    let (sa, _ra) = registered(a, LEN);
+    let (sb, _rb) = registered(b, LEN * SLOTS);
     a.load_remote_metadata(&b.local_metadata().unwrap())
         .unwrap();
-    let mk = |timeout| {
+    sa.fill(9);
+    let mk = |slot: usize, timeout| {
         a.create_xfer_req(
             XferOp::Write,
-            &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1),
-            &XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 1),
+            &XferDescList::blocks(MemKind::Dram, sa.addr(), LEN as u64, 1),
+            &XferDescList::blocks(
+                MemKind::Dram,
+                sb.addr() + (slot * LEN) as u64,
+                LEN as u64,
+                1,
+            ),
             b.name(),
             XferOptions {
                 timeout,
@@ -125,9 +129,15 @@ fn delayed_request_is_canceled_by_its_deadline_and_by_wait() {
         )
         .unwrap()
     };
+    let slot_is = |slot: usize, byte: u8| {
+        let mut v = vec![0u8; LEN];
+        assert!(sb.read_at(slot * LEN, &mut v));
+        v == vec![byte; LEN]
+    };
     // The request's own deadline.
-    let req = mk(Some(Duration::from_millis(30)));
+    let req = mk(0, Some(Duration::from_millis(30)));
     assert_eq!(a.post_xfer_req(&req).unwrap(), XferState::InProgress);
+    assert!(slot_is(0, 0), "in flight: nothing landed yet");
     assert!(matches!(
         a.post_xfer_req(&req),
         Err(Error::RepostActive { .. })
@@ -135,7 +145,7 @@ fn delayed_request_is_canceled_by_its_deadline_and_by_wait() {
     let err = loop {
         match a.check_xfer_state(&req) {
             Ok(XferState::InProgress) => std::thread::sleep(Duration::from_millis(2)),
-            Ok(XferState::Done) => panic!("delayed request completed"),
+            Ok(XferState::Done) => panic!("a request held back for {delay:?} completed"),
             Err(e) => break e,
         }
     };
@@ -147,31 +157,118 @@ fn delayed_request_is_canceled_by_its_deadline_and_by_wait() {
         Err(Error::TimedOut { .. })
     ));
     // wait() with a deadline.
-    let req = mk(None);
-    a.post_xfer_req(&req).unwrap();
+    let waited = mk(1, None);
+    a.post_xfer_req(&waited).unwrap();
     assert!(matches!(
-        req.wait(Duration::from_millis(20)),
+        waited.wait(Duration::from_millis(20)),
         Err(Error::TimedOut { .. })
     ));
     // Explicit cancel.
-    let req = mk(None);
-    a.post_xfer_req(&req).unwrap();
-    req.cancel().unwrap();
+    let canceled = mk(2, None);
+    a.post_xfer_req(&canceled).unwrap();
+    assert!(slot_is(2, 0), "in flight when canceled");
+    canceled.cancel().unwrap();
     assert!(matches!(
-        a.check_xfer_state(&req),
+        a.check_xfer_state(&canceled),
         Err(Error::Canceled { .. })
     ));
     // Dropping an in-flight request cancels it.
-    let req = mk(None);
-    a.post_xfer_req(&req).unwrap();
-    drop(req);
+    let dropped = mk(3, None);
+    assert_eq!(a.post_xfer_req(&dropped).unwrap(), XferState::InProgress);
+    assert!(slot_is(3, 0), "in flight when dropped");
+    drop(dropped);
+    // A control request posted after all of them: delayed posts start in order on one
+    // thread, so once it is done every earlier one would have landed had it not been stopped.
+    let control = mk(5, None);
+    assert_eq!(a.post_xfer_req(&control).unwrap(), XferState::InProgress);
+    assert!(slot_is(5, 0), "the control request is in flight too");
+    control.wait(delay * 20 + Duration::from_secs(20)).unwrap();
+    assert!(slot_is(5, 9), "the control request landed");
+    for (slot, what) in [(0, "deadline"), (1, "wait"), (2, "cancel"), (3, "drop")] {
+        assert!(
+            slot_is(slot, 0),
+            "a request stopped by its {what} wrote its destination afterwards"
+        );
+    }
+}
+
+#[test]
+fn delayed_request_is_canceled_by_its_deadline_and_by_wait() {
+    let delay = Duration::from_millis(300);
+    let plan = FaultPlan {
+        seed: 1,
+        delay_prob: 1.0,
+        delay: (delay, delay),
+        ..FaultPlan::default()
+    };
+    let (a, log) = faulty("dl-a", plan);
+    let b = agent("dl-b");
+    canceled_in_flight_never_lands(&a, &b, delay);
     assert_eq!(
         log.events()
             .iter()
             .filter(|e| matches!(e, FaultEvent::Delay { .. }))
             .count(),
-        4
+        5,
+        "every post was held back"
     );
+}
+
+#[test]
+fn deferred_inproc_request_is_canceled_by_its_deadline_wait_cancel_and_drop() {
+    let delay = Duration::from_millis(300);
+    let a = Agent::new(&unique("dd-a"), AgentConfig::default()).unwrap();
+    a.create_backend(InprocParams {
+        completion: Completion::Deferred(delay),
+    })
+    .unwrap();
+    let b = agent("dd-b");
+    canceled_in_flight_never_lands(&a, &b, delay);
+    let path = a.path_report(b.name());
+    assert!(
+        path.len() == 1 && path[0].1.contains("deferred"),
+        "{path:?}"
+    );
+}
+
+/// The notification of a deferred request arrives after its data, without the initiator
+/// polling: at the moment the target sees it, the data is complete.
+#[test]
+fn deferred_inproc_notification_follows_data_without_polling() {
+    let a = Agent::new(&unique("dn-a"), AgentConfig::default()).unwrap();
+    a.create_backend(InprocParams {
+        completion: Completion::Deferred(Duration::from_millis(50)),
+    })
+    .unwrap();
+    let b = agent("dn-b");
+    let (sa, _ra) = registered(&a, 1 << 20);
+    let (sb, _rb) = registered(&b, 1 << 20);
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
+    for round in 0..3u64 {
+        sa.fill_pattern(round + 1);
+        let req = a
+            .create_xfer_req(
+                XferOp::Write,
+                &XferDescList::blocks(MemKind::Dram, sa.addr(), 1 << 18, 4),
+                &XferDescList::blocks(MemKind::Dram, sb.addr(), 1 << 18, 4),
+                b.name(),
+                XferOptions::with_notif(format!("r{round}").into_bytes()),
+            )
+            .unwrap();
+        assert_eq!(a.post_xfer_req(&req).unwrap(), XferState::InProgress);
+        assert!(
+            sb.to_vec() != sa.to_vec(),
+            "round {round}: in flight, not landed yet"
+        );
+        let n = b.wait_notifs(Duration::from_secs(20)).unwrap();
+        assert_eq!(n[a.name()], vec![format!("r{round}").into_bytes()]);
+        assert!(
+            sb.to_vec() == sa.to_vec(),
+            "round {round}: data before notification"
+        );
+        req.wait(Duration::from_secs(20)).unwrap();
+    }
 }
 
 #[test]
@@ -203,9 +300,15 @@ fn injected_faults_are_deterministic_and_detected() {
         let mut outcomes = Vec::new();
         for i in 0..200u64 {
             sa.fill_pattern(i);
+            let sent = sa.to_vec();
             let ok = a.post_xfer_req(&req).is_ok() && req.wait(Duration::from_secs(5)).is_ok();
             let notifs = b.get_notifs().unwrap().get(a.name()).map_or(0, Vec::len);
-            let intact = sa.to_vec() == sb.to_vec();
+            // The injector corrupts a private copy: the caller's source is never written.
+            assert!(
+                sa.to_vec() == sent,
+                "post {i}: the source buffer was modified"
+            );
+            let intact = sent == sb.to_vec();
             outcomes.push((ok, notifs, intact));
         }
         (outcomes, log.events())
@@ -230,6 +333,62 @@ fn injected_faults_are_deterministic_and_detected() {
     assert_eq!(o1.iter().filter(|o| o.0 && o.1 == 0).count(), drops);
     assert_eq!(o1.iter().filter(|o| o.1 == 2).count(), dups);
     assert_eq!(o1.iter().filter(|o| o.0 && !o.2).count(), corrupt);
+}
+
+/// A corrupted WRITE moves a private copy with one byte flipped: while it is in flight (held
+/// back by a delay) and after it landed, the caller's registered source is exactly what the
+/// caller wrote, and the destination differs from it in exactly one byte.
+#[test]
+fn corrupted_write_sends_a_private_copy_and_never_touches_the_source() {
+    let plan = FaultPlan {
+        seed: 9,
+        corrupt_prob: 1.0,
+        delay_prob: 1.0,
+        delay: (Duration::from_millis(100), Duration::from_millis(100)),
+        ..FaultPlan::default()
+    };
+    let (a, log) = faulty("pc-a", plan);
+    let b = agent("pc-b");
+    let (sa, _ra) = registered(&a, 1 << 16);
+    let (sb, _rb) = registered(&b, 1 << 16);
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
+    let req = a
+        .create_xfer_req(
+            XferOp::Write,
+            &XferDescList::blocks(MemKind::Dram, sa.addr(), 1 << 14, 4),
+            &XferDescList::blocks(MemKind::Dram, sb.addr(), 1 << 14, 4),
+            b.name(),
+            XferOptions::default(),
+        )
+        .unwrap();
+    for round in 0..3u64 {
+        sa.fill_pattern(round + 40);
+        let sent = sa.to_vec();
+        assert_eq!(a.post_xfer_req(&req).unwrap(), XferState::InProgress);
+        assert!(
+            sa.to_vec() == sent,
+            "round {round}: source written while in flight"
+        );
+        req.wait(Duration::from_secs(20)).unwrap();
+        assert!(sa.to_vec() == sent, "round {round}: source written");
+        let got = sb.to_vec();
+        let diff: Vec<usize> = (0..got.len()).filter(|&i| got[i] != sent[i]).collect();
+        assert_eq!(
+            diff.len(),
+            1,
+            "round {round}: one corrupted byte, got {diff:?}"
+        );
+        let logged = log.events().iter().rev().find_map(|e| match e {
+            FaultEvent::Corrupt { offset, .. } => Some(*offset),
+            _ => None,
+        });
+        assert_eq!(
+            logged,
+            Some(diff[0] as u64),
+            "round {round}: at the logged offset"
+        );
+    }
 }
 
 #[test]

@@ -6,6 +6,8 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use common::{agent_with, registered, unique};
+use nixl_core::sidechannel::frame::{decode, encode_plain, Kind};
+use nixl_core::sidechannel::read_frame;
 use nixl_core::{
     Agent, AgentConfig, Error, MemKind, XferDescList, XferOp, XferOptions, XferTarget,
 };
@@ -123,25 +125,40 @@ fn fetching_the_wrong_name_or_from_nobody_fails() {
     ));
 }
 
+/// Sends raw bytes and reads one reply frame body.
+fn raw(addr: std::net::SocketAddr, bytes: &[u8]) -> Vec<u8> {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(bytes).unwrap();
+    read_frame(&mut s, 1 << 20).unwrap()
+}
+
 #[test]
 fn hostile_clients_do_not_break_the_listener() {
     let b = listening("hostile");
     let addr = b.listen_addr().unwrap();
-    // Oversized frame header, unknown type, garbage metadata, a client that says nothing.
+    // Oversized frame header, garbage, a reply sent as a request, garbage metadata, a bad
+    // invalidation, a client that says nothing.
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.write_all(&[0xff, 0xff, 0xff, 0xff, 1]).unwrap();
     drop(s);
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    nixl_core::sidechannel::write_frame(&mut s, 77, b"").unwrap();
-    let f = nixl_core::sidechannel::read_frame(&mut s).unwrap();
-    assert_eq!(f.kind, 12);
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    nixl_core::sidechannel::write_frame(&mut s, 1, b"NIXLRSMD garbage").unwrap();
-    let f = nixl_core::sidechannel::read_frame(&mut s).unwrap();
-    assert_eq!(f.kind, 12, "garbage metadata must be refused");
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    nixl_core::sidechannel::write_frame(&mut s, 3, &[200, 0, 1]).unwrap();
-    assert_eq!(nixl_core::sidechannel::read_frame(&mut s).unwrap().kind, 12);
+    let mut garbage = 9u32.to_le_bytes().to_vec();
+    garbage.extend_from_slice(b"NXS2garbg");
+    assert_eq!(decode(&raw(addr, &garbage)).unwrap().kind, Kind::Err);
+    assert_eq!(
+        decode(&raw(addr, &encode_plain(Kind::Ack, b"")))
+            .unwrap()
+            .kind,
+        Kind::Err
+    );
+    let f = raw(addr, &encode_plain(Kind::Push, b"NIXLRSMD garbage"));
+    assert_eq!(
+        decode(&f).unwrap().kind,
+        Kind::Err,
+        "garbage metadata must be refused"
+    );
+    let f = raw(addr, &encode_plain(Kind::Invalidate, &[200, 0, 1]));
+    assert_eq!(decode(&f).unwrap().kind, Kind::Err);
     let _silent = std::net::TcpStream::connect(addr).unwrap();
     // The listener still serves a real peer.
     let a = Agent::new(&unique("hostile-a"), AgentConfig::default()).unwrap();
@@ -175,10 +192,10 @@ fn fetch_deadline_bounds_a_trickling_reply() {
     let addr = l.local_addr().unwrap();
     let server = std::thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap();
-        let _ = nixl_core::sidechannel::read_frame(&mut s);
-        // An MD frame header announcing 1000 bytes, then the payload one byte at a time,
-        // for at most 10 s.
-        let _ = s.write_all(&[0, 0, 3, 0xe8, 11]);
+        let _ = nixl_core::sidechannel::read_frame(&mut s, 1 << 20);
+        // A frame header announcing 1000 bytes, then the body one byte at a time, for at
+        // most 10 s.
+        let _ = s.write_all(&1000u32.to_le_bytes());
         for _ in 0..100 {
             if s.write_all(&[0]).is_err() {
                 break;

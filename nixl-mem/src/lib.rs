@@ -68,8 +68,8 @@ pub mod fuzzing {
     use crate::cuda_ipc::notif::FrameReader;
     use crate::cuda_ipc::{ConnInfo, Public};
 
-    /// The longest sender name a connection's first frame may carry.
-    pub const MAX_NAME: usize = crate::cuda_ipc::notif::MAX_NAME;
+    /// The longest first frame of a connection (the sender's hello).
+    pub const MAX_HELLO: usize = crate::cuda_ipc::notif::MAX_HELLO;
     /// The longest notification.
     pub const MAX_NOTIF: usize = crate::cuda_ipc::notif::MAX_NOTIF;
 
@@ -106,11 +106,13 @@ pub mod fuzzing {
 
     impl Frames {
         /// Feeds bytes; the notifications they completed, or `None` when the peer broke the
-        /// protocol.
+        /// protocol. The first frame stands for the hello: any non-empty UTF-8 name is taken
+        /// (the hello's own checks are fuzzed in nixl-core).
         pub fn feed(&mut self, bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
             let mut out = Vec::new();
+            let name = |f: Vec<u8>| String::from_utf8(f).ok().filter(|s| !s.is_empty());
             self.0
-                .feed(bytes, |s, m| out.push((s.to_owned(), m)))
+                .feed(bytes, name, |s, m| out.push((s.to_owned(), m)))
                 .then_some(out)
         }
 

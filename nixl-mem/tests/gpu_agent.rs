@@ -339,17 +339,24 @@ fn gpu_agent_bad_input_is_typed_and_changes_nothing() {
     assert_eq!(first_diff(&got, &pattern(9, 4096)), None);
 }
 
-#[test]
-fn gpu_conformance_suite() {
-    if !gpu("gpu_conformance_suite") {
-        return;
+fn cuda_ipc_suite() -> Option<nixl_core::conformance::Suite> {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("gpu_conformance_suite")
+        .to_owned();
+    if !gpu(&test) {
+        return None;
     }
-    let suite = nixl_core::conformance::Suite::new(
+    Some(nixl_core::conformance::Suite::new(
         "cuda-ipc",
         AgentConfig::default(),
         Arc::new(|a: &Agent| a.create_backend(CudaIpcParams::default())),
-    );
-    nixl_core::conformance::assert_all(&suite);
+    ))
+}
+
+/// The shared conformance suite on CUDA_IPC, one test per case (skipped without a GPU).
+mod gpu_conformance_suite {
+    nixl_core::conformance_tests!(super::cuda_ipc_suite);
 }
 
 /// Two agents of one process on GPU 0, each with a registered VRAM buffer, `a` knowing `b`.

@@ -1,17 +1,17 @@
-//! Two processes over UCX for the failure-semantics and stress tests: the test binary spawns
-//! itself as the target (env `NIXL_FAIL_ROLE`), the agents exchange metadata over the side
-//! channel on 127.0.0.1, and the parent drives the target with notifications. The target
-//! answers commands (checks of its memory) and counts stress notifications; it never trusts
-//! timing, only what its memory and its notification queue hold.
+//! Two processes over UCX for the failure-semantics and stress tests, on the shared harness
+//! `nixl::core::testing::two_process`: the test binary spawns itself as the target, the agents
+//! exchange metadata over the side channel on 127.0.0.1, and the parent drives the target with
+//! notifications. The target answers commands (checks of its memory) and counts stress
+//! notifications; it never trusts timing, only what its memory and its notification queue hold.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nixl::core::backend::BackendParams;
+use nixl::core::testing::two_process::{self, Child, ChildEnv};
 use nixl::ucx::{probe, UcxParams};
 use nixl::{Agent, AgentConfig, Error, HostBuffer};
 
@@ -27,12 +27,6 @@ pub const SLOT: usize = 4096;
 /// u64 copies of the sequence number a stress write carries.
 pub const COPIES: usize = 8;
 
-const ROLE: &str = "NIXL_FAIL_ROLE";
-const PARENT_ADDR: &str = "NIXL_FAIL_PARENT_ADDR";
-const PARENT_NAME: &str = "NIXL_FAIL_PARENT_NAME";
-const CHILD_NAME: &str = "NIXL_FAIL_CHILD_NAME";
-const TLS_VAR: &str = "NIXL_FAIL_TLS";
-const LEN_VAR: &str = "NIXL_FAIL_LEN";
 /// How long a target lives at most (so a crashed parent never leaves it behind for long).
 const LIFETIME: Duration = Duration::from_secs(600);
 
@@ -114,7 +108,7 @@ pub mod signal {
     }
 }
 
-/// A spawned target process (killed and reaped on drop) and what its hello said.
+/// A spawned target process (continued, killed and reaped on drop) and what its hello said.
 pub struct Target {
     pub child: Child,
     pub name: String,
@@ -124,50 +118,25 @@ pub struct Target {
     pub listen: SocketAddr,
     /// Its agent generation.
     pub generation: u64,
-    pending: Vec<Vec<u8>>,
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        signal::send(self.child.id(), signal::CONT);
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Target {
     /// Spawns `test` (the binary's child-role test) as target agent `name` over `tls` with
     /// `len` bytes of registered memory (zeroed), and waits for its hello.
     pub fn spawn(test: &str, parent: &Agent, name: &str, tls: &str, len: usize) -> Target {
-        let exe = std::env::current_exe().expect("test binary path");
-        let child = Command::new(exe)
-            .args([
-                "--exact",
-                test,
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(ROLE, "target")
-            .env(
-                PARENT_ADDR,
-                parent.listen_addr().expect("parent listens").to_string(),
-            )
-            .env(PARENT_NAME, parent.name())
-            .env(CHILD_NAME, name)
-            .env(TLS_VAR, tls)
-            .env(LEN_VAR, len.to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn target");
+        let child = Child::spawn(
+            test,
+            parent,
+            name,
+            &[("tls", tls), ("len", &len.to_string())],
+        )
+        .expect("spawn target");
         let mut t = Target {
             child,
             name: name.to_owned(),
             addr: 0,
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             generation: 0,
-            pending: Vec::new(),
         };
         let hello = t.next(parent);
         let parts: Vec<&str> = hello.split('|').collect();
@@ -194,22 +163,9 @@ impl Target {
 
     /// The next notification from the target within `timeout`.
     pub fn next_within(&mut self, parent: &Agent, timeout: Duration) -> Result<String, String> {
-        let end = Instant::now() + timeout;
-        while self.pending.is_empty() {
-            if Instant::now() >= end {
-                return Err(format!("none within {timeout:?}"));
-            }
-            if let Ok(Some(st)) = self.child.try_wait() {
-                return Err(format!("target exited: {st}"));
-            }
-            match parent.wait_notifs(Duration::from_millis(100)) {
-                Ok(mut n) => self
-                    .pending
-                    .extend(n.remove(&self.name).unwrap_or_default()),
-                Err(e) => return Err(format!("wait_notifs: {e}")),
-            }
-        }
-        Ok(String::from_utf8_lossy(&self.pending.remove(0)).into_owned())
+        self.child
+            .next(parent, timeout)
+            .map(|m| String::from_utf8_lossy(&m).into_owned())
     }
 
     /// Sends a command and returns the reply.
@@ -255,40 +211,19 @@ impl Target {
 
     /// Waits for the process to exit; its status code (None: still running or killed).
     pub fn join(&mut self, timeout: Duration) -> Option<i32> {
-        let end = Instant::now() + timeout;
-        while Instant::now() < end {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                return st.code();
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        None
+        self.child.join(timeout).and_then(|st| st.code())
     }
 
     /// Kills the process with SIGKILL and reaps it.
     pub fn kill9(&mut self) {
-        signal::send(self.child.id(), signal::KILL);
-        let _ = self.child.wait();
+        self.child.kill();
     }
 }
 
 /// Runs the target's side when this process was spawned as one; returns otherwise. Call it
-/// from a `#[test]` of the binary (the name passed to [`Target::spawn`]).
+/// from the `#[ignore]`d `#[test]` of the binary whose name is passed to [`Target::spawn`].
 pub fn child_entry() {
-    if std::env::var_os(ROLE).is_none() {
-        return;
-    }
-    match target_main() {
-        Ok(()) => std::process::exit(0),
-        Err(e) => {
-            eprintln!("target failed: {e}");
-            std::process::exit(2)
-        }
-    }
-}
-
-fn env(k: &str) -> Result<String, String> {
-    std::env::var(k).map_err(|_| format!("{k} not set"))
+    two_process::child_main(target_main);
 }
 
 /// Per-thread stress bookkeeping at the target.
@@ -461,21 +396,15 @@ impl TargetSide {
     }
 }
 
-fn target_main() -> Result<(), String> {
+fn target_main(env: ChildEnv) -> Result<(), String> {
     let e = |e: Error| e.to_string();
-    let (name, parent, tls) = (env(CHILD_NAME)?, env(PARENT_NAME)?, env(TLS_VAR)?);
-    let parent_addr: SocketAddr = env(PARENT_ADDR)?
-        .parse()
-        .map_err(|_| "bad parent address")?;
-    let len: usize = env(LEN_VAR)?.parse().map_err(|_| "bad length")?;
-    let agent = Agent::new(&name, config()).map_err(e)?;
+    let (tls, len): (String, usize) = (env.var("tls")?, env.parse("len")?);
+    let agent = Agent::new(&env.name, config()).map_err(e)?;
     agent.create_backend(params(&tls)).map_err(e)?;
     let mem = buf(len);
     let _reg = agent.register_mem(vec![mem.clone()], &[]).map_err(e)?;
-    agent
-        .fetch_remote_metadata_blocking(&parent, parent_addr, Duration::from_secs(20))
-        .map_err(e)?;
-    agent.send_local_metadata(parent_addr).map_err(e)?;
+    env.connect(&agent, Duration::from_secs(20))?;
+    let (parent, parent_addr) = (env.parent.clone(), env.parent_addr);
     let listen = agent.listen_addr().ok_or("no side channel")?;
     let mut side = TargetSide {
         agent,
@@ -490,9 +419,8 @@ fn target_main() -> Result<(), String> {
         side.agent.generation()
     ))?;
     let end = Instant::now() + LIFETIME;
-    let parent_pid = std::os::unix::process::parent_id();
     while Instant::now() < end {
-        if std::os::unix::process::parent_id() != parent_pid {
+        if !env.parent_alive() {
             return Err("the parent test process died".into());
         }
         let got = side.agent.wait_notifs(Duration::from_millis(200));

@@ -326,14 +326,20 @@ impl GdsBackend {
         let me = &self.agent;
         let mut segs = Vec::with_capacity(spec.segments.len());
         for (i, s) in spec.segments.iter().enumerate() {
-            let b = downcast_md::<BufMd>(&s.local_md).ok_or_else(|| {
-                Error::invalid(
-                    me,
-                    Op::MakeXfer,
-                    format!("segment {i}: local metadata is not GDS's"),
-                )
+            let b = spec
+                .md(s.local_md)
+                .and_then(downcast_md::<BufMd>)
+                .ok_or_else(|| {
+                    Error::invalid(
+                        me,
+                        Op::MakeXfer,
+                        format!("segment {i}: local metadata is not GDS's"),
+                    )
+                })?;
+            let fmd = spec.md(s.remote_md).ok_or_else(|| {
+                Error::invalid(me, Op::MakeXfer, format!("segment {i} names no metadata"))
             })?;
-            let f = downcast_md::<FileMd>(&s.remote_md).ok_or_else(|| {
+            let f = downcast_md::<FileMd>(fmd).ok_or_else(|| {
                 Error::invalid(
                     me,
                     Op::MakeXfer,
@@ -354,6 +360,7 @@ impl GdsBackend {
             segs.push(PlanSeg::new(
                 local,
                 s,
+                fmd,
                 f.raw_fd(),
                 f.direct,
                 f.path.as_ref(),
@@ -361,11 +368,8 @@ impl GdsBackend {
         }
         let mut plan = build_plan(&self.engine, me, GDS, spec.op, &segs)?;
         // The plan keeps the file metadata; the buffers' (and their contexts) too.
-        for s in &spec.segments {
-            if !plan.files.iter().any(|m| Arc::ptr_eq(m, &s.local_md)) {
-                plan.files.push(s.local_md.clone());
-            }
-        }
+        plan.files.extend(spec.mds.iter().cloned());
+        plan.files = nixl_core::backend::distinct_mds(&plan.files);
         let label = self.fallback_label(why, plan.vram.is_some());
         Ok(Box::new(PoolXfer::new(plan, self.engine.pool(me)?, label)))
     }
@@ -510,14 +514,15 @@ impl Backend for GdsBackend {
         Ok(())
     }
 
-    fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
-        let fallback = spec
-            .segments
-            .iter()
-            .find_map(|s| downcast_md::<FileMd>(&s.remote_md).and_then(|f| f.fallback.clone()));
+    fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
+        let fallback = spec.segments.iter().find_map(|s| {
+            spec.md(s.remote_md)
+                .and_then(downcast_md::<FileMd>)
+                .and_then(|f| f.fallback.clone())
+        });
         if let Some(why) = fallback {
-            xfer::check_spec(&self.agent, &spec)?;
-            return self.prepare_fallback(&spec, &why);
+            xfer::check_spec(&self.agent, spec)?;
+            return self.prepare_fallback(spec, &why);
         }
         xfer::GdsXfer::create(&self.agent, &self.drv, &self.params, spec, self.mode())
     }

@@ -82,27 +82,33 @@ impl GdsXfer {
         agent: &str,
         drv: &Driver,
         p: &GdsParams,
-        spec: XferSpec,
+        spec: &XferSpec,
         mode: String,
     ) -> Result<Box<dyn BackendXfer>> {
-        check_spec(agent, &spec)?;
+        check_spec(agent, spec)?;
         let mut ios = Vec::with_capacity(spec.segments.len());
-        let mut keep: Vec<BackendMd> = Vec::new();
         for (i, s) in spec.segments.iter().enumerate() {
-            let b = downcast_md::<BufMd>(&s.local_md).ok_or_else(|| {
-                Error::invalid(
-                    agent,
-                    Op::MakeXfer,
-                    format!("segment {i}: local metadata is not GDS's"),
-                )
-            })?;
-            let file = s.remote_md.clone().downcast::<FileMd>().map_err(|_| {
-                Error::invalid(
-                    agent,
-                    Op::MakeXfer,
-                    format!("segment {i}: target is not a GDS file"),
-                )
-            })?;
+            let b = spec
+                .md(s.local_md)
+                .and_then(downcast_md::<BufMd>)
+                .ok_or_else(|| {
+                    Error::invalid(
+                        agent,
+                        Op::MakeXfer,
+                        format!("segment {i}: local metadata is not GDS's"),
+                    )
+                })?;
+            let file = spec
+                .md(s.remote_md)
+                .cloned()
+                .and_then(|m| m.downcast::<FileMd>().ok())
+                .ok_or_else(|| {
+                    Error::invalid(
+                        agent,
+                        Op::MakeXfer,
+                        format!("segment {i}: target is not a GDS file"),
+                    )
+                })?;
             if file.handle().is_none() {
                 return Err(Error::invalid(
                     agent,
@@ -117,12 +123,8 @@ impl GdsXfer {
                 file_off: s.remote_addr,
                 len: s.len,
             });
-            for m in [&s.local_md, &s.remote_md] {
-                if !keep.iter().any(|k| Arc::ptr_eq(k, m)) {
-                    keep.push(m.clone());
-                }
-            }
         }
+        let keep = spec.mds.clone();
         let batch = if ios.len() >= p.batch_threshold.max(1) {
             let cap = ios.len().min(p.max_batch.max(1));
             let batch = Batch::new(drv, cap).map_err(|e| e.into_error(agent, GDS, Op::MakeXfer))?;

@@ -410,7 +410,8 @@ pub(crate) fn build_plan(
                 }
             }
         }
-        if !files.iter().any(|m| Arc::ptr_eq(m, s.file_md)) {
+        // Neighbours usually share a file; `distinct_mds` below keeps the list linear.
+        if !files.last().is_some_and(|m| Arc::ptr_eq(m, s.file_md)) {
             files.push(s.file_md.clone());
         }
         if op == XferOp::Read {
@@ -479,7 +480,7 @@ pub(crate) fn build_plan(
         max_chunk,
         unregistered_chunk,
         cancel_timeout: p.cancel_timeout,
-        files,
+        files: nixl_core::backend::distinct_mds(&files),
         vram,
     })
 }
@@ -488,7 +489,8 @@ impl<'a> PlanSeg<'a> {
     /// A segment of a spec whose target is the file `fd`.
     pub fn new(
         local: LocalMem<'a>,
-        s: &'a nixl_core::backend::Segment,
+        s: &nixl_core::backend::Segment,
+        file_md: &'a BackendMd,
         fd: RawFd,
         direct: bool,
         path: Option<&'a PathBuf>,
@@ -499,7 +501,7 @@ impl<'a> PlanSeg<'a> {
             fd,
             direct,
             path,
-            file_md: &s.remote_md,
+            file_md,
             remote_addr: s.remote_addr,
             len: s.len,
             direct_chunk: None,
@@ -617,7 +619,9 @@ impl PosixBackend {
         for (i, s) in spec.segments.iter().enumerate() {
             let local = match spec.local_kind {
                 MemKind::Vram => LocalMem::Vram(
-                    &downcast_md::<VramMd>(&s.local_md)
+                    &spec
+                        .md(s.local_md)
+                        .and_then(downcast_md::<VramMd>)
                         .ok_or_else(|| {
                             Error::invalid(
                                 me,
@@ -628,17 +632,22 @@ impl PosixBackend {
                         .ctx,
                 ),
                 _ => {
-                    downcast_md::<DramMd>(&s.local_md).ok_or_else(|| {
-                        Error::invalid(
-                            me,
-                            Op::MakeXfer,
-                            format!("segment {i}: local metadata is not POSIX DRAM"),
-                        )
-                    })?;
+                    spec.md(s.local_md)
+                        .and_then(downcast_md::<DramMd>)
+                        .ok_or_else(|| {
+                            Error::invalid(
+                                me,
+                                Op::MakeXfer,
+                                format!("segment {i}: local metadata is not POSIX DRAM"),
+                            )
+                        })?;
                     LocalMem::Dram
                 }
             };
-            let f = downcast_md::<FileMd>(&s.remote_md).ok_or_else(|| {
+            let fmd = spec.md(s.remote_md).ok_or_else(|| {
+                Error::invalid(me, Op::MakeXfer, format!("segment {i} names no metadata"))
+            })?;
+            let f = downcast_md::<FileMd>(fmd).ok_or_else(|| {
                 Error::invalid(
                     me,
                     Op::MakeXfer,
@@ -646,7 +655,7 @@ impl PosixBackend {
                 )
             })?;
             segs.push(
-                PlanSeg::new(local, s, f.fd.as_raw_fd(), f.direct, f.path.as_ref())
+                PlanSeg::new(local, s, fmd, f.fd.as_raw_fd(), f.direct, f.path.as_ref())
                     .with_direct_chunk(f.direct_chunk),
             );
         }
@@ -736,8 +745,8 @@ impl Backend for PosixBackend {
         Ok(())
     }
 
-    fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
-        let plan = self.plan(&spec)?;
+    fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
+        let plan = self.plan(spec)?;
         if plan.vram.is_some() {
             let pool = self.engine.pool(&self.agent)?;
             return Ok(Box::new(pool::PoolXfer::new(plan, pool, self.vram_label())));

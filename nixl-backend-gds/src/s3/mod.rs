@@ -407,6 +407,36 @@ impl S3Backend {
         )
     }
 
+    /// The entity tag (ETag) the server gives object `key` (`None` if it has none). For an
+    /// object written by a multipart upload, S3 makes it `"<hash>-<parts>"`: the number of
+    /// parts the upload had.
+    pub fn etag(&self, key: &str) -> Result<Option<String>> {
+        let path = ObjPath::parse(key).map_err(|e| {
+            Error::invalid(
+                &self.agent,
+                Op::QueryMem,
+                format!("object key {key:?}: {e}"),
+            )
+        })?;
+        let (store, agent, endpoint) = (
+            self.store.clone(),
+            self.agent.clone(),
+            self.endpoint.clone(),
+        );
+        self.rt.run(
+            &self.agent,
+            Op::QueryMem,
+            self.params.op_timeout,
+            async move {
+                store
+                    .head(&path)
+                    .await
+                    .map(|m| m.e_tag)
+                    .map_err(|e| map_error(&agent, &endpoint, Op::QueryMem, e))
+            },
+        )
+    }
+
     /// Deletes the object `key` (missing objects are not an error).
     pub fn delete(&self, key: &str) -> Result<()> {
         let path = ObjPath::parse(key).map_err(|e| {
@@ -493,7 +523,7 @@ impl Backend for S3Backend {
         Ok(())
     }
 
-    fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
+    fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
         let me = &self.agent;
         if !spec.is_local {
             return Err(Error::not_supported(
@@ -520,7 +550,11 @@ impl Backend for S3Backend {
             ));
         }
         for (i, s) in spec.segments.iter().enumerate() {
-            if downcast_md::<DramMd>(&s.local_md).is_none() {
+            if spec
+                .md(s.local_md)
+                .and_then(downcast_md::<DramMd>)
+                .is_none()
+            {
                 return Err(Error::invalid(
                     me,
                     Op::MakeXfer,
@@ -528,7 +562,7 @@ impl Backend for S3Backend {
                 ));
             }
         }
-        let plan = xfer::Plan::new(me, &spec, &self.params)?;
+        let plan = xfer::Plan::new(me, spec, &self.params)?;
         Ok(Box::new(xfer::S3Xfer::new(
             plan,
             self.store.clone(),

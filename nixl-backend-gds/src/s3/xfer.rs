@@ -49,19 +49,18 @@ impl Plan {
     /// Checks the segments and builds the work list.
     pub fn new(agent: &str, spec: &XferSpec, p: &S3Params) -> Result<Self> {
         let mut tasks = Vec::new();
-        let mut objects: Vec<BackendMd> = Vec::new();
         let mut writes: Vec<ObjectWrite> = Vec::new();
         for (i, s) in spec.segments.iter().enumerate() {
-            let o = downcast_md::<ObjMd>(&s.remote_md).ok_or_else(|| {
-                Error::invalid(
-                    agent,
-                    Op::MakeXfer,
-                    format!("segment {i}: target metadata is not an OBJ object"),
-                )
-            })?;
-            if !objects.iter().any(|m| Arc::ptr_eq(m, &s.remote_md)) {
-                objects.push(s.remote_md.clone());
-            }
+            let o = spec
+                .md(s.remote_md)
+                .and_then(downcast_md::<ObjMd>)
+                .ok_or_else(|| {
+                    Error::invalid(
+                        agent,
+                        Op::MakeXfer,
+                        format!("segment {i}: target metadata is not an OBJ object"),
+                    )
+                })?;
             match spec.op {
                 XferOp::Read => {
                     let mut done = 0;
@@ -113,7 +112,7 @@ impl Plan {
             multipart_threshold: p.multipart_threshold,
             part_size: p.part_size,
             max_concurrency: p.max_concurrency,
-            _objects: objects,
+            _objects: spec.mds.clone(),
         })
     }
 }

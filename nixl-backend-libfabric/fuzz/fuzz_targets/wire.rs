@@ -1,11 +1,13 @@
 //! The libfabric backend's wire bytes from peers: connection info and region metadata (in
-//! agent metadata) and framed notifications (in received messages). Arbitrary bytes must
+//! agent metadata), framed hellos and notifications (in received messages), and the structural
+//! check of endpoint names before `fi_av_insert`. Arbitrary bytes must
 //! decode to an error or to values that re-encode to the same bytes; nothing may panic.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use nixl_backend_libfabric::fuzzing::{
-    decode_conn, decode_notif, decode_region, encode_conn, encode_notif, encode_region,
+    check_name, decode_conn, decode_message, decode_region, encode_conn, encode_hello,
+    encode_notif, encode_region, Message,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -15,16 +17,19 @@ fuzz_target!(|data: &[u8]| {
     if let Ok((virt, keys)) = decode_region(data) {
         assert_eq!(encode_region(virt, &keys), data, "region metadata re-encodes");
     }
-    if let Ok((sender, msg)) = decode_notif(data) {
-        assert_eq!(encode_notif(&sender, &msg), data, "notification re-frames");
+    match decode_message(data) {
+        Ok(Message::Notif(s, msg)) => assert_eq!(encode_notif(&s, msg), data, "notification re-frames"),
+        Ok(Message::Hello(h)) => assert_eq!(encode_hello(h), data, "hello re-frames"),
+        Err(_) => {}
+    }
+    for provider in ["tcp;ofi_rxm", "tcp", "shm", "verbs;ofi_rxm", "efa"] {
+        let _ = check_name(provider, data, &data[..data.len() / 2]);
     }
     // Structured side: whatever we encode decodes back.
     if let Some((&n, rest)) = data.split_first() {
-        let cut = usize::from(n).min(rest.len());
-        if let Ok(sender) = std::str::from_utf8(&rest[..cut]) {
-            let f = encode_notif(sender, &rest[cut..]);
-            assert_eq!(decode_notif(&f), Ok((sender.to_owned(), rest[cut..].to_vec())));
-        }
+        let session = [n; 16];
+        let f = encode_notif(&session, rest);
+        assert_eq!(decode_message(&f), Ok(Message::Notif(session, rest)));
         let keys: Vec<u64> = rest
             .chunks_exact(8)
             .take(16)

@@ -1,11 +1,13 @@
 //! The UCX backend's wire bytes from peers: connection info and region metadata (in agent
-//! metadata) and notification headers (in active messages). Arbitrary bytes must decode to
+//! metadata) and notification headers (in active messages), and the structural parsers of
+//! UCX worker addresses and packed keys (never panic, whatever the bytes). Arbitrary bytes must decode to
 //! an error or to values that re-encode to the same bytes; nothing may panic.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use nixl_backend_ucx::fuzzing::{
     decode_conn, decode_notif_header, decode_rkey, encode_conn, encode_notif_header, encode_rkey,
+    parse_address, parse_rkey,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -16,10 +18,15 @@ fuzz_target!(|data: &[u8]| {
     if let Ok((t, packed)) = decode_rkey(data) {
         assert_eq!(encode_rkey(t, packed), data, "rkey re-encodes to the same bytes");
     }
-    if let Ok(sender) = decode_notif_header(data) {
-        assert!(!sender.is_empty());
-        assert_eq!(encode_notif_header(sender), data);
+    if let Ok(session) = decode_notif_header(data) {
+        assert_eq!(encode_notif_header(&session), data);
     }
+    for minor in [13, 18, 19, 22, 23] {
+        if let Ok(a) = parse_address(data, minor) {
+            let _ = parse_rkey(data, a.dst_version);
+        }
+    }
+    let _ = parse_rkey(data, 0);
     // Structured side: whatever we encode decodes back.
     if let Some((&t, rest)) = data.split_first() {
         if !rest.is_empty() && rest.len() <= 1 << 16 {

@@ -345,8 +345,8 @@ impl EtcdExchange {
             // When that read fails, the peer cannot be vouched for: fence it too.
             let check = self
                 .run(self.read_or_wait(&key, Duration::ZERO, Read::Linearizable))
-                .and_then(|(now, _)| match metadata_identity(&now) {
-                    Ok((n, g)) if n == remote && g.is_none_or(|g| g == generation) => Ok(()),
+                .and_then(|(now, _)| match self.agent.authentic_identity(&now) {
+                    Some((n, g)) if n == remote && g.is_none_or(|g| g == generation) => Ok(()),
                     _ => Err(Error::not_found(
                         me,
                         Op::Exchange,

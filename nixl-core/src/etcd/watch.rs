@@ -12,7 +12,6 @@ use super::config::KeyLayout;
 use super::pb;
 use super::rpc::Rpc;
 use crate::agent::{lock, Agent, Shared};
-use crate::nixl_wire::agent::metadata_identity;
 
 /// A peer loaded through etcd: the incarnation loaded and the labels it came from.
 #[derive(Debug)]
@@ -89,7 +88,14 @@ impl PeerTable {
     }
 
     /// Applies one watch response and returns the `(peer, generation)`s to invalidate.
-    fn apply(&self, layout: &KeyLayout, me: &str, resp: &pb::WatchResponse) -> Vec<(String, u64)> {
+    /// `put_keeps(value, peer, generation)` says whether a put leaves the peer loaded.
+    fn apply(
+        &self,
+        layout: &KeyLayout,
+        me: &str,
+        resp: &pb::WatchResponse,
+        put_keeps: &dyn Fn(&[u8], &str, u64) -> bool,
+    ) -> Vec<(String, u64)> {
         let mut st = lock(&self.state);
         let mut gone = Vec::new();
         for ev in &resp.events {
@@ -111,9 +117,7 @@ impl PeerTable {
             let still_valid = match pb::EventType::try_from(ev.r#type) {
                 // Republished: the same incarnation (new registrations) keeps the peer;
                 // another incarnation or bytes that do not decode fence it.
-                // (A NIXL blob without connection info cannot name its incarnation: kept.)
-                Ok(pb::EventType::Put) => metadata_identity(&kv.value)
-                    .is_ok_and(|(n, g)| n == agent && g.is_none_or(|g| g == generation)),
+                Ok(pb::EventType::Put) => put_keeps(&kv.value, &agent, generation),
                 // A deletion (or an event type newer than this client) fences it.
                 _ => false,
             };
@@ -134,13 +138,33 @@ impl PeerTable {
     }
 }
 
+/// Whether a put of `value` under `peer`'s key leaves its loaded incarnation `generation`
+/// loaded: the same incarnation republished does; another incarnation does not. Without
+/// authentication, bytes that do not decode fence the peer too; with it, bytes that do not
+/// verify under the name's credential are ignored (write access to etcd alone cannot
+/// replace a peer; it can still delete its key, which fences it).
+pub(crate) fn put_keeps(shared: &Weak<Shared>, value: &[u8], peer: &str, generation: u64) -> bool {
+    let Some(shared) = shared.upgrade() else {
+        return true;
+    };
+    let auth = shared.config.auth.is_some();
+    let agent = Agent { shared };
+    match agent.authentic_identity(value) {
+        Some((name, g)) => name == peer && g.is_none_or(|g| g == generation),
+        None => auth,
+    }
+}
+
 /// Invalidates `(peer, generation)` on the agent, if it still exists.
 pub(crate) fn invalidate(shared: &Weak<Shared>, peer: &str, generation: u64, why: &str) {
     let Some(shared) = shared.upgrade() else {
         return;
     };
     let agent = Agent { shared };
-    if agent.invalidate_remote_generation(peer, generation) {
+    if agent
+        .invalidate_remote_generation(peer, generation, crate::remote::Invalidator::Local)
+        .unwrap_or(false)
+    {
         tracing::info!(agent = %agent.name(), remote = %peer, generation, why, "peer invalidated by etcd watch");
     }
 }
@@ -192,7 +216,8 @@ pub(crate) async fn run(
                         }
                         break;
                     }
-                    for (peer, generation) in table.apply(&layout, &me, &resp) {
+                    let keeps = |v: &[u8], p: &str, g: u64| put_keeps(&shared, v, p, g);
+                    for (peer, generation) in table.apply(&layout, &me, &resp, &keeps) {
                         invalidate(
                             &shared,
                             &peer,
@@ -242,10 +267,10 @@ async fn reconcile(
                 .ok()?;
             let rev = resp.header.as_ref().map(|h| h.revision).unwrap_or(0);
             revision = Some(revision.map_or(rev, |r: i64| r.min(rev)));
-            let ok = resp.kvs.first().is_some_and(|kv| {
-                metadata_identity(&kv.value)
-                    .is_ok_and(|(n, g)| n == peer && g.is_none_or(|g| g == generation))
-            });
+            let ok = resp
+                .kvs
+                .first()
+                .is_some_and(|kv| put_keeps(shared, &kv.value, &peer, generation));
             if !ok {
                 table.untrack(&peer, Some(generation));
                 invalidate(

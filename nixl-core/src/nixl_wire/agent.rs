@@ -37,7 +37,7 @@ pub(crate) fn metadata_identity(
         let g = (!md.conns.is_empty()).then(|| derived_generation(&md.conns));
         Ok((md.name, g))
     } else {
-        let md = AgentMetadata::decode(bytes)?;
+        let md = AgentMetadata::decode(crate::auth::unsealed(bytes)?)?;
         Ok((md.name, Some(md.generation)))
     }
 }
@@ -173,6 +173,9 @@ impl Agent {
             name: md.name,
             generation,
             has_conn_info,
+            // A stock NIXL agent does not say which process it is: no same-host liveness
+            // watch (its endpoints' failures still end transfers).
+            process: None,
             backends,
             regions,
         })

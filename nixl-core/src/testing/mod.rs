@@ -13,8 +13,10 @@
 //!   or when `NIXL_REQUIRE_DEPS` lists it by name.
 //!
 //! `scripts/test.sh` sets `NIXL_REQUIRE_DEPS=1` and allows only what a CPU machine cannot
-//! have (a GPU, EFA, FI_HMEM, nvidia-fs), so a missing UCX, libfabric, etcd or S3 server
-//! fails CI.
+//! have (a GPU, EFA, FI_HMEM, nvidia-fs) and UCX 1.23 (not yet packaged), so a missing UCX,
+//! libfabric, etcd or S3 server fails CI (`scripts/check-required-deps.sh` proves it).
+//! Conformance cases a backend's capabilities exclude are reported with [`not_applicable`];
+//! [`two_process`] is the harness for tests that spawn a child agent.
 //!
 //! ```
 //! use nixl_core::testing::{skip, Dep};
@@ -33,6 +35,8 @@
 
 use std::fmt::Display;
 use std::io::Write;
+
+pub mod two_process;
 
 /// Environment variable: `1` or `all` requires every dependency not allowed to skip; else a
 /// comma-separated list of [`Dep::name`]s that are required.
@@ -78,6 +82,9 @@ pub enum Dep {
     NvidiaFs,
     /// A CUDA-aware UCX (cuda transports).
     CudaUcx,
+    /// UCX 1.23 or later: several workers per backend over UCX's tcp transport (1.22 crashes
+    /// in its tcp put emulation there; docs/reliability.md).
+    Ucx123,
 }
 
 impl Dep {
@@ -98,6 +105,7 @@ impl Dep {
             Dep::FiHmem => "fi-hmem",
             Dep::NvidiaFs => "nvidia-fs",
             Dep::CudaUcx => "cuda-ucx",
+            Dep::Ucx123 => "ucx-1.23",
         }
     }
 }
@@ -136,8 +144,27 @@ pub fn is_required(dep: Dep) -> bool {
 #[track_caller]
 pub fn skip(test: &str, dep: Dep, reason: impl Display) {
     let reason = reason.to_string().replace(['\n', '\t'], " ");
+    log_skip(dep.name(), test, &reason);
+    if is_required(dep) {
+        panic!("{test}: requires {dep}, which this run must have ({ENV_REQUIRE_DEPS}): {reason}");
+    }
+    eprintln!("SKIPPED[{dep}] {test}: {reason}");
+}
+
+/// Reports that `test` does not apply to what it runs against: a conformance case that a
+/// backend's declared `capability` excludes (its conformance suite checks that the
+/// declaration matches the behaviour). Printed as `NOT APPLICABLE[capability] test: reason`
+/// and appended to the skip log as `n/a:capability<TAB>test<TAB>reason`, so CI counts it by
+/// capability; it never fails a run (nothing is missing: the case has nothing to check).
+pub fn not_applicable(test: &str, capability: &str, reason: impl Display) {
+    let reason = reason.to_string().replace(['\n', '\t'], " ");
+    log_skip(&format!("n/a:{capability}"), test, &reason);
+    eprintln!("NOT APPLICABLE[{capability}] {test}: {reason}");
+}
+
+fn log_skip(what: &str, test: &str, reason: &str) {
     if let Some(path) = std::env::var_os(ENV_SKIP_LOG) {
-        let line = format!("{dep}\t{test}\t{reason}\n");
+        let line = format!("{what}\t{test}\t{reason}\n");
         let written = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -147,10 +174,6 @@ pub fn skip(test: &str, dep: Dep, reason: impl Display) {
             eprintln!("{test}: could not append to the skip log: {e}");
         }
     }
-    if is_required(dep) {
-        panic!("{test}: requires {dep}, which this run must have ({ENV_REQUIRE_DEPS}): {reason}");
-    }
-    eprintln!("SKIPPED[{dep}] {test}: {reason}");
 }
 
 /// Stopping, continuing and killing processes a test started (a peer that stalls, a server
@@ -234,6 +257,7 @@ mod tests {
             Dep::FiHmem,
             Dep::NvidiaFs,
             Dep::CudaUcx,
+            Dep::Ucx123,
         ];
         let mut names: Vec<&str> = all.iter().map(|d| d.name()).collect();
         names.sort();

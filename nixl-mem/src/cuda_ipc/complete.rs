@@ -368,7 +368,9 @@ mod tests {
     #[test]
     fn route_keys_separate_destinations() {
         let q = Arc::new(NotifQueue::new());
-        let senders = Arc::new(NotifSenders::default());
+        let senders = Arc::new(NotifSenders::new(
+            nixl_core::backend::PeerAuth::unauthenticated("a"),
+        ));
         let local = NotifRoute::Local(q);
         let remote = NotifRoute::Remote {
             senders,
@@ -390,7 +392,9 @@ mod tests {
             remote: "b".into(),
             msg: b"y".to_vec(),
             route: NotifRoute::Remote {
-                senders: Arc::new(NotifSenders::default()),
+                senders: Arc::new(NotifSenders::new(
+                    nixl_core::backend::PeerAuth::unauthenticated("a"),
+                )),
                 server: b"nixl-cuda-ipc-test-no-such-server".to_vec(),
             },
         };
@@ -466,7 +470,9 @@ mod tests {
                 remote: "b".into(),
                 msg: b"fast".to_vec(),
                 route: NotifRoute::Remote {
-                    senders: Arc::new(NotifSenders::default()),
+                    senders: Arc::new(NotifSenders::new(
+                        nixl_core::backend::PeerAuth::unauthenticated("a"),
+                    )),
                     server: b"nixl-cuda-ipc-test-absent".to_vec(),
                 },
             }),

@@ -40,6 +40,7 @@
 //! Peers on another host (a different `boot_id`) connect but every region of theirs is
 //! unreachable; the path report says so.
 
+mod blocks;
 mod complete;
 mod md;
 pub(crate) mod notif;
@@ -69,6 +70,15 @@ use xfer::{CudaIpcXfer, Engine, KernelPlan};
 
 /// The backend's type name.
 pub const CUDA_IPC: &str = "CUDA_IPC";
+
+/// What a request is, apart from its copies (a segment list's or a block table's).
+struct Ends<'a> {
+    op: XferOp,
+    kinds: (MemKind, MemKind),
+    remote: &'a str,
+    is_local: bool,
+    notif: Option<&'a [u8]>,
+}
 
 /// Parameters of the `CUDA_IPC` backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -279,7 +289,7 @@ impl CudaIpcBackend {
             Error::invalid(&ctx.agent, Op::CreateBackend, format!("CUDA_IPC {why}"))
         })?;
         let cu_ctx = cuda::context(params.device).map_err(|e| with_agent(e, &ctx.agent))?;
-        let server = NotifServer::start(&ctx.agent, ctx.notifs.clone())?;
+        let server = NotifServer::start(&ctx.agent, ctx.notifs.clone(), ctx.peers.clone())?;
         let completer = Completer::start(&ctx.agent, Some(cu_ctx.clone()))?;
         Ok(CudaIpcBackend {
             agent: ctx.agent,
@@ -288,7 +298,7 @@ impl CudaIpcBackend {
             host_id: host_id(),
             notifs: ctx.notifs,
             server,
-            senders: Arc::new(NotifSenders::default()),
+            senders: Arc::new(NotifSenders::new(ctx.peers.clone())),
             completer,
             kernel: OnceLock::new(),
             peers: Mutex::new(HashMap::new()),
@@ -551,7 +561,7 @@ impl Backend for CudaIpcBackend {
         Ok(Arc::new(Target::Identity))
     }
 
-    fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
+    fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
         for k in [spec.local_kind, spec.remote_kind] {
             if !matches!(k, MemKind::Dram | MemKind::Vram) {
                 return Err(Error::not_supported(
@@ -573,20 +583,25 @@ impl Backend for CudaIpcBackend {
                 Err("DRAM")
             };
         for s in &spec.segments {
-            downcast_md::<LocalMd>(&s.local_md).ok_or_else(|| {
-                Error::invalid(
-                    &self.agent,
-                    Op::MakeXfer,
-                    "local metadata is not CUDA_IPC's",
-                )
-            })?;
-            let t = downcast_md::<Target>(&s.remote_md).ok_or_else(|| {
-                Error::invalid(
-                    &self.agent,
-                    Op::MakeXfer,
-                    "remote metadata is not CUDA_IPC's",
-                )
-            })?;
+            spec.md(s.local_md)
+                .and_then(downcast_md::<LocalMd>)
+                .ok_or_else(|| {
+                    Error::invalid(
+                        &self.agent,
+                        Op::MakeXfer,
+                        "local metadata is not CUDA_IPC's",
+                    )
+                })?;
+            let t = spec
+                .md(s.remote_md)
+                .and_then(downcast_md::<Target>)
+                .ok_or_else(|| {
+                    Error::invalid(
+                        &self.agent,
+                        Op::MakeXfer,
+                        "remote metadata is not CUDA_IPC's",
+                    )
+                })?;
             let remote = t
                 .translate(s.remote_addr, s.len)
                 .map_err(|why| Error::not_supported(&self.agent, Op::MakeXfer, why))?;
@@ -617,11 +632,75 @@ impl Backend for CudaIpcBackend {
         if copies.is_empty() {
             return Err(Error::invalid(&self.agent, Op::MakeXfer, "no segments"));
         }
+        // Copies that depend on each other run one by one, in order (the kernel's CTAs and a
+        // batch's copies run in any order).
+        let conflict = kernel::conflict(&copies);
+        let ends = Ends {
+            op: spec.op,
+            kinds: (spec.local_kind, spec.remote_kind),
+            remote: &spec.remote,
+            is_local: spec.is_local,
+            notif: spec.notif.as_deref(),
+        };
+        self.finish(ends, copies, how, kernel_ok, conflict)
+    }
+
+    fn prepare_blocks(
+        &self,
+        spec: &nixl_core::backend::BlockXferSpec,
+    ) -> Result<Option<Box<dyn BackendXfer>>> {
+        self.prepare_block_table(spec).map(Some)
+    }
+
+    fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
+        if remote == self.agent {
+            self.notifs.push(&self.agent, msg.to_vec());
+            return Ok(());
+        }
+        let peer = self.peer(remote, Op::GenNotif)?;
+        self.senders.send(&self.agent, remote, &peer.server, msg)
+    }
+
+    fn path_report(&self, remote: &str) -> Option<String> {
+        let peer = self
+            .peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(remote)
+            .cloned()?;
+        Some(if !peer.same_host {
+            "cuda_ipc: unreachable (another host)".to_owned()
+        } else if peer.pid == std::process::id() {
+            format!(
+                "cuda_ipc: same process, copy engines of GPU {}",
+                self.params.device
+            )
+        } else {
+            format!(
+                "cuda_ipc: same host (pid {}), CUDA IPC + copy engines of GPU {}",
+                peer.pid, self.params.device
+            )
+        })
+    }
+}
+
+impl CudaIpcBackend {
+    /// Builds the request around its copies: its notification route, stream and event, and
+    /// the engine (the copy kernel where eligible, else the copy engines).
+    fn finish(
+        &self,
+        spec: Ends<'_>,
+        copies: Vec<(u64, u64, u64)>,
+        how: &str,
+        kernel_ok: std::result::Result<(), &str>,
+        conflict: Option<(usize, usize)>,
+    ) -> Result<Box<dyn BackendXfer>> {
+        let device = self.params.device;
         // Where this request's notifications go (kept for per-post messages).
         let route = if spec.is_local {
             NotifRoute::Local(self.notifs.clone())
         } else {
-            let peer = self.peer(&spec.remote, Op::MakeXfer)?;
+            let peer = self.peer(spec.remote, Op::MakeXfer)?;
             NotifRoute::Remote {
                 senders: self.senders.clone(),
                 server: peer.server.clone(),
@@ -629,7 +708,15 @@ impl Backend for CudaIpcBackend {
         };
         let notif = spec
             .notif
-            .map(|msg| Notif::new(&self.agent, &spec.remote, msg, route.clone(), Op::MakeXfer))
+            .map(|msg| {
+                Notif::new(
+                    &self.agent,
+                    spec.remote,
+                    msg.to_vec(),
+                    route.clone(),
+                    Op::MakeXfer,
+                )
+            })
             .transpose()?;
         let stream = cuda::Stream::create(self.ctx.clone())
             .map_err(|e| cuda::to_error(&self.agent, Op::MakeXfer, e))?;
@@ -637,9 +724,6 @@ impl Backend for CudaIpcBackend {
             cuda::Event::create(self.ctx.clone())
                 .map_err(|e| cuda::to_error(&self.agent, Op::MakeXfer, e))?,
         );
-        // Copies that depend on each other run one by one, in order (the kernel's CTAs and a
-        // batch's copies run in any order).
-        let conflict = kernel::conflict(&copies);
         let fallback = if conflict.is_none() && self.params.batch_copies && copies.len() > 1 {
             Engine::Batch
         } else {
@@ -698,7 +782,7 @@ impl Backend for CudaIpcBackend {
             event,
             engine,
             notif,
-            remote: spec.remote.clone(),
+            remote: spec.remote.to_owned(),
             route,
             ticket: None,
             completer: self.completer.shared(),
@@ -706,41 +790,10 @@ impl Backend for CudaIpcBackend {
             device,
             path_head: format!(
                 "cuda_ipc {} {}->{} via {how}",
-                spec.op, spec.local_kind, spec.remote_kind
+                spec.op, spec.kinds.0, spec.kinds.1
             ),
             note,
         }))
-    }
-
-    fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
-        if remote == self.agent {
-            self.notifs.push(&self.agent, msg.to_vec());
-            return Ok(());
-        }
-        let peer = self.peer(remote, Op::GenNotif)?;
-        self.senders.send(&self.agent, remote, &peer.server, msg)
-    }
-
-    fn path_report(&self, remote: &str) -> Option<String> {
-        let peer = self
-            .peers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(remote)
-            .cloned()?;
-        Some(if !peer.same_host {
-            "cuda_ipc: unreachable (another host)".to_owned()
-        } else if peer.pid == std::process::id() {
-            format!(
-                "cuda_ipc: same process, copy engines of GPU {}",
-                self.params.device
-            )
-        } else {
-            format!(
-                "cuda_ipc: same host (pid {}), CUDA IPC + copy engines of GPU {}",
-                peer.pid, self.params.device
-            )
-        })
     }
 }
 

@@ -1,8 +1,10 @@
 //! The notification channel of `CUDA_IPC`: a Unix stream socket in the abstract namespace
 //! (named in the connection info), one connection per sending peer, length-prefixed frames.
-//! The first frame on a connection is the sender's agent name; each later frame is one
-//! notification. Bounded: names up to 256 bytes, messages up to [`MAX_NOTIF`]; a peer that
-//! breaks the protocol is disconnected.
+//! The first frame on a connection is the sender's hello (`nixl_core::hello`: signed with the
+//! cluster credential when authentication is on); each later frame is one notification,
+//! attributed to the hello's sender, never to a name inside it. Bounded: hellos up to
+//! [`MAX_HELLO`] bytes, messages up to [`MAX_NOTIF`]; a peer that breaks the protocol or whose
+//! hello is refused is disconnected.
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
@@ -14,13 +16,13 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use nixl_core::backend::NotifQueue;
+use nixl_core::backend::{NotifQueue, PeerAuth};
 use nixl_core::{Error, Op, Result};
 
 /// The largest notification accepted.
 pub const MAX_NOTIF: usize = 16 << 20;
-/// The longest sender name accepted (the first frame of a connection).
-pub(crate) const MAX_NAME: usize = 256;
+/// The longest first frame of a connection (the sender's hello).
+pub(crate) const MAX_HELLO: usize = 1024;
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The receiving side: a listener thread feeding the agent's queue; stops on drop.
@@ -31,7 +33,7 @@ pub(crate) struct NotifServer {
 }
 
 impl NotifServer {
-    pub fn start(agent: &str, notifs: Arc<NotifQueue>) -> Result<Self> {
+    pub fn start(agent: &str, notifs: Arc<NotifQueue>, peers: PeerAuth) -> Result<Self> {
         let io = |e| Error::io(agent, Op::CreateBackend, e);
         let name = format!("nixl-cuda-ipc-{}-{:016x}", std::process::id(), unique()).into_bytes();
         let addr = SocketAddr::from_abstract_name(&name).map_err(io)?;
@@ -41,7 +43,7 @@ impl NotifServer {
         let s = stop.clone();
         let thread = std::thread::Builder::new()
             .name(format!("nixl-cuda-ipc-notif-{agent}"))
-            .spawn(move || serve(listener, s, notifs))
+            .spawn(move || serve(listener, s, notifs, peers))
             .map_err(io)?;
         Ok(NotifServer {
             name,
@@ -81,8 +83,8 @@ struct Conn {
     frames: FrameReader,
 }
 
-/// The receiving state of one connection: bytes not yet framed, and the sender's name once its
-/// first frame arrived. Pure (no I/O), so the decoder can be fuzzed.
+/// The receiving state of one connection: bytes not yet framed, and the sender once its first
+/// frame (a hello) was accepted. Pure (no I/O), so the decoder can be fuzzed.
 #[derive(Debug, Default)]
 pub(crate) struct FrameReader {
     buf: Vec<u8>,
@@ -91,10 +93,16 @@ pub(crate) struct FrameReader {
 
 impl FrameReader {
     /// Appends `bytes` and hands every complete notification, with its sender, to `deliver`;
-    /// false when the peer broke the protocol (a frame over the limit, an empty or non-UTF-8
-    /// name): the connection is then dropped. Buffers at most one frame (`4 + MAX_NOTIF`
+    /// the first frame goes to `first`, which names the sender (a checked hello) or refuses
+    /// it. False when the peer broke the protocol (a frame over the limit, a refused first
+    /// frame): the connection is then dropped. Buffers at most one frame (`4 + MAX_NOTIF`
     /// bytes) plus what one read returned.
-    pub fn feed(&mut self, bytes: &[u8], mut deliver: impl FnMut(&str, Vec<u8>)) -> bool {
+    pub fn feed(
+        &mut self,
+        bytes: &[u8],
+        mut first: impl FnMut(Vec<u8>) -> Option<String>,
+        mut deliver: impl FnMut(&str, Vec<u8>),
+    ) -> bool {
         self.buf.extend_from_slice(bytes);
         loop {
             if self.buf.len() < 4 {
@@ -103,7 +111,7 @@ impl FrameReader {
             let n =
                 u32::from_le_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
             let limit = if self.sender.is_none() {
-                MAX_NAME
+                MAX_HELLO
             } else {
                 MAX_NOTIF
             };
@@ -116,9 +124,9 @@ impl FrameReader {
             let frame: Vec<u8> = self.buf[4..4 + n].to_vec();
             self.buf.drain(..4 + n);
             match &self.sender {
-                None => match String::from_utf8(frame) {
-                    Ok(s) if !s.is_empty() => self.sender = Some(s),
-                    _ => return false,
+                None => match first(frame) {
+                    Some(s) => self.sender = Some(s),
+                    None => return false,
                 },
                 Some(s) => deliver(s, frame),
             }
@@ -140,7 +148,14 @@ pub(crate) fn frame(b: &[u8]) -> Vec<u8> {
     frame
 }
 
-fn serve(listener: UnixListener, stop: Arc<AtomicBool>, notifs: Arc<NotifQueue>) {
+fn serve(listener: UnixListener, stop: Arc<AtomicBool>, notifs: Arc<NotifQueue>, peers: PeerAuth) {
+    let check = |hello: Vec<u8>| match peers.check_hello(&hello) {
+        Ok(h) => Some(h.sender),
+        Err(e) => {
+            tracing::warn!(error = %e, "CUDA_IPC notification connection refused");
+            None
+        }
+    };
     let mut conns: Vec<Conn> = Vec::new();
     let mut chunk = vec![0u8; 64 << 10];
     while !stop.load(Ordering::Relaxed) {
@@ -177,7 +192,10 @@ fn serve(listener: UnixListener, stop: Arc<AtomicBool>, notifs: Arc<NotifQueue>)
                         break;
                     }
                     Ok(k) => {
-                        if !c.frames.feed(&chunk[..k], |s, m| notifs.push(s, m)) {
+                        let deliver = |s: &str, m: Vec<u8>| {
+                            notifs.push(s, m);
+                        };
+                        if !c.frames.feed(&chunk[..k], check, deliver) {
                             tracing::warn!(
                                 "CUDA_IPC notification peer broke the protocol; disconnecting it"
                             );
@@ -204,13 +222,22 @@ type SenderSlot = Mutex<Option<UnixStream>>;
 type SenderMap = HashMap<(String, Vec<u8>), Arc<SenderSlot>>;
 
 /// The sending side: one lazily opened connection per peer.
-#[derive(Default)]
 pub(crate) struct NotifSenders {
+    /// Signs the hello that opens each connection.
+    peers: PeerAuth,
     /// (sending agent, server name) -> connection.
     conns: Mutex<SenderMap>,
 }
 
 impl NotifSenders {
+    /// Senders introducing themselves with `peers`' hellos.
+    pub fn new(peers: PeerAuth) -> Self {
+        NotifSenders {
+            peers,
+            conns: Mutex::new(HashMap::new()),
+        }
+    }
+
     /// Sends `msg` as `agent` to the server named `name`; reconnects once if the cached
     /// connection broke.
     pub fn send(&self, agent: &str, remote: &str, name: &[u8], msg: &[u8]) -> Result<()> {
@@ -232,7 +259,7 @@ impl NotifSenders {
         let mut last_err = None;
         for _ in 0..2 {
             if g.is_none() {
-                match connect(agent, name) {
+                match connect(&self.peers, remote, name) {
                     Ok(s) => *g = Some(s),
                     Err(e) => {
                         last_err = Some(e);
@@ -268,11 +295,15 @@ impl NotifSenders {
     }
 }
 
-fn connect(agent: &str, name: &[u8]) -> std::io::Result<UnixStream> {
+fn connect(peers: &PeerAuth, remote: &str, name: &[u8]) -> std::io::Result<UnixStream> {
+    let hello = peers
+        .new_session()
+        .and_then(|session| peers.hello(remote, &session))
+        .map_err(std::io::Error::other)?;
     let addr = SocketAddr::from_abstract_name(name)?;
     let mut s = UnixStream::connect_addr(&addr)?;
     s.set_write_timeout(Some(WRITE_TIMEOUT))?;
-    write_frame(&mut s, agent.as_bytes())?;
+    write_frame(&mut s, &hello)?;
     Ok(s)
 }
 
@@ -295,17 +326,28 @@ mod tests {
         all
     }
 
+    fn server(q: &Arc<NotifQueue>) -> NotifServer {
+        NotifServer::start("b", q.clone(), PeerAuth::unauthenticated("b")).unwrap()
+    }
+
+    fn senders(me: &str) -> NotifSenders {
+        NotifSenders::new(PeerAuth::unauthenticated(me))
+    }
+
+    /// The first frame as a plain name (the fuzzing wrapper's stand-in for a hello).
+    fn name(f: Vec<u8>) -> Option<String> {
+        String::from_utf8(f).ok().filter(|s| !s.is_empty())
+    }
+
     #[test]
     fn notifications_arrive_in_order_per_sender() {
         let q = Arc::new(NotifQueue::new());
-        let server = NotifServer::start("b", q.clone()).unwrap();
-        let senders = NotifSenders::default();
+        let server = server(&q);
+        let a = senders("a");
         for i in 0..50u32 {
-            senders
-                .send("a", "b", server.name(), &i.to_le_bytes())
-                .unwrap();
+            a.send("a", "b", server.name(), &i.to_le_bytes()).unwrap();
         }
-        senders.send("c", "b", server.name(), b"").unwrap();
+        senders("c").send("c", "b", server.name(), b"").unwrap();
         let got = wait_for(&q, 51);
         let a: Vec<Vec<u8>> = (0..50u32).map(|i| i.to_le_bytes().to_vec()).collect();
         assert_eq!(got["a"], a);
@@ -315,13 +357,20 @@ mod tests {
     #[test]
     fn protocol_breakers_are_dropped_and_others_still_served() {
         let q = Arc::new(NotifQueue::new());
-        let server = NotifServer::start("b", q.clone()).unwrap();
+        let server = server(&q);
         let addr = SocketAddr::from_abstract_name(server.name()).unwrap();
         let mut bad = UnixStream::connect_addr(&addr).unwrap();
         bad.write_all(&(u32::MAX).to_le_bytes()).unwrap();
-        let senders = NotifSenders::default();
+        // A bare name instead of a hello (the old protocol): refused.
+        let mut named = UnixStream::connect_addr(&addr).unwrap();
+        write_frame(&mut named, b"a").unwrap();
+        write_frame(&mut named, b"forged").unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        let senders = senders("a");
         senders.send("a", "b", server.name(), b"ok").unwrap();
         assert_eq!(wait_for(&q, 1)["a"], vec![b"ok".to_vec()]);
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(q.is_empty(), "a frame after a bare name was delivered");
         assert!(senders
             .send("a", "b", server.name(), &vec![0u8; MAX_NOTIF + 1])
             .is_err());
@@ -337,7 +386,7 @@ mod tests {
             let mut r = FrameReader::default();
             let mut got = Vec::new();
             for piece in bytes.chunks(step) {
-                assert!(r.feed(piece, |s, m| got.push((s.to_owned(), m))));
+                assert!(r.feed(piece, name, |s, m| got.push((s.to_owned(), m))));
             }
             assert_eq!(r.buffered(), 0);
             let want: Vec<(String, Vec<u8>)> = [&b"one"[..], b"", b"three"]
@@ -349,22 +398,20 @@ mod tests {
         for bad in [
             frame(b""),
             frame(&[0xff, 0xfe]),
-            frame(&[b'x'; MAX_NAME + 1]),
+            frame(&[b'x'; MAX_HELLO + 1]),
             [frame(b"s"), (MAX_NOTIF as u32 + 1).to_le_bytes().to_vec()].concat(),
         ] {
-            assert!(!FrameReader::default().feed(&bad, |_, _| panic!("delivered")));
+            assert!(!FrameReader::default().feed(&bad, name, |_, _| panic!("delivered")));
         }
     }
 
     #[test]
     fn a_gone_server_is_a_typed_disconnect() {
         let q = Arc::new(NotifQueue::new());
-        let server = NotifServer::start("b", q).unwrap();
+        let server = server(&q);
         let name = server.name().to_vec();
         drop(server);
-        let e = NotifSenders::default()
-            .send("a", "b", &name, b"x")
-            .unwrap_err();
+        let e = senders("a").send("a", "b", &name, b"x").unwrap_err();
         assert_eq!(e.kind().as_str(), "remote_disconnect");
     }
 }

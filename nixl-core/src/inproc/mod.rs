@@ -5,17 +5,30 @@
 //! transfer (a deregistered target region fails the transfer instead of being written), and
 //! delivers notifications after the data. Use it to test code built on the agent without a
 //! network, and wrap it in [`crate::FaultParams`] to inject faults deterministically.
+//!
+//! By default a transfer's copy happens inside `post`. With
+//! [`Completion::Deferred`] it happens later, on the backend's completion thread: until then
+//! the request is really in flight (`InProgress`, the destination unchanged, no notification
+//! yet), so cancel, drop, deadlines and notification ordering can be tested where they can
+//! fail.
+
+mod xfer;
+
+mod blocks;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Duration;
+
+use crate::deferred::Scheduler;
+use xfer::{InprocXfer, Plan};
 
 use crate::agent::lock;
 use crate::backend::{
     downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
-    Capabilities, XferSpec, XferState,
+    BlockXferSpec, Capabilities, XferSpec,
 };
-use crate::desc::XferOp;
 use crate::error::{Error, Op, Result};
 use crate::mem::{MemKind, RegionDesc};
 use crate::notif::NotifQueue;
@@ -43,15 +56,42 @@ struct TargetMd {
     region: u64,
 }
 
+/// When INPROC's copies happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Completion {
+    /// Inside `post`: a post returns `Done` (or a typed error).
+    #[default]
+    Immediate,
+    /// On the backend's completion thread, this long after the post: `post` returns
+    /// `InProgress`, the data and then the notification arrive later whether or not anyone
+    /// polls, and a cancel before the copy starts leaves the destination untouched (a cancel
+    /// during the copy waits for it).
+    Deferred(Duration),
+}
+
 /// Parameters of the in-process backend.
+///
+/// ```
+/// use std::time::Duration;
+/// use nixl_core::{Completion, InprocParams};
+/// // Copies land 50 ms after each post, on another thread.
+/// let slow = InprocParams { completion: Completion::Deferred(Duration::from_millis(50)) };
+/// # let _ = slow;
+/// ```
 #[derive(Debug, Clone, Default)]
-pub struct InprocParams {}
+pub struct InprocParams {
+    /// When copies happen (default: inside `post`).
+    pub completion: Completion,
+}
 
 /// The in-process backend.
 pub struct InprocBackend {
     agent: String,
     ep: Arc<Endpoint>,
     peers: Mutex<HashMap<String, Weak<Endpoint>>>,
+    completion: Completion,
+    /// The completion thread of [`Completion::Deferred`] (shared with its requests).
+    sched: Arc<Scheduler>,
 }
 
 impl std::fmt::Debug for InprocBackend {
@@ -69,7 +109,7 @@ impl BackendParams for InprocParams {
     }
 
     fn create(self: Box<Self>, ctx: BackendContext) -> Result<Arc<dyn Backend>> {
-        Ok(Arc::new(InprocBackend::new(ctx)))
+        Ok(Arc::new(InprocBackend::with_params(ctx, *self)))
     }
 }
 
@@ -82,6 +122,8 @@ impl BackendPlugin for InprocPlugin {
         INPROC
     }
 
+    /// `deferred_ms`: copies complete this many milliseconds after each post, on another
+    /// thread ([`Completion::Deferred`]); absent: inside `post`.
     fn default_params(&self) -> std::collections::BTreeMap<String, String> {
         std::collections::BTreeMap::new()
     }
@@ -90,16 +132,26 @@ impl BackendPlugin for InprocPlugin {
         &self,
         params: &std::collections::BTreeMap<String, String>,
     ) -> Result<Box<dyn BackendParams>> {
-        crate::params::ParamMap::new(INPROC, params).finish()?;
-        Ok(Box::new(InprocParams::default()))
+        let mut m = crate::params::ParamMap::new(INPROC, params);
+        let completion = match m.millis("deferred_ms")? {
+            Some(d) => Completion::Deferred(d),
+            None => Completion::Immediate,
+        };
+        m.finish()?;
+        Ok(Box::new(InprocParams { completion }))
     }
 }
 
 const CONN_MAGIC: &[u8; 6] = b"INPROC";
 
 impl InprocBackend {
-    /// Creates the backend for an agent.
+    /// Creates the backend for an agent (copies inside `post`).
     pub fn new(ctx: BackendContext) -> Self {
+        Self::with_params(ctx, InprocParams::default())
+    }
+
+    /// Creates the backend for an agent with `params`.
+    pub fn with_params(ctx: BackendContext, params: InprocParams) -> Self {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let ep = Arc::new(Endpoint {
             id,
@@ -110,9 +162,11 @@ impl InprocBackend {
         eps.retain(|_, w| w.strong_count() > 0);
         eps.insert(id, Arc::downgrade(&ep));
         InprocBackend {
+            sched: Arc::new(Scheduler::new(&format!("nixl-inproc-{id}"))),
             agent: ctx.agent,
             ep,
             peers: Mutex::new(HashMap::new()),
+            completion: params.completion,
         }
     }
 
@@ -260,7 +314,7 @@ impl Backend for InprocBackend {
         }))
     }
 
-    fn prepare_xfer(&self, spec: XferSpec) -> Result<Box<dyn BackendXfer>> {
+    fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
         if spec.local_kind != MemKind::Dram || spec.remote_kind != MemKind::Dram {
             return Err(Error::not_supported(
                 &self.agent,
@@ -268,28 +322,43 @@ impl Backend for InprocBackend {
                 "INPROC moves DRAM only",
             ));
         }
+        crate::work::tick(spec.segments.len());
         let mut segs = Vec::with_capacity(spec.segments.len());
         let mut target: Option<Weak<Endpoint>> = None;
         for s in &spec.segments {
-            let t = downcast_md::<TargetMd>(&s.remote_md).ok_or_else(|| {
-                Error::invalid(&self.agent, Op::MakeXfer, "remote metadata is not INPROC's")
-            })?;
-            downcast_md::<LocalMd>(&s.local_md).ok_or_else(|| {
-                Error::invalid(&self.agent, Op::MakeXfer, "local metadata is not INPROC's")
-            })?;
+            let t = spec
+                .md(s.remote_md)
+                .and_then(downcast_md::<TargetMd>)
+                .ok_or_else(|| {
+                    Error::invalid(&self.agent, Op::MakeXfer, "remote metadata is not INPROC's")
+                })?;
+            spec.md(s.local_md)
+                .and_then(downcast_md::<LocalMd>)
+                .ok_or_else(|| {
+                    Error::invalid(&self.agent, Op::MakeXfer, "local metadata is not INPROC's")
+                })?;
             target.get_or_insert_with(|| t.ep.clone());
             segs.push((s.local_addr, s.remote_addr, s.len, t.region));
         }
         let target =
             target.ok_or_else(|| Error::invalid(&self.agent, Op::MakeXfer, "no segments"))?;
-        Ok(Box::new(InprocXfer {
+        let plan = Plan {
             agent: self.agent.clone(),
-            remote: spec.remote,
+            remote: spec.remote.clone(),
             op: spec.op,
             segs,
             target,
-            notif: spec.notif,
-        }))
+        };
+        Ok(Box::new(InprocXfer::new(
+            plan,
+            spec.notif.clone(),
+            self.completion,
+            self.sched.clone(),
+        )))
+    }
+
+    fn prepare_blocks(&self, spec: &BlockXferSpec) -> Result<Option<Box<dyn BackendXfer>>> {
+        Ok(Some(Box::new(blocks::prepare(self, spec)?)))
     }
 
     fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
@@ -302,77 +371,6 @@ impl Backend for InprocBackend {
     fn path_report(&self, remote: &str) -> Option<String> {
         lock(&self.peers)
             .contains_key(remote)
-            .then(|| "in-process memcpy".to_owned())
-    }
-}
-
-struct InprocXfer {
-    agent: String,
-    remote: String,
-    op: XferOp,
-    /// (local addr, remote addr, len, remote region id)
-    segs: Vec<(u64, u64, u64, u64)>,
-    target: Weak<Endpoint>,
-    notif: Option<Vec<u8>>,
-}
-
-impl BackendXfer for InprocXfer {
-    fn post(&mut self) -> Result<XferState> {
-        let ep = self.target.upgrade().ok_or_else(|| {
-            Error::disconnected(
-                &self.agent,
-                &self.remote,
-                Op::PostXfer,
-                "peer endpoint is gone",
-            )
-        })?;
-        let regions = ep.regions.read().unwrap_or_else(|p| p.into_inner());
-        for &(_, raddr, len, region) in &self.segs {
-            match regions.get(&region) {
-                Some(&(a, l)) if raddr >= a && raddr + len <= a + l => {}
-                _ => {
-                    return Err(Error::disconnected(
-                        &self.agent,
-                        &self.remote,
-                        Op::PostXfer,
-                        "target region was deregistered",
-                    ))
-                }
-            }
-        }
-        for &(laddr, raddr, len, _) in &self.segs {
-            let (src, dst) = match self.op {
-                XferOp::Write => (laddr, raddr),
-                XferOp::Read => (raddr, laddr),
-            };
-            // SAFETY: the local range lies in a registration the request keeps alive; the
-            // remote range lies in a region checked above as still registered, and the read
-            // lock held here keeps it registered (its owner cannot deregister and free it)
-            // until the copy ends. `copy` tolerates overlap for loopback transfers.
-            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len as usize) };
-        }
-        drop(regions);
-        if let Some(n) = &self.notif {
-            ep.notifs.push(&self.agent, n.clone());
-        }
-        Ok(XferState::Done)
-    }
-
-    fn check(&mut self) -> Result<XferState> {
-        Ok(XferState::Done)
-    }
-
-    fn cancel(&mut self) -> Result<()> {
-        // Copies finish inside `post`; nothing is ever in flight.
-        Ok(())
-    }
-
-    fn path(&self) -> Option<String> {
-        Some("in-process memcpy".to_owned())
-    }
-
-    fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {
-        self.notif = msg.map(<[u8]>::to_vec);
-        Ok(())
+            .then(|| xfer::path(self.completion))
     }
 }

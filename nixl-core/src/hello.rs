@@ -1,0 +1,377 @@
+//! Who a notification comes from: connection hellos and sessions, for backends.
+//!
+//! A notification's sender is the peer of the connection it arrived on, never a name inside
+//! the message. A backend opening a connection to a peer first sends a hello over it
+//! ([`PeerAuth::hello`]): the sender's name and generation, the receiver's name, and a random
+//! session id, signed with the cluster credential when authentication is on (timestamp and
+//! nonce: not replayable). The receiver checks it ([`PeerAuth::check_hello`]: an accepted
+//! credential, the one the sender's name is bound to, a fresh nonce) and records the session
+//! with the connection it came on ([`Sessions`]). Every later notification on that connection
+//! carries only the session id; the receiver attributes it to the session's sender if the
+//! connection matches, and drops it (counted) otherwise.
+//!
+//! Without a credential a hello is a claim: whoever connects may name itself (see
+//! `docs/security.md`); sessions still keep one connection from speaking for another.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::agent::lock;
+use crate::auth::{self, domain, Auth, Bindings, ReplayCache, Stamp, MAC_LEN};
+use crate::bytes::{ByteReader, ByteWriter};
+use crate::error::{DecodeError, Error, Op, Result};
+
+/// Magic of a hello.
+pub const HELLO_MAGIC: &[u8; 8] = b"NXHELLO1";
+/// Bytes of a session id.
+pub const SESSION_LEN: usize = 16;
+
+/// A session id: random, chosen by the connecting side.
+pub type SessionId = [u8; SESSION_LEN];
+
+/// Signs and checks hellos for one agent's backends (in
+/// [`crate::backend::BackendContext::peers`]).
+#[derive(Clone)]
+pub struct PeerAuth {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    me: String,
+    generation: u64,
+    auth: Option<Auth>,
+    bindings: Arc<Bindings>,
+    replay: Arc<ReplayCache>,
+}
+
+impl std::fmt::Debug for PeerAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerAuth")
+            .field("agent", &self.inner.me)
+            .field("authenticated", &self.inner.auth.is_some())
+            .finish()
+    }
+}
+
+/// A checked hello.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// The sender's agent name.
+    pub sender: String,
+    /// The sender's generation.
+    pub generation: u64,
+    /// The session its notifications will carry.
+    pub session: SessionId,
+    /// Whether it was verified under a credential (false: authentication is off here).
+    pub authenticated: bool,
+}
+
+impl PeerAuth {
+    pub(crate) fn new(
+        me: &str,
+        generation: u64,
+        auth: Option<Auth>,
+        bindings: Arc<Bindings>,
+        replay: Arc<ReplayCache>,
+    ) -> Self {
+        PeerAuth {
+            inner: Arc::new(Inner {
+                me: me.to_owned(),
+                generation,
+                auth,
+                bindings,
+                replay,
+            }),
+        }
+    }
+
+    /// For a backend used outside an agent (unit tests): no credential, no bindings.
+    pub fn unauthenticated(me: &str) -> Self {
+        PeerAuth::new(
+            me,
+            1,
+            None,
+            Arc::new(Bindings::default()),
+            Arc::new(ReplayCache::default()),
+        )
+    }
+
+    /// The agent's name.
+    pub fn agent(&self) -> &str {
+        &self.inner.me
+    }
+
+    /// Whether hellos are signed and verified.
+    pub fn is_authenticated(&self) -> bool {
+        self.inner.auth.is_some()
+    }
+
+    /// A fresh random session id.
+    pub fn new_session(&self) -> Result<SessionId> {
+        auth::random()
+    }
+
+    /// The hello this agent sends on a new connection to `receiver`.
+    pub fn hello(&self, receiver: &str, session: &SessionId) -> Result<Vec<u8>> {
+        let i = &self.inner;
+        let mut w = ByteWriter::with_capacity(128 + i.me.len() + receiver.len());
+        w.put(HELLO_MAGIC).put_str(&i.me).put_u64(i.generation);
+        w.put_str(receiver).put(session);
+        match &i.auth {
+            None => {
+                w.put_bool(false);
+            }
+            Some(a) => {
+                w.put_bool(true);
+                Stamp::fresh(&a.credential)?.write(&mut w);
+                let tag = auth::mac(&a.credential, domain::HELLO, w.as_slice());
+                w.put(&tag);
+            }
+        }
+        Ok(w.into_vec())
+    }
+
+    /// Checks a hello that arrived on a connection of this agent.
+    pub fn check_hello(&self, bytes: &[u8]) -> Result<Hello> {
+        let i = &self.inner;
+        let refuse = |why: String| Error::not_allowed(&i.me, Op::GetNotifs, why);
+        let decode = |source: DecodeError| Error::Decode {
+            agent: i.me.clone(),
+            op: Op::GetNotifs,
+            source,
+        };
+        let mut r = ByteReader::new(bytes);
+        r.magic(HELLO_MAGIC).map_err(decode)?;
+        let sender = r
+            .str("hello sender", crate::codec::MAX_NAME)
+            .map_err(decode)?
+            .to_owned();
+        let generation = r.u64().map_err(decode)?;
+        let receiver = r
+            .str("hello receiver", crate::codec::MAX_NAME)
+            .map_err(decode)?;
+        let session: SessionId = r.array().map_err(decode)?;
+        let signed = r.bool("hello auth flag").map_err(decode)?;
+        if sender.is_empty() {
+            return Err(decode(DecodeError::Invalid {
+                what: "hello sender",
+            }));
+        }
+        if receiver != i.me {
+            return Err(refuse(format!("a hello for {receiver} reached {}", i.me)));
+        }
+        let Some(a) = &i.auth else {
+            // Unauthenticated here: the name is a claim (stamp and MAC, if any, ignored).
+            return Ok(Hello {
+                sender,
+                generation,
+                session,
+                authenticated: false,
+            });
+        };
+        if !signed {
+            return Err(refuse(format!(
+                "an unauthenticated hello claiming to be {sender}"
+            )));
+        }
+        let stamp = Stamp::read(&mut r).map_err(decode)?;
+        let signed_len = r.position();
+        let tag = r.take(MAC_LEN).map_err(decode)?;
+        r.finish().map_err(decode)?;
+        let cred = a
+            .find(&stamp.credential)
+            .ok_or_else(|| refuse(format!("a hello from {sender} under an unknown credential")))?;
+        if !auth::verify(cred, domain::HELLO, &bytes[..signed_len], tag) {
+            return Err(refuse(format!(
+                "a hello claiming to be {sender} failed authentication"
+            )));
+        }
+        if i.bindings
+            .credential_of(&sender)
+            .is_some_and(|c| c != cred.id())
+        {
+            return Err(refuse(format!(
+                "a hello from {sender} under credential {:?}, which that name is not bound to",
+                cred.id()
+            )));
+        }
+        i.replay
+            .check(stamp.ts_ms, &stamp.nonce, a.max_clock_skew)
+            .map_err(|why| refuse(format!("a hello from {sender}: {why}")))?;
+        Ok(Hello {
+            sender,
+            generation,
+            session,
+            authenticated: true,
+        })
+    }
+}
+
+/// The sessions a backend accepted: session id to sender, with the connection each came on.
+///
+/// Bounded: past [`Sessions::capacity`] the oldest session is forgotten (its connection's
+/// later notifications are then dropped and counted, as from an unknown connection).
+#[derive(Debug)]
+pub struct Sessions {
+    inner: Mutex<SessionsInner>,
+    capacity: usize,
+    unattributed: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct SessionsInner {
+    by_id: HashMap<SessionId, (String, u64)>,
+    order: VecDeque<SessionId>,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Sessions::with_capacity(1 << 14)
+    }
+}
+
+impl Sessions {
+    /// A table of at most `capacity` sessions.
+    pub fn with_capacity(capacity: usize) -> Self {
+        Sessions {
+            inner: Mutex::new(SessionsInner::default()),
+            capacity: capacity.max(1),
+            unattributed: AtomicU64::new(0),
+        }
+    }
+
+    /// The most sessions kept.
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Records a checked hello that arrived on connection `conn` (a backend's token for the
+    /// connection, e.g. its endpoint handle).
+    pub fn accept(&self, hello: &Hello, conn: u64) {
+        let mut g = lock(&self.inner);
+        if g.by_id
+            .insert(hello.session, (hello.sender.clone(), conn))
+            .is_none()
+        {
+            g.order.push_back(hello.session);
+        }
+        while g.by_id.len() > self.capacity {
+            match g.order.pop_front() {
+                Some(old) => {
+                    g.by_id.remove(&old);
+                }
+                None => break,
+            }
+        }
+    }
+
+    /// The sender of a notification carrying `session` that arrived on `conn`; `None` (and
+    /// counted) for an unknown session or one that belongs to another connection.
+    pub fn sender(&self, session: &SessionId, conn: u64) -> Option<String> {
+        let found = lock(&self.inner)
+            .by_id
+            .get(session)
+            .filter(|(_, c)| *c == conn)
+            .map(|(name, _)| name.clone());
+        if found.is_none() {
+            self.unattributed.fetch_add(1, Ordering::Relaxed);
+        }
+        found
+    }
+
+    /// Notifications dropped because their session or connection was unknown.
+    pub fn unattributed(&self) -> u64 {
+        self.unattributed.load(Ordering::Relaxed)
+    }
+
+    /// Sessions held.
+    pub fn len(&self) -> usize {
+        lock(&self.inner).by_id.len()
+    }
+
+    /// Whether no session is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::Credential;
+
+    fn peer(me: &str, cred: Option<&Credential>) -> PeerAuth {
+        PeerAuth::new(
+            me,
+            7,
+            cred.map(|c| Auth::new(c.clone())),
+            Arc::new(Bindings::default()),
+            Arc::new(ReplayCache::default()),
+        )
+    }
+
+    #[test]
+    fn signed_hellos_verify_once_for_their_receiver() {
+        let cred = Credential::generate("c").unwrap();
+        let (a, b) = (peer("a", Some(&cred)), peer("b", Some(&cred)));
+        let s = a.new_session().unwrap();
+        let h = a.hello("b", &s).unwrap();
+        let got = b.check_hello(&h).unwrap();
+        assert_eq!(
+            (
+                got.sender.as_str(),
+                got.generation,
+                got.session,
+                got.authenticated
+            ),
+            ("a", 7, s, true)
+        );
+        assert!(b.check_hello(&h).is_err(), "replayed");
+        assert!(
+            peer("c", Some(&cred))
+                .check_hello(&a.hello("b", &s).unwrap())
+                .is_err(),
+            "other receiver"
+        );
+        // Forged: another secret, unsigned, or any byte changed.
+        let mallory = peer("a", Some(&Credential::generate("c").unwrap()));
+        assert!(b.check_hello(&mallory.hello("b", &s).unwrap()).is_err());
+        assert!(b
+            .check_hello(&peer("a", None).hello("b", &s).unwrap())
+            .is_err());
+        let h = a.hello("b", &s).unwrap();
+        for i in 0..h.len() {
+            let mut m = h.clone();
+            m[i] ^= 4;
+            assert!(b.check_hello(&m).is_err(), "byte {i}");
+        }
+        // Without a credential the receiver takes the claim.
+        assert!(
+            !peer("b", None)
+                .check_hello(&peer("x", None).hello("b", &s).unwrap())
+                .unwrap()
+                .authenticated
+        );
+    }
+
+    #[test]
+    fn sessions_attribute_only_on_their_connection_and_stay_bounded() {
+        let t = Sessions::with_capacity(2);
+        let hello = |n: &str, s: u8| Hello {
+            sender: n.into(),
+            generation: 1,
+            session: [s; SESSION_LEN],
+            authenticated: true,
+        };
+        t.accept(&hello("a", 1), 10);
+        assert_eq!(t.sender(&[1; SESSION_LEN], 10).as_deref(), Some("a"));
+        assert_eq!(t.sender(&[1; SESSION_LEN], 11), None, "another connection");
+        assert_eq!(t.sender(&[2; SESSION_LEN], 10), None, "unknown session");
+        t.accept(&hello("b", 2), 11);
+        t.accept(&hello("c", 3), 12);
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.sender(&[1; SESSION_LEN], 10), None, "oldest evicted");
+        assert_eq!(t.unattributed(), 3);
+    }
+}

@@ -1,0 +1,239 @@
+//! INPROC transfers: the copy (checked against the target's registrations under their read
+//! lock) and its two completions, inside `post` or later on the completion thread.
+
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use super::{Completion, Endpoint};
+use crate::agent::lock;
+use crate::backend::{BackendXfer, XferState};
+use crate::deferred::Scheduler;
+use crate::desc::XferOp;
+use crate::error::{Error, Op, Result};
+
+/// How long a cancel waits for a copy that already started (it is a memcpy; past this the
+/// cancel is refused and the agent keeps the memory).
+const COPY_WAIT: Duration = Duration::from_secs(30);
+
+/// The path report of a completion mode.
+pub(super) fn path(c: Completion) -> String {
+    match c {
+        Completion::Immediate => "in-process memcpy".to_owned(),
+        Completion::Deferred(d) => format!("in-process memcpy (deferred {d:?})"),
+    }
+}
+
+/// What one transfer copies, shared with the completion thread.
+pub(super) struct Plan {
+    pub agent: String,
+    pub remote: String,
+    pub op: XferOp,
+    /// (local addr, remote addr, len, remote region id)
+    pub segs: Vec<(u64, u64, u64, u64)>,
+    pub target: Weak<Endpoint>,
+}
+
+impl Plan {
+    fn gone(&self, op: Op, why: &str) -> Error {
+        Error::disconnected(&self.agent, &self.remote, op, why)
+    }
+
+    /// The target endpoint, if every remote range still lies in a registered region.
+    fn check(&self, op: Op) -> Result<Arc<Endpoint>> {
+        let ep = self
+            .target
+            .upgrade()
+            .ok_or_else(|| self.gone(op, "peer endpoint is gone"))?;
+        let regions = ep.regions.read().unwrap_or_else(|p| p.into_inner());
+        for &(_, raddr, len, region) in &self.segs {
+            match regions.get(&region) {
+                Some(&(a, l)) if raddr >= a && raddr + len <= a + l => {}
+                _ => return Err(self.gone(op, "target region was deregistered")),
+            }
+        }
+        drop(regions);
+        Ok(ep)
+    }
+
+    /// Copies every segment, then delivers the notification.
+    fn run(&self, notif: Option<&[u8]>, op: Op) -> Result<()> {
+        let ep = self
+            .target
+            .upgrade()
+            .ok_or_else(|| self.gone(op, "peer endpoint is gone"))?;
+        let regions = ep.regions.read().unwrap_or_else(|p| p.into_inner());
+        for &(_, raddr, len, region) in &self.segs {
+            match regions.get(&region) {
+                Some(&(a, l)) if raddr >= a && raddr + len <= a + l => {}
+                _ => return Err(self.gone(op, "target region was deregistered")),
+            }
+        }
+        for &(laddr, raddr, len, _) in &self.segs {
+            let (src, dst) = match self.op {
+                XferOp::Write => (laddr, raddr),
+                XferOp::Read => (raddr, laddr),
+            };
+            // SAFETY: the local range lies in a registration the request keeps alive while it
+            // is in flight (a deferred copy runs only while the request is in flight: a cancel
+            // or drop waits for a running copy and stops a pending one); the remote range lies
+            // in a region checked above as still registered, and the read lock held here keeps
+            // it registered (its owner cannot deregister and free it) until the copy ends.
+            // `copy` tolerates overlap for loopback transfers.
+            unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len as usize) };
+        }
+        drop(regions);
+        if let Some(n) = notif {
+            ep.notifs.push(&self.agent, n.to_vec());
+        }
+        Ok(())
+    }
+}
+
+/// A deferred post's progress.
+enum Phase {
+    Waiting,
+    Copying,
+    Done,
+    Failed(Error),
+    Canceled,
+}
+
+struct Post {
+    phase: Mutex<Phase>,
+    cv: Condvar,
+}
+
+impl Post {
+    fn set(&self, p: Phase) {
+        *lock(&self.phase) = p;
+        self.cv.notify_all();
+    }
+}
+
+pub(super) struct InprocXfer {
+    plan: Arc<Plan>,
+    notif: Option<Vec<u8>>,
+    completion: Completion,
+    sched: Arc<Scheduler>,
+    cur: Option<Arc<Post>>,
+}
+
+impl InprocXfer {
+    pub fn new(
+        plan: Plan,
+        notif: Option<Vec<u8>>,
+        completion: Completion,
+        sched: Arc<Scheduler>,
+    ) -> Self {
+        InprocXfer {
+            plan: Arc::new(plan),
+            notif,
+            completion,
+            sched,
+            cur: None,
+        }
+    }
+
+    fn post_deferred(&mut self, delay: Duration) -> Result<XferState> {
+        if let Some(p) = &self.cur {
+            if matches!(*lock(&p.phase), Phase::Waiting | Phase::Copying) {
+                return Err(Error::RepostActive {
+                    agent: self.plan.agent.clone(),
+                    op: Op::PostXfer,
+                });
+            }
+        }
+        // Refuse now what would fail later (a gone peer, a deregistered region).
+        self.plan.check(Op::PostXfer)?;
+        let post = Arc::new(Post {
+            phase: Mutex::new(Phase::Waiting),
+            cv: Condvar::new(),
+        });
+        let (job_post, plan, notif) = (post.clone(), self.plan.clone(), self.notif.clone());
+        self.sched
+            .schedule(Instant::now() + delay, move || {
+                {
+                    let mut ph = lock(&job_post.phase);
+                    if !matches!(*ph, Phase::Waiting) {
+                        return;
+                    }
+                    *ph = Phase::Copying;
+                }
+                let outcome = plan.run(notif.as_deref(), Op::CheckXfer);
+                job_post.set(match outcome {
+                    Ok(()) => Phase::Done,
+                    Err(e) => Phase::Failed(e),
+                });
+            })
+            .map_err(|e| Error::io(&self.plan.agent, Op::PostXfer, e))?;
+        self.cur = Some(post);
+        Ok(XferState::InProgress)
+    }
+}
+
+impl BackendXfer for InprocXfer {
+    fn post(&mut self) -> Result<XferState> {
+        match self.completion {
+            Completion::Immediate => {
+                self.plan.run(self.notif.as_deref(), Op::PostXfer)?;
+                Ok(XferState::Done)
+            }
+            Completion::Deferred(delay) => self.post_deferred(delay),
+        }
+    }
+
+    fn check(&mut self) -> Result<XferState> {
+        let Some(p) = &self.cur else {
+            // Immediate copies finish inside `post`.
+            return Ok(XferState::Done);
+        };
+        let ph = lock(&p.phase);
+        match &*ph {
+            Phase::Waiting | Phase::Copying => Ok(XferState::InProgress),
+            Phase::Done => Ok(XferState::Done),
+            Phase::Failed(e) => Err(e.clone()),
+            Phase::Canceled => Err(Error::Canceled {
+                agent: self.plan.agent.clone(),
+                op: Op::CheckXfer,
+            }),
+        }
+    }
+
+    fn cancel(&mut self) -> Result<()> {
+        let Some(p) = &self.cur else {
+            // Immediate copies finish inside `post`: nothing is ever in flight.
+            return Ok(());
+        };
+        let mut ph = lock(&p.phase);
+        if matches!(*ph, Phase::Waiting) {
+            *ph = Phase::Canceled;
+            return Ok(());
+        }
+        let end = Instant::now() + COPY_WAIT;
+        while matches!(*ph, Phase::Copying) {
+            let now = Instant::now();
+            if now >= end {
+                return Err(Error::backend(
+                    &self.plan.agent,
+                    super::INPROC,
+                    Op::Cancel,
+                    "a copy in progress did not finish",
+                ));
+            }
+            ph =
+                p.cv.wait_timeout(ph, end - now)
+                    .map(|(g, _)| g)
+                    .unwrap_or_else(|poison| poison.into_inner().0);
+        }
+        Ok(())
+    }
+
+    fn path(&self) -> Option<String> {
+        Some(path(self.completion))
+    }
+
+    fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {
+        self.notif = msg.map(<[u8]>::to_vec);
+        Ok(())
+    }
+}

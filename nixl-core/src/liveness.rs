@@ -1,0 +1,142 @@
+//! Whether a peer on this host is still running, independent of any transport.
+//!
+//! Metadata carries its agent's [`ProcessId`] (boot id, pid namespace, pid, start time). A
+//! loading agent on the same boot and in the same pid namespace opens a pidfd for it (after
+//! checking the start time, so a reused pid is not mistaken for the peer) and from then on
+//! learns of its exit with one non-blocking poll: shared memory transports, which have no
+//! connection to lose, then report a dead peer as `RemoteDisconnect` like tcp does.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
+
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::process::{pidfd_open, Pid, PidfdFlags};
+
+/// Which process an agent runs in, as its metadata announces it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ProcessId {
+    /// `/proc/sys/kernel/random/boot_id`: the host's boot.
+    pub boot_id: [u8; 16],
+    /// Inode of `/proc/self/ns/pid`: the pid namespace.
+    pub pid_ns: u64,
+    /// The pid within that namespace.
+    pub pid: u32,
+    /// Field 22 of `/proc/<pid>/stat` (clock ticks after boot): tells a reused pid apart.
+    pub start_time: u64,
+}
+
+fn boot_id() -> Option<[u8; 16]> {
+    let s = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let hex: Vec<u8> = s.trim().bytes().filter(|b| *b != b'-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(std::str::from_utf8(&hex[2 * i..2 * i + 2]).ok()?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// The start time of `pid` (from `/proc/<pid>/stat`), if it exists.
+fn start_time(pid: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces: fields follow the last ')'.
+    let rest = &s[s.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+impl ProcessId {
+    /// This process, when `/proc` tells (`None` otherwise: peers then rely on their
+    /// transports alone).
+    pub fn current() -> Option<Self> {
+        Some(ProcessId {
+            boot_id: boot_id()?,
+            pid_ns: std::fs::metadata("/proc/self/ns/pid").ok()?.ino(),
+            pid: std::process::id(),
+            start_time: start_time("self")?,
+        })
+    }
+}
+
+/// A watch on a peer's process (a pidfd).
+#[derive(Debug)]
+pub(crate) struct ProcessWatch {
+    fd: OwnedFd,
+}
+
+impl ProcessWatch {
+    /// Watches `peer` when it runs on this boot in this pid namespace (`Ok(None)` when it
+    /// does not, or when this process cannot tell). `Err` when it has already exited.
+    pub fn open(peer: &ProcessId, me: Option<&ProcessId>) -> Result<Option<Self>, &'static str> {
+        let Some(me) = me else { return Ok(None) };
+        if peer.boot_id != me.boot_id || peer.pid_ns != me.pid_ns {
+            return Ok(None);
+        }
+        let Some(pid) = i32::try_from(peer.pid).ok().and_then(Pid::from_raw) else {
+            return Err("its process id is not valid here");
+        };
+        let fd = match pidfd_open(pid, PidfdFlags::empty()) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::SRCH) => return Err("its process has exited"),
+            // No pidfd support (old kernel) or not allowed: no watch.
+            Err(_) => return Ok(None),
+        };
+        // Checked after opening: the pidfd now pins this pid, so a match means the process
+        // the metadata names is the one watched.
+        match start_time(&peer.pid.to_string()) {
+            Some(t) if t == peer.start_time => Ok(Some(ProcessWatch { fd })),
+            Some(_) => Err("its process has exited (the pid now belongs to another process)"),
+            None => Err("its process has exited"),
+        }
+    }
+
+    /// Whether the process has exited (a pidfd turns readable then). Never blocks.
+    pub fn exited(&self) -> bool {
+        let mut fds = [PollFd::new(&self.fd, PollFlags::IN)];
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watches_a_child_until_it_exits() {
+        let me = ProcessId::current().expect("this host has /proc");
+        assert!(ProcessWatch::open(&me, Some(&me))
+            .unwrap()
+            .is_some_and(|w| !w.exited()));
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let id = ProcessId {
+            pid: child.id(),
+            start_time: start_time(&child.id().to_string()).unwrap(),
+            ..me
+        };
+        let w = ProcessWatch::open(&id, Some(&me)).unwrap().unwrap();
+        assert!(!w.exited());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(w.exited());
+        assert!(ProcessWatch::open(&id, Some(&me)).is_err(), "exited");
+        // A pid with another start time is not the peer; another boot is not watched.
+        let wrong = ProcessId {
+            start_time: me.start_time + 1,
+            ..me
+        };
+        assert!(ProcessWatch::open(&wrong, Some(&me)).is_err());
+        let elsewhere = ProcessId {
+            boot_id: [0; 16],
+            ..me
+        };
+        assert!(ProcessWatch::open(&elsewhere, Some(&me)).unwrap().is_none());
+    }
+}

@@ -1,0 +1,363 @@
+//! Building requests from prepared lists by descriptor index (NIXL's `makeXferReq`); the
+//! steps every request shares (checks of the lists, candidate backends, assembling the
+//! request). Block-id requests over block tables are in `make_blocks`.
+//!
+//! Linear in the pairs with a small constant: one pass resolves the indices, merges runs
+//! contiguous on both sides and narrows the candidate backends (once per distinct pair of
+//! regions); the chosen backend's segments are built once and handed over by reference; the
+//! request holds its lists' region tables (two reference counts, not one per descriptor).
+
+use std::sync::Arc;
+
+use crate::agent::{Agent, BackendSlot};
+use crate::backend::{BackendXfer, Segment, XferSpec};
+use crate::desc::XferOp;
+use crate::error::{Error, Op, Result};
+use crate::mem::MemKind;
+use crate::prep::{PreparedList, Side};
+use crate::remote::RemotePeer;
+use crate::xfer::{IntegrityPlan, ReqParts, ReqSpec, XferOptions, XferReq};
+
+/// Pairs whose entries are read ahead together in `make_prepped_xfer`.
+const GATHER: usize = 64;
+
+/// Entries of the region -> metadata index cache of `build_spec`.
+const MD_CACHE: usize = 64;
+
+/// What both kinds of request check first.
+pub(crate) struct Ends {
+    pub remote_name: String,
+    pub remote_peer: Option<Arc<RemotePeer>>,
+    pub is_local: bool,
+    pub candidates: Vec<Arc<BackendSlot>>,
+}
+
+impl Agent {
+    /// Checks the lists' owners and sides, the integrity option, and picks the backends that
+    /// could carry the request (by capability; regions narrow them further).
+    pub(crate) fn ends(
+        &self,
+        op: XferOp,
+        local: &PreparedList,
+        remote: &PreparedList,
+        opts: &XferOptions,
+    ) -> Result<Ends> {
+        let me = self.name();
+        if !Arc::ptr_eq(&local.shared, &self.shared) || !Arc::ptr_eq(&remote.shared, &self.shared) {
+            return Err(Error::mismatch(
+                me,
+                Op::MakeXfer,
+                "prepared list belongs to another agent",
+            ));
+        }
+        if !matches!(local.side, Side::Initiator) {
+            return Err(Error::invalid(
+                me,
+                Op::MakeXfer,
+                "local list must be prepared for XferTarget::Initiator",
+            ));
+        }
+        let (remote_name, remote_peer, is_local) = match &remote.side {
+            Side::Initiator => {
+                return Err(Error::invalid(
+                    me,
+                    Op::MakeXfer,
+                    "remote list must be prepared for an agent",
+                ))
+            }
+            Side::SelfTarget => (self.shared.name.clone(), None, true),
+            Side::Remote(p) => (p.name.clone(), Some(p.clone()), false),
+        };
+        if opts.integrity
+            && (op != XferOp::Write || local.kind != MemKind::Dram || remote.kind != MemKind::Dram)
+        {
+            return Err(Error::not_supported(
+                me,
+                Op::MakeXfer,
+                "integrity checking covers DRAM -> DRAM WRITE only",
+            ));
+        }
+        if opts.integrity
+            && remote_peer
+                .as_ref()
+                .is_some_and(|p| p.wire == crate::nixl_wire::Wire::Nixl)
+        {
+            return Err(Error::not_supported(
+                me,
+                Op::MakeXfer,
+                "integrity checking needs a nixl-rs target; this peer speaks NIXL's wire",
+            ));
+        }
+        let wants_notif = opts.notif.is_some() || opts.integrity;
+        let candidates = self
+            .select_backends(Op::MakeXfer, &opts.backends)?
+            .into_iter()
+            .filter(|b| {
+                if is_local {
+                    b.caps.local
+                } else {
+                    b.caps.remote
+                }
+            })
+            .filter(|b| !wants_notif || b.caps.notifications)
+            .collect();
+        Ok(Ends {
+            remote_name,
+            remote_peer,
+            is_local,
+            candidates,
+        })
+    }
+
+    pub(crate) fn no_backend(
+        &self,
+        local: &PreparedList,
+        remote: &PreparedList,
+        e: &Ends,
+        notif: bool,
+    ) -> Error {
+        Error::not_supported(
+            self.name(),
+            Op::MakeXfer,
+            format!(
+                "no backend can move {} -> {} to {}{}",
+                local.kind,
+                remote.kind,
+                e.remote_name,
+                if notif { " with a notification" } else { "" }
+            ),
+        )
+    }
+
+    /// Builds a request from prepared lists by descriptor index (NIXL's `makeXferReq`); runs
+    /// that are contiguous on both sides (in one region each) are merged. Linear in the pairs.
+    #[doc(alias = "makeXferReq")]
+    pub fn make_prepped_xfer(
+        &self,
+        op: XferOp,
+        local: &PreparedList,
+        local_idx: &[usize],
+        remote: &PreparedList,
+        remote_idx: &[usize],
+        opts: XferOptions,
+    ) -> Result<XferReq> {
+        let me = self.name();
+        let mut ends = self.ends(op, local, remote, &opts)?;
+        if local_idx.len() != remote_idx.len() {
+            return Err(Error::mismatch(
+                me,
+                Op::MakeXfer,
+                format!(
+                    "{} local and {} remote indices",
+                    local_idx.len(),
+                    remote_idx.len()
+                ),
+            ));
+        }
+        if local_idx.is_empty() {
+            return Err(Error::invalid(me, Op::MakeXfer, "no descriptors"));
+        }
+        // Segments whose metadata fields still hold the regions' indices in their lists
+        // (`build_spec` maps them to a backend's metadata).
+        let mut segments: Vec<Segment> = Vec::with_capacity(local_idx.len());
+        let mut last_pair = None;
+        // Indices are often random over large lists: each chunk's entries are first touched in
+        // a tight loop (many cache misses in flight at once), then processed in order.
+        for (c, (lc, rc)) in local_idx
+            .chunks(GATHER)
+            .zip(remote_idx.chunks(GATHER))
+            .enumerate()
+        {
+            std::hint::black_box(local.touch(lc) ^ remote.touch(rc));
+            for (j, (&li, &ri)) in lc.iter().zip(rc).enumerate() {
+                let k = c * GATHER + j;
+                let (l, lreg) = local.block(li).ok_or_else(|| {
+                    Error::invalid(
+                        me,
+                        Op::MakeXfer,
+                        format!("local index {li} out of range ({})", local.len()),
+                    )
+                })?;
+                let (r, rreg) = remote.block(ri).ok_or_else(|| {
+                    Error::invalid(
+                        me,
+                        Op::MakeXfer,
+                        format!("remote index {ri} out of range ({})", remote.len()),
+                    )
+                })?;
+                if l.len != r.len {
+                    return Err(Error::mismatch(
+                        me,
+                        Op::MakeXfer,
+                        format!("pair {k}: local {} bytes, remote {} bytes", l.len, r.len),
+                    ));
+                }
+                if last_pair != Some((lreg, rreg)) {
+                    // A backend must hold both regions of every pair.
+                    let (lr, rr) = (
+                        &local.regions[lreg as usize],
+                        &remote.regions[rreg as usize],
+                    );
+                    crate::work::tick(ends.candidates.len());
+                    ends.candidates
+                        .retain(|b| lr.md(b.id).is_some() && rr.md(b.id).is_some());
+                    last_pair = Some((lreg, rreg));
+                }
+                let (lreg, rreg) = (lreg as usize, rreg as usize);
+                if !opts.no_merge {
+                    if let Some(p) = segments.last_mut() {
+                        if p.local_md == lreg
+                            && p.remote_md == rreg
+                            && p.local_dev == l.dev_id
+                            && p.remote_dev == r.dev_id
+                            && p.local_addr.checked_add(p.len) == Some(l.addr)
+                            && p.remote_addr.checked_add(p.len) == Some(r.addr)
+                        {
+                            if let Some(n) = p.len.checked_add(l.len) {
+                                p.len = n;
+                                continue;
+                            }
+                        }
+                    }
+                }
+                segments.push(Segment {
+                    local_addr: l.addr,
+                    local_dev: l.dev_id,
+                    local_md: lreg,
+                    remote_addr: r.addr,
+                    remote_dev: r.dev_id,
+                    remote_md: rreg,
+                    len: l.len,
+                });
+            }
+        }
+        let notif = opts.notif.is_some();
+        if ends.candidates.is_empty() {
+            return Err(self.no_backend(local, remote, &ends, notif));
+        }
+        // Try the eligible backends in preference order; one that cannot reach these regions
+        // (NotSupported) yields to the next.
+        let mut refusal = None;
+        let candidates = std::mem::take(&mut ends.candidates);
+        let last = candidates.len() - 1;
+        for (c, slot) in candidates.into_iter().enumerate() {
+            // The last candidate takes the segments; earlier ones work on a copy.
+            let segs = if c == last {
+                std::mem::take(&mut segments)
+            } else {
+                segments.clone()
+            };
+            let spec = self.build_spec(&slot, op, (local, remote), segs, &opts, &ends)?;
+            match slot.backend.prepare_xfer(&spec) {
+                Ok(x) => {
+                    return Ok(self.request(
+                        slot,
+                        x,
+                        ReqSpec::Segments(spec),
+                        (local, remote),
+                        ends,
+                        op,
+                        &opts,
+                        None,
+                    ))
+                }
+                Err(e @ Error::NotSupported { .. }) => {
+                    tracing::debug!(agent = %me, backend = %slot.name, error = %e, "backend declined the transfer");
+                    refusal = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(refusal.unwrap_or_else(|| self.no_backend(local, remote, &ends, notif)))
+    }
+
+    /// The spec for one candidate backend: `segments` name their regions by index in their
+    /// lists; each maps to the backend's metadata through a small direct-mapped cache, so a
+    /// region's metadata is usually listed once (a cache conflict lists it again: harmless,
+    /// and bounded by the segments).
+    fn build_spec(
+        &self,
+        slot: &BackendSlot,
+        op: XferOp,
+        (local, remote): (&PreparedList, &PreparedList),
+        mut segments: Vec<Segment>,
+        opts: &XferOptions,
+        ends: &Ends,
+    ) -> Result<XferSpec> {
+        let vanished = || Error::not_found(self.name(), Op::MakeXfer, "backend metadata vanished");
+        let mut mds = Vec::new();
+        let mut lmap = [(usize::MAX, 0usize); MD_CACHE];
+        let mut rmap = [(usize::MAX, 0usize); MD_CACHE];
+        let mut index = |map: &mut [(usize, usize); MD_CACHE], list: &PreparedList, reg: usize| {
+            let e = &mut map[reg % MD_CACHE];
+            if e.0 != reg {
+                let md = list
+                    .regions
+                    .get(reg)
+                    .and_then(|r| r.md(slot.id))
+                    .ok_or_else(vanished)?;
+                *e = (reg, mds.len());
+                mds.push(md.clone());
+            }
+            Ok::<usize, Error>(e.1)
+        };
+        crate::work::tick(segments.len());
+        for s in &mut segments {
+            s.local_md = index(&mut lmap, local, s.local_md)?;
+            s.remote_md = index(&mut rmap, remote, s.remote_md)?;
+        }
+        Ok(XferSpec {
+            op,
+            local_kind: local.kind,
+            remote_kind: remote.kind,
+            remote: ends.remote_name.clone(),
+            is_local: ends.is_local,
+            segments,
+            mds,
+            notif: if opts.integrity {
+                None
+            } else {
+                opts.notif.clone()
+            },
+        })
+    }
+
+    /// Assembles the request around the backend's prepared transfer.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn request(
+        &self,
+        slot: Arc<BackendSlot>,
+        xfer: Box<dyn BackendXfer>,
+        spec: ReqSpec,
+        (local, remote): (&PreparedList, &PreparedList),
+        ends: Ends,
+        op: XferOp,
+        opts: &XferOptions,
+        note: Option<String>,
+    ) -> XferReq {
+        let integrity = opts.integrity.then(|| {
+            let mut plan = IntegrityPlan {
+                local: Vec::new(),
+                remote: Vec::new(),
+            };
+            spec.for_each_segment(|s| {
+                plan.local.push((s.0, s.3));
+                plan.remote.push((s.2, s.1, s.3));
+            });
+            plan
+        });
+        XferReq::new(ReqParts {
+            shared: self.shared.clone(),
+            op,
+            backend: slot,
+            xfer,
+            remote: ends.remote_peer,
+            spec,
+            integrity,
+            timeout: opts.timeout,
+            notif: opts.notif.clone(),
+            keep: [local.regions.clone(), remote.regions.clone()],
+            note,
+        })
+    }
+}

@@ -1,0 +1,185 @@
+//! Building requests by block ids over block tables ([`Agent::make_block_xfer`]): O(layers +
+//! ids) up to the backend, which gets the layers and id runs ([`BlockXferSpec`]) or, where it
+//! does not consume strides, the blocks materialized into segments.
+
+use crate::agent::Agent;
+use crate::desc::XferOp;
+use crate::error::{Error, Op, Result};
+use crate::prep::{Layout, PrepLayer, PreparedList};
+use crate::strided::{block_runs, BlockXferSpec, LayerPair};
+use crate::xfer::{ReqSpec, XferOptions, XferReq};
+
+impl Agent {
+    /// Builds a request by block ids over two block tables ([`Agent::prep_strided_dlist`]):
+    /// in every layer `l`, block `local_blocks[k]` of local layer `l` moves to block
+    /// `remote_blocks[k]` of remote layer `l` (vLLM's and SGLang's shape: one block id list
+    /// for all layers and K/V). O(layers + ids): ids are checked against the smallest layer,
+    /// and a backend that consumes strides (the copy kernel of `CUDA_IPC`, `INPROC`, UCX's
+    /// per-block loop, POSIX vectored I/O) gets the layers and id runs, never one descriptor
+    /// per block; others get the blocks as segments ([`XferReq::path`] says which). Ids
+    /// consecutive on both sides merge into runs (a run of a layer whose blocks are dense on
+    /// both sides is one segment) unless [`XferOptions::no_merge`].
+    ///
+    /// Refused with [`Error::InvalidParam`] for lists that are not block tables, no ids, ids
+    /// past a layer's end; with [`Error::Mismatch`] for different layer counts, block
+    /// lengths or id counts.
+    pub fn make_block_xfer(
+        &self,
+        op: XferOp,
+        local: &PreparedList,
+        local_blocks: &[usize],
+        remote: &PreparedList,
+        remote_blocks: &[usize],
+        opts: XferOptions,
+    ) -> Result<XferReq> {
+        let me = self.name();
+        let mut ends = self.ends(op, local, remote, &opts)?;
+        let (Layout::Strided { layers: ll, .. }, Layout::Strided { layers: rl, .. }) =
+            (&local.layout, &remote.layout)
+        else {
+            return Err(Error::invalid(
+                me,
+                Op::MakeXfer,
+                "block ids need lists prepared from block tables (prep_strided_dlist)",
+            ));
+        };
+        if ll.len() != rl.len() {
+            return Err(Error::mismatch(
+                me,
+                Op::MakeXfer,
+                format!("{} local and {} remote layers", ll.len(), rl.len()),
+            ));
+        }
+        if local_blocks.len() != remote_blocks.len() {
+            return Err(Error::mismatch(
+                me,
+                Op::MakeXfer,
+                format!(
+                    "{} local and {} remote block ids",
+                    local_blocks.len(),
+                    remote_blocks.len()
+                ),
+            ));
+        }
+        if local_blocks.is_empty() {
+            return Err(Error::invalid(me, Op::MakeXfer, "no block ids"));
+        }
+        for (l, (a, b)) in ll.iter().zip(rl).enumerate() {
+            if a.run.len != b.run.len {
+                return Err(Error::mismatch(
+                    me,
+                    Op::MakeXfer,
+                    format!(
+                        "layer {l}: local blocks of {} bytes, remote of {}",
+                        a.run.len, b.run.len
+                    ),
+                ));
+            }
+        }
+        check_ids(me, "local", local_blocks, ll)?;
+        check_ids(me, "remote", remote_blocks, rl)?;
+        for (a, b) in ll.iter().zip(rl) {
+            let (lr, rr) = (
+                &local.regions[a.region as usize],
+                &remote.regions[b.region as usize],
+            );
+            crate::work::tick(ends.candidates.len());
+            ends.candidates
+                .retain(|s| lr.md(s.id).is_some() && rr.md(s.id).is_some());
+        }
+        let notif = opts.notif.is_some();
+        let runs = block_runs(local_blocks, remote_blocks, !opts.no_merge);
+        let mut refusal = None;
+        for slot in std::mem::take(&mut ends.candidates) {
+            let vanished = || Error::not_found(me, Op::MakeXfer, "backend metadata vanished");
+            let mut layers = Vec::with_capacity(ll.len());
+            for (a, b) in ll.iter().zip(rl) {
+                layers.push(LayerPair {
+                    local: a.run,
+                    local_md: local.regions[a.region as usize]
+                        .md(slot.id)
+                        .ok_or_else(vanished)?
+                        .clone(),
+                    remote: b.run,
+                    remote_md: remote.regions[b.region as usize]
+                        .md(slot.id)
+                        .ok_or_else(vanished)?
+                        .clone(),
+                });
+            }
+            let spec = BlockXferSpec {
+                op,
+                local_kind: local.kind,
+                remote_kind: remote.kind,
+                remote: ends.remote_name.clone(),
+                is_local: ends.is_local,
+                layers,
+                runs: runs.clone(),
+                notif: if opts.integrity {
+                    None
+                } else {
+                    opts.notif.clone()
+                },
+            };
+            let summary = format!(
+                "block table: {} layers x {} blocks",
+                spec.layers.len(),
+                spec.blocks_per_layer()
+            );
+            let tried = match slot.backend.prepare_blocks(&spec) {
+                Ok(Some(x)) => Ok((x, ReqSpec::Blocks(spec), format!("{summary}, strided"))),
+                Ok(None) => {
+                    let flat = spec.materialize();
+                    let note = format!(
+                        "{summary}, materialized into {} segments",
+                        flat.segments.len()
+                    );
+                    slot.backend
+                        .prepare_xfer(&flat)
+                        .map(|x| (x, ReqSpec::Segments(flat), note))
+                }
+                Err(e) => Err(e),
+            };
+            match tried {
+                Ok((x, spec, note)) => {
+                    return Ok(self.request(
+                        slot,
+                        x,
+                        spec,
+                        (local, remote),
+                        ends,
+                        op,
+                        &opts,
+                        Some(note),
+                    ))
+                }
+                Err(e @ Error::NotSupported { .. }) => {
+                    tracing::debug!(agent = %me, backend = %slot.name, error = %e, "backend declined the transfer");
+                    refusal = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(refusal.unwrap_or_else(|| self.no_backend(local, remote, &ends, notif)))
+    }
+}
+
+/// Checks every id against the smallest layer: O(ids + layers).
+fn check_ids(me: &str, side: &str, ids: &[usize], layers: &[PrepLayer]) -> Result<()> {
+    crate::work::tick(ids.len() + layers.len());
+    let max = ids.iter().copied().max().unwrap_or(0) as u64;
+    let (l, smallest) = layers
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, x)| x.run.count)
+        .map(|(l, x)| (l, x.run.count))
+        .unwrap_or((0, 0));
+    if max >= smallest {
+        return Err(Error::invalid(
+            me,
+            Op::MakeXfer,
+            format!("{side} block id {max} out of range (layer {l} has {smallest} blocks)"),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,471 @@
+//! Prepared lists: descriptors, or the layers of a block table, resolved once against
+//! registrations (NIXL's `prepXferDlist`).
+//!
+//! Costs are linear with a small constant: a descriptor that falls in a region this call already
+//! found reuses it without a look-up in the agent's tables (exactly: only where no other region
+//! could be the answer, see `RegionIndex::find_bounded`), each distinct region is resolved and
+//! its backend metadata gathered once, and a descriptor costs one small entry. A block table
+//! costs one look-up per layer, whatever its block count.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use crate::agent::{lock, Agent, BackendHandle, BackendSlot, Shared};
+use crate::backend::BackendMd;
+use crate::desc::{Desc, XferDescList};
+use crate::error::{Error, Op, Result};
+use crate::mem::MemKind;
+use crate::registration::RegUse;
+use crate::remote::{RemotePeer, RemoteRegion};
+use crate::strided::{StridedDesc, StridedDescList};
+use crate::xfer::XferTarget;
+
+/// What keeps a prepared region's memory valid.
+enum Hold {
+    Local(#[allow(dead_code)] RegUse),
+    Remote(#[allow(dead_code)] Arc<RemoteRegion>),
+}
+
+/// A region a prepared list names, with the selected backends' metadata of it.
+pub(crate) struct PrepRegion {
+    /// (backend slot id, metadata)
+    pub mds: Vec<(usize, BackendMd)>,
+    _hold: Hold,
+}
+
+impl PrepRegion {
+    /// The metadata of backend slot `slot`.
+    pub fn md(&self, slot: usize) -> Option<&BackendMd> {
+        crate::work::tick(self.mds.len());
+        self.mds.iter().find(|(id, _)| *id == slot).map(|(_, m)| m)
+    }
+}
+
+/// The regions of a prepared list; requests built from the list hold it.
+pub(crate) type Regions = Arc<Vec<PrepRegion>>;
+
+/// One prepared descriptor: the descriptor and the index of its region.
+#[derive(Clone, Copy)]
+pub(crate) struct PrepEntry {
+    pub desc: Desc,
+    pub region: u32,
+}
+
+/// One prepared layer of a block table.
+#[derive(Clone, Copy)]
+pub(crate) struct PrepLayer {
+    pub run: StridedDesc,
+    pub region: u32,
+}
+
+/// A prepared list's descriptors.
+pub(crate) enum Layout {
+    /// One entry per descriptor.
+    Flat(Vec<PrepEntry>),
+    /// One entry per layer; `starts[l]` is the flat index of layer `l`'s block 0, and
+    /// `uniform` the block count when every layer has the same (an O(1) index look-up).
+    Strided {
+        layers: Vec<PrepLayer>,
+        starts: Vec<u64>,
+        uniform: Option<u64>,
+        total: u64,
+    },
+}
+
+pub(crate) enum Side {
+    Initiator,
+    SelfTarget,
+    Remote(Arc<RemotePeer>),
+}
+
+/// A descriptor list (or block table) resolved once against registrations (NIXL's
+/// `nixlDlistH`).
+#[must_use = "a prepared list is only useful to build requests from"]
+pub struct PreparedList {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) side: Side,
+    pub(crate) kind: MemKind,
+    pub(crate) regions: Regions,
+    pub(crate) layout: Layout,
+}
+
+impl std::fmt::Debug for PreparedList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedList")
+            .field("kind", &self.kind)
+            .field("len", &self.len())
+            .field("layers", &self.layers())
+            .finish()
+    }
+}
+
+impl PreparedList {
+    /// Number of descriptors (for a block table: blocks over all layers).
+    pub fn len(&self) -> usize {
+        match &self.layout {
+            Layout::Flat(e) => e.len(),
+            Layout::Strided { total, .. } => usize::try_from(*total).unwrap_or(usize::MAX),
+        }
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Layers of a block table ([`Agent::prep_strided_dlist`]); 0 for a descriptor list.
+    pub fn layers(&self) -> usize {
+        match &self.layout {
+            Layout::Flat(_) => 0,
+            Layout::Strided { layers, .. } => layers.len(),
+        }
+    }
+
+    /// The memory kind.
+    pub fn kind(&self) -> MemKind {
+        self.kind
+    }
+
+    /// The name of the agent whose memory it names (`None` for the initiator side).
+    pub fn target(&self) -> Option<&str> {
+        match &self.side {
+            Side::Initiator => None,
+            Side::SelfTarget => Some(&self.shared.name),
+            Side::Remote(p) => Some(&p.name),
+        }
+    }
+
+    /// Reads the entries of `idx` (a descriptor list's; a block table computes its blocks) so
+    /// their cache misses overlap; returns a value to keep the reads.
+    pub(crate) fn touch(&self, idx: &[usize]) -> u64 {
+        crate::work::tick(idx.len());
+        match &self.layout {
+            Layout::Flat(e) => idx
+                .iter()
+                .fold(0, |acc, &i| acc ^ e.get(i).map_or(0, |e| e.desc.len)),
+            Layout::Strided { .. } => 0,
+        }
+    }
+
+    /// Descriptor `i` and its region's index (a block table's blocks are numbered layer after
+    /// layer, as in [`StridedDescList::to_desc_list`]).
+    pub(crate) fn block(&self, i: usize) -> Option<(Desc, u32)> {
+        crate::work::tick(1);
+        match &self.layout {
+            Layout::Flat(e) => e.get(i).map(|e| (e.desc, e.region)),
+            Layout::Strided {
+                layers,
+                starts,
+                uniform,
+                total,
+            } => {
+                let i = i as u64;
+                if i >= *total {
+                    return None;
+                }
+                let l = match uniform {
+                    Some(c) => (i / c) as usize,
+                    None => starts.partition_point(|&s| s <= i).checked_sub(1)?,
+                };
+                let layer = layers.get(l)?;
+                Some((layer.run.block(i - starts[l])?, layer.region))
+            }
+        }
+    }
+}
+
+/// The region a look-up found, kept for the descriptors that follow.
+#[derive(Clone, Copy)]
+struct Cached {
+    idx: u32,
+    dev: u64,
+    start: u64,
+    end: u64,
+    /// Below this address the look-up would find the same region (see `find_bounded`).
+    bound: u64,
+}
+
+/// Resolves ranges to prepared regions, one look-up per run of ranges in one region.
+struct Resolver<'a> {
+    agent: &'a Agent,
+    side: &'a Side,
+    kind: MemKind,
+    backends: Vec<Arc<BackendSlot>>,
+    regions: Vec<PrepRegion>,
+    known: HashMap<(u64, usize), u32>,
+    /// The region of the previous range.
+    last: Option<Cached>,
+    /// Every region found so far, by (device, start): their `[start, bound)` spans do not
+    /// overlap, so the one starting at or below an address is the only candidate.
+    found: BTreeMap<(u64, u64), Cached>,
+}
+
+impl Resolver<'_> {
+    /// The prepared region covering `[addr, addr + len)` on `dev`: `Ok(None)` where no
+    /// registered (or loaded) region covers it.
+    fn resolve(&mut self, what: &dyn Fn() -> String, d: Desc) -> Result<Option<u32>> {
+        crate::work::tick(1);
+        let end = d.addr.saturating_add(d.len);
+        let hit =
+            |c: &Cached| d.dev_id == c.dev && d.addr >= c.start && d.addr < c.bound && end <= c.end;
+        if let Some(c) = self.last.filter(hit) {
+            return Ok(Some(c.idx));
+        }
+        crate::work::tick(1);
+        if let Some((_, c)) = self
+            .found
+            .range((d.dev_id, 0)..=(d.dev_id, d.addr))
+            .next_back()
+        {
+            if hit(c) {
+                self.last = Some(*c);
+                return Ok(Some(c.idx));
+            }
+        }
+        let me = self.agent.name();
+        let (key, desc, found) = match self.side {
+            Side::Remote(peer) => {
+                let Some((r, bound)) = peer.find_bounded(self.kind, d.dev_id, d.addr, d.len) else {
+                    return Ok(None);
+                };
+                let key = (Arc::as_ptr(&r) as *const () as u64, 0);
+                (key, (r.desc.addr, r.desc.len, bound), Found::Remote(r))
+            }
+            Side::Initiator | Side::SelfTarget => {
+                let Some((reg, i, bound)) =
+                    lock(&self.agent.shared.regs).find_bounded(self.kind, d.dev_id, d.addr, d.len)
+                else {
+                    return Ok(None);
+                };
+                let r = &reg.regions[i].desc;
+                ((reg.id, i), (r.addr, r.len, bound), Found::Local(reg, i))
+            }
+        };
+        let idx = match self.known.get(&key) {
+            Some(&idx) => idx,
+            None => {
+                let region = self.prepare(what, found)?;
+                let idx = u32::try_from(self.regions.len()).map_err(|_| {
+                    Error::invalid(me, Op::PrepXferDlist, "more than 2^32 regions in one list")
+                })?;
+                self.regions.push(region);
+                self.known.insert(key, idx);
+                idx
+            }
+        };
+        let (start, len, bound) = desc;
+        let c = Cached {
+            idx,
+            dev: d.dev_id,
+            start,
+            end: start.saturating_add(len),
+            bound,
+        };
+        self.last = Some(c);
+        self.found.insert((d.dev_id, start), c);
+        Ok(Some(idx))
+    }
+
+    /// Gathers the selected backends' metadata of a newly found region.
+    fn prepare(&self, what: &dyn Fn() -> String, found: Found) -> Result<PrepRegion> {
+        let me = self.agent.name();
+        let ids = self.backends.iter().map(|b| b.id);
+        let (mds, hold) = match found {
+            Found::Remote(r) => {
+                let mds: Vec<(usize, BackendMd)> =
+                    ids.filter_map(|id| r.md_for(id).map(|m| (id, m))).collect();
+                (mds, Hold::Remote(r))
+            }
+            Found::Local(reg, i) => {
+                let region = &reg.regions[i];
+                let mut mds = Vec::new();
+                for slot in &self.backends {
+                    let Some(md) = region.md_for(slot.id) else {
+                        continue;
+                    };
+                    let md = match self.side {
+                        Side::SelfTarget if !slot.caps.local => continue,
+                        Side::SelfTarget => slot.backend.load_local(&region.desc, &md)?,
+                        _ => md,
+                    };
+                    mds.push((slot.id, md));
+                }
+                (mds, Hold::Local(RegUse::new(reg.clone())))
+            }
+        };
+        if mds.is_empty() {
+            return Err(Error::not_found(
+                me,
+                Op::PrepXferDlist,
+                format!("{}: no selected backend holds that region", what()),
+            ));
+        }
+        Ok(PrepRegion { mds, _hold: hold })
+    }
+}
+
+enum Found {
+    Local(Arc<crate::registration::RegInner>, usize),
+    Remote(Arc<RemoteRegion>),
+}
+
+impl Agent {
+    fn resolver<'a>(
+        &'a self,
+        side: &'a Side,
+        kind: MemKind,
+        hints: &[BackendHandle],
+    ) -> Result<Resolver<'a>> {
+        Ok(Resolver {
+            agent: self,
+            side,
+            kind,
+            backends: self.select_backends(Op::PrepXferDlist, hints)?,
+            regions: Vec::new(),
+            known: HashMap::new(),
+            last: None,
+            found: BTreeMap::new(),
+        })
+    }
+
+    fn side(&self, target: XferTarget<'_>) -> Result<Side> {
+        Ok(match target {
+            XferTarget::Initiator => Side::Initiator,
+            XferTarget::Agent(n) if n == self.name() => Side::SelfTarget,
+            XferTarget::Agent(n) => Side::Remote(self.remote_peer(n, Op::PrepXferDlist)?),
+        })
+    }
+
+    fn whose(&self, side: &Side) -> String {
+        match side {
+            Side::Remote(p) => format!("{}'s loaded regions", p.name),
+            _ => "registered memory".to_owned(),
+        }
+    }
+
+    /// Resolves descriptors once against registrations (NIXL's `prepXferDlist`).
+    ///
+    /// For [`XferTarget::Initiator`] and for the agent's own name they must lie inside this
+    /// agent's registrations; for a peer, inside its loaded regions. `hints` narrows the
+    /// backends considered. Linear in the descriptors (one region look-up per run of
+    /// descriptors in one region).
+    #[doc(alias = "prepXferDlist")]
+    pub fn prep_xfer_dlist(
+        &self,
+        target: XferTarget<'_>,
+        descs: &XferDescList,
+        hints: &[BackendHandle],
+    ) -> Result<PreparedList> {
+        let me = self.name();
+        let kind = descs.kind();
+        let side = self.side(target)?;
+        let whose = self.whose(&side);
+        let mut res = self.resolver(&side, kind, hints)?;
+        let mut entries = Vec::with_capacity(descs.len());
+        for (i, d) in descs.descs().iter().enumerate() {
+            if d.len == 0 || d.end().is_none() {
+                return Err(Error::invalid(
+                    me,
+                    Op::PrepXferDlist,
+                    format!("descriptor {i} is empty or overflows"),
+                ));
+            }
+            let what = || format!("descriptor {i}");
+            let region = res.resolve(&what, *d)?.ok_or_else(|| {
+                Error::not_found(
+                    me,
+                    Op::PrepXferDlist,
+                    format!(
+                        "descriptor {i} ({kind} {:#x}+{} dev {}) in {whose}",
+                        d.addr, d.len, d.dev_id
+                    ),
+                )
+            })?;
+            entries.push(PrepEntry { desc: *d, region });
+        }
+        let regions = Arc::new(std::mem::take(&mut res.regions));
+        drop(res);
+        Ok(PreparedList {
+            shared: self.shared.clone(),
+            side,
+            kind,
+            regions,
+            layout: Layout::Flat(entries),
+        })
+    }
+
+    /// Resolves a block table once against registrations (NIXL 1.5's strided descriptor
+    /// lists): O(layers), whatever the block count. Each layer must lie inside one registered
+    /// (or, for a peer, loaded) region; a layer spread over several is refused with
+    /// [`Error::NotFound`] (register the layer's memory as one region, or use a descriptor
+    /// list). Malformed layers (no blocks, empty or overlapping blocks, overflowing ranges)
+    /// are refused with [`Error::InvalidParam`]. Build requests from it by block ids with
+    /// [`Agent::make_block_xfer`], or by flat index with [`Agent::make_prepped_xfer`] (block
+    /// `i` of layer `l` is index `sum(counts of earlier layers) + i`).
+    pub fn prep_strided_dlist(
+        &self,
+        target: XferTarget<'_>,
+        table: &StridedDescList,
+        hints: &[BackendHandle],
+    ) -> Result<PreparedList> {
+        let me = self.name();
+        let kind = table.kind();
+        if table.is_empty() {
+            return Err(Error::invalid(
+                me,
+                Op::PrepXferDlist,
+                "a block table with no layers",
+            ));
+        }
+        let side = self.side(target)?;
+        let whose = self.whose(&side);
+        let mut res = self.resolver(&side, kind, hints)?;
+        let mut layers = Vec::with_capacity(table.len());
+        let mut starts = Vec::with_capacity(table.len());
+        let mut total = 0u64;
+        for (l, run) in table.descs().iter().enumerate() {
+            if let Some(why) = run.problem() {
+                return Err(Error::invalid(
+                    me,
+                    Op::PrepXferDlist,
+                    format!("layer {l}: {why}"),
+                ));
+            }
+            // `problem` checked that the range does not overflow.
+            let end = run.end().unwrap_or(u64::MAX);
+            let extent = Desc::on_device(run.addr, end - run.addr, run.dev_id);
+            let what = || format!("layer {l}");
+            let region = res.resolve(&what, extent)?.ok_or_else(|| {
+                Error::not_found(
+                    me,
+                    Op::PrepXferDlist,
+                    format!(
+                        "layer {l} ({kind} {:#x}..{end:#x} dev {}) inside one region of {whose}",
+                        run.addr, run.dev_id
+                    ),
+                )
+            })?;
+            layers.push(PrepLayer { run: *run, region });
+            starts.push(total);
+            total = total
+                .checked_add(run.count)
+                .ok_or_else(|| Error::invalid(me, Op::PrepXferDlist, "block count overflows"))?;
+        }
+        let first = layers[0].run.count;
+        let uniform = layers.iter().all(|l| l.run.count == first).then_some(first);
+        let regions = Arc::new(std::mem::take(&mut res.regions));
+        drop(res);
+        Ok(PreparedList {
+            shared: self.shared.clone(),
+            side,
+            kind,
+            regions,
+            layout: Layout::Strided {
+                layers,
+                starts,
+                uniform,
+                total,
+            },
+        })
+    }
+}

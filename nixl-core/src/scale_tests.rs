@@ -1,0 +1,209 @@
+//! Scale tests that count operations (see `work`), not time: the work of preparing, building,
+//! posting and releasing a request must grow linearly with its descriptors (131,072 against
+//! 1,024), a block-table request's with its layers and ids (never with its blocks), and
+//! registration's must stay flat over time.
+
+use std::sync::Arc;
+
+use crate::work::take;
+use crate::{
+    Agent, AgentConfig, Desc, HostBuffer, InprocParams, MemKind, MemoryRegion, RawRegion,
+    RegionDesc, StridedDesc, StridedDescList, XferDescList, XferOp, XferOptions, XferState,
+    XferTarget,
+};
+
+/// Two agents over INPROC; the initiator has loaded the target.
+fn agents(tag: &str) -> (Agent, Agent) {
+    let a = Agent::new(&format!("scale-a-{tag}"), AgentConfig::default()).unwrap();
+    let b = Agent::new(&format!("scale-b-{tag}"), AgentConfig::default()).unwrap();
+    a.create_backend(InprocParams::default()).unwrap();
+    b.create_backend(InprocParams::default()).unwrap();
+    (a, b)
+}
+
+/// `len` bytes registered as `regions` equal regions; returns (buffer, registration).
+fn memory(agent: &Agent, len: usize, regions: usize) -> (Arc<HostBuffer>, crate::Registration) {
+    let buf = Arc::new(HostBuffer::new(len).unwrap());
+    let per = len / regions;
+    let views: Vec<Arc<dyn MemoryRegion>> = (0..regions)
+        .map(|i| {
+            // SAFETY: every view lies inside `buf`, which the caller keeps until after the
+            // registration and every list and request built on it.
+            let r = unsafe {
+                RawRegion::new(RegionDesc::dram(buf.addr() + (i * per) as u64, per as u64))
+            };
+            Arc::new(r) as Arc<dyn MemoryRegion>
+        })
+        .collect();
+    let reg = agent.register_mem(views, &[]).unwrap();
+    (buf, reg)
+}
+
+/// A fixed permutation of `0..n`.
+fn shuffle(n: usize) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..n).collect();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for i in (1..n).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    v
+}
+
+/// Operations per descriptor of prep (both sides), make, post + check, and drop, for `n`
+/// descriptors of 64 bytes over 64 regions per side (the target's in shuffled order).
+fn flat_ops(n: usize) -> [f64; 4] {
+    const BLOCK: usize = 64;
+    let (a, b) = agents(&format!("flat{n}"));
+    let (src, _ra) = memory(&a, n * BLOCK, 64);
+    let (dst, _rb) = memory(&b, n * BLOCK, 64);
+    src.fill_pattern(n as u64);
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
+    let ldescs = XferDescList::blocks(MemKind::Dram, src.addr(), BLOCK as u64, n);
+    let perm = shuffle(n);
+    let rdescs = XferDescList::from_descs(
+        MemKind::Dram,
+        perm.iter()
+            .map(|&p| Desc::new(dst.addr() + (p * BLOCK) as u64, BLOCK as u64)),
+    );
+    let idx: Vec<usize> = (0..n).collect();
+    take();
+    let l = a
+        .prep_xfer_dlist(XferTarget::Initiator, &ldescs, &[])
+        .unwrap();
+    let r = a
+        .prep_xfer_dlist(XferTarget::Agent(b.name()), &rdescs, &[])
+        .unwrap();
+    let prep = take();
+    let req = a
+        .make_prepped_xfer(XferOp::Write, &l, &idx, &r, &idx, XferOptions::default())
+        .unwrap();
+    let make = take();
+    assert_eq!(a.post_xfer_req(&req).unwrap(), XferState::Done);
+    assert_eq!(a.check_xfer_state(&req).unwrap(), XferState::Done);
+    let post = take();
+    drop(req);
+    drop((l, r));
+    let release = take();
+    // The data arrived (block i of the source is block perm[i] of the target).
+    let (s, d) = (src.to_vec(), dst.to_vec());
+    for (i, &p) in perm.iter().enumerate().step_by(997) {
+        assert_eq!(s[i * BLOCK..(i + 1) * BLOCK], d[p * BLOCK..(p + 1) * BLOCK]);
+    }
+    [prep, make, post, release].map(|x| x as f64 / n as f64)
+}
+
+#[test]
+fn request_work_is_linear_in_descriptors() {
+    let small = flat_ops(1024);
+    let large = flat_ops(131_072);
+    for (i, step) in ["prep", "make", "post", "release"].iter().enumerate() {
+        assert!(
+            large[i] <= 1.5 * small[i].max(1.0),
+            "{step}: {:.2} operations per descriptor at 131072, {:.2} at 1024",
+            large[i],
+            small[i]
+        );
+    }
+    // A small constant too: a few steps per descriptor, not a scan of anything.
+    let total: f64 = large.iter().sum();
+    assert!(
+        total < 40.0,
+        "{total:.1} operations per descriptor at 131072"
+    );
+}
+
+/// A block table of `layers` layers of `pool` blocks of 64 bytes on `agent`'s memory (one
+/// region per layer).
+fn table(
+    agent: &Agent,
+    layers: usize,
+    pool: u64,
+) -> (Arc<HostBuffer>, crate::Registration, StridedDescList) {
+    let per = pool as usize * 64;
+    let (buf, reg) = memory(agent, layers * per, layers);
+    let t = StridedDescList::from_descs(
+        MemKind::Dram,
+        (0..layers).map(|l| StridedDesc::new(buf.addr() + (l * per) as u64, 64, 64, pool)),
+    );
+    (buf, reg, t)
+}
+
+/// Operations of prep (both sides) and build of a block request: `layers` layers, `ids`
+/// block ids (not consecutive), pool `pool`.
+fn block_ops(layers: usize, ids: usize, pool: u64) -> (u64, u64) {
+    let (a, b) = agents(&format!("blocks{layers}-{ids}-{pool}"));
+    let (_sb, _ra, lt) = table(&a, layers, pool);
+    let (_db, _rb, rt) = table(&b, layers, pool);
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
+    let lids: Vec<usize> = (0..ids).map(|i| (i * 7) % pool as usize).collect();
+    let rids: Vec<usize> = (0..ids).map(|i| (i * 5 + 3) % pool as usize).collect();
+    take();
+    let l = a
+        .prep_strided_dlist(XferTarget::Initiator, &lt, &[])
+        .unwrap();
+    let r = a
+        .prep_strided_dlist(XferTarget::Agent(b.name()), &rt, &[])
+        .unwrap();
+    let prep = take();
+    let req = a
+        .make_block_xfer(XferOp::Write, &l, &lids, &r, &rids, XferOptions::default())
+        .unwrap();
+    let build = take();
+    assert!(req.path().contains("strided"), "{}", req.path());
+    assert_eq!(a.post_xfer_req(&req).unwrap(), XferState::Done);
+    (prep, build)
+}
+
+#[test]
+fn block_request_work_grows_with_layers_and_ids_not_blocks() {
+    // Validation is O(layers): the same table with 64x more blocks per layer costs the same.
+    let (prep_small, _) = block_ops(64, 16, 64);
+    let (prep_big, _) = block_ops(64, 16, 4096);
+    assert_eq!(prep_small, prep_big, "prep counted blocks");
+    // Building 64 layers x 2,048 ids (131,072 blocks) is linear in layers + ids.
+    let (_, build_small) = block_ops(64, 16, 4096);
+    let (_, build_big) = block_ops(64, 2048, 4096);
+    let per = |ops: u64, ids: usize| ops as f64 / (64 + ids) as f64;
+    assert!(
+        per(build_big, 2048) <= 1.5 * per(build_small, 16),
+        "build: {build_big} operations for 64 + 2048, {build_small} for 64 + 16"
+    );
+    assert!(
+        build_big < 20 * (64 + 2048),
+        "{build_big} operations for 131072 blocks"
+    );
+}
+
+#[test]
+fn registration_cost_stays_flat() {
+    let (a, _b) = agents("reg-flat");
+    let buf = Arc::new(HostBuffer::new(10_000 * 64).unwrap());
+    let mut regs = Vec::new();
+    let mut costs = Vec::new();
+    for i in 0..10_000u64 {
+        // SAFETY: inside `buf`, which outlives the registrations.
+        let r = unsafe { RawRegion::new(RegionDesc::dram(buf.addr() + i * 64, 64)) };
+        take();
+        regs.push(a.register_mem(vec![Arc::new(r)], &[]).unwrap());
+        costs.push(take());
+    }
+    for r in regs.drain(..) {
+        take();
+        a.deregister_mem(&r).unwrap();
+        costs.push(take());
+    }
+    let sum = |s: &[u64]| s.iter().sum::<u64>();
+    assert!(
+        sum(&costs[9000..10_000]) <= sum(&costs[..1000]),
+        "registration grew"
+    );
+    assert!(
+        sum(&costs[19_000..]) <= sum(&costs[10_000..11_000]),
+        "deregistration grew"
+    );
+}

@@ -1,0 +1,341 @@
+//! The side-channel server: one thread accepts, one thread per connection serves.
+//!
+//! Every connection has one deadline for its whole request and answer
+//! ([`ListenerLimits::request_timeout`](crate::ListenerLimits)), a bounded frame, and a share
+//! of a bounded byte budget. At the connection limit, the oldest connection that has not yet
+//! delivered a whole request is closed to make room, so idle or trickling clients delay
+//! nobody. With [`crate::AgentConfig::auth`], every request must carry a valid MAC under an
+//! accepted credential, a fresh timestamp and an unseen nonce.
+
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use super::frame::{self, code, Budget, Deadlined, Dir, Kind};
+use crate::agent::{lock, Agent, Shared};
+use crate::auth::Stamp;
+use crate::error::{Error, ErrorKind, Op, Result};
+use crate::limits::ListenerLimits;
+use crate::remote::Invalidator;
+
+/// A connection being served.
+struct Conn {
+    id: u64,
+    since: Instant,
+    stream: TcpStream,
+    /// Set once its whole request arrived (it is then never evicted).
+    answered: Arc<AtomicBool>,
+}
+
+/// The listener's state shared by its threads.
+struct Server {
+    name: String,
+    limits: ListenerLimits,
+    conns: Mutex<Vec<Conn>>,
+    budget: Budget,
+    next: AtomicU64,
+}
+
+impl Server {
+    /// Makes room for one more connection: false when every slot holds a request being
+    /// answered.
+    fn admit(&self) -> bool {
+        let mut conns = lock(&self.conns);
+        if conns.len() < self.limits.max_connections {
+            return true;
+        }
+        let victim = conns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| !c.answered.load(Ordering::Acquire))
+            .min_by_key(|(_, c)| c.since)
+            .map(|(i, _)| i);
+        match victim {
+            Some(i) => {
+                let c = conns.swap_remove(i);
+                let _ = c.stream.shutdown(Shutdown::Both);
+                tracing::debug!(agent = %self.name, "side channel full: closed the oldest idle connection");
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn forget(&self, id: u64) {
+        lock(&self.conns).retain(|c| c.id != id);
+    }
+}
+
+/// Binds the agent's side channel and starts serving it.
+pub(crate) fn start(agent: &Agent) -> Result<()> {
+    let name = agent.name().to_owned();
+    let cfg = &agent.shared.config;
+    if !cfg.listen_addr.ip().is_loopback()
+        && cfg.auth.is_none()
+        && !cfg.allow_unauthenticated_listener
+    {
+        return Err(Error::not_allowed(
+            &name,
+            Op::Exchange,
+            format!(
+                "the side channel would listen on {} without authentication: set \
+                 AgentConfig::auth (a cluster credential), listen on 127.0.0.1, or opt out with \
+                 AgentConfig::allow_unauthenticated_listener",
+                cfg.listen_addr
+            ),
+        ));
+    }
+    let listener =
+        TcpListener::bind(cfg.listen_addr).map_err(|e| Error::io(&name, Op::Exchange, e))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::io(&name, Op::Exchange, e))?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::io(&name, Op::Exchange, e))?;
+    *lock(&agent.shared.listen_addr) = Some(addr);
+    let server = Arc::new(Server {
+        name: name.clone(),
+        limits: cfg.limits.listener.clone(),
+        conns: Mutex::new(Vec::new()),
+        budget: Budget::default(),
+        next: AtomicU64::new(0),
+    });
+    let weak = Arc::downgrade(&agent.shared);
+    let stop = agent.shared.stop.clone();
+    let handle = std::thread::Builder::new()
+        .name(format!("nixl-listen-{name}"))
+        .spawn(move || accept_loop(&listener, addr, &server, &weak, &stop))
+        .map_err(|e| Error::io(agent.name(), Op::Exchange, e))?;
+    lock(&agent.shared.threads).push(handle);
+    Ok(())
+}
+
+fn accept_loop(
+    listener: &TcpListener,
+    addr: SocketAddr,
+    server: &Arc<Server>,
+    weak: &Weak<Shared>,
+    stop: &AtomicBool,
+) {
+    let mut idle = Duration::from_micros(100);
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                idle = Duration::from_micros(100);
+                if weak.strong_count() == 0 {
+                    break;
+                }
+                if !server.admit() {
+                    tracing::warn!(agent = %server.name, %peer, "side channel busy: refused a connection");
+                    continue;
+                }
+                spawn_conn(server, weak, stream);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(idle);
+                idle = (idle * 2).min(Duration::from_millis(2));
+            }
+            Err(e) => {
+                tracing::warn!(agent = %server.name, %addr, error = %e, "accept failed");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+    // Close whatever is still being read.
+    for c in lock(&server.conns).drain(..) {
+        let _ = c.stream.shutdown(Shutdown::Both);
+    }
+}
+
+fn spawn_conn(server: &Arc<Server>, weak: &Weak<Shared>, stream: TcpStream) {
+    let id = server.next.fetch_add(1, Ordering::Relaxed);
+    let since = Instant::now();
+    let answered = Arc::new(AtomicBool::new(false));
+    let Ok(clone) = stream.try_clone() else {
+        return;
+    };
+    lock(&server.conns).push(Conn {
+        id,
+        since,
+        stream: clone,
+        answered: answered.clone(),
+    });
+    let (server2, weak) = (server.clone(), weak.clone());
+    let spawned = std::thread::Builder::new()
+        .name("nixl-sc-conn".into())
+        .spawn(move || {
+            let deadline = since + server2.limits.request_timeout;
+            if let Err(e) = serve(&server2, &weak, &stream, deadline, &answered) {
+                tracing::debug!(agent = %server2.name, error = %e, "side-channel connection ended with an error");
+            }
+            let _ = stream.shutdown(Shutdown::Both);
+            server2.forget(id);
+        });
+    if spawned.is_err() {
+        tracing::warn!(agent = %server.name, "could not start a side-channel connection thread");
+        server.forget(id);
+    }
+}
+
+fn err_code(e: &Error) -> u8 {
+    match e.kind() {
+        ErrorKind::NotAllowed => code::NOT_ALLOWED,
+        ErrorKind::NotFound => code::NOT_FOUND,
+        ErrorKind::LimitExceeded => code::LIMIT,
+        ErrorKind::Decode => code::DECODE,
+        ErrorKind::Mismatch => code::MISMATCH,
+        _ => code::OTHER,
+    }
+}
+
+fn serve(
+    server: &Server,
+    weak: &Weak<Shared>,
+    stream: &TcpStream,
+    deadline: Instant,
+    answered: &AtomicBool,
+) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    let mut io = Deadlined { stream, deadline };
+    let limits = &server.limits;
+    let (body, _held) = match frame::read_body(
+        &mut io,
+        limits.max_request_bytes,
+        Some((&server.budget, limits.max_buffered_bytes)),
+    ) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::OutOfMemory => {
+            answered.store(true, Ordering::Release);
+            let reply = frame::encode_plain(
+                Kind::Err,
+                &frame::encode_error(code::LIMIT, "side channel busy (buffered bytes); retry"),
+            );
+            return std::io::Write::write_all(&mut io, &reply);
+        }
+        Err(e) => return Err(e),
+    };
+    answered.store(true, Ordering::Release);
+    let Some(shared) = weak.upgrade() else {
+        return Ok(());
+    };
+    let agent = Agent { shared };
+    let reply = answer(&agent, &body);
+    // The answer gets at least a moment even when the request used its whole deadline.
+    io.deadline = deadline.max(Instant::now() + Duration::from_millis(200));
+    std::io::Write::write_all(&mut io, &reply)
+}
+
+/// Handles one request body and returns the reply frame.
+fn answer(agent: &Agent, body: &[u8]) -> Vec<u8> {
+    let auth = agent.shared.config.auth.as_ref();
+    let f = match frame::decode(body) {
+        Ok(f) if !f.kind.is_reply() => f,
+        Ok(_) => return plain_err(code::DECODE, "a reply is not a request"),
+        Err(e) => return plain_err(code::DECODE, &format!("malformed frame: {e}")),
+    };
+    let mut requester = None;
+    if let Some(auth) = auth {
+        let cred = match f.verify(auth, Dir::Request) {
+            Ok(c) => c,
+            Err(why) => {
+                tracing::warn!(agent = %agent.name(), why, "side channel: refused an unauthenticated request");
+                return plain_err(code::NOT_ALLOWED, why);
+            }
+        };
+        let Some(stamp) = &f.stamp else {
+            return plain_err(code::NOT_ALLOWED, "authentication required");
+        };
+        if let Err(why) =
+            agent
+                .shared
+                .signer
+                .replay
+                .check(stamp.ts_ms, &stamp.nonce, auth.max_clock_skew)
+        {
+            tracing::warn!(agent = %agent.name(), why, "side channel: refused a stale or replayed request");
+            return plain_err(code::NOT_ALLOWED, why);
+        }
+        requester = Some((cred.clone(), stamp.nonce));
+    }
+    let (kind, payload) = match dispatch(
+        agent,
+        f.kind,
+        f.payload,
+        requester.as_ref().map(|(c, _)| c.id()),
+    ) {
+        Ok(r) => r,
+        Err(e) => (Kind::Err, frame::encode_error(err_code(&e), &e.to_string())),
+    };
+    match (&requester, auth) {
+        (Some((_, nonce)), Some(auth)) => {
+            let stamp = Stamp {
+                credential: auth.credential.id().to_owned(),
+                ts_ms: crate::auth::now_ms(),
+                nonce: *nonce,
+            };
+            frame::encode(kind, &payload, Some((&auth.credential, &stamp, Dir::Reply)))
+        }
+        _ => frame::encode(kind, &payload, None),
+    }
+}
+
+fn plain_err(c: u8, msg: &str) -> Vec<u8> {
+    frame::encode_plain(Kind::Err, &frame::encode_error(c, msg))
+}
+
+fn dispatch(
+    agent: &Agent,
+    kind: Kind,
+    payload: &[u8],
+    requester: Option<&str>,
+) -> Result<(Kind, Vec<u8>)> {
+    match kind {
+        Kind::Push => {
+            agent.load_remote_metadata(payload)?;
+            Ok((Kind::Ack, Vec::new()))
+        }
+        Kind::Fetch => {
+            let wanted = crate::bytes::ByteReader::new(payload)
+                .str("wanted agent name", crate::codec::MAX_NAME)
+                .map(str::to_owned)
+                .unwrap_or_default();
+            if !wanted.is_empty() && wanted != agent.name() {
+                return Err(Error::not_found(
+                    agent.name(),
+                    Op::Exchange,
+                    format!("this is agent {}, not {wanted}", agent.name()),
+                ));
+            }
+            Ok((Kind::Metadata, agent.local_metadata()?))
+        }
+        Kind::Invalidate => {
+            let (name, generation, token) =
+                frame::parse_invalidate(payload).map_err(|source| Error::Decode {
+                    agent: agent.name().to_owned(),
+                    op: Op::Invalidate,
+                    source,
+                })?;
+            if let Some(cred) = requester {
+                if agent
+                    .shared
+                    .bindings
+                    .credential_of(&name)
+                    .is_some_and(|c| c != cred)
+                {
+                    return Err(Error::not_allowed(
+                        agent.name(),
+                        Op::Invalidate,
+                        format!("{name} belongs to another credential"),
+                    ));
+                }
+            }
+            let token = (!token.is_empty()).then_some(token.as_slice());
+            // Not loaded (or another generation): nothing to do, and not an error.
+            agent.invalidate_remote_generation(&name, generation, Invalidator::Peer(token))?;
+            Ok((Kind::Ack, Vec::new()))
+        }
+        _ => Err(Error::invalid(agent.name(), Op::Exchange, "not a request")),
+    }
+}

@@ -1,0 +1,261 @@
+//! Metadata exchange over a TCP side channel.
+//!
+//! Each agent with `listen` on serves requests ([`frame`] has the bytes):
+//!
+//! | request | payload | reply |
+//! |---|---|---|
+//! | `Push` | metadata (sealed with authentication) | `Ack` or `Err` |
+//! | `Fetch` | wanted agent name | `Metadata` or `Err` |
+//! | `Invalidate` | name, generation, owner token | `Ack` or `Err` |
+//!
+//! With [`crate::AgentConfig::auth`] every request and reply carries an HMAC-SHA256 under the
+//! cluster credential, a timestamp within [`crate::Auth::max_clock_skew`] and a nonce accepted
+//! once; a reply repeats its request's nonce. Unauthenticated requests get an `Err` reply.
+//! A listener on a non-loopback address refuses to start without a credential unless
+//! [`crate::AgentConfig::allow_unauthenticated_listener`] is set.
+//!
+//! Every exchange has one deadline for the whole of it, on both sides: a client's `timeout`
+//! covers connecting, sending and receiving; the server gives each connection
+//! [`crate::ListenerLimits::request_timeout`] and serves connections concurrently, so a slow
+//! or idle client delays nobody else (see [`crate::ListenerLimits`]).
+
+pub mod frame;
+mod listener;
+
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use crate::agent::{lock, Agent, FetchStatus};
+use crate::auth::Stamp;
+use crate::bytes::ByteWriter;
+use crate::error::{Error, Op, Result};
+use frame::{code, Deadlined, Dir, Kind};
+
+pub use frame::{parse_invalidate, read_frame};
+
+pub(crate) use listener::start as start_listener;
+
+/// A reply, verified when the client authenticates.
+struct Reply {
+    kind: Kind,
+    payload: Vec<u8>,
+}
+
+impl Agent {
+    fn map_io(&self, e: std::io::Error, timeout: Duration) -> Error {
+        if matches!(
+            e.kind(),
+            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+        ) {
+            Error::TimedOut {
+                agent: self.name().to_owned(),
+                op: Op::Exchange,
+                elapsed: timeout,
+            }
+        } else {
+            Error::io(self.name(), Op::Exchange, e)
+        }
+    }
+
+    /// One request and its reply, all within `timeout`.
+    fn exchange(
+        &self,
+        addr: SocketAddr,
+        kind: Kind,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<Reply> {
+        let deadline = Instant::now() + timeout;
+        let auth = self.shared.config.auth.as_ref();
+        let stamp = auth.map(|a| Stamp::fresh(&a.credential)).transpose()?;
+        let req = match (auth, &stamp) {
+            (Some(a), Some(s)) => {
+                frame::encode(kind, payload, Some((&a.credential, s, Dir::Request)))
+            }
+            _ => frame::encode(kind, payload, None),
+        };
+        let io = |e| self.map_io(e, timeout);
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io(std::io::ErrorKind::TimedOut.into()));
+        }
+        let stream = TcpStream::connect_timeout(&addr, left).map_err(io)?;
+        stream.set_nodelay(true).map_err(io)?;
+        let mut s = Deadlined {
+            stream: &stream,
+            deadline,
+        };
+        std::io::Write::write_all(&mut s, &req).map_err(io)?;
+        let (body, _) = frame::read_body(&mut s, frame::MAX_REPLY, None).map_err(io)?;
+        let f = frame::decode(&body).map_err(|source| Error::Decode {
+            agent: self.name().to_owned(),
+            op: Op::Exchange,
+            source,
+        })?;
+        if !f.kind.is_reply() {
+            return Err(Error::invalid(
+                self.name(),
+                Op::Exchange,
+                "the peer answered with a request",
+            ));
+        }
+        if let (Some(auth), Some(stamp)) = (auth, &stamp) {
+            // A refusal of our own request is readable without a MAC (the server may not know
+            // our credential); anything else must be the server's signed answer to this request.
+            let signed = f.stamp.as_ref().is_some_and(|s| s.nonce == stamp.nonce)
+                && f.verify(auth, Dir::Reply).is_ok();
+            if !signed && f.kind != Kind::Err {
+                return Err(Error::not_allowed(
+                    self.name(),
+                    Op::Exchange,
+                    format!("the reply from {addr} is not authenticated for this request"),
+                ));
+            }
+        }
+        Ok(Reply {
+            kind: f.kind,
+            payload: f.payload.to_vec(),
+        })
+    }
+
+    /// The error an `Err` reply carries.
+    fn remote_error(&self, op: Op, addr: SocketAddr, payload: &[u8]) -> Error {
+        let (c, msg) = frame::decode_error(payload);
+        let msg = format!("{addr} answered: {msg}");
+        match c {
+            code::NOT_ALLOWED => Error::not_allowed(self.name(), op, msg),
+            code::NOT_FOUND => Error::not_found(self.name(), op, msg),
+            code::LIMIT => Error::LimitExceeded {
+                agent: self.name().to_owned(),
+                op,
+                what: msg,
+                limit: 0,
+            },
+            code::MISMATCH => Error::mismatch(self.name(), op, msg),
+            code::DECODE => Error::invalid(self.name(), op, msg),
+            _ => Error::backend(self.name(), "side-channel", op, msg),
+        }
+    }
+
+    fn unexpected(&self, k: Kind) -> Error {
+        Error::invalid(self.name(), Op::Exchange, format!("unexpected reply {k:?}"))
+    }
+
+    /// Pushes this agent's full metadata to the agent listening at `addr` (NIXL's
+    /// `sendLocalMD`), within the default timeout.
+    #[doc(alias = "sendLocalMD")]
+    pub fn send_local_metadata(&self, addr: SocketAddr) -> Result<()> {
+        let md = self.local_metadata()?;
+        self.send_metadata_bytes(addr, &md, self.shared.config.default_timeout)
+    }
+
+    /// Pushes given metadata bytes (e.g. from `local_partial_metadata`) to `addr`, all within
+    /// `timeout`. The receiver's refusal comes back as its error kind (`NotAllowed`,
+    /// `LimitExceeded`, `Mismatch`, ...).
+    pub fn send_metadata_bytes(
+        &self,
+        addr: SocketAddr,
+        md: &[u8],
+        timeout: Duration,
+    ) -> Result<()> {
+        let r = self.exchange(addr, Kind::Push, md, timeout)?;
+        match r.kind {
+            Kind::Ack => Ok(()),
+            Kind::Err => Err(self.remote_error(Op::Exchange, addr, &r.payload)),
+            k => Err(self.unexpected(k)),
+        }
+    }
+
+    /// Fetches `remote`'s metadata from `addr` and loads it; the whole exchange ends within
+    /// `timeout` (loading the answer comes after). Returns the loaded name.
+    pub fn fetch_remote_metadata_blocking(
+        &self,
+        remote: &str,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<String> {
+        let mut w = ByteWriter::new();
+        w.put_str(remote);
+        let r = self.exchange(addr, Kind::Fetch, w.as_slice(), timeout)?;
+        match r.kind {
+            Kind::Metadata => {
+                let name = self.load_remote_metadata(&r.payload)?;
+                if !remote.is_empty() && name != remote {
+                    // Checked by the server too; a wrong answer must not stay loaded.
+                    let _ = self.invalidate_remote_metadata(&name);
+                    return Err(Error::mismatch(
+                        self.name(),
+                        Op::Exchange,
+                        format!("asked for {remote}, got {name}"),
+                    ));
+                }
+                Ok(name)
+            }
+            Kind::Err => Err(self.remote_error(Op::Exchange, addr, &r.payload)),
+            k => Err(self.unexpected(k)),
+        }
+    }
+
+    /// Starts fetching `remote`'s metadata from `addr` in the background (NIXL's
+    /// `fetchRemoteMD`); poll with [`Agent::check_remote_metadata`] or
+    /// [`Agent::fetch_status`].
+    #[doc(alias = "fetchRemoteMD")]
+    pub fn fetch_remote_metadata(&self, remote: &str, addr: SocketAddr) -> Result<()> {
+        if remote.is_empty() {
+            return Err(Error::invalid(
+                self.name(),
+                Op::Exchange,
+                "empty agent name",
+            ));
+        }
+        lock(&self.shared.fetches).insert(remote.to_owned(), FetchStatus::Pending);
+        let agent = self.clone();
+        let remote = remote.to_owned();
+        let timeout = self.shared.config.default_timeout;
+        std::thread::Builder::new()
+            .name("nixl-fetch".into())
+            .spawn(move || {
+                let r = agent.fetch_remote_metadata_blocking(&remote, addr, timeout);
+                let mut f = lock(&agent.shared.fetches);
+                match r {
+                    Ok(_) => f.remove(&remote),
+                    Err(e) => f.insert(remote, FetchStatus::Failed(e.to_string())),
+                };
+            })
+            .map_err(|e| Error::io(self.name(), Op::Exchange, e))?;
+        Ok(())
+    }
+
+    /// The state of a background fetch: `Ok(true)` loaded, `Ok(false)` still pending, or the
+    /// error it failed with.
+    pub fn fetch_status(&self, remote: &str) -> Result<bool> {
+        match lock(&self.shared.fetches).get(remote) {
+            Some(FetchStatus::Pending) => Ok(false),
+            Some(FetchStatus::Failed(m)) => Err(Error::not_found(
+                self.name(),
+                Op::Exchange,
+                format!("fetching {remote}: {m}"),
+            )),
+            None => Ok(self.check_remote_metadata(remote, None)),
+        }
+    }
+
+    /// Tells the agent at `addr` to forget this agent (NIXL's `invalidateLocalMD`). It proves
+    /// it is the owner by revealing the secret its authenticated metadata committed to.
+    #[doc(alias = "invalidateLocalMD")]
+    pub fn invalidate_local_metadata(&self, addr: SocketAddr) -> Result<()> {
+        let timeout = self.shared.config.default_timeout;
+        let token: &[u8] = if self.shared.config.auth.is_some() {
+            self.shared.signer.owner_token()
+        } else {
+            &[]
+        };
+        let payload = frame::encode_invalidate(self.name(), self.generation(), token);
+        let r = self.exchange(addr, Kind::Invalidate, &payload, timeout)?;
+        match r.kind {
+            Kind::Ack => Ok(()),
+            Kind::Err => Err(self.remote_error(Op::Invalidate, addr, &r.payload)),
+            k => Err(self.unexpected(k)),
+        }
+    }
+}

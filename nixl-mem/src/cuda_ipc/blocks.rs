@@ -1,0 +1,232 @@
+//! `CUDA_IPC` block-table transfers: the layers are checked once each (metadata, the remote
+//! layer's mapping, GPU and alignment for the copy kernel), the copies are generated from the
+//! strides in one pass (a dense run of a layer is one copy), and whether copies can depend on
+//! each other is decided from the layers and the ids, not by sorting every block
+//! ([`kernel::conflict`] runs only where that cannot prove independence).
+//!
+//! The copy kernel still reads one `(src, dst, len)` descriptor per copy, generated here and
+//! uploaded once at prepare time (reposts reuse it).
+
+use nixl_core::backend::{downcast_md, BackendXfer, BlockXferSpec};
+use nixl_core::{Error, MemKind, Op, Result, StridedDesc, XferOp};
+
+use super::md::{LocalMd, Target};
+use super::{CudaIpcBackend, Ends};
+use crate::cuda::kernel;
+
+impl CudaIpcBackend {
+    pub(super) fn prepare_block_table(&self, spec: &BlockXferSpec) -> Result<Box<dyn BackendXfer>> {
+        let me = &self.agent;
+        for k in [spec.local_kind, spec.remote_kind] {
+            if !matches!(k, MemKind::Dram | MemKind::Vram) {
+                return Err(Error::not_supported(
+                    me,
+                    Op::MakeXfer,
+                    format!("CUDA_IPC moves DRAM and VRAM, not {k}"),
+                ));
+            }
+        }
+        let device = self.params.device;
+        let mut how = "same process";
+        let mut kernel_ok: std::result::Result<(), &str> =
+            if spec.local_kind == MemKind::Vram && spec.remote_kind == MemKind::Vram {
+                Ok(())
+            } else {
+                Err("DRAM")
+            };
+        // Each remote layer as addressed here (its mapping is linear over the layer).
+        let mut remote_here = Vec::with_capacity(spec.layers.len());
+        for l in &spec.layers {
+            downcast_md::<LocalMd>(&l.local_md).ok_or_else(|| {
+                Error::invalid(me, Op::MakeXfer, "local metadata is not CUDA_IPC's")
+            })?;
+            let t = downcast_md::<Target>(&l.remote_md).ok_or_else(|| {
+                Error::invalid(me, Op::MakeXfer, "remote metadata is not CUDA_IPC's")
+            })?;
+            let extent = l.remote.end().map_or(0, |e| e - l.remote.addr);
+            let base = t
+                .translate(l.remote.addr, extent)
+                .map_err(|why| Error::not_supported(me, Op::MakeXfer, why))?;
+            how = match t {
+                Target::Vram(_) => "CUDA IPC mapping",
+                Target::Host(_) => "shared memfd mapping",
+                _ => how,
+            };
+            if kernel_ok.is_ok() {
+                let remote_gpu = match t {
+                    Target::Vram(m) => m.resident_ordinal(),
+                    Target::Identity => usize::try_from(l.remote.dev_id).ok(),
+                    _ => None,
+                };
+                if remote_gpu.is_none() {
+                    kernel_ok = Err("the driver did not say which GPU the peer memory is on");
+                } else if l.local.dev_id != device as u64 || remote_gpu != Some(device) {
+                    kernel_ok = Err("memory on another GPU");
+                } else if !kernel::co_aligned(l.local.addr, base)
+                    || l.local.stride % 16 != 0
+                    || l.remote.stride % 16 != 0
+                {
+                    kernel_ok = Err("blocks not 16-byte co-aligned");
+                }
+            }
+            remote_here.push(StridedDesc {
+                addr: base,
+                ..l.remote
+            });
+        }
+        let mut copies = Vec::with_capacity(spec.segment_count());
+        for (l, la, ra, len) in spec.segments() {
+            let r = remote_here[l].addr + (ra - spec.layers[l].remote.addr);
+            copies.push(match spec.op {
+                XferOp::Write => (r, la, len),
+                XferOp::Read => (la, r, len),
+            });
+        }
+        if copies.is_empty() {
+            return Err(Error::invalid(me, Op::MakeXfer, "no blocks"));
+        }
+        let conflict = if independent(spec, &remote_here) {
+            None
+        } else {
+            kernel::conflict(&copies)
+        };
+        let ends = Ends {
+            op: spec.op,
+            kinds: (spec.local_kind, spec.remote_kind),
+            remote: &spec.remote,
+            is_local: spec.is_local,
+            notif: spec.notif.as_deref(),
+        };
+        self.finish(ends, copies, how, kernel_ok, conflict)
+    }
+}
+
+/// Whether no copy of the request can touch bytes another copy writes: the ids are distinct
+/// on each side (blocks of one layer never overlap: the agent checked `stride >= len`) and no
+/// block of any layer, local or remote as addressed here, meets a block of another layer.
+/// O(ids + layers), plus the pairs of layers whose extents overlap (K and V interleaved in
+/// one region). `false` means "not proven", never "dependent".
+fn independent(spec: &BlockXferSpec, remote_here: &[StridedDesc]) -> bool {
+    let distinct = |side: fn(&nixl_core::backend::BlockRun) -> u64| {
+        let top = spec
+            .runs
+            .iter()
+            .map(|r| side(r) + r.count)
+            .max()
+            .unwrap_or(0);
+        let mut seen = vec![false; top as usize];
+        spec.runs.iter().all(|r| {
+            (side(r)..side(r) + r.count).all(|i| !std::mem::replace(&mut seen[i as usize], true))
+        })
+    };
+    if !distinct(|r| r.local) || !distinct(|r| r.remote) {
+        return false;
+    }
+    let mut runs: Vec<StridedDesc> = spec.layers.iter().map(|l| l.local).collect();
+    runs.extend_from_slice(remote_here);
+    runs.sort_unstable_by_key(|r| r.addr);
+    // Sweep in address order, comparing each run with the earlier ones still open.
+    let mut open: Vec<StridedDesc> = Vec::new();
+    for r in runs {
+        open.retain(|o| o.end().unwrap_or(u64::MAX) > r.addr);
+        if open.iter().any(|o| !strided_disjoint(o, &r)) {
+            return false;
+        }
+        open.push(r);
+    }
+    true
+}
+
+/// Whether two strided runs share no byte: their extents are disjoint, or they have the same
+/// stride and their blocks interleave without touching.
+fn strided_disjoint(a: &StridedDesc, b: &StridedDesc) -> bool {
+    let (Some(ae), Some(be)) = (a.end(), b.end()) else {
+        return false;
+    };
+    if ae <= b.addr || be <= a.addr {
+        return true;
+    }
+    if a.stride != b.stride || a.stride == 0 {
+        return false;
+    }
+    let (lo, hi) = if a.addr <= b.addr { (a, b) } else { (b, a) };
+    let d = (hi.addr - lo.addr) % lo.stride;
+    d >= lo.len && lo.stride - d >= hi.len
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nixl_core::backend::{BlockRun, LayerPair};
+    use proptest::prelude::*;
+    use std::sync::Arc;
+
+    fn run() -> impl Strategy<Value = StridedDesc> {
+        (0u64..512, 1u64..4, 1u64..24, 1u64..6).prop_map(|(addr, extra, len, count)| {
+            StridedDesc::new(addr, len + extra * 8, len, count)
+        })
+    }
+
+    proptest! {
+        /// `strided_disjoint` never says "disjoint" for runs that share a byte.
+        #[test]
+        fn disjoint_is_sound(a in run(), b in run()) {
+            if strided_disjoint(&a, &b) {
+                for i in 0..a.count {
+                    for j in 0..b.count {
+                        let (x, y) = (a.block(i).unwrap(), b.block(j).unwrap());
+                        prop_assert!(x.addr + x.len <= y.addr || y.addr + y.len <= x.addr);
+                    }
+                }
+            }
+        }
+
+        /// Where `independent` proves a request independent, the block-by-block check finds
+        /// no conflict either.
+        #[test]
+        fn independence_is_sound(
+            layers in proptest::collection::vec((run(), 0u64..2048), 1..4),
+            ids in proptest::collection::vec((0usize..6, 0usize..6), 1..6),
+        ) {
+            let pairs: Vec<LayerPair> = layers
+                .iter()
+                .map(|&(l, off)| LayerPair {
+                    local: l,
+                    local_md: Arc::new(()),
+                    remote: StridedDesc { addr: l.addr + off, ..l },
+                    remote_md: Arc::new(()),
+                })
+                .collect();
+            let min = pairs.iter().map(|p| p.local.count).min().unwrap_or(1) as usize;
+            let (li, ri): (Vec<usize>, Vec<usize>) = ids.iter().map(|&(a, b)| (a % min, b % min)).unzip();
+            let spec = BlockXferSpec {
+                op: XferOp::Write,
+                local_kind: MemKind::Vram,
+                remote_kind: MemKind::Vram,
+                remote: "b".into(),
+                is_local: true,
+                layers: pairs.clone(),
+                runs: li
+                    .iter()
+                    .zip(&ri)
+                    .map(|(&a, &b)| BlockRun { local: a as u64, remote: b as u64, count: 1 })
+                    .collect(),
+                notif: None,
+            };
+            let here: Vec<StridedDesc> = pairs.iter().map(|p| p.remote).collect();
+            if independent(&spec, &here) {
+                let copies: Vec<(u64, u64, u64)> = spec.segments().map(|(_, a, b, n)| (b, a, n)).collect();
+                prop_assert_eq!(kernel::conflict(&copies), None);
+            }
+        }
+    }
+
+    #[test]
+    fn interleaved_k_and_v_are_independent() {
+        // K and V of 8 blocks of 64 bytes side by side (stride 128), as FlashInfer lays them out.
+        let k = StridedDesc::new(0x1000, 128, 64, 8);
+        let v = StridedDesc::new(0x1040, 128, 64, 8);
+        assert!(strided_disjoint(&k, &v));
+        assert!(!strided_disjoint(&k, &StridedDesc::new(0x1020, 128, 64, 8)));
+    }
+}

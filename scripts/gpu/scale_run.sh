@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# GPU machine: the block-table GPU test, then the scale bench (issue 14) for CUDA_IPC (VRAM on
+# GPU 0: flat 1k..128k descriptors and the Llama-3-8B, Llama-3-70B and 16-layer MoE block
+# tables) and, on the same host's CPUs, NULL, INPROC and UCX. Prebuilt binaries in .carry/bin
+# (scripts/gpu/scale_build.sh); UCX from .carry/ucx when present. Results to $OUT. Bounded by
+# the timeouts below (at most 14 minutes; PART=gpu or PART=cpu runs one half, to fit a
+# 10-minute call).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-/tmp/nixl-gpu-out}"; mkdir -p "$OUT"
+B=.carry/bin
+if [ -d .carry/ucx ]; then
+  export NIXL_UCX_HOME="$PWD/.carry/ucx"
+  export LD_LIBRARY_PATH="$PWD/.carry/ucx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
+s="$OUT/scale-summary.txt"; : > "$s"
+say() { echo "$*" | tee -a "$s"; }
+run() { local name=$1 t=$2; shift 2; say "== $name: $*"; timeout "$t" "$@" > "$OUT/$name.log" 2>&1; local rc=$?; grep -v '^warning' "$OUT/$name.log" | tail -n 40 | tee -a "$s"; say "rc=$rc"; }
+say "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+if [ "${PART:-gpu}" != cpu ]; then
+  run gpu-blocks 120 $B/nixl-mem-gpu-blocks --nocapture
+  run scale-cuda-ipc 300 $B/scale --backend CUDA_IPC --mode all --rounds 3
+fi
+if [ "${PART:-cpu}" != gpu ]; then
+  run scale-cpu-flat 240 $B/scale --backend NULL,INPROC,UCX --mode flat --rounds 3
+  run scale-cpu-kv-null 90 $B/scale --backend NULL --mode kv
+  run scale-cpu-kv-ucx 150 $B/scale --backend INPROC,UCX --mode kv --model llama3-70b --iters 5
+fi

@@ -1,4 +1,4 @@
-//! The safe layer over libfabric objects: each raw handle is owned by one type that closes it
+//! The safe wrappers over libfabric objects: each raw handle is owned by one type that closes it
 //! on drop, and a child keeps its parent alive (an endpoint holds its domain, CQ and AV).
 //!
 //! Domains are opened with `FI_THREAD_SAFE`, so objects may be used and closed from any
@@ -34,7 +34,117 @@ pub(crate) enum StrField {
     Domain,
 }
 
+/// One entry of a list an [`Info`] owns (borrowed from it).
+#[derive(Clone, Copy)]
+pub(crate) struct Entry<'a>(&'a sys::fi_info);
+
+impl std::ops::Deref for Entry<'_> {
+    type Target = sys::fi_info;
+    fn deref(&self) -> &sys::fi_info {
+        self.0
+    }
+}
+
+/// The attribute structs of an entry.
+pub(crate) struct Attrs<'a> {
+    /// `domain_attr`.
+    pub domain: &'a sys::fi_domain_attr,
+    /// `ep_attr`.
+    pub ep: &'a sys::fi_ep_attr,
+    /// `tx_attr`.
+    pub tx: &'a sys::fi_tx_attr,
+    /// `rx_attr`.
+    pub rx: &'a sys::fi_rx_attr,
+}
+
+impl<'a> Entry<'a> {
+    /// The attribute structs, or `None` when the provider left one out.
+    pub fn attrs(self) -> Option<Attrs<'a>> {
+        let e = self.0;
+        if e.domain_attr.is_null()
+            || e.ep_attr.is_null()
+            || e.tx_attr.is_null()
+            || e.rx_attr.is_null()
+        {
+            return None;
+        }
+        // SAFETY: non-null attribute pointers of a live entry of a list an `Info` owns point
+        // to structs libfabric allocated with it (borrowed for as long as the list).
+        Some(unsafe {
+            Attrs {
+                domain: &*e.domain_attr,
+                ep: &*e.ep_attr,
+                tx: &*e.tx_attr,
+                rx: &*e.rx_attr,
+            }
+        })
+    }
+
+    /// `domain_attr->name` (empty when absent).
+    pub fn domain_name(self) -> String {
+        if self.0.domain_attr.is_null() {
+            return String::new();
+        }
+        // SAFETY: as in `attrs`: a live attribute struct of an owned list; its string fields
+        // are NUL-terminated or null.
+        cstr(unsafe { (*self.0.domain_attr).name })
+    }
+
+    /// `fabric_attr->prov_name` (empty when absent).
+    pub fn provider_name(self) -> String {
+        if self.0.fabric_attr.is_null() {
+            return String::new();
+        }
+        // SAFETY: as above.
+        cstr(unsafe { (*self.0.fabric_attr).prov_name })
+    }
+}
+
+/// The hints an RDM endpoint is looked up with ([`Info::set_rdm_hints`]).
+pub(crate) struct RdmHints {
+    /// `caps`.
+    pub caps: u64,
+    /// `mode`.
+    pub mode: u64,
+    /// `domain_attr->mr_mode`.
+    pub mr_mode: i32,
+    /// `domain_attr->threading`.
+    pub threading: sys::fi_threading,
+    /// `tx_attr->msg_order` and `rx_attr->msg_order`.
+    pub msg_order: u64,
+    /// `tx_attr->op_flags`, when set.
+    pub tx_op_flags: Option<u64>,
+}
+
 impl Info {
+    /// Sets the hints of an RDM endpoint lookup on the first entry (hints from
+    /// [`Info::hints`], whose attribute structs `fi_allocinfo` allocated).
+    pub fn set_rdm_hints(&mut self, h: &RdmHints) -> Result<(), FiError> {
+        let i = self.first_mut();
+        if i.ep_attr.is_null()
+            || i.domain_attr.is_null()
+            || i.tx_attr.is_null()
+            || i.rx_attr.is_null()
+        {
+            return Err(FiError::new("fi_allocinfo", sys::FI_EINVAL));
+        }
+        i.caps = h.caps;
+        i.mode = h.mode;
+        // SAFETY: the attribute structs are allocated (checked non-null) and exclusively
+        // borrowed through `&mut self`.
+        unsafe {
+            (*i.ep_attr).type_ = sys::FI_EP_RDM;
+            (*i.domain_attr).mr_mode = h.mr_mode;
+            (*i.domain_attr).threading = h.threading;
+            (*i.tx_attr).msg_order = h.msg_order;
+            (*i.rx_attr).msg_order = h.msg_order;
+            if let Some(f) = h.tx_op_flags {
+                (*i.tx_attr).op_flags = f;
+            }
+        }
+        Ok(())
+    }
+
     /// Empty hints (`fi_allocinfo`).
     pub fn hints(lib: &'static Lib) -> Result<Info, FiError> {
         // SAFETY: fi_dupinfo(NULL) allocates a zeroed info with every attribute struct.
@@ -48,9 +158,9 @@ impl Info {
     }
 
     /// Copies one entry (`fi_dupinfo`: the copy has no `next`).
-    pub fn dup(&self, entry: &sys::fi_info) -> Result<Info, FiError> {
+    pub fn dup(&self, entry: Entry<'_>) -> Result<Info, FiError> {
         // SAFETY: `entry` is a live entry of a list this crate owns.
-        let p = unsafe { (self.lib.fi_dupinfo)(entry) };
+        let p = unsafe { (self.lib.fi_dupinfo)(entry.0) };
         let ptr = NonNull::new(p).ok_or_else(|| FiError::new("fi_dupinfo", sys::FI_ENOMEM))?;
         Ok(Info {
             ptr,
@@ -85,30 +195,30 @@ impl Info {
     }
 
     /// The first entry.
-    pub fn first(&self) -> &sys::fi_info {
+    pub fn first(&self) -> Entry<'_> {
         // SAFETY: the pointer is a live info owned by this value.
-        unsafe { self.ptr.as_ref() }
+        Entry(unsafe { self.ptr.as_ref() })
     }
 
     /// The first entry, for setting hint fields.
-    pub fn first_mut(&mut self) -> &mut sys::fi_info {
+    fn first_mut(&mut self) -> &mut sys::fi_info {
         // SAFETY: as above, and `&mut self` makes the access exclusive.
         unsafe { self.ptr.as_mut() }
     }
 
     /// The raw pointer (for calls that take `struct fi_info *`).
-    pub fn as_ptr(&self) -> *mut sys::fi_info {
+    fn as_ptr(&self) -> *mut sys::fi_info {
         self.ptr.as_ptr()
     }
 
     /// All entries in list order.
-    pub fn entries(&self) -> Vec<&sys::fi_info> {
+    pub fn entries(&self) -> Vec<Entry<'_>> {
         let mut v = Vec::new();
         let mut p: *const sys::fi_info = self.ptr.as_ptr();
         while !p.is_null() {
             // SAFETY: `p` walks the `next` chain of a list owned by this value.
             let e = unsafe { &*p };
-            v.push(e);
+            v.push(Entry(e));
             p = e.next;
         }
         v
@@ -150,8 +260,9 @@ impl Drop for Info {
     }
 }
 
-/// A C string field of libfabric, copied out (empty for null).
-pub(crate) fn cstr(p: *const std::ffi::c_char) -> String {
+/// A C string field of libfabric, copied out (empty for null). Only for strings of live
+/// libfabric objects (NUL-terminated or null).
+fn cstr(p: *const std::ffi::c_char) -> String {
     if p.is_null() {
         String::new()
     } else {
@@ -180,13 +291,6 @@ macro_rules! owned {
         unsafe impl Send for $name {}
         // SAFETY: as above.
         unsafe impl Sync for $name {}
-        impl $name {
-            /// The raw handle.
-            #[allow(dead_code)]
-            pub fn as_ptr(&self) -> *mut $raw {
-                self.ptr
-            }
-        }
         impl Drop for $name {
             fn drop(&mut self) {
                 // SAFETY: every fid class starts with `struct fid`.
@@ -389,10 +493,11 @@ impl Av {
 impl Mr {
     /// Registers `[addr, addr+len)` (host memory, or device memory through `hmem`).
     ///
-    /// # Safety
-    ///
-    /// The memory must stay valid for as long as the registration is used by any operation.
-    pub unsafe fn register(
+    /// The memory must stay valid for as long as the registration is used by any operation:
+    /// a region registered through the agent (`MemoryRegion`'s contract), or a buffer that
+    /// lives in the endpoint's state ([`super::post::MsgPool`]). Registering touches no
+    /// memory; operations are posted only on ranges checked against a registration.
+    pub fn register(
         domain: &Arc<Domain>,
         addr: u64,
         len: u64,
@@ -404,7 +509,8 @@ impl Mr {
         let len = usize::try_from(len).map_err(|_| FiError::new("fi_mr_reg", sys::FI_EINVAL))?;
         let ret = match hmem {
             None => {
-                // SAFETY: live domain; the caller keeps the memory valid.
+                // SAFETY: live domain; registering reads no memory, and the caller keeps it valid
+                // while operations use it (see above).
                 unsafe {
                     ops::fi_mr_reg(
                         domain.ptr,
@@ -432,7 +538,8 @@ impl Mr {
                 attr.requested_key = requested_key;
                 attr.iface = iface;
                 attr.device.cuda = device;
-                // SAFETY: live domain; `iov` outlives the call; the caller keeps the memory valid.
+                // SAFETY: live domain; `iov` outlives the call; the caller keeps the memory valid
+                // while operations use it (see above).
                 unsafe { ops::fi_mr_regattr(domain.ptr, &attr, 0, &mut p) }
             }
         };
@@ -449,6 +556,16 @@ impl Mr {
         unsafe { (*self.ptr).key }
     }
 
+    /// Binds to an endpoint of the same domain and enables it (`FI_MR_ENDPOINT` providers).
+    pub fn bind<T>(&self, ep: &Endpoint<T>) -> Result<(), FiError> {
+        // SAFETY: live MR and endpoint (both borrowed).
+        check("fi_mr_bind", unsafe {
+            ops::fi_mr_bind(self.ptr, ep.ptr as *mut sys::fid, 0)
+        })?;
+        // SAFETY: live MR.
+        check("fi_mr_enable", unsafe { ops::fi_mr_enable(self.ptr) }).map(|_| ())
+    }
+
     /// The local descriptor (`fi_mr_desc`), as an address.
     pub fn desc(&self) -> usize {
         // SAFETY: live MR; `mem_desc` is set by the provider at registration.
@@ -462,7 +579,7 @@ impl Mr {
 pub(crate) struct Endpoint<T = ()> {
     ptr: *mut sys::fid_ep,
     /// State the provider may reference while the endpoint is open.
-    pub state: std::mem::ManuallyDrop<T>,
+    state: std::mem::ManuallyDrop<T>,
     _cq: Arc<Cq>,
     _av: Arc<Av>,
     _domain: Arc<Domain>,
@@ -512,6 +629,11 @@ impl<T> Endpoint<T> {
         Ok(ep)
     }
 
+    /// The state the provider may reference while the endpoint is open.
+    pub(super) fn state(&self) -> &T {
+        &self.state
+    }
+
     /// The endpoint's address (`fi_getname`).
     pub fn name(&self) -> Result<Vec<u8>, FiError> {
         let mut buf = vec![0u8; 256];
@@ -531,8 +653,8 @@ impl<T> Endpoint<T> {
         Ok(buf)
     }
 
-    /// The raw handle.
-    pub fn as_ptr(&self) -> *mut sys::fid_ep {
+    /// The raw handle, for the posting wrappers (`super::post`).
+    pub(super) fn as_ptr(&self) -> *mut sys::fid_ep {
         self.ptr
     }
 }

@@ -56,7 +56,8 @@ impl Inbox {
     }
 }
 
-use crate::sys::fabric::{Av, Cq, Domain, Endpoint, Fabric, Info, Mr};
+use crate::sys::fabric::{Av, Cq, Domain, Endpoint, Fabric, Mr};
+use crate::sys::info::Info;
 use crate::sys::post::{EpGuard, EpState, MsgPool, Rma};
 
 /// The rail's endpoint, locked.

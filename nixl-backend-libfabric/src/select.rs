@@ -7,7 +7,7 @@
 
 use crate::params::{HmemMode, LibfabricParams, DEFAULT_PROVIDERS};
 use crate::result::FiError;
-use crate::sys::fabric::{Entry, Info, RdmHints, StrField};
+use crate::sys::info::{Entry, Info, RdmHints, StrField};
 use crate::sys::{self, Lib};
 
 /// What was chosen: one info per rail, and the features the provider granted.

@@ -8,7 +8,7 @@
 //! this crate builds and links on a machine with no libfabric at all.
 
 //!
-//! Above the raw layer, the safe wrappers: [`fabric`] (owned libfabric objects) and [`post`]
+//! Above the raw layer, the safe wrappers: [`info`] (`fi_info` lists), [`fabric`] (owned libfabric objects) and [`post`]
 //! (operations posted on an endpoint, with their contexts and buffers in the endpoint's own
 //! state). Every `unsafe` of this crate lies in this module tree.
 
@@ -35,6 +35,7 @@ mod bindings {
 pub use bindings::*;
 
 pub(crate) mod fabric;
+pub(crate) mod info;
 pub mod ops;
 pub(crate) mod post;
 

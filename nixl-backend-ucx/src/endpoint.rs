@@ -30,12 +30,25 @@ pub(crate) struct EpShared {
     closed: AtomicBool,
     /// Posts (and timed-out notifications) on this endpoint that UCX has not completed yet.
     inflight: AtomicUsize,
+    /// Set when the peer replaced the connection this endpoint shares with it
+    /// (`crate::links`): the peer drops what arrives on it, so nothing new may be sent.
+    replaced: AtomicBool,
 }
 
 impl EpShared {
     /// Whether the endpoint was closed or fenced early.
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
+    }
+
+    /// Marks the endpoint replaced by its peer (`crate::links`).
+    pub fn replace(&self) {
+        self.replaced.store(true, Ordering::Release);
+    }
+
+    /// Whether the peer replaced the connection (see [`EpShared::replace`]).
+    pub fn is_replaced(&self) -> bool {
+        self.replaced.load(Ordering::Acquire)
     }
 
     /// One more operation in flight.
@@ -146,6 +159,7 @@ impl PeerEp {
         if self.shared.closed.swap(true, Ordering::AcqRel) {
             return true;
         }
+        self.worker.links().remove_own(self.ep as u64);
         if self.shared.failed().is_none() {
             self.shared.fail(sys::UCS_ERR_CANCELED);
         }
@@ -292,6 +306,7 @@ impl Peer {
                     st,
                 ));
             }
+            w.links().add_own(ep as u64, name, shared.clone());
             eps.push(PeerEp {
                 worker: w.clone(),
                 ep,
@@ -316,6 +331,12 @@ impl Peer {
             .get(worker)
             .ok_or_else(|| Error::invalid(agent, op, "worker index out of range"))?;
         match ep.shared.failed() {
+            None if ep.shared.is_replaced() => Err(Error::disconnected(
+                agent,
+                &self.name,
+                op,
+                "the peer replaced this UCX connection (it connected again); reload its metadata",
+            )),
             None => Ok(()),
             Some(st) => Err(Error::disconnected(
                 agent,

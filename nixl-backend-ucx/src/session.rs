@@ -34,6 +34,9 @@ pub(crate) fn am_flags(am_id: u32) -> u32 {
 struct InFlight {
     ucx: Arc<Ucx>,
     _hello: Vec<u8>,
+    /// The payload: the sending worker's index (little-endian), which tells the receiver
+    /// that a later hello from the same worker replaced this connection (`crate::links`).
+    _index: [u8; 4],
 }
 
 unsafe extern "C" fn hello_sent(req: *mut c_void, status: sys::ucs_status_t, user: *mut c_void) {
@@ -58,11 +61,14 @@ pub(crate) fn introduce(ucx: &Arc<Ucx>, peers: &PeerAuth, peer: &mut Peer) -> Re
         let ep = pe.raw(&g).ok_or_else(|| {
             Error::disconnected(&me, &peer.name, Op::LoadMetadata, "UCX endpoint was closed")
         })?;
+        let index = u32::try_from(pe.worker.index).unwrap_or(u32::MAX);
         let f = Box::new(InFlight {
             ucx: ucx.clone(),
             _hello: hello,
+            _index: index.to_le_bytes(),
         });
         let (ptr, len) = (f._hello.as_ptr(), f._hello.len());
+        let data = f._index.as_ptr();
         let user = Box::into_raw(f);
         // SAFETY: zeroed request params with a mask are the documented form.
         let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
@@ -72,16 +78,17 @@ pub(crate) fn introduce(ucx: &Arc<Ucx>, peers: &PeerAuth, peer: &mut Peer) -> Re
         p.flags = AM_FLAGS;
         p.cb.send = Some(hello_sent);
         p.user_data = user as *mut c_void;
-        // SAFETY: the endpoint is live under the held worker lock; the hello bytes live in the
-        // InFlight box until the callback (or the immediate completion below) frees it.
+        // SAFETY: the endpoint is live under the held worker lock; the hello and index bytes
+        // live in the InFlight box until the callback (or the immediate completion below)
+        // frees it.
         let r = unsafe {
             ucx.lib.ucp_am_send_nbx(
                 ep,
                 AM_HELLO,
                 ptr as *const c_void,
                 len,
-                std::ptr::null(),
-                0,
+                data as *const c_void,
+                4,
                 &p,
             )
         };

@@ -28,6 +28,7 @@ pub(crate) struct AmCtx {
     pub agent: String,
     pub peers: PeerAuth,
     sessions: Arc<Sessions>,
+    links: Arc<crate::links::Links>,
 }
 
 /// An endpoint queued for closing.
@@ -52,6 +53,7 @@ pub(crate) struct Worker {
     am: *mut AmCtx,
     graves: Mutex<Vec<Grave>>,
     handler_args: Mutex<Vec<HandlerArg>>,
+    links: Arc<crate::links::Links>,
 }
 
 // SAFETY: all access to the raw worker goes through `raw`'s mutex; `am` is only read by the
@@ -168,7 +170,7 @@ unsafe extern "C" fn hello_recv(
     // is destroyed.
     let ctx = unsafe { &*(arg as *const AmCtx) };
     // SAFETY: the arguments are this callback's own.
-    let Ok((h, _)) = (unsafe { am_parts(header, header_length, data, length, param) }) else {
+    let Ok((h, d)) = (unsafe { am_parts(header, header_length, data, length, param) }) else {
         tracing::warn!(agent = %ctx.agent, "dropping a malformed hello");
         return sys::UCS_OK;
     };
@@ -180,6 +182,11 @@ unsafe extern "C" fn hello_recv(
         Ok(hello) => {
             tracing::debug!(agent = %ctx.agent, remote = %hello.sender, authenticated = hello.authenticated, "UCX connection introduced");
             ctx.sessions.accept(&hello, ep);
+            // The payload names the sender's worker (`crate::session::introduce`).
+            let index = <[u8; 4]>::try_from(d).ok().map(u32::from_le_bytes);
+            if let Some(old) = ctx.links.introduced(&hello.sender, index, ep) {
+                tracing::debug!(agent = %ctx.agent, remote = %hello.sender, old, "the peer replaced a UCX connection our endpoint shares; it fails until the peer is reloaded");
+            }
         }
         Err(e) => {
             tracing::warn!(agent = %ctx.agent, error = %e, "refused a UCX connection's hello");
@@ -233,11 +240,13 @@ impl Worker {
         let address = unsafe { std::slice::from_raw_parts(addr as *const u8, addr_len) }.to_vec();
         // SAFETY: addr came from ucp_worker_get_address on this worker, released once.
         unsafe { ucx.lib.ucp_worker_release_address(raw, addr) };
+        let links = Arc::new(crate::links::Links::default());
         let am = Box::into_raw(Box::new(AmCtx {
             notifs,
             agent: agent.to_owned(),
             peers,
             sessions,
+            links: links.clone(),
         }));
         // Our notifications and hellos, and NIXL's notifications (id 0,
         // `nixl_core::nixl_wire::notif`).
@@ -280,6 +289,7 @@ impl Worker {
             am,
             graves: Mutex::new(Vec::new()),
             handler_args: Mutex::new(Vec::new()),
+            links,
         }))
     }
 
@@ -306,8 +316,14 @@ impl Worker {
             .push(arg);
     }
 
+    /// Our endpoints on this worker and their peers' connections (`crate::links`).
+    pub fn links(&self) -> &crate::links::Links {
+        &self.links
+    }
+
     /// Queues an endpoint for closing at the next progress pass.
     pub fn bury(&self, grave: Grave) {
+        self.links.remove_own(grave.ep as u64);
         self.graves
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -272,10 +272,13 @@ impl XferCore {
         e
     }
 
-    /// An abandoned transfer (its deadline passed): in progress while operations are in flight.
-    /// Once the post is older than `op_timeout` with operations still in flight, the rails
-    /// they are stuck on are failed for this peer (as a cancel's [`XferCore::settle`] does,
-    /// without waiting), which flushes them; then `Canceled`.
+    /// An abandoned transfer (its deadline passed): in progress while operations are in flight,
+    /// then `Canceled`. Once the post is older than `op_timeout` with operations still in
+    /// flight, the rails they are stuck on are failed for this peer when another rail is left,
+    /// so new requests avoid them (as a cancel's [`XferCore::settle`] does, without waiting);
+    /// their connections are
+    /// not torn down, so the stuck operations still complete if the link comes back, and the
+    /// request's memory stays held until then (or until the peer is forgotten and dropped).
     fn step_abandoned(&mut self, op: Op, poll: bool) -> Result<XferState> {
         if poll {
             self.inner.poll();
@@ -284,11 +287,16 @@ impl XferCore {
             let stuck = self.posted.elapsed() >= self.inner.params.op_timeout;
             if stuck && self.abandoned == Some(false) && !Arc::ptr_eq(&self.peer, &self.inner.me) {
                 self.abandoned = Some(true);
-                let rails = self.track.stuck_rails();
-                if rails.is_empty() {
-                    self.peer.declare_unreachable();
-                } else {
-                    self.peer.fail_rails(&rails);
+                let stuck = self.track.stuck_rails();
+                let left = self
+                    .peer
+                    .healthy_rails(self.peer.addrs.len())
+                    .into_iter()
+                    .any(|r| !stuck.contains(&r));
+                // Only where another rail is left to take new requests: a peer's only rail
+                // stays in use, so a link that comes back serves new requests without a reload.
+                if left {
+                    self.peer.avoid_rails(&stuck);
                 }
             }
             return Ok(XferState::InProgress);

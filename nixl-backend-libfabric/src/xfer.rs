@@ -276,9 +276,9 @@ impl XferCore {
     /// then `Canceled`. Once the post is older than `op_timeout` with operations still in
     /// flight, the rails they are stuck on are failed for this peer when another rail is left,
     /// so new requests avoid them (as a cancel's [`XferCore::settle`] does, without waiting);
-    /// their connections are
-    /// not torn down, so the stuck operations still complete if the link comes back, and the
-    /// request's memory stays held until then (or until the peer is forgotten and dropped).
+    /// their connections are not torn down, so the stuck operations still complete if the link
+    /// comes back, and the request's memory stays held until then (or until the peer is
+    /// forgotten and dropped).
     fn step_abandoned(&mut self, op: Op, poll: bool) -> Result<XferState> {
         if poll {
             self.inner.poll();

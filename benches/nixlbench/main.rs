@@ -17,15 +17,21 @@
 //! `--total-buffer-size`, `--num-iter`, `--warmup-iter`, `--num-threads`, `--tls`,
 //! `--fresh-requests` (make a request per iteration instead of reposting one),
 //! `--progress-thread on|off` (the UCX backend's own thread), `--json`,
-//! `--backend UCX|POSIX|GDS`, `--filepath DIR`, `--storage-enable-direct`.
+//! `--backend UCX|POSIX|GDS`, `--filepath DIR`, `--storage-enable-direct`, `--target-gpu N`
+//! (the target process sees only GPU N: GPU-to-GPU runs).
 //! KV mode (like NIXL's kvbench): `--mode kv` with `--model-layers`, `--kv-heads`,
 //! `--head-dim`, `--dtype-bytes`, `--tokens-per-block`, `--seq-len`, `--tp`: one request moves a
 //! sequence's K and V blocks of every layer (block = tokens x kv_heads/tp x head_dim x dtype).
+//! Notification latency (`--mode notif`, like benches/reference/native): a 4 KiB WRITE with a
+//! notification, one in flight, the target busy-polling; prints the median and p99 time from
+//! post to the target seeing it (`--num-iter`, default 2000).
 //! Columns: block size, batch size, GB/s, average latency, and average and p99 of prepare
 //! (`make_prepped_xfer`), post (`post_xfer_req`) and transfer (post to done) times.
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
+
+mod notif;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -59,6 +65,13 @@ struct Opts {
     backend: BenchBackend,
     filepath: std::path::PathBuf,
     direct: bool,
+    /// `--mode notif`: notification latency instead of the sweep.
+    notif: bool,
+    /// Where the notif-mode target leaves its stamps (set by the initiator).
+    stamps: Option<std::path::PathBuf>,
+    /// `--target-gpu N`: the spawned target process sees only GPU N (`CUDA_VISIBLE_DEVICES`),
+    /// so its VRAM is on that GPU (GPU-to-GPU runs on a machine with several).
+    target_gpu: Option<u32>,
 }
 
 /// Which backend moves the data.
@@ -121,6 +134,9 @@ fn parse() -> Res<Opts> {
         backend: BenchBackend::Ucx,
         filepath: std::env::temp_dir(),
         direct: false,
+        notif: false,
+        stamps: None,
+        target_gpu: None,
     };
     let (mut b0, mut b1, mut n0, mut n1) = (4096u64, 64u64 << 20, 1usize, 32usize);
     let mut kv: Option<[u64; 7]> = None;
@@ -186,6 +202,8 @@ fn parse() -> Res<Opts> {
             "--filepath" => o.filepath = val()?.into(),
             "--storage-enable-direct" | "--storage_enable_direct" => o.direct = true,
             "--mode" => mode = val()?,
+            "--target-gpu" => o.target_gpu = Some(num(val()?)? as u32),
+            "--notif-stamps" => o.stamps = Some(val()?.into()),
             "--model-layers" => kvv[0] = num(val()?)?,
             "--kv-heads" => kvv[1] = num(val()?)?,
             "--head-dim" => kvv[2] = num(val()?)?,
@@ -202,8 +220,15 @@ fn parse() -> Res<Opts> {
     }
     if mode == "kv" {
         kv = Some(kvv);
+    } else if mode == "notif" {
+        o.notif = true;
+        o.blocks = vec![PAGE];
+        o.batches = vec![1];
+        if o.iters == 0 {
+            o.iters = 2000;
+        }
     } else if mode != "sweep" {
-        return Err(format!("--mode {mode}: sweep or kv").into());
+        return Err(format!("--mode {mode}: sweep, kv or notif").into());
     }
     if let Some([layers, heads, dim, dtype, tpb, seq, tp]) = kv {
         if tp == 0 || heads % tp != 0 || [layers, heads, dim, dtype, tpb, seq].contains(&0) {
@@ -269,6 +294,8 @@ fn descs(kind: MemKind, base: u64, block: u64, batch: usize) -> XferDescList {
 struct Mem {
     region: Arc<dyn nixl::core::MemoryRegion>,
     addr: u64,
+    /// The buffer, when it is host memory.
+    host: Option<Arc<nixl::HostBuffer>>,
 }
 
 fn alloc(kind: MemKind, len: u64) -> Res<Mem> {
@@ -278,12 +305,20 @@ fn alloc(kind: MemKind, len: u64) -> Res<Mem> {
                 Arc::new(nixl::HostBuffer::new(len as usize).ok_or("cannot allocate host memory")?);
             b.fill(1);
             let addr = b.addr();
-            Ok(Mem { region: b, addr })
+            Ok(Mem {
+                region: b.clone(),
+                addr,
+                host: Some(b),
+            })
         }
         _ => {
             let b = Arc::new(nixl::mem::DeviceBuffer::new(0, len as usize)?);
             let addr = b.addr();
-            Ok(Mem { region: b, addr })
+            Ok(Mem {
+                region: b,
+                addr,
+                host: None,
+            })
         }
     }
 }
@@ -316,6 +351,13 @@ fn target(o: &Opts, peer: SocketAddr) -> Res<()> {
         format!("addr:{}", m.addr).as_bytes(),
         &[],
     )?;
+    if o.notif {
+        let out = o
+            .stamps
+            .as_deref()
+            .ok_or("--mode notif: no --notif-stamps")?;
+        notif::serve(&a, &m, o.warmup + o.iters, out)?;
+    }
     // Sleep between polls: the backend's progress thread does the work; spinning here would
     // steal the CPU the initiator's copies need.
     let end = Instant::now() + Duration::from_secs(3600);
@@ -418,10 +460,16 @@ fn thread_run(
         let t0 = Instant::now();
         let mut st = a.post_xfer_req(&req)?;
         let t1 = Instant::now();
-        while st == XferState::InProgress {
-            st = a.check_xfer_state(&req)?;
-        }
-        let t2 = Instant::now();
+        // A request done inside post costs no second clock read (the native reference
+        // reads the clock twice per request too).
+        let t2 = if st == XferState::InProgress {
+            while st == XferState::InProgress {
+                st = a.check_xfer_state(&req)?;
+            }
+            Instant::now()
+        } else {
+            t1
+        };
         if i >= warmup {
             times.post.push(t1 - t0);
             times.xfer.push(t2 - t0);
@@ -469,12 +517,16 @@ fn initiator(o: &Opts) -> Res<()> {
         "--total-buffer-size".into(),
         o.total_buffer.to_string(),
     ]);
-    let _child = Spawned(
-        Command::new(std::env::current_exe()?)
-            .args(&args)
-            .stdin(Stdio::null())
-            .spawn()?,
-    );
+    let stamps = notif::stamp_file();
+    if o.notif {
+        args.extend(["--notif-stamps".into(), stamps.display().to_string()]);
+    }
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(&args).stdin(Stdio::null());
+    if let Some(g) = o.target_gpu {
+        cmd.env("CUDA_VISIBLE_DEVICES", g.to_string());
+    }
+    let _child = Spawned(cmd.spawn()?);
     let end = Instant::now() + Duration::from_secs(60);
     let raddr: u64 = loop {
         if Instant::now() >= end {
@@ -489,7 +541,11 @@ fn initiator(o: &Opts) -> Res<()> {
             }
         }
     };
-    let result = sweep(&a, o, m.addr, &Remote::Peer(raddr));
+    let result = if o.notif {
+        notif::run(&a, o, &m, raddr, &stamps)
+    } else {
+        sweep(&a, o, m.addr, &Remote::Peer(raddr))
+    };
     let _ = a.gen_notif("nixlbench-target", b"done", &[]);
     result
 }

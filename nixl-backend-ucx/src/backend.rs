@@ -191,7 +191,7 @@ impl UcxBackend {
             return Ok(p.clone());
         }
         let addrs: Vec<Vec<u8>> = self.workers.iter().map(|w| w.address().to_vec()).collect();
-        let mut p = Peer::connect(&self.agent, &self.agent, &self.workers, &addrs)?;
+        let mut p = Peer::connect(&self.agent, &self.agent, &self.workers, &addrs, false)?;
         p.address = {
             let shapes = self.shapes.read().unwrap_or_else(|p| p.into_inner());
             addrs.first().and_then(|a| shapes.check_address(a).ok())
@@ -220,7 +220,9 @@ impl UcxBackend {
     ) -> Result<UcxXfer> {
         let header = self.session_header(&peer, worker, Op::MakeXfer)?;
         let notif = notif.map(|m| crate::xfer::make_notif(&self.agent, &header, &peer, m));
+        let bytes = work.bytes();
         Ok(UcxXfer {
+            bytes,
             agent: self.agent.clone(),
             ucx: self.ucx.clone(),
             peer,
@@ -355,7 +357,13 @@ impl Backend for UcxBackend {
                 })?);
             }
         }
-        let mut peer = Peer::connect(&self.agent, remote, &self.workers, &addrs)?;
+        let mut peer = Peer::connect(
+            &self.agent,
+            remote,
+            &self.workers,
+            &addrs,
+            self.params.shm_notifications,
+        )?;
         peer.address = checked.into_iter().next();
         crate::session::introduce(&self.ucx, &self.peer_auth, &mut peer)?;
         if let Some(old) = lock(&self.peers).insert(remote.to_owned(), Arc::new(peer)) {
@@ -459,7 +467,7 @@ impl Backend for UcxBackend {
         peer.check_alive(&self.agent, 0, Op::GenNotif)?;
         let pe = &peer.eps[0];
         let mut g = pe.worker.lock();
-        let ep = pe.raw(&g).ok_or_else(|| {
+        let ep = pe.notif_raw(&g).ok_or_else(|| {
             Error::disconnected(&self.agent, remote, Op::GenNotif, "UCX endpoint was closed")
         })?;
         // The buffers must outlive the send: owned here, leaked if it does not finish.

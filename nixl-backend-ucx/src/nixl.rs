@@ -232,7 +232,7 @@ impl NixlWire for UcxBackend {
                     format!("refused the UCX worker address of NIXL agent {remote}: {e}"),
                 )
             })?;
-        let mut peer = Peer::connect(&self.agent, remote, &self.workers, &[info.to_vec()])?;
+        let mut peer = Peer::connect(&self.agent, remote, &self.workers, &[info.to_vec()], false)?;
         peer.nixl = true;
         peer.address = Some(checked);
         if let Some(old) = lock(&self.peers).insert(remote.to_owned(), Arc::new(peer)) {

@@ -58,7 +58,9 @@ pub(crate) fn introduce(ucx: &Arc<Ucx>, peers: &PeerAuth, peer: &mut Peer) -> Re
         let session = peers.new_session()?;
         let hello = peers.hello(&peer.name, &session)?;
         let g = pe.worker.lock();
-        let ep = pe.raw(&g).ok_or_else(|| {
+        // On the endpoint notifications use (the same-host shared-memory one where there is
+        // one): the receiver ties the session to the connection the hello came on.
+        let ep = pe.notif_raw(&g).ok_or_else(|| {
             Error::disconnected(&me, &peer.name, Op::LoadMetadata, "UCX endpoint was closed")
         })?;
         let index = u32::try_from(pe.worker.index).unwrap_or(u32::MAX);

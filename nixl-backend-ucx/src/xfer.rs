@@ -20,6 +20,16 @@ const PENDING: u8 = 0;
 const DONE: u8 = 1;
 const FAILED: u8 = 2;
 
+/// Requests up to this size are progressed inside `post` until done (or until a pass finds
+/// nothing to do): over shared-memory copy transports (cma, UCX's "scopy") a put/get only
+/// queues its copy, which the worker's progress performs, so a small request is then complete
+/// when `post` returns, without a `check` round trip. Larger ones return at once, leaving the
+/// copy to `check` or the progress thread.
+const INLINE_PROGRESS_BYTES: u64 = 256 << 10;
+
+/// Most progress passes one `check` makes while the request stays in flight.
+const CHECK_PASSES: usize = 64;
+
 /// A notification: (active-message id, header naming the sender, message).
 pub(crate) type Notif = (u32, Arc<[u8]>, Arc<[u8]>);
 
@@ -39,6 +49,8 @@ pub(crate) struct PostState {
     phase: AtomicU8,
     status: AtomicI32,
     ucx: Arc<Ucx>,
+    /// The endpoint the notification goes on (the peer's shared-memory notification endpoint
+    /// where it has one).
     ep: sys::ucp_ep_h,
     /// The endpoint's shared state: its in-flight count (this post is one until it
     /// finishes) and whether it was closed or fenced.
@@ -185,6 +197,17 @@ impl Work {
         }
     }
 
+    /// Bytes per post.
+    pub fn bytes(&self) -> u64 {
+        match self {
+            Work::Segs(v) => v.iter().map(|s| s.len).sum(),
+            Work::Blocks { layers, runs, .. } => {
+                let ids: u64 = runs.iter().map(|r| r.count).sum();
+                layers.iter().map(|l| l.local.len.saturating_mul(ids)).sum()
+            }
+        }
+    }
+
     /// Calls `f` on every segment in order until it returns `false`; returns whether every
     /// call returned `true`.
     fn each(&self, mut f: impl FnMut(&Seg) -> bool) -> bool {
@@ -248,6 +271,8 @@ pub(crate) struct UcxXfer {
     pub _keep: Vec<nixl_core::backend::BackendMd>,
     pub cur: Option<Arc<PostState>>,
     pub path: OnceLock<String>,
+    /// Total bytes per post (for [`INLINE_PROGRESS_BYTES`]).
+    pub bytes: u64,
 }
 
 // SAFETY: the raw handles in `work` are owned by metadata kept alive in `_keep` and only used
@@ -338,6 +363,53 @@ impl UcxXfer {
         let mut g = self.peer.eps[self.worker].worker.lock();
         g.progress_all();
     }
+
+    /// Progresses the worker until `st` leaves `PENDING` or a pass finds nothing to do
+    /// (bounded): no idle pass after the one that completed it.
+    fn progress_until(&self, st: &PostState) {
+        let mut g = self.peer.eps[self.worker].worker.lock();
+        for _ in 0..CHECK_PASSES {
+            if g.progress() == 0 || st.phase() != PENDING {
+                break;
+            }
+        }
+    }
+}
+
+/// A post's completion state: the previous one (`cur`) reset when no UCX callback holds it any
+/// more (no allocation per post), else a new one; `cur` is set to it.
+fn fresh_state(
+    cur: &mut Option<Arc<PostState>>,
+    ucx: &Arc<Ucx>,
+    notif: &Option<Notif>,
+    ep: sys::ucp_ep_h,
+    shared: &Arc<EpShared>,
+    failed_issue: Option<sys::ucs_status_t>,
+) -> Arc<PostState> {
+    if let Some(arc) = cur.as_mut() {
+        if let Some(st) = Arc::get_mut(arc) {
+            st.phase = AtomicU8::new(PENDING);
+            st.status = AtomicI32::new(0);
+            st.ep = ep;
+            st.notif.clone_from(notif);
+            if !Arc::ptr_eq(&st.shared, shared) {
+                st.shared = shared.clone();
+            }
+            st.failed_issue = failed_issue;
+            return arc.clone();
+        }
+    }
+    let st = Arc::new(PostState {
+        phase: AtomicU8::new(PENDING),
+        status: AtomicI32::new(0),
+        ucx: ucx.clone(),
+        ep,
+        shared: shared.clone(),
+        notif: notif.clone(),
+        failed_issue,
+    });
+    *cur = Some(st.clone());
+    st
 }
 
 impl BackendXfer for UcxXfer {
@@ -351,7 +423,7 @@ impl BackendXfer for UcxXfer {
         self.peer
             .check_alive(&self.agent, self.worker, Op::PostXfer)?;
         let pe = &self.peer.eps[self.worker];
-        let g = pe.worker.lock();
+        let mut g = pe.worker.lock();
         let ep = pe
             .raw(&g)
             .ok_or_else(|| self.disconnected(Op::PostXfer, "UCX endpoint was closed"))?;
@@ -375,15 +447,15 @@ impl BackendXfer for UcxXfer {
             // the usual rules; nothing is force-closed here).
         }
         pe.shared.begin_op();
-        let state = Arc::new(PostState {
-            phase: AtomicU8::new(PENDING),
-            status: AtomicI32::new(0),
-            ucx: self.ucx.clone(),
-            ep,
-            shared: pe.shared.clone(),
-            notif: self.notif.clone(),
+        let notif_ep = pe.notif_raw(&g).unwrap_or(ep);
+        let state = fresh_state(
+            &mut self.cur,
+            &self.ucx,
+            &self.notif,
+            notif_ep,
+            &pe.shared,
             failed_issue,
-        });
+        );
         // SAFETY: zeroed request params with a mask are the documented form.
         let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
         p.op_attr_mask = sys::UCP_OP_ATTR_FIELD_CALLBACK | sys::UCP_OP_ATTR_FIELD_USER_DATA;
@@ -401,9 +473,14 @@ impl BackendXfer for UcxXfer {
             } else {
                 state.finish(st);
             }
+        } else if self.bytes <= INLINE_PROGRESS_BYTES {
+            for _ in 0..CHECK_PASSES {
+                if g.progress() == 0 || state.phase() != PENDING {
+                    break;
+                }
+            }
         }
         drop(g);
-        self.cur = Some(state.clone());
         self.outcome(&state, Op::PostXfer)
     }
 
@@ -416,7 +493,7 @@ impl BackendXfer for UcxXfer {
             ));
         };
         if st.phase() == PENDING {
-            self.progress_once();
+            self.progress_until(&st);
         }
         self.outcome(&st, Op::CheckXfer)
     }

@@ -189,7 +189,9 @@ impl PeerEp {
         if self.shared.closed.swap(true, Ordering::AcqRel) {
             return true;
         }
-        self.worker.links().remove_own(self.ep as u64);
+        for e in std::iter::once(self.ep).chain(self.notif_ep) {
+            self.worker.links().remove_own(e as u64);
+        }
         if self.shared.failed().is_none() {
             self.shared.fail(sys::UCS_ERR_CANCELED);
         }
@@ -404,7 +406,10 @@ impl Peer {
                     st,
                 ));
             }
-            w.links().add_own(ep as u64, name, shared.clone());
+            // Either may be the connection the peer's hellos come on (`crate::links`).
+            for e in std::iter::once(ep).chain(notif_ep) {
+                w.links().add_own(e as u64, name, shared.clone());
+            }
             eps.push(PeerEp {
                 worker: w.clone(),
                 ep,

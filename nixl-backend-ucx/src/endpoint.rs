@@ -36,12 +36,25 @@ pub(crate) struct EpShared {
     closed: AtomicBool,
     /// Posts (and timed-out notifications) on this endpoint that UCX has not completed yet.
     inflight: AtomicUsize,
+    /// Set when the peer replaced the connection this endpoint shares with it
+    /// (`crate::links`): the peer drops what arrives on it, so nothing new may be sent.
+    replaced: AtomicBool,
 }
 
 impl EpShared {
     /// Whether the endpoint was closed or fenced early.
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
+    }
+
+    /// Marks the endpoint replaced by its peer (`crate::links`).
+    pub fn replace(&self) {
+        self.replaced.store(true, Ordering::Release);
+    }
+
+    /// Whether the peer replaced the connection (see [`EpShared::replace`]).
+    pub fn is_replaced(&self) -> bool {
+        self.replaced.load(Ordering::Acquire)
     }
 
     /// One more operation in flight.
@@ -169,6 +182,9 @@ impl PeerEp {
     pub fn force_close(&self, g: &mut WorkerGuard<'_>) -> bool {
         if self.shared.closed.swap(true, Ordering::AcqRel) {
             return true;
+        }
+        for e in std::iter::once(self.ep).chain(self.notif_ep) {
+            self.worker.links().remove_own(e.id());
         }
         if self.shared.failed().is_none() {
             self.shared.fail(sys::UCS_ERR_CANCELED);
@@ -357,6 +373,10 @@ impl Peer {
                     st,
                 )
             })?;
+            // Either may be the connection the peer's hellos come on (`crate::links`).
+            for e in std::iter::once(ep).chain(notif_ep) {
+                w.links().add_own(e.id(), name, shared.clone());
+            }
             eps.push(PeerEp {
                 worker: w.clone(),
                 ep,
@@ -382,6 +402,12 @@ impl Peer {
             .get(worker)
             .ok_or_else(|| Error::invalid(agent, op, "worker index out of range"))?;
         match ep.shared.failed() {
+            None if ep.shared.is_replaced() => Err(Error::disconnected(
+                agent,
+                &self.name,
+                op,
+                "the peer replaced this UCX connection (it connected again); reload its metadata",
+            )),
             None => Ok(()),
             Some(st) => Err(Error::disconnected(
                 agent,

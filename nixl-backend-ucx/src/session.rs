@@ -33,6 +33,9 @@ pub(crate) fn am_flags(am_id: u32) -> u32 {
 struct InFlight {
     ucx: Arc<Ucx>,
     hello: Vec<u8>,
+    /// The payload: the sending worker's index (little-endian), which tells the receiver
+    /// that a later hello from the same worker replaced this connection (`crate::links`).
+    index: [u8; 4],
 }
 
 impl sys::Completion for InFlight {
@@ -49,7 +52,7 @@ impl sys::Completion for InFlight {
 
 impl sys::AmPayload for InFlight {
     fn am_payload(&self) -> (u32, u32, &[u8], &[u8]) {
-        (AM_HELLO, AM_FLAGS, &self.hello, &[])
+        (AM_HELLO, AM_FLAGS, &self.hello, &self.index)
     }
 }
 
@@ -67,9 +70,11 @@ pub(crate) fn introduce(ucx: &Arc<Ucx>, peers: &PeerAuth, peer: &mut Peer) -> Re
         let ep = pe.notif_raw(&g).ok_or_else(|| {
             Error::disconnected(&me, &peer.name, Op::LoadMetadata, "UCX endpoint was closed")
         })?;
+        let index = u32::try_from(pe.worker.index).unwrap_or(u32::MAX);
         let f = Arc::new(InFlight {
             ucx: ucx.clone(),
             hello,
+            index: index.to_le_bytes(),
         });
         // The endpoint is live under the held worker lock; the hello bytes live in `f` until
         // the callback (or the immediate completion) releases it.

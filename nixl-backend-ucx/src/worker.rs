@@ -22,6 +22,7 @@ pub(crate) struct AmCtx {
     pub agent: String,
     pub peers: PeerAuth,
     sessions: Arc<Sessions>,
+    links: Arc<crate::links::Links>,
 }
 
 /// An endpoint queued for closing.
@@ -41,6 +42,8 @@ pub(crate) struct Worker {
     efd: i32,
     address: Vec<u8>,
     graves: Mutex<Vec<Grave>>,
+    /// Our endpoints on this worker and the connections peers introduced (`crate::links`).
+    links: Arc<crate::links::Links>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -109,7 +112,7 @@ impl AmCtx {
     }
 
     fn on_hello(&self, m: &sys::AmMsg<'_>) {
-        let Ok((h, _)) = am_parts(m) else {
+        let Ok((h, d)) = am_parts(m) else {
             tracing::warn!(agent = %self.agent, "dropping a malformed hello");
             return;
         };
@@ -121,6 +124,11 @@ impl AmCtx {
             Ok(hello) => {
                 tracing::debug!(agent = %self.agent, remote = %hello.sender, authenticated = hello.authenticated, "UCX connection introduced");
                 self.sessions.accept(&hello, ep);
+                // The payload names the sender's worker (`crate::session::introduce`).
+                let index = <[u8; 4]>::try_from(d).ok().map(u32::from_le_bytes);
+                if let Some(old) = self.links.introduced(&hello.sender, index, ep) {
+                    tracing::debug!(agent = %self.agent, remote = %hello.sender, old, "the peer replaced a UCX connection our endpoint shares; it fails until the peer is reloaded");
+                }
             }
             Err(e) => {
                 tracing::warn!(agent = %self.agent, error = %e, "refused a UCX connection's hello");
@@ -147,11 +155,13 @@ impl Worker {
         let address = raw
             .address()
             .map_err(|st| fail("ucp_worker_get_address", st))?;
+        let links = Arc::new(crate::links::Links::default());
         let am = Arc::new(AmCtx {
             notifs,
             agent: agent.to_owned(),
             peers,
             sessions,
+            links: links.clone(),
         });
         // Our notifications and hellos, and NIXL's notifications (id 0,
         // `nixl_core::nixl_wire::notif`).
@@ -171,6 +181,7 @@ impl Worker {
             efd,
             address,
             graves: Mutex::new(Vec::new()),
+            links,
         }))
     }
 
@@ -189,8 +200,14 @@ impl Worker {
         }
     }
 
+    /// Our endpoints on this worker and their peers' connections (`crate::links`).
+    pub fn links(&self) -> &crate::links::Links {
+        &self.links
+    }
+
     /// Queues an endpoint for closing at the next progress pass.
     pub fn bury(&self, grave: Grave) {
+        self.links.remove_own(grave.ep.id());
         self.graves
             .lock()
             .unwrap_or_else(|p| p.into_inner())

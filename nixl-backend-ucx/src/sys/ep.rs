@@ -21,6 +21,14 @@ pub(crate) struct Ep(ucp_ep_h);
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Rkey(ucp_rkey_h);
 
+impl Ep {
+    /// The handle's value: it names the connection, as [`crate::sys::AmMsg::reply_ep`] does on
+    /// the receiving side (`crate::links`).
+    pub fn id(self) -> u64 {
+        self.0 as u64
+    }
+}
+
 // SAFETY: endpoint and rkey handles are pointers UCX lets any thread use, one at a time: the
 // wrappers below only use them with the worker's handle borrowed, i.e. under its lock.
 unsafe impl Send for Ep {}

@@ -15,6 +15,8 @@ pub(crate) struct Context {
     raw: sys::ucp_context_h,
     /// Bit mask of `ucs_memory_type_t` the context can register.
     pub memory_types: u64,
+    /// Created with `UCP_FEATURE_WAKEUP` (workers have event descriptors).
+    pub wakeup: bool,
 }
 
 // SAFETY: the context is created with `mt_workers_shared = 1`, which makes UCX guard its
@@ -46,12 +48,16 @@ impl Context {
     /// Reads UCX's configuration, applies `config` (`("TLS", "tcp")`, ...) and creates the
     /// context.
     /// With `nixl_features`, the context asks for NIXL's features (adds 32- and 64-bit
-    /// atomics).
+    /// atomics). As NIXL's UCX plugin does, it asks for wake-up only when a progress thread
+    /// sleeps on the workers' event descriptors (`wakeup`). Unlike NIXL with one worker, it
+    /// always asks for a thread-safe context (`mt_workers_shared`): registration runs on the
+    /// application's threads beside progress, and that lock is not on the put/get path.
     pub fn new(
         ucx: Arc<Ucx>,
         agent: &str,
         config: &[(String, String)],
         nixl_features: bool,
+        wakeup: bool,
     ) -> Result<Arc<Self>> {
         let mut cfg: *mut sys::ucp_config_t = std::ptr::null_mut();
         // SAFETY: NULL env prefix and file name select the defaults; cfg is a valid out-pointer.
@@ -92,8 +98,10 @@ impl Context {
         params.field_mask = (sys::UCP_PARAM_FIELD_FEATURES
             | sys::UCP_PARAM_FIELD_MT_WORKERS_SHARED
             | sys::UCP_PARAM_FIELD_NAME) as u64;
-        params.features =
-            (sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_AM | sys::UCP_FEATURE_WAKEUP) as u64;
+        params.features = (sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_AM) as u64;
+        if wakeup {
+            params.features |= sys::UCP_FEATURE_WAKEUP as u64;
+        }
         if nixl_features {
             params.features |= (sys::UCP_FEATURE_AMO32 | sys::UCP_FEATURE_AMO64) as u64;
         }
@@ -127,6 +135,7 @@ impl Context {
             ucx,
             raw,
             memory_types,
+            wakeup,
         }))
     }
 

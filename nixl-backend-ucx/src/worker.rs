@@ -211,12 +211,15 @@ impl Worker {
             // SAFETY: raw is a live worker with no endpoints, destroyed once.
             unsafe { ucx.lib.ucp_worker_destroy(raw) }
         };
+        // The event descriptor exists only with wake-up (a progress thread sleeps on it).
         let mut efd = -1;
-        // SAFETY: raw is live; efd is a valid out-pointer.
-        let st = unsafe { ucx.lib.ucp_worker_get_efd(raw, &mut efd) };
-        if let Err(e) = check(ucx, agent, Op::CreateBackend, "ucp_worker_get_efd", st) {
-            destroy(raw);
-            return Err(e);
+        if ctx.wakeup {
+            // SAFETY: raw is live; efd is a valid out-pointer.
+            let st = unsafe { ucx.lib.ucp_worker_get_efd(raw, &mut efd) };
+            if let Err(e) = check(ucx, agent, Op::CreateBackend, "ucp_worker_get_efd", st) {
+                destroy(raw);
+                return Err(e);
+            }
         }
         let mut addr: *mut sys::ucp_address_t = std::ptr::null_mut();
         let mut addr_len = 0usize;
@@ -316,6 +319,9 @@ impl Worker {
 
     /// Wakes a thread blocked in [`Worker::wait_event`].
     pub fn signal(&self) {
+        if !self.ctx.wakeup {
+            return;
+        }
         let g = self.lock();
         // SAFETY: the worker is live and locked.
         unsafe { self.ctx.ucx.lib.ucp_worker_signal(g.raw()) };
@@ -336,7 +342,7 @@ impl Worker {
             let st = unsafe { self.ctx.ucx.lib.ucp_worker_arm(g.raw()) };
             st == sys::UCS_OK
         };
-        if armed {
+        if armed && self.efd >= 0 {
             let mut fd = sys::PollFd {
                 fd: self.efd,
                 events: sys::POLLIN,

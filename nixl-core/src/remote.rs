@@ -61,7 +61,7 @@ pub(crate) struct RemotePeer {
 impl RemotePeer {
     /// `RemoteDisconnect` when the peer's process is known to have exited.
     pub fn check_alive(&self, agent: &str, op: Op) -> Result<()> {
-        if self.process.as_ref().is_some_and(|p| p.exited()) {
+        if self.process.as_ref().is_some_and(|p| p.exited_lately()) {
             return Err(Error::disconnected(
                 agent,
                 &self.name,

@@ -7,7 +7,7 @@
 //! connection to lose, then report a dead peer as `RemoteDisconnect` like tcp does.
 //!
 //! The hot path (every post, every `gen_notif`) asks [`ProcessWatch::exited_lately`], which
-//! polls at most once per [`POLL_EVERY`]: one syscall per post costs as much as a small
+//! polls at most once per [`POLL_EVERY`] and takes the clock reading the post makes anyway: one syscall per post costs as much as a small
 //! transfer itself (a 4 KiB READ over CMA is about 1.5 us).
 
 use std::os::fd::OwnedFd;
@@ -70,11 +70,11 @@ impl ProcessId {
 /// may still look alive (its transport then reports the failure, or the next check does).
 pub(crate) const POLL_EVERY: Duration = Duration::from_micros(200);
 
-/// Nanoseconds since a process-wide anchor (never 0 after the first call's anchor is set).
-fn now_ns() -> u64 {
+/// Nanoseconds from a process-wide anchor to `now` (never 0).
+fn ns_at(now: Instant) -> u64 {
     static ANCHOR: OnceLock<Instant> = OnceLock::new();
     let anchor = *ANCHOR.get_or_init(Instant::now);
-    u64::try_from(anchor.elapsed().as_nanos())
+    u64::try_from(now.saturating_duration_since(anchor).as_nanos())
         .unwrap_or(u64::MAX)
         .saturating_add(1)
 }
@@ -134,12 +134,13 @@ impl ProcessWatch {
     }
 
     /// [`ProcessWatch::exited`], polling at most once per [`POLL_EVERY`] (in between it answers
-    /// from the last poll). Never blocks.
-    pub fn exited_lately(&self) -> bool {
+    /// from the last poll). `now` is the caller's clock reading (a post reads the clock anyway;
+    /// this saves reading it again). Never blocks.
+    pub fn exited_lately(&self, now: Instant) -> bool {
         if self.gone.load(Ordering::Acquire) {
             return true;
         }
-        let now = now_ns();
+        let now = ns_at(now);
         let last = self.polled.load(Ordering::Relaxed);
         let every = u64::try_from(POLL_EVERY.as_nanos()).unwrap_or(u64::MAX);
         if last != 0 && now.saturating_sub(last) < every {
@@ -171,12 +172,12 @@ mod tests {
         };
         let w = ProcessWatch::open(&id, Some(&me)).unwrap().unwrap();
         assert!(!w.exited());
-        assert!(!w.exited_lately());
+        assert!(!w.exited_lately(Instant::now()));
         child.kill().unwrap();
         child.wait().unwrap();
         // The lazy form answers from its last poll for up to POLL_EVERY, then polls.
         std::thread::sleep(POLL_EVERY * 2);
-        assert!(w.exited_lately());
+        assert!(w.exited_lately(Instant::now()));
         assert!(w.exited());
         assert!(ProcessWatch::open(&id, Some(&me)).is_err(), "exited");
         // A pid with another start time is not the peer; another boot is not watched.

@@ -323,9 +323,10 @@ impl XferReq {
         lock(&self.state).tel
     }
 
-    fn peer_check(&self) -> Result<()> {
+    /// The peer is alive and its metadata current; `now` is the caller's clock reading.
+    fn peer_check(&self, now: Instant) -> Result<()> {
         if let Some(p) = &self.remote {
-            p.check_alive(&self.shared.name, Op::PostXfer)?;
+            p.check_alive_at(&self.shared.name, Op::PostXfer, now)?;
             if !p.valid.load(Ordering::SeqCst) {
                 let current = lock(&self.shared.remotes)
                     .get(&p.name)
@@ -368,8 +369,8 @@ impl XferReq {
                  or its peer's failure while in flight)",
             ));
         }
-        self.peer_check()?;
         let start = Instant::now();
+        self.peer_check(start)?;
         let msg = st.notif.clone().unwrap_or_default();
         st.frame = self.integrity.as_ref().map(|p| {
             // SAFETY: the local ranges lie in DRAM registrations this request keeps alive, and
@@ -438,7 +439,8 @@ impl XferReq {
             Status::Posted { at, deadline } => {
                 let (at, deadline) = (*at, *deadline);
                 // A peer invalidated or restarted mid-transfer: fence the request.
-                if let Err(e) = self.peer_check() {
+                let now = Instant::now();
+                if let Err(e) = self.peer_check(now) {
                     self.abort_locked(st, e.clone());
                     return Err(e);
                 }
@@ -448,7 +450,7 @@ impl XferReq {
                         self.complete(st)
                     }
                     Ok(XferState::InProgress) => match deadline {
-                        Some(d) if Instant::now() >= d => {
+                        Some(d) if now >= d => {
                             let e = Error::TimedOut {
                                 agent: self.shared.name.clone(),
                                 op: Op::CheckXfer,

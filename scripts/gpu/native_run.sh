@@ -25,7 +25,7 @@ say "== GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 
 say "== load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 say "== 1. DRAM sweep + notification latency: native NIXL vs nixl-rs (3 interleaved rounds)"
-timeout 300 python3 benches/reference/compare_native.py --nixlbench "$B/nixlbench" --native "$B/nixl_native" \
+timeout 330 python3 benches/reference/compare_native.py --nixlbench "$B/nixlbench" --native "$B/nixl_native" \
     --nixl-path "$N" --rounds 3 --interleave point --notif-iters 5000 --timeout 120 --out "$OUT/native-sweep.json" \
     > "$OUT/native-sweep.log" 2>&1
 say "rc=$?"

@@ -632,16 +632,22 @@ fn sweep(a: &Agent, o: &Opts, laddr: u64, remote: &Remote) -> Res<()> {
                 ((o.bytes_per_point / bytes as f64) as usize).clamp(8, 20_000)
             };
             let t0 = Instant::now();
-            let per_thread: Vec<Res<Times>> = std::thread::scope(|s| {
-                let hs: Vec<_> = (0..o.threads)
-                    .map(|t| {
-                        s.spawn(move || thread_run(a, o, t, block, batch, laddr, remote, iters))
-                    })
-                    .collect();
-                hs.into_iter()
-                    .map(|h| h.join().unwrap_or_else(|_| Err("thread panicked".into())))
-                    .collect()
-            });
+            // One thread runs on this thread, as NIXL's reference does: a fresh thread may
+            // start on another core (or NUMA node) than the one that touched the buffers.
+            let per_thread: Vec<Res<Times>> = if o.threads == 1 {
+                vec![thread_run(a, o, 0, block, batch, laddr, remote, iters)]
+            } else {
+                std::thread::scope(|s| {
+                    let hs: Vec<_> = (0..o.threads)
+                        .map(|t| {
+                            s.spawn(move || thread_run(a, o, t, block, batch, laddr, remote, iters))
+                        })
+                        .collect();
+                    hs.into_iter()
+                        .map(|h| h.join().unwrap_or_else(|_| Err("thread panicked".into())))
+                        .collect()
+                })
+            };
             let wall = t0.elapsed();
             let mut all = Times::default();
             for t in per_thread {
@@ -655,21 +661,18 @@ fn sweep(a: &Agent, o: &Opts, laddr: u64, remote: &Remote) -> Res<()> {
             let xsum: f64 =
                 all.xfer.iter().map(Duration::as_secs_f64).sum::<f64>() / o.threads as f64;
             let gbps = (bytes * iters as u64 * o.threads as u64) as f64 / xsum.max(1e-12) / 1e9;
-            let med = {
+            let (med, min) = {
                 let mut v = all.xfer.clone();
                 v.sort();
-                v.get(v.len() / 2)
-                    .copied()
-                    .unwrap_or_default()
-                    .as_secs_f64()
-                    * 1e6
+                let us = |d: Option<&Duration>| d.copied().unwrap_or_default().as_secs_f64() * 1e6;
+                (us(v.get(v.len() / 2)), us(v.first()))
             };
             let (pa, pp) = avg_p99(&mut all.prepare);
             let (qa, qp) = avg_p99(&mut all.post);
             let (xa, xp) = avg_p99(&mut all.xfer);
             if o.json {
                 println!(
-                    "{{\"impl\": \"nixl-rs\", \"op\": \"{}\", \"block\": {block}, \"batch\": {batch}, \"iters\": {iters}, \"gbps\": {gbps}, \"lat_med_us\": {med}, \"lat_p99_us\": {xp}, \"lat_avg_us\": {xa}, \"prep_avg_us\": {pa}, \"post_avg_us\": {qa}, \"wall_s\": {}}}",
+                    "{{\"impl\": \"nixl-rs\", \"op\": \"{}\", \"block\": {block}, \"batch\": {batch}, \"iters\": {iters}, \"gbps\": {gbps}, \"lat_med_us\": {med}, \"lat_min_us\": {min}, \"lat_p99_us\": {xp}, \"lat_avg_us\": {xa}, \"prep_avg_us\": {pa}, \"post_avg_us\": {qa}, \"wall_s\": {}}}",
                     if o.op == XferOp::Read { "READ" } else { "WRITE" },
                     wall.as_secs_f64()
                 );

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Interleaved nixl-rs vs native NIXL 1.5.1 (C++ API), optionally vs NIXL's Python binding too.
 
-Each round runs, per op, every implementation once in an order that rotates between rounds:
+Each round runs, per point (default; --interleave sweep: per op), every implementation once in an
+order that rotates between rounds and points:
   native  benches/reference/native/nixl_native (built by build.sh against the wheel's libnixl.so)
   ours    nixlbench --json (nixl-rs, UCX backend)
   python  benches/reference/nixl_ref.py (with --python; NIXL through its Python binding)
@@ -11,7 +12,8 @@ NIXL's thread on, as its binding is normally used), and the same UCX: nixl-rs lo
 bundled libucp (NIXL_UCX_HOME=$NIXL_WHEEL_UCX). Then notification latency rounds (4 KiB WRITE +
 notification, the target busy-polling): native vs ours.
 
-Reports per point the median over rounds of GB/s and of the median request latency, the ratio
+Reports per point the median over rounds of GB/s, of the median and of the minimum request
+latency (the minimum is the steadier figure on a loaded host), the ratio
 nixl-rs / native (and / python), the load average before each run, and writes JSON with --out.
 
     python3 benches/reference/compare_native.py --nixlbench <nixlbench> \
@@ -73,6 +75,10 @@ def main():
     p.add_argument("--blocks", default="4096,65536,1048576,16777216,67108864")
     p.add_argument("--batches", default="1,32")
     p.add_argument("--ops", default="READ,WRITE")
+    p.add_argument("--interleave", choices=["point", "sweep"], default="point",
+                   help="point: every (op, block, batch) runs each implementation back to back "
+                        "(its own processes, buffers sized to the point); sweep: each "
+                        "implementation runs a whole op sweep in turn")
     p.add_argument("--bytes-per-point", default="1e9")
     p.add_argument("--notif-rounds", type=int, default=None, help="default: --rounds; 0 skips")
     p.add_argument("--notif-iters", type=int, default=2000)
@@ -86,17 +92,24 @@ def main():
     impls = ["native", "ours"] + (["python"] if a.python else [])
     results = {}  # (impl, op, block, batch) -> [row]
     loads = []
+    # What one run covers: a whole op sweep, or one point (each implementation then runs it
+    # back to back, so slow drifts of the host, e.g. memory bandwidth, hit both alike).
+    if a.interleave == "sweep":
+        units = [(op, blocks, batches, buf) for op in ops]
+    else:
+        units = [(op, [b], [n], str(int(n) * (int(b) + 4096))) for op in ops for b in blocks for n in batches]
     for r in range(a.rounds):
-        for op in ops:
+        for i, (op, ublocks, ubatches, ubuf) in enumerate(units):
+            bl, bt = ",".join(ublocks), ",".join(ubatches)
             cmds = {
-                "native": [a.native, "--mode", "sweep", "--op", op, "--blocks", a.blocks, "--batches", a.batches,
-                           "--buffer", buf, "--bytes-per-point", a.bytes_per_point],
-                "ours": [a.nixlbench, "--json", "--progress-thread", "off", "--op", op, "--blocks", a.blocks,
-                         "--batches", a.batches, "--total-buffer-size", buf, "--bytes-per-point", a.bytes_per_point],
-                "python": [sys.executable, os.path.join(HERE, "nixl_ref.py"), "--ops", op, "--blocks", *blocks,
-                           "--batches", *batches, "--buffer", buf, "--bytes-per-point", a.bytes_per_point],
+                "native": [a.native, "--mode", "sweep", "--op", op, "--blocks", bl, "--batches", bt,
+                           "--buffer", ubuf, "--bytes-per-point", a.bytes_per_point],
+                "ours": [a.nixlbench, "--json", "--progress-thread", "off", "--op", op, "--blocks", bl,
+                         "--batches", bt, "--total-buffer-size", ubuf, "--bytes-per-point", a.bytes_per_point],
+                "python": [sys.executable, os.path.join(HERE, "nixl_ref.py"), "--ops", op, "--blocks", *ublocks,
+                           "--batches", *ubatches, "--buffer", ubuf, "--bytes-per-point", a.bytes_per_point],
             }
-            k = r % len(impls)
+            k = (r + i) % len(impls)
             for name in impls[k:] + impls[:k]:
                 ld = load()
                 loads.append(ld)
@@ -104,7 +117,8 @@ def main():
                     key = (name, row["op"], row["block"], row["batch"])
                     results.setdefault(key, []).append(row)
                     print(f"round {r} load {ld:5.2f} {name:6} {row['op']:5} {row['block']:>9} x{row['batch']:<3} "
-                          f"{row['gbps']:8.3f} GB/s  med {row['lat_med_us']:9.2f} us", flush=True)
+                          f"{row['gbps']:8.3f} GB/s  med {row['lat_med_us']:9.2f} us  "
+                          f"min {row.get('lat_min_us', float('nan')):9.2f} us", flush=True)
     notif = {}
     for r in range(a.rounds if a.notif_rounds is None else a.notif_rounds):
         cmds = {
@@ -122,7 +136,7 @@ def main():
                       f"p99 {row['notif_p99_us']:9.2f} us min {row['notif_min_us']:6.2f} us", flush=True)
 
     def med(impl, op, b, n, f):
-        rows = results.get((impl, op, int(b), int(n)))
+        rows = [x for x in results.get((impl, op, int(b), int(n)), []) if f in x]
         return statistics.median(x[f] for x in rows) if rows else None
 
     table = []
@@ -133,6 +147,8 @@ def main():
                 for impl in impls:
                     row[f"{impl}_gbps"] = med(impl, op, b, n, "gbps")
                     row[f"{impl}_lat_med_us"] = med(impl, op, b, n, "lat_med_us")
+                    if impl != "python":
+                        row[f"{impl}_lat_min_us"] = med(impl, op, b, n, "lat_min_us")
                 if row["native_gbps"] and row["ours_gbps"]:
                     row["ratio_native"] = row["ours_gbps"] / row["native_gbps"]
                 if a.python and row.get("python_gbps") and row["ours_gbps"]:
@@ -140,7 +156,8 @@ def main():
                 table.append(row)
     print(f"\nload average during the runs: min {min(loads):.2f} median {statistics.median(loads):.2f} "
           f"max {max(loads):.2f}")
-    head = "| op | block | batch | native GB/s | nixl-rs GB/s | ratio | native med us | nixl-rs med us |"
+    head = ("| op | block | batch | native GB/s | nixl-rs GB/s | ratio | native med us | nixl-rs med us "
+            "| native min us | nixl-rs min us |")
     if a.python:
         head += " Python GB/s | ratio vs Python |"
     print(head)
@@ -148,7 +165,8 @@ def main():
     fmt = lambda v, d=3: "-" if v is None else f"{v:.{d}f}"
     for t in table:
         line = (f"| {t['op']} | {t['block']} | {t['batch']} | {fmt(t['native_gbps'])} | {fmt(t['ours_gbps'])} | "
-                f"{fmt(t.get('ratio_native'), 2)} | {fmt(t['native_lat_med_us'], 2)} | {fmt(t['ours_lat_med_us'], 2)} |")
+                f"{fmt(t.get('ratio_native'), 2)} | {fmt(t['native_lat_med_us'], 2)} | {fmt(t['ours_lat_med_us'], 2)} | "
+                f"{fmt(t.get('native_lat_min_us'), 2)} | {fmt(t.get('ours_lat_min_us'), 2)} |")
         if a.python:
             line += f" {fmt(t.get('python_gbps'))} | {fmt(t.get('ratio_python'), 2)} |"
         print(line)

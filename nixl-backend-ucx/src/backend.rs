@@ -113,6 +113,7 @@ impl UcxBackend {
             &agent,
             &params.ucx_config(ucx.version),
             params.nixl_compat,
+            params.progress_thread,
         )?;
         let sessions = Arc::new(Sessions::default());
         let workers = (0..params.num_workers)

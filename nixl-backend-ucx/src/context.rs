@@ -16,6 +16,8 @@ pub(crate) struct Context {
     pub ucx: Arc<Ucx>,
     /// Bit mask of `ucs_memory_type_t` the context can register.
     pub memory_types: u64,
+    /// Created with `UCP_FEATURE_WAKEUP` (workers have event descriptors).
+    pub wakeup: bool,
 }
 
 impl std::fmt::Debug for Context {
@@ -41,12 +43,16 @@ impl Context {
     /// Reads UCX's configuration, applies `config` (`("TLS", "tcp")`, ...) and creates the
     /// context.
     /// With `nixl_features`, the context asks for NIXL's features (adds 32- and 64-bit
-    /// atomics).
+    /// atomics). As NIXL's UCX plugin does, it asks for wake-up only when a progress thread
+    /// sleeps on the workers' event descriptors (`wakeup`). Unlike NIXL with one worker, it
+    /// always asks for a thread-safe context (`mt_workers_shared`): registration runs on the
+    /// application's threads beside progress, and that lock is not on the put/get path.
     pub fn new(
         ucx: Arc<Ucx>,
         agent: &str,
         config: &[(String, String)],
         nixl_features: bool,
+        wakeup: bool,
     ) -> Result<Arc<Self>> {
         let fail = |call, st| status_error(&ucx, agent, None, Op::CreateBackend, call, st);
         let mut cfg = sys::Config::read(&ucx.lib).map_err(|st| fail("ucp_config_read", st))?;
@@ -63,8 +69,10 @@ impl Context {
             }
         }
         let name = cstring(agent, "the agent name", agent)?;
-        let mut features =
-            (sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_AM | sys::UCP_FEATURE_WAKEUP) as u64;
+        let mut features = (sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_AM) as u64;
+        if wakeup {
+            features |= sys::UCP_FEATURE_WAKEUP as u64;
+        }
         if nixl_features {
             features |= (sys::UCP_FEATURE_AMO32 | sys::UCP_FEATURE_AMO64) as u64;
         }
@@ -76,6 +84,7 @@ impl Context {
             ucx,
             raw,
             memory_types,
+            wakeup,
         }))
     }
 

@@ -151,7 +151,12 @@ impl Worker {
         let fail = |call, st| status_error(ucx, agent, None, Op::CreateBackend, call, st);
         let mut raw =
             sys::WorkerH::create(ucx, ctx.raw()).map_err(|st| fail("ucp_worker_create", st))?;
-        let efd = raw.efd().map_err(|st| fail("ucp_worker_get_efd", st))?;
+        // The event descriptor exists only with wake-up (a progress thread sleeps on it).
+        let efd = if ctx.wakeup {
+            raw.efd().map_err(|st| fail("ucp_worker_get_efd", st))?
+        } else {
+            -1
+        };
         let address = raw
             .address()
             .map_err(|st| fail("ucp_worker_get_address", st))?;
@@ -216,6 +221,9 @@ impl Worker {
 
     /// Wakes a thread blocked in [`Worker::progress_or_wait`].
     pub fn signal(&self) {
+        if !self.ctx.wakeup {
+            return;
+        }
         self.lock().g.signal();
     }
 
@@ -232,7 +240,7 @@ impl Worker {
             }
             g.g.arm() == sys::UCS_OK
         };
-        if armed {
+        if armed && self.efd >= 0 {
             let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
             // The descriptor belongs to the live worker (self).
             sys::worker::poll_in(self.efd, ms);

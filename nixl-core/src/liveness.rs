@@ -5,9 +5,16 @@
 //! checking the start time, so a reused pid is not mistaken for the peer) and from then on
 //! learns of its exit with one non-blocking poll: shared memory transports, which have no
 //! connection to lose, then report a dead peer as `RemoteDisconnect` like tcp does.
+//!
+//! The hot path (every post, every `gen_notif`) asks [`ProcessWatch::exited_lately`], which
+//! polls at most once per [`POLL_EVERY`] and takes the clock reading the post makes anyway: one syscall per post costs as much as a small
+//! transfer itself (a 4 KiB READ over CMA is about 1.5 us).
 
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::process::{pidfd_open, Pid, PidfdFlags};
@@ -59,10 +66,27 @@ impl ProcessId {
     }
 }
 
+/// How stale [`ProcessWatch::exited_lately`] may be: a peer that exited less than this ago
+/// may still look alive (its transport then reports the failure, or the next check does).
+pub(crate) const POLL_EVERY: Duration = Duration::from_micros(200);
+
+/// Nanoseconds from a process-wide anchor to `now` (never 0).
+fn ns_at(now: Instant) -> u64 {
+    static ANCHOR: OnceLock<Instant> = OnceLock::new();
+    let anchor = *ANCHOR.get_or_init(Instant::now);
+    u64::try_from(now.saturating_duration_since(anchor).as_nanos())
+        .unwrap_or(u64::MAX)
+        .saturating_add(1)
+}
+
 /// A watch on a peer's process (a pidfd).
 #[derive(Debug)]
 pub(crate) struct ProcessWatch {
     fd: OwnedFd,
+    /// Seen exited (final).
+    gone: AtomicBool,
+    /// [`now_ns`] of the last poll (0: never polled).
+    polled: AtomicU64,
 }
 
 impl ProcessWatch {
@@ -85,7 +109,11 @@ impl ProcessWatch {
         // Checked after opening: the pidfd now pins this pid, so a match means the process
         // the metadata names is the one watched.
         match start_time(&peer.pid.to_string()) {
-            Some(t) if t == peer.start_time => Ok(Some(ProcessWatch { fd })),
+            Some(t) if t == peer.start_time => Ok(Some(ProcessWatch {
+                fd,
+                gone: AtomicBool::new(false),
+                polled: AtomicU64::new(0),
+            })),
             Some(_) => Err("its process has exited (the pid now belongs to another process)"),
             None => Err("its process has exited"),
         }
@@ -98,7 +126,28 @@ impl ProcessWatch {
             tv_sec: 0,
             tv_nsec: 0,
         };
-        matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
+        let gone = matches!(poll(&mut fds, Some(&zero)), Ok(n) if n > 0);
+        if gone {
+            self.gone.store(true, Ordering::Release);
+        }
+        gone
+    }
+
+    /// [`ProcessWatch::exited`], polling at most once per [`POLL_EVERY`] (in between it answers
+    /// from the last poll). `now` is the caller's clock reading (a post reads the clock anyway;
+    /// this saves reading it again). Never blocks.
+    pub fn exited_lately(&self, now: Instant) -> bool {
+        if self.gone.load(Ordering::Acquire) {
+            return true;
+        }
+        let now = ns_at(now);
+        let last = self.polled.load(Ordering::Relaxed);
+        let every = u64::try_from(POLL_EVERY.as_nanos()).unwrap_or(u64::MAX);
+        if last != 0 && now.saturating_sub(last) < every {
+            return false;
+        }
+        self.polled.store(now, Ordering::Relaxed);
+        self.exited()
     }
 }
 
@@ -123,8 +172,12 @@ mod tests {
         };
         let w = ProcessWatch::open(&id, Some(&me)).unwrap().unwrap();
         assert!(!w.exited());
+        assert!(!w.exited_lately(Instant::now()));
         child.kill().unwrap();
         child.wait().unwrap();
+        // The lazy form answers from its last poll for up to POLL_EVERY, then polls.
+        std::thread::sleep(POLL_EVERY * 2);
+        assert!(w.exited_lately(Instant::now()));
         assert!(w.exited());
         assert!(ProcessWatch::open(&id, Some(&me)).is_err(), "exited");
         // A pid with another start time is not the peer; another boot is not watched.

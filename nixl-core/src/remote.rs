@@ -61,7 +61,12 @@ pub(crate) struct RemotePeer {
 impl RemotePeer {
     /// `RemoteDisconnect` when the peer's process is known to have exited.
     pub fn check_alive(&self, agent: &str, op: Op) -> Result<()> {
-        if self.process.as_ref().is_some_and(|p| p.exited()) {
+        self.check_alive_at(agent, op, std::time::Instant::now())
+    }
+
+    /// [`RemotePeer::check_alive`] with the caller's clock reading `now`.
+    pub fn check_alive_at(&self, agent: &str, op: Op, now: std::time::Instant) -> Result<()> {
+        if self.process.as_ref().is_some_and(|p| p.exited_lately(now)) {
             return Err(Error::disconnected(
                 agent,
                 &self.name,

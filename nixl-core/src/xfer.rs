@@ -326,8 +326,9 @@ impl XferReq {
     /// The request's peer: `PeerRestarted` when the incarnation it was built against was
     /// fenced (invalidated, or replaced by a restart), else `RemoteDisconnect` when its process
     /// exited. A fence is checked first: it is what the agent decided, whereas the exit of a
-    /// fenced incarnation is only its consequence, seen first or not by the pidfd watch.
-    fn peer_check(&self) -> Result<()> {
+    /// fenced incarnation is only its consequence, seen first or not by the pidfd watch. `now`
+    /// is the caller's clock reading.
+    fn peer_check(&self, now: Instant) -> Result<()> {
         if let Some(p) = &self.remote {
             if !p.valid.load(Ordering::SeqCst) {
                 let current = lock(&self.shared.remotes)
@@ -342,7 +343,7 @@ impl XferReq {
                     current,
                 });
             }
-            p.check_alive(&self.shared.name, Op::PostXfer)?;
+            p.check_alive_at(&self.shared.name, Op::PostXfer, now)?;
         }
         Ok(())
     }
@@ -372,8 +373,8 @@ impl XferReq {
                  or its peer's failure while in flight)",
             ));
         }
-        self.peer_check()?;
         let start = Instant::now();
+        self.peer_check(start)?;
         let msg = st.notif.clone().unwrap_or_default();
         st.frame = self.integrity.as_ref().map(|p| {
             // SAFETY: the local ranges lie in DRAM registrations this request keeps alive, and
@@ -442,7 +443,8 @@ impl XferReq {
             Status::Posted { at, deadline } => {
                 let (at, deadline) = (*at, *deadline);
                 // A peer invalidated or restarted mid-transfer: fence the request.
-                if let Err(e) = self.peer_check() {
+                let now = Instant::now();
+                if let Err(e) = self.peer_check(now) {
                     self.abort_locked(st, e.clone());
                     return Err(e);
                 }
@@ -452,7 +454,7 @@ impl XferReq {
                         self.complete(st)
                     }
                     Ok(XferState::InProgress) => match deadline {
-                        Some(d) if Instant::now() >= d => {
+                        Some(d) if now >= d => {
                             let e = Error::TimedOut {
                                 agent: self.shared.name.clone(),
                                 op: Op::CheckXfer,

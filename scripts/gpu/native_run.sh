@@ -2,7 +2,8 @@
 # GPU machine's host, one call (under 10 minutes), from the binaries scripts/gpu/native_build.sh
 # put in .carry/ (carry [".carry/nixl312", ".carry/nixl-bin"]):
 #  1. DRAM -> DRAM sweep, native NIXL 1.5.1 (C++ API, the wheel's libnixl.so) vs nixl-rs, READ and
-#     WRITE, 4K..64M x 1/32, 3 interleaved rounds, both on the wheel's UCX 1.23, progress
+#     WRITE, 4K..64M x 1/32, 3 rounds interleaved per point (each point runs native and
+#     nixl-rs back to back, the order alternating), both on the wheel's UCX 1.23, progress
 #     threads off (benches/reference/compare_native.py); then notification latency (4 KiB WRITE
 #     + notification, median time until the target sees it), 3 rounds each.
 #  2. Item 6 of issue 14: the CUDA_IPC copy kernel alone (gpu_bench --sweep: one process,
@@ -24,8 +25,8 @@ say "== GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 
 say "== load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 say "== 1. DRAM sweep + notification latency: native NIXL vs nixl-rs (3 interleaved rounds)"
-timeout 300 python3 benches/reference/compare_native.py --nixlbench "$B/nixlbench" --native "$B/nixl_native" \
-    --nixl-path "$N" --rounds 3 --notif-iters 5000 --timeout 120 --out "$OUT/native-sweep.json" \
+timeout 330 python3 benches/reference/compare_native.py --nixlbench "$B/nixlbench" --native "$B/nixl_native" \
+    --nixl-path "$N" --rounds 3 --interleave point --notif-iters 5000 --timeout 120 --out "$OUT/native-sweep.json" \
     > "$OUT/native-sweep.log" 2>&1
 say "rc=$?"
 sed -n '/^load average during/,$p' "$OUT/native-sweep.log" | tee -a "$s"

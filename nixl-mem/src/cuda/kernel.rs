@@ -648,8 +648,33 @@ pub(crate) fn plan(
     }
 }
 
+/// Writes `descs` as the device array's bytes into `out` (`(src, dst, len)` little-endian each); returns
+/// how many fit (all, where `out` holds `descs.len() * DESC_BYTES` bytes).
+pub(crate) fn write_descriptors(descs: &[Segment], out: &mut [u8]) -> usize {
+    let mut n = 0;
+    for (d, slot) in descs.iter().zip(out.chunks_exact_mut(DESC_BYTES)) {
+        slot[..8].copy_from_slice(&d.src.to_le_bytes());
+        slot[8..16].copy_from_slice(&d.dst.to_le_bytes());
+        slot[16..].copy_from_slice(&d.len.to_le_bytes());
+        n += 1;
+    }
+    n
+}
+
+/// The grid for `count` descriptors cut one by one (the persistent and per-chunk schedules)
+/// on a GPU where `resident` CTAs of the shape run at once; at least 1.
+pub(crate) fn grid(shape: &KernelShape, count: u64, resident: u32) -> u32 {
+    let resident = u64::from(resident.max(1));
+    let n = match shape.schedule {
+        KernelSchedule::PerChunk => count,
+        KernelSchedule::Persistent | KernelSchedule::Balanced => count.min(resident),
+    };
+    u32::try_from(n.clamp(1, MAX_GRID)).unwrap_or(1)
+}
+
 /// The device array's bytes: `(src, dst, len)` little-endian per descriptor (every CUDA GPU is
 /// little-endian, as is every host this crate builds for).
+#[cfg(test)]
 pub(crate) fn descriptor_bytes(descs: &[Segment]) -> Vec<u8> {
     let mut v = Vec::with_capacity(descs.len() * DESC_BYTES);
     for d in descs {
@@ -690,6 +715,16 @@ impl CopyKernel {
             shape,
             resident,
         })
+    }
+
+    /// The shape it was compiled for.
+    pub fn shape(&self) -> &KernelShape {
+        &self.shape
+    }
+
+    /// The grid for `count` descriptors cut one by one (see [`grid`]).
+    pub fn grid(&self, count: u64) -> u32 {
+        grid(&self.shape, count, self.resident)
     }
 
     /// The descriptors and grid for `segments` (see [`plan`]).
@@ -1029,6 +1064,18 @@ mod tests {
             &[1u8, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0]
         );
         assert!(descriptor_bytes(&[]).is_empty());
+    }
+
+    #[test]
+    fn written_descriptors_equal_descriptor_bytes() {
+        let d: Vec<Segment> = (0..5u64).map(|i| seg(i * 7, i << 40, i + 1)).collect();
+        let want = descriptor_bytes(&d);
+        let mut out = vec![0u8; want.len() + 5];
+        assert_eq!(write_descriptors(&d, &mut out), 5);
+        assert!(out[..want.len()] == want[..] && out[want.len()..] == [0; 5]);
+        let mut short = vec![0u8; 2 * DESC_BYTES + 3];
+        assert_eq!(write_descriptors(&d, &mut short), 2);
+        assert_eq!(short[..2 * DESC_BYTES], want[..2 * DESC_BYTES]);
     }
 
     #[test]

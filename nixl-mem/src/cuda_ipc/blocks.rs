@@ -4,13 +4,17 @@
 //! each other is decided from the layers and the ids, not by sorting every block
 //! ([`kernel::conflict`] runs only where that cannot prove independence).
 //!
-//! The copy kernel still reads one `(src, dst, len)` descriptor per copy, generated here and
-//! uploaded once at prepare time (reposts reuse it).
+//! The copy kernel still reads one `(src, dst, len)` descriptor per copy: for a request proven
+//! independent they are written straight from the table into a reused pinned buffer and
+//! uploaded with one asynchronous copy at prepare time (reposts reuse them); the segment list
+//! is built only for requests that need the one-by-one check or the copy engines.
 
 use nixl_core::backend::{downcast_md, BackendXfer, BlockXferSpec};
-use nixl_core::{Error, MemKind, Op, Result, StridedDesc, XferOp};
+use nixl_core::{Error, MemKind, Op, Result, StridedDesc};
 
 use super::md::{LocalMd, Target};
+use super::table::BlockTable;
+use super::xfer::Work;
 use super::{CudaIpcBackend, Ends};
 use crate::cuda::kernel;
 
@@ -74,21 +78,18 @@ impl CudaIpcBackend {
                 ..l.remote
             });
         }
-        let mut copies = Vec::with_capacity(spec.segment_count());
-        for (l, la, ra, len) in spec.segments() {
-            let r = remote_here[l].addr + (ra - spec.layers[l].remote.addr);
-            copies.push(match spec.op {
-                XferOp::Write => (r, la, len),
-                XferOp::Read => (la, r, len),
-            });
-        }
-        if copies.is_empty() {
+        let table = BlockTable::new(spec, &remote_here);
+        if table.copy_count() == 0 {
             return Err(Error::invalid(me, Op::MakeXfer, "no blocks"));
         }
-        let conflict = if independent(spec, &remote_here) {
-            None
+        // Proven independent from the layers and the ids: the kernel's descriptors are written
+        // straight from the table. Otherwise the copies are listed and checked one by one.
+        let (work, conflict) = if independent(spec, &remote_here) {
+            (Work::Table(table), None)
         } else {
-            kernel::conflict(&copies)
+            let copies = table.copies();
+            let conflict = kernel::conflict(&copies);
+            (Work::Copies(copies), conflict)
         };
         let ends = Ends {
             op: spec.op,
@@ -97,7 +98,7 @@ impl CudaIpcBackend {
             is_local: spec.is_local,
             notif: spec.notif.as_deref(),
         };
-        self.finish(ends, copies, how, kernel_ok, conflict)
+        self.finish(ends, work, how, kernel_ok, conflict)
     }
 }
 
@@ -158,6 +159,7 @@ fn strided_disjoint(a: &StridedDesc, b: &StridedDesc) -> bool {
 mod tests {
     use super::*;
     use nixl_core::backend::{BlockRun, LayerPair};
+    use nixl_core::XferOp;
     use proptest::prelude::*;
     use std::sync::Arc;
 

@@ -12,6 +12,12 @@
 //! requests to the copy engines instead). A zero-length descriptor touches no memory (the
 //! balanced schedule pads with them).
 //!
+//! The block kernel ([`ptx_blocks`]) is the same copy code over items generated on the device
+//! from a block table (per layer: source and destination base and stride; per piece of the
+//! ids: source id, destination id, offset, length), so a block-table request uploads
+//! O(layers + ids) bytes instead of a descriptor per layer and block. Its item `i` is the
+//! segment kernel's descriptor `i` of the same request, so CTAs get the same work.
+//!
 //! [`plan`] cuts the segments into descriptors of at most `chunk` bytes and picks the grid
 //! ([`KernelSchedule`]); cuts fall on multiples of 16 bytes from a segment's start, which keeps each
 //! piece's relative alignment. CTAs share no data, and no two descriptors may conflict (one's
@@ -38,6 +44,7 @@ pub(crate) const DESC_BYTES: usize = 24;
 const MAX_GRID: u64 = (1 << 31) - 1;
 
 const NAME: &CStr = c"nixl_copy_segments";
+const BLOCKS_NAME: &CStr = c"nixl_copy_blocks";
 
 /// How the copy kernel's descriptors are assigned to CTAs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -294,14 +301,14 @@ impl KernelShape {
 }
 
 const TEMPLATE: &str = r#"//
-// nixl-rs scatter-gather copy: nixl_copy_segments(descs: *(src u64, dst u64, len u64), count u64)
+// nixl-rs scatter-gather copy: @TITLE@
 // shape: @SHAPE@
 //
 .version 7.0
 .target sm_70
 .address_size 64
 
-.visible .entry nixl_copy_segments(
+.visible .entry @NAME@(
 	.param .u64 nixl_descs,
 	.param .u64 nixl_count
 )
@@ -312,13 +319,13 @@ const TEMPLATE: &str = r#"//
 	.reg .b32 	%r<5>;
 	.reg .b32 	%v<@VREGS@>;
 	.reg .b64 	%rd<36>;
-	.reg .b64 	%la<@UNROLL@>;
+@EXTRA_REGS@	.reg .b64 	%la<@UNROLL@>;
 	.reg .b64 	%sa<@UNROLL@>;
 
 	ld.param.u64 	%rd1, [nixl_descs];
 	ld.param.u64 	%rd2, [nixl_count];
 	cvta.to.global.u64 	%rd1, %rd1;
-	mov.u32 	%r1, %ctaid.x;
+@PROLOGUE@	mov.u32 	%r1, %ctaid.x;
 	mov.u32 	%r2, %nctaid.x;
 	mov.u32 	%r3, %tid.x;
 	mov.u32 	%r4, %ntid.x;
@@ -337,11 +344,7 @@ $L_item:
 	// rd3 = descriptor index (ctaid, then += nctaid); stop at count.
 	setp.ge.u64 	%p1, %rd3, %rd2;
 	@%p1 bra 	$L_done;
-	mad.lo.u64 	%rd11, %rd3, 24, %rd1;
-	ld.global.nc.u64 	%rd12, [%rd11];
-	ld.global.nc.u64 	%rd13, [%rd11+8];
-	ld.global.nc.u64 	%rd14, [%rd11+16];
-	// rd12 = src, rd13 = dst, rd14 = len. Same alignment modulo 16, or bytes only.
+@FETCH@	// rd12 = src, rd13 = dst, rd14 = len. Same alignment modulo 16, or bytes only.
 	xor.b64 	%rd15, %rd12, %rd13;
 	and.b64 	%rd15, %rd15, 15;
 	setp.ne.u64 	%p2, %rd15, 0;
@@ -421,9 +424,86 @@ $L_done:
 }
 "#;
 
-/// The kernel's PTX for `shape`, NUL-terminated for `cuModuleLoadDataEx`. The thread count
-/// only bounds the launch (`.maxntid`): the code reads `%ntid.x`.
+/// What differs between the two kernels of a shape.
+struct Parts {
+    title: &'static str,
+    name: &'static str,
+    extra_regs: &'static str,
+    prologue: &'static str,
+    fetch: &'static str,
+}
+
+/// The segment kernel: item `rd3` is descriptor `rd3` of the array.
+const SEGMENTS: Parts = Parts {
+    title: "nixl_copy_segments(descs: *(src u64, dst u64, len u64), count u64)",
+    name: "nixl_copy_segments",
+    extra_regs: "",
+    prologue: "",
+    fetch: "\tmad.lo.u64 \t%rd11, %rd3, 24, %rd1;
+\tld.global.nc.u64 \t%rd12, [%rd11];
+\tld.global.nc.u64 \t%rd13, [%rd11+8];
+\tld.global.nc.u64 \t%rd14, [%rd11+16];
+",
+};
+
+/// The block kernel: item `rd3` is generated from a block table (see [`BLOCK_TABLE_HEADER`]):
+/// piece `i % npieces` of layer `i / npieces`, from `src base + src id * src stride + offset`
+/// to `dst base + dst id * dst stride + offset`.
+const BLOCKS: Parts = Parts {
+    title: "nixl_copy_blocks(table: *(npieces u64, pieces offset u64, layers, pieces), count u64)",
+    name: "nixl_copy_blocks",
+    extra_regs: "\t.reg .b64 \t%rb<10>;\n",
+    prologue:
+        "\t// rb2 = npieces, rb1 = the pieces (32 bytes each), rb0 = the layers (32 bytes each).
+\tld.global.nc.u64 \t%rb2, [%rd1];
+\tld.global.nc.u64 \t%rb1, [%rd1+8];
+\tadd.u64 \t%rb1, %rb1, %rd1;
+\tadd.u64 \t%rb0, %rd1, 16;
+",
+    fetch: "\t// layer rb3 = item / npieces, piece rb4 = item % npieces.
+\tdiv.u64 \t%rb3, %rd3, %rb2;
+\tmul.lo.u64 \t%rb4, %rb3, %rb2;
+\tsub.u64 \t%rb4, %rd3, %rb4;
+\tshl.b64 \t%rb5, %rb3, 5;
+\tadd.u64 \t%rb5, %rb5, %rb0;
+\tshl.b64 \t%rb6, %rb4, 5;
+\tadd.u64 \t%rb6, %rb6, %rb1;
+\t// layer: (src base, src stride, dst base, dst stride); piece: (src id, dst id, offset, len).
+\tld.global.nc.u64 \t%rd12, [%rb5];
+\tld.global.nc.u64 \t%rb7, [%rb5+8];
+\tld.global.nc.u64 \t%rd13, [%rb5+16];
+\tld.global.nc.u64 \t%rb8, [%rb5+24];
+\tld.global.nc.u64 \t%rb9, [%rb6];
+\tmad.lo.u64 \t%rd12, %rb9, %rb7, %rd12;
+\tld.global.nc.u64 \t%rb9, [%rb6+8];
+\tmad.lo.u64 \t%rd13, %rb9, %rb8, %rd13;
+\tld.global.nc.u64 \t%rb9, [%rb6+16];
+\tadd.u64 \t%rd12, %rd12, %rb9;
+\tadd.u64 \t%rd13, %rd13, %rb9;
+\tld.global.nc.u64 \t%rd14, [%rb6+24];
+",
+};
+
+/// Bytes before a block table's layers: `npieces` and the pieces' byte offset from the
+/// table's start (both `u64`, little-endian).
+pub(crate) const BLOCK_TABLE_HEADER: usize = 16;
+/// Bytes per layer `(src base, src stride, dst base, dst stride)` and per piece
+/// `(src id, dst id, offset, len)` in a block table.
+pub(crate) const BLOCK_ENTRY_BYTES: usize = 32;
+
+/// The segment kernel's PTX for `shape`, NUL-terminated for `cuModuleLoadDataEx`. The thread
+/// count only bounds the launch (`.maxntid`): the code reads `%ntid.x`.
 pub(crate) fn ptx(shape: &KernelShape) -> String {
+    ptx_of(shape, &SEGMENTS)
+}
+
+/// The block kernel's PTX for `shape`: the same copy code, each item's `(src, dst, len)`
+/// generated from a block table instead of read from a descriptor.
+pub(crate) fn ptx_blocks(shape: &KernelShape) -> String {
+    ptx_of(shape, &BLOCKS)
+}
+
+fn ptx_of(shape: &KernelShape, parts: &Parts) -> String {
     let u = shape.unroll.max(1);
     let load = if shape.nc_loads {
         "ld.global.nc.v4.u32"
@@ -468,6 +548,11 @@ pub(crate) fn ptx(shape: &KernelShape) -> String {
         round += &format!("\t{store} \t[%sa{k}], {};\n", v(k));
     }
     let mut s = TEMPLATE
+        .replace("@TITLE@", parts.title)
+        .replace("@NAME@", parts.name)
+        .replace("@EXTRA_REGS@", parts.extra_regs)
+        .replace("@PROLOGUE@", parts.prologue)
+        .replace("@FETCH@", parts.fetch)
         .replace("@SHAPE@", &shape.to_string())
         .replace("@THREADS@", &shape.threads.to_string())
         .replace("@VREGS@", &(4 * u).to_string())
@@ -688,6 +773,8 @@ pub(crate) fn descriptor_bytes(descs: &[Segment]) -> Vec<u8> {
 /// The loaded module (unloaded on drop) and its kernel, for one context.
 pub(crate) struct CopyKernel {
     module: KernelModule,
+    /// The block kernel (same shape), where it loaded.
+    blocks: Option<KernelModule>,
     shape: KernelShape,
     /// CTAs of the shape resident on the whole GPU at once.
     resident: u32,
@@ -702,7 +789,7 @@ impl CopyKernel {
         let text = ptx(&shape);
         let text = CStr::from_bytes_with_nul(text.as_bytes())
             .map_err(|_| "the PTX is not one NUL-terminated string".to_owned())?;
-        let module = KernelModule::load(ctx, text, NAME).map_err(|(e, log)| {
+        let module = KernelModule::load(ctx.clone(), text, NAME).map_err(|(e, log)| {
             if e.call == "cuModuleLoadDataEx" {
                 format!("{e}: {log}")
             } else {
@@ -710,8 +797,19 @@ impl CopyKernel {
             }
         })?;
         let resident = occupancy(&module, ordinal, &shape).map_err(|e| e.to_string())?;
+        // The block kernel is optional: without it block tables are written out as
+        // descriptors for the segment kernel.
+        let blocks_text = ptx_blocks(&shape);
+        let blocks = CStr::from_bytes_with_nul(blocks_text.as_bytes())
+            .map_err(|_| "the PTX is not one NUL-terminated string".to_owned())
+            .and_then(|t| {
+                KernelModule::load(ctx, t, BLOCKS_NAME).map_err(|(e, log)| format!("{e}: {log}"))
+            })
+            .inspect_err(|e| tracing::warn!(error = %e, "the block-table copy kernel did not load; block tables use the segment kernel"))
+            .ok();
         Ok(CopyKernel {
             module,
+            blocks,
             shape,
             resident,
         })
@@ -730,6 +828,37 @@ impl CopyKernel {
     /// The descriptors and grid for `segments` (see [`plan`]).
     pub fn plan(&self, segments: &[Segment]) -> (Vec<Segment>, u32) {
         plan(segments, &self.shape, self.resident)
+    }
+
+    /// Whether the block kernel loaded.
+    pub fn has_blocks(&self) -> bool {
+        self.blocks.is_some()
+    }
+
+    /// Enqueues the block kernel over `count` items (layers x pieces) of the block table at
+    /// device address `table` on `stream`, `grid` CTAs of the shape's threads.
+    ///
+    /// Crate invariant (see `crate::sys`): `table` holds a block table (stream-ordered before
+    /// this launch) with `count` = its layers x its pieces, whose generated copies are device
+    /// memory this context can reach, live until the launch completes, no two in [`conflict`].
+    pub fn launch_blocks(
+        &self,
+        table: u64,
+        count: u64,
+        grid: u32,
+        stream: &Stream,
+    ) -> Result<(), CudaError> {
+        let Some(m) = &self.blocks else {
+            return Err(CudaError {
+                call: "cuLaunchKernel",
+                code: sys::CUresult::CUDA_ERROR_NOT_FOUND as u32,
+                name: "the block-table copy kernel is not loaded".to_owned(),
+            });
+        };
+        if count == 0 {
+            return Ok(());
+        }
+        m.launch2(grid.max(1), self.shape.threads, stream, table, count)
     }
 
     /// Enqueues the kernel over `count` descriptors at device address `descs` on `stream`,

@@ -36,6 +36,7 @@ enum BinOp {
     Xor,
     And,
     Min,
+    Div,
     Ge,
     Ne,
 }
@@ -135,6 +136,7 @@ fn decode(op: &str, a: &[Arg], labels: &mut Vec<String>, params: &mut Vec<String
         "xor.b64" => bin(BinOp::Xor),
         "and.b64" => bin(BinOp::And),
         "min.u64" => bin(BinOp::Min),
+        "div.u64" => bin(BinOp::Div),
         "setp.ge.u64" => bin(BinOp::Ge),
         "setp.ne.u64" => bin(BinOp::Ne),
         "mad.lo.u64" => Ins::Mad(reg_of(&a[0]), val(&a[1]), val(&a[2]), val(&a[3])),
@@ -433,6 +435,8 @@ fn thread(p: &Program, mem: &mut Memory, params: &[u64], ids: [u32; 4]) {
                     BinOp::Xor => x ^ y,
                     BinOp::And => x & y,
                     BinOp::Min => x.min(y),
+                    // PTX leaves division by zero unspecified (no fault): all ones here.
+                    BinOp::Div => x.checked_div(y).unwrap_or(u64::MAX),
                     BinOp::Ge => u64::from(x >= y),
                     BinOp::Ne => u64::from(x != y),
                 };

@@ -4,10 +4,13 @@
 //! each other is decided from the layers and the ids, not by sorting every block
 //! ([`kernel::conflict`] runs only where that cannot prove independence).
 //!
-//! The copy kernel still reads one `(src, dst, len)` descriptor per copy: for a request proven
-//! independent they are written straight from the table into a reused pinned buffer and
-//! uploaded with one asynchronous copy at prepare time (reposts reuse them); the segment list
-//! is built only for requests that need the one-by-one check or the copy engines.
+//! A request proven independent whose layers' blocks share one length goes to the block
+//! kernel: the layers (base and stride per side) and the ids' pieces are written into a reused
+//! pinned buffer and uploaded with one asynchronous copy at prepare time, and the kernel
+//! generates every copy on the device (nothing per layer and block on the host; reposts reuse
+//! the table). Other independent tables write one descriptor per copy for the segment kernel
+//! the same way; the segment list is built only for requests that need the one-by-one check
+//! or the copy engines.
 
 use nixl_core::backend::{downcast_md, BackendXfer, BlockXferSpec};
 use nixl_core::{Error, MemKind, Op, Result, StridedDesc};
@@ -107,7 +110,7 @@ impl CudaIpcBackend {
 /// block of any layer, local or remote as addressed here, meets a block of another layer.
 /// O(ids + layers), plus the pairs of layers whose extents overlap (K and V interleaved in
 /// one region). `false` means "not proven", never "dependent".
-fn independent(spec: &BlockXferSpec, remote_here: &[StridedDesc]) -> bool {
+pub(super) fn independent(spec: &BlockXferSpec, remote_here: &[StridedDesc]) -> bool {
     let distinct = |side: fn(&nixl_core::backend::BlockRun) -> u64| {
         let top = spec
             .runs

@@ -16,7 +16,9 @@
 //!     on this backend's GPU (local memory, or a peer's mapped through CUDA IPC on the same GPU)
 //!     and sharing their alignment modulo 16: the scatter-gather **copy kernel** (hand-written
 //!     PTX, JIT-compiled by the driver; see [`crate::cuda`]'s `kernel` module), one launch over
-//!     descriptors uploaded once at prepare time;
+//!     descriptors uploaded once at prepare time from a reused pinned buffer (a block table
+//!     goes to the block kernel, which generates its copies on the device from the layers and
+//!     the ids);
 //!   - otherwise one `cuMemcpyAsync` for one or two segments, or one `cuMemcpyBatchAsync` for
 //!     more (CUDA 12.8+; one call per segment where refused), on the copy engines. DRAM<->VRAM
 //!     always uses the copy engines (PCIe is the limit there).

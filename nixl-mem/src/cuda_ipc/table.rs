@@ -7,7 +7,7 @@
 use nixl_core::backend::{BlockRun, BlockXferSpec};
 use nixl_core::{StridedDesc, XferOp};
 
-use crate::cuda::kernel::DESC_BYTES;
+use crate::cuda::kernel::{BLOCK_ENTRY_BYTES, BLOCK_TABLE_HEADER, DESC_BYTES};
 
 /// One layer's copies: block `i` goes from `src + i * src_stride` to `dst + i * dst_stride`,
 /// `len` bytes; `dense` where consecutive blocks are contiguous on both sides (a run is then
@@ -124,6 +124,84 @@ impl BlockTable {
         n as usize
     }
 
+    /// The block kernel's pieces per layer at `chunk` bytes each at most, or `None` where the
+    /// layers' blocks differ in length (the pieces would differ between layers). Where every
+    /// layer is dense a run's bytes are cut into pieces; otherwise each block is.
+    fn pieces(&self, chunk: u64) -> Option<u64> {
+        let len = self.layers.first()?.len;
+        if self.layers.iter().any(|l| l.len != len) {
+            return None;
+        }
+        Some(if self.layers.iter().all(|l| l.dense) {
+            self.runs.iter().map(|r| (r.2 * len).div_ceil(chunk)).sum()
+        } else {
+            self.blocks_per_layer() * len.div_ceil(chunk)
+        })
+    }
+
+    /// The block kernel's table for `chunk` (the kernel's shape, cut as for descriptors):
+    /// its size in bytes and its items (layers x pieces), or `None` where the layers' blocks
+    /// differ in length. O(runs): nothing per layer and block.
+    pub fn block_table_size(&self, chunk: u64) -> Option<(usize, u64)> {
+        let chunk = (chunk & !15).max(16);
+        let pieces = self.pieces(chunk)?;
+        let entries = (self.layers.len() as u64).checked_add(pieces)?;
+        let bytes = entries
+            .checked_mul(BLOCK_ENTRY_BYTES as u64)?
+            .checked_add(BLOCK_TABLE_HEADER as u64)?;
+        let items = (self.layers.len() as u64).checked_mul(pieces)?;
+        Some((usize::try_from(bytes).ok()?, items))
+    }
+
+    /// Writes the block kernel's table for `chunk` into `out` (at least
+    /// [`BlockTable::block_table_size`] bytes): the header (pieces, the pieces' offset), one
+    /// `(src base, src stride, dst base, dst stride)` per layer, one `(src id, dst id, offset,
+    /// len)` per piece, all `u64` little-endian. Item `i` of the kernel is piece
+    /// `i % pieces` of layer `i / pieces`, the copy of descriptor `i` of
+    /// [`BlockTable::write_descriptors`]. Returns the items, or `None` (nothing written) where
+    /// there is no such table or `out` is too short.
+    pub fn write_block_table(&self, chunk: u64, out: &mut [u8]) -> Option<u64> {
+        let (bytes, items) = self.block_table_size(chunk)?;
+        let out = out.get_mut(..bytes)?;
+        let chunk = (chunk & !15).max(16);
+        let len = self.layers.first()?.len;
+        let (head, rest) = out.split_at_mut(BLOCK_TABLE_HEADER);
+        let pieces_at = BLOCK_TABLE_HEADER + self.layers.len() * BLOCK_ENTRY_BYTES;
+        head[..8].copy_from_slice(&(items / self.layers.len() as u64).to_le_bytes());
+        head[8..].copy_from_slice(&(pieces_at as u64).to_le_bytes());
+        let mut slots = rest.chunks_exact_mut(BLOCK_ENTRY_BYTES);
+        let mut put = |v: [u64; 4]| {
+            if let Some(s) = slots.next() {
+                for (d, x) in s.chunks_exact_mut(8).zip(v) {
+                    d.copy_from_slice(&x.to_le_bytes());
+                }
+            }
+        };
+        for l in &self.layers {
+            put([l.src, l.src_stride, l.dst, l.dst_stride]);
+        }
+        let dense = self.layers.iter().all(|l| l.dense);
+        for &(s, d, count) in &self.runs {
+            if dense {
+                let total = count * len;
+                let mut off = 0;
+                while off < total {
+                    put([s, d, off, chunk.min(total - off)]);
+                    off += chunk;
+                }
+                continue;
+            }
+            for k in 0..count {
+                let mut off = 0;
+                while off < len {
+                    put([s + k, d + k, off, chunk.min(len - off)]);
+                    off += chunk;
+                }
+            }
+        }
+        Some(items)
+    }
+
     /// Writes the kernel's descriptors (`(src, dst, len)` little-endian, cut at `chunk` bytes
     /// as [`kernel::pack`](crate::cuda::kernel::pack) cuts) into `out`, which holds at least
     /// [`BlockTable::descriptor_count`] of them; returns how many were written.
@@ -185,6 +263,20 @@ mod tests {
         ids: usize,
         interleaved: bool,
     ) -> BlockXferSpec {
+        let bases = (0x7000_0000_0000, 0x7800_0000_0000);
+        kv_spec_at(op, layers, pool, bb, ids, interleaved, bases)
+    }
+
+    /// As [`kv_spec`], with the local and remote regions at `bases`.
+    fn kv_spec_at(
+        op: XferOp,
+        layers: u64,
+        pool: u64,
+        bb: u64,
+        ids: usize,
+        interleaved: bool,
+        bases: (u64, u64),
+    ) -> BlockXferSpec {
         let table = |base: u64| -> Vec<StridedDesc> {
             let mut t = Vec::new();
             for l in 0..layers {
@@ -232,7 +324,7 @@ mod tests {
                 count: 1,
             });
         }
-        let (lt, rt) = (table(0x7000_0000_0000), table(0x7800_0000_0000));
+        let (lt, rt) = (table(bases.0), table(bases.1));
         BlockXferSpec {
             op,
             local_kind: MemKind::Vram,
@@ -323,6 +415,177 @@ mod tests {
         }
     }
 
+    /// A block table decoded as the block kernel decodes it: item `i`'s copy.
+    fn expand(table: &[u8], items: u64) -> Vec<Segment> {
+        let u = |at: usize| u64::from_le_bytes(table[at..at + 8].try_into().unwrap());
+        let (pieces, at) = (u(0), u(8) as usize);
+        (0..items)
+            .map(|i| {
+                let (l, p) = ((i / pieces) as usize, (i % pieces) as usize);
+                let lay = BLOCK_TABLE_HEADER + l * BLOCK_ENTRY_BYTES;
+                let pc = at + p * BLOCK_ENTRY_BYTES;
+                let off = u(pc + 16);
+                Segment {
+                    src: u(lay) + u(pc) * u(lay + 8) + off,
+                    dst: u(lay + 16) + u(pc + 8) * u(lay + 24) + off,
+                    len: u(pc + 24),
+                }
+            })
+            .collect()
+    }
+
+    /// The cases of the equivalence tests: split (dense) and interleaved layouts, sparse ids
+    /// and runs of consecutive ones, WRITE and READ, blocks below, at and above the chunk.
+    fn cases() -> Vec<BlockXferSpec> {
+        let mut dense = kv_spec(XferOp::Write, 3, 40, 4096, 16, false);
+        dense.runs = vec![
+            BlockRun {
+                local: 0,
+                remote: 5,
+                count: 7,
+            },
+            BlockRun {
+                local: 20,
+                remote: 30,
+                count: 3,
+            },
+            BlockRun {
+                local: 9,
+                remote: 0,
+                count: 1,
+            },
+        ];
+        let mut read_dense = dense.clone();
+        read_dense.op = XferOp::Read;
+        let mut v = vec![dense, read_dense];
+        for op in [XferOp::Write, XferOp::Read] {
+            for interleaved in [false, true] {
+                for bb in [48, 4096, 64 << 10, 200_000] {
+                    v.push(kv_spec(op, 3, 40, bb, 25, interleaved));
+                }
+            }
+        }
+        v
+    }
+
+    /// The block kernel's table generates, item by item, exactly the descriptors of the
+    /// segment path; layers of different block lengths have no table; a short buffer gets
+    /// nothing.
+    #[test]
+    fn block_tables_generate_the_descriptors() {
+        for spec in cases() {
+            let here: Vec<StridedDesc> = spec.layers.iter().map(|l| l.remote).collect();
+            let t = BlockTable::new(&spec, &here);
+            for chunk in [16, 4096, 64 << 10, 1 << 20] {
+                let segs: Vec<Segment> = t
+                    .copies()
+                    .iter()
+                    .map(|&(dst, src, len)| Segment { src, dst, len })
+                    .collect();
+                let want = pack(&segs, chunk);
+                let (bytes, items) = t.block_table_size(chunk).unwrap();
+                assert_eq!(items as usize, want.len());
+                // Nothing per layer and block: the table is O(layers + pieces of one layer).
+                assert_eq!(
+                    bytes,
+                    BLOCK_TABLE_HEADER
+                        + BLOCK_ENTRY_BYTES * (t.layers.len() + want.len() / t.layers.len())
+                );
+                let mut out = vec![0u8; bytes];
+                assert_eq!(t.write_block_table(chunk, &mut out), Some(items));
+                assert_eq!(expand(&out, items), want, "chunk {chunk}");
+                assert_eq!(t.write_block_table(chunk, &mut out[..bytes - 1]), None);
+            }
+            let mut mixed = t.clone();
+            mixed.layers[1].len += 16;
+            assert_eq!(mixed.block_table_size(4096), None);
+            assert_eq!(mixed.write_block_table(4096, &mut [0u8; 1 << 16]), None);
+        }
+    }
+
+    /// The block kernel's PTX, executed on the CPU: every destination byte is its source's,
+    /// nothing else changes, no two threads touch one byte, every access is inside the
+    /// simulated memory; split (dense runs) and interleaved layouts, the same or different on
+    /// each side, sparse and consecutive ids, WRITE and READ, chunks that cut blocks and runs, one CTA per item and fewer CTAs
+    /// than items.
+    #[test]
+    fn the_block_kernel_copies_every_byte_when_simulated() {
+        use crate::cuda::kernel::{ptx_blocks, KernelShape};
+        use crate::cuda::ptx_sim::{run, Memory, Program};
+        let shape = KernelShape::default();
+        let prog = Program::parse(&ptx_blocks(&shape));
+        let base = 0x7f00_0000_0000u64;
+        let table_area = 16u64 << 10;
+        for bb in [48u64, 256, 1040] {
+            let (layers, pool) = (2u64, 7u64);
+            let region = layers * 2 * pool * bb;
+            let (lbase, rbase) = (base + table_area, base + table_area + region);
+            for op in [XferOp::Write, XferOp::Read] {
+                // (local, remote) layouts: the same, or different on each side (strides
+                // differ between source and destination).
+                for (interleaved, remote_interleaved) in
+                    [(false, false), (true, true), (true, false), (false, true)]
+                {
+                    let mut spec = kv_spec_at(op, layers, pool, bb, 5, interleaved, (lbase, rbase));
+                    for (i, l) in spec.layers.iter_mut().enumerate() {
+                        let (layer, kv) = (i as u64 / 2, i as u64 % 2);
+                        let at = rbase + layer * 2 * pool * bb;
+                        l.remote = if remote_interleaved {
+                            StridedDesc::on_device(at + kv * bb, 2 * bb, bb, pool, 0)
+                        } else {
+                            StridedDesc::on_device(at + kv * pool * bb, bb, bb, pool, 0)
+                        };
+                    }
+                    if bb == 256 {
+                        // Runs of consecutive ids (one copy per run in dense layers).
+                        spec.runs = vec![
+                            BlockRun {
+                                local: 0,
+                                remote: 3,
+                                count: 3,
+                            },
+                            BlockRun {
+                                local: 5,
+                                remote: 0,
+                                count: 2,
+                            },
+                        ];
+                    }
+                    let here: Vec<StridedDesc> = spec.layers.iter().map(|l| l.remote).collect();
+                    let t = BlockTable::new(&spec, &here);
+                    let mut image = vec![0u8; (table_area + 2 * region) as usize];
+                    for (i, b) in image.iter_mut().enumerate().skip(table_area as usize) {
+                        *b = (i as u64).wrapping_mul(0x9E37_79B9).wrapping_shr(7) as u8 | 1;
+                    }
+                    let mut want = image.clone();
+                    for (dst, src, len) in t.copies() {
+                        let (s, d) = ((src - base) as usize, (dst - base) as usize);
+                        let bytes = want[s..s + len as usize].to_vec();
+                        want[d..d + len as usize].copy_from_slice(&bytes);
+                    }
+                    for chunk in [16u64, 128, 4096] {
+                        let (bytes, items) = t.block_table_size(chunk).unwrap();
+                        assert!(bytes as u64 <= table_area);
+                        let mut m = Memory::new(base, image.clone());
+                        assert_eq!(t.write_block_table(chunk, &mut m.bytes), Some(items));
+                        for (grid, ntid) in [(items as u32, 32), (3, 64)] {
+                            let mut m = Memory::new(base, m.bytes.clone());
+                            let params = [("nixl_descs", base), ("nixl_count", items)];
+                            run(&prog, &mut m, &params, grid, ntid).unwrap_or_else(|e| {
+                                panic!("{op} {bb} B interleaved={interleaved} chunk {chunk}: {e}")
+                            });
+                            let at = table_area as usize;
+                            assert!(
+                                m.bytes[at..] == want[at..],
+                                "{op} {bb} B interleaved={interleaved} chunk {chunk} grid {grid}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     fn best(n: usize, mut f: impl FnMut()) -> Duration {
         (0..n)
             .map(|_| {
@@ -374,19 +637,33 @@ mod tests {
         });
         assert_eq!(n, 131_072);
         assert!(out == bytes);
+        let mut dev = vec![0u8; 1 << 20];
+        let mut items = None;
+        let t_blocks = best(reps, || {
+            let t = BlockTable::new(&spec, &here);
+            items = t.write_block_table(chunk, &mut dev);
+        });
+        assert_eq!(items, Some(131_072));
+        let mut proven = false;
+        let t_indep = best(reps, || {
+            proven = super::super::blocks::independent(&spec, &here)
+        });
+        assert!(proven);
         let us = |d: Duration| d.as_secs_f64() * 1e6;
         println!(
             "host build, 131,072 blocks of 32 KiB (best of {reps}): old path: copies {:.0} us, \
              segments {:.0} us, pack {:.0} us, descriptor bytes {:.0} us (total {:.0} us; \
              conflict sort, where independence is not proven, {:.0} us); table into a reused \
-             buffer {:.0} us",
+             buffer {:.0} us; block kernel's table into a reused buffer {:.1} us; independence proof {:.1} us",
             us(t_copies),
             us(t_segs),
             us(t_pack),
             us(t_bytes),
             us(t_copies + t_segs + t_pack + t_bytes),
             us(t_conflict),
-            us(t_table)
+            us(t_table),
+            us(t_blocks),
+            us(t_indep)
         );
     }
 }

@@ -62,6 +62,8 @@ pub(crate) struct KernelPlan {
     event: Arc<Event>,
     count: u64,
     grid: u32,
+    /// Whether the array is a block table for the block kernel (else descriptors).
+    blocks: bool,
 }
 
 impl KernelPlan {
@@ -76,8 +78,24 @@ impl KernelPlan {
         stream: &Stream,
     ) -> std::result::Result<Self, String> {
         let shape = kernel.shape();
-        // A table is written straight into the staging bytes where the schedule cuts copies
-        // one by one; the balanced schedule needs the whole list first.
+        // A block table whose layers' blocks have one length goes to the block kernel as it
+        // is (nothing per layer and block is written here).
+        if let Work::Table(t) = work {
+            if let Some((bytes, _)) = t
+                .block_table_size(shape.chunk)
+                .filter(|_| kernel.has_blocks())
+            {
+                let mut st = pool.take(bytes).map_err(|e| e.to_string())?;
+                let Some(items) = t.write_block_table(shape.chunk, st.host.bytes_mut()) else {
+                    pool.give(st);
+                    return Err("a block table did not fit its buffer".to_owned());
+                };
+                let grid = kernel.grid(items);
+                return Self::upload(kernel, pool, st, bytes, items, grid, true, event, stream);
+            }
+        }
+        // Otherwise a table is written as descriptors straight into the staging bytes where
+        // the schedule cuts copies one by one; the balanced schedule needs the whole list.
         let direct = match work {
             Work::Table(t) if shape.schedule != KernelSchedule::Balanced => Some(t),
             _ => None,
@@ -105,12 +123,36 @@ impl KernelPlan {
                 (st, written, grid)
             }
         };
+        let bytes = count * kernel::DESC_BYTES;
+        Self::upload(
+            kernel,
+            pool,
+            staging,
+            bytes,
+            count as u64,
+            grid,
+            false,
+            event,
+            stream,
+        )
+    }
+
+    /// Enqueues the upload of the first `bytes` of `staging` and makes the plan.
+    #[allow(clippy::too_many_arguments)]
+    fn upload(
+        kernel: Arc<CopyKernel>,
+        pool: &Arc<StagingPool>,
+        staging: Staging,
+        bytes: usize,
+        count: u64,
+        grid: u32,
+        blocks: bool,
+        event: Arc<Event>,
+        stream: &Stream,
+    ) -> std::result::Result<Self, String> {
         // Crate invariant: the staging pair is this plan's until the request's event (recorded
         // by the caller after this upload, and after every launch) has completed.
-        if let Err(e) = staging
-            .host
-            .upload_async(count * kernel::DESC_BYTES, &staging.dev, stream)
-        {
+        if let Err(e) = staging.host.upload_async(bytes, &staging.dev, stream) {
             // Nothing was enqueued: the pair is free again.
             pool.give(staging);
             return Err(e.to_string());
@@ -120,8 +162,9 @@ impl KernelPlan {
             staging: Some(staging),
             pool: pool.clone(),
             event,
-            count: count as u64,
+            count,
             grid,
+            blocks,
         })
     }
 
@@ -202,7 +245,13 @@ impl CudaIpcXfer {
             // mappings), kept alive by the request's registrations and loaded regions; prepare
             // admitted it only for copies of which no two conflict (`kernel::conflict`: no
             // destination overlaps another copy's destination or source, or its own source).
-            match p.kernel.launch(p.descs(), p.count, p.grid, &self.stream) {
+            let launched = if p.blocks {
+                p.kernel
+                    .launch_blocks(p.descs(), p.count, p.grid, &self.stream)
+            } else {
+                p.kernel.launch(p.descs(), p.count, p.grid, &self.stream)
+            };
+            match launched {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     tracing::warn!(agent = %self.agent, error = %e, "the copy kernel did not launch; using cuMemcpyBatchAsync for this request");
@@ -241,6 +290,10 @@ impl CudaIpcXfer {
         match &self.engine {
             Engine::Copies => format!("cuMemcpyAsync x{n}"),
             Engine::Batch => format!("cuMemcpyBatchAsync x{n}"),
+            Engine::Kernel(p) if p.blocks => format!(
+                "block-table copy kernel x{n} segments ({} chunks, {} CTAs)",
+                p.count, p.grid
+            ),
             Engine::Kernel(p) => format!(
                 "copy kernel x{n} segments ({} chunks, {} CTAs)",
                 p.count, p.grid

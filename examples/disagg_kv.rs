@@ -16,7 +16,8 @@
 //! Flags: `--op read|write`, `--requests N`, `--layers L`, `--blocks B` (pool blocks per
 //! layer), `--block-bytes S`, `--blocks-per-request K`, `--backend ucx|libfabric|cuda_ipc`,
 //! `--tls UCX_TLS`, `--provider tcp|shm|efa`, `--rails R` and `--domains D0,D1` (libfabric),
-//! `--device cpu|cuda` (KV pools in host or GPU memory; with `cuda` the default backend is
+//! `--device cpu|cuda` (KV pools in host or GPU memory; `--gpus P,D` puts the prefill and
+//! decode pools on GPUs P and D, default 0,0; with `cuda` the default backend is
 //! `cuda_ipc`, the native CUDA IPC + copy-engine/copy-kernel path), `--timeout-secs T`,
 //! `--metadata side-channel|etcd` (with `etcd`, prefill starts an etcd server and both sides
 //! publish and fetch their metadata there; needs `--features etcd`), `--listen IP` (the side
@@ -59,8 +60,8 @@ use std::time::{Duration, Instant};
 use nixl::mem::{CudaIpcParams, DeviceBuffer};
 use nixl::ucx::UcxParams;
 use nixl::{
-    Agent, AgentConfig, Auth, Credential, HostBuffer, MemKind, PreparedList, XferDescList, XferOp,
-    XferOptions, XferTarget,
+    Agent, AgentConfig, Auth, Credential, Desc, HostBuffer, MemKind, PreparedList, XferDescList,
+    XferOp, XferOptions, XferTarget,
 };
 
 #[path = "disagg_kv/hosts.rs"]
@@ -83,6 +84,8 @@ struct Opts {
     provider: Option<String>,
     rails: usize,
     cuda: bool,
+    /// GPUs of the prefill and decode pools (`--gpus P,D`; with `--device cuda`).
+    gpus: (usize, usize),
     timeout: Duration,
     hosts: usize,
     etcd: bool,
@@ -113,6 +116,7 @@ fn parse() -> Res<Opts> {
         provider: None,
         rails: 1,
         cuda: false,
+        gpus: (0, 0),
         timeout: Duration::from_secs(60),
         hosts: 1,
         etcd: false,
@@ -195,8 +199,18 @@ fn parse() -> Res<Opts> {
                     v => return Err(format!("--device: {v} is not cpu|cuda").into()),
                 }
             }
+            "--gpus" => {
+                let v = val()?;
+                let (p, d) = v
+                    .split_once(',')
+                    .ok_or("--gpus: PREFILL,DECODE (GPU indices, e.g. 0,1)")?;
+                o.gpus = (
+                    p.trim().parse().map_err(|_| "--gpus: not a GPU index")?,
+                    d.trim().parse().map_err(|_| "--gpus: not a GPU index")?,
+                );
+            }
             "-h" | "--help" => {
-                println!("disagg_kv [--op read|write] [--requests N] [--layers L] [--blocks B] [--block-bytes S] [--blocks-per-request K] [--backend ucx|libfabric|cuda_ipc] [--tls UCX_TLS] [--provider P] [--rails R] [--domains D0,D1] [--device cpu|cuda] [--timeout-secs T] [--metadata side-channel|etcd] [--listen IP] [--expect-path TEXT] [--hosts 1|2] [--auth] [--nixl-peer [--role prefill|decode] [--ucx-path LIBUCP] [--nixl-script PY]]");
+                println!("disagg_kv [--op read|write] [--requests N] [--layers L] [--blocks B] [--block-bytes S] [--blocks-per-request K] [--backend ucx|libfabric|cuda_ipc] [--tls UCX_TLS] [--provider P] [--rails R] [--domains D0,D1] [--device cpu|cuda [--gpus P,D]] [--timeout-secs T] [--metadata side-channel|etcd] [--listen IP] [--expect-path TEXT] [--hosts 1|2] [--auth] [--nixl-peer [--role prefill|decode] [--ucx-path LIBUCP] [--nixl-script PY]]");
                 std::process::exit(0);
             }
             f => return Err(format!("unknown flag {f}").into()),
@@ -398,7 +412,7 @@ fn node(name: &str, o: &Opts) -> Res<Node> {
     }
     let len = o.layers * o.blocks * o.block_bytes;
     let (pool, reg) = if o.cuda {
-        let b = Arc::new(DeviceBuffer::new(0, len)?);
+        let b = Arc::new(DeviceBuffer::new(gpu_of(o, name), len)?);
         let reg = agent.register_mem(vec![b.clone()], &[])?;
         (Pool::Cuda(b), reg)
     } else {
@@ -414,12 +428,30 @@ fn node(name: &str, o: &Opts) -> Res<Node> {
     })
 }
 
-fn dlist(o: &Opts, base: u64) -> XferDescList {
-    XferDescList::blocks(
-        if o.cuda { MemKind::Vram } else { MemKind::Dram },
-        base,
-        o.block_bytes as u64,
-        o.layers * o.blocks,
+/// The GPU of `role`'s pool (`--gpus`).
+fn gpu_of(o: &Opts, role: &str) -> usize {
+    if role == "prefill" {
+        o.gpus.0
+    } else {
+        o.gpus.1
+    }
+}
+
+/// Every block of `role`'s pool at `base`, as descriptors (on that role's GPU for VRAM).
+fn dlist(o: &Opts, role: &str, base: u64) -> XferDescList {
+    if !o.cuda {
+        return XferDescList::blocks(
+            MemKind::Dram,
+            base,
+            o.block_bytes as u64,
+            o.layers * o.blocks,
+        );
+    }
+    let dev = gpu_of(o, role) as u64;
+    let bb = o.block_bytes as u64;
+    XferDescList::from_descs(
+        MemKind::Vram,
+        (0..(o.layers * o.blocks) as u64).map(|i| Desc::on_device(base + i * bb, bb, dev)),
     )
 }
 
@@ -557,8 +589,16 @@ fn prefill_run(o: &Opts, n: &Node) -> Res<()> {
     let mut xfer = Stats(Vec::new());
     let mut e2e = Stats(Vec::new());
     let (local, remote) = if o.op == XferOp::Write {
-        let local = a.prep_xfer_dlist(XferTarget::Initiator, &dlist(o, n.pool.addr()), &[])?;
-        let remote = a.prep_xfer_dlist(XferTarget::Agent("decode"), &dlist(o, decode_pool), &[])?;
+        let local = a.prep_xfer_dlist(
+            XferTarget::Initiator,
+            &dlist(o, "prefill", n.pool.addr()),
+            &[],
+        )?;
+        let remote = a.prep_xfer_dlist(
+            XferTarget::Agent("decode"),
+            &dlist(o, "decode", decode_pool),
+            &[],
+        )?;
         (Some(local), Some(remote))
     } else {
         a.gen_notif("decode", format!("pool:{}", n.pool.addr()).as_bytes(), &[])?;
@@ -645,8 +685,16 @@ fn decode_run(o: &Opts, n: &Node) -> Res<()> {
         }
         if let Some(p) = msg.strip_prefix("pool:") {
             let base: u64 = p.parse()?;
-            let local = a.prep_xfer_dlist(XferTarget::Initiator, &dlist(o, n.pool.addr()), &[])?;
-            let remote = a.prep_xfer_dlist(XferTarget::Agent("prefill"), &dlist(o, base), &[])?;
+            let local = a.prep_xfer_dlist(
+                XferTarget::Initiator,
+                &dlist(o, "decode", n.pool.addr()),
+                &[],
+            )?;
+            let remote = a.prep_xfer_dlist(
+                XferTarget::Agent("prefill"),
+                &dlist(o, "prefill", base),
+                &[],
+            )?;
             lists = Some((local, remote));
             continue;
         }

@@ -17,7 +17,8 @@
 //! `--total-buffer-size`, `--num-iter`, `--warmup-iter`, `--num-threads`, `--tls`,
 //! `--fresh-requests` (make a request per iteration instead of reposting one),
 //! `--progress-thread on|off` (the UCX backend's own thread), `--json`,
-//! `--backend UCX|POSIX|GDS`, `--filepath DIR`, `--storage-enable-direct`.
+//! `--backend UCX|POSIX|GDS`, `--filepath DIR`, `--storage-enable-direct`, `--target-gpu N`
+//! (the target process sees only GPU N: GPU-to-GPU runs).
 //! KV mode (like NIXL's kvbench): `--mode kv` with `--model-layers`, `--kv-heads`,
 //! `--head-dim`, `--dtype-bytes`, `--tokens-per-block`, `--seq-len`, `--tp`: one request moves a
 //! sequence's K and V blocks of every layer (block = tokens x kv_heads/tp x head_dim x dtype).
@@ -68,6 +69,9 @@ struct Opts {
     notif: bool,
     /// Where the notif-mode target leaves its stamps (set by the initiator).
     stamps: Option<std::path::PathBuf>,
+    /// `--target-gpu N`: the spawned target process sees only GPU N (`CUDA_VISIBLE_DEVICES`),
+    /// so its VRAM is on that GPU (GPU-to-GPU runs on a machine with several).
+    target_gpu: Option<u32>,
 }
 
 /// Which backend moves the data.
@@ -132,6 +136,7 @@ fn parse() -> Res<Opts> {
         direct: false,
         notif: false,
         stamps: None,
+        target_gpu: None,
     };
     let (mut b0, mut b1, mut n0, mut n1) = (4096u64, 64u64 << 20, 1usize, 32usize);
     let mut kv: Option<[u64; 7]> = None;
@@ -197,6 +202,7 @@ fn parse() -> Res<Opts> {
             "--filepath" => o.filepath = val()?.into(),
             "--storage-enable-direct" | "--storage_enable_direct" => o.direct = true,
             "--mode" => mode = val()?,
+            "--target-gpu" => o.target_gpu = Some(num(val()?)? as u32),
             "--notif-stamps" => o.stamps = Some(val()?.into()),
             "--model-layers" => kvv[0] = num(val()?)?,
             "--kv-heads" => kvv[1] = num(val()?)?,
@@ -515,12 +521,12 @@ fn initiator(o: &Opts) -> Res<()> {
     if o.notif {
         args.extend(["--notif-stamps".into(), stamps.display().to_string()]);
     }
-    let _child = Spawned(
-        Command::new(std::env::current_exe()?)
-            .args(&args)
-            .stdin(Stdio::null())
-            .spawn()?,
-    );
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(&args).stdin(Stdio::null());
+    if let Some(g) = o.target_gpu {
+        cmd.env("CUDA_VISIBLE_DEVICES", g.to_string());
+    }
+    let _child = Spawned(cmd.spawn()?);
     let end = Instant::now() + Duration::from_secs(60);
     let raddr: u64 = loop {
         if Instant::now() >= end {

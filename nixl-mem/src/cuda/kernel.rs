@@ -310,7 +310,7 @@ const TEMPLATE: &str = r#"//
 
 .visible .entry @NAME@(
 	.param .u64 nixl_descs,
-	.param .u64 nixl_count
+	.param .u64 nixl_count@PARAMS@
 )
 .maxntid @THREADS@, 1, 1
 {
@@ -428,6 +428,8 @@ $L_done:
 struct Parts {
     title: &'static str,
     name: &'static str,
+    /// Parameters after the two every kernel has.
+    params: &'static str,
     extra_regs: &'static str,
     prologue: &'static str,
     fetch: &'static str,
@@ -437,6 +439,7 @@ struct Parts {
 const SEGMENTS: Parts = Parts {
     title: "nixl_copy_segments(descs: *(src u64, dst u64, len u64), count u64)",
     name: "nixl_copy_segments",
+    params: "",
     extra_regs: "",
     prologue: "",
     fetch: "\tmad.lo.u64 \t%rd11, %rd3, 24, %rd1;
@@ -446,21 +449,24 @@ const SEGMENTS: Parts = Parts {
 ",
 };
 
-/// The block kernel: item `rd3` is generated from a block table (see [`BLOCK_TABLE_HEADER`]):
-/// piece `i % npieces` of layer `i / npieces`, from `src base + src id * src stride + offset`
-/// to `dst base + dst id * dst stride + offset`.
+/// The block kernel: item `rd3` is generated from a block table, piece `i % npieces` of
+/// layer `i / npieces`, from `src base + src id * src stride + offset` to
+/// `dst base + dst id * dst stride + offset`. Its parameters: the layers (`nixl_descs`, 32
+/// bytes each: src base, src stride, dst base, dst stride), the items (`nixl_count`), the
+/// pieces (`nixl_pieces`, 32 bytes each: src id, dst id, offset, len) and the pieces per
+/// layer (`nixl_npieces`), so an item's two loads do not wait on a header.
 const BLOCKS: Parts = Parts {
-    title: "nixl_copy_blocks(table: *(npieces u64, pieces offset u64, layers, pieces), count u64)",
+    title: "nixl_copy_blocks(layers: *(src, src stride, dst, dst stride), count u64, pieces: *(src id, dst id, offset, len), npieces u64)",
     name: "nixl_copy_blocks",
+    params: ",
+	.param .u64 nixl_pieces,
+	.param .u64 nixl_npieces",
     extra_regs: "\t.reg .b64 \t%rb<10>;\n",
-    prologue: "",
-    // The header is read per item (an L1 hit after the first), so nothing beyond the segment
-    // kernel's registers stays live across the copy loop.
-    fetch: "\t// rb2 = npieces, rb1 = the pieces (32 bytes each, after the layers).
-\tld.global.nc.u64 \t%rb2, [%rd1];
-\tld.global.nc.u64 \t%rb1, [%rd1+8];
-\tadd.u64 \t%rb1, %rb1, %rd1;
-\t// layer rb3 = item / npieces, piece rb4 = item % npieces.
+    prologue: "\tld.param.u64 \t%rb1, [nixl_pieces];
+\tld.param.u64 \t%rb2, [nixl_npieces];
+\tcvta.to.global.u64 \t%rb1, %rb1;
+",
+    fetch: "\t// layer rb3 = item / npieces, piece rb4 = item % npieces.
 \tdiv.u64 \t%rb3, %rd3, %rb2;
 \tmul.lo.u64 \t%rb4, %rb3, %rb2;
 \tsub.u64 \t%rb4, %rd3, %rb4;
@@ -468,12 +474,10 @@ const BLOCKS: Parts = Parts {
 \tadd.u64 \t%rb5, %rb5, %rd1;
 \tshl.b64 \t%rb6, %rb4, 5;
 \tadd.u64 \t%rb6, %rb6, %rb1;
-\t// layer (after the 16-byte header): (src base, src stride, dst base, dst stride);
-\t// piece: (src id, dst id, offset, len).
-\tld.global.nc.u64 \t%rd12, [%rb5+16];
-\tld.global.nc.u64 \t%rb7, [%rb5+24];
-\tld.global.nc.u64 \t%rd13, [%rb5+32];
-\tld.global.nc.u64 \t%rb8, [%rb5+40];
+\tld.global.nc.u64 \t%rd12, [%rb5];
+\tld.global.nc.u64 \t%rb7, [%rb5+8];
+\tld.global.nc.u64 \t%rd13, [%rb5+16];
+\tld.global.nc.u64 \t%rb8, [%rb5+24];
 \tld.global.nc.u64 \t%rb9, [%rb6];
 \tmad.lo.u64 \t%rd12, %rb9, %rb7, %rd12;
 \tld.global.nc.u64 \t%rb9, [%rb6+8];
@@ -485,12 +489,22 @@ const BLOCKS: Parts = Parts {
 ",
 };
 
-/// Bytes before a block table's layers: `npieces` and the pieces' byte offset from the
-/// table's start (both `u64`, little-endian).
-pub(crate) const BLOCK_TABLE_HEADER: usize = 16;
 /// Bytes per layer `(src base, src stride, dst base, dst stride)` and per piece
-/// `(src id, dst id, offset, len)` in a block table.
+/// `(src id, dst id, offset, len)` in a block table (`u64` little-endian each).
 pub(crate) const BLOCK_ENTRY_BYTES: usize = 32;
+
+/// Where the parts of a block kernel's table lie, and how many items it makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BlockLayout {
+    /// The table's bytes (layers, then pieces).
+    pub bytes: usize,
+    /// The kernel's items: layers x pieces.
+    pub items: u64,
+    /// Pieces per layer.
+    pub npieces: u64,
+    /// Byte offset of the pieces.
+    pub pieces_at: usize,
+}
 
 /// The segment kernel's PTX for `shape`, NUL-terminated for `cuModuleLoadDataEx`. The thread
 /// count only bounds the launch (`.maxntid`): the code reads `%ntid.x`.
@@ -551,6 +565,7 @@ fn ptx_of(shape: &KernelShape, parts: &Parts) -> String {
     let mut s = TEMPLATE
         .replace("@TITLE@", parts.title)
         .replace("@NAME@", parts.name)
+        .replace("@PARAMS@", parts.params)
         .replace("@EXTRA_REGS@", parts.extra_regs)
         .replace("@PROLOGUE@", parts.prologue)
         .replace("@FETCH@", parts.fetch)
@@ -836,16 +851,16 @@ impl CopyKernel {
         self.blocks.is_some()
     }
 
-    /// Enqueues the block kernel over `count` items (layers x pieces) of the block table at
-    /// device address `table` on `stream`, `grid` CTAs of the shape's threads.
+    /// Enqueues the block kernel over the block table at device address `table` laid out as
+    /// `layout` on `stream`, `grid` CTAs of the shape's threads.
     ///
-    /// Crate invariant (see `crate::sys`): `table` holds a block table (stream-ordered before
-    /// this launch) with `count` = its layers x its pieces, whose generated copies are device
-    /// memory this context can reach, live until the launch completes, no two in [`conflict`].
+    /// Crate invariant (see `crate::sys`): `table` holds the table (stream-ordered before this
+    /// launch), whose generated copies are device memory this context can reach, live until
+    /// the launch completes, no two in [`conflict`].
     pub fn launch_blocks(
         &self,
         table: u64,
-        count: u64,
+        layout: &BlockLayout,
         grid: u32,
         stream: &Stream,
     ) -> Result<(), CudaError> {
@@ -856,10 +871,16 @@ impl CopyKernel {
                 name: "the block-table copy kernel is not loaded".to_owned(),
             });
         };
-        if count == 0 {
+        if layout.items == 0 {
             return Ok(());
         }
-        m.launch2(grid.max(1), self.shape.threads, stream, table, count)
+        let args = [
+            table,
+            layout.items,
+            table + layout.pieces_at as u64,
+            layout.npieces,
+        ];
+        m.launch4(grid.max(1), self.shape.threads, stream, args)
     }
 
     /// Enqueues the kernel over `count` descriptors at device address `descs` on `stream`,
@@ -1457,7 +1478,7 @@ mod tests {
         assert_eq!(NAME.to_str().unwrap(), "nixl_copy_segments");
     }
 
-    /// The block kernel of every sweep shape: terminated, named as loaded, the launch's two
+    /// The block kernel of every sweep shape: terminated, named as loaded, the launch's four
     /// parameters, every placeholder filled, and the segment kernel's copy code from the
     /// alignment check on, unchanged (so a CTA's copy runs as fast).
     #[test]
@@ -1466,7 +1487,7 @@ mod tests {
             let (p, s) = (ptx_blocks(&shape), ptx(&shape));
             assert!(p.ends_with('\0') && p.matches('\0').count() == 1);
             assert!(p.contains(".visible .entry nixl_copy_blocks("));
-            assert_eq!(p.matches(".param .u64").count(), 2);
+            assert_eq!(p.matches(".param .u64").count(), 4);
             assert!(p
                 .match_indices('@')
                 .all(|(i, _)| p[i + 1..].starts_with('%')));

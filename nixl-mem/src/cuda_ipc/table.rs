@@ -7,7 +7,7 @@
 use nixl_core::backend::{BlockRun, BlockXferSpec};
 use nixl_core::{StridedDesc, XferOp};
 
-use crate::cuda::kernel::{BLOCK_ENTRY_BYTES, BLOCK_TABLE_HEADER, DESC_BYTES};
+use crate::cuda::kernel::{BlockLayout, BLOCK_ENTRY_BYTES, DESC_BYTES};
 
 /// One layer's copies: block `i` goes from `src + i * src_stride` to `dst + i * dst_stride`,
 /// `len` bytes; `dense` where consecutive blocks are contiguous on both sides (a run is then
@@ -139,37 +139,35 @@ impl BlockTable {
         })
     }
 
-    /// The block kernel's table for `chunk` (the kernel's shape, cut as for descriptors):
-    /// its size in bytes and its items (layers x pieces), or `None` where the layers' blocks
-    /// differ in length. O(runs): nothing per layer and block.
-    pub fn block_table_size(&self, chunk: u64) -> Option<(usize, u64)> {
+    /// The block kernel's table for `chunk` (the kernel's shape, cut as for descriptors), or
+    /// `None` where the layers' blocks differ in length. O(runs): nothing per layer and block.
+    pub fn block_layout(&self, chunk: u64) -> Option<BlockLayout> {
         let chunk = (chunk & !15).max(16);
-        let pieces = self.pieces(chunk)?;
-        let entries = (self.layers.len() as u64).checked_add(pieces)?;
-        let bytes = entries
-            .checked_mul(BLOCK_ENTRY_BYTES as u64)?
-            .checked_add(BLOCK_TABLE_HEADER as u64)?;
-        let items = (self.layers.len() as u64).checked_mul(pieces)?;
-        Some((usize::try_from(bytes).ok()?, items))
+        let npieces = self.pieces(chunk)?;
+        let layers = self.layers.len() as u64;
+        let bytes = layers
+            .checked_add(npieces)?
+            .checked_mul(BLOCK_ENTRY_BYTES as u64)?;
+        Some(BlockLayout {
+            bytes: usize::try_from(bytes).ok()?,
+            items: layers.checked_mul(npieces)?,
+            npieces,
+            pieces_at: self.layers.len() * BLOCK_ENTRY_BYTES,
+        })
     }
 
     /// Writes the block kernel's table for `chunk` into `out` (at least
-    /// [`BlockTable::block_table_size`] bytes): the header (pieces, the pieces' offset), one
-    /// `(src base, src stride, dst base, dst stride)` per layer, one `(src id, dst id, offset,
-    /// len)` per piece, all `u64` little-endian. Item `i` of the kernel is piece
-    /// `i % pieces` of layer `i / pieces`, the copy of descriptor `i` of
-    /// [`BlockTable::write_descriptors`]. Returns the items, or `None` (nothing written) where
-    /// there is no such table or `out` is too short.
-    pub fn write_block_table(&self, chunk: u64, out: &mut [u8]) -> Option<u64> {
-        let (bytes, items) = self.block_table_size(chunk)?;
-        let out = out.get_mut(..bytes)?;
+    /// [`BlockLayout::bytes`]): one `(src base, src stride, dst base, dst stride)` per layer,
+    /// then one `(src id, dst id, offset, len)` per piece, all `u64` little-endian. Item `i` of
+    /// the kernel is piece `i % npieces` of layer `i / npieces`, the copy of descriptor `i` of
+    /// [`BlockTable::write_descriptors`]. `None` (nothing written) where there is no such
+    /// table or `out` is too short.
+    pub fn write_block_table(&self, chunk: u64, out: &mut [u8]) -> Option<BlockLayout> {
+        let layout = self.block_layout(chunk)?;
+        let out = out.get_mut(..layout.bytes)?;
         let chunk = (chunk & !15).max(16);
         let len = self.layers.first()?.len;
-        let (head, rest) = out.split_at_mut(BLOCK_TABLE_HEADER);
-        let pieces_at = BLOCK_TABLE_HEADER + self.layers.len() * BLOCK_ENTRY_BYTES;
-        head[..8].copy_from_slice(&(items / self.layers.len() as u64).to_le_bytes());
-        head[8..].copy_from_slice(&(pieces_at as u64).to_le_bytes());
-        let mut slots = rest.chunks_exact_mut(BLOCK_ENTRY_BYTES);
+        let mut slots = out.chunks_exact_mut(BLOCK_ENTRY_BYTES);
         let mut put = |v: [u64; 4]| {
             if let Some(s) = slots.next() {
                 for (d, x) in s.chunks_exact_mut(8).zip(v) {
@@ -199,7 +197,7 @@ impl BlockTable {
                 }
             }
         }
-        Some(items)
+        Some(layout)
     }
 
     /// Writes the kernel's descriptors (`(src, dst, len)` little-endian, cut at `chunk` bytes
@@ -416,14 +414,13 @@ mod tests {
     }
 
     /// A block table decoded as the block kernel decodes it: item `i`'s copy.
-    fn expand(table: &[u8], items: u64) -> Vec<Segment> {
+    fn expand(table: &[u8], b: &BlockLayout) -> Vec<Segment> {
         let u = |at: usize| u64::from_le_bytes(table[at..at + 8].try_into().unwrap());
-        let (pieces, at) = (u(0), u(8) as usize);
-        (0..items)
+        (0..b.items)
             .map(|i| {
-                let (l, p) = ((i / pieces) as usize, (i % pieces) as usize);
-                let lay = BLOCK_TABLE_HEADER + l * BLOCK_ENTRY_BYTES;
-                let pc = at + p * BLOCK_ENTRY_BYTES;
+                let (l, p) = ((i / b.npieces) as usize, (i % b.npieces) as usize);
+                let lay = l * BLOCK_ENTRY_BYTES;
+                let pc = b.pieces_at + p * BLOCK_ENTRY_BYTES;
                 let off = u(pc + 16);
                 Segment {
                     src: u(lay) + u(pc) * u(lay + 8) + off,
@@ -483,22 +480,24 @@ mod tests {
                     .map(|&(dst, src, len)| Segment { src, dst, len })
                     .collect();
                 let want = pack(&segs, chunk);
-                let (bytes, items) = t.block_table_size(chunk).unwrap();
+                let b = t.block_layout(chunk).unwrap();
+                let (bytes, items) = (b.bytes, b.items);
                 assert_eq!(items as usize, want.len());
+                assert_eq!(b.npieces * t.layers.len() as u64, items);
+                assert_eq!(b.pieces_at, t.layers.len() * BLOCK_ENTRY_BYTES);
                 // Nothing per layer and block: the table is O(layers + pieces of one layer).
                 assert_eq!(
                     bytes,
-                    BLOCK_TABLE_HEADER
-                        + BLOCK_ENTRY_BYTES * (t.layers.len() + want.len() / t.layers.len())
+                    BLOCK_ENTRY_BYTES * (t.layers.len() + want.len() / t.layers.len())
                 );
                 let mut out = vec![0u8; bytes];
-                assert_eq!(t.write_block_table(chunk, &mut out), Some(items));
-                assert_eq!(expand(&out, items), want, "chunk {chunk}");
+                assert_eq!(t.write_block_table(chunk, &mut out), Some(b));
+                assert_eq!(expand(&out, &b), want, "chunk {chunk}");
                 assert_eq!(t.write_block_table(chunk, &mut out[..bytes - 1]), None);
             }
             let mut mixed = t.clone();
             mixed.layers[1].len += 16;
-            assert_eq!(mixed.block_table_size(4096), None);
+            assert_eq!(mixed.block_layout(4096), None);
             assert_eq!(mixed.write_block_table(4096, &mut [0u8; 1 << 16]), None);
         }
     }
@@ -564,13 +563,18 @@ mod tests {
                         want[d..d + len as usize].copy_from_slice(&bytes);
                     }
                     for chunk in [16u64, 128, 4096] {
-                        let (bytes, items) = t.block_table_size(chunk).unwrap();
-                        assert!(bytes as u64 <= table_area);
+                        let b = t.block_layout(chunk).unwrap();
+                        assert!(b.bytes as u64 <= table_area);
                         let mut m = Memory::new(base, image.clone());
-                        assert_eq!(t.write_block_table(chunk, &mut m.bytes), Some(items));
-                        for (grid, ntid) in [(items as u32, 32), (3, 64)] {
+                        assert_eq!(t.write_block_table(chunk, &mut m.bytes), Some(b));
+                        for (grid, ntid) in [(b.items as u32, 32), (3, 64)] {
                             let mut m = Memory::new(base, m.bytes.clone());
-                            let params = [("nixl_descs", base), ("nixl_count", items)];
+                            let params = [
+                                ("nixl_descs", base),
+                                ("nixl_count", b.items),
+                                ("nixl_pieces", base + b.pieces_at as u64),
+                                ("nixl_npieces", b.npieces),
+                            ];
                             run(&prog, &mut m, &params, grid, ntid).unwrap_or_else(|e| {
                                 panic!("{op} {bb} B interleaved={interleaved} chunk {chunk}: {e}")
                             });
@@ -643,7 +647,7 @@ mod tests {
             let t = BlockTable::new(&spec, &here);
             items = t.write_block_table(chunk, &mut dev);
         });
-        assert_eq!(items, Some(131_072));
+        assert_eq!(items.map(|b| b.items), Some(131_072));
         let mut proven = false;
         let t_indep = best(reps, || {
             proven = super::super::blocks::independent(&spec, &here)

@@ -11,7 +11,7 @@ use nixl_core::{Error, Op, Result, XferState};
 use super::complete::{self, Notif, Outcome, Ticket};
 use super::staging::{Staging, StagingPool};
 use super::table::BlockTable;
-use crate::cuda::kernel::{self, CopyKernel, KernelSchedule, Segment};
+use crate::cuda::kernel::{self, BlockLayout, CopyKernel, KernelSchedule, Segment};
 use crate::cuda::{self, CudaError, Event, Stream};
 use crate::sys::memory::{memcpy_async, memcpy_batch_async};
 
@@ -62,8 +62,9 @@ pub(crate) struct KernelPlan {
     event: Arc<Event>,
     count: u64,
     grid: u32,
-    /// Whether the array is a block table for the block kernel (else descriptors).
-    blocks: bool,
+    /// The block table's layout where the array is one for the block kernel (else
+    /// descriptors).
+    blocks: Option<BlockLayout>,
 }
 
 impl KernelPlan {
@@ -81,17 +82,16 @@ impl KernelPlan {
         // A block table whose layers' blocks have one length goes to the block kernel as it
         // is (nothing per layer and block is written here).
         if let Work::Table(t) = work {
-            if let Some((bytes, _)) = t
-                .block_table_size(shape.chunk)
-                .filter(|_| kernel.has_blocks())
-            {
-                let mut st = pool.take(bytes).map_err(|e| e.to_string())?;
-                let Some(items) = t.write_block_table(shape.chunk, st.host.bytes_mut()) else {
+            if let Some(layout) = t.block_layout(shape.chunk).filter(|_| kernel.has_blocks()) {
+                let mut st = pool.take(layout.bytes).map_err(|e| e.to_string())?;
+                if t.write_block_table(shape.chunk, st.host.bytes_mut()) != Some(layout) {
                     pool.give(st);
                     return Err("a block table did not fit its buffer".to_owned());
-                };
-                let grid = kernel.grid(items);
-                return Self::upload(kernel, pool, st, bytes, items, grid, true, event, stream);
+                }
+                let grid = kernel.grid(layout.items);
+                let (bytes, items) = (layout.bytes, layout.items);
+                let blocks = Some(layout);
+                return Self::upload(kernel, pool, st, bytes, items, grid, blocks, event, stream);
             }
         }
         // Otherwise a table is written as descriptors straight into the staging bytes where
@@ -131,7 +131,7 @@ impl KernelPlan {
             bytes,
             count as u64,
             grid,
-            false,
+            None,
             event,
             stream,
         )
@@ -146,7 +146,7 @@ impl KernelPlan {
         bytes: usize,
         count: u64,
         grid: u32,
-        blocks: bool,
+        blocks: Option<BlockLayout>,
         event: Arc<Event>,
         stream: &Stream,
     ) -> std::result::Result<Self, String> {
@@ -245,9 +245,8 @@ impl CudaIpcXfer {
             // mappings), kept alive by the request's registrations and loaded regions; prepare
             // admitted it only for copies of which no two conflict (`kernel::conflict`: no
             // destination overlaps another copy's destination or source, or its own source).
-            let launched = if p.blocks {
-                p.kernel
-                    .launch_blocks(p.descs(), p.count, p.grid, &self.stream)
+            let launched = if let Some(b) = &p.blocks {
+                p.kernel.launch_blocks(p.descs(), b, p.grid, &self.stream)
             } else {
                 p.kernel.launch(p.descs(), p.count, p.grid, &self.stream)
             };
@@ -290,7 +289,7 @@ impl CudaIpcXfer {
         match &self.engine {
             Engine::Copies => format!("cuMemcpyAsync x{n}"),
             Engine::Batch => format!("cuMemcpyBatchAsync x{n}"),
-            Engine::Kernel(p) if p.blocks => format!(
+            Engine::Kernel(p) if p.blocks.is_some() => format!(
                 "block-table copy kernel x{n} segments ({} chunks, {} CTAs)",
                 p.count, p.grid
             ),

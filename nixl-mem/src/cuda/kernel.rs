@@ -461,13 +461,17 @@ const BLOCKS: Parts = Parts {
     params: ",
 	.param .u64 nixl_pieces,
 	.param .u64 nixl_npieces",
-    extra_regs: "\t.reg .b64 \t%rb<10>;\n",
+    extra_regs: "\t.reg .b64 \t%rb<10>;\n\t.reg .b32 \t%rq<3>;\n",
     prologue: "\tld.param.u64 \t%rb1, [nixl_pieces];
 \tld.param.u64 \t%rb2, [nixl_npieces];
 \tcvta.to.global.u64 \t%rb1, %rb1;
 ",
-    fetch: "\t// layer rb3 = item / npieces, piece rb4 = item % npieces.
-\tdiv.u64 \t%rb3, %rd3, %rb2;
+    fetch: "\t// layer rb3 = item / npieces, piece rb4 = item % npieces (32-bit: the host admits only
+\t// tables of fewer than 2^32 items).
+\tcvt.u32.u64 \t%rq0, %rd3;
+\tcvt.u32.u64 \t%rq1, %rb2;
+\tdiv.u32 \t%rq2, %rq0, %rq1;
+\tcvt.u64.u32 \t%rb3, %rq2;
 \tmul.lo.u64 \t%rb4, %rb3, %rb2;
 \tsub.u64 \t%rb4, %rd3, %rb4;
 \tshl.b64 \t%rb5, %rb3, 5;
@@ -1493,7 +1497,7 @@ mod tests {
                 .all(|(i, _)| p[i + 1..].starts_with('%')));
             let copy = |t: &str| t[t.find("\txor.b64").unwrap()..].to_owned();
             assert_eq!(copy(&p), copy(&s));
-            assert!(p.contains("div.u64"));
+            assert!(p.contains("div.u32") && !p.contains("div.u64"));
         }
         assert_eq!(BLOCKS_NAME.to_str().unwrap(), "nixl_copy_blocks");
     }

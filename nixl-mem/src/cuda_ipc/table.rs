@@ -140,11 +140,15 @@ impl BlockTable {
     }
 
     /// The block kernel's table for `chunk` (the kernel's shape, cut as for descriptors), or
-    /// `None` where the layers' blocks differ in length. O(runs): nothing per layer and block.
+    /// `None` where the layers' blocks differ in length or the items reach 2^32 (the kernel
+    /// divides in 32 bits). O(runs): nothing per layer and block.
     pub fn block_layout(&self, chunk: u64) -> Option<BlockLayout> {
         let chunk = (chunk & !15).max(16);
         let npieces = self.pieces(chunk)?;
         let layers = self.layers.len() as u64;
+        if layers.checked_mul(npieces)? > u64::from(u32::MAX) {
+            return None;
+        }
         let bytes = layers
             .checked_add(npieces)?
             .checked_mul(BLOCK_ENTRY_BYTES as u64)?;
@@ -495,6 +499,11 @@ mod tests {
                 assert_eq!(expand(&out, &b), want, "chunk {chunk}");
                 assert_eq!(t.write_block_table(chunk, &mut out[..bytes - 1]), None);
             }
+            // 2^32 items or more: no table (the kernel divides in 32 bits).
+            let mut huge = t.clone();
+            huge.runs = vec![(0, 0, 1 << 31)];
+            huge.layers.iter_mut().for_each(|l| l.dense = false);
+            assert_eq!(huge.block_layout(1 << 30), None);
             let mut mixed = t.clone();
             mixed.layers[1].len += 16;
             assert_eq!(mixed.block_layout(4096), None);

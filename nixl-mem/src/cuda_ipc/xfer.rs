@@ -157,6 +157,13 @@ impl KernelPlan {
             pool.give(staging);
             return Err(e.to_string());
         }
+        // The event covers the upload from here on (the pool takes the pair back only once it
+        // has completed); where it cannot be recorded, the pair is never reused.
+        if let Err(e) = event.record(stream) {
+            tracing::error!(error = %e, "could not record the copy kernel's upload; leaking its buffers");
+            std::mem::forget(staging);
+            return Err(e.to_string());
+        }
         Ok(KernelPlan {
             kernel,
             staging: Some(staging),

@@ -551,8 +551,12 @@ fn a_write_to_a_stopped_peer_ends_by_its_deadline() {
     }
     // 48 MiB: more than the kernel's socket buffers hold (tcp_rmem up to 32 MiB here), so the
     // WRITE cannot complete while the target is stopped.
+    // Both sides keep the stopped peer alive in UCX's eyes (a 120 s TCP user timeout instead
+    // of the 2 s derived from the 500 ms keep-alive), so the deadline, not UCX's failure
+    // detection, ends the WRITE.
     let mut spec = VictimSpec::new(TCP, None);
     spec.mem = 64 << 20;
+    spec.tcp_user_timeout = Some("120s");
     let mut v = Victim::spawn(CHILD, &spec);
     let t = Victim::spawn(CHILD, &spec);
     let (_, r) = fetched(&mut v, &t.name, t.listen, 20_000);

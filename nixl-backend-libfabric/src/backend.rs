@@ -11,12 +11,12 @@ use nixl_core::backend::{
 };
 use nixl_core::{Capabilities, Error, MemKind, Op, RegionDesc, Result};
 
-use crate::fabric::Mr;
 use crate::params::{LibfabricParams, LibfabricStats, RailStats};
 pub(crate) use crate::peer::Peer;
 use crate::rail::{Inbox, Rail, RailConfig, Track};
 use crate::result::{unavailable, FiError, LIBFABRIC};
 use crate::sys;
+use crate::sys::fabric::Mr;
 use crate::wire;
 use crate::xfer::XferCore;
 
@@ -485,9 +485,10 @@ impl Backend for LibfabricBackend {
         let (mut keys, mut descs, mut mrs) = (Vec::new(), Vec::new(), Vec::new());
         for rail in &self.inner.rails {
             let key = self.inner.next_key.fetch_add(1, Ordering::Relaxed);
-            // SAFETY: the agent keeps the region's memory alive while this registration (and
-            // any request using it) exists: `MemoryRegion`'s contract.
-            let mr = unsafe { rail.register(region.addr, region.len, key, hmem) }
+            // The agent keeps the region's memory alive while this registration (and any
+            // request using it) exists: `MemoryRegion`'s contract.
+            let mr = rail
+                .register(region.addr, region.len, key, hmem)
                 .map_err(|e| e.into_error(me, None, Op::RegisterMem))?;
             keys.push(mr.key());
             descs.push(mr.desc());

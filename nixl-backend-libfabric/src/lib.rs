@@ -39,7 +39,6 @@
 //! ```
 
 mod backend;
-mod fabric;
 mod params;
 mod peer;
 mod rail;

@@ -106,15 +106,26 @@ impl Peer {
         self.addrs.get(r).map(|(rail, a)| (r, rail.clone(), *a))
     }
 
-    /// Marks `rails` failed (their operations did not complete in time) and tears their
-    /// connections down; with no rail left the peer is unreachable.
-    pub fn fail_rails(&self, rails: &[usize]) {
+    /// Marks `rails` failed (their operations did not complete in time): new transfers to
+    /// the peer avoid them. Their connections stay, so what is stuck on them still completes
+    /// if the link comes back (an abandoned transfer drains instead of being flushed).
+    pub fn avoid_rails(&self, rails: &[usize]) {
         for &r in rails {
             if let Some(ok) = self.rail_ok.get(r) {
                 if ok.swap(false, Ordering::SeqCst) {
                     let domain = self.addrs.get(r).map(|(x, _)| x.domain_name.as_str());
                     tracing::warn!(peer = %self.name, rail = r, ?domain, "operations did not complete in time; the rail no longer carries transfers to this peer");
                 }
+            }
+        }
+    }
+
+    /// Marks `rails` failed (see [`Peer::avoid_rails`]) and tears their connections down;
+    /// with no rail left the peer is unreachable.
+    pub fn fail_rails(&self, rails: &[usize]) {
+        self.avoid_rails(rails);
+        for &r in rails {
+            if self.rail_ok.get(r).is_some() {
                 self.remove(r);
             }
         }

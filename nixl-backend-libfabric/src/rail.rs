@@ -1,13 +1,12 @@
 //! One rail: a fabric, domain, CQ, AV and RDM endpoint, with the operation contexts posted on
 //! it, its notification buffers and its byte counters.
 //!
-//! Every operation posted on a rail carries a boxed [`OpCtx`] whose address is the libfabric
-//! operation context (it starts with an `fi_context2`, so providers that need `FI_CONTEXT` /
-//! `FI_CONTEXT2` space get it). The box stays in the rail's in-flight table until its
+//! Every operation posted on a rail carries a boxed context (`crate::sys::post`) whose address
+//! is the libfabric operation context (it starts with an `fi_context2`, so providers that need
+//! `FI_CONTEXT` / `FI_CONTEXT2` space get it). The box stays in the rail's in-flight table until its
 //! completion (or error completion) is read, so nothing the provider may still touch is freed
 //! early; the table lives inside the endpoint and is dropped only after the endpoint is closed.
 
-use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -57,9 +56,14 @@ impl Inbox {
     }
 }
 
-use crate::fabric::{Av, Cq, Domain, Endpoint, Fabric, Info, Mr};
-use crate::result::{check, FiError};
-use crate::sys::{self, ops, Lib};
+use crate::sys::fabric::{Av, Cq, Domain, Endpoint, Fabric, Mr};
+use crate::sys::info::Info;
+use crate::sys::post::{EpGuard, EpState, MsgPool, Rma};
+
+/// The rail's endpoint, locked.
+type Guard<'a> = EpGuard<'a, OpKind, SendFree>;
+use crate::result::FiError;
+use crate::sys::{self, Lib};
 
 /// Counters of one rail, shared with [`crate::LibfabricStats`].
 #[derive(Debug, Default)]
@@ -141,56 +145,12 @@ enum OpKind {
     },
 }
 
-/// A posted operation's context. `fi` must stay the first field: its address is what the
-/// provider hands back in the completion.
-#[repr(C)]
-struct OpCtx {
-    fi: sys::fi_context2,
-    kind: OpKind,
-}
+/// What the provider may reference while the endpoint is open (in-flight contexts of
+/// [`OpKind`], the notification pools) and the free send slots.
+type RailState = EpState<OpKind, SendFree>;
 
-// SAFETY: `fi` is scratch space owned by the provider while the operation is in flight and
-// only touched by libfabric calls made under the rail's lock; the rest is Send data.
-unsafe impl Send for OpCtx {}
-
-impl OpCtx {
-    fn boxed(kind: OpKind) -> Box<OpCtx> {
-        Box::new(OpCtx {
-            fi: sys::fi_context2 {
-                internal: [std::ptr::null_mut(); 8],
-            },
-            kind,
-        })
-    }
-}
-
-/// Buffers for notification messages (sent from and received into), registered once.
-struct MsgPool {
-    buf: Vec<u8>,
-    slot_size: usize,
-    mr: Option<Mr>,
-}
-
-impl MsgPool {
-    fn slot_ptr(&mut self, slot: usize) -> *mut u8 {
-        // SAFETY: callers pass slot < slot count; the offset is inside `buf`.
-        unsafe { self.buf.as_mut_ptr().add(slot * self.slot_size) }
-    }
-
-    fn desc(&self) -> *mut c_void {
-        self.mr
-            .as_ref()
-            .map_or(std::ptr::null_mut(), |m| m.desc() as *mut c_void)
-    }
-}
-
-/// What the provider may reference while the endpoint is open.
-pub(crate) struct RailState {
-    inflight: HashMap<usize, Box<OpCtx>>,
-    recv: MsgPool,
-    send: MsgPool,
-    send_free: Vec<usize>,
-}
+/// The send slots no posted send owns.
+struct SendFree(Vec<usize>);
 
 /// Settings a rail is opened with.
 #[derive(Debug, Clone, Copy)]
@@ -239,10 +199,11 @@ impl Rail {
         next_key: &AtomicU64,
     ) -> Result<Rail, FiError> {
         let e = info.first();
-        // SAFETY: getinfo fills every attribute struct of the entries it returns.
-        let (dattr, eattr, txattr, rxattr) =
-            unsafe { (&*e.domain_attr, &*e.ep_attr, &*e.tx_attr, &*e.rx_attr) };
-        let domain_name = crate::fabric::cstr(dattr.name);
+        let a = e
+            .attrs()
+            .ok_or_else(|| FiError::new("fi_getinfo", sys::FI_ENODATA))?;
+        let (dattr, eattr, txattr, rxattr) = (a.domain, a.ep, a.tx, a.rx);
+        let domain_name = e.domain_name();
         let mr_mode = u64::try_from(dattr.mr_mode).unwrap_or(0);
         let max_msg = u64::try_from(eattr.max_msg_size).unwrap_or(u64::MAX).max(1);
         let key_size = dattr.mr_key_size;
@@ -257,17 +218,11 @@ impl Rail {
             }
         };
         let av = Av::open(&domain)?;
-        let pool = |slots: usize| MsgPool {
-            buf: vec![0u8; slots.max(1) * cfg.notif_size],
-            slot_size: cfg.notif_size,
-            mr: None,
-        };
-        let state = RailState {
-            inflight: HashMap::new(),
-            recv: pool(cfg.recv_slots),
-            send: pool(cfg.send_slots),
-            send_free: (0..cfg.send_slots.max(1)).rev().collect(),
-        };
+        let state = RailState::new(
+            MsgPool::new(cfg.recv_slots, cfg.notif_size),
+            MsgPool::new(cfg.send_slots, cfg.notif_size),
+            SendFree((0..cfg.send_slots.max(1)).rev().collect()),
+        );
         let ep = Endpoint::open(&domain, &info, &cq, &av, Mutex::new(state))?;
         let addr = ep.name()?;
         let rail = Rail {
@@ -287,29 +242,19 @@ impl Rail {
         };
         {
             let mut st = rail.lock();
-            let st = &mut *st;
-            for pool in [&mut st.recv, &mut st.send] {
-                let key = next_key.fetch_add(1, Ordering::Relaxed);
-                // SAFETY: the pool's buffer lives in the endpoint's state, which is dropped only
-                // after the endpoint (and so every operation using the registration) is closed;
-                // the Mr is dropped with it.
-                let mr = unsafe {
-                    Mr::register(
-                        &rail.domain,
-                        pool.buf.as_ptr() as u64,
-                        pool.buf.len() as u64,
-                        mr_access(),
-                        key,
-                        None,
-                    )?
-                };
-                if mr_mode & u64::from(sys::FI_MR_ENDPOINT) != 0 {
-                    mr.bind_endpoint_raw(rail.ep.as_ptr())?;
-                }
-                pool.mr = Some(mr);
-            }
+            st.register_pools(
+                &rail.domain,
+                mr_access(),
+                || next_key.fetch_add(1, Ordering::Relaxed),
+                |mr| {
+                    if mr_mode & u64::from(sys::FI_MR_ENDPOINT) != 0 {
+                        mr.bind(&rail.ep)?;
+                    }
+                    Ok(())
+                },
+            )?;
             for slot in 0..cfg.recv_slots {
-                if !rail.post_recv(st, slot)? {
+                if !rail.post_recv(&mut st, slot)? {
                     tracing::warn!(
                         rail = index,
                         posted = slot,
@@ -322,34 +267,12 @@ impl Rail {
         Ok(rail)
     }
 
-    fn lock(&self) -> MutexGuard<'_, RailState> {
-        self.ep.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> Guard<'_> {
+        self.ep.lock()
     }
 
-    fn post_recv(&self, st: &mut RailState, slot: usize) -> Result<bool, FiError> {
-        let mut ctx = OpCtx::boxed(OpKind::Recv { slot });
-        let p = &mut *ctx as *mut OpCtx as *mut c_void;
-        let buf = st.recv.slot_ptr(slot);
-        // SAFETY: live endpoint; the buffer slot and the context live in the endpoint's state
-        // until the completion is read or the endpoint is closed.
-        let ret = unsafe {
-            ops::fi_recv(
-                self.ep.as_ptr(),
-                buf as *mut c_void,
-                st.recv.slot_size,
-                st.recv.desc(),
-                sys::FI_ADDR_UNSPEC,
-                p,
-            )
-        };
-        match check("fi_recv", ret) {
-            Ok(_) => {
-                st.inflight.insert(p as usize, ctx);
-                Ok(true)
-            }
-            Err(e) if e.is_again() => Ok(false),
-            Err(e) => Err(e),
-        }
+    fn post_recv(&self, st: &mut Guard<'_>, slot: usize) -> Result<bool, FiError> {
+        st.post_recv(slot, OpKind::Recv { slot })
     }
 
     /// Posts one RMA operation. `Ok(false)`: the queue is full, retry after progress.
@@ -366,50 +289,27 @@ impl Rail {
         track: &Arc<Track>,
     ) -> Result<bool, FiError> {
         let mut st = self.lock();
-        let mut ctx = OpCtx::boxed(OpKind::Rma {
+        let op = Rma {
+            write,
+            local,
+            len,
+            desc,
+            dest,
+            raddr,
+            key,
+        };
+        let kind = OpKind::Rma {
             track: track.clone(),
             len,
             write,
-        });
-        let p = &mut *ctx as *mut OpCtx as *mut c_void;
-        let len_us = usize::try_from(len).map_err(|_| FiError::new("fi_write", sys::FI_EINVAL))?;
-        // SAFETY: live endpoint; the local range lies in a registration the transfer holds
-        // (desc is its descriptor), the context lives in the in-flight table until its
-        // completion is read.
-        let ret = unsafe {
-            if write {
-                ops::fi_write(
-                    self.ep.as_ptr(),
-                    local as *const c_void,
-                    len_us,
-                    desc as *mut c_void,
-                    dest,
-                    raddr,
-                    key,
-                    p,
-                )
-            } else {
-                ops::fi_read(
-                    self.ep.as_ptr(),
-                    local as *mut c_void,
-                    len_us,
-                    desc as *mut c_void,
-                    dest,
-                    raddr,
-                    key,
-                    p,
-                )
-            }
         };
-        match check(if write { "fi_write" } else { "fi_read" }, ret) {
-            Ok(_) => {
-                track.add(self.index);
-                st.inflight.insert(p as usize, ctx);
-                Ok(true)
-            }
-            Err(e) if e.is_again() => Ok(false),
-            Err(e) => Err(e),
+        // The local range lies in a registration the transfer holds (desc is its
+        // descriptor); the remote range was checked against the peer's region.
+        let ok = st.post_rma(&op, kind)?;
+        if ok {
+            track.add(self.index);
         }
+        Ok(ok)
     }
 
     /// Sends a framed notification. `Ok(false)`: no free buffer or the queue is full.
@@ -420,45 +320,28 @@ impl Rail {
         track: &Arc<Track>,
     ) -> Result<bool, FiError> {
         let mut st = self.lock();
-        if framed.len() > st.send.slot_size {
+        if framed.len() > st.send_slot_size() {
             return Err(FiError::new("fi_send", sys::FI_EMSGSIZE));
         }
-        let Some(slot) = st.send_free.pop() else {
+        let Some(slot) = st.0.pop() else {
             return Ok(false);
         };
-        let buf = st.send.slot_ptr(slot);
-        // SAFETY: the slot is free (owned by no posted send) and holds slot_size >= len bytes.
-        unsafe { std::ptr::copy_nonoverlapping(framed.as_ptr(), buf, framed.len()) };
-        let mut ctx = OpCtx::boxed(OpKind::Send {
+        let kind = OpKind::Send {
             track: track.clone(),
             slot,
-        });
-        let p = &mut *ctx as *mut OpCtx as *mut c_void;
-        // SAFETY: live endpoint; buffer slot and context live in the endpoint's state until
-        // the completion is read.
-        let ret = unsafe {
-            ops::fi_send(
-                self.ep.as_ptr(),
-                buf as *const c_void,
-                framed.len(),
-                st.send.desc(),
-                dest,
-                p,
-            )
         };
-        match check("fi_send", ret) {
-            Ok(_) => {
+        match st.post_send(slot, framed, dest, kind) {
+            Ok(true) => {
                 track.add(self.index);
-                st.inflight.insert(p as usize, ctx);
                 Ok(true)
             }
+            Ok(false) => {
+                st.0.push(slot);
+                Ok(false)
+            }
             Err(e) => {
-                st.send_free.push(slot);
-                if e.is_again() {
-                    Ok(false)
-                } else {
-                    Err(e)
-                }
+                st.0.push(slot);
+                Err(e)
             }
         }
     }
@@ -521,13 +404,13 @@ impl Rail {
 
     fn complete(
         &self,
-        st: &mut RailState,
+        st: &mut Guard<'_>,
         ctx: *mut c_void,
         len: usize,
         err: Option<FiError>,
         notifs: &Inbox,
     ) -> Result<(), FiError> {
-        let Some(op) = st.inflight.remove(&(ctx as usize)) else {
+        let Some(kind) = st.complete(ctx) else {
             tracing::warn!(
                 rail = self.index,
                 "completion for an unknown operation context"
@@ -538,7 +421,7 @@ impl Rail {
             self.counters.errors.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(rail = self.index, error = %e, "operation failed");
         }
-        match op.kind {
+        match kind {
             OpKind::Rma { track, len, write } => {
                 if err.is_none() {
                     let c = if write {
@@ -552,7 +435,7 @@ impl Rail {
                 track.complete(self.index, err);
             }
             OpKind::Send { track, slot } => {
-                st.send_free.push(slot);
+                st.0.push(slot);
                 if err.is_none() {
                     self.counters.notifs_sent.fetch_add(1, Ordering::Relaxed);
                 }
@@ -561,9 +444,7 @@ impl Rail {
             OpKind::Recv { slot } => {
                 match err {
                     None => {
-                        let size = st.recv.slot_size;
-                        let start = slot * size;
-                        let bytes = st.recv.buf.get(start..start + len.min(size)).unwrap_or(&[]);
+                        let bytes = st.received(slot, len);
                         if notifs.deliver(self.index, bytes) {
                             self.counters
                                 .notifs_received
@@ -584,36 +465,20 @@ impl Rail {
     }
 }
 
-impl Mr {
-    /// Binds to a raw endpoint (used for the rail's own pools while it is being built).
-    fn bind_endpoint_raw(&self, ep: *mut sys::fid_ep) -> Result<(), FiError> {
-        // SAFETY: live MR and endpoint of the same domain.
-        check("fi_mr_bind", unsafe {
-            ops::fi_mr_bind(self.as_ptr(), ep as *mut sys::fid, 0)
-        })?;
-        // SAFETY: live MR.
-        check("fi_mr_enable", unsafe { ops::fi_mr_enable(self.as_ptr()) }).map(|_| ())
-    }
-}
-
 impl Rail {
     /// Registers memory on this rail's domain (binding it to the endpoint where the provider
-    /// needs that).
-    ///
-    /// # Safety
-    ///
-    /// The memory must stay valid while the registration is used.
-    pub unsafe fn register(
+    /// needs that). The memory must stay valid while the registration is used: the agent
+    /// keeps a registered region's memory alive (`MemoryRegion`'s contract).
+    pub fn register(
         &self,
         addr: u64,
         len: u64,
         key: u64,
         hmem: Option<(u32, i32)>,
     ) -> Result<Mr, FiError> {
-        // SAFETY: forwarded contract.
-        let mr = unsafe { Mr::register(&self.domain, addr, len, mr_access(), key, hmem)? };
+        let mr = Mr::register(&self.domain, addr, len, mr_access(), key, hmem)?;
         if self.mr_mode & u64::from(sys::FI_MR_ENDPOINT) != 0 {
-            mr.bind_endpoint_raw(self.ep.as_ptr())?;
+            mr.bind(&self.ep)?;
         }
         Ok(mr)
     }

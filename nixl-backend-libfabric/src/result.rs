@@ -1,7 +1,6 @@
 //! The result layer: every negative libfabric return code goes through [`check`] into a
 //! [`FiError`], and every `FiError` through [`FiError::into_error`] into a `nixl_core::Error`.
 
-use std::ffi::CStr;
 use std::fmt;
 
 use nixl_core::{Error, Op};
@@ -95,16 +94,7 @@ fn strerror(code: u32) -> String {
     let Ok(c) = i32::try_from(code) else {
         return format!("error {code}");
     };
-    // SAFETY: fi_strerror returns a pointer to a static string (or to a thread-local buffer
-    // valid until the next call on this thread), which is copied at once.
-    unsafe {
-        let p = (lib.fi_strerror)(c);
-        if p.is_null() {
-            format!("error {code}")
-        } else {
-            CStr::from_ptr(p).to_string_lossy().into_owned()
-        }
-    }
+    sys::strerror(lib, c).unwrap_or_else(|| format!("error {code}"))
 }
 
 /// Turns a libfabric return value into `Ok(value)` or the error it encodes.

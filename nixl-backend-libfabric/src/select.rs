@@ -5,9 +5,9 @@
 // the code independent of which flags happen to fit in 32 bits.
 #![allow(clippy::useless_conversion)]
 
-use crate::fabric::{cstr, Info, StrField};
 use crate::params::{HmemMode, LibfabricParams, DEFAULT_PROVIDERS};
 use crate::result::FiError;
+use crate::sys::info::{Entry, Info, RdmHints, StrField};
 use crate::sys::{self, Lib};
 
 /// What was chosen: one info per rail, and the features the provider granted.
@@ -44,7 +44,6 @@ fn hints(
     if let Some(d) = domain {
         h.set_str(StrField::Domain, d)?;
     }
-    let i = h.first_mut();
     let mut caps = u64::from(sys::FI_MSG)
         | u64::from(sys::FI_RMA)
         | u64::from(sys::FI_READ)
@@ -56,20 +55,15 @@ fn hints(
     if hmem {
         caps |= u64::from(sys::FI_HMEM);
     }
-    i.caps = caps;
-    // Every operation carries an fi_context2-sized context (see rail.rs).
-    i.mode = u64::from(sys::FI_CONTEXT) | u64::from(sys::FI_CONTEXT2);
-    // SAFETY: fi_allocinfo allocated every attribute struct of the hints.
-    unsafe {
-        (*i.ep_attr).type_ = sys::FI_EP_RDM;
-        (*i.domain_attr).mr_mode = mr_modes(hmem);
-        (*i.domain_attr).threading = sys::FI_THREAD_SAFE;
-        (*i.tx_attr).msg_order = u64::from(sys::FI_ORDER_SAS);
-        (*i.rx_attr).msg_order = u64::from(sys::FI_ORDER_SAS);
-        if dc {
-            (*i.tx_attr).op_flags = u64::from(sys::FI_DELIVERY_COMPLETE);
-        }
-    }
+    h.set_rdm_hints(&RdmHints {
+        caps,
+        // Every operation carries an fi_context2-sized context (see rail.rs).
+        mode: u64::from(sys::FI_CONTEXT) | u64::from(sys::FI_CONTEXT2),
+        mr_mode: mr_modes(hmem),
+        threading: sys::FI_THREAD_SAFE,
+        msg_order: u64::from(sys::FI_ORDER_SAS),
+        tx_op_flags: dc.then_some(u64::from(sys::FI_DELIVERY_COMPLETE)),
+    })?;
     Ok(h)
 }
 
@@ -102,8 +96,7 @@ pub(crate) fn select(lib: &'static Lib, p: &LibfabricParams) -> Result<Option<Se
                 for r in 0..p.rails {
                     infos.push(list.dup(groups[r % groups.len()])?);
                 }
-                // SAFETY: getinfo fills the fabric attributes of its entries.
-                let provider = cstr(unsafe { (*infos[0].first().fabric_attr).prov_name });
+                let provider = infos[0].first().provider_name();
                 tracing::debug!(%provider, hmem, delivery_complete = dc, rails = p.rails, "libfabric provider selected");
                 return Ok(Some(Selection {
                     provider,
@@ -120,11 +113,10 @@ pub(crate) fn select(lib: &'static Lib, p: &LibfabricParams) -> Result<Option<Se
 /// One entry per distinct domain (the wanted ones, in the wanted order, when given; a wanted
 /// one the list lacks is left out), preferring IPv4 addressing where a domain offers several
 /// formats.
-fn domain_groups<'a>(list: &'a Info, wanted: &[String]) -> Vec<&'a sys::fi_info> {
-    let mut out: Vec<(String, &sys::fi_info)> = Vec::new();
+fn domain_groups<'a>(list: &'a Info, wanted: &[String]) -> Vec<Entry<'a>> {
+    let mut out: Vec<(String, Entry<'a>)> = Vec::new();
     for e in list.entries() {
-        // SAFETY: getinfo fills the domain attributes of its entries.
-        let name = cstr(unsafe { (*e.domain_attr).name });
+        let name = e.domain_name();
         match out.iter_mut().find(|(n, _)| *n == name) {
             Some(slot) => {
                 if e.addr_format == sys::FI_SOCKADDR_IN && slot.1.addr_format != sys::FI_SOCKADDR_IN

@@ -7,6 +7,7 @@
 //! memory, so the target can never see the notification before the data.
 
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use nixl_core::backend::{downcast_md, BackendMd, BackendXfer, XferSpec};
 use nixl_core::{Error, MemKind, Op, Result, XferOp, XferState};
@@ -47,6 +48,11 @@ pub(crate) struct XferCore {
     phase: Phase,
     /// A failure found by the progress thread, reported by the next check.
     failed: Option<Error>,
+    /// When the latest post started.
+    posted: Instant,
+    /// Abandoned (`BackendXfer::abandon`): nothing more is posted, and the request drains
+    /// until what is in flight completes; `true` once the rails it is stuck on were failed.
+    abandoned: Option<bool>,
     /// The metadata the operations' keys and descriptors come from.
     _mds: Vec<BackendMd>,
 }
@@ -213,6 +219,8 @@ impl LfXfer {
             next: 0,
             phase: Phase::Idle,
             failed: None,
+            posted: Instant::now(),
+            abandoned: None,
             _mds: mds,
         };
         Ok(LfXfer {
@@ -264,6 +272,43 @@ impl XferCore {
         e
     }
 
+    /// An abandoned transfer (its deadline passed): in progress while operations are in flight,
+    /// then `Canceled`. Once the post is older than `op_timeout` with operations still in
+    /// flight, the rails they are stuck on are failed for this peer when another rail is left,
+    /// so new requests avoid them (as a cancel's [`XferCore::settle`] does, without waiting);
+    /// their connections are not torn down, so the stuck operations still complete if the link
+    /// comes back, and the request's memory stays held until then (or until the peer is
+    /// forgotten and dropped).
+    fn step_abandoned(&mut self, op: Op, poll: bool) -> Result<XferState> {
+        if poll {
+            self.inner.poll();
+        }
+        if self.track.state().0 > 0 {
+            let stuck = self.posted.elapsed() >= self.inner.params.op_timeout;
+            if stuck && self.abandoned == Some(false) && !Arc::ptr_eq(&self.peer, &self.inner.me) {
+                self.abandoned = Some(true);
+                let stuck = self.track.stuck_rails();
+                let left = self
+                    .peer
+                    .healthy_rails(self.peer.addrs.len())
+                    .into_iter()
+                    .any(|r| !stuck.contains(&r));
+                // Only where another rail is left to take new requests: a peer's only rail
+                // stays in use, so a link that comes back serves new requests without a reload.
+                if left {
+                    self.peer.avoid_rails(&stuck);
+                }
+            }
+            return Ok(XferState::InProgress);
+        }
+        self.abandoned = None;
+        self.phase = Phase::Idle;
+        Err(Error::Canceled {
+            agent: self.inner.agent.clone(),
+            op,
+        })
+    }
+
     /// Waits for what is in flight; if it does not complete in time, the rails it is stuck on
     /// are failed for this peer (their connections torn down, flushing what is queued; with
     /// no rail left the peer is unreachable) and it is waited for once more.
@@ -287,6 +332,9 @@ impl XferCore {
         if let Some(e) = self.failed.take() {
             self.phase = Phase::Idle;
             return Err(e);
+        }
+        if self.abandoned.is_some() {
+            return self.step_abandoned(op, poll);
         }
         match self.phase {
             Phase::Done => return Ok(XferState::Done),
@@ -380,6 +428,8 @@ impl BackendXfer for LfXfer {
         c.track = Arc::new(Track::default());
         c.next = 0;
         c.failed = None;
+        c.abandoned = None;
+        c.posted = Instant::now();
         c.phase = Phase::Data;
         let r = c.step(Op::PostXfer, true);
         if c.active() {
@@ -392,11 +442,23 @@ impl BackendXfer for LfXfer {
         lock(&self.core).step(Op::CheckXfer, true)
     }
 
+    fn abandon(&mut self) {
+        let mut c = lock(&self.core);
+        if matches!(c.phase, Phase::Data | Phase::Notif) {
+            c.next = c.ops.len();
+            c.failed = None;
+            c.abandoned = Some(false);
+            // Fails the stuck rails at once when the post is already older than op_timeout.
+            let _ = c.step(Op::CheckXfer, false);
+        }
+    }
+
     fn cancel(&mut self) -> Result<()> {
         let mut c = lock(&self.core);
         c.next = c.ops.len();
         c.phase = Phase::Idle;
         c.failed = None;
+        c.abandoned = None;
         if c.settle() {
             Ok(())
         } else {

@@ -1,7 +1,6 @@
 //! The `UCX` backend: the [`nixl_core::backend::Backend`] implementation over the safe layer.
 
 use std::collections::{BTreeMap, HashMap};
-use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 use std::thread::JoinHandle;
@@ -470,26 +469,12 @@ impl Backend for UcxBackend {
         let ep = pe.notif_raw(&g).ok_or_else(|| {
             Error::disconnected(&self.agent, remote, Op::GenNotif, "UCX endpoint was closed")
         })?;
-        // The buffers must outlive the send: owned here, leaked if it does not finish.
         let (am_id, hdr, buf) = self.notif_for(&peer, 0, msg, Op::GenNotif)?;
-        // SAFETY: zeroed request params with a mask are the documented form.
-        let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
-        p.op_attr_mask = sys::UCP_OP_ATTR_FIELD_FLAGS;
-        p.flags = crate::session::am_flags(am_id);
-        // SAFETY: the endpoint is live under the held lock; header and message stay valid
-        // until UCX released the request (below), or forever (leaked on timeout).
-        let r = unsafe {
-            self.ucx.lib.ucp_am_send_nbx(
-                ep,
-                am_id,
-                hdr.as_ptr() as *const c_void,
-                hdr.len(),
-                buf.as_ptr() as *const c_void,
-                buf.len(),
-                &p,
-            )
-        };
-        match g.wait_request(r, Instant::now() + self.params.cancel_timeout) {
+        // The buffers must outlive the send: owned by the wrapper, leaked if it does not
+        // finish.
+        let deadline = Instant::now() + self.params.cancel_timeout;
+        let flags = crate::session::am_flags(am_id);
+        match g.h().am_send_wait(ep, (am_id, flags), hdr, buf, deadline) {
             Some(st) if st == sys::UCS_OK => Ok(()),
             Some(st) => Err(crate::error::status_error(
                 &self.ucx,
@@ -503,8 +488,6 @@ impl Backend for UcxBackend {
                 // Still in flight inside UCX: counted (never uncounted) so closing the
                 // endpoint early drains it first.
                 pe.shared.begin_op();
-                std::mem::forget(buf);
-                std::mem::forget(hdr);
                 Err(Error::TimedOut {
                     agent: self.agent.clone(),
                     op: Op::GenNotif,
@@ -542,19 +525,11 @@ impl Backend for UcxBackend {
         }
         let mut secs = 0.0f64;
         for (len, count) in sizes {
-            // SAFETY: zeroed parameter structs with field masks are the documented form.
-            let mut p: sys::ucp_ep_evaluate_perf_param_t = unsafe { std::mem::zeroed() };
-            p.field_mask = sys::UCP_EP_PERF_PARAM_FIELD_MESSAGE_SIZE as u64;
-            p.message_size = len as usize;
-            // SAFETY: as above.
-            let mut a: sys::ucp_ep_evaluate_perf_attr_t = unsafe { std::mem::zeroed() };
-            a.field_mask = sys::UCP_EP_PERF_ATTR_FIELD_ESTIMATED_TIME as u64;
-            // SAFETY: the endpoint is live under the held lock; both structs are valid.
-            let st = unsafe { self.ucx.lib.ucp_ep_evaluate_perf(ep, &p, &mut a) };
-            if st != sys::UCS_OK || !a.estimated_time.is_finite() || a.estimated_time < 0.0 {
-                return Ok(None);
-            }
-            secs += a.estimated_time * count as f64;
+            let t = match g.h_ref().ep_estimate(ep, len) {
+                Ok(t) if t.is_finite() && t >= 0.0 => t,
+                _ => return Ok(None),
+            };
+            secs += t * count as f64;
         }
         let duration = Duration::from_secs_f64(secs);
         Ok(Some(CostEstimate {

@@ -16,7 +16,6 @@
 //! mode from the worker's graveyard, so UCX finishes the operations and releases it when the
 //! peer answers or fails.
 
-use std::ffi::{c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,12 +36,25 @@ pub(crate) struct EpShared {
     closed: AtomicBool,
     /// Posts (and timed-out notifications) on this endpoint that UCX has not completed yet.
     inflight: AtomicUsize,
+    /// Set when the peer replaced the connection this endpoint shares with it
+    /// (`crate::links`): the peer drops what arrives on it, so nothing new may be sent.
+    replaced: AtomicBool,
 }
 
 impl EpShared {
     /// Whether the endpoint was closed or fenced early.
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
+    }
+
+    /// Marks the endpoint replaced by its peer (`crate::links`).
+    pub fn replace(&self) {
+        self.replaced.store(true, Ordering::Release);
+    }
+
+    /// Whether the peer replaced the connection (see [`EpShared::replace`]).
+    pub fn is_replaced(&self) -> bool {
+        self.replaced.load(Ordering::Acquire)
     }
 
     /// One more operation in flight.
@@ -75,11 +87,11 @@ impl EpShared {
     }
 }
 
-unsafe extern "C" fn ep_error(arg: *mut c_void, _ep: sys::ucp_ep_h, status: sys::ucs_status_t) {
-    // SAFETY: arg is an EpShared kept alive by the worker until after it is destroyed.
-    let shared = unsafe { &*(arg as *const EpShared) };
-    tracing::debug!(status, "UCX endpoint error");
-    shared.fail(status);
+impl sys::EpErrorHandler for EpShared {
+    fn on_error(&self, status: sys::ucs_status_t) {
+        tracing::debug!(status, "UCX endpoint error");
+        self.fail(status);
+    }
 }
 
 /// How [`PeerEp::close_early`] ended.
@@ -104,9 +116,9 @@ const TCP_YES: u8 = 2;
 /// One endpoint on one worker.
 pub(crate) struct PeerEp {
     pub worker: Arc<Worker>,
-    ep: sys::ucp_ep_h,
+    ep: sys::Ep,
     /// The same-host notification endpoint (shared memory), if any.
-    notif_ep: Option<sys::ucp_ep_h>,
+    notif_ep: Option<sys::Ep>,
     pub shared: Arc<EpShared>,
     /// Whether UCX detects this peer's failure (peer error handling mode).
     pub peer_failure: bool,
@@ -114,14 +126,9 @@ pub(crate) struct PeerEp {
     tcp: AtomicU8,
 }
 
-// SAFETY: the endpoint handle is only used under its worker's mutex.
-unsafe impl Send for PeerEp {}
-// SAFETY: as above.
-unsafe impl Sync for PeerEp {}
-
 impl PeerEp {
     /// The handle, if still open. Only call with the worker locked.
-    pub fn raw(&self, _g: &WorkerGuard<'_>) -> Option<sys::ucp_ep_h> {
+    pub fn raw(&self, _g: &WorkerGuard<'_>) -> Option<sys::Ep> {
         (!self.shared.is_closed()).then_some(self.ep)
     }
 
@@ -149,7 +156,7 @@ impl PeerEp {
 
     /// The endpoint notifications go on (the shared-memory one where there is one), if still
     /// open. Only call with the worker locked.
-    pub fn notif_raw(&self, _g: &WorkerGuard<'_>) -> Option<sys::ucp_ep_h> {
+    pub fn notif_raw(&self, _g: &WorkerGuard<'_>) -> Option<sys::Ep> {
         (!self.shared.is_closed()).then_some(self.notif_ep.unwrap_or(self.ep))
     }
 
@@ -175,6 +182,9 @@ impl PeerEp {
     pub fn force_close(&self, g: &mut WorkerGuard<'_>) -> bool {
         if self.shared.closed.swap(true, Ordering::AcqRel) {
             return true;
+        }
+        for e in std::iter::once(self.ep).chain(self.notif_ep) {
+            self.worker.links().remove_own(e.id());
         }
         if self.shared.failed().is_none() {
             self.shared.fail(sys::UCS_ERR_CANCELED);
@@ -204,10 +214,8 @@ impl PeerEp {
             return EarlyClose::AlreadyClosed;
         }
         if self.shared.failed().is_none() && self.shared.inflight() > 0 {
-            // SAFETY: zeroed request params (no callback) make flush return a request to poll.
-            let p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
-            // SAFETY: the endpoint is open (checked above) under the held worker lock.
-            let r = unsafe { self.worker.ctx.ucx.lib.ucp_ep_flush_nbx(self.ep, &p) };
+            // The endpoint is open (checked above) under the held worker lock.
+            let r = g.h().flush_request(self.ep);
             g.wait_request(r, Instant::now() + drain);
             // Let completion callbacks of the drained operations run.
             g.progress_all();
@@ -267,7 +275,7 @@ const SHM_AM_TRANSPORTS: [&str; 3] = ["posix/", "sysv/", "xpmem/"];
 /// For a peer this endpoint reaches over a same-host transport: a second endpoint without
 /// peer error handling whose active messages go over shared memory, or `None` (another host,
 /// UCX too old to report transports, or no shared-memory transport enabled).
-fn shm_notif_ep(g: &WorkerGuard<'_>, ep: sys::ucp_ep_h, address: &[u8]) -> Option<sys::ucp_ep_h> {
+fn shm_notif_ep(g: &mut WorkerGuard<'_>, ep: sys::Ep, address: &[u8]) -> Option<sys::Ep> {
     let w = g.worker();
     if !w.ctx.ucx.has_ep_transports() {
         return None;
@@ -276,18 +284,12 @@ fn shm_notif_ep(g: &WorkerGuard<'_>, ep: sys::ucp_ep_h, address: &[u8]) -> Optio
     if !LOCAL_TRANSPORTS.iter().any(|t| main.contains(t)) {
         return None;
     }
-    // SAFETY: zeroed params with a field mask is the documented form.
-    let mut p: sys::ucp_ep_params_t = unsafe { std::mem::zeroed() };
-    p.field_mask =
-        (sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE) as u64;
-    p.address = address.as_ptr() as *const sys::ucp_address_t;
-    p.err_mode = sys::UCP_ERR_HANDLING_MODE_NONE;
-    let mut n: sys::ucp_ep_h = std::ptr::null_mut();
-    // SAFETY: the worker is live and locked (g); the address bytes outlive the call.
-    let st = unsafe { w.ctx.ucx.lib.ucp_ep_create(g.raw(), &p, &mut n) };
-    if st != sys::UCS_OK {
-        return None;
-    }
+    // The address is the one the data endpoint was created from (checked).
+    let n = g
+        .h()
+        .ep_create::<EpShared>(address, sys::ErrMode::None)
+        .ok()?;
+    let w = g.worker();
     if SHM_AM_TRANSPORTS
         .iter()
         .any(|t| query_transports(g, n).contains(t))
@@ -340,33 +342,15 @@ impl Peer {
         for (i, w) in workers.iter().enumerate() {
             let addr = &addresses[i % addresses.len()];
             let shared = Arc::new(EpShared::default());
-            // SAFETY: zeroed params with a field mask is the documented form.
-            let mut p: sys::ucp_ep_params_t = unsafe { std::mem::zeroed() };
-            p.field_mask = (sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
-                | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
-                | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER) as u64;
-            p.address = addr.as_ptr() as *const sys::ucp_address_t;
-            p.err_mode = sys::UCP_ERR_HANDLING_MODE_PEER;
-            p.err_handler.cb = Some(ep_error);
-            p.err_handler.arg = Arc::as_ptr(&shared) as *mut c_void;
-            let mut ep: sys::ucp_ep_h = std::ptr::null_mut();
-            w.keep_handler_arg(shared.clone());
-            let g = w.lock();
-            // SAFETY: the worker is live and locked; the address bytes were framed by
-            // wire::decode_conn and checked by validate::Shapes::check_address (UCX reads
-            // exactly them), and outlive the call (UCX copies what it keeps); the handler
-            // argument is kept alive by the worker (above).
-            let mut st = unsafe { w.ctx.ucx.lib.ucp_ep_create(g.raw(), &p, &mut ep) };
+            let mut g = w.lock();
+            // The address bytes were framed by wire::decode_conn and checked by
+            // validate::Shapes::check_address (UCX reads exactly them).
+            let mut r = g.h().ep_create(addr, sys::ErrMode::Peer(&shared));
             let mut peer_failure = true;
-            if st == sys::UCS_ERR_UNREACHABLE {
+            if r == Err(sys::UCS_ERR_UNREACHABLE) {
                 // The selected transports cannot detect peer failure (shared memory in UCX
                 // builds without it): connect without, and say so in the path report.
-                p.field_mask &= !((sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
-                    | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER)
-                    as u64);
-                p.err_mode = sys::UCP_ERR_HANDLING_MODE_NONE;
-                // SAFETY: as above.
-                st = unsafe { w.ctx.ucx.lib.ucp_ep_create(g.raw(), &p, &mut ep) };
+                r = g.h().ep_create::<EpShared>(addr, sys::ErrMode::Unset);
                 peer_failure = false;
                 tracing::warn!(
                     agent,
@@ -374,21 +358,24 @@ impl Peer {
                     "UCX transports cannot detect peer failure; endpoint created without it"
                 );
             }
-            let notif_ep = if st == sys::UCS_OK && shm_notifs && peer_failure {
-                shm_notif_ep(&g, ep, addr)
-            } else {
-                None
+            let notif_ep = match r {
+                Ok(ep) if shm_notifs && peer_failure => shm_notif_ep(&mut g, ep, addr),
+                _ => None,
             };
             drop(g);
-            if st != sys::UCS_OK {
-                return Err(status_error(
+            let ep = r.map_err(|st| {
+                status_error(
                     &w.ctx.ucx,
                     agent,
                     Some(name),
                     Op::LoadMetadata,
                     "ucp_ep_create",
                     st,
-                ));
+                )
+            })?;
+            // Either may be the connection the peer's hellos come on (`crate::links`).
+            for e in std::iter::once(ep).chain(notif_ep) {
+                w.links().add_own(e.id(), name, shared.clone());
             }
             eps.push(PeerEp {
                 worker: w.clone(),
@@ -415,6 +402,12 @@ impl Peer {
             .get(worker)
             .ok_or_else(|| Error::invalid(agent, op, "worker index out of range"))?;
         match ep.shared.failed() {
+            None if ep.shared.is_replaced() => Err(Error::disconnected(
+                agent,
+                &self.name,
+                op,
+                "the peer replaced this UCX connection (it connected again); reload its metadata",
+            )),
             None => Ok(()),
             Some(st) => Err(Error::disconnected(
                 agent,
@@ -463,72 +456,16 @@ impl Peer {
     }
 }
 
-fn query_transports(g: &WorkerGuard<'_>, ep: sys::ucp_ep_h) -> String {
-    let mut entries = [sys::TransportEntry {
-        transport_name: std::ptr::null(),
-        device_name: std::ptr::null(),
-    }; 16];
-    // SAFETY: a zeroed attribute struct is a valid "no fields" value.
-    let mut attr: sys::EpAttrV114 = unsafe { std::mem::zeroed() };
-    attr.field_mask = sys::UCP_EP_ATTR_FIELD_TRANSPORTS;
-    attr.transports = sys::Transports {
-        entries: entries.as_mut_ptr(),
-        num_entries: entries.len() as u32,
-        entry_size: std::mem::size_of::<sys::TransportEntry>(),
-    };
-    let lib = &g.worker().ctx.ucx.lib;
-    // SAFETY: the endpoint is live under the locked worker; UCX >= 1.14 (checked by the
-    // caller) reads the 1.14 layout of ucp_ep_attr_t and writes at most num_entries entries
-    // of entry_size bytes into the array, which outlives the call.
-    let st = unsafe {
-        lib.ucp_ep_query(
-            ep,
-            &mut attr as *mut sys::EpAttrV114 as *mut sys::ucp_ep_attr_t,
-        )
-    };
-    if st != sys::UCS_OK {
-        return format!("ucp_ep_query failed ({st})");
-    }
-    let n = (attr.transports.num_entries as usize).min(entries.len());
-    let mut parts: Vec<String> = entries[..n]
-        .iter()
-        .map(|e| {
-            let s = |p: *const std::ffi::c_char| {
-                if p.is_null() {
-                    "?".to_owned()
-                } else {
-                    // SAFETY: UCX wrote NUL-terminated names valid while the endpoint lives.
-                    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-                }
-            };
-            format!("{}/{}", s(e.transport_name), s(e.device_name))
-        })
-        .collect();
-    parts.dedup();
-    parts.join(", ")
+fn query_transports(g: &WorkerGuard<'_>, ep: sys::Ep) -> String {
+    g.h_ref().ep_transports(ep)
 }
 
-fn print_info(g: &WorkerGuard<'_>, ep: sys::ucp_ep_h) -> String {
-    let mut buf: *mut std::ffi::c_char = std::ptr::null_mut();
-    let mut size = 0usize;
-    // SAFETY: both out-pointers are valid; the stream is closed below.
-    let f = unsafe { sys::open_memstream(&mut buf, &mut size) };
-    if f.is_null() {
-        return "transports unknown (open_memstream failed)".to_owned();
-    }
-    // SAFETY: the endpoint is live under the locked worker; f is an open stream.
-    unsafe { g.worker().ctx.ucx.lib.ucp_ep_print_info(ep, f as *mut _) };
-    // SAFETY: f is open; closing it finalises buf/size.
-    unsafe { sys::fclose(f) };
-    if buf.is_null() {
-        return "transports unknown".to_owned();
-    }
-    // SAFETY: buf holds `size` bytes written by the stream, NUL-terminated.
-    let text = unsafe { CStr::from_ptr(buf) }
-        .to_string_lossy()
-        .into_owned();
-    // SAFETY: buf was allocated by open_memstream with malloc.
-    unsafe { sys::free(buf as *mut c_void) };
+fn print_info(g: &WorkerGuard<'_>, ep: sys::Ep) -> String {
+    let text = match g.h_ref().ep_print_info(ep) {
+        Err(why) => return format!("transports unknown ({why})"),
+        Ok(None) => return "transports unknown".to_owned(),
+        Ok(Some(t)) => t,
+    };
     let mut lanes: Vec<String> = text
         .lines()
         .filter(|l| l.contains("lane["))

@@ -77,6 +77,7 @@ mod backend;
 mod context;
 mod endpoint;
 mod error;
+mod links;
 mod loader;
 mod memory;
 mod nixl;

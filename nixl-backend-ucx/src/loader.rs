@@ -7,7 +7,7 @@
 //! later request for a different installation is refused (two UCX builds in one address space
 //! would share sonames and mix modules).
 
-use std::ffi::{c_void, CStr};
+use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -58,14 +58,7 @@ impl Ucx {
 
     /// The text of a status code.
     pub fn status_string(&self, status: sys::ucs_status_t) -> String {
-        // SAFETY: ucs_status_string accepts any status value and returns a pointer to a static
-        // NUL-terminated string (or "unknown").
-        let p = unsafe { self.lib.ucs_status_string(status) };
-        if p.is_null() {
-            return format!("UCS status {status}");
-        }
-        // SAFETY: p is a non-null static C string owned by UCX.
-        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        sys::lib::status_string(&self.lib, status)
     }
 }
 
@@ -139,13 +132,8 @@ pub(crate) fn load(explicit: Option<&Path>) -> Result<Arc<Ucx>> {
 }
 
 fn open(path: &Path) -> std::result::Result<Ucx, String> {
-    // SAFETY: loading libucp runs UCX's library constructors, which only initialise UCX's
-    // own global state; `--dynamic-link-require-all` makes this fail (instead of panicking
-    // later) when any function of the 1.13 API is missing.
-    let lib = unsafe { sys::UcxLib::new(path.as_os_str()) }.map_err(|e| e.to_string())?;
-    let (mut major, mut minor, mut release) = (0u32, 0u32, 0u32);
-    // SAFETY: the three out-pointers are valid for writes.
-    unsafe { lib.ucp_get_version(&mut major, &mut minor, &mut release) };
+    let lib = sys::lib::load(path)?;
+    let (major, minor, release) = sys::lib::version(&lib);
     if (major, minor) < MIN_VERSION {
         return Err(format!(
             "UCX {major}.{minor}.{release} is older than {}.{}",
@@ -161,33 +149,13 @@ fn open(path: &Path) -> std::result::Result<Ucx, String> {
     })
 }
 
-/// The file a loaded function lives in.
-fn file_of(f: *const c_void) -> Option<PathBuf> {
-    let mut info = sys::DlInfo {
-        dli_fname: std::ptr::null(),
-        dli_fbase: std::ptr::null_mut(),
-        dli_sname: std::ptr::null(),
-        dli_saddr: std::ptr::null_mut(),
-    };
-    // SAFETY: dladdr only reads the address and writes the out-struct, which is valid.
-    let ok = unsafe { sys::dladdr(f, &mut info) };
-    if ok == 0 || info.dli_fname.is_null() {
-        return None;
-    }
-    // SAFETY: dli_fname is a NUL-terminated path owned by the dynamic loader.
-    let s = unsafe { CStr::from_ptr(info.dli_fname) }
-        .to_string_lossy()
-        .into_owned();
-    Some(PathBuf::from(s))
-}
-
 fn resolved_path(lib: &sys::UcxLib) -> Option<PathBuf> {
-    file_of(lib.ucp_get_version as *const c_void)
+    sys::lib::file_of(lib.ucp_get_version as *const c_void)
 }
 
 /// Refuses a libucp whose libucs comes from another installation.
 fn check_not_mixed(lib: &sys::UcxLib, ucp: &Path) -> std::result::Result<(), String> {
-    let ucs = file_of(lib.ucs_status_string as *const c_void);
+    let ucs = sys::lib::file_of(lib.ucs_status_string as *const c_void);
     if let (Some(ucs), Some(d1)) = (
         ucs,
         ucp.canonicalize()

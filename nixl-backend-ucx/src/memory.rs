@@ -1,7 +1,6 @@
 //! Registered memory (`ucp_mem_map`) and peers' remote keys (`ucp_ep_rkey_unpack`).
 
 use std::cell::Cell;
-use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 
 use nixl_core::{Error, MemKind, Op, RegionDesc, Result};
@@ -71,19 +70,15 @@ pub(crate) fn mem_type(kind: MemKind) -> Option<sys::ucs_memory_type_t> {
 /// A region mapped with `ucp_mem_map`; unmapped on drop.
 pub(crate) struct MemReg {
     ctx: Arc<Context>,
-    pub memh: sys::ucp_mem_h,
+    pub memh: sys::MemH,
+    /// Set once [`MemReg::unmap`] unmapped it (Drop then does nothing).
+    unmapped: bool,
     pub mem_type: sys::ucs_memory_type_t,
     /// The framed packed rkey (the region's public metadata).
     pub public: Vec<u8>,
     /// The raw packed rkey (what NIXL publishes).
     pub packed: Vec<u8>,
 }
-
-// SAFETY: memory handles are context-level objects; the context is created with
-// mt_workers_shared, which makes UCX serialise operations on them.
-unsafe impl Send for MemReg {}
-// SAFETY: as above; the handle is only read after creation.
-unsafe impl Sync for MemReg {}
 
 impl MemReg {
     /// Maps a region.
@@ -115,37 +110,31 @@ impl MemReg {
                 hint: format!("UCX registers VRAM in the GPU's primary CUDA context: {e}"),
             })?;
         }
-        // SAFETY: zeroed params with a field mask is the documented form.
-        let mut p: sys::ucp_mem_map_params_t = unsafe { std::mem::zeroed() };
-        p.field_mask = (sys::UCP_MEM_MAP_PARAM_FIELD_ADDRESS
-            | sys::UCP_MEM_MAP_PARAM_FIELD_LENGTH
-            | sys::UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE) as u64;
-        p.address = region.addr as *mut c_void;
-        p.length = region.len as usize;
-        p.memory_type = mt;
-        let mut memh: sys::ucp_mem_h = std::ptr::null_mut();
-        // SAFETY: the context is live; the region's memory is valid for its length for as
-        // long as the registration lives (MemoryRegion's contract, upheld by the agent).
-        let st = unsafe { ucx.lib.ucp_mem_map(ctx.raw(), &p, &mut memh) };
-        check(ucx, agent, Op::RegisterMem, "ucp_mem_map", st)?;
-        let mut buf: *mut c_void = std::ptr::null_mut();
-        let mut size = 0usize;
-        // SAFETY: memh is live; both out-pointers are valid.
-        let st = unsafe { ucx.lib.ucp_rkey_pack(ctx.raw(), memh, &mut buf, &mut size) };
-        if let Err(e) = check(ucx, agent, Op::RegisterMem, "ucp_rkey_pack", st) {
-            // SAFETY: memh was mapped above and is unmapped once.
-            unsafe { ucx.lib.ucp_mem_unmap(ctx.raw(), memh) };
-            return Err(e);
-        }
-        // SAFETY: UCX returned `size` readable bytes at buf.
-        let packed = unsafe { std::slice::from_raw_parts(buf as *const u8, size) };
-        let public = wire::encode_rkey(mt as u8, packed);
-        let packed = packed.to_vec();
-        // SAFETY: buf came from ucp_rkey_pack and is released once.
-        unsafe { ucx.lib.ucp_rkey_buffer_release(buf) };
+        // The region's memory is valid for its length for as long as the registration lives
+        // (MemoryRegion's contract, upheld by the agent).
+        let memh = ctx
+            .raw()
+            .mem_map(region.addr, region.len, mt)
+            .map_err(|st| status_error(ucx, agent, None, Op::RegisterMem, "ucp_mem_map", st))?;
+        let packed = match ctx.raw().rkey_pack(memh) {
+            Ok(p) => p,
+            Err(st) => {
+                ctx.raw().mem_unmap(memh);
+                return Err(status_error(
+                    ucx,
+                    agent,
+                    None,
+                    Op::RegisterMem,
+                    "ucp_rkey_pack",
+                    st,
+                ));
+            }
+        };
+        let public = wire::encode_rkey(mt as u8, &packed);
         Ok(MemReg {
             ctx: ctx.clone(),
             memh,
+            unmapped: false,
             mem_type: mt,
             public,
             packed,
@@ -153,24 +142,19 @@ impl MemReg {
     }
 
     /// Unmaps explicitly, reporting UCX's status.
-    pub fn unmap(self, agent: &str) -> Result<()> {
-        let this = std::mem::ManuallyDrop::new(self);
-        // SAFETY: memh is live and unmapped once (Drop is suppressed).
-        let st = unsafe { this.ctx.ucx.lib.ucp_mem_unmap(this.ctx.raw(), this.memh) };
-        // SAFETY: the fields are moved out once and never used again.
-        let ctx = unsafe { std::ptr::read(&this.ctx) };
-        // SAFETY: as above.
-        drop(unsafe { std::ptr::read(&this.public) });
-        // SAFETY: as above.
-        drop(unsafe { std::ptr::read(&this.packed) });
-        check(&ctx.ucx, agent, Op::DeregisterMem, "ucp_mem_unmap", st)
+    pub fn unmap(mut self, agent: &str) -> Result<()> {
+        let st = self.ctx.raw().mem_unmap(self.memh);
+        self.unmapped = true;
+        check(&self.ctx.ucx, agent, Op::DeregisterMem, "ucp_mem_unmap", st)
     }
 }
 
 impl Drop for MemReg {
     fn drop(&mut self) {
-        // SAFETY: memh is live and unmapped once.
-        let st = unsafe { self.ctx.ucx.lib.ucp_mem_unmap(self.ctx.raw(), self.memh) };
+        if self.unmapped {
+            return;
+        }
+        let st = self.ctx.raw().mem_unmap(self.memh);
         if st != sys::UCS_OK {
             tracing::warn!(status = %self.ctx.ucx.status_string(st), "ucp_mem_unmap failed");
         }
@@ -180,14 +164,9 @@ impl Drop for MemReg {
 /// A peer's region: one unpacked rkey per local worker's endpoint.
 pub(crate) struct RemoteMd {
     pub peer: Arc<Peer>,
-    pub rkeys: Vec<sys::ucp_rkey_h>,
+    pub rkeys: Vec<sys::Rkey>,
     pub mem_type: sys::ucs_memory_type_t,
 }
-
-// SAFETY: each rkey is only used and destroyed under its worker's mutex.
-unsafe impl Send for RemoteMd {}
-// SAFETY: as above.
-unsafe impl Sync for RemoteMd {}
 
 impl RemoteMd {
     /// Unpacks framed region metadata on every endpoint of `peer`, after checking the
@@ -259,28 +238,21 @@ impl RemoteMd {
                     "endpoint closed",
                 ));
             };
-            let mut rkey: sys::ucp_rkey_h = std::ptr::null_mut();
-            // SAFETY: the endpoint is live under the locked worker; the packed bytes were
-            // checked by validate::Shapes::check_rkey (UCX reads exactly them) or, from NIXL
-            // peers, structurally, are followed by zero padding, and outlive the call.
-            let st = unsafe {
-                pe.worker.ctx.ucx.lib.ucp_ep_rkey_unpack(
-                    ep,
-                    padded.as_ptr() as *const c_void,
-                    &mut rkey,
-                )
-            };
+            // The packed bytes were checked by validate::Shapes::check_rkey (UCX reads
+            // exactly them) or, from NIXL peers, structurally, and are followed by zero
+            // padding.
+            let r = g.h_ref().rkey_unpack(ep, &padded);
             drop(g);
-            if st != sys::UCS_OK {
-                return Err(status_error(
+            let rkey = r.map_err(|st| {
+                status_error(
                     &pe.worker.ctx.ucx,
                     agent,
                     Some(&peer.name),
                     Op::LoadMetadata,
                     "ucp_ep_rkey_unpack",
                     st,
-                ));
-            }
+                )
+            })?;
             md.rkeys.push(rkey);
         }
         Ok(md)
@@ -290,10 +262,9 @@ impl RemoteMd {
 impl Drop for RemoteMd {
     fn drop(&mut self) {
         for (pe, rkey) in self.peer.eps.iter().zip(self.rkeys.drain(..)) {
-            let _g = pe.worker.lock();
-            // SAFETY: rkey was unpacked on this worker's endpoint, is destroyed once, under
-            // the worker lock; the endpoint is released only after (the Peer outlives self).
-            unsafe { pe.worker.ctx.ucx.lib.ucp_rkey_destroy(rkey) };
+            // Destroyed once, under the worker lock; the endpoint is released only after (the
+            // Peer outlives self).
+            pe.worker.lock().h_ref().rkey_destroy(rkey);
         }
     }
 }

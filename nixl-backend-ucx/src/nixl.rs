@@ -13,7 +13,6 @@
 //!   [u8 sys_dev ‖ distances]`), its memory type must match the region's kind, and it is
 //!   handed to UCX with trailing terminators, so UCX's unbounded read stops inside the copy.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use nixl_core::backend::BackendMd;
@@ -115,40 +114,22 @@ fn kind_accepts(kind: MemKind, mem_type: u8) -> Option<sys::ucs_memory_type_t> {
     }
 }
 
-/// The handler of NIXL's notification active message.
-///
-/// # Safety
-/// Called by UCX with `arg` the worker's [`AmCtx`] and `data` valid for `length` bytes.
-pub(crate) unsafe extern "C" fn am_recv_nixl(
-    arg: *mut c_void,
-    _header: *const c_void,
-    header_length: usize,
-    data: *mut c_void,
-    length: usize,
-    param: *const sys::ucp_am_recv_param_t,
-) -> sys::ucs_status_t {
-    // SAFETY: arg is the AmCtx registered with this handler; it lives until after the worker
-    // is destroyed.
-    let ctx = unsafe { &*(arg as *const AmCtx) };
+/// Handles NIXL's notification active message (`AM_NIXL`, from the worker's handler).
+pub(crate) fn on_nixl_notif(ctx: &AmCtx, m: &sys::AmMsg<'_>) {
     if ctx.peers.is_authenticated() {
         // NIXL's notifications name their sender in the payload, which nothing vouches for:
         // an agent that requires a credential takes none (it loads no NIXL peer either).
         tracing::warn!(agent = %ctx.agent, "dropping a NIXL-format notification (this agent requires authenticated peers)");
-        return sys::UCS_OK;
+        return;
     }
-    // SAFETY: UCX passes a valid param struct for the duration of the callback.
-    let attr = unsafe { param.as_ref() }.map_or(0, |p| p.recv_attr);
-    if attr & sys::UCP_AM_RECV_ATTR_FLAG_RNDV as u64 != 0 || header_length != 0 {
+    if m.rndv || m.header_len != 0 {
         tracing::warn!(agent = %ctx.agent, "dropping a NIXL notification that is not eager or has a header");
-        return sys::UCS_OK;
+        return;
     }
-    if data.is_null() || length == 0 {
+    let Some(payload) = m.data.filter(|d| !d.is_empty()) else {
         tracing::warn!(agent = %ctx.agent, "dropping an empty NIXL notification");
-        return sys::UCS_OK;
-    }
-    // SAFETY: UCX guarantees data points to `length` readable bytes during the callback
-    // (checked non-null above).
-    let payload = unsafe { std::slice::from_raw_parts(data as *const u8, length) };
+        return;
+    };
     match nixl_core::nixl_wire::notif::decode_notif(payload) {
         Ok((sender, msg)) => {
             // A full queue counts the drop itself.
@@ -158,7 +139,6 @@ pub(crate) unsafe extern "C" fn am_recv_nixl(
             tracing::warn!(agent = %ctx.agent, error = %e, "dropping a malformed NIXL notification");
         }
     }
-    sys::UCS_OK
 }
 
 impl UcxBackend {

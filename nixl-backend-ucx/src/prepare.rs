@@ -24,15 +24,11 @@ struct Handles<'a> {
     worker: usize,
     remote_type: Option<sys::ucs_memory_type_t>,
     mem_type: Option<sys::ucs_memory_type_t>,
-    last: Option<(*const (), *const (), sys::ucp_mem_h, sys::ucp_rkey_h)>,
+    last: Option<(*const (), *const (), sys::MemH, sys::Rkey)>,
 }
 
 impl Handles<'_> {
-    fn resolve(
-        &mut self,
-        l: &BackendMd,
-        r: &BackendMd,
-    ) -> Result<(sys::ucp_mem_h, sys::ucp_rkey_h)> {
+    fn resolve(&mut self, l: &BackendMd, r: &BackendMd) -> Result<(sys::MemH, sys::Rkey)> {
         let key = (Arc::as_ptr(l) as *const (), Arc::as_ptr(r) as *const ());
         if let Some((a, b, memh, rkey)) = self.last {
             if (a, b) == key {

@@ -3,7 +3,6 @@
 //! notification header of that endpoint's session. The receiver attributes notifications by
 //! session and connection (`nixl_core::hello`), never by a name in the message.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 
 use nixl_core::backend::PeerAuth;
@@ -33,17 +32,28 @@ pub(crate) fn am_flags(am_id: u32) -> u32 {
 /// A hello in flight: its bytes stay alive until UCX is done with them.
 struct InFlight {
     ucx: Arc<Ucx>,
-    _hello: Vec<u8>,
+    hello: Vec<u8>,
+    /// The payload: the sending worker's index (little-endian), which tells the receiver
+    /// that a later hello from the same worker replaced this connection (`crate::links`).
+    index: [u8; 4],
 }
 
-unsafe extern "C" fn hello_sent(req: *mut c_void, status: sys::ucs_status_t, user: *mut c_void) {
-    // SAFETY: user is the InFlight leaked for this request in `introduce`; reclaimed once.
-    let f = unsafe { Box::from_raw(user as *mut InFlight) };
-    if status != sys::UCS_OK {
-        tracing::debug!(status = %f.ucx.status_string(status), "a UCX hello was not delivered");
+impl sys::Completion for InFlight {
+    fn lib(&self) -> &sys::UcxLib {
+        &self.ucx.lib
     }
-    // SAFETY: req is this callback's request, freed once.
-    unsafe { f.ucx.lib.ucp_request_free(req) };
+
+    fn sent(self: Arc<Self>, status: sys::ucs_status_t, _locked: &sys::Locked<'_>) {
+        if status != sys::UCS_OK {
+            tracing::debug!(status = %self.ucx.status_string(status), "a UCX hello was not delivered");
+        }
+    }
+}
+
+impl sys::AmPayload for InFlight {
+    fn am_payload(&self) -> (u32, u32, &[u8], &[u8]) {
+        (AM_HELLO, AM_FLAGS, &self.hello, &self.index)
+    }
 }
 
 /// Sends a hello on each endpoint of `peer` (without waiting: UCX sends it once the
@@ -54,45 +64,24 @@ pub(crate) fn introduce(ucx: &Arc<Ucx>, peers: &PeerAuth, peer: &mut Peer) -> Re
     for pe in &peer.eps {
         let session = peers.new_session()?;
         let hello = peers.hello(&peer.name, &session)?;
-        let g = pe.worker.lock();
+        let mut g = pe.worker.lock();
         // On the endpoint notifications use (the same-host shared-memory one where there is
         // one): the receiver ties the session to the connection the hello came on.
         let ep = pe.notif_raw(&g).ok_or_else(|| {
             Error::disconnected(&me, &peer.name, Op::LoadMetadata, "UCX endpoint was closed")
         })?;
-        let f = Box::new(InFlight {
+        let index = u32::try_from(pe.worker.index).unwrap_or(u32::MAX);
+        let f = Arc::new(InFlight {
             ucx: ucx.clone(),
-            _hello: hello,
+            hello,
+            index: index.to_le_bytes(),
         });
-        let (ptr, len) = (f._hello.as_ptr(), f._hello.len());
-        let user = Box::into_raw(f);
-        // SAFETY: zeroed request params with a mask are the documented form.
-        let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
-        p.op_attr_mask = sys::UCP_OP_ATTR_FIELD_CALLBACK
-            | sys::UCP_OP_ATTR_FIELD_USER_DATA
-            | sys::UCP_OP_ATTR_FIELD_FLAGS;
-        p.flags = AM_FLAGS;
-        p.cb.send = Some(hello_sent);
-        p.user_data = user as *mut c_void;
-        // SAFETY: the endpoint is live under the held worker lock; the hello bytes live in the
-        // InFlight box until the callback (or the immediate completion below) frees it.
-        let r = unsafe {
-            ucx.lib.ucp_am_send_nbx(
-                ep,
-                AM_HELLO,
-                ptr as *const c_void,
-                len,
-                std::ptr::null(),
-                0,
-                &p,
-            )
-        };
+        // The endpoint is live under the held worker lock; the hello bytes live in `f` until
+        // the callback (or the immediate completion) releases it.
+        let r = sys::am_send(&g.h().locked(), ep, &f);
         drop(g);
-        if !sys::ptr_is_ptr(r) {
+        if let Some(st) = r {
             // Done (or failed) at once: the callback will not run.
-            // SAFETY: reclaims the box leaked above, once.
-            drop(unsafe { Box::from_raw(user) });
-            let st = sys::ptr_status(r);
             if st != sys::UCS_OK {
                 return Err(crate::error::status_error(
                     ucx,

@@ -3,7 +3,6 @@
 //! into entries of the agent's queue, and a graveyard of endpoints to close at the next
 //! progress pass (so dropping an endpoint never blocks or re-enters UCX from a callback).
 
-use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -11,16 +10,11 @@ use nixl_core::backend::{NotifQueue, PeerAuth, Sessions};
 use nixl_core::{Op, Result};
 
 use crate::context::Context;
-use crate::error::check;
+use crate::error::status_error;
 use crate::sys;
 
 /// The active-message id of notifications.
 pub(crate) const AM_NOTIF: u32 = 0x4e58;
-
-struct RawWorker(sys::ucp_worker_h);
-// SAFETY: the handle is only used while the owning Worker's mutex is held, which serialises
-// every call into the worker as UCS_THREAD_MODE_SERIALIZED requires.
-unsafe impl Send for RawWorker {}
 
 /// What the notification and hello handlers need.
 pub(crate) struct AmCtx {
@@ -28,38 +22,29 @@ pub(crate) struct AmCtx {
     pub agent: String,
     pub peers: PeerAuth,
     sessions: Arc<Sessions>,
+    links: Arc<crate::links::Links>,
 }
 
 /// An endpoint queued for closing.
 pub(crate) struct Grave {
-    pub ep: sys::ucp_ep_h,
+    pub ep: sys::Ep,
     pub force: bool,
 }
-// SAFETY: the endpoint is only touched under the owning worker's mutex.
-unsafe impl Send for Grave {}
-
-/// Keeps an endpoint's error-handler argument alive until the worker is destroyed (UCX may
-/// call the handler until then, even for an endpoint whose close is still finishing).
-pub(crate) type HandlerArg = Arc<dyn std::any::Any + Send + Sync>;
 
 /// An owned `ucp_worker_h`.
 pub(crate) struct Worker {
+    /// Declared first: the worker is destroyed (and its handlers' arguments released, which
+    /// UCX may use until then, even for an endpoint whose close is still finishing) before
+    /// the context is released.
+    raw: Mutex<sys::WorkerH>,
     pub ctx: Arc<Context>,
     pub index: usize,
-    raw: Mutex<RawWorker>,
     efd: i32,
     address: Vec<u8>,
-    am: *mut AmCtx,
     graves: Mutex<Vec<Grave>>,
-    handler_args: Mutex<Vec<HandlerArg>>,
+    /// Our endpoints on this worker and the connections peers introduced (`crate::links`).
+    links: Arc<crate::links::Links>,
 }
-
-// SAFETY: all access to the raw worker goes through `raw`'s mutex; `am` is only read by the
-// UCX callback (under that mutex) and freed in Drop after the worker is destroyed; `efd` is a
-// plain descriptor.
-unsafe impl Send for Worker {}
-// SAFETY: as above.
-unsafe impl Sync for Worker {}
 
 impl std::fmt::Debug for Worker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -72,120 +57,84 @@ impl std::fmt::Debug for Worker {
 
 /// The worker, locked.
 pub(crate) struct WorkerGuard<'a> {
-    g: MutexGuard<'a, RawWorker>,
+    g: MutexGuard<'a, sys::WorkerH>,
     w: &'a Worker,
 }
 
-/// The endpoint an active message came on (its sender's connection), when the sender asked
-/// for replies (`UCP_AM_SEND_FLAG_REPLY`, which this backend always sets).
-fn reply_ep(param: *const sys::ucp_am_recv_param_t) -> Option<u64> {
-    // SAFETY: UCX passes a valid param struct (or NULL) for the duration of the callback.
-    let p = unsafe { param.as_ref() }?;
-    (p.recv_attr & sys::UCP_AM_RECV_ATTR_FIELD_REPLY_EP as u64 != 0 && !p.reply_ep.is_null())
-        .then_some(p.reply_ep as u64)
-}
-
 /// The header and (eager) payload of an active message, or why it is dropped.
-///
-/// # Safety
-///
-/// The pointers and lengths are those UCX passed to an active-message callback that is
-/// still running.
-unsafe fn am_parts<'a>(
-    header: *const c_void,
-    header_length: usize,
-    data: *mut c_void,
-    length: usize,
-    param: *const sys::ucp_am_recv_param_t,
-) -> std::result::Result<(&'a [u8], &'a [u8]), &'static str> {
-    // SAFETY: as the caller guarantees.
-    let attr = unsafe { param.as_ref() }.map_or(0, |p| p.recv_attr);
-    if attr & sys::UCP_AM_RECV_ATTR_FLAG_RNDV as u64 != 0 {
+fn am_parts<'a>(msg: &sys::AmMsg<'a>) -> std::result::Result<(&'a [u8], &'a [u8]), &'static str> {
+    if msg.rndv {
         return Err("a rendezvous message (senders use eager)");
     }
-    if header.is_null() || (data.is_null() && length > 0) {
-        return Err("a malformed message");
+    match (msg.header, msg.data) {
+        (Some(h), Some(d)) => Ok((h, d)),
+        _ => Err("a malformed message"),
     }
-    // SAFETY: UCX guarantees header/data point to header_length/length readable bytes for the
-    // duration of the callback (checked non-null above).
-    let h = unsafe { std::slice::from_raw_parts(header as *const u8, header_length) };
-    let d = if length == 0 {
-        &[][..]
-    } else {
-        // SAFETY: as above.
-        unsafe { std::slice::from_raw_parts(data as *const u8, length) }
-    };
-    Ok((h, d))
 }
 
-unsafe extern "C" fn am_recv(
-    arg: *mut c_void,
-    header: *const c_void,
-    header_length: usize,
-    data: *mut c_void,
-    length: usize,
-    param: *const sys::ucp_am_recv_param_t,
-) -> sys::ucs_status_t {
-    // SAFETY: arg is the AmCtx registered with this handler; it lives until after the worker
-    // is destroyed.
-    let ctx = unsafe { &*(arg as *const AmCtx) };
-    // SAFETY: the arguments are this callback's own.
-    let (h, msg) = match unsafe { am_parts(header, header_length, data, length, param) } {
-        Ok(p) => p,
-        Err(why) => {
-            tracing::warn!(agent = %ctx.agent, why, "dropping a notification");
-            return sys::UCS_OK;
-        }
-    };
-    let session = match crate::wire::decode_notif_header(h) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::warn!(agent = %ctx.agent, error = %e, "dropping a notification with a malformed header");
-            return sys::UCS_OK;
-        }
-    };
-    // The sender is the peer whose hello opened this connection, never a name in the message.
-    match reply_ep(param).and_then(|ep| ctx.sessions.sender(&session, ep)) {
-        Some(sender) => {
-            ctx.notifs.push(&sender, msg.to_vec());
-        }
-        None => {
-            tracing::warn!(agent = %ctx.agent, "dropping a notification from a connection without an accepted hello");
+impl sys::AmHandler for AmCtx {
+    fn on_am(&self, id: u32, msg: sys::AmMsg<'_>) {
+        match id {
+            AM_NOTIF => self.on_notif(&msg),
+            crate::session::AM_HELLO => self.on_hello(&msg),
+            crate::nixl::AM_NIXL => crate::nixl::on_nixl_notif(self, &msg),
+            _ => {}
         }
     }
-    sys::UCS_OK
 }
 
-unsafe extern "C" fn hello_recv(
-    arg: *mut c_void,
-    header: *const c_void,
-    header_length: usize,
-    data: *mut c_void,
-    length: usize,
-    param: *const sys::ucp_am_recv_param_t,
-) -> sys::ucs_status_t {
-    // SAFETY: arg is the AmCtx registered with this handler; it lives until after the worker
-    // is destroyed.
-    let ctx = unsafe { &*(arg as *const AmCtx) };
-    // SAFETY: the arguments are this callback's own.
-    let Ok((h, _)) = (unsafe { am_parts(header, header_length, data, length, param) }) else {
-        tracing::warn!(agent = %ctx.agent, "dropping a malformed hello");
-        return sys::UCS_OK;
-    };
-    let Some(ep) = reply_ep(param) else {
-        tracing::warn!(agent = %ctx.agent, "dropping a hello without its connection");
-        return sys::UCS_OK;
-    };
-    match ctx.peers.check_hello(h) {
-        Ok(hello) => {
-            tracing::debug!(agent = %ctx.agent, remote = %hello.sender, authenticated = hello.authenticated, "UCX connection introduced");
-            ctx.sessions.accept(&hello, ep);
-        }
-        Err(e) => {
-            tracing::warn!(agent = %ctx.agent, error = %e, "refused a UCX connection's hello");
+impl AmCtx {
+    fn on_notif(&self, m: &sys::AmMsg<'_>) {
+        let (h, msg) = match am_parts(m) {
+            Ok(p) => p,
+            Err(why) => {
+                tracing::warn!(agent = %self.agent, why, "dropping a notification");
+                return;
+            }
+        };
+        let session = match crate::wire::decode_notif_header(h) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(agent = %self.agent, error = %e, "dropping a notification with a malformed header");
+                return;
+            }
+        };
+        // The sender is the peer whose hello opened this connection, never a name in the
+        // message.
+        match m.reply_ep.and_then(|ep| self.sessions.sender(&session, ep)) {
+            Some(sender) => {
+                self.notifs.push(&sender, msg.to_vec());
+            }
+            None => {
+                tracing::warn!(agent = %self.agent, "dropping a notification from a connection without an accepted hello");
+            }
         }
     }
-    sys::UCS_OK
+
+    fn on_hello(&self, m: &sys::AmMsg<'_>) {
+        let Ok((h, d)) = am_parts(m) else {
+            tracing::warn!(agent = %self.agent, "dropping a malformed hello");
+            return;
+        };
+        let Some(ep) = m.reply_ep else {
+            tracing::warn!(agent = %self.agent, "dropping a hello without its connection");
+            return;
+        };
+        match self.peers.check_hello(h) {
+            Ok(hello) => {
+                tracing::debug!(agent = %self.agent, remote = %hello.sender, authenticated = hello.authenticated, "UCX connection introduced");
+                self.sessions.accept(&hello, ep);
+                // The payload names the sender's worker (`crate::session::introduce`).
+                let index = <[u8; 4]>::try_from(d).ok().map(u32::from_le_bytes);
+                if let Some(old) = self.links.introduced(&hello.sender, index, ep) {
+                    tracing::debug!(agent = %self.agent, remote = %hello.sender, old, "the peer replaced a UCX connection our endpoint shares; it fails until the peer is reloaded");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(agent = %self.agent, error = %e, "refused a UCX connection's hello");
+            }
+        }
+    }
 }
 
 impl Worker {
@@ -199,87 +148,40 @@ impl Worker {
         sessions: Arc<Sessions>,
     ) -> Result<Arc<Self>> {
         let ucx = &ctx.ucx;
-        // SAFETY: zeroed params with a field mask is the documented form.
-        let mut params: sys::ucp_worker_params_t = unsafe { std::mem::zeroed() };
-        params.field_mask = sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE as u64;
-        params.thread_mode = sys::UCS_THREAD_MODE_SERIALIZED;
-        let mut raw: sys::ucp_worker_h = std::ptr::null_mut();
-        // SAFETY: the context is live (held by ctx); params and the out-pointer are valid.
-        let st = unsafe { ucx.lib.ucp_worker_create(ctx.raw(), &params, &mut raw) };
-        check(ucx, agent, Op::CreateBackend, "ucp_worker_create", st)?;
-        let destroy = |raw| {
-            // SAFETY: raw is a live worker with no endpoints, destroyed once.
-            unsafe { ucx.lib.ucp_worker_destroy(raw) }
-        };
-        let mut efd = -1;
-        // SAFETY: raw is live; efd is a valid out-pointer.
-        let st = unsafe { ucx.lib.ucp_worker_get_efd(raw, &mut efd) };
-        if let Err(e) = check(ucx, agent, Op::CreateBackend, "ucp_worker_get_efd", st) {
-            destroy(raw);
-            return Err(e);
-        }
-        let mut addr: *mut sys::ucp_address_t = std::ptr::null_mut();
-        let mut addr_len = 0usize;
-        // SAFETY: raw is live; both out-pointers are valid.
-        let st = unsafe {
-            ucx.lib
-                .ucp_worker_get_address(raw, &mut addr, &mut addr_len)
-        };
-        if let Err(e) = check(ucx, agent, Op::CreateBackend, "ucp_worker_get_address", st) {
-            destroy(raw);
-            return Err(e);
-        }
-        // SAFETY: UCX returned addr_len readable bytes at addr.
-        let address = unsafe { std::slice::from_raw_parts(addr as *const u8, addr_len) }.to_vec();
-        // SAFETY: addr came from ucp_worker_get_address on this worker, released once.
-        unsafe { ucx.lib.ucp_worker_release_address(raw, addr) };
-        let am = Box::into_raw(Box::new(AmCtx {
+        let fail = |call, st| status_error(ucx, agent, None, Op::CreateBackend, call, st);
+        let mut raw =
+            sys::WorkerH::create(ucx, ctx.raw()).map_err(|st| fail("ucp_worker_create", st))?;
+        let efd = raw.efd().map_err(|st| fail("ucp_worker_get_efd", st))?;
+        let address = raw
+            .address()
+            .map_err(|st| fail("ucp_worker_get_address", st))?;
+        let links = Arc::new(crate::links::Links::default());
+        let am = Arc::new(AmCtx {
             notifs,
             agent: agent.to_owned(),
             peers,
             sessions,
-        }));
+            links: links.clone(),
+        });
         // Our notifications and hellos, and NIXL's notifications (id 0,
         // `nixl_core::nixl_wire::notif`).
-        let handlers: [(u32, sys::ucp_am_recv_callback_t); 3] = [
-            (AM_NOTIF, Some(am_recv)),
-            (crate::session::AM_HELLO, Some(hello_recv)),
-            (crate::nixl::AM_NIXL, Some(crate::nixl::am_recv_nixl)),
-        ];
-        for (id, cb) in handlers {
-            // SAFETY: zeroed params with a field mask is the documented form.
-            let mut hp: sys::ucp_am_handler_param_t = unsafe { std::mem::zeroed() };
-            hp.field_mask = (sys::UCP_AM_HANDLER_PARAM_FIELD_ID
-                | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
-                | sys::UCP_AM_HANDLER_PARAM_FIELD_ARG) as u64;
-            hp.id = id;
-            hp.cb = cb;
-            hp.arg = am as *mut c_void;
-            // SAFETY: raw is live; the handler argument stays valid until after the worker is
-            // destroyed (freed in Drop).
-            let st = unsafe { ucx.lib.ucp_worker_set_am_recv_handler(raw, &hp) };
-            if let Err(e) = check(
-                ucx,
-                agent,
-                Op::CreateBackend,
-                "ucp_worker_set_am_recv_handler",
-                st,
-            ) {
-                destroy(raw);
-                // SAFETY: allocated above, never shared (the worker is destroyed).
-                drop(unsafe { Box::from_raw(am) });
-                return Err(e);
-            }
-        }
+        const HELLO: u32 = crate::session::AM_HELLO;
+        const NIXL: u32 = crate::nixl::AM_NIXL;
+        let set = "ucp_worker_set_am_recv_handler";
+        raw.set_am_handler::<AmCtx, AM_NOTIF>(&am)
+            .map_err(|st| fail(set, st))?;
+        raw.set_am_handler::<AmCtx, HELLO>(&am)
+            .map_err(|st| fail(set, st))?;
+        raw.set_am_handler::<AmCtx, NIXL>(&am)
+            .map_err(|st| fail(set, st))?;
         Ok(Arc::new(Worker {
+            raw: Mutex::new(raw),
             ctx,
             index,
-            raw: Mutex::new(RawWorker(raw)),
             efd,
             address,
-            am,
             graves: Mutex::new(Vec::new()),
-            handler_args: Mutex::new(Vec::new()),
+            links,
         }))
     }
 
@@ -298,27 +200,23 @@ impl Worker {
         }
     }
 
-    /// Keeps an error-handler argument alive for the worker's lifetime.
-    pub fn keep_handler_arg(&self, arg: HandlerArg) {
-        self.handler_args
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(arg);
+    /// Our endpoints on this worker and their peers' connections (`crate::links`).
+    pub fn links(&self) -> &crate::links::Links {
+        &self.links
     }
 
     /// Queues an endpoint for closing at the next progress pass.
     pub fn bury(&self, grave: Grave) {
+        self.links.remove_own(grave.ep.id());
         self.graves
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(grave);
     }
 
-    /// Wakes a thread blocked in [`Worker::wait_event`].
+    /// Wakes a thread blocked in [`Worker::progress_or_wait`].
     pub fn signal(&self) {
-        let g = self.lock();
-        // SAFETY: the worker is live and locked.
-        unsafe { self.ctx.ucx.lib.ucp_worker_signal(g.raw()) };
+        self.lock().g.signal();
     }
 
     /// One progress pass for the backend's progress thread: drains events, closes buried
@@ -332,28 +230,26 @@ impl Worker {
             if n > 0 {
                 return true;
             }
-            // SAFETY: the worker is live and locked.
-            let st = unsafe { self.ctx.ucx.lib.ucp_worker_arm(g.raw()) };
-            st == sys::UCS_OK
+            g.g.arm() == sys::UCS_OK
         };
         if armed {
-            let mut fd = sys::PollFd {
-                fd: self.efd,
-                events: sys::POLLIN,
-                revents: 0,
-            };
             let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-            // SAFETY: fd is one valid pollfd; the descriptor belongs to the live worker.
-            unsafe { sys::poll(&mut fd, 1, ms) };
+            // The descriptor belongs to the live worker (self).
+            sys::worker::poll_in(self.efd, ms);
         }
         true
     }
 }
 
 impl WorkerGuard<'_> {
-    /// The raw handle (valid while the guard lives).
-    pub fn raw(&self) -> sys::ucp_worker_h {
-        self.g.0
+    /// The locked worker handle (the proof the endpoint wrappers of `sys` take).
+    pub fn h(&mut self) -> &mut sys::WorkerH {
+        &mut self.g
+    }
+
+    /// The locked worker handle, shared.
+    pub fn h_ref(&self) -> &sys::WorkerH {
+        &self.g
     }
 
     /// The worker.
@@ -363,8 +259,7 @@ impl WorkerGuard<'_> {
 
     /// One `ucp_worker_progress`.
     pub fn progress(&mut self) -> u32 {
-        // SAFETY: the worker is live and locked.
-        unsafe { self.w.ctx.ucx.lib.ucp_worker_progress(self.g.0) }
+        self.g.progress()
     }
 
     /// Progresses until nothing happens (bounded); how many events UCX reported, saturating
@@ -386,46 +281,16 @@ impl WorkerGuard<'_> {
     /// UCX, which finishes it internally: buffers it uses must stay valid).
     pub fn wait_request(
         &mut self,
-        req: *mut c_void,
+        req: sys::Request,
         deadline: Instant,
     ) -> Option<sys::ucs_status_t> {
-        if !sys::ptr_is_ptr(req) {
-            return Some(sys::ptr_status(req));
-        }
-        let lib = &self.w.ctx.ucx.lib;
-        loop {
-            // SAFETY: req is a live request of this worker, not yet freed.
-            let st = unsafe { lib.ucp_request_check_status(req) };
-            if st != sys::UCS_INPROGRESS {
-                // SAFETY: completed request, freed once.
-                unsafe { lib.ucp_request_free(req) };
-                return Some(st);
-            }
-            if Instant::now() >= deadline {
-                // SAFETY: req is live; UCX finishes and releases it internally.
-                unsafe { lib.ucp_request_free(req) };
-                return None;
-            }
-            if self.progress() == 0 {
-                std::thread::yield_now();
-            }
-        }
+        self.g.wait(req, deadline)
     }
 
     /// Closes an endpoint now (flushing unless `force`), waiting up to `timeout` before
     /// forcing. Returns whether it is closed.
-    pub fn close_ep(&mut self, ep: sys::ucp_ep_h, force: bool, timeout: Duration) -> bool {
-        let lib = &self.w.ctx.ucx.lib;
-        // SAFETY: zeroed request params with a mask are the documented form.
-        let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
-        p.op_attr_mask = sys::UCP_OP_ATTR_FIELD_FLAGS;
-        p.flags = if force {
-            sys::UCP_EP_CLOSE_FLAG_FORCE
-        } else {
-            0
-        };
-        // SAFETY: ep is a live endpoint of this locked worker, closed once.
-        let req = unsafe { lib.ucp_ep_close_nbx(ep, &p) };
+    pub fn close_ep(&mut self, ep: sys::Ep, force: bool, timeout: Duration) -> bool {
+        let req = self.g.close_request(ep, force);
         match self.wait_request(req, Instant::now() + timeout) {
             Some(_) => true,
             None => {
@@ -448,20 +313,10 @@ impl WorkerGuard<'_> {
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        {
-            let mut g = self.lock();
-            g.close_graves(Duration::from_millis(500));
-            g.progress_all();
-            // SAFETY: the last owner: every endpoint holder kept an Arc of this worker, so all
-            // endpoints are closed (buried ones just now); destroyed once.
-            unsafe { self.ctx.ucx.lib.ucp_worker_destroy(g.raw()) };
-        }
-        // SAFETY: the worker (the only user of the handler argument) is destroyed.
-        drop(unsafe { Box::from_raw(self.am) });
-        // Endpoint error-handler arguments are released after the worker, for the same reason.
-        self.handler_args
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        let mut g = self.lock();
+        g.close_graves(Duration::from_millis(500));
+        g.progress_all();
+        // The worker is destroyed when `raw` drops, right after: every endpoint holder kept
+        // an Arc of this worker, so all endpoints are closed (buried ones just now).
     }
 }

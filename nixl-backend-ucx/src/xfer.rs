@@ -3,7 +3,6 @@
 //! only after every byte of the batch is complete at the target, whether or not the initiator
 //! keeps polling (the backend's progress thread completes the chain).
 
-use std::ffi::c_void;
 use std::sync::atomic::{AtomicI32, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -51,7 +50,7 @@ pub(crate) struct PostState {
     ucx: Arc<Ucx>,
     /// The endpoint the notification goes on (the peer's shared-memory notification endpoint
     /// where it has one).
-    ep: sys::ucp_ep_h,
+    ep: sys::Ep,
     /// The endpoint's shared state: its in-flight count (this post is one until it
     /// finishes) and whether it was closed or fenced.
     shared: Arc<EpShared>,
@@ -61,12 +60,6 @@ pub(crate) struct PostState {
     /// complete, the post ends with this status (and sends no notification).
     failed_issue: Option<sys::ucs_status_t>,
 }
-
-// SAFETY: `ep` is only used inside UCX callbacks and `post`, both under the worker lock; the
-// rest is atomics and immutable data.
-unsafe impl Send for PostState {}
-// SAFETY: as above.
-unsafe impl Sync for PostState {}
 
 impl PostState {
     fn phase(&self) -> u8 {
@@ -88,71 +81,55 @@ impl PostState {
 
     /// After the data is complete: sends the notification, or finishes. Runs under the worker
     /// lock (from `post` or a callback inside progress).
-    fn after_flush(self: &Arc<Self>) {
+    fn after_flush(self: &Arc<Self>, locked: &sys::Locked<'_>) {
         if let Some(st) = self.failed_issue {
             self.finish(st);
             return;
         }
-        let Some((am_id, header, msg)) = &self.notif else {
+        if self.notif.is_none() {
             self.finish(sys::UCS_OK);
             return;
-        };
+        }
         if self.shared.is_closed() {
             // The endpoint was fenced or closed under this post (its peer was forgotten):
             // the data is complete but the notification cannot be sent on it.
             self.finish(sys::UCS_ERR_CANCELED);
             return;
         }
-        // SAFETY: zeroed request params with a mask are the documented form.
-        let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
-        p.op_attr_mask = sys::UCP_OP_ATTR_FIELD_CALLBACK
-            | sys::UCP_OP_ATTR_FIELD_USER_DATA
-            | sys::UCP_OP_ATTR_FIELD_FLAGS;
-        p.flags = crate::session::am_flags(*am_id);
-        p.cb.send = Some(am_done);
-        let user = Arc::into_raw(self.clone());
-        p.user_data = user as *mut c_void;
-        // SAFETY: the endpoint is live: it is closed or fenced only under the worker lock,
-        // which the caller holds, and a closed or fenced one was refused above; header and
-        // message live in this state, which the callback keeps alive until completion.
-        let r = unsafe {
-            self.ucx.lib.ucp_am_send_nbx(
-                self.ep,
-                *am_id,
-                header.as_ptr() as *const c_void,
-                header.len(),
-                msg.as_ptr() as *const c_void,
-                msg.len(),
-                &p,
-            )
-        };
-        if !sys::ptr_is_ptr(r) {
+        // The endpoint is live: it is closed or fenced only under the worker lock, which the
+        // caller holds, and a closed or fenced one was refused above.
+        if let Some(st) = sys::am_send(locked, self.ep, self) {
             // Completed (or failed) immediately: the callback will not run.
-            // SAFETY: reclaims the reference leaked above, once.
-            drop(unsafe { Arc::from_raw(user) });
-            self.finish(sys::ptr_status(r));
+            self.finish(st);
         }
     }
 }
 
-unsafe extern "C" fn flush_done(req: *mut c_void, status: sys::ucs_status_t, user: *mut c_void) {
-    // SAFETY: user is the reference leaked for this request in `post`.
-    let st = unsafe { Arc::from_raw(user as *const PostState) };
-    // SAFETY: req is this callback's request, freed once.
-    unsafe { st.ucx.lib.ucp_request_free(req) };
-    if status == sys::UCS_OK {
-        st.after_flush();
-    } else {
-        st.finish(status);
+impl sys::Completion for PostState {
+    fn lib(&self) -> &sys::UcxLib {
+        &self.ucx.lib
+    }
+
+    fn flushed(self: Arc<Self>, status: sys::ucs_status_t, locked: &sys::Locked<'_>) {
+        if status == sys::UCS_OK {
+            self.after_flush(locked);
+        } else {
+            self.finish(status);
+        }
+    }
+
+    fn sent(self: Arc<Self>, status: sys::ucs_status_t, _locked: &sys::Locked<'_>) {
+        self.finish(status);
     }
 }
 
-unsafe extern "C" fn am_done(req: *mut c_void, status: sys::ucs_status_t, user: *mut c_void) {
-    // SAFETY: user is the reference leaked for this request in `after_flush`.
-    let st = unsafe { Arc::from_raw(user as *const PostState) };
-    // SAFETY: req is this callback's request, freed once.
-    unsafe { st.ucx.lib.ucp_request_free(req) };
-    st.finish(status);
+impl sys::AmPayload for PostState {
+    fn am_payload(&self) -> (u32, u32, &[u8], &[u8]) {
+        match &self.notif {
+            Some((id, header, msg)) => (*id, crate::session::am_flags(*id), header, msg),
+            None => (0, 0, &[], &[]),
+        }
+    }
 }
 
 /// One merged segment: local address, remote address, length, local memory handle, rkey.
@@ -161,8 +138,8 @@ pub(crate) struct Seg {
     pub local: u64,
     pub remote: u64,
     pub len: u64,
-    pub memh: sys::ucp_mem_h,
-    pub rkey: sys::ucp_rkey_h,
+    pub memh: sys::MemH,
+    pub rkey: sys::Rkey,
 }
 
 /// One layer of a block-table transfer: both sides' runs and the checked handles.
@@ -172,8 +149,8 @@ pub(crate) struct BlockLayer {
     pub remote: StridedDesc,
     /// Blocks are contiguous on both sides: a run of ids is one put/get.
     pub dense: bool,
-    pub memh: sys::ucp_mem_h,
-    pub rkey: sys::ucp_rkey_h,
+    pub memh: sys::MemH,
+    pub rkey: sys::Rkey,
 }
 
 /// What a post issues: a list of segments, or a block table walked per post (addresses are
@@ -275,10 +252,6 @@ pub(crate) struct UcxXfer {
     pub bytes: u64,
 }
 
-// SAFETY: the raw handles in `work` are owned by metadata kept alive in `_keep` and only used
-// under the worker lock.
-unsafe impl Send for UcxXfer {}
-
 impl UcxXfer {
     fn disconnected(&self, op: Op, why: impl Into<String>) -> Error {
         Error::disconnected(&self.agent, &self.peer.name, op, why)
@@ -314,49 +287,24 @@ impl UcxXfer {
     }
 
     /// Issues one put/get; returns its status (`UCS_OK` or `UCS_INPROGRESS` are fine).
-    fn issue(&self, ep: sys::ucp_ep_h, s: &Seg) -> sys::ucs_status_t {
-        // SAFETY: zeroed request params with a mask are the documented form.
-        let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
-        p.op_attr_mask = sys::UCP_OP_ATTR_FIELD_MEMORY_TYPE | sys::UCP_OP_ATTR_FIELD_MEMH;
-        if self.work.len() > 1 {
-            // Many operations in flight: let UCX optimise for bandwidth (as NIXL does).
-            p.op_attr_mask |= sys::UCP_OP_ATTR_FLAG_MULTI_SEND;
-        }
-        p.memory_type = self.mem_type;
-        p.memh = s.memh;
-        let lib = &self.ucx.lib;
-        // SAFETY: the endpoint is live under the worker lock the caller holds; the local range
-        // lies in a registration whose memory handle (and memory) the agent keeps alive while
-        // the request exists; the remote range was checked by the agent against the peer's
-        // region, whose rkey `_keep` holds.
-        let r = unsafe {
-            match self.op {
-                XferOp::Write => lib.ucp_put_nbx(
-                    ep,
-                    s.local as *const c_void,
-                    s.len as usize,
-                    s.remote,
-                    s.rkey,
-                    &p,
-                ),
-                XferOp::Read => lib.ucp_get_nbx(
-                    ep,
-                    s.local as *mut c_void,
-                    s.len as usize,
-                    s.remote,
-                    s.rkey,
-                    &p,
-                ),
-            }
-        };
-        if sys::ptr_is_ptr(r) {
-            // The following flush covers its completion; UCX releases it when done.
-            // SAFETY: r is a live request, freed once, never used again.
-            unsafe { lib.ucp_request_free(r) };
-            sys::UCS_INPROGRESS
-        } else {
-            sys::ptr_status(r)
-        }
+    fn issue(&self, w: &mut sys::WorkerH, ep: sys::Ep, s: &Seg) -> sys::ucs_status_t {
+        // The local range lies in a registration whose memory handle (and memory) the agent
+        // keeps alive while the request exists; the remote range was checked by the agent
+        // against the peer's region, whose rkey `_keep` holds.
+        w.rma(
+            ep,
+            &sys::Rma {
+                write: self.op == XferOp::Write,
+                local: s.local,
+                remote: s.remote,
+                len: s.len,
+                memh: s.memh,
+                rkey: s.rkey,
+                mem_type: self.mem_type,
+                // Many operations in flight: let UCX optimise for bandwidth (as NIXL does).
+                multi: self.work.len() > 1,
+            },
+        )
     }
 
     fn progress_once(&self) {
@@ -382,7 +330,7 @@ fn fresh_state(
     cur: &mut Option<Arc<PostState>>,
     ucx: &Arc<Ucx>,
     notif: &Option<Notif>,
-    ep: sys::ucp_ep_h,
+    ep: sys::Ep,
     shared: &Arc<EpShared>,
     failed_issue: Option<sys::ucs_status_t>,
 ) -> Arc<PostState> {
@@ -430,7 +378,7 @@ impl BackendXfer for UcxXfer {
         let mut issued = 0usize;
         let mut failed_issue = None;
         self.work.each(|s| {
-            let st = self.issue(ep, s);
+            let st = self.issue(g.h(), ep, s);
             if st != sys::UCS_OK && st != sys::UCS_INPROGRESS {
                 failed_issue = Some(st);
                 return false;
@@ -456,29 +404,18 @@ impl BackendXfer for UcxXfer {
             &pe.shared,
             failed_issue,
         );
-        // SAFETY: zeroed request params with a mask are the documented form.
-        let mut p: sys::ucp_request_param_t = unsafe { std::mem::zeroed() };
-        p.op_attr_mask = sys::UCP_OP_ATTR_FIELD_CALLBACK | sys::UCP_OP_ATTR_FIELD_USER_DATA;
-        p.cb.send = Some(flush_done);
-        let user = Arc::into_raw(state.clone());
-        p.user_data = user as *mut c_void;
-        // SAFETY: the endpoint is live under the held lock; the callback reclaims `user`.
-        let r = unsafe { self.ucx.lib.ucp_ep_flush_nbx(ep, &p) };
-        if !sys::ptr_is_ptr(r) {
-            // SAFETY: the callback will not run; reclaims the reference once.
-            drop(unsafe { Arc::from_raw(user) });
-            let st = sys::ptr_status(r);
-            if st == sys::UCS_OK {
-                state.after_flush();
-            } else {
-                state.finish(st);
-            }
-        } else if self.bytes <= INLINE_PROGRESS_BYTES {
-            for _ in 0..CHECK_PASSES {
-                if g.progress() == 0 || state.phase() != PENDING {
-                    break;
+        // The endpoint is live under the held lock; the callback runs `flushed`.
+        match g.h().flush(ep, &state) {
+            Some(st) if st == sys::UCS_OK => state.after_flush(&g.h().locked()),
+            Some(st) => state.finish(st),
+            None if self.bytes <= INLINE_PROGRESS_BYTES => {
+                for _ in 0..CHECK_PASSES {
+                    if g.progress() == 0 || state.phase() != PENDING {
+                        break;
+                    }
                 }
             }
+            None => {}
         }
         drop(g);
         self.outcome(&state, Op::PostXfer)

@@ -323,9 +323,12 @@ impl XferReq {
         lock(&self.state).tel
     }
 
+    /// The request's peer: `PeerRestarted` when the incarnation it was built against was
+    /// fenced (invalidated, or replaced by a restart), else `RemoteDisconnect` when its process
+    /// exited. A fence is checked first: it is what the agent decided, whereas the exit of a
+    /// fenced incarnation is only its consequence, seen first or not by the pidfd watch.
     fn peer_check(&self) -> Result<()> {
         if let Some(p) = &self.remote {
-            p.check_alive(&self.shared.name, Op::PostXfer)?;
             if !p.valid.load(Ordering::SeqCst) {
                 let current = lock(&self.shared.remotes)
                     .get(&p.name)
@@ -339,6 +342,7 @@ impl XferReq {
                     current,
                 });
             }
+            p.check_alive(&self.shared.name, Op::PostXfer)?;
         }
         Ok(())
     }

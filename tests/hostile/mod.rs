@@ -74,6 +74,10 @@ pub struct VictimSpec {
     pub mem: usize,
     pub max_peers: Option<usize>,
     pub notif_bytes: Option<usize>,
+    /// `UCX_TCP_USER_TIMEOUT` for the victim (default: derived from [`ucx`]'s 500 ms
+    /// keep-alive, 2 s): a longer one keeps a stopped peer alive in UCX's eyes, so that a
+    /// deadline, not UCX's failure detection, ends a transfer to it.
+    pub tcp_user_timeout: Option<&'static str>,
 }
 
 impl VictimSpec {
@@ -84,6 +88,7 @@ impl VictimSpec {
             mem: 1 << 20,
             max_peers: None,
             notif_bytes: None,
+            tcp_user_timeout: None,
         }
     }
 }
@@ -136,6 +141,9 @@ impl Victim {
         }
         if let Some(n) = spec.notif_bytes {
             cmd.env(NOTIF_BYTES, n.to_string());
+        }
+        if let Some(t) = spec.tcp_user_timeout {
+            cmd.env("UCX_TCP_USER_TIMEOUT", t);
         }
         let mut child = cmd.spawn().expect("spawn victim");
         let stdin = child.stdin.take().expect("stdin");

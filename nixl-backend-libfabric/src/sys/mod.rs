@@ -7,27 +7,49 @@
 //! from Rust. The exported functions are loaded from `libfabric.so.1` with `libloading`, so
 //! this crate builds and links on a machine with no libfabric at all.
 
+//!
+//! Above the raw layer, the safe wrappers: [`info`] (`fi_info` lists), [`fabric`] (owned libfabric objects) and [`post`]
+//! (operations posted on an endpoint, with their contexts and buffers in the endpoint's own
+//! state). Every `unsafe` of this crate lies in this module tree.
+
 #![allow(
     non_camel_case_types,
     non_upper_case_globals,
     non_snake_case,
     dead_code,
     missing_docs,
-    unreachable_pub,
+    unreachable_pub
+)]
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::OnceLock;
+
+#[allow(
+    unsafe_op_in_unsafe_fn,
     clippy::all,
     clippy::undocumented_unsafe_blocks
 )]
-
-use std::ffi::{c_char, c_int, c_void};
-use std::sync::OnceLock;
-
-#[allow(unsafe_op_in_unsafe_fn)]
 mod bindings {
     include!("bindings.rs");
 }
 pub use bindings::*;
 
+pub(crate) mod fabric;
+pub(crate) mod info;
 pub mod ops;
+pub(crate) mod post;
+
+/// libfabric's text for an error number (`fi_strerror`), or `None` when it has none.
+pub(crate) fn strerror(lib: &Lib, code: c_int) -> Option<String> {
+    // SAFETY: fi_strerror returns a pointer to a static string (or to a thread-local buffer
+    // valid until the next call on this thread), which is copied at once.
+    let p = unsafe { (lib.fi_strerror)(code) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null result is a NUL-terminated string (see above).
+    Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
 
 /// `EPIPE` (fi_errno.h maps it to no FI_ name).
 pub const FI_EPIPE: u32 = 32;
@@ -110,9 +132,10 @@ fn open(path: &str) -> Result<Lib, String> {
     let lib = unsafe { libloading::Library::new(path) }.map_err(|e| format!("{path}: {e}"))?;
     macro_rules! sym {
         ($name:literal, $ty:ty) => {{
-            // SAFETY: the symbol is looked up by its C name and typed with its prototype
-            // from the libfabric 1.x headers (these six have kept their signatures since 1.0).
             let s: libloading::Symbol<'_, $ty> =
+                // SAFETY: the symbol is looked up by its C name and typed with its prototype
+                // from the libfabric 1.x headers (these six have kept their signatures since
+                // 1.0).
                 unsafe { lib.get(concat!($name, "\0").as_bytes()) }
                     .map_err(|e| format!("{path}: symbol {}: {e}", $name))?;
             *s

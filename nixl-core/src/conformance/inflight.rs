@@ -1,5 +1,6 @@
 //! Stopping a transfer in flight: after `cancel` returns `Ok`, after the request is dropped,
-//! or after its deadline ended it, the backend no longer writes the destination. Where a
+//! or after its deadline ended it and it drained (`XferReq::is_draining`), the backend no
+//! longer writes the destination. Where a
 //! backend completes transfers inside `post` (nothing is ever in flight), the cases are not
 //! applicable ("completes inside post"); INPROC with `Completion::Deferred` and the fault
 //! injector's delays make them apply in one process.
@@ -85,10 +86,24 @@ pub(super) fn stop_in_flight(s: &Suite, how: Stop) -> CaseResult {
                     Err(e) => return Err(format!("past its deadline: {e}")),
                 }
             }
+            // The deadline ends the request at once; the backend may still own the transfer
+            // (UCX cannot cancel RMA in flight) and the request drains until the backend
+            // confirms it stopped, by finishing or failing it.
+            while req.is_draining() {
+                ensure(std::time::Instant::now() < end, || {
+                    "still draining long past its deadline".into()
+                })?;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            ensure(
+                matches!(p.a.check_xfer_state(&req), Err(Error::TimedOut { .. })),
+                || "a request ended by its deadline does not stay TimedOut".into(),
+            )?;
         }
     }
-    // From here on the destination must not change: a control WRITE on the same backend (its
-    // completion drives everything queued before it) must leave it as it was.
+    // From here on (once the backend confirmed it stopped) the destination must not change: a
+    // control WRITE on the same backend (its completion drives everything queued before it)
+    // must leave it as it was.
     let snapshot = p.dst.to_vec();
     let control =
         p.a.create_xfer_req(

@@ -376,6 +376,20 @@ impl BackendXfer for FaultXfer {
         Ok(())
     }
 
+    fn abandon(&mut self) {
+        // Held back: it never reaches the wrapped backend. Already posted: the wrapped
+        // backend is asked to stop in turn.
+        let s = self.current().clone();
+        let mut g = lock(&s);
+        match g.phase {
+            Phase::Held => g.phase = Phase::Canceled,
+            Phase::Posted => g.xfer.abandon(),
+            _ => {}
+        }
+        self.corrupt_after = None;
+        self.extra_notifs = 0;
+    }
+
     fn path(&self) -> Option<String> {
         lock(&self.main)
             .xfer

@@ -228,6 +228,17 @@ impl BackendXfer for InprocXfer {
         Ok(())
     }
 
+    fn abandon(&mut self) {
+        // A copy still waiting for its time never starts; one already copying finishes and
+        // `check` reports it (the request drains until then).
+        if let Some(p) = &self.cur {
+            let mut ph = lock(&p.phase);
+            if matches!(*ph, Phase::Waiting) {
+                *ph = Phase::Canceled;
+            }
+        }
+    }
+
     fn path(&self) -> Option<String> {
         Some(path(self.completion))
     }

@@ -1,164 +1,16 @@
-//! The safe layer over libfabric objects: each raw handle is owned by one type that closes it
+//! The safe wrappers over libfabric objects: each raw handle is owned by one type that closes it
 //! on drop, and a child keeps its parent alive (an endpoint holds its domain, CQ and AV).
 //!
 //! Domains are opened with `FI_THREAD_SAFE`, so objects may be used and closed from any
 //! thread; the backend still serialises the data path of an endpoint under one lock.
 
-use std::ffi::{c_void, CStr, CString};
-use std::ptr::{self, NonNull};
+use std::ffi::c_void;
+use std::ptr;
 use std::sync::Arc;
 
+use super::info::{cstr, Info};
 use crate::result::{check, FiError};
 use crate::sys::{self, ops, Lib};
-
-/// A list of `fi_info` entries owned by this value (freed with `fi_freeinfo`).
-pub(crate) struct Info {
-    ptr: NonNull<sys::fi_info>,
-    lib: &'static Lib,
-    /// Strings owned by Rust that hint fields point at; the pointers are cleared before
-    /// `fi_freeinfo` so libfabric never frees them.
-    owned: Vec<(StrField, CString)>,
-}
-
-// SAFETY: an `fi_info` list is plain data owned by this value; nothing in it is tied to a thread.
-unsafe impl Send for Info {}
-// SAFETY: shared access only reads the list.
-unsafe impl Sync for Info {}
-
-/// A string field of the hints that Rust may set.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum StrField {
-    /// `fabric_attr->prov_name`.
-    Provider,
-    /// `domain_attr->name`.
-    Domain,
-}
-
-impl Info {
-    /// Empty hints (`fi_allocinfo`).
-    pub fn hints(lib: &'static Lib) -> Result<Info, FiError> {
-        // SAFETY: fi_dupinfo(NULL) allocates a zeroed info with every attribute struct.
-        let p = unsafe { (lib.fi_dupinfo)(ptr::null()) };
-        let ptr = NonNull::new(p).ok_or_else(|| FiError::new("fi_allocinfo", sys::FI_ENOMEM))?;
-        Ok(Info {
-            ptr,
-            lib,
-            owned: Vec::new(),
-        })
-    }
-
-    /// Copies one entry (`fi_dupinfo`: the copy has no `next`).
-    pub fn dup(&self, entry: &sys::fi_info) -> Result<Info, FiError> {
-        // SAFETY: `entry` is a live entry of a list this crate owns.
-        let p = unsafe { (self.lib.fi_dupinfo)(entry) };
-        let ptr = NonNull::new(p).ok_or_else(|| FiError::new("fi_dupinfo", sys::FI_ENOMEM))?;
-        Ok(Info {
-            ptr,
-            lib: self.lib,
-            owned: Vec::new(),
-        })
-    }
-
-    /// Runs `fi_getinfo` with these hints; `Ok(None)` when no provider matches.
-    pub fn getinfo(&self, version: u32) -> Result<Option<Info>, FiError> {
-        let mut out: *mut sys::fi_info = ptr::null_mut();
-        // SAFETY: the hints are a valid info; `out` receives a list this crate then owns.
-        let ret = unsafe {
-            (self.lib.fi_getinfo)(
-                version,
-                ptr::null(),
-                ptr::null(),
-                0,
-                self.ptr.as_ptr(),
-                &mut out,
-            )
-        };
-        match check("fi_getinfo", ret as isize) {
-            Ok(_) => Ok(NonNull::new(out).map(|ptr| Info {
-                ptr,
-                lib: self.lib,
-                owned: Vec::new(),
-            })),
-            Err(e) if e.code == sys::FI_ENODATA => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// The first entry.
-    pub fn first(&self) -> &sys::fi_info {
-        // SAFETY: the pointer is a live info owned by this value.
-        unsafe { self.ptr.as_ref() }
-    }
-
-    /// The first entry, for setting hint fields.
-    pub fn first_mut(&mut self) -> &mut sys::fi_info {
-        // SAFETY: as above, and `&mut self` makes the access exclusive.
-        unsafe { self.ptr.as_mut() }
-    }
-
-    /// The raw pointer (for calls that take `struct fi_info *`).
-    pub fn as_ptr(&self) -> *mut sys::fi_info {
-        self.ptr.as_ptr()
-    }
-
-    /// All entries in list order.
-    pub fn entries(&self) -> Vec<&sys::fi_info> {
-        let mut v = Vec::new();
-        let mut p: *const sys::fi_info = self.ptr.as_ptr();
-        while !p.is_null() {
-            // SAFETY: `p` walks the `next` chain of a list owned by this value.
-            let e = unsafe { &*p };
-            v.push(e);
-            p = e.next;
-        }
-        v
-    }
-
-    /// Points a string hint at a Rust-owned copy of `value`.
-    pub fn set_str(&mut self, field: StrField, value: &str) -> Result<(), FiError> {
-        let c = CString::new(value).map_err(|_| FiError::new("hints", sys::FI_EINVAL))?;
-        let info = self.first_mut();
-        // SAFETY: fi_allocinfo allocated both attribute structs; the string outlives the
-        // hints (it is stored in `owned` and the field cleared before they are freed).
-        unsafe {
-            match field {
-                StrField::Provider => (*info.fabric_attr).prov_name = c.as_ptr() as *mut _,
-                StrField::Domain => (*info.domain_attr).name = c.as_ptr() as *mut _,
-            }
-        }
-        self.owned.retain(|(f, _)| *f != field);
-        self.owned.push((field, c));
-        Ok(())
-    }
-}
-
-impl Drop for Info {
-    fn drop(&mut self) {
-        let info = self.first_mut() as *mut sys::fi_info;
-        for (field, _) in &self.owned {
-            // SAFETY: the field was set by `set_str` on this (live) info; clearing it keeps
-            // fi_freeinfo from freeing Rust's string.
-            unsafe {
-                match field {
-                    StrField::Provider => (*(*info).fabric_attr).prov_name = ptr::null_mut(),
-                    StrField::Domain => (*(*info).domain_attr).name = ptr::null_mut(),
-                }
-            }
-        }
-        // SAFETY: the list was allocated by libfabric and is freed once, here.
-        unsafe { (self.lib.fi_freeinfo)(self.ptr.as_ptr()) };
-    }
-}
-
-/// A C string field of libfabric, copied out (empty for null).
-pub(crate) fn cstr(p: *const std::ffi::c_char) -> String {
-    if p.is_null() {
-        String::new()
-    } else {
-        // SAFETY: libfabric's strings in a live info are NUL-terminated.
-        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-    }
-}
 
 fn close(call: &'static str, fid: *mut sys::fid) {
     // SAFETY: called once from the owner's Drop with the live fid it opened.
@@ -180,13 +32,6 @@ macro_rules! owned {
         unsafe impl Send for $name {}
         // SAFETY: as above.
         unsafe impl Sync for $name {}
-        impl $name {
-            /// The raw handle.
-            #[allow(dead_code)]
-            pub fn as_ptr(&self) -> *mut $raw {
-                self.ptr
-            }
-        }
         impl Drop for $name {
             fn drop(&mut self) {
                 // SAFETY: every fid class starts with `struct fid`.
@@ -389,10 +234,11 @@ impl Av {
 impl Mr {
     /// Registers `[addr, addr+len)` (host memory, or device memory through `hmem`).
     ///
-    /// # Safety
-    ///
-    /// The memory must stay valid for as long as the registration is used by any operation.
-    pub unsafe fn register(
+    /// The memory must stay valid for as long as the registration is used by any operation:
+    /// a region registered through the agent (`MemoryRegion`'s contract), or a buffer that
+    /// lives in the endpoint's state ([`super::post::MsgPool`]). Registering touches no
+    /// memory; operations are posted only on ranges checked against a registration.
+    pub fn register(
         domain: &Arc<Domain>,
         addr: u64,
         len: u64,
@@ -404,7 +250,8 @@ impl Mr {
         let len = usize::try_from(len).map_err(|_| FiError::new("fi_mr_reg", sys::FI_EINVAL))?;
         let ret = match hmem {
             None => {
-                // SAFETY: live domain; the caller keeps the memory valid.
+                // SAFETY: live domain; registering reads no memory, and the caller keeps it valid
+                // while operations use it (see above).
                 unsafe {
                     ops::fi_mr_reg(
                         domain.ptr,
@@ -432,7 +279,8 @@ impl Mr {
                 attr.requested_key = requested_key;
                 attr.iface = iface;
                 attr.device.cuda = device;
-                // SAFETY: live domain; `iov` outlives the call; the caller keeps the memory valid.
+                // SAFETY: live domain; `iov` outlives the call; the caller keeps the memory valid
+                // while operations use it (see above).
                 unsafe { ops::fi_mr_regattr(domain.ptr, &attr, 0, &mut p) }
             }
         };
@@ -449,6 +297,16 @@ impl Mr {
         unsafe { (*self.ptr).key }
     }
 
+    /// Binds to an endpoint of the same domain and enables it (`FI_MR_ENDPOINT` providers).
+    pub fn bind<T>(&self, ep: &Endpoint<T>) -> Result<(), FiError> {
+        // SAFETY: live MR and endpoint (both borrowed).
+        check("fi_mr_bind", unsafe {
+            ops::fi_mr_bind(self.ptr, ep.ptr as *mut sys::fid, 0)
+        })?;
+        // SAFETY: live MR.
+        check("fi_mr_enable", unsafe { ops::fi_mr_enable(self.ptr) }).map(|_| ())
+    }
+
     /// The local descriptor (`fi_mr_desc`), as an address.
     pub fn desc(&self) -> usize {
         // SAFETY: live MR; `mem_desc` is set by the provider at registration.
@@ -462,7 +320,7 @@ impl Mr {
 pub(crate) struct Endpoint<T = ()> {
     ptr: *mut sys::fid_ep,
     /// State the provider may reference while the endpoint is open.
-    pub state: std::mem::ManuallyDrop<T>,
+    state: std::mem::ManuallyDrop<T>,
     _cq: Arc<Cq>,
     _av: Arc<Av>,
     _domain: Arc<Domain>,
@@ -512,6 +370,11 @@ impl<T> Endpoint<T> {
         Ok(ep)
     }
 
+    /// The state the provider may reference while the endpoint is open.
+    pub(super) fn state(&self) -> &T {
+        &self.state
+    }
+
     /// The endpoint's address (`fi_getname`).
     pub fn name(&self) -> Result<Vec<u8>, FiError> {
         let mut buf = vec![0u8; 256];
@@ -531,8 +394,8 @@ impl<T> Endpoint<T> {
         Ok(buf)
     }
 
-    /// The raw handle.
-    pub fn as_ptr(&self) -> *mut sys::fid_ep {
+    /// The raw handle, for the posting wrappers (`super::post`).
+    pub(super) fn as_ptr(&self) -> *mut sys::fid_ep {
         self.ptr
     }
 }

@@ -1,6 +1,7 @@
 //! GPU test of block tables through `CUDA_IPC` (one process, two agents, VRAM on GPU 0):
-//! split and interleaved K/V layouts, WRITE and READ, scattered block ids; the backend consumes
-//! the strides (the path says so) and every byte of both buffers is verified. Skips with a
+//! split and interleaved K/V layouts, WRITE and READ, scattered block ids and runs of
+//! consecutive ones; the backend consumes the strides with the block-table copy kernel (the
+//! path says so) and every byte of both buffers is verified. Skips with a
 //! printed reason where no CUDA GPU is usable.
 
 mod common;
@@ -107,6 +108,11 @@ fn gpu_block_tables_through_cuda_ipc() {
             let path = req.path();
             eprintln!("block table {op} interleaved={interleaved}: {path}");
             assert!(path.contains("strided"), "{path}");
+            // Generated on the device from the layers and the ids (nothing per block built on
+            // the host); posted twice (the repost reuses the uploaded table).
+            assert!(path.contains("block-table copy kernel"), "{path}");
+            a.post_xfer_req(&req).unwrap();
+            req.wait(Duration::from_secs(30)).unwrap();
             a.post_xfer_req(&req).unwrap();
             req.wait(Duration::from_secs(30)).unwrap();
             let (la, ra) = (ls.buf.to_vec().unwrap(), rs.buf.to_vec().unwrap());

@@ -8,7 +8,6 @@ use super::ipc::{DmaBuf, IpcHandle};
 use super::{bind, context, cu, to_error};
 use crate::sys::driver::ctx_synchronize;
 use crate::sys::memory::DeviceAlloc;
-use crate::sys::stream::Stream;
 
 /// A zero-initialised allocation in one GPU's memory (`cuMemAlloc`), freed on drop.
 ///
@@ -136,16 +135,6 @@ impl DeviceBuffer {
             self.mem.copy_from(offset, &src.mem, src_offset, len),
         )?;
         self.synchronize()
-    }
-
-    /// Enqueues a copy of `host` to the start of the buffer on `stream`; the caller keeps
-    /// `host` alive until the stream has run it.
-    pub(crate) fn upload_async(
-        &self,
-        host: &[u8],
-        stream: &Stream,
-    ) -> std::result::Result<(), super::CudaError> {
-        self.mem.upload_async(host, stream)
     }
 
     /// Copies the whole buffer to a vector.

@@ -12,6 +12,12 @@
 //! requests to the copy engines instead). A zero-length descriptor touches no memory (the
 //! balanced schedule pads with them).
 //!
+//! The block kernel ([`ptx_blocks`]) is the same copy code over items generated on the device
+//! from a block table (per layer: source and destination base and stride; per piece of the
+//! ids: source id, destination id, offset, length), so a block-table request uploads
+//! O(layers + ids) bytes instead of a descriptor per layer and block. Its item `i` is the
+//! segment kernel's descriptor `i` of the same request, so CTAs get the same work.
+//!
 //! [`plan`] cuts the segments into descriptors of at most `chunk` bytes and picks the grid
 //! ([`KernelSchedule`]); cuts fall on multiples of 16 bytes from a segment's start, which keeps each
 //! piece's relative alignment. CTAs share no data, and no two descriptors may conflict (one's
@@ -38,6 +44,7 @@ pub(crate) const DESC_BYTES: usize = 24;
 const MAX_GRID: u64 = (1 << 31) - 1;
 
 const NAME: &CStr = c"nixl_copy_segments";
+const BLOCKS_NAME: &CStr = c"nixl_copy_blocks";
 
 /// How the copy kernel's descriptors are assigned to CTAs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -294,16 +301,16 @@ impl KernelShape {
 }
 
 const TEMPLATE: &str = r#"//
-// nixl-rs scatter-gather copy: nixl_copy_segments(descs: *(src u64, dst u64, len u64), count u64)
+// nixl-rs scatter-gather copy: @TITLE@
 // shape: @SHAPE@
 //
 .version 7.0
 .target sm_70
 .address_size 64
 
-.visible .entry nixl_copy_segments(
+.visible .entry @NAME@(
 	.param .u64 nixl_descs,
-	.param .u64 nixl_count
+	.param .u64 nixl_count@PARAMS@
 )
 .maxntid @THREADS@, 1, 1
 {
@@ -312,13 +319,13 @@ const TEMPLATE: &str = r#"//
 	.reg .b32 	%r<5>;
 	.reg .b32 	%v<@VREGS@>;
 	.reg .b64 	%rd<36>;
-	.reg .b64 	%la<@UNROLL@>;
+@EXTRA_REGS@	.reg .b64 	%la<@UNROLL@>;
 	.reg .b64 	%sa<@UNROLL@>;
 
 	ld.param.u64 	%rd1, [nixl_descs];
 	ld.param.u64 	%rd2, [nixl_count];
 	cvta.to.global.u64 	%rd1, %rd1;
-	mov.u32 	%r1, %ctaid.x;
+@PROLOGUE@	mov.u32 	%r1, %ctaid.x;
 	mov.u32 	%r2, %nctaid.x;
 	mov.u32 	%r3, %tid.x;
 	mov.u32 	%r4, %ntid.x;
@@ -337,11 +344,7 @@ $L_item:
 	// rd3 = descriptor index (ctaid, then += nctaid); stop at count.
 	setp.ge.u64 	%p1, %rd3, %rd2;
 	@%p1 bra 	$L_done;
-	mad.lo.u64 	%rd11, %rd3, 24, %rd1;
-	ld.global.nc.u64 	%rd12, [%rd11];
-	ld.global.nc.u64 	%rd13, [%rd11+8];
-	ld.global.nc.u64 	%rd14, [%rd11+16];
-	// rd12 = src, rd13 = dst, rd14 = len. Same alignment modulo 16, or bytes only.
+@FETCH@	// rd12 = src, rd13 = dst, rd14 = len. Same alignment modulo 16, or bytes only.
 	xor.b64 	%rd15, %rd12, %rd13;
 	and.b64 	%rd15, %rd15, 15;
 	setp.ne.u64 	%p2, %rd15, 0;
@@ -421,9 +424,105 @@ $L_done:
 }
 "#;
 
-/// The kernel's PTX for `shape`, NUL-terminated for `cuModuleLoadDataEx`. The thread count
-/// only bounds the launch (`.maxntid`): the code reads `%ntid.x`.
+/// What differs between the two kernels of a shape.
+struct Parts {
+    title: &'static str,
+    name: &'static str,
+    /// Parameters after the two every kernel has.
+    params: &'static str,
+    extra_regs: &'static str,
+    prologue: &'static str,
+    fetch: &'static str,
+}
+
+/// The segment kernel: item `rd3` is descriptor `rd3` of the array.
+const SEGMENTS: Parts = Parts {
+    title: "nixl_copy_segments(descs: *(src u64, dst u64, len u64), count u64)",
+    name: "nixl_copy_segments",
+    params: "",
+    extra_regs: "",
+    prologue: "",
+    fetch: "\tmad.lo.u64 \t%rd11, %rd3, 24, %rd1;
+\tld.global.nc.u64 \t%rd12, [%rd11];
+\tld.global.nc.u64 \t%rd13, [%rd11+8];
+\tld.global.nc.u64 \t%rd14, [%rd11+16];
+",
+};
+
+/// The block kernel: item `rd3` is generated from a block table, piece `i % npieces` of
+/// layer `i / npieces`, from `src base + src id * src stride + offset` to
+/// `dst base + dst id * dst stride + offset`. Its parameters: the layers (`nixl_descs`, 32
+/// bytes each: src base, src stride, dst base, dst stride), the items (`nixl_count`), the
+/// pieces (`nixl_pieces`, 32 bytes each: src id, dst id, offset, len) and the pieces per
+/// layer (`nixl_npieces`), so an item's two loads do not wait on a header.
+const BLOCKS: Parts = Parts {
+    title: "nixl_copy_blocks(layers: *(src, src stride, dst, dst stride), count u64, pieces: *(src id, dst id, offset, len), npieces u64)",
+    name: "nixl_copy_blocks",
+    params: ",
+	.param .u64 nixl_pieces,
+	.param .u64 nixl_npieces",
+    extra_regs: "\t.reg .b64 \t%rb<10>;\n\t.reg .b32 \t%rq<3>;\n",
+    prologue: "\tld.param.u64 \t%rb1, [nixl_pieces];
+\tld.param.u64 \t%rb2, [nixl_npieces];
+\tcvta.to.global.u64 \t%rb1, %rb1;
+",
+    fetch: "\t// layer rb3 = item / npieces, piece rb4 = item % npieces (32-bit: the host admits only
+\t// tables of fewer than 2^32 items).
+\tcvt.u32.u64 \t%rq0, %rd3;
+\tcvt.u32.u64 \t%rq1, %rb2;
+\tdiv.u32 \t%rq2, %rq0, %rq1;
+\tcvt.u64.u32 \t%rb3, %rq2;
+\tmul.lo.u64 \t%rb4, %rb3, %rb2;
+\tsub.u64 \t%rb4, %rd3, %rb4;
+\tshl.b64 \t%rb5, %rb3, 5;
+\tadd.u64 \t%rb5, %rb5, %rd1;
+\tshl.b64 \t%rb6, %rb4, 5;
+\tadd.u64 \t%rb6, %rb6, %rb1;
+\tld.global.nc.u64 \t%rd12, [%rb5];
+\tld.global.nc.u64 \t%rb7, [%rb5+8];
+\tld.global.nc.u64 \t%rd13, [%rb5+16];
+\tld.global.nc.u64 \t%rb8, [%rb5+24];
+\tld.global.nc.u64 \t%rb9, [%rb6];
+\tmad.lo.u64 \t%rd12, %rb9, %rb7, %rd12;
+\tld.global.nc.u64 \t%rb9, [%rb6+8];
+\tmad.lo.u64 \t%rd13, %rb9, %rb8, %rd13;
+\tld.global.nc.u64 \t%rb9, [%rb6+16];
+\tadd.u64 \t%rd12, %rd12, %rb9;
+\tadd.u64 \t%rd13, %rd13, %rb9;
+\tld.global.nc.u64 \t%rd14, [%rb6+24];
+",
+};
+
+/// Bytes per layer `(src base, src stride, dst base, dst stride)` and per piece
+/// `(src id, dst id, offset, len)` in a block table (`u64` little-endian each).
+pub(crate) const BLOCK_ENTRY_BYTES: usize = 32;
+
+/// Where the parts of a block kernel's table lie, and how many items it makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BlockLayout {
+    /// The table's bytes (layers, then pieces).
+    pub bytes: usize,
+    /// The kernel's items: layers x pieces.
+    pub items: u64,
+    /// Pieces per layer.
+    pub npieces: u64,
+    /// Byte offset of the pieces.
+    pub pieces_at: usize,
+}
+
+/// The segment kernel's PTX for `shape`, NUL-terminated for `cuModuleLoadDataEx`. The thread
+/// count only bounds the launch (`.maxntid`): the code reads `%ntid.x`.
 pub(crate) fn ptx(shape: &KernelShape) -> String {
+    ptx_of(shape, &SEGMENTS)
+}
+
+/// The block kernel's PTX for `shape`: the same copy code, each item's `(src, dst, len)`
+/// generated from a block table instead of read from a descriptor.
+pub(crate) fn ptx_blocks(shape: &KernelShape) -> String {
+    ptx_of(shape, &BLOCKS)
+}
+
+fn ptx_of(shape: &KernelShape, parts: &Parts) -> String {
     let u = shape.unroll.max(1);
     let load = if shape.nc_loads {
         "ld.global.nc.v4.u32"
@@ -468,6 +567,12 @@ pub(crate) fn ptx(shape: &KernelShape) -> String {
         round += &format!("\t{store} \t[%sa{k}], {};\n", v(k));
     }
     let mut s = TEMPLATE
+        .replace("@TITLE@", parts.title)
+        .replace("@NAME@", parts.name)
+        .replace("@PARAMS@", parts.params)
+        .replace("@EXTRA_REGS@", parts.extra_regs)
+        .replace("@PROLOGUE@", parts.prologue)
+        .replace("@FETCH@", parts.fetch)
         .replace("@SHAPE@", &shape.to_string())
         .replace("@THREADS@", &shape.threads.to_string())
         .replace("@VREGS@", &(4 * u).to_string())
@@ -648,8 +753,33 @@ pub(crate) fn plan(
     }
 }
 
+/// Writes `descs` as the device array's bytes into `out` (`(src, dst, len)` little-endian each); returns
+/// how many fit (all, where `out` holds `descs.len() * DESC_BYTES` bytes).
+pub(crate) fn write_descriptors(descs: &[Segment], out: &mut [u8]) -> usize {
+    let mut n = 0;
+    for (d, slot) in descs.iter().zip(out.chunks_exact_mut(DESC_BYTES)) {
+        slot[..8].copy_from_slice(&d.src.to_le_bytes());
+        slot[8..16].copy_from_slice(&d.dst.to_le_bytes());
+        slot[16..].copy_from_slice(&d.len.to_le_bytes());
+        n += 1;
+    }
+    n
+}
+
+/// The grid for `count` descriptors cut one by one (the persistent and per-chunk schedules)
+/// on a GPU where `resident` CTAs of the shape run at once; at least 1.
+pub(crate) fn grid(shape: &KernelShape, count: u64, resident: u32) -> u32 {
+    let resident = u64::from(resident.max(1));
+    let n = match shape.schedule {
+        KernelSchedule::PerChunk => count,
+        KernelSchedule::Persistent | KernelSchedule::Balanced => count.min(resident),
+    };
+    u32::try_from(n.clamp(1, MAX_GRID)).unwrap_or(1)
+}
+
 /// The device array's bytes: `(src, dst, len)` little-endian per descriptor (every CUDA GPU is
 /// little-endian, as is every host this crate builds for).
+#[cfg(test)]
 pub(crate) fn descriptor_bytes(descs: &[Segment]) -> Vec<u8> {
     let mut v = Vec::with_capacity(descs.len() * DESC_BYTES);
     for d in descs {
@@ -663,6 +793,8 @@ pub(crate) fn descriptor_bytes(descs: &[Segment]) -> Vec<u8> {
 /// The loaded module (unloaded on drop) and its kernel, for one context.
 pub(crate) struct CopyKernel {
     module: KernelModule,
+    /// The block kernel (same shape), where it loaded.
+    blocks: Option<KernelModule>,
     shape: KernelShape,
     /// CTAs of the shape resident on the whole GPU at once.
     resident: u32,
@@ -677,7 +809,7 @@ impl CopyKernel {
         let text = ptx(&shape);
         let text = CStr::from_bytes_with_nul(text.as_bytes())
             .map_err(|_| "the PTX is not one NUL-terminated string".to_owned())?;
-        let module = KernelModule::load(ctx, text, NAME).map_err(|(e, log)| {
+        let module = KernelModule::load(ctx.clone(), text, NAME).map_err(|(e, log)| {
             if e.call == "cuModuleLoadDataEx" {
                 format!("{e}: {log}")
             } else {
@@ -685,16 +817,74 @@ impl CopyKernel {
             }
         })?;
         let resident = occupancy(&module, ordinal, &shape).map_err(|e| e.to_string())?;
+        // The block kernel is optional: without it block tables are written out as
+        // descriptors for the segment kernel.
+        let blocks_text = ptx_blocks(&shape);
+        let blocks = CStr::from_bytes_with_nul(blocks_text.as_bytes())
+            .map_err(|_| "the PTX is not one NUL-terminated string".to_owned())
+            .and_then(|t| {
+                KernelModule::load(ctx, t, BLOCKS_NAME).map_err(|(e, log)| format!("{e}: {log}"))
+            })
+            .inspect_err(|e| tracing::warn!(error = %e, "the block-table copy kernel did not load; block tables use the segment kernel"))
+            .ok();
         Ok(CopyKernel {
             module,
+            blocks,
             shape,
             resident,
         })
     }
 
+    /// The shape it was compiled for.
+    pub fn shape(&self) -> &KernelShape {
+        &self.shape
+    }
+
+    /// The grid for `count` descriptors cut one by one (see [`grid`]).
+    pub fn grid(&self, count: u64) -> u32 {
+        grid(&self.shape, count, self.resident)
+    }
+
     /// The descriptors and grid for `segments` (see [`plan`]).
     pub fn plan(&self, segments: &[Segment]) -> (Vec<Segment>, u32) {
         plan(segments, &self.shape, self.resident)
+    }
+
+    /// Whether the block kernel loaded.
+    pub fn has_blocks(&self) -> bool {
+        self.blocks.is_some()
+    }
+
+    /// Enqueues the block kernel over the block table at device address `table` laid out as
+    /// `layout` on `stream`, `grid` CTAs of the shape's threads.
+    ///
+    /// Crate invariant (see `crate::sys`): `table` holds the table (stream-ordered before this
+    /// launch), whose generated copies are device memory this context can reach, live until
+    /// the launch completes, no two in [`conflict`].
+    pub fn launch_blocks(
+        &self,
+        table: u64,
+        layout: &BlockLayout,
+        grid: u32,
+        stream: &Stream,
+    ) -> Result<(), CudaError> {
+        let Some(m) = &self.blocks else {
+            return Err(CudaError {
+                call: "cuLaunchKernel",
+                code: sys::CUresult::CUDA_ERROR_NOT_FOUND as u32,
+                name: "the block-table copy kernel is not loaded".to_owned(),
+            });
+        };
+        if layout.items == 0 {
+            return Ok(());
+        }
+        let args = [
+            table,
+            layout.items,
+            table + layout.pieces_at as u64,
+            layout.npieces,
+        ];
+        m.launch4(grid.max(1), self.shape.threads, stream, args)
     }
 
     /// Enqueues the kernel over `count` descriptors at device address `descs` on `stream`,
@@ -1032,6 +1222,18 @@ mod tests {
     }
 
     #[test]
+    fn written_descriptors_equal_descriptor_bytes() {
+        let d: Vec<Segment> = (0..5u64).map(|i| seg(i * 7, i << 40, i + 1)).collect();
+        let want = descriptor_bytes(&d);
+        let mut out = vec![0u8; want.len() + 5];
+        assert_eq!(write_descriptors(&d, &mut out), 5);
+        assert!(out[..want.len()] == want[..] && out[want.len()..] == [0; 5]);
+        let mut short = vec![0u8; 2 * DESC_BYTES + 3];
+        assert_eq!(write_descriptors(&d, &mut short), 2);
+        assert_eq!(short[..2 * DESC_BYTES], want[..2 * DESC_BYTES]);
+    }
+
+    #[test]
     fn alignment_classes() {
         assert!(co_aligned(0x10, 0x20));
         assert!(co_aligned(0x13, 0x23));
@@ -1278,5 +1480,25 @@ mod tests {
             assert!(p.contains("[%rd11+8]") && p.contains("[%rd11+16]"));
         }
         assert_eq!(NAME.to_str().unwrap(), "nixl_copy_segments");
+    }
+
+    /// The block kernel of every sweep shape: terminated, named as loaded, the launch's four
+    /// parameters, every placeholder filled, and the segment kernel's copy code from the
+    /// alignment check on, unchanged (so a CTA's copy runs as fast).
+    #[test]
+    fn the_block_kernel_is_the_segment_kernels_copy_code() {
+        for (_, shape) in KernelShape::sweep() {
+            let (p, s) = (ptx_blocks(&shape), ptx(&shape));
+            assert!(p.ends_with('\0') && p.matches('\0').count() == 1);
+            assert!(p.contains(".visible .entry nixl_copy_blocks("));
+            assert_eq!(p.matches(".param .u64").count(), 4);
+            assert!(p
+                .match_indices('@')
+                .all(|(i, _)| p[i + 1..].starts_with('%')));
+            let copy = |t: &str| t[t.find("\txor.b64").unwrap()..].to_owned();
+            assert_eq!(copy(&p), copy(&s));
+            assert!(p.contains("div.u32") && !p.contains("div.u64"));
+        }
+        assert_eq!(BLOCKS_NAME.to_str().unwrap(), "nixl_copy_blocks");
     }
 }

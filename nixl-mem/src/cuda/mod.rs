@@ -22,7 +22,7 @@ pub(crate) mod device;
 pub(crate) mod ipc;
 pub(crate) mod kernel;
 #[cfg(test)]
-mod ptx_sim;
+pub(crate) mod ptx_sim;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};

@@ -36,6 +36,8 @@ enum BinOp {
     Xor,
     And,
     Min,
+    Div,
+    Div32,
     Ge,
     Ne,
 }
@@ -126,7 +128,8 @@ fn decode(op: &str, a: &[Arg], labels: &mut Vec<String>, params: &mut Vec<String
             Ins::LdParam(reg_of(&a[0]), params.len() as u16 - 1)
         }
         "cvta.to.global.u64" | "mov.u64" | "mov.u32" => Ins::Mov(reg_of(&a[0]), val(&a[1])),
-        "cvt.u64.u32" => Ins::Cvt(reg_of(&a[0]), val(&a[1])),
+        // Both keep the low 32 bits (32-bit registers hold them zero-extended here).
+        "cvt.u64.u32" | "cvt.u32.u64" => Ins::Cvt(reg_of(&a[0]), val(&a[1])),
         "neg.s64" => Ins::Neg(reg_of(&a[0]), val(&a[1])),
         "shl.b64" => bin(BinOp::Shl),
         "mul.lo.u64" => bin(BinOp::Mul),
@@ -135,6 +138,8 @@ fn decode(op: &str, a: &[Arg], labels: &mut Vec<String>, params: &mut Vec<String
         "xor.b64" => bin(BinOp::Xor),
         "and.b64" => bin(BinOp::And),
         "min.u64" => bin(BinOp::Min),
+        "div.u64" => bin(BinOp::Div),
+        "div.u32" => bin(BinOp::Div32),
         "setp.ge.u64" => bin(BinOp::Ge),
         "setp.ne.u64" => bin(BinOp::Ne),
         "mad.lo.u64" => Ins::Mad(reg_of(&a[0]), val(&a[1]), val(&a[2]), val(&a[3])),
@@ -433,6 +438,9 @@ fn thread(p: &Program, mem: &mut Memory, params: &[u64], ids: [u32; 4]) {
                     BinOp::Xor => x ^ y,
                     BinOp::And => x & y,
                     BinOp::Min => x.min(y),
+                    // PTX leaves division by zero unspecified (no fault): all ones here.
+                    BinOp::Div => x.checked_div(y).unwrap_or(u64::MAX),
+                    BinOp::Div32 => u64::from((x as u32).checked_div(y as u32).unwrap_or(u32::MAX)),
                     BinOp::Ge => u64::from(x >= y),
                     BinOp::Ne => u64::from(x != y),
                 };

@@ -4,13 +4,20 @@
 //! each other is decided from the layers and the ids, not by sorting every block
 //! ([`kernel::conflict`] runs only where that cannot prove independence).
 //!
-//! The copy kernel still reads one `(src, dst, len)` descriptor per copy, generated here and
-//! uploaded once at prepare time (reposts reuse it).
+//! A request proven independent whose layers' blocks share one length goes to the block
+//! kernel: the layers (base and stride per side) and the ids' pieces are written into a reused
+//! pinned buffer and uploaded with one asynchronous copy at prepare time, and the kernel
+//! generates every copy on the device (nothing per layer and block on the host; reposts reuse
+//! the table). Other independent tables write one descriptor per copy for the segment kernel
+//! the same way; the segment list is built only for requests that need the one-by-one check
+//! or the copy engines.
 
 use nixl_core::backend::{downcast_md, BackendXfer, BlockXferSpec};
-use nixl_core::{Error, MemKind, Op, Result, StridedDesc, XferOp};
+use nixl_core::{Error, MemKind, Op, Result, StridedDesc};
 
 use super::md::{LocalMd, Target};
+use super::table::BlockTable;
+use super::xfer::Work;
 use super::{CudaIpcBackend, Ends};
 use crate::cuda::kernel;
 
@@ -74,21 +81,18 @@ impl CudaIpcBackend {
                 ..l.remote
             });
         }
-        let mut copies = Vec::with_capacity(spec.segment_count());
-        for (l, la, ra, len) in spec.segments() {
-            let r = remote_here[l].addr + (ra - spec.layers[l].remote.addr);
-            copies.push(match spec.op {
-                XferOp::Write => (r, la, len),
-                XferOp::Read => (la, r, len),
-            });
-        }
-        if copies.is_empty() {
+        let table = BlockTable::new(spec, &remote_here);
+        if table.copy_count() == 0 {
             return Err(Error::invalid(me, Op::MakeXfer, "no blocks"));
         }
-        let conflict = if independent(spec, &remote_here) {
-            None
+        // Proven independent from the layers and the ids: the kernel's descriptors are written
+        // straight from the table. Otherwise the copies are listed and checked one by one.
+        let (work, conflict) = if independent(spec, &remote_here) {
+            (Work::Table(table), None)
         } else {
-            kernel::conflict(&copies)
+            let copies = table.copies();
+            let conflict = kernel::conflict(&copies);
+            (Work::Copies(copies), conflict)
         };
         let ends = Ends {
             op: spec.op,
@@ -97,7 +101,7 @@ impl CudaIpcBackend {
             is_local: spec.is_local,
             notif: spec.notif.as_deref(),
         };
-        self.finish(ends, copies, how, kernel_ok, conflict)
+        self.finish(ends, work, how, kernel_ok, conflict)
     }
 }
 
@@ -106,7 +110,7 @@ impl CudaIpcBackend {
 /// block of any layer, local or remote as addressed here, meets a block of another layer.
 /// O(ids + layers), plus the pairs of layers whose extents overlap (K and V interleaved in
 /// one region). `false` means "not proven", never "dependent".
-fn independent(spec: &BlockXferSpec, remote_here: &[StridedDesc]) -> bool {
+pub(super) fn independent(spec: &BlockXferSpec, remote_here: &[StridedDesc]) -> bool {
     let distinct = |side: fn(&nixl_core::backend::BlockRun) -> u64| {
         let top = spec
             .runs
@@ -158,6 +162,7 @@ fn strided_disjoint(a: &StridedDesc, b: &StridedDesc) -> bool {
 mod tests {
     use super::*;
     use nixl_core::backend::{BlockRun, LayerPair};
+    use nixl_core::XferOp;
     use proptest::prelude::*;
     use std::sync::Arc;
 

@@ -16,7 +16,9 @@
 //!     on this backend's GPU (local memory, or a peer's mapped through CUDA IPC on the same GPU)
 //!     and sharing their alignment modulo 16: the scatter-gather **copy kernel** (hand-written
 //!     PTX, JIT-compiled by the driver; see [`crate::cuda`]'s `kernel` module), one launch over
-//!     descriptors uploaded once at prepare time;
+//!     descriptors uploaded once at prepare time from a reused pinned buffer (a block table
+//!     goes to the block kernel, which generates its copies on the device from the layers and
+//!     the ids);
 //!   - otherwise one `cuMemcpyAsync` for one or two segments, or one `cuMemcpyBatchAsync` for
 //!     more (CUDA 12.8+; one call per segment where refused), on the copy engines. DRAM<->VRAM
 //!     always uses the copy engines (PCIe is the limit there).
@@ -44,6 +46,8 @@ mod blocks;
 mod complete;
 mod md;
 pub(crate) mod notif;
+mod staging;
+mod table;
 mod xfer;
 
 use std::collections::{BTreeMap, HashMap};
@@ -66,7 +70,8 @@ pub(crate) use md::{ConnInfo, Public};
 use md::{HostImport, HostPin, LocalMd, Target};
 pub use notif::MAX_NOTIF;
 use notif::{NotifSenders, NotifServer};
-use xfer::{CudaIpcXfer, Engine, KernelPlan};
+use staging::StagingPool;
+use xfer::{CudaIpcXfer, Engine, KernelPlan, Work};
 
 /// The backend's type name.
 pub const CUDA_IPC: &str = "CUDA_IPC";
@@ -208,6 +213,8 @@ pub struct CudaIpcBackend {
     completer: Completer,
     /// The copy kernel, loaded on first use; the reason where it cannot be.
     kernel: OnceLock<std::result::Result<Arc<CopyKernel>, String>>,
+    /// The copy kernel's descriptor upload buffers, reused across requests.
+    staging: Arc<StagingPool>,
     peers: Mutex<HashMap<String, Arc<Peer>>>,
     vram_imports: Mutex<HashMap<[u8; 64], Weak<IpcMapping>>>,
     host_imports: Mutex<HashMap<(u32, i32, u64), Weak<HostImport>>>,
@@ -291,6 +298,7 @@ impl CudaIpcBackend {
         let cu_ctx = cuda::context(params.device).map_err(|e| with_agent(e, &ctx.agent))?;
         let server = NotifServer::start(&ctx.agent, ctx.notifs.clone(), ctx.peers.clone())?;
         let completer = Completer::start(&ctx.agent, Some(cu_ctx.clone()))?;
+        let staging = Arc::new(StagingPool::new(cu_ctx.clone()));
         Ok(CudaIpcBackend {
             agent: ctx.agent,
             params,
@@ -301,6 +309,7 @@ impl CudaIpcBackend {
             senders: Arc::new(NotifSenders::new(ctx.peers.clone())),
             completer,
             kernel: OnceLock::new(),
+            staging,
             peers: Mutex::new(HashMap::new()),
             vram_imports: Mutex::new(HashMap::new()),
             host_imports: Mutex::new(HashMap::new()),
@@ -642,7 +651,7 @@ impl Backend for CudaIpcBackend {
             is_local: spec.is_local,
             notif: spec.notif.as_deref(),
         };
-        self.finish(ends, copies, how, kernel_ok, conflict)
+        self.finish(ends, Work::Copies(copies), how, kernel_ok, conflict)
     }
 
     fn prepare_blocks(
@@ -690,7 +699,7 @@ impl CudaIpcBackend {
     fn finish(
         &self,
         spec: Ends<'_>,
-        copies: Vec<(u64, u64, u64)>,
+        mut work: Work,
         how: &str,
         kernel_ok: std::result::Result<(), &str>,
         conflict: Option<(usize, usize)>,
@@ -724,7 +733,7 @@ impl CudaIpcBackend {
             cuda::Event::create(self.ctx.clone())
                 .map_err(|e| cuda::to_error(&self.agent, Op::MakeXfer, e))?,
         );
-        let fallback = if conflict.is_none() && self.params.batch_copies && copies.len() > 1 {
+        let fallback = if conflict.is_none() && self.params.batch_copies && work.len() > 1 {
             Engine::Batch
         } else {
             Engine::Copies
@@ -733,13 +742,13 @@ impl CudaIpcBackend {
         let wants_kernel = self.params.copy_kernel
             && conflict.is_none()
             && kernel_ok.is_ok()
-            && copies.len() >= self.params.kernel_min_segments.max(1);
+            && work.len() >= self.params.kernel_min_segments.max(1);
         let engine = if wants_kernel {
             // A load failure was warned about once, when it happened; a failure to prepare
             // this request's descriptors is warned about here. Either way the path says it.
             let plan = match self.copy_kernel() {
                 Err(why) => Err(format!("copy kernel unavailable: {why}")),
-                Ok(k) => KernelPlan::new(k, device, &copies, &stream).map_err(|why| {
+                Ok(k) => KernelPlan::new(k, &self.staging, &mut work, event.clone(), &stream).map_err(|why| {
                     tracing::warn!(agent = %self.agent, error = %why, "could not prepare the copy kernel's descriptors; using the copy engines");
                     format!("copy kernel not prepared: {why}")
                 }),
@@ -760,7 +769,7 @@ impl CudaIpcBackend {
             }
         } else {
             // Say why a VRAM request of many segments stays on the copy engines.
-            let many = copies.len() >= self.params.kernel_min_segments.max(1);
+            let many = work.len() >= self.params.kernel_min_segments.max(1);
             match (conflict, kernel_ok) {
                 (Some((i, j)), _) if i == j => {
                     note = Some(format!("in order: segment {i} overlaps itself"));
@@ -777,7 +786,7 @@ impl CudaIpcBackend {
         };
         Ok(Box::new(CudaIpcXfer {
             agent: self.agent.clone(),
-            copies,
+            work,
             stream,
             event,
             engine,

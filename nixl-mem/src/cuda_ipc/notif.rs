@@ -364,7 +364,9 @@ mod tests {
         // A bare name instead of a hello (the old protocol): refused.
         let mut named = UnixStream::connect_addr(&addr).unwrap();
         write_frame(&mut named, b"a").unwrap();
-        write_frame(&mut named, b"forged").unwrap();
+        // The server may already have dropped the connection (a loaded machine can run it
+        // between the two writes): then this write fails, which is as good a refusal.
+        let _ = write_frame(&mut named, b"forged");
         std::thread::sleep(Duration::from_millis(200));
         let senders = senders("a");
         senders.send("a", "b", server.name(), b"ok").unwrap();

@@ -9,53 +9,186 @@ use nixl_core::backend::BackendXfer;
 use nixl_core::{Error, Op, Result, XferState};
 
 use super::complete::{self, Notif, Outcome, Ticket};
-use crate::cuda::kernel::{self, CopyKernel, Segment};
+use super::staging::{Staging, StagingPool};
+use super::table::BlockTable;
+use crate::cuda::kernel::{self, BlockLayout, CopyKernel, KernelSchedule, Segment};
 use crate::cuda::{self, CudaError, Event, Stream};
 use crate::sys::memory::{memcpy_async, memcpy_batch_async};
-use crate::DeviceBuffer;
 
 /// The longest note (why an engine was not used) kept in the path.
 const MAX_NOTE: usize = 240;
 
-/// The copy kernel's work for one request, prepared once: descriptors uploaded to the device on
-/// the request's stream, so every launch is stream-ordered after the upload.
+/// A request's copies: a list, or a block table whose list is built only where the copy
+/// engines need it.
+pub(crate) enum Work {
+    /// `(dst, src, len)` in this process's address space.
+    Copies(Vec<(u64, u64, u64)>),
+    /// A block table (the copy kernel's descriptors are written straight from it).
+    Table(BlockTable),
+}
+
+impl Work {
+    /// The number of contiguous copies.
+    pub fn len(&self) -> usize {
+        match self {
+            Work::Copies(c) => c.len(),
+            Work::Table(t) => t.copy_count(),
+        }
+    }
+
+    /// The copies as a list (built from a table on first use, then kept).
+    pub fn copies(&mut self) -> &[(u64, u64, u64)] {
+        if let Work::Table(t) = self {
+            *self = Work::Copies(t.copies());
+        }
+        match self {
+            Work::Copies(c) => c,
+            Work::Table(_) => &[],
+        }
+    }
+}
+
+/// The copy kernel's work for one request, prepared once: descriptors written into a pinned
+/// staging buffer and uploaded to the device on the request's stream, so every launch is
+/// stream-ordered after the upload.
 pub(crate) struct KernelPlan {
     kernel: Arc<CopyKernel>,
-    /// The device array (`count` descriptors).
-    descs: DeviceBuffer,
-    /// The upload's host source, kept for the request's lifetime.
-    _host: Vec<u8>,
+    /// The staging pair (host source, device array of `count` descriptors); `None` only
+    /// while being dropped.
+    staging: Option<Staging>,
+    pool: Arc<StagingPool>,
+    /// Recorded after the upload at prepare time (and after every post since): the pair goes
+    /// back to the pool only once it has completed.
+    event: Arc<Event>,
     count: u64,
     grid: u32,
+    /// The block table's layout where the array is one for the block kernel (else
+    /// descriptors).
+    blocks: Option<BlockLayout>,
 }
 
 impl KernelPlan {
-    /// Plans `copies` ((dst, src, len), no two in [`kernel::conflict`]) into descriptors and
-    /// enqueues their upload on `stream`.
+    /// Writes the descriptors of `work` (no two copies in [`kernel::conflict`]) into a staging
+    /// pair from `pool` and enqueues their upload on `stream`; `event` is the request's, to be
+    /// recorded by the caller after this.
     pub fn new(
         kernel: Arc<CopyKernel>,
-        device: usize,
-        copies: &[(u64, u64, u64)],
+        pool: &Arc<StagingPool>,
+        work: &mut Work,
+        event: Arc<Event>,
         stream: &Stream,
     ) -> std::result::Result<Self, String> {
-        let segs: Vec<Segment> = copies
-            .iter()
-            .map(|&(dst, src, len)| Segment { src, dst, len })
-            .collect();
-        let (descs, grid) = kernel.plan(&segs);
-        let host = kernel::descriptor_bytes(&descs);
-        let buf = DeviceBuffer::alloc(device, host.len().max(1)).map_err(|e| e.to_string())?;
-        // Crate invariant: `host` is kept alive with the plan (the driver stages pageable
-        // sources before returning anyway); the copy is ordered on the request's stream before
-        // any launch that reads it.
-        buf.upload_async(&host, stream).map_err(|e| e.to_string())?;
+        let shape = kernel.shape();
+        // A block table whose layers' blocks have one length goes to the block kernel as it
+        // is (nothing per layer and block is written here).
+        if let Work::Table(t) = work {
+            if let Some(layout) = t.block_layout(shape.chunk).filter(|_| kernel.has_blocks()) {
+                let mut st = pool.take(layout.bytes).map_err(|e| e.to_string())?;
+                if t.write_block_table(shape.chunk, st.host.bytes_mut()) != Some(layout) {
+                    pool.give(st);
+                    return Err("a block table did not fit its buffer".to_owned());
+                }
+                let grid = kernel.grid(layout.items);
+                let (bytes, items) = (layout.bytes, layout.items);
+                let blocks = Some(layout);
+                return Self::upload(kernel, pool, st, bytes, items, grid, blocks, event, stream);
+            }
+        }
+        // Otherwise a table is written as descriptors straight into the staging bytes where
+        // the schedule cuts copies one by one; the balanced schedule needs the whole list.
+        let direct = match work {
+            Work::Table(t) if shape.schedule != KernelSchedule::Balanced => Some(t),
+            _ => None,
+        };
+        let (staging, count, grid) = match direct {
+            Some(t) => {
+                let n = t.descriptor_count(shape.chunk);
+                let mut st = pool
+                    .take((n * kernel::DESC_BYTES).max(1))
+                    .map_err(|e| e.to_string())?;
+                let written = t.write_descriptors(shape.chunk, st.host.bytes_mut());
+                (st, written, kernel.grid(written as u64))
+            }
+            None => {
+                let segs: Vec<Segment> = work
+                    .copies()
+                    .iter()
+                    .map(|&(dst, src, len)| Segment { src, dst, len })
+                    .collect();
+                let (descs, grid) = kernel.plan(&segs);
+                let mut st = pool
+                    .take((descs.len() * kernel::DESC_BYTES).max(1))
+                    .map_err(|e| e.to_string())?;
+                let written = kernel::write_descriptors(&descs, st.host.bytes_mut());
+                (st, written, grid)
+            }
+        };
+        let bytes = count * kernel::DESC_BYTES;
+        Self::upload(
+            kernel,
+            pool,
+            staging,
+            bytes,
+            count as u64,
+            grid,
+            None,
+            event,
+            stream,
+        )
+    }
+
+    /// Enqueues the upload of the first `bytes` of `staging` and makes the plan.
+    #[allow(clippy::too_many_arguments)]
+    fn upload(
+        kernel: Arc<CopyKernel>,
+        pool: &Arc<StagingPool>,
+        staging: Staging,
+        bytes: usize,
+        count: u64,
+        grid: u32,
+        blocks: Option<BlockLayout>,
+        event: Arc<Event>,
+        stream: &Stream,
+    ) -> std::result::Result<Self, String> {
+        // Crate invariant: the staging pair is this plan's until the request's event (recorded
+        // by the caller after this upload, and after every launch) has completed.
+        if let Err(e) = staging.host.upload_async(bytes, &staging.dev, stream) {
+            // Nothing was enqueued: the pair is free again.
+            pool.give(staging);
+            return Err(e.to_string());
+        }
+        // The event covers the upload from here on (the pool takes the pair back only once it
+        // has completed); where it cannot be recorded, the pair is never reused.
+        if let Err(e) = event.record(stream) {
+            tracing::error!(error = %e, "could not record the copy kernel's upload; leaking its buffers");
+            std::mem::forget(staging);
+            return Err(e.to_string());
+        }
         Ok(KernelPlan {
             kernel,
-            descs: buf,
-            _host: host,
-            count: descs.len() as u64,
+            staging: Some(staging),
+            pool: pool.clone(),
+            event,
+            count,
             grid,
+            blocks,
         })
+    }
+
+    fn descs(&self) -> u64 {
+        self.staging.as_ref().map_or(0, |s| s.dev.ptr())
+    }
+}
+
+impl Drop for KernelPlan {
+    fn drop(&mut self) {
+        // Back to the pool only when the GPU is done with it; otherwise freed (the frees wait
+        // for outstanding work). The request leaks a plan whose launch may still run.
+        if let Some(s) = self.staging.take() {
+            if self.event.query() == Ok(true) {
+                self.pool.give(s);
+            }
+        }
     }
 }
 
@@ -73,8 +206,8 @@ pub(crate) enum Engine {
 
 pub(crate) struct CudaIpcXfer {
     pub agent: String,
-    /// (dst, src, len) in this process's address space.
-    pub copies: Vec<(u64, u64, u64)>,
+    /// The copies (`(dst, src, len)` in this process's address space).
+    pub work: Work,
     pub stream: Stream,
     /// Shared with the ticket of the latest post, which the completer queries.
     pub event: Arc<Event>,
@@ -119,10 +252,12 @@ impl CudaIpcXfer {
             // mappings), kept alive by the request's registrations and loaded regions; prepare
             // admitted it only for copies of which no two conflict (`kernel::conflict`: no
             // destination overlaps another copy's destination or source, or its own source).
-            match p
-                .kernel
-                .launch(p.descs.addr(), p.count, p.grid, &self.stream)
-            {
+            let launched = if let Some(b) = &p.blocks {
+                p.kernel.launch_blocks(p.descs(), b, p.grid, &self.stream)
+            } else {
+                p.kernel.launch(p.descs(), p.count, p.grid, &self.stream)
+            };
+            match launched {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     tracing::warn!(agent = %self.agent, error = %e, "the copy kernel did not launch; using cuMemcpyBatchAsync for this request");
@@ -140,7 +275,7 @@ impl CudaIpcXfer {
                 }
             }
         }
-        for &(dst, src, len) in &self.copies {
+        for &(dst, src, len) in self.work.copies() {
             // Crate invariant: both ranges lie in memory the request keeps alive (local
             // registration, loaded peer region), resolved to this process's addresses.
             memcpy_async(dst, src, len as usize, &self.stream)?;
@@ -152,15 +287,19 @@ impl CudaIpcXfer {
     /// bound by the per-call launch cost.
     fn enqueue_batch(&mut self) -> std::result::Result<(), CudaError> {
         // Crate invariant: every range is valid as in `enqueue`.
-        memcpy_batch_async(&self.copies, &self.stream)
+        memcpy_batch_async(self.work.copies(), &self.stream)
     }
 
     /// What the engine is, for the path.
     fn engine_name(&self) -> String {
-        let n = self.copies.len();
+        let n = self.work.len();
         match &self.engine {
             Engine::Copies => format!("cuMemcpyAsync x{n}"),
             Engine::Batch => format!("cuMemcpyBatchAsync x{n}"),
+            Engine::Kernel(p) if p.blocks.is_some() => format!(
+                "block-table copy kernel x{n} segments ({} chunks, {} CTAs)",
+                p.count, p.grid
+            ),
             Engine::Kernel(p) => format!(
                 "copy kernel x{n} segments ({} chunks, {} CTAs)",
                 p.count, p.grid

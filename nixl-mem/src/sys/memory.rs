@@ -100,20 +100,6 @@ impl DeviceAlloc {
             cu::cuMemcpyDtoD_v2(self.ptr + offset as u64, src.ptr + src_offset as u64, len)
         })
     }
-
-    /// Enqueues a copy of `host` to the start of the allocation on `stream`. The caller keeps
-    /// `host` alive until the stream has passed the copy (crate invariant; the driver stages
-    /// pageable sources before returning anyway).
-    pub fn upload_async(&self, host: &[u8], stream: &Stream) -> Result<(), CudaError> {
-        if host.len() > self.len {
-            return Err(out_of_range("cuMemcpyHtoDAsync"));
-        }
-        // SAFETY: the destination is this allocation (length checked); `host` is live now and,
-        // by the crate invariant, until the stream has run the copy.
-        check("cuMemcpyHtoDAsync", unsafe {
-            cu::cuMemcpyHtoDAsync_v2(self.ptr, host.as_ptr().cast(), host.len(), stream.raw())
-        })
-    }
 }
 
 impl Drop for DeviceAlloc {
@@ -168,6 +154,38 @@ impl HostAlloc {
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// The bytes, for the CPU to fill (the copy kernel's staging buffer).
+    ///
+    /// Crate invariant: no device copy reads or writes the allocation while the slice lives
+    /// (the staging pool hands a buffer out only after the work that used it completed).
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `ptr` is valid for `len` bytes while `self` lives; `&mut self` makes this
+        // the only reference from the host, and by the crate invariant no device copy
+        // touches the bytes meanwhile.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Enqueues a copy of the first `n` bytes to the start of `dst` on `stream`
+    /// (`cuMemcpyHtoDAsync` from pinned memory: truly asynchronous).
+    ///
+    /// Crate invariant: the caller neither writes these bytes nor frees `self` until the
+    /// stream has passed the copy (an event recorded after it has completed).
+    pub fn upload_async(
+        &self,
+        n: usize,
+        dst: &DeviceAlloc,
+        stream: &Stream,
+    ) -> Result<(), CudaError> {
+        if n > self.len || n > dst.len {
+            return Err(out_of_range("cuMemcpyHtoDAsync"));
+        }
+        // SAFETY: both ranges lie in live allocations (checked); the source stays untouched
+        // and alive until the stream has run the copy (crate invariant above).
+        check("cuMemcpyHtoDAsync", unsafe {
+            cu::cuMemcpyHtoDAsync_v2(dst.ptr, self.ptr.as_ptr().cast(), n, stream.raw())
+        })
     }
 }
 

@@ -121,6 +121,49 @@ impl KernelModule {
     }
 }
 
+impl KernelModule {
+    /// Enqueues the function on `stream` with four `u64` parameters, `grid` x 1 x 1 blocks of
+    /// `threads` threads. Crate invariant (the block kernel's): `args` are the layers' device
+    /// array, the item count, the pieces' device array and the pieces per layer of a block
+    /// table stream-ordered before this launch, whose generated copies are device memory this
+    /// context can reach, alive until the launch completes, no two overlapping as in
+    /// `kernel::conflict`.
+    pub fn launch4(
+        &self,
+        grid: u32,
+        threads: u32,
+        stream: &Stream,
+        args: [u64; 4],
+    ) -> Result<(), CudaError> {
+        let mut args = args;
+        let [a, b, c, d] = &mut args;
+        let mut params: [*mut c_void; 4] = [
+            (a as *mut u64).cast(),
+            (b as *mut u64).cast(),
+            (c as *mut u64).cast(),
+            (d as *mut u64).cast(),
+        ];
+        // SAFETY: the function belongs to this context and the stream too; `params` points at
+        // four live u64 values matching the kernel's four .u64 parameters (the driver copies
+        // them before returning); the memory the kernel touches is the crate invariant above.
+        check("cuLaunchKernel", unsafe {
+            cu::cuLaunchKernel(
+                self.func,
+                grid,
+                1,
+                1,
+                threads,
+                1,
+                1,
+                0,
+                stream.raw(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        })
+    }
+}
+
 impl Drop for KernelModule {
     fn drop(&mut self) {
         if let Err(e) = bind_raw(&self.ctx) {

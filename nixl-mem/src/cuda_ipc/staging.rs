@@ -1,0 +1,102 @@
+//! Reusable upload buffers for the copy kernel's descriptors: a pinned host buffer the
+//! descriptors are written into, and the device buffer they are copied to with one
+//! asynchronous copy. A request takes a pair at prepare time and gives it back when it is
+//! dropped after its work completed, so a fresh request allocates nothing (`cuMemAlloc`,
+//! `cuMemHostAlloc` and their frees cost far more than writing the descriptors) and uploads
+//! from pinned memory without the driver's staging of pageable memory.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::CudaContext;
+
+use crate::cuda::CudaError;
+use crate::sys::memory::{DeviceAlloc, HostAlloc};
+
+/// Pairs kept for reuse at most (more are freed when given back).
+const KEEP: usize = 4;
+/// The smallest pair allocated (sizes are rounded up to a power of two).
+const MIN_BYTES: usize = 64 << 10;
+
+/// A pinned host buffer and a device buffer of the same size.
+pub(crate) struct Staging {
+    pub host: HostAlloc,
+    pub dev: DeviceAlloc,
+}
+
+impl Staging {
+    /// Bytes each buffer holds.
+    pub fn capacity(&self) -> usize {
+        self.host.len()
+    }
+}
+
+/// The backend's free pairs.
+pub(crate) struct StagingPool {
+    ctx: Arc<CudaContext>,
+    free: Mutex<Vec<Staging>>,
+}
+
+impl StagingPool {
+    /// An empty pool for `ctx`.
+    pub fn new(ctx: Arc<CudaContext>) -> Self {
+        StagingPool {
+            ctx,
+            free: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A pair of at least `bytes` (the smallest free one that fits, or a new one).
+    pub fn take(&self, bytes: usize) -> Result<Staging, CudaError> {
+        {
+            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            let fit = free
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.capacity() >= bytes)
+                .min_by_key(|(_, s)| s.capacity())
+                .map(|(i, _)| i);
+            if let Some(i) = fit {
+                return Ok(free.swap_remove(i));
+            }
+        }
+        let cap = fit_size(bytes);
+        Ok(Staging {
+            host: HostAlloc::new(self.ctx.clone(), cap)?,
+            dev: DeviceAlloc::new(self.ctx.clone(), cap)?,
+        })
+    }
+
+    /// Takes back a pair whose work has completed (no copy reads or writes it any more),
+    /// keeping the largest [`KEEP`].
+    pub fn give(&self, s: Staging) {
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        free.push(s);
+        if free.len() > KEEP {
+            free.sort_unstable_by_key(|s| std::cmp::Reverse(s.capacity()));
+            // Freed outside the lock would be nicer; frees are rare (only past KEEP).
+            free.truncate(KEEP);
+        }
+    }
+}
+
+/// The size allocated for `bytes`: a power of two, at least [`MIN_BYTES`].
+fn fit_size(bytes: usize) -> usize {
+    bytes
+        .max(MIN_BYTES)
+        .checked_next_power_of_two()
+        .unwrap_or(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_round_up_to_powers_of_two() {
+        assert_eq!(fit_size(0), MIN_BYTES);
+        assert_eq!(fit_size(1), MIN_BYTES);
+        assert_eq!(fit_size(MIN_BYTES + 1), 2 * MIN_BYTES);
+        assert_eq!(fit_size(131_072 * 24), 4 << 20);
+        assert_eq!(fit_size(usize::MAX), usize::MAX);
+    }
+}

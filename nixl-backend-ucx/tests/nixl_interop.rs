@@ -9,7 +9,7 @@ mod common;
 #[path = "common/nixl_peer.rs"]
 mod nixl_peer;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -61,13 +61,6 @@ fn buf(len: usize, seed: Option<u64>) -> Arc<HostBuffer> {
 
 fn dram(addr: u64, len: usize) -> XferDescList {
     XferDescList::blocks(MemKind::Dram, addr, len as u64, 1)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 fn eventually(what: &str, mut f: impl FnMut() -> bool) {
@@ -259,8 +252,7 @@ fn side_channel_nixl_listens() {
     let rs = rs_agent(&env, "rs-client", common::TCP);
     let src = buf(LEN, Some(21));
     let _r = rs.register_mem(vec![src.clone()], &[]).expect("register");
-    let port = free_port();
-    let mut py = NixlPeer::start_listening(&env, &common::unique("py-server"), common::TCP, port);
+    let (mut py, port) = NixlPeer::start_listening(&env, &common::unique("py-server"), common::TCP);
     let py_dst = py.alloc(LEN, None);
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     // Fetch (NIXLCOMM:SEND, answered with LOAD on the same connection), then push ours.
@@ -310,8 +302,7 @@ fn side_channel_nixl_rs_listens() {
     let listener = NixlListener::start(&rs, SocketAddr::from(([127, 0, 0, 1], 0))).expect("listen");
     let port = listener.local_addr().port();
     // NIXL reads a fetch's answer on its own listener thread, so it listens too.
-    let mut py =
-        NixlPeer::start_listening(&env, &common::unique("py-client"), common::TCP, free_port());
+    let mut py = NixlPeer::start_listening(&env, &common::unique("py-client"), common::TCP).0;
     let py_src = py.alloc(LEN, Some(33));
     py.ok(json!({"op": "fetch_md", "name": rs.name(), "ip": "127.0.0.1", "port": port}));
     let st = py.ok(json!({"op": "check_md", "name": rs.name(), "wait": 10}));
@@ -586,8 +577,7 @@ fn nixl_rs_restart_needs_invalidation_on_nixl() {
     let Some(env) = nixl_or_skip(test) else {
         return;
     };
-    let port = free_port();
-    let mut py = NixlPeer::start_listening(&env, &common::unique("py-fence"), common::TCP, port);
+    let (mut py, port) = NixlPeer::start_listening(&env, &common::unique("py-fence"), common::TCP);
     let py_src = py.alloc(LEN, Some(66));
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let name = common::unique("rs-restarting");

@@ -102,12 +102,25 @@ impl NixlPeer {
         p
     }
 
-    /// Like [`NixlPeer::start`] with NIXL's listener thread on `port`.
-    pub fn start_listening(env: &NixlEnv, name: &str, tls: &str, port: u16) -> Self {
-        let mut p = Self::start_bare(env, tls, &[]);
-        p.name = name.to_owned();
-        p.ok(json!({"op": "init", "name": name, "listen": true, "port": port}));
-        p
+    /// Like [`NixlPeer::start`] with NIXL's listener thread on a free port of 127.0.0.1;
+    /// returns the peer and its port. A port another test took between the probe and NIXL's
+    /// bind ("Failed to bind metadata listener socket") is retried with a new one.
+    pub fn start_listening(env: &NixlEnv, name: &str, tls: &str) -> (Self, u16) {
+        let mut last = String::new();
+        for _ in 0..8 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .expect("a free port");
+            let mut p = Self::start_bare(env, tls, &[]);
+            p.name = name.to_owned();
+            match p.call(json!({"op": "init", "name": name, "listen": true, "port": port})) {
+                Ok(_) => return (p, port),
+                Err(e) if e.contains("bind") => last = e,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("NIXL's listener found no free port in 8 tries: {last}")
     }
 
     /// Starts the script without creating an agent (send `init` yourself).

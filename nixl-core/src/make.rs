@@ -141,8 +141,23 @@ impl Agent {
         remote_idx: &[usize],
         opts: XferOptions,
     ) -> Result<XferReq> {
-        let me = self.name();
         let mut ends = self.ends(op, local, remote, &opts)?;
+        self.check_pairing(local_idx, remote_idx)?;
+        let segments = self.gather_segments(
+            (local, local_idx),
+            (remote, remote_idx),
+            &mut ends,
+            opts.no_merge,
+        )?;
+        if ends.candidates.is_empty() {
+            return Err(self.no_backend(local, remote, &ends, opts.notif.is_some()));
+        }
+        self.prepare_first(op, (local, remote), segments, ends, &opts)
+    }
+
+    /// Step 1 of [`Agent::make_prepped_xfer`]: as many local as remote indices, and some.
+    fn check_pairing(&self, local_idx: &[usize], remote_idx: &[usize]) -> Result<()> {
+        let me = self.name();
         if local_idx.len() != remote_idx.len() {
             return Err(Error::mismatch(
                 me,
@@ -157,8 +172,21 @@ impl Agent {
         if local_idx.is_empty() {
             return Err(Error::invalid(me, Op::MakeXfer, "no descriptors"));
         }
-        // Segments whose metadata fields still hold the regions' indices in their lists
-        // (`build_spec` maps them to a backend's metadata).
+        Ok(())
+    }
+
+    /// Step 2: the segments of the index pairs (contiguous runs merged unless `no_merge`),
+    /// whose metadata fields still hold the regions' indices in their lists (`build_spec` maps
+    /// them to a backend's metadata); narrows `ends.candidates` to the backends holding both
+    /// regions of every pair.
+    fn gather_segments(
+        &self,
+        (local, local_idx): (&PreparedList, &[usize]),
+        (remote, remote_idx): (&PreparedList, &[usize]),
+        ends: &mut Ends,
+        no_merge: bool,
+    ) -> Result<Vec<Segment>> {
+        let me = self.name();
         let mut segments: Vec<Segment> = Vec::with_capacity(local_idx.len());
         let mut last_pair = None;
         // Indices are often random over large lists: each chunk's entries are first touched in
@@ -204,7 +232,7 @@ impl Agent {
                     last_pair = Some((lreg, rreg));
                 }
                 let (lreg, rreg) = (lreg as usize, rreg as usize);
-                if !opts.no_merge {
+                if !no_merge {
                     if let Some(p) = segments.last_mut() {
                         if p.local_md == lreg
                             && p.remote_md == rreg
@@ -231,15 +259,24 @@ impl Agent {
                 });
             }
         }
-        let notif = opts.notif.is_some();
-        if ends.candidates.is_empty() {
-            return Err(self.no_backend(local, remote, &ends, notif));
-        }
-        // Try the eligible backends in preference order; one that cannot reach these regions
-        // (NotSupported) yields to the next.
+        Ok(segments)
+    }
+
+    /// Step 3: the first eligible backend (in preference order) that prepares the transfer
+    /// makes the request; one that cannot reach these regions (`NotSupported`) yields to the
+    /// next.
+    fn prepare_first(
+        &self,
+        op: XferOp,
+        (local, remote): (&PreparedList, &PreparedList),
+        mut segments: Vec<Segment>,
+        mut ends: Ends,
+        opts: &XferOptions,
+    ) -> Result<XferReq> {
+        let me = self.name();
         let mut refusal = None;
         let candidates = std::mem::take(&mut ends.candidates);
-        let last = candidates.len() - 1;
+        let last = candidates.len().saturating_sub(1);
         for (c, slot) in candidates.into_iter().enumerate() {
             // The last candidate takes the segments; earlier ones work on a copy.
             let segs = if c == last {
@@ -247,7 +284,7 @@ impl Agent {
             } else {
                 segments.clone()
             };
-            let spec = self.build_spec(&slot, op, (local, remote), segs, &opts, &ends)?;
+            let spec = self.build_spec(&slot, op, (local, remote), segs, opts, &ends)?;
             match slot.backend.prepare_xfer(&spec) {
                 Ok(x) => {
                     return Ok(self.request(
@@ -257,7 +294,7 @@ impl Agent {
                         (local, remote),
                         ends,
                         op,
-                        &opts,
+                        opts,
                         None,
                     ))
                 }
@@ -268,7 +305,7 @@ impl Agent {
                 Err(e) => return Err(e),
             }
         }
-        Err(refusal.unwrap_or_else(|| self.no_backend(local, remote, &ends, notif)))
+        Err(refusal.unwrap_or_else(|| self.no_backend(local, remote, &ends, opts.notif.is_some())))
     }
 
     /// The spec for one candidate backend: `segments` name their regions by index in their

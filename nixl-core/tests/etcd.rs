@@ -45,6 +45,20 @@ fn config(etcd: &LocalEtcd) -> EtcdConfig {
 }
 
 /// Short deadlines, for calls expected to fail (etcd stopped or frozen).
+/// An exchange with [`impatient`] timeouts, retried while a loaded machine makes the first
+/// requests miss them (what the tests check comes after).
+fn impatient_exchange(agent: &Agent, etcd: &LocalEtcd) -> EtcdExchange {
+    let mut last = None;
+    for _ in 0..20 {
+        match EtcdExchange::new(agent, &impatient(etcd)) {
+            Ok(x) => return x,
+            Err(e) => last = Some(e),
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("the exchange never started: {last:?}")
+}
+
 fn impatient(etcd: &LocalEtcd) -> EtcdConfig {
     EtcdConfig {
         request_timeout: Duration::from_millis(300),
@@ -506,8 +520,8 @@ fn etcd_stopped_mid_test_gives_typed_errors_then_recovers() {
     let Some(mut etcd) = server() else { return };
     let (a, b) = (peer("a", 2), peer("b", 2));
     let (xa, xb) = (
-        EtcdExchange::new(&a.agent, &impatient(&etcd)).unwrap(),
-        EtcdExchange::new(&b.agent, &impatient(&etcd)).unwrap(),
+        impatient_exchange(&a.agent, &etcd),
+        impatient_exchange(&b.agent, &etcd),
     );
     xb.publish().unwrap();
     xa.fetch("b", Duration::ZERO).unwrap();
@@ -541,7 +555,7 @@ fn etcd_stopped_mid_test_gives_typed_errors_then_recovers() {
         eventually(|| xa.publish().is_ok()),
         "publish never recovered"
     );
-    let xc = EtcdExchange::new(&peer("c", 1).agent, &impatient(&etcd)).unwrap();
+    let xc = impatient_exchange(&peer("c", 1).agent, &etcd);
     assert_eq!(xc.fetch("a", Duration::ZERO).unwrap(), "a");
     transfer(&a, &b, 0, 0x22);
 }
@@ -550,7 +564,7 @@ fn etcd_stopped_mid_test_gives_typed_errors_then_recovers() {
 fn frozen_etcd_times_out_instead_of_hanging() {
     let Some(mut etcd) = server() else { return };
     let a = peer("a", 1);
-    let xa = EtcdExchange::new(&a.agent, &impatient(&etcd)).unwrap();
+    let xa = impatient_exchange(&a.agent, &etcd);
     etcd.set_paused(true).unwrap();
     let e = xa.publish().unwrap_err();
     assert!(matches!(e, Error::TimedOut { .. }), "{e}");

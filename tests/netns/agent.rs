@@ -38,12 +38,14 @@ pub(crate) struct AgentCfg {
     pub(crate) cancel_ms: u64,
     /// UCX: the keep-alive interval in ms (0: UCX's default, no tcp user timeout).
     pub(crate) keepalive_ms: u64,
+    /// UCX: the libucp to load (`None`: the backend's default search).
+    pub(crate) ucx_path: Option<String>,
 }
 
 impl AgentCfg {
     pub(crate) fn encode(&self) -> String {
         format!(
-            "name={};backend={};listen={};mem={};domains={};tls={};cancel_ms={};keepalive_ms={}",
+            "name={};backend={};listen={};mem={};domains={};tls={};cancel_ms={};keepalive_ms={};ucx={}",
             self.name,
             self.backend,
             self.listen,
@@ -51,7 +53,8 @@ impl AgentCfg {
             self.domains.join(","),
             self.tls.clone().unwrap_or_default(),
             self.cancel_ms,
-            self.keepalive_ms
+            self.keepalive_ms,
+            self.ucx_path.clone().unwrap_or_default()
         )
     }
 
@@ -80,6 +83,10 @@ impl AgentCfg {
             tls: Some(get("tls")?.to_owned()).filter(|t| !t.is_empty()),
             cancel_ms: num("cancel_ms")?,
             keepalive_ms: num("keepalive_ms")?,
+            ucx_path: kv
+                .get("ucx")
+                .map(|p| p.to_string())
+                .filter(|p| !p.is_empty()),
         })
     }
 }
@@ -147,6 +154,7 @@ pub(crate) fn main(ctl: Control) -> Result<(), String> {
                 keepalive_interval: Some(Duration::from_millis(cfg.keepalive_ms))
                     .filter(|k| !k.is_zero()),
                 cancel_timeout: cancel,
+                library_path: cfg.ucx_path.clone().map(Into::into),
                 ..UcxParams::default()
             })
             .map_err(|e| e.to_string())?;

@@ -138,6 +138,7 @@ pub(crate) fn cfg(
         tls: None,
         cancel_ms: 2000,
         keepalive_ms: 500,
+        ucx_path: None,
     }
 }
 

@@ -10,9 +10,50 @@ const MIB: usize = 1 << 20;
 const BIG: usize = 32 * MIB;
 
 fn two_rails(test: &str, backend: &'static str) -> Option<(Net, Peer, Peer)> {
+    two_rails_on(test, backend, None)
+}
+
+/// A UCX of version 1.23 or later for `test`'s agents: NIXL's wheel's libucp (UCX 1.23,
+/// `scripts/deps/nixl.sh`, `NIXL_WHEEL_UCX`) when installed, else the default UCX if it is
+/// 1.23 or later (`Some(None)`); `None` (skipped, reported) otherwise. Only the agents (child
+/// processes) load it: one process keeps the first UCX it loads.
+fn ucx_1_23(test: &str) -> Option<Option<String>> {
+    if let Some(p) =
+        std::env::var_os("NIXL_WHEEL_UCX").filter(|p| std::path::Path::new(p).is_file())
+    {
+        return Some(Some(p.to_string_lossy().into_owned()));
+    }
+    let default = nixl::ucx::probe(&nixl::ucx::UcxParams::default())
+        .ok()
+        .map(|(v, _)| v);
+    let at_least = |v: &str| {
+        let v: Vec<u32> = v.split('.').filter_map(|p| p.parse().ok()).collect();
+        v.as_slice() >= [1, 23].as_slice()
+    };
+    if default.as_deref().is_some_and(at_least) {
+        return Some(None);
+    }
+    nixl::core::testing::skip(
+        test,
+        nixl::core::testing::Dep::Ucx123,
+        format!(
+            "UCX {} crashes in this scenario; needs UCX 1.23 or later (or NIXL's wheel: scripts/deps/nixl.sh)",
+            default.unwrap_or_else(|| "(none)".into())
+        ),
+    );
+    None
+}
+
+fn two_rails_on(
+    test: &str,
+    backend: &'static str,
+    ucx: Option<String>,
+) -> Option<(Net, Peer, Peer)> {
     let net = Net::for_test(test, &NetSpec::pair(2))?;
     let mut ca = cfg(&net, "init", 0, backend, BIG);
     let mut cb = cfg(&net, "target", 1, backend, 2 * BIG);
+    ca.ucx_path = ucx.clone();
+    cb.ucx_path = ucx;
     ca.domains = vec![Net::ifname(0), Net::ifname(1)];
     cb.domains = ca.domains.clone();
     let mut a = Peer::start(&net, 0, &ca);
@@ -166,13 +207,25 @@ fn libfabric_rail_down_mid_transfer_moves_new_requests_to_the_other_rail() {
 #[test]
 fn ucx_rail_down_mid_transfer_fails_the_request_until_repaired() {
     let test = "ucx_rail_down_mid_transfer";
-    let Some((net, mut a, mut b)) = two_rails(test, "ucx") else {
+    // UCX 1.22's tcp transport crashed the initiator (SIGSEGV in its progress, 3 of 5 loaded
+    // runs) around closing the failed endpoint and reconnecting over the repaired link; 1.23
+    // passed 16 of 16 runs. So this runs on UCX 1.23 or later: the default UCX if it is one,
+    // else NIXL's wheel's (`scripts/deps/nixl.sh`, `NIXL_WHEEL_UCX`); without either it skips
+    // (docs/reliability.md, "Known bugs").
+    let Some(ucx) = ucx_1_23(test) else {
+        return;
+    };
+    let Some((net, mut a, mut b)) = two_rails_on(test, "ucx", ucx) else {
         return;
     };
     let (f, to_error) = fail_rail_mid_write(&net, &mut a, &b);
     assert_eq!(f.kind, "remote_disconnect", "{f:?}");
     let path = a.ok(&format!("path {}", b.name));
     assert!(path.contains("failed"), "{path}");
+    assert!(
+        !path.contains("UCX 1.22"),
+        "runs on UCX 1.23 or later: {path}"
+    );
     let early = a
         .cmd(&format!("post e write {} {} {MIB} 5000", b.name, b.addr))
         .expect_err("the endpoint failed");
@@ -187,6 +240,11 @@ fn ucx_rail_down_mid_transfer_fails_the_request_until_repaired() {
     if b.cmd(&format!("notify {} probe", a.name)).is_err() {
         b.ok(&format!("forget {}", a.name));
         b.ok(&format!("fetch {} {} 20000", a.name, a.listen));
+        // b's new connection may replace the one a's endpoint shared with b's old endpoint
+        // (UCX pairs the first endpoints two workers create): a's endpoint then fails with
+        // "the peer replaced this UCX connection; reload its metadata", so a reloads too.
+        a.ok(&format!("forget {}", b.name));
+        a.ok(&format!("fetch {} {} 20000", b.name, b.listen));
     }
     let (both, both_path) = small_write(&net, &mut a, &mut b, 93, "after-repair");
     assert!(both_path.contains("tcp/eth0, tcp/eth1"), "{both_path}");

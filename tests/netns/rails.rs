@@ -13,13 +13,16 @@ fn two_rails(test: &str, backend: &'static str) -> Option<(Net, Peer, Peer)> {
     two_rails_on(test, backend, None)
 }
 
-/// A UCX of version 1.23 or later for `test`'s agents: NIXL's wheel's libucp (UCX 1.23,
-/// `scripts/deps/nixl.sh`, `NIXL_WHEEL_UCX`) when installed, else the default UCX if it is
-/// 1.23 or later (`Some(None)`); `None` (skipped, reported) otherwise. Only the agents (child
+/// A UCX of version 1.23 or later for `test`'s agents: the libucp named by `NIXL_NETNS_UCX`,
+/// else the default UCX if it is 1.23 or later (`Some(None)`); `None` (skipped, reported)
+/// otherwise. Only the agents (child
 /// processes) load it: one process keeps the first UCX it loads.
 fn ucx_1_23(test: &str) -> Option<Option<String>> {
+    // An explicit libucp of 1.23 or later for the agents (e.g. NIXL's wheel's:
+    // `NIXL_NETNS_UCX=$NIXL_WHEEL_UCX`); not the default, as loading the wheel's UCX inside a
+    // fresh Debian root crashed the agent at its first connect (not understood yet).
     if let Some(p) =
-        std::env::var_os("NIXL_WHEEL_UCX").filter(|p| std::path::Path::new(p).is_file())
+        std::env::var_os("NIXL_NETNS_UCX").filter(|p| std::path::Path::new(p).is_file())
     {
         return Some(Some(p.to_string_lossy().into_owned()));
     }
@@ -37,7 +40,7 @@ fn ucx_1_23(test: &str) -> Option<Option<String>> {
         test,
         nixl::core::testing::Dep::Ucx123,
         format!(
-            "UCX {} crashes in this scenario; needs UCX 1.23 or later (or NIXL's wheel: scripts/deps/nixl.sh)",
+            "UCX {} crashes in this scenario; needs UCX 1.23 or later (NIXL_NETNS_UCX=<libucp of 1.23+>)",
             default.unwrap_or_else(|| "(none)".into())
         ),
     );
@@ -207,11 +210,10 @@ fn libfabric_rail_down_mid_transfer_moves_new_requests_to_the_other_rail() {
 #[test]
 fn ucx_rail_down_mid_transfer_fails_the_request_until_repaired() {
     let test = "ucx_rail_down_mid_transfer";
-    // UCX 1.22's tcp transport crashed the initiator (SIGSEGV in its progress, 3 of 5 loaded
+    // UCX 1.22's tcp transport crashed the initiator (SIGSEGV in its progress, 4 of 7 loaded
     // runs) around closing the failed endpoint and reconnecting over the repaired link; 1.23
-    // passed 21 of 22 runs (no crash). So this runs on UCX 1.23 or later: the default UCX if it is one,
-    // else NIXL's wheel's (`scripts/deps/nixl.sh`, `NIXL_WHEEL_UCX`); without either it skips
-    // (docs/reliability.md, "Known bugs").
+    // passed 21 of 22 runs (no crash). So this runs on UCX 1.23 or later only and skips with
+    // `ucx-1.23` otherwise (docs/reliability.md, "Known bugs").
     let Some(ucx) = ucx_1_23(test) else {
         return;
     };

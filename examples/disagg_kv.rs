@@ -428,6 +428,19 @@ fn node(name: &str, o: &Opts) -> Res<Node> {
     })
 }
 
+/// The prepared lists of every block of this role's pool and of the peer's, as (role, base).
+fn prep_pools(
+    a: &Agent,
+    o: &Opts,
+    (me, local): (&str, u64),
+    (peer, remote): (&str, u64),
+) -> Res<(PreparedList, PreparedList)> {
+    Ok((
+        a.prep_xfer_dlist(XferTarget::Initiator, &dlist(o, me, local), &[])?,
+        a.prep_xfer_dlist(XferTarget::Agent(peer), &dlist(o, peer, remote), &[])?,
+    ))
+}
+
 /// The GPU of `role`'s pool (`--gpus`).
 fn gpu_of(o: &Opts, role: &str) -> usize {
     if role == "prefill" {
@@ -589,16 +602,8 @@ fn prefill_run(o: &Opts, n: &Node) -> Res<()> {
     let mut xfer = Stats(Vec::new());
     let mut e2e = Stats(Vec::new());
     let (local, remote) = if o.op == XferOp::Write {
-        let local = a.prep_xfer_dlist(
-            XferTarget::Initiator,
-            &dlist(o, "prefill", n.pool.addr()),
-            &[],
-        )?;
-        let remote = a.prep_xfer_dlist(
-            XferTarget::Agent("decode"),
-            &dlist(o, "decode", decode_pool),
-            &[],
-        )?;
+        let (local, remote) =
+            prep_pools(a, o, ("prefill", n.pool.addr()), ("decode", decode_pool))?;
         (Some(local), Some(remote))
     } else {
         a.gen_notif("decode", format!("pool:{}", n.pool.addr()).as_bytes(), &[])?;
@@ -685,16 +690,7 @@ fn decode_run(o: &Opts, n: &Node) -> Res<()> {
         }
         if let Some(p) = msg.strip_prefix("pool:") {
             let base: u64 = p.parse()?;
-            let local = a.prep_xfer_dlist(
-                XferTarget::Initiator,
-                &dlist(o, "decode", n.pool.addr()),
-                &[],
-            )?;
-            let remote = a.prep_xfer_dlist(
-                XferTarget::Agent("prefill"),
-                &dlist(o, "prefill", base),
-                &[],
-            )?;
+            let (local, remote) = prep_pools(a, o, ("decode", n.pool.addr()), ("prefill", base))?;
             lists = Some((local, remote));
             continue;
         }

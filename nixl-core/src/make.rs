@@ -176,9 +176,10 @@ impl Agent {
     }
 
     /// Step 2: the segments of the index pairs (contiguous runs merged unless `no_merge`),
-    /// whose metadata fields still hold the regions' indices in their lists (`build_spec` maps
-    /// them to a backend's metadata); narrows `ends.candidates` to the backends holding both
-    /// regions of every pair.
+    /// whose metadata fields hold the regions' indices in the two lists' region tables laid
+    /// end to end (local, then remote: `remote_md` is `local.regions.len()` + the index);
+    /// `build_spec` maps them to a backend's metadata. Narrows `ends.candidates` to the
+    /// backends holding both regions of every pair.
     fn gather_segments(
         &self,
         (local, local_idx): (&PreparedList, &[usize]),
@@ -189,6 +190,7 @@ impl Agent {
         let me = self.name();
         let mut segments: Vec<Segment> = Vec::with_capacity(local_idx.len());
         let mut last_pair = None;
+        let rbase = local.regions.len();
         // Indices are often random over large lists: each chunk's entries are first touched in
         // a tight loop (many cache misses in flight at once), then processed in order.
         for (c, (lc, rc)) in local_idx
@@ -231,7 +233,7 @@ impl Agent {
                         .retain(|b| lr.md(b.id).is_some() && rr.md(b.id).is_some());
                     last_pair = Some((lreg, rreg));
                 }
-                let (lreg, rreg) = (lreg as usize, rreg as usize);
+                let (lreg, rreg) = (lreg as usize, rbase + rreg as usize);
                 if !no_merge {
                     if let Some(p) = segments.last_mut() {
                         if p.local_md == lreg
@@ -308,10 +310,13 @@ impl Agent {
         Err(refusal.unwrap_or_else(|| self.no_backend(local, remote, &ends, opts.notif.is_some())))
     }
 
-    /// The spec for one candidate backend: `segments` name their regions by index in their
-    /// lists; each maps to the backend's metadata through a small direct-mapped cache, so a
-    /// region's metadata is usually listed once (a cache conflict lists it again: harmless,
-    /// and bounded by the segments).
+    /// The spec for one candidate backend: `segments` name their regions by index in the two
+    /// lists' region tables laid end to end. Where those tables are no larger than the request
+    /// and the backend holds every region in them, `mds` is the tables' metadata in that order
+    /// and the segments are used as they are (no pass over them). Else each index maps to the
+    /// backend's metadata through a small direct-mapped cache, so a region's metadata is
+    /// usually listed once (a cache conflict lists it again: harmless, and bounded by the
+    /// segments).
     fn build_spec(
         &self,
         slot: &BackendSlot,
@@ -322,6 +327,22 @@ impl Agent {
         ends: &Ends,
     ) -> Result<XferSpec> {
         let vanished = || Error::not_found(self.name(), Op::MakeXfer, "backend metadata vanished");
+        let rbase = local.regions.len();
+        let tables = rbase + remote.regions.len();
+        let whole: Option<Vec<_>> = if tables <= segments.len().saturating_mul(2) + MD_CACHE {
+            crate::work::tick(tables);
+            local
+                .regions
+                .iter()
+                .chain(remote.regions.iter())
+                .map(|r| r.md(slot.id).cloned())
+                .collect()
+        } else {
+            None
+        };
+        if let Some(mds) = whole {
+            return Ok(self.spec(op, (local, remote), segments, mds, opts, ends));
+        }
         let mut mds = Vec::new();
         let mut lmap = [(usize::MAX, 0usize); MD_CACHE];
         let mut rmap = [(usize::MAX, 0usize); MD_CACHE];
@@ -341,9 +362,21 @@ impl Agent {
         crate::work::tick(segments.len());
         for s in &mut segments {
             s.local_md = index(&mut lmap, local, s.local_md)?;
-            s.remote_md = index(&mut rmap, remote, s.remote_md)?;
+            s.remote_md = index(&mut rmap, remote, s.remote_md - rbase)?;
         }
-        Ok(XferSpec {
+        Ok(self.spec(op, (local, remote), segments, mds, opts, ends))
+    }
+
+    fn spec(
+        &self,
+        op: XferOp,
+        (local, remote): (&PreparedList, &PreparedList),
+        segments: Vec<Segment>,
+        mds: Vec<crate::backend::BackendMd>,
+        opts: &XferOptions,
+        ends: &Ends,
+    ) -> XferSpec {
+        XferSpec {
             op,
             local_kind: local.kind,
             remote_kind: remote.kind,
@@ -356,7 +389,7 @@ impl Agent {
             } else {
                 opts.notif.clone()
             },
-        })
+        }
     }
 
     /// Assembles the request around the backend's prepared transfer.

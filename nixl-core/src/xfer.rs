@@ -375,18 +375,19 @@ impl XferReq {
         }
         let start = Instant::now();
         self.peer_check(start)?;
-        let msg = st.notif.clone().unwrap_or_default();
-        st.frame = self.integrity.as_ref().map(|p| {
+        let notif = &st.notif;
+        let frame = self.integrity.as_ref().map(|p| {
             // SAFETY: the local ranges lie in DRAM registrations this request keeps alive, and
             // the transfer has not started, so only the caller's own writes could race.
             let hash = unsafe { crate::integrity::hash_ranges(p.local.iter().copied()) };
             crate::integrity::Frame {
                 hash,
                 ranges: p.remote.clone(),
-                msg,
+                msg: notif.clone().unwrap_or_default(),
             }
             .encode()
         });
+        st.frame = frame;
         let r = st.xfer.post();
         let posted = Instant::now();
         st.tel = XferTelemetry {
@@ -450,7 +451,9 @@ impl XferReq {
                 }
                 match st.xfer.check() {
                     Ok(XferState::Done) => {
-                        st.tel.xfer_duration = at.elapsed();
+                        // This poll's clock reading (taken just before the backend's check):
+                        // one reading per poll, not two.
+                        st.tel.xfer_duration = now.saturating_duration_since(at);
                         self.complete(st)
                     }
                     Ok(XferState::InProgress) => match deadline {

@@ -603,8 +603,76 @@ pub(crate) fn co_aligned(a: u64, b: u64) -> bool {
 /// each other: a destination overlapping another copy's destination or source, or its own
 /// source. Such copies must run one after another, in order (the kernel's CTAs and
 /// `cuMemcpyBatchAsync`'s copies run in any order). Empty copies conflict with nothing.
-/// `O(n log n)`.
+///
+/// `O(n)` where [`on_one_grid`] proves the copies independent (a block table's shape: every
+/// copy the same length, destinations on one grid of that length, the destinations' span
+/// apart from the sources'), else `O(n log n)` (a sort of every range).
 pub(crate) fn conflict(copies: &[(u64, u64, u64)]) -> Option<(usize, usize)> {
+    if on_one_grid(copies) {
+        return None;
+    }
+    conflict_by_sort(copies)
+}
+
+/// Cells of the destination grid [`on_one_grid`] may mark per copy (and at least
+/// `GRID_MIN_CELLS` in all): a span much larger than the copies is left to the sort.
+const GRID_CELLS_PER_COPY: u64 = 64;
+const GRID_MIN_CELLS: u64 = 1 << 16;
+
+/// Whether the non-empty copies are provably independent in one linear pass: all have one
+/// length `L`; every destination lies at a multiple of `L` from the lowest one; the span of
+/// the destinations `[min dst, max dst + L)` and that of the sources do not meet (so no
+/// destination overlaps any source, its own included); and no two destinations are the same
+/// grid cell (cells of length `L` on one grid overlap only when equal). `false` means "not
+/// proven" (the sort decides), never "dependent".
+fn on_one_grid(copies: &[(u64, u64, u64)]) -> bool {
+    let mut it = copies.iter().filter(|c| c.2 > 0);
+    let Some(&(d0, s0, len)) = it.next() else {
+        return true;
+    };
+    let (mut dlo, mut dhi, mut slo, mut shi) = (d0, d0, s0, s0);
+    for &(d, s, l) in it {
+        if l != len {
+            return false;
+        }
+        dlo = dlo.min(d);
+        dhi = dhi.max(d);
+        slo = slo.min(s);
+        shi = shi.max(s);
+    }
+    let (Some(dend), Some(send)) = (dhi.checked_add(len), shi.checked_add(len)) else {
+        return false;
+    };
+    // The two spans must not meet.
+    if dlo < send && slo < dend {
+        return false;
+    }
+    let cells = (dhi - dlo) / len + 1;
+    let most = GRID_MIN_CELLS.max((copies.len() as u64).saturating_mul(GRID_CELLS_PER_COPY));
+    if cells > most {
+        return false;
+    }
+    let mut seen = vec![0u64; cells.div_ceil(64) as usize];
+    for &(d, _, l) in copies {
+        if l == 0 {
+            continue;
+        }
+        let off = d - dlo;
+        if off % len != 0 {
+            return false;
+        }
+        let cell = off / len;
+        let (w, bit) = ((cell / 64) as usize, 1u64 << (cell % 64));
+        if seen[w] & bit != 0 {
+            return false;
+        }
+        seen[w] |= bit;
+    }
+    true
+}
+
+/// [`conflict`] by sorting every range: `O(n log n)`, any shape.
+pub(crate) fn conflict_by_sort(copies: &[(u64, u64, u64)]) -> Option<(usize, usize)> {
     // (start, end, is_dst, copy index) for every non-empty range, by start.
     let mut ranges: Vec<(u64, u64, bool, usize)> = Vec::with_capacity(copies.len() * 2);
     for (i, &(dst, src, len)) in copies.iter().enumerate() {
@@ -1088,6 +1156,53 @@ mod tests {
             Some((0, 1))
         );
         assert_eq!(conflict(&[(u64::MAX - 4, 0, 10), (16, 100, 8)]), None);
+    }
+
+    #[test]
+    fn the_grid_proof_takes_block_tables_and_leaves_the_rest_to_the_sort() {
+        // A shuffled block table: one length, destinations on one grid, apart from sources.
+        let blocks: Vec<(u64, u64, u64)> = (0..1024u64)
+            .map(|i| ((1 << 30) + ((i * 389) % 1024) * 4096, i * 4096, 4096))
+            .collect();
+        assert!(on_one_grid(&blocks));
+        assert_eq!(conflict(&blocks), None);
+        // Not proven (the sort decides): mixed lengths, off-grid, spans that meet, a repeated
+        // cell, a span far larger than the copies; each case's answer is the sort's.
+        let cases: [&[(u64, u64, u64)]; 6] = [
+            &[(0, 100, 10), (10, 110, 20)],
+            &[(0, 100, 10), (15, 110, 10)],
+            &[(0, 100, 10), (10, 5, 10)],
+            &[(0, 100, 10), (20, 110, 10), (0, 120, 10)],
+            &[(0, 1 << 44, 16), (1 << 40, (1 << 44) + 16, 16)],
+            &[(u64::MAX - 9, 0, 10), (u64::MAX - 19, 10, 10)],
+        ];
+        for c in cases {
+            assert!(!on_one_grid(c), "{c:?}");
+            assert_eq!(conflict(c), conflict_by_sort(c), "{c:?}");
+        }
+        assert_eq!(conflict(cases[2]), Some((0, 1)));
+        assert_eq!(conflict(cases[3]), Some((0, 2)));
+        assert_eq!(conflict(cases[4]), None);
+    }
+
+    proptest::proptest! {
+        /// The linear proof is sound: wherever it says independent, the sort finds no pair.
+        #[test]
+        fn the_grid_proof_never_hides_a_conflict(
+            cells in proptest::collection::vec((0u64..64, 0u64..64), 0..40),
+            len in 1u64..5,
+            stride in 1u64..9,
+            sbase in 0u64..600,
+        ) {
+            let copies: Vec<(u64, u64, u64)> = cells
+                .iter()
+                .map(|&(d, s)| (d * stride, sbase + s * stride, len))
+                .collect();
+            if on_one_grid(&copies) {
+                proptest::prop_assert_eq!(conflict_by_sort(&copies), None);
+            }
+            proptest::prop_assert_eq!(conflict(&copies), conflict_by_sort(&copies));
+        }
     }
 
     /// The segments of tests/gpu_agent.rs `gpu_agent_copy_kernel_scatter_gather` as first

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# GPU machine, one call (under 10 minutes), from what scripts/gpu/recheck_build.sh put in
+# .carry/recheck (carry [".carry/recheck"]): issue 14's open points measured in one session.
+#  1. CUDA_IPC GPU tests: block tables and agents (every byte checked).
+#  2. Flat scale sweep, 1k..128k descriptors: CUDA_IPC (VRAM, GPU 0) and NULL (nixl-core alone,
+#     on this host's CPUs); per-step ns per descriptor and the make linearity.
+#  3. DRAM -> DRAM sweep against native NIXL 1.5.1 (C++ API), 3 rounds interleaved per point,
+#     both sides on the wheel's UCX 1.23, then notification latency.
+# Results in $OUT; a summary in $OUT/recheck-summary.txt.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-/tmp/nixl-recheck-out}"; mkdir -p "$OUT"
+R="$PWD/.carry/recheck"; B="$R/bin"
+s="$OUT/recheck-summary.txt"; : > "$s"
+say() { echo "$*" | tee -a "$s"; }
+run() { local name=$1 t=$2; shift 2; say "== $name: $*"; local t0; t0=$(date +%s); timeout "$t" "$@" > "$OUT/$name.log" 2>&1; local rc=$?; grep -v '^warning' "$OUT/$name.log" | tail -n 30 | tee -a "$s"; say "rc=$rc ($(( $(date +%s) - t0 )) s)"; }
+say "== host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+say "== GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n1)"
+say "== load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+run gpu-blocks 60 "$B/nixl-mem-gpu-blocks" --nocapture
+run gpu-agent 90 "$B/nixl-mem-gpu-agent"
+run scale-cuda-ipc-flat 120 "$B/scale" --backend CUDA_IPC --mode flat --rounds 3
+run scale-null-flat 90 "$B/scale" --backend NULL --mode flat --rounds 3
+say "== native sweep"
+t0=$(date +%s)
+timeout "${SWEEP_S:-250}" python3 benches/reference/compare_native.py --nixlbench "$B/nixlbench" \
+    --native "$B/nixl_native" --nixl-path "$R/nixl312" --rounds 3 --interleave point \
+    --bytes-per-point "${BYTES_PER_POINT:-2.5e8}" --notif-iters 3000 --timeout 60 \
+    --out "$OUT/native-sweep.json" > "$OUT/native-sweep.log" 2>&1
+say "rc=$? ($(( $(date +%s) - t0 )) s)"
+sed -n '/^load average during/,$p' "$OUT/native-sweep.log" | tee -a "$s"
+say "== load after: $(cut -d' ' -f1-3 /proc/loadavg)"

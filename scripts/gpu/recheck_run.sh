@@ -6,7 +6,8 @@
 #     on this host's CPUs); per-step ns per descriptor and the make linearity.
 #  3. DRAM -> DRAM sweep against native NIXL 1.5.1 (C++ API), 3 rounds interleaved per point,
 #     both sides on the wheel's UCX 1.23, then notification latency.
-# Results in $OUT; a summary in $OUT/recheck-summary.txt.
+# PART=scale runs 1 and 2 (about 6 minutes), PART=sweep runs 3 (about 9 minutes): one each per
+# 10-minute call. Results in $OUT; a summary in $OUT/recheck-summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/nixl-recheck-out}"; mkdir -p "$OUT"
@@ -17,16 +18,19 @@ run() { local name=$1 t=$2; shift 2; say "== $name: $*"; local t0; t0=$(date +%s
 say "== host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 say "== GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n1)"
 say "== load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ "${PART:-scale}" = scale ]; then
 run gpu-blocks 60 "$B/nixl-mem-gpu-blocks" --nocapture
 run gpu-agent 90 "$B/nixl-mem-gpu-agent"
 run scale-cuda-ipc-flat 120 "$B/scale" --backend CUDA_IPC --mode flat --rounds 3
 run scale-null-flat 90 "$B/scale" --backend NULL --mode flat --rounds 3
+else
 say "== native sweep"
 t0=$(date +%s)
-timeout "${SWEEP_S:-250}" python3 benches/reference/compare_native.py --nixlbench "$B/nixlbench" \
+timeout "${SWEEP_S:-540}" python3 benches/reference/compare_native.py --nixlbench "$B/nixlbench" \
     --native "$B/nixl_native" --nixl-path "$R/nixl312" --rounds 3 --interleave point \
-    --bytes-per-point "${BYTES_PER_POINT:-2.5e8}" --notif-iters 3000 --timeout 60 \
+    --bytes-per-point "${BYTES_PER_POINT:-5e8}" --notif-iters 3000 --timeout 60 \
     --out "$OUT/native-sweep.json" > "$OUT/native-sweep.log" 2>&1
 say "rc=$? ($(( $(date +%s) - t0 )) s)"
 sed -n '/^load average during/,$p' "$OUT/native-sweep.log" | tee -a "$s"
+fi
 say "== load after: $(cut -d' ' -f1-3 /proc/loadavg)"

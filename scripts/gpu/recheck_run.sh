@@ -21,8 +21,8 @@ say "== load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 if [ "${PART:-scale}" = scale ]; then
 run gpu-blocks 60 "$B/nixl-mem-gpu-blocks" --nocapture
 run gpu-agent 90 "$B/nixl-mem-gpu-agent"
-run scale-cuda-ipc-flat 120 "$B/scale" --backend CUDA_IPC --mode flat --rounds 3
-run scale-null-flat 90 "$B/scale" --backend NULL --mode flat --rounds 3
+run scale-cuda-ipc-flat 120 "$B/scale" --backend CUDA_IPC --mode flat --rounds 7
+run scale-null-flat 90 "$B/scale" --backend NULL --mode flat --rounds 9
 else
 say "== native sweep"
 t0=$(date +%s)

@@ -604,64 +604,118 @@ pub(crate) fn co_aligned(a: u64, b: u64) -> bool {
 /// source. Such copies must run one after another, in order (the kernel's CTAs and
 /// `cuMemcpyBatchAsync`'s copies run in any order). Empty copies conflict with nothing.
 ///
-/// `O(n)` where [`on_one_grid`] proves the copies independent (a block table's shape: every
-/// copy the same length, destinations on one grid of that length, the destinations' span
-/// apart from the sources'), else `O(n log n)` (a sort of every range).
+/// `O(n)` where [`on_grids`] proves the copies independent (a block table's shape: every copy
+/// the same length, each group's destinations on one grid of that length, no destination
+/// span meeting another span), else `O(n log n)` (a sort of every range).
 pub(crate) fn conflict(copies: &[(u64, u64, u64)]) -> Option<(usize, usize)> {
-    if on_one_grid(copies) {
+    conflict_in_groups(copies, None)
+}
+
+/// [`conflict`] with each copy's `(destination group, source group)` (its regions, say:
+/// `groups[i]` for `copies[i]`, each below twice `copies.len()` + 128): the linear proof then works
+/// per group, so destinations spread over many separately allocated regions still qualify.
+/// Groups only partition the proof's work; the answer depends on the addresses alone.
+pub(crate) fn conflict_in_groups(
+    copies: &[(u64, u64, u64)],
+    groups: Option<&[(u32, u32)]>,
+) -> Option<(usize, usize)> {
+    if on_grids(copies, groups) {
         return None;
     }
     conflict_by_sort(copies)
 }
 
-/// Cells of the destination grid [`on_one_grid`] may mark per copy (and at least
-/// `GRID_MIN_CELLS` in all): a span much larger than the copies is left to the sort.
+/// Cells of the destination grids [`on_grids`] may mark per copy (and at least
+/// `GRID_MIN_CELLS` in all): spans much larger than the copies are left to the sort.
 const GRID_CELLS_PER_COPY: u64 = 64;
 const GRID_MIN_CELLS: u64 = 1 << 16;
 
-/// Whether the non-empty copies are provably independent in one linear pass: all have one
-/// length `L`; every destination lies at a multiple of `L` from the lowest one; the span of
-/// the destinations `[min dst, max dst + L)` and that of the sources do not meet (so no
-/// destination overlaps any source, its own included); and no two destinations are the same
-/// grid cell (cells of length `L` on one grid overlap only when equal). `false` means "not
-/// proven" (the sort decides), never "dependent".
-fn on_one_grid(copies: &[(u64, u64, u64)]) -> bool {
-    let mut it = copies.iter().filter(|c| c.2 > 0);
-    let Some(&(d0, s0, len)) = it.next() else {
+/// Whether the non-empty copies are provably independent in linear time (plus a sort of the
+/// groups' spans): all have one length `L`; in each destination group every destination lies
+/// at a multiple of `L` from the group's lowest and no two are the same cell (cells of length
+/// `L` on one grid overlap only when equal); and no group's destination span
+/// `[lowest, highest + L)` meets another destination span or any source span (so no
+/// destination overlaps another group's destination or any source, its own included).
+/// `false` means "not proven" (the sort decides), never "dependent".
+fn on_grids(copies: &[(u64, u64, u64)], groups: Option<&[(u32, u32)]>) -> bool {
+    let group = |i: usize| groups.map_or((0, 0), |g| (g[i].0 as usize, g[i].1 as usize));
+    if groups.is_some_and(|g| g.len() != copies.len()) {
+        return false;
+    }
+    let Some(len) = copies.iter().find(|c| c.2 > 0).map(|c| c.2) else {
         return true;
     };
-    let (mut dlo, mut dhi, mut slo, mut shi) = (d0, d0, s0, s0);
-    for &(d, s, l) in it {
-        if l != len {
-            return false;
-        }
-        dlo = dlo.min(d);
-        dhi = dhi.max(d);
-        slo = slo.min(s);
-        shi = shi.max(s);
-    }
-    let (Some(dend), Some(send)) = (dhi.checked_add(len), shi.checked_add(len)) else {
-        return false;
-    };
-    // The two spans must not meet.
-    if dlo < send && slo < dend {
-        return false;
-    }
-    let cells = (dhi - dlo) / len + 1;
-    let most = GRID_MIN_CELLS.max((copies.len() as u64).saturating_mul(GRID_CELLS_PER_COPY));
-    if cells > most {
-        return false;
-    }
-    let mut seen = vec![0u64; cells.div_ceil(64) as usize];
-    for &(d, _, l) in copies {
+    let ngroups = copies.len().saturating_mul(2) + 128;
+    // (lowest, highest) start per destination group and per source group.
+    let mut dspan: Vec<(u64, u64)> = Vec::new();
+    let mut sspan: Vec<(u64, u64)> = Vec::new();
+    for (i, &(d, s, l)) in copies.iter().enumerate() {
         if l == 0 {
             continue;
         }
-        let off = d - dlo;
-        if off % len != 0 {
+        if l != len {
             return false;
         }
-        let cell = off / len;
+        let (dg, sg) = group(i);
+        if dg >= ngroups || sg >= ngroups {
+            return false;
+        }
+        for (spans, g, a) in [(&mut dspan, dg, d), (&mut sspan, sg, s)] {
+            if spans.len() <= g {
+                spans.resize(g + 1, (u64::MAX, 0));
+            }
+            let e = &mut spans[g];
+            *e = (e.0.min(a), e.1.max(a));
+        }
+    }
+    // Every span as [start, end): destinations must meet nothing else.
+    let mut ends: Vec<(u64, u64, bool)> = Vec::new();
+    for (spans, is_dst) in [(&dspan, true), (&sspan, false)] {
+        for &(lo, hi) in spans.iter().filter(|e| e.0 <= e.1) {
+            let Some(end) = hi.checked_add(len) else {
+                return false;
+            };
+            ends.push((lo, end, is_dst));
+        }
+    }
+    ends.sort_unstable();
+    // The furthest end so far, and whether a destination reaches it.
+    let mut reach: Option<(u64, bool)> = None;
+    for &(lo, end, is_dst) in &ends {
+        if let Some((e, by_dst)) = reach {
+            if lo < e && (is_dst || by_dst) {
+                return false;
+            }
+        }
+        reach = match reach {
+            Some((e, d)) if e >= end => Some((e, d)),
+            _ => Some((end, is_dst)),
+        };
+    }
+    // Each destination group's cells: one bit map, each group at its own offset.
+    let mut base = Vec::with_capacity(dspan.len());
+    let mut cells = 0u64;
+    let most = GRID_MIN_CELLS.max((copies.len() as u64).saturating_mul(GRID_CELLS_PER_COPY));
+    for &(lo, hi) in &dspan {
+        base.push(cells);
+        if lo <= hi {
+            cells = cells.saturating_add((hi - lo) / len + 1);
+        }
+        if cells > most {
+            return false;
+        }
+    }
+    let mut seen = vec![0u64; cells.div_ceil(64) as usize];
+    for (i, &(d, _, l)) in copies.iter().enumerate() {
+        if l == 0 {
+            continue;
+        }
+        let g = group(i).0;
+        let off = d - dspan[g].0;
+        if !off.is_multiple_of(len) {
+            return false;
+        }
+        let cell = base[g] + off / len;
         let (w, bit) = ((cell / 64) as usize, 1u64 << (cell % 64));
         if seen[w] & bit != 0 {
             return false;
@@ -1164,7 +1218,7 @@ mod tests {
         let blocks: Vec<(u64, u64, u64)> = (0..1024u64)
             .map(|i| ((1 << 30) + ((i * 389) % 1024) * 4096, i * 4096, 4096))
             .collect();
-        assert!(on_one_grid(&blocks));
+        assert!(on_grids(&blocks, None));
         assert_eq!(conflict(&blocks), None);
         // Not proven (the sort decides): mixed lengths, off-grid, spans that meet, a repeated
         // cell, a span far larger than the copies; each case's answer is the sort's.
@@ -1177,7 +1231,7 @@ mod tests {
             &[(u64::MAX - 9, 0, 10), (u64::MAX - 19, 10, 10)],
         ];
         for c in cases {
-            assert!(!on_one_grid(c), "{c:?}");
+            assert!(!on_grids(c, None), "{c:?}");
             assert_eq!(conflict(c), conflict_by_sort(c), "{c:?}");
         }
         assert_eq!(conflict(cases[2]), Some((0, 1)));
@@ -1185,7 +1239,62 @@ mod tests {
         assert_eq!(conflict(cases[4]), None);
     }
 
+    #[test]
+    fn the_grid_proof_works_per_region_where_regions_interleave() {
+        // 8 destination and 8 source regions of 16 blocks, allocated alternately (so the
+        // destinations' overall span covers every source region), blocks shuffled.
+        let region = |r: u64| r * (1 << 20);
+        let mut copies = Vec::new();
+        let mut groups = Vec::new();
+        for i in 0..128u64 {
+            let (dr, sr) = (i % 8, (i * 5) % 8);
+            let (db, sb) = (((i / 8) * 7) % 16, i / 8);
+            copies.push((
+                region(2 * dr) + db * 4096,
+                region(2 * sr + 1) + sb * 4096,
+                4096,
+            ));
+            groups.push((dr as u32, sr as u32));
+        }
+        assert!(!on_grids(&copies, None));
+        assert!(on_grids(&copies, Some(&groups)));
+        assert_eq!(conflict_in_groups(&copies, Some(&groups)), None);
+        assert_eq!(conflict_by_sort(&copies), None);
+        // One destination moved onto a source region's block: not proven, and the sort names it.
+        copies[3].0 = region(2 * 4 + 1) + 4096;
+        assert!(!on_grids(&copies, Some(&groups)));
+        assert_eq!(
+            conflict_in_groups(&copies, Some(&groups)),
+            conflict_by_sort(&copies)
+        );
+        assert!(conflict_by_sort(&copies).is_some());
+        // Groups of the wrong count or out of bounds prove nothing.
+        assert!(!on_grids(&copies[..4], Some(&groups)));
+        let mut far = groups.clone();
+        far[0].0 = u32::MAX;
+        assert!(!on_grids(&copies, Some(&far)));
+    }
+
     proptest::proptest! {
+        /// With any grouping, the answer is the sort's: groups only split the proof's work.
+        #[test]
+        fn grouped_proofs_never_hide_a_conflict(
+            cells in proptest::collection::vec((0u64..64, 0u64..64, 0u32..4, 0u32..4), 0..40),
+            len in 1u64..5,
+            stride in 1u64..9,
+            sbase in 0u64..600,
+        ) {
+            let copies: Vec<(u64, u64, u64)> = cells
+                .iter()
+                .map(|&(d, s, _, _)| (d * stride, sbase + s * stride, len))
+                .collect();
+            let groups: Vec<(u32, u32)> = cells.iter().map(|&(_, _, g, h)| (g, h)).collect();
+            proptest::prop_assert_eq!(
+                conflict_in_groups(&copies, Some(&groups)),
+                conflict_by_sort(&copies)
+            );
+        }
+
         /// The linear proof is sound: wherever it says independent, the sort finds no pair.
         #[test]
         fn the_grid_proof_never_hides_a_conflict(
@@ -1198,7 +1307,7 @@ mod tests {
                 .iter()
                 .map(|&(d, s)| (d * stride, sbase + s * stride, len))
                 .collect();
-            if on_one_grid(&copies) {
+            if on_grids(&copies, None) {
                 proptest::prop_assert_eq!(conflict_by_sort(&copies), None);
             }
             proptest::prop_assert_eq!(conflict(&copies), conflict_by_sort(&copies));

@@ -582,6 +582,9 @@ impl Backend for CudaIpcBackend {
         }
         let device = self.params.device;
         let mut copies = Vec::with_capacity(spec.segments.len());
+        // Each copy's (destination, source) region, by metadata index: the independence
+        // proof's groups.
+        let mut groups = Vec::with_capacity(spec.segments.len());
         let mut how = "same process";
         // Whether every segment's two ends are device memory of this backend's GPU and share
         // their alignment modulo 16 (what the copy kernel needs); else why not.
@@ -637,13 +640,22 @@ impl Backend for CudaIpcBackend {
                 XferOp::Write => (remote, s.local_addr, s.len),
                 XferOp::Read => (s.local_addr, remote, s.len),
             });
+            let (l, r) = (
+                u32::try_from(s.local_md).unwrap_or(u32::MAX),
+                u32::try_from(s.remote_md).unwrap_or(u32::MAX),
+            );
+            groups.push(match spec.op {
+                XferOp::Write => (r, l),
+                XferOp::Read => (l, r),
+            });
         }
         if copies.is_empty() {
             return Err(Error::invalid(&self.agent, Op::MakeXfer, "no segments"));
         }
         // Copies that depend on each other run one by one, in order (the kernel's CTAs and a
         // batch's copies run in any order).
-        let conflict = kernel::conflict(&copies);
+        let conflict = kernel::conflict_in_groups(&copies, Some(&groups));
+        drop(groups);
         let ends = Ends {
             op: spec.op,
             kinds: (spec.local_kind, spec.remote_kind),

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaContext;
 
-use crate::cuda::CudaError;
+use crate::cuda::{CudaError, Event};
 use crate::sys::memory::{DeviceAlloc, HostAlloc};
 
 /// Pairs kept for reuse at most (more are freed when given back).
@@ -30,10 +30,19 @@ impl Staging {
     }
 }
 
-/// The backend's free pairs.
+/// The backend's pairs not in use.
 pub(crate) struct StagingPool {
     ctx: Arc<CudaContext>,
-    free: Mutex<Vec<Staging>>,
+    free: Mutex<Pairs>,
+}
+
+#[derive(Default)]
+struct Pairs {
+    /// Pairs no GPU work uses.
+    free: Vec<Staging>,
+    /// Pairs of dropped requests whose work (the upload, a launch) may still run: each is
+    /// free once its event has completed.
+    pending: Vec<(Staging, Arc<Event>)>,
 }
 
 impl StagingPool {
@@ -41,14 +50,29 @@ impl StagingPool {
     pub fn new(ctx: Arc<CudaContext>) -> Self {
         StagingPool {
             ctx,
-            free: Mutex::new(Vec::new()),
+            free: Mutex::new(Pairs::default()),
         }
     }
 
     /// A pair of at least `bytes` (the smallest free one that fits, or a new one).
     pub fn take(&self, bytes: usize) -> Result<Staging, CudaError> {
         {
-            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            let mut pairs = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            let Pairs { free, pending } = &mut *pairs;
+            // Pending pairs whose work completed are free; one whose event cannot be queried
+            // is never reused (dropped here: its frees wait for the work).
+            let mut k = 0;
+            while k < pending.len() {
+                match pending[k].1.query() {
+                    Ok(false) => k += 1,
+                    done => {
+                        let (st, _) = pending.swap_remove(k);
+                        if done == Ok(true) {
+                            free.push(st);
+                        }
+                    }
+                }
+            }
             let fit = free
                 .iter()
                 .enumerate()
@@ -69,12 +93,34 @@ impl StagingPool {
     /// Takes back a pair whose work has completed (no copy reads or writes it any more),
     /// keeping the largest [`KEEP`].
     pub fn give(&self, s: Staging) {
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        free.push(s);
-        if free.len() > KEEP {
-            free.sort_unstable_by_key(|s| std::cmp::Reverse(s.capacity()));
+        let mut pairs = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        pairs.free.push(s);
+        if pairs.free.len() > KEEP {
+            pairs
+                .free
+                .sort_unstable_by_key(|s| std::cmp::Reverse(s.capacity()));
             // Freed outside the lock would be nicer; frees are rare (only past KEEP).
-            free.truncate(KEEP);
+            pairs.free.truncate(KEEP);
+        }
+    }
+
+    /// Takes back a pair whose work may still run (a request dropped right after its
+    /// upload was enqueued): free at once if `event` (recorded after that work) has
+    /// completed, else kept pending until it has, up to [`KEEP`] pending pairs; past that
+    /// the pair is freed (the frees wait for its work).
+    pub fn give_when_done(&self, s: Staging, event: Arc<Event>) {
+        match event.query() {
+            Ok(true) => self.give(s),
+            Ok(false) => {
+                let mut pairs = self.free.lock().unwrap_or_else(|p| p.into_inner());
+                if pairs.pending.len() < KEEP {
+                    pairs.pending.push((s, event));
+                    return;
+                }
+                drop(pairs);
+                drop(s);
+            }
+            Err(_) => drop(s),
         }
     }
 }

@@ -182,12 +182,10 @@ impl KernelPlan {
 
 impl Drop for KernelPlan {
     fn drop(&mut self) {
-        // Back to the pool only when the GPU is done with it; otherwise freed (the frees wait
-        // for outstanding work). The request leaks a plan whose launch may still run.
+        // Back to the pool, to be reused once the GPU is done with it (the event covers the
+        // upload and every launch). The request leaks a plan whose launch may still run.
         if let Some(s) = self.staging.take() {
-            if self.event.query() == Ok(true) {
-                self.pool.give(s);
-            }
+            self.pool.give_when_done(s, self.event.clone());
         }
     }
 }

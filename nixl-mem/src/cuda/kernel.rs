@@ -783,6 +783,39 @@ pub(crate) fn pack(segments: &[Segment], chunk: u64) -> Vec<Segment> {
     out
 }
 
+/// How many descriptors [`pack`] cuts `copies` `(dst, src, len)` into.
+pub(crate) fn packed_count(copies: &[(u64, u64, u64)], chunk: u64) -> usize {
+    let chunk = (chunk & !15).max(16);
+    copies
+        .iter()
+        .map(|c| usize::try_from(c.2.div_ceil(chunk)).unwrap_or(usize::MAX))
+        .fold(0usize, usize::saturating_add)
+}
+
+/// [`pack`] then [`write_descriptors`] in one pass, with no list in between: writes the
+/// descriptors of `copies` `(dst, src, len)` cut at `chunk` into `out`; returns how many were
+/// written (all, where `out` holds [`packed_count`] descriptors).
+pub(crate) fn write_packed(copies: &[(u64, u64, u64)], chunk: u64, out: &mut [u8]) -> usize {
+    let chunk = (chunk & !15).max(16);
+    let mut slots = out.chunks_exact_mut(DESC_BYTES);
+    let mut n = 0;
+    for &(dst, src, len) in copies {
+        let mut off = 0;
+        while off < len {
+            let Some(slot) = slots.next() else {
+                return n;
+            };
+            let l = chunk.min(len - off);
+            slot[..8].copy_from_slice(&(src + off).to_le_bytes());
+            slot[8..16].copy_from_slice(&(dst + off).to_le_bytes());
+            slot[16..].copy_from_slice(&l.to_le_bytes());
+            n += 1;
+            off += l;
+        }
+    }
+    n
+}
+
 /// The balanced schedule's descriptors for `grid` CTAs: the segments' bytes, taken in order,
 /// are cut into `grid` shares of equal size (give or take 16 bytes: cuts fall on multiples of
 /// 16 from a segment's start), each share into pieces of at most `chunk` bytes; descriptor
@@ -1237,6 +1270,32 @@ mod tests {
         assert_eq!(conflict(cases[2]), Some((0, 1)));
         assert_eq!(conflict(cases[3]), Some((0, 2)));
         assert_eq!(conflict(cases[4]), None);
+    }
+
+    proptest::proptest! {
+        /// Writing packed descriptors in one pass gives the bytes of `pack` then
+        /// `write_descriptors`, and stops cleanly where the buffer ends.
+        #[test]
+        fn packed_writes_are_pack_then_write(
+            copies in proptest::collection::vec((0u64..1 << 40, 0u64..1 << 40, 0u64..5000), 0..30),
+            chunk in 0u64..3000,
+            short in 0usize..4,
+        ) {
+            let segs: Vec<Segment> = copies
+                .iter()
+                .map(|&(dst, src, len)| Segment { src, dst, len })
+                .collect();
+            let want = descriptor_bytes(&pack(&segs, chunk));
+            let n = packed_count(&copies, chunk);
+            proptest::prop_assert_eq!(n * DESC_BYTES, want.len());
+            let mut out = vec![0u8; want.len()];
+            proptest::prop_assert_eq!(write_packed(&copies, chunk, &mut out), n);
+            proptest::prop_assert!(out == want);
+            let k = n.saturating_sub(short);
+            let mut part = vec![0u8; k * DESC_BYTES];
+            proptest::prop_assert_eq!(write_packed(&copies, chunk, &mut part), k);
+            proptest::prop_assert!(part[..] == want[..k * DESC_BYTES]);
+        }
     }
 
     #[test]

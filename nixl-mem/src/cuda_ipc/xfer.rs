@@ -101,6 +101,16 @@ impl KernelPlan {
             _ => None,
         };
         let (staging, count, grid) = match direct {
+            None if shape.schedule != KernelSchedule::Balanced => {
+                // Copies cut one by one: written straight into the staging bytes too.
+                let copies = work.copies();
+                let n = kernel::packed_count(copies, shape.chunk);
+                let mut st = pool
+                    .take(n.saturating_mul(kernel::DESC_BYTES).max(1))
+                    .map_err(|e| e.to_string())?;
+                let written = kernel::write_packed(copies, shape.chunk, st.host.bytes_mut());
+                (st, written, kernel.grid(written as u64))
+            }
             Some(t) => {
                 let n = t.descriptor_count(shape.chunk);
                 let mut st = pool

@@ -604,9 +604,10 @@ pub(crate) fn co_aligned(a: u64, b: u64) -> bool {
 /// source. Such copies must run one after another, in order (the kernel's CTAs and
 /// `cuMemcpyBatchAsync`'s copies run in any order). Empty copies conflict with nothing.
 ///
-/// `O(n)` where [`on_grids`] proves the copies independent (a block table's shape: every copy
-/// the same length, each group's destinations on one grid of that length, no destination
-/// span meeting another span), else `O(n log n)` (a sort of every range).
+/// `O(n)` where [`on_grids`] proves the copies independent (a block table's shape, runs of
+/// blocks merged or not: every length a multiple of the shortest, each group's destinations
+/// on one grid of that length, no destination span meeting another span), else `O(n log n)`
+/// (a sort of every range).
 pub(crate) fn conflict(copies: &[(u64, u64, u64)]) -> Option<(usize, usize)> {
     conflict_in_groups(copies, None)
 }
@@ -631,29 +632,29 @@ const GRID_CELLS_PER_COPY: u64 = 64;
 const GRID_MIN_CELLS: u64 = 1 << 16;
 
 /// Whether the non-empty copies are provably independent in linear time (plus a sort of the
-/// groups' spans): all have one length `L`; in each destination group every destination lies
-/// at a multiple of `L` from the group's lowest and no two are the same cell (cells of length
-/// `L` on one grid overlap only when equal); and no group's destination span
-/// `[lowest, highest + L)` meets another destination span or any source span (so no
-/// destination overlaps another group's destination or any source, its own included).
-/// `false` means "not proven" (the sort decides), never "dependent".
+/// groups' spans): with `L` the shortest copy, every length is a multiple of `L`; in each
+/// destination group every destination lies at a multiple of `L` from the group's lowest, so
+/// a copy covers whole cells of length `L` on one grid, and no cell is covered twice; and no
+/// group's destination span `[lowest start, highest end)` meets another destination span or
+/// any source span (so no destination overlaps another group's destination or any source,
+/// its own included). `false` means "not proven" (the sort decides), never "dependent".
 fn on_grids(copies: &[(u64, u64, u64)], groups: Option<&[(u32, u32)]>) -> bool {
     let group = |i: usize| groups.map_or((0, 0), |g| (g[i].0 as usize, g[i].1 as usize));
     if groups.is_some_and(|g| g.len() != copies.len()) {
         return false;
     }
-    let Some(len) = copies.iter().find(|c| c.2 > 0).map(|c| c.2) else {
+    let Some(cell) = copies.iter().map(|c| c.2).filter(|&l| l > 0).min() else {
         return true;
     };
     let ngroups = copies.len().saturating_mul(2) + 128;
-    // (lowest, highest) start per destination group and per source group.
+    // [lowest start, highest end) per destination group and per source group.
     let mut dspan: Vec<(u64, u64)> = Vec::new();
     let mut sspan: Vec<(u64, u64)> = Vec::new();
     for (i, &(d, s, l)) in copies.iter().enumerate() {
         if l == 0 {
             continue;
         }
-        if l != len {
+        if !l.is_multiple_of(cell) {
             return false;
         }
         let (dg, sg) = group(i);
@@ -661,22 +662,25 @@ fn on_grids(copies: &[(u64, u64, u64)], groups: Option<&[(u32, u32)]>) -> bool {
             return false;
         }
         for (spans, g, a) in [(&mut dspan, dg, d), (&mut sspan, sg, s)] {
+            let Some(end) = a.checked_add(l) else {
+                return false;
+            };
             if spans.len() <= g {
                 spans.resize(g + 1, (u64::MAX, 0));
             }
             let e = &mut spans[g];
-            *e = (e.0.min(a), e.1.max(a));
+            *e = (e.0.min(a), e.1.max(end));
         }
     }
     // Every span as [start, end): destinations must meet nothing else.
     let mut ends: Vec<(u64, u64, bool)> = Vec::new();
     for (spans, is_dst) in [(&dspan, true), (&sspan, false)] {
-        for &(lo, hi) in spans.iter().filter(|e| e.0 <= e.1) {
-            let Some(end) = hi.checked_add(len) else {
-                return false;
-            };
-            ends.push((lo, end, is_dst));
-        }
+        ends.extend(
+            spans
+                .iter()
+                .filter(|e| e.0 < e.1)
+                .map(|&(lo, end)| (lo, end, is_dst)),
+        );
     }
     ends.sort_unstable();
     // The furthest end so far, and whether a destination reaches it.
@@ -696,10 +700,10 @@ fn on_grids(copies: &[(u64, u64, u64)], groups: Option<&[(u32, u32)]>) -> bool {
     let mut base = Vec::with_capacity(dspan.len());
     let mut cells = 0u64;
     let most = GRID_MIN_CELLS.max((copies.len() as u64).saturating_mul(GRID_CELLS_PER_COPY));
-    for &(lo, hi) in &dspan {
+    for &(lo, end) in &dspan {
         base.push(cells);
-        if lo <= hi {
-            cells = cells.saturating_add((hi - lo) / len + 1);
+        if lo < end {
+            cells = cells.saturating_add((end - lo).div_ceil(cell));
         }
         if cells > most {
             return false;
@@ -712,15 +716,17 @@ fn on_grids(copies: &[(u64, u64, u64)], groups: Option<&[(u32, u32)]>) -> bool {
         }
         let g = group(i).0;
         let off = d - dspan[g].0;
-        if !off.is_multiple_of(len) {
+        if !off.is_multiple_of(cell) {
             return false;
         }
-        let cell = base[g] + off / len;
-        let (w, bit) = ((cell / 64) as usize, 1u64 << (cell % 64));
-        if seen[w] & bit != 0 {
-            return false;
+        let first = base[g] + off / cell;
+        for c in first..first + l / cell {
+            let (w, bit) = ((c / 64) as usize, 1u64 << (c % 64));
+            if seen[w] & bit != 0 {
+                return false;
+            }
+            seen[w] |= bit;
         }
-        seen[w] |= bit;
     }
     true
 }
@@ -1253,10 +1259,21 @@ mod tests {
             .collect();
         assert!(on_grids(&blocks, None));
         assert_eq!(conflict(&blocks), None);
-        // Not proven (the sort decides): mixed lengths, off-grid, spans that meet, a repeated
+        // Lengths that are multiples of the shortest cover whole cells.
+        let merged = [(0, 100, 10), (10, 110, 20), (40, 200, 10), (30, 300, 10)];
+        assert!(on_grids(&merged, None));
+        assert!(!on_grids(
+            &[(0, 100, 10), (10, 110, 20), (20, 200, 10)],
+            None
+        ));
+        assert_eq!(
+            conflict(&[(0, 100, 10), (10, 110, 20), (20, 200, 10)]),
+            Some((1, 2))
+        );
+        // Not proven (the sort decides): lengths not multiples of the shortest, off-grid, spans that meet, a repeated
         // cell, a span far larger than the copies; each case's answer is the sort's.
         let cases: [&[(u64, u64, u64)]; 6] = [
-            &[(0, 100, 10), (10, 110, 20)],
+            &[(0, 100, 10), (10, 110, 15)],
             &[(0, 100, 10), (15, 110, 10)],
             &[(0, 100, 10), (10, 5, 10)],
             &[(0, 100, 10), (20, 110, 10), (0, 120, 10)],
@@ -1338,16 +1355,17 @@ mod tests {
         /// With any grouping, the answer is the sort's: groups only split the proof's work.
         #[test]
         fn grouped_proofs_never_hide_a_conflict(
-            cells in proptest::collection::vec((0u64..64, 0u64..64, 0u32..4, 0u32..4), 0..40),
+            cells in proptest::collection::vec((0u64..64, 0u64..64, 0u32..4, 0u32..4, 1u64..4), 0..40),
             len in 1u64..5,
             stride in 1u64..9,
             sbase in 0u64..600,
         ) {
+            // Lengths are multiples of `len` (merged runs of blocks), some not of the grid's.
             let copies: Vec<(u64, u64, u64)> = cells
                 .iter()
-                .map(|&(d, s, _, _)| (d * stride, sbase + s * stride, len))
+                .map(|&(d, s, _, _, m)| (d * stride, sbase + s * stride, len * m))
                 .collect();
-            let groups: Vec<(u32, u32)> = cells.iter().map(|&(_, _, g, h)| (g, h)).collect();
+            let groups: Vec<(u32, u32)> = cells.iter().map(|&(_, _, g, h, _)| (g, h)).collect();
             proptest::prop_assert_eq!(
                 conflict_in_groups(&copies, Some(&groups)),
                 conflict_by_sort(&copies)

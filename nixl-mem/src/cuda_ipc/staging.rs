@@ -14,6 +14,8 @@ use crate::sys::memory::{DeviceAlloc, HostAlloc};
 
 /// Pairs kept for reuse at most (more are freed when given back).
 const KEEP: usize = 4;
+/// How long a pair given back past [`KEEP`] pending ones waits for its work.
+const PENDING_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// The smallest pair allocated (sizes are rounded up to a power of two).
 const MIN_BYTES: usize = 64 << 10;
 
@@ -104,24 +106,28 @@ impl StagingPool {
         }
     }
 
-    /// Takes back a pair whose work may still run (a request dropped right after its
-    /// upload was enqueued): free at once if `event` (recorded after that work) has
-    /// completed, else kept pending until it has, up to [`KEEP`] pending pairs; past that
-    /// the pair is freed (the frees wait for its work).
+    /// Takes back a pair whose work may still run (a request dropped while its upload or a
+    /// launch was in flight): free at once if `event` (recorded after that work) has
+    /// completed, else kept pending until it has, up to [`KEEP`] pending pairs. Past that,
+    /// this waits up to [`PENDING_WAIT`] for the work; a pair whose work did not end (or
+    /// whose event cannot be queried) is leaked, never freed or reused under the GPU.
     pub fn give_when_done(&self, s: Staging, event: Arc<Event>) {
         match event.query() {
-            Ok(true) => self.give(s),
+            Ok(true) => return self.give(s),
             Ok(false) => {
                 let mut pairs = self.free.lock().unwrap_or_else(|p| p.into_inner());
                 if pairs.pending.len() < KEEP {
                     pairs.pending.push((s, event));
                     return;
                 }
-                drop(pairs);
-                drop(s);
             }
-            Err(_) => drop(s),
+            Err(_) => {}
         }
+        if event.wait(PENDING_WAIT) == Ok(true) {
+            return self.give(s);
+        }
+        tracing::error!("CUDA_IPC copy work outlived its request; leaking its staging buffers");
+        std::mem::forget(s);
     }
 }
 

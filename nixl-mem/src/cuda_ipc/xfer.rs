@@ -429,15 +429,10 @@ impl Drop for CudaIpcXfer {
         if let Some(t) = self.ticket.take() {
             t.cancel();
         }
-        // The agent cancels (and waits for) an in-flight request before dropping it; if that
-        // wait failed, the kernel may still read the descriptors: leak them, never free them
-        // under the GPU.
-        if matches!(self.engine, Engine::Kernel(_)) && self.event.query() != Ok(true) {
-            if let Engine::Kernel(p) = std::mem::replace(&mut self.engine, Engine::Copies) {
-                tracing::error!(agent = %self.agent, "a CUDA_IPC copy kernel may still run; leaking its descriptors");
-                std::mem::forget(p);
-            }
-        }
+        // A kernel plan whose upload or launch may still run (a request dropped right after
+        // make, or whose cancel could not wait for the GPU) gives its descriptors' buffers
+        // back pending: reused once the request's event completes, leaked if the work never
+        // ends, never freed under the GPU (`StagingPool::give_when_done`).
     }
 }
 

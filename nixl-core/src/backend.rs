@@ -137,7 +137,9 @@ pub struct XferSpec {
     pub segments: Vec<Segment>,
     /// The backend metadata of the segments' regions, which segments name by index: usually
     /// each region's once, so a backend checks (downcasts) each once and keeps them all
-    /// alive by cloning this list (the same metadata may appear more than once).
+    /// alive by cloning this list (the same metadata may appear more than once). It may also
+    /// hold the metadata of other regions of the request's two prepared lists (at most about
+    /// twice the segments in all): a backend must not assume every entry is used.
     pub mds: Vec<BackendMd>,
     /// A notification to deliver to the remote after all data is complete.
     pub notif: Option<Vec<u8>>,

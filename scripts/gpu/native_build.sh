@@ -19,13 +19,8 @@ BIN=.carry/nixl-bin
 mkdir -p "$BIN"
 NIXL_PYTHONPATH="$PWD/.carry/nixl312" bash benches/reference/native/build.sh "$BIN/nixl_native"
 strip "$BIN/nixl_native"
-pick() { # target name: the executable cargo reports for it
-    python3 -c 'import json,sys
-for l in sys.stdin:
-    try: m=json.loads(l)
-    except ValueError: continue
-    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]==sys.argv[1]: print(m["executable"])' "$1" | tail -n1
-}
+# shellcheck source=scripts/gpu/pick.sh
+. scripts/gpu/pick.sh
 exe=$(cargo build --release --bench nixlbench --message-format=json 2>/dev/null | pick nixlbench)
 cp "$exe" "$BIN/nixlbench"
 exe=$(cargo build --release -p nixl-mem --example gpu_bench --message-format=json 2>/dev/null | pick gpu_bench)

@@ -11,13 +11,8 @@ cd "$(dirname "$0")/../.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-shared}"
 bash scripts/gpu/native_build.sh >/dev/null
 bash scripts/gpu/scale_build.sh >/dev/null
-pick() { # target name: the executable cargo reports for it
-    python3 -c 'import json,sys
-for l in sys.stdin:
-    try: m=json.loads(l)
-    except ValueError: continue
-    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]==sys.argv[1]: print(m["executable"])' "$1" | tail -n1
-}
+# shellcheck source=scripts/gpu/pick.sh
+. scripts/gpu/pick.sh
 R=.carry/recheck
 rm -rf "$R"; mkdir -p "$R/bin"
 agent=$(cargo test --release -p nixl-mem --test gpu_agent --no-run --message-format=json 2>/dev/null | pick gpu_agent)

@@ -8,18 +8,8 @@ cd "$(dirname "$0")/../.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-shared}"
 BIN=.carry/bin
 mkdir -p "$BIN"
-pick() { # jq-free: the executable of the artifact whose target name is $1
-    python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
-        print(m["executable"])
-' "$1" | tail -1
-}
+# shellcheck source=scripts/gpu/pick.sh
+. scripts/gpu/pick.sh
 scale=$(cargo bench --bench scale --no-run --message-format=json 2>/dev/null | pick scale)
 cp "$scale" "$BIN/scale"
 strip "$BIN/scale"

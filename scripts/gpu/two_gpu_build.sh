@@ -9,13 +9,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-gpu}"
 export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
 BIN=.carry/bin
 mkdir -p "$BIN"
-pick() { # the executable cargo reports for target $1
-    python3 -c 'import json,sys
-for l in sys.stdin:
-    try: m=json.loads(l)
-    except ValueError: continue
-    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]==sys.argv[1]: print(m["executable"])' "$1" | tail -n1
-}
+# shellcheck source=scripts/gpu/pick.sh
+. scripts/gpu/pick.sh
 cp "$(cargo build --release -p nixl-mem --example gpu_bench --message-format=json 2>/dev/null | pick gpu_bench)" "$BIN/gpu_bench"
 cp "$(cargo build --release --all-features --example disagg_kv --message-format=json 2>/dev/null | pick disagg_kv)" "$BIN/disagg_kv"
 cp "$(cargo build --release --bench nixlbench --message-format=json 2>/dev/null | pick nixlbench)" "$BIN/nixlbench"

@@ -354,36 +354,7 @@ mod tests {
     /// at and above the chunk.
     #[test]
     fn descriptors_equal_the_segment_paths() {
-        let mut dense = kv_spec(XferOp::Write, 3, 40, 4096, 16, false);
-        dense.runs = vec![
-            BlockRun {
-                local: 0,
-                remote: 5,
-                count: 7,
-            },
-            BlockRun {
-                local: 20,
-                remote: 30,
-                count: 3,
-            },
-            BlockRun {
-                local: 9,
-                remote: 0,
-                count: 1,
-            },
-        ];
-        let mut cases = vec![dense];
-        for op in [XferOp::Write, XferOp::Read] {
-            for interleaved in [false, true] {
-                for bb in [48, 4096, 64 << 10, 200_000] {
-                    cases.push(kv_spec(op, 3, 40, bb, 25, interleaved));
-                }
-            }
-        }
-        let mut read_dense = cases[0].clone();
-        read_dense.op = XferOp::Read;
-        cases.push(read_dense);
-        for spec in cases {
+        for spec in cases() {
             let here: Vec<StridedDesc> = spec.layers.iter().map(|l| l.remote).collect();
             let t = BlockTable::new(&spec, &here);
             let want: Vec<(u64, u64, u64)> = spec

@@ -97,31 +97,9 @@ impl KernelModule {
         a: u64,
         n: u64,
     ) -> Result<(), CudaError> {
-        let (mut a, mut n) = (a, n);
-        let mut params: [*mut c_void; 2] =
-            [(&mut a as *mut u64).cast(), (&mut n as *mut u64).cast()];
-        // SAFETY: the function belongs to this context and the stream too; `params` points at
-        // two live u64 values matching the kernel's two .u64 parameters (the driver copies them
-        // before returning); the memory the kernel touches is the crate invariant above.
-        check("cuLaunchKernel", unsafe {
-            cu::cuLaunchKernel(
-                self.func,
-                grid,
-                1,
-                1,
-                threads,
-                1,
-                1,
-                0,
-                stream.raw(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        })
+        self.launch_u64s(grid, threads, stream, [a, n])
     }
-}
 
-impl KernelModule {
     /// Enqueues the function on `stream` with four `u64` parameters, `grid` x 1 x 1 blocks of
     /// `threads` threads. Crate invariant (the block kernel's): `args` are the layers' device
     /// array, the item count, the pieces' device array and the pieces per layer of a block
@@ -135,17 +113,27 @@ impl KernelModule {
         stream: &Stream,
         args: [u64; 4],
     ) -> Result<(), CudaError> {
-        let mut args = args;
-        let [a, b, c, d] = &mut args;
-        let mut params: [*mut c_void; 4] = [
-            (a as *mut u64).cast(),
-            (b as *mut u64).cast(),
-            (c as *mut u64).cast(),
-            (d as *mut u64).cast(),
-        ];
+        self.launch_u64s(grid, threads, stream, args)
+    }
+
+    /// The launch behind [`Self::launch2`] and [`Self::launch4`]: `N` `u64` parameters, which
+    /// must match the kernel's `N` `.u64` parameters; the memory the kernel touches is the
+    /// caller's crate invariant.
+    fn launch_u64s<const N: usize>(
+        &self,
+        grid: u32,
+        threads: u32,
+        stream: &Stream,
+        mut args: [u64; N],
+    ) -> Result<(), CudaError> {
+        let mut params: [*mut c_void; N] = [std::ptr::null_mut(); N];
+        for (p, a) in params.iter_mut().zip(args.iter_mut()) {
+            *p = (a as *mut u64).cast();
+        }
         // SAFETY: the function belongs to this context and the stream too; `params` points at
-        // four live u64 values matching the kernel's four .u64 parameters (the driver copies
-        // them before returning); the memory the kernel touches is the crate invariant above.
+        // `N` live u64 values matching the kernel's `N` .u64 parameters (the driver copies them
+        // before returning; `args` outlives the call); the memory the kernel touches is the
+        // caller's crate invariant (see `launch2`, `launch4`).
         check("cuLaunchKernel", unsafe {
             cu::cuLaunchKernel(
                 self.func,

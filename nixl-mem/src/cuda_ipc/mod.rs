@@ -70,7 +70,7 @@ pub(crate) use md::{ConnInfo, Public};
 use md::{HostImport, HostPin, LocalMd, Target};
 pub use notif::MAX_NOTIF;
 use notif::{NotifSenders, NotifServer};
-use staging::StagingPool;
+use staging::{LanePool, StagingPool};
 use xfer::{CudaIpcXfer, Engine, KernelPlan, Work};
 
 /// The backend's type name.
@@ -215,6 +215,8 @@ pub struct CudaIpcBackend {
     kernel: OnceLock<std::result::Result<Arc<CopyKernel>, String>>,
     /// The copy kernel's descriptor upload buffers, reused across requests.
     staging: Arc<StagingPool>,
+    /// Streams and events of dropped requests, for the next ones.
+    lanes: Arc<LanePool>,
     peers: Mutex<HashMap<String, Arc<Peer>>>,
     vram_imports: Mutex<HashMap<[u8; 64], Weak<IpcMapping>>>,
     host_imports: Mutex<HashMap<(u32, i32, u64), Weak<HostImport>>>,
@@ -299,6 +301,7 @@ impl CudaIpcBackend {
         let server = NotifServer::start(&ctx.agent, ctx.notifs.clone(), ctx.peers.clone())?;
         let completer = Completer::start(&ctx.agent, Some(cu_ctx.clone()))?;
         let staging = Arc::new(StagingPool::new(cu_ctx.clone()));
+        let lanes = Arc::new(LanePool::new(cu_ctx.clone()));
         Ok(CudaIpcBackend {
             agent: ctx.agent,
             params,
@@ -310,6 +313,7 @@ impl CudaIpcBackend {
             completer,
             kernel: OnceLock::new(),
             staging,
+            lanes,
             peers: Mutex::new(HashMap::new()),
             vram_imports: Mutex::new(HashMap::new()),
             host_imports: Mutex::new(HashMap::new()),
@@ -739,12 +743,11 @@ impl CudaIpcBackend {
                 )
             })
             .transpose()?;
-        let stream = cuda::Stream::create(self.ctx.clone())
+        let lane = self
+            .lanes
+            .take()
             .map_err(|e| cuda::to_error(&self.agent, Op::MakeXfer, e))?;
-        let event = Arc::new(
-            cuda::Event::create(self.ctx.clone())
-                .map_err(|e| cuda::to_error(&self.agent, Op::MakeXfer, e))?,
-        );
+        let (stream, event) = (&lane.stream, &lane.event);
         let fallback = if conflict.is_none() && self.params.batch_copies && work.len() > 1 {
             Engine::Batch
         } else {
@@ -760,7 +763,7 @@ impl CudaIpcBackend {
             // this request's descriptors is warned about here. Either way the path says it.
             let plan = match self.copy_kernel() {
                 Err(why) => Err(format!("copy kernel unavailable: {why}")),
-                Ok(k) => KernelPlan::new(k, &self.staging, &mut work, event.clone(), &stream).map_err(|why| {
+                Ok(k) => KernelPlan::new(k, &self.staging, &mut work, event.clone(), stream).map_err(|why| {
                     tracing::warn!(agent = %self.agent, error = %why, "could not prepare the copy kernel's descriptors; using the copy engines");
                     format!("copy kernel not prepared: {why}")
                 }),
@@ -770,7 +773,7 @@ impl CudaIpcBackend {
                     // The upload is in the event too: a request dropped before its first post
                     // still knows whether the GPU is done with its descriptors.
                     event
-                        .record(&stream)
+                        .record(stream)
                         .map_err(|e| cuda::to_error(&self.agent, Op::MakeXfer, e))?;
                     Engine::Kernel(plan)
                 }
@@ -799,8 +802,8 @@ impl CudaIpcBackend {
         Ok(Box::new(CudaIpcXfer {
             agent: self.agent.clone(),
             work,
-            stream,
-            event,
+            lane,
+            lanes: self.lanes.clone(),
             engine,
             notif,
             remote: spec.remote.to_owned(),

@@ -1,15 +1,16 @@
-//! Reusable upload buffers for the copy kernel's descriptors: a pinned host buffer the
-//! descriptors are written into, and the device buffer they are copied to with one
-//! asynchronous copy. A request takes a pair at prepare time and gives it back when it is
-//! dropped after its work completed, so a fresh request allocates nothing (`cuMemAlloc`,
-//! `cuMemHostAlloc` and their frees cost far more than writing the descriptors) and uploads
-//! from pinned memory without the driver's staging of pageable memory.
+//! What a fresh request reuses instead of creating: the copy kernel's upload buffers (a
+//! pinned host buffer the descriptors are written into, and the device buffer they are copied
+//! to with one asynchronous copy) and the request's stream and event. A request takes them at
+//! prepare time and gives them back when it is dropped after its work completed, so a fresh
+//! request allocates nothing (`cuMemAlloc`, `cuMemHostAlloc`, `cuStreamCreate`,
+//! `cuEventCreate` and their frees and destroys cost far more than writing the descriptors)
+//! and uploads from pinned memory without the driver's staging of pageable memory.
 
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaContext;
 
-use crate::cuda::{CudaError, Event};
+use crate::cuda::{CudaError, Event, Stream};
 use crate::sys::memory::{DeviceAlloc, HostAlloc};
 
 /// Pairs kept for reuse at most (more are freed when given back).
@@ -128,6 +129,62 @@ impl StagingPool {
         }
         tracing::error!("CUDA_IPC copy work outlived its request; leaking its staging buffers");
         std::mem::forget(s);
+    }
+}
+
+/// A request's stream and the event recorded on it (only ever on this stream, so a later
+/// record covers everything an earlier one did: a holder of an older clone of the event, such
+/// as a pending staging pair, learns of completion later, never earlier).
+pub(crate) struct Lane {
+    pub stream: Stream,
+    pub event: Arc<Event>,
+}
+
+/// The backend's lanes not in use.
+pub(crate) struct LanePool {
+    ctx: Arc<CudaContext>,
+    free: Mutex<Vec<Arc<Lane>>>,
+}
+
+/// Lanes kept for reuse at most (requests alive at once beyond this create their own).
+const KEEP_LANES: usize = 16;
+
+impl LanePool {
+    /// An empty pool for `ctx`.
+    pub fn new(ctx: Arc<CudaContext>) -> Self {
+        LanePool {
+            ctx,
+            free: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A lane no request uses (a kept one, or a new stream and event).
+    pub fn take(&self) -> Result<Arc<Lane>, CudaError> {
+        {
+            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            // A lane is given back from its request's `Drop`, which still holds it until its
+            // fields are dropped: only a lane nothing else holds is handed out.
+            if let Some(i) = free.iter().rposition(|l| Arc::strong_count(l) == 1) {
+                return Ok(free.swap_remove(i));
+            }
+        }
+        Ok(Arc::new(Lane {
+            stream: Stream::create(self.ctx.clone())?,
+            event: Arc::new(Event::create(self.ctx.clone())?),
+        }))
+    }
+
+    /// Takes back the lane of a dropped request (called from its `Drop`). Kept only when every
+    /// piece of work recorded on it has completed; otherwise it is dropped with the request
+    /// (the driver destroys a stream only once its work has ended).
+    pub fn give(&self, lane: Arc<Lane>) {
+        if lane.event.query() != Ok(true) {
+            return;
+        }
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if free.len() < KEEP_LANES {
+            free.push(lane);
+        }
     }
 }
 

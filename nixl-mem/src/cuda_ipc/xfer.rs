@@ -9,7 +9,7 @@ use nixl_core::backend::BackendXfer;
 use nixl_core::{Error, Op, Result, XferState};
 
 use super::complete::{self, Notif, Outcome, Ticket};
-use super::staging::{Staging, StagingPool};
+use super::staging::{Lane, LanePool, Staging, StagingPool};
 use super::table::BlockTable;
 use crate::cuda::kernel::{self, BlockLayout, CopyKernel, KernelSchedule, Segment};
 use crate::cuda::{self, CudaError, Event, Stream};
@@ -216,9 +216,11 @@ pub(crate) struct CudaIpcXfer {
     pub agent: String,
     /// The copies (`(dst, src, len)` in this process's address space).
     pub work: Work,
-    pub stream: Stream,
-    /// Shared with the ticket of the latest post, which the completer queries.
-    pub event: Arc<Event>,
+    /// The request's stream and the event recorded after its work (the event is shared with
+    /// the ticket of the latest post, which the completer queries); from the backend's pool
+    /// and given back to it on drop.
+    pub lane: Arc<Lane>,
+    pub lanes: Arc<LanePool>,
     pub engine: Engine,
     pub notif: Option<Arc<Notif>>,
     /// The target agent and where its notifications go (for per-post messages).
@@ -261,9 +263,11 @@ impl CudaIpcXfer {
             // admitted it only for copies of which no two conflict (`kernel::conflict`: no
             // destination overlaps another copy's destination or source, or its own source).
             let launched = if let Some(b) = &p.blocks {
-                p.kernel.launch_blocks(p.descs(), b, p.grid, &self.stream)
+                p.kernel
+                    .launch_blocks(p.descs(), b, p.grid, &self.lane.stream)
             } else {
-                p.kernel.launch(p.descs(), p.count, p.grid, &self.stream)
+                p.kernel
+                    .launch(p.descs(), p.count, p.grid, &self.lane.stream)
             };
             match launched {
                 Ok(()) => return Ok(()),
@@ -286,7 +290,7 @@ impl CudaIpcXfer {
         for &(dst, src, len) in self.work.copies() {
             // Crate invariant: both ranges lie in memory the request keeps alive (local
             // registration, loaded peer region), resolved to this process's addresses.
-            memcpy_async(dst, src, len as usize, &self.stream)?;
+            memcpy_async(dst, src, len as usize, &self.lane.stream)?;
         }
         Ok(())
     }
@@ -295,7 +299,7 @@ impl CudaIpcXfer {
     /// bound by the per-call launch cost.
     fn enqueue_batch(&mut self) -> std::result::Result<(), CudaError> {
         // Crate invariant: every range is valid as in `enqueue`.
-        memcpy_batch_async(self.work.copies(), &self.stream)
+        memcpy_batch_async(self.work.copies(), &self.lane.stream)
     }
 
     /// What the engine is, for the path.
@@ -318,7 +322,7 @@ impl CudaIpcXfer {
 
 impl BackendXfer for CudaIpcXfer {
     fn post(&mut self) -> Result<XferState> {
-        cuda::bind(self.stream.context())?;
+        cuda::bind(self.lane.stream.context())?;
         // A ticket of an earlier post that never completed (its request failed) must not be
         // sent when this post's data lands: the event is about to be recorded again.
         if let Some(t) = self.ticket.take() {
@@ -328,20 +332,22 @@ impl BackendXfer for CudaIpcXfer {
             // Some copies may already be queued: let them drain (bounded) before reporting,
             // since a failed request's memory may be released right after.
             let drained = self
+                .lane
                 .event
-                .record(&self.stream)
+                .record(&self.lane.stream)
                 .ok()
-                .and_then(|()| self.event.wait(self.cancel_timeout).ok());
+                .and_then(|()| self.lane.event.wait(self.cancel_timeout).ok());
             if drained != Some(true) {
                 tracing::error!(agent = %self.agent, "a partly enqueued CUDA_IPC transfer did not drain");
             }
             return Err(self.fail(Op::PostXfer, e));
         }
-        self.event
-            .record(&self.stream)
+        self.lane
+            .event
+            .record(&self.lane.stream)
             .map_err(|e| self.fail(Op::PostXfer, e))?;
         if let Some(n) = &self.notif {
-            let t = Arc::new(Ticket::new(self.event.clone(), n.clone()));
+            let t = Arc::new(Ticket::new(self.lane.event.clone(), n.clone()));
             self.completer.submit(t.clone());
             self.ticket = Some(t);
         }
@@ -349,8 +355,9 @@ impl BackendXfer for CudaIpcXfer {
     }
 
     fn check(&mut self) -> Result<XferState> {
-        cuda::bind(self.stream.context())?;
+        cuda::bind(self.lane.stream.context())?;
         if !self
+            .lane
             .event
             .query()
             .map_err(|e| self.fail(Op::CheckXfer, e))?
@@ -385,8 +392,8 @@ impl BackendXfer for CudaIpcXfer {
         }
         // Copies already handed to the GPU cannot be recalled: cancel waits for them
         // (bounded), so the memory is never freed under the hardware.
-        cuda::bind(self.stream.context())?;
-        match self.event.wait(self.cancel_timeout) {
+        cuda::bind(self.lane.stream.context())?;
+        match self.lane.event.wait(self.cancel_timeout) {
             Ok(true) => Ok(()),
             Ok(false) => Err(Error::TimedOut {
                 agent: self.agent.clone(),
@@ -433,6 +440,8 @@ impl Drop for CudaIpcXfer {
         // make, or whose cancel could not wait for the GPU) gives its descriptors' buffers
         // back pending: reused once the request's event completes, leaked if the work never
         // ends, never freed under the GPU (`StagingPool::give_when_done`).
+        // The stream and event go back to the pool if their work is complete.
+        self.lanes.give(self.lane.clone());
     }
 }
 

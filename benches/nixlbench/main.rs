@@ -16,7 +16,8 @@
 //! `--max-batch-size` (powers of two between), or explicit `--blocks a,b --batches c,d`;
 //! `--total-buffer-size`, `--num-iter`, `--warmup-iter`, `--num-threads`, `--tls`,
 //! `--fresh-requests` (make a request per iteration instead of reposting one),
-//! `--progress-thread on|off` (the UCX backend's own thread), `--json`,
+//! `--progress-thread on|off` (the UCX backend's own thread), `--direct-cma on|off` and
+//! `--cma-threads N` (the UCX backend's same-host copies, `UcxParams::direct_cma`), `--json`,
 //! `--backend UCX|POSIX|GDS`, `--filepath DIR`, `--storage-enable-direct`, `--target-gpu N`
 //! (the target process sees only GPU N: GPU-to-GPU runs).
 //! KV mode (like NIXL's kvbench): `--mode kv` with `--model-layers`, `--kv-heads`,
@@ -62,6 +63,9 @@ struct Opts {
     json: bool,
     bytes_per_point: f64,
     progress_thread: bool,
+    /// `UcxParams::direct_cma` and `cma_threads` of the initiator (`None`: the default).
+    direct_cma: Option<bool>,
+    cma_threads: Option<usize>,
     backend: BenchBackend,
     filepath: std::path::PathBuf,
     direct: bool,
@@ -131,6 +135,8 @@ fn parse() -> Res<Opts> {
         json: false,
         bytes_per_point: 2e9,
         progress_thread: true,
+        direct_cma: None,
+        cma_threads: None,
         backend: BenchBackend::Ucx,
         filepath: std::env::temp_dir(),
         direct: false,
@@ -191,6 +197,14 @@ fn parse() -> Res<Opts> {
                     v => return Err(format!("--progress-thread {v}: on or off").into()),
                 }
             }
+            "--direct-cma" => {
+                o.direct_cma = match val()?.as_str() {
+                    "on" => Some(true),
+                    "off" => Some(false),
+                    v => return Err(format!("--direct-cma {v}: on or off").into()),
+                }
+            }
+            "--cma-threads" => o.cma_threads = Some(num(val()?)? as usize),
             "--backend" => {
                 o.backend = match val()?.to_ascii_uppercase().as_str() {
                     "UCX" => BenchBackend::Ucx,
@@ -332,10 +346,13 @@ fn agent(name: &str, o: &Opts) -> Res<Agent> {
             ..AgentConfig::default()
         },
     )?;
+    let d = UcxParams::default();
     a.create_backend(UcxParams {
         transports: o.tls.clone(),
         progress_thread: o.progress_thread,
-        ..UcxParams::default()
+        direct_cma: o.direct_cma.unwrap_or(d.direct_cma),
+        cma_threads: o.cma_threads.unwrap_or(d.cma_threads),
+        ..d
     })?;
     Ok(a)
 }

@@ -45,6 +45,10 @@ pub struct UcxBackend {
     pub(crate) shapes: RwLock<Shapes>,
     pub(crate) next_worker: AtomicUsize,
     params: UcxParams,
+    /// This process, as announced in the connection info (for peers' direct CMA).
+    process: Option<nixl_core::ProcessId>,
+    /// Threads for large direct CMA copies, started at the first request that uses them.
+    cma_pool: OnceLock<Option<Arc<crate::cma::CopyPool>>>,
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -141,6 +145,8 @@ impl UcxBackend {
             sessions,
             next_worker: AtomicUsize::new(0),
             params,
+            process: nixl_core::ProcessId::current(),
+            cma_pool: OnceLock::new(),
             stop: Arc::new(AtomicBool::new(false)),
             threads: Mutex::new(Vec::new()),
         };
@@ -221,14 +227,41 @@ impl UcxBackend {
         let header = self.session_header(&peer, worker, Op::MakeXfer)?;
         let notif = notif.map(|m| crate::xfer::make_notif(&self.agent, &header, &peer, m));
         let bytes = work.bytes();
+        let mem_type = mem_type.unwrap_or(sys::UCS_MEMORY_TYPE_HOST);
+        // Host memory to a live process of this host that UCX reaches with cma: the backend
+        // makes those copies itself (`crate::cma`).
+        let direct = match peer.local_pid {
+            Some(pid) if mem_type == sys::UCS_MEMORY_TYPE_HOST && !peer.nixl => {
+                let pe = &peer.eps[worker];
+                let g = pe.worker.lock();
+                pe.uses_cma(&g).then(|| crate::cma::Direct::new(pid, &work))
+            }
+            _ => None,
+        };
+        let pool = match (&direct, self.params.cma_threads) {
+            (Some(_), n) if n > 0 => self
+                .cma_pool
+                .get_or_init(|| match crate::cma::CopyPool::start(&self.agent, n) {
+                    Ok(p) => Some(Arc::new(p)),
+                    Err(e) => {
+                        tracing::warn!(agent = %self.agent, error = %e, "could not start direct CMA copy threads; copying inside post");
+                        None
+                    }
+                })
+                .clone(),
+            _ => None,
+        };
         Ok(UcxXfer {
+            direct,
+            pool,
+            flight: None,
             bytes,
             agent: self.agent.clone(),
             ucx: self.ucx.clone(),
             peer,
             worker,
             op,
-            mem_type: mem_type.unwrap_or(sys::UCS_MEMORY_TYPE_HOST),
+            mem_type,
             work,
             notif,
             header,
@@ -333,11 +366,14 @@ impl Backend for UcxBackend {
 
     fn connection_info(&self) -> Result<Vec<u8>> {
         let addrs: Vec<&[u8]> = self.workers.iter().map(|w| w.address()).collect();
-        Ok(wire::encode_conn(&addrs))
+        Ok(wire::encode_conn_with(&addrs, self.process.as_ref()))
     }
 
     fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
-        let addrs = wire::decode_conn(info).map_err(|e| {
+        let wire::ConnInfo {
+            addresses: addrs,
+            process,
+        } = wire::decode_conn_info(info).map_err(|e| {
             Error::invalid(
                 &self.agent,
                 Op::LoadMetadata,
@@ -365,6 +401,9 @@ impl Backend for UcxBackend {
             self.params.shm_notifications,
         )?;
         peer.address = checked.into_iter().next();
+        if self.params.direct_cma {
+            peer.local_pid = process.and_then(|p| p.local_pid());
+        }
         crate::session::introduce(&self.ucx, &self.peer_auth, &mut peer)?;
         if let Some(old) = lock(&self.peers).insert(remote.to_owned(), Arc::new(peer)) {
             tracing::debug!(agent = %self.agent, remote, "replaced UCX endpoints of {}", old.name);

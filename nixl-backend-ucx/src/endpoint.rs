@@ -124,6 +124,8 @@ pub(crate) struct PeerEp {
     pub peer_failure: bool,
     /// Whether a lane of the endpoint is UCX's tcp transport (`TCP_*`, cached once known).
     tcp: AtomicU8,
+    /// Whether a lane of the endpoint is UCX's cma transport (`TCP_*` values, cached).
+    cma: AtomicU8,
 }
 
 impl PeerEp {
@@ -152,6 +154,29 @@ impl PeerEp {
         self.tcp
             .store(if tcp { TCP_YES } else { TCP_NO }, Ordering::Release);
         tcp
+    }
+
+    /// Whether UCX copies host memory to this peer with its cma transport (a lane of the
+    /// endpoint is `cma/...`): where the backend may make those copies itself (`crate::cma`).
+    /// Cached once known; `false` for a closed endpoint.
+    pub fn uses_cma(&self, g: &WorkerGuard<'_>) -> bool {
+        match self.cma.load(Ordering::Acquire) {
+            TCP_NO => return false,
+            TCP_YES => return true,
+            _ => {}
+        }
+        let Some(ep) = self.raw(g) else {
+            return false;
+        };
+        let lanes = if self.worker.ctx.ucx.has_ep_transports() {
+            query_transports(g, ep)
+        } else {
+            print_info(g, ep)
+        };
+        let cma = lanes.contains("cma/") || lanes.contains("cma ");
+        self.cma
+            .store(if cma { TCP_YES } else { TCP_NO }, Ordering::Release);
+        cma
     }
 
     /// The endpoint notifications go on (the shared-memory one where there is one), if still
@@ -316,6 +341,10 @@ pub(crate) struct Peer {
     /// The peer's worker address as checked by `crate::validate` (what its rkeys are
     /// checked against).
     pub address: Option<crate::validate::Address>,
+    /// The pid of the peer's process when it runs on this host (announced in its connection
+    /// info and checked alive here), for direct CMA copies (`crate::cma`); `None` otherwise
+    /// or when [`crate::UcxParams::direct_cma`] is off.
+    pub local_pid: Option<u32>,
 }
 
 impl std::fmt::Debug for Peer {
@@ -384,6 +413,7 @@ impl Peer {
                 shared,
                 peer_failure,
                 tcp: AtomicU8::new(TCP_UNKNOWN),
+                cma: AtomicU8::new(TCP_UNKNOWN),
             });
         }
         Ok(Peer {
@@ -392,6 +422,7 @@ impl Peer {
             nixl: false,
             headers: Vec::new(),
             address: None,
+            local_pid: None,
         })
     }
 

@@ -36,6 +36,11 @@
 //! - **Transfers.** A request is a batch of `ucp_put_nbx`/`ucp_get_nbx` plus one
 //!   `ucp_ep_flush_nbx`; its notification is an active message sent from the flush's
 //!   completion, so it arrives only after the data, even if the initiator stops polling.
+//! - **Direct CMA.** Host memory to a peer process on the same host, which UCX would copy
+//!   with its `cma` transport (one `process_vm_writev`/`process_vm_readv` per put or get), is
+//!   copied by the backend itself with the same calls, up to 1024 segments per call: the
+//!   peer announces its process in its connection info, and the path says `direct CMA`.
+//!   [`UcxParams::direct_cma`] turns it off.
 //! - **Failures.** Endpoints use UCX's peer error handling: a dead peer ends its requests in
 //!   [`nixl_core::Error::RemoteDisconnect`]. `cancel` waits (bounded by
 //!   [`UcxParams::cancel_timeout`]) and then force-closes the endpoint, so it returns only when
@@ -74,6 +79,7 @@
 #![warn(missing_docs)]
 
 mod backend;
+mod cma;
 mod context;
 mod endpoint;
 mod error;
@@ -96,8 +102,8 @@ mod worker;
 pub mod fuzzing {
     pub use crate::validate::{parse_address, parse_rkey};
     pub use crate::wire::{
-        decode_conn, decode_notif_header, decode_rkey, encode_conn, encode_notif_header,
-        encode_rkey,
+        decode_conn, decode_conn_info, decode_notif_header, decode_rkey, encode_conn,
+        encode_conn_with, encode_notif_header, encode_rkey, ConnInfo,
     };
 }
 mod xfer;
@@ -105,4 +111,4 @@ mod xfer;
 pub use backend::{probe, UcxBackend, UcxPlugin};
 pub use error::{UcxError, UCX};
 pub use loader::{DEPS_HOME, MIN_VERSION};
-pub use params::{UcxParams, TCP_USER_TIMEOUT_FACTOR};
+pub use params::{default_cma_threads, UcxParams, TCP_USER_TIMEOUT_FACTOR};

@@ -58,6 +58,25 @@ pub struct UcxParams {
     /// (~20 us instead of ~3 us from post to the target seeing it on the dev VM). Not used
     /// for stock NIXL peers.
     pub shm_notifications: bool,
+    /// Copy host memory to and from peers on the same host with the backend's own
+    /// `process_vm_writev`/`process_vm_readv` calls, many segments per call, wherever UCX
+    /// itself would use its `cma` transport for them (`crate` docs, "Direct CMA"): the same
+    /// kernel copies without one system call and UCX's protocol layers per segment. The path
+    /// says `direct CMA`. Not used for stock NIXL peers (their metadata names no process).
+    pub direct_cma: bool,
+    /// Threads that copy the pieces of large direct CMA requests (above 256 KiB): such a post
+    /// returns at once, and a request is cut into up to this many pieces copied at the same
+    /// time. `0`: every direct copy is made inside `post`. Default: a quarter of the
+    /// machine's cores, 1 to 4. At most 64.
+    pub cma_threads: usize,
+}
+
+/// The default of [`UcxParams::cma_threads`]: a quarter of the cores, 1 to 4.
+pub fn default_cma_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get() / 4)
+        .unwrap_or(1)
+        .clamp(1, 4)
 }
 
 impl Default for UcxParams {
@@ -73,6 +92,8 @@ impl Default for UcxParams {
             config: Vec::new(),
             nixl_compat: false,
             shm_notifications: true,
+            direct_cma: true,
+            cma_threads: default_cma_threads(),
         }
     }
 }
@@ -107,6 +128,12 @@ impl UcxParams {
         }
         if let Some(d) = &self.devices {
             nonempty("devices", d)?;
+        }
+        if self.cma_threads > 64 {
+            return Err(bad(format!(
+                "cma_threads must be 0..=64, not {}",
+                self.cma_threads
+            )));
         }
         if self.cancel_timeout.is_zero() {
             return Err(bad("cancel_timeout must be positive"));
@@ -190,6 +217,8 @@ impl UcxParams {
             "shm_notifications".into(),
             self.shm_notifications.to_string(),
         );
+        m.insert("direct_cma".into(), self.direct_cma.to_string());
+        m.insert("cma_threads".into(), self.cma_threads.to_string());
         m.insert(
             "cancel_timeout_ms".into(),
             self.cancel_timeout.as_millis().to_string(),
@@ -208,8 +237,7 @@ impl UcxParams {
 
     /// Parses the string-map form: `ucx_path`, `transports`, `devices`, `num_workers`,
     /// `progress_thread`, `cancel_timeout_ms`, `keepalive_interval_ms`, `nixl_compat`,
-    /// `shm_notifications`, and
-    /// `ucx.<OPTION>`.
+    /// `shm_notifications`, `direct_cma`, `cma_threads`, and `ucx.<OPTION>`.
     /// Empty values mean "default". Unknown keys are refused.
     pub fn from_map(map: &BTreeMap<String, String>) -> Result<Self> {
         let mut m = ParamMap::new(UCX, map);
@@ -233,6 +261,12 @@ impl UcxParams {
         }
         if let Some(b) = m.bool("shm_notifications")? {
             p.shm_notifications = b;
+        }
+        if let Some(b) = m.bool("direct_cma")? {
+            p.direct_cma = b;
+        }
+        if let Some(n) = m.usize("cma_threads")? {
+            p.cma_threads = n;
         }
         if let Some(d) = m.millis("cancel_timeout_ms")? {
             p.cancel_timeout = d;
@@ -260,6 +294,8 @@ mod tests {
             config: vec![("RNDV_THRESH".into(), "8k".into())],
             nixl_compat: true,
             shm_notifications: false,
+            direct_cma: false,
+            cma_threads: 3,
         };
         assert_eq!(UcxParams::from_map(&p.to_map()).unwrap(), p);
         assert_eq!(
@@ -303,6 +339,9 @@ mod tests {
             ("progress_thread", "maybe"),
             ("nixl_compat", "perhaps"),
             ("shm_notifications", "often"),
+            ("direct_cma", "sometimes"),
+            ("cma_threads", "65"),
+            ("cma_threads", "-1"),
             ("cancel_timeout_ms", "0"),
             ("keepalive_interval_ms", "-1"),
             ("bogus", "1"),

@@ -1,5 +1,6 @@
 //! The backend's bytes on the wire: in agent metadata, connection info (the workers'
-//! addresses) and region metadata (a packed rkey), both framed, bounded and checksummed, so
+//! addresses and, optionally, the agent's process: how a peer on the same host copies with
+//! CMA itself, `crate::cma`) and region metadata (a packed rkey), both framed, bounded and checksummed, so
 //! truncated or corrupted bytes are refused with a typed error before UCX parses anything
 //! (the structure UCX itself reads is checked in [`crate::validate`]); and the header of
 //! notification active messages (magic + the session id of the connection's hello, never a
@@ -7,7 +8,7 @@
 
 use nixl_core::backend::{SessionId, SESSION_LEN};
 use nixl_core::bytes::{ByteReader, ByteWriter};
-use nixl_core::DecodeError;
+use nixl_core::{DecodeError, ProcessId};
 
 /// Connection info magic.
 const CONN_MAGIC: &[u8; 6] = b"NXUCX1";
@@ -59,18 +60,47 @@ pub fn decode_notif_header(h: &[u8]) -> Result<SessionId, DecodeError> {
     Ok(s)
 }
 
-/// Encodes the workers' addresses.
+/// The tag of the optional process section after the worker addresses.
+const PROCESS_TAG: u8 = 1;
+
+/// Connection info: the workers' addresses, and the agent's process where it announces one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnInfo {
+    /// One UCX worker address per worker.
+    pub addresses: Vec<Vec<u8>>,
+    /// The process the agent runs in (boot, pid namespace, pid, start time).
+    pub process: Option<ProcessId>,
+}
+
+/// Encodes the workers' addresses (no process section).
 pub fn encode_conn(addresses: &[&[u8]]) -> Vec<u8> {
+    encode_conn_with(addresses, None)
+}
+
+/// Encodes the workers' addresses and, if given, the agent's process.
+pub fn encode_conn_with(addresses: &[&[u8]], process: Option<&ProcessId>) -> Vec<u8> {
     let mut w = ByteWriter::new();
     w.put(CONN_MAGIC).put_len(addresses.len());
     for a in addresses {
         w.put_blob(a);
     }
+    if let Some(p) = process {
+        w.put_u8(PROCESS_TAG)
+            .put(&p.boot_id)
+            .put_u64(p.pid_ns)
+            .put_u32(p.pid)
+            .put_u64(p.start_time);
+    }
     seal(w.into_vec())
 }
 
-/// Decodes connection info into worker addresses.
+/// Decodes connection info into worker addresses (a process section is checked, not kept).
 pub fn decode_conn(bytes: &[u8]) -> Result<Vec<Vec<u8>>, DecodeError> {
+    decode_conn_info(bytes).map(|c| c.addresses)
+}
+
+/// Decodes connection info.
+pub fn decode_conn_info(bytes: &[u8]) -> Result<ConnInfo, DecodeError> {
     let mut r = ByteReader::new(unsealed(bytes)?);
     r.magic(CONN_MAGIC)?;
     let n = r.count("worker count", MAX_WORKERS, 5)?;
@@ -89,8 +119,26 @@ pub fn decode_conn(bytes: &[u8]) -> Result<Vec<Vec<u8>>, DecodeError> {
         }
         out.push(a.to_vec());
     }
+    let process = if r.remaining() == 0 {
+        None
+    } else {
+        if r.u8()? != PROCESS_TAG {
+            return Err(DecodeError::Invalid {
+                what: "connection info section",
+            });
+        }
+        Some(ProcessId {
+            boot_id: r.array()?,
+            pid_ns: r.u64()?,
+            pid: r.u32()?,
+            start_time: r.u64()?,
+        })
+    };
     r.finish()?;
-    Ok(out)
+    Ok(ConnInfo {
+        addresses: out,
+        process,
+    })
 }
 
 /// Encodes a packed rkey with the region's memory type.
@@ -131,6 +179,40 @@ mod tests {
         }
         assert!(decode_conn(&encode_conn(&[])).is_err());
         assert!(decode_conn(&encode_conn(&[b""])).is_err());
+    }
+
+    #[test]
+    fn conn_with_a_process_roundtrips_and_refuses_damage() {
+        let p = ProcessId {
+            boot_id: [7; 16],
+            pid_ns: 4_026_531_836,
+            pid: 4242,
+            start_time: 123_456,
+        };
+        let e = encode_conn_with(&[b"abc"], Some(&p));
+        let c = decode_conn_info(&e).unwrap();
+        assert_eq!(c.addresses, vec![b"abc".to_vec()]);
+        assert_eq!(c.process, Some(p));
+        assert_eq!(decode_conn(&e), Ok(vec![b"abc".to_vec()]));
+        assert_eq!(
+            decode_conn_info(&encode_conn(&[b"abc"])).unwrap().process,
+            None
+        );
+        for i in 0..e.len() {
+            assert!(decode_conn_info(&e[..i]).is_err(), "prefix {i}");
+            let mut d = e.clone();
+            d[i] ^= 0x40;
+            assert!(decode_conn_info(&d).is_err(), "flip {i}");
+        }
+        // Another section tag, or bytes after the section, are refused even when resealed.
+        let body = &e[..e.len() - 8];
+        let tag_at = body.len() - (1 + 16 + 8 + 4 + 8);
+        let mut other = body.to_vec();
+        other[tag_at] = 2;
+        assert!(decode_conn_info(&seal(other)).is_err());
+        let mut longer = body.to_vec();
+        longer.push(0);
+        assert!(decode_conn_info(&seal(longer)).is_err());
     }
 
     #[test]

@@ -187,7 +187,7 @@ impl Work {
 
     /// Calls `f` on every segment in order until it returns `false`; returns whether every
     /// call returned `true`.
-    fn each(&self, mut f: impl FnMut(&Seg) -> bool) -> bool {
+    pub(crate) fn each(&self, mut f: impl FnMut(&Seg) -> bool) -> bool {
         match self {
             Work::Segs(v) => v.iter().all(f),
             Work::Blocks { layers, runs, .. } => {
@@ -250,6 +250,13 @@ pub(crate) struct UcxXfer {
     pub path: OnceLock<String>,
     /// Total bytes per post (for [`INLINE_PROGRESS_BYTES`]).
     pub bytes: u64,
+    /// Copies made by the backend itself (same-host host memory where UCX would use CMA),
+    /// instead of UCX puts and gets (`crate::cma`).
+    pub direct: Option<crate::cma::Direct>,
+    /// Threads for the pieces of large direct copies (`None`: copied inside `post`).
+    pub pool: Option<Arc<crate::cma::CopyPool>>,
+    /// The latest post's pieces, when it went to the pool.
+    pub flight: Option<Arc<crate::cma::Flight>>,
 }
 
 impl UcxXfer {
@@ -280,6 +287,9 @@ impl UcxXfer {
         match st.phase() {
             DONE => Ok(XferState::Done),
             FAILED => {
+                if let Some(e) = self.flight.as_ref().and_then(|f| f.error()) {
+                    return Err(crate::cma::error(&self.agent, &self.peer.name, op, &e));
+                }
                 Err(self.state_error(op, st.status.load(Ordering::Acquire) as sys::ucs_status_t))
             }
             _ => Ok(XferState::InProgress),
@@ -321,6 +331,108 @@ impl UcxXfer {
                 break;
             }
         }
+    }
+}
+
+impl UcxXfer {
+    /// A large direct copy: cut into pieces copied by the pool's threads; the last piece to
+    /// finish sends the notification (or fails the post). Returns at once.
+    fn post_pieces(&mut self, pool: &Arc<crate::cma::CopyPool>, pid: u32) -> Result<XferState> {
+        use crate::sys::cma::IoVec;
+        let mut ranges = Vec::with_capacity(self.work.len());
+        let mut bad = false;
+        self.work.each(|s| {
+            let (Ok(l), Ok(r), Ok(n)) = (
+                usize::try_from(s.local),
+                usize::try_from(s.remote),
+                usize::try_from(s.len),
+            ) else {
+                bad = true;
+                return false;
+            };
+            ranges.push((IoVec { base: l, len: n }, IoVec { base: r, len: n }));
+            true
+        });
+        if bad {
+            return Err(Error::invalid(
+                &self.agent,
+                Op::PostXfer,
+                "an address beyond this machine's address space",
+            ));
+        }
+        let pieces = crate::cma::split(&ranges, pool.size);
+        let pe = &self.peer.eps[self.worker];
+        let state = {
+            let g = pe.worker.lock();
+            let ep = pe
+                .raw(&g)
+                .ok_or_else(|| self.disconnected(Op::PostXfer, "UCX endpoint was closed"))?;
+            pe.shared.begin_op();
+            let notif_ep = pe.notif_raw(&g).unwrap_or(ep);
+            fresh_state(
+                &mut self.cur,
+                &self.ucx,
+                &self.notif,
+                notif_ep,
+                &pe.shared,
+                None,
+            )
+        };
+        let (st, peer, worker) = (state.clone(), self.peer.clone(), self.worker);
+        let flight = Arc::new(crate::cma::Flight::new(
+            pid,
+            self.op == XferOp::Write,
+            pieces,
+            Box::new(move |f| finish_pieces(f, &st, &peer, worker)),
+        ));
+        self.flight = Some(flight.clone());
+        for i in 0..flight.len() {
+            let f = flight.clone();
+            // Crate invariant (`Flight::run_piece`'s): the local ranges lie in registrations
+            // `_keep` holds until this post is no longer pending (cancel waits for it).
+            if let Err(job) = pool.run(Box::new(move || f.run_piece(i))) {
+                // The pool has stopped (the backend is going away): copy here.
+                job();
+            }
+        }
+        self.outcome(&state, Op::PostXfer)
+    }
+
+    /// After direct copies (complete): the notification, if any, goes out on the endpoint
+    /// now (it follows the data); the post is then done, or in flight until UCX has sent it.
+    fn complete_direct(&mut self) -> Result<XferState> {
+        let pe = &self.peer.eps[self.worker];
+        let mut g = pe.worker.lock();
+        let ep = pe
+            .raw(&g)
+            .ok_or_else(|| self.disconnected(Op::PostXfer, "UCX endpoint was closed"))?;
+        pe.shared.begin_op();
+        let notif_ep = pe.notif_raw(&g).unwrap_or(ep);
+        let state = fresh_state(
+            &mut self.cur,
+            &self.ucx,
+            &self.notif,
+            notif_ep,
+            &pe.shared,
+            None,
+        );
+        state.after_flush(&g.h().locked());
+        drop(g);
+        self.outcome(&state, Op::PostXfer)
+    }
+}
+
+/// The last piece of a large direct copy finished: the post fails, is canceled, or sends its
+/// notification (it follows the data) and is done.
+fn finish_pieces(flight: &crate::cma::Flight, state: &Arc<PostState>, peer: &Peer, worker: usize) {
+    if flight.error().is_some() {
+        state.finish(sys::UCS_ERR_IO_ERROR);
+    } else if flight.stopped() {
+        state.finish(sys::UCS_ERR_CANCELED);
+    } else {
+        let pe = &peer.eps[worker];
+        let mut g = pe.worker.lock();
+        state.after_flush(&g.h().locked());
     }
 }
 
@@ -370,6 +482,26 @@ impl BackendXfer for UcxXfer {
         }
         self.peer
             .check_alive(&self.agent, self.worker, Op::PostXfer)?;
+        if let Some(d) = self.direct.as_mut() {
+            self.flight = None;
+            if self.bytes > INLINE_PROGRESS_BYTES {
+                if let Some(pool) = self.pool.clone() {
+                    let pid = d.pid();
+                    return self.post_pieces(&pool, pid);
+                }
+            }
+            // Crate invariant (`Direct::run`'s): the segments' local ranges lie in
+            // registrations `_keep` holds; the agent keeps them unused by others meanwhile.
+            if let Err(e) = d.run(self.op == XferOp::Write, &self.work) {
+                return Err(crate::cma::error(
+                    &self.agent,
+                    &self.peer.name,
+                    Op::PostXfer,
+                    &e,
+                ));
+            }
+            return self.complete_direct();
+        }
         let pe = &self.peer.eps[self.worker];
         let mut g = pe.worker.lock();
         let ep = pe
@@ -430,6 +562,10 @@ impl BackendXfer for UcxXfer {
             ));
         };
         if st.phase() == PENDING {
+            if let Some(f) = &self.flight {
+                // Copy the pieces no pool thread has taken yet (no hand-over wait).
+                f.help();
+            }
             self.progress_until(&st);
         }
         self.outcome(&st, Op::CheckXfer)
@@ -439,6 +575,27 @@ impl BackendXfer for UcxXfer {
         let Some(st) = self.cur.clone() else {
             return Ok(());
         };
+        if let Some(f) = &self.flight {
+            // Direct copies: pieces not started are skipped; running ones end with their
+            // system call (bounded by their size). Until then the memory stays in use.
+            f.stop();
+            // Pieces nobody took are skipped here at once.
+            f.help();
+            let deadline = Instant::now() + self.cancel_timeout;
+            while st.phase() == PENDING && Instant::now() < deadline {
+                self.progress_once();
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            if st.phase() == PENDING {
+                return Err(Error::backend(
+                    &self.agent,
+                    crate::UCX,
+                    Op::Cancel,
+                    "direct CMA copies did not finish within cancel_timeout; their memory stays allocated",
+                ));
+            }
+            return Ok(());
+        }
         // UCX cannot cancel RMA in flight: wait for it (bounded), then force-close the
         // endpoint, which completes every request on it.
         let deadline = Instant::now() + self.cancel_timeout;
@@ -489,12 +646,23 @@ impl BackendXfer for UcxXfer {
         Some(
             self.path
                 .get_or_init(|| {
-                    let t = self.peer.transports_on(self.worker);
+                    let mut t = self.peer.transports_on(self.worker);
                     if self.peer.eps.len() > 1 {
-                        format!("{t} [worker {}]", self.worker)
-                    } else {
-                        t
+                        t = format!("{t} [worker {}]", self.worker);
                     }
+                    if let Some(d) = &self.direct {
+                        let call = if self.op == XferOp::Write {
+                            "process_vm_writev"
+                        } else {
+                            "process_vm_readv"
+                        };
+                        t = format!(
+                            "direct CMA ({call} x{} per post, {} segments); {t}",
+                            d.calls,
+                            self.work.len()
+                        );
+                    }
+                    t
                 })
                 .clone(),
         )
@@ -503,5 +671,12 @@ impl BackendXfer for UcxXfer {
     fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {
         self.notif = msg.map(|m| make_notif(&self.agent, &self.header, &self.peer, m));
         Ok(())
+    }
+
+    fn abandon(&mut self) {
+        // Direct copies not started yet never start; UCX's own RMA cannot be stopped.
+        if let Some(f) = &self.flight {
+            f.stop();
+        }
     }
 }

@@ -1,15 +1,27 @@
 //! The shared backend conformance suite, one test per case, on UCX over tcp and over shared
 //! memory, in one process (the two-process scenarios are in `two_process.rs`). Cases a
-//! capability excludes are reported as not applicable, naming it.
+//! capability excludes are reported as not applicable, naming it. Over shared memory host
+//! copies are the backend's own direct CMA by default (in pieces on its copy threads, or
+//! inside `post` without them); `shm_ucx_copies` runs the suite with UCX making them.
 
 mod common;
 
 use std::sync::Arc;
 
+use nixl_backend_ucx::UcxParams;
 use nixl_core::conformance::Suite;
 use nixl_core::AgentConfig;
 
 fn suite(tls: &'static str, progress_thread: bool) -> Option<Suite> {
+    suite_with(tls, progress_thread, "", |p| p)
+}
+
+fn suite_with(
+    tls: &'static str,
+    progress_thread: bool,
+    tag: &str,
+    tweak: fn(UcxParams) -> UcxParams,
+) -> Option<Suite> {
     if !common::ucx_or_skip("conformance") {
         return None;
     }
@@ -18,14 +30,14 @@ fn suite(tls: &'static str, progress_thread: bool) -> Option<Suite> {
         ..AgentConfig::default()
     };
     let name = format!(
-        "ucx-{}{}",
+        "ucx-{}{}{tag}",
         tls.replace(',', "+"),
         if progress_thread { "-pt" } else { "" }
     );
     Some(Suite::new(
         &name,
         config,
-        Arc::new(move |a| a.create_backend(common::params(tls))),
+        Arc::new(move |a| a.create_backend(tweak(common::params(tls)))),
     ))
 }
 
@@ -35,6 +47,21 @@ fn tcp() -> Option<Suite> {
 
 fn shm() -> Option<Suite> {
     suite(common::SHM, false)
+}
+
+fn shm_ucx_copies() -> Option<Suite> {
+    suite_with(common::SHM, false, "-ucx-copies", |p| UcxParams {
+        direct_cma: false,
+        ..p
+    })
+}
+
+fn shm_direct_inside_post() -> Option<Suite> {
+    suite_with(common::SHM, false, "-direct-inline", |p| UcxParams {
+        direct_cma: true,
+        cma_threads: 0,
+        ..p
+    })
 }
 
 fn tcp_with_agent_progress_thread() -> Option<Suite> {
@@ -47,6 +74,14 @@ mod conformance_tcp {
 
 mod conformance_shm {
     nixl_core::conformance_tests!(super::shm);
+}
+
+mod conformance_shm_ucx_copies {
+    nixl_core::conformance_tests!(super::shm_ucx_copies);
+}
+
+mod conformance_shm_direct_inside_post {
+    nixl_core::conformance_tests!(super::shm_direct_inside_post);
 }
 
 mod conformance_tcp_with_agent_progress_thread {

@@ -66,6 +66,21 @@ impl ProcessId {
     }
 }
 
+impl ProcessId {
+    /// The pid of this process on this host, when it runs here: the same boot and pid
+    /// namespace as the calling process, and `/proc/<pid>` showing the announced start time
+    /// (so an exited peer whose pid was reused is not mistaken for it). `None` otherwise.
+    /// Checked once, when asked: a caller keeping the pid must learn of the exit another way
+    /// (the agent watches same-host peers with a pidfd).
+    pub fn local_pid(&self) -> Option<u32> {
+        let me = Self::current()?;
+        if self.boot_id != me.boot_id || self.pid_ns != me.pid_ns || self.pid == 0 {
+            return None;
+        }
+        (start_time(&self.pid.to_string())? == self.start_time).then_some(self.pid)
+    }
+}
+
 /// How stale [`ProcessWatch::exited_lately`] may be: a peer that exited less than this ago
 /// may still look alive (its transport then reports the failure, or the next check does).
 pub(crate) const POLL_EVERY: Duration = Duration::from_micros(200);
@@ -191,5 +206,15 @@ mod tests {
             ..me
         };
         assert!(ProcessWatch::open(&elsewhere, Some(&me)).unwrap().is_none());
+        // Only a live process of this host, with its own start time, has a local pid.
+        assert_eq!(me.local_pid(), Some(std::process::id()));
+        assert_eq!(id.local_pid(), None, "exited");
+        assert_eq!(wrong.local_pid(), None, "another start time");
+        assert_eq!(elsewhere.local_pid(), None, "another boot");
+        let other_ns = ProcessId {
+            pid_ns: me.pid_ns ^ 1,
+            ..me
+        };
+        assert_eq!(other_ns.local_pid(), None, "another pid namespace");
     }
 }

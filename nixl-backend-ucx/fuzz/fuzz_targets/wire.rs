@@ -6,14 +6,19 @@
 
 use libfuzzer_sys::fuzz_target;
 use nixl_backend_ucx::fuzzing::{
-    decode_conn, decode_notif_header, decode_rkey, encode_conn, encode_notif_header, encode_rkey,
-    parse_address, parse_rkey,
+    decode_conn, decode_conn_info, decode_notif_header, decode_rkey, encode_conn,
+    encode_conn_with, encode_notif_header, encode_rkey, parse_address, parse_rkey,
 };
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(addrs) = decode_conn(data) {
-        let refs: Vec<&[u8]> = addrs.iter().map(|a| a.as_slice()).collect();
-        assert_eq!(encode_conn(&refs), data, "conn info re-encodes to the same bytes");
+    if let Ok(info) = decode_conn_info(data) {
+        let refs: Vec<&[u8]> = info.addresses.iter().map(|a| a.as_slice()).collect();
+        assert_eq!(
+            encode_conn_with(&refs, info.process.as_ref()),
+            data,
+            "conn info re-encodes to the same bytes"
+        );
+        assert_eq!(decode_conn(data).ok(), Some(info.addresses.clone()));
     }
     if let Ok((t, packed)) = decode_rkey(data) {
         assert_eq!(encode_rkey(t, packed), data, "rkey re-encodes to the same bytes");

@@ -1,0 +1,490 @@
+//! Direct CMA: same-host copies without UCX's per-operation layers.
+//!
+//! Between two processes of one host UCX moves host memory with its `cma` transport: one
+//! `process_vm_writev` (or `process_vm_readv`) system call per put or get. Where UCX chose
+//! that transport for a peer's endpoint (its lanes name `cma/`), the peer announced its
+//! process in its connection info, and that process is alive on this host
+//! ([`nixl_core::ProcessId::local_pid`]), the backend issues the same copies itself, up to
+//! [`IOV_MAX`] segments per call: a request of 32 blocks of 4 KiB costs one system call
+//! instead of 32. Nothing else changes: the copies are complete when the call returns, and the
+//! notification then goes out on the peer's endpoint as before, so it still follows its data.
+//! [`UcxParams::direct_cma`](crate::UcxParams::direct_cma) turns it off; the path report says
+//! which was used (`direct CMA`).
+//!
+//! Trust: the pid comes from the peer's metadata, as UCX's own CMA takes it from the peer's
+//! worker address; the remote ranges are the ones the agent checked against the peer's
+//! regions. A range the peer does not have mapped is an error (`EFAULT`), never a fault here.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use nixl_core::{Error, Op};
+
+use crate::sys::cma::{copy, IoVec, IOV_MAX};
+use crate::xfer::Work;
+
+/// A request's direct copies: the peer's pid and reused range lists.
+pub(crate) struct Direct {
+    pid: u32,
+    local: Vec<IoVec>,
+    remote: Vec<IoVec>,
+    /// System calls one post makes (for the path).
+    pub calls: usize,
+}
+
+impl Direct {
+    /// Direct copies to process `pid` for a request of `work`.
+    pub fn new(pid: u32, work: &Work) -> Self {
+        let n = work.len().min(IOV_MAX);
+        Direct {
+            pid,
+            local: Vec::with_capacity(n),
+            remote: Vec::with_capacity(n),
+            calls: work.len().div_ceil(IOV_MAX).max(1),
+        }
+    }
+
+    /// The peer's pid.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Copies every segment of `work` (local to remote for a WRITE, back for a READ), at most
+    /// [`IOV_MAX`] per system call; complete when it returns.
+    ///
+    /// Crate invariant (the request's): every local range lies in a registration the request
+    /// keeps alive, and for a READ nothing else uses it while the request is in flight (the
+    /// agent's rule for every backend).
+    pub fn run(&mut self, write: bool, work: &Work) -> io::Result<()> {
+        self.local.clear();
+        self.remote.clear();
+        let mut failed = None;
+        let pid = self.pid;
+        let (local, remote) = (&mut self.local, &mut self.remote);
+        work.each(|s| {
+            let (Ok(l), Ok(r), Ok(n)) = (
+                usize::try_from(s.local),
+                usize::try_from(s.remote),
+                usize::try_from(s.len),
+            ) else {
+                failed = Some(io::Error::from(io::ErrorKind::InvalidInput));
+                return false;
+            };
+            local.push(IoVec { base: l, len: n });
+            remote.push(IoVec { base: r, len: n });
+            if local.len() == IOV_MAX {
+                if let Err(e) = copy(pid, write, local, remote) {
+                    failed = Some(e);
+                    return false;
+                }
+                local.clear();
+                remote.clear();
+            }
+            true
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if !local.is_empty() {
+            copy(pid, write, local, remote)?;
+        }
+        Ok(())
+    }
+}
+
+/// The typed error for a failed direct copy to `remote`.
+pub(crate) fn error(agent: &str, remote: &str, op: Op, e: &io::Error) -> Error {
+    match e.raw_os_error() {
+        // ESRCH: the peer's process is gone.
+        Some(3) => Error::disconnected(agent, remote, op, "its process has exited (CMA: ESRCH)"),
+        Some(14) => Error::backend(
+            agent,
+            crate::UCX,
+            op,
+            format!("CMA: a range of {remote}'s region is not mapped in its process (EFAULT)"),
+        ),
+        _ => Error::backend(agent, crate::UCX, op, format!("CMA copy to {remote}: {e}")),
+    }
+}
+
+/// Bytes below which a request is not split across copy threads (a piece smaller than this
+/// costs more to hand over than to copy).
+pub(crate) const MIN_PIECE: usize = 1 << 20;
+
+/// The copies of one request, cut into `pieces` of about equal bytes (at least [`MIN_PIECE`]
+/// each, at most `pieces`), each at most [`IOV_MAX`] ranges; a range longer than a piece is cut
+/// too. Every byte of `ranges` is in exactly one piece, in order.
+pub(crate) fn split(ranges: &[(IoVec, IoVec)], pieces: usize) -> Vec<(Vec<IoVec>, Vec<IoVec>)> {
+    let total: usize = ranges.iter().map(|(l, _)| l.len).sum();
+    let n = pieces.clamp(1, total.div_ceil(MIN_PIECE).max(1));
+    let per = total.div_ceil(n).max(1);
+    let mut out = Vec::with_capacity(n);
+    let (mut l, mut r) = (Vec::new(), Vec::new());
+    let mut room = per;
+    for &(lv, rv) in ranges {
+        let mut off = 0;
+        while off < lv.len {
+            if room == 0 || l.len() == IOV_MAX {
+                out.push((std::mem::take(&mut l), std::mem::take(&mut r)));
+                room = per;
+            }
+            let take = (lv.len - off).min(room);
+            l.push(IoVec {
+                base: lv.base + off,
+                len: take,
+            });
+            r.push(IoVec {
+                base: rv.base + off,
+                len: take,
+            });
+            off += take;
+            room -= take;
+        }
+    }
+    if !l.is_empty() {
+        out.push((l, r));
+    }
+    out
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Threads that run the pieces of large direct copies, so a post returns at once and a large
+/// request is copied by several cores ([`UcxParams::cma_threads`](crate::UcxParams::cma_threads)).
+pub(crate) struct CopyPool {
+    tx: std::sync::Mutex<Option<std::sync::mpsc::Sender<Job>>>,
+    threads: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// How many threads run pieces.
+    pub size: usize,
+}
+
+impl CopyPool {
+    /// Starts `size` threads named after `agent`.
+    pub fn start(agent: &str, size: usize) -> io::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let rx = std::sync::Arc::new(std::sync::Mutex::new(rx));
+        let mut threads = Vec::with_capacity(size);
+        for i in 0..size.max(1) {
+            let rx = rx.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("nixl-cma-{i}"))
+                    .spawn(move || loop {
+                        // One job at a time; the lock is released before the job runs.
+                        let job = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                        match job {
+                            Ok(job) => job(),
+                            Err(_) => return,
+                        }
+                    })?,
+            );
+        }
+        tracing::debug!(agent, threads = size, "direct CMA copy threads started");
+        Ok(CopyPool {
+            tx: std::sync::Mutex::new(Some(tx)),
+            threads: std::sync::Mutex::new(threads),
+            size: size.max(1),
+        })
+    }
+
+    /// Runs `job` on a pool thread; `Err` gives it back when the pool has stopped.
+    pub fn run(&self, job: Job) -> Result<(), Job> {
+        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        match tx.as_ref() {
+            Some(tx) => tx.send(job).map_err(|e| e.0),
+            None => Err(job),
+        }
+    }
+}
+
+impl Drop for CopyPool {
+    fn drop(&mut self) {
+        // Closing the channel ends each thread after the jobs queued before it.
+        drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
+        for t in std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner())) {
+            if t.join().is_err() {
+                tracing::error!("a direct CMA copy thread panicked");
+            }
+        }
+    }
+}
+
+/// One piece of a large direct copy.
+struct Piece {
+    local: Vec<IoVec>,
+    remote: Vec<IoVec>,
+    /// Taken by whoever copies it (a pool thread, or the application's `check`).
+    claimed: AtomicBool,
+}
+
+/// What runs once every piece of a post has finished (sends the notification, or fails the
+/// post): given the flight, which tells whether a piece failed or the post was stopped.
+pub(crate) type Finish = Box<dyn Fn(&Flight) + Send + Sync>;
+
+/// One post's pieces: queued on the pool, and claimable by the application's own `check`, so
+/// a thread that polls copies too (no hand-over delay for a piece nobody else took yet).
+pub(crate) struct Flight {
+    pid: u32,
+    write: bool,
+    pieces: Vec<Piece>,
+    /// Pieces not finished yet.
+    remaining: AtomicUsize,
+    /// The first failure.
+    error: Mutex<Option<io::Error>>,
+    /// Set by cancel or abandon: pieces not started yet are not copied.
+    stop: AtomicBool,
+    finish: Finish,
+}
+
+impl Flight {
+    /// A flight copying `pieces` to or from process `pid`; `finish` runs after the last.
+    pub fn new(
+        pid: u32,
+        write: bool,
+        pieces: Vec<(Vec<IoVec>, Vec<IoVec>)>,
+        finish: Finish,
+    ) -> Self {
+        let n = pieces.len();
+        Flight {
+            pid,
+            write,
+            pieces: pieces
+                .into_iter()
+                .map(|(local, remote)| Piece {
+                    local,
+                    remote,
+                    claimed: AtomicBool::new(false),
+                })
+                .collect(),
+            remaining: AtomicUsize::new(n),
+            error: Mutex::new(None),
+            stop: AtomicBool::new(false),
+            finish,
+        }
+    }
+
+    /// How many pieces.
+    pub fn len(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// Copies piece `i` unless someone already took it (or skips the copy once stopped);
+    /// the one finishing the last piece runs the finisher.
+    ///
+    /// Crate invariant (`copy`'s, the request's): every piece's local ranges lie in
+    /// registrations the request keeps alive while the post is pending, unused by others.
+    pub fn run_piece(&self, i: usize) {
+        let Some(p) = self.pieces.get(i) else { return };
+        if p.claimed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if !self.stopped() {
+            if let Err(e) = copy(self.pid, self.write, &p.local, &p.remote) {
+                self.fail(e);
+            }
+        }
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+            (self.finish)(self);
+        }
+    }
+
+    /// Copies (or, once stopped, skips) every piece nobody took yet, on the calling thread.
+    pub fn help(&self) {
+        for i in 0..self.pieces.len() {
+            self.run_piece(i);
+        }
+    }
+
+    /// Pieces not started yet are not copied.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+    }
+
+    /// Whether [`Flight::stop`] was called.
+    pub fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// Keeps the first failure.
+    fn fail(&self, e: io::Error) {
+        let mut g = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            *g = Some(e);
+        }
+    }
+
+    /// The failure, if a piece failed.
+    pub fn error(&self) -> Option<io::Error> {
+        let g = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        g.as_ref().map(|e| match e.raw_os_error() {
+            Some(n) => io::Error::from_raw_os_error(n),
+            None => io::Error::new(e.kind(), e.to_string()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(base: usize, len: usize) -> (IoVec, IoVec) {
+        (
+            IoVec { base, len },
+            IoVec {
+                base: base + (1 << 40),
+                len,
+            },
+        )
+    }
+
+    /// Pieces cover every byte once, in order, remote offsets following local ones, with at
+    /// most the asked number of pieces (fewer when small) and IOV_MAX ranges each.
+    #[test]
+    fn split_covers_every_byte_once() {
+        let cases: Vec<(Vec<(IoVec, IoVec)>, usize)> = vec![
+            (vec![r(0x1000, 64 << 20)], 4),
+            (vec![r(0x1000, 4096)], 4),
+            ((0..32).map(|i| r(i * (2 << 20), 1 << 20)).collect(), 4),
+            ((0..3000).map(|i| r(i * 8192, 4096)).collect(), 3),
+            (
+                (0..5)
+                    .map(|i| r(i * (8 << 20), (i + 1) * 777_777))
+                    .collect(),
+                7,
+            ),
+            (vec![r(0x1000, 3 << 20)], 1),
+        ];
+        for (ranges, n) in cases {
+            let total: usize = ranges.iter().map(|(l, _)| l.len).sum();
+            let pieces = split(&ranges, n);
+            assert!(pieces.len() <= n.max(total.div_ceil(IOV_MAX * 4096)));
+            if total < MIN_PIECE {
+                assert_eq!(pieces.len(), 1);
+            }
+            let flat: Vec<(IoVec, IoVec)> = pieces
+                .iter()
+                .flat_map(|(l, r)| {
+                    assert_eq!(l.len(), r.len());
+                    assert!(l.len() <= IOV_MAX && !l.is_empty());
+                    l.iter().copied().zip(r.iter().copied())
+                })
+                .collect();
+            // Re-join consecutive cuts and compare with the input.
+            let mut joined: Vec<(IoVec, IoVec)> = Vec::new();
+            for (l, rr) in flat {
+                assert_eq!(rr.base - l.base, 1 << 40);
+                assert_eq!(l.len, rr.len);
+                match joined.last_mut() {
+                    Some((pl, pr)) if pl.base + pl.len == l.base => {
+                        pl.len += l.len;
+                        pr.len += rr.len;
+                    }
+                    _ => joined.push((l, rr)),
+                }
+            }
+            let mut want: Vec<(IoVec, IoVec)> = Vec::new();
+            for &(l, rr) in &ranges {
+                match want.last_mut() {
+                    Some((pl, pr)) if pl.base + pl.len == l.base => {
+                        pl.len += l.len;
+                        pr.len += rr.len;
+                    }
+                    _ => want.push((l, rr)),
+                }
+            }
+            assert_eq!(joined, want);
+        }
+    }
+
+    #[test]
+    fn a_pool_runs_jobs_and_stops() {
+        let pool = CopyPool::start("t", 3).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        for i in 0..10 {
+            let tx = tx.clone();
+            assert!(pool.run(Box::new(move || tx.send(i).unwrap())).is_ok());
+        }
+        let mut got: Vec<i32> = (0..10).map(|_| rx.recv().unwrap()).collect();
+        got.sort();
+        assert_eq!(got, (0..10).collect::<Vec<_>>());
+        drop(pool);
+    }
+
+    /// Every piece is copied once, by whichever thread claims it; the finisher runs once,
+    /// after the last; a failure is kept; a stopped flight copies nothing more.
+    #[test]
+    fn a_flight_copies_each_piece_once_and_finishes_once() {
+        use std::sync::Arc;
+        let me = std::process::id();
+        let src: Vec<u8> = (0..(8 << 20)).map(|i: u32| (i % 251) as u8).collect();
+        let mut dst = vec![0u8; src.len()];
+        let ranges = [(
+            IoVec {
+                base: src.as_ptr() as usize,
+                len: src.len(),
+            },
+            IoVec {
+                base: dst.as_mut_ptr() as usize,
+                len: dst.len(),
+            },
+        )];
+        let finished = Arc::new(AtomicUsize::new(0));
+        let f2 = finished.clone();
+        let flight = Arc::new(Flight::new(
+            me,
+            true,
+            split(&ranges, 4),
+            Box::new(move |f| {
+                assert!(f.error().is_none());
+                f2.fetch_add(1, Ordering::SeqCst);
+            }),
+        ));
+        assert_eq!(flight.len(), 4);
+        let pool = CopyPool::start("t", 2).unwrap();
+        for i in 0..flight.len() {
+            let f = flight.clone();
+            assert!(pool.run(Box::new(move || f.run_piece(i))).is_ok());
+        }
+        flight.help();
+        drop(pool);
+        assert_eq!(finished.load(Ordering::SeqCst), 1);
+        assert_eq!(dst, src);
+        // A failing piece is kept; a stopped flight copies nothing.
+        let bad = [(
+            IoVec {
+                base: src.as_ptr() as usize,
+                len: 4096,
+            },
+            IoVec { base: 8, len: 4096 },
+        )];
+        let f = Flight::new(
+            me,
+            true,
+            split(&bad, 1),
+            Box::new(|f| assert!(f.error().is_some())),
+        );
+        f.help();
+        assert_eq!(f.error().and_then(|e| e.raw_os_error()), Some(14));
+        let mut out = vec![0u8; 4096];
+        let stopped = [(
+            IoVec {
+                base: src.as_ptr() as usize,
+                len: 4096,
+            },
+            IoVec {
+                base: out.as_mut_ptr() as usize,
+                len: 4096,
+            },
+        )];
+        let f = Flight::new(
+            me,
+            true,
+            split(&stopped, 1),
+            Box::new(|f| assert!(f.stopped())),
+        );
+        f.stop();
+        f.help();
+        assert_eq!(out, vec![0u8; 4096]);
+    }
+}

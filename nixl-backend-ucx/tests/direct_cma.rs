@@ -1,0 +1,267 @@
+//! Direct CMA (`UcxParams::direct_cma`): where UCX would copy host memory to a same-host peer
+//! with its cma transport, the backend makes the `process_vm_writev`/`process_vm_readv` calls
+//! itself, many segments per call, and large requests in pieces on its copy threads. These
+//! tests check that the path says which copies were made, that every byte lands (both ways,
+//! inline and in pieces, segments and block tables), that a notification follows its data,
+//! and that a peer range that is not mapped is a typed error. Two agents in one process: a
+//! process may attach to itself, so the same system calls run as between two processes
+//! (`two_process.rs` covers those, over the default settings).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nixl_backend_ucx::UcxParams;
+use nixl_core::{
+    Agent, Desc, Error, HostBuffer, MemKind, MemoryRegion, XferDescList, XferOp, XferOptions,
+};
+use nixl_mem::{MmapBuffer, Pages};
+
+const T: Duration = Duration::from_secs(30);
+
+fn agent(role: &str, params: UcxParams) -> Agent {
+    let a = Agent::new(&common::unique(role), common::config(false)).expect("agent");
+    a.create_backend(params).expect("UCX backend");
+    a
+}
+
+fn shm(direct: bool, threads: usize) -> UcxParams {
+    UcxParams {
+        direct_cma: direct,
+        cma_threads: threads,
+        ..common::params(common::SHM)
+    }
+}
+
+/// Initiator and target agents (the target's memory `len` bytes of zeros, the initiator's a
+/// pattern), with the target's metadata loaded.
+struct Pair {
+    a: Agent,
+    b: Agent,
+    src: Arc<HostBuffer>,
+    dst: Arc<HostBuffer>,
+    _regs: Vec<nixl_core::Registration>,
+}
+
+fn pair(params: UcxParams, len: usize) -> Pair {
+    let (a, b) = (agent("a", params.clone()), agent("b", params));
+    let (src, dst) = (common::buf(len), common::buf(len));
+    src.fill_pattern(9);
+    let r1 = a.register_mem(vec![src.clone()], &[]).expect("register");
+    let r2 = b.register_mem(vec![dst.clone()], &[]).expect("register");
+    a.load_remote_metadata(&b.local_metadata().expect("md"))
+        .expect("load");
+    Pair {
+        a,
+        b,
+        src,
+        dst,
+        _regs: vec![r1, r2],
+    }
+}
+
+/// Moves `n` blocks of `blk` bytes, shuffled on the target side, WRITE then READ back into a
+/// cleared source; returns the two requests' paths.
+fn round_trip(p: &Pair, blk: u64, n: usize) -> (String, String) {
+    // Block i of the source goes to block (i * 7 + 3) % n of the target: nothing merges.
+    let order: Vec<u64> = (0..n as u64).map(|i| (i * 7 + 3) % n as u64).collect();
+    let local = XferDescList::blocks(MemKind::Dram, p.src.addr(), blk, n);
+    let mut remote = XferDescList::new(MemKind::Dram);
+    for &k in &order {
+        remote.push(Desc::new(p.dst.addr() + k * blk, blk));
+    }
+    let w =
+        p.a.create_xfer_req(
+            XferOp::Write,
+            &local,
+            &remote,
+            p.b.name(),
+            XferOptions::with_notif(b"written".to_vec()),
+        )
+        .expect("make WRITE");
+    p.a.post_xfer_req(&w).expect("post WRITE");
+    w.wait(T).expect("WRITE completes");
+    // The notification follows its data: when it is handed out, every block is there.
+    let got = p.b.wait_notifs(T).expect("notification");
+    assert_eq!(got[p.a.name()], vec![b"written".to_vec()]);
+    let (s, d) = (p.src.to_vec(), p.dst.to_vec());
+    for (i, &k) in order.iter().enumerate() {
+        let (i, k, b) = (i as u64, k, blk);
+        assert!(
+            d[(k * b) as usize..((k + 1) * b) as usize]
+                == s[(i * b) as usize..((i + 1) * b) as usize],
+            "block {i} landed at {k}"
+        );
+    }
+    let wpath = w.path();
+    // READ back into a cleared source.
+    p.src.fill(0);
+    let r =
+        p.a.create_xfer_req(
+            XferOp::Read,
+            &local,
+            &remote,
+            p.b.name(),
+            XferOptions::default(),
+        )
+        .expect("make READ");
+    p.a.post_xfer_req(&r).expect("post READ");
+    r.wait(T).expect("READ completes");
+    let (s, d) = (p.src.to_vec(), p.dst.to_vec());
+    for (i, &k) in order.iter().enumerate() {
+        let (i, b) = (i as u64, blk);
+        assert!(
+            s[(i * b) as usize..((i + 1) * b) as usize]
+                == d[(k * b) as usize..((k + 1) * b) as usize],
+            "block {k} read back into {i}"
+        );
+    }
+    (wpath, r.path())
+}
+
+#[test]
+fn small_requests_copy_many_segments_per_call_inside_post() {
+    if !common::ucx_or_skip("direct_cma_small") {
+        return;
+    }
+    let p = pair(shm(true, 2), 64 * 4096);
+    let (w, r) = round_trip(&p, 4096, 64);
+    assert!(
+        w.contains("direct CMA (process_vm_writev x1 per post, 64 segments)"),
+        "{w}"
+    );
+    assert!(
+        r.contains("direct CMA (process_vm_readv x1 per post, 64 segments)"),
+        "{r}"
+    );
+    assert!(w.contains("cma/"), "UCX's own choice is cma: {w}");
+}
+
+#[test]
+fn large_requests_are_copied_in_pieces_by_the_copy_threads() {
+    if !common::ucx_or_skip("direct_cma_large") {
+        return;
+    }
+    // 2,500 blocks of 8 KiB (20 MiB, more segments than one call takes) over three threads.
+    let p = pair(shm(true, 3), 2500 * 8192);
+    let (w, r) = round_trip(&p, 8192, 2500);
+    assert!(
+        w.contains("direct CMA (process_vm_writev x3 per post, 2500 segments)"),
+        "{w}"
+    );
+    assert!(r.contains("process_vm_readv"), "{r}");
+    // One large segment, cut across the threads.
+    let p = pair(shm(true, 4), 32 << 20);
+    let (w, _) = round_trip(&p, 32 << 20, 1);
+    assert!(w.contains("direct CMA"), "{w}");
+}
+
+#[test]
+fn without_threads_large_requests_are_copied_inside_post() {
+    if !common::ucx_or_skip("direct_cma_inline") {
+        return;
+    }
+    let p = pair(shm(true, 0), 1500 * 8192);
+    let local = XferDescList::blocks(MemKind::Dram, p.src.addr(), 8192, 1500);
+    let remote = XferDescList::blocks(MemKind::Dram, p.dst.addr(), 8192, 1500);
+    let req =
+        p.a.create_xfer_req(
+            XferOp::Write,
+            &local,
+            &remote,
+            p.b.name(),
+            XferOptions::default(),
+        )
+        .expect("make");
+    assert_eq!(
+        p.a.post_xfer_req(&req).expect("post"),
+        nixl_core::XferState::Done,
+        "copied inside post"
+    );
+    assert!(p.dst.to_vec() == p.src.to_vec());
+}
+
+#[test]
+fn turned_off_ucx_makes_the_copies() {
+    if !common::ucx_or_skip("direct_cma_off") {
+        return;
+    }
+    let p = pair(shm(false, 2), 64 * 4096);
+    let (w, r) = round_trip(&p, 4096, 64);
+    assert!(
+        !w.contains("direct CMA") && !r.contains("direct CMA"),
+        "{w} / {r}"
+    );
+    assert!(w.contains("cma/"), "{w}");
+}
+
+#[test]
+fn over_tcp_ucx_makes_the_copies() {
+    if !common::ucx_or_skip("direct_cma_tcp") {
+        return;
+    }
+    // UCX_TLS=tcp: UCX has no cma lane, so neither does the backend.
+    let p = pair(
+        UcxParams {
+            direct_cma: true,
+            ..common::params(common::TCP)
+        },
+        16 * 4096,
+    );
+    let (w, _) = round_trip(&p, 4096, 16);
+    assert!(!w.contains("direct CMA") && w.contains("tcp/"), "{w}");
+}
+
+/// A peer range that is no longer mapped in the peer's process (it freed the memory behind
+/// metadata this agent still holds) ends the request in a typed error; nothing crashes, and
+/// the agent keeps working.
+#[test]
+fn an_unmapped_peer_range_is_a_typed_error() {
+    if !common::ucx_or_skip("direct_cma_unmapped") {
+        return;
+    }
+    for threads in [0, 2] {
+        let params = shm(true, threads);
+        let (a, b) = (agent("a", params.clone()), agent("b", params));
+        let len = 4 << 20;
+        let src = common::buf(len);
+        let _r1 = a.register_mem(vec![src.clone()], &[]).expect("register");
+        // The target's memory: mapped, registered, published, then unregistered and unmapped.
+        let gone = Arc::new(MmapBuffer::new(len, Pages::Base).expect("mmap"));
+        let addr = gone.desc().addr;
+        let r2 = b.register_mem(vec![gone.clone()], &[]).expect("register");
+        a.load_remote_metadata(&b.local_metadata().expect("md"))
+            .expect("load");
+        let req = a
+            .create_xfer_req(
+                XferOp::Write,
+                &XferDescList::blocks(MemKind::Dram, src.addr(), len as u64, 1),
+                &XferDescList::blocks(MemKind::Dram, addr, len as u64, 1),
+                b.name(),
+                XferOptions::default(),
+            )
+            .expect("make");
+        assert!(req.path().contains("direct CMA"), "{}", req.path());
+        b.deregister_mem(&r2).expect("deregister");
+        drop(r2);
+        assert_eq!(
+            Arc::strong_count(&gone),
+            1,
+            "nothing else holds the mapping"
+        );
+        drop(gone);
+        let e = match a.post_xfer_req(&req) {
+            Err(e) => e,
+            Ok(_) => req.wait(T).expect_err("the range is gone"),
+        };
+        assert!(matches!(e, Error::Backend { .. }), "{e:?}");
+        assert!(e.to_string().contains("EFAULT"), "{e}");
+        // Still working: a standalone notification goes through.
+        a.gen_notif(b.name(), b"still here", &[]).expect("notif");
+        assert_eq!(
+            b.wait_notifs(T).expect("notif")[a.name()],
+            vec![b"still here".to_vec()]
+        );
+    }
+}

@@ -84,12 +84,19 @@ def main():
     p.add_argument("--notif-iters", type=int, default=2000)
     p.add_argument("--timeout", type=int, default=1200, help="seconds per run")
     p.add_argument("--out", default="")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME:ARGS",
+                   help="also run nixlbench with these extra arguments as implementation NAME "
+                        "(e.g. 't1:--cma-threads 1'); reported beside 'ours'")
     a = p.parse_args()
+    variants = {}
+    for v in a.variant:
+        name, _, args = v.partition(":")
+        variants[name] = args.split()
     env = wheel_env(a.nixl_path)
     py_env = dict(env, PYTHONPATH=a.nixl_path)
     blocks, batches, ops = a.blocks.split(","), a.batches.split(","), a.ops.split(",")
     buf = str(max(int(b) for b in blocks) * max(int(n) for n in batches) + 4096 * max(int(n) for n in batches))
-    impls = ["native", "ours"] + (["python"] if a.python else [])
+    impls = ["native", "ours"] + list(variants) + (["python"] if a.python else [])
     results = {}  # (impl, op, block, batch) -> [row]
     loads = []
     # What one run covers: a whole op sweep, or one point (each implementation then runs it
@@ -109,6 +116,8 @@ def main():
                 "python": [sys.executable, os.path.join(HERE, "nixl_ref.py"), "--ops", op, "--blocks", *ublocks,
                            "--batches", *ubatches, "--buffer", ubuf, "--bytes-per-point", a.bytes_per_point],
             }
+            for name, extra in variants.items():
+                cmds[name] = cmds["ours"] + extra
             k = (r + i) % len(impls)
             for name in impls[k:] + impls[:k]:
                 ld = load()
@@ -151,6 +160,9 @@ def main():
                         row[f"{impl}_lat_min_us"] = med(impl, op, b, n, "lat_min_us")
                 if row["native_gbps"] and row["ours_gbps"]:
                     row["ratio_native"] = row["ours_gbps"] / row["native_gbps"]
+                for name in variants:
+                    if row["native_gbps"] and row.get(f"{name}_gbps"):
+                        row[f"ratio_native_{name}"] = row[f"{name}_gbps"] / row["native_gbps"]
                 if a.python and row.get("python_gbps") and row["ours_gbps"]:
                     row["ratio_python"] = row["ours_gbps"] / row["python_gbps"]
                 table.append(row)
@@ -158,6 +170,8 @@ def main():
           f"max {max(loads):.2f}")
     head = ("| op | block | batch | native GB/s | nixl-rs GB/s | ratio | native med us | nixl-rs med us "
             "| native min us | nixl-rs min us |")
+    for name in variants:
+        head += f" {name} GB/s | {name} ratio |"
     if a.python:
         head += " Python GB/s | ratio vs Python |"
     print(head)
@@ -167,6 +181,8 @@ def main():
         line = (f"| {t['op']} | {t['block']} | {t['batch']} | {fmt(t['native_gbps'])} | {fmt(t['ours_gbps'])} | "
                 f"{fmt(t.get('ratio_native'), 2)} | {fmt(t['native_lat_med_us'], 2)} | {fmt(t['ours_lat_med_us'], 2)} | "
                 f"{fmt(t.get('native_lat_min_us'), 2)} | {fmt(t.get('ours_lat_min_us'), 2)} |")
+        for name in variants:
+            line += f" {fmt(t.get(f'{name}_gbps'))} | {fmt(t.get(f'ratio_native_{name}'), 2)} |"
         if a.python:
             line += f" {fmt(t.get('python_gbps'))} | {fmt(t.get('ratio_python'), 2)} |"
         print(line)

@@ -64,7 +64,7 @@ pub struct UcxParams {
     /// kernel copies without one system call and UCX's protocol layers per segment. The path
     /// says `direct CMA`. Not used for stock NIXL peers (their metadata names no process).
     pub direct_cma: bool,
-    /// Threads that copy the pieces of large direct CMA requests (above 256 KiB): such a post
+    /// Threads that copy the pieces of large direct CMA requests (above 1 MiB): such a post
     /// returns at once, and a request is cut into up to this many pieces copied at the same
     /// time. `0`: every direct copy is made inside `post`. Default: a quarter of the
     /// machine's cores, 1 to 4. At most 64.

@@ -484,7 +484,7 @@ impl BackendXfer for UcxXfer {
             .check_alive(&self.agent, self.worker, Op::PostXfer)?;
         if let Some(d) = self.direct.as_mut() {
             self.flight = None;
-            if self.bytes > INLINE_PROGRESS_BYTES {
+            if self.bytes > crate::cma::INLINE_BYTES {
                 if let Some(pool) = self.pool.clone() {
                     let pid = d.pid();
                     return self.post_pieces(&pool, pid);
@@ -656,11 +656,14 @@ impl BackendXfer for UcxXfer {
                         } else {
                             "process_vm_readv"
                         };
-                        t = format!(
-                            "direct CMA ({call} x{} per post, {} segments); {t}",
-                            d.calls,
-                            self.work.len()
-                        );
+                        let n = self.work.len();
+                        t = match &self.pool {
+                            Some(p) if self.bytes > crate::cma::INLINE_BYTES => format!(
+                                "direct CMA ({call}, {n} segments in pieces on {} copy threads); {t}",
+                                p.size
+                            ),
+                            _ => format!("direct CMA ({call} x{} per post, {n} segments); {t}", d.calls),
+                        };
                     }
                     t
                 })

@@ -147,7 +147,7 @@ fn large_requests_are_copied_in_pieces_by_the_copy_threads() {
     let p = pair(shm(true, 3), 2500 * 8192);
     let (w, r) = round_trip(&p, 8192, 2500);
     assert!(
-        w.contains("direct CMA (process_vm_writev x3 per post, 2500 segments)"),
+        w.contains("direct CMA (process_vm_writev, 2500 segments in pieces on 3 copy threads)"),
         "{w}"
     );
     assert!(r.contains("process_vm_readv"), "{r}");
@@ -163,6 +163,11 @@ fn without_threads_large_requests_are_copied_inside_post() {
         return;
     }
     let p = pair(shm(true, 0), 1500 * 8192);
+    let (w, _) = round_trip(&p, 8192, 1500);
+    assert!(
+        w.contains("direct CMA (process_vm_writev x2 per post, 1500 segments)"),
+        "{w}"
+    );
     let local = XferDescList::blocks(MemKind::Dram, p.src.addr(), 8192, 1500);
     let remote = XferDescList::blocks(MemKind::Dram, p.dst.addr(), 8192, 1500);
     let req =

@@ -360,7 +360,8 @@ impl UcxXfer {
                 "an address beyond this machine's address space",
             ));
         }
-        let pieces = crate::cma::split(&ranges, pool.size);
+        // The pool's threads and the application's own `check` copy: one piece each.
+        let pieces = crate::cma::split(&ranges, pool.size + 1);
         let pe = &self.peer.eps[self.worker];
         let state = {
             let g = pe.worker.lock();
@@ -386,14 +387,23 @@ impl UcxXfer {
             Box::new(move |f| finish_pieces(f, &st, &peer, worker)),
         ));
         self.flight = Some(flight.clone());
-        for i in 0..flight.len() {
-            let f = flight.clone();
-            // Crate invariant (`Flight::run_piece`'s): the local ranges lie in registrations
-            // `_keep` holds until this post is no longer pending (cancel waits for it).
-            if let Err(job) = pool.run(Box::new(move || f.run_piece(i))) {
-                // The pool has stopped (the backend is going away): copy here.
-                job();
-            }
+        // Pieces 1.. go to the threads first and piece 0 last (behind another piece): the
+        // application's `check` usually takes it meanwhile, and without one every piece is
+        // still copied.
+        let n = flight.len();
+        let jobs: Vec<Box<dyn FnOnce() + Send>> = (1..n)
+            .chain(std::iter::once(0))
+            .map(|i| {
+                let f = flight.clone();
+                // Crate invariant (`Flight::run_piece`'s): the local ranges lie in
+                // registrations `_keep` holds until this post is no longer pending (cancel
+                // waits for it).
+                Box::new(move || f.run_piece(i)) as Box<dyn FnOnce() + Send>
+            })
+            .collect();
+        for job in pool.run_all(jobs) {
+            // The pool has stopped (the backend is going away): copy here.
+            job();
         }
         self.outcome(&state, Op::PostXfer)
     }

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# GPU machine, one short call (about 4 minutes), from what scripts/gpu/recheck_build.sh put in
+# .carry/recheck (carry [".carry/recheck"]):
+#  1. the CUDA_IPC GPU tests (block tables, agents: copies checked byte for byte);
+#  2. the Llama-3-70B block table through CUDA_IPC (fresh requests vs reposts);
+#  3. the DRAM -> DRAM sweep against native NIXL 1.5.1 (C++ API) on this host's CPUs, both on
+#     the wheel's UCX 1.23: nixl-rs as it ships (direct CMA, its copy threads) and with every
+#     copy inside post on the calling thread (`t0`), whole sweeps interleaved per round
+#     (--interleave sweep), 3 rounds; then notification latency.
+# Results in $OUT; a summary in $OUT/cma-summary.txt.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-/tmp/nixl-cma-out}"; mkdir -p "$OUT"
+R="$PWD/.carry/recheck"; B="$R/bin"
+s="$OUT/cma-summary.txt"; : > "$s"
+say() { echo "$*" | tee -a "$s"; }
+run() { local name=$1 t=$2; shift 2; say "== $name: $*"; local t0; t0=$(date +%s); timeout "$t" "$@" > "$OUT/$name.log" 2>&1; local rc=$?; grep -v '^warning' "$OUT/$name.log" | tail -n "${TAIL:-12}" | tee -a "$s"; say "rc=$rc ($(( $(date +%s) - t0 )) s)"; }
+say "== host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+say "== GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n1)"
+say "== load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+TAIL=4 run gpu-blocks 40 "$B/nixl-mem-gpu-blocks"
+TAIL=4 run gpu-agent 60 "$B/nixl-mem-gpu-agent"
+TAIL=8 run scale-cuda-ipc-kv-70b 60 "$B/scale" --backend CUDA_IPC --mode kv --model llama3-70b --iters 11
+TAIL=40 run native-sweep "${SWEEP_S:-170}" python3 benches/reference/compare_native.py \
+    --nixlbench "$B/nixlbench" --native "$B/nixl_native" --nixl-path "$R/nixl312" --rounds 3 \
+    --interleave sweep --bytes-per-point "${BYTES_PER_POINT:-2e8}" --notif-iters 2000 --timeout 50 \
+    --variant "t0:--cma-threads 0" --out "$OUT/native-sweep.json"
+say "== load after: $(cut -d' ' -f1-3 /proc/loadavg)"

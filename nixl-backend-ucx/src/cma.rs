@@ -113,8 +113,8 @@ pub(crate) fn error(agent: &str, remote: &str, op: Op, e: &io::Error) -> Error {
 /// threads in pieces, which the application's `check` helps with.
 pub(crate) const INLINE_BYTES: u64 = 512 << 10;
 
-/// Bytes below which a request is not split across copy threads (a piece smaller than this
-/// costs more to hand over than to copy).
+/// The bytes of one piece of a large request (one system call; about 25 us at 10 GB/s): the
+/// most a late thread can hold a request back by.
 pub(crate) const MIN_PIECE: usize = 256 << 10;
 
 /// The copies of one request, cut into `pieces` of about equal bytes (at least [`MIN_PIECE`]
@@ -181,7 +181,7 @@ impl CopyPool {
                     .name(format!("nixl-cma-{i}"))
                     .spawn(move || {
                         // Until the pool closes the queue.
-                        while let Ok(job) = rx.recv() {
+                        while let Some(job) = next_job(&rx) {
                             job();
                         }
                     })?,
@@ -216,6 +216,30 @@ impl CopyPool {
     }
 }
 
+/// How long a copy thread keeps polling its queue after a job before it sleeps: a thread
+/// woken from sleep starts tens of microseconds late on a virtual machine, longer than a
+/// piece of a 1 MiB request takes to copy, while back-to-back requests (a stream of KV blocks)
+/// find it awake.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(200);
+
+/// The next job: polled for up to [`SPIN`], then waited for; `None` once the pool closed.
+fn next_job(rx: &std::sync::mpsc::Receiver<Job>) -> Option<Job> {
+    let start = std::time::Instant::now();
+    let mut k = 0u32;
+    loop {
+        match rx.try_recv() {
+            Ok(job) => return Some(job),
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => return None,
+            Err(std::sync::mpsc::TryRecvError::Empty) => {}
+        }
+        k = k.wrapping_add(1);
+        if k.is_multiple_of(64) && start.elapsed() >= SPIN {
+            return rx.recv().ok();
+        }
+        std::hint::spin_loop();
+    }
+}
+
 impl Drop for CopyPool {
     fn drop(&mut self) {
         // Closing the queues ends each thread after the jobs queued before.
@@ -228,26 +252,28 @@ impl Drop for CopyPool {
     }
 }
 
-/// One piece of a large direct copy.
+/// One piece of a large direct copy (about [`MIN_PIECE`] bytes: one system call).
 struct Piece {
     local: Vec<IoVec>,
     remote: Vec<IoVec>,
-    /// Taken by whoever copies it (a pool thread, or the application's `check`).
-    claimed: AtomicBool,
 }
 
 /// What runs once every piece of a post has finished (sends the notification, or fails the
 /// post): given the flight, which tells whether a piece failed or the post was stopped.
 pub(crate) type Finish = Box<dyn Fn(&Flight) + Send + Sync>;
 
-/// One post's pieces: queued on the pool, and claimable by the application's own `check`, so
-/// a thread that polls copies too (no hand-over delay for a piece nobody else took yet).
+/// One post's pieces, taken one at a time, in order, by every thread that works on the flight:
+/// the copy threads and the application's own `check`. No thread owns more than the piece it
+/// is copying, so a thread that starts late (woken from sleep, or preempted) delays the
+/// request by one piece at most, and a caller that polls copies what nobody took yet.
 pub(crate) struct Flight {
     pid: u32,
     write: bool,
     pieces: Vec<Piece>,
-    /// Pieces not finished yet.
-    remaining: AtomicUsize,
+    /// The next piece to take.
+    next: AtomicUsize,
+    /// Pieces finished.
+    done: AtomicUsize,
     /// The first failure.
     error: Mutex<Option<io::Error>>,
     /// Set by cancel or abandon: pieces not started yet are not copied.
@@ -263,19 +289,15 @@ impl Flight {
         pieces: Vec<(Vec<IoVec>, Vec<IoVec>)>,
         finish: Finish,
     ) -> Self {
-        let n = pieces.len();
         Flight {
             pid,
             write,
             pieces: pieces
                 .into_iter()
-                .map(|(local, remote)| Piece {
-                    local,
-                    remote,
-                    claimed: AtomicBool::new(false),
-                })
+                .map(|(local, remote)| Piece { local, remote })
                 .collect(),
-            remaining: AtomicUsize::new(n),
+            next: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
             error: Mutex::new(None),
             stop: AtomicBool::new(false),
             finish,
@@ -287,30 +309,23 @@ impl Flight {
         self.pieces.len()
     }
 
-    /// Copies piece `i` unless someone already took it (or skips the copy once stopped);
-    /// the one finishing the last piece runs the finisher.
+    /// Takes pieces until none is left: copies each (or, once stopped, skips it); the thread
+    /// finishing the last piece runs the finisher.
     ///
     /// Crate invariant (`copy`'s, the request's): every piece's local ranges lie in
     /// registrations the request keeps alive while the post is pending, unused by others.
-    pub fn run_piece(&self, i: usize) {
-        let Some(p) = self.pieces.get(i) else { return };
-        if p.claimed.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        if !self.stopped() {
-            if let Err(e) = copy(self.pid, self.write, &p.local, &p.remote) {
-                self.fail(e);
+    pub fn work(&self) {
+        loop {
+            let i = self.next.fetch_add(1, Ordering::AcqRel);
+            let Some(p) = self.pieces.get(i) else { return };
+            if !self.stopped() {
+                if let Err(e) = copy(self.pid, self.write, &p.local, &p.remote) {
+                    self.fail(e);
+                }
             }
-        }
-        if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-            (self.finish)(self);
-        }
-    }
-
-    /// Copies (or, once stopped, skips) every piece nobody took yet, on the calling thread.
-    pub fn help(&self) {
-        for i in 0..self.pieces.len() {
-            self.run_piece(i);
+            if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.pieces.len() {
+                (self.finish)(self);
+            }
         }
     }
 
@@ -431,7 +446,7 @@ mod tests {
         drop(pool);
     }
 
-    /// Every piece is copied once, by whichever thread claims it; the finisher runs once,
+    /// Every piece is copied once, by whichever thread takes it; the finisher runs once,
     /// after the last; a failure is kept; a stopped flight copies nothing more.
     #[test]
     fn a_flight_copies_each_piece_once_and_finishes_once() {
@@ -454,21 +469,19 @@ mod tests {
         let flight = Arc::new(Flight::new(
             me,
             true,
-            split(&ranges, 4),
+            split(&ranges, usize::MAX),
             Box::new(move |f| {
                 assert!(f.error().is_none());
                 f2.fetch_add(1, Ordering::SeqCst);
             }),
         ));
-        assert_eq!(flight.len(), 4);
+        assert_eq!(flight.len(), 32, "pieces of MIN_PIECE");
         let pool = CopyPool::start("t", 2).unwrap();
-        for i in 0..flight.len() {
+        for _ in 0..2 {
             let f = flight.clone();
-            assert!(pool
-                .run_all(vec![Box::new(move || f.run_piece(i))])
-                .is_empty());
+            assert!(pool.run_all(vec![Box::new(move || f.work())]).is_empty());
         }
-        flight.help();
+        flight.work();
         drop(pool);
         assert_eq!(finished.load(Ordering::SeqCst), 1);
         assert_eq!(dst, src);
@@ -486,7 +499,7 @@ mod tests {
             split(&bad, 1),
             Box::new(|f| assert!(f.error().is_some())),
         );
-        f.help();
+        f.work();
         assert_eq!(f.error().and_then(|e| e.raw_os_error()), Some(14));
         let mut out = vec![0u8; 4096];
         let stopped = [(
@@ -506,7 +519,7 @@ mod tests {
             Box::new(|f| assert!(f.stopped())),
         );
         f.stop();
-        f.help();
+        f.work();
         assert_eq!(out, vec![0u8; 4096]);
     }
 }

@@ -64,19 +64,21 @@ pub struct UcxParams {
     /// kernel copies without one system call and UCX's protocol layers per segment. The path
     /// says `direct CMA`. Not used for stock NIXL peers (their metadata names no process).
     pub direct_cma: bool,
-    /// Threads that copy the pieces of large direct CMA requests (above 1 MiB): such a post
-    /// returns at once, and a request is cut into up to this many pieces copied at the same
-    /// time. `0`: every direct copy is made inside `post`. Default: a quarter of the
-    /// machine's cores, 1 to 4. At most 64.
+    /// Threads that copy large direct CMA requests (above 512 KiB): such a post returns at
+    /// once, and the request's pieces (256 KiB each) are copied by these threads and by the
+    /// application's own `check`, at the same time. `0`: every direct copy is made inside
+    /// `post`. Default: a quarter of the machine's cores, at most 4 (none below 4 cores, where
+    /// a copy thread would compete with the application and its peer for the cores). A thread
+    /// polls for more work for 200 us after each piece before it sleeps. At most 64.
     pub cma_threads: usize,
 }
 
-/// The default of [`UcxParams::cma_threads`]: a quarter of the cores, 1 to 4.
+/// The default of [`UcxParams::cma_threads`]: a quarter of the cores, 0 to 4.
 pub fn default_cma_threads() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get() / 4)
-        .unwrap_or(1)
-        .clamp(1, 4)
+        .unwrap_or(0)
+        .min(4)
 }
 
 impl Default for UcxParams {

@@ -360,8 +360,8 @@ impl UcxXfer {
                 "an address beyond this machine's address space",
             ));
         }
-        // The pool's threads and the application's own `check` copy: one piece each.
-        let pieces = crate::cma::split(&ranges, pool.size + 1);
+        // Pieces of MIN_PIECE bytes, taken in turn by the copy threads and `check`.
+        let pieces = crate::cma::split(&ranges, usize::MAX);
         let pe = &self.peer.eps[self.worker];
         let state = {
             let g = pe.worker.lock();
@@ -387,18 +387,14 @@ impl UcxXfer {
             Box::new(move |f| finish_pieces(f, &st, &peer, worker)),
         ));
         self.flight = Some(flight.clone());
-        // Pieces 1.. go to the threads first and piece 0 last (behind another piece): the
-        // application's `check` usually takes it meanwhile, and without one every piece is
-        // still copied.
-        let n = flight.len();
-        let jobs: Vec<Box<dyn FnOnce() + Send>> = (1..n)
-            .chain(std::iter::once(0))
-            .map(|i| {
+        // Every copy thread works on the flight until no piece is left; the application's
+        // `check` joins in.
+        let jobs: Vec<Box<dyn FnOnce() + Send>> = (0..pool.size.min(flight.len()))
+            .map(|_| {
                 let f = flight.clone();
-                // Crate invariant (`Flight::run_piece`'s): the local ranges lie in
-                // registrations `_keep` holds until this post is no longer pending (cancel
-                // waits for it).
-                Box::new(move || f.run_piece(i)) as Box<dyn FnOnce() + Send>
+                // Crate invariant (`Flight::work`'s): the local ranges lie in registrations
+                // `_keep` holds until this post is no longer pending (cancel waits for it).
+                Box::new(move || f.work()) as Box<dyn FnOnce() + Send>
             })
             .collect();
         for job in pool.run_all(jobs) {
@@ -573,8 +569,8 @@ impl BackendXfer for UcxXfer {
         };
         if st.phase() == PENDING {
             if let Some(f) = &self.flight {
-                // Copy the pieces no pool thread has taken yet (no hand-over wait).
-                f.help();
+                // Copy the pieces no copy thread has taken yet (no hand-over wait).
+                f.work();
             }
             self.progress_until(&st);
         }
@@ -590,7 +586,7 @@ impl BackendXfer for UcxXfer {
             // system call (bounded by their size). Until then the memory stays in use.
             f.stop();
             // Pieces nobody took are skipped here at once.
-            f.help();
+            f.work();
             let deadline = Instant::now() + self.cancel_timeout;
             while st.phase() == PENDING && Instant::now() < deadline {
                 self.progress_once();

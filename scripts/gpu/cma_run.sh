@@ -7,6 +7,9 @@
 #     the wheel's UCX 1.23: nixl-rs as it ships (direct CMA, its copy threads) and with every
 #     copy inside post on the calling thread (`t0`), whole sweeps interleaved per round
 #     (--interleave sweep), 3 rounds; then notification latency.
+# PART=sweep runs only the sweep: INTERLEAVE=point (each point runs native and nixl-rs back to
+# back in fresh processes, steadier than whole sweeps) or sweep, ROUNDS, VARIANT (e.g.
+# 't0:--cma-threads 0'), NOTIF_ROUNDS.
 # Results in $OUT; a summary in $OUT/cma-summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -18,6 +21,15 @@ run() { local name=$1 t=$2; shift 2; say "== $name: $*"; local t0; t0=$(date +%s
 say "== host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 say "== GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n1)"
 say "== load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ "${PART:-all}" = sweep ]; then
+TAIL=48 run native-sweep-${INTERLEAVE:-point} "${SWEEP_S:-400}" python3 benches/reference/compare_native.py \
+    --nixlbench "$B/nixlbench" --native "$B/nixl_native" --nixl-path "$R/nixl312" --rounds "${ROUNDS:-3}" \
+    --interleave "${INTERLEAVE:-point}" --bytes-per-point "${BYTES_PER_POINT:-1e8}" --notif-iters 2000 \
+    --notif-rounds "${NOTIF_ROUNDS:-3}" --timeout 50 ${VARIANT:+--variant "$VARIANT"} \
+    --out "$OUT/native-sweep-${INTERLEAVE:-point}.json"
+say "== load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+exit 0
+fi
 TAIL=4 run gpu-blocks 40 "$B/nixl-mem-gpu-blocks"
 TAIL=4 run gpu-agent 60 "$B/nixl-mem-gpu-agent"
 TAIL=8 run scale-cuda-ipc-kv-70b 60 "$B/scale" --backend CUDA_IPC --mode kv --model llama3-70b --iters 11

@@ -64,7 +64,7 @@ pub struct UcxParams {
     /// kernel copies without one system call and UCX's protocol layers per segment. The path
     /// says `direct CMA`. Not used for stock NIXL peers (their metadata names no process).
     pub direct_cma: bool,
-    /// Threads that copy large direct CMA requests (above 512 KiB): such a post returns at
+    /// Threads that copy large direct CMA requests (above 1 MiB): such a post returns at
     /// once, and the request's pieces (256 KiB each) are copied by these threads and by the
     /// application's own `check`, at the same time. `0`: every direct copy is made inside
     /// `post`. Default: a quarter of the machine's cores, at most 4 (none below 4 cores, where

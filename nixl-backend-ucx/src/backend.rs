@@ -402,7 +402,11 @@ impl Backend for UcxBackend {
         )?;
         peer.address = checked.into_iter().next();
         if self.params.direct_cma {
-            peer.local_pid = process.and_then(|p| p.local_pid());
+            // A copy lands where the peer's metadata says: in this very process only when the
+            // caller trusts its in-process peers (`direct_cma_same_process`).
+            peer.local_pid = process
+                .and_then(|p| p.local_pid())
+                .filter(|&pid| pid != std::process::id() || self.params.direct_cma_same_process);
         }
         crate::session::introduce(&self.ucx, &self.peer_auth, &mut peer)?;
         if let Some(old) = lock(&self.peers).insert(remote.to_owned(), Arc::new(peer)) {

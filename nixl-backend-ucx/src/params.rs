@@ -71,6 +71,12 @@ pub struct UcxParams {
     /// a copy thread would compete with the application and its peer for the cores). A thread
     /// polls for more work for 200 us after each piece before it sleeps. At most 64.
     pub cma_threads: usize,
+    /// Direct CMA to agents of this same process too (default off). A peer's metadata says
+    /// where its regions are; a copy to a process of this host lands where it says, and one to
+    /// this process would land in this process's own memory, so metadata naming this process
+    /// is trusted only when the caller says so (tests, benchmarks, in-process agent pairs).
+    /// Without it such peers get UCX's copies, as before direct CMA.
+    pub direct_cma_same_process: bool,
 }
 
 /// The default of [`UcxParams::cma_threads`]: a quarter of the cores, 0 to 4.
@@ -96,6 +102,7 @@ impl Default for UcxParams {
             shm_notifications: true,
             direct_cma: true,
             cma_threads: default_cma_threads(),
+            direct_cma_same_process: false,
         }
     }
 }
@@ -222,6 +229,10 @@ impl UcxParams {
         m.insert("direct_cma".into(), self.direct_cma.to_string());
         m.insert("cma_threads".into(), self.cma_threads.to_string());
         m.insert(
+            "direct_cma_same_process".into(),
+            self.direct_cma_same_process.to_string(),
+        );
+        m.insert(
             "cancel_timeout_ms".into(),
             self.cancel_timeout.as_millis().to_string(),
         );
@@ -239,7 +250,8 @@ impl UcxParams {
 
     /// Parses the string-map form: `ucx_path`, `transports`, `devices`, `num_workers`,
     /// `progress_thread`, `cancel_timeout_ms`, `keepalive_interval_ms`, `nixl_compat`,
-    /// `shm_notifications`, `direct_cma`, `cma_threads`, and `ucx.<OPTION>`.
+    /// `shm_notifications`, `direct_cma`, `cma_threads`, `direct_cma_same_process`, and
+    /// `ucx.<OPTION>`.
     /// Empty values mean "default". Unknown keys are refused.
     pub fn from_map(map: &BTreeMap<String, String>) -> Result<Self> {
         let mut m = ParamMap::new(UCX, map);
@@ -270,6 +282,9 @@ impl UcxParams {
         if let Some(n) = m.usize("cma_threads")? {
             p.cma_threads = n;
         }
+        if let Some(b) = m.bool("direct_cma_same_process")? {
+            p.direct_cma_same_process = b;
+        }
         if let Some(d) = m.millis("cancel_timeout_ms")? {
             p.cancel_timeout = d;
         }
@@ -298,6 +313,7 @@ mod tests {
             shm_notifications: false,
             direct_cma: false,
             cma_threads: 3,
+            direct_cma_same_process: true,
         };
         assert_eq!(UcxParams::from_map(&p.to_map()).unwrap(), p);
         assert_eq!(

@@ -13,7 +13,11 @@ use nixl_core::conformance::Suite;
 use nixl_core::AgentConfig;
 
 fn suite(tls: &'static str, progress_thread: bool) -> Option<Suite> {
-    suite_with(tls, progress_thread, "", |p| p)
+    // The suite's agents share one process: direct CMA between them needs the opt-in.
+    suite_with(tls, progress_thread, "", |p| UcxParams {
+        direct_cma_same_process: true,
+        ..p
+    })
 }
 
 fn suite_with(
@@ -60,6 +64,7 @@ fn shm_direct_inside_post() -> Option<Suite> {
     suite_with(common::SHM, false, "-direct-inline", |p| UcxParams {
         direct_cma: true,
         cma_threads: 0,
+        direct_cma_same_process: true,
         ..p
     })
 }

@@ -3,9 +3,9 @@
 //! itself, many segments per call, and large requests in pieces on its copy threads. These
 //! tests check that the path says which copies were made, that every byte lands (both ways,
 //! inline and in pieces, segments and block tables), that a notification follows its data,
-//! and that a peer range that is not mapped is a typed error. Two agents in one process: a
-//! process may attach to itself, so the same system calls run as between two processes
-//! (`two_process.rs` covers those, over the default settings).
+//! and that a peer range that is not mapped is a typed error. Two agents in one process
+//! (`direct_cma_same_process`): a process may attach to itself, so the same system calls run
+//! as between two processes (`two_process.rs` covers those, with the default settings).
 
 mod common;
 
@@ -30,6 +30,8 @@ fn shm(direct: bool, threads: usize) -> UcxParams {
     UcxParams {
         direct_cma: direct,
         cma_threads: threads,
+        // The agents of these tests share one process.
+        direct_cma_same_process: true,
         ..common::params(common::SHM)
     }
 }
@@ -194,6 +196,29 @@ fn turned_off_ucx_makes_the_copies() {
     }
     let p = pair(shm(false, 2), 64 * 4096);
     let (w, r) = round_trip(&p, 4096, 64);
+    assert!(
+        !w.contains("direct CMA") && !r.contains("direct CMA"),
+        "{w} / {r}"
+    );
+    assert!(w.contains("cma/"), "{w}");
+}
+
+/// A peer whose metadata names this very process is not copied to directly unless the caller
+/// trusts its in-process peers: a forged peer could otherwise aim this process's copies at its
+/// own memory.
+#[test]
+fn a_peer_in_this_process_gets_ucx_copies_by_default() {
+    if !common::ucx_or_skip("direct_cma_same_process") {
+        return;
+    }
+    let p = pair(
+        UcxParams {
+            direct_cma_same_process: false,
+            ..shm(true, 2)
+        },
+        16 * 4096,
+    );
+    let (w, r) = round_trip(&p, 4096, 16);
     assert!(
         !w.contains("direct CMA") && !r.contains("direct CMA"),
         "{w} / {r}"

@@ -259,13 +259,21 @@ fn two_process_shm() {
 /// detects peer failure (tcp) it ends in a typed uncertain error, is listed as uncertain, and
 /// later requests to the dead peer fail too; where it cannot (shared memory: the path report
 /// says "no peer-failure detection") the initiator may finish writing into the shared segment
-/// the dead process had mapped, so `Done` is a possible outcome there.
+/// the dead process had mapped, so `Done` is a possible outcome there. UCX makes the copies
+/// (`direct_cma` off): a direct CMA copy does not wait for the target to run, so it is not held
+/// in flight by a stopped target (`kill_target_during_direct_cma_copies` covers that path).
 fn kill_mid_transfer(tls: &str, detects_failure: bool) {
     if !common::ucx_or_skip("kill_mid_transfer") {
         return;
     }
     let len = 64 << 20;
-    let parent = common::agent("initiator", tls, true).expect("agent");
+    let parent = Agent::new(&common::unique("initiator"), common::config(true)).expect("agent");
+    parent
+        .create_backend(nixl_backend_ucx::UcxParams {
+            direct_cma: false,
+            ..common::params(tls)
+        })
+        .expect("UCX backend");
     let src = common::buf(len);
     let _r = parent
         .register_mem(vec![src.clone()], &[])
@@ -343,4 +351,85 @@ fn kill_target_mid_transfer_tcp() {
 #[test]
 fn kill_target_mid_transfer_shm_ends_without_hanging() {
     kill_mid_transfer("shm,self", false);
+}
+
+/// Direct CMA (the default between processes of one host): the target is killed right after
+/// a 256 MiB WRITE in pieces was posted (`InProgress`, copy threads running). The request ends
+/// within its deadline, either complete (the copies finished first) or in a typed uncertain
+/// error (the process was gone: ESRCH); later requests to the dead peer fail with
+/// `RemoteDisconnect` at once.
+#[test]
+fn kill_target_during_direct_cma_copies() {
+    if !common::ucx_or_skip("kill_direct_cma") {
+        return;
+    }
+    let tls = common::SHM;
+    let len = 256 << 20;
+    let parent = Agent::new(&common::unique("initiator"), common::config(true)).expect("agent");
+    parent
+        .create_backend(nixl_backend_ucx::UcxParams {
+            cma_threads: 2,
+            ..common::params(tls)
+        })
+        .expect("UCX backend");
+    let src = common::buf(len);
+    src.fill_pattern(5);
+    let _r = parent
+        .register_mem(vec![src.clone()], &[])
+        .expect("register");
+    let mut t = Target::spawn(&parent, tls, len);
+    let raddr = connect(&parent, &mut t);
+    let blk = 1u64 << 20;
+    let n = len / blk as usize;
+    let req = parent
+        .create_xfer_req(
+            XferOp::Write,
+            &XferDescList::blocks(MemKind::Dram, src.addr(), blk, n),
+            &XferDescList::blocks(MemKind::Dram, raddr, blk, n),
+            &t.name,
+            XferOptions {
+                timeout: Some(Duration::from_secs(10)),
+                ..XferOptions::default()
+            },
+        )
+        .expect("make");
+    assert!(req.path().contains("direct CMA"), "{}", req.path());
+    assert_eq!(
+        parent.post_xfer_req(&req).expect("post"),
+        XferState::InProgress,
+        "256 MiB in pieces on the copy threads"
+    );
+    t.child.kill();
+    let start = Instant::now();
+    let outcome = req.wait(DEADLINE);
+    eprintln!("kill_direct_cma: {outcome:?} after {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(15),
+        "within the deadline"
+    );
+    assert!(!req.is_in_flight(), "the request is terminal");
+    if let Err(e) = &outcome {
+        assert!(e.is_uncertain(), "typed, uncertain-outcome error: {e:?}");
+    }
+    // The peer is gone: a new request to it fails at once (the agent's process watch, or
+    // ESRCH from the copy). The killed request itself may still drain (memory kept) until its
+    // copy threads saw the exit.
+    let again = parent
+        .create_xfer_req(
+            XferOp::Write,
+            &XferDescList::blocks(MemKind::Dram, src.addr(), blk, 1),
+            &XferDescList::blocks(MemKind::Dram, raddr, blk, 1),
+            &t.name,
+            XferOptions::default(),
+        )
+        .and_then(|r| {
+            parent
+                .post_xfer_req(&r)
+                .and_then(|_| r.wait(Duration::from_secs(5)))
+        });
+    let e = again.expect_err("writes to a dead process fail");
+    assert!(
+        matches!(e, Error::RemoteDisconnect { .. }),
+        "a dead peer: {e:?}"
+    );
 }

@@ -173,6 +173,12 @@ impl CopyPool {
     /// Starts `size` threads named after `agent`.
     pub fn start(agent: &str, size: usize) -> io::Result<Self> {
         let size = size.max(1);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let spin = if cores >= SPIN_MIN_CORES {
+            SPIN
+        } else {
+            std::time::Duration::ZERO
+        };
         let mut txs = Vec::with_capacity(size);
         let mut threads = Vec::with_capacity(size);
         for i in 0..size {
@@ -183,7 +189,7 @@ impl CopyPool {
                     .name(format!("nixl-cma-{i}"))
                     .spawn(move || {
                         // Until the pool closes the queue.
-                        while let Some(job) = next_job(&rx) {
+                        while let Some(job) = next_job(&rx, spin) {
                             job();
                         }
                     })?,
@@ -218,14 +224,18 @@ impl CopyPool {
     }
 }
 
-/// How long a copy thread keeps polling its queue after a job before it sleeps: a thread
-/// woken from sleep starts tens of microseconds late on a virtual machine, longer than a
-/// piece of a 1 MiB request takes to copy, while back-to-back requests (a stream of KV blocks)
-/// find it awake.
+/// How long a copy thread keeps polling its queue after a job before it sleeps, on machines
+/// of [`SPIN_MIN_CORES`] or more: a thread woken from sleep starts tens of microseconds late on
+/// a virtual machine, longer than a piece takes to copy, while back-to-back requests (a stream
+/// of KV blocks) find it awake. On smaller machines it sleeps at once: polling would take a
+/// core from the application and its peer.
 const SPIN: std::time::Duration = std::time::Duration::from_micros(200);
 
-/// The next job: polled for up to [`SPIN`], then waited for; `None` once the pool closed.
-fn next_job(rx: &std::sync::mpsc::Receiver<Job>) -> Option<Job> {
+/// The fewest cores on which copy threads poll ([`SPIN`]).
+const SPIN_MIN_CORES: usize = 8;
+
+/// The next job: polled for up to `spin`, then waited for; `None` once the pool closed.
+fn next_job(rx: &std::sync::mpsc::Receiver<Job>, spin: std::time::Duration) -> Option<Job> {
     let start = std::time::Instant::now();
     let mut k = 0u32;
     loop {
@@ -235,7 +245,7 @@ fn next_job(rx: &std::sync::mpsc::Receiver<Job>) -> Option<Job> {
             Err(std::sync::mpsc::TryRecvError::Empty) => {}
         }
         k = k.wrapping_add(1);
-        if k.is_multiple_of(64) && start.elapsed() >= SPIN {
+        if k.is_multiple_of(64) && start.elapsed() >= spin {
             return rx.recv().ok();
         }
         std::hint::spin_loop();

@@ -65,11 +65,11 @@ pub struct UcxParams {
     /// says `direct CMA`. Not used for stock NIXL peers (their metadata names no process).
     pub direct_cma: bool,
     /// Threads that copy large direct CMA requests (above 1 MiB): such a post returns at
-    /// once, and the request's pieces (256 KiB each) are copied by these threads and by the
-    /// application's own `check`, at the same time. `0`: every direct copy is made inside
-    /// `post`. Default: a quarter of the machine's cores, at most 4 (none below 4 cores, where
-    /// a copy thread would compete with the application and its peer for the cores). A thread
-    /// polls for more work for 200 us after each piece before it sleeps. At most 64.
+    /// once (as with UCX's own copies, which its progress thread makes), and the request's
+    /// pieces (256 KiB each) are copied by these threads and by the application's own `check`,
+    /// at the same time. `0`: every direct copy is made inside `post`. Default: a quarter of
+    /// the machine's cores, 1 to 4. On machines of 8 cores or more a thread polls for more
+    /// work for 200 us after each piece before it sleeps. At most 64.
     pub cma_threads: usize,
     /// Direct CMA to agents of this same process too (default off). A peer's metadata says
     /// where its regions are; a copy to a process of this host lands where it says, and one to
@@ -79,12 +79,12 @@ pub struct UcxParams {
     pub direct_cma_same_process: bool,
 }
 
-/// The default of [`UcxParams::cma_threads`]: a quarter of the cores, 0 to 4.
+/// The default of [`UcxParams::cma_threads`]: a quarter of the cores, 1 to 4.
 pub fn default_cma_threads() -> usize {
     std::thread::available_parallelism()
         .map(|n| n.get() / 4)
-        .unwrap_or(0)
-        .min(4)
+        .unwrap_or(1)
+        .clamp(1, 4)
 }
 
 impl Default for UcxParams {

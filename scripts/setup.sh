@@ -35,7 +35,10 @@ if grep -qs '^ID=ubuntu' /etc/os-release; then
   if [ ${#missing[@]} -gt 0 ]; then
     sudo_ apt-get update -qq
     for p in "${missing[@]}"; do
-      if ! apt-cache policy "$p" 2>/dev/null | grep -q 'Candidate: [^(]'; then
+      # Into a variable first: `grep -q` leaves early, and a SIGPIPE'd apt-cache would fail
+      # the pipeline under pipefail.
+      policy=$(apt-cache policy "$p" 2>/dev/null || true)
+      if ! grep -q 'Candidate: [^(]' <<<"$policy"; then
         echo "setup.sh: apt has no package $p here: on Ubuntu the set-up's ${universe[*]}" \
           "come from the universe component, which this machine's apt sources leave out;" \
           "enable it (add-apt-repository universe) and run again" >&2

@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Proves the README's commands on a fresh machine: builds a minimal Debian 12 root
+# Proves the README's commands on a fresh machine: builds a minimal Debian 12 root, or with
+# FRESH_DIST=noble an Ubuntu 24.04 one (the GPU machines' system)
 # (debootstrap --variant=minbase: apt, dpkg, bash and coreutils, nothing else), copies this
 # checkout into it, and runs the given commands there (default: both README commands,
 # `scripts/main.sh` then `scripts/test.sh`). Everything they need must come from the
 # project's own set-up (scripts/setup.sh); the only thing shared with this machine is the Rust
 # toolchain (no toolchain can be fetched here), bind-mounted read-only, and the machine's local
 # CA certificates (for a TLS-intercepting egress). At the end it prints
-# the Debian packages the set-up installed on top of the minimal root.
+# the packages the set-up installed on top of the minimal root.
 #
-#   scripts/fresh-machine.sh                      # both README commands
+#   scripts/fresh-machine.sh                      # both README commands, Debian 12
 #   scripts/fresh-machine.sh 'bash scripts/main.sh -- --requests 2'
+#   FRESH_DIST=noble scripts/fresh-machine.sh     # both README commands, Ubuntu 24.04
 #
-# Needs root (chroot, mounts) and debootstrap (installed when missing). FRESH_ROOT picks the
+# Needs root (chroot, mounts) and debootstrap (installed when missing). FRESH_DIST picks the
+# release (default bookworm; Ubuntu: noble, jammy), FRESH_MIRROR its archive, FRESH_ROOT the
 # directory (default /tmp/nixl-fresh-<pid>); it is removed at the end unless FRESH_KEEP=1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +34,45 @@ if [ ${#cmds[@]} -eq 0 ]; then
 fi
 
 root="${FRESH_ROOT:-/tmp/nixl-fresh-$$}"
-mirror="${FRESH_MIRROR:-http://deb.debian.org/debian}"
+kdir=""
+dist="${FRESH_DIST:-bookworm}"
+case "$dist" in
+noble | jammy) os=Ubuntu ;;
+*) os=Debian ;;
+esac
+if [ "$os" = Debian ]; then
+    mirror="${FRESH_MIRROR:-http://deb.debian.org/debian}"
+    bootstrap=(debootstrap --variant=minbase "$dist" "$root" "$mirror")
+else
+    mirror="${FRESH_MIRROR:-http://archive.ubuntu.com/ubuntu}"
+    # Ubuntu's archive key, which Debian 12 does not package: taken from the archive's own
+    # ubuntu-keyring package and trusted only for the key whose fingerprint is pinned here
+    # (Ubuntu Archive Automatic Signing Key (2018) <ftpmaster@ubuntu.com>, the key that signs
+    # jammy and noble), so debootstrap still checks every index it fetches.
+    ubuntu_key=F6ECB3762474EDA9D21B7022871920D1991BC93C
+    command -v gpg >/dev/null 2>&1 || {
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gpg >/dev/null
+    }
+    kdir=$(mktemp -d)
+    keyring="$kdir/ubuntu-archive.gpg"
+    curl -fsS -o "$kdir/k.deb" \
+        "$mirror/pool/main/u/ubuntu-keyring/ubuntu-keyring_2023.11.28.1_all.deb"
+    dpkg-deb -x "$kdir/k.deb" "$kdir/x"
+    gpg --homedir "$kdir" --quiet --no-default-keyring \
+        --keyring "$kdir/x/usr/share/keyrings/ubuntu-archive-keyring.gpg" \
+        --export "$ubuntu_key" >"$keyring"
+    if ! gpg --show-keys --with-colons "$keyring" 2>/dev/null | grep -q "^fpr:*$ubuntu_key:"; then
+        echo "fresh-machine.sh: Ubuntu's archive key $ubuntu_key is not in ubuntu-keyring" >&2
+        exit 1
+    fi
+    # Debian 12's debootstrap has no script for releases newer than it; every Ubuntu one is
+    # gutsy's. Components: etcd-server, libfabric, pip and ROCm's HIP are in universe.
+    script=/usr/share/debootstrap/scripts/$dist
+    [ -e "$script" ] || script=/usr/share/debootstrap/scripts/gutsy
+    bootstrap=(debootstrap --variant=minbase --components=main,universe --keyring="$keyring"
+        "$dist" "$root" "$mirror" "$script")
+fi
 mounts=()
 cleanup() {
     local m
@@ -54,6 +95,7 @@ cleanup() {
             fi
         done
     fi
+    if [ -n "$kdir" ]; then rm -rf "$kdir"; fi
     if [ "${FRESH_KEEP:-0}" != 1 ]; then
         rm -rf --one-file-system "$root"
     fi
@@ -61,12 +103,20 @@ cleanup() {
 trap cleanup EXIT
 
 t0=$(date +%s)
-echo "== fresh-machine: debootstrap --variant=minbase bookworm $root"
-debootstrap --variant=minbase bookworm "$root" "$mirror" >"$root.debootstrap.log" 2>&1 || {
+echo "== fresh-machine: debootstrap --variant=minbase $dist $root"
+"${bootstrap[@]}" >"$root.debootstrap.log" 2>&1 || {
     tail -20 "$root.debootstrap.log"
     exit 1
 }
 rm -f "$root.debootstrap.log"
+if [ "$os" = Ubuntu ]; then
+    rm -rf "$kdir"
+    # An installed Ubuntu takes its packages from the release and its updates and security
+    # pockets; debootstrap names only the release.
+    for pocket in updates security; do
+        echo "deb $mirror $dist-$pocket main universe" >>"$root/etc/apt/sources.list"
+    done
+fi
 dpkg-query --admindir="$root/var/lib/dpkg" -W -f='${Package}\n' | sort >"$root/.base-packages"
 
 mnt() { mount "$@"; mounts+=("${!#}"); }
@@ -124,7 +174,7 @@ for c in "${cmds[@]}"; do
     fi
 done
 
-echo "== fresh-machine: Debian packages the set-up installed on top of minbase:"
+echo "== fresh-machine: $os packages the set-up installed on top of minbase:"
 dpkg-query --admindir="$root/var/lib/dpkg" -W -f='${Package}\n' | sort |
     comm -13 "$root/.base-packages" - | tr '\n' ' '
 echo

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what nixl-backend-gds's tests, example and benches need on Debian 12:
+# Installs what nixl-backend-gds's tests, example and benches need on Debian 12 and Ubuntu 24.04:
 #   - POSIX: nothing (io_uring is probed at run time; the thread pool is the fallback);
 #   - S3: a real S3 server for tests on 127.0.0.1: moto's server (`pip install moto[server]`,
 #     into $NIXL_GDS_PREFIX/moto, run as `python3 -m moto.server`), found by the tests through
@@ -20,8 +20,8 @@ if [ -z "$PY" ] || ! "$PY" -m pip --version >/dev/null 2>&1; then
     PY="$(command -v python3)"
 fi
 
-# moto: either already importable, or installed under $PREFIX/moto (a --target dir, so Debian's
-# externally-managed Python is not touched).
+# moto: either already importable, or installed under $PREFIX/moto (a --target dir, so the
+# system's externally-managed Python, PEP 668 on Debian 12 and Ubuntu 24.04, is not touched).
 if "$PY" -c 'import moto.server, flask, werkzeug' >/dev/null 2>&1; then
     echo "gds.sh: moto server already importable"
 elif PYTHONPATH="$PREFIX/moto" "$PY" -c 'import moto.server, flask, werkzeug' >/dev/null 2>&1; then

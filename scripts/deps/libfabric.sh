@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs what nixl-backend-libfabric's tests and benches need on Debian 12: libfabric 1.17
-# (libfabric1, with the tcp, shm and sockets providers) and fi_info (libfabric-bin, for
-# diagnostics). The crate itself builds without them (libfabric is loaded at run time).
-# libfabric-dev and libclang-dev are only needed to regenerate the committed bindings
-# (nixl-backend-libfabric/scripts/gen-bindings.sh); pass --dev to install them too.
+# Installs what nixl-backend-libfabric's tests and benches need on Debian 12 and Ubuntu 24.04
+# (universe there): libfabric 1.17 (libfabric1, with the tcp, shm and sockets providers) and
+# fi_info (libfabric-bin, for diagnostics). The crate itself builds without them (libfabric is
+# loaded at run time). libfabric-dev and libclang-dev are only needed to regenerate the
+# committed bindings (nixl-backend-libfabric/scripts/gen-bindings.sh); pass --dev to install
+# them too.
 # Idempotent, non-interactive, fast when already installed.
 set -euo pipefail
 

@@ -2,8 +2,9 @@
 # System packages for nixl-mem. The default build needs none: CUDA (libcuda) is loaded at run
 # time and its tests skip without a GPU; Gaudi's libhl-thunk is loaded at run time too.
 # Only the `rocm` feature links against HIP at build time, so when ROCm is wanted
-# (NIXL_MEM_ROCM=1, or `mem.sh --rocm`) this installs Debian's libamdhip64-dev and prints the
-# HIP_PATH to build with. Idempotent, non-interactive, quick when already installed.
+# (NIXL_MEM_ROCM=1, or `mem.sh --rocm`) this installs libamdhip64-dev (Debian 12: HIP 5.2;
+# Ubuntu 24.04: 5.7, in universe; headers in /usr/include/hip on both) and prints the HIP_PATH
+# to build with. Idempotent, non-interactive, quick when already installed.
 set -euo pipefail
 
 want_rocm="${NIXL_MEM_ROCM:-0}"

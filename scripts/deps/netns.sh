@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Installs what the tests across network namespaces need on Debian 12
+# Installs what the tests across network namespaces need on Debian 12 and Ubuntu 24.04
 # (nixl_core::testing::netns: tests/netns, nixl-core/tests/netns_harness.rs, and
 # `disagg_kv --hosts 2`):
 #   - iproute2: `ip netns`, veth pairs, bridges, and `tc` (tbf) to slow a link down;
-#   - util-linux (`unshare`), coreutils (`timeout`) and mount come with every Debian.
+#   - util-linux (`unshare`), coreutils (`timeout`) and mount come with every Debian and Ubuntu.
 # The tests need root (creating namespaces); elsewhere they skip with a printed reason
 # (Dep::Netns). Idempotent, non-interactive, fast when installed.
 set -euo pipefail

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs NIXL itself for the interoperability tests (nixl-backend-ucx/tests/nixl_interop.rs,
 # examples/nixl_prefill.py): the PyPI wheel nixl-cu13==1.5.1 (for this machine's python3) and
-# numpy, into $NIXL_NIXL_PREFIX/py (default /opt/nixl-deps/nixl/py) with `pip --target`, so
-# Debian's externally-managed Python is not touched. The wheel bundles its own UCX
-# (nixl_cu13.libs/libucp-*.so.0.0.0); the tests load that same libucp on the Rust side.
+# numpy, into $NIXL_NIXL_PREFIX/py<version> (default /opt/nixl-deps/nixl/py311 on Debian 12,
+# py312 on Ubuntu 24.04) with `pip --target`, so the system's externally-managed Python is
+# not touched. The wheel bundles its own UCX (nixl_cu13.libs/libucp-*.so.0.0.0); the tests
+# load that same libucp on the Rust side.
 # Prints the environment the tests read:
 #   NIXL_PYTHONPATH   where `import nixl_cu13` works
 #   NIXL_WHEEL_UCX    the wheel's libucp (UcxParams::library_path for a NIXL peer)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Installs what nixl-backend-ucx's tests, example and benches need on Debian 12:
+# Installs what nixl-backend-ucx's tests, example and benches need on Debian 12 and Ubuntu 24.04:
 #   - a UCX recent enough for zero-copy shared-memory RMA between processes: the PyPI wheel
 #     libucx-cu13==1.22.0 unpacked into $NIXL_UCX_PREFIX (default /opt/nixl-deps/ucx);
 #     the backend finds it through NIXL_UCX_HOME=$NIXL_UCX_PREFIX/libucx (printed at the end);
-#   - Debian's libucx0 (1.13) as the system fallback (optional; the wheel is enough).
+#   - the system's libucx0 (Debian 12: 1.13, Ubuntu 24.04: 1.16) as the fallback (optional;
+#     the wheel is enough).
 # Idempotent, non-interactive, fast when already installed.
 set -euo pipefail
 
@@ -39,7 +40,8 @@ if [ -z "$WHEEL" ]; then
     WHEEL="$(ls "$TMP"/libucx_cu13-*.whl | head -n1)"
 fi
 # A wheel is a zip: unpack it directly (no pip install, so no Python environment is touched;
-# `--break-system-packages` is not needed on Debian 12's externally-managed Python).
+# `--break-system-packages` is not needed on the externally-managed Python of Debian 12 or
+# Ubuntu 24.04).
 "$PY" -m zipfile -e "$WHEEL" "$PREFIX"
 chmod +x "$HOME_DIR"/bin/* 2>/dev/null || true
 test -e "$HOME_DIR/lib/libucp.so.0"

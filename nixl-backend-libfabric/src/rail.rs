@@ -7,6 +7,7 @@
 //! completion (or error completion) is read, so nothing the provider may still touch is freed
 //! early; the table lives inside the endpoint and is dropped only after the endpoint is closed.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -62,6 +63,7 @@ use crate::sys::post::{EpGuard, EpState, MsgPool, Rma};
 
 /// The rail's endpoint, locked.
 type Guard<'a> = EpGuard<'a, OpKind, SendFree>;
+use crate::keys::KeySource;
 use crate::result::FiError;
 use crate::sys::{self, Lib};
 
@@ -172,14 +174,16 @@ pub(crate) struct Rail {
     pub waitable: bool,
     pub addr: Vec<u8>,
     pub counters: Arc<RailCounters>,
-    pub av: Arc<Av>,
+    av: Arc<Av>,
+    /// The endpoint names in the AV, each once: its address and how many peers use it.
+    names: Mutex<HashMap<Vec<u8>, (sys::fi_addr_t, usize)>>,
     pub domain: Arc<Domain>,
     cq: Arc<Cq>,
     ep: Endpoint<Mutex<RailState>>,
     _info: Info,
 }
 
-/// Access flags of every registration.
+/// Access flags of a registered region (a transfer's source or target).
 pub(crate) fn mr_access() -> u64 {
     u64::from(sys::FI_READ)
         | u64::from(sys::FI_WRITE)
@@ -189,6 +193,14 @@ pub(crate) fn mr_access() -> u64 {
         | u64::from(sys::FI_RECV)
 }
 
+/// Access flags of the notification buffers: messages only, so a peer that learns their keys
+/// cannot write into the notifications this agent receives (tcp;ofi_rxm still adds remote
+/// read to every registration, for its rendezvous protocol: their keys being unpredictable,
+/// `crate::keys`, is what keeps the notifications this agent sends out of reach there).
+pub(crate) fn msg_access() -> u64 {
+    u64::from(sys::FI_SEND) | u64::from(sys::FI_RECV)
+}
+
 impl Rail {
     /// Opens a rail from one info entry.
     pub fn open(
@@ -196,7 +208,7 @@ impl Rail {
         info: Info,
         index: usize,
         cfg: RailConfig,
-        next_key: &AtomicU64,
+        keys: &KeySource,
     ) -> Result<Rail, FiError> {
         let e = info.first();
         let a = e
@@ -235,6 +247,7 @@ impl Rail {
             addr,
             counters: Arc::default(),
             av,
+            names: Mutex::default(),
             domain,
             cq,
             ep,
@@ -244,8 +257,8 @@ impl Rail {
             let mut st = rail.lock();
             st.register_pools(
                 &rail.domain,
-                mr_access(),
-                || next_key.fetch_add(1, Ordering::Relaxed),
+                msg_access(),
+                || keys.next(key_size),
                 |mr| {
                     if mr_mode & u64::from(sys::FI_MR_ENDPOINT) != 0 {
                         mr.bind(&rail.ep)?;
@@ -269,6 +282,40 @@ impl Rail {
 
     fn lock(&self) -> Guard<'_> {
         self.ep.lock()
+    }
+
+    /// The AV address of a peer's endpoint name (checked by `crate::validate`): inserted on
+    /// first use, shared by every peer (or this agent itself) naming the same endpoint, and
+    /// removed by [`Rail::remove_name`] once no one uses it. A name is never in the AV twice:
+    /// libfabric 1.17's shm provider gives both entries one map slot and unmaps the peer's
+    /// region when either is removed, so the other would write into unmapped memory.
+    pub fn insert_name(&self, name: &[u8]) -> Result<sys::fi_addr_t, FiError> {
+        // Held across the insert, so two peers naming one endpoint insert it once.
+        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((addr, users)) = names.get_mut(name) {
+            *users += 1;
+            return Ok(*addr);
+        }
+        crate::reached::av_insert();
+        let addr = self.av.insert(name)?;
+        names.insert(name.to_vec(), (addr, 1));
+        Ok(addr)
+    }
+
+    /// Drops one use of a name [`Rail::insert_name`] returned; the last removes it from the
+    /// AV, which tears the connection to that endpoint down.
+    pub fn remove_name(&self, name: &[u8]) -> Result<(), FiError> {
+        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((addr, users)) = names.get_mut(name) else {
+            return Ok(());
+        };
+        *users -= 1;
+        if *users > 0 {
+            return Ok(());
+        }
+        let addr = *addr;
+        names.remove(name);
+        self.av.remove(addr)
     }
 
     fn post_recv(&self, st: &mut Guard<'_>, slot: usize) -> Result<bool, FiError> {
@@ -305,6 +352,7 @@ impl Rail {
         };
         // The local range lies in a registration the transfer holds (desc is its
         // descriptor); the remote range was checked against the peer's region.
+        crate::reached::rma_post();
         let ok = st.post_rma(&op, kind)?;
         if ok {
             track.add(self.index);

@@ -232,6 +232,7 @@ impl LibfabricBackend {
             notif_size: params.notif_size,
             recv_slots: params.notif_slots,
             send_slots: params.notif_slots,
+            shm: crate::validate::is_shm(&sel.provider),
         };
         let keys = KeySource::default();
         let mut rails = Vec::with_capacity(sel.infos.len());

@@ -3,7 +3,8 @@
 //! A rail whose operations to the peer did not complete in time (a failed link: the tcp
 //! provider reports nothing, the operations just stop) is marked failed for that peer and its
 //! address removed from the rail's AV, which tears that connection down (once no other peer
-//! names the same endpoint: see `Rail::insert_name`). New transfers are
+//! names the same endpoint, and over shm only once the peer has gone: see `Rail::remove_name`).
+//! New transfers are
 //! striped over the rails left, and notifications go over the first of them; when no rail is
 //! left the peer is unreachable and requests fail at once. Fresh metadata (a reload after the
 //! repair) connects every rail again.
@@ -81,9 +82,7 @@ impl Peer {
         if removed.swap(true, Ordering::SeqCst) {
             return;
         }
-        if let Err(e) = rail.remove_name(name) {
-            tracing::debug!(peer = %self.name, rail = r, error = %e, "removing a peer address failed");
-        }
+        rail.remove_name(name);
     }
 
     /// Whether rail `r` still reaches the peer.

@@ -152,6 +152,25 @@ pub fn check_shm_region(name: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether the peer an shm name (checked by [`check_name`]) names has closed its endpoint: its
+/// region is gone (an endpoint unlinks it on close). `false` for a name of this process
+/// (`fi_shm://<this pid>:...`), whose region the provider shares with the endpoint itself,
+/// and whenever that cannot be told.
+pub fn shm_peer_gone(name: &[u8]) -> bool {
+    let Ok(path) = shm_region_path(name) else {
+        return false;
+    };
+    let object = path
+        .file_name()
+        .and_then(|o| o.to_str())
+        .unwrap_or_default();
+    let pid: String = object.chars().take_while(char::is_ascii_digit).collect();
+    if pid == std::process::id().to_string() {
+        return false;
+    }
+    matches!(std::fs::symlink_metadata(&path), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,17 +231,23 @@ mod tests {
         }
         // No pid is 0: no region of that name exists.
         assert!(check_shm_region(b"fi_shm://0:0:0\0").is_err());
+        assert!(shm_peer_gone(b"fi_shm://0:0:0\0"));
+        let own = format!("fi_shm://{}:0:999\0", std::process::id());
+        assert!(!shm_peer_gone(own.as_bytes()), "a name of this process");
+        assert!(!shm_peer_gone(b"fi_shm://a/b\0"), "not a region name");
         if std::path::Path::new(SHM_DIR).is_dir() {
             let name = format!("nixl-validate-test-{}", std::process::id());
             let path = PathBuf::from(SHM_DIR).join(&name);
             std::fs::write(&path, b"x").expect("writing a file under /dev/shm");
             let r = check_shm_region(format!("fi_shm://{name}\0").as_bytes());
+            let gone = shm_peer_gone(format!("fi_shm://{name}\0").as_bytes());
             let link = PathBuf::from(SHM_DIR).join(format!("{name}-link"));
             let linked = std::os::unix::fs::symlink(&path, &link).is_ok();
             let rl = check_shm_region(format!("fi_shm://{name}-link\0").as_bytes());
             let _ = std::fs::remove_file(&link);
             let _ = std::fs::remove_file(&path);
             assert!(r.is_ok(), "{r:?}");
+            assert!(!gone, "a region that exists");
             assert!(!linked || rl.is_err(), "a link was accepted");
         }
     }

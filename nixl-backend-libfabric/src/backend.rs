@@ -1,7 +1,7 @@
 //! The `LIBFABRIC` backend: rails, peers, registrations, notifications and progress.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -11,6 +11,7 @@ use nixl_core::backend::{
 };
 use nixl_core::{Capabilities, Error, MemKind, Op, RegionDesc, Result};
 
+use crate::keys::KeySource;
 use crate::params::{LibfabricParams, LibfabricStats, RailStats};
 pub(crate) use crate::peer::Peer;
 use crate::rail::{Inbox, Rail, RailConfig, Track};
@@ -52,7 +53,7 @@ pub(crate) struct Inner {
     pub virt_addr: bool,
     pub me: Arc<Peer>,
     peers: Mutex<HashMap<String, Arc<Peer>>>,
-    next_key: AtomicU64,
+    keys: KeySource,
     /// Posted transfers the progress thread drives.
     active: Mutex<Vec<Weak<Mutex<XferCore>>>>,
 }
@@ -231,11 +232,12 @@ impl LibfabricBackend {
             notif_size: params.notif_size,
             recv_slots: params.notif_slots,
             send_slots: params.notif_slots,
+            shm: crate::validate::is_shm(&sel.provider),
         };
-        let next_key = AtomicU64::new(1);
+        let keys = KeySource::default();
         let mut rails = Vec::with_capacity(sel.infos.len());
         for (i, info) in sel.infos.into_iter().enumerate() {
-            let rail = Rail::open(lib, info, i, cfg, &next_key).map_err(fail)?;
+            let rail = Rail::open(lib, info, i, cfg, &keys).map_err(fail)?;
             if rail.key_size > 8 {
                 return Err(Error::not_supported(
                     &agent,
@@ -286,7 +288,7 @@ impl LibfabricBackend {
             virt_addr,
             me,
             peers: Mutex::new(HashMap::new()),
-            next_key,
+            keys,
             params,
             active: Mutex::new(Vec::new()),
         });
@@ -419,15 +421,24 @@ impl Backend for LibfabricBackend {
             }
         }
         let n = names.len().min(self.inner.rails.len());
+        let shm = crate::validate::is_shm(&self.inner.provider);
         for (i, name) in names[..n].iter().enumerate() {
             let own = self.inner.rails[i].addr.as_slice();
-            crate::validate::check_name(&self.inner.provider, name, own).map_err(|e| {
-                Error::invalid(
-                    me,
-                    Op::LoadMetadata,
-                    format!("refused an endpoint name of {remote} (rail {i}): {e}"),
-                )
-            })?;
+            crate::validate::check_name(&self.inner.provider, name, own)
+                .and_then(|()| {
+                    if shm {
+                        crate::validate::check_shm_region(name)
+                    } else {
+                        Ok(())
+                    }
+                })
+                .map_err(|e| {
+                    Error::invalid(
+                        me,
+                        Op::LoadMetadata,
+                        format!("refused an endpoint name of {remote} (rail {i}): {e}"),
+                    )
+                })?;
         }
         let session = self.inner.inbox.peers.new_session()?;
         let peer = Peer::connect(remote, info, &self.inner.rails[..n], &names[..n], session)
@@ -484,7 +495,7 @@ impl Backend for LibfabricBackend {
         }
         let (mut keys, mut descs, mut mrs) = (Vec::new(), Vec::new(), Vec::new());
         for rail in &self.inner.rails {
-            let key = self.inner.next_key.fetch_add(1, Ordering::Relaxed);
+            let key = self.inner.keys.next(rail.key_size);
             // The agent keeps the region's memory alive while this registration (and any
             // request using it) exists: `MemoryRegion`'s contract.
             let mr = rail

@@ -39,9 +39,11 @@
 //! ```
 
 mod backend;
+mod keys;
 mod params;
 mod peer;
 mod rail;
+mod reached;
 mod result;
 mod select;
 mod sys;
@@ -49,11 +51,12 @@ mod validate;
 mod wire;
 mod xfer;
 
-/// The pure decoders of the backend's wire bytes, for fuzzing (feature `fuzzing`; not a
-/// stable API).
+/// The pure decoders of the backend's wire bytes, and counts of the native calls peers' bytes
+/// reached, for fuzzing (feature `fuzzing`; not a stable API).
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
+    pub use crate::reached::{av_inserts, rma_posts};
     pub use crate::validate::check_name;
     pub use crate::wire::{
         decode_conn, decode_message, decode_region, encode_conn, encode_hello, encode_notif,

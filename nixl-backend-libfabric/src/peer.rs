@@ -2,7 +2,9 @@
 //!
 //! A rail whose operations to the peer did not complete in time (a failed link: the tcp
 //! provider reports nothing, the operations just stop) is marked failed for that peer and its
-//! address removed from the rail's AV, which tears that connection down. New transfers are
+//! address removed from the rail's AV, which tears that connection down (once no other peer
+//! names the same endpoint, and over shm only once the peer has gone: see `Rail::remove_name`).
+//! New transfers are
 //! striped over the rails left, and notifications go over the first of them; when no rail is
 //! left the peer is unreachable and requests fail at once. Fresh metadata (a reload after the
 //! repair) connects every rail again.
@@ -22,6 +24,8 @@ pub(crate) struct Peer {
     pub conn: Vec<u8>,
     /// `(rail, fi_addr)` for rails both sides have.
     pub addrs: Vec<(Arc<Rail>, sys::fi_addr_t)>,
+    /// The peer's endpoint name on each of those rails.
+    names: Vec<Vec<u8>>,
     pub alive: AtomicBool,
     /// Per rail: whether it still reaches the peer.
     rail_ok: Vec<AtomicBool>,
@@ -51,6 +55,7 @@ impl Peer {
             name: name.to_owned(),
             conn: conn.to_vec(),
             addrs: Vec::new(),
+            names: Vec::new(),
             alive: AtomicBool::new(true),
             rail_ok: Vec::new(),
             removed: Vec::new(),
@@ -58,8 +63,9 @@ impl Peer {
         };
         for (rail, addr) in rails.iter().zip(names) {
             // On failure `p` is dropped and removes what was inserted so far.
-            let a = rail.av.insert(addr)?;
+            let a = rail.insert_name(addr)?;
             p.addrs.push((rail.clone(), a));
+            p.names.push(addr.clone());
             p.rail_ok.push(AtomicBool::new(true));
             p.removed.push(AtomicBool::new(false));
         }
@@ -68,15 +74,15 @@ impl Peer {
 
     /// Removes rail `r`'s address from its AV (once).
     fn remove(&self, r: usize) {
-        let (Some((rail, a)), Some(removed)) = (self.addrs.get(r), self.removed.get(r)) else {
+        let (Some((rail, _)), Some(name), Some(removed)) =
+            (self.addrs.get(r), self.names.get(r), self.removed.get(r))
+        else {
             return;
         };
         if removed.swap(true, Ordering::SeqCst) {
             return;
         }
-        if let Err(e) = rail.av.remove(*a) {
-            tracing::debug!(peer = %self.name, rail = r, error = %e, "removing a peer address failed");
-        }
+        rail.remove_name(name);
     }
 
     /// Whether rail `r` still reaches the peer.

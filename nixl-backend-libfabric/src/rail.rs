@@ -7,6 +7,7 @@
 //! completion (or error completion) is read, so nothing the provider may still touch is freed
 //! early; the table lives inside the endpoint and is dropped only after the endpoint is closed.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -62,6 +63,7 @@ use crate::sys::post::{EpGuard, EpState, MsgPool, Rma};
 
 /// The rail's endpoint, locked.
 type Guard<'a> = EpGuard<'a, OpKind, SendFree>;
+use crate::keys::KeySource;
 use crate::result::FiError;
 use crate::sys::{self, Lib};
 
@@ -135,10 +137,12 @@ enum OpKind {
         track: Arc<Track>,
         len: u64,
         write: bool,
+        dest: sys::fi_addr_t,
     },
     Send {
         track: Arc<Track>,
         slot: usize,
+        dest: sys::fi_addr_t,
     },
     Recv {
         slot: usize,
@@ -158,6 +162,23 @@ pub(crate) struct RailConfig {
     pub notif_size: usize,
     pub recv_slots: usize,
     pub send_slots: usize,
+    /// The shm provider's rules for removing addresses (see [`Rail::remove_name`]).
+    pub shm: bool,
+}
+
+/// The rail's AV: each endpoint name in it once, with its users and operations in flight.
+#[derive(Default)]
+struct AvTable {
+    by_name: HashMap<Vec<u8>, sys::fi_addr_t>,
+    entries: HashMap<sys::fi_addr_t, AvEntry>,
+}
+
+struct AvEntry {
+    name: Vec<u8>,
+    /// Peers (or this agent itself) using the address.
+    users: usize,
+    /// Operations to it posted and not yet completed.
+    in_flight: usize,
 }
 
 /// One endpoint and everything it needs.
@@ -172,14 +193,16 @@ pub(crate) struct Rail {
     pub waitable: bool,
     pub addr: Vec<u8>,
     pub counters: Arc<RailCounters>,
-    pub av: Arc<Av>,
+    av: Arc<Av>,
+    av_table: Mutex<AvTable>,
+    shm: bool,
     pub domain: Arc<Domain>,
     cq: Arc<Cq>,
     ep: Endpoint<Mutex<RailState>>,
     _info: Info,
 }
 
-/// Access flags of every registration.
+/// Access flags of a registered region (a transfer's source or target).
 pub(crate) fn mr_access() -> u64 {
     u64::from(sys::FI_READ)
         | u64::from(sys::FI_WRITE)
@@ -189,6 +212,14 @@ pub(crate) fn mr_access() -> u64 {
         | u64::from(sys::FI_RECV)
 }
 
+/// Access flags of the notification buffers: messages only, so a peer that learns their keys
+/// cannot write into the notifications this agent receives (tcp;ofi_rxm still adds remote
+/// read to every registration, for its rendezvous protocol: their keys being unpredictable,
+/// `crate::keys`, is what keeps the notifications this agent sends out of reach there).
+pub(crate) fn msg_access() -> u64 {
+    u64::from(sys::FI_SEND) | u64::from(sys::FI_RECV)
+}
+
 impl Rail {
     /// Opens a rail from one info entry.
     pub fn open(
@@ -196,7 +227,7 @@ impl Rail {
         info: Info,
         index: usize,
         cfg: RailConfig,
-        next_key: &AtomicU64,
+        keys: &KeySource,
     ) -> Result<Rail, FiError> {
         let e = info.first();
         let a = e
@@ -235,6 +266,8 @@ impl Rail {
             addr,
             counters: Arc::default(),
             av,
+            av_table: Mutex::default(),
+            shm: cfg.shm,
             domain,
             cq,
             ep,
@@ -244,8 +277,8 @@ impl Rail {
             let mut st = rail.lock();
             st.register_pools(
                 &rail.domain,
-                mr_access(),
-                || next_key.fetch_add(1, Ordering::Relaxed),
+                msg_access(),
+                || keys.next(key_size),
                 |mr| {
                     if mr_mode & u64::from(sys::FI_MR_ENDPOINT) != 0 {
                         mr.bind(&rail.ep)?;
@@ -269,6 +302,112 @@ impl Rail {
 
     fn lock(&self) -> Guard<'_> {
         self.ep.lock()
+    }
+
+    fn av_table(&self) -> MutexGuard<'_, AvTable> {
+        self.av_table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The AV address of a peer's endpoint name (checked by `crate::validate`): inserted on
+    /// first use, shared by every peer (or this agent itself) naming the same endpoint, and
+    /// removed by [`Rail::remove_name`] once no one uses it. A name is never in the AV twice:
+    /// libfabric 1.17's shm provider gives both entries one map slot and unmaps the peer's
+    /// region when either is removed, so the other would write into unmapped memory.
+    pub fn insert_name(&self, name: &[u8]) -> Result<sys::fi_addr_t, FiError> {
+        // Held across the insert, so two peers naming one endpoint insert it once.
+        let mut t = self.av_table();
+        if let Some(addr) = t.by_name.get(name).copied() {
+            if let Some(e) = t.entries.get_mut(&addr) {
+                e.users += 1;
+            }
+            return Ok(addr);
+        }
+        if self.shm {
+            // Addresses kept after their last user, of peers that have gone since.
+            let gone: Vec<sys::fi_addr_t> = t
+                .entries
+                .iter()
+                .filter(|(_, e)| e.users == 0 && self.removable(e))
+                .map(|(a, _)| *a)
+                .collect();
+            for a in gone {
+                self.retire(&mut t, a);
+            }
+        }
+        crate::reached::av_insert();
+        let addr = self.av.insert(name)?;
+        t.by_name.insert(name.to_vec(), addr);
+        t.entries.insert(
+            addr,
+            AvEntry {
+                name: name.to_vec(),
+                users: 1,
+                in_flight: 0,
+            },
+        );
+        Ok(addr)
+    }
+
+    /// Drops one use of a name [`Rail::insert_name`] returned. The last removes it from the
+    /// AV, which tears the connection to that endpoint down.
+    ///
+    /// Not so on an shm rail, where removing an address unmaps the peer's region while the
+    /// provider may still read it: when the answer to an operation in flight arrives (a
+    /// delivery-complete send to a peer that was stopped, then woke up), and whenever the peer
+    /// sends to this agent (its messages name the same map slot). Both crashed libfabric 1.17
+    /// (SIGSEGV in `fi_cq_read`). An shm address is kept after its last user, and reused if the
+    /// name comes back, until no operation to it is in flight and the peer's region is gone
+    /// (the peer closed its endpoint, which unlinks it); names of this process's endpoints are
+    /// kept for the rail's life. Peers killed before closing keep their slot (the provider has
+    /// 256 per AV).
+    pub fn remove_name(&self, name: &[u8]) {
+        let mut t = self.av_table();
+        let Some(addr) = t.by_name.get(name).copied() else {
+            return;
+        };
+        let Some(e) = t.entries.get_mut(&addr) else {
+            return;
+        };
+        e.users = e.users.saturating_sub(1);
+        if e.users == 0 && self.removable(e) {
+            self.retire(&mut t, addr);
+        }
+    }
+
+    /// Whether an address no peer uses any more may leave the AV now.
+    fn removable(&self, e: &AvEntry) -> bool {
+        !self.shm || (e.in_flight == 0 && crate::validate::shm_peer_gone(&e.name))
+    }
+
+    /// Removes an address no one uses from the table and the AV.
+    fn retire(&self, t: &mut AvTable, addr: sys::fi_addr_t) {
+        if let Some(e) = t.entries.remove(&addr) {
+            t.by_name.remove(&e.name);
+        }
+        if let Err(e) = self.av.remove(addr) {
+            tracing::debug!(rail = self.index, error = %e, "removing a peer address failed");
+        }
+    }
+
+    /// Counts an operation posted to `dest` (under the endpoint's lock, so before its
+    /// completion can be read).
+    fn op_posted(&self, dest: sys::fi_addr_t) {
+        if let Some(e) = self.av_table().entries.get_mut(&dest) {
+            e.in_flight += 1;
+        }
+    }
+
+    /// Counts an operation to `dest` completed; removes the address if no one uses it and it
+    /// may leave now.
+    fn op_done(&self, dest: sys::fi_addr_t) {
+        let mut t = self.av_table();
+        let Some(e) = t.entries.get_mut(&dest) else {
+            return;
+        };
+        e.in_flight = e.in_flight.saturating_sub(1);
+        if e.users == 0 && self.removable(e) {
+            self.retire(&mut t, dest);
+        }
     }
 
     fn post_recv(&self, st: &mut Guard<'_>, slot: usize) -> Result<bool, FiError> {
@@ -302,12 +441,15 @@ impl Rail {
             track: track.clone(),
             len,
             write,
+            dest,
         };
         // The local range lies in a registration the transfer holds (desc is its
         // descriptor); the remote range was checked against the peer's region.
+        crate::reached::rma_post();
         let ok = st.post_rma(&op, kind)?;
         if ok {
             track.add(self.index);
+            self.op_posted(dest);
         }
         Ok(ok)
     }
@@ -329,10 +471,12 @@ impl Rail {
         let kind = OpKind::Send {
             track: track.clone(),
             slot,
+            dest,
         };
         match st.post_send(slot, framed, dest, kind) {
             Ok(true) => {
                 track.add(self.index);
+                self.op_posted(dest);
                 Ok(true)
             }
             Ok(false) => {
@@ -422,7 +566,12 @@ impl Rail {
             tracing::debug!(rail = self.index, error = %e, "operation failed");
         }
         match kind {
-            OpKind::Rma { track, len, write } => {
+            OpKind::Rma {
+                track,
+                len,
+                write,
+                dest,
+            } => {
                 if err.is_none() {
                     let c = if write {
                         &self.counters.bytes_written
@@ -433,13 +582,15 @@ impl Rail {
                     self.counters.ops.fetch_add(1, Ordering::Relaxed);
                 }
                 track.complete(self.index, err);
+                self.op_done(dest);
             }
-            OpKind::Send { track, slot } => {
+            OpKind::Send { track, slot, dest } => {
                 st.0.push(slot);
                 if err.is_none() {
                     self.counters.notifs_sent.fetch_add(1, Ordering::Relaxed);
                 }
                 track.complete(self.index, err);
+                self.op_done(dest);
             }
             OpKind::Recv { slot } => {
                 match err {

@@ -221,3 +221,187 @@ fn oversized_notifications_and_unsupported_memory_are_refused() {
         "{r:?}"
     );
 }
+
+/// Where an agent's shm endpoint name (`fi_shm://...`, NUL included) lies in its
+/// connection info.
+fn shm_name_at(conn: &[u8]) -> std::ops::Range<usize> {
+    let start = conn
+        .windows(9)
+        .position(|w| w == b"fi_shm://")
+        .expect("an shm endpoint name");
+    let len = conn[start..].iter().position(|&b| b == 0).expect("a NUL") + 1;
+    start..start + len
+}
+
+/// shm endpoint names libfabric 1.17 mishandles are refused before `fi_av_insert`, found by
+/// the `unpack_address` fuzz target: a name whose region cannot be opened (here: a path,
+/// which `shm_open` refuses) keeps a half-initialised slot in the provider's map, so
+/// inserting it a second time "succeeds" and the hello sent through it crashed the process
+/// (SIGSEGV in `pthread_spin_lock` on no region); a name of a region that does not exist
+/// leaks a slot the same way. Then the real name still connects.
+#[test]
+fn shm_names_of_no_region_are_refused() {
+    if common::skip_without_provider("shm") {
+        return;
+    }
+    let shm = LibfabricParams {
+        op_timeout: Duration::from_millis(500),
+        ..LibfabricParams::with_provider("shm")
+    };
+    let p = pair("shm-names", shm.clone(), shm);
+    let good = AgentMetadata::decode(&p.b.local_metadata().unwrap()).unwrap();
+    let conn = &good.backends[0].conn_info;
+    let at = shm_name_at(conn);
+    // The last character before the NUL (a digit of the endpoint's index).
+    let last = at.end - 2;
+    let mut slash = conn.clone();
+    slash[last] = b'/';
+    let mut missing = conn.clone();
+    missing[last] = if conn[last] == b'9' {
+        b'8'
+    } else {
+        conn[last] + 1
+    };
+    for (what, conn) in [("a path", slash), ("a region that does not exist", missing)] {
+        for round in 0..3 {
+            let mut md = good.clone();
+            md.name = format!("{}-alias-{round}", good.name);
+            md.backends[0].conn_info = conn.clone();
+            let r = p.a.load_remote_metadata(&md.encode());
+            assert!(
+                matches!(r, Err(Error::InvalidParam { .. })),
+                "{what} (round {round}): {r:?}"
+            );
+        }
+    }
+    p.a.load_remote_metadata(&good.encode()).unwrap();
+    p.a.gen_notif(p.b.name(), b"ok", &[]).unwrap();
+    assert_eq!(
+        p.b.wait_notifs(Duration::from_secs(20)).unwrap()[p.a.name()],
+        vec![b"ok".to_vec()]
+    );
+}
+
+/// shm names carry the pid and the endpoint's index in its process, so their length varies:
+/// a peer whose name is longer or shorter than this agent's own connects (an exact-length
+/// rule refused it).
+#[test]
+fn shm_names_of_other_lengths_connect() {
+    if common::skip_without_provider("shm") {
+        return;
+    }
+    let name_of = |a: &Agent| {
+        let md = AgentMetadata::decode(&a.local_metadata().unwrap()).unwrap();
+        let conn = &md.backends[0].conn_info;
+        conn[shm_name_at(conn)].to_vec()
+    };
+    let first = agent("len-0");
+    first
+        .create_backend(LibfabricParams::with_provider("shm"))
+        .unwrap();
+    let own = name_of(&first);
+    // Endpoint indexes count up per process: one of these crosses a power of ten.
+    let mut other = None;
+    for i in 1..=120 {
+        let a = agent(&format!("len-{i}"));
+        a.create_backend(LibfabricParams::with_provider("shm"))
+            .unwrap();
+        if name_of(&a).len() != own.len() {
+            other = Some(a);
+            break;
+        }
+    }
+    let other = other.expect("an shm endpoint name of another length");
+    eprintln!(
+        "{:?} <-> {:?}",
+        own.escape_ascii().to_string(),
+        name_of(&other).escape_ascii().to_string()
+    );
+    first
+        .load_remote_metadata(&other.local_metadata().unwrap())
+        .unwrap();
+    other
+        .load_remote_metadata(&first.local_metadata().unwrap())
+        .unwrap();
+    first.gen_notif(other.name(), b"to", &[]).unwrap();
+    other.gen_notif(first.name(), b"fro", &[]).unwrap();
+    assert_eq!(
+        other.wait_notifs(Duration::from_secs(20)).unwrap()[first.name()],
+        vec![b"to".to_vec()]
+    );
+    assert_eq!(
+        first.wait_notifs(Duration::from_secs(20)).unwrap()[other.name()],
+        vec![b"fro".to_vec()]
+    );
+}
+
+/// A peer cannot reach the notification buffers by guessing their keys (tcp addresses by
+/// offset, so a key is all it takes, and tcp;ofi_rxm leaves every registration remotely
+/// readable): the `unpack_key` fuzz target read a target's notification buffers with a key one
+/// bit away from its region's when keys were sequential (1, 2, 3, ...). Keys are now
+/// unpredictable, and the buffers are registered for messages only. The region's own key
+/// still works.
+#[test]
+fn notification_buffers_are_not_remotely_accessible() {
+    if common::skip_without_provider("tcp") {
+        return;
+    }
+    let params = LibfabricParams {
+        op_timeout: Duration::from_secs(2),
+        ..LibfabricParams::tcp_loopback(1)
+    };
+    let p = pair("pool-keys", params.clone(), params);
+    let good = AgentMetadata::decode(&p.b.local_metadata().unwrap()).unwrap();
+    let public = &good.regions[0].public;
+    // Region metadata ends in the key (one rail: one key, 8 bytes little-endian).
+    let at = public.len() - 8;
+    let real = u64::from_le_bytes(public[at..].try_into().unwrap());
+    let (x, y) = (&p._bufs.0, &p._bufs.1);
+    let read = |name: &str| {
+        let req = p.a.create_xfer_req(
+            XferOp::Read,
+            &XferDescList::blocks(MemKind::Dram, x.addr(), 4096, 1),
+            &XferDescList::blocks(MemKind::Dram, y.addr(), 4096, 1),
+            name,
+            XferOptions {
+                timeout: Some(Duration::from_secs(2)),
+                ..Default::default()
+            },
+        )?;
+        p.a.post_xfer_req(&req)?;
+        req.wait(Duration::from_secs(10))
+    };
+    let near = (0..64).map(|bit| real ^ (1 << bit));
+    for key in (1..=8).chain(near).filter(|&k| k != real) {
+        let mut md = good.clone();
+        md.name = format!("{}-key-{key}", good.name);
+        md.regions[0].public[at..].copy_from_slice(&u64::to_le_bytes(key));
+        // The target's provider drops the connection over a refused read; connecting again
+        // may take a moment.
+        load_retrying(&p.a, &md.encode());
+        let r = read(&md.name);
+        assert!(
+            r.is_err(),
+            "a read with key {key} (not the region's {real}): {r:?}"
+        );
+        p.a.invalidate_remote_metadata(&md.name).unwrap();
+    }
+    load_retrying(&p.a, &good.encode());
+    read(p.b.name()).unwrap();
+}
+
+fn load_retrying(a: &Agent, md: &[u8]) {
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match a.load_remote_metadata(md) {
+            Ok(_) => return,
+            Err(e @ (Error::RemoteDisconnect { .. } | Error::TimedOut { .. }))
+                if std::time::Instant::now() < end =>
+            {
+                eprintln!("loading again after: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("loading metadata: {e}"),
+        }
+    }
+}

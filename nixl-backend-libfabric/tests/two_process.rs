@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nixl_backend_libfabric::LibfabricParams;
+use nixl_core::codec::AgentMetadata;
 use nixl_core::testing::two_process::{child_main, Child, ChildEnv, ENV_CHILD};
 use nixl_core::{
     Agent, AgentConfig, Error, HostBuffer, MemKind, XferDescList, XferOp, XferOptions, XferTarget,
@@ -68,6 +69,13 @@ fn target_main(env: ChildEnv) -> Result<(), String> {
         for msg in n.get(&parent).into_iter().flatten() {
             if msg == b"exit" {
                 return Ok(());
+            }
+            if msg == b"metadata" {
+                let md = a.local_metadata().map_err(e)?;
+                let hex: String = md.iter().map(|b| format!("{b:02x}")).collect();
+                a.gen_notif(&parent, format!("md:{hex}").as_bytes(), &[])
+                    .map_err(e)?;
+                continue;
             }
             // Whatever arrives, answer with what memory holds at that moment.
             let reply = format!(
@@ -280,4 +288,143 @@ fn killed_target_fails_requests_with_typed_errors() {
         matches!(r, Err(Error::RemoteDisconnect { .. })),
         "second write to a dead peer: {r:?}"
     );
+}
+
+/// A second name for a peer's endpoints (another agent name whose metadata carries the same
+/// connection info: a hostile peer, or a stale copy), loaded and then forgotten, leaves the
+/// peer working. Each endpoint name is in a rail's AV once, shared by the peers naming it:
+/// libfabric 1.17's shm provider gives two entries of one name one map slot and unmaps the
+/// peer's region when either is removed, so the next notification to the real peer wrote into
+/// unmapped memory (SIGSEGV), which two agents in one process never show (the provider does
+/// not map its own process's regions).
+fn alias_forgotten(provider: &str) -> Result<(), String> {
+    let e = |e: Error| e.to_string();
+    let mut s = start(provider, &format!("alias-{provider}"), params(provider))?;
+    let a = &s.a;
+    a.gen_notif(&s.child, b"metadata", &[]).map_err(e)?;
+    let reply = s.target.next(a, WAIT)?;
+    let hex = reply
+        .strip_prefix(b"md:")
+        .ok_or("no metadata from the target")?;
+    let md: Vec<u8> = hex
+        .chunks(2)
+        .map(|h| u8::from_str_radix(std::str::from_utf8(h).unwrap_or("zz"), 16))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let mut alias = AgentMetadata::decode(&md).map_err(|e| e.to_string())?;
+    alias.name = format!("{}-alias", s.child);
+    for round in 0..3 {
+        a.load_remote_metadata(&alias.encode()).map_err(e)?;
+        a.invalidate_remote_metadata(&alias.name).map_err(e)?;
+        a.gen_notif(&s.child, format!("n{round}").as_bytes(), &[])
+            .map_err(e)?;
+        let r = s.target.next(a, WAIT)?;
+        if !r.starts_with(format!("n{round}:").as_bytes()) {
+            return Err(format!(
+                "notification {round} came back as {:?}",
+                String::from_utf8_lossy(&r)
+            ));
+        }
+    }
+    let src = Arc::new(HostBuffer::new(LEN).ok_or("alloc")?);
+    let _r = a.register_mem(vec![src.clone()], &[]).map_err(e)?;
+    let req = a
+        .create_xfer_req(
+            XferOp::Write,
+            &XferDescList::blocks(MemKind::Dram, src.addr(), BLOCK as u64, 2),
+            &XferDescList::blocks(MemKind::Dram, s.remote_addr, BLOCK as u64, 2),
+            &s.child,
+            XferOptions::default(),
+        )
+        .map_err(e)?;
+    a.post_xfer_req(&req).map_err(e)?;
+    req.wait(WAIT).map_err(e)?;
+    a.gen_notif(&s.child, b"exit", &[]).map_err(e)?;
+    match s.target.join(WAIT) {
+        Some(st) if st.success() => Ok(()),
+        Some(st) => Err(format!("target exited with {st}")),
+        None => Err("target did not exit".into()),
+    }
+}
+
+#[test]
+fn forgetting_an_alias_of_a_peers_endpoints_leaves_the_peer_working() {
+    if std::env::var_os(ENV_CHILD).is_some() {
+        return;
+    }
+    for provider in ["shm", "tcp"] {
+        if !common::skip_without_provider(provider) {
+            alias_forgotten(provider).unwrap();
+        }
+    }
+}
+
+/// A notification to a frozen (`SIGSTOP`) peer over shm times out, and the peer's late answer
+/// (it writes the send's delivery-complete response into this agent's region once thawed) is
+/// harmless. The backend used to remove the peer's address when the send timed out: the shm
+/// provider unmapped the peer's region with the send still pending, and reading the late
+/// response dereferenced the unmapped region (SIGSEGV in `fi_cq_read`, found by the
+/// `unpack_address` fuzz target). Addresses with operations in flight are now removed from the
+/// AV only once those complete. After a reload the peer works again.
+#[test]
+fn a_late_answer_from_a_thawed_shm_peer_is_harmless() {
+    if std::env::var_os(ENV_CHILD).is_some() || common::skip_without_provider("shm") {
+        return;
+    }
+    use nixl_core::testing::signal::Sig;
+    let p = LibfabricParams {
+        op_timeout: Duration::from_millis(300),
+        ..params("shm")
+    };
+    let mut s = start("shm", "frozen", p).unwrap();
+    let a = &s.a;
+    a.gen_notif(&s.child, b"metadata", &[]).unwrap();
+    let reply = s.target.next(a, WAIT).unwrap();
+    let md = unhex(
+        reply
+            .strip_prefix(b"md:")
+            .expect("metadata from the target"),
+    );
+    s.target.signal(Sig::Stop).unwrap();
+    let r = a.gen_notif(&s.child, b"while frozen", &[]);
+    eprintln!("notification to a frozen peer: {r:?}");
+    assert!(
+        matches!(
+            r,
+            Err(Error::TimedOut { .. } | Error::RemoteDisconnect { .. })
+        ),
+        "{r:?}"
+    );
+    s.target.signal(Sig::Cont).unwrap();
+    // The thawed peer answers; this agent's progress thread reads the answer.
+    std::thread::sleep(Duration::from_secs(1));
+    a.invalidate_remote_metadata(&s.child).unwrap();
+    a.load_remote_metadata(&md).unwrap();
+    for i in 0..3 {
+        a.gen_notif(&s.child, format!("n{i}").as_bytes(), &[])
+            .unwrap();
+    }
+    // The notification sent while frozen may arrive too (its answer is the one read above).
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        let r = s.target.next(a, WAIT).unwrap();
+        if !r.starts_with(b"while frozen:") {
+            got.push(
+                String::from_utf8_lossy(&r)
+                    .split(':')
+                    .next()
+                    .unwrap_or("")
+                    .to_owned(),
+            );
+        }
+    }
+    assert_eq!(got, ["n0", "n1", "n2"]);
+    a.gen_notif(&s.child, b"exit", &[]).unwrap();
+    assert!(s.target.join(WAIT).is_some_and(|st| st.success()));
+}
+
+fn unhex(hex: &[u8]) -> Vec<u8> {
+    hex.chunks(2)
+        .map(|h| u8::from_str_radix(std::str::from_utf8(h).unwrap_or("zz"), 16).unwrap_or(0))
+        .collect()
 }

@@ -137,46 +137,35 @@ impl PeerEp {
     /// Whether a lane of this endpoint uses UCX's tcp transport. Unknown (the endpoint was
     /// closed before anyone asked) counts as tcp, so nothing is force-closed on a guess.
     pub fn uses_tcp(&self, g: &WorkerGuard<'_>) -> bool {
-        match self.tcp.load(Ordering::Acquire) {
+        self.lane_is(g, &self.tcp, &["tcp/", "tcp_"], true)
+    }
+
+    /// Whether a lane of the endpoint names one of `names` (cached in `cache` once known);
+    /// `closed` when the endpoint is closed.
+    fn lane_is(&self, g: &WorkerGuard<'_>, cache: &AtomicU8, names: &[&str], closed: bool) -> bool {
+        match cache.load(Ordering::Acquire) {
             TCP_NO => return false,
             TCP_YES => return true,
             _ => {}
         }
         let Some(ep) = self.raw(g) else {
-            return true;
+            return closed;
         };
         let lanes = if self.worker.ctx.ucx.has_ep_transports() {
             query_transports(g, ep)
         } else {
             print_info(g, ep)
         };
-        let tcp = lanes.contains("tcp/") || lanes.contains("tcp_");
-        self.tcp
-            .store(if tcp { TCP_YES } else { TCP_NO }, Ordering::Release);
-        tcp
+        let yes = names.iter().any(|n| lanes.contains(n));
+        cache.store(if yes { TCP_YES } else { TCP_NO }, Ordering::Release);
+        yes
     }
 
     /// Whether UCX copies host memory to this peer with its cma transport (a lane of the
     /// endpoint is `cma/...`): where the backend may make those copies itself (`crate::cma`).
     /// Cached once known; `false` for a closed endpoint.
     pub fn uses_cma(&self, g: &WorkerGuard<'_>) -> bool {
-        match self.cma.load(Ordering::Acquire) {
-            TCP_NO => return false,
-            TCP_YES => return true,
-            _ => {}
-        }
-        let Some(ep) = self.raw(g) else {
-            return false;
-        };
-        let lanes = if self.worker.ctx.ucx.has_ep_transports() {
-            query_transports(g, ep)
-        } else {
-            print_info(g, ep)
-        };
-        let cma = lanes.contains("cma/") || lanes.contains("cma ");
-        self.cma
-            .store(if cma { TCP_YES } else { TCP_NO }, Ordering::Release);
-        cma
+        self.lane_is(g, &self.cma, &["cma/", "cma "], false)
     }
 
     /// The endpoint notifications go on (the shared-memory one where there is one), if still

@@ -368,16 +368,7 @@ impl UcxXfer {
             let ep = pe
                 .raw(&g)
                 .ok_or_else(|| self.disconnected(Op::PostXfer, "UCX endpoint was closed"))?;
-            pe.shared.begin_op();
-            let notif_ep = pe.notif_raw(&g).unwrap_or(ep);
-            fresh_state(
-                &mut self.cur,
-                &self.ucx,
-                &self.notif,
-                notif_ep,
-                &pe.shared,
-                None,
-            )
+            open_post(&mut self.cur, &self.ucx, &self.notif, pe, &g, ep, None)
         };
         let (st, peer, worker) = (state.clone(), self.peer.clone(), self.worker);
         let flight = Arc::new(crate::cma::Flight::new(
@@ -412,16 +403,7 @@ impl UcxXfer {
         let ep = pe
             .raw(&g)
             .ok_or_else(|| self.disconnected(Op::PostXfer, "UCX endpoint was closed"))?;
-        pe.shared.begin_op();
-        let notif_ep = pe.notif_raw(&g).unwrap_or(ep);
-        let state = fresh_state(
-            &mut self.cur,
-            &self.ucx,
-            &self.notif,
-            notif_ep,
-            &pe.shared,
-            None,
-        );
+        let state = open_post(&mut self.cur, &self.ucx, &self.notif, pe, &g, ep, None);
         state.after_flush(&g.h().locked());
         drop(g);
         self.outcome(&state, Op::PostXfer)
@@ -440,6 +422,23 @@ fn finish_pieces(flight: &crate::cma::Flight, state: &Arc<PostState>, peer: &Pee
         let mut g = pe.worker.lock();
         state.after_flush(&g.h().locked());
     }
+}
+
+/// Opens a post on `pe`'s endpoint `ep` (one more operation in flight on it) and returns its
+/// completion state, whose notification goes on the peer's notification endpoint where it has
+/// one. Only call with the worker locked (`_g`).
+fn open_post(
+    cur: &mut Option<Arc<PostState>>,
+    ucx: &Arc<Ucx>,
+    notif: &Option<Notif>,
+    pe: &crate::endpoint::PeerEp,
+    g: &crate::worker::WorkerGuard<'_>,
+    ep: sys::Ep,
+    failed_issue: Option<sys::ucs_status_t>,
+) -> Arc<PostState> {
+    pe.shared.begin_op();
+    let notif_ep = pe.notif_raw(g).unwrap_or(ep);
+    fresh_state(cur, ucx, notif, notif_ep, &pe.shared, failed_issue)
 }
 
 /// A post's completion state: the previous one (`cur`) reset when no UCX callback holds it any
@@ -532,14 +531,13 @@ impl BackendXfer for UcxXfer {
             // with them, and the post ends with this error then (a cancel meanwhile follows
             // the usual rules; nothing is force-closed here).
         }
-        pe.shared.begin_op();
-        let notif_ep = pe.notif_raw(&g).unwrap_or(ep);
-        let state = fresh_state(
+        let state = open_post(
             &mut self.cur,
             &self.ucx,
             &self.notif,
-            notif_ep,
-            &pe.shared,
+            pe,
+            &g,
+            ep,
             failed_issue,
         );
         // The endpoint is live under the held lock; the callback runs `flushed`.

@@ -206,7 +206,31 @@ pub mod signal {
             Sig::Kill => Signal::KILL,
             Sig::Term => Signal::TERM,
         };
-        kill_process(pid, s).map_err(std::io::Error::from)
+        kill_process(pid, s).map_err(std::io::Error::from)?;
+        if sig == Sig::Stop {
+            // The kernel stops the process when it next runs: wait for it (bounded), so a test
+            // that stops a peer and acts at once really acts on a stopped peer.
+            wait_stopped(pid.as_raw_nonzero().get());
+        }
+        Ok(())
+    }
+
+    /// Waits up to 2 s until `/proc/<pid>/stat` shows the process stopped (`T`) or gone.
+    fn wait_stopped(pid: i32) {
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while std::time::Instant::now() < end {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                return;
+            };
+            // The state follows the command name, which is in parentheses.
+            let state = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().next());
+            if matches!(state, Some("T" | "t" | "Z" | "X") | None) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
     }
 }
 
@@ -221,6 +245,12 @@ mod tests {
             .spawn()
             .expect("spawn sleep");
         signal::send(child.id(), signal::Sig::Stop).unwrap();
+        // Stopped when `send` returns, not some time later.
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id())).unwrap();
+        let state = stat[stat.rfind(')').unwrap() + 1..]
+            .split_whitespace()
+            .next();
+        assert_eq!(state, Some("T"), "{stat}");
         signal::send(child.id(), signal::Sig::Cont).unwrap();
         signal::send(child.id(), signal::Sig::Kill).unwrap();
         let st = child.wait().unwrap();

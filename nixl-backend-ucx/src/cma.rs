@@ -17,7 +17,7 @@
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use nixl_core::{Error, Op};
 
@@ -264,6 +264,10 @@ impl Drop for CopyPool {
     }
 }
 
+/// How long a post waits for the previous one on its endpoint to finish: its remaining pieces
+/// are being copied (by the waiter too), so this bounds only a stuck system call.
+pub(crate) const FINISH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// One piece of a large direct copy (about [`MIN_PIECE`] bytes: one system call).
 struct Piece {
     local: Vec<IoVec>,
@@ -291,17 +295,35 @@ pub(crate) struct Flight {
     /// Set by cancel or abandon: pieces not started yet are not copied.
     stop: AtomicBool,
     finish: Finish,
+    /// The previous flight on the same endpoint, whose finisher runs before this one's.
+    prev: Mutex<Option<Arc<Flight>>>,
+    /// Set once the finisher has run.
+    finished: AtomicBool,
 }
 
 impl Flight {
     /// A flight copying `pieces` to or from process `pid`; `finish` runs after the last.
+    #[cfg(test)]
     pub fn new(
         pid: u32,
         write: bool,
         pieces: Vec<(Vec<IoVec>, Vec<IoVec>)>,
         finish: Finish,
     ) -> Self {
+        Self::after(None, pid, write, pieces, finish)
+    }
+
+    /// [`Flight::new`], finishing only after `prev` (the previous flight on the endpoint) has.
+    pub fn after(
+        prev: Option<Arc<Flight>>,
+        pid: u32,
+        write: bool,
+        pieces: Vec<(Vec<IoVec>, Vec<IoVec>)>,
+        finish: Finish,
+    ) -> Self {
         Flight {
+            prev: Mutex::new(prev),
+            finished: AtomicBool::new(false),
             pid,
             write,
             pieces: pieces
@@ -336,9 +358,37 @@ impl Flight {
                 }
             }
             if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.pieces.len() {
+                // The previous flight on the endpoint finishes first (helped along here).
+                let prev = self.prev.lock().unwrap_or_else(|p| p.into_inner()).take();
+                if let Some(p) = prev {
+                    p.wait_finished(FINISH_WAIT);
+                }
                 (self.finish)(self);
+                self.finished.store(true, Ordering::Release);
             }
         }
+    }
+
+    /// Copies what nobody took yet of this flight, then waits (up to `limit`) until its
+    /// finisher has run; `false` if it had not by then.
+    pub fn wait_finished(&self, limit: std::time::Duration) -> bool {
+        self.work();
+        let end = std::time::Instant::now() + limit;
+        while !self.finished.load(Ordering::Acquire) {
+            if std::time::Instant::now() >= end {
+                tracing::warn!(
+                    "a direct CMA post did not finish in time; a later notification may overtake it"
+                );
+                return false;
+            }
+            std::thread::yield_now();
+        }
+        true
+    }
+
+    /// Whether the finisher has run.
+    pub fn is_finished(&self) -> bool {
+        self.finished.load(Ordering::Acquire)
     }
 
     /// Pieces not started yet are not copied.

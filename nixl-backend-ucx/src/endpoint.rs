@@ -126,6 +126,11 @@ pub(crate) struct PeerEp {
     tcp: AtomicU8,
     /// Whether a lane of the endpoint is UCX's cma transport (`TCP_*` values, cached).
     cma: AtomicU8,
+    /// The latest direct CMA post copied in pieces on this endpoint (`crate::cma`): a later
+    /// post's notification waits until its copies are complete and its notification sent, so
+    /// notifications keep post order and each implies the data of the posts before it, as one
+    /// UCX flush per post gives UCX's own copies.
+    pub last_flight: std::sync::Mutex<std::sync::Weak<crate::cma::Flight>>,
 }
 
 impl PeerEp {
@@ -403,6 +408,7 @@ impl Peer {
                 peer_failure,
                 tcp: AtomicU8::new(TCP_UNKNOWN),
                 cma: AtomicU8::new(TCP_UNKNOWN),
+                last_flight: std::sync::Mutex::new(std::sync::Weak::new()),
             });
         }
         Ok(Peer {

@@ -371,12 +371,18 @@ impl UcxXfer {
             open_post(&mut self.cur, &self.ucx, &self.notif, pe, &g, ep, None)
         };
         let (st, peer, worker) = (state.clone(), self.peer.clone(), self.worker);
-        let flight = Arc::new(crate::cma::Flight::new(
+        // Notifications keep post order on the endpoint: this flight finishes after the last.
+        let mut last = pe.last_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let prev = last.upgrade().filter(|f| !f.is_finished());
+        let flight = Arc::new(crate::cma::Flight::after(
+            prev,
             pid,
             self.op == XferOp::Write,
             pieces,
             Box::new(move |f| finish_pieces(f, &st, &peer, worker)),
         ));
+        *last = Arc::downgrade(&flight);
+        drop(last);
         self.flight = Some(flight.clone());
         // Every copy thread works on the flight until no piece is left; the application's
         // `check` joins in.
@@ -399,6 +405,16 @@ impl UcxXfer {
     /// now (it follows the data); the post is then done, or in flight until UCX has sent it.
     fn complete_direct(&mut self) -> Result<XferState> {
         let pe = &self.peer.eps[self.worker];
+        // A post copied in pieces before this one finishes first (helped along here), so this
+        // notification follows its data and theirs, as UCX's flush would have it.
+        let prev = pe
+            .last_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .upgrade();
+        if let Some(p) = prev.filter(|f| !f.is_finished()) {
+            p.wait_finished(crate::cma::FINISH_WAIT);
+        }
         let mut g = pe.worker.lock();
         let ep = pe
             .raw(&g)

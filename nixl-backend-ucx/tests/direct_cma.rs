@@ -295,3 +295,60 @@ fn an_unmapped_peer_range_is_a_typed_error() {
         );
     }
 }
+
+/// Notifications keep post order, and each implies the data of the posts before it (as UCX's
+/// flush per post gives UCX's own copies): a large WRITE copied in pieces, then at once a small
+/// one copied inside `post`; the small one's notification must not overtake the large one's,
+/// and when it is handed out the large one's bytes are all there.
+#[test]
+fn notifications_keep_post_order_across_inline_and_pieces() {
+    if !common::ucx_or_skip("direct_cma_order") {
+        return;
+    }
+    let big = 48usize << 20;
+    let p = pair(shm(true, 2), big + (64 << 10));
+    for round in 0..5u8 {
+        p.src.fill(round + 1);
+        let large =
+            p.a.create_xfer_req(
+                XferOp::Write,
+                &XferDescList::blocks(MemKind::Dram, p.src.addr(), big as u64, 1),
+                &XferDescList::blocks(MemKind::Dram, p.dst.addr(), big as u64, 1),
+                p.b.name(),
+                XferOptions::with_notif(vec![b'L', round]),
+            )
+            .expect("make large");
+        let small =
+            p.a.create_xfer_req(
+                XferOp::Write,
+                &XferDescList::blocks(MemKind::Dram, p.src.addr() + big as u64, 4096, 16),
+                &XferDescList::blocks(MemKind::Dram, p.dst.addr() + big as u64, 4096, 16),
+                p.b.name(),
+                XferOptions::with_notif(vec![b'S', round]),
+            )
+            .expect("make small");
+        assert!(large.path().contains("in pieces"), "{}", large.path());
+        p.a.post_xfer_req(&large).expect("post large");
+        p.a.post_xfer_req(&small).expect("post small");
+        let mut seen = Vec::new();
+        let end = std::time::Instant::now() + T;
+        while seen.len() < 2 && std::time::Instant::now() < end {
+            let n = p.b.wait_notifs(Duration::from_millis(200)).expect("notifs");
+            for m in n.get(p.a.name()).into_iter().flatten() {
+                if m[0] == b'S' {
+                    // Every byte of the large WRITE is there when the small one's
+                    // notification is handed out.
+                    let d = p.dst.to_vec();
+                    assert!(
+                        d[..big].iter().all(|&x| x == round + 1),
+                        "round {round}: the small post's notification overtook the large post's data"
+                    );
+                }
+                seen.push(m[0]);
+            }
+        }
+        assert_eq!(seen, vec![b'L', b'S'], "round {round}: post order");
+        large.wait(T).expect("large done");
+        small.wait(T).expect("small done");
+    }
+}

@@ -98,6 +98,16 @@ pub(crate) fn error(agent: &str, remote: &str, op: Op, e: &io::Error) -> Error {
     match e.raw_os_error() {
         // ESRCH: the peer's process is gone.
         Some(3) => Error::disconnected(agent, remote, op, "its process has exited (CMA: ESRCH)"),
+        // EPERM: no ptrace permission over the peer's process (another user, Yama).
+        Some(1) => Error::backend(
+            agent,
+            crate::UCX,
+            op,
+            format!(
+                "CMA to {remote} not permitted (EPERM: no ptrace permission over its process); \
+                 UcxParams::direct_cma = false leaves the copies to UCX"
+            ),
+        ),
         Some(14) => Error::backend(
             agent,
             crate::UCX,

@@ -63,6 +63,38 @@ fn dram(addr: u64, len: usize) -> XferDescList {
     XferDescList::blocks(MemKind::Dram, addr, len as u64, 1)
 }
 
+/// WRITEs `LEN` bytes from `src` into NIXL peer `peer`'s memory at `dst` with notification
+/// `msg`, then checks that NIXL got the notification from us and holds `pattern(LEN, seed)`.
+fn write_to_nixl(
+    rs: &Agent,
+    src: &HostBuffer,
+    py: &mut NixlPeer,
+    peer: &str,
+    dst: u64,
+    msg: &[u8],
+    seed: u64,
+) {
+    let req = rs
+        .create_xfer_req(
+            XferOp::Write,
+            &dram(src.addr(), LEN),
+            &dram(dst, LEN),
+            peer,
+            XferOptions::with_notif(msg.to_vec()),
+        )
+        .expect("request");
+    rs.post_xfer_req(&req).expect("post");
+    req.wait(WAIT).expect("WRITE completes");
+    assert_eq!(
+        py.notifs(1, WAIT),
+        vec![(rs.name().to_owned(), msg.to_vec())]
+    );
+    assert!(
+        py.read(dst, LEN) == pattern(LEN, seed),
+        "every byte we wrote is in NIXL's memory"
+    );
+}
+
 fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     let end = Instant::now() + WAIT;
     while !f() {
@@ -157,23 +189,7 @@ fn rs_to_nixl(tls: &str) {
         );
     }
 
-    let req = rs
-        .create_xfer_req(
-            XferOp::Write,
-            &dram(src.addr(), LEN),
-            &dram(py_dst, LEN),
-            &name,
-            XferOptions::with_notif(b"layer-0 done".to_vec()),
-        )
-        .expect("request");
-    rs.post_xfer_req(&req).expect("post");
-    req.wait(WAIT).expect("WRITE completes");
-    let n = py.notifs(1, WAIT);
-    assert_eq!(n, vec![(rs.name().to_owned(), b"layer-0 done".to_vec())]);
-    assert!(
-        py.read(py_dst, LEN) == pattern(LEN, 3),
-        "every byte we wrote is in NIXL's memory"
-    );
+    write_to_nixl(&rs, &src, &mut py, &name, py_dst, b"layer-0 done", 3);
 
     let req = rs
         .create_xfer_req(
@@ -263,22 +279,7 @@ fn side_channel_nixl_listens() {
     rs.nixl_send_local_metadata(addr).expect("send to NIXL");
     let st = py.ok(json!({"op": "check_md", "name": rs.name(), "wait": 10}));
     assert_eq!(st["loaded"], json!(true), "NIXL loaded what we sent");
-    let req = rs
-        .create_xfer_req(
-            XferOp::Write,
-            &dram(src.addr(), LEN),
-            &dram(py_dst, LEN),
-            &name,
-            XferOptions::with_notif(b"sc".to_vec()),
-        )
-        .expect("request");
-    rs.post_xfer_req(&req).expect("post");
-    req.wait(WAIT).expect("write");
-    assert_eq!(
-        py.notifs(1, WAIT),
-        vec![(rs.name().to_owned(), b"sc".to_vec())]
-    );
-    assert!(py.read(py_dst, LEN) == pattern(LEN, 21));
+    write_to_nixl(&rs, &src, &mut py, &name, py_dst, b"sc", 21);
     // Invalidation: NIXL forgets us.
     rs.nixl_invalidate_local_metadata(addr).expect("INVL");
     let st = py.ok(json!({"op": "check_md", "name": rs.name(), "want": false, "wait": 10}));
@@ -365,22 +366,7 @@ fn nixl_peer_restart_fences_old_requests() {
         .post_xfer_req(&old)
         .expect_err("a request built against the old process");
     assert!(matches!(e, Error::PeerRestarted { .. }), "{e}");
-    let req = rs
-        .create_xfer_req(
-            XferOp::Write,
-            &dram(src.addr(), LEN),
-            &dram(dst2, LEN),
-            &name,
-            XferOptions::with_notif(b"again".to_vec()),
-        )
-        .expect("request");
-    rs.post_xfer_req(&req).expect("post");
-    req.wait(WAIT).expect("write to the new process");
-    assert_eq!(
-        py.notifs(1, WAIT),
-        vec![(rs.name().to_owned(), b"again".to_vec())]
-    );
-    assert!(py.read(dst2, LEN) == pattern(LEN, 44));
+    write_to_nixl(&rs, &src, &mut py, &name, dst2, b"again", 44);
 }
 
 #[test]
@@ -547,22 +533,8 @@ fn metadata_by_etcd_under_nixls_keys() {
     py.ok(json!({"op": "fetch_md", "name": rs.name()}));
     let st = py.ok(json!({"op": "check_md", "name": rs.name(), "wait": 10}));
     assert_eq!(st["loaded"], json!(true), "NIXL fetched our blob from etcd");
-    let req = rs
-        .create_xfer_req(
-            XferOp::Write,
-            &dram(src.addr(), LEN),
-            &dram(py_dst, LEN),
-            &py.name,
-            XferOptions::with_notif(b"etcd".to_vec()),
-        )
-        .expect("request");
-    rs.post_xfer_req(&req).expect("post");
-    req.wait(WAIT).expect("write");
-    assert_eq!(
-        py.notifs(1, WAIT),
-        vec![(rs.name().to_owned(), b"etcd".to_vec())]
-    );
-    assert!(py.read(py_dst, LEN) == pattern(LEN, 55));
+    let peer = py.name.clone();
+    write_to_nixl(&rs, &src, &mut py, &peer, py_dst, b"etcd", 55);
     // Each side's invalidation (a delete of its prefix) reaches the other through its watch.
     x.invalidate_local().expect("delete our keys");
     let st = py.ok(json!({"op": "check_md", "name": rs.name(), "want": false, "wait": 10}));

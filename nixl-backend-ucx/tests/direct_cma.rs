@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use nixl_backend_ucx::UcxParams;
 use nixl_core::{
-    Agent, Desc, Error, HostBuffer, MemKind, MemoryRegion, XferDescList, XferOp, XferOptions,
+    Agent, Desc, Error, HostBuffer, MemKind, RawRegion, RegionDesc, XferDescList, XferOp,
+    XferOptions,
 };
-use nixl_mem::{MmapBuffer, Pages};
 
 const T: Duration = Duration::from_secs(30);
 
@@ -243,12 +243,15 @@ fn over_tcp_ucx_makes_the_copies() {
     assert!(!w.contains("direct CMA") && w.contains("tcp/"), "{w}");
 }
 
-/// A peer range that is no longer mapped in the peer's process (it freed the memory behind
+/// A peer range the peer's process can no longer access (it gave the memory up behind
 /// metadata this agent still holds) ends the request in a typed error; nothing crashes, and
-/// the agent keeps working.
+/// the agent keeps working. The range stays reserved (`PROT_NONE`) rather than unmapped: the
+/// agents share this process with other tests, and an unmapped range could be mapped again by
+/// one of them before the write (which would then land in its memory, as it would with UCX's
+/// own cma or any CMA copy to a peer that freed memory it had published).
 #[test]
-fn an_unmapped_peer_range_is_a_typed_error() {
-    if !common::ucx_or_skip("direct_cma_unmapped") {
+fn an_inaccessible_peer_range_is_a_typed_error() {
+    if !common::ucx_or_skip("direct_cma_inaccessible") {
         return;
     }
     for threads in [0, 2] {
@@ -257,17 +260,19 @@ fn an_unmapped_peer_range_is_a_typed_error() {
         let len = 4 << 20;
         let src = common::buf(len);
         let _r1 = a.register_mem(vec![src.clone()], &[]).expect("register");
-        // The target's memory: mapped, registered, published, then unregistered and unmapped.
-        let gone = Arc::new(MmapBuffer::new(len, Pages::Base).expect("mmap"));
-        let addr = gone.desc().addr;
-        let r2 = b.register_mem(vec![gone.clone()], &[]).expect("register");
+        let target = Reserved::new(len);
+        // SAFETY: the mapping outlives the registration (dropped at the end of this
+        // iteration, after the agents); the agents never touch it once it is PROT_NONE except
+        // through CMA, which the kernel checks.
+        let raw = unsafe { RawRegion::new(RegionDesc::dram(target.addr, len as u64)) };
+        let r2 = b.register_mem(vec![Arc::new(raw)], &[]).expect("register");
         a.load_remote_metadata(&b.local_metadata().expect("md"))
             .expect("load");
         let req = a
             .create_xfer_req(
                 XferOp::Write,
                 &XferDescList::blocks(MemKind::Dram, src.addr(), len as u64, 1),
-                &XferDescList::blocks(MemKind::Dram, addr, len as u64, 1),
+                &XferDescList::blocks(MemKind::Dram, target.addr, len as u64, 1),
                 b.name(),
                 XferOptions::default(),
             )
@@ -275,15 +280,10 @@ fn an_unmapped_peer_range_is_a_typed_error() {
         assert!(req.path().contains("direct CMA"), "{}", req.path());
         b.deregister_mem(&r2).expect("deregister");
         drop(r2);
-        assert_eq!(
-            Arc::strong_count(&gone),
-            1,
-            "nothing else holds the mapping"
-        );
-        drop(gone);
+        target.protect_none();
         let e = match a.post_xfer_req(&req) {
             Err(e) => e,
-            Ok(_) => req.wait(T).expect_err("the range is gone"),
+            Ok(_) => req.wait(T).expect_err("the range is inaccessible"),
         };
         assert!(matches!(e, Error::Backend { .. }), "{e:?}");
         assert!(e.to_string().contains("EFAULT"), "{e}");
@@ -293,6 +293,51 @@ fn an_unmapped_peer_range_is_a_typed_error() {
             b.wait_notifs(T).expect("notif")[a.name()],
             vec![b"still here".to_vec()]
         );
+        drop(req);
+        drop((a, b));
+    }
+}
+
+/// An anonymous mapping of this process, unmapped on drop.
+struct Reserved {
+    addr: u64,
+    len: usize,
+}
+
+impl Reserved {
+    fn new(len: usize) -> Self {
+        // SAFETY: a fresh private anonymous mapping; the result is checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "mmap");
+        Reserved {
+            addr: p as u64,
+            len,
+        }
+    }
+
+    /// Keeps the range reserved but inaccessible.
+    fn protect_none(&self) {
+        // SAFETY: the range is this value's own mapping; nothing in this process reads or
+        // writes it after this (the agents only reach it through the kernel's CMA checks).
+        let rc =
+            unsafe { libc::mprotect(self.addr as *mut libc::c_void, self.len, libc::PROT_NONE) };
+        assert_eq!(rc, 0, "mprotect");
+    }
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        // SAFETY: this value's own mapping, unmapped once.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
     }
 }
 

@@ -425,8 +425,7 @@ impl Backend for UcxBackend {
         // still using the peer are fenced by the agent; their cancel keeps (leaks) the memory
         // of any operation UCX has not released.
         for pe in &peer.eps {
-            let mut g = pe.worker.lock();
-            let how = pe.close_early(&mut g, self.params.cancel_timeout);
+            let how = pe.close_early(self.params.cancel_timeout);
             tracing::debug!(agent = %self.agent, remote, worker = pe.worker.index, ?how, "UCX endpoint closed for disconnect");
         }
         Ok(())
@@ -509,16 +508,19 @@ impl Backend for UcxBackend {
         };
         peer.check_alive(&self.agent, 0, Op::GenNotif)?;
         let pe = &peer.eps[0];
-        let mut g = pe.worker.lock();
-        let ep = pe.notif_raw(&g).ok_or_else(|| {
-            Error::disconnected(&self.agent, remote, Op::GenNotif, "UCX endpoint was closed")
-        })?;
         let (am_id, hdr, buf) = self.notif_for(&peer, 0, msg, Op::GenNotif)?;
-        // The buffers must outlive the send: owned by the wrapper, leaked if it does not
-        // finish.
-        let deadline = Instant::now() + self.params.cancel_timeout;
         let flags = crate::session::am_flags(am_id);
-        match g.h().am_send_wait(ep, (am_id, flags), hdr, buf, deadline) {
+        let sent = {
+            let mut g = pe.worker.lock();
+            let ep = pe.notif_raw(&g).ok_or_else(|| {
+                Error::disconnected(&self.agent, remote, Op::GenNotif, "UCX endpoint was closed")
+            })?;
+            g.h().am_send_request(ep, (am_id, flags), hdr, buf)
+        };
+        // Waited for without holding the worker: a peer that does not take the message costs
+        // this call its deadline and nobody else anything.
+        let deadline = Instant::now() + self.params.cancel_timeout;
+        match pe.worker.wait_request(sent.req, deadline) {
             Some(st) if st == sys::UCS_OK => Ok(()),
             Some(st) => Err(crate::error::status_error(
                 &self.ucx,
@@ -529,8 +531,9 @@ impl Backend for UcxBackend {
                 st,
             )),
             None => {
-                // Still in flight inside UCX: counted (never uncounted) so closing the
-                // endpoint early drains it first.
+                // Still in flight inside UCX, which may read the buffers: they stay. Counted
+                // (never uncounted) so closing the endpoint early drains it first.
+                sent.bufs.leak();
                 pe.shared.begin_op();
                 Err(Error::TimedOut {
                     agent: self.agent.clone(),

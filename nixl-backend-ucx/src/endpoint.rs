@@ -195,12 +195,15 @@ impl PeerEp {
     }
 
     /// Closes the endpoint now with `UCP_EP_CLOSE_FLAG_FORCE`: UCX completes every request
-    /// on it (with an error) and no longer touches their memory. Requires the worker lock.
-    /// Never call it on a tcp endpoint with operations in flight (see the module docs):
-    /// [`PeerEp::close_early`] decides.
-    pub fn force_close(&self, g: &mut WorkerGuard<'_>) -> bool {
-        if self.shared.closed.swap(true, Ordering::AcqRel) {
-            return true;
+    /// on it (with an error) and no longer touches their memory. Waits for the close without
+    /// holding the worker. Never call it on a tcp endpoint with operations in flight (see the
+    /// module docs): [`PeerEp::close_early`] decides.
+    pub fn force_close(&self) -> bool {
+        {
+            let _g = self.worker.lock();
+            if self.shared.closed.swap(true, Ordering::AcqRel) {
+                return true;
+            }
         }
         for e in std::iter::once(self.ep).chain(self.notif_ep) {
             self.worker.links().remove_own(e.id());
@@ -211,9 +214,9 @@ impl PeerEp {
         if let Some(n) = self.notif_ep {
             // Shared memory: a flush-close completes at once unless a notification waits for
             // room in a dead peer's queue; that one is left to UCX.
-            g.close_ep(n, false, Duration::from_millis(200));
+            self.worker.close_ep(n, false, Duration::from_millis(200));
         }
-        g.close_ep(self.ep, true, Duration::from_secs(2))
+        self.worker.close_ep(self.ep, true, Duration::from_secs(2))
     }
 
     /// Closes the endpoint before its peer is dropped (the peer was forgotten), without ever
@@ -227,25 +230,41 @@ impl PeerEp {
     /// 4. shared memory: force-close, as a cancel does (UCX completes what is left with an
     ///    error and no longer touches its memory).
     ///
-    /// Requires the worker lock.
-    pub fn close_early(&self, g: &mut WorkerGuard<'_>, drain: Duration) -> EarlyClose {
+    /// Every wait is made without holding the worker ([`Worker::wait_request`]).
+    pub fn close_early(&self, drain: Duration) -> EarlyClose {
         if self.shared.is_closed() {
             return EarlyClose::AlreadyClosed;
         }
         if self.shared.failed().is_none() && self.shared.inflight() > 0 {
-            // The endpoint is open (checked above) under the held worker lock.
-            let r = g.h().flush_request(self.ep);
-            g.wait_request(r, Instant::now() + drain);
+            let r = {
+                let mut g = self.worker.lock();
+                match self.raw(&g) {
+                    Some(ep) => Some(g.h().flush_request(ep)),
+                    None => None,
+                }
+            };
+            if let Some(r) = r {
+                self.worker.wait_request(r, Instant::now() + drain);
+            }
             // Let completion callbacks of the drained operations run.
-            g.progress_all();
+            self.worker.lock().progress_all();
         }
         if self.shared.failed().is_some() {
-            self.force_close(g);
+            self.force_close();
             return EarlyClose::Closed;
         }
         let pending = self.shared.inflight() > 0;
-        if self.uses_tcp(g) {
-            self.shared.closed.store(true, Ordering::Release);
+        let tcp = {
+            let g = self.worker.lock();
+            self.uses_tcp(&g)
+        };
+        if tcp {
+            {
+                let _g = self.worker.lock();
+                if self.shared.closed.swap(true, Ordering::AcqRel) {
+                    return EarlyClose::AlreadyClosed;
+                }
+            }
             if let Some(n) = self.notif_ep {
                 self.worker.bury(Grave {
                     ep: n,
@@ -262,7 +281,7 @@ impl PeerEp {
                 EarlyClose::Closed
             };
         }
-        self.force_close(g);
+        self.force_close();
         if pending {
             EarlyClose::Forced
         } else {

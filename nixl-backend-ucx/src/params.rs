@@ -167,6 +167,12 @@ impl UcxParams {
         // software-emulated puts over tcp instead of CMA zero-copy between local processes
         // when peer error handling is on.
         let mut defaults = vec![("RNDV_THRESH", "inf"), ("MAX_RMA_RAILS", "2")];
+        // Connecting never blocks: UCX's tcp transport otherwise connects with a blocking
+        // connect() inside ucp_ep_create, under the worker's lock, which every post, check and
+        // notification of the agent needs: a peer whose host went silent froze them all for as
+        // long as the kernel retries the SYN (minutes). Non-blocking, the connection completes
+        // (or fails) in progress, and requests to that peer end by their own deadline.
+        defaults.push(("TCP_CONN_NB", "y"));
         if !self.nixl_compat {
             // NIXL asks for v2 only with EFA devices; UCX's default is v1.
             defaults.push(("ADDRESS_VERSION", "v2"));

@@ -227,6 +227,55 @@ impl Worker {
         self.lock().g.signal();
     }
 
+    /// Waits for a request to leave `UCS_INPROGRESS`, up to `deadline`, and frees it; `None`
+    /// on timeout (the request is then handed back to UCX, which finishes it internally:
+    /// buffers it uses must stay valid). The worker is locked only for each check and
+    /// progress pass, never across the wait: a request to a peer that does not answer costs
+    /// its own deadline, while every other request, wait and notification poll of the agent
+    /// goes on (DESIGN.md, principle 10).
+    pub fn wait_request(
+        &self,
+        mut req: sys::Request,
+        deadline: Instant,
+    ) -> Option<sys::ucs_status_t> {
+        let start = Instant::now();
+        loop {
+            let mut g = self.lock();
+            match g.g.poll_request(req) {
+                Ok(st) => return Some(st),
+                Err(r) => req = r,
+            }
+            if Instant::now() >= deadline {
+                g.g.release(req);
+                return None;
+            }
+            let n = g.progress();
+            drop(g);
+            if n > 0 {
+                continue;
+            }
+            // Most of these requests finish within microseconds: yield first, then sleep a
+            // little between checks.
+            if start.elapsed() < Duration::from_millis(1) {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+    }
+
+    /// Closes an endpoint (flushing unless `force`), waiting up to `timeout` without holding
+    /// the worker ([`Worker::wait_request`]). Returns whether it is closed; if not, UCX
+    /// finishes the close when the peer answers or fails.
+    pub fn close_ep(&self, ep: sys::Ep, force: bool, timeout: Duration) -> bool {
+        let req = self.lock().g.close_request(ep, force);
+        let closed = self.wait_request(req, Instant::now() + timeout).is_some();
+        if !closed {
+            tracing::warn!(worker = self.index, "endpoint close still pending");
+        }
+        closed
+    }
+
     /// One progress pass for the backend's progress thread: drains events, closes buried
     /// endpoints, arms the wake-up, and sleeps on the event descriptor until something
     /// happens or `timeout` passes. Returns whether anything happened.
@@ -284,22 +333,12 @@ impl WorkerGuard<'_> {
         total
     }
 
-    /// Waits for a request to leave `UCS_INPROGRESS` (progressing), up to `deadline`, and
-    /// frees it. Returns its status, or `None` on timeout (the request is then handed back to
-    /// UCX, which finishes it internally: buffers it uses must stay valid).
-    pub fn wait_request(
-        &mut self,
-        req: sys::Request,
-        deadline: Instant,
-    ) -> Option<sys::ucs_status_t> {
-        self.g.wait(req, deadline)
-    }
-
     /// Closes an endpoint now (flushing unless `force`), waiting up to `timeout` before
-    /// forcing. Returns whether it is closed.
-    pub fn close_ep(&mut self, ep: sys::Ep, force: bool, timeout: Duration) -> bool {
+    /// forcing, with the worker held: only for endpoints with nothing in flight (graves
+    /// closed by progress passes, with a zero timeout) and at the worker's end.
+    fn close_ep(&mut self, ep: sys::Ep, force: bool, timeout: Duration) -> bool {
         let req = self.g.close_request(ep, force);
-        match self.wait_request(req, Instant::now() + timeout) {
+        match self.g.wait(req, Instant::now() + timeout) {
             Some(_) => true,
             None => {
                 // A flush-close that does not finish: leave the request to UCX (it completes

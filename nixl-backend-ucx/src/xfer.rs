@@ -643,12 +643,12 @@ impl BackendXfer for UcxXfer {
         }
         if st.phase() == PENDING {
             let pe = &self.peer.eps[self.worker];
-            let mut g = pe.worker.lock();
             tracing::warn!(agent = %self.agent, remote = %self.peer.name, "cancel: force-closing the UCX endpoint");
-            pe.force_close(&mut g);
+            pe.force_close();
             let end = Instant::now() + Duration::from_secs(2);
             while st.phase() == PENDING && Instant::now() < end {
-                g.progress();
+                self.progress_once();
+                std::thread::yield_now();
             }
         }
         if st.phase() == PENDING {

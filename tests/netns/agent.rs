@@ -5,7 +5,9 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nixl::core::etcd::{EtcdConfig, EtcdExchange, LocalEtcd};
@@ -102,6 +104,63 @@ struct State {
     reqs: HashMap<String, XferReq>,
     etcd: Option<LocalEtcd>,
     exchange: Option<EtcdExchange>,
+    /// A background writer (`pump`): its stop flag and thread.
+    pump: Option<(Arc<AtomicBool>, JoinHandle<PumpStats>)>,
+}
+
+/// What a background writer saw: requests, the longest post-to-end time, failures.
+#[derive(Debug, Default)]
+struct PumpStats {
+    requests: u64,
+    worst: Duration,
+    errors: Vec<String>,
+}
+
+/// Writes `len` bytes to `remote` at `raddr` in a loop, each request waited for with a 1 s
+/// deadline, until `stop`: how long each took, worst first.
+fn pump(
+    a: Agent,
+    mem: Arc<HostBuffer>,
+    remote: String,
+    raddr: u64,
+    len: u64,
+    stop: Arc<AtomicBool>,
+) -> PumpStats {
+    let mut st = PumpStats::default();
+    let local = XferDescList::blocks(MemKind::Dram, mem.addr(), len, 1);
+    let rlist = XferDescList::blocks(MemKind::Dram, raddr, len, 1);
+    while !stop.load(Ordering::Acquire) {
+        let t = Instant::now();
+        let r = a
+            .create_xfer_req(
+                XferOp::Write,
+                &local,
+                &rlist,
+                &remote,
+                XferOptions::default(),
+            )
+            .and_then(|r| a.post_xfer_req(&r).map(|_| r))
+            .and_then(|r| r.wait(Duration::from_secs(1)));
+        st.worst = st.worst.max(t.elapsed());
+        st.requests += 1;
+        if let Err(e) = r {
+            st.errors.push(format!("{}: {}", e.kind().as_str(), e));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    drop(mem);
+    st
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| s.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+        .collect()
 }
 
 fn err(e: &Error, since: Instant) -> String {
@@ -179,6 +238,7 @@ pub(crate) fn main(ctl: Control) -> Result<(), String> {
         reqs: HashMap::new(),
         etcd: None,
         exchange: None,
+        pump: None,
     };
     loop {
         let Some(line) = ctl.recv(Duration::from_secs(600)) else {
@@ -225,6 +285,47 @@ impl State {
                 a.fetch_remote_metadata_blocking(arg(1)?, addr, ms(3)?)
                     .map_err(e)?;
                 Ok(format!("ok {}", t.elapsed().as_millis()))
+            }
+            // blob: this agent's metadata, hex.
+            "blob" => Ok(format!("ok {}", hex(&a.local_metadata().map_err(e)?))),
+            // load HEX MS: loads metadata bytes; `err hung` when the load has not returned
+            // after MS (it goes on in its thread).
+            "load" => {
+                let bytes = unhex(arg(1)?).ok_or("err usage 0 hex")?;
+                let (tx, rx) = std::sync::mpsc::channel();
+                std::thread::spawn(move || {
+                    let _ = tx.send(a.load_remote_metadata(&bytes));
+                });
+                match rx.recv_timeout(ms(2)?) {
+                    Ok(r) => r
+                        .map(|n| format!("ok {n} {}", t.elapsed().as_millis()))
+                        .map_err(e),
+                    Err(_) => Err(format!(
+                        "err hung {} load_remote_metadata did not return",
+                        t.elapsed().as_millis()
+                    )),
+                }
+            }
+            // pump NAME RADDR LEN: a background writer to NAME (see `pump`).
+            "pump" => {
+                let (remote, raddr, len) = (arg(1)?.to_owned(), num(2)?, num(3)?);
+                let stop = Arc::new(AtomicBool::new(false));
+                let (mem, s2) = (self.mem()?.clone(), stop.clone());
+                let h = std::thread::spawn(move || pump(a, mem, remote, raddr, len, s2));
+                self.pump = Some((stop, h));
+                Ok("ok".into())
+            }
+            // pump-stop: REQUESTS WORST_MS ERRORS... of the background writer.
+            "pump-stop" => {
+                let (stop, h) = self.pump.take().ok_or("err usage 0 no pump")?;
+                stop.store(true, Ordering::Release);
+                let st = h.join().map_err(|_| "err panic 0 the pump panicked")?;
+                Ok(format!(
+                    "ok {} {} {}",
+                    st.requests,
+                    st.worst.as_millis(),
+                    st.errors.join("|").replace(' ', "_")
+                ))
             }
             "push" => {
                 let addr: SocketAddr = arg(1)?.parse().map_err(|_| "err usage 0 addr")?;

@@ -19,6 +19,7 @@ mod agent;
 mod faults;
 mod rails;
 mod scale;
+mod silent;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};

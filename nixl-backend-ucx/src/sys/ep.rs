@@ -6,7 +6,6 @@
 
 use core::ffi::{c_char, c_void, CStr};
 use std::sync::Arc;
-use std::time::Instant;
 
 use std::marker::PhantomData;
 
@@ -240,21 +239,20 @@ impl WorkerH {
         Some(ptr_status(r))
     }
 
-    /// Sends an active message and waits for it up to `deadline` (progressing). On timeout
-    /// (`None`) the buffers are leaked: UCX may still read them.
-    pub fn am_send_wait(
+    /// Sends an active message: the request to wait for, and its buffers, which must stay
+    /// valid until UCX released the request ([`AmSend::leak`] when it did not finish).
+    pub fn am_send_request(
         &mut self,
         ep: Ep,
         (id, flags): (u32, u32),
         header: Arc<[u8]>,
         msg: Arc<[u8]>,
-        deadline: Instant,
-    ) -> Option<ucs_status_t> {
+    ) -> AmSend {
         let mut p = params();
         p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
         p.flags = flags;
-        // SAFETY: the endpoint is live under the held lock; header and message stay valid
-        // until UCX released the request (below), or forever (leaked on timeout).
+        // SAFETY: the endpoint is live under the held lock; header and message are owned by
+        // the returned value, which the caller keeps until the request is released (or leaks).
         let r = unsafe {
             self.lib().ucp_am_send_nbx(
                 ep.0,
@@ -266,12 +264,13 @@ impl WorkerH {
                 &p,
             )
         };
-        let st = self.wait(Request::new(r), deadline);
-        if st.is_none() {
-            std::mem::forget(msg);
-            std::mem::forget(header);
+        AmSend {
+            req: Request::new(r),
+            bufs: AmBufs {
+                _header: header,
+                _msg: msg,
+            },
         }
-        st
     }
 
     /// `ucp_ep_flush_nbx` without a callback: the request to wait for.
@@ -401,6 +400,28 @@ impl WorkerH {
         // SAFETY: rkey was unpacked on this worker's endpoint and its owner destroys it
         // once, under the worker lock, before the endpoint is released.
         unsafe { self.lib().ucp_rkey_destroy(rkey.0) };
+    }
+}
+
+/// An active message in flight ([`WorkerH::am_send_request`]): the request, and the buffers
+/// UCX reads until it is released.
+#[must_use = "the request must be waited for"]
+pub(crate) struct AmSend {
+    pub req: Request,
+    pub bufs: AmBufs,
+}
+
+/// The buffers of an active message in flight.
+pub(crate) struct AmBufs {
+    _header: Arc<[u8]>,
+    _msg: Arc<[u8]>,
+}
+
+impl AmBufs {
+    /// The request did not finish and was handed to UCX: the buffers stay allocated forever,
+    /// as UCX may still read them.
+    pub fn leak(self) {
+        std::mem::forget(self);
     }
 }
 

@@ -157,25 +157,45 @@ impl WorkerH {
         unsafe { self.ucx.lib.ucp_worker_signal(self.raw) };
     }
 
+    /// Checks a request without waiting: the status it completed with (the request freed), or
+    /// the request back while it is still in flight.
+    pub fn poll_request(&mut self, req: Request) -> Result<ucs_status_t, Request> {
+        let p = req.0;
+        if !ptr_is_ptr(p) {
+            return Ok(ptr_status(p));
+        }
+        // SAFETY: p is a live request of this worker, not yet freed.
+        let st = unsafe { self.ucx.lib.ucp_request_check_status(p) };
+        if st == UCS_INPROGRESS {
+            return Err(req);
+        }
+        // SAFETY: completed request, freed once (consumed).
+        unsafe { self.ucx.lib.ucp_request_free(p) };
+        Ok(st)
+    }
+
+    /// Hands a request still in flight back to UCX, which finishes and releases it
+    /// internally: buffers it uses must stay valid.
+    pub fn release(&mut self, req: Request) {
+        if ptr_is_ptr(req.0) {
+            // SAFETY: a live request of this worker, released once (consumed).
+            unsafe { self.ucx.lib.ucp_request_free(req.0) };
+        }
+    }
+
     /// Waits for a request to leave `UCS_INPROGRESS` (progressing), up to `deadline`, and
     /// frees it. Returns its status, or `None` on timeout (the request is then handed back to
-    /// UCX, which finishes it internally: buffers it uses must stay valid).
-    pub fn wait(&mut self, req: Request, deadline: Instant) -> Option<ucs_status_t> {
-        let req = req.0;
-        if !ptr_is_ptr(req) {
-            return Some(ptr_status(req));
-        }
+    /// UCX, which finishes it internally: buffers it uses must stay valid). Holds the worker
+    /// throughout: for waits bounded by microseconds (a close of an endpoint that has
+    /// nothing in flight); `crate::worker::Worker::wait_request` waits without holding it.
+    pub fn wait(&mut self, mut req: Request, deadline: Instant) -> Option<ucs_status_t> {
         loop {
-            // SAFETY: req is a live request of this worker, not yet freed.
-            let st = unsafe { self.ucx.lib.ucp_request_check_status(req) };
-            if st != UCS_INPROGRESS {
-                // SAFETY: completed request, freed once.
-                unsafe { self.ucx.lib.ucp_request_free(req) };
-                return Some(st);
+            match self.poll_request(req) {
+                Ok(st) => return Some(st),
+                Err(r) => req = r,
             }
             if Instant::now() >= deadline {
-                // SAFETY: req is live; UCX finishes and releases it internally.
-                unsafe { self.ucx.lib.ucp_request_free(req) };
+                self.release(req);
                 return None;
             }
             if self.progress() == 0 {

@@ -79,6 +79,45 @@ impl Net {
         Ok(())
     }
 
+    /// Pins, in `host`, the link addresses of every other host of its segments (permanent
+    /// neighbour entries): a host whose cable is then pulled is silent, not unreachable
+    /// (packets to it leave and vanish, as behind a router or a firewall that drops them,
+    /// instead of failing at once for want of an ARP answer).
+    pub fn pin_neighbors(&self, host: usize) -> io::Result<()> {
+        let ns = self.live_host(host)?.to_owned();
+        for (s, members) in self.spec.segments.iter().enumerate() {
+            if !members.contains(&host) {
+                continue;
+            }
+            let dev = Self::ifname(s);
+            for &other in members.iter().filter(|&&h| h != host) {
+                let other_ns = self.live_host(other)?;
+                let out = self
+                    .tools
+                    .ip(&["-n", other_ns, "-br", "link", "show", &dev])?;
+                let text = String::from_utf8_lossy(&out.stdout);
+                let mac = text.split_whitespace().nth(2).ok_or_else(|| {
+                    io::Error::other(format!("host {other}: no link address of {dev}: {text}"))
+                })?;
+                let ip = self.host_addr(s, other).to_string();
+                self.tools.ip(&[
+                    "-n",
+                    &ns,
+                    "neigh",
+                    "replace",
+                    &ip,
+                    "lladdr",
+                    mac,
+                    "dev",
+                    &dev,
+                    "nud",
+                    "permanent",
+                ])?;
+            }
+        }
+        Ok(())
+    }
+
     /// Limits what `segment` delivers to each of its hosts to `bits_per_sec` (tc `tbf` on the
     /// wire's ports), or removes the limit (`None`). `Unsupported` without `tc` or `sch_tbf`.
     pub fn limit_rate(&self, segment: usize, bits_per_sec: Option<u64>) -> io::Result<()> {

@@ -230,11 +230,12 @@ impl UcxBackend {
         let mem_type = mem_type.unwrap_or(sys::UCS_MEMORY_TYPE_HOST);
         // Host memory to a live process of this host that UCX reaches with cma: the backend
         // makes those copies itself (`crate::cma`).
-        let direct = match peer.local_pid {
-            Some(pid) if mem_type == sys::UCS_MEMORY_TYPE_HOST && !peer.nixl => {
+        let direct = match &peer.cma {
+            Some(target) if mem_type == sys::UCS_MEMORY_TYPE_HOST && !peer.nixl => {
                 let pe = &peer.eps[worker];
                 let g = pe.worker.lock();
-                pe.uses_cma(&g).then(|| crate::cma::Direct::new(pid, &work))
+                pe.uses_cma(&g)
+                    .then(|| crate::cma::Direct::new(target.clone(), &work))
             }
             _ => None,
         };
@@ -370,9 +371,18 @@ impl Backend for UcxBackend {
     }
 
     fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
+        self.connect_peer(remote, info, None)
+    }
+
+    fn connect_peer(
+        &self,
+        remote: &str,
+        info: &[u8],
+        process: Option<&nixl_core::PeerProcess>,
+    ) -> Result<()> {
         let wire::ConnInfo {
             addresses: addrs,
-            process,
+            process: claimed,
         } = wire::decode_conn_info(info).map_err(|e| {
             Error::invalid(
                 &self.agent,
@@ -380,45 +390,17 @@ impl Backend for UcxBackend {
                 format!("malformed UCX connection info from {remote}: {e}"),
             )
         })?;
-        let mut checked = Vec::with_capacity(addrs.len());
-        {
-            let shapes = self.shapes.read().unwrap_or_else(|p| p.into_inner());
-            for a in &addrs {
-                checked.push(shapes.check_address(a).map_err(|e| {
-                    Error::invalid(
-                        &self.agent,
-                        Op::LoadMetadata,
-                        format!("refused a UCX worker address of {remote}: {e}"),
-                    )
-                })?);
-            }
-        }
-        let mut peer = Peer::connect(
-            &self.agent,
-            remote,
-            &self.workers,
-            &addrs,
-            self.params.shm_notifications,
-        )?;
-        peer.address = checked.into_iter().next();
-        if self.params.direct_cma {
-            // A copy lands where the peer's metadata says: in this very process only when the
-            // caller trusts its in-process peers (`direct_cma_same_process`).
-            peer.local_pid = process
-                .and_then(|p| p.local_pid())
-                .filter(|&pid| pid != std::process::id() || self.params.direct_cma_same_process);
-        }
-        crate::session::introduce(&self.ucx, &self.peer_auth, &mut peer)?;
-        if let Some(old) = lock(&self.peers).insert(remote.to_owned(), Arc::new(peer)) {
-            tracing::debug!(agent = %self.agent, remote, "replaced UCX endpoints of {}", old.name);
-        }
-        Ok(())
+        self.connect_to(remote, addrs, claimed, process)
     }
 
     fn disconnect(&self, remote: &str) -> Result<()> {
         let Some(peer) = lock(&self.peers).remove(remote) else {
             return Ok(());
         };
+        // Direct copies to it stop before this returns: no byte of its requests lands after.
+        if let Some(t) = &peer.cma {
+            t.revoke();
+        }
         // Never force-closes a tcp endpoint with operations in flight (that crashes UCX
         // 1.22's tcp progress): each endpoint drains for up to `cancel_timeout`, and what is
         // still in flight over tcp is fenced and closed by UCX in flush mode later. Requests
@@ -508,6 +490,24 @@ impl Backend for UcxBackend {
         };
         peer.check_alive(&self.agent, 0, Op::GenNotif)?;
         let pe = &peer.eps[0];
+        let deadline = Instant::now() + self.params.cancel_timeout;
+        // The notification follows the data of earlier posts: a direct CMA flight still
+        // copying on this endpoint finishes first (helped along here), within this call's
+        // deadline.
+        let prev = pe
+            .last_flight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .upgrade();
+        if let Some(f) = prev {
+            if !f.wait_finished(deadline) {
+                return Err(Error::TimedOut {
+                    agent: self.agent.clone(),
+                    op: Op::GenNotif,
+                    elapsed: self.params.cancel_timeout,
+                });
+            }
+        }
         let (am_id, hdr, buf) = self.notif_for(&peer, 0, msg, Op::GenNotif)?;
         let flags = crate::session::am_flags(am_id);
         let sent = {
@@ -519,7 +519,6 @@ impl Backend for UcxBackend {
         };
         // Waited for without holding the worker: a peer that does not take the message costs
         // this call its deadline and nobody else anything.
-        let deadline = Instant::now() + self.params.cancel_timeout;
         match pe.worker.wait_request(sent.req, deadline) {
             Some(st) if st == sys::UCS_OK => Ok(()),
             Some(st) => Err(crate::error::status_error(
@@ -597,5 +596,68 @@ impl Backend for UcxBackend {
             lock(&self.peers).get(remote).cloned()
         };
         peer.map(|p| p.transports())
+    }
+}
+
+impl UcxBackend {
+    /// Connects to `remote`'s workers (its connection info decoded).
+    fn connect_to(
+        &self,
+        remote: &str,
+        addrs: Vec<Vec<u8>>,
+        claimed: Option<nixl_core::ProcessId>,
+        process: Option<&nixl_core::PeerProcess>,
+    ) -> Result<()> {
+        let mut checked = Vec::with_capacity(addrs.len());
+        {
+            let shapes = self.shapes.read().unwrap_or_else(|p| p.into_inner());
+            for a in &addrs {
+                checked.push(shapes.check_address(a).map_err(|e| {
+                    Error::invalid(
+                        &self.agent,
+                        Op::LoadMetadata,
+                        format!("refused a UCX worker address of {remote}: {e}"),
+                    )
+                })?);
+            }
+        }
+        let mut peer = Peer::connect(
+            &self.agent,
+            remote,
+            &self.workers,
+            &addrs,
+            self.params.shm_notifications,
+        )?;
+        peer.address = checked.into_iter().next();
+        if self.params.direct_cma {
+            peer.cma = self.cma_target(remote, claimed.as_ref(), process);
+        }
+        crate::session::introduce(&self.ucx, &self.peer_auth, &mut peer)?;
+        if let Some(old) = lock(&self.peers).insert(remote.to_owned(), Arc::new(peer)) {
+            tracing::debug!(agent = %self.agent, remote, "replaced UCX endpoints of {}", old.name);
+        }
+        Ok(())
+    }
+
+    /// The process direct CMA copies to `remote` aim at: the one the agent bound when it
+    /// loaded the peer (a pidfd of a thread-group leader whose start time matched), only when
+    /// the peer's UCX connection info names the same process, and this very process only
+    /// when the caller trusts its in-process peers (`direct_cma_same_process`). Otherwise
+    /// `None`, and UCX makes the copies.
+    fn cma_target(
+        &self,
+        remote: &str,
+        claimed: Option<&nixl_core::ProcessId>,
+        process: Option<&nixl_core::PeerProcess>,
+    ) -> Option<crate::cma::Target> {
+        let p = process?;
+        if claimed != Some(p.id()) {
+            tracing::warn!(agent = %self.agent, remote, "the UCX connection info names another process than the peer's metadata: no direct CMA");
+            return None;
+        }
+        if p.is_this_process() && !self.params.direct_cma_same_process {
+            return None;
+        }
+        Some(crate::cma::Target::new(p.clone()))
     }
 }

@@ -11,9 +11,13 @@
 //! [`UcxParams::direct_cma`](crate::UcxParams::direct_cma) turns it off; the path report says
 //! which was used (`direct CMA`).
 //!
-//! Trust: the pid comes from the peer's metadata, as UCX's own CMA takes it from the peer's
-//! worker address; the remote ranges are the ones the agent checked against the peer's
-//! regions. A range the peer does not have mapped is an error (`EFAULT`), never a fault here.
+//! Trust: the target is the process the agent bound when it loaded the peer
+//! ([`nixl_core::PeerProcess`]: a pidfd of the thread-group leader its metadata names, start
+//! time checked, never this process unless the caller allows it), and the peer's UCX connection
+//! info must name the same one. Every system call is preceded by a check of that pidfd: once the
+//! process has exited, copies fail with `ESRCH` (`RemoteDisconnect`) whatever reuses its pid.
+//! The remote ranges are the ones the agent checked against the peer's regions. A range the
+//! peer does not have mapped is an error (`EFAULT`), never a fault here.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -24,9 +28,72 @@ use nixl_core::{Error, Op};
 use crate::sys::cma::{copy, IoVec, IOV_MAX};
 use crate::xfer::Work;
 
-/// A request's direct copies: the peer's pid and reused range lists.
+/// The peer's process, bound: copies go to it only while it has not exited and the peer was
+/// not forgotten. Shared by every request to the peer.
+#[derive(Debug, Clone)]
+pub(crate) struct Target(Arc<Gate>);
+
+#[derive(Debug)]
+struct Gate {
+    process: nixl_core::PeerProcess,
+    /// Set when the peer is forgotten (disconnect): no copy starts any more.
+    revoked: AtomicBool,
+    /// System calls to the process under way.
+    active: AtomicUsize,
+}
+
+/// `ECANCELED`: the copy was not made because the peer was forgotten.
+pub(crate) const REVOKED: i32 = 125;
+
+impl Target {
+    /// Copies go to `process`.
+    pub fn new(process: nixl_core::PeerProcess) -> Self {
+        Target(Arc::new(Gate {
+            process,
+            revoked: AtomicBool::new(false),
+            active: AtomicUsize::new(0),
+        }))
+    }
+
+    /// [`copy`] to the bound process: refused with `ESRCH` once it has exited (its pid may
+    /// then name another process) and with `ECANCELED` once the peer was forgotten
+    /// ([`Target::revoke`]).
+    pub fn copy(&self, write: bool, local: &[IoVec], remote: &[IoVec]) -> io::Result<()> {
+        let g = &self.0;
+        // Counted before the check: `revoke` sets the flag, then waits for the count, so a
+        // copy either sees the flag or is waited for (both SeqCst).
+        g.active.fetch_add(1, Ordering::SeqCst);
+        let r = if g.revoked.load(Ordering::SeqCst) {
+            Err(io::Error::from_raw_os_error(REVOKED))
+        } else if g.process.exited() {
+            Err(io::Error::from_raw_os_error(3)) // ESRCH
+        } else {
+            copy(g.process.pid(), write, local, remote)
+        };
+        g.active.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+
+    /// No copy starts from now on, and the ones under way have ended when this returns (each
+    /// is one system call over at most a piece, or a request of up to [`INLINE_BYTES`]):
+    /// once a forgotten peer's disconnect returns, no byte of its requests lands.
+    pub fn revoke(&self) {
+        let g = &self.0;
+        g.revoked.store(true, Ordering::SeqCst);
+        let start = std::time::Instant::now();
+        while g.active.load(Ordering::SeqCst) > 0 {
+            if start.elapsed() > std::time::Duration::from_secs(5) {
+                tracing::error!("a direct CMA copy to a forgotten peer has not ended after 5 s");
+                return;
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
+/// A request's direct copies: the peer's process and reused range lists.
 pub(crate) struct Direct {
-    pid: u32,
+    target: Target,
     local: Vec<IoVec>,
     remote: Vec<IoVec>,
     /// System calls one post makes (for the path).
@@ -34,20 +101,20 @@ pub(crate) struct Direct {
 }
 
 impl Direct {
-    /// Direct copies to process `pid` for a request of `work`.
-    pub fn new(pid: u32, work: &Work) -> Self {
+    /// Direct copies to `target` for a request of `work`.
+    pub fn new(target: Target, work: &Work) -> Self {
         let n = work.len().min(IOV_MAX);
         Direct {
-            pid,
+            target,
             local: Vec::with_capacity(n),
             remote: Vec::with_capacity(n),
             calls: work.len().div_ceil(IOV_MAX).max(1),
         }
     }
 
-    /// The peer's pid.
-    pub fn pid(&self) -> u32 {
-        self.pid
+    /// The peer's process.
+    pub fn target(&self) -> &Target {
+        &self.target
     }
 
     /// Copies every segment of `work` (local to remote for a WRITE, back for a READ), at most
@@ -60,7 +127,7 @@ impl Direct {
         self.local.clear();
         self.remote.clear();
         let mut failed = None;
-        let pid = self.pid;
+        let target = &self.target;
         let (local, remote) = (&mut self.local, &mut self.remote);
         work.each(|s| {
             let (Ok(l), Ok(r), Ok(n)) = (
@@ -74,7 +141,7 @@ impl Direct {
             local.push(IoVec { base: l, len: n });
             remote.push(IoVec { base: r, len: n });
             if local.len() == IOV_MAX {
-                if let Err(e) = copy(pid, write, local, remote) {
+                if let Err(e) = target.copy(write, local, remote) {
                     failed = Some(e);
                     return false;
                 }
@@ -87,7 +154,7 @@ impl Direct {
             return Err(e);
         }
         if !local.is_empty() {
-            copy(pid, write, local, remote)?;
+            target.copy(write, local, remote)?;
         }
         Ok(())
     }
@@ -98,6 +165,12 @@ pub(crate) fn error(agent: &str, remote: &str, op: Op, e: &io::Error) -> Error {
     match e.raw_os_error() {
         // ESRCH: the peer's process is gone.
         Some(3) => Error::disconnected(agent, remote, op, "its process has exited (CMA: ESRCH)"),
+        Some(REVOKED) => Error::disconnected(
+            agent,
+            remote,
+            op,
+            "the peer was forgotten (invalidated or reloaded): no more direct copies to it",
+        ),
         // EPERM: no ptrace permission over the peer's process (another user, Yama).
         Some(1) => Error::backend(
             agent,
@@ -274,9 +347,9 @@ impl Drop for CopyPool {
     }
 }
 
-/// How long a post waits for the previous one on its endpoint to finish: its remaining pieces
-/// are being copied (by the waiter too), so this bounds only a stuck system call.
-pub(crate) const FINISH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// Pieces the application's `check` copies at most per call (about 1 MiB, 100 us at
+/// 10 GB/s): it helps the copy threads without turning a poll into the whole copy.
+pub(crate) const CHECK_PIECES: usize = 4;
 
 /// One piece of a large direct copy (about [`MIN_PIECE`] bytes: one system call).
 struct Piece {
@@ -292,8 +365,13 @@ pub(crate) type Finish = Box<dyn Fn(&Flight) + Send + Sync>;
 /// the copy threads and the application's own `check`. No thread owns more than the piece it
 /// is copying, so a thread that starts late (woken from sleep, or preempted) delays the
 /// request by one piece at most, and a caller that polls copies what nobody took yet.
+///
+/// Flights on one endpoint are chained: a flight's finisher (its notification) runs only
+/// after the previous flight's has, whoever completes last, without anyone waiting: a post
+/// whose notification must follow an earlier flight's data returns at once and its
+/// notification goes out when that flight finishes.
 pub(crate) struct Flight {
-    pid: u32,
+    target: Target,
     write: bool,
     pieces: Vec<Piece>,
     /// The next piece to take.
@@ -305,36 +383,43 @@ pub(crate) struct Flight {
     /// Set by cancel or abandon: pieces not started yet are not copied.
     stop: AtomicBool,
     finish: Finish,
-    /// The previous flight on the same endpoint, whose finisher runs before this one's.
-    prev: Mutex<Option<Arc<Flight>>>,
-    /// Set once the finisher has run.
+    /// Events still to come before the finisher runs: the last piece, and the previous
+    /// flight's finish when there is one.
+    pending: AtomicUsize,
+    /// Set once the finisher has run (under `then`'s lock).
     finished: AtomicBool,
+    /// Flights chained after this one: each waits for this one's finish.
+    then: Mutex<Vec<Arc<Flight>>>,
 }
 
 impl Flight {
-    /// A flight copying `pieces` to or from process `pid`; `finish` runs after the last.
+    /// A flight copying `pieces` to or from `target`; `finish` runs after the last.
     #[cfg(test)]
     pub fn new(
-        pid: u32,
+        target: Target,
         write: bool,
         pieces: Vec<(Vec<IoVec>, Vec<IoVec>)>,
         finish: Finish,
-    ) -> Self {
-        Self::after(None, pid, write, pieces, finish)
+    ) -> Arc<Self> {
+        Self::after(None, target, write, pieces, finish)
     }
 
     /// [`Flight::new`], finishing only after `prev` (the previous flight on the endpoint) has.
+    /// A flight without pieces (the notification of a post copied inline) finishes as soon
+    /// as `prev` has, possibly inside this call.
     pub fn after(
         prev: Option<Arc<Flight>>,
-        pid: u32,
+        target: Target,
         write: bool,
         pieces: Vec<(Vec<IoVec>, Vec<IoVec>)>,
         finish: Finish,
-    ) -> Self {
-        Flight {
-            prev: Mutex::new(prev),
+    ) -> Arc<Self> {
+        let empty = pieces.is_empty();
+        let f = Arc::new(Flight {
+            pending: AtomicUsize::new(1 + usize::from(prev.is_some())),
             finished: AtomicBool::new(false),
-            pid,
+            then: Mutex::new(Vec::new()),
+            target,
             write,
             pieces: pieces
                 .into_iter()
@@ -345,6 +430,46 @@ impl Flight {
             error: Mutex::new(None),
             stop: AtomicBool::new(false),
             finish,
+        });
+        if let Some(p) = prev {
+            p.chain(f.clone());
+        }
+        if empty {
+            Flight::event(&f);
+        }
+        f
+    }
+
+    /// Runs `next`'s wait for this flight: at once if it has finished, else when it does.
+    fn chain(&self, next: Arc<Flight>) {
+        let mut g = self.then.lock().unwrap_or_else(|p| p.into_inner());
+        if self.finished.load(Ordering::Acquire) {
+            drop(g);
+            Flight::event(&next);
+        } else {
+            g.push(next);
+        }
+    }
+
+    /// One of the events the finisher waits for; the last runs it, then those of the flights
+    /// chained after (iteratively: a long chain never deepens the stack).
+    fn event(f: &Arc<Flight>) {
+        if f.pending.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let mut ready = vec![f.clone()];
+        while let Some(f) = ready.pop() {
+            (f.finish)(&f);
+            let next = {
+                let mut g = f.then.lock().unwrap_or_else(|p| p.into_inner());
+                f.finished.store(true, Ordering::Release);
+                std::mem::take(&mut *g)
+            };
+            for n in next {
+                if n.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    ready.push(n);
+                }
+            }
         }
     }
 
@@ -354,44 +479,50 @@ impl Flight {
     }
 
     /// Takes pieces until none is left: copies each (or, once stopped, skips it); the thread
-    /// finishing the last piece runs the finisher.
+    /// finishing the last piece runs the finisher (once the previous flight has finished).
     ///
     /// Crate invariant (`copy`'s, the request's): every piece's local ranges lie in
     /// registrations the request keeps alive while the post is pending, unused by others.
-    pub fn work(&self) {
-        loop {
-            let i = self.next.fetch_add(1, Ordering::AcqRel);
-            let Some(p) = self.pieces.get(i) else { return };
-            if !self.stopped() {
-                if let Err(e) = copy(self.pid, self.write, &p.local, &p.remote) {
-                    self.fail(e);
-                }
-            }
-            if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.pieces.len() {
-                // The previous flight on the endpoint finishes first (helped along here).
-                let prev = self.prev.lock().unwrap_or_else(|p| p.into_inner()).take();
-                if let Some(p) = prev {
-                    p.wait_finished(FINISH_WAIT);
-                }
-                (self.finish)(self);
-                self.finished.store(true, Ordering::Release);
+    pub fn work(self: &Arc<Self>) {
+        while self.work_one() {}
+    }
+
+    /// [`Flight::work`] for at most `n` pieces: a bounded slice of the copying.
+    pub fn work_some(self: &Arc<Self>, n: usize) {
+        for _ in 0..n {
+            if !self.work_one() {
+                return;
             }
         }
     }
 
-    /// Copies what nobody took yet of this flight, then waits (up to `limit`) until its
-    /// finisher has run; `false` if it had not by then.
-    pub fn wait_finished(&self, limit: std::time::Duration) -> bool {
-        self.work();
-        let end = std::time::Instant::now() + limit;
-        while !self.finished.load(Ordering::Acquire) {
-            if std::time::Instant::now() >= end {
-                tracing::warn!(
-                    "a direct CMA post did not finish in time; a later notification may overtake it"
-                );
+    /// Takes one piece and copies it (or skips it once stopped); `false` when none was left.
+    fn work_one(self: &Arc<Self>) -> bool {
+        let i = self.next.fetch_add(1, Ordering::AcqRel);
+        let Some(p) = self.pieces.get(i) else {
+            return false;
+        };
+        if !self.stopped() {
+            if let Err(e) = self.target.copy(self.write, &p.local, &p.remote) {
+                self.fail(e);
+            }
+        }
+        if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.pieces.len() {
+            Flight::event(self);
+        }
+        true
+    }
+
+    /// Waits until the finisher has run, helping with one piece at a time, up to `deadline`;
+    /// whether it had by then.
+    pub fn wait_finished(self: &Arc<Self>, deadline: std::time::Instant) -> bool {
+        while !self.is_finished() {
+            if std::time::Instant::now() >= deadline {
                 return false;
             }
-            std::thread::yield_now();
+            if !self.work_one() {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
         }
         true
     }
@@ -432,6 +563,16 @@ impl Flight {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// This process as a copy target (a process may attach to itself).
+    fn this_process() -> Target {
+        let id = nixl_core::ProcessId::current().expect("/proc");
+        Target::new(
+            nixl_core::PeerProcess::open(&id)
+                .expect("alive")
+                .expect("pidfds"),
+        )
+    }
 
     fn r(base: usize, len: usize) -> (IoVec, IoVec) {
         (
@@ -523,7 +664,7 @@ mod tests {
     #[test]
     fn a_flight_copies_each_piece_once_and_finishes_once() {
         use std::sync::Arc;
-        let me = std::process::id();
+        let me = this_process();
         let src: Vec<u8> = (0..(8 << 20)).map(|i: u32| (i % 251) as u8).collect();
         let mut dst = vec![0u8; src.len()];
         let ranges = [(
@@ -538,15 +679,15 @@ mod tests {
         )];
         let finished = Arc::new(AtomicUsize::new(0));
         let f2 = finished.clone();
-        let flight = Arc::new(Flight::new(
-            me,
+        let flight = Flight::new(
+            me.clone(),
             true,
             split(&ranges, usize::MAX),
             Box::new(move |f| {
                 assert!(f.error().is_none());
                 f2.fetch_add(1, Ordering::SeqCst);
             }),
-        ));
+        );
         assert_eq!(flight.len(), 32, "pieces of MIN_PIECE");
         let pool = CopyPool::start("t", 2).unwrap();
         for _ in 0..2 {
@@ -566,7 +707,7 @@ mod tests {
             IoVec { base: 8, len: 4096 },
         )];
         let f = Flight::new(
-            me,
+            me.clone(),
             true,
             split(&bad, 1),
             Box::new(|f| assert!(f.error().is_some())),

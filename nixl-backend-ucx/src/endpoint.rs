@@ -238,10 +238,8 @@ impl PeerEp {
         if self.shared.failed().is_none() && self.shared.inflight() > 0 {
             let r = {
                 let mut g = self.worker.lock();
-                match self.raw(&g) {
-                    Some(ep) => Some(g.h().flush_request(ep)),
-                    None => None,
-                }
+                let ep = self.raw(&g);
+                ep.map(|ep| g.h().flush_request(ep))
             };
             if let Some(r) = r {
                 self.worker.wait_request(r, Instant::now() + drain);
@@ -354,10 +352,11 @@ pub(crate) struct Peer {
     /// The peer's worker address as checked by `crate::validate` (what its rkeys are
     /// checked against).
     pub address: Option<crate::validate::Address>,
-    /// The pid of the peer's process when it runs on this host (announced in its connection
-    /// info and checked alive here), for direct CMA copies (`crate::cma`); `None` otherwise
-    /// or when [`crate::UcxParams::direct_cma`] is off.
-    pub local_pid: Option<u32>,
+    /// The peer's process, where the backend makes direct CMA copies to it (`crate::cma`):
+    /// bound by the agent when it loaded the peer (a pidfd of the process its metadata names,
+    /// never a thread, never this process unless [`crate::UcxParams::direct_cma_same_process`]),
+    /// and named alike by the peer's UCX connection info. `None`: UCX makes the copies.
+    pub cma: Option<crate::cma::Target>,
 }
 
 impl std::fmt::Debug for Peer {
@@ -436,7 +435,7 @@ impl Peer {
             nixl: false,
             headers: Vec::new(),
             address: None,
-            local_pid: None,
+            cma: None,
         })
     }
 

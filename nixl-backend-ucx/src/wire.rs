@@ -73,6 +73,7 @@ pub struct ConnInfo {
 }
 
 /// Encodes the workers' addresses (no process section).
+#[cfg(any(test, feature = "fuzzing"))]
 pub fn encode_conn(addresses: &[&[u8]]) -> Vec<u8> {
     encode_conn_with(addresses, None)
 }
@@ -95,6 +96,7 @@ pub fn encode_conn_with(addresses: &[&[u8]], process: Option<&ProcessId>) -> Vec
 }
 
 /// Decodes connection info into worker addresses (a process section is checked, not kept).
+#[cfg(any(test, feature = "fuzzing"))]
 pub fn decode_conn(bytes: &[u8]) -> Result<Vec<Vec<u8>>, DecodeError> {
     decode_conn_info(bytes).map(|c| c.addresses)
 }

@@ -337,7 +337,11 @@ impl UcxXfer {
 impl UcxXfer {
     /// A large direct copy: cut into pieces copied by the pool's threads; the last piece to
     /// finish sends the notification (or fails the post). Returns at once.
-    fn post_pieces(&mut self, pool: &Arc<crate::cma::CopyPool>, pid: u32) -> Result<XferState> {
+    fn post_pieces(
+        &mut self,
+        pool: &Arc<crate::cma::CopyPool>,
+        target: crate::cma::Target,
+    ) -> Result<XferState> {
         use crate::sys::cma::IoVec;
         let mut ranges = Vec::with_capacity(self.work.len());
         let mut bad = false;
@@ -374,13 +378,13 @@ impl UcxXfer {
         // Notifications keep post order on the endpoint: this flight finishes after the last.
         let mut last = pe.last_flight.lock().unwrap_or_else(|p| p.into_inner());
         let prev = last.upgrade().filter(|f| !f.is_finished());
-        let flight = Arc::new(crate::cma::Flight::after(
+        let flight = crate::cma::Flight::after(
             prev,
-            pid,
+            target,
             self.op == XferOp::Write,
             pieces,
             Box::new(move |f| finish_pieces(f, &st, &peer, worker)),
-        ));
+        );
         *last = Arc::downgrade(&flight);
         drop(last);
         self.flight = Some(flight.clone());
@@ -402,26 +406,42 @@ impl UcxXfer {
     }
 
     /// After direct copies (complete): the notification, if any, goes out on the endpoint
-    /// now (it follows the data); the post is then done, or in flight until UCX has sent it.
+    /// (it follows the data) and the post is done, or in flight until UCX has sent it. When
+    /// a post copied in pieces before this one has not finished yet, this notification waits
+    /// for it without anyone blocking: it is chained after that flight (a flight without
+    /// pieces) and goes out when it finishes, so it follows that post's data too, as UCX's
+    /// flush would have it; the post returns at once. A post without a notification waits
+    /// for nothing.
     fn complete_direct(&mut self) -> Result<XferState> {
         let pe = &self.peer.eps[self.worker];
-        // A post copied in pieces before this one finishes first (helped along here), so this
-        // notification follows its data and theirs, as UCX's flush would have it.
-        let prev = pe
-            .last_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .upgrade();
-        if let Some(p) = prev.filter(|f| !f.is_finished()) {
-            p.wait_finished(crate::cma::FINISH_WAIT);
+        let mut last = pe.last_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let prev = last.upgrade().filter(|f| !f.is_finished());
+        let state = {
+            let g = pe.worker.lock();
+            let ep = pe
+                .raw(&g)
+                .ok_or_else(|| self.disconnected(Op::PostXfer, "UCX endpoint was closed"))?;
+            open_post(&mut self.cur, &self.ucx, &self.notif, pe, &g, ep, None)
+        };
+        match (prev, &self.direct) {
+            (Some(prev), Some(d)) if self.notif.is_some() => {
+                let (st, peer, worker) = (state.clone(), self.peer.clone(), self.worker);
+                let flight = crate::cma::Flight::after(
+                    Some(prev),
+                    d.target().clone(),
+                    self.op == XferOp::Write,
+                    Vec::new(),
+                    Box::new(move |f| finish_pieces(f, &st, &peer, worker)),
+                );
+                *last = Arc::downgrade(&flight);
+                self.flight = Some(flight);
+            }
+            _ => {
+                drop(last);
+                let mut g = pe.worker.lock();
+                state.after_flush(&g.h().locked());
+            }
         }
-        let mut g = pe.worker.lock();
-        let ep = pe
-            .raw(&g)
-            .ok_or_else(|| self.disconnected(Op::PostXfer, "UCX endpoint was closed"))?;
-        let state = open_post(&mut self.cur, &self.ucx, &self.notif, pe, &g, ep, None);
-        state.after_flush(&g.h().locked());
-        drop(g);
         self.outcome(&state, Op::PostXfer)
     }
 }
@@ -507,8 +527,8 @@ impl BackendXfer for UcxXfer {
             self.flight = None;
             if self.bytes > crate::cma::INLINE_BYTES {
                 if let Some(pool) = self.pool.clone() {
-                    let pid = d.pid();
-                    return self.post_pieces(&pool, pid);
+                    let target = d.target().clone();
+                    return self.post_pieces(&pool, target);
                 }
             }
             // Crate invariant (`Direct::run`'s): the segments' local ranges lie in
@@ -583,8 +603,9 @@ impl BackendXfer for UcxXfer {
         };
         if st.phase() == PENDING {
             if let Some(f) = &self.flight {
-                // Copy the pieces no copy thread has taken yet (no hand-over wait).
-                f.work();
+                // Help with a bounded slice of the pieces no copy thread has taken yet: a
+                // poll never turns into the whole copy.
+                f.work_some(crate::cma::CHECK_PIECES);
             }
             self.progress_until(&st);
         }

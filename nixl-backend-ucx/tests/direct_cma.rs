@@ -10,7 +10,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nixl_backend_ucx::UcxParams;
 use nixl_core::{
@@ -396,4 +396,77 @@ fn notifications_keep_post_order_across_inline_and_pieces() {
         large.wait(T).expect("large done");
         small.wait(T).expect("small done");
     }
+}
+
+/// A poll, a short wait and another post do a bounded slice of a large direct copy, never the
+/// whole rest of it (before: `check` copied every piece no copy thread had taken, so on a
+/// machine with few copy threads a poll of a 1 GiB WRITE took as long as the copy, `wait`
+/// outlasted its deadline, and an unrelated 4 KiB post without a notification waited for the
+/// large one's flight).
+#[test]
+fn polls_and_posts_do_a_bounded_slice_of_a_large_copy() {
+    if !common::ucx_or_skip("direct_cma_bounded") {
+        return;
+    }
+    let big = 1usize << 30;
+    let p = pair(shm(true, 1), big + (1 << 20));
+    let write = |off: usize, len: usize, notif: Option<&[u8]>| {
+        p.a.create_xfer_req(
+            XferOp::Write,
+            &XferDescList::blocks(MemKind::Dram, p.src.addr() + off as u64, len as u64, 1),
+            &XferDescList::blocks(MemKind::Dram, p.dst.addr() + off as u64, len as u64, 1),
+            p.b.name(),
+            XferOptions {
+                notif: notif.map(<[u8]>::to_vec),
+                ..XferOptions::default()
+            },
+        )
+        .expect("make")
+    };
+    let large = write(0, big, None);
+    let small = write(big, 4096, None);
+    let ordered = write(big + 8192, 4096, Some(b"after"));
+    assert!(large.path().contains("in pieces"), "{}", large.path());
+    p.a.post_xfer_req(&large).expect("post large");
+    let t = Instant::now();
+    let first = p.a.check_xfer_state(&large);
+    let check = t.elapsed();
+    let t = Instant::now();
+    p.a.post_xfer_req(&small).expect("post small");
+    let small_post = t.elapsed();
+    // A post with a notification returns at once too: its notification goes out after the
+    // large post's data, without anyone waiting for it.
+    let t = Instant::now();
+    p.a.post_xfer_req(&ordered)
+        .expect("post with a notification");
+    let ordered_post = t.elapsed();
+    let t = Instant::now();
+    let waited = large.wait(Duration::from_millis(20));
+    let wait = t.elapsed();
+    println!(
+        "1 GiB direct WRITE, 1 copy thread: check {check:?} ({first:?}), 4 KiB post {small_post:?}, \
+         4 KiB post with a notification {ordered_post:?}, wait(20 ms) {wait:?} ({waited:?})"
+    );
+    // Bounds far above a slice (4 pieces of 256 KiB) and far below the whole copy.
+    assert!(check < Duration::from_millis(30), "a check took {check:?}");
+    assert!(
+        small_post < Duration::from_millis(30),
+        "an unrelated post took {small_post:?}"
+    );
+    assert!(
+        ordered_post < Duration::from_millis(30),
+        "a post with a notification took {ordered_post:?}"
+    );
+    assert!(
+        wait < Duration::from_millis(20 + 100),
+        "wait(20 ms) took {wait:?}"
+    );
+    small.wait(T).expect("small done");
+    // The notification of the post after the large one still comes (the large one was ended
+    // by the short wait, or finished), and the small post's bytes are there.
+    ordered.wait(T).expect("ordered done");
+    let n = p.b.wait_notifs(T).expect("notification");
+    assert_eq!(n[p.a.name()], vec![b"after".to_vec()]);
+    let (s, d) = (p.src.to_vec(), p.dst.to_vec());
+    assert_eq!(s[big..big + 4096], d[big..big + 4096]);
 }

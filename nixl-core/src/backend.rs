@@ -236,6 +236,19 @@ pub trait Backend: Send + Sync + 'static {
     /// Connects to a peer from its connection info. Called again with new info after a peer
     /// restarted (after [`Backend::disconnect`]).
     fn connect(&self, remote: &str, info: &[u8]) -> Result<()>;
+    /// [`Backend::connect`], given the peer's process when it runs on this host, as the agent
+    /// bound it ([`crate::PeerProcess`]: the process the peer's metadata names, watched for its
+    /// exit). A backend that aims at the peer's process itself uses this one and nothing its
+    /// own connection info claims. Default: [`Backend::connect`].
+    fn connect_peer(
+        &self,
+        remote: &str,
+        info: &[u8],
+        process: Option<&crate::PeerProcess>,
+    ) -> Result<()> {
+        let _ = process;
+        self.connect(remote, info)
+    }
     /// Forgets a peer; requests still using it fail.
     fn disconnect(&self, remote: &str) -> Result<()>;
     /// Registers a region.

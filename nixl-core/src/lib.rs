@@ -103,7 +103,7 @@ pub use error::{DecodeError, Error, ErrorKind, Op, Result, SharedError};
 pub use fault::{FaultEvent, FaultLog, FaultParams, FaultPlan};
 pub use inproc::{Completion, InprocParams, InprocPlugin, INPROC};
 pub use limits::{Limits, ListenerLimits, NOTIF_OVERHEAD};
-pub use liveness::ProcessId;
+pub use liveness::{PeerProcess, ProcessId};
 pub use mem::{HostBuffer, MemKind, MemoryRegion, RawRegion, RegionDesc, PAGE_SIZE};
 pub use notif::Notifs;
 pub use prep::PreparedList;

@@ -53,6 +53,14 @@ fn start_time(pid: &str) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// The thread group (process) `id` belongs to, from `/proc/<id>/status`.
+fn tgid(id: u32) -> Option<u32> {
+    let s = std::fs::read_to_string(format!("/proc/{id}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 impl ProcessId {
     /// This process, when `/proc` tells (`None` otherwise: peers then rely on their
     /// transports alone).
@@ -94,9 +102,19 @@ fn ns_at(now: Instant) -> u64 {
         .saturating_add(1)
 }
 
+/// Why a peer's announced process is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// It has exited (or its pid now names another process).
+    Exited(&'static str),
+    /// The announcement cannot name a process of this host (a thread id, a bad pid).
+    Invalid(&'static str),
+}
+
 /// A watch on a peer's process (a pidfd).
 #[derive(Debug)]
 pub(crate) struct ProcessWatch {
+    id: ProcessId,
     fd: OwnedFd,
     /// Seen exited (final).
     gone: AtomicBool,
@@ -106,31 +124,47 @@ pub(crate) struct ProcessWatch {
 
 impl ProcessWatch {
     /// Watches `peer` when it runs on this boot in this pid namespace (`Ok(None)` when it
-    /// does not, or when this process cannot tell). `Err` when it has already exited.
-    pub fn open(peer: &ProcessId, me: Option<&ProcessId>) -> Result<Option<Self>, &'static str> {
+    /// does not, or when this process cannot tell). Refused when it has already exited, or
+    /// when its pid is not a process's (a thread id: `pidfd_open` takes thread-group leaders
+    /// only).
+    pub fn open(peer: &ProcessId, me: Option<&ProcessId>) -> Result<Option<Self>, Refused> {
         let Some(me) = me else { return Ok(None) };
         if peer.boot_id != me.boot_id || peer.pid_ns != me.pid_ns {
             return Ok(None);
         }
         let Some(pid) = i32::try_from(peer.pid).ok().and_then(Pid::from_raw) else {
-            return Err("its process id is not valid here");
+            return Err(Refused::Invalid("its process id is not valid here"));
         };
         let fd = match pidfd_open(pid, PidfdFlags::empty()) {
             Ok(fd) => fd,
-            Err(rustix::io::Errno::SRCH) => return Err("its process has exited"),
+            Err(rustix::io::Errno::SRCH) => return Err(Refused::Exited("its process has exited")),
+            // A thread that is not its group's leader: EINVAL before Linux 6.9, ENOENT after.
+            Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => {
+                return Err(Refused::Invalid(
+                    "its process id names a thread, not a process",
+                ))
+            }
             // No pidfd support (old kernel) or not allowed: no watch.
             Err(_) => return Ok(None),
         };
-        // Checked after opening: the pidfd now pins this pid, so a match means the process
-        // the metadata names is the one watched.
+        // Checked after opening: a match means the pidfd refers to the process the metadata
+        // names (had the pid been reused in between, the start time would differ).
+        if tgid(peer.pid).is_some_and(|t| t != peer.pid) {
+            return Err(Refused::Invalid(
+                "its process id names a thread, not a process",
+            ));
+        }
         match start_time(&peer.pid.to_string()) {
             Some(t) if t == peer.start_time => Ok(Some(ProcessWatch {
+                id: *peer,
                 fd,
                 gone: AtomicBool::new(false),
                 polled: AtomicU64::new(0),
             })),
-            Some(_) => Err("its process has exited (the pid now belongs to another process)"),
-            None => Err("its process has exited"),
+            Some(_) => Err(Refused::Exited(
+                "its process has exited (the pid now belongs to another process)",
+            )),
+            None => Err(Refused::Exited("its process has exited")),
         }
     }
 
@@ -163,6 +197,57 @@ impl ProcessWatch {
         }
         self.polled.store(now, Ordering::Relaxed);
         self.exited()
+    }
+}
+
+/// A peer's process on this host, bound once: a pidfd opened for the process the peer's
+/// metadata names (its start time checked after opening, so a reused pid is never it; a
+/// thread id is refused). The agent opens it when it loads a same-host peer, watches it for
+/// the peer's exit, and hands it to backends ([`crate::backend::Backend::connect_peer`]):
+/// one that copies into the peer's memory itself (UCX's direct CMA) aims at
+/// [`PeerProcess::pid`] only while [`PeerProcess::exited`] says no, so copies to a process
+/// that exited fail, whatever reuses its pid.
+#[derive(Debug, Clone)]
+pub struct PeerProcess(std::sync::Arc<ProcessWatch>);
+
+impl PeerProcess {
+    /// Binds the process `id` names, when it runs on this boot in this pid namespace
+    /// (`Ok(None)` otherwise, or where pidfds are not available). `Err` with the reason when
+    /// it has exited or `id` names no process (a thread id).
+    pub fn open(id: &ProcessId) -> std::result::Result<Option<Self>, &'static str> {
+        match ProcessWatch::open(id, ProcessId::current().as_ref()) {
+            Ok(w) => Ok(w.map(Self::from_watch)),
+            Err(Refused::Exited(why) | Refused::Invalid(why)) => Err(why),
+        }
+    }
+
+    pub(crate) fn from_watch(w: ProcessWatch) -> Self {
+        PeerProcess(std::sync::Arc::new(w))
+    }
+
+    pub(crate) fn watch(&self) -> &ProcessWatch {
+        &self.0
+    }
+
+    /// The process as its metadata announced it (start time checked).
+    pub fn id(&self) -> &ProcessId {
+        &self.0.id
+    }
+
+    /// Its pid (a thread-group leader of this pid namespace).
+    pub fn pid(&self) -> u32 {
+        self.0.id.pid
+    }
+
+    /// Whether it is the calling process.
+    pub fn is_this_process(&self) -> bool {
+        self.0.id.pid == std::process::id()
+    }
+
+    /// Whether it has exited (one non-blocking `poll` of the pidfd). Once it has, its pid
+    /// may name another process: nothing may be aimed at [`PeerProcess::pid`] any more.
+    pub fn exited(&self) -> bool {
+        self.0.exited()
     }
 }
 

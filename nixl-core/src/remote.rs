@@ -55,7 +55,7 @@ pub(crate) struct RemotePeer {
     /// The owner commitment its authenticated metadata carried (who may invalidate it).
     pub owner_commit: Option<[u8; 32]>,
     /// Its process, when it runs on this host (tells its exit without a transport).
-    pub process: Option<crate::liveness::ProcessWatch>,
+    pub process: Option<crate::liveness::PeerProcess>,
 }
 
 impl RemotePeer {
@@ -66,7 +66,11 @@ impl RemotePeer {
 
     /// [`RemotePeer::check_alive`] with the caller's clock reading `now`.
     pub fn check_alive_at(&self, agent: &str, op: Op, now: std::time::Instant) -> Result<()> {
-        if self.process.as_ref().is_some_and(|p| p.exited_lately(now)) {
+        if self
+            .process
+            .as_ref()
+            .is_some_and(|p| p.watch().exited_lately(now))
+        {
             return Err(Error::disconnected(
                 agent,
                 &self.name,
@@ -306,9 +310,24 @@ impl<'a> LoadPlan<'a> {
     ) -> Result<()> {
         let process = match (self.same_gen, &md.process) {
             (false, Some(id)) => {
-                crate::liveness::ProcessWatch::open(id, agent.shared.process.as_ref()).map_err(
-                    |why| Error::disconnected(agent.name(), &md.name, Op::LoadMetadata, why),
-                )?
+                match crate::liveness::ProcessWatch::open(id, agent.shared.process.as_ref()) {
+                    Ok(w) => w.map(crate::liveness::PeerProcess::from_watch),
+                    Err(crate::liveness::Refused::Exited(why)) => {
+                        return Err(Error::disconnected(
+                            agent.name(),
+                            &md.name,
+                            Op::LoadMetadata,
+                            why,
+                        ))
+                    }
+                    Err(crate::liveness::Refused::Invalid(why)) => {
+                        return Err(Error::invalid(
+                            agent.name(),
+                            Op::LoadMetadata,
+                            format!("metadata of {}: {why}", md.name),
+                        ))
+                    }
+                }
             }
             _ => None,
         };
@@ -341,7 +360,14 @@ impl<'a> LoadPlan<'a> {
                 if peer.is_connected(slot.id) || (wire == Wire::Nixl && e.conn_info.is_empty()) {
                     continue;
                 }
-                connect_slot(agent.name(), slot, wire, &md.name, &e.conn_info)?;
+                connect_slot(
+                    agent.name(),
+                    slot,
+                    wire,
+                    &md.name,
+                    &e.conn_info,
+                    peer.process.as_ref(),
+                )?;
                 lock(&peer.conn).insert(slot.id, e.conn_info.clone());
                 guard.connected.push(slot.clone());
             }
@@ -717,9 +743,16 @@ impl Agent {
     }
 }
 
-fn connect_slot(me: &str, slot: &BackendSlot, wire: Wire, remote: &str, info: &[u8]) -> Result<()> {
+fn connect_slot(
+    me: &str,
+    slot: &BackendSlot,
+    wire: Wire,
+    remote: &str,
+    info: &[u8],
+    process: Option<&crate::liveness::PeerProcess>,
+) -> Result<()> {
     match (wire, slot.backend.nixl_wire()) {
-        (Wire::Native, _) => slot.backend.connect(remote, info),
+        (Wire::Native, _) => slot.backend.connect_peer(remote, info, process),
         (Wire::Nixl, Some(n)) => n.nixl_connect(remote, info),
         (Wire::Nixl, None) => Err(Error::not_supported(
             me,

@@ -324,7 +324,8 @@ impl XferReq {
     }
 
     /// The request's peer: `PeerRestarted` when the incarnation it was built against was
-    /// fenced (invalidated, or replaced by a restart), else `RemoteDisconnect` when its process
+    /// replaced by a restart, `RemoteDisconnect` saying so when it was invalidated (no
+    /// incarnation loaded any more), else `RemoteDisconnect` when its process
     /// exited. A fence is checked first: it is what the agent decided, whereas the exit of a
     /// fenced incarnation is only its consequence, seen first or not by the pidfd watch. `now`
     /// is the caller's clock reading.
@@ -333,8 +334,16 @@ impl XferReq {
             if !p.valid.load(Ordering::SeqCst) {
                 let current = lock(&self.shared.remotes)
                     .get(&p.name)
-                    .map(|q| q.generation)
-                    .unwrap_or(0);
+                    .map(|q| q.generation);
+                let Some(current) = current else {
+                    // Forgotten, not replaced: say so.
+                    return Err(Error::disconnected(
+                        &self.shared.name,
+                        &p.name,
+                        Op::PostXfer,
+                        "its metadata was invalidated while the request existed; load it again",
+                    ));
+                };
                 return Err(Error::PeerRestarted {
                     agent: self.shared.name.clone(),
                     remote: p.name.clone(),

@@ -15,7 +15,7 @@
 //! ```
 //! Flags: `--op read|write`, `--requests N`, `--layers L`, `--blocks B` (pool blocks per
 //! layer), `--block-bytes S`, `--blocks-per-request K`, `--backend ucx|libfabric|cuda_ipc`,
-//! `--tls UCX_TLS`, `--provider tcp|shm|efa`, `--rails R` and `--domains D0,D1` (libfabric),
+//! `--tls UCX_TLS`, `--provider tcp|shm|efa`, `--rails R` and `--domains D0,D1` (libfabric domains; UCX devices),
 //! `--device cpu|cuda` (KV pools in host or GPU memory; `--gpus P,D` puts the prefill and
 //! decode pools on GPUs P and D, default 0,0; with `cuda` the default backend is
 //! `cuda_ipc`, the native CUDA IPC + copy-engine/copy-kernel path), `--timeout-secs T`,
@@ -404,6 +404,8 @@ fn node(name: &str, o: &Opts) -> Res<Node> {
         _ => {
             agent.create_backend(UcxParams {
                 transports: o.tls.clone(),
+                // `--domains`: the interfaces UCX's tcp may use (by default loopback only).
+                devices: (!o.domains.is_empty()).then(|| o.domains.join(",")),
                 library_path: o.ucx_path.clone(),
                 nixl_compat: o.nixl_peer,
                 ..UcxParams::default()

@@ -140,7 +140,9 @@ pub fn run(o: &Opts) -> Res<()> {
     let (ip0, ip1) = (ip(0)?, ip(1)?);
     let mut args = user_args();
     let libfabric = o.backend == "libfabric";
-    if libfabric && o.domains.is_empty() {
+    // The links' interfaces: libfabric's domains, UCX's devices (its tcp transport listens on
+    // the loopback interface only unless told which interfaces to use).
+    if o.domains.is_empty() {
         let d: Vec<String> = (0..o.rails).map(Net::ifname).collect();
         args.extend(["--domains".into(), d.join(",")]);
     }

@@ -26,8 +26,16 @@ pub struct UcxParams {
     /// Transports UCX may use (`UCX_TLS`, e.g. `"tcp"`, `"shm,cma,self"`, `"rc,cuda_ipc"`).
     /// `None`: UCX's default (all), or the `UCX_TLS` environment variable.
     pub transports: Option<String>,
-    /// Network devices (`UCX_NET_DEVICES`, e.g. `"mlx5_0:1"`, `"lo"`).
+    /// Network devices (`UCX_NET_DEVICES`, e.g. `"mlx5_0:1"`, `"eth0"`, `"lo"`). `None`:
+    /// `UCX_NET_DEVICES` from the environment if set, else every RDMA port of this host and
+    /// the loopback interface: UCX's tcp transport, whose emulated puts write wherever a
+    /// connecting process tells them whatever the cluster credential, listens on 127.0.0.1
+    /// only. Name the interfaces tcp may use between hosts here, or opt out with
+    /// [`UcxParams::tcp_on_every_interface`].
     pub devices: Option<String>,
+    /// Let UCX's tcp transport listen on every interface of the host when [`UcxParams::devices`]
+    /// names none (UCX's own default). Off by default: see `devices`.
+    pub tcp_on_every_interface: bool,
     /// Number of UCP workers; requests are spread over them round robin. 1..=64.
     pub num_workers: usize,
     /// Run a progress thread per worker (sleeping on the worker's event descriptor), so
@@ -42,7 +50,8 @@ pub struct UcxParams {
     /// second): without that, a peer behind a failed link is never declared dead while a
     /// transfer to it is in flight (UCX's keep-alive messages queue behind the unacknowledged
     /// data), so the request can only time out and its memory must then be kept, as UCX
-    /// cannot confirm it stopped. `None`: UCX's defaults (the system's TCP timeouts, minutes).
+    /// cannot confirm it stopped. Default: [`DEFAULT_KEEPALIVE`]. `None`: off (UCX's own
+    /// defaults: the system's TCP timeouts, minutes, for a pulled cable).
     pub keepalive_interval: Option<Duration>,
     /// Further UCX options, names without the `UCX_` prefix (`("RNDV_THRESH", "8k")`).
     pub config: Vec<(String, String)>,
@@ -79,6 +88,10 @@ pub struct UcxParams {
     pub direct_cma_same_process: bool,
 }
 
+/// The default of [`UcxParams::keepalive_interval`]: a peer behind a pulled cable is declared
+/// dead after about four intervals of unacknowledged data (`UCX_TCP_USER_TIMEOUT`), 8 s.
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(2);
+
 /// The default of [`UcxParams::cma_threads`]: a quarter of the cores, 1 to 4.
 pub fn default_cma_threads() -> usize {
     std::thread::available_parallelism()
@@ -93,10 +106,11 @@ impl Default for UcxParams {
             library_path: None,
             transports: None,
             devices: None,
+            tcp_on_every_interface: false,
             num_workers: 1,
             progress_thread: true,
             cancel_timeout: Duration::from_secs(5),
-            keepalive_interval: None,
+            keepalive_interval: Some(DEFAULT_KEEPALIVE),
             config: Vec::new(),
             nixl_compat: false,
             shm_notifications: true,
@@ -192,6 +206,11 @@ impl UcxParams {
         }
         if let Some(d) = &self.devices {
             v.push(("NET_DEVICES".to_owned(), d.clone()));
+        } else if !self.tcp_on_every_interface
+            && std::env::var_os("UCX_NET_DEVICES").is_none()
+            && !self.config.iter().any(|(n, _)| n == "NET_DEVICES")
+        {
+            v.push(("NET_DEVICES".to_owned(), default_devices()));
         }
         if let Some(k) = self.keepalive_interval {
             v.push((
@@ -225,6 +244,10 @@ impl UcxParams {
         );
         m.insert("transports".into(), opt(&self.transports));
         m.insert("devices".into(), opt(&self.devices));
+        m.insert(
+            "tcp_on_every_interface".into(),
+            self.tcp_on_every_interface.to_string(),
+        );
         m.insert("num_workers".into(), self.num_workers.to_string());
         m.insert("progress_thread".into(), self.progress_thread.to_string());
         m.insert("nixl_compat".into(), self.nixl_compat.to_string());
@@ -245,8 +268,7 @@ impl UcxParams {
         m.insert(
             "keepalive_interval_ms".into(),
             self.keepalive_interval
-                .map(|d| d.as_millis().to_string())
-                .unwrap_or_default(),
+                .map_or_else(|| "off".to_owned(), |d| d.as_millis().to_string()),
         );
         for (k, v) in &self.config {
             m.insert(format!("ucx.{k}"), v.clone());
@@ -254,8 +276,9 @@ impl UcxParams {
         m
     }
 
-    /// Parses the string-map form: `ucx_path`, `transports`, `devices`, `num_workers`,
-    /// `progress_thread`, `cancel_timeout_ms`, `keepalive_interval_ms`, `nixl_compat`,
+    /// Parses the string-map form: `ucx_path`, `transports`, `devices`,
+    /// `tcp_on_every_interface`, `num_workers`, `progress_thread`, `cancel_timeout_ms`,
+    /// `keepalive_interval_ms` (`off` turns it off), `nixl_compat`,
     /// `shm_notifications`, `direct_cma`, `cma_threads`, `direct_cma_same_process`, and
     /// `ucx.<OPTION>`.
     /// Empty values mean "default". Unknown keys are refused.
@@ -266,10 +289,20 @@ impl UcxParams {
             library_path: m.string("ucx_path").map(PathBuf::from),
             transports: tls.or(alias),
             devices: m.string("devices"),
-            keepalive_interval: m.millis("keepalive_interval_ms")?,
             config: m.prefixed("ucx.")?,
             ..UcxParams::default()
         };
+        match m.string("keepalive_interval_ms").as_deref() {
+            Some("off") => p.keepalive_interval = None,
+            _ => {
+                if let Some(d) = m.millis("keepalive_interval_ms")? {
+                    p.keepalive_interval = Some(d);
+                }
+            }
+        }
+        if let Some(b) = m.bool("tcp_on_every_interface")? {
+            p.tcp_on_every_interface = b;
+        }
         if let Some(n) = m.usize("num_workers")? {
             p.num_workers = n;
         }
@@ -300,6 +333,26 @@ impl UcxParams {
     }
 }
 
+/// Every RDMA port of this host (`/sys/class/infiniband/<device>/ports/<n>`, as UCX names them:
+/// `mlx5_0:1`) and the loopback interface: what UCX may use when no device is named, so that
+/// its tcp transport listens on 127.0.0.1 only.
+pub(crate) fn default_devices() -> String {
+    let mut v = Vec::new();
+    if let Ok(devs) = std::fs::read_dir("/sys/class/infiniband") {
+        for d in devs.flatten() {
+            let name = d.file_name().to_string_lossy().into_owned();
+            if let Ok(ports) = std::fs::read_dir(d.path().join("ports")) {
+                for p in ports.flatten() {
+                    v.push(format!("{name}:{}", p.file_name().to_string_lossy()));
+                }
+            }
+        }
+    }
+    v.sort();
+    v.push("lo".to_owned());
+    v.join(",")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,6 +363,7 @@ mod tests {
             library_path: Some("/opt/ucx".into()),
             transports: Some("tcp".into()),
             devices: Some("lo".into()),
+            tcp_on_every_interface: true,
             num_workers: 3,
             progress_thread: false,
             cancel_timeout: Duration::from_millis(1500),
@@ -351,7 +405,14 @@ mod tests {
             ["30s"],
             "the user's value wins"
         );
-        assert!(get(&UcxParams::default(), "TCP_USER_TIMEOUT").is_empty());
+        assert_eq!(get(&UcxParams::default(), "TCP_USER_TIMEOUT"), ["8000ms"]);
+        let off = UcxParams {
+            keepalive_interval: None,
+            ..UcxParams::default()
+        };
+        assert!(get(&off, "TCP_USER_TIMEOUT").is_empty());
+        assert!(get(&off, "KEEPALIVE_INTERVAL").is_empty());
+        assert_eq!(UcxParams::from_map(&off.to_map()).unwrap(), off);
     }
 
     #[test]

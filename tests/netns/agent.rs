@@ -22,6 +22,9 @@ use nixl::{
 /// The environment variable carrying the agent's settings (`key=value;...`).
 pub(crate) const CFG: &str = "NIXL_NETNS_AGENT";
 
+/// [`AgentCfg::keepalive_ms`] for the backend's default keep-alive.
+pub(crate) const KEEPALIVE_DEFAULT: u64 = u64::MAX;
+
 /// Settings of an agent process.
 #[derive(Debug, Clone)]
 pub(crate) struct AgentCfg {
@@ -38,7 +41,8 @@ pub(crate) struct AgentCfg {
     /// How long a backend waits before it gives up on a transfer it cancels (UCX
     /// `cancel_timeout`, libfabric `op_timeout`).
     pub(crate) cancel_ms: u64,
-    /// UCX: the keep-alive interval in ms (0: UCX's default, no tcp user timeout).
+    /// UCX: the keep-alive interval in ms (0: off, UCX's own defaults, no tcp user timeout;
+    /// [`KEEPALIVE_DEFAULT`]: the backend's default).
     pub(crate) keepalive_ms: u64,
     /// UCX: the libucp to load (`None`: the backend's default search).
     pub(crate) ucx_path: Option<String>,
@@ -210,8 +214,13 @@ pub(crate) fn main(ctl: Control) -> Result<(), String> {
         agent
             .create_backend(UcxParams {
                 transports: cfg.tls.clone(),
-                keepalive_interval: Some(Duration::from_millis(cfg.keepalive_ms))
-                    .filter(|k| !k.is_zero()),
+                // The host's links (UCX's tcp listens on loopback only unless told).
+                devices: (!cfg.domains.is_empty()).then(|| cfg.domains.join(",")),
+                keepalive_interval: match cfg.keepalive_ms {
+                    0 => None,
+                    KEEPALIVE_DEFAULT => UcxParams::default().keepalive_interval,
+                    k => Some(Duration::from_millis(k)),
+                },
                 cancel_timeout: cancel,
                 library_path: cfg.ucx_path.clone().map(Into::into),
                 ..UcxParams::default()
@@ -482,6 +491,9 @@ impl State {
                 Ok("ok".into())
             }
             "path" => Ok(format!("ok {:?}", a.path_report(arg(1)?))),
+            // listening: every listening TCP socket of this host (the agent's own: nothing
+            // else runs in it), as ADDR:PORT, space-separated.
+            "listening" => Ok(format!("ok {}", listening().join(" "))),
             "reqpath" => {
                 let r = self
                     .reqs
@@ -492,4 +504,40 @@ impl State {
             other => Err(format!("err usage 0 unknown command {other}")),
         }
     }
+}
+
+/// The listening TCP sockets of this network namespace (`/proc/net/tcp` and `tcp6`, state
+/// `0A`), as `ADDR:PORT`.
+fn listening() -> Vec<String> {
+    let mut out = Vec::new();
+    for (file, v6) in [("/proc/net/tcp", false), ("/proc/net/tcp6", true)] {
+        let Ok(text) = std::fs::read_to_string(file) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let w: Vec<&str> = line.split_whitespace().collect();
+            if w.get(3) != Some(&"0A") {
+                continue;
+            }
+            let Some((ip, port)) = w.get(1).and_then(|a| a.split_once(':')) else {
+                continue;
+            };
+            let port = u16::from_str_radix(port, 16).unwrap_or(0);
+            let ip = if v6 {
+                // 32 hex digits, four little-endian words.
+                let mut b = [0u8; 16];
+                for (i, chunk) in b.chunks_mut(4).enumerate() {
+                    let word = u32::from_str_radix(ip.get(i * 8..i * 8 + 8).unwrap_or("0"), 16)
+                        .unwrap_or(0);
+                    chunk.copy_from_slice(&word.to_le_bytes());
+                }
+                std::net::IpAddr::from(b)
+            } else {
+                let word = u32::from_str_radix(ip, 16).unwrap_or(0);
+                std::net::IpAddr::from(word.to_le_bytes())
+            };
+            out.push(std::net::SocketAddr::new(ip, port).to_string());
+        }
+    }
+    out
 }

@@ -16,6 +16,7 @@
 #![cfg(target_os = "linux")]
 
 mod agent;
+mod defaults;
 mod faults;
 mod rails;
 mod scale;

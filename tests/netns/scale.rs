@@ -72,7 +72,13 @@ pub(crate) fn child(ctl: Control) -> Result<(), String> {
         .map(|i| {
             let g = host * PER_HOST + i;
             let agent = Agent::new(&name(tag, g), AgentConfig::default()).map_err(e)?;
-            agent.create_backend(UcxParams::default()).map_err(e)?;
+            // The host's link: UCX's tcp listens on loopback only unless told.
+            agent
+                .create_backend(UcxParams {
+                    devices: Some(nixl::core::testing::netns::Net::ifname(0)),
+                    ..UcxParams::default()
+                })
+                .map_err(e)?;
             // Slot k receives agent k's block; the last slot is the block this agent sends.
             let mem = Arc::new(HostBuffer::new((AGENTS + 1) * BLOCK).ok_or("cannot allocate")?);
             let reg = agent.register_mem(vec![mem.clone()], &[]).map_err(e)?;

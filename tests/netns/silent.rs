@@ -14,7 +14,7 @@ const DEADLINE_MS: u64 = 2_000;
 /// The longest any request to the honest peer may take (its own deadline is 1 s).
 const HONEST_BOUND: Duration = Duration::from_millis(1_500);
 
-/// `keepalive_ms`: the UCX keep-alive of every agent (0: the backend's default).
+/// `keepalive_ms`: the UCX keep-alive of every agent (0: off).
 fn silent_peer(test: &str, backend: &'static str, keepalive_ms: u64) {
     let Some(net) = Net::for_test(test, &NetSpec::switched(3)) else {
         return;
@@ -131,8 +131,8 @@ fn ucx_silent_peer_freezes_nobody() {
 }
 
 #[test]
-fn ucx_silent_peer_freezes_nobody_default_keepalive() {
-    silent_peer("ucx_silent_peer_freezes_nobody_default_keepalive", "ucx", 0);
+fn ucx_silent_peer_freezes_nobody_without_keepalive() {
+    silent_peer("ucx_silent_peer_freezes_nobody_without_keepalive", "ucx", 0);
 }
 
 #[test]

@@ -169,3 +169,65 @@ fn nixlcomm_between_nixl_rs_agents_and_hostile_frames() {
     let e = b.nixl_fetch_remote_metadata(a.name(), addr, Duration::from_secs(2));
     assert!(e.is_err());
 }
+
+/// NIXL's side channel under the side channel's rules (issue 23): it has no authentication,
+/// so a listener on a non-loopback address refuses to start unless the agent opted out by
+/// name; a frame that trickles in is cut off by one deadline for the whole frame (before: each
+/// read reset a 5 s timeout, so a byte every 4 s held a connection forever); at the
+/// connection limit the longest-idle connection is evicted, so idle clients lock nobody out
+/// (before: every new connection was closed).
+#[test]
+fn nixl_listener_keeps_the_side_channel_rules() {
+    if !common::ucx_or_skip("nixl_listener_keeps_the_side_channel_rules") {
+        return;
+    }
+    let a = agent("rules");
+    let e = NixlListener::start(&a, SocketAddr::from(([0, 0, 0, 0], 0)))
+        .expect_err("an unauthenticated listener on every interface");
+    assert!(matches!(e, Error::NotAllowed { .. }), "{e}");
+    let open = Agent::new(
+        &common::unique("open"),
+        AgentConfig {
+            allow_unauthenticated_listener: true,
+            ..common::config(false)
+        },
+    )
+    .expect("agent");
+    drop(NixlListener::start(&open, SocketAddr::from(([0, 0, 0, 0], 0))).expect("opted out"));
+
+    let l = NixlListener::start(&a, SocketAddr::from(([127, 0, 0, 1], 0))).expect("listen");
+    let addr = l.local_addr();
+    // A trickling frame: a header announcing 100 bytes, then a byte every second.
+    let t = Instant::now();
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.write_all(&100u64.to_le_bytes()).expect("header");
+    let mut closed = None;
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_secs(1));
+        if s.write_all(b"x").is_err() {
+            closed = Some(t.elapsed());
+            break;
+        }
+        let mut one = [0u8; 1];
+        s.set_read_timeout(Some(Duration::from_millis(10)))
+            .expect("timeout");
+        if matches!(s.read(&mut one), Ok(0)) {
+            closed = Some(t.elapsed());
+            break;
+        }
+    }
+    let closed = closed.expect("a trickling frame was never cut off");
+    assert!(closed < Duration::from_secs(9), "cut off after {closed:?}");
+    // More idle connections than the limit: a fetch still gets through.
+    let idle: Vec<TcpStream> = (0..NixlListener::MAX_CONNECTIONS + 8)
+        .map(|_| TcpStream::connect(addr).expect("connect"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let b = agent("after-idle");
+    assert_eq!(
+        b.nixl_fetch_remote_metadata(a.name(), addr, WAIT)
+            .expect("a fetch past idle connections"),
+        a.name()
+    );
+    drop(idle);
+}

@@ -3,20 +3,22 @@
 
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::comm::{encode_command, parse_body, read_frame, write_frame, Command};
 use super::metadata::NixlMetadata;
 use super::Wire;
-use crate::agent::{Agent, Shared};
+use crate::agent::{lock, Agent, Shared};
 use crate::error::{Error, Op, Result};
+use crate::sidechannel::frame::Deadlined;
 
-/// Most connections served at once; more are closed on accept.
-pub const MAX_CONNECTIONS: usize = 64;
-/// How long a frame may take to arrive once its first byte did (NIXL 1.5 uses 5 s).
+/// Most connections served at once ([`NixlListener::MAX_CONNECTIONS`]).
+const MAX_CONNECTIONS: usize = 64;
+/// How long a whole frame may take to arrive once its first byte did (NIXL 1.5 uses 5 s):
+/// one deadline for the frame, not per read, so a client that trickles bytes is cut off.
 const FRAME_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often idle connections look at the stop flag.
 const IDLE_TICK: Duration = Duration::from_millis(200);
@@ -25,6 +27,12 @@ const IDLE_TICK: Duration = Duration::from_millis(200);
 /// agent's NIXL metadata on the same connection, `INVL` forgets a NIXL peer (never a nixl-rs
 /// one: the command is unauthenticated). Connections stay open for many frames, as NIXL
 /// reuses them. Stops when dropped.
+///
+/// Under the side channel's rules: NIXL's wire has no authentication, so the listener binds
+/// a loopback address only, unless the agent opted out by name
+/// ([`crate::AgentConfig::allow_unauthenticated_listener`]); each frame has one deadline from
+/// its first byte (5 s); at [`NixlListener::MAX_CONNECTIONS`] the longest-idle connection is
+/// evicted.
 pub struct NixlListener {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
@@ -40,9 +48,22 @@ impl std::fmt::Debug for NixlListener {
 }
 
 impl NixlListener {
+    /// Most connections served at once: at the limit the connection idle the longest (waiting
+    /// for its next frame) is closed to make room; when every one is mid-frame, the new one is.
+    pub const MAX_CONNECTIONS: usize = MAX_CONNECTIONS;
+
     /// Binds `addr` (port 0 picks one; NIXL's default port is 8888) and starts serving.
     pub fn start(agent: &Agent, addr: SocketAddr) -> Result<Self> {
         let name = agent.name().to_owned();
+        if !addr.ip().is_loopback() && !agent.shared.config.allow_unauthenticated_listener {
+            return Err(Error::not_allowed(
+                &name,
+                Op::Exchange,
+                format!(
+                    "NIXL's side channel has no authentication: a NixlListener on {addr} would                      let anyone who reaches it load metadata into this agent; listen on                      127.0.0.1, or opt out with AgentConfig::allow_unauthenticated_listener"
+                ),
+            ));
+        }
         let io = |e| Error::io(&name, Op::Exchange, e);
         let listener = TcpListener::bind(addr).map_err(io)?;
         let addr = listener.local_addr().map_err(io)?;
@@ -78,27 +99,81 @@ impl Drop for NixlListener {
     }
 }
 
+/// A connection being served: whether it is mid-frame, and since when it is idle.
+struct Slot {
+    id: u64,
+    stream: TcpStream,
+    busy: Arc<AtomicBool>,
+    idle_since: Arc<Mutex<Instant>>,
+}
+
+/// The connections being served.
+#[derive(Default)]
+struct Slots {
+    slots: Mutex<Vec<Slot>>,
+    next: AtomicU64,
+}
+
+impl Slots {
+    /// Makes room for one more connection: at the limit, closes the one idle the longest;
+    /// false when every one is mid-frame.
+    fn admit(&self) -> bool {
+        let mut g = lock(&self.slots);
+        if g.len() < MAX_CONNECTIONS {
+            return true;
+        }
+        let victim = g
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| !c.busy.load(Ordering::Acquire))
+            .min_by_key(|(_, c)| *lock(&c.idle_since))
+            .map(|(i, _)| i);
+        match victim {
+            Some(i) => {
+                let c = g.swap_remove(i);
+                let _ = c.stream.shutdown(std::net::Shutdown::Both);
+                tracing::debug!("NIXLCOMM full: closed the connection idle the longest");
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn forget(&self, id: u64) {
+        lock(&self.slots).retain(|c| c.id != id);
+    }
+}
+
 fn accept_loop(listener: TcpListener, agent: Weak<Shared>, stop: Arc<AtomicBool>) {
-    let open = Arc::new(AtomicUsize::new(0));
+    let slots = Arc::new(Slots::default());
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((s, peer)) => {
-                if open.load(Ordering::Acquire) >= MAX_CONNECTIONS {
-                    tracing::warn!(%peer, "NIXLCOMM: too many connections; closing this one");
+                if !slots.admit() {
+                    tracing::warn!(%peer, "NIXLCOMM: every connection is mid-frame; closing this one");
                     continue;
                 }
-                open.fetch_add(1, Ordering::AcqRel);
-                let (agent, stop, open2) = (agent.clone(), stop.clone(), open.clone());
+                let Ok(clone) = s.try_clone() else { continue };
+                let id = slots.next.fetch_add(1, Ordering::Relaxed);
+                let busy = Arc::new(AtomicBool::new(false));
+                let idle_since = Arc::new(Mutex::new(Instant::now()));
+                lock(&slots.slots).push(Slot {
+                    id,
+                    stream: clone,
+                    busy: busy.clone(),
+                    idle_since: idle_since.clone(),
+                });
+                let (agent, stop, slots2) = (agent.clone(), stop.clone(), slots.clone());
                 let spawned = std::thread::Builder::new()
                     .name("nixl-comm-conn".into())
                     .spawn(move || {
-                        if let Err(e) = serve(s, &agent, &stop) {
+                        if let Err(e) = serve(s, &agent, &stop, &busy, &idle_since) {
                             tracing::debug!(%peer, error = %e, "NIXLCOMM connection ended");
                         }
-                        open2.fetch_sub(1, Ordering::AcqRel);
+                        slots2.forget(id);
                     });
                 if spawned.is_err() {
-                    open.fetch_sub(1, Ordering::AcqRel);
+                    slots.forget(id);
                 }
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
@@ -110,13 +185,22 @@ fn accept_loop(listener: TcpListener, agent: Weak<Shared>, stop: Arc<AtomicBool>
             }
         }
     }
+    for c in lock(&slots.slots).drain(..) {
+        let _ = c.stream.shutdown(std::net::Shutdown::Both);
+    }
 }
 
-/// Serves one connection until the peer closes it, a frame is bad, or the listener stops.
-fn serve(mut s: TcpStream, agent: &Weak<Shared>, stop: &AtomicBool) -> std::io::Result<()> {
+/// Serves one connection until the peer closes it, a frame is bad or late, the connection is
+/// evicted, or the listener stops.
+fn serve(
+    s: TcpStream,
+    agent: &Weak<Shared>,
+    stop: &AtomicBool,
+    busy: &AtomicBool,
+    idle_since: &Mutex<Instant>,
+) -> std::io::Result<()> {
     s.set_nonblocking(false)?;
     s.set_nodelay(true)?;
-    s.set_write_timeout(Some(FRAME_TIMEOUT))?;
     loop {
         // Wait for the first byte of a frame, looking at the stop flag every tick.
         s.set_read_timeout(Some(IDLE_TICK))?;
@@ -132,8 +216,13 @@ fn serve(mut s: TcpStream, agent: &Weak<Shared>, stop: &AtomicBool) -> std::io::
             }
             Err(e) => return Err(e),
         }
-        s.set_read_timeout(Some(FRAME_TIMEOUT))?;
-        let body = read_frame(&mut s)?;
+        busy.store(true, Ordering::Release);
+        // One deadline for the whole frame and its handling (answer included).
+        let mut io = Deadlined {
+            stream: &s,
+            deadline: Instant::now() + FRAME_TIMEOUT,
+        };
+        let body = read_frame(&mut io)?;
         let Some(shared) = agent.upgrade() else {
             return Ok(());
         };
@@ -154,7 +243,12 @@ fn serve(mut s: TcpStream, agent: &Weak<Shared>, stop: &AtomicBool) -> std::io::
                         .ok()
                         .and_then(|md| encode_command(&Command::Load(md)));
                     match reply {
-                        Some(r) => write_frame(&mut s, &r)?,
+                        Some(r) => {
+                            // The answer gets at least a moment past a late request.
+                            io.deadline =
+                                io.deadline.max(Instant::now() + Duration::from_millis(200));
+                            write_frame(&mut io, &r)?
+                        }
                         None => {
                             tracing::warn!(agent = %agent.name(), "NIXLCOMM SEND: metadata unavailable or holds the NIXLCOMM marker")
                         }
@@ -171,6 +265,8 @@ fn serve(mut s: TcpStream, agent: &Weak<Shared>, stop: &AtomicBool) -> std::io::
                 }
             }
         }
+        *lock(idle_since) = Instant::now();
+        busy.store(false, Ordering::Release);
     }
 }
 

@@ -46,7 +46,7 @@ fn boot_id() -> Option<[u8; 16]> {
 }
 
 /// The start time of `pid` (from `/proc/<pid>/stat`), if it exists.
-fn start_time(pid: &str) -> Option<u64> {
+pub(crate) fn start_time(pid: &str) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name is in parentheses and may hold spaces: fields follow the last ')'.
     let rest = &s[s.rfind(')')? + 1..];

@@ -184,6 +184,27 @@ impl<'a> LoadPlan<'a> {
         let same = existing
             .as_ref()
             .filter(|p| p.generation == md.generation && p.wire == wire);
+        // A name stays with the process that published it until that process exits: metadata
+        // naming another process (or none) under the name of a live same-host peer is a live
+        // impersonator, not a restart (a restart's old process is gone).
+        if let Some(owner) = existing.as_ref().and_then(|p| p.process.as_ref()) {
+            let same_process = md
+                .process
+                .as_ref()
+                .is_some_and(|c| c.pid == owner.id().pid && c.start_time == owner.id().start_time);
+            if !same_process && !owner.exited() {
+                return Err(Error::not_allowed(
+                    me,
+                    Op::LoadMetadata,
+                    format!(
+                        "{} belongs to process {} of this host, which is still running: a name \
+                         stays with its process until it exits",
+                        md.name,
+                        owner.pid()
+                    ),
+                ));
+            }
+        }
         if let Some(proof) = proof {
             agent.shared.bindings.check(
                 me,
@@ -728,6 +749,14 @@ impl Agent {
                 .ok()?;
         }
         Some((md.name, Some(md.generation)))
+    }
+
+    /// The process of a loaded peer as this agent watches it (`Some(None)`: loaded, but not a
+    /// process of this host); `None` when not loaded.
+    pub(crate) fn remote_process(&self, remote: &str) -> Option<Option<crate::ProcessId>> {
+        lock(&self.shared.remotes)
+            .get(remote)
+            .map(|p| p.process.as_ref().map(|w| *w.id()))
     }
 
     /// The generation of a loaded peer.

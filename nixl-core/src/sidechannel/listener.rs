@@ -6,13 +6,26 @@
 //! delivered a whole request is closed to make room, so idle or trickling clients delay
 //! nobody. With [`crate::AgentConfig::auth`], every request must carry a valid MAC under an
 //! accepted credential, a fresh timestamp and an unseen nonce.
+//!
+//! Beside the TCP port it serves the same requests on a Unix socket for same-host peers
+//! ([`super::local`]), where the kernel names the requester. Without a credential:
+//!
+//! - a request over the Unix socket from another user's process is refused;
+//! - a PUSH must carry metadata naming the very process that sends it, and a name stays with
+//!   the process that published it until that process exits (the agent's load refuses a live
+//!   impersonator; a restart, the old process gone, is accepted);
+//! - an INVALIDATE is accepted from the named peer's own process only;
+//! - a request over TCP, whose sender nobody can name, is refused unless the agent opted out
+//!   ([`crate::AgentConfig::allow_unauthenticated_listener`]).
 
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use super::frame::{self, code, Budget, Deadlined, Dir, Kind};
+use super::local::{LocalPeer, Stream};
 use crate::agent::{lock, Agent, Shared};
 use crate::auth::Stamp;
 use crate::error::{Error, ErrorKind, Op, Result};
@@ -23,7 +36,7 @@ use crate::remote::Invalidator;
 struct Conn {
     id: u64,
     since: Instant,
-    stream: TcpStream,
+    stream: Stream,
     /// Set once its whole request arrived (it is then never evicted).
     answered: Arc<AtomicBool>,
 }
@@ -54,7 +67,7 @@ impl Server {
         match victim {
             Some(i) => {
                 let c = conns.swap_remove(i);
-                let _ = c.stream.shutdown(Shutdown::Both);
+                c.stream.shutdown();
                 tracing::debug!(agent = %self.name, "side channel full: closed the oldest idle connection");
                 true
             }
@@ -95,6 +108,13 @@ pub(crate) fn start(agent: &Agent) -> Result<()> {
         .set_nonblocking(true)
         .map_err(|e| Error::io(&name, Op::Exchange, e))?;
     *lock(&agent.shared.listen_addr) = Some(addr);
+    let unix = match super::local::bind(addr.port()) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::warn!(agent = %name, port = addr.port(), error = %e, "no same-host Unix side channel: same-host peers without a credential cannot reach this agent");
+            None
+        }
+    };
     let server = Arc::new(Server {
         name: name.clone(),
         limits: cfg.limits.listener.clone(),
@@ -106,7 +126,7 @@ pub(crate) fn start(agent: &Agent) -> Result<()> {
     let stop = agent.shared.stop.clone();
     let handle = std::thread::Builder::new()
         .name(format!("nixl-listen-{name}"))
-        .spawn(move || accept_loop(&listener, addr, &server, &weak, &stop))
+        .spawn(move || accept_loop(&listener, unix.as_ref(), addr, &server, &weak, &stop))
         .map_err(|e| Error::io(agent.name(), Op::Exchange, e))?;
     lock(&agent.shared.threads).push(handle);
     Ok(())
@@ -114,6 +134,7 @@ pub(crate) fn start(agent: &Agent) -> Result<()> {
 
 fn accept_loop(
     listener: &TcpListener,
+    unix: Option<&UnixListener>,
     addr: SocketAddr,
     server: &Arc<Server>,
     weak: &Weak<Shared>,
@@ -121,35 +142,49 @@ fn accept_loop(
 ) {
     let mut idle = Duration::from_micros(100);
     while !stop.load(Ordering::Relaxed) {
+        let mut got = None;
         match listener.accept() {
-            Ok((stream, peer)) => {
-                idle = Duration::from_micros(100);
-                if weak.strong_count() == 0 {
-                    break;
-                }
-                if !server.admit() {
-                    tracing::warn!(agent = %server.name, %peer, "side channel busy: refused a connection");
-                    continue;
-                }
-                spawn_conn(server, weak, stream);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(idle);
-                idle = (idle * 2).min(Duration::from_millis(2));
-            }
+            Ok((s, _)) => got = Some(Stream::Tcp(s)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => {
                 tracing::warn!(agent = %server.name, %addr, error = %e, "accept failed");
                 std::thread::sleep(Duration::from_millis(5));
             }
         }
+        if got.is_none() {
+            if let Some(u) = unix {
+                match u.accept() {
+                    Ok((s, _)) => got = Some(Stream::Unix(s)),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => {
+                        tracing::warn!(agent = %server.name, error = %e, "accept (Unix) failed");
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+            }
+        }
+        let Some(stream) = got else {
+            std::thread::sleep(idle);
+            idle = (idle * 2).min(Duration::from_millis(2));
+            continue;
+        };
+        idle = Duration::from_micros(100);
+        if weak.strong_count() == 0 {
+            break;
+        }
+        if !server.admit() {
+            tracing::warn!(agent = %server.name, "side channel busy: refused a connection");
+            continue;
+        }
+        spawn_conn(server, weak, stream);
     }
     // Close whatever is still being read.
     for c in lock(&server.conns).drain(..) {
-        let _ = c.stream.shutdown(Shutdown::Both);
+        c.stream.shutdown();
     }
 }
 
-fn spawn_conn(server: &Arc<Server>, weak: &Weak<Shared>, stream: TcpStream) {
+fn spawn_conn(server: &Arc<Server>, weak: &Weak<Shared>, stream: Stream) {
     let id = server.next.fetch_add(1, Ordering::Relaxed);
     let since = Instant::now();
     let answered = Arc::new(AtomicBool::new(false));
@@ -170,7 +205,7 @@ fn spawn_conn(server: &Arc<Server>, weak: &Weak<Shared>, stream: TcpStream) {
             if let Err(e) = serve(&server2, &weak, &stream, deadline, &answered) {
                 tracing::debug!(agent = %server2.name, error = %e, "side-channel connection ended with an error");
             }
-            let _ = stream.shutdown(Shutdown::Both);
+            stream.shutdown();
             server2.forget(id);
         });
     if spawned.is_err() {
@@ -193,11 +228,15 @@ fn err_code(e: &Error) -> u8 {
 fn serve(
     server: &Server,
     weak: &Weak<Shared>,
-    stream: &TcpStream,
+    stream: &Stream,
     deadline: Instant,
     answered: &AtomicBool,
 ) -> std::io::Result<()> {
-    stream.set_nodelay(true)?;
+    stream.prepare()?;
+    let origin = match stream {
+        Stream::Tcp(_) => Origin::Tcp,
+        Stream::Unix(_) => Origin::Local(stream.local_peer()),
+    };
     let mut io = Deadlined { stream, deadline };
     let limits = &server.limits;
     let (body, _held) = match frame::read_body(
@@ -221,14 +260,35 @@ fn serve(
         return Ok(());
     };
     let agent = Agent { shared };
-    let reply = answer(&agent, &body);
+    let reply = answer(&agent, &body, origin);
     // The answer gets at least a moment even when the request used its whole deadline.
     io.deadline = deadline.max(Instant::now() + Duration::from_millis(200));
     std::io::Write::write_all(&mut io, &reply)
 }
 
+/// Where a request came from.
+#[derive(Debug, Clone, Copy)]
+enum Origin {
+    /// TCP: nobody can tell who sent it (unless it is signed).
+    Tcp,
+    /// The same-host Unix socket, and the process and user the kernel names (`None` when it
+    /// cannot).
+    Local(Option<LocalPeer>),
+}
+
+/// Who the listener knows a request to come from.
+#[derive(Debug, Clone, Copy)]
+enum Requester<'a> {
+    /// The holder of this accepted credential.
+    Credential(&'a str),
+    /// This process of this host, as the kernel named it.
+    Local(LocalPeer),
+    /// Nobody can tell (TCP without a credential, in an agent that opted out).
+    Unknown,
+}
+
 /// Handles one request body and returns the reply frame.
-fn answer(agent: &Agent, body: &[u8]) -> Vec<u8> {
+fn answer(agent: &Agent, body: &[u8], origin: Origin) -> Vec<u8> {
     let auth = agent.shared.config.auth.as_ref();
     let f = match frame::decode(body) {
         Ok(f) if !f.kind.is_reply() => f,
@@ -259,12 +319,38 @@ fn answer(agent: &Agent, body: &[u8]) -> Vec<u8> {
         }
         requester = Some((cred.clone(), stamp.nonce));
     }
-    let (kind, payload) = match dispatch(
-        agent,
-        f.kind,
-        f.payload,
-        requester.as_ref().map(|(c, _)| c.id()),
-    ) {
+    let who = match (&requester, origin) {
+        (Some((c, _)), _) => Requester::Credential(c.id()),
+        (None, Origin::Local(Some(p))) => Requester::Local(p),
+        (None, Origin::Local(None)) => {
+            return plain_err(
+                code::NOT_ALLOWED,
+                "the kernel does not name this requester's process (another pid namespace?)",
+            )
+        }
+        (None, Origin::Tcp) if !agent.shared.config.allow_unauthenticated_listener => {
+            return plain_err(
+                code::NOT_ALLOWED,
+                "this agent has no credential: same-host agents speak over its Unix side channel, \
+                 which tells who they are (a client connecting to a loopback address does), and \
+                 agents of other hosts need a cluster credential",
+            )
+        }
+        (None, Origin::Tcp) => Requester::Unknown,
+    };
+    if let Requester::Local(p) = who {
+        if !p.same_user() {
+            tracing::warn!(agent = %agent.name(), pid = p.process.pid, uid = p.uid, "side channel: refused another user's process");
+            return plain_err(
+                code::NOT_ALLOWED,
+                &format!(
+                    "the side channel serves processes of its own user only (pid {} runs as uid {})",
+                    p.process.pid, p.uid
+                ),
+            );
+        }
+    }
+    let (kind, payload) = match dispatch(agent, f.kind, f.payload, who) {
         Ok(r) => r,
         Err(e) => (Kind::Err, frame::encode_error(err_code(&e), &e.to_string())),
     };
@@ -289,10 +375,28 @@ fn dispatch(
     agent: &Agent,
     kind: Kind,
     payload: &[u8],
-    requester: Option<&str>,
+    requester: Requester<'_>,
 ) -> Result<(Kind, Vec<u8>)> {
     match kind {
         Kind::Push => {
+            if let Requester::Local(p) = requester {
+                // The metadata must name the process that sends it: the load then keeps the
+                // name with that process (a live impersonator is refused there).
+                let claimed = crate::auth::unsealed(payload)
+                    .ok()
+                    .and_then(|b| crate::codec::AgentMetadata::decode(b).ok())
+                    .map(|md| md.process);
+                if !claimed.is_some_and(|c| p.is(c.as_ref())) {
+                    return Err(Error::not_allowed(
+                        agent.name(),
+                        Op::LoadMetadata,
+                        format!(
+                            "pushed metadata must name the process that sends it (pid {})",
+                            p.process.pid
+                        ),
+                    ));
+                }
+            }
             agent.load_remote_metadata(payload)?;
             Ok((Kind::Ack, Vec::new()))
         }
@@ -317,19 +421,37 @@ fn dispatch(
                     op: Op::Invalidate,
                     source,
                 })?;
-            if let Some(cred) = requester {
-                if agent
-                    .shared
-                    .bindings
-                    .credential_of(&name)
-                    .is_some_and(|c| c != cred)
-                {
-                    return Err(Error::not_allowed(
-                        agent.name(),
-                        Op::Invalidate,
-                        format!("{name} belongs to another credential"),
-                    ));
+            match requester {
+                Requester::Credential(cred) => {
+                    if agent
+                        .shared
+                        .bindings
+                        .credential_of(&name)
+                        .is_some_and(|c| c != cred)
+                    {
+                        return Err(Error::not_allowed(
+                            agent.name(),
+                            Op::Invalidate,
+                            format!("{name} belongs to another credential"),
+                        ));
+                    }
                 }
+                Requester::Local(p) => {
+                    // Only the named peer's own process forgets it.
+                    if let Some(owner) = agent.remote_process(&name) {
+                        if !p.is(owner.as_ref()) {
+                            return Err(Error::not_allowed(
+                                agent.name(),
+                                Op::Invalidate,
+                                format!(
+                                    "only {name}'s own process may invalidate it (asked by pid {})",
+                                    p.process.pid
+                                ),
+                            ));
+                        }
+                    }
+                }
+                Requester::Unknown => {}
             }
             let token = (!token.is_empty()).then_some(token.as_slice());
             // Not loaded (or another generation): nothing to do, and not an error.

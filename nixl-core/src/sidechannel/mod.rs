@@ -21,6 +21,7 @@
 
 pub mod frame;
 mod listener;
+pub(crate) mod local;
 
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -30,6 +31,7 @@ use crate::auth::Stamp;
 use crate::bytes::ByteWriter;
 use crate::error::{Error, Op, Result};
 use frame::{code, Deadlined, Dir, Kind};
+use local::{LocalPeer, Stream};
 
 pub use frame::{parse_invalidate, read_frame};
 
@@ -39,6 +41,8 @@ pub(crate) use listener::start as start_listener;
 struct Reply {
     kind: Kind,
     payload: Vec<u8>,
+    /// The server's process, when the kernel named it (the same-host Unix side channel).
+    server: Option<LocalPeer>,
 }
 
 impl Agent {
@@ -79,8 +83,33 @@ impl Agent {
         if left.is_zero() {
             return Err(io(std::io::ErrorKind::TimedOut.into()));
         }
-        let stream = TcpStream::connect_timeout(&addr, left).map_err(io)?;
-        stream.set_nodelay(true).map_err(io)?;
+        // Without a credential, a same-host server is reached over its Unix side channel,
+        // where the kernel names either end.
+        let unix = match auth {
+            None => local::connect(addr, deadline).map_err(io)?,
+            Some(_) => None,
+        };
+        let (stream, server) = match unix {
+            Some(u) => {
+                let server = LocalPeer::of(&u);
+                if !server.is_some_and(|p| p.same_user()) {
+                    return Err(Error::not_allowed(
+                        self.name(),
+                        Op::Exchange,
+                        format!(
+                            "the side channel at {addr} is served by another user's process \
+                             ({server:?}): refused"
+                        ),
+                    ));
+                }
+                (Stream::Unix(u), server)
+            }
+            None => {
+                let t = TcpStream::connect_timeout(&addr, left).map_err(io)?;
+                t.set_nodelay(true).map_err(io)?;
+                (Stream::Tcp(t), None)
+            }
+        };
         let mut s = Deadlined {
             stream: &stream,
             deadline,
@@ -115,6 +144,7 @@ impl Agent {
         Ok(Reply {
             kind: f.kind,
             payload: f.payload.to_vec(),
+            server,
         })
     }
 
@@ -179,17 +209,42 @@ impl Agent {
         let r = self.exchange(addr, Kind::Fetch, w.as_slice(), timeout)?;
         match r.kind {
             Kind::Metadata => {
-                let name = self.load_remote_metadata(&r.payload)?;
-                if !remote.is_empty() && name != remote {
-                    // Checked by the server too; a wrong answer must not stay loaded.
-                    let _ = self.invalidate_remote_metadata(&name);
+                // The answer's name and process are checked before anything is loaded: a
+                // lying server changes nothing here (before, the wrong answer was loaded,
+                // then the name it gave was forgotten: possibly a peer loaded before).
+                let md = self
+                    .shared
+                    .signer
+                    .open(self.name(), &r.payload)
+                    .and_then(|o| {
+                        crate::codec::AgentMetadata::decode(o.blob).map_err(|source| {
+                            Error::Decode {
+                                agent: self.name().to_owned(),
+                                op: Op::Exchange,
+                                source,
+                            }
+                        })
+                    })?;
+                if !remote.is_empty() && md.name != remote {
                     return Err(Error::mismatch(
                         self.name(),
                         Op::Exchange,
-                        format!("asked for {remote}, got {name}"),
+                        format!("asked {addr} for {remote}, got {}", md.name),
                     ));
                 }
-                Ok(name)
+                if let Some(server) = &r.server {
+                    if !server.is(md.process.as_ref()) {
+                        return Err(Error::not_allowed(
+                            self.name(),
+                            Op::Exchange,
+                            format!(
+                                "{addr} answered with metadata of another process than its own (pid {})",
+                                server.process.pid
+                            ),
+                        ));
+                    }
+                }
+                self.load_remote_metadata(&r.payload)
             }
             Kind::Err => Err(self.remote_error(Op::Exchange, addr, &r.payload)),
             k => Err(self.unexpected(k)),

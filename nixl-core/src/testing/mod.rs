@@ -85,6 +85,8 @@ pub enum Dep {
     /// UCX 1.23 or later: several workers per backend over UCX's tcp transport (1.22 crashes
     /// in its tcp put emulation there; docs/reliability.md).
     Ucx123,
+    /// Root: starting a process as another user.
+    Root,
 }
 
 impl Dep {
@@ -106,6 +108,7 @@ impl Dep {
             Dep::NvidiaFs => "nvidia-fs",
             Dep::CudaUcx => "cuda-ucx",
             Dep::Ucx123 => "ucx-1.23",
+            Dep::Root => "root",
         }
     }
 }
@@ -288,6 +291,7 @@ mod tests {
             Dep::NvidiaFs,
             Dep::CudaUcx,
             Dep::Ucx123,
+            Dep::Root,
         ];
         let mut names: Vec<&str> = all.iter().map(|d| d.name()).collect();
         names.sort();

@@ -117,6 +117,18 @@ impl Child {
         name: &str,
         vars: &[(&str, &str)],
     ) -> std::io::Result<Child> {
+        Self::spawn_as(entry, parent, name, vars, None)
+    }
+
+    /// [`Child::spawn`] as user `uid` (with its own group) when given: a process of another
+    /// user, which needs this one to be root.
+    pub fn spawn_as(
+        entry: &str,
+        parent: &Agent,
+        name: &str,
+        vars: &[(&str, &str)],
+        uid: Option<u32>,
+    ) -> std::io::Result<Child> {
         let addr = parent.listen_addr().ok_or_else(|| {
             std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
@@ -139,6 +151,10 @@ impl Child {
         .stderr(Stdio::inherit());
         for (k, v) in vars {
             cmd.env(format!("{ENV_VAR_PREFIX}{k}"), v);
+        }
+        if let Some(uid) = uid {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(uid).gid(uid);
         }
         Ok(Child {
             process: cmd.spawn()?,

@@ -1,0 +1,275 @@
+//! Same-host peers proven by the kernel (issue 23): with no credential (the default, and how
+//! prefill and decode processes of one node are usually started), the victim's side channel
+//! knows which process and user is on the other end of its Unix socket. A live impersonator's
+//! PUSH, a stranger's INVALIDATE and a stranger's region injection are refused, typed; a
+//! process of another user is refused FETCH and PUSH (so it cannot load the keys to READ); a
+//! restarted peer (the old process gone) is accepted. Every actor is a process of its own.
+
+use std::time::Duration;
+
+use std::os::linux::net::SocketAddrExt;
+
+use nixl::core::codec::AgentMetadata;
+use nixl::core::sidechannel::frame::{decode, encode_plain, Kind};
+use nixl::core::sidechannel::read_frame;
+use nixl::core::testing::two_process::{child_main, Child};
+use nixl::core::testing::{skip, Dep};
+use nixl::core::{ErrorKind, ProcessId, RegionDesc};
+use nixl::ucx::{probe, UcxParams};
+use nixl::{Agent, AgentConfig, HostBuffer};
+
+const CHILD: &str = "identity_role";
+const WAIT: Duration = Duration::from_secs(60);
+
+fn ucx() -> UcxParams {
+    UcxParams {
+        transports: Some("shm,cma,self".into()),
+        ..UcxParams::default()
+    }
+}
+
+fn agent(name: &str) -> Result<Agent, String> {
+    let a = Agent::new(
+        name,
+        AgentConfig {
+            listen: true,
+            default_timeout: Duration::from_secs(20),
+            ..nixl::agent_config()
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    a.create_backend(ucx()).map_err(|e| e.to_string())?;
+    Ok(a)
+}
+
+/// Whether `r` is a refusal (`NotAllowed`) of the victim.
+fn refused<T: std::fmt::Debug>(what: &str, r: nixl::Result<T>) -> Result<(), String> {
+    match r {
+        Err(e) if e.kind() == ErrorKind::NotAllowed => {
+            eprintln!("{what}: refused as expected: {e}");
+            Ok(())
+        }
+        other => Err(format!("{what}: expected NotAllowed, got {other:?}")),
+    }
+}
+
+#[test]
+#[ignore = "child process entry point: spawned (with --ignored) by a parent test of this file"]
+fn identity_role() {
+    child_main(|env| {
+        let a = agent(&env.name)?;
+        let buf = std::sync::Arc::new(HostBuffer::new(1 << 20).ok_or("alloc")?);
+        let _reg = a
+            .register_mem(vec![buf.clone()], &[])
+            .map_err(|e| e.to_string())?;
+        let victim = env.parent_addr;
+        match env.var("act")?.as_str() {
+            // The real peer: publishes itself to the victim and stays until killed.
+            "publish" => {
+                env.connect(&a, WAIT)?;
+                a.gen_notif(&env.parent, b"ready", &[])
+                    .map_err(|e| e.to_string())?;
+                while env.parent_alive() {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Ok(())
+            }
+            // Another process under the real peer's name: its PUSH and its INVALIDATE.
+            "impersonate" => {
+                refused(
+                    "PUSH under a live peer's name",
+                    a.send_local_metadata(victim),
+                )?;
+                refused(
+                    "INVALIDATE of a live peer by another process",
+                    a.invalidate_local_metadata(victim),
+                )
+            }
+            // A stranger adds a 1 TiB region to the real peer's metadata under its name and
+            // generation: once claiming the real peer's process, once its own.
+            "inject" => {
+                let owner = env.var("owner")?;
+                let generation: u64 = env.parse("generation")?;
+                let owner_pid: u32 = env.parse("owner_pid")?;
+                let mine = a.local_metadata().map_err(|e| e.to_string())?;
+                let mut m = AgentMetadata::decode(
+                    nixl::core::auth::unsealed(&mine).map_err(|e| e.to_string())?,
+                )
+                .map_err(|e| e.to_string())?;
+                let me = m.process.ok_or("no process in metadata")?;
+                m.name = owner;
+                m.generation = generation;
+                let mut r = m.regions[0].clone();
+                r.desc = RegionDesc {
+                    addr: 1 << 44,
+                    len: 1 << 40,
+                    ..r.desc.clone()
+                };
+                m.regions.push(r);
+                let owner_id = ProcessId {
+                    pid: owner_pid,
+                    start_time: start_time(owner_pid)?,
+                    ..me
+                };
+                for (claim, what) in [
+                    (owner_id, "claiming the peer's process"),
+                    (me, "claiming its own process"),
+                ] {
+                    m.process = Some(claim);
+                    refused(
+                        &format!("a stranger's PUSH adding a region to a peer's metadata, {what}"),
+                        a.send_metadata_bytes(victim, &m.encode(), WAIT),
+                    )?;
+                }
+                Ok(())
+            }
+            // A process of another user: its FETCH and PUSH are refused by the victim's side
+            // channel, over the Unix socket (raw frames: a hostile client skips the checks our
+            // own client makes) and over TCP.
+            "other-user" => {
+                let push = a.local_metadata().map_err(|e| e.to_string())?;
+                let mut wanted = nixl::core::bytes::ByteWriter::new();
+                wanted.put_str(&env.parent);
+                for (kind, payload, what) in [
+                    (Kind::Fetch, wanted.as_slice(), "FETCH"),
+                    (Kind::Push, push.as_slice(), "PUSH"),
+                ] {
+                    let req = encode_plain(kind, payload);
+                    let name = format!("nixl-side-channel:{}", victim.port());
+                    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)
+                        .map_err(|e| e.to_string())?;
+                    let u = std::os::unix::net::UnixStream::connect_addr(&addr)
+                        .map_err(|e| format!("the victim's Unix side channel: {e}"))?;
+                    let over_unix = raw_exchange(u, &req)?;
+                    let t = std::net::TcpStream::connect(victim).map_err(|e| e.to_string())?;
+                    let over_tcp = raw_exchange(t, &req)?;
+                    for (via, reply) in [("Unix socket", over_unix), ("TCP", over_tcp)] {
+                        if !reply.contains("not allowed") && !reply.starts_with("refused") {
+                            return Err(format!("another user's {what} over {via}: {reply}"));
+                        }
+                        eprintln!("another user's {what} over {via}: {reply}");
+                    }
+                }
+                Ok(())
+            }
+            other => Err(format!("unknown act {other}")),
+        }
+    });
+}
+
+/// The start time of process `pid` (field 22 of `/proc/<pid>/stat`).
+fn start_time(pid: u32) -> Result<u64, String> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| e.to_string())?;
+    s[s.rfind(')').ok_or("stat")? + 1..]
+        .split_whitespace()
+        .nth(19)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| "stat field 22".to_owned())
+}
+
+fn ucx_or_skip(test: &str) -> bool {
+    match probe(&UcxParams::default()) {
+        Ok(_) => true,
+        Err(e) => {
+            skip(test, Dep::Ucx, format!("no usable UCX: {e}"));
+            false
+        }
+    }
+}
+
+/// Spawns an actor and waits for its exit: it returns 0 when every check it made held.
+fn act(victim: &Agent, name: &str, vars: &[(&str, &str)], uid: Option<u32>) {
+    let mut c = Child::spawn_as(CHILD, victim, name, vars, uid).expect("spawn");
+    let st = c.join(WAIT).expect("the actor exits");
+    assert_eq!(st.code(), Some(0), "actor {name} {vars:?}: {st}");
+}
+
+#[test]
+fn without_a_credential_the_kernel_names_same_host_peers() {
+    if !ucx_or_skip("without_a_credential_the_kernel_names_same_host_peers") {
+        return;
+    }
+    let pid = std::process::id();
+    let victim = agent(&format!("victim-{pid}")).expect("victim");
+    let name = format!("peer-{pid}");
+    // The real peer publishes itself.
+    let mut real = Child::spawn(CHILD, &victim, &name, &[("act", "publish")]).expect("spawn");
+    assert_eq!(real.next(&victim, WAIT).expect("ready"), b"ready");
+    let g1 = victim.remote_generation(&name).expect("loaded");
+    let real_regions = victim.remote_regions(&name).expect("regions");
+    // A live impersonator: its PUSH and its INVALIDATE are refused.
+    act(&victim, &name, &[("act", "impersonate")], None);
+    assert_eq!(
+        victim.remote_generation(&name),
+        Some(g1),
+        "the real peer stays"
+    );
+    // A stranger's region injection (under the peer's name and generation, plus 1 TiB).
+    let (g1s, owner_pid) = (g1.to_string(), real.id().to_string());
+    act(
+        &victim,
+        &format!("stranger-{pid}"),
+        &[
+            ("act", "inject"),
+            ("owner", name.as_str()),
+            ("generation", g1s.as_str()),
+            ("owner_pid", owner_pid.as_str()),
+        ],
+        None,
+    );
+    assert_eq!(victim.remote_regions(&name).expect("regions"), real_regions);
+    assert_eq!(victim.remote_generation(&name), Some(g1));
+    // Another user's process.
+    if rustix_euid() == 0 {
+        act(
+            &victim,
+            &format!("nobody-{pid}"),
+            &[("act", "other-user")],
+            Some(65534),
+        );
+    } else {
+        skip(
+            "without_a_credential_the_kernel_names_same_host_peers",
+            Dep::Root,
+            "starting a process of another user needs root".to_owned(),
+        );
+    }
+    // A restart: the old process gone, the new one under the same name is accepted.
+    real.kill();
+    let mut again = Child::spawn(CHILD, &victim, &name, &[("act", "publish")]).expect("spawn");
+    assert_eq!(again.next(&victim, WAIT).expect("ready"), b"ready");
+    let g2 = victim.remote_generation(&name).expect("reloaded");
+    assert_ne!(g2, g1, "the restarted peer replaced the old incarnation");
+    again.kill();
+}
+
+fn rustix_euid() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|v| v.split_whitespace().nth(1).map(str::to_owned))
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(u32::MAX)
+}
+
+/// Sends one raw side-channel request frame and reads the reply: `refused: <message>` for an
+/// `Err` reply, else the reply's kind.
+fn raw_exchange<S: std::io::Read + std::io::Write>(mut s: S, req: &[u8]) -> Result<String, String> {
+    s.write_all(req).map_err(|e| e.to_string())?;
+    let body = read_frame(&mut s, 1 << 28).map_err(|e| e.to_string())?;
+    let f = decode(&body).map_err(|e| e.to_string())?;
+    Ok(match f.kind {
+        Kind::Err => format!(
+            "refused: {}",
+            String::from_utf8_lossy(f.payload)
+                .chars()
+                .filter(|c| !c.is_control())
+                .collect::<String>()
+                .trim_start_matches(|c: char| !c.is_alphanumeric())
+        ),
+        k => format!("{k:?}"),
+    })
+}

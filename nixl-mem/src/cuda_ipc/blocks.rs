@@ -18,7 +18,7 @@ use nixl_core::{Error, MemKind, Op, Result, StridedDesc};
 use super::md::{LocalMd, Target};
 use super::table::BlockTable;
 use super::xfer::Work;
-use super::{CudaIpcBackend, Ends};
+use super::{CudaIpcBackend, Ends, KernelOk, NoKernel};
 use crate::cuda::kernel;
 
 impl CudaIpcBackend {
@@ -33,13 +33,18 @@ impl CudaIpcBackend {
                 ));
             }
         }
-        let device = self.params.device;
+        let device = self.copy_device(
+            (spec.local_kind, spec.remote_kind),
+            spec.layers.iter().map(|l| l.local.dev_id),
+            spec.layers.first().map(|l| l.remote.dev_id),
+        )?;
+        let gpu = self.gpu(device, Op::MakeXfer)?;
         let mut how = "same process";
-        let mut kernel_ok: std::result::Result<(), &str> =
+        let mut kernel_ok: KernelOk =
             if spec.local_kind == MemKind::Vram && spec.remote_kind == MemKind::Vram {
                 Ok(())
             } else {
-                Err("DRAM")
+                Err(NoKernel::Dram)
             };
         // Each remote layer as addressed here (its mapping is linear over the layer).
         let mut remote_here = Vec::with_capacity(spec.layers.len());
@@ -51,8 +56,8 @@ impl CudaIpcBackend {
                 Error::invalid(me, Op::MakeXfer, "remote metadata is not CUDA_IPC's")
             })?;
             let extent = l.remote.end().map_or(0, |e| e - l.remote.addr);
-            let base = t
-                .translate(l.remote.addr, extent)
+            let (base, remote_gpu) = self
+                .reach(t, &gpu, l.remote.addr, extent, l.remote.dev_id)
                 .map_err(|why| Error::not_supported(me, Op::MakeXfer, why))?;
             how = match t {
                 Target::Vram(_) => "CUDA IPC mapping",
@@ -60,21 +65,16 @@ impl CudaIpcBackend {
                 _ => how,
             };
             if kernel_ok.is_ok() {
-                let remote_gpu = match t {
-                    Target::Vram(m) => m.resident_ordinal(),
-                    Target::Identity => usize::try_from(l.remote.dev_id).ok(),
-                    _ => None,
-                };
-                if remote_gpu.is_none() {
-                    kernel_ok = Err("the driver did not say which GPU the peer memory is on");
-                } else if l.local.dev_id != device as u64 || remote_gpu != Some(device) {
-                    kernel_ok = Err("memory on another GPU");
-                } else if !kernel::co_aligned(l.local.addr, base)
-                    || l.local.stride % 16 != 0
-                    || l.remote.stride % 16 != 0
-                {
-                    kernel_ok = Err("blocks not 16-byte co-aligned");
-                }
+                kernel_ok = self.kernel_reaches(&gpu, remote_gpu).and_then(|()| {
+                    if !kernel::co_aligned(l.local.addr, base)
+                        || l.local.stride % 16 != 0
+                        || l.remote.stride % 16 != 0
+                    {
+                        Err(NoKernel::Layout("blocks not 16-byte co-aligned"))
+                    } else {
+                        Ok(())
+                    }
+                });
             }
             remote_here.push(StridedDesc {
                 addr: base,
@@ -101,7 +101,7 @@ impl CudaIpcBackend {
             is_local: spec.is_local,
             notif: spec.notif.as_deref(),
         };
-        self.finish(ends, work, how, kernel_ok, conflict)
+        self.finish(&gpu, ends, work, how, kernel_ok, conflict)
     }
 }
 

@@ -9,7 +9,7 @@ use crate::cuda;
 use crate::sys::cu as sys;
 use crate::sys::memory::HostRegistration;
 use crate::wire::{Reader, Writer};
-use crate::{IpcHandle, IpcMapping, SharedHostHandle, SharedHostMapping};
+use crate::{IpcHandle, SharedHostHandle, SharedHostMapping};
 
 const CONN_MAGIC: &[u8; 4] = b"NXCU";
 /// The longest host id a peer may send.
@@ -134,8 +134,8 @@ pub(crate) struct HostImport {
 pub(crate) enum Target {
     /// The address is valid in this process as it is (loopback, or a peer in this process).
     Identity,
-    /// Another process's GPU memory, mapped here.
-    Vram(Arc<IpcMapping>),
+    /// Another process's GPU memory, mapped into each GPU's context that copies to it.
+    Vram(Arc<super::gpu::RemoteVram>),
     /// Another process's shared host memory, mapped here.
     Host(Arc<HostImport>),
     /// Not reachable from this process; the reason.
@@ -147,7 +147,8 @@ impl Target {
     pub fn translate(&self, addr: u64, len: u64) -> Result<u64, String> {
         match self {
             Target::Identity => Ok(addr),
-            Target::Vram(m) => m
+            Target::Vram(v) => v
+                .first
                 .translate(addr, len)
                 .ok_or_else(|| format!("{addr:#x}+{len} is outside the peer's mapped allocation")),
             Target::Host(h) => h

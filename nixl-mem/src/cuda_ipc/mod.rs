@@ -44,6 +44,7 @@
 
 mod blocks;
 mod complete;
+mod gpu;
 mod md;
 pub(crate) mod notif;
 mod staging;
@@ -51,10 +52,9 @@ mod table;
 mod xfer;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use cudarc::driver::CudaContext;
 use nixl_core::backend::{
     downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
     NotifQueue, ParamMap, XferSpec,
@@ -62,7 +62,7 @@ use nixl_core::backend::{
 use nixl_core::{Capabilities, Error, MemKind, Op, RegionDesc, Result, XferOp};
 
 use crate::cuda;
-use crate::cuda::kernel::{self, CopyKernel};
+use crate::cuda::kernel;
 pub use crate::cuda::kernel::{KernelSchedule, KernelShape};
 use crate::{IpcHandle, IpcMapping, SharedHostHandle, SharedHostMapping};
 use complete::{Completer, Notif, NotifRoute};
@@ -70,7 +70,6 @@ pub(crate) use md::{ConnInfo, Public};
 use md::{HostImport, HostPin, LocalMd, Target};
 pub use notif::MAX_NOTIF;
 use notif::{NotifSenders, NotifServer};
-use staging::{LanePool, StagingPool};
 use xfer::{CudaIpcXfer, Engine, KernelPlan, Work};
 
 /// The backend's type name.
@@ -88,8 +87,9 @@ struct Ends<'a> {
 /// Parameters of the `CUDA_IPC` backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CudaIpcParams {
-    /// The GPU whose context runs the copies and maps peers' memory (one backend per GPU, as in
-    /// NIXL: one agent per GPU).
+    /// The default GPU: where requests between host memory run, and where a peer's GPU memory
+    /// is mapped first. A request with local GPU memory runs on that memory's GPU, whichever
+    /// it is (one backend serves every GPU of the process; see `gpu`).
     pub device: usize,
     /// Page-lock DRAM regions at registration (`cuMemHostRegister`); without it DRAM copies are
     /// staged by the driver and much slower.
@@ -106,6 +106,11 @@ pub struct CudaIpcParams {
     pub kernel_min_segments: usize,
     /// The copy kernel's shape; validated when the backend is created.
     pub kernel_shape: KernelShape,
+    /// Accept copies that can only run slower than the hardware allows: a VRAM request the
+    /// copy kernel would take, left to the copy engines because two GPUs have no peer access
+    /// or the kernel does not load. Off: such a request is refused with `NotSupported` naming
+    /// the GPUs and the reason (its path would otherwise say only how slow it went).
+    pub allow_copy_engines: bool,
 }
 
 impl Default for CudaIpcParams {
@@ -118,6 +123,7 @@ impl Default for CudaIpcParams {
             copy_kernel: true,
             kernel_min_segments: 3,
             kernel_shape: KernelShape::default(),
+            allow_copy_engines: false,
         }
     }
 }
@@ -134,7 +140,7 @@ impl BackendParams for CudaIpcParams {
 
 /// Creates `CUDA_IPC` by name from a string map: `device` (GPU ordinal), `pin_host`,
 /// `batch_copies` and `copy_kernel` (`true`/`false`), `cancel_timeout_ms`,
-/// `kernel_min_segments`, `kernel_shape` ([`KernelShape`]'s text form, e.g.
+/// `kernel_min_segments`, `allow_copy_engines`, `kernel_shape` ([`KernelShape`]'s text form, e.g.
 /// `chunk=512k,ctas=2,threads=1024,unroll=8,load=plain,store=cs,schedule=balanced`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CudaIpcPlugin;
@@ -160,6 +166,10 @@ impl BackendPlugin for CudaIpcPlugin {
                 d.kernel_min_segments.to_string(),
             ),
             ("kernel_shape".to_owned(), d.kernel_shape.to_string()),
+            (
+                "allow_copy_engines".to_owned(),
+                d.allow_copy_engines.to_string(),
+            ),
         ])
     }
 
@@ -184,6 +194,9 @@ impl BackendPlugin for CudaIpcPlugin {
         if let Some(n) = m.usize("kernel_min_segments")? {
             p.kernel_min_segments = n;
         }
+        if let Some(b) = m.bool("allow_copy_engines")? {
+            p.allow_copy_engines = b;
+        }
         if let Some(shape) = m.str("kernel_shape") {
             p.kernel_shape = shape
                 .parse()
@@ -204,21 +217,19 @@ struct Peer {
 pub struct CudaIpcBackend {
     agent: String,
     params: CudaIpcParams,
-    ctx: Arc<CudaContext>,
+    /// The default GPU ([`CudaIpcParams::device`]).
+    home: Arc<gpu::Gpu>,
+    /// Every GPU this backend copies on, opened on first use (the default one included).
+    gpus: Mutex<HashMap<usize, Arc<gpu::Gpu>>>,
     host_id: Vec<u8>,
     notifs: Arc<NotifQueue>,
     server: NotifServer,
     senders: Arc<NotifSenders>,
     /// Sends notifications once their data is complete; joined on drop.
     completer: Completer,
-    /// The copy kernel, loaded on first use; the reason where it cannot be.
-    kernel: OnceLock<std::result::Result<Arc<CopyKernel>, String>>,
-    /// The copy kernel's descriptor upload buffers, reused across requests.
-    staging: Arc<StagingPool>,
-    /// Streams and events of dropped requests, for the next ones.
-    lanes: Arc<LanePool>,
     peers: Mutex<HashMap<String, Arc<Peer>>>,
-    vram_imports: Mutex<HashMap<[u8; 64], Weak<IpcMapping>>>,
+    /// Peers' GPU allocations, per (handle, GPU whose context mapped them).
+    vram_imports: Mutex<HashMap<([u8; 64], usize), Weak<IpcMapping>>>,
     host_imports: Mutex<HashMap<(u32, i32, u64), Weak<HostImport>>>,
 }
 
@@ -297,40 +308,23 @@ impl CudaIpcBackend {
         params.kernel_shape.validate().map_err(|why| {
             Error::invalid(&ctx.agent, Op::CreateBackend, format!("CUDA_IPC {why}"))
         })?;
-        let cu_ctx = cuda::context(params.device).map_err(|e| with_agent(e, &ctx.agent))?;
+        let home = gpu::Gpu::open(params.device).map_err(|e| with_agent(e, &ctx.agent))?;
         let server = NotifServer::start(&ctx.agent, ctx.notifs.clone(), ctx.peers.clone())?;
-        let completer = Completer::start(&ctx.agent, Some(cu_ctx.clone()))?;
-        let staging = Arc::new(StagingPool::new(cu_ctx.clone()));
-        let lanes = Arc::new(LanePool::new(cu_ctx.clone()));
+        let completer = Completer::start(&ctx.agent, Some(home.ctx.clone()))?;
         Ok(CudaIpcBackend {
             agent: ctx.agent,
             params,
-            ctx: cu_ctx,
+            gpus: Mutex::new(HashMap::from([(home.ordinal, home.clone())])),
+            home,
             host_id: host_id(),
             notifs: ctx.notifs,
             server,
             senders: Arc::new(NotifSenders::new(ctx.peers.clone())),
             completer,
-            kernel: OnceLock::new(),
-            staging,
-            lanes,
             peers: Mutex::new(HashMap::new()),
             vram_imports: Mutex::new(HashMap::new()),
             host_imports: Mutex::new(HashMap::new()),
         })
-    }
-
-    /// The copy kernel of this backend's GPU, JIT-compiled on first use.
-    fn copy_kernel(&self) -> std::result::Result<Arc<CopyKernel>, String> {
-        self.kernel
-            .get_or_init(|| {
-                CopyKernel::load(self.ctx.clone(), self.params.device, self.params.kernel_shape)
-                    .map(Arc::new)
-                    .inspect_err(|e| {
-                        tracing::warn!(agent = %self.agent, error = %e, "the CUDA_IPC copy kernel did not load; VRAM requests of many segments use cuMemcpyBatchAsync")
-                    })
-            })
-            .clone()
     }
 
     fn peer(&self, remote: &str, op: Op) -> Result<Arc<Peer>> {
@@ -348,19 +342,6 @@ impl CudaIpcBackend {
             })
     }
 
-    fn import_vram(&self, h: &IpcHandle) -> Result<Arc<IpcMapping>> {
-        let mut cache = self.vram_imports.lock().unwrap_or_else(|p| p.into_inner());
-        cache.retain(|_, w| w.strong_count() > 0);
-        if let Some(m) = cache.get(h.raw()).and_then(Weak::upgrade) {
-            return Ok(m);
-        }
-        let m = Arc::new(
-            IpcMapping::open(self.params.device, h).map_err(|e| with_agent(e, &self.agent))?,
-        );
-        cache.insert(*h.raw(), Arc::downgrade(&m));
-        Ok(m)
-    }
-
     fn import_host(&self, h: &SharedHostHandle) -> Result<Arc<HostImport>> {
         let key = (h.pid, h.fd, h.token);
         let mut cache = self.host_imports.lock().unwrap_or_else(|p| p.into_inner());
@@ -371,7 +352,7 @@ impl CudaIpcBackend {
         let map = SharedHostMapping::open(h).map_err(|e| with_agent(e, &self.agent))?;
         let pin = if self.params.pin_host {
             use crate::HostMemory;
-            HostPin::new(&self.ctx, map.addr(), h.len)
+            HostPin::new(&self.home.ctx, map.addr(), h.len)
                 .map_err(|e| cuda::to_error(&self.agent, Op::LoadMetadata, e))?
         } else {
             None
@@ -397,8 +378,8 @@ impl CudaIpcBackend {
             return Ok(Target::Identity);
         }
         Ok(match public {
-            Public::Vram(h) => match self.import_vram(&h) {
-                Ok(m) => Target::Vram(m),
+            Public::Vram(h) => match self.import_vram(&h, self.params.device) {
+                Ok(m) => Target::Vram(Arc::new(gpu::RemoteVram::new(h, m))),
                 Err(e) => {
                     tracing::warn!(agent = %self.agent, %remote, error = %e, "cannot map a peer's GPU memory");
                     Target::Unreachable(format!("mapping {remote}'s GPU memory failed: {e}"))
@@ -492,7 +473,7 @@ impl Backend for CudaIpcBackend {
             }
             MemKind::Dram => {
                 let pin = if self.params.pin_host {
-                    match HostPin::new(&self.ctx, region.addr, region.len) {
+                    match HostPin::new(&self.home.ctx, region.addr, region.len) {
                         Ok(p) => p,
                         Err(e) => {
                             tracing::warn!(agent = %self.agent, error = %e, "could not pin a DRAM region; its copies will be staged");
@@ -584,19 +565,24 @@ impl Backend for CudaIpcBackend {
                 ));
             }
         }
-        let device = self.params.device;
+        let device = self.copy_device(
+            (spec.local_kind, spec.remote_kind),
+            spec.segments.iter().map(|s| s.local_dev),
+            spec.segments.first().map(|s| s.remote_dev),
+        )?;
+        let gpu = self.gpu(device, Op::MakeXfer)?;
         let mut copies = Vec::with_capacity(spec.segments.len());
         // Each copy's (destination, source) region, by metadata index: the independence
         // proof's groups.
         let mut groups = Vec::with_capacity(spec.segments.len());
         let mut how = "same process";
-        // Whether every segment's two ends are device memory of this backend's GPU and share
-        // their alignment modulo 16 (what the copy kernel needs); else why not.
-        let mut kernel_ok: std::result::Result<(), &str> =
+        // Whether every segment's two ends are device memory the copying GPU's kernel reaches
+        // and share their alignment modulo 16 (what the copy kernel needs); else why not.
+        let mut kernel_ok: KernelOk =
             if spec.local_kind == MemKind::Vram && spec.remote_kind == MemKind::Vram {
                 Ok(())
             } else {
-                Err("DRAM")
+                Err(NoKernel::Dram)
             };
         for s in &spec.segments {
             spec.md(s.local_md)
@@ -618,8 +604,8 @@ impl Backend for CudaIpcBackend {
                         "remote metadata is not CUDA_IPC's",
                     )
                 })?;
-            let remote = t
-                .translate(s.remote_addr, s.len)
+            let (remote, remote_gpu) = self
+                .reach(t, &gpu, s.remote_addr, s.len, s.remote_dev)
                 .map_err(|why| Error::not_supported(&self.agent, Op::MakeXfer, why))?;
             how = match t {
                 Target::Vram(_) => "CUDA IPC mapping",
@@ -627,18 +613,13 @@ impl Backend for CudaIpcBackend {
                 _ => how,
             };
             if kernel_ok.is_ok() {
-                let remote_gpu = match t {
-                    Target::Vram(m) => m.resident_ordinal(),
-                    Target::Identity => usize::try_from(s.remote_dev).ok(),
-                    _ => None,
-                };
-                if remote_gpu.is_none() {
-                    kernel_ok = Err("the driver did not say which GPU the peer memory is on");
-                } else if s.local_dev != device as u64 || remote_gpu != Some(device) {
-                    kernel_ok = Err("memory on another GPU");
-                } else if !kernel::co_aligned(s.local_addr, remote) {
-                    kernel_ok = Err("segments not 16-byte co-aligned");
-                }
+                kernel_ok = self.kernel_reaches(&gpu, remote_gpu).and_then(|()| {
+                    if kernel::co_aligned(s.local_addr, remote) {
+                        Ok(())
+                    } else {
+                        Err(NoKernel::Layout("segments not 16-byte co-aligned"))
+                    }
+                });
             }
             copies.push(match spec.op {
                 XferOp::Write => (remote, s.local_addr, s.len),
@@ -667,7 +648,7 @@ impl Backend for CudaIpcBackend {
             is_local: spec.is_local,
             notif: spec.notif.as_deref(),
         };
-        self.finish(ends, Work::Copies(copies), how, kernel_ok, conflict)
+        self.finish(&gpu, ends, Work::Copies(copies), how, kernel_ok, conflict)
     }
 
     fn prepare_blocks(
@@ -697,15 +678,63 @@ impl Backend for CudaIpcBackend {
             "cuda_ipc: unreachable (another host)".to_owned()
         } else if peer.pid == std::process::id() {
             format!(
-                "cuda_ipc: same process, copy engines of GPU {}",
+                "cuda_ipc: same process; copies on the local memory's GPU (default GPU {})",
                 self.params.device
             )
         } else {
             format!(
-                "cuda_ipc: same host (pid {}), CUDA IPC + copy engines of GPU {}",
+                "cuda_ipc: same host (pid {}), CUDA IPC; copies on the local memory's GPU (default GPU {})",
                 peer.pid, self.params.device
             )
         })
+    }
+}
+
+/// Why a request cannot take the copy kernel.
+#[derive(Debug, Clone)]
+pub(crate) enum NoKernel {
+    /// An end is host memory (PCIe is the limit: the copy engines are right).
+    Dram,
+    /// The caller's layout (alignment): the copy engines are right, and the path says so.
+    Layout(&'static str),
+    /// The hardware or driver (no peer access between the GPUs, a GPU the driver does not
+    /// name): refused unless [`CudaIpcParams::allow_copy_engines`].
+    Hardware(String),
+}
+
+/// Whether a request's segments can take the copy kernel.
+pub(crate) type KernelOk = std::result::Result<(), NoKernel>;
+
+impl CudaIpcBackend {
+    /// A remote region as GPU `gpu`'s copies address it, and the GPU its memory is on as the
+    /// kernel check sees it (`remote_dev` for memory of this process).
+    fn reach(
+        &self,
+        t: &Target,
+        gpu: &gpu::Gpu,
+        addr: u64,
+        len: u64,
+        remote_dev: u64,
+    ) -> std::result::Result<(u64, Option<usize>), String> {
+        match t {
+            Target::Vram(v) => self.remote_vram_on(v, gpu, addr, len),
+            Target::Identity => Ok((addr, usize::try_from(remote_dev).ok())),
+            other => other.translate(addr, len).map(|a| (a, None)),
+        }
+    }
+
+    /// Whether GPU `gpu`'s copy kernel reaches memory the driver says is on `remote_gpu`.
+    fn kernel_reaches(&self, gpu: &gpu::Gpu, remote_gpu: Option<usize>) -> KernelOk {
+        match remote_gpu {
+            None => Err(NoKernel::Hardware(
+                "the driver did not say which GPU the peer memory is on".to_owned(),
+            )),
+            Some(r) if r == gpu.ordinal || self.peer_access(gpu, r) => Ok(()),
+            Some(r) => Err(NoKernel::Hardware(format!(
+                "GPU {} has no peer access to GPU {r}",
+                gpu.ordinal
+            ))),
+        }
     }
 }
 
@@ -714,13 +743,14 @@ impl CudaIpcBackend {
     /// the engine (the copy kernel where eligible, else the copy engines).
     fn finish(
         &self,
+        gpu: &gpu::Gpu,
         spec: Ends<'_>,
         mut work: Work,
         how: &str,
-        kernel_ok: std::result::Result<(), &str>,
+        kernel_ok: KernelOk,
         conflict: Option<(usize, usize)>,
     ) -> Result<Box<dyn BackendXfer>> {
-        let device = self.params.device;
+        let device = gpu.ordinal;
         // Where this request's notifications go (kept for per-post messages).
         let route = if spec.is_local {
             NotifRoute::Local(self.notifs.clone())
@@ -743,7 +773,7 @@ impl CudaIpcBackend {
                 )
             })
             .transpose()?;
-        let lane = self
+        let lane = gpu
             .lanes
             .take()
             .map_err(|e| cuda::to_error(&self.agent, Op::MakeXfer, e))?;
@@ -754,16 +784,35 @@ impl CudaIpcBackend {
             Engine::Copies
         };
         let mut note = None;
-        let wants_kernel = self.params.copy_kernel
-            && conflict.is_none()
-            && kernel_ok.is_ok()
-            && work.len() >= self.params.kernel_min_segments.max(1);
-        let engine = if wants_kernel {
+        let many = work.len() >= self.params.kernel_min_segments.max(1);
+        let eligible = self.params.copy_kernel && conflict.is_none() && many;
+        // A request the copy kernel would take, left to the copy engines only because of the
+        // hardware (GPUs without peer access, a kernel that does not load): refused unless the
+        // caller allowed it by name.
+        let refuse = |why: &str| {
+            Error::not_supported(
+                &self.agent,
+                Op::MakeXfer,
+                format!(
+                    "this {} request would run on GPU {device}'s copy engines instead of the copy kernel ({why}), much slower than the hardware allows; CudaIpcParams::allow_copy_engines accepts that",
+                    spec.op
+                ),
+            )
+        };
+        if let (true, Err(NoKernel::Hardware(why))) = (eligible, &kernel_ok) {
+            if !self.params.allow_copy_engines {
+                return Err(refuse(why));
+            }
+        }
+        let engine = if eligible && kernel_ok.is_ok() {
             // A load failure was warned about once, when it happened; a failure to prepare
             // this request's descriptors is warned about here. Either way the path says it.
-            let plan = match self.copy_kernel() {
+            let plan = match gpu.copy_kernel(&self.agent, self.params.kernel_shape) {
+                Err(why) if !self.params.allow_copy_engines => {
+                    return Err(refuse(&format!("copy kernel unavailable: {why}")))
+                }
                 Err(why) => Err(format!("copy kernel unavailable: {why}")),
-                Ok(k) => KernelPlan::new(k, &self.staging, &mut work, event.clone(), stream).map_err(|why| {
+                Ok(k) => KernelPlan::new(k, &gpu.staging, &mut work, event.clone(), stream).map_err(|why| {
                     tracing::warn!(agent = %self.agent, error = %why, "could not prepare the copy kernel's descriptors; using the copy engines");
                     format!("copy kernel not prepared: {why}")
                 }),
@@ -784,16 +833,18 @@ impl CudaIpcBackend {
             }
         } else {
             // Say why a VRAM request of many segments stays on the copy engines.
-            let many = work.len() >= self.params.kernel_min_segments.max(1);
-            match (conflict, kernel_ok) {
+            match (conflict, &kernel_ok) {
                 (Some((i, j)), _) if i == j => {
                     note = Some(format!("in order: segment {i} overlaps itself"));
                 }
                 (Some((i, j)), _) => {
                     note = Some(format!("in order: segments {i} and {j} overlap"));
                 }
-                (None, Err(why)) if self.params.copy_kernel && many && why != "DRAM" => {
+                (None, Err(NoKernel::Layout(why))) if self.params.copy_kernel && many => {
                     note = Some(format!("copy engines: {why}"));
+                }
+                (None, Err(NoKernel::Hardware(why))) if self.params.copy_kernel && many => {
+                    note = Some(format!("copy engines (allowed): {why}"));
                 }
                 _ => {}
             }
@@ -803,7 +854,7 @@ impl CudaIpcBackend {
             agent: self.agent.clone(),
             work,
             lane,
-            lanes: self.lanes.clone(),
+            lanes: gpu.lanes.clone(),
             engine,
             notif,
             remote: spec.remote.to_owned(),

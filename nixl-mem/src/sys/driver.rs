@@ -53,6 +53,8 @@ pub(crate) const SYMBOLS: &[&str] = &[
     "cuModuleUnload",
     "cuLaunchKernel",
     "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+    "cuDeviceCanAccessPeer",
+    "cuCtxEnablePeerAccess",
 ];
 
 /// Loads libcuda, checks [`SYMBOLS`], runs `cuInit` and requires a device; otherwise what is
@@ -130,6 +132,38 @@ pub(crate) fn device_attribute(
         cu::cuDeviceGetAttribute(&mut v, attr, dev)
     })?;
     Ok(v)
+}
+
+/// Whether GPU `ordinal` can access GPU `peer`'s memory directly (NVLink or PCIe P2P):
+/// `cuDeviceCanAccessPeer`.
+pub(crate) fn can_access_peer(ordinal: usize, peer: usize) -> Result<bool, CudaError> {
+    let dev = |o: usize| -> Result<cu::CUdevice, CudaError> {
+        let mut d: cu::CUdevice = 0;
+        // SAFETY: valid out pointer; the driver validates the ordinal.
+        check("cuDeviceGet", unsafe {
+            cu::cuDeviceGet(&mut d, i32::try_from(o).unwrap_or(i32::MAX))
+        })?;
+        Ok(d)
+    };
+    let (a, b) = (dev(ordinal)?, dev(peer)?);
+    let mut yes = 0;
+    // SAFETY: valid out pointer and two valid devices.
+    check("cuDeviceCanAccessPeer", unsafe {
+        cu::cuDeviceCanAccessPeer(&mut yes, a, b)
+    })?;
+    Ok(yes != 0)
+}
+
+/// Lets kernels of `ctx` access memory of `peer`'s context (`cuCtxEnablePeerAccess` with
+/// `ctx` current); already enabled counts as done.
+pub(crate) fn enable_peer_access(ctx: &CudaContext, peer: &CudaContext) -> Result<(), CudaError> {
+    let _restore = Restore::bind(ctx)?;
+    // SAFETY: `ctx` is current (bound above) and `peer` is a live context (borrowed).
+    let r = unsafe { cu::cuCtxEnablePeerAccess(peer.cu_ctx(), 0) };
+    match check("cuCtxEnablePeerAccess", r) {
+        Err(e) if e.code == cu::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED as u32 => Ok(()),
+        other => other,
+    }
 }
 
 /// Makes `ctx` current until the guard drops, then restores the thread's previous context

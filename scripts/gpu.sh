@@ -76,7 +76,7 @@ run_two_gpu() {
     done
     for g in 0,1 1,0; do
         for op in write read; do
-            step "disagg-$g-$op" 120 "$B/disagg_kv" --device cuda --gpus "$g" --op "$op" \
+            step "disagg-${g/,/}-$op" 120 "$B/disagg_kv" --device cuda --gpus "$g" --op "$op" \
                 --requests 8 --layers 4 --blocks 1024 --block-bytes 65536 --blocks-per-request 512
         done
     done

@@ -30,16 +30,40 @@ thread_local! {
     static APPLIED: Cell<usize> = const { Cell::new(0) };
 }
 
+/// Why VRAM cannot be registered with UCX here.
+enum NoContext {
+    /// The GPU's context is not available.
+    Unavailable(String),
+    /// Another GPU's VRAM was registered first: UCX's threads run in that GPU's context.
+    SecondGpu { first: usize, this: usize },
+}
+
 /// Makes the primary context of GPU `device` current on this thread and records it for the
-/// worker threads. Called before registering VRAM.
-fn ensure_vram_context(device: u64) -> std::result::Result<(), String> {
-    let ordinal =
-        usize::try_from(device).map_err(|_| format!("device id {device} is not a CUDA ordinal"))?;
-    let ctx = nixl_mem::Context::primary(ordinal).map_err(|e| e.to_string())?;
-    ctx.bind().map_err(|e| e.to_string())?;
+/// worker threads. Called before registering VRAM. UCX's CUDA transports use the calling
+/// thread's context, and every thread of the backend gets one: VRAM of a second GPU is refused
+/// (its copies would run in the first GPU's context, on a slower path than the hardware
+/// allows, or fail) rather than registered with a warning.
+fn ensure_vram_context(device: u64) -> std::result::Result<(), NoContext> {
+    let ordinal = usize::try_from(device)
+        .map_err(|_| NoContext::Unavailable(format!("device id {device} is not a CUDA ordinal")))?;
+    if let Some(first) = VRAM_CONTEXT.get() {
+        if first.ordinal() != ordinal {
+            return Err(NoContext::SecondGpu {
+                first: first.ordinal(),
+                this: ordinal,
+            });
+        }
+    }
+    let ctx =
+        nixl_mem::Context::primary(ordinal).map_err(|e| NoContext::Unavailable(e.to_string()))?;
+    ctx.bind()
+        .map_err(|e| NoContext::Unavailable(e.to_string()))?;
     let recorded = VRAM_CONTEXT.get_or_init(|| ctx.clone());
     if recorded.ordinal() != ordinal {
-        tracing::warn!("VRAM of a second GPU registered; UCX's threads use the first GPU's context (one agent per GPU)");
+        return Err(NoContext::SecondGpu {
+            first: recorded.ordinal(),
+            this: ordinal,
+        });
     }
     APPLIED.with(|a| a.set(ordinal + 1));
     Ok(())
@@ -105,9 +129,20 @@ impl MemReg {
             ));
         }
         if region.kind == MemKind::Vram {
-            ensure_vram_context(region.dev_id).map_err(|e| Error::Unavailable {
-                what: format!("a CUDA context for GPU {}", region.dev_id),
-                hint: format!("UCX registers VRAM in the GPU's primary CUDA context: {e}"),
+            ensure_vram_context(region.dev_id).map_err(|e| match e {
+                NoContext::Unavailable(e) => Error::Unavailable {
+                    what: format!("a CUDA context for GPU {}", region.dev_id),
+                    hint: format!("UCX registers VRAM in the GPU's primary CUDA context: {e}"),
+                },
+                NoContext::SecondGpu { first, this } => Error::not_supported(
+                    agent,
+                    Op::RegisterMem,
+                    format!(
+                        "UCX in this process runs in GPU {first}'s CUDA context; VRAM of GPU {this} \
+                         would be copied from it: use the CUDA_IPC backend for it (a hint), or a \
+                         process per GPU"
+                    ),
+                ),
             })?;
         }
         // The region's memory is valid for its length for as long as the registration lives

@@ -331,7 +331,11 @@ fn two_gpus_initiator() {
         .unwrap();
     let t0 = Instant::now();
     let s = a.post_xfer_req(&req).unwrap();
-    assert_eq!(s, XferState::InProgress, "512 MiB between GPUs takes over a millisecond");
+    assert_eq!(
+        s,
+        XferState::InProgress,
+        "512 MiB between GPUs takes over a millisecond"
+    );
     // Checked at once: the copy is still running and the deadline has passed.
     let e = a.check_xfer_state(&req).expect_err("past its deadline");
     assert!(matches!(e, Error::TimedOut { .. }), "{e}");

@@ -81,7 +81,7 @@ fn restart_peer_role() {
             .map_err(|e| e.to_string())?;
         // Serve until killed (or the parent is gone).
         while env.parent_alive() {
-            let _ = a.progress();
+            a.progress();
             std::thread::sleep(Duration::from_millis(5));
         }
         Ok(())
@@ -172,7 +172,7 @@ fn traffic(
     let mut round = 0u64;
     while !stop.load(Ordering::Acquire) {
         round += 1;
-        if round % 10 == 0 {
+        if round.is_multiple_of(10) {
             one_request(&a, XferOp::Write, src.addr(), silent.1, &silent.0, &seen);
         }
         let Some((inc, name, raddr)) = target.lock().unwrap().clone() else {

@@ -118,7 +118,20 @@ impl XferDescList {
     /// nothing allocated beyond the input's size) and typed; a descriptor whose range
     /// overflows is refused. Whether the descriptors lie in registered memory is checked
     /// later, by `prep_xfer_dlist`.
-    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+    ///
+    /// Errors are the crate's [`Error::Decode`](crate::Error::Decode) (its agent is empty: the
+    /// bytes are decoded outside any agent); [`XferDescList::decode_bytes`] gives the bare
+    /// [`DecodeError`].
+    pub fn decode(bytes: &[u8]) -> crate::Result<Self> {
+        Self::decode_bytes(bytes).map_err(|source| crate::Error::Decode {
+            agent: String::new(),
+            op: crate::Op::GetNotifs,
+            source,
+        })
+    }
+
+    /// [`XferDescList::decode`] with the bare [`DecodeError`].
+    pub fn decode_bytes(bytes: &[u8]) -> Result<Self, DecodeError> {
         let mut r = ByteReader::new(bytes);
         r.magic(LIST_MAGIC)?;
         let kind = MemKind::from_tag(r.u8()?).ok_or(DecodeError::Invalid {
@@ -200,7 +213,7 @@ mod tests {
             [Desc::on_device(0x1000, 64, 1), Desc::new(0x2000, 4096)],
         );
         let b = l.encode();
-        assert_eq!(XferDescList::decode(&b), Ok(l));
+        assert_eq!(XferDescList::decode_bytes(&b), Ok(l));
         for n in 0..b.len() {
             assert!(XferDescList::decode(&b[..n]).is_err());
         }

@@ -291,6 +291,12 @@ impl Error {
         )
     }
 
+    /// The short stable name of the error's kind (`"timed_out"`).
+    #[deprecated(since = "0.1.0", note = "use `e.kind().as_str()`")]
+    pub fn kind_name(&self) -> &'static str {
+        self.kind().as_str()
+    }
+
     /// The variant, without its fields.
     pub fn kind(&self) -> ErrorKind {
         match self {

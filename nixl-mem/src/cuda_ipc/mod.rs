@@ -75,6 +75,9 @@ use xfer::{CudaIpcXfer, Engine, KernelPlan, Work};
 /// The backend's type name.
 pub const CUDA_IPC: &str = "CUDA_IPC";
 
+/// A peer's GPU allocation (its IPC handle's bytes) and the GPU whose context mapped it.
+type VramKey = ([u8; 64], usize);
+
 /// What a request is, apart from its copies (a segment list's or a block table's).
 struct Ends<'a> {
     op: XferOp,
@@ -229,7 +232,7 @@ pub struct CudaIpcBackend {
     completer: Completer,
     peers: Mutex<HashMap<String, Arc<Peer>>>,
     /// Peers' GPU allocations, per (handle, GPU whose context mapped them).
-    vram_imports: Mutex<HashMap<([u8; 64], usize), Weak<IpcMapping>>>,
+    vram_imports: Mutex<HashMap<VramKey, Weak<IpcMapping>>>,
     host_imports: Mutex<HashMap<(u32, i32, u64), Weak<HostImport>>>,
 }
 

@@ -7,7 +7,9 @@
 //! libfabric tcp. `NIXL_RESTARTS` sets the number of restarts (default 100).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use nixl::core::testing::signal::Sig;
@@ -127,7 +129,7 @@ fn one_request(
         .and_then(|r| a.post_xfer_req(&r).map(|_| r))
         .and_then(|r| r.wait(DEADLINE + SLACK));
     let took = t.elapsed();
-    let mut s = seen.lock().unwrap();
+    let mut s = seen.lock();
     s.worst = s.worst.max(took);
     if took > DEADLINE + SLACK {
         s.broken.push(format!("a {op:?} to {name} took {took:?}"));
@@ -175,7 +177,7 @@ fn traffic(
         if round.is_multiple_of(10) {
             one_request(&a, XferOp::Write, src.addr(), silent.1, &silent.0, &seen);
         }
-        let Some((inc, name, raddr)) = target.lock().unwrap().clone() else {
+        let Some((inc, name, raddr)) = target.lock().clone() else {
             std::thread::sleep(Duration::from_millis(2));
             continue;
         };
@@ -184,7 +186,7 @@ fn traffic(
         if one_request(&a, XferOp::Write, src.addr(), raddr, &name, &seen)
             && one_request(&a, XferOp::Read, back.addr(), raddr, &name, &seen)
         {
-            let mut s = seen.lock().unwrap();
+            let mut s = seen.lock();
             if back.to_vec() != src.to_vec() {
                 s.broken
                     .push(format!("incarnation {inc}: read back other bytes"));
@@ -246,11 +248,11 @@ fn restart_under_load(test: &str, kind: &str) {
         let msg = c
             .next(&survivor, Duration::from_secs(60))
             .unwrap_or_else(|e| panic!("incarnation {inc}: {e}"));
-        *target.lock().unwrap() = Some((inc, name.clone(), ready_addr(&msg)));
+        *target.lock() = Some((inc, name.clone(), ready_addr(&msg)));
         // Transfers resume: at least one verified round trip to this incarnation.
         let end = Instant::now() + Duration::from_secs(30);
         loop {
-            let s = seen.lock().unwrap();
+            let s = seen.lock();
             assert!(s.broken.is_empty(), "{:?}", s.broken);
             if s.verified.get(inc).copied().unwrap_or(0) > 0 {
                 break;
@@ -259,7 +261,7 @@ fn restart_under_load(test: &str, kind: &str) {
             assert!(
                 Instant::now() < end,
                 "incarnation {inc}: no verified transfer within 30 s ({:?})",
-                seen.lock().unwrap()
+                seen.lock()
             );
             std::thread::sleep(Duration::from_millis(2));
         }
@@ -269,7 +271,7 @@ fn restart_under_load(test: &str, kind: &str) {
     }
     stop.store(true, Ordering::Release);
     worker.join().expect("the traffic thread panicked");
-    let s = seen.lock().unwrap();
+    let s = seen.lock();
     println!(
         "{test}: {restarts} restarts in {:?}; verified round trips per incarnation min {} max {}; errors {:?}; worst request {:?}",
         started.elapsed(),

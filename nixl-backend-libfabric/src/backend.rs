@@ -1,8 +1,9 @@
 //! The `LIBFABRIC` backend: rails, peers, registrations, notifications and progress.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -60,7 +61,7 @@ pub(crate) struct Inner {
 
 impl Inner {
     fn peers(&self) -> MutexGuard<'_, HashMap<String, Arc<Peer>>> {
-        self.peers.lock().unwrap_or_else(|p| p.into_inner())
+        self.peers.lock()
     }
 
     /// Polls every rail once; returns how many completions were handled.
@@ -79,10 +80,7 @@ impl Inner {
 
     /// Hands a posted transfer to the progress thread.
     pub fn activate(&self, core: Weak<Mutex<XferCore>>) {
-        self.active
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(core);
+        self.active.lock().push(core);
     }
 
     /// Polls, then drives the posted transfers nobody is polling. Returns the completions
@@ -96,14 +94,14 @@ impl Inner {
     /// Drives the posted transfers nobody is polling.
     pub fn drive_active(&self) {
         let cores: Vec<Arc<Mutex<XferCore>>> = {
-            let mut g = self.active.lock().unwrap_or_else(|p| p.into_inner());
+            let mut g = self.active.lock();
             g.retain(|w| w.strong_count() > 0);
             g.iter().filter_map(Weak::upgrade).collect()
         };
         let mut done = Vec::new();
         for c in &cores {
             // A request being polled by its owner is driven there.
-            if let Ok(mut x) = c.try_lock() {
+            if let Some(mut x) = c.try_lock() {
                 x.drive();
                 if !x.active() {
                     done.push(Arc::as_ptr(c));
@@ -111,10 +109,7 @@ impl Inner {
             }
         }
         if !done.is_empty() {
-            self.active
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .retain(|w| !done.contains(&w.as_ptr()));
+            self.active.lock().retain(|w| !done.contains(&w.as_ptr()));
         }
     }
 

@@ -1,8 +1,9 @@
 //! The backend's typed parameters, its plugin (string map → params), and the stats handle.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nixl_core::backend::{Backend, BackendContext, BackendParams, BackendPlugin, ParamMap};
@@ -278,12 +279,12 @@ type NamedCounters = (String, Arc<RailCounters>);
 
 impl LibfabricStats {
     pub(crate) fn attach(&self, rails: Vec<NamedCounters>) {
-        *self.rails.lock().unwrap_or_else(|p| p.into_inner()) = rails;
+        *self.rails.lock() = rails;
     }
 
     /// The counters of every rail (empty before the backend exists).
     pub fn rails(&self) -> Vec<RailStats> {
-        let g = self.rails.lock().unwrap_or_else(|p| p.into_inner());
+        let g = self.rails.lock();
         g.iter()
             .enumerate()
             .map(|(i, (d, c))| RailStats {

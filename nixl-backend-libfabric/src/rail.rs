@@ -7,10 +7,11 @@
 //! completion (or error completion) is read, so nothing the provider may still touch is freed
 //! early; the table lives inside the endpoint and is dropped only after the endpoint is closed.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use nixl_core::backend::{NotifQueue, PeerAuth, Sessions};
 
@@ -94,7 +95,7 @@ struct TrackInner {
 
 impl Track {
     fn lock(&self) -> MutexGuard<'_, TrackInner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.lock()
     }
 
     fn add(&self, rail: usize) {
@@ -305,7 +306,7 @@ impl Rail {
     }
 
     fn av_table(&self) -> MutexGuard<'_, AvTable> {
-        self.av_table.lock().unwrap_or_else(|p| p.into_inner())
+        self.av_table.lock()
     }
 
     /// The AV address of a peer's endpoint name (checked by `crate::validate`): inserted on

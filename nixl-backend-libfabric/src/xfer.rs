@@ -6,7 +6,8 @@
 //! tcp, shm and efa providers) a write's completion means the data is visible in the target's
 //! memory, so the target can never see the notification before the data.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::Instant;
 
 use nixl_core::backend::{downcast_md, BackendMd, BackendXfer, XferSpec};
@@ -84,10 +85,6 @@ pub(crate) struct LfXfer {
     core: SharedCore,
     write: bool,
     rail_bytes: Vec<u64>,
-}
-
-fn lock(c: &SharedCore) -> MutexGuard<'_, XferCore> {
-    c.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl XferCore {
@@ -403,7 +400,7 @@ impl XferCore {
 
 impl BackendXfer for LfXfer {
     fn post(&mut self) -> Result<XferState> {
-        let mut c = lock(&self.core);
+        let mut c = self.core.lock();
         if matches!(c.phase, Phase::Data | Phase::Notif) {
             return Err(Error::RepostActive {
                 agent: self.inner.agent.clone(),
@@ -439,11 +436,11 @@ impl BackendXfer for LfXfer {
     }
 
     fn check(&mut self) -> Result<XferState> {
-        lock(&self.core).step(Op::CheckXfer, true)
+        self.core.lock().step(Op::CheckXfer, true)
     }
 
     fn abandon(&mut self) {
-        let mut c = lock(&self.core);
+        let mut c = self.core.lock();
         if matches!(c.phase, Phase::Data | Phase::Notif) {
             c.next = c.ops.len();
             c.failed = None;
@@ -454,7 +451,7 @@ impl BackendXfer for LfXfer {
     }
 
     fn cancel(&mut self) -> Result<()> {
-        let mut c = lock(&self.core);
+        let mut c = self.core.lock();
         c.next = c.ops.len();
         c.phase = Phase::Idle;
         c.failed = None;
@@ -485,7 +482,7 @@ impl BackendXfer for LfXfer {
         ))
     }
     fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {
-        let mut core = lock(&self.core);
+        let mut core = self.core.lock();
         core.notif = msg
             .map(|m| frame_notif(&self.inner, &core.peer, m, Op::PostXfer))
             .transpose()?;

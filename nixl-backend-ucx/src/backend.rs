@@ -1,8 +1,9 @@
 //! The `UCX` backend: the [`nixl_core::backend::Backend`] implementation over the safe layer.
 
+use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -23,11 +24,6 @@ use crate::validate::Shapes;
 use crate::wire;
 use crate::worker::Worker;
 use crate::xfer::{Notif, UcxXfer, Work};
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // The tables guarded here are updated by single inserts/removes.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// The UCX backend of one agent.
 pub struct UcxBackend {
@@ -161,7 +157,7 @@ impl UcxBackend {
                         }
                     })
                     .map_err(|e| Error::io(&b.agent, Op::CreateBackend, e))?;
-                lock(&b.threads).push(h);
+                b.threads.lock().push(h);
             }
         }
         tracing::debug!(agent = %b.agent, ucx = %b.ucx.version_string(), workers = b.workers.len(), "UCX backend created");
@@ -185,21 +181,22 @@ impl UcxBackend {
     }
 
     fn peer(&self, remote: &str, op: Op) -> Result<Arc<Peer>> {
-        lock(&self.peers)
+        self.peers
+            .lock()
             .get(remote)
             .cloned()
             .ok_or_else(|| Error::disconnected(&self.agent, remote, op, "not connected over UCX"))
     }
 
     fn self_peer(&self) -> Result<Arc<Peer>> {
-        let mut g = lock(&self.self_peer);
+        let mut g = self.self_peer.lock();
         if let Some(p) = g.as_ref() {
             return Ok(p.clone());
         }
         let addrs: Vec<Vec<u8>> = self.workers.iter().map(|w| w.address().to_vec()).collect();
         let mut p = Peer::connect(&self.agent, &self.agent, &self.workers, &addrs, false)?;
         p.address = {
-            let shapes = self.shapes.read().unwrap_or_else(|p| p.into_inner());
+            let shapes = self.shapes.read();
             addrs.first().and_then(|a| shapes.check_address(a).ok())
         };
         crate::session::introduce(&self.ucx, &self.peer_auth, &mut p)?;
@@ -338,7 +335,7 @@ impl Drop for UcxBackend {
         for w in &self.workers {
             w.signal();
         }
-        for t in std::mem::take(&mut *lock(&self.threads)) {
+        for t in std::mem::take(&mut *self.threads.lock()) {
             if t.join().is_err() {
                 tracing::error!(agent = %self.agent, "UCX progress thread panicked");
             }
@@ -394,7 +391,7 @@ impl Backend for UcxBackend {
     }
 
     fn disconnect(&self, remote: &str) -> Result<()> {
-        let Some(peer) = lock(&self.peers).remove(remote) else {
+        let Some(peer) = self.peers.lock().remove(remote) else {
             return Ok(());
         };
         // Direct copies to it stop before this returns: no byte of its requests lands after.
@@ -420,10 +417,7 @@ impl Backend for UcxBackend {
             if let (Ok((_, packed)), Some(w)) =
                 (wire::decode_rkey(&reg.public), self.workers.first())
             {
-                self.shapes
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .learn_rkey(packed, w.address());
+                self.shapes.write().learn_rkey(packed, w.address());
             }
         }
         Ok(Arc::new(reg))
@@ -451,7 +445,7 @@ impl Backend for UcxBackend {
 
     fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
         let peer = self.peer(remote, Op::LoadMetadata)?;
-        let shapes = self.shapes.read().unwrap_or_else(|p| p.into_inner());
+        let shapes = self.shapes.read();
         Ok(Arc::new(RemoteMd::unpack(
             &self.agent,
             &peer,
@@ -464,7 +458,7 @@ impl Backend for UcxBackend {
     fn load_local(&self, region: &RegionDesc, md: &BackendMd) -> Result<BackendMd> {
         let public = self.reg(md, Op::PrepXferDlist)?.public.clone();
         let peer = self.self_peer()?;
-        let shapes = self.shapes.read().unwrap_or_else(|p| p.into_inner());
+        let shapes = self.shapes.read();
         Ok(Arc::new(RemoteMd::unpack(
             &self.agent,
             &peer,
@@ -494,11 +488,7 @@ impl Backend for UcxBackend {
         // The notification follows the data of earlier posts: a direct CMA flight still
         // copying on this endpoint finishes first (helped along here), within this call's
         // deadline.
-        let prev = pe
-            .last_flight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .upgrade();
+        let prev = pe.last_flight.lock().upgrade();
         if let Some(f) = prev {
             if !f.wait_finished(deadline) {
                 return Err(Error::TimedOut {
@@ -591,9 +581,9 @@ impl Backend for UcxBackend {
 
     fn path_report(&self, remote: &str) -> Option<String> {
         let peer = if remote == self.agent {
-            lock(&self.self_peer).clone()
+            self.self_peer.lock().clone()
         } else {
-            lock(&self.peers).get(remote).cloned()
+            self.peers.lock().get(remote).cloned()
         };
         peer.map(|p| p.transports())
     }
@@ -610,7 +600,7 @@ impl UcxBackend {
     ) -> Result<()> {
         let mut checked = Vec::with_capacity(addrs.len());
         {
-            let shapes = self.shapes.read().unwrap_or_else(|p| p.into_inner());
+            let shapes = self.shapes.read();
             for a in &addrs {
                 checked.push(shapes.check_address(a).map_err(|e| {
                     Error::invalid(
@@ -633,7 +623,7 @@ impl UcxBackend {
             peer.cma = self.cma_target(remote, claimed.as_ref(), process);
         }
         crate::session::introduce(&self.ucx, &self.peer_auth, &mut peer)?;
-        if let Some(old) = lock(&self.peers).insert(remote.to_owned(), Arc::new(peer)) {
+        if let Some(old) = self.peers.lock().insert(remote.to_owned(), Arc::new(peer)) {
             tracing::debug!(agent = %self.agent, remote, "replaced UCX endpoints of {}", old.name);
         }
         Ok(())

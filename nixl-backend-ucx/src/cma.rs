@@ -19,9 +19,10 @@
 //! The remote ranges are the ones the agent checked against the peer's regions. A range the
 //! peer does not have mapped is an error (`EFAULT`), never a fault here.
 
+use parking_lot::Mutex;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use nixl_core::{Error, Op};
 
@@ -244,8 +245,8 @@ type Job = Box<dyn FnOnce() + Send>;
 /// request is copied by several cores ([`UcxParams::cma_threads`](crate::UcxParams::cma_threads)).
 pub(crate) struct CopyPool {
     /// One queue per thread, so the pieces of one post wake their threads at the same time.
-    tx: std::sync::Mutex<Vec<std::sync::mpsc::Sender<Job>>>,
-    threads: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>,
+    tx: parking_lot::Mutex<Vec<std::sync::mpsc::Sender<Job>>>,
+    threads: parking_lot::Mutex<Vec<std::thread::JoinHandle<()>>>,
     /// Where the next post starts handing out pieces (spreads concurrent posts).
     next: AtomicUsize,
     /// How many threads run pieces.
@@ -280,8 +281,8 @@ impl CopyPool {
         }
         tracing::debug!(agent, threads = size, "direct CMA copy threads started");
         Ok(CopyPool {
-            tx: std::sync::Mutex::new(txs),
-            threads: std::sync::Mutex::new(threads),
+            tx: parking_lot::Mutex::new(txs),
+            threads: parking_lot::Mutex::new(threads),
             next: AtomicUsize::new(0),
             size,
         })
@@ -290,7 +291,7 @@ impl CopyPool {
     /// Hands `jobs` to the threads in turn (one each, then around again); a job the pool can
     /// no longer run (it has stopped) is given back.
     pub fn run_all(&self, jobs: Vec<Job>) -> Vec<Job> {
-        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = self.tx.lock();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let mut back = Vec::new();
         for (k, job) in jobs.into_iter().enumerate() {
@@ -338,8 +339,8 @@ fn next_job(rx: &std::sync::mpsc::Receiver<Job>, spin: std::time::Duration) -> O
 impl Drop for CopyPool {
     fn drop(&mut self) {
         // Closing the queues ends each thread after the jobs queued before.
-        self.tx.lock().unwrap_or_else(|p| p.into_inner()).clear();
-        for t in std::mem::take(&mut *self.threads.lock().unwrap_or_else(|p| p.into_inner())) {
+        self.tx.lock().clear();
+        for t in std::mem::take(&mut *self.threads.lock()) {
             if t.join().is_err() {
                 tracing::error!("a direct CMA copy thread panicked");
             }
@@ -442,7 +443,7 @@ impl Flight {
 
     /// Runs `next`'s wait for this flight: at once if it has finished, else when it does.
     fn chain(&self, next: Arc<Flight>) {
-        let mut g = self.then.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.then.lock();
         if self.finished.load(Ordering::Acquire) {
             drop(g);
             Flight::event(&next);
@@ -461,7 +462,7 @@ impl Flight {
         while let Some(f) = ready.pop() {
             (f.finish)(&f);
             let next = {
-                let mut g = f.then.lock().unwrap_or_else(|p| p.into_inner());
+                let mut g = f.then.lock();
                 f.finished.store(true, Ordering::Release);
                 std::mem::take(&mut *g)
             };
@@ -544,7 +545,7 @@ impl Flight {
 
     /// Keeps the first failure.
     fn fail(&self, e: io::Error) {
-        let mut g = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.error.lock();
         if g.is_none() {
             *g = Some(e);
         }
@@ -552,7 +553,7 @@ impl Flight {
 
     /// The failure, if a piece failed.
     pub fn error(&self) -> Option<io::Error> {
-        let g = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        let g = self.error.lock();
         g.as_ref().map(|e| match e.raw_os_error() {
             Some(n) => io::Error::from_raw_os_error(n),
             None => io::Error::new(e.kind(), e.to_string()),

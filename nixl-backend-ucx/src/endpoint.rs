@@ -130,7 +130,7 @@ pub(crate) struct PeerEp {
     /// post's notification waits until its copies are complete and its notification sent, so
     /// notifications keep post order and each implies the data of the posts before it, as one
     /// UCX flush per post gives UCX's own copies.
-    pub last_flight: std::sync::Mutex<std::sync::Weak<crate::cma::Flight>>,
+    pub last_flight: parking_lot::Mutex<std::sync::Weak<crate::cma::Flight>>,
 }
 
 impl PeerEp {
@@ -426,7 +426,7 @@ impl Peer {
                 peer_failure,
                 tcp: AtomicU8::new(TCP_UNKNOWN),
                 cma: AtomicU8::new(TCP_UNKNOWN),
-                last_flight: std::sync::Mutex::new(std::sync::Weak::new()),
+                last_flight: parking_lot::Mutex::new(std::sync::Weak::new()),
             });
         }
         Ok(Peer {

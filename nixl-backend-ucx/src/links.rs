@@ -11,8 +11,9 @@
 //! `RemoteDisconnect`, so the caller reloads the peer's metadata instead of sending into the
 //! void.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::endpoint::EpShared;
 
@@ -35,8 +36,8 @@ struct Inner {
 }
 
 impl Links {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Inner> {
+        self.inner.lock()
     }
 
     /// Our endpoint `ep` to `peer` is open.

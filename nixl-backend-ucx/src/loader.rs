@@ -7,9 +7,10 @@
 //! later request for a different installation is refused (two UCX builds in one address space
 //! would share sonames and mix modules).
 
+use parking_lot::Mutex;
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use nixl_core::{Error, Result};
 
@@ -91,7 +92,7 @@ fn candidates(explicit: Option<&Path>) -> Vec<PathBuf> {
 
 /// Loads UCX (once per process) from the first candidate that opens and is recent enough.
 pub(crate) fn load(explicit: Option<&Path>) -> Result<Arc<Ucx>> {
-    let mut slot = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+    let mut slot = LOADED.lock();
     if let Some(u) = slot.as_ref() {
         if let Some(p) = explicit {
             let wanted: Vec<PathBuf> = candidates(Some(p))

@@ -19,7 +19,7 @@ use nixl_core::backend::BackendMd;
 use nixl_core::nixl_wire::NixlWire;
 use nixl_core::{Error, MemKind, Op, RegionDesc, Result};
 
-use crate::backend::{lock, UcxBackend};
+use crate::backend::UcxBackend;
 use crate::endpoint::Peer;
 use crate::error::{UcxError, UCX};
 use crate::memory::RemoteMd;
@@ -200,22 +200,17 @@ impl NixlWire for UcxBackend {
         self.version_check(remote, info)?;
         // Parsed as UCX parses it and checked against our own addresses' shapes before
         // ucp_ep_create (as for nixl-rs peers).
-        let checked = self
-            .shapes
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .check_address(info)
-            .map_err(|e| {
-                Error::invalid(
-                    &self.agent,
-                    Op::LoadMetadata,
-                    format!("refused the UCX worker address of NIXL agent {remote}: {e}"),
-                )
-            })?;
+        let checked = self.shapes.read().check_address(info).map_err(|e| {
+            Error::invalid(
+                &self.agent,
+                Op::LoadMetadata,
+                format!("refused the UCX worker address of NIXL agent {remote}: {e}"),
+            )
+        })?;
         let mut peer = Peer::connect(&self.agent, remote, &self.workers, &[info.to_vec()], false)?;
         peer.nixl = true;
         peer.address = Some(checked);
-        if let Some(old) = lock(&self.peers).insert(remote.to_owned(), Arc::new(peer)) {
+        if let Some(old) = self.peers.lock().insert(remote.to_owned(), Arc::new(peer)) {
             tracing::debug!(agent = %self.agent, remote, "replaced UCX endpoints of {}", old.name);
         }
         Ok(())
@@ -227,7 +222,7 @@ impl NixlWire for UcxBackend {
         region: &RegionDesc,
         public: &[u8],
     ) -> Result<BackendMd> {
-        let peer = lock(&self.peers).get(remote).cloned().ok_or_else(|| {
+        let peer = self.peers.lock().get(remote).cloned().ok_or_else(|| {
             Error::disconnected(
                 &self.agent,
                 remote,

@@ -3,7 +3,8 @@
 //! into entries of the agent's queue, and a graveyard of endpoints to close at the next
 //! progress pass (so dropping an endpoint never blocks or re-enters UCX from a callback).
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use parking_lot::{Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nixl_core::backend::{NotifQueue, PeerAuth, Sessions};
@@ -200,7 +201,7 @@ impl Worker {
         // UCX's CUDA transports run in the calling thread's CUDA context.
         crate::memory::apply_vram_context();
         WorkerGuard {
-            g: self.raw.lock().unwrap_or_else(|p| p.into_inner()),
+            g: self.raw.lock(),
             w: self,
         }
     }
@@ -213,10 +214,7 @@ impl Worker {
     /// Queues an endpoint for closing at the next progress pass.
     pub fn bury(&self, grave: Grave) {
         self.links.remove_own(grave.ep.id());
-        self.graves
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(grave);
+        self.graves.lock().push(grave);
     }
 
     /// Wakes a thread blocked in [`Worker::progress_or_wait`].
@@ -351,7 +349,7 @@ impl WorkerGuard<'_> {
 
     /// Closes buried endpoints.
     pub fn close_graves(&mut self, timeout: Duration) {
-        let graves = std::mem::take(&mut *self.w.graves.lock().unwrap_or_else(|p| p.into_inner()));
+        let graves = std::mem::take(&mut *self.w.graves.lock());
         for g in graves {
             self.close_ep(g.ep, g.force, timeout);
         }

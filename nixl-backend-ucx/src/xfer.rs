@@ -376,7 +376,7 @@ impl UcxXfer {
         };
         let (st, peer, worker) = (state.clone(), self.peer.clone(), self.worker);
         // Notifications keep post order on the endpoint: this flight finishes after the last.
-        let mut last = pe.last_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = pe.last_flight.lock();
         let prev = last.upgrade().filter(|f| !f.is_finished());
         let flight = crate::cma::Flight::after(
             prev,
@@ -414,7 +414,7 @@ impl UcxXfer {
     /// for nothing.
     fn complete_direct(&mut self) -> Result<XferState> {
         let pe = &self.peer.eps[self.worker];
-        let mut last = pe.last_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = pe.last_flight.lock();
         let prev = last.upgrade().filter(|f| !f.is_finished());
         let state = {
             let g = pe.worker.lock();

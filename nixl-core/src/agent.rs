@@ -1,9 +1,10 @@
 //! The agent: a cheap clonable handle to one process's transfer endpoint.
 
+use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -216,23 +217,14 @@ pub(crate) struct Shared {
 /// How many uncertain requests an agent remembers.
 pub(crate) const MAX_UNCERTAIN: usize = 4096;
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Locks here guard plain tables updated by single inserts/removes; a panic elsewhere
-    // cannot leave them half-written, so a poisoned lock is still usable.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Shared {
     pub fn backends(&self) -> Vec<Arc<BackendSlot>> {
-        self.backends
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.backends.read().clone()
     }
 
     /// The lock serialising loads and invalidations of peer `name`.
     pub fn peer_lock(&self, name: &str) -> Arc<Mutex<()>> {
-        let mut locks = lock(&self.peer_locks);
+        let mut locks = self.peer_locks.lock();
         if let Some(l) = locks.get(name).and_then(std::sync::Weak::upgrade) {
             return l;
         }
@@ -261,7 +253,7 @@ impl Shared {
 
     /// Releases dropped requests whose backends let go of them.
     pub fn reap_drained(&self) {
-        let mut d = lock(&self.draining);
+        let mut d = self.draining.lock();
         if !d.is_empty() {
             d.retain_mut(|x| x.busy());
         }
@@ -272,13 +264,13 @@ impl Drop for Shared {
     fn drop(&mut self) {
         self.reap_drained();
         // What backends still own is never freed under them: leaked instead.
-        for d in std::mem::take(&mut *lock(&self.draining)) {
+        for d in std::mem::take(&mut *self.draining.lock()) {
             tracing::error!(agent = %self.name, "agent dropped with a request its backend never released; leaking its memory");
             std::mem::forget(d);
         }
         self.stop.store(true, Ordering::SeqCst);
         let me = std::thread::current().id();
-        for t in std::mem::take(&mut *lock(&self.threads)) {
+        for t in std::mem::take(&mut *self.threads.lock()) {
             if t.thread().id() != me {
                 let _ = t.join();
             }
@@ -419,7 +411,7 @@ impl Agent {
                 }
             })
             .map_err(|e| Error::io(&self.shared.name, Op::Progress, e))?;
-        lock(&self.shared.threads).push(handle);
+        self.shared.threads.lock().push(handle);
         Ok(())
     }
 
@@ -436,7 +428,7 @@ impl Agent {
 
     /// The side channel's bound address, when listening.
     pub fn listen_addr(&self) -> Option<SocketAddr> {
-        *lock(&self.shared.listen_addr)
+        *self.shared.listen_addr.lock()
     }
 
     /// The agent's configuration.
@@ -524,11 +516,7 @@ impl Agent {
         let backend = params.create(ctx)?;
         let caps = backend.capabilities();
         let name = backend.name().to_owned();
-        let mut slots = self
-            .shared
-            .backends
-            .write()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut slots = self.shared.backends.write();
         if slots.iter().any(|b| b.name == name) {
             return Err(Error::not_allowed(
                 self.name(),
@@ -643,7 +631,10 @@ impl Agent {
                         tracing::error!(agent = %self.name(), remote = %sender, "notification failed its integrity check");
                         self.shared.counters.failed();
                         let msg = parsed.map(|f| f.msg).unwrap_or_default();
-                        lock(&self.shared.corrupt).push((sender.clone(), msg, false));
+                        self.shared
+                            .corrupt
+                            .lock()
+                            .push((sender.clone(), msg, false));
                     }
                 }
             }
@@ -661,7 +652,7 @@ impl Agent {
         let mut regions = std::collections::HashMap::new();
         let mut total: u64 = 0;
         {
-            let regs = lock(&self.shared.regs);
+            let regs = self.shared.regs.lock();
             for &(dev, addr, len) in &f.ranges {
                 match regs.find(crate::mem::MemKind::Dram, dev, addr, len) {
                     Some(r) => {
@@ -688,7 +679,7 @@ impl Agent {
     /// Takes the notifications whose integrity check failed since the last call, as
     /// `(Error::Corrupt, the user's message)`.
     pub fn take_integrity_failures(&self) -> Vec<(Error, Vec<u8>)> {
-        std::mem::take(&mut *lock(&self.shared.corrupt))
+        std::mem::take(&mut *self.shared.corrupt.lock())
             .into_iter()
             .map(|(remote, msg, _)| {
                 (
@@ -709,19 +700,19 @@ impl Agent {
     /// touches the request's memory when it returns (part of a WRITE may have landed, as the
     /// error's kind says for the peer-side cases).
     pub fn uncertain_requests(&self) -> Vec<UncertainXfer> {
-        lock(&self.shared.uncertain).iter().cloned().collect()
+        self.shared.uncertain.lock().iter().cloned().collect()
     }
 
     /// Dropped requests whose backend has not yet released them (each still holds its
     /// memory; see [`crate::XferReq::is_draining`]). Reaped by the agent's progress.
     pub fn draining_requests(&self) -> usize {
         self.shared.reap_drained();
-        lock(&self.shared.draining).len()
+        self.shared.draining.lock().len()
     }
 
     /// Forgets the uncertain requests listed so far.
     pub fn clear_uncertain_requests(&self) {
-        lock(&self.shared.uncertain).clear();
+        self.shared.uncertain.lock().clear();
     }
 
     /// Waits until at least one notification is queued or `timeout` passes, then drains:
@@ -739,7 +730,10 @@ impl Agent {
             if !n.is_empty() {
                 return Ok(n);
             }
-            if let Some((remote, _, reported)) = lock(&self.shared.corrupt)
+            if let Some((remote, _, reported)) = self
+                .shared
+                .corrupt
+                .lock()
                 .iter_mut()
                 .find(|(_, _, reported)| !*reported)
             {
@@ -844,7 +838,9 @@ impl Agent {
     }
 
     pub(crate) fn remote_peer(&self, remote: &str, op: Op) -> Result<Arc<RemotePeer>> {
-        lock(&self.shared.remotes)
+        self.shared
+            .remotes
+            .lock()
             .get(remote)
             .cloned()
             .ok_or_else(|| Error::not_found(self.name(), op, format!("remote agent {remote}")))

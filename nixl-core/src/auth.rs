@@ -16,15 +16,15 @@
 //! INVALIDATE frame reveals the secret whose hash the owner's metadata committed to). The trust
 //! model is in `docs/security.md`.
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
-use crate::agent::lock;
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::error::{DecodeError, Error, Op, Result};
 
@@ -263,7 +263,7 @@ impl ReplayCache {
         if ts_ms.abs_diff(now) > skew_ms {
             return Err("timestamp outside the replay window (clocks differ or the frame is old)");
         }
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.lock();
         while let Some(&(n, exp)) = g.order.front() {
             if exp > now {
                 break;
@@ -497,7 +497,7 @@ impl Bindings {
         new_incarnation: bool,
         limit: usize,
     ) -> Result<()> {
-        let names = lock(&self.names);
+        let names = self.names.lock();
         match names.get(name) {
             Some(b) if b.credential != proof.credential => Err(Error::not_allowed(
                 agent,
@@ -527,7 +527,7 @@ impl Bindings {
 
     /// Records an accepted load.
     pub fn record(&self, name: &str, proof: &Proof) {
-        let mut names = lock(&self.names);
+        let mut names = self.names.lock();
         let b = names.entry(name.to_owned()).or_insert_with(|| NameBinding {
             credential: proof.credential.clone(),
             last_issued_ms: 0,
@@ -537,7 +537,7 @@ impl Bindings {
 
     /// The credential `name` is bound to.
     pub fn credential_of(&self, name: &str) -> Option<String> {
-        lock(&self.names).get(name).map(|b| b.credential.clone())
+        self.names.lock().get(name).map(|b| b.credential.clone())
     }
 }
 

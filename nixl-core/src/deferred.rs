@@ -7,13 +7,12 @@
 //! closures. Dropping the scheduler runs nothing more: jobs still queued are dropped (their
 //! owners see them as never started) and the thread is joined.
 
+use parking_lot::{Condvar, Mutex};
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::BinaryHeap;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
-
-use crate::agent::lock;
 
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -81,7 +80,7 @@ impl Scheduler {
         job: impl FnOnce() + Send + 'static,
     ) -> std::io::Result<()> {
         {
-            let mut t = lock(&self.thread);
+            let mut t = self.thread.lock();
             if t.is_none() {
                 let inner = self.inner.clone();
                 *t = Some(
@@ -91,7 +90,7 @@ impl Scheduler {
                 );
             }
         }
-        let mut q = lock(&self.inner.queue);
+        let mut q = self.inner.queue.lock();
         let seq = q.next_seq;
         q.next_seq += 1;
         q.heap.push(Entry {
@@ -106,7 +105,7 @@ impl Scheduler {
 }
 
 fn run(inner: &Inner) {
-    let mut q = lock(&inner.queue);
+    let mut q = inner.queue.lock();
     loop {
         if q.stop {
             return;
@@ -117,18 +116,14 @@ fn run(inner: &Inner) {
                 if let Some(e) = q.heap.pop() {
                     drop(q);
                     (e.job)();
-                    q = lock(&inner.queue);
+                    q = inner.queue.lock();
                 }
             }
             Some(due) => {
-                q = inner
-                    .cv
-                    .wait_timeout(q, due - now)
-                    .map(|(g, _)| g)
-                    .unwrap_or_else(|p| p.into_inner().0);
+                inner.cv.wait_for(&mut q, due - now);
             }
             None => {
-                q = inner.cv.wait(q).unwrap_or_else(|p| p.into_inner());
+                inner.cv.wait(&mut q);
             }
         }
     }
@@ -137,14 +132,14 @@ fn run(inner: &Inner) {
 impl Drop for Scheduler {
     fn drop(&mut self) {
         let jobs = {
-            let mut q = lock(&self.inner.queue);
+            let mut q = self.inner.queue.lock();
             q.stop = true;
             std::mem::take(&mut q.heap)
         };
         self.inner.cv.notify_all();
         // Dropped outside the lock: a job's captures may own anything.
         drop(jobs);
-        let handle = lock(&self.thread).take();
+        let handle = self.thread.lock().take();
         if let Some(h) = handle {
             if h.thread().id() != std::thread::current().id() && h.join().is_err() {
                 tracing::error!(scheduler = %self.name, "a scheduled job panicked");
@@ -191,11 +186,11 @@ mod tests {
         let ran = Arc::new(Mutex::new(false));
         let r = ran.clone();
         s.schedule(Instant::now() + Duration::from_secs(3600), move || {
-            *lock(&r) = true;
+            *r.lock() = true;
         })
         .unwrap();
         drop(s);
-        assert!(!*lock(&ran));
+        assert!(!*ran.lock());
         assert_eq!(Arc::strong_count(&ran), 1, "the queued job was dropped");
     }
 }

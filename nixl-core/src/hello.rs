@@ -13,11 +13,11 @@
 //! Without a credential a hello is a claim: whoever connects may name itself (see
 //! `docs/security.md`); sessions still keep one connection from speaking for another.
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use crate::agent::lock;
 use crate::auth::{self, domain, Auth, Bindings, ReplayCache, Stamp, MAC_LEN};
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::error::{DecodeError, Error, Op, Result};
@@ -249,7 +249,7 @@ impl Sessions {
     /// Records a checked hello that arrived on connection `conn` (a backend's token for the
     /// connection, e.g. its endpoint handle).
     pub fn accept(&self, hello: &Hello, conn: u64) {
-        let mut g = lock(&self.inner);
+        let mut g = self.inner.lock();
         if g.by_id
             .insert(hello.session, (hello.sender.clone(), conn))
             .is_none()
@@ -269,7 +269,9 @@ impl Sessions {
     /// The sender of a notification carrying `session` that arrived on `conn`; `None` (and
     /// counted) for an unknown session or one that belongs to another connection.
     pub fn sender(&self, session: &SessionId, conn: u64) -> Option<String> {
-        let found = lock(&self.inner)
+        let found = self
+            .inner
+            .lock()
             .by_id
             .get(session)
             .filter(|(_, c)| *c == conn)
@@ -287,7 +289,7 @@ impl Sessions {
 
     /// Sessions held.
     pub fn len(&self) -> usize {
-        lock(&self.inner).by_id.len()
+        self.inner.lock().by_id.len()
     }
 
     /// Whether no session is held.

@@ -9,8 +9,8 @@
 //! [`crate::Agent::wait_notifs`] (one `LimitExceeded` error per batch of drops) and
 //! [`crate::Agent::dropped_notifs`] (the counts per sender).
 
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::limits::NOTIF_OVERHEAD;
@@ -85,9 +85,7 @@ impl NotifQueue {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        // A poisoned lock only means a panicking thread held it; the map is still consistent
-        // because every mutation below is a single push or take.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.lock()
     }
 
     /// Adds a message from `sender`; returns false when it did not fit (dropped and counted).
@@ -189,10 +187,7 @@ impl NotifQueue {
             if now >= deadline {
                 return false;
             }
-            g = match self.ready.wait_timeout(g, deadline - now) {
-                Ok((g, _)) => g,
-                Err(p) => p.into_inner().0,
-            };
+            self.ready.wait_for(&mut g, deadline - now);
         }
     }
 }

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use crate::agent::{lock, Agent, BackendHandle, BackendSlot, Shared};
+use crate::agent::{Agent, BackendHandle, BackendSlot, Shared};
 use crate::backend::BackendMd;
 use crate::desc::{Desc, XferDescList};
 use crate::error::{Error, Op, Result};
@@ -232,8 +232,12 @@ impl Resolver<'_> {
                 (key, (r.desc.addr, r.desc.len, bound), Found::Remote(r))
             }
             Side::Initiator | Side::SelfTarget => {
-                let Some((reg, i, bound)) =
-                    lock(&self.agent.shared.regs).find_bounded(self.kind, d.dev_id, d.addr, d.len)
+                let Some((reg, i, bound)) = self
+                    .agent
+                    .shared
+                    .regs
+                    .lock()
+                    .find_bounded(self.kind, d.dev_id, d.addr, d.len)
                 else {
                     return Ok(None);
                 };

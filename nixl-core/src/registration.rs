@@ -1,9 +1,10 @@
 //! Registrations: memory registered with backends, kept alive while anything uses it.
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
-use crate::agent::{lock, Agent, BackendHandle, BackendSlot, Shared};
+use crate::agent::{Agent, BackendHandle, BackendSlot, Shared};
 use crate::backend::BackendMd;
 use crate::error::{Error, Op, Result};
 use crate::index::{RegionIndex, RegionKey};
@@ -21,7 +22,8 @@ pub(crate) struct RegRegion {
 
 impl RegRegion {
     pub fn md_for(&self, slot_id: usize) -> Option<BackendMd> {
-        lock(&self.mds)
+        self.mds
+            .lock()
             .iter()
             .find(|(s, _)| s.id == slot_id)
             .map(|(_, m)| m.clone())
@@ -41,14 +43,14 @@ impl RegInner {
     fn release(&self) -> Vec<Error> {
         let mut errors = Vec::new();
         for r in &self.regions {
-            for (slot, md) in std::mem::take(&mut *lock(&r.mds)) {
+            for (slot, md) in std::mem::take(&mut *r.mds.lock()) {
                 if let Err(e) = slot.backend.deregister(md) {
                     errors.push(e);
                 }
             }
             self.shared.counters.deregistered(r.desc.len);
         }
-        lock(&self.shared.regs).remove(self);
+        self.shared.regs.lock().remove(self);
         errors
     }
 }
@@ -95,7 +97,8 @@ impl Registration {
             .regions
             .iter()
             .flat_map(|r| {
-                lock(&r.mds)
+                r.mds
+                    .lock()
                     .iter()
                     .map(|(s, _)| (s.id, s.handle(self.inner.shared.generation)))
                     .collect::<Vec<_>>()
@@ -298,7 +301,7 @@ impl Agent {
         for r in &inner.regions {
             self.shared.counters.registered(r.desc.len);
         }
-        lock(&self.shared.regs).insert(&inner);
+        self.shared.regs.lock().insert(&inner);
         Ok(Registration { inner })
     }
 

@@ -1,10 +1,11 @@
 //! Peers' metadata: producing ours, loading theirs, invalidating them.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use crate::agent::{lock, Agent, BackendSlot};
+use crate::agent::{Agent, BackendSlot};
 use crate::auth::Proof;
 use crate::backend::BackendMd;
 use crate::codec::{AgentMetadata, BackendEntry, RegionEntry};
@@ -82,7 +83,7 @@ impl RemotePeer {
     }
 
     pub fn is_connected(&self, slot_id: usize) -> bool {
-        lock(&self.conn).contains_key(&slot_id)
+        self.conn.lock().contains_key(&slot_id)
     }
 
     /// The loaded region covering `[addr, addr+len)`.
@@ -93,7 +94,8 @@ impl RemotePeer {
         addr: u64,
         len: u64,
     ) -> Option<Arc<RemoteRegion>> {
-        lock(&self.regions)
+        self.regions
+            .lock()
             .find(kind, dev_id, addr, len, |r| {
                 r.desc.covers(addr, len, dev_id)
             })
@@ -111,7 +113,8 @@ impl RemotePeer {
         addr: u64,
         len: u64,
     ) -> Option<(Arc<RemoteRegion>, u64)> {
-        lock(&self.regions)
+        self.regions
+            .lock()
             .find_bounded(kind, dev_id, addr, len, |r| {
                 r.desc.covers(addr, len, dev_id)
             })
@@ -178,7 +181,7 @@ impl<'a> LoadPlan<'a> {
             ));
         }
         let (existing, loaded) = {
-            let remotes = lock(&agent.shared.remotes);
+            let remotes = agent.shared.remotes.lock();
             (remotes.get(&md.name).cloned(), remotes.len())
         };
         let same = existing
@@ -236,7 +239,7 @@ impl<'a> LoadPlan<'a> {
         }
         match same {
             Some(peer) if md.has_conn_info => {
-                let conn = lock(&peer.conn);
+                let conn = peer.conn.lock();
                 for (e, slot) in md.backends.iter().zip(&slots) {
                     let old = slot.as_ref().and_then(|s| conn.get(&s.id));
                     if old.is_some_and(|old| *old != e.conn_info) {
@@ -298,7 +301,7 @@ impl<'a> LoadPlan<'a> {
                 }
             }
         }
-        let have: usize = same.map_or(0, |p| lock(&p.regions).len());
+        let have: usize = same.map_or(0, |p| p.regions.lock().len());
         if have.saturating_add(new_regions.len()) > limits.max_regions_per_peer {
             return Err(Error::limit(
                 me,
@@ -367,7 +370,7 @@ impl<'a> LoadPlan<'a> {
         };
         if let (Some(old), false) = (&self.existing, self.same_gen) {
             // A restarted peer: fence the old incarnation first so backends can reconnect.
-            lock(&agent.shared.remotes).remove(&md.name);
+            agent.shared.remotes.lock().remove(&md.name);
             agent.retire_peer(old);
         }
         let mut guard = LoadGuard {
@@ -389,7 +392,7 @@ impl<'a> LoadPlan<'a> {
                     &e.conn_info,
                     peer.process.as_ref(),
                 )?;
-                lock(&peer.conn).insert(slot.id, e.conn_info.clone());
+                peer.conn.lock().insert(slot.id, e.conn_info.clone());
                 guard.connected.push(slot.clone());
             }
         }
@@ -418,9 +421,13 @@ impl<'a> LoadPlan<'a> {
                 }),
             );
         }
-        lock(&peer.regions).append(&mut loaded);
+        peer.regions.lock().append(&mut loaded);
         if !self.same_gen {
-            lock(&agent.shared.remotes).insert(md.name.clone(), peer.clone());
+            agent
+                .shared
+                .remotes
+                .lock()
+                .insert(md.name.clone(), peer.clone());
         }
         if let Some(p) = proof {
             agent.shared.bindings.record(&md.name, p);
@@ -441,7 +448,7 @@ struct LoadGuard<'a> {
 impl Drop for LoadGuard<'_> {
     fn drop(&mut self) {
         for slot in self.connected.drain(..) {
-            lock(&self.peer.conn).remove(&slot.id);
+            self.peer.conn.lock().remove(&slot.id);
             if let Err(e) = slot.backend.disconnect(&self.peer.name) {
                 tracing::warn!(agent = %self.agent.name(), remote = %self.peer.name, error = %e, "rollback disconnect failed");
             }
@@ -499,7 +506,7 @@ impl Agent {
         let mut regions = Vec::new();
         for reg in &regs {
             for r in &reg.regions {
-                for (slot, md) in lock(&r.mds).iter() {
+                for (slot, md) in r.mds.lock().iter() {
                     if !slot.caps.remote {
                         continue;
                     }
@@ -532,7 +539,7 @@ impl Agent {
         sel: &MetadataSelection<'_>,
     ) -> Result<Vec<Arc<RegInner>>> {
         Ok(match sel.registrations {
-            None => lock(&self.shared.regs).live(),
+            None => self.shared.regs.lock().live(),
             Some(list) => {
                 let mut v = Vec::with_capacity(list.len());
                 for r in list {
@@ -593,7 +600,7 @@ impl Agent {
             let n = crate::nixl_wire::NixlMetadata::decode(bytes).map_err(decode_err)?;
             self.refuse_own(&n.name)?;
             let peer_lock = self.shared.peer_lock(&n.name);
-            let _serialised = lock(&peer_lock);
+            let _serialised = peer_lock.lock();
             // A NIXL blob's incarnation depends on what is loaded: decided under the lock.
             let md = self.nixl_to_agent_metadata(n)?;
             return self.load_locked(md, Wire::Nixl, None);
@@ -603,7 +610,7 @@ impl Agent {
         let md = AgentMetadata::decode(opened.blob).map_err(decode_err)?;
         self.refuse_own(&md.name)?;
         let peer_lock = self.shared.peer_lock(&md.name);
-        let _serialised = lock(&peer_lock);
+        let _serialised = peer_lock.lock();
         self.load_locked(md, Wire::Native, proof.as_ref())
     }
 
@@ -628,7 +635,7 @@ impl Agent {
 
     fn retire_peer(&self, peer: &Arc<RemotePeer>) {
         peer.valid.store(false, Ordering::SeqCst);
-        let conns: Vec<usize> = std::mem::take(&mut *lock(&peer.conn)).into_keys().collect();
+        let conns: Vec<usize> = std::mem::take(&mut *peer.conn.lock()).into_keys().collect();
         for slot in self
             .shared
             .backends()
@@ -647,8 +654,8 @@ impl Agent {
     #[doc(alias = "invalidateRemoteMD")]
     pub fn invalidate_remote_metadata(&self, remote: &str) -> Result<()> {
         let peer_lock = self.shared.peer_lock(remote);
-        let _serialised = lock(&peer_lock);
-        let peer = lock(&self.shared.remotes).remove(remote).ok_or_else(|| {
+        let _serialised = peer_lock.lock();
+        let peer = self.shared.remotes.lock().remove(remote).ok_or_else(|| {
             Error::not_found(
                 self.name(),
                 Op::Invalidate,
@@ -671,8 +678,8 @@ impl Agent {
         by: Invalidator<'_>,
     ) -> Result<bool> {
         let peer_lock = self.shared.peer_lock(remote);
-        let _serialised = lock(&peer_lock);
-        let mut remotes = lock(&self.shared.remotes);
+        let _serialised = peer_lock.lock();
+        let mut remotes = self.shared.remotes.lock();
         let allowed = |p: &RemotePeer| match (by, p.owner_commit) {
             (Invalidator::Local, _) | (Invalidator::Peer(_), None) => true,
             (Invalidator::Peer(token), Some(c)) => {
@@ -718,7 +725,7 @@ impl Agent {
     /// [`Error::NotFound`] for a peer that is not loaded.
     pub fn remote_regions(&self, remote: &str) -> Result<Vec<RegionDesc>> {
         let peer = self.remote_peer(remote, Op::LoadMetadata)?;
-        let regions = lock(&peer.regions);
+        let regions = peer.regions.lock();
         Ok(regions.values().map(|r| r.desc.clone()).collect())
     }
 
@@ -754,19 +761,21 @@ impl Agent {
     /// The process of a loaded peer as this agent watches it (`Some(None)`: loaded, but not a
     /// process of this host); `None` when not loaded.
     pub(crate) fn remote_process(&self, remote: &str) -> Option<Option<crate::ProcessId>> {
-        lock(&self.shared.remotes)
+        self.shared
+            .remotes
+            .lock()
             .get(remote)
             .map(|p| p.process.as_ref().map(|w| *w.id()))
     }
 
     /// The generation of a loaded peer.
     pub fn remote_generation(&self, remote: &str) -> Option<u64> {
-        lock(&self.shared.remotes).get(remote).map(|p| p.generation)
+        self.shared.remotes.lock().get(remote).map(|p| p.generation)
     }
 
     /// Names of loaded peers.
     pub fn remotes(&self) -> Vec<String> {
-        let mut v: Vec<String> = lock(&self.shared.remotes).keys().cloned().collect();
+        let mut v: Vec<String> = self.shared.remotes.lock().keys().cloned().collect();
         v.sort();
         v
     }

@@ -1,10 +1,11 @@
 //! Prepared descriptor lists and transfer requests.
 
+use parking_lot::Mutex;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::agent::{lock, Agent, BackendHandle, BackendSlot, Shared};
+use crate::agent::{Agent, BackendHandle, BackendSlot, Shared};
 use crate::backend::{BackendXfer, CostEstimate, XferSpec, XferState};
 use crate::desc::{XferDescList, XferOp};
 use crate::error::{Error, Op, Result};
@@ -259,7 +260,7 @@ impl XferReq {
     /// notifications ([`Error::NotSupported`]); nothing changes on error.
     #[doc(alias = "notifMsg")]
     pub fn set_notif(&self, msg: Option<Vec<u8>>) -> Result<()> {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         if let Status::Posted { .. } = st.status {
             return Err(Error::RepostActive {
                 agent: self.shared.name.clone(),
@@ -305,7 +306,7 @@ impl XferReq {
     /// The transports this request used (or the backend's path to its target); for a block
     /// request, also whether the backend consumed the strides or got materialized segments.
     pub fn path(&self) -> String {
-        let st = lock(&self.state);
+        let st = self.state.lock();
         let p = st
             .xfer
             .path()
@@ -320,7 +321,7 @@ impl XferReq {
     /// Telemetry of the latest post.
     #[doc(alias = "getXferTelemetry")]
     pub fn telemetry(&self) -> XferTelemetry {
-        lock(&self.state).tel
+        self.state.lock().tel
     }
 
     /// The request's peer: `PeerRestarted` when the incarnation it was built against was
@@ -332,7 +333,10 @@ impl XferReq {
     fn peer_check(&self, now: Instant) -> Result<()> {
         if let Some(p) = &self.remote {
             if !p.valid.load(Ordering::SeqCst) {
-                let current = lock(&self.shared.remotes)
+                let current = self
+                    .shared
+                    .remotes
+                    .lock()
                     .get(&p.name)
                     .map(|q| q.generation);
                 let Some(current) = current else {
@@ -360,7 +364,7 @@ impl XferReq {
     /// Posts the request ([`Agent::post_xfer_req`] checks ownership first). Refused while in
     /// flight; allowed again once it is done, failed or canceled.
     pub(crate) fn post(&self) -> Result<XferState> {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         if let Status::Posted { .. } = st.status {
             return Err(Error::RepostActive {
                 agent: self.shared.name.clone(),
@@ -429,7 +433,7 @@ impl XferReq {
     /// Polls the request ([`Agent::check_xfer_state`]): `Done`, `InProgress`, or the terminal
     /// error.
     pub(crate) fn check(&self) -> Result<XferState> {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         self.check_locked(&mut st)
     }
 
@@ -518,7 +522,7 @@ impl XferReq {
 
     fn note_uncertain(&self, e: &Error) {
         if e.is_uncertain() {
-            let mut u = lock(&self.shared.uncertain);
+            let mut u = self.shared.uncertain.lock();
             if u.len() >= crate::agent::MAX_UNCERTAIN {
                 u.pop_front();
             }
@@ -541,7 +545,7 @@ impl XferReq {
         let mut spins = 0u32;
         loop {
             {
-                let mut st = lock(&self.state);
+                let mut st = self.state.lock();
                 match self.check_locked(&mut st)? {
                     XferState::Done => return Ok(()),
                     XferState::InProgress => {
@@ -572,7 +576,7 @@ impl XferReq {
     /// Cancels the request. Returns once the backend no longer touches its memory; the request
     /// is then `Canceled` (a request not in flight is left as it is).
     pub fn cancel(&self) -> Result<()> {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         if let Status::Posted { .. } = st.status {
             if let Err(e) = st.xfer.cancel() {
                 st.leaked = true;
@@ -589,18 +593,18 @@ impl XferReq {
     /// the memory it names stays registered and alive, and it cannot be posted again. Polls
     /// the backend once. See `docs/reliability.md` for when this lasts.
     pub fn is_draining(&self) -> bool {
-        lock(&self.state).settle()
+        self.state.lock().settle()
     }
 
     /// Whether the request is in flight.
     pub fn is_in_flight(&self) -> bool {
-        matches!(lock(&self.state).status, Status::Posted { .. })
+        matches!(self.state.lock().status, Status::Posted { .. })
     }
 }
 
 impl Drop for XferReq {
     fn drop(&mut self) {
-        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        let st = self.state.get_mut();
         if let Status::Posted { .. } = st.status {
             if let Err(e) = st.xfer.cancel() {
                 tracing::error!(agent = %self.shared.name, error = %e, "cancel on drop failed; leaking the request's memory");
@@ -616,7 +620,7 @@ impl Drop for XferReq {
             // backend confirms (its progress reaps it).
             let placeholder: Box<dyn BackendXfer> = Box::new(Released);
             let xfer = std::mem::replace(&mut st.xfer, placeholder);
-            lock(&self.shared.draining).push(Drained {
+            self.shared.draining.lock().push(Drained {
                 xfer,
                 _keep: self.keep.take(),
             });

@@ -204,18 +204,18 @@ fn drop_removes_namespaces_and_processes_even_when_the_test_panics() {
         return;
     };
     drop(probe);
-    let made = std::sync::Mutex::new((Vec::new(), 0u32));
-    let r = std::panic::catch_unwind(|| {
+    let made = parking_lot::Mutex::new((Vec::new(), 0u32));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let net = Net::create(&NetSpec::pair(2)).expect("create");
         let mut p = net
             .spawn_test(0, "harness_child", &[(ROLE, "idle".into())])
             .expect("spawn");
         p.expect("idle", T).expect("idle");
-        *made.lock().unwrap() = (net.namespaces(), p.id());
+        *made.lock() = (net.namespaces(), p.id());
         panic!("a failing test");
-    });
+    }));
     assert!(r.is_err());
-    let (names, pid) = made.into_inner().unwrap();
+    let (names, pid) = made.into_inner();
     assert_eq!(names.len(), 4, "2 hosts + 2 wires: {names:?}");
     let left = netns::existing_namespaces();
     assert!(

@@ -23,9 +23,10 @@
 //! `CUFILE_FORCE_COMPAT_MODE=true` (otherwise `NotSupported`). This crate never changes the
 //! process environment.
 
+use parking_lot::Mutex;
 use std::ffi::CString;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use nixl_core::{Error, Op, Result};
 
@@ -143,7 +144,7 @@ fn unavailable(what: &str, hint: impl Into<String>) -> (String, String) {
 /// driver, or the same reason it is unavailable. `NotSupported` (not remembered) when
 /// `force_compat_mode` cannot be honoured.
 pub fn open(opts: &Options) -> Result<Arc<Driver>> {
-    let mut g = DRIVER.lock().unwrap_or_else(|p| p.into_inner());
+    let mut g = DRIVER.lock();
     if let Some(r) = &*g {
         return r
             .clone()
@@ -169,7 +170,6 @@ pub fn open(opts: &Options) -> Result<Arc<Driver>> {
 pub fn opened() -> Option<Arc<Driver>> {
     DRIVER
         .lock()
-        .unwrap_or_else(|p| p.into_inner())
         .as_ref()
         .and_then(|r| r.as_ref().ok().cloned())
 }

@@ -9,12 +9,12 @@
 //! in one PID namespace, the importer allowed to open the exporter's `/proc/<pid>/fd` (same
 //! user, the default).
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fmt;
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::Mutex;
 
 use nixl_core::{DecodeError, Error, MemoryRegion, Op, RegionDesc, Result};
 
@@ -78,7 +78,7 @@ impl SharedHostHandle {
 
     /// The handle of the live shared buffer of this process containing `[addr, addr+len)`.
     pub fn find_local(addr: u64, len: u64) -> Option<SharedHostHandle> {
-        let live = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+        let live = LIVE.lock();
         let (_, h) = live.range(..=addr).next_back()?;
         let end = addr.checked_add(len)?;
         (end <= h.addr + h.len).then(|| h.clone())
@@ -133,9 +133,7 @@ impl SharedHostBuffer {
             fd: OwnedFd::from(file),
             token,
         };
-        LIVE.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(b.addr(), b.handle());
+        LIVE.lock().insert(b.addr(), b.handle());
         Ok(b)
     }
 
@@ -163,9 +161,7 @@ unsafe impl HostMemory for SharedHostBuffer {
 
 impl Drop for SharedHostBuffer {
     fn drop(&mut self) {
-        LIVE.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.addr());
+        LIVE.lock().remove(&self.addr());
         // Then the fields: the mapping is unmapped, the memfd closed.
     }
 }

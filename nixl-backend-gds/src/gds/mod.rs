@@ -30,10 +30,11 @@
 
 mod xfer;
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nixl_core::backend::{
@@ -459,7 +460,7 @@ impl GdsBackend {
                     .map(|p| p.display().to_string())
                     .unwrap_or_else(|| format!("fd {raw}"));
                 tracing::warn!(agent = %self.agent, file = %name, reason = %why, "GDS: cuFile refused the file; its transfers use the POSIX bounce engine (fallback = bounce)");
-                let mut fb = self.fallbacks.lock().unwrap_or_else(|p| p.into_inner());
+                let mut fb = self.fallbacks.lock();
                 fb.0 += 1;
                 fb.1.get_or_insert_with(|| why.clone());
                 (GdsFile::Bounce(fd), Some(why))
@@ -529,7 +530,7 @@ impl Backend for GdsBackend {
 
     fn path_report(&self, remote: &str) -> Option<String> {
         (remote == self.agent).then(|| {
-            let fb = self.fallbacks.lock().unwrap_or_else(|p| p.into_inner());
+            let fb = self.fallbacks.lock();
             match &fb.1 {
                 None => self.mode(),
                 Some(why) => format!(

@@ -10,8 +10,9 @@
 //! `pwrite`, READ = `pread` + `cuMemcpyHtoDAsync` + sync; several workers pipeline (one
 //! copies while another is in the kernel). The same engine serves GDS's fallback.
 
+use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use nixl_core::backend::BackendMd;
@@ -34,10 +35,6 @@ pub(crate) fn cuda_used() -> bool {
 /// Notes that CUDA was loaded and has a device (for path reports).
 pub(crate) fn note_cuda_used() {
     CUDA_USED.store(true, Ordering::Relaxed);
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Backend metadata of a registered VRAM region: the primary context of its GPU.
@@ -158,7 +155,7 @@ impl Staging {
     /// Takes a free buffer, waiting while all are in use (each is held for one chunk's
     /// bounded I/O); `Canceled` once the request is canceled.
     fn take(&self, canceled: &AtomicBool) -> std::result::Result<SlotGuard<'_>, ChunkError> {
-        let mut free = lock(&self.free);
+        let mut free = self.free.lock();
         loop {
             if canceled.load(Ordering::Acquire) {
                 return Err(ChunkError::Canceled);
@@ -169,11 +166,7 @@ impl Staging {
                     slot: Some(slot),
                 });
             }
-            free = self
-                .returned
-                .wait_timeout(free, Duration::from_millis(50))
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            self.returned.wait_for(&mut free, Duration::from_millis(50));
         }
     }
 }
@@ -187,7 +180,7 @@ struct SlotGuard<'a> {
 impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
         if let Some(s) = self.slot.take() {
-            lock(&self.staging.free).push(s);
+            self.staging.free.lock().push(s);
             self.staging.returned.notify_one();
         }
     }
@@ -288,7 +281,7 @@ impl PoolEngine {
 
     /// The staging buffers, allocated on first use (with `ctx` current).
     pub fn staging(&self, agent: &str, ctx: &Context) -> Result<Arc<Staging>> {
-        let mut g = lock(&self.staging);
+        let mut g = self.staging.lock();
         if let Some(s) = &*g {
             return Ok(s.clone());
         }
@@ -346,6 +339,6 @@ mod tests {
             "pinned bounce buffers 2 x 512 KiB + pread/pwrite x8, cuMemcpyAsync"
         );
         // Nothing is allocated or loaded by an engine that has not moved VRAM.
-        assert!(lock(&e.staging).is_none());
+        assert!(e.staging.lock().is_none());
     }
 }

@@ -1,9 +1,10 @@
 //! The fallback engine: a pool of threads doing `pread`/`pwrite`, used where io_uring is not
 //! allowed (old kernels, seccomp profiles of container runtimes, `io_uring_disabled`).
 
+use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -15,10 +16,6 @@ use nixl_mem::CudaError;
 use super::bounce::{self, VramSide};
 use super::{Chunk, Plan};
 use crate::sys::io;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// The progress of one post of a request, shared with the workers running its chunks.
 struct Progress {
@@ -38,7 +35,7 @@ struct Progress {
 impl Progress {
     fn finish_one(&self) {
         if self.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let _g = lock(&self.done_lock);
+            let _g = self.done_lock.lock();
             self.done.notify_all();
         }
     }
@@ -87,7 +84,7 @@ impl Pool {
     }
 
     fn submit(&self, jobs: impl Iterator<Item = Job>) {
-        let mut q = lock(&self.shared.queue);
+        let mut q = self.shared.queue.lock();
         q.jobs.extend(jobs);
         drop(q);
         self.shared.ready.notify_all();
@@ -96,7 +93,7 @@ impl Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        lock(&self.shared.queue).shutdown = true;
+        self.shared.queue.lock().shutdown = true;
         self.shared.ready.notify_all();
         for t in self.threads.drain(..) {
             if t.join().is_err() {
@@ -109,7 +106,7 @@ impl Drop for Pool {
 fn worker(s: &Shared) {
     loop {
         let job = {
-            let mut q = lock(&s.queue);
+            let mut q = s.queue.lock();
             loop {
                 if let Some(j) = q.jobs.pop_front() {
                     break j;
@@ -117,11 +114,11 @@ fn worker(s: &Shared) {
                 if q.shutdown {
                     return;
                 }
-                q = s.ready.wait(q).unwrap_or_else(|p| p.into_inner());
+                s.ready.wait(&mut q);
             }
         };
         let p = &job.progress;
-        if !p.canceled.load(Ordering::Acquire) && lock(&p.error).is_none() {
+        if !p.canceled.load(Ordering::Acquire) && p.error.lock().is_none() {
             let r = match (&p.vram, job.chunk.gpu) {
                 (_, None) => run_chunk(job.op, job.chunk),
                 (Some(v), Some(g)) => bounce::run_vram_chunk(job.op, job.chunk, v, g, &p.canceled),
@@ -134,7 +131,7 @@ fn worker(s: &Shared) {
                 ChunkError::Canceled => Ok(()),
                 e => Err(e),
             }) {
-                let mut err = lock(&p.error);
+                let mut err = p.error.lock();
                 if err.is_none() {
                     *err = Some(e.into_error(&p.agent, p.backend, Op::CheckXfer));
                 }
@@ -256,7 +253,7 @@ impl PoolXfer {
         if p.remaining.load(Ordering::Acquire) > 0 {
             return Ok(XferState::InProgress);
         }
-        if let Some(e) = lock(&p.error).take() {
+        if let Some(e) = p.error.lock().take() {
             self.reported = true;
             return Err(e);
         }
@@ -317,7 +314,7 @@ impl BackendXfer for PoolXfer {
         };
         p.canceled.store(true, Ordering::Release);
         let deadline = Instant::now() + self.plan.cancel_timeout;
-        let mut g = lock(&p.done_lock);
+        let mut g = p.done_lock.lock();
         while p.remaining.load(Ordering::Acquire) > 0 {
             let now = Instant::now();
             if now >= deadline {
@@ -327,11 +324,7 @@ impl BackendXfer for PoolXfer {
                     elapsed: self.plan.cancel_timeout,
                 });
             }
-            g = p
-                .done
-                .wait_timeout(g, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            p.done.wait_for(&mut g, deadline - now);
         }
         Ok(())
     }

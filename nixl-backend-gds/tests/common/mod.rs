@@ -5,7 +5,9 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 /// Where the server listens and the only credentials it accepts.
@@ -68,7 +70,7 @@ fn start() -> Result<S3Server, String> {
     let line = rx
         .recv_timeout(Duration::from_secs(60))
         .map_err(|_| "moto did not start within 60 s".to_owned())?;
-    *CHILD.lock().unwrap_or_else(|p| p.into_inner()) = Some(child);
+    *CHILD.lock() = Some(child);
     let get = |k: &str| field(&line, k).ok_or_else(|| format!("moto printed {line:?}"));
     Ok(S3Server {
         endpoint: get("endpoint")?,

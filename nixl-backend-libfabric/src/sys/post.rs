@@ -3,10 +3,11 @@
 //! after closing the endpoint: the posting methods reach them only through the endpoint's
 //! lock ([`EpGuard`]), so nothing the provider may still touch can be freed early.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::ops::{Deref, DerefMut, Range};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use super::fabric::{Domain, Endpoint, Mr};
 use crate::result::{check, FiError};
@@ -161,7 +162,7 @@ impl<K, X> Endpoint<Mutex<EpState<K, X>>> {
     pub fn lock(&self) -> EpGuard<'_, K, X> {
         EpGuard {
             ep: self.as_ptr(),
-            g: self.state().lock().unwrap_or_else(|p| p.into_inner()),
+            g: self.state().lock(),
         }
     }
 }

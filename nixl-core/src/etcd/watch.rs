@@ -3,15 +3,16 @@
 //! crash) or is replaced by another incarnation's metadata, the peer is invalidated, so
 //! requests to it fail with typed errors instead of writing into memory that may be gone.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::client::prefix_end;
 use super::config::KeyLayout;
 use super::pb;
 use super::rpc::Rpc;
-use crate::agent::{lock, Agent, Shared};
+use crate::agent::{Agent, Shared};
 
 /// A peer loaded through etcd: the incarnation loaded and the labels it came from.
 #[derive(Debug)]
@@ -49,7 +50,7 @@ impl PeerTable {
     /// Returns true when events newer than that read were already handled (before this
     /// registration), so the caller must re-read the key to not miss a deletion.
     pub fn track(&self, peer: &str, generation: u64, label: &str, revision: i64) -> bool {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         let w = st.peers.entry(peer.to_owned()).or_insert_with(|| Watched {
             generation,
             labels: BTreeSet::new(),
@@ -66,7 +67,7 @@ impl PeerTable {
 
     /// Stops watching `peer` if it is still at `generation` (any generation for `None`).
     pub fn untrack(&self, peer: &str, generation: Option<u64>) {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         if st
             .peers
             .get(peer)
@@ -78,13 +79,13 @@ impl PeerTable {
 
     /// Names of watched peers, sorted.
     pub fn names(&self) -> Vec<String> {
-        let mut v: Vec<String> = lock(&self.state).peers.keys().cloned().collect();
+        let mut v: Vec<String> = self.state.lock().peers.keys().cloned().collect();
         v.sort();
         v
     }
 
     pub fn handled(&self) -> i64 {
-        lock(&self.state).handled
+        self.state.lock().handled
     }
 
     /// Applies one watch response and returns the `(peer, generation)`s to invalidate.
@@ -96,7 +97,7 @@ impl PeerTable {
         resp: &pb::WatchResponse,
         put_keeps: &dyn Fn(&[u8], &str, u64) -> bool,
     ) -> Vec<(String, u64)> {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         let mut gone = Vec::new();
         for ev in &resp.events {
             let Some(kv) = &ev.kv else { continue };
@@ -246,7 +247,9 @@ async fn reconcile(
     shared: &Weak<Shared>,
     table: &PeerTable,
 ) -> Option<i64> {
-    let peers: Vec<(String, u64, Vec<String>)> = lock(&table.state)
+    let peers: Vec<(String, u64, Vec<String>)> = table
+        .state
+        .lock()
         .peers
         .iter()
         .map(|(n, w)| (n.clone(), w.generation, w.labels.iter().cloned().collect()))
@@ -302,7 +305,7 @@ async fn reconcile(
             .header
             .map(|h| h.revision)?,
     };
-    let mut st = lock(&table.state);
+    let mut st = table.state.lock();
     st.handled = st.handled.max(resume);
     Some(resume + 1)
 }

@@ -17,11 +17,11 @@
 
 mod xfer;
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::agent::lock;
 use crate::backend::{
     Backend, BackendContext, BackendMd, BackendParams, BackendXfer, Capabilities, CostEstimate,
     QueryResult, XferSpec,
@@ -121,12 +121,12 @@ impl FaultLog {
 
     /// The events so far.
     pub fn events(&self) -> Vec<FaultEvent> {
-        lock(&self.events).clone()
+        self.events.lock().clone()
     }
 
     fn push(&self, e: FaultEvent) {
         tracing::debug!(event = ?e, "fault injected");
-        lock(&self.events).push(e);
+        self.events.lock().push(e);
     }
 }
 
@@ -191,7 +191,7 @@ impl Core {
 
     fn unit(&self) -> f64 {
         // splitmix64
-        let mut s = lock(&self.rng);
+        let mut s = self.rng.lock();
         *s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = *s;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

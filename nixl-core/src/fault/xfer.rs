@@ -2,11 +2,11 @@
 //! starts later (on the injector's thread), plus a private copy of the payload for corrupted
 //! WRITEs (built on the first one, kept for the request's life).
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Core, FaultEvent};
-use crate::agent::lock;
 use crate::backend::{BackendMd, BackendXfer, XferSpec, XferState};
 use crate::desc::XferOp;
 use crate::error::{Error, Op, Result};
@@ -175,7 +175,7 @@ impl FaultXfer {
         };
         let s = slot(xfer);
         {
-            let mut g = lock(&s);
+            let mut g = s.lock();
             g.private = Some((self.core.clone(), md));
             g.buf = Some(buf);
         }
@@ -185,7 +185,7 @@ impl FaultXfer {
 
     /// Copies the caller's payload into the private buffer and flips the byte at `offset`.
     fn fill_private(&self, s: &Arc<Mutex<Slot>>, offset: u64) {
-        let g = lock(s);
+        let g = s.lock();
         let Some(buf) = &g.buf else { return };
         let mut at = 0usize;
         for &(addr, len) in &self.local {
@@ -260,7 +260,7 @@ impl FaultXfer {
         self.extra_notifs = 0;
         if self.inner_notif {
             let msg = self.notif.as_deref().filter(|_| copies > 0);
-            lock(self.current()).xfer.set_notif(msg)?;
+            self.current().lock().xfer.set_notif(msg)?;
             self.extra_notifs = if msg.is_some() { copies - 1 } else { 0 };
         } else if self.notif.is_some() {
             self.extra_notifs = copies;
@@ -294,12 +294,12 @@ impl BackendXfer for FaultXfer {
         let delay = self.draw(post)?;
         let s = self.current().clone();
         if let Some(d) = delay {
-            lock(&s).phase = Phase::Held;
+            s.lock().phase = Phase::Held;
             // Weak: a request dropped (and so canceled) meanwhile is not kept alive by its job.
             let job = Arc::downgrade(&s);
             let started = core.sched.schedule(Instant::now() + d, move || {
                 let Some(job) = job.upgrade() else { return };
-                let mut g = lock(&job);
+                let mut g = job.lock();
                 if matches!(g.phase, Phase::Held) {
                     g.phase = match g.xfer.post() {
                         Ok(_) => Phase::Posted,
@@ -308,12 +308,12 @@ impl BackendXfer for FaultXfer {
                 }
             });
             if let Err(e) = started {
-                lock(&s).phase = Phase::Idle;
+                s.lock().phase = Phase::Idle;
                 return Err(Error::io(&core.agent, Op::PostXfer, e));
             }
             return Ok(XferState::InProgress);
         }
-        let mut g = lock(&s);
+        let mut g = s.lock();
         let r = g.xfer.post();
         g.phase = match &r {
             Ok(_) => Phase::Posted,
@@ -332,7 +332,7 @@ impl BackendXfer for FaultXfer {
             self.cancel()?;
             return Err(self.core.dead_error(&self.spec.remote, Op::CheckXfer));
         }
-        let mut g = lock(&s);
+        let mut g = s.lock();
         let state = match &g.phase {
             Phase::Idle => {
                 return Err(Error::not_allowed(
@@ -360,7 +360,7 @@ impl BackendXfer for FaultXfer {
 
     fn cancel(&mut self) -> Result<()> {
         let s = self.current().clone();
-        let mut g = lock(&s);
+        let mut g = s.lock();
         match g.phase {
             Phase::Held => g.phase = Phase::Canceled,
             Phase::Posted => {
@@ -380,7 +380,7 @@ impl BackendXfer for FaultXfer {
         // Held back: it never reaches the wrapped backend. Already posted: the wrapped
         // backend is asked to stop in turn.
         let s = self.current().clone();
-        let mut g = lock(&s);
+        let mut g = s.lock();
         match g.phase {
             Phase::Held => g.phase = Phase::Canceled,
             Phase::Posted => g.xfer.abandon(),
@@ -391,7 +391,8 @@ impl BackendXfer for FaultXfer {
     }
 
     fn path(&self) -> Option<String> {
-        lock(&self.main)
+        self.main
+            .lock()
             .xfer
             .path()
             .map(|p| format!("{p} (fault injection)"))

@@ -91,7 +91,7 @@ impl BackendXfer for InprocBlocks {
                 "peer endpoint is gone",
             )
         })?;
-        let regions = ep.regions.read().unwrap_or_else(|p| p.into_inner());
+        let regions = ep.regions.read();
         for l in &self.layers {
             let end = l.remote.end().unwrap_or(u64::MAX);
             match regions.get(&l.region) {

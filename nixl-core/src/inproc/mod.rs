@@ -16,15 +16,15 @@ mod xfer;
 
 mod blocks;
 
+use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crate::deferred::Scheduler;
 use xfer::{InprocXfer, Plan};
 
-use crate::agent::lock;
 use crate::backend::{
     downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
     BlockXferSpec, Capabilities, XferSpec,
@@ -158,7 +158,7 @@ impl InprocBackend {
             notifs: ctx.notifs,
             regions: RwLock::new(HashMap::new()),
         });
-        let mut eps = lock(&ENDPOINTS);
+        let mut eps = ENDPOINTS.lock();
         eps.retain(|_, w| w.strong_count() > 0);
         eps.insert(id, Arc::downgrade(&ep));
         InprocBackend {
@@ -171,7 +171,8 @@ impl InprocBackend {
     }
 
     fn peer(&self, remote: &str, op: Op) -> Result<Arc<Endpoint>> {
-        lock(&self.peers)
+        self.peers
+            .lock()
             .get(remote)
             .and_then(Weak::upgrade)
             .ok_or_else(|| Error::disconnected(&self.agent, remote, op, "peer endpoint is gone"))
@@ -220,7 +221,8 @@ impl Backend for InprocBackend {
         let mut id = [0u8; 8];
         id.copy_from_slice(&info[10..18]);
         let id = u64::from_le_bytes(id);
-        let ep = lock(&ENDPOINTS)
+        let ep = ENDPOINTS
+            .lock()
             .get(&id)
             .cloned()
             .filter(|w| w.strong_count() > 0);
@@ -232,12 +234,12 @@ impl Backend for InprocBackend {
                 "endpoint no longer exists",
             )
         })?;
-        lock(&self.peers).insert(remote.to_owned(), ep);
+        self.peers.lock().insert(remote.to_owned(), ep);
         Ok(())
     }
 
     fn disconnect(&self, remote: &str) -> Result<()> {
-        lock(&self.peers).remove(remote);
+        self.peers.lock().remove(remote);
         Ok(())
     }
 
@@ -253,7 +255,6 @@ impl Backend for InprocBackend {
         self.ep
             .regions
             .write()
-            .unwrap_or_else(|p| p.into_inner())
             .insert(id, (region.addr, region.len));
         Ok(Arc::new(LocalMd { region: id }))
     }
@@ -261,11 +262,7 @@ impl Backend for InprocBackend {
     fn deregister(&self, md: BackendMd) -> Result<()> {
         let m = downcast_md::<LocalMd>(&md)
             .ok_or_else(|| Error::invalid(&self.agent, Op::DeregisterMem, "not INPROC metadata"))?;
-        self.ep
-            .regions
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&m.region);
+        self.ep.regions.write().remove(&m.region);
         Ok(())
     }
 
@@ -286,12 +283,7 @@ impl Backend for InprocBackend {
                 )
             })?;
         let ep = self.peer(remote, Op::LoadMetadata)?;
-        let found = ep
-            .regions
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&id)
-            .copied();
+        let found = ep.regions.read().get(&id).copied();
         if found != Some((region.addr, region.len)) {
             return Err(Error::not_found(
                 &self.agent,
@@ -369,7 +361,8 @@ impl Backend for InprocBackend {
     }
 
     fn path_report(&self, remote: &str) -> Option<String> {
-        lock(&self.peers)
+        self.peers
+            .lock()
             .contains_key(remote)
             .then(|| xfer::path(self.completion))
     }

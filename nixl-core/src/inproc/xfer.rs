@@ -1,11 +1,11 @@
 //! INPROC transfers: the copy (checked against the target's registrations under their read
 //! lock) and its two completions, inside `post` or later on the completion thread.
 
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use parking_lot::{Condvar, Mutex};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::{Completion, Endpoint};
-use crate::agent::lock;
 use crate::backend::{BackendXfer, XferState};
 use crate::deferred::Scheduler;
 use crate::desc::XferOp;
@@ -44,7 +44,7 @@ impl Plan {
             .target
             .upgrade()
             .ok_or_else(|| self.gone(op, "peer endpoint is gone"))?;
-        let regions = ep.regions.read().unwrap_or_else(|p| p.into_inner());
+        let regions = ep.regions.read();
         for &(_, raddr, len, region) in &self.segs {
             match regions.get(&region) {
                 Some(&(a, l)) if raddr >= a && raddr + len <= a + l => {}
@@ -61,7 +61,7 @@ impl Plan {
             .target
             .upgrade()
             .ok_or_else(|| self.gone(op, "peer endpoint is gone"))?;
-        let regions = ep.regions.read().unwrap_or_else(|p| p.into_inner());
+        let regions = ep.regions.read();
         for &(_, raddr, len, region) in &self.segs {
             match regions.get(&region) {
                 Some(&(a, l)) if raddr >= a && raddr + len <= a + l => {}
@@ -105,7 +105,7 @@ struct Post {
 
 impl Post {
     fn set(&self, p: Phase) {
-        *lock(&self.phase) = p;
+        *self.phase.lock() = p;
         self.cv.notify_all();
     }
 }
@@ -136,7 +136,7 @@ impl InprocXfer {
 
     fn post_deferred(&mut self, delay: Duration) -> Result<XferState> {
         if let Some(p) = &self.cur {
-            if matches!(*lock(&p.phase), Phase::Waiting | Phase::Copying) {
+            if matches!(*p.phase.lock(), Phase::Waiting | Phase::Copying) {
                 return Err(Error::RepostActive {
                     agent: self.plan.agent.clone(),
                     op: Op::PostXfer,
@@ -153,7 +153,7 @@ impl InprocXfer {
         self.sched
             .schedule(Instant::now() + delay, move || {
                 {
-                    let mut ph = lock(&job_post.phase);
+                    let mut ph = job_post.phase.lock();
                     if !matches!(*ph, Phase::Waiting) {
                         return;
                     }
@@ -187,7 +187,7 @@ impl BackendXfer for InprocXfer {
             // Immediate copies finish inside `post`.
             return Ok(XferState::Done);
         };
-        let ph = lock(&p.phase);
+        let ph = p.phase.lock();
         match &*ph {
             Phase::Waiting | Phase::Copying => Ok(XferState::InProgress),
             Phase::Done => Ok(XferState::Done),
@@ -204,7 +204,7 @@ impl BackendXfer for InprocXfer {
             // Immediate copies finish inside `post`: nothing is ever in flight.
             return Ok(());
         };
-        let mut ph = lock(&p.phase);
+        let mut ph = p.phase.lock();
         if matches!(*ph, Phase::Waiting) {
             *ph = Phase::Canceled;
             return Ok(());
@@ -220,10 +220,7 @@ impl BackendXfer for InprocXfer {
                     "a copy in progress did not finish",
                 ));
             }
-            ph =
-                p.cv.wait_timeout(ph, end - now)
-                    .map(|(g, _)| g)
-                    .unwrap_or_else(|poison| poison.into_inner().0);
+            p.cv.wait_for(&mut ph, end - now);
         }
         Ok(())
     }
@@ -232,7 +229,7 @@ impl BackendXfer for InprocXfer {
         // A copy still waiting for its time never starts; one already copying finishes and
         // `check` reports it (the request drains until then).
         if let Some(p) = &self.cur {
-            let mut ph = lock(&p.phase);
+            let mut ph = p.phase.lock();
             if matches!(*ph, Phase::Waiting) {
                 *ph = Phase::Canceled;
             }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::metadata::{NixlConn, NixlDesc, NixlMetadata, NixlSection};
 use super::Wire;
-use crate::agent::{lock, Agent};
+use crate::agent::Agent;
 use crate::codec::{AgentMetadata, BackendEntry, RegionEntry};
 use crate::error::{Error, Op, Result};
 use crate::mem::{MemKind, RegionDesc};
@@ -75,7 +75,7 @@ impl Agent {
         let mut sections: BTreeMap<(MemKind, usize), (String, Vec<NixlDesc>)> = BTreeMap::new();
         for reg in self.selected_registrations(sel)? {
             for r in &reg.regions {
-                for (slot, md) in lock(&r.mds).iter() {
+                for (slot, md) in r.mds.lock().iter() {
                     let Some(n) = slot.backend.nixl_wire().filter(|_| slot.caps.remote) else {
                         continue;
                     };
@@ -113,14 +113,16 @@ impl Agent {
 
     /// The wire format a loaded peer speaks.
     pub fn peer_wire(&self, remote: &str) -> Option<Wire> {
-        lock(&self.shared.remotes).get(remote).map(|p| p.wire)
+        self.shared.remotes.lock().get(remote).map(|p| p.wire)
     }
 
     /// Turns a decoded NIXL blob into the agent's loading form. A blob without connection
     /// info belongs to the NIXL incarnation already loaded under that name, if any.
     pub(crate) fn nixl_to_agent_metadata(&self, md: NixlMetadata) -> Result<AgentMetadata> {
         let generation = if md.conns.is_empty() {
-            lock(&self.shared.remotes)
+            self.shared
+                .remotes
+                .lock()
                 .get(&md.name)
                 .filter(|p| p.wire == Wire::Nixl)
                 .map_or(0, |p| p.generation)

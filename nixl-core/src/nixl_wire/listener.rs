@@ -1,17 +1,18 @@
 //! NIXL's `NIXLCOMM` side channel: a listener that serves NIXL agents (and nixl-rs agents
 //! speaking NIXL's wire), and the client calls that reach a NIXL agent's listener.
 
+use parking_lot::Mutex;
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::comm::{encode_command, parse_body, read_frame, write_frame, Command};
 use super::metadata::NixlMetadata;
 use super::Wire;
-use crate::agent::{lock, Agent, Shared};
+use crate::agent::{Agent, Shared};
 use crate::error::{Error, Op, Result};
 use crate::sidechannel::frame::Deadlined;
 
@@ -118,7 +119,7 @@ impl Slots {
     /// Makes room for one more connection: at the limit, closes the one idle the longest;
     /// false when every one is mid-frame.
     fn admit(&self) -> bool {
-        let mut g = lock(&self.slots);
+        let mut g = self.slots.lock();
         if g.len() < MAX_CONNECTIONS {
             return true;
         }
@@ -126,7 +127,7 @@ impl Slots {
             .iter()
             .enumerate()
             .filter(|(_, c)| !c.busy.load(Ordering::Acquire))
-            .min_by_key(|(_, c)| *lock(&c.idle_since))
+            .min_by_key(|(_, c)| *c.idle_since.lock())
             .map(|(i, _)| i);
         match victim {
             Some(i) => {
@@ -140,7 +141,7 @@ impl Slots {
     }
 
     fn forget(&self, id: u64) {
-        lock(&self.slots).retain(|c| c.id != id);
+        self.slots.lock().retain(|c| c.id != id);
     }
 }
 
@@ -157,7 +158,7 @@ fn accept_loop(listener: TcpListener, agent: Weak<Shared>, stop: Arc<AtomicBool>
                 let id = slots.next.fetch_add(1, Ordering::Relaxed);
                 let busy = Arc::new(AtomicBool::new(false));
                 let idle_since = Arc::new(Mutex::new(Instant::now()));
-                lock(&slots.slots).push(Slot {
+                slots.slots.lock().push(Slot {
                     id,
                     stream: clone,
                     busy: busy.clone(),
@@ -185,7 +186,7 @@ fn accept_loop(listener: TcpListener, agent: Weak<Shared>, stop: Arc<AtomicBool>
             }
         }
     }
-    for c in lock(&slots.slots).drain(..) {
+    for c in slots.slots.lock().drain(..) {
         let _ = c.stream.shutdown(std::net::Shutdown::Both);
     }
 }
@@ -265,7 +266,7 @@ fn serve(
                 }
             }
         }
-        *lock(idle_since) = Instant::now();
+        *idle_since.lock() = Instant::now();
         busy.store(false, Ordering::Release);
     }
 }

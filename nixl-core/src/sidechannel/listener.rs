@@ -18,15 +18,16 @@
 //! - a request over TCP, whose sender nobody can name, is refused unless the agent opted out
 //!   ([`crate::AgentConfig::allow_unauthenticated_listener`]).
 
+use parking_lot::Mutex;
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::frame::{self, code, Budget, Deadlined, Dir, Kind};
 use super::local::{LocalPeer, Stream};
-use crate::agent::{lock, Agent, Shared};
+use crate::agent::{Agent, Shared};
 use crate::auth::Stamp;
 use crate::error::{Error, ErrorKind, Op, Result};
 use crate::limits::ListenerLimits;
@@ -54,7 +55,7 @@ impl Server {
     /// Makes room for one more connection: false when every slot holds a request being
     /// answered.
     fn admit(&self) -> bool {
-        let mut conns = lock(&self.conns);
+        let mut conns = self.conns.lock();
         if conns.len() < self.limits.max_connections {
             return true;
         }
@@ -76,7 +77,7 @@ impl Server {
     }
 
     fn forget(&self, id: u64) {
-        lock(&self.conns).retain(|c| c.id != id);
+        self.conns.lock().retain(|c| c.id != id);
     }
 }
 
@@ -107,7 +108,7 @@ pub(crate) fn start(agent: &Agent) -> Result<()> {
     listener
         .set_nonblocking(true)
         .map_err(|e| Error::io(&name, Op::Exchange, e))?;
-    *lock(&agent.shared.listen_addr) = Some(addr);
+    *agent.shared.listen_addr.lock() = Some(addr);
     let unix = match super::local::bind(addr.port()) {
         Ok(l) => Some(l),
         Err(e) => {
@@ -128,7 +129,7 @@ pub(crate) fn start(agent: &Agent) -> Result<()> {
         .name(format!("nixl-listen-{name}"))
         .spawn(move || accept_loop(&listener, unix.as_ref(), addr, &server, &weak, &stop))
         .map_err(|e| Error::io(agent.name(), Op::Exchange, e))?;
-    lock(&agent.shared.threads).push(handle);
+    agent.shared.threads.lock().push(handle);
     Ok(())
 }
 
@@ -179,7 +180,7 @@ fn accept_loop(
         spawn_conn(server, weak, stream);
     }
     // Close whatever is still being read.
-    for c in lock(&server.conns).drain(..) {
+    for c in server.conns.lock().drain(..) {
         c.stream.shutdown();
     }
 }
@@ -191,7 +192,7 @@ fn spawn_conn(server: &Arc<Server>, weak: &Weak<Shared>, stream: Stream) {
     let Ok(clone) = stream.try_clone() else {
         return;
     };
-    lock(&server.conns).push(Conn {
+    server.conns.lock().push(Conn {
         id,
         since,
         stream: clone,

@@ -26,7 +26,7 @@ pub(crate) mod local;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use crate::agent::{lock, Agent, FetchStatus};
+use crate::agent::{Agent, FetchStatus};
 use crate::auth::Stamp;
 use crate::bytes::ByteWriter;
 use crate::error::{Error, Op, Result};
@@ -263,7 +263,10 @@ impl Agent {
                 "empty agent name",
             ));
         }
-        lock(&self.shared.fetches).insert(remote.to_owned(), FetchStatus::Pending);
+        self.shared
+            .fetches
+            .lock()
+            .insert(remote.to_owned(), FetchStatus::Pending);
         let agent = self.clone();
         let remote = remote.to_owned();
         let timeout = self.shared.config.default_timeout;
@@ -271,7 +274,7 @@ impl Agent {
             .name("nixl-fetch".into())
             .spawn(move || {
                 let r = agent.fetch_remote_metadata_blocking(&remote, addr, timeout);
-                let mut f = lock(&agent.shared.fetches);
+                let mut f = agent.shared.fetches.lock();
                 match r {
                     Ok(_) => f.remove(&remote),
                     Err(e) => f.insert(remote, FetchStatus::Failed(e.to_string())),
@@ -284,7 +287,7 @@ impl Agent {
     /// The state of a background fetch: `Ok(true)` loaded, `Ok(false)` still pending, or the
     /// error it failed with.
     pub fn fetch_status(&self, remote: &str) -> Result<bool> {
-        match lock(&self.shared.fetches).get(remote) {
+        match self.shared.fetches.lock().get(remote) {
             Some(FetchStatus::Pending) => Ok(false),
             Some(FetchStatus::Failed(m)) => Err(Error::not_found(
                 self.name(),

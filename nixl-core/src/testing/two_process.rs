@@ -42,14 +42,13 @@
 //! # fn main() {}
 //! ```
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::process::{Command, ExitStatus, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::signal::{self, Sig};
-use crate::agent::lock;
 use crate::Agent;
 
 /// Environment variable naming the child agent (set only in a spawned child).
@@ -75,7 +74,8 @@ pub fn next_notif(
     let key = (agent.name().to_owned(), from.to_owned());
     let end = Instant::now() + timeout;
     loop {
-        if let Some(m) = lock(&MAILBOX)
+        if let Some(m) = MAILBOX
+            .lock()
             .as_mut()
             .and_then(|b| b.get_mut(&key))
             .and_then(VecDeque::pop_front)
@@ -89,7 +89,7 @@ pub fn next_notif(
         let got = agent
             .wait_notifs(Duration::from_millis(100))
             .map_err(|e| format!("wait_notifs: {e}"))?;
-        let mut mb = lock(&MAILBOX);
+        let mut mb = MAILBOX.lock();
         let mb = mb.get_or_insert_with(HashMap::new);
         for (sender, msgs) in got {
             mb.entry((agent.name().to_owned(), sender))

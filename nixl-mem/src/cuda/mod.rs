@@ -24,8 +24,9 @@ pub(crate) mod kernel;
 #[cfg(test)]
 pub(crate) mod ptx_sim;
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::CudaContext;
 use nixl_core::{Error, Op, Result};
@@ -140,7 +141,7 @@ pub(crate) fn retain(ordinal: usize) -> Result<Arc<CudaContext>> {
             format!("CUDA device {ordinal} does not exist ({count} visible)"),
         ));
     }
-    let mut g = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut g = CONTEXTS.lock();
     let map = g.get_or_insert_with(HashMap::new);
     if let Some(c) = map.get(&ordinal) {
         return Ok(c.clone());

@@ -11,9 +11,10 @@
 //! Ownership: the request owns its event (`Arc`, shared with its ticket so the completer can
 //! query it); the backend owns the [`Completer`], whose `Drop` stops and joins the thread.
 
+use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -31,10 +32,6 @@ const SPIN_ROUNDS: u32 = 64;
 /// The longest sleep between two polls while a notification is pending: the worst extra
 /// latency of a notification after its data completed, when nobody polls.
 const MAX_BACKOFF: Duration = Duration::from_micros(50);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Where a notification goes once the data is complete.
 #[derive(Clone)]
@@ -160,13 +157,13 @@ impl Ticket {
     }
 
     pub fn outcome(&self) -> Outcome {
-        lock(&self.state).clone()
+        self.state.lock().clone()
     }
 
     /// Makes sure the notification is never sent, unless it already was. Waits for a send in
     /// progress (it holds the state lock) and returns whether it had been sent.
     pub fn cancel(&self) -> bool {
-        let mut st = lock(&self.state);
+        let mut st = self.state.lock();
         match *st {
             Outcome::Pending => {
                 *st = Outcome::Canceled;
@@ -218,38 +215,40 @@ impl Shared {
 
     /// Queues a ticket behind the earlier ones of the same destination and wakes the thread.
     pub fn submit(&self, t: Arc<Ticket>) {
-        let q = lock(&self.queues).entry(t.route_key()).or_default().clone();
-        lock(&q).push_back(t);
-        *lock(&self.submitted) += 1;
+        let q = self.queues.lock().entry(t.route_key()).or_default().clone();
+        q.lock().push_back(t);
+        *self.submitted.lock() += 1;
         self.wake.notify_one();
     }
 
     /// Sends the notifications of one destination whose data is complete, in order, stopping
     /// at the first still in flight. Called by the thread and by `check`.
     pub fn pump_key(&self, key: &[u8]) {
-        let q = lock(&self.queues).get(key).cloned();
+        let q = self.queues.lock().get(key).cloned();
         if let Some(q) = q {
             pump(&q);
         }
     }
 
     fn queues(&self) -> Vec<Arc<PeerQueue>> {
-        lock(&self.queues).values().cloned().collect()
+        self.queues.lock().values().cloned().collect()
     }
 
     /// Forgets empty queues nobody is about to use (destinations come and go with peers).
     /// Lock order: the map, then a queue (nothing takes them the other way round).
     fn prune(&self) {
-        lock(&self.queues).retain(|_, q| Arc::strong_count(q) > 1 || !lock(q).is_empty());
+        self.queues
+            .lock()
+            .retain(|_, q| Arc::strong_count(q) > 1 || !q.lock().is_empty());
     }
 }
 
 /// Returns (whether any ticket was resolved, whether any is still pending).
 fn pump(q: &PeerQueue) -> (bool, bool) {
-    let mut q = lock(q);
+    let mut q = q.lock();
     let mut progressed = false;
     while let Some(t) = q.front().cloned() {
-        let mut st = lock(&t.state);
+        let mut st = t.state.lock();
         if matches!(*st, Outcome::Pending) {
             match t.event.query() {
                 Ok(false) => return (progressed, true),
@@ -303,7 +302,7 @@ impl Drop for Completer {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         {
-            let _g = lock(&self.shared.submitted);
+            let _g = self.shared.submitted.lock();
             self.shared.wake.notify_all();
         }
         if let Some(t) = self.thread.take() {
@@ -320,7 +319,7 @@ fn run(s: &Shared, ctx: Option<&CudaContext>) {
     }
     let mut idle = 0u32;
     loop {
-        let seen = *lock(&s.submitted);
+        let seen = *s.submitted.lock();
         if s.stop.load(Ordering::SeqCst) {
             break;
         }
@@ -333,9 +332,9 @@ fn run(s: &Shared, ctx: Option<&CudaContext>) {
         if !pending {
             idle = 0;
             s.prune();
-            let g = lock(&s.submitted);
+            let mut g = s.submitted.lock();
             if *g == seen && !s.stop.load(Ordering::SeqCst) {
-                drop(s.wake.wait_timeout(g, IDLE_WAIT));
+                s.wake.wait_for(&mut g, IDLE_WAIT);
             }
             continue;
         }

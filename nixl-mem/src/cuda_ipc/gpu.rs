@@ -13,8 +13,9 @@
 //! load) is refused with `NotSupported` naming the GPUs and the reason, unless the caller
 //! allowed it by name ([`CudaIpcParams::allow_copy_engines`](super::CudaIpcParams)).
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::CudaContext;
 use nixl_core::{Error, MemKind, Op, Result};
@@ -99,7 +100,7 @@ impl RemoteVram {
         if self.first.ordinal() == device {
             return Ok(self.first.clone());
         }
-        let mut g = self.on.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.on.lock();
         if let Some(m) = g.get(&device) {
             return Ok(m.clone());
         }
@@ -112,7 +113,7 @@ impl RemoteVram {
 impl CudaIpcBackend {
     /// The state of GPU `ordinal`, opened on first use.
     pub(super) fn gpu(&self, ordinal: usize, op: Op) -> Result<Arc<Gpu>> {
-        let mut g = self.gpus.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.gpus.lock();
         if let Some(x) = g.get(&ordinal) {
             return Ok(x.clone());
         }
@@ -194,7 +195,7 @@ impl CudaIpcBackend {
         if gpu.ordinal == peer {
             return true;
         }
-        let mut g = gpu.peers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = gpu.peers.lock();
         if let Some(&ok) = g.get(&peer) {
             return ok;
         }
@@ -218,7 +219,7 @@ impl CudaIpcBackend {
     /// A peer's GPU allocation mapped into GPU `device`'s context (one mapping per allocation
     /// and GPU, shared by every region in it).
     pub(super) fn import_vram(&self, h: &IpcHandle, device: usize) -> Result<Arc<IpcMapping>> {
-        let mut cache = self.vram_imports.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.vram_imports.lock();
         cache.retain(|_, w| w.strong_count() > 0);
         let key = (*h.raw(), device);
         if let Some(m) = cache.get(&key).and_then(std::sync::Weak::upgrade) {

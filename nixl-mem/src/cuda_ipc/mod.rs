@@ -51,8 +51,9 @@ mod staging;
 mod table;
 mod xfer;
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use nixl_core::backend::{
@@ -331,23 +332,18 @@ impl CudaIpcBackend {
     }
 
     fn peer(&self, remote: &str, op: Op) -> Result<Arc<Peer>> {
-        self.peers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(remote)
-            .cloned()
-            .ok_or_else(|| {
-                Error::not_found(
-                    &self.agent,
-                    op,
-                    format!("{remote} is not connected to CUDA_IPC"),
-                )
-            })
+        self.peers.lock().get(remote).cloned().ok_or_else(|| {
+            Error::not_found(
+                &self.agent,
+                op,
+                format!("{remote} is not connected to CUDA_IPC"),
+            )
+        })
     }
 
     fn import_host(&self, h: &SharedHostHandle) -> Result<Arc<HostImport>> {
         let key = (h.pid, h.fd, h.token);
-        let mut cache = self.host_imports.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.host_imports.lock();
         cache.retain(|_, w| w.strong_count() > 0);
         if let Some(m) = cache.get(&key).and_then(Weak::upgrade) {
             return Ok(m);
@@ -439,24 +435,14 @@ impl Backend for CudaIpcBackend {
             pid,
             server,
         };
-        if let Some(old) = self
-            .peers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(remote.to_owned(), Arc::new(peer))
-        {
+        if let Some(old) = self.peers.lock().insert(remote.to_owned(), Arc::new(peer)) {
             self.senders.forget(&old.server);
         }
         Ok(())
     }
 
     fn disconnect(&self, remote: &str) -> Result<()> {
-        if let Some(p) = self
-            .peers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(remote)
-        {
+        if let Some(p) = self.peers.lock().remove(remote) {
             self.senders.forget(&p.server);
         }
         Ok(())
@@ -671,12 +657,7 @@ impl Backend for CudaIpcBackend {
     }
 
     fn path_report(&self, remote: &str) -> Option<String> {
-        let peer = self
-            .peers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(remote)
-            .cloned()?;
+        let peer = self.peers.lock().get(remote).cloned()?;
         Some(if !peer.same_host {
             "cuda_ipc: unreachable (another host)".to_owned()
         } else if peer.pid == std::process::id() {

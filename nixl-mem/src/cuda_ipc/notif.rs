@@ -6,13 +6,14 @@
 //! [`MAX_HELLO`] bytes, messages up to [`MAX_NOTIF`]; a peer that breaks the protocol or whose
 //! hello is refused is disconnected.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -251,11 +252,10 @@ impl NotifSenders {
         let slot = self
             .conns
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .entry((agent.to_owned(), name.to_vec()))
             .or_default()
             .clone();
-        let mut g = slot.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = slot.lock();
         let mut last_err = None;
         for _ in 0..2 {
             if g.is_none() {
@@ -288,10 +288,7 @@ impl NotifSenders {
 
     /// Forgets the connection to a server.
     pub fn forget(&self, name: &[u8]) {
-        self.conns
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|(_, n), _| n != name);
+        self.conns.lock().retain(|(_, n), _| n != name);
     }
 }
 

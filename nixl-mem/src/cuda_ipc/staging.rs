@@ -6,7 +6,8 @@
 //! `cuEventCreate` and their frees and destroys cost far more than writing the descriptors)
 //! and uploads from pinned memory without the driver's staging of pageable memory.
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
 
@@ -60,7 +61,7 @@ impl StagingPool {
     /// A pair of at least `bytes` (the smallest free one that fits, or a new one).
     pub fn take(&self, bytes: usize) -> Result<Staging, CudaError> {
         {
-            let mut pairs = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            let mut pairs = self.free.lock();
             let Pairs { free, pending } = &mut *pairs;
             // Pending pairs whose work completed are free; one whose event cannot be queried
             // is never reused (dropped here: its frees wait for the work).
@@ -96,7 +97,7 @@ impl StagingPool {
     /// Takes back a pair whose work has completed (no copy reads or writes it any more),
     /// keeping the largest [`KEEP`].
     pub fn give(&self, s: Staging) {
-        let mut pairs = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pairs = self.free.lock();
         pairs.free.push(s);
         if pairs.free.len() > KEEP {
             pairs
@@ -116,7 +117,7 @@ impl StagingPool {
         match event.query() {
             Ok(true) => return self.give(s),
             Ok(false) => {
-                let mut pairs = self.free.lock().unwrap_or_else(|p| p.into_inner());
+                let mut pairs = self.free.lock();
                 if pairs.pending.len() < KEEP {
                     pairs.pending.push((s, event));
                     return;
@@ -161,7 +162,7 @@ impl LanePool {
     /// A lane no request uses (a kept one, or a new stream and event).
     pub fn take(&self) -> Result<Arc<Lane>, CudaError> {
         {
-            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            let mut free = self.free.lock();
             // A lane is given back from its request's `Drop`, which still holds it until its
             // fields are dropped: only a lane nothing else holds is handed out.
             if let Some(i) = free.iter().rposition(|l| Arc::strong_count(l) == 1) {
@@ -181,7 +182,7 @@ impl LanePool {
         if lane.event.query() != Ok(true) {
             return;
         }
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let mut free = self.free.lock();
         if free.len() < KEEP_LANES {
             free.push(lane);
         }

@@ -50,8 +50,8 @@ mod process;
 use std::io;
 use std::net::Ipv4Addr;
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
 pub use cmd::sweep;
@@ -299,13 +299,7 @@ impl Net {
         let ns = self.hosts.get(host).ok_or_else(|| {
             io::Error::new(io::ErrorKind::InvalidInput, format!("no host {host}"))
         })?;
-        let destroyed = self
-            .destroyed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(host)
-            .copied()
-            .unwrap_or(true);
+        let destroyed = self.destroyed.lock().get(host).copied().unwrap_or(true);
         if destroyed {
             return Err(io::Error::new(
                 io::ErrorKind::NotFound,
@@ -334,12 +328,7 @@ impl Net {
             }
         }
         self.tools.remove_ns(&ns);
-        if let Some(d) = self
-            .destroyed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_mut(host)
-        {
+        if let Some(d) = self.destroyed.lock().get_mut(host) {
             *d = true;
         }
         Ok(())
@@ -363,11 +352,7 @@ pub fn existing_namespaces() -> Vec<String> {
 
 impl Drop for Net {
     fn drop(&mut self) {
-        let destroyed = self
-            .destroyed
-            .get_mut()
-            .map(|d| d.clone())
-            .unwrap_or_default();
+        let destroyed = self.destroyed.get_mut().clone();
         for (h, ns) in self.hosts.iter().enumerate() {
             if !destroyed.get(h).copied().unwrap_or(false) {
                 self.tools.remove_ns(ns);

@@ -196,7 +196,7 @@ pub(crate) fn error(agent: &str, remote: &str, op: Op, e: &io::Error) -> Error {
 /// UCX's own cma copy of them costs the thread that progresses it); larger ones go to the copy
 /// threads in pieces, which the application's `check` helps with. Cutting 1 MiB into pieces
 /// made it slower on the GPU machine's host (threads woken from sleep start tens of
-/// microseconds late: docs/perf/h200-2026-11-27/run2).
+/// microseconds late: docs/perf/data/h200-2026-11-27/run2).
 pub(crate) const INLINE_BYTES: u64 = 1 << 20;
 
 /// The bytes of one piece of a large request (one system call; about 25 us at 10 GB/s): the

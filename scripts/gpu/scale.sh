@@ -1,10 +1,39 @@
 #!/usr/bin/env bash
+# GPU suite `scale`: `scripts/gpu.sh scale build` here, `scripts/gpu.sh scale run` on
+# the GPU machine.
+#
+# build:
+# Builds the scale bench (benches/scale) and the block-table GPU test HERE (a machine with the
+# Rust toolchain) and copies them, stripped, to .carry/bin/ for scripts/gpu.sh scale run on
+# the GPU machine (no toolchain there; libcuda and UCX load at run time). Stripped copies:
+# the release profile keeps line tables for profiling here.
+# run:
 # GPU machine: the block-table GPU test, then the scale bench (issue 14) for CUDA_IPC (VRAM on
 # GPU 0: flat 1k..128k descriptors and the Llama-3-8B, Llama-3-70B and 16-layer MoE block
 # tables) and, on the same host's CPUs, NULL, INPROC and UCX. Prebuilt binaries in .carry/bin
-# (scripts/gpu/scale_build.sh); UCX from .carry/ucx when present. Results to $OUT. Bounded by
+# (scripts/gpu.sh scale build); UCX from .carry/ucx when present. Results to $OUT. Bounded by
 # the timeouts below (at most 14 minutes; PART=gpu or PART=cpu runs one half, to fit a
 # 10-minute call).
+
+build() (
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-shared}"
+BIN=.carry/bin
+mkdir -p "$BIN"
+# shellcheck source=scripts/gpu/pick.sh
+. scripts/gpu/pick.sh
+scale=$(cargo bench --bench scale --no-run --message-format=json 2>/dev/null | pick scale)
+cp "$scale" "$BIN/scale"
+strip "$BIN/scale"
+blocks=$(cargo test --release -p nixl-mem --test gpu_blocks --no-run --message-format=json 2>/dev/null | pick gpu_blocks)
+cp "$blocks" "$BIN/nixl-mem-gpu-blocks"
+strip "$BIN/nixl-mem-gpu-blocks"
+ls -la "$BIN/scale" "$BIN/nixl-mem-gpu-blocks"
+du -sh "$BIN"
+)
+
+run() (
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/nixl-gpu-out}"; mkdir -p "$OUT"
@@ -26,3 +55,9 @@ if [ "${PART:-cpu}" != gpu ]; then
   run scale-cpu-kv-null 90 $B/scale --backend NULL --mode kv
   run scale-cpu-kv-ucx 150 $B/scale --backend INPROC,UCX --mode kv --model llama3-70b --iters 5
 fi
+)
+
+case "${1:-}" in
+    build | run) "$1" ;;
+    *) echo "usage: scripts/gpu.sh scale build|run" >&2; exit 2 ;;
+esac

@@ -1,5 +1,17 @@
 #!/usr/bin/env bash
-# GPU machine, one short call (about 4 minutes), from what scripts/gpu/recheck_build.sh put in
+# GPU suite `cma`: `scripts/gpu.sh cma build` here, `scripts/gpu.sh cma run` on
+# the GPU machine.
+#
+# build:
+# Prepares HERE one GPU-machine call that re-measures issue 14's open points in one session
+# (scripts/gpu.sh recheck run): the flat scale sweep through CUDA_IPC and NULL (make linearity),
+# the CUDA_IPC GPU tests (block tables, agents: copies checked byte for byte), and the DRAM sweep
+# against native NIXL. Everything goes to .carry/recheck/ (under the 64 MiB a call carries):
+# the slim nixl-cu13 wheel (its libnixl.so and UCX 1.23 serve both sides of the sweep), the
+# native reference, nixlbench, the scale bench and the two GPU test binaries.
+# Carry: [".carry/recheck"].
+# run:
+# GPU machine, one short call (about 4 minutes), from what scripts/gpu.sh recheck build put in
 # .carry/recheck (carry [".carry/recheck"]):
 #  1. the CUDA_IPC GPU tests (block tables, agents: copies checked byte for byte);
 #  2. the Llama-3-70B block table through CUDA_IPC (fresh requests vs reposts);
@@ -11,6 +23,26 @@
 # back in fresh processes, steadier than whole sweeps) or sweep, ROUNDS, VARIANT (e.g.
 # 't0:--cma-threads 0'), NOTIF_ROUNDS.
 # Results in $OUT; a summary in $OUT/cma-summary.txt.
+
+build() (
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-shared}"
+bash scripts/gpu.sh native build >/dev/null
+bash scripts/gpu.sh scale build >/dev/null
+# shellcheck source=scripts/gpu/pick.sh
+. scripts/gpu/pick.sh
+R=.carry/recheck
+rm -rf "$R"; mkdir -p "$R/bin"
+agent=$(cargo test --release -p nixl-mem --test gpu_agent --no-run --message-format=json 2>/dev/null | pick gpu_agent)
+cp "$agent" "$R/bin/nixl-mem-gpu-agent"
+strip "$R/bin/nixl-mem-gpu-agent"
+cp .carry/bin/scale .carry/bin/nixl-mem-gpu-blocks .carry/nixl-bin/nixl_native .carry/nixl-bin/nixlbench "$R/bin/"
+cp -a .carry/nixl312 "$R/nixl312"
+du -sh "$R"
+)
+
+run() (
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/nixl-cma-out}"; mkdir -p "$OUT"
@@ -38,3 +70,9 @@ TAIL=40 run native-sweep "${SWEEP_S:-170}" python3 benches/reference/compare_nat
     --interleave sweep --bytes-per-point "${BYTES_PER_POINT:-2e8}" --notif-iters 2000 --timeout 50 \
     --variant "t0:--cma-threads 0" --out "$OUT/native-sweep.json"
 say "== load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+)
+
+case "${1:-}" in
+    build | run) "$1" ;;
+    *) echo "usage: scripts/gpu.sh cma build|run" >&2; exit 2 ;;
+esac

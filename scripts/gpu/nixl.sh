@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
+# GPU suite `nixl`: `scripts/gpu.sh nixl build` here, `scripts/gpu.sh nixl run` on
+# the GPU machine.
+#
+# build:
 # Prepares HERE (a machine with the toolchain and PyPI) what the GPU machine needs for the NIXL
-# interop measurement (scripts/gpu/nixl_run.sh), into .carry/ (git-ignored), under 64 MiB:
+# interop measurement (scripts/gpu.sh nixl run), into .carry/ (git-ignored), under 64 MiB:
 #   .carry/nixl312/   a slim copy of the nixl-cu13 1.5.1 wheel for CPython 3.12 (the GPU
 #                     machine's Python): the Python package, libnixl and its libraries, the UCX
 #                     plugin only, the bundled UCX 1.23 with its cma/cuda modules only, and
 #                     libcudart.so.13 (UCX's cuda memory hooks need it; torch may ship another)
 #   .carry/nixl-bin/nixl-interop-bench   the test binary of nixl-backend-ucx/tests/nixl_interop_bench.rs
 # Carry both paths (`carry: [".carry/nixl312", ".carry/nixl-bin"]`).
+# run:
+# GPU machine: VRAM WRITE between a stock NIXL agent (nixl-cu13 1.5.1 for Python 3.12, carried
+# slim in .carry/nixl312 by scripts/gpu.sh nixl build) and a nixl-rs agent on one GPU over UCX
+# cuda_ipc, every byte verified, with NIXL -> NIXL throughput in the same run; then the same on
+# host memory for reference. Results to $OUT.
+
+build() (
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PKG="${NIXL_PKG:-nixl-cu13}"
@@ -67,3 +78,31 @@ for l in sys.stdin:
 cp "$exe" .carry/nixl-bin/nixl-interop-bench
 du -sh .carry/nixl-bin/nixl-interop-bench "$OUTDIR"
 echo "nixl_build.sh: total $(du -csh "$OUTDIR" .carry/nixl-bin/nixl-interop-bench | tail -n1 | cut -f1) (limit 64 MiB per call)"
+)
+
+run() (
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-/tmp/nixl-gpu-out}"; mkdir -p "$OUT"
+N="$PWD/.carry/nixl312"
+export NIXL_PYTHONPATH="$N"
+export NIXL_WHEEL_UCX="$(ls "$N"/nixl_cu1*.libs/libucp-*.so* | head -n1)"
+export NIXL_PEER_SCRIPT="$PWD/nixl-backend-ucx/tests/nixl_peer.py"
+s="$OUT/nixl-summary.txt"; : > "$s"
+say() { echo "$*" | tee -a "$s"; }
+say "== host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n1); python $(python3 -V 2>&1)"
+say "== imports: $(PYTHONPATH="$N" python3 -c 'import numpy, torch, nixl_cu13._api; print("numpy", numpy.__version__, "torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -n1)"
+for t in vram_write_beside_nixl:360 dram_write_beside_nixl:150; do
+    limit=${t#*:}; t=${t%:*}
+    say "== $t"
+    timeout "$limit" .carry/nixl-bin/nixl-interop-bench "$t" --exact --nocapture > "$OUT/$t.log" 2>&1
+    rc=$?
+    grep -E "GB/s|every byte|path|SKIPPED|panicked|test result" "$OUT/$t.log" | tee -a "$s"
+    say "rc=$rc"
+done
+)
+
+case "${1:-}" in
+    build | run) "$1" ;;
+    *) echo "usage: scripts/gpu.sh nixl build|run" >&2; exit 2 ;;
+esac

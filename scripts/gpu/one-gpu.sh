@@ -1,12 +1,53 @@
 #!/usr/bin/env bash
+# GPU suite `one-gpu`: `scripts/gpu.sh one-gpu build` here, `scripts/gpu.sh one-gpu run` on
+# the GPU machine.
+#
+# build:
+# Builds the GPU test and bench binaries of nixl-mem HERE (a machine with the Rust toolchain)
+# and copies them, stripped, to .carry/bin/ for scripts/gpu.sh one-gpu run on the GPU machine (which
+# has no toolchain). The binaries load libcuda at run time, so no CUDA is needed to build.
+# run:
 # Runs nixl-mem's GPU tests and the CUDA_IPC bench on the GPU machine, from prebuilt binaries
-# only (see scripts/gpu/build.sh, which puts them in .carry/bin/). Writes logs and results to
+# only (see scripts/gpu.sh one-gpu build, which puts them in .carry/bin/). Writes logs and results to
 # $OUT and prints a summary: the tests, the bench (two processes, 1 and 4 MiB x 1024 blocks),
 # and the copy kernel's shape sweep (gpu_bench --sweep: per-block VRAM<->VRAM WRITE and READ at
 # 1 and 4 MiB x 1024 blocks for every shape of KernelShape::sweep(), table + best shape).
 # A normal run takes about four minutes; bounded by the timeouts below (3 x 90 s tests, 150 s
 # bench, 180 s sweep, optional 60 s copy-engine comparison with NIXL_GPU_CE=1). SKIP_BENCH=1
 # runs the tests only.
+
+build() (
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-mem}"
+export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
+BIN=.carry/bin
+mkdir -p "$BIN"
+cargo build --release -p nixl-mem --example gpu_bench
+cp "$CARGO_TARGET_DIR/release/examples/gpu_bench" "$BIN/gpu_bench"
+# Test executables: the lib's unit tests and the tests/gpu*.rs integration tests.
+cargo test --release -p nixl-mem --no-run --message-format=json 2>/dev/null \
+  | python3 -c '
+import json, sys, shutil
+names = {("lib", "nixl_mem"): "nixl-mem-lib", ("test", "gpu"): "nixl-mem-gpu", ("test", "gpu_agent"): "nixl-mem-gpu-agent"}
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m.get("profile", {}).get("test"):
+        continue
+    t = m["target"]
+    key = (t["kind"][0], t["name"])
+    if key in names:
+        shutil.copy(m["executable"], sys.argv[1] + "/" + names[key])
+        print("copied", names[key])
+' "$BIN"
+ls -la "$BIN"
+du -sh "$BIN"
+)
+
+run() (
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BIN="${NIXL_GPU_BIN:-.carry/bin}"
@@ -17,7 +58,7 @@ summary="$OUT/summary.txt"
 say() { echo "$*" | tee -a "$summary"; }
 
 for b in nixl-mem-lib nixl-mem-gpu nixl-mem-gpu-agent gpu_bench; do
-    if [ ! -x "$BIN/$b" ]; then say "missing $BIN/$b: run scripts/gpu/build.sh on the build machine and carry .carry"; exit 2; fi
+    if [ ! -x "$BIN/$b" ]; then say "missing $BIN/$b: run scripts/gpu.sh one-gpu build on the build machine and carry .carry"; exit 2; fi
 done
 
 { nvidia-smi; nvidia-smi topo -m; } > "$OUT/nvidia-smi.txt" 2>&1 || true
@@ -104,3 +145,9 @@ fi
 say ""
 say "overall: $([ $fail -eq 0 ] && echo PASS || echo FAIL)"
 exit $fail
+)
+
+case "${1:-}" in
+    build | run) "$1" ;;
+    *) echo "usage: scripts/gpu.sh one-gpu build|run" >&2; exit 2 ;;
+esac

@@ -1,6 +1,15 @@
 #!/usr/bin/env bash
+# GPU suite `two-gpu-issue18`: `scripts/gpu.sh two-gpu-issue18 build` here, `scripts/gpu.sh two-gpu-issue18 run` on
+# the GPU machine.
+#
+# build:
+# Builds HERE what scripts/gpu.sh two-gpu-issue18 run runs on a two-GPU machine, into .carry/bin
+# (stripped release binaries: gpu_bench, disagg_kv, nixlbench) and .carry/ucx (UCX from the
+# libucx-cu13 wheel, via scripts/gpu.sh all build's copy). Carry [".carry/bin", ".carry/ucx",
+# ".carry/libucx_cu13.libs"].
+# run:
 # Issue 18 on a two-GPU machine (kind nvidia-h200-x2), one call (under 10 minutes), from the
-# binaries scripts/gpu/build_all.sh and scripts/gpu/scale_build.sh put in .carry/bin (gpu_bench,
+# binaries scripts/gpu.sh all build and scripts/gpu.sh scale build put in .carry/bin (gpu_bench,
 # disagg_kv, nixlbench) and the UCX in .carry/ucx (+ .carry/libucx_cu13.libs):
 #   0. the topology (nvidia-smi topo -m);
 #   1. the limit: GPU0 <-> GPU1 peer copies and pinned host <-> each GPU (two_gpu_limit.py);
@@ -10,6 +19,24 @@
 #   3. nixl-rs over UCX (cuda_ipc) GPU 0 -> GPU 1: nixlbench --target-gpu 1, WRITE and READ.
 # On a one-GPU machine it runs what it can (0, 1's host rows) and says what it skipped.
 # Results and logs in $OUT; a summary in $OUT/two-gpu-summary.txt.
+
+build() (
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-gpu}"
+export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
+BIN=.carry/bin
+mkdir -p "$BIN"
+# shellcheck source=scripts/gpu/pick.sh
+. scripts/gpu/pick.sh
+cp "$(cargo build --release -p nixl-mem --example gpu_bench --message-format=json 2>/dev/null | pick gpu_bench)" "$BIN/gpu_bench"
+cp "$(cargo build --release --all-features --example disagg_kv --message-format=json 2>/dev/null | pick disagg_kv)" "$BIN/disagg_kv"
+cp "$(cargo build --release --bench nixlbench --message-format=json 2>/dev/null | pick nixlbench)" "$BIN/nixlbench"
+[ -f .carry/ucx/lib/libucp.so.0 ] || echo "no .carry/ucx: run scripts/gpu.sh all build once for the UCX libraries" >&2
+du -sh "$BIN"/gpu_bench "$BIN"/disagg_kv "$BIN"/nixlbench
+)
+
+run() (
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/nixl-two-gpu-out}"; mkdir -p "$OUT"
@@ -44,4 +71,10 @@ done
 for op in WRITE READ; do
     run ucx-gpu01-$op 120 $B/nixlbench --op $op --initiator-seg-type VRAM --target-seg-type VRAM --blocks 1048576,4194304 --batches 1024 --num-iter 10 --warmup-iter 2 --tls cuda_ipc,cuda_copy,tcp --target-gpu 1
 done
-say "== NIXL 1.5.1 GPU0 -> GPU1 (item 3's comparison): not scripted yet; scripts/gpu/nixl_run.sh measures one GPU"
+say "== NIXL 1.5.1 GPU0 -> GPU1 (item 3's comparison): not scripted yet; scripts/gpu.sh nixl run measures one GPU"
+)
+
+case "${1:-}" in
+    build | run) "$1" ;;
+    *) echo "usage: scripts/gpu.sh two-gpu-issue18 build|run" >&2; exit 2 ;;
+esac

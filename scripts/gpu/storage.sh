@@ -1,11 +1,63 @@
 #!/usr/bin/env bash
+# GPU suite `storage`: `scripts/gpu.sh storage build` here, `scripts/gpu.sh storage run` on
+# the GPU machine.
+#
+# build:
+# Builds the VRAM <-> FILE storage binaries of nixl-backend-gds HERE (a machine with the Rust
+# toolchain; no CUDA needed: libcuda and libcufile are loaded at run time) and copies them,
+# release and stripped, to .carry/bin/ for scripts/gpu.sh storage run on the GPU machine:
+#   storage_vram             the bench (benches/storage_vram.rs), features posix + gds
+#   storage-vram-file-test   tests/vram_file.rs
+#   storage-gds-test         tests/gds.rs
+# run:
 # GPU machine: VRAM <-> FILE of nixl-backend-gds from the prebuilt binaries in .carry/bin (see
-# scripts/gpu/storage_build.sh): the POSIX bounce-buffer tests, the GDS tests once plain and
+# scripts/gpu.sh storage build): the POSIX bounce-buffer tests, the GDS tests once plain and
 # once with force_compat_mode (NIXL_TEST_GDS_FORCE_COMPAT=1; cuFile's driver is opened once
 # per process), and the storage_vram bench (POSIX bounce vs GDS vs cuMemcpy + pwrite by hand).
 # Files go to a directory on the local disk (not tmpfs); logs and cufile.log to $OUT.
 # Bounded: 4 x 120 s tests + 220 s bench at most; SKIP_BENCH=1 skips the bench;
 # SUPPLY_UDEV=1 also runs the GDS tests through cuFile's own data path (see below).
+
+build() (
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-storage}"
+export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
+export CARGO_PROFILE_BENCH_DEBUG=0 CARGO_PROFILE_BENCH_STRIP=symbols
+BIN=.carry/bin
+mkdir -p "$BIN"
+pick() { # names: "kind:target=dest ..." ; reads cargo's JSON messages on stdin
+python3 -c '
+import json, sys, shutil
+want = dict(a.split("=") for a in sys.argv[2:])
+found = set()
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") != "compiler-artifact" or not m.get("executable"):
+        continue
+    t = m["target"]
+    key = t["kind"][0] + ":" + t["name"]
+    if key in want:
+        shutil.copy(m["executable"], sys.argv[1] + "/" + want[key])
+        found.add(key)
+        print("copied", want[key])
+missing = set(want) - found
+if missing:
+    sys.exit("not built: " + ", ".join(sorted(missing)))
+' "$BIN" "$@"
+}
+cargo bench -p nixl-backend-gds --features gds --bench storage_vram --no-run --message-format=json 2>/dev/null \
+  | pick bench:storage_vram=storage_vram
+cargo test --release -p nixl-backend-gds --features gds --test vram_file --test gds --no-run --message-format=json 2>/dev/null \
+  | pick test:vram_file=storage-vram-file-test test:gds=storage-gds-test
+ls -la "$BIN"/storage*
+du -sh "$BIN"
+)
+
+run() (
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/nixl-storage-out}"; mkdir -p "$OUT"
@@ -13,7 +65,7 @@ B="${NIXL_GPU_BIN:-.carry/bin}"
 s="$OUT/storage-summary.txt"; : > "$s"
 say() { echo "$*" | tee -a "$s"; }
 for b in storage_vram storage-vram-file-test storage-gds-test; do
-    [ -x "$B/$b" ] || { say "missing $B/$b: run scripts/gpu/storage_build.sh and carry .carry"; exit 2; }
+    [ -x "$B/$b" ] || { say "missing $B/$b: run scripts/gpu.sh storage build and carry .carry"; exit 2; }
 done
 export TMPDIR="$PWD/.storage-tmp"; mkdir -p "$TMPDIR"
 # libcufile is loaded by cudarc under the name libcufile.so (then .so.12 ... .so.1), from the
@@ -70,3 +122,9 @@ tail -n 20 "$OUT"/cufile*.log > "$OUT/cufile-tail.txt" 2>/dev/null || true
 rm -rf "$TMPDIR"
 say "overall: $([ $fail -eq 0 ] && echo PASS || echo FAIL)"
 exit $fail
+)
+
+case "${1:-}" in
+    build | run) "$1" ;;
+    *) echo "usage: scripts/gpu.sh storage build|run" >&2; exit 2 ;;
+esac

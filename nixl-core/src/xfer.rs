@@ -5,12 +5,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::agent::prep::Regions;
+use crate::agent::remote::RemotePeer;
 use crate::agent::{Agent, BackendHandle, BackendSlot, Shared};
 use crate::backend::{BackendXfer, CostEstimate, XferSpec, XferState};
 use crate::desc::{XferDescList, XferOp};
 use crate::error::{Error, Op, Result};
-use crate::prep::Regions;
-use crate::remote::RemotePeer;
 use crate::strided::BlockXferSpec;
 use crate::telemetry::XferTelemetry;
 

@@ -9,11 +9,11 @@ use super::lease::{keep_alive, put_leased, LeaseState};
 use super::pb;
 use super::rpc::{block_on, Rpc};
 use super::watch::{self, PeerTable};
+use crate::agent::remote::MetadataSelection;
 use crate::agent::Agent;
 use crate::error::{Error, Op, Result};
 use crate::nixl_wire::agent::metadata_identity;
 use crate::nixl_wire::is_nixl_blob;
-use crate::remote::MetadataSelection;
 
 /// How a read is served.
 ///

@@ -163,7 +163,7 @@ pub(crate) fn invalidate(shared: &Weak<Shared>, peer: &str, generation: u64, why
     };
     let agent = Agent { shared };
     if agent
-        .invalidate_remote_generation(peer, generation, crate::remote::Invalidator::Local)
+        .invalidate_remote_generation(peer, generation, crate::agent::remote::Invalidator::Local)
         .unwrap_or(false)
     {
         tracing::info!(agent = %agent.name(), remote = %peer, generation, why, "peer invalidated by etcd watch");

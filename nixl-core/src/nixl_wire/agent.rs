@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 
 use super::metadata::{NixlConn, NixlDesc, NixlMetadata, NixlSection};
 use super::Wire;
+use crate::agent::remote::MetadataSelection;
 use crate::agent::Agent;
 use crate::codec::{AgentMetadata, BackendEntry, RegionEntry};
 use crate::error::{Error, Op, Result};
 use crate::mem::{MemKind, RegionDesc};
-use crate::remote::MetadataSelection;
 
 /// The generation given to a NIXL peer: a hash of its connection info (a NIXL blob carries
 /// none, and a restarted NIXL process has new worker addresses).

@@ -27,11 +27,11 @@ use std::time::{Duration, Instant};
 
 use super::frame::{self, code, Budget, Deadlined, Dir, Kind};
 use super::local::{LocalPeer, Stream};
+use crate::agent::remote::Invalidator;
 use crate::agent::{Agent, Shared};
 use crate::auth::Stamp;
 use crate::error::{Error, ErrorKind, Op, Result};
 use crate::limits::ListenerLimits;
-use crate::remote::Invalidator;
 
 /// A connection being served.
 struct Conn {

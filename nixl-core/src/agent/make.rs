@@ -9,13 +9,13 @@
 
 use std::sync::Arc;
 
+use crate::agent::prep::{PreparedList, Side};
+use crate::agent::remote::RemotePeer;
 use crate::agent::{Agent, BackendSlot};
 use crate::backend::{BackendXfer, Segment, XferSpec};
 use crate::desc::XferOp;
 use crate::error::{Error, Op, Result};
 use crate::mem::MemKind;
-use crate::prep::{PreparedList, Side};
-use crate::remote::RemotePeer;
 use crate::xfer::{IntegrityPlan, ReqParts, ReqSpec, XferOptions, XferReq};
 
 /// Pairs whose entries are read ahead together in `make_prepped_xfer`.

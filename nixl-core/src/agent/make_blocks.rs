@@ -2,10 +2,10 @@
 //! ids) up to the backend, which gets the layers and id runs ([`BlockXferSpec`]) or, where it
 //! does not consume strides, the blocks materialized into segments.
 
+use crate::agent::prep::{Layout, PrepLayer, PreparedList};
 use crate::agent::Agent;
 use crate::desc::XferOp;
 use crate::error::{Error, Op, Result};
-use crate::prep::{Layout, PrepLayer, PreparedList};
 use crate::strided::{block_runs, BlockXferSpec, LayerPair};
 use crate::xfer::{ReqSpec, XferOptions, XferReq};
 

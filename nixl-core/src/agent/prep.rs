@@ -10,13 +10,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use crate::agent::registration::RegUse;
+use crate::agent::remote::{RemotePeer, RemoteRegion};
 use crate::agent::{Agent, BackendHandle, BackendSlot, Shared};
 use crate::backend::BackendMd;
 use crate::desc::{Desc, XferDescList};
 use crate::error::{Error, Op, Result};
 use crate::mem::MemKind;
-use crate::registration::RegUse;
-use crate::remote::{RemotePeer, RemoteRegion};
 use crate::strided::{StridedDesc, StridedDescList};
 use crate::xfer::XferTarget;
 
@@ -309,7 +309,7 @@ impl Resolver<'_> {
 }
 
 enum Found {
-    Local(Arc<crate::registration::RegInner>, usize),
+    Local(Arc<crate::agent::registration::RegInner>, usize),
     Remote(Arc<RemoteRegion>),
 }
 

@@ -1,5 +1,17 @@
 //! The agent: a cheap clonable handle to one process's transfer endpoint.
 
+mod config;
+mod load;
+pub(crate) mod make;
+pub(crate) mod make_blocks;
+pub(crate) mod prep;
+pub(crate) mod registration;
+pub(crate) mod remote;
+mod shared;
+
+pub use config::AgentConfig;
+pub(crate) use shared::{FetchStatus, Shared, MAX_UNCERTAIN};
+
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -8,6 +20,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::agent::registration::RegTable;
+use crate::agent::remote::RemotePeer;
 use crate::auth::{Auth, Bindings, Signer};
 use crate::backend::{
     Backend, BackendContext, BackendParams, BackendPlugin, Capabilities, QueryResult,
@@ -16,82 +30,8 @@ use crate::error::{Error, Op, Result};
 use crate::limits::Limits;
 use crate::mem::RegionDesc;
 use crate::notif::{NotifQueue, Notifs};
-use crate::registration::RegTable;
-use crate::remote::RemotePeer;
 use crate::telemetry::{self, Counters, TelemetrySnapshot};
 use crate::xfer::UncertainXfer;
-
-/// How an agent is set up.
-#[derive(Clone)]
-pub struct AgentConfig {
-    /// Run a thread that drives backends' progress engines (needed for UCX's emulated RMA
-    /// when the application does not poll).
-    pub progress_thread: bool,
-    /// How long the progress thread sleeps when nothing happened.
-    pub progress_delay: Duration,
-    /// Serve the metadata side channel.
-    pub listen: bool,
-    /// Where the side channel listens (port 0 picks one; see [`Agent::listen_addr`]).
-    pub listen_addr: SocketAddr,
-    /// Count telemetry (also switched on by `NIXL_TELEMETRY_ENABLE`).
-    pub telemetry: bool,
-    /// The default deadline of blocking calls (side-channel exchange, `wait`).
-    pub default_timeout: Duration,
-    /// Backend types this agent can create by name.
-    pub plugins: Vec<Arc<dyn BackendPlugin>>,
-    /// Authenticate peers with a cluster credential (`None`: trust every peer that can reach
-    /// the side channel, etcd or the transports; see `docs/security.md`).
-    pub auth: Option<Auth>,
-    /// Lets the side channel listen on a non-loopback address without [`AgentConfig::auth`]
-    /// (refused otherwise): the explicit opt-out for a network where every host is trusted.
-    pub allow_unauthenticated_listener: bool,
-    /// Bounds on what peers can make this agent hold.
-    pub limits: Limits,
-}
-
-impl Default for AgentConfig {
-    fn default() -> Self {
-        AgentConfig {
-            progress_thread: false,
-            progress_delay: Duration::from_micros(100),
-            listen: false,
-            listen_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            telemetry: telemetry::env_enabled(),
-            default_timeout: Duration::from_secs(30),
-            plugins: vec![Arc::new(crate::inproc::InprocPlugin)],
-            auth: None,
-            allow_unauthenticated_listener: false,
-            limits: Limits::default(),
-        }
-    }
-}
-
-impl std::fmt::Debug for AgentConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AgentConfig")
-            .field("progress_thread", &self.progress_thread)
-            .field("progress_delay", &self.progress_delay)
-            .field("listen", &self.listen)
-            .field("listen_addr", &self.listen_addr)
-            .field("telemetry", &self.telemetry)
-            .field("default_timeout", &self.default_timeout)
-            .field(
-                "plugins",
-                &self
-                    .plugins
-                    .iter()
-                    .map(|p| p.name().to_owned())
-                    .collect::<Vec<_>>(),
-            )
-            .field("auth", &self.auth)
-            .field(
-                "allow_unauthenticated_listener",
-                &self.allow_unauthenticated_listener,
-            )
-            .field("limits", &self.limits)
-            .finish()
-    }
-}
 
 /// A backend created on an agent.
 pub(crate) struct BackendSlot {
@@ -170,110 +110,6 @@ impl BackendSlot {
             slot: self.id,
             agent: agent_generation,
             caps: Arc::new(self.caps.clone()),
-        }
-    }
-}
-
-/// What an asynchronous metadata fetch ended with.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum FetchStatus {
-    Pending,
-    Failed(String),
-}
-
-pub(crate) struct Shared {
-    pub name: String,
-    pub generation: u64,
-    pub config: AgentConfig,
-    pub backends: RwLock<Vec<Arc<BackendSlot>>>,
-    pub regs: Mutex<RegTable>,
-    pub remotes: Mutex<HashMap<String, Arc<RemotePeer>>>,
-    /// Per peer name: serialises loads and invalidations of that peer (never held by
-    /// transfers, nor across other peers' loads).
-    pub peer_locks: Mutex<HashMap<String, std::sync::Weak<Mutex<()>>>>,
-    pub notifs: Arc<NotifQueue>,
-    pub counters: Counters,
-    pub fetches: Mutex<HashMap<String, FetchStatus>>,
-    pub stop: Arc<AtomicBool>,
-    pub listen_addr: Mutex<Option<SocketAddr>>,
-    pub threads: Mutex<Vec<JoinHandle<()>>>,
-    pub next_id: AtomicU64,
-    /// Requests that ended uncertain (bounded, oldest dropped).
-    pub uncertain: Mutex<VecDeque<UncertainXfer>>,
-    /// Notifications whose integrity check failed, not yet taken: (sender, message).
-    /// Notifications that failed their integrity check: (sender, message, already reported
-    /// by `wait_notifs`).
-    pub corrupt: Mutex<Vec<(String, Vec<u8>, bool)>>,
-    /// Signs this agent's metadata and frames; verifies peers'.
-    pub signer: Signer,
-    /// Peer names bound to the credential that first loaded them.
-    pub bindings: Arc<Bindings>,
-    /// This process, as its metadata announces it (for peers' liveness watches).
-    pub process: Option<crate::liveness::ProcessId>,
-    /// Dropped requests the backends have not released yet (with their memory).
-    pub draining: Mutex<Vec<crate::xfer::Drained>>,
-}
-
-/// How many uncertain requests an agent remembers.
-pub(crate) const MAX_UNCERTAIN: usize = 4096;
-
-impl Shared {
-    pub fn backends(&self) -> Vec<Arc<BackendSlot>> {
-        self.backends.read().clone()
-    }
-
-    /// The lock serialising loads and invalidations of peer `name`.
-    pub fn peer_lock(&self, name: &str) -> Arc<Mutex<()>> {
-        let mut locks = self.peer_locks.lock();
-        if let Some(l) = locks.get(name).and_then(std::sync::Weak::upgrade) {
-            return l;
-        }
-        if locks.len() >= 64 && locks.len().is_power_of_two() {
-            locks.retain(|_, w| w.strong_count() > 0);
-        }
-        let l = Arc::new(Mutex::new(()));
-        locks.insert(name.to_owned(), Arc::downgrade(&l));
-        l
-    }
-
-    pub fn next_id(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
-    }
-
-    pub fn progress_all(&self) {
-        for slot in self.backends() {
-            if slot.caps.needs_progress {
-                if let Err(e) = slot.backend.progress() {
-                    tracing::warn!(agent = %self.name, backend = %slot.name, error = %e, "progress failed");
-                }
-            }
-        }
-        self.reap_drained();
-    }
-
-    /// Releases dropped requests whose backends let go of them.
-    pub fn reap_drained(&self) {
-        let mut d = self.draining.lock();
-        if !d.is_empty() {
-            d.retain_mut(|x| x.busy());
-        }
-    }
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        self.reap_drained();
-        // What backends still own is never freed under them: leaked instead.
-        for d in std::mem::take(&mut *self.draining.lock()) {
-            tracing::error!(agent = %self.name, "agent dropped with a request its backend never released; leaking its memory");
-            std::mem::forget(d);
-        }
-        self.stop.store(true, Ordering::SeqCst);
-        let me = std::thread::current().id();
-        for t in std::mem::take(&mut *self.threads.lock()) {
-            if t.thread().id() != me {
-                let _ = t.join();
-            }
         }
     }
 }

@@ -1,0 +1,75 @@
+//! The agent's configuration.
+
+use super::*;
+
+/// How an agent is set up.
+#[derive(Clone)]
+pub struct AgentConfig {
+    /// Run a thread that drives backends' progress engines (needed for UCX's emulated RMA
+    /// when the application does not poll).
+    pub progress_thread: bool,
+    /// How long the progress thread sleeps when nothing happened.
+    pub progress_delay: Duration,
+    /// Serve the metadata side channel.
+    pub listen: bool,
+    /// Where the side channel listens (port 0 picks one; see [`Agent::listen_addr`]).
+    pub listen_addr: SocketAddr,
+    /// Count telemetry (also switched on by `NIXL_TELEMETRY_ENABLE`).
+    pub telemetry: bool,
+    /// The default deadline of blocking calls (side-channel exchange, `wait`).
+    pub default_timeout: Duration,
+    /// Backend types this agent can create by name.
+    pub plugins: Vec<Arc<dyn BackendPlugin>>,
+    /// Authenticate peers with a cluster credential (`None`: trust every peer that can reach
+    /// the side channel, etcd or the transports; see `docs/security.md`).
+    pub auth: Option<Auth>,
+    /// Lets the side channel listen on a non-loopback address without [`AgentConfig::auth`]
+    /// (refused otherwise): the explicit opt-out for a network where every host is trusted.
+    pub allow_unauthenticated_listener: bool,
+    /// Bounds on what peers can make this agent hold.
+    pub limits: Limits,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            progress_thread: false,
+            progress_delay: Duration::from_micros(100),
+            listen: false,
+            listen_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            telemetry: telemetry::env_enabled(),
+            default_timeout: Duration::from_secs(30),
+            plugins: vec![Arc::new(crate::inproc::InprocPlugin)],
+            auth: None,
+            allow_unauthenticated_listener: false,
+            limits: Limits::default(),
+        }
+    }
+}
+
+impl std::fmt::Debug for AgentConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentConfig")
+            .field("progress_thread", &self.progress_thread)
+            .field("progress_delay", &self.progress_delay)
+            .field("listen", &self.listen)
+            .field("listen_addr", &self.listen_addr)
+            .field("telemetry", &self.telemetry)
+            .field("default_timeout", &self.default_timeout)
+            .field(
+                "plugins",
+                &self
+                    .plugins
+                    .iter()
+                    .map(|p| p.name().to_owned())
+                    .collect::<Vec<_>>(),
+            )
+            .field("auth", &self.auth)
+            .field(
+                "allow_unauthenticated_listener",
+                &self.allow_unauthenticated_listener,
+            )
+            .field("limits", &self.limits)
+            .finish()
+    }
+}

@@ -1,0 +1,107 @@
+//! What every handle of an agent shares, and what it releases when the last one goes.
+
+use super::*;
+
+/// What an asynchronous metadata fetch ended with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FetchStatus {
+    Pending,
+    Failed(String),
+}
+
+pub(crate) struct Shared {
+    pub name: String,
+    pub generation: u64,
+    pub config: AgentConfig,
+    pub backends: RwLock<Vec<Arc<BackendSlot>>>,
+    pub regs: Mutex<RegTable>,
+    pub remotes: Mutex<HashMap<String, Arc<RemotePeer>>>,
+    /// Per peer name: serialises loads and invalidations of that peer (never held by
+    /// transfers, nor across other peers' loads).
+    pub peer_locks: Mutex<HashMap<String, std::sync::Weak<Mutex<()>>>>,
+    pub notifs: Arc<NotifQueue>,
+    pub counters: Counters,
+    pub fetches: Mutex<HashMap<String, FetchStatus>>,
+    pub stop: Arc<AtomicBool>,
+    pub listen_addr: Mutex<Option<SocketAddr>>,
+    pub threads: Mutex<Vec<JoinHandle<()>>>,
+    pub next_id: AtomicU64,
+    /// Requests that ended uncertain (bounded, oldest dropped).
+    pub uncertain: Mutex<VecDeque<UncertainXfer>>,
+    /// Notifications whose integrity check failed, not yet taken: (sender, message).
+    /// Notifications that failed their integrity check: (sender, message, already reported
+    /// by `wait_notifs`).
+    pub corrupt: Mutex<Vec<(String, Vec<u8>, bool)>>,
+    /// Signs this agent's metadata and frames; verifies peers'.
+    pub signer: Signer,
+    /// Peer names bound to the credential that first loaded them.
+    pub bindings: Arc<Bindings>,
+    /// This process, as its metadata announces it (for peers' liveness watches).
+    pub process: Option<crate::liveness::ProcessId>,
+    /// Dropped requests the backends have not released yet (with their memory).
+    pub draining: Mutex<Vec<crate::xfer::Drained>>,
+}
+
+/// How many uncertain requests an agent remembers.
+pub(crate) const MAX_UNCERTAIN: usize = 4096;
+
+impl Shared {
+    pub fn backends(&self) -> Vec<Arc<BackendSlot>> {
+        self.backends.read().clone()
+    }
+
+    /// The lock serialising loads and invalidations of peer `name`.
+    pub fn peer_lock(&self, name: &str) -> Arc<Mutex<()>> {
+        let mut locks = self.peer_locks.lock();
+        if let Some(l) = locks.get(name).and_then(std::sync::Weak::upgrade) {
+            return l;
+        }
+        if locks.len() >= 64 && locks.len().is_power_of_two() {
+            locks.retain(|_, w| w.strong_count() > 0);
+        }
+        let l = Arc::new(Mutex::new(()));
+        locks.insert(name.to_owned(), Arc::downgrade(&l));
+        l
+    }
+
+    pub fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn progress_all(&self) {
+        for slot in self.backends() {
+            if slot.caps.needs_progress {
+                if let Err(e) = slot.backend.progress() {
+                    tracing::warn!(agent = %self.name, backend = %slot.name, error = %e, "progress failed");
+                }
+            }
+        }
+        self.reap_drained();
+    }
+
+    /// Releases dropped requests whose backends let go of them.
+    pub fn reap_drained(&self) {
+        let mut d = self.draining.lock();
+        if !d.is_empty() {
+            d.retain_mut(|x| x.busy());
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.reap_drained();
+        // What backends still own is never freed under them: leaked instead.
+        for d in std::mem::take(&mut *self.draining.lock()) {
+            tracing::error!(agent = %self.name, "agent dropped with a request its backend never released; leaking its memory");
+            std::mem::forget(d);
+        }
+        self.stop.store(true, Ordering::SeqCst);
+        let me = std::thread::current().id();
+        for t in std::mem::take(&mut *self.threads.lock()) {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+    }
+}

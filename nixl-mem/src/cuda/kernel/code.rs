@@ -1,0 +1,289 @@
+//! The kernels' PTX, generated from a shape.
+
+#[allow(unused_imports)]
+use super::*;
+
+pub(super) const TEMPLATE: &str = r#"//
+// nixl-rs scatter-gather copy: @TITLE@
+// shape: @SHAPE@
+//
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry @NAME@(
+	.param .u64 nixl_descs,
+	.param .u64 nixl_count@PARAMS@
+)
+.maxntid @THREADS@, 1, 1
+{
+	.reg .pred 	%p<8>;
+	.reg .b16 	%h<2>;
+	.reg .b32 	%r<5>;
+	.reg .b32 	%v<@VREGS@>;
+	.reg .b64 	%rd<36>;
+@EXTRA_REGS@	.reg .b64 	%la<@UNROLL@>;
+	.reg .b64 	%sa<@UNROLL@>;
+
+	ld.param.u64 	%rd1, [nixl_descs];
+	ld.param.u64 	%rd2, [nixl_count];
+	cvta.to.global.u64 	%rd1, %rd1;
+@PROLOGUE@	mov.u32 	%r1, %ctaid.x;
+	mov.u32 	%r2, %nctaid.x;
+	mov.u32 	%r3, %tid.x;
+	mov.u32 	%r4, %ntid.x;
+	cvt.u64.u32 	%rd3, %r1;
+	cvt.u64.u32 	%rd4, %r2;
+	cvt.u64.u32 	%rd5, %r3;
+	cvt.u64.u32 	%rd6, %r4;
+	// rd7 = tid*16; rd8 = ntid*16 (a round's stride between one thread's vectors);
+	// rd9 = a round's bytes; rd10 = the offset of a round's last vector.
+	shl.b64 	%rd7, %rd5, 4;
+	shl.b64 	%rd8, %rd6, 4;
+	mul.lo.u64 	%rd9, %rd8, @UNROLL@;
+	mul.lo.u64 	%rd10, %rd8, @UNROLL_1@;
+
+$L_item:
+	// rd3 = descriptor index (ctaid, then += nctaid); stop at count.
+	setp.ge.u64 	%p1, %rd3, %rd2;
+	@%p1 bra 	$L_done;
+@FETCH@	// rd12 = src, rd13 = dst, rd14 = len. Same alignment modulo 16, or bytes only.
+	xor.b64 	%rd15, %rd12, %rd13;
+	and.b64 	%rd15, %rd15, 15;
+	setp.ne.u64 	%p2, %rd15, 0;
+	@%p2 bra 	$L_bytes;
+
+	// head = min((-src) & 15, len): thread t < head copies byte t.
+	neg.s64 	%rd16, %rd12;
+	and.b64 	%rd16, %rd16, 15;
+	min.u64 	%rd16, %rd16, %rd14;
+	setp.ge.u64 	%p3, %rd5, %rd16;
+	@%p3 bra 	$L_body;
+	add.u64 	%rd17, %rd12, %rd5;
+	add.u64 	%rd18, %rd13, %rd5;
+	ld.global.u8 	%h1, [%rd17];
+	st.global.u8 	[%rd18], %h1;
+
+$L_body:
+	// rest = len - head; body = rest & ~15 from src+head / dst+head (both 16-byte aligned).
+	sub.u64 	%rd19, %rd14, %rd16;
+	and.b64 	%rd20, %rd19, -16;
+	add.u64 	%rd21, %rd12, %rd16;
+	add.u64 	%rd22, %rd13, %rd16;
+	// rd23 = this thread's offset: tid*16, then += a round's bytes per round.
+	mov.u64 	%rd23, %rd7;
+
+$L_round:
+	// A whole round fits when its last vector does.
+	add.u64 	%rd24, %rd23, %rd10;
+	setp.ge.u64 	%p4, %rd24, %rd20;
+	@%p4 bra 	$L_vec1;
+@ROUND@	add.u64 	%rd23, %rd23, %rd9;
+	bra 	$L_round;
+
+$L_vec1:
+	// The remaining vectors of this thread, one at a time.
+	setp.ge.u64 	%p5, %rd23, %rd20;
+	@%p5 bra 	$L_tail;
+	add.u64 	%la0, %rd21, %rd23;
+	add.u64 	%sa0, %rd22, %rd23;
+	@LOAD@ 	{%v0, %v1, %v2, %v3}, [%la0];
+	@STORE@ 	[%sa0], {%v0, %v1, %v2, %v3};
+	add.u64 	%rd23, %rd23, %rd8;
+	bra 	$L_vec1;
+
+$L_tail:
+	// tail = rest - body (< 16): thread t < tail copies byte body + t.
+	sub.u64 	%rd33, %rd19, %rd20;
+	setp.ge.u64 	%p6, %rd5, %rd33;
+	@%p6 bra 	$L_next;
+	add.u64 	%rd34, %rd21, %rd20;
+	add.u64 	%rd34, %rd34, %rd5;
+	add.u64 	%rd35, %rd22, %rd20;
+	add.u64 	%rd35, %rd35, %rd5;
+	ld.global.u8 	%h1, [%rd34];
+	st.global.u8 	[%rd35], %h1;
+	bra 	$L_next;
+
+$L_bytes:
+	// Different alignments: byte t, t+ntid, ...
+	mov.u64 	%rd23, %rd5;
+$L_byte:
+	setp.ge.u64 	%p7, %rd23, %rd14;
+	@%p7 bra 	$L_next;
+	add.u64 	%rd34, %rd12, %rd23;
+	add.u64 	%rd35, %rd13, %rd23;
+	ld.global.u8 	%h1, [%rd34];
+	st.global.u8 	[%rd35], %h1;
+	add.u64 	%rd23, %rd23, %rd6;
+	bra 	$L_byte;
+
+$L_next:
+	add.u64 	%rd3, %rd3, %rd4;
+	bra 	$L_item;
+
+$L_done:
+	ret;
+}
+"#;
+
+/// What differs between the two kernels of a shape.
+pub(super) struct Parts {
+    title: &'static str,
+    name: &'static str,
+    /// Parameters after the two every kernel has.
+    params: &'static str,
+    extra_regs: &'static str,
+    prologue: &'static str,
+    fetch: &'static str,
+}
+
+/// The segment kernel: item `rd3` is descriptor `rd3` of the array.
+pub(super) const SEGMENTS: Parts = Parts {
+    title: "nixl_copy_segments(descs: *(src u64, dst u64, len u64), count u64)",
+    name: "nixl_copy_segments",
+    params: "",
+    extra_regs: "",
+    prologue: "",
+    fetch: "\tmad.lo.u64 \t%rd11, %rd3, 24, %rd1;
+\tld.global.nc.u64 \t%rd12, [%rd11];
+\tld.global.nc.u64 \t%rd13, [%rd11+8];
+\tld.global.nc.u64 \t%rd14, [%rd11+16];
+",
+};
+
+/// The block kernel: item `rd3` is generated from a block table, piece `i % npieces` of
+/// layer `i / npieces`, from `src base + src id * src stride + offset` to
+/// `dst base + dst id * dst stride + offset`. Its parameters: the layers (`nixl_descs`, 32
+/// bytes each: src base, src stride, dst base, dst stride), the items (`nixl_count`), the
+/// pieces (`nixl_pieces`, 32 bytes each: src id, dst id, offset, len) and the pieces per
+/// layer (`nixl_npieces`), so an item's two loads do not wait on a header.
+pub(super) const BLOCKS: Parts = Parts {
+    title: "nixl_copy_blocks(layers: *(src, src stride, dst, dst stride), count u64, pieces: *(src id, dst id, offset, len), npieces u64)",
+    name: "nixl_copy_blocks",
+    params: ",
+	.param .u64 nixl_pieces,
+	.param .u64 nixl_npieces",
+    extra_regs: "\t.reg .b64 \t%rb<10>;\n\t.reg .b32 \t%rq<3>;\n",
+    prologue: "\tld.param.u64 \t%rb1, [nixl_pieces];
+\tld.param.u64 \t%rb2, [nixl_npieces];
+\tcvta.to.global.u64 \t%rb1, %rb1;
+",
+    fetch: "\t// layer rb3 = item / npieces, piece rb4 = item % npieces (32-bit: the host admits only
+\t// tables of fewer than 2^32 items).
+\tcvt.u32.u64 \t%rq0, %rd3;
+\tcvt.u32.u64 \t%rq1, %rb2;
+\tdiv.u32 \t%rq2, %rq0, %rq1;
+\tcvt.u64.u32 \t%rb3, %rq2;
+\tmul.lo.u64 \t%rb4, %rb3, %rb2;
+\tsub.u64 \t%rb4, %rd3, %rb4;
+\tshl.b64 \t%rb5, %rb3, 5;
+\tadd.u64 \t%rb5, %rb5, %rd1;
+\tshl.b64 \t%rb6, %rb4, 5;
+\tadd.u64 \t%rb6, %rb6, %rb1;
+\tld.global.nc.u64 \t%rd12, [%rb5];
+\tld.global.nc.u64 \t%rb7, [%rb5+8];
+\tld.global.nc.u64 \t%rd13, [%rb5+16];
+\tld.global.nc.u64 \t%rb8, [%rb5+24];
+\tld.global.nc.u64 \t%rb9, [%rb6];
+\tmad.lo.u64 \t%rd12, %rb9, %rb7, %rd12;
+\tld.global.nc.u64 \t%rb9, [%rb6+8];
+\tmad.lo.u64 \t%rd13, %rb9, %rb8, %rd13;
+\tld.global.nc.u64 \t%rb9, [%rb6+16];
+\tadd.u64 \t%rd12, %rd12, %rb9;
+\tadd.u64 \t%rd13, %rd13, %rb9;
+\tld.global.nc.u64 \t%rd14, [%rb6+24];
+",
+};
+
+/// Bytes per layer `(src base, src stride, dst base, dst stride)` and per piece
+/// `(src id, dst id, offset, len)` in a block table (`u64` little-endian each).
+pub(crate) const BLOCK_ENTRY_BYTES: usize = 32;
+
+/// Where the parts of a block kernel's table lie, and how many items it makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BlockLayout {
+    /// The table's bytes (layers, then pieces).
+    pub bytes: usize,
+    /// The kernel's items: layers x pieces.
+    pub items: u64,
+    /// Pieces per layer.
+    pub npieces: u64,
+    /// Byte offset of the pieces.
+    pub pieces_at: usize,
+}
+
+/// The segment kernel's PTX for `shape`, NUL-terminated for `cuModuleLoadDataEx`. The thread
+/// count only bounds the launch (`.maxntid`): the code reads `%ntid.x`.
+pub(crate) fn ptx(shape: &KernelShape) -> String {
+    ptx_of(shape, &SEGMENTS)
+}
+
+/// The block kernel's PTX for `shape`: the same copy code, each item's `(src, dst, len)`
+/// generated from a block table instead of read from a descriptor.
+pub(crate) fn ptx_blocks(shape: &KernelShape) -> String {
+    ptx_of(shape, &BLOCKS)
+}
+
+pub(super) fn ptx_of(shape: &KernelShape, parts: &Parts) -> String {
+    let u = shape.unroll.max(1);
+    let load = if shape.nc_loads {
+        "ld.global.nc.v4.u32"
+    } else {
+        "ld.global.v4.u32"
+    };
+    let store = if shape.streaming_stores {
+        "st.global.cs.v4.u32"
+    } else {
+        "st.global.v4.u32"
+    };
+    let v = |k: u32| {
+        format!(
+            "{{%v{}, %v{}, %v{}, %v{}}}",
+            4 * k,
+            4 * k + 1,
+            4 * k + 2,
+            4 * k + 3
+        )
+    };
+    // One round: `u` vectors at tid*16 + k*ntid*16 from the round's start, all loaded, then
+    // all stored.
+    let mut round = String::new();
+    for k in 0..u {
+        round += &if k == 0 {
+            "\tadd.u64 \t%la0, %rd21, %rd23;\n".to_owned()
+        } else {
+            format!("\tadd.u64 \t%la{k}, %la{}, %rd8;\n", k - 1)
+        };
+    }
+    for k in 0..u {
+        round += &format!("\t{load} \t{}, [%la{k}];\n", v(k));
+    }
+    for k in 0..u {
+        round += &if k == 0 {
+            "\tadd.u64 \t%sa0, %rd22, %rd23;\n".to_owned()
+        } else {
+            format!("\tadd.u64 \t%sa{k}, %sa{}, %rd8;\n", k - 1)
+        };
+    }
+    for k in 0..u {
+        round += &format!("\t{store} \t[%sa{k}], {};\n", v(k));
+    }
+    let mut s = TEMPLATE
+        .replace("@TITLE@", parts.title)
+        .replace("@NAME@", parts.name)
+        .replace("@PARAMS@", parts.params)
+        .replace("@EXTRA_REGS@", parts.extra_regs)
+        .replace("@PROLOGUE@", parts.prologue)
+        .replace("@FETCH@", parts.fetch)
+        .replace("@SHAPE@", &shape.to_string())
+        .replace("@THREADS@", &shape.threads.to_string())
+        .replace("@VREGS@", &(4 * u).to_string())
+        .replace("@UNROLL_1@", &(u - 1).to_string())
+        .replace("@UNROLL@", &u.to_string())
+        .replace("@ROUND@", &round)
+        .replace("@LOAD@", load)
+        .replace("@STORE@", store);
+    s.push('\0');
+    s
+}

@@ -1,0 +1,137 @@
+//! Loading the kernels into a context and launching them.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// The loaded module (unloaded on drop) and its kernel, for one context.
+pub(crate) struct CopyKernel {
+    module: KernelModule,
+    /// The block kernel (same shape), where it loaded.
+    blocks: Option<KernelModule>,
+    shape: KernelShape,
+    /// CTAs of the shape resident on the whole GPU at once.
+    resident: u32,
+}
+
+impl CopyKernel {
+    /// JIT-compiles the PTX of `shape` (already validated) for GPU `ordinal` in `ctx`. The
+    /// error says why, with the JIT log.
+    pub fn load(ctx: Arc<CudaContext>, ordinal: usize, shape: KernelShape) -> Result<Self, String> {
+        shape.validate()?;
+        bind(&ctx).map_err(|e| e.to_string())?;
+        let text = ptx(&shape);
+        let text = CStr::from_bytes_with_nul(text.as_bytes())
+            .map_err(|_| "the PTX is not one NUL-terminated string".to_owned())?;
+        let module = KernelModule::load(ctx.clone(), text, NAME).map_err(|(e, log)| {
+            if e.call == "cuModuleLoadDataEx" {
+                format!("{e}: {log}")
+            } else {
+                e.to_string()
+            }
+        })?;
+        let resident = occupancy(&module, ordinal, &shape).map_err(|e| e.to_string())?;
+        // The block kernel is optional: without it block tables are written out as
+        // descriptors for the segment kernel.
+        let blocks_text = ptx_blocks(&shape);
+        let blocks = CStr::from_bytes_with_nul(blocks_text.as_bytes())
+            .map_err(|_| "the PTX is not one NUL-terminated string".to_owned())
+            .and_then(|t| {
+                KernelModule::load(ctx, t, BLOCKS_NAME).map_err(|(e, log)| format!("{e}: {log}"))
+            })
+            .inspect_err(|e| tracing::warn!(error = %e, "the block-table copy kernel did not load; block tables use the segment kernel"))
+            .ok();
+        Ok(CopyKernel {
+            module,
+            blocks,
+            shape,
+            resident,
+        })
+    }
+
+    /// The shape it was compiled for.
+    pub fn shape(&self) -> &KernelShape {
+        &self.shape
+    }
+
+    /// The grid for `count` descriptors cut one by one (see [`grid`]).
+    pub fn grid(&self, count: u64) -> u32 {
+        grid(&self.shape, count, self.resident)
+    }
+
+    /// The descriptors and grid for `segments` (see [`plan`]).
+    pub fn plan(&self, segments: &[Segment]) -> (Vec<Segment>, u32) {
+        plan(segments, &self.shape, self.resident)
+    }
+
+    /// Whether the block kernel loaded.
+    pub fn has_blocks(&self) -> bool {
+        self.blocks.is_some()
+    }
+
+    /// Enqueues the block kernel over the block table at device address `table` laid out as
+    /// `layout` on `stream`, `grid` CTAs of the shape's threads.
+    ///
+    /// Crate invariant (see `crate::sys`): `table` holds the table (stream-ordered before this
+    /// launch), whose generated copies are device memory this context can reach, live until
+    /// the launch completes, no two in [`conflict`].
+    pub fn launch_blocks(
+        &self,
+        table: u64,
+        layout: &BlockLayout,
+        grid: u32,
+        stream: &Stream,
+    ) -> Result<(), CudaError> {
+        let Some(m) = &self.blocks else {
+            return Err(CudaError {
+                call: "cuLaunchKernel",
+                code: sys::CUresult::CUDA_ERROR_NOT_FOUND as u32,
+                name: "the block-table copy kernel is not loaded".to_owned(),
+            });
+        };
+        if layout.items == 0 {
+            return Ok(());
+        }
+        let args = [
+            table,
+            layout.items,
+            table + layout.pieces_at as u64,
+            layout.npieces,
+        ];
+        m.launch4(grid.max(1), self.shape.threads, stream, args)
+    }
+
+    /// Enqueues the kernel over `count` descriptors at device address `descs` on `stream`,
+    /// `grid` CTAs of the shape's threads.
+    ///
+    /// Crate invariant (see `crate::sys`): `descs` holds `count` descriptors (stream-ordered
+    /// before this launch) whose ranges are device memory this context can reach, live until
+    /// the launch completes, with no destination overlapping another descriptor's source or
+    /// destination (see [`conflict`]).
+    pub fn launch(
+        &self,
+        descs: u64,
+        count: u64,
+        grid: u32,
+        stream: &Stream,
+    ) -> Result<(), CudaError> {
+        if count == 0 {
+            return Ok(());
+        }
+        self.module
+            .launch2(grid.max(1), self.shape.threads, stream, descs, count)
+    }
+}
+
+pub(super) fn occupancy(
+    module: &KernelModule,
+    ordinal: usize,
+    shape: &KernelShape,
+) -> Result<u32, CudaError> {
+    let per_sm = module.blocks_per_sm(shape.threads)?;
+    let sms = device_attribute(
+        ordinal,
+        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    )?;
+    let per_sm = per_sm.clamp(1, shape.ctas_per_sm as i32);
+    Ok(u32::try_from(sms.max(1) * per_sm).unwrap_or(1))
+}

@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Layout metrics of the workspace (issue 25's before/after table), measured from the code:
+
+- largest import circle per crate (modules of a crate that import each other through
+  `use crate::...` / `crate::x::` paths, strongly connected components, as files);
+- nixl-core's root items (`pub use` names and `pub` items in lib.rs) and public modules;
+- `Agent`'s public methods and the files they are in;
+- library files over 800 lines; library functions over 80 lines;
+- hand-written argument parsers (bench and example programs matching on "--flag" strings);
+- test-helper modules (tests/**/mod.rs).
+
+    python3 scripts/code-metrics.py [ROOT]
+"""
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
+CRATES = ["nixl-core", "nixl-mem", "nixl-backend-ucx", "nixl-backend-libfabric", "nixl-backend-gds"]
+
+
+def lib_files(crate):
+    return sorted((ROOT / crate / "src").rglob("*.rs"))
+
+
+def module_of(crate, path):
+    rel = path.relative_to(ROOT / crate / "src").with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] in ("mod", "lib"):
+        parts = parts[:-1]
+    return "::".join(parts)
+
+
+def import_graph(crate):
+    files = lib_files(crate)
+    mods = {module_of(crate, f): f for f in files}
+    edges = {m: set() for m in mods}
+    for m, f in mods.items():
+        text = f.read_text(errors="replace")
+        for mm in re.finditer(r"crate::((?:[a-z_][a-z0-9_]*::)*[a-z_][a-z0-9_]*)", text):
+            path = mm.group(1).split("::")
+            for k in range(len(path), 0, -1):
+                target = "::".join(path[:k])
+                if target in mods and target != m:
+                    edges[m].add(target)
+                    break
+        # `use super::x` from a file module: resolve to the sibling.
+        base = m.split("::")[:-1] if m else []
+        if f.name == "mod.rs":
+            base = m.split("::")[:-1]
+        for mm in re.finditer(r"super::([a-z_][a-z0-9_]*)", text):
+            target = "::".join(base + [mm.group(1)]) if base else mm.group(1)
+            if target in mods and target != m:
+                edges[m].add(target)
+    return edges
+
+
+def largest_scc(edges):
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+    sys.setrecursionlimit(10000)
+
+    def strong(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            out.append(comp)
+
+    for v in edges:
+        if v not in index:
+            strong(v)
+    best = max(out, key=len) if out else []
+    return len(best) if len(best) > 1 else 0, sorted(best)
+
+
+def long_functions(files, limit=80):
+    n = []
+    for f in files:
+        lines = f.read_text(errors="replace").split("\n")
+        i = 0
+        in_test = False
+        while i < len(lines):
+            line = lines[i]
+            if re.match(r"\s*#\[cfg\(test\)\]", line):
+                in_test = True
+            m = re.match(r"(\s*)(pub(\([^)]*\))? )?(const )?(async )?(unsafe )?(extern \"C\" )?fn [A-Za-z_]", line)
+            if m and not in_test:
+                depth, start, j, opened = 0, i, i, False
+                while j < len(lines):
+                    depth += lines[j].count("{") - lines[j].count("}")
+                    if "{" in lines[j]:
+                        opened = True
+                    if opened and depth <= 0:
+                        break
+                    if not opened and lines[j].rstrip().endswith(";"):
+                        break
+                    j += 1
+                if opened and j - start + 1 > limit:
+                    n.append((f.relative_to(ROOT), start + 1, j - start + 1))
+                i = j + 1
+                continue
+            i += 1
+    return n
+
+
+def main():
+    print("== largest import circle per crate (modules)")
+    for c in CRATES:
+        size, comp = largest_scc(import_graph(c))
+        print(f"  {c}: {size}" + (f" ({', '.join(comp)})" if size else ""))
+    lib = (ROOT / "nixl-core/src/lib.rs").read_text()
+    pub_mods = re.findall(r"^pub mod (\w+)", lib, re.M)
+    uses = re.findall(r"^pub use [^;]*;", lib, re.M | re.S)
+    names = set()
+    for u in uses:
+        body = u[len("pub use "):-1]
+        if "{" in body:
+            inner = body[body.index("{") + 1: body.rindex("}")]
+            names |= {x.strip().split(" as ")[-1] for x in inner.split(",") if x.strip()}
+        else:
+            names.add(body.split("::")[-1].split(" as ")[-1])
+    items = re.findall(r"^pub (?:fn|struct|enum|const|static|type|trait) (\w+)", lib, re.M)
+    print(f"== nixl-core root: {len(names) + len(items)} items, {len(pub_mods)} public modules ({', '.join(pub_mods)})")
+    methods, files = 0, set()
+    for f in lib_files("nixl-core"):
+        text = f.read_text(errors="replace")
+        for block in re.finditer(r"^impl Agent \{(.*?)^\}", text, re.M | re.S):
+            k = len(re.findall(r"^    pub fn ", block.group(1), re.M))
+            if k:
+                methods += k
+                files.add(f.relative_to(ROOT))
+    print(f"== Agent: {methods} public methods in {len(files)} files")
+    big = []
+    for c in CRATES + ["."]:
+        src = ROOT / c / "src"
+        for f in sorted(src.rglob("*.rs")):
+            if "bindings" in f.name:
+                continue
+            n = len(f.read_text(errors="replace").split("\n"))
+            if n > 800:
+                big.append((f.relative_to(ROOT), n))
+    print(f"== library files over 800 lines: {len(big)}")
+    for f, n in big:
+        print(f"  {f}: {n}")
+    allf = [f for c in CRATES for f in lib_files(c) if "bindings" not in f.name] + sorted((ROOT / "src").rglob("*.rs"))
+    longs = long_functions(allf)
+    print(f"== library functions over 80 lines: {len(longs)}")
+    for f, line, n in longs:
+        print(f"  {f}:{line}: {n}")
+    parsers = []
+    for d in ["benches", "examples", "nixl-mem/examples", "nixl-backend-gds/benches", "nixl-backend-libfabric/benches",
+              "nixl-backend-ucx/benches", "nixl-core/benches"]:
+        for f in sorted((ROOT / d).rglob("*.rs")) if (ROOT / d).exists() else []:
+            t = f.read_text(errors="replace")
+            if re.search(r'"--[a-z][a-z-]*"\s*=>', t) and "clap" not in t:
+                parsers.append(f.relative_to(ROOT))
+    print(f"== hand-written argument parsers: {len(parsers)}")
+    for p in parsers:
+        print(f"  {p}")
+    helpers = sorted(p.relative_to(ROOT) for p in ROOT.glob("**/tests/**/mod.rs") if "target" not in p.parts)
+    print(f"== test-helper modules (tests/**/mod.rs): {len(helpers)}")
+    for h in helpers:
+        print(f"  {h}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,277 @@
+//! A request's plan: its segments as file ranges and local memory, cut into chunks.
+
+#![allow(unused_imports)]
+use super::*;
+
+/// One piece of I/O: `len` bytes between the buffer at `buf` and offset `off` of `fd`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Chunk {
+    pub fd: RawFd,
+    pub buf: u64,
+    pub off: u64,
+    pub len: u64,
+    /// For a VRAM chunk, the index of its context in the plan's [`VramSide::ctxs`]; `buf` is
+    /// then a device address.
+    pub gpu: Option<u32>,
+}
+
+/// The local side of a segment to plan.
+pub(crate) enum LocalMem<'a> {
+    /// Host memory.
+    Dram,
+    /// Device memory of the context's GPU.
+    Vram(&'a Context),
+}
+
+/// One segment to plan, described by whichever backend registered it (POSIX, or GDS for its
+/// fallback).
+pub(crate) struct PlanSeg<'a> {
+    pub local: LocalMem<'a>,
+    pub local_addr: u64,
+    pub fd: RawFd,
+    pub direct: bool,
+    pub path: Option<&'a PathBuf>,
+    /// The file's metadata, kept by the plan so the descriptor stays open.
+    pub file_md: &'a BackendMd,
+    pub remote_addr: u64,
+    pub len: u64,
+    /// For an `O_DIRECT` file: its device's one-request limits (see [`limits`]).
+    pub direct_chunk: Option<limits::DirectLimits>,
+}
+
+/// What a prepared POSIX transfer moves, shared by both engines.
+#[derive(Clone)]
+pub(crate) struct Plan {
+    pub agent: String,
+    /// The backend name used in errors.
+    pub backend: &'static str,
+    pub op: XferOp,
+    pub chunks: Vec<Chunk>,
+    /// Files read by the request, with the end of the furthest read (checked against the file
+    /// size at each post).
+    pub read_ends: Vec<(RawFd, u64, Option<PathBuf>)>,
+    pub direct: bool,
+    /// The largest chunk (bytes), for path reports.
+    pub max_chunk: u64,
+    /// When the chunks assume buffers registered with an io_uring: the chunk size for an
+    /// engine that pins pages per I/O instead (see [`Plan::rechunk_unregistered`]).
+    pub unregistered_chunk: Option<u64>,
+    pub cancel_timeout: Duration,
+    /// Keeps the duplicated descriptors open while the request lives.
+    pub files: Vec<BackendMd>,
+    /// Staging buffers and contexts, for a VRAM request.
+    pub vram: Option<Arc<VramSide>>,
+}
+
+impl Plan {
+    /// Splits host-memory chunks to the size an engine that pins pages at each I/O should use
+    /// (the thread pool, or io_uring when the buffers could not be registered); a no-op when
+    /// the chunks did not assume registered buffers.
+    pub fn rechunk_unregistered(&mut self) {
+        let Some(limit) = self.unregistered_chunk.take() else {
+            return;
+        };
+        let mut out = Vec::with_capacity(self.chunks.len());
+        for c in self.chunks.drain(..) {
+            if c.gpu.is_some() || c.len <= limit {
+                out.push(c);
+                continue;
+            }
+            let mut done = 0;
+            while done < c.len {
+                let len = (c.len - done).min(limit);
+                out.push(Chunk {
+                    buf: c.buf + done,
+                    off: c.off + done,
+                    len,
+                    ..c
+                });
+                done += len;
+            }
+        }
+        self.chunks = out;
+        self.max_chunk = self.chunks.iter().map(|c| c.len).max().unwrap_or(0);
+    }
+
+    /// Refuses a READ past the current end of a file (instead of a short read later).
+    pub fn check_file_sizes(&self) -> Result<()> {
+        for (fd, end, path) in &self.read_ends {
+            let size = fd_size(*fd).map_err(|e| Error::io(&self.agent, Op::PostXfer, e))?;
+            if *end > size {
+                let name = path
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| format!("fd {fd}"));
+                return Err(Error::invalid(
+                    &self.agent,
+                    Op::PostXfer,
+                    format!("READ up to offset {end} is past the end of {name} ({size} bytes)"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The path string of a request.
+    pub fn describe(&self, engine: &str) -> String {
+        format!(
+            "{engine}, chunks up to {} KiB{}",
+            self.max_chunk >> 10,
+            if self.direct {
+                " (O_DIRECT)"
+            } else {
+                " (page cache)"
+            }
+        )
+    }
+}
+
+fn fd_size(fd: RawFd) -> std::io::Result<u64> {
+    let st = sysfd::fstat(fd)?;
+    if st.st_mode & libc::S_IFMT == libc::S_IFBLK {
+        return sysfd::block_device_size(fd);
+    }
+    Ok(u64::try_from(st.st_size).unwrap_or(0))
+}
+
+/// Plans chunks of a transfer: checks `O_DIRECT` alignment (file offset and length; the buffer
+/// address too for DRAM), splits DRAM segments into `chunk_size` chunks and VRAM segments into
+/// `bounce_chunk` chunks, and allocates the engine's staging buffers for VRAM.
+pub(crate) fn build_plan(
+    engine: &PoolEngine,
+    agent: &str,
+    backend: &'static str,
+    op: XferOp,
+    segs: &[PlanSeg<'_>],
+) -> Result<Plan> {
+    let p = engine.params();
+    let align = p.direct_alignment;
+    let mut chunks = Vec::new();
+    let mut files: Vec<BackendMd> = Vec::new();
+    let mut read_ends: Vec<(RawFd, u64, Option<PathBuf>)> = Vec::new();
+    let mut ctxs: Vec<Context> = Vec::new();
+    let mut direct = false;
+    let mut max_chunk = 0;
+    let mut unregistered_chunk: Option<u64> = None;
+    for (i, s) in segs.iter().enumerate() {
+        let end = s
+            .remote_addr
+            .checked_add(s.len)
+            .ok_or_else(|| Error::invalid(agent, Op::MakeXfer, format!("segment {i} overflows")))?;
+        if s.direct {
+            direct = true;
+            let mut checks = vec![("file offset", s.remote_addr), ("length", s.len)];
+            if matches!(s.local, LocalMem::Dram) {
+                checks.push(("buffer address", s.local_addr));
+            }
+            for (what, v) in checks {
+                if v % align != 0 {
+                    return Err(Error::invalid(agent, Op::MakeXfer, format!("segment {i}: {what} {v:#x} is not a multiple of {align} as O_DIRECT requires")));
+                }
+            }
+        }
+        // Neighbours usually share a file; `distinct_mds` below keeps the list linear.
+        if !files.last().is_some_and(|m| Arc::ptr_eq(m, s.file_md)) {
+            files.push(s.file_md.clone());
+        }
+        if op == XferOp::Read {
+            match read_ends.iter_mut().find(|(d, _, _)| *d == s.fd) {
+                Some(e) => e.1 = e.1.max(end),
+                None => read_ends.push((s.fd, end, s.path.cloned())),
+            }
+        }
+        let (step, gpu) = match s.local {
+            LocalMem::Dram => (
+                match (p.chunk_size, s.direct_chunk) {
+                    (Some(c), _) => c,
+                    (None, Some(l)) if s.direct => {
+                        if l.paged < l.registered {
+                            unregistered_chunk =
+                                Some(unregistered_chunk.map_or(l.paged, |u| u.min(l.paged)));
+                        }
+                        l.registered
+                    }
+                    _ => DEFAULT_CHUNK,
+                },
+                None,
+            ),
+            LocalMem::Vram(ctx) => {
+                let idx = match ctxs.iter().position(|c| c.ordinal() == ctx.ordinal()) {
+                    Some(k) => k,
+                    None => {
+                        ctxs.push((*ctx).clone());
+                        ctxs.len() - 1
+                    }
+                };
+                (p.bounce_chunk, Some(idx as u32))
+            }
+        };
+        max_chunk = max_chunk.max(step.min(s.len));
+        let mut done = 0;
+        while done < s.len {
+            let len = (s.len - done).min(step);
+            chunks.push(Chunk {
+                fd: s.fd,
+                buf: s.local_addr + done,
+                off: s.remote_addr + done,
+                len,
+                gpu,
+            });
+            done += len;
+        }
+    }
+    if chunks.is_empty() {
+        return Err(Error::invalid(agent, Op::MakeXfer, "no segments"));
+    }
+    let vram = match ctxs.first() {
+        None => None,
+        Some(first) => Some(Arc::new(VramSide {
+            staging: engine.staging(agent, first)?,
+            ctxs,
+        })),
+    };
+    Ok(Plan {
+        agent: agent.to_owned(),
+        backend,
+        op,
+        chunks,
+        read_ends,
+        direct,
+        max_chunk,
+        unregistered_chunk,
+        cancel_timeout: p.cancel_timeout,
+        files: nixl_core::backend::distinct_mds(&files),
+        vram,
+    })
+}
+
+impl<'a> PlanSeg<'a> {
+    /// A segment of a spec whose target is the file `fd`.
+    pub fn new(
+        local: LocalMem<'a>,
+        s: &nixl_core::backend::Segment,
+        file_md: &'a BackendMd,
+        fd: RawFd,
+        direct: bool,
+        path: Option<&'a PathBuf>,
+    ) -> Self {
+        PlanSeg {
+            local,
+            local_addr: s.local_addr,
+            fd,
+            direct,
+            path,
+            file_md,
+            remote_addr: s.remote_addr,
+            len: s.len,
+            direct_chunk: None,
+        }
+    }
+
+    /// Chunks DRAM segments of an `O_DIRECT` file at its device's one-request limit when
+    /// [`PosixParams::chunk_size`] is `None`.
+    pub fn with_direct_chunk(mut self, chunk: Option<limits::DirectLimits>) -> Self {
+        self.direct_chunk = chunk;
+        self
+    }
+}

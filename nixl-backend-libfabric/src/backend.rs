@@ -255,7 +255,8 @@ impl LibfabricBackend {
             peers: ctx.peers,
             sessions: Sessions::default(),
         };
-        inbox.sessions.accept(
+        // The empty table has room for this agent's own session (loopback notifications).
+        let _ = inbox.sessions.accept(
             &Hello {
                 sender: agent.clone(),
                 generation: 0,

@@ -30,7 +30,9 @@ impl Inbox {
                 Ok(hello) => {
                     // RDM endpoints have no connection identity: the session id (random,
                     // from a checked hello) is what ties a notification to its sender.
-                    self.sessions.accept(&hello, 0);
+                    if let Err(why) = self.sessions.accept(&hello, 0) {
+                        tracing::warn!(remote = %hello.sender, why, "refused a libfabric hello");
+                    }
                     false
                 }
                 Err(e) => {

@@ -124,7 +124,10 @@ impl AmCtx {
         match self.peers.check_hello(h) {
             Ok(hello) => {
                 tracing::debug!(agent = %self.agent, remote = %hello.sender, authenticated = hello.authenticated, "UCX connection introduced");
-                self.sessions.accept(&hello, ep);
+                if let Err(why) = self.sessions.accept(&hello, ep) {
+                    tracing::warn!(agent = %self.agent, remote = %hello.sender, why, "refused a UCX hello");
+                    return;
+                }
                 // The payload names the sender's worker (`crate::session::introduce`).
                 let index = <[u8; 4]>::try_from(d).ok().map(u32::from_le_bytes);
                 if let Some(old) = self.links.introduced(&hello.sender, index, ep) {

@@ -210,19 +210,28 @@ impl PeerAuth {
 
 /// The sessions a backend accepted: session id to sender, with the connection each came on.
 ///
-/// Bounded: past [`Sessions::capacity`] the oldest session is forgotten (its connection's
-/// later notifications are then dropped and counted, as from an unknown connection).
+/// Bounded ([`Sessions::capacity`]) without ever forgetting another peer's session: a sender
+/// that reconnects replaces its own oldest session when the table is full (or when it holds
+/// [`MAX_SESSIONS_PER_SENDER`]), and a newcomer that would need someone else's room is refused
+/// (its notifications are then dropped and counted, as from an unknown connection). A flood of
+/// hellos from strangers therefore cannot make an honest peer's notifications disappear.
 #[derive(Debug)]
 pub struct Sessions {
     inner: Mutex<SessionsInner>,
     capacity: usize,
     unattributed: AtomicU64,
+    refused: AtomicU64,
 }
+
+/// The most sessions one sender holds at once (its connections, one per worker or rail, and
+/// their replacements); past it, its oldest is forgotten.
+pub const MAX_SESSIONS_PER_SENDER: usize = 256;
 
 #[derive(Debug, Default)]
 struct SessionsInner {
     by_id: HashMap<SessionId, (String, u64)>,
-    order: VecDeque<SessionId>,
+    /// Per sender, its sessions, oldest first.
+    by_sender: HashMap<String, VecDeque<SessionId>>,
 }
 
 impl Default for Sessions {
@@ -238,6 +247,7 @@ impl Sessions {
             inner: Mutex::new(SessionsInner::default()),
             capacity: capacity.max(1),
             unattributed: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
         }
     }
 
@@ -247,23 +257,42 @@ impl Sessions {
     }
 
     /// Records a checked hello that arrived on connection `conn` (a backend's token for the
-    /// connection, e.g. its endpoint handle).
-    pub fn accept(&self, hello: &Hello, conn: u64) {
+    /// connection, e.g. its endpoint handle). Refused (and counted) when the table is full and
+    /// the sender has no session of its own to give up.
+    pub fn accept(&self, hello: &Hello, conn: u64) -> std::result::Result<(), &'static str> {
         let mut g = self.inner.lock();
-        if g.by_id
-            .insert(hello.session, (hello.sender.clone(), conn))
-            .is_none()
-        {
-            g.order.push_back(hello.session);
+        let g = &mut *g;
+        if let Some(slot) = g.by_id.get_mut(&hello.session) {
+            if slot.0 == hello.sender {
+                slot.1 = conn;
+                return Ok(());
+            }
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Err("the session id belongs to another sender");
         }
-        while g.by_id.len() > self.capacity {
-            match g.order.pop_front() {
-                Some(old) => {
-                    g.by_id.remove(&old);
-                }
-                None => break,
+        let own = g.by_sender.entry(hello.sender.clone()).or_default();
+        if own.len() >= MAX_SESSIONS_PER_SENDER
+            || (g.by_id.len() >= self.capacity && !own.is_empty())
+        {
+            if let Some(old) = own.pop_front() {
+                g.by_id.remove(&old);
             }
         }
+        if g.by_id.len() >= self.capacity {
+            if own.is_empty() {
+                g.by_sender.remove(&hello.sender);
+            }
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return Err("the session table is full");
+        }
+        own.push_back(hello.session);
+        g.by_id.insert(hello.session, (hello.sender.clone(), conn));
+        Ok(())
+    }
+
+    /// Hellos refused because the table was full (or named a session of another sender).
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
     }
 
     /// The sender of a notification carrying `session` that arrived on `conn`; `None` (and
@@ -366,14 +395,31 @@ mod tests {
             session: [s; SESSION_LEN],
             authenticated: true,
         };
-        t.accept(&hello("a", 1), 10);
+        t.accept(&hello("a", 1), 10).unwrap();
         assert_eq!(t.sender(&[1; SESSION_LEN], 10).as_deref(), Some("a"));
         assert_eq!(t.sender(&[1; SESSION_LEN], 11), None, "another connection");
         assert_eq!(t.sender(&[2; SESSION_LEN], 10), None, "unknown session");
-        t.accept(&hello("b", 2), 11);
-        t.accept(&hello("c", 3), 12);
+        t.accept(&hello("b", 2), 11).unwrap();
+        assert!(
+            t.accept(&hello("c", 3), 12).is_err(),
+            "full: the newcomer is refused"
+        );
         assert_eq!(t.len(), 2);
-        assert_eq!(t.sender(&[1; SESSION_LEN], 10), None, "oldest evicted");
+        assert_eq!(
+            t.sender(&[1; SESSION_LEN], 10).as_deref(),
+            Some("a"),
+            "kept"
+        );
+        // A sender that reconnects replaces its own oldest session.
+        t.accept(&hello("a", 4), 13).unwrap();
+        assert_eq!(t.sender(&[1; SESSION_LEN], 10), None, "its own old session");
+        assert_eq!(t.sender(&[4; SESSION_LEN], 13).as_deref(), Some("a"));
+        assert_eq!(
+            t.sender(&[2; SESSION_LEN], 11).as_deref(),
+            Some("b"),
+            "b's stays"
+        );
         assert_eq!(t.unattributed(), 3);
+        assert_eq!(t.refused(), 1);
     }
 }

@@ -441,14 +441,43 @@ impl Agent {
     }
 
     /// Drains received notifications: sender name to messages, in per-sender order.
+    ///
+    /// Nothing is lost in silence: when notifications were dropped since the last read (the
+    /// queue was full, [`crate::Limits::max_queued_notif_bytes`]), this read reports them
+    /// first, whatever else is queued: [`Error::LimitExceeded`] naming how many from each
+    /// sender, with the queued messages left for the next read ([`Agent::dropped_notifs`] has
+    /// the totals).
     #[doc(alias = "getNotifs")]
     pub fn get_notifs(&self) -> Result<Notifs> {
         if !self.shared.config.progress_thread {
             self.shared.progress_all();
         }
+        self.report_drops()?;
         let mut n = self.shared.notifs.drain();
         self.verify_integrity(&mut n);
         Ok(n)
+    }
+
+    /// `LimitExceeded` naming the notifications dropped since the last report, if any.
+    fn report_drops(&self) -> Result<()> {
+        let drops = self.shared.notifs.take_unreported_drops();
+        if drops.is_empty() {
+            return Ok(());
+        }
+        let mut list: Vec<String> = drops
+            .iter()
+            .map(|(sender, n)| format!("{n} from {sender}"))
+            .collect();
+        list.sort();
+        Err(Error::limit(
+            self.name(),
+            Op::GetNotifs,
+            format!(
+                "queued notification bytes: dropped {} since the last read (see Agent::dropped_notifs); what was queued is kept for the next read",
+                list.join(", ")
+            ),
+            self.shared.config.limits.max_queued_notif_bytes,
+        ))
     }
 
     /// Checks integrity frames (see `XferOptions::integrity`): a verified frame becomes the
@@ -556,9 +585,9 @@ impl Agent {
     /// quiet peer is not an error). Ends early with [`Error::Corrupt`] when a notification
     /// failed its integrity check; each failure ends one call (a caller that ignores the error
     /// and waits again is not woken by the same failure), and all of them stay available to
-    /// [`Agent::take_integrity_failures`]. Likewise ends early with
-    /// [`Error::LimitExceeded`] once per batch of notifications dropped because the queue was
-    /// full ([`Agent::dropped_notifs`] has the counts).
+    /// [`Agent::take_integrity_failures`]. Like [`Agent::get_notifs`], reports notifications
+    /// dropped since the last read first ([`Error::LimitExceeded`], whatever else is queued;
+    /// the queued messages stay for the next read).
     pub fn wait_notifs(&self, timeout: Duration) -> Result<Notifs> {
         let deadline = Instant::now() + timeout;
         loop {
@@ -579,23 +608,6 @@ impl Agent {
                     remote: remote.clone(),
                     op: Op::GetNotifs,
                 });
-            }
-            let drops = self.shared.notifs.take_unreported_drops();
-            if !drops.is_empty() {
-                let mut list: Vec<String> = drops
-                    .iter()
-                    .map(|(sender, n)| format!("{n} from {sender}"))
-                    .collect();
-                list.sort();
-                return Err(Error::limit(
-                    self.name(),
-                    Op::GetNotifs,
-                    format!(
-                        "queued notification bytes: dropped {} (see Agent::dropped_notifs)",
-                        list.join(", ")
-                    ),
-                    self.shared.config.limits.max_queued_notif_bytes,
-                ));
             }
             if Instant::now() >= deadline {
                 return Ok(n);

@@ -574,7 +574,9 @@ impl XferReq {
     }
 
     /// Cancels the request. Returns once the backend no longer touches its memory; the request
-    /// is then `Canceled` (a request not in flight is left as it is).
+    /// is then `Canceled` (nothing of it was delivered as a whole: no notification went out),
+    /// or `Done` when the backend could not stop it and it completed, data and notification,
+    /// before the cancel returned (a request not in flight is left as it is).
     pub fn cancel(&self) -> Result<()> {
         let mut st = self.state.lock();
         if let Status::Posted { .. } = st.status {
@@ -582,6 +584,13 @@ impl XferReq {
                 st.leaked = true;
                 st.status = Status::Failed(e.clone());
                 return Err(e);
+            }
+            // `Canceled` means not delivered: a backend that could not stop the transfer
+            // (UCX cannot cancel RMA: it waits for it) may have finished it, data and
+            // notification, before the cancel returned. Then the request is `Done`.
+            if let Ok(XferState::Done) = st.xfer.check() {
+                let _ = self.complete(&mut st);
+                return Ok(());
             }
             st.status = Status::Canceled;
         }

@@ -16,19 +16,10 @@
 //! variable is used, else moto is started from `scripts/s3/moto_server.py` (installed by
 //! `scripts/deps/gds.sh`).
 
-#[cfg(all(feature = "posix", feature = "s3"))]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     offload::run()
 }
 
-#[cfg(not(all(feature = "posix", feature = "s3")))]
-fn main() {
-    eprintln!(
-        "kv_offload needs the posix and s3 features: cargo run --example kv_offload --features s3"
-    );
-}
-
-#[cfg(all(feature = "posix", feature = "s3"))]
 mod offload {
     use std::io::{BufRead, BufReader};
     use std::process::{Child, Command, Stdio};

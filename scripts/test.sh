@@ -50,6 +50,8 @@ for role in prefill decode; do
 done
 echo "== main job with authentication on (a cluster credential for the side channel, metadata and hellos)"
 cargo run --quiet --all-features --example disagg_kv -- --op write --requests 4 --layers 4 --blocks 64 --block-bytes 65536 --auth
+echo "== storage tiers: kv_offload (DRAM -> file -> S3 and back, every hop verified), as README documents it"
+cargo run --quiet --all-features --example kv_offload -- --blocks 32 --block-kib 256
 echo "== main job over libfabric (shm)"
 cargo run --quiet --all-features --example disagg_kv -- --op write --requests 4 --layers 4 --blocks 64 --block-bytes 65536 --backend libfabric --provider shm
 # Across a network: prefill and decode on two hosts (network namespaces joined by a virtual

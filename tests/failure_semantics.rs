@@ -640,10 +640,12 @@ fn cancel_under_load(tls: &str, cancel_timeout: Duration) {
     eprintln!(
         "cancel_under_load[{tls}]: {in_flight}/{n} in flight, all canceled in {took:?}: {kinds:?}"
     );
+    // Canceled, failed with the closed endpoint, or (UCX waited for a put it cannot stop and
+    // it finished, data and completion) done: never a request whose memory UCX still uses.
     assert!(
         kinds
             .iter()
-            .all(|k| matches!(*k, "canceled" | "remote_disconnect")),
+            .all(|k| matches!(*k, "canceled" | "remote_disconnect" | "done")),
         "{kinds:?}"
     );
     t.ensure_connected(&p);

@@ -611,3 +611,44 @@ fn a_killed_peer_over_shm_is_reported_by_gen_notif_and_transfers() {
     let w = v.ask(&format!("write {} {} 4096 3 3000", t.name, t.mem_addr));
     assert!(w.ends_with("|remote_disconnect"), "{w}");
 }
+
+/// Default limits hold before the operating system's (issue 28): with the open-file limit at
+/// 512, a victim with default limits (derived from RLIMIT_NOFILE: 80 peers here) refuses the
+/// peers past what its process can hold with `LimitExceeded`, and never runs out of
+/// descriptors: 400 pushed peers later its side channel still accepts and answers (before:
+/// max_peers 4096, so a few hundred peers made accepts, UCX endpoints and file opens fail
+/// with EMFILE).
+#[test]
+fn default_limits_refuse_peers_before_the_process_runs_out_of_files() {
+    if !ucx_or_skip("default_limits_refuse_peers_before_the_process_runs_out_of_files") {
+        return;
+    }
+    let donor = agent("fd-donor", TCP, None);
+    let md = blob(&donor.local_metadata().unwrap());
+    let attacker = agent("fd-pusher", TCP, None);
+    let mut spec = VictimSpec::new(TCP, None);
+    spec.nofile = Some(512);
+    let mut v = Victim::spawn(CHILD, &spec);
+    v.ask("alive");
+    let want = nixl::Limits::for_open_files(512).max_peers;
+    let (mut ok, mut limit, mut other) = (0, 0, Vec::new());
+    for _ in 0..400 {
+        let mut m = md.clone();
+        m.name = unique("fd-pushed");
+        match attacker.send_metadata_bytes(v.listen, &m.encode(), Duration::from_secs(20)) {
+            Ok(()) => ok += 1,
+            Err(e) if e.kind() == ErrorKind::LimitExceeded => limit += 1,
+            Err(e) => other.push(e.to_string()),
+        }
+    }
+    let fds = v.fds();
+    eprintln!("nofile 512: {ok} peers loaded, {limit} refused (LimitExceeded), {fds} fds open");
+    assert!(other.is_empty(), "{other:?}");
+    assert_eq!((ok, limit), (want, 400 - want));
+    assert!(fds < 512, "{fds} fds");
+    // Still serving: a fetch of the victim's metadata is answered.
+    let fresh = agent("fd-fetcher", TCP, None);
+    fresh
+        .fetch_remote_metadata_blocking(&v.name, v.listen, Duration::from_secs(20))
+        .expect("the victim still answers");
+}

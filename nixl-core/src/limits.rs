@@ -10,7 +10,10 @@ use std::time::Duration;
 pub const NOTIF_OVERHEAD: usize = 64;
 
 /// Limits of an agent ([`crate::AgentConfig::limits`]). The defaults suit a large deployment
-/// (thousands of peers, a million regions per peer); lower them where peers are less trusted.
+/// (thousands of peers, a million regions per peer) where the process may open enough files;
+/// they are derived from its open-file limit (`RLIMIT_NOFILE`) so that a peer past what the
+/// process can hold is refused with `LimitExceeded` before anything fails with `EMFILE`
+/// ([`Limits::for_open_files`]). Lower them where peers are less trusted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
     /// Most peers loaded at once.
@@ -32,14 +35,69 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
+        Limits::for_open_files(open_file_limit())
+    }
+}
+
+/// This process's soft open-file limit (`RLIMIT_NOFILE`); a large number where it is unlimited
+/// or cannot be read.
+fn open_file_limit() -> u64 {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .unwrap_or(1 << 20)
+}
+
+impl Limits {
+    /// File descriptors one loaded peer may hold in the agent's process (a transport endpoint
+    /// or two, the pidfd that watches a same-host peer, a notification socket): what
+    /// [`Limits::for_open_files`] budgets per peer.
+    pub const FDS_PER_PEER: u64 = 4;
+
+    /// File descriptors [`Limits::for_open_files`] leaves to the application and the agent's
+    /// own threads, files and sockets.
+    pub const RESERVED_FDS: u64 = 128;
+
+    /// The default limits for a process that may open `nofile` files: side-channel
+    /// connections at most an eighth of them (8..=256), and peers at most what the rest holds
+    /// at [`Limits::FDS_PER_PEER`] each after [`Limits::RESERVED_FDS`] (16..=4096). With the
+    /// usual 1,024 files: 128 connections and 192 peers.
+    pub fn for_open_files(nofile: u64) -> Limits {
+        let connections = (nofile / 8).clamp(8, 256);
+        let peers = (nofile.saturating_sub(Self::RESERVED_FDS + connections) / Self::FDS_PER_PEER)
+            .clamp(16, 4096);
         Limits {
-            max_peers: 4096,
+            max_peers: usize::try_from(peers).unwrap_or(4096),
             max_regions_per_peer: 1 << 22,
             max_known_names: 1 << 16,
             max_queued_notif_bytes: 256 << 20,
             max_queued_notif_bytes_per_sender: 64 << 20,
-            listener: ListenerLimits::default(),
+            listener: ListenerLimits {
+                max_connections: usize::try_from(connections).unwrap_or(256),
+                ..ListenerLimits::default()
+            },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_follow_the_open_file_limit() {
+        let l = Limits::for_open_files(1024);
+        assert_eq!((l.max_peers, l.listener.max_connections), (192, 128));
+        assert!(
+            l.max_peers as u64 * Limits::FDS_PER_PEER
+                + l.listener.max_connections as u64
+                + Limits::RESERVED_FDS
+                <= 1024
+        );
+        let big = Limits::for_open_files(1 << 20);
+        assert_eq!((big.max_peers, big.listener.max_connections), (4096, 256));
+        let tiny = Limits::for_open_files(64);
+        assert_eq!((tiny.max_peers, tiny.listener.max_connections), (16, 8));
+        assert!(open_file_limit() > 0);
     }
 }
 

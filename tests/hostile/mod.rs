@@ -24,6 +24,7 @@ const CRED: &str = "NIXL_HOSTILE_CREDENTIAL";
 const MEM: &str = "NIXL_HOSTILE_MEM";
 const MAX_PEERS: &str = "NIXL_HOSTILE_MAX_PEERS";
 const NOTIF_BYTES: &str = "NIXL_HOSTILE_NOTIF_BYTES";
+const NOFILE: &str = "NIXL_HOSTILE_NOFILE";
 
 /// How long any answer of the victim may take (generous: a shared 2-core machine).
 pub const ANSWER: Duration = Duration::from_secs(60);
@@ -78,6 +79,8 @@ pub struct VictimSpec {
     /// keep-alive, 2 s): a longer one keeps a stopped peer alive in UCX's eyes, so that a
     /// deadline, not UCX's failure detection, ends a transfer to it.
     pub tcp_user_timeout: Option<&'static str>,
+    /// The victim's open-file limit (`RLIMIT_NOFILE`, soft), set before its agent is made.
+    pub nofile: Option<u64>,
 }
 
 impl VictimSpec {
@@ -89,6 +92,7 @@ impl VictimSpec {
             max_peers: None,
             notif_bytes: None,
             tcp_user_timeout: None,
+            nofile: None,
         }
     }
 }
@@ -144,6 +148,9 @@ impl Victim {
         }
         if let Some(t) = spec.tcp_user_timeout {
             cmd.env("UCX_TCP_USER_TIMEOUT", t);
+        }
+        if let Some(n) = spec.nofile {
+            cmd.env(NOFILE, n.to_string());
         }
         let mut child = cmd.spawn().expect("spawn victim");
         let stdin = child.stdin.take().expect("stdin");
@@ -251,6 +258,20 @@ fn victim_main() -> Result<(), String> {
         Ok(s) => Some(Credential::parse(&s).map_err(e)?),
         Err(_) => None,
     };
+    if let Ok(n) = env(NOFILE) {
+        let n: u64 = n.parse().map_err(|_| "bad nofile")?;
+        use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+        let max = getrlimit(Resource::Nofile).maximum;
+        setrlimit(
+            Resource::Nofile,
+            Rlimit {
+                current: Some(n),
+                maximum: max,
+            },
+        )
+        .map_err(|e| format!("setrlimit: {e}"))?;
+    }
+    // The agent's default limits follow the open-file limit set above.
     let mut cfg = config(cred.as_ref());
     if let Ok(n) = env(MAX_PEERS) {
         cfg.limits.max_peers = n.parse().map_err(|_| "bad max peers")?;

@@ -29,6 +29,7 @@ pub const MAX_METADATA: usize = 256 << 20;
 
 const FLAG_CONN: u8 = 1;
 const FLAG_PROCESS: u8 = 2;
+const FLAG_INTEGRITY: u8 = 4;
 
 /// A backend's entry in metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,6 +62,9 @@ pub struct AgentMetadata {
     pub has_conn_info: bool,
     /// The process the agent runs in (lets peers on the same host notice when it exits).
     pub process: Option<ProcessId>,
+    /// Whether the agent verifies integrity frames (`AgentConfig::verify_integrity`): peers
+    /// send it WRITEs with `XferOptions::integrity` only then.
+    pub verifies_integrity: bool,
     /// Backends.
     pub backends: Vec<BackendEntry>,
     /// Regions.
@@ -76,6 +80,9 @@ impl AgentMetadata {
         let mut flags = if self.has_conn_info { FLAG_CONN } else { 0 };
         if self.process.is_some() {
             flags |= FLAG_PROCESS;
+        }
+        if self.verifies_integrity {
+            flags |= FLAG_INTEGRITY;
         }
         w.put_u8(flags);
         if let Some(p) = &self.process {
@@ -146,7 +153,7 @@ impl AgentMetadata {
         }
         let generation = r.u64()?;
         let flags = r.u8()?;
-        if flags & !(FLAG_CONN | FLAG_PROCESS) != 0 {
+        if flags & !(FLAG_CONN | FLAG_PROCESS | FLAG_INTEGRITY) != 0 {
             return Err(DecodeError::Invalid { what: "flags" });
         }
         let process = if flags & FLAG_PROCESS != 0 {
@@ -216,6 +223,7 @@ impl AgentMetadata {
             generation,
             has_conn_info: flags & FLAG_CONN != 0,
             process,
+            verifies_integrity: flags & FLAG_INTEGRITY != 0,
             backends,
             regions,
         })
@@ -291,6 +299,7 @@ mod tests {
                     generation,
                     has_conn_info: conn,
                     process,
+                    verifies_integrity: conn,
                     backends: backends.clone(),
                     regions,
                 })
@@ -368,6 +377,7 @@ mod tests {
             generation: 0x1234_5678_9abc,
             has_conn_info: true,
             process: ProcessId::current(),
+            verifies_integrity: false,
             backends: vec![BackendEntry {
                 name: "UCX".into(),
                 conn_info: vec![7; 40],
@@ -406,6 +416,7 @@ mod tests {
             generation: 1,
             has_conn_info: true,
             process: None,
+            verifies_integrity: false,
             backends: vec![],
             regions: vec![],
         };

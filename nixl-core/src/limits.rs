@@ -29,6 +29,9 @@ pub struct Limits {
     pub max_queued_notif_bytes: usize,
     /// Most bytes queued from one sender, so one peer cannot crowd out the others.
     pub max_queued_notif_bytes_per_sender: usize,
+    /// Most bytes one integrity frame may make the agent hash (`AgentConfig::verify_integrity`);
+    /// a frame naming more is reported as `Corrupt`, unread.
+    pub max_integrity_bytes: u64,
     /// Side-channel listener limits.
     pub listener: ListenerLimits,
 }
@@ -71,6 +74,7 @@ impl Limits {
             max_known_names: 1 << 16,
             max_queued_notif_bytes: 256 << 20,
             max_queued_notif_bytes_per_sender: 64 << 20,
+            max_integrity_bytes: 1 << 32,
             listener: ListenerLimits {
                 max_connections: usize::try_from(connections).unwrap_or(256),
                 ..ListenerLimits::default()

@@ -251,6 +251,7 @@ fn bad_metadata_changes_nothing() {
         generation: 5,
         has_conn_info: false,
         process: None,
+        verifies_integrity: false,
         backends: vec![],
         regions: vec![],
     };
@@ -264,6 +265,7 @@ fn bad_metadata_changes_nothing() {
         generation: 5,
         has_conn_info: true,
         process: None,
+        verifies_integrity: false,
         backends: vec![BackendEntry {
             name: "INPROC".into(),
             conn_info: vec![1, 2, 3],

@@ -509,7 +509,14 @@ fn integrity_detects_every_corruption() {
         ..FaultPlan::default()
     };
     let (a, log) = faulty("int-a", plan);
-    let b = agent("int-b");
+    // The target verifies integrity frames (and says so in its metadata).
+    let b = common::agent_with(
+        "int-b",
+        nixl_core::AgentConfig {
+            verify_integrity: true,
+            ..nixl_core::AgentConfig::default()
+        },
+    );
     let (sa, _ra) = registered(&a, 65536);
     let (sb, _rb) = registered(&b, 65536);
     a.load_remote_metadata(&b.local_metadata().unwrap())

@@ -105,3 +105,83 @@ fn a_hello_flood_never_evicts_live_sessions() {
     }
     assert_eq!(t.len(), 1024);
 }
+
+/// Integrity frames are hashed only where the receiver asked for them and within its budget
+/// (issue 28): a receiver that never asked refuses even a frame whose hash is right (before:
+/// any notification starting with the frame's magic made it hash the regions named, seconds
+/// for a large pool, inside `get_notifs`); one that asked hashes at most
+/// `Limits::max_integrity_bytes` per frame; and a sender cannot ask for integrity from a peer
+/// that does not verify it.
+#[test]
+fn integrity_frames_are_hashed_only_where_asked_and_within_budget() {
+    let len = 256usize << 10;
+    let sender = common::agent("int-sender");
+    let plain = common::agent("int-plain");
+    let mut cfg = AgentConfig {
+        verify_integrity: true,
+        ..AgentConfig::default()
+    };
+    cfg.limits.max_integrity_bytes = 64 << 10;
+    let verifier = agent_with("int-verifier", cfg);
+    let frame_over = |buf: &nixl_core::HostBuffer, n: usize| {
+        let bytes = buf.to_vec()[..n].to_vec();
+        nixl_core::integrity::Frame {
+            hash: xxhash_rust::xxh3::xxh3_64(&bytes),
+            ranges: vec![(0, buf.addr(), n as u64)],
+            msg: format!("{} bytes", n).into_bytes(),
+        }
+        .encode()
+    };
+    let (pb, _r1) = common::registered(&plain, len);
+    let (vb, _r2) = common::registered(&verifier, len);
+    for rx in [&plain, &verifier] {
+        sender
+            .load_remote_metadata(&rx.local_metadata().unwrap())
+            .unwrap();
+    }
+    pb.fill_pattern(1);
+    vb.fill_pattern(2);
+    // The plain receiver never asked: a correct frame is refused, unread.
+    sender
+        .gen_notif(plain.name(), &frame_over(&pb, 32 << 10), &[])
+        .unwrap();
+    let e = plain.wait_notifs(Duration::from_secs(5)).unwrap_err();
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+    // The verifier: within its budget a correct frame is delivered, past it refused.
+    sender
+        .gen_notif(verifier.name(), &frame_over(&vb, 32 << 10), &[])
+        .unwrap();
+    let n = verifier.wait_notifs(Duration::from_secs(5)).unwrap();
+    assert_eq!(n[sender.name()], vec![b"32768 bytes".to_vec()]);
+    sender
+        .gen_notif(verifier.name(), &frame_over(&vb, len), &[])
+        .unwrap();
+    let e = verifier.wait_notifs(Duration::from_secs(5)).unwrap_err();
+    assert!(matches!(e, Error::Corrupt { .. }), "over the budget: {e}");
+    // Asking a peer that does not verify is refused at make time.
+    let (sb, _r3) = common::registered(&sender, 4096);
+    let opts = nixl_core::XferOptions {
+        integrity: true,
+        ..Default::default()
+    };
+    let list = |a: u64| nixl_core::XferDescList::blocks(nixl_core::MemKind::Dram, a, 4096, 1);
+    let e = sender
+        .create_xfer_req(
+            nixl_core::XferOp::Write,
+            &list(sb.addr()),
+            &list(pb.addr()),
+            plain.name(),
+            opts.clone(),
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::NotSupported { .. }), "{e}");
+    assert!(sender
+        .create_xfer_req(
+            nixl_core::XferOp::Write,
+            &list(sb.addr()),
+            &list(vb.addr()),
+            verifier.name(),
+            opts,
+        )
+        .is_ok());
+}

@@ -287,6 +287,7 @@ pub fn metadata(conn_info: Vec<u8>, region: Option<(Vec<u8>, (u64, u64))>) -> (S
         generation: 1,
         has_conn_info: true,
         process: None,
+        verifies_integrity: false,
         backends: vec![BackendEntry {
             name: "LIBFABRIC".into(),
             conn_info,

@@ -122,6 +122,7 @@ pub fn metadata(conn_info: Vec<u8>, rkey: Option<(Vec<u8>, (u64, u64))>) -> (Str
         generation: 1,
         has_conn_info: true,
         process: None,
+        verifies_integrity: false,
         backends: vec![BackendEntry {
             name: "UCX".into(),
             conn_info,

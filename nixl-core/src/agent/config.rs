@@ -28,6 +28,12 @@ pub struct AgentConfig {
     pub allow_unauthenticated_listener: bool,
     /// Bounds on what peers can make this agent hold.
     pub limits: Limits,
+    /// Verify integrity frames (the checksum a peer's WRITE with `XferOptions::integrity`
+    /// sends with its notification) against this agent's memory, and say so in its metadata:
+    /// peers may ask for integrity only then. Off (the default): no frame is ever hashed here
+    /// (one that arrives anyway is reported as `Corrupt`, unread), so a peer cannot make this
+    /// agent hash its memory. Each frame is bounded by [`Limits::max_integrity_bytes`].
+    pub verify_integrity: bool,
 }
 
 impl Default for AgentConfig {
@@ -42,6 +48,7 @@ impl Default for AgentConfig {
             plugins: vec![Arc::new(crate::inproc::InprocPlugin)],
             auth: None,
             allow_unauthenticated_listener: false,
+            verify_integrity: false,
             limits: Limits::default(),
         }
     }

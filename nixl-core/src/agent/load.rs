@@ -262,6 +262,7 @@ impl<'a> LoadPlan<'a> {
                 conn: Mutex::new(BTreeMap::new()),
                 regions: Mutex::new(RegionIndex::default()),
                 owner_commit: proof.map(|p| p.owner_commit),
+                verifies_integrity: md.verifies_integrity,
             }),
         };
         if let (Some(old), false) = (&self.existing, self.same_gen) {

@@ -88,6 +88,15 @@ impl Agent {
                 "integrity checking needs a nixl-rs target; this peer speaks NIXL's wire",
             ));
         }
+        if opts.integrity && remote_peer.as_ref().is_some_and(|p| !p.verifies_integrity) {
+            return Err(Error::not_supported(
+                me,
+                Op::MakeXfer,
+                format!(
+                    "{remote_name} does not verify integrity frames (its AgentConfig::verify_integrity is off)"
+                ),
+            ));
+        }
         let wants_notif = opts.notif.is_some() || opts.integrity;
         let candidates = self
             .select_backends(Op::MakeXfer, &opts.backends)?

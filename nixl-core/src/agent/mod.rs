@@ -491,7 +491,11 @@ impl Agent {
             for m in msgs.drain(..) {
                 match crate::integrity::Frame::parse(&m) {
                     None => kept.push(m),
-                    Some(Ok(f)) if self.frame_matches(&f) => kept.push(f.msg),
+                    Some(Ok(f))
+                        if self.shared.config.verify_integrity && self.frame_matches(&f) =>
+                    {
+                        kept.push(f.msg)
+                    }
                     Some(parsed) => {
                         tracing::error!(agent = %self.name(), remote = %sender, "notification failed its integrity check");
                         self.shared.counters.failed();
@@ -530,7 +534,9 @@ impl Agent {
                 total = total.saturating_add(len);
             }
         }
-        if total > regions.values().sum::<u64>() {
+        if total > regions.values().sum::<u64>()
+            || total > self.shared.config.limits.max_integrity_bytes
+        {
             return false;
         }
         // SAFETY: each range lies inside a live DRAM registration held in `held`, whose memory

@@ -58,6 +58,8 @@ pub(crate) struct RemotePeer {
     pub owner_commit: Option<[u8; 32]>,
     /// Its process, when it runs on this host (tells its exit without a transport).
     pub process: Option<crate::liveness::PeerProcess>,
+    /// Whether it verifies integrity frames (its metadata says so).
+    pub verifies_integrity: bool,
 }
 
 impl RemotePeer {
@@ -193,6 +195,7 @@ impl Agent {
             generation: self.shared.generation,
             has_conn_info: sel.include_conn,
             process: self.shared.process,
+            verifies_integrity: self.shared.config.verify_integrity,
             backends: entries,
             regions,
         }

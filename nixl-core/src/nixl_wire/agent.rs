@@ -178,6 +178,7 @@ impl Agent {
             // A stock NIXL agent does not say which process it is: no same-host liveness
             // watch (its endpoints' failures still end transfers).
             process: None,
+            verifies_integrity: false,
             backends,
             regions,
         })

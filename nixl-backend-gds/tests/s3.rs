@@ -345,3 +345,155 @@ fn s3_suite() -> Option<Suite> {
 mod conformance_s3 {
     nixl_core::conformance_tests!(super::s3_suite);
 }
+
+/// Stopping a multipart upload never leaves its parts on the server (issue 28): a 64 MiB WRITE
+/// (13 parts of 5 MiB, one at a time) is canceled, dropped, or ended by its deadline while
+/// its parts go up; each time the server is left with no multipart upload in progress (before:
+/// the task was aborted mid-upload and the upload with its parts stayed, billed, forever).
+#[test]
+fn a_stopped_multipart_upload_leaves_no_parts_behind() {
+    let s = server_or_skip!();
+    let mut p = common::params(&s);
+    p.part_size = 5 << 20;
+    p.multipart_threshold = 5 << 20;
+    p.max_concurrency = 1;
+    let a = agent("stopped-multipart", p);
+    const LEN: u64 = 64 << 20;
+    let src = buf(LEN as usize);
+    src.fill_pattern(3);
+    let before = common::multipart_uploads(&s.bucket);
+    for how in ["cancel", "drop", "deadline"] {
+        let obj = Arc::new(ObjectRegion::new(common::key(how), LEN));
+        let _r = a
+            .register_mem(vec![src.clone(), obj.clone()], &[])
+            .expect("register");
+        let opts = XferOptions {
+            timeout: (how == "deadline").then(|| Duration::from_millis(300)),
+            ..XferOptions::default()
+        };
+        let req = a
+            .create_xfer_req(
+                XferOp::Write,
+                &XferDescList::blocks(MemKind::Dram, src.addr(), LEN, 1),
+                &obj.blocks(0, LEN, 1),
+                a.name(),
+                opts,
+            )
+            .expect("make");
+        a.post_xfer_req(&req).expect("post");
+        // Let the upload start and a part or two go up.
+        std::thread::sleep(Duration::from_millis(200));
+        match how {
+            "cancel" => req.cancel().expect("cancel"),
+            "drop" => drop(req),
+            _ => {
+                let e = req.wait(T).expect_err("past its deadline");
+                assert!(matches!(e, Error::TimedOut { .. }), "{e}");
+                // The request drains until the task has aborted the upload.
+                let end = std::time::Instant::now() + T;
+                while req.is_draining() && std::time::Instant::now() < end {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                assert!(!req.is_draining());
+            }
+        }
+        // Dropping hands the stop to the agent: give the task its moment.
+        let end = std::time::Instant::now() + T;
+        while common::multipart_uploads(&s.bucket) != before && std::time::Instant::now() < end {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(
+            common::multipart_uploads(&s.bucket),
+            before,
+            "{how}: a multipart upload stayed on the server"
+        );
+    }
+}
+
+/// A server that answers every request with 500, and one that accepts and never answers: a
+/// WRITE and a READ end typed by their deadline (never hang), with nothing left running.
+#[test]
+fn a_failing_or_silent_server_ends_requests_by_their_deadline() {
+    use std::io::{Read, Write};
+    for mode in ["500", "silent"] {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (m, st) = (mode, stop.clone());
+        l.set_nonblocking(true).expect("nonblocking");
+        let server = std::thread::spawn(move || {
+            let mut held = Vec::new();
+            while !st.load(std::sync::atomic::Ordering::Acquire) {
+                match l.accept() {
+                    Ok((mut c, _)) => {
+                        if m == "500" {
+                            let mut b = [0u8; 65536];
+                            c.set_read_timeout(Some(Duration::from_millis(200))).ok();
+                            let _ = c.read(&mut b);
+                            let _ = c.write_all(
+                                b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n\r\n",
+                            );
+                        }
+                        held.push(c);
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        let p = S3Params {
+            endpoint: Some(format!("http://127.0.0.1:{port}")),
+            bucket: Some("nixl-test".to_owned()),
+            region: Some("us-east-1".to_owned()),
+            access_key_id: Some("a".to_owned()),
+            secret_access_key: Some("b".to_owned()),
+            ..Default::default()
+        };
+        let a = agent(&format!("server-{mode}"), p);
+        let obj = Arc::new(ObjectRegion::new("some/key", 4096));
+        let b = buf(4096);
+        let _r = a
+            .register_mem(vec![b.clone(), obj.clone()], &[])
+            .expect("register");
+        for op in [XferOp::Write, XferOp::Read] {
+            let t = std::time::Instant::now();
+            let req = a
+                .create_xfer_req(
+                    op,
+                    &XferDescList::blocks(MemKind::Dram, b.addr(), 4096, 1),
+                    &obj.blocks(0, 4096, 1),
+                    a.name(),
+                    XferOptions {
+                        timeout: Some(Duration::from_secs(2)),
+                        ..XferOptions::default()
+                    },
+                )
+                .expect("make");
+            a.post_xfer_req(&req).expect("post");
+            let e = req.wait(T).expect_err("no answer can complete it");
+            let took = t.elapsed();
+            println!("{mode} {op:?}: {e} after {took:?}");
+            assert!(
+                took < Duration::from_secs(2) + Duration::from_secs(3),
+                "{took:?}"
+            );
+            assert!(
+                matches!(e.kind().as_str(), "timed_out" | "backend" | "unavailable"),
+                "{e}"
+            );
+            let end = std::time::Instant::now() + T;
+            while req.is_draining() && std::time::Instant::now() < end {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert!(!req.is_draining(), "{mode} {op:?}: the task never stopped");
+            // Queued and in-flight work stops with the deadline (before: the request drained
+            // until object_store's own retries and timeouts gave up, a minute later).
+            let drained = t.elapsed();
+            assert!(
+                drained < Duration::from_secs(2) + Duration::from_secs(3),
+                "{mode} {op:?}: still running {drained:?} after its post"
+            );
+        }
+        stop.store(true, std::sync::atomic::Ordering::Release);
+        server.join().expect("server");
+    }
+}

@@ -6,6 +6,8 @@ with --auth enforces SigV4 authentication: an IAM user with full S3 access is cr
 generated key pair is the only one accepted. Prints one JSON line when ready:
   {"endpoint": "http://127.0.0.1:PORT", "access_key": "...", "secret_key": "...", "region": "us-east-1"}
 then serves until stdin closes (so the server dies with the test that started it) or it is killed.
+With --until-stdin-closes it also answers one command per stdin line, with one JSON line:
+  uploads BUCKET    {"uploads": N}: multipart uploads started and neither completed nor aborted
 """
 import argparse
 import json
@@ -51,7 +53,14 @@ def main() -> int:
     host, port = server.get_host_and_port()
     print(json.dumps({"endpoint": f"http://{host}:{port}", "access_key": access_key, "secret_key": secret_key, "region": REGION}), flush=True)
     if args.until_stdin_closes:
-        sys.stdin.read()
+        for line in sys.stdin:
+            words = line.split()
+            if len(words) == 2 and words[0] == "uploads":
+                bucket = s3_backends[ACCOUNT]["aws"].buckets.get(words[1])
+                n = len(bucket.multiparts) if bucket is not None else -1
+                print(json.dumps({"uploads": n}), flush=True)
+            else:
+                print(json.dumps({"error": f"unknown command {line.strip()!r}"}), flush=True)
     else:
         threading.Event().wait()
     server.stop()

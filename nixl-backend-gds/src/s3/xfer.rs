@@ -1,6 +1,12 @@
 //! OBJ transfers: a plan of ranged GETs and whole-object PUTs, run as one task on the
 //! backend's runtime per post.
+//!
+//! Stopping one (cancel, drop, or its deadline: `abandon`) never leaves work behind: work not
+//! started yet is skipped, and a multipart upload in progress is aborted
+//! (`AbortMultipartUpload`) before the task ends, so no orphaned part stays billed on the
+//! server. `cancel` waits (up to `cancel_timeout`) for that; past it, the task is dropped.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,6 +16,7 @@ use nixl_core::{Error, Op, Result, XferOp, XferState};
 use object_store::aws::AmazonS3;
 use object_store::path::Path as ObjPath;
 use object_store::{MultipartUpload, ObjectStoreExt, PutPayload};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::{map_error, ObjMd, Runtime, S3Params};
@@ -136,9 +143,71 @@ fn gather(pieces: &[(u64, u64)], offset: u64, len: u64) -> Vec<u8> {
     out
 }
 
-async fn run_task(t: &Task, plan: &Plan, store: &AmazonS3, endpoint: &str) -> Result<()> {
+/// A post's stop signal: set by cancel or abandon, seen by every task of the post.
+#[derive(Default)]
+pub(crate) struct Stop {
+    set: AtomicBool,
+    notify: Notify,
+}
+
+impl Stop {
+    fn stop(&self) {
+        self.set.store(true, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    fn is_set(&self) -> bool {
+        self.set.load(Ordering::SeqCst)
+    }
+
+    /// Resolves once the post is stopped.
+    async fn wait(&self) {
+        loop {
+            // Registered before the check: a `stop` in between still wakes it.
+            let n = self.notify.notified();
+            if self.is_set() {
+                return;
+            }
+            n.await;
+        }
+    }
+}
+
+/// `f`'s output, or `Canceled` as soon as the post is stopped (`f` is dropped then: a GET's
+/// bytes are not copied, a single PUT is atomic on the server).
+async fn until_stopped<T>(
+    f: impl std::future::Future<Output = T>,
+    stop: &Stop,
+    agent: &str,
+) -> Result<T> {
+    let f = std::pin::pin!(f);
+    let stopped = std::pin::pin!(stop.wait());
+    match futures::future::select(f, stopped).await {
+        futures::future::Either::Left((v, _)) => Ok(v),
+        futures::future::Either::Right(((), _)) => Err(canceled(agent)),
+    }
+}
+
+fn canceled(agent: &str) -> Error {
+    Error::Canceled {
+        agent: agent.to_owned(),
+        op: Op::PostXfer,
+    }
+}
+
+async fn run_task(
+    t: &Task,
+    plan: &Plan,
+    store: &AmazonS3,
+    endpoint: &str,
+    stop: &Stop,
+) -> Result<()> {
     let agent = plan.agent.as_str();
     let map = |e| map_error(agent, endpoint, Op::PostXfer, e);
+    // Queued work of a stopped post never starts.
+    if stop.is_set() {
+        return Err(canceled(agent));
+    }
     match t {
         Task::Get {
             path,
@@ -146,9 +215,8 @@ async fn run_task(t: &Task, plan: &Plan, store: &AmazonS3, endpoint: &str) -> Re
             len,
             dst,
         } => {
-            let bytes = store
-                .get_range(path, *off..*off + *len)
-                .await
+            let bytes = until_stopped(store.get_range(path, *off..*off + *len), stop, agent)
+                .await?
                 .map_err(map)?;
             if bytes.len() as u64 != *len {
                 return Err(Error::invalid(
@@ -171,10 +239,14 @@ async fn run_task(t: &Task, plan: &Plan, store: &AmazonS3, endpoint: &str) -> Re
             pieces,
             total,
         } if *total <= plan.multipart_threshold => {
-            store
-                .put(path, PutPayload::from(gather(pieces, 0, *total)))
-                .await
-                .map_err(map)?;
+            // A whole-object PUT is atomic on the server: stopping it leaves nothing behind.
+            until_stopped(
+                store.put(path, PutPayload::from(gather(pieces, 0, *total))),
+                stop,
+                agent,
+            )
+            .await?
+            .map_err(map)?;
             Ok(())
         }
         Task::Put {
@@ -183,17 +255,23 @@ async fn run_task(t: &Task, plan: &Plan, store: &AmazonS3, endpoint: &str) -> Re
             total,
         } => {
             let mut up = store.put_multipart(path).await.map_err(map)?;
-            let r = upload_parts(up.as_mut(), pieces, *total, plan)
-                .await
-                .map_err(map);
+            let r = {
+                let parts = std::pin::pin!(upload_parts(up.as_mut(), pieces, *total, plan));
+                let stopped = std::pin::pin!(stop.wait());
+                match futures::future::select(parts, stopped).await {
+                    futures::future::Either::Left((r, _)) => r.map_err(map),
+                    futures::future::Either::Right(((), _)) => Err(canceled(agent)),
+                }
+            };
             match r {
                 Ok(()) => {
                     up.complete().await.map_err(map)?;
                     Ok(())
                 }
                 Err(e) => {
+                    // Failed or stopped: no part stays behind on the server.
                     if let Err(abort) = up.abort().await {
-                        tracing::warn!(agent, error = %abort, "OBJ: aborting a failed multipart upload failed");
+                        tracing::warn!(agent, error = %abort, "OBJ: aborting a multipart upload failed");
                     }
                     Err(e)
                 }
@@ -226,10 +304,15 @@ async fn upload_parts(
     Ok(())
 }
 
-async fn run(plan: Arc<Plan>, store: Arc<AmazonS3>, endpoint: Arc<str>) -> Result<()> {
+async fn run(
+    plan: Arc<Plan>,
+    store: Arc<AmazonS3>,
+    endpoint: Arc<str>,
+    stop: Arc<Stop>,
+) -> Result<()> {
     futures::stream::iter(plan.tasks.iter().map(Ok))
         .try_for_each_concurrent(plan.max_concurrency, |t| {
-            run_task(t, &plan, &store, &endpoint)
+            run_task(t, &plan, &store, &endpoint, &stop)
         })
         .await
 }
@@ -242,6 +325,8 @@ pub(crate) struct S3Xfer {
     endpoint: Arc<str>,
     cancel_timeout: Duration,
     task: Option<JoinHandle<Result<()>>>,
+    /// The current post's stop signal.
+    stop: Arc<Stop>,
     done: bool,
 }
 
@@ -260,6 +345,7 @@ impl S3Xfer {
             endpoint: endpoint.into(),
             cancel_timeout,
             task: None,
+            stop: Arc::new(Stop::default()),
             done: false,
         }
     }
@@ -277,10 +363,12 @@ impl BackendXfer for S3Xfer {
             Error::not_allowed(&self.plan.agent, Op::PostXfer, "OBJ runtime is shut down")
         })?;
         self.done = false;
+        self.stop = Arc::new(Stop::default());
         self.task = Some(h.spawn(run(
             self.plan.clone(),
             self.store.clone(),
             self.endpoint.clone(),
+            self.stop.clone(),
         )));
         Ok(XferState::InProgress)
     }
@@ -324,10 +412,13 @@ impl BackendXfer for S3Xfer {
 
     fn cancel(&mut self) -> Result<()> {
         let Some(t) = &self.task else { return Ok(()) };
-        t.abort();
+        // The task stops its queued work and aborts a multipart upload in progress; it is
+        // dropped outright only when that takes longer than the cancel timeout.
+        self.stop.stop();
         let deadline = Instant::now() + self.cancel_timeout;
         while !t.is_finished() {
             if Instant::now() >= deadline {
+                t.abort();
                 return Err(Error::TimedOut {
                     agent: self.plan.agent.clone(),
                     op: Op::Cancel,
@@ -338,6 +429,12 @@ impl BackendXfer for S3Xfer {
         }
         self.task = None;
         Ok(())
+    }
+
+    fn abandon(&mut self) {
+        // The deadline passed: stop queued work and abort an upload in progress; the agent
+        // polls `check` until the task has ended.
+        self.stop.stop();
     }
 
     fn path(&self) -> Option<String> {

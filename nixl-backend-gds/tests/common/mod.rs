@@ -3,8 +3,8 @@
 //! `scripts/deps/gds.sh`). It exits when the test process does (its stdin closes).
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::OnceLock;
 
 use parking_lot::Mutex;
@@ -22,6 +22,8 @@ pub struct S3Server {
 
 static SERVER: OnceLock<Result<S3Server, String>> = OnceLock::new();
 static CHILD: Mutex<Option<Child>> = Mutex::new(None);
+/// The server's stdout after its ready line: where it answers commands.
+static ANSWERS: Mutex<Option<std::sync::mpsc::Receiver<String>>> = Mutex::new(None);
 
 fn field(json: &str, key: &str) -> Option<String> {
     let pat = format!("\"{key}\": \"");
@@ -60,17 +62,21 @@ fn start() -> Result<S3Server, String> {
         .stderr(Stdio::null())
         .spawn()
         .map_err(|e| format!("starting moto: {e}"))?;
-    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let stdout: ChildStdout = child.stdout.take().ok_or("no stdout")?;
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let mut line = String::new();
-        let _ = BufReader::new(stdout).read_line(&mut line);
-        let _ = tx.send(line);
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
     });
     let line = rx
         .recv_timeout(Duration::from_secs(60))
         .map_err(|_| "moto did not start within 60 s".to_owned())?;
     *CHILD.lock() = Some(child);
+    *ANSWERS.lock() = Some(rx);
     let get = |k: &str| field(&line, k).ok_or_else(|| format!("moto printed {line:?}"));
     Ok(S3Server {
         endpoint: get("endpoint")?,
@@ -106,4 +112,28 @@ pub fn key(tag: &str) -> String {
         std::process::id(),
         N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     )
+}
+
+/// Multipart uploads the server holds in `bucket` that were neither completed nor aborted
+/// (orphaned parts are billed by a real S3).
+pub fn multipart_uploads(bucket: &str) -> usize {
+    let mut child = CHILD.lock();
+    let stdin = child
+        .as_mut()
+        .and_then(|c| c.stdin.as_mut())
+        .expect("the S3 server is running");
+    writeln!(stdin, "uploads {bucket}").expect("ask the S3 server");
+    stdin.flush().expect("ask the S3 server");
+    let answers = ANSWERS.lock();
+    let line = answers
+        .as_ref()
+        .expect("the S3 server is running")
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the S3 server answers");
+    let n = line
+        .split("\"uploads\": ")
+        .nth(1)
+        .and_then(|r| r.trim_end_matches('}').trim().parse::<i64>().ok())
+        .unwrap_or_else(|| panic!("the S3 server answered {line:?}"));
+    usize::try_from(n).unwrap_or_else(|_| panic!("no bucket {bucket}"))
 }

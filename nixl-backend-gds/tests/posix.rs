@@ -515,6 +515,316 @@ fn repost_and_concurrent_requests() {
     assert_eq!(std::fs::read(file.path()).expect("read"), b.to_vec());
 }
 
+/// A POSIX agent on `engine` with extra parameters (`None` after a skip, as
+/// [`agent_or_skip`]).
+fn agent_with(tag: &str, p: PosixParams) -> Option<Agent> {
+    let name = format!("posix-{tag}-{}", std::process::id());
+    let a = Agent::new(&name, AgentConfig::default()).expect("agent");
+    match a.create_backend(p.clone()) {
+        Ok(_) => Some(a),
+        Err(Error::Unavailable { what, hint }) if p.engine == Engine::IoUring => {
+            skip(
+                tag,
+                Dep::IoUring,
+                format!("io_uring unavailable: {what}: {hint}"),
+            );
+            None
+        }
+        Err(e) => panic!("creating POSIX on {:?}: {e}", p.engine),
+    }
+}
+
+fn fault_params(engine: Engine) -> PosixParams {
+    PosixParams {
+        engine,
+        queue_depth: 8,
+        chunk_size: Some(64 * 1024),
+        pool_threads: 2,
+        inline_max: 0,
+        ..Default::default()
+    }
+}
+
+/// `/dev/full` as a FILE region: every write to it fails with ENOSPC.
+fn dev_full(len: u64) -> Arc<FileRegion> {
+    Arc::new(
+        FileRegion::open(
+            "/dev/full",
+            len,
+            OpenFlags {
+                create: false,
+                ..OpenFlags::default()
+            },
+        )
+        .expect("open /dev/full"),
+    )
+}
+
+/// The `device id N (path) bytes [a, b)` ranges an error names.
+fn named_ranges(msg: &str) -> Vec<(u64, u64, u64)> {
+    let mut out = Vec::new();
+    for part in msg.split("device id ").skip(1) {
+        let num = |s: &str| s.trim().parse::<u64>().ok();
+        let Some((fd, rest)) = part.split_once(" bytes [") else {
+            continue;
+        };
+        let fd = fd.split(' ').next().unwrap_or(fd);
+        let Some((a, rest)) = rest.split_once(", ") else {
+            continue;
+        };
+        let Some((b, _)) = rest.split_once(')') else {
+            continue;
+        };
+        if let (Some(fd), Some(a), Some(b)) = (num(fd), num(a), num(b)) {
+            out.push((fd, a, b));
+        }
+    }
+    out
+}
+
+fn io_error(e: &Error) -> (std::io::ErrorKind, String) {
+    match e {
+        Error::Io { source, .. } => (source.kind(), source.to_string()),
+        other => panic!("expected a typed I/O error, got {other:?}"),
+    }
+}
+
+/// A full device fails a WRITE with a typed error that says nothing was written; a READ
+/// of the same request shape still works elsewhere (the agent is unharmed).
+#[test]
+fn a_full_device_fails_the_write_typed_and_says_nothing_was_written() {
+    for engine in [Engine::IoUring, Engine::ThreadPool] {
+        let Some(a) = agent_with("enospc_all_written_chunks_named", fault_params(engine)) else {
+            continue;
+        };
+        const BLOCK: u64 = 64 * 1024;
+        let full = dev_full(BLOCK * 4);
+        let src = buf(BLOCK as usize * 4);
+        src.fill_pattern(3);
+        let _r = a
+            .register_mem(vec![src.clone(), full.clone()], &[])
+            .expect("register");
+        let e = xfer(
+            &a,
+            XferOp::Write,
+            XferDescList::blocks(MemKind::Dram, src.addr(), BLOCK, 4),
+            full.blocks(0, BLOCK, 4),
+        )
+        .expect_err("a write to /dev/full fails");
+        let (kind, msg) = io_error(&e);
+        assert_eq!(kind, std::io::ErrorKind::StorageFull, "{engine:?}: {msg}");
+        assert!(
+            msg.contains("no chunk of 4 was written"),
+            "{engine:?}: {msg}"
+        );
+        assert_eq!(a.draining_requests(), 0, "{engine:?}: nothing left behind");
+    }
+}
+
+/// A request whose chunks partly fail names exactly the chunks it wrote: every range it
+/// names holds the new bytes, and every chunk it does not name was never written.
+#[test]
+fn a_partial_write_failure_names_exactly_the_chunks_written() {
+    for engine in [Engine::IoUring, Engine::ThreadPool] {
+        let Some(a) = agent_with("partial_write_names_chunks", fault_params(engine)) else {
+            continue;
+        };
+        const BLOCK: u64 = 64 * 1024;
+        const N: usize = 6;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let good = Arc::new(
+            FileRegion::open(
+                dir.path().join("good"),
+                BLOCK * N as u64,
+                OpenFlags::buffered(),
+            )
+            .expect("open"),
+        );
+        let full = dev_full(BLOCK * 2);
+        let src = buf(BLOCK as usize * (N + 2));
+        src.fill_pattern(9);
+        let _r = a
+            .register_mem(vec![src.clone(), good.clone(), full.clone()], &[])
+            .expect("register");
+        // N blocks to the good file, then two to the full device.
+        let remote = XferDescList::from_descs(
+            MemKind::File,
+            (0..N as u64)
+                .map(|i| good.desc_at(i * BLOCK, BLOCK))
+                .chain((0..2).map(|i| full.desc_at(i * BLOCK, BLOCK))),
+        );
+        let e = xfer(
+            &a,
+            XferOp::Write,
+            XferDescList::blocks(MemKind::Dram, src.addr(), BLOCK, N + 2),
+            remote,
+        )
+        .expect_err("the /dev/full chunks fail");
+        let (kind, msg) = io_error(&e);
+        assert_eq!(kind, std::io::ErrorKind::StorageFull, "{engine:?}: {msg}");
+        let named = named_ranges(&msg);
+        assert!(
+            named.iter().all(|&(fd, _, _)| fd != full.dev_id()),
+            "{engine:?}: a failed chunk is named written: {msg}"
+        );
+        let on_disk = std::fs::read(good.path()).expect("read");
+        let s = src.to_vec();
+        let mut written = 0;
+        for i in 0..N {
+            let (lo, hi) = (i * BLOCK as usize, (i + 1) * BLOCK as usize);
+            let is_named = named
+                .iter()
+                .any(|&(fd, a0, b0)| fd == good.dev_id() && a0 as usize <= lo && hi <= b0 as usize);
+            if is_named {
+                written += 1;
+                assert_eq!(
+                    s[lo..hi],
+                    on_disk[lo..hi],
+                    "{engine:?}: named block {i}: {msg}"
+                );
+            } else {
+                assert!(
+                    on_disk[lo..hi].iter().all(|&x| x == 0),
+                    "{engine:?}: block {i} was written but not named: {msg}"
+                );
+            }
+        }
+        if written > 0 {
+            let path = good.path().display().to_string();
+            assert!(msg.contains(&path), "{engine:?}: the file is named: {msg}");
+        }
+        assert!(
+            msg.contains(&format!("{written} of {} chunks were written", N + 2))
+                || (written == 0 && msg.contains("no chunk")),
+            "{engine:?}: {msg}"
+        );
+    }
+}
+
+/// With `durable`, a WRITE's path says it is synced before `Done`, and the bytes are there.
+#[test]
+fn durable_writes_sync_before_done_and_say_so() {
+    for engine in [Engine::IoUring, Engine::ThreadPool] {
+        let Some(a) = agent_with(
+            "durable_writes_sync",
+            PosixParams {
+                durable: true,
+                ..fault_params(engine)
+            },
+        ) else {
+            continue;
+        };
+        const BLOCK: u64 = 64 * 1024;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = Arc::new(
+            FileRegion::open(dir.path().join("d"), BLOCK * 4, OpenFlags::buffered()).expect("open"),
+        );
+        let (src, dst) = (buf(BLOCK as usize * 4), buf(BLOCK as usize * 4));
+        src.fill_pattern(5);
+        let _r = a
+            .register_mem(vec![src.clone(), dst.clone(), file.clone()], &[])
+            .expect("register");
+        let path = xfer_path(
+            &a,
+            XferOp::Write,
+            XferDescList::blocks(MemKind::Dram, src.addr(), BLOCK, 4),
+            file.blocks(0, BLOCK, 4),
+        )
+        .expect("durable write");
+        assert!(path.contains("durable (fdatasync before done)"), "{path}");
+        let rpath = xfer_path(
+            &a,
+            XferOp::Read,
+            XferDescList::blocks(MemKind::Dram, dst.addr(), BLOCK, 4),
+            file.blocks(0, BLOCK, 4),
+        )
+        .expect("read");
+        assert!(
+            !rpath.contains("durable"),
+            "a READ has nothing to sync: {rpath}"
+        );
+        assert_eq!(src.to_vec(), dst.to_vec());
+    }
+    // The parameter is reachable by name, and a bad value is refused.
+    let mut m = BTreeMap::new();
+    m.insert("durable".to_owned(), "true".to_owned());
+    PosixPlugin.parse_params(&m).expect("durable=true");
+    m.insert("durable".to_owned(), "maybe".to_owned());
+    assert!(matches!(
+        PosixPlugin.parse_params(&m),
+        Err(Error::InvalidParam { .. })
+    ));
+}
+
+/// A request whose deadline passes stops: chunks not yet submitted are never written, and
+/// the request stops draining once the kernel holds none of its chunks.
+#[test]
+fn a_request_past_its_deadline_writes_no_further_chunks() {
+    for engine in [Engine::IoUring, Engine::ThreadPool] {
+        let Some(a) = agent_with("deadline_stops_queued_chunks", fault_params(engine)) else {
+            continue;
+        };
+        const BLOCK: u64 = 64 * 1024;
+        const N: usize = 4096; // 256 MiB
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = Arc::new(
+            FileRegion::open(
+                dir.path().join("big"),
+                BLOCK * N as u64,
+                OpenFlags::buffered(),
+            )
+            .expect("open"),
+        );
+        let src = buf(BLOCK as usize * N);
+        src.fill_pattern(11);
+        let _r = a
+            .register_mem(vec![src.clone(), file.clone()], &[])
+            .expect("register");
+        let req = a
+            .create_xfer_req(
+                XferOp::Write,
+                &XferDescList::blocks(MemKind::Dram, src.addr(), BLOCK, N),
+                &file.blocks(0, BLOCK, N),
+                a.name(),
+                XferOptions {
+                    timeout: Some(Duration::from_millis(1)),
+                    ..Default::default()
+                },
+            )
+            .expect("create");
+        a.post_xfer_req(&req).expect("post");
+        match req.wait(T) {
+            Err(Error::TimedOut { .. }) => {}
+            other => panic!("{engine:?}: expected TimedOut, got {other:?}"),
+        }
+        let until = std::time::Instant::now() + T;
+        while req.is_draining() {
+            assert!(
+                std::time::Instant::now() < until,
+                "{engine:?}: still draining"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let on_disk = std::fs::read(file.path()).expect("read");
+        let written = on_disk
+            .chunks(BLOCK as usize)
+            .filter(|c| c.iter().any(|&x| x != 0))
+            .count();
+        assert!(
+            written < N,
+            "{engine:?}: all {N} chunks were written after the deadline passed"
+        );
+        // Settled: nothing more lands after the request stopped draining.
+        std::thread::sleep(Duration::from_millis(50));
+        let again = std::fs::read(file.path()).expect("read");
+        assert!(
+            on_disk == again,
+            "{engine:?}: bytes landed after the request settled"
+        );
+        eprintln!("{engine:?}: {written} of {N} chunks written before the request stopped");
+    }
+}
+
 fn suite(engine: Engine, direct: bool) -> Suite {
     let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
     let seq = Arc::new(std::sync::atomic::AtomicU64::new(0));

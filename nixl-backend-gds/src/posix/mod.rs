@@ -18,6 +18,7 @@
 //! file offsets and lengths of VRAM segments must be aligned (the staging is).
 
 pub(crate) mod bounce;
+mod durable;
 mod limits;
 mod params;
 mod plan;
@@ -205,6 +206,39 @@ impl PosixBackend {
         }
         build_plan(&self.engine, me, POSIX, spec.op, &segs)
     }
+
+    /// The engine that runs a planned request.
+    fn prepare_plan(&self, spec: &XferSpec, plan: Plan) -> Result<Box<dyn BackendXfer>> {
+        if plan.vram.is_some() {
+            let pool = self.engine.pool(&self.agent)?;
+            return Ok(Box::new(pool::PoolXfer::new(plan, pool, self.vram_label())));
+        }
+        if !plan.direct && spec.total_bytes() <= self.params().inline_max {
+            return Ok(Box::new(pool::InlineXfer::new(plan)));
+        }
+        let why = match &self.uring_unavailable {
+            None => match uring::UringXfer::new(plan.clone(), self.params().queue_depth) {
+                Ok(x) => return Ok(Box::new(x)),
+                Err(e) => {
+                    tracing::warn!(agent = %self.agent, error = %e, "POSIX: io_uring setup failed; this request uses the thread pool");
+                    format!("io_uring setup failed: {e}")
+                }
+            },
+            Some(why) => why.clone(),
+        };
+        let label = format!(
+            "thread-pool pread/pwrite x{} ({why})",
+            self.params().pool_threads
+        );
+        // pread/pwrite pin pages per call: chunks at the device's segment limit.
+        let mut plan = plan;
+        plan.rechunk_unregistered();
+        Ok(Box::new(pool::PoolXfer::new(
+            plan,
+            self.engine.pool(&self.agent)?,
+            label,
+        )))
+    }
 }
 
 impl Backend for PosixBackend {
@@ -291,35 +325,26 @@ impl Backend for PosixBackend {
 
     fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
         let plan = self.plan(spec)?;
-        if plan.vram.is_some() {
-            let pool = self.engine.pool(&self.agent)?;
-            return Ok(Box::new(pool::PoolXfer::new(plan, pool, self.vram_label())));
+        if self.params().durable && plan.op == XferOp::Write {
+            let mut raw: Vec<RawFd> = plan.chunks.iter().map(|c| c.fd).collect();
+            raw.sort_unstable();
+            raw.dedup();
+            let fds = raw
+                .into_iter()
+                .map(|fd| {
+                    sysfd::dup_cloexec(fd).map_err(|e| {
+                        Error::io(
+                            &self.agent,
+                            Op::MakeXfer,
+                            std::io::Error::other(format!("duplicating fd {fd} for the sync: {e}")),
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let inner = self.prepare_plan(spec, plan)?;
+            return Ok(Box::new(durable::DurableXfer::new(inner, &self.agent, fds)));
         }
-        if !plan.direct && spec.total_bytes() <= self.params().inline_max {
-            return Ok(Box::new(pool::InlineXfer::new(plan)));
-        }
-        let why = match &self.uring_unavailable {
-            None => match uring::UringXfer::new(plan.clone(), self.params().queue_depth) {
-                Ok(x) => return Ok(Box::new(x)),
-                Err(e) => {
-                    tracing::warn!(agent = %self.agent, error = %e, "POSIX: io_uring setup failed; this request uses the thread pool");
-                    format!("io_uring setup failed: {e}")
-                }
-            },
-            Some(why) => why.clone(),
-        };
-        let label = format!(
-            "thread-pool pread/pwrite x{} ({why})",
-            self.params().pool_threads
-        );
-        // pread/pwrite pin pages per call: chunks at the device's segment limit.
-        let mut plan = plan;
-        plan.rechunk_unregistered();
-        Ok(Box::new(pool::PoolXfer::new(
-            plan,
-            self.engine.pool(&self.agent)?,
-            label,
-        )))
+        self.prepare_plan(spec, plan)
     }
 
     fn path_report(&self, remote: &str) -> Option<String> {
@@ -382,6 +407,7 @@ mod tests {
             unregistered_chunk,
             cancel_timeout: Duration::from_secs(1),
             files: Vec::new(),
+            file_names: Vec::new(),
             vram: None,
         }
     }

@@ -49,6 +49,11 @@ pub struct PosixParams {
     /// How many pinned staging buffers (allocated once, at the first VRAM transfer); `None`
     /// = one per pool thread, which lets every worker copy at once.
     pub bounce_buffers: Option<usize>,
+    /// Durable WRITEs: `fdatasync` every file a WRITE touched before reporting it `Done`, so
+    /// `Done` means on the device. Off (the default): `Done` means the bytes reached the
+    /// kernel (the page cache for buffered files; the device's volatile cache for O_DIRECT)
+    /// and a power loss may lose them.
+    pub durable: bool,
 }
 
 impl Default for PosixParams {
@@ -63,6 +68,7 @@ impl Default for PosixParams {
             inline_max: 4 << 20,
             bounce_chunk: 8 << 20,
             bounce_buffers: None,
+            durable: false,
         }
     }
 }
@@ -115,7 +121,7 @@ impl BackendParams for PosixParams {
 /// Creates `POSIX` by name from string parameters: `engine` (`auto`, `io_uring`,
 /// `threadpool`), `queue_depth`, `chunk_size` (bytes, or `auto`), `pool_threads`,
 /// `direct_alignment`, `cancel_timeout_ms`, `inline_max`, `bounce_chunk`, `bounce_buffers` (a
-/// number or `auto` = one per pool thread).
+/// number or `auto` = one per pool thread), `durable` (`true`/`false`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PosixPlugin;
 
@@ -146,6 +152,7 @@ impl BackendPlugin for PosixPlugin {
             ("inline_max".to_owned(), d.inline_max.to_string()),
             ("bounce_chunk".to_owned(), d.bounce_chunk.to_string()),
             ("bounce_buffers".to_owned(), "auto".to_owned()),
+            ("durable".to_owned(), d.durable.to_string()),
         ])
     }
 
@@ -185,6 +192,9 @@ impl BackendPlugin for PosixPlugin {
         }
         if let Some(n) = m.auto("bounce_buffers", "auto or a count")? {
             p.bounce_buffers = n;
+        }
+        if let Some(b) = m.bool("durable")? {
+            p.durable = b;
         }
         m.finish()?;
         p.validate()?;

@@ -31,6 +31,8 @@ pub(crate) struct PlanSeg<'a> {
     pub fd: RawFd,
     pub direct: bool,
     pub path: Option<&'a PathBuf>,
+    /// The device id the caller's descriptors name (its file descriptor number).
+    pub remote_dev: u64,
     /// The file's metadata, kept by the plan so the descriptor stays open.
     pub file_md: &'a BackendMd,
     pub remote_addr: u64,
@@ -59,6 +61,8 @@ pub(crate) struct Plan {
     pub cancel_timeout: Duration,
     /// Keeps the duplicated descriptors open while the request lives.
     pub files: Vec<BackendMd>,
+    /// How errors name each (duplicated) descriptor: the caller's device id and path.
+    pub file_names: Vec<(RawFd, String)>,
     /// Staging buffers and contexts, for a VRAM request.
     pub vram: Option<Arc<VramSide>>,
 }
@@ -112,6 +116,83 @@ impl Plan {
         Ok(())
     }
 
+    /// Which chunks a failed request completed, as file byte ranges per descriptor: what a
+    /// partial failure left written (or read), for its error.
+    pub fn completed_summary(&self, completed: impl Fn(usize) -> bool) -> String {
+        let mut ranges: Vec<(RawFd, u64, u64)> = Vec::new();
+        let mut n = 0;
+        for (i, c) in self.chunks.iter().enumerate() {
+            if !completed(i) {
+                continue;
+            }
+            n += 1;
+            match ranges.last_mut() {
+                Some((fd, _, end)) if *fd == c.fd && *end == c.off => *end += c.len,
+                _ => ranges.push((c.fd, c.off, c.off + c.len)),
+            }
+        }
+        let verb = if self.op == XferOp::Write {
+            "written"
+        } else {
+            "read"
+        };
+        if n == 0 {
+            return format!("no chunk of {} was {verb}", self.chunks.len());
+        }
+        let list: Vec<String> = ranges
+            .iter()
+            .take(8)
+            .map(|(fd, a, b)| format!("{} bytes [{a}, {b})", self.file_name(*fd)))
+            .collect();
+        let more = if ranges.len() > 8 {
+            format!(" and {} more ranges", ranges.len() - 8)
+        } else {
+            String::new()
+        };
+        format!(
+            "{n} of {} chunks were {verb} before it: {}{more}",
+            self.chunks.len(),
+            list.join(", ")
+        )
+    }
+
+    /// How errors name a descriptor of the plan.
+    fn file_name(&self, fd: RawFd) -> String {
+        self.file_names
+            .iter()
+            .find(|(d, _)| *d == fd)
+            .map_or_else(|| format!("fd {fd}"), |(_, n)| n.clone())
+    }
+
+    /// `e` with what the request completed before it failed.
+    pub fn with_completed(&self, e: Error, completed: impl Fn(usize) -> bool) -> Error {
+        let what = self.completed_summary(completed);
+        match e {
+            Error::Io { agent, op, source } => Error::Io {
+                agent,
+                op,
+                source: Arc::new(std::io::Error::new(
+                    source.kind(),
+                    format!("{source}; {what}"),
+                )),
+            },
+            Error::Backend {
+                agent,
+                backend,
+                op,
+                message,
+                source,
+            } => Error::Backend {
+                agent,
+                backend,
+                op,
+                message: format!("{message}; {what}"),
+                source,
+            },
+            other => other,
+        }
+    }
+
     /// The path string of a request.
     pub fn describe(&self, engine: &str) -> String {
         format!(
@@ -149,6 +230,7 @@ pub(crate) fn build_plan(
     let mut chunks = Vec::new();
     let mut files: Vec<BackendMd> = Vec::new();
     let mut read_ends: Vec<(RawFd, u64, Option<PathBuf>)> = Vec::new();
+    let mut file_names: Vec<(RawFd, String)> = Vec::new();
     let mut ctxs: Vec<Context> = Vec::new();
     let mut direct = false;
     let mut max_chunk = 0;
@@ -173,6 +255,13 @@ pub(crate) fn build_plan(
         // Neighbours usually share a file; `distinct_mds` below keeps the list linear.
         if !files.last().is_some_and(|m| Arc::ptr_eq(m, s.file_md)) {
             files.push(s.file_md.clone());
+        }
+        if file_names.last().is_none_or(|(fd, _)| *fd != s.fd) {
+            let name = match s.path {
+                Some(p) => format!("device id {} ({})", s.remote_dev, p.display()),
+                None => format!("device id {}", s.remote_dev),
+            };
+            file_names.push((s.fd, name));
         }
         if op == XferOp::Read {
             match read_ends.iter_mut().find(|(d, _, _)| *d == s.fd) {
@@ -236,6 +325,7 @@ pub(crate) fn build_plan(
         op,
         chunks,
         read_ends,
+        file_names,
         direct,
         max_chunk,
         unregistered_chunk,
@@ -261,6 +351,7 @@ impl<'a> PlanSeg<'a> {
             fd,
             direct,
             path,
+            remote_dev: s.remote_dev,
             file_md,
             remote_addr: s.remote_addr,
             len: s.len,

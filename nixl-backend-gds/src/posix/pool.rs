@@ -25,6 +25,8 @@ struct Progress {
     vram: Option<Arc<VramSide>>,
     remaining: AtomicUsize,
     canceled: AtomicBool,
+    /// Per chunk: whether it completed (for what a partial failure leaves).
+    completed: Vec<AtomicBool>,
     error: Mutex<Option<Error>>,
     done: Condvar,
     done_lock: Mutex<()>,
@@ -42,6 +44,7 @@ impl Progress {
 }
 
 struct Job {
+    index: usize,
     chunk: Chunk,
     op: XferOp,
     progress: Arc<Progress>,
@@ -127,13 +130,14 @@ fn worker(s: &Shared) {
                 ))),
             };
             // A chunk canceled while waiting for a staging buffer is skipped like a queued one.
-            if let Err(e) = r.or_else(|e| match e {
-                ChunkError::Canceled => Ok(()),
-                e => Err(e),
-            }) {
-                let mut err = p.error.lock();
-                if err.is_none() {
-                    *err = Some(e.into_error(&p.agent, p.backend, Op::CheckXfer));
+            match r {
+                Ok(()) => p.completed[job.index].store(true, Ordering::Release),
+                Err(ChunkError::Canceled) => {}
+                Err(e) => {
+                    let mut err = p.error.lock();
+                    if err.is_none() {
+                        *err = Some(e.into_error(&p.agent, p.backend, Op::CheckXfer));
+                    }
                 }
             }
         }
@@ -255,7 +259,20 @@ impl PoolXfer {
         }
         if let Some(e) = p.error.lock().take() {
             self.reported = true;
-            return Err(e);
+            // Name what the request did complete: a partial failure leaves it there.
+            return Err(self
+                .plan
+                .with_completed(e, |i| p.completed[i].load(Ordering::Acquire)));
+        }
+        if p.canceled.load(Ordering::Acquire)
+            && !p.completed.iter().all(|c| c.load(Ordering::Acquire))
+        {
+            // Stopped (abandoned): skipped chunks mean it is not complete.
+            self.reported = true;
+            return Err(Error::Canceled {
+                agent: self.plan.agent.clone(),
+                op: Op::CheckXfer,
+            });
         }
         if self.reported {
             return Err(Error::backend(
@@ -288,6 +305,9 @@ impl BackendXfer for PoolXfer {
             vram: self.plan.vram.clone(),
             remaining: AtomicUsize::new(self.plan.chunks.len()),
             canceled: AtomicBool::new(false),
+            completed: (0..self.plan.chunks.len())
+                .map(|_| AtomicBool::new(false))
+                .collect(),
             error: Mutex::new(None),
             done: Condvar::new(),
             done_lock: Mutex::new(()),
@@ -296,16 +316,30 @@ impl BackendXfer for PoolXfer {
         self.progress = Some(p.clone());
         self.reported = false;
         let op = self.plan.op;
-        self.pool.submit(self.plan.chunks.iter().map(|&chunk| Job {
-            chunk,
-            op,
-            progress: p.clone(),
-        }));
+        self.pool.submit(
+            self.plan
+                .chunks
+                .iter()
+                .enumerate()
+                .map(|(index, &chunk)| Job {
+                    index,
+                    chunk,
+                    op,
+                    progress: p.clone(),
+                }),
+        );
         self.state()
     }
 
     fn check(&mut self) -> Result<XferState> {
         self.state()
+    }
+
+    fn abandon(&mut self) {
+        // Its deadline passed: chunks still queued are skipped.
+        if let Some(p) = &self.progress {
+            p.canceled.store(true, Ordering::Release);
+        }
     }
 
     fn cancel(&mut self) -> Result<()> {
@@ -363,9 +397,11 @@ impl InlineXfer {
 impl BackendXfer for InlineXfer {
     fn post(&mut self) -> Result<XferState> {
         self.plan.check_file_sizes()?;
-        for &c in &self.plan.chunks {
-            run_chunk(self.plan.op, c)
-                .map_err(|e| e.into_error(&self.plan.agent, self.plan.backend, Op::PostXfer))?;
+        for (k, &c) in self.plan.chunks.iter().enumerate() {
+            if let Err(e) = run_chunk(self.plan.op, c) {
+                let e = e.into_error(&self.plan.agent, self.plan.backend, Op::PostXfer);
+                return Err(self.plan.with_completed(e, |i| i < k));
+            }
         }
         Ok(XferState::Done)
     }

@@ -95,6 +95,9 @@ pub(crate) struct UringXfer {
     error: Option<Error>,
     /// The request ended in an error already reported.
     failed: bool,
+    /// Abandoned (its deadline passed): no further chunk is submitted, and it ends
+    /// `Canceled` once the kernel holds none.
+    abandoned: bool,
     cqes: Vec<(u64, i32)>,
 }
 
@@ -128,6 +131,7 @@ impl UringXfer {
             inflight: 0,
             completed: 0,
             error: None,
+            abandoned: false,
             failed: false,
             cqes: Vec::with_capacity(depth),
         })
@@ -258,8 +262,20 @@ impl UringXfer {
             if self.inflight == 0 {
                 self.failed = true;
                 if let Some(e) = self.error.take() {
-                    return Err(e);
+                    // Name what the request did complete: a partial failure leaves it there.
+                    let (done, chunks) = (&self.done, &self.plan.chunks);
+                    return Err(self.plan.with_completed(e, |i| done[i] >= chunks[i].len));
                 }
+            }
+            return Ok(XferState::InProgress);
+        }
+        if self.abandoned && self.completed < self.plan.chunks.len() {
+            if self.inflight == 0 {
+                self.failed = true;
+                return Err(Error::Canceled {
+                    agent: self.plan.agent.clone(),
+                    op: Op::CheckXfer,
+                });
             }
             return Ok(XferState::InProgress);
         }
@@ -300,6 +316,7 @@ impl BackendXfer for UringXfer {
         self.completed = 0;
         self.error = None;
         self.failed = false;
+        self.abandoned = false;
         self.done.iter_mut().for_each(|d| *d = 0);
         self.fill();
         self.reap();
@@ -322,6 +339,12 @@ impl BackendXfer for UringXfer {
             self.reap();
         }
         self.state()
+    }
+
+    fn abandon(&mut self) {
+        // Its deadline passed: chunks not submitted yet never are.
+        self.abandoned = true;
+        self.next = self.plan.chunks.len();
     }
 
     fn cancel(&mut self) -> Result<()> {

@@ -91,3 +91,19 @@ mod tests {
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }
+
+/// `fdatasync(fd)`: the file's data (and the metadata needed to read it) on the device.
+#[cfg(feature = "posix")]
+pub(crate) fn fdatasync(fd: RawFd) -> std::io::Result<()> {
+    loop {
+        // SAFETY: fdatasync takes a descriptor number and reads no memory; an invalid one
+        // yields EBADF.
+        if unsafe { libc::fdatasync(fd) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}

@@ -169,18 +169,19 @@ fn invalidate_and_region_injection_are_refused() {
 
 /// Row 3: PUSHes of mutated (and re-framed) UCX worker addresses and rkeys killed the victim
 /// (24/200 over tcp, 10/200 over shm; an shm rkey of all 0x41 every time). Authentication off:
-/// the checks alone must hold.
+/// the checks alone must hold. Every mutant the victim loaded (counted by the victim, not by
+/// the pusher) is then the peer of a 4 KiB READ and WRITE with a 100 ms deadline, so what
+/// the checks let through also reaches `ucp_put_nbx` / `ucp_get_nbx`, and is forgotten again.
 #[test]
 fn mutated_ucx_addresses_and_keys_never_crash() {
     if !ucx_or_skip("mutated_ucx_addresses_and_keys_never_crash") {
         return;
     }
     let mut v = Victim::spawn(CHILD, &VictimSpec::new("tcp,shm,cma,self", None));
-    let mut refused = 0;
-    let mut loaded = 0;
+    let mut report = Vec::new();
     for tls in [TCP, SHM] {
         let donor = agent("donor", tls, None);
-        let (_b, _r) = registered(&donor, 4096);
+        let (buf, _r) = registered(&donor, 4096);
         let md = blob(&donor.local_metadata().unwrap());
         let addr = fuzzing::decode_conn(&md.backends[0].conn_info).unwrap()[0].clone();
         let (t, key) = fuzzing::decode_rkey(&md.regions[0].public).unwrap();
@@ -192,7 +193,8 @@ fn mutated_ucx_addresses_and_keys_never_crash() {
             x ^= x << 17;
             x
         };
-        let mut keys: Vec<Vec<u8>> = vec![vec![0x41; key.len().max(11)]];
+        // keys[0], the donor's own key, is the control: it must load.
+        let mut keys: Vec<Vec<u8>> = vec![key.clone(), vec![0x41; key.len().max(11)]];
         let mut addrs = Vec::new();
         for i in 0..200 {
             let mut a = addr.clone();
@@ -200,7 +202,13 @@ fn mutated_ucx_addresses_and_keys_never_crash() {
             for _ in 0..1 + (rnd() % 3) {
                 let p = (rnd() as usize) % a.len();
                 a[p] ^= (rnd() as u8) | 1;
-                let q = (rnd() as usize) % k.len();
+                // Half the keys are damaged anywhere; the other half only in their values
+                // (the last 8 bytes: a segment id or an address), which UCX reads as given.
+                let q = if i % 2 == 0 {
+                    (rnd() as usize) % k.len()
+                } else {
+                    k.len().saturating_sub(8) + (rnd() as usize) % k.len().min(8)
+                };
                 k[q] ^= (rnd() as u8) | 1;
             }
             if i % 10 == 0 {
@@ -210,29 +218,72 @@ fn mutated_ucx_addresses_and_keys_never_crash() {
             keys.push(k);
         }
         let pusher = agent("pusher", tls, None);
-        let push = |conn: Vec<u8>, public: Vec<u8>| {
+        // Pushes one mutant; when the victim loaded it (its count of peers grew), READs and
+        // WRITEs through it and forgets it. Returns whether it loaded, and the outcomes.
+        let push = |v: &mut Victim, conn: Vec<u8>, public: Vec<u8>| -> (bool, Vec<String>) {
             let mut m = md.clone();
             m.name = unique("mutant");
             m.backends[0].conn_info = conn;
             m.regions[0].public = public;
-            pusher.send_metadata_bytes(v.listen, &m.encode(), Duration::from_secs(20))
-        };
-        for a in &addrs {
-            match push(fuzzing::encode_conn(&[a]), md.regions[0].public.clone()) {
-                Ok(()) => loaded += 1,
-                Err(_) => refused += 1,
+            let before: usize = v.ask("remotes").parse().expect("count");
+            let pushed = pusher.send_metadata_bytes(v.listen, &m.encode(), Duration::from_secs(20));
+            let after: usize = v.ask("remotes").parse().expect("count");
+            assert!(after <= before + 1, "one push loaded one peer at most");
+            assert_eq!(
+                pushed.is_ok(),
+                after == before + 1,
+                "the pusher is told whether it loaded: {pushed:?}"
+            );
+            if after == before {
+                return (false, Vec::new());
             }
+            let outcomes = ["read", "write"]
+                .iter()
+                .map(|op| v.ask(&format!("xfer {} {op} {} 4096 100", m.name, buf.addr())))
+                .collect();
+            assert_eq!(v.ask(&format!("forget {}", m.name)), "ok");
+            (true, outcomes)
+        };
+        let mut tally = std::collections::BTreeMap::<String, usize>::new();
+        let (mut addr_loaded, mut key_loaded) = (0, 0);
+        for a in &addrs {
+            let (l, o) = push(
+                &mut v,
+                fuzzing::encode_conn(&[a]),
+                md.regions[0].public.clone(),
+            );
+            addr_loaded += usize::from(l);
+            o.into_iter()
+                .for_each(|o| *tally.entry(o).or_default() += 1);
         }
         for k in &keys {
-            match push(md.backends[0].conn_info.clone(), fuzzing::encode_rkey(t, k)) {
-                Ok(()) => loaded += 1,
-                Err(_) => refused += 1,
-            }
+            let (l, o) = push(
+                &mut v,
+                md.backends[0].conn_info.clone(),
+                fuzzing::encode_rkey(t, k),
+            );
+            key_loaded += usize::from(l);
+            o.into_iter()
+                .for_each(|o| *tally.entry(o).or_default() += 1);
         }
         assert!(v.alive(), "the victim died over {tls}");
         assert_eq!(v.ask("alive"), "alive");
+        // The mutants reached UCX: mutated addresses loaded (and were READ and WRITTEN
+        // through). A packed key is dense (memory-domain map, sizes, and for tcp nothing
+        // else), so flipped bytes are refused by the checks; the control key loads.
+        assert!(addr_loaded > 0, "{tls}: no mutated address loaded");
+        assert!(key_loaded >= 1, "{tls}: the donor's own key did not load");
+        assert!(
+            tally.values().sum::<usize>() == 2 * (addr_loaded + key_loaded),
+            "{tls}: every loaded mutant was READ and WRITTEN: {tally:?}"
+        );
+        report.push(format!(
+            "{tls}: addresses {addr_loaded}/{} and keys {key_loaded}/{} loaded; transfers {tally:?}",
+            addrs.len(),
+            keys.len()
+        ));
     }
-    eprintln!("mutated pushes: {loaded} loaded, {refused} refused; the victim is alive");
+    eprintln!("mutated pushes: {}; the victim is alive", report.join("; "));
 }
 
 /// Row 4: an agent the victim never loaded FETCHed its metadata, then READ and WROTE all of

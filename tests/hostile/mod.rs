@@ -373,6 +373,36 @@ fn victim_main() -> Result<(), String> {
                 agent.draining_requests().to_string()
             }
             Some("draining_count") => agent.draining_requests().to_string(),
+            // forget <peer>: invalidates it; "ok" or the error kind.
+            Some("forget") => agent
+                .invalidate_remote_metadata(w.get(1).copied().unwrap_or(""))
+                .map_or_else(|e| e.kind().as_str().to_owned(), |()| "ok".to_owned()),
+            // xfer <peer> <read|write> <remote addr> <len> <timeout ms>: one request between
+            // the start of our memory and the peer's, posted and waited for; "ok" or the
+            // error kind.
+            Some("xfer") => {
+                let op = match w.get(2).copied() {
+                    Some("read") => XferOp::Read,
+                    _ => XferOp::Write,
+                };
+                let (raddr, len, ms) = (num(3)?, num(4)?, num(5)?);
+                agent
+                    .create_xfer_req(
+                        op,
+                        &XferDescList::blocks(MemKind::Dram, mem.addr(), len, 1),
+                        &XferDescList::blocks(MemKind::Dram, raddr, len, 1),
+                        w.get(1).copied().unwrap_or(""),
+                        XferOptions {
+                            timeout: Some(Duration::from_millis(ms)),
+                            ..XferOptions::default()
+                        },
+                    )
+                    .and_then(|req| {
+                        agent.post_xfer_req(&req)?;
+                        req.wait(Duration::from_millis(ms))
+                    })
+                    .map_or_else(|e| e.kind().as_str().to_owned(), |()| "ok".to_owned())
+            }
             // gen <peer> <count>: standalone notifications; how many returned Ok and the kinds
             // of the errors.
             Some("gen") => {

@@ -124,6 +124,12 @@ fn unhex(s: &str) -> Vec<u8> {
 /// metadata per provider, serves until stdin closes (the fuzzing process went away), closes
 /// the endpoints (unlinking the shm regions) and exits. Elsewhere it does nothing.
 pub fn init() {
+    // libFuzzer's `main` is C++: the Rust runtime never set SIGPIPE to be ignored as it does
+    // for a Rust `main`, and a provider writing to a closed socket would kill the process.
+    // SAFETY: setting a signal's disposition to SIG_IGN installs no handler code.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+    }
     if std::env::var_os(ROLE).is_none() {
         return;
     }

@@ -161,6 +161,7 @@ impl WorkerH {
             ErrMode::Unset => {}
         }
         let mut ep: ucp_ep_h = std::ptr::null_mut();
+        crate::reached::ep_create();
         // SAFETY: the worker is live and locked; the address bytes are a checked worker
         // address (this function's contract) and outlive the call (UCX copies what it keeps);
         // the handler argument is kept alive by the worker (above).
@@ -186,6 +187,7 @@ impl WorkerH {
         p.memory_type = op.mem_type;
         p.memh = op.memh.0;
         let lib = self.lib();
+        crate::reached::rma_post();
         // SAFETY: the endpoint is live under the worker lock (borrowed self); the local range
         // lies in a registration whose memory handle (and memory) the caller keeps alive
         // while the request exists; the remote range was checked against the region whose
@@ -382,6 +384,7 @@ impl WorkerH {
     /// `crate::validate` (or structurally, from NIXL peers), followed by zero padding.
     pub fn rkey_unpack(&self, ep: Ep, padded: &[u8]) -> Result<Rkey, ucs_status_t> {
         let mut rkey: ucp_rkey_h = std::ptr::null_mut();
+        crate::reached::rkey_unpack();
         // SAFETY: the endpoint is live under the locked worker; the packed bytes were checked
         // (this function's contract), are followed by zero padding, and outlive the call.
         let st = unsafe {

@@ -44,38 +44,7 @@ impl<'a> LoadPlan<'a> {
     ) -> Result<Self> {
         let me = agent.name();
         let limits = &agent.shared.config.limits;
-        let backends = agent.shared.backends();
-        // The blob's backends mapped onto ours (ones we do not have, or that cannot speak the
-        // blob's wire, are ignored).
-        let slots: Vec<Option<Arc<BackendSlot>>> = md
-            .backends
-            .iter()
-            .map(|e| {
-                backends
-                    .iter()
-                    .find(|b| {
-                        b.name == e.name
-                            && b.caps.remote
-                            && (wire == Wire::Native || b.backend.nixl_wire().is_some())
-                    })
-                    .cloned()
-            })
-            .collect();
-        if wire == Wire::Nixl
-            && md.has_conn_info
-            && !md
-                .backends
-                .iter()
-                .zip(&slots)
-                .any(|(e, s)| s.is_some() && !e.conn_info.is_empty())
-        {
-            // NIXL's rule too (NIXL_ERR_BACKEND): connection info, but none usable here.
-            return Err(Error::not_supported(
-                me,
-                Op::LoadMetadata,
-                format!("none of {}'s backends speaks NIXL's wire here", md.name),
-            ));
-        }
+        let slots = map_slots(agent, md, wire)?;
         let (existing, loaded) = {
             let remotes = agent.shared.remotes.lock();
             (remotes.get(&md.name).cloned(), remotes.len())
@@ -83,47 +52,9 @@ impl<'a> LoadPlan<'a> {
         let same = existing
             .as_ref()
             .filter(|p| p.generation == md.generation && p.wire == wire);
-        // A name stays with the process that published it until that process exits: metadata
-        // naming another process (or none) under the name of a live same-host peer is a live
-        // impersonator, not a restart (a restart's old process is gone).
-        if let Some(owner) = existing.as_ref().and_then(|p| p.process.as_ref()) {
-            let same_process = md
-                .process
-                .as_ref()
-                .is_some_and(|c| c.pid == owner.id().pid && c.start_time == owner.id().start_time);
-            if !same_process && !owner.exited() {
-                return Err(Error::not_allowed(
-                    me,
-                    Op::LoadMetadata,
-                    format!(
-                        "{} belongs to process {} of this host, which is still running: a name \
-                         stays with its process until it exits",
-                        md.name,
-                        owner.pid()
-                    ),
-                ));
-            }
-        }
+        check_owner(me, md, existing.as_deref())?;
         if let Some(proof) = proof {
-            agent.shared.bindings.check(
-                me,
-                &md.name,
-                proof,
-                same.is_none(),
-                limits.max_known_names,
-            )?;
-            if let Some(peer) = same {
-                if peer.owner_commit != Some(proof.owner_commit) {
-                    return Err(Error::not_allowed(
-                        me,
-                        Op::LoadMetadata,
-                        format!(
-                            "metadata of {} claims its loaded generation but another owner",
-                            md.name
-                        ),
-                    ));
-                }
-            }
+            check_proof(agent, md, proof, same.map(|p| &**p))?;
         }
         if existing.is_none() && loaded >= limits.max_peers {
             return Err(Error::limit(
@@ -133,70 +64,8 @@ impl<'a> LoadPlan<'a> {
                 limits.max_peers,
             ));
         }
-        match same {
-            Some(peer) if md.has_conn_info => {
-                let conn = peer.conn.lock();
-                for (e, slot) in md.backends.iter().zip(&slots) {
-                    let old = slot.as_ref().and_then(|s| conn.get(&s.id));
-                    if old.is_some_and(|old| *old != e.conn_info) {
-                        return Err(Error::mismatch(
-                            me,
-                            Op::LoadMetadata,
-                            format!(
-                                "connection info of {} for backend {} changed",
-                                md.name, e.name
-                            ),
-                        ));
-                    }
-                }
-            }
-            Some(_) => {}
-            None if !md.has_conn_info => {
-                return Err(Error::not_found(
-                    me,
-                    Op::LoadMetadata,
-                    format!(
-                        "connection info of {} (load its full metadata first)",
-                        md.name
-                    ),
-                ))
-            }
-            None => {}
-        }
-        // Group the blob's entries per region (one RemoteRegion holds every backend's md).
-        let mut new_regions: Vec<(RegionDesc, PerBackend<'a>)> = Vec::new();
-        let mut by_desc: HashMap<&RegionDesc, usize> = HashMap::new();
-        for r in &md.regions {
-            let Some(slot) = &slots[r.backend] else {
-                continue;
-            };
-            if let Some(peer) = same {
-                if let Some(old) = peer.find(r.desc.kind, r.desc.dev_id, r.desc.addr, r.desc.len) {
-                    if old.desc == r.desc {
-                        let changed = old
-                            .mds
-                            .iter()
-                            .find(|(s, _, _)| s.id == slot.id)
-                            .is_some_and(|(_, _, public)| *public != r.public);
-                        if changed {
-                            return Err(Error::mismatch(
-                                me,
-                                Op::LoadMetadata,
-                                format!("metadata of a region of {} changed", md.name),
-                            ));
-                        }
-                        continue;
-                    }
-                }
-            }
-            match by_desc.get(&r.desc) {
-                Some(&i) => new_regions[i].1.push((slot.clone(), &r.public)),
-                None => {
-                    by_desc.insert(&r.desc, new_regions.len());
-                    new_regions.push((r.desc.clone(), vec![(slot.clone(), &r.public)]));
-                }
-            }
-        }
+        check_conn_unchanged(me, md, &slots, same.map(|p| &**p))?;
+        let new_regions = group_regions(me, md, &slots, same.map(|p| &**p))?;
         let have: usize = same.map_or(0, |p| p.regions.lock().len());
         if have.saturating_add(new_regions.len()) > limits.max_regions_per_peer {
             return Err(Error::limit(
@@ -229,26 +98,7 @@ impl<'a> LoadPlan<'a> {
         proof: Option<&Proof>,
     ) -> Result<()> {
         let process = match (self.same_gen, &md.process) {
-            (false, Some(id)) => {
-                match crate::liveness::ProcessWatch::open(id, agent.shared.process.as_ref()) {
-                    Ok(w) => w.map(crate::liveness::PeerProcess::from_watch),
-                    Err(crate::liveness::Refused::Exited(why)) => {
-                        return Err(Error::disconnected(
-                            agent.name(),
-                            &md.name,
-                            Op::LoadMetadata,
-                            why,
-                        ))
-                    }
-                    Err(crate::liveness::Refused::Invalid(why)) => {
-                        return Err(Error::invalid(
-                            agent.name(),
-                            Op::LoadMetadata,
-                            format!("metadata of {}: {why}", md.name),
-                        ))
-                    }
-                }
-            }
+            (false, Some(id)) => watch_process(agent, md, id)?,
             _ => None,
         };
         let peer = match (&self.existing, self.same_gen) {
@@ -276,25 +126,58 @@ impl<'a> LoadPlan<'a> {
             connected: Vec::new(),
         };
         if md.has_conn_info {
-            for (e, slot) in md.backends.iter().zip(&self.slots) {
-                let Some(slot) = slot else { continue };
-                if peer.is_connected(slot.id) || (wire == Wire::Nixl && e.conn_info.is_empty()) {
-                    continue;
-                }
-                connect_slot(
-                    agent.name(),
-                    slot,
-                    wire,
-                    &md.name,
-                    &e.conn_info,
-                    peer.process.as_ref(),
-                )?;
-                peer.conn.lock().insert(slot.id, e.conn_info.clone());
-                guard.connected.push(slot.clone());
-            }
+            self.connect(&mut guard, md, wire)?;
         }
         // Regions are loaded into a private index and published in one step, so transfers
         // to this peer never wait for a long load.
+        let mut loaded = self.load_regions(agent, &peer, md, wire)?;
+        peer.regions.lock().append(&mut loaded);
+        if !self.same_gen {
+            agent
+                .shared
+                .remotes
+                .lock()
+                .insert(md.name.clone(), peer.clone());
+        }
+        if let Some(p) = proof {
+            agent.shared.bindings.record(&md.name, p);
+        }
+        guard.connected.clear();
+        Ok(())
+    }
+
+    /// Connects every backend of the blob the peer is not connected on yet, recording each
+    /// in `guard` (undone if the load fails later).
+    fn connect(&self, guard: &mut LoadGuard<'_>, md: &AgentMetadata, wire: Wire) -> Result<()> {
+        let peer = guard.peer;
+        for (e, slot) in md.backends.iter().zip(&self.slots) {
+            let Some(slot) = slot else { continue };
+            if peer.is_connected(slot.id) || (wire == Wire::Nixl && e.conn_info.is_empty()) {
+                continue;
+            }
+            connect_slot(
+                guard.agent.name(),
+                slot,
+                wire,
+                &md.name,
+                &e.conn_info,
+                peer.process.as_ref(),
+            )?;
+            peer.conn.lock().insert(slot.id, e.conn_info.clone());
+            guard.connected.push(slot.clone());
+        }
+        Ok(())
+    }
+
+    /// Loads the new regions into a private index, on every backend the peer is connected
+    /// on.
+    fn load_regions(
+        &self,
+        agent: &Agent,
+        peer: &RemotePeer,
+        md: &AgentMetadata,
+        wire: Wire,
+    ) -> Result<RegionIndex<Arc<RemoteRegion>>> {
         let mut loaded = RegionIndex::default();
         for (desc, per) in &self.new_regions {
             let mut mds = Vec::with_capacity(per.len());
@@ -318,20 +201,204 @@ impl<'a> LoadPlan<'a> {
                 }),
             );
         }
-        peer.regions.lock().append(&mut loaded);
-        if !self.same_gen {
-            agent
-                .shared
-                .remotes
-                .lock()
-                .insert(md.name.clone(), peer.clone());
-        }
-        if let Some(p) = proof {
-            agent.shared.bindings.record(&md.name, p);
-        }
-        guard.connected.clear();
-        Ok(())
+        Ok(loaded)
     }
+}
+
+/// Binds the process a new incarnation's metadata names (a pidfd of a live thread-group
+/// leader whose start time matches): gone is `RemoteDisconnect`, not a process `InvalidParam`.
+fn watch_process(
+    agent: &Agent,
+    md: &AgentMetadata,
+    id: &crate::ProcessId,
+) -> Result<Option<crate::liveness::PeerProcess>> {
+    match crate::liveness::ProcessWatch::open(id, agent.shared.process.as_ref()) {
+        Ok(w) => Ok(w.map(crate::liveness::PeerProcess::from_watch)),
+        Err(crate::liveness::Refused::Exited(why)) => Err(Error::disconnected(
+            agent.name(),
+            &md.name,
+            Op::LoadMetadata,
+            why,
+        )),
+        Err(crate::liveness::Refused::Invalid(why)) => Err(Error::invalid(
+            agent.name(),
+            Op::LoadMetadata,
+            format!("metadata of {}: {why}", md.name),
+        )),
+    }
+}
+
+/// The blob's backends mapped onto ours (ones we do not have, or that cannot speak the
+/// blob's wire, are ignored). Over NIXL's wire, connection info none of ours can use is
+/// refused, as NIXL does (`NIXL_ERR_BACKEND`).
+fn map_slots(
+    agent: &Agent,
+    md: &AgentMetadata,
+    wire: Wire,
+) -> Result<Vec<Option<Arc<BackendSlot>>>> {
+    let backends = agent.shared.backends();
+    let slots: Vec<Option<Arc<BackendSlot>>> = md
+        .backends
+        .iter()
+        .map(|e| {
+            backends
+                .iter()
+                .find(|b| {
+                    b.name == e.name
+                        && b.caps.remote
+                        && (wire == Wire::Native || b.backend.nixl_wire().is_some())
+                })
+                .cloned()
+        })
+        .collect();
+    let usable = md
+        .backends
+        .iter()
+        .zip(&slots)
+        .any(|(e, s)| s.is_some() && !e.conn_info.is_empty());
+    if wire == Wire::Nixl && md.has_conn_info && !usable {
+        return Err(Error::not_supported(
+            agent.name(),
+            Op::LoadMetadata,
+            format!("none of {}'s backends speaks NIXL's wire here", md.name),
+        ));
+    }
+    Ok(slots)
+}
+
+/// A name stays with the process that published it until that process exits: metadata
+/// naming another process (or none) under the name of a live same-host peer is a live
+/// impersonator, not a restart (a restart's old process is gone).
+fn check_owner(me: &str, md: &AgentMetadata, existing: Option<&RemotePeer>) -> Result<()> {
+    let Some(owner) = existing.and_then(|p| p.process.as_ref()) else {
+        return Ok(());
+    };
+    let same_process = md
+        .process
+        .as_ref()
+        .is_some_and(|c| c.pid == owner.id().pid && c.start_time == owner.id().start_time);
+    if same_process || owner.exited() {
+        return Ok(());
+    }
+    Err(Error::not_allowed(
+        me,
+        Op::LoadMetadata,
+        format!(
+            "{} belongs to process {} of this host, which is still running: a name stays with \
+             its process until it exits",
+            md.name,
+            owner.pid()
+        ),
+    ))
+}
+
+/// The proof must match the name's binding; an append to the loaded generation must come
+/// from its owner.
+fn check_proof(
+    agent: &Agent,
+    md: &AgentMetadata,
+    proof: &Proof,
+    same: Option<&RemotePeer>,
+) -> Result<()> {
+    let me = agent.name();
+    agent.shared.bindings.check(
+        me,
+        &md.name,
+        proof,
+        same.is_none(),
+        agent.shared.config.limits.max_known_names,
+    )?;
+    match same {
+        Some(peer) if peer.owner_commit != Some(proof.owner_commit) => Err(Error::not_allowed(
+            me,
+            Op::LoadMetadata,
+            format!(
+                "metadata of {} claims its loaded generation but another owner",
+                md.name
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// An append keeps the connection info it was loaded with; a new incarnation must bring it.
+fn check_conn_unchanged(
+    me: &str,
+    md: &AgentMetadata,
+    slots: &[Option<Arc<BackendSlot>>],
+    same: Option<&RemotePeer>,
+) -> Result<()> {
+    match same {
+        Some(peer) if md.has_conn_info => {
+            let conn = peer.conn.lock();
+            for (e, slot) in md.backends.iter().zip(slots) {
+                let old = slot.as_ref().and_then(|s| conn.get(&s.id));
+                if old.is_some_and(|old| *old != e.conn_info) {
+                    return Err(Error::mismatch(
+                        me,
+                        Op::LoadMetadata,
+                        format!(
+                            "connection info of {} for backend {} changed",
+                            md.name, e.name
+                        ),
+                    ));
+                }
+            }
+            Ok(())
+        }
+        None if !md.has_conn_info => Err(Error::not_found(
+            me,
+            Op::LoadMetadata,
+            format!(
+                "connection info of {} (load its full metadata first)",
+                md.name
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The blob's regions not loaded yet, grouped per region (one `RemoteRegion` holds every
+/// backend's metadata); a loaded region whose metadata changed is refused.
+fn group_regions<'a>(
+    me: &str,
+    md: &'a AgentMetadata,
+    slots: &[Option<Arc<BackendSlot>>],
+    same: Option<&RemotePeer>,
+) -> Result<Vec<(RegionDesc, PerBackend<'a>)>> {
+    let mut new_regions: Vec<(RegionDesc, PerBackend<'a>)> = Vec::new();
+    let mut by_desc: HashMap<&RegionDesc, usize> = HashMap::new();
+    for r in &md.regions {
+        let Some(slot) = &slots[r.backend] else {
+            continue;
+        };
+        let loaded = same
+            .and_then(|peer| peer.find(r.desc.kind, r.desc.dev_id, r.desc.addr, r.desc.len))
+            .filter(|old| old.desc == r.desc);
+        if let Some(old) = loaded {
+            let changed = old
+                .mds
+                .iter()
+                .find(|(s, _, _)| s.id == slot.id)
+                .is_some_and(|(_, _, public)| *public != r.public);
+            if changed {
+                return Err(Error::mismatch(
+                    me,
+                    Op::LoadMetadata,
+                    format!("metadata of a region of {} changed", md.name),
+                ));
+            }
+            continue;
+        }
+        match by_desc.get(&r.desc) {
+            Some(&i) => new_regions[i].1.push((slot.clone(), &r.public)),
+            None => {
+                by_desc.insert(&r.desc, new_regions.len());
+                new_regions.push((r.desc.clone(), vec![(slot.clone(), &r.public)]));
+            }
+        }
+    }
+    Ok(new_regions)
 }
 
 /// Undoes a failed load's connections (regions not yet published are dropped with their

@@ -68,34 +68,14 @@ impl Agent {
             Side::SelfTarget => (self.shared.name.clone(), None, true),
             Side::Remote(p) => (p.name.clone(), Some(p.clone()), false),
         };
-        if opts.integrity
-            && (op != XferOp::Write || local.kind != MemKind::Dram || remote.kind != MemKind::Dram)
-        {
-            return Err(Error::not_supported(
+        if opts.integrity {
+            check_integrity(
                 me,
-                Op::MakeXfer,
-                "integrity checking covers DRAM -> DRAM WRITE only",
-            ));
-        }
-        if opts.integrity
-            && remote_peer
-                .as_ref()
-                .is_some_and(|p| p.wire == crate::nixl_wire::Wire::Nixl)
-        {
-            return Err(Error::not_supported(
-                me,
-                Op::MakeXfer,
-                "integrity checking needs a nixl-rs target; this peer speaks NIXL's wire",
-            ));
-        }
-        if opts.integrity && remote_peer.as_ref().is_some_and(|p| !p.verifies_integrity) {
-            return Err(Error::not_supported(
-                me,
-                Op::MakeXfer,
-                format!(
-                    "{remote_name} does not verify integrity frames (its AgentConfig::verify_integrity is off)"
-                ),
-            ));
+                op,
+                (local, remote),
+                remote_peer.as_deref(),
+                &remote_name,
+            )?;
         }
         let wants_notif = opts.notif.is_some() || opts.integrity;
         let candidates = self
@@ -210,20 +190,8 @@ impl Agent {
             std::hint::black_box(local.touch(lc) ^ remote.touch(rc));
             for (j, (&li, &ri)) in lc.iter().zip(rc).enumerate() {
                 let k = c * GATHER + j;
-                let (l, lreg) = local.block(li).ok_or_else(|| {
-                    Error::invalid(
-                        me,
-                        Op::MakeXfer,
-                        format!("local index {li} out of range ({})", local.len()),
-                    )
-                })?;
-                let (r, rreg) = remote.block(ri).ok_or_else(|| {
-                    Error::invalid(
-                        me,
-                        Op::MakeXfer,
-                        format!("remote index {ri} out of range ({})", remote.len()),
-                    )
-                })?;
+                let (l, lreg) = block(me, "local", local, li)?;
+                let (r, rreg) = block(me, "remote", remote, ri)?;
                 if l.len != r.len {
                     return Err(Error::mismatch(
                         me,
@@ -242,32 +210,18 @@ impl Agent {
                         .retain(|b| lr.md(b.id).is_some() && rr.md(b.id).is_some());
                     last_pair = Some((lreg, rreg));
                 }
-                let (lreg, rreg) = (lreg as usize, rbase + rreg as usize);
-                if !no_merge {
-                    if let Some(p) = segments.last_mut() {
-                        if p.local_md == lreg
-                            && p.remote_md == rreg
-                            && p.local_dev == l.dev_id
-                            && p.remote_dev == r.dev_id
-                            && p.local_addr.checked_add(p.len) == Some(l.addr)
-                            && p.remote_addr.checked_add(p.len) == Some(r.addr)
-                        {
-                            if let Some(n) = p.len.checked_add(l.len) {
-                                p.len = n;
-                                continue;
-                            }
-                        }
-                    }
-                }
-                segments.push(Segment {
+                let seg = Segment {
                     local_addr: l.addr,
                     local_dev: l.dev_id,
-                    local_md: lreg,
+                    local_md: lreg as usize,
                     remote_addr: r.addr,
                     remote_dev: r.dev_id,
-                    remote_md: rreg,
+                    remote_md: rbase + rreg as usize,
                     len: l.len,
-                });
+                };
+                if no_merge || !segments.last_mut().is_some_and(|p| extend(p, &seg)) {
+                    segments.push(seg);
+                }
             }
         }
         Ok(segments)
@@ -438,5 +392,66 @@ impl Agent {
             keep: [local.regions.clone(), remote.regions.clone()],
             note,
         })
+    }
+}
+
+/// Integrity frames: DRAM -> DRAM WRITEs to a nixl-rs target that verifies them.
+fn check_integrity(
+    me: &str,
+    op: XferOp,
+    (local, remote): (&PreparedList, &PreparedList),
+    remote_peer: Option<&RemotePeer>,
+    remote_name: &str,
+) -> Result<()> {
+    if op != XferOp::Write || local.kind != MemKind::Dram || remote.kind != MemKind::Dram {
+        return Err(Error::not_supported(
+            me,
+            Op::MakeXfer,
+            "integrity checking covers DRAM -> DRAM WRITE only",
+        ));
+    }
+    match remote_peer {
+        Some(p) if p.wire == crate::nixl_wire::Wire::Nixl => Err(Error::not_supported(
+            me,
+            Op::MakeXfer,
+            "integrity checking needs a nixl-rs target; this peer speaks NIXL's wire",
+        )),
+        Some(p) if !p.verifies_integrity => Err(Error::not_supported(
+            me,
+            Op::MakeXfer,
+            format!(
+                "{remote_name} does not verify integrity frames (its AgentConfig::verify_integrity is off)"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Entry `i` of a prepared list and its region's index, or `InvalidParam`.
+fn block(me: &str, side: &str, list: &PreparedList, i: usize) -> Result<(crate::desc::Desc, u32)> {
+    list.block(i).ok_or_else(|| {
+        Error::invalid(
+            me,
+            Op::MakeXfer,
+            format!("{side} index {i} out of range ({})", list.len()),
+        )
+    })
+}
+
+/// Extends `p` by `seg` when `seg` continues it on both sides (same regions and devices,
+/// contiguous addresses); whether it did.
+fn extend(p: &mut Segment, seg: &Segment) -> bool {
+    let continues = p.local_md == seg.local_md
+        && p.remote_md == seg.remote_md
+        && p.local_dev == seg.local_dev
+        && p.remote_dev == seg.remote_dev
+        && p.local_addr.checked_add(p.len) == Some(seg.local_addr)
+        && p.remote_addr.checked_add(p.len) == Some(seg.remote_addr);
+    match p.len.checked_add(seg.len) {
+        Some(n) if continues => {
+            p.len = n;
+            true
+        }
+        _ => false,
     }
 }

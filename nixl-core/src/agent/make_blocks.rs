@@ -3,7 +3,8 @@
 //! does not consume strides, the blocks materialized into segments.
 
 use crate::agent::prep::{Layout, PrepLayer, PreparedList};
-use crate::agent::Agent;
+use crate::agent::{Agent, BackendSlot};
+use crate::backend::BackendXfer;
 use crate::desc::XferOp;
 use crate::error::{Error, Op, Result};
 use crate::strided::{block_runs, BlockXferSpec, LayerPair};
@@ -43,39 +44,7 @@ impl Agent {
                 "block ids need lists prepared from block tables (prep_strided_dlist)",
             ));
         };
-        if ll.len() != rl.len() {
-            return Err(Error::mismatch(
-                me,
-                Op::MakeXfer,
-                format!("{} local and {} remote layers", ll.len(), rl.len()),
-            ));
-        }
-        if local_blocks.len() != remote_blocks.len() {
-            return Err(Error::mismatch(
-                me,
-                Op::MakeXfer,
-                format!(
-                    "{} local and {} remote block ids",
-                    local_blocks.len(),
-                    remote_blocks.len()
-                ),
-            ));
-        }
-        if local_blocks.is_empty() {
-            return Err(Error::invalid(me, Op::MakeXfer, "no block ids"));
-        }
-        for (l, (a, b)) in ll.iter().zip(rl).enumerate() {
-            if a.run.len != b.run.len {
-                return Err(Error::mismatch(
-                    me,
-                    Op::MakeXfer,
-                    format!(
-                        "layer {l}: local blocks of {} bytes, remote of {}",
-                        a.run.len, b.run.len
-                    ),
-                ));
-            }
-        }
+        check_shapes(me, ll, rl, local_blocks, remote_blocks)?;
         check_ids(me, "local", local_blocks, ll)?;
         check_ids(me, "remote", remote_blocks, rl)?;
         for (a, b) in ll.iter().zip(rl) {
@@ -91,29 +60,13 @@ impl Agent {
         let runs = block_runs(local_blocks, remote_blocks, !opts.no_merge);
         let mut refusal = None;
         for slot in std::mem::take(&mut ends.candidates) {
-            let vanished = || Error::not_found(me, Op::MakeXfer, "backend metadata vanished");
-            let mut layers = Vec::with_capacity(ll.len());
-            for (a, b) in ll.iter().zip(rl) {
-                layers.push(LayerPair {
-                    local: a.run,
-                    local_md: local.regions[a.region as usize]
-                        .md(slot.id)
-                        .ok_or_else(vanished)?
-                        .clone(),
-                    remote: b.run,
-                    remote_md: remote.regions[b.region as usize]
-                        .md(slot.id)
-                        .ok_or_else(vanished)?
-                        .clone(),
-                });
-            }
             let spec = BlockXferSpec {
                 op,
                 local_kind: local.kind,
                 remote_kind: remote.kind,
                 remote: ends.remote_name.clone(),
                 is_local: ends.is_local,
-                layers,
+                layers: layer_pairs(me, &slot, ll, rl, local, remote)?,
                 runs: runs.clone(),
                 notif: if opts.integrity {
                     None
@@ -121,26 +74,7 @@ impl Agent {
                     opts.notif.clone()
                 },
             };
-            let summary = format!(
-                "block table: {} layers x {} blocks",
-                spec.layers.len(),
-                spec.blocks_per_layer()
-            );
-            let tried = match slot.backend.prepare_blocks(&spec) {
-                Ok(Some(x)) => Ok((x, ReqSpec::Blocks(spec), format!("{summary}, strided"))),
-                Ok(None) => {
-                    let flat = spec.materialize();
-                    let note = format!(
-                        "{summary}, materialized into {} segments",
-                        flat.segments.len()
-                    );
-                    slot.backend
-                        .prepare_xfer(&flat)
-                        .map(|x| (x, ReqSpec::Segments(flat), note))
-                }
-                Err(e) => Err(e),
-            };
-            match tried {
+            match prepare_on(&slot, spec) {
                 Ok((x, spec, note)) => {
                     return Ok(self.request(
                         slot,
@@ -161,6 +95,105 @@ impl Agent {
             }
         }
         Err(refusal.unwrap_or_else(|| self.no_backend(local, remote, &ends, notif)))
+    }
+}
+
+/// Same layer count, block lengths and id counts on both sides, and some ids.
+fn check_shapes(
+    me: &str,
+    ll: &[PrepLayer],
+    rl: &[PrepLayer],
+    local_blocks: &[usize],
+    remote_blocks: &[usize],
+) -> Result<()> {
+    if ll.len() != rl.len() {
+        return Err(Error::mismatch(
+            me,
+            Op::MakeXfer,
+            format!("{} local and {} remote layers", ll.len(), rl.len()),
+        ));
+    }
+    if local_blocks.len() != remote_blocks.len() {
+        return Err(Error::mismatch(
+            me,
+            Op::MakeXfer,
+            format!(
+                "{} local and {} remote block ids",
+                local_blocks.len(),
+                remote_blocks.len()
+            ),
+        ));
+    }
+    if local_blocks.is_empty() {
+        return Err(Error::invalid(me, Op::MakeXfer, "no block ids"));
+    }
+    for (l, (a, b)) in ll.iter().zip(rl).enumerate() {
+        if a.run.len != b.run.len {
+            return Err(Error::mismatch(
+                me,
+                Op::MakeXfer,
+                format!(
+                    "layer {l}: local blocks of {} bytes, remote of {}",
+                    a.run.len, b.run.len
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Each layer's runs with the metadata `slot` has for their regions.
+fn layer_pairs(
+    me: &str,
+    slot: &BackendSlot,
+    ll: &[PrepLayer],
+    rl: &[PrepLayer],
+    local: &PreparedList,
+    remote: &PreparedList,
+) -> Result<Vec<LayerPair>> {
+    let vanished = || Error::not_found(me, Op::MakeXfer, "backend metadata vanished");
+    ll.iter()
+        .zip(rl)
+        .map(|(a, b)| {
+            Ok(LayerPair {
+                local: a.run,
+                local_md: local.regions[a.region as usize]
+                    .md(slot.id)
+                    .ok_or_else(vanished)?
+                    .clone(),
+                remote: b.run,
+                remote_md: remote.regions[b.region as usize]
+                    .md(slot.id)
+                    .ok_or_else(vanished)?
+                    .clone(),
+            })
+        })
+        .collect()
+}
+
+/// Prepares the blocks on `slot`'s backend: strided where it consumes strides, else
+/// materialized into segments. Returns the transfer, the spec the request keeps and the
+/// path note.
+fn prepare_on(
+    slot: &BackendSlot,
+    spec: BlockXferSpec,
+) -> Result<(Box<dyn BackendXfer>, ReqSpec, String)> {
+    let summary = format!(
+        "block table: {} layers x {} blocks",
+        spec.layers.len(),
+        spec.blocks_per_layer()
+    );
+    match slot.backend.prepare_blocks(&spec)? {
+        Some(x) => Ok((x, ReqSpec::Blocks(spec), format!("{summary}, strided"))),
+        None => {
+            let flat = spec.materialize();
+            let note = format!(
+                "{summary}, materialized into {} segments",
+                flat.segments.len()
+            );
+            let x = slot.backend.prepare_xfer(&flat)?;
+            Ok((x, ReqSpec::Segments(flat), note))
+        }
     }
 }
 

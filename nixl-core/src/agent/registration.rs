@@ -223,18 +223,7 @@ impl Agent {
             ));
         }
         let descs: Vec<RegionDesc> = regions.iter().map(|r| r.desc()).collect();
-        for d in &descs {
-            if d.len == 0 || d.end().is_none() {
-                return Err(Error::invalid(
-                    &name,
-                    Op::RegisterMem,
-                    format!("region {:#x}+{} is empty or overflows", d.addr, d.len),
-                ));
-            }
-            if d.kind.is_addressable() && d.addr == 0 {
-                return Err(Error::invalid(&name, Op::RegisterMem, "null address"));
-            }
-        }
+        check_descs(&name, &descs)?;
         let candidates = self.select_backends(Op::RegisterMem, hints)?;
         let mut per_region: Vec<Vec<(Arc<BackendSlot>, BackendMd)>> =
             descs.iter().map(|_| Vec::new()).collect();
@@ -243,31 +232,13 @@ impl Agent {
             .iter()
             .filter(|s| descs.iter().all(|d| s.caps.supports(d.kind)))
         {
-            let mut done: Vec<BackendMd> = Vec::new();
-            let mut failed = None;
-            for d in &descs {
-                match slot.backend.register(d) {
-                    Ok(md) => done.push(md),
-                    Err(e) => {
-                        failed = Some(e);
-                        break;
-                    }
-                }
-            }
-            match failed {
-                None => {
+            match register_all(&name, slot, &descs) {
+                Ok(done) => {
                     for (i, md) in done.into_iter().enumerate() {
                         per_region[i].push((slot.clone(), md));
                     }
                 }
-                Some(e) => {
-                    for md in done {
-                        if let Err(e2) = slot.backend.deregister(md) {
-                            tracing::warn!(agent = %name, backend = %slot.name, error = %e2, "rollback deregistration failed");
-                        }
-                    }
-                    errors.push(e);
-                }
+                Err(e) => errors.push(e),
             }
         }
         if per_region[0].is_empty() {
@@ -366,4 +337,41 @@ impl Drop for RegUse {
     fn drop(&mut self) {
         self.0.users.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// Every region is non-empty, does not overflow, and (if addressable) is not at address 0.
+fn check_descs(me: &str, descs: &[RegionDesc]) -> Result<()> {
+    for d in descs {
+        if d.len == 0 || d.end().is_none() {
+            return Err(Error::invalid(
+                me,
+                Op::RegisterMem,
+                format!("region {:#x}+{} is empty or overflows", d.addr, d.len),
+            ));
+        }
+        if d.kind.is_addressable() && d.addr == 0 {
+            return Err(Error::invalid(me, Op::RegisterMem, "null address"));
+        }
+    }
+    Ok(())
+}
+
+/// Registers every region with one backend, all or nothing: on the first failure the
+/// regions it did register are deregistered again.
+fn register_all(me: &str, slot: &BackendSlot, descs: &[RegionDesc]) -> Result<Vec<BackendMd>> {
+    let mut done: Vec<BackendMd> = Vec::with_capacity(descs.len());
+    for d in descs {
+        match slot.backend.register(d) {
+            Ok(md) => done.push(md),
+            Err(e) => {
+                for md in done {
+                    if let Err(e2) = slot.backend.deregister(md) {
+                        tracing::warn!(agent = %me, backend = %slot.name, error = %e2, "rollback deregistration failed");
+                    }
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(done)
 }

@@ -111,39 +111,7 @@ impl AgentMetadata {
     /// Decodes bytes, refusing anything malformed, oversized, damaged (checksum) or with
     /// trailing bytes.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        if bytes.len() > MAX_METADATA {
-            return Err(DecodeError::TooLarge {
-                what: "metadata",
-                value: bytes.len() as u64,
-                limit: MAX_METADATA as u64,
-            });
-        }
-        let mut r = ByteReader::new(bytes);
-        r.magic(MAGIC)?;
-        let version = r.u16()?;
-        if version != VERSION {
-            return Err(DecodeError::UnsupportedVersion(version));
-        }
-        // The checksum covers everything before it: a damaged byte anywhere (a name, a
-        // generation, an address) is refused before any field is believed.
-        let Some(body_len) = bytes.len().checked_sub(8) else {
-            return Err(DecodeError::Truncated {
-                offset: r.position(),
-                needed: 8,
-            });
-        };
-        let (body, sum) = bytes.split_at(body_len);
-        if body.len() < r.position() {
-            return Err(DecodeError::Truncated {
-                offset: body.len(),
-                needed: r.position() - body.len(),
-            });
-        }
-        let mut sb = [0u8; 8];
-        sb.copy_from_slice(sum);
-        if checksum(body) != u64::from_le_bytes(sb) {
-            return Err(DecodeError::Invalid { what: "checksum" });
-        }
+        let body = checked_body(bytes)?;
         let mut r = ByteReader::new(body);
         r.magic(MAGIC)?;
         r.u16()?;
@@ -166,57 +134,8 @@ impl AgentMetadata {
         } else {
             None
         };
-        // A backend record is at least two empty length-prefixed strings.
-        let nb = r.count("backend count", MAX_BACKENDS, 8)?;
-        let mut backends = Vec::with_capacity(nb);
-        for _ in 0..nb {
-            let bname = r.str("backend name", MAX_NAME)?.to_owned();
-            if bname.is_empty() || backends.iter().any(|b: &BackendEntry| b.name == bname) {
-                return Err(DecodeError::Invalid {
-                    what: "backend name",
-                });
-            }
-            let conn_info = r.blob("connection info", MAX_BLOB)?.to_vec();
-            backends.push(BackendEntry {
-                name: bname,
-                conn_info,
-            });
-        }
-        // A region record is at least 4 + 1 + 24 + 4 + 4 = 37 bytes.
-        let nr = r.count("region count", MAX_REGIONS, 37)?;
-        let mut regions = Vec::with_capacity(nr);
-        for _ in 0..nr {
-            let backend = r.u32()? as usize;
-            if backend >= backends.len() {
-                return Err(DecodeError::Invalid {
-                    what: "region backend index",
-                });
-            }
-            let kind = MemKind::from_tag(r.u8()?).ok_or(DecodeError::Invalid {
-                what: "memory kind",
-            })?;
-            let addr = r.u64()?;
-            let len = r.u64()?;
-            let dev_id = r.u64()?;
-            if len == 0 || addr.checked_add(len).is_none() {
-                return Err(DecodeError::Invalid {
-                    what: "region range",
-                });
-            }
-            let meta = r.blob("region meta", MAX_BLOB)?.to_vec();
-            let public = r.blob("region public metadata", MAX_BLOB)?.to_vec();
-            regions.push(RegionEntry {
-                backend,
-                desc: RegionDesc {
-                    kind,
-                    addr,
-                    len,
-                    dev_id,
-                    meta,
-                },
-                public,
-            });
-        }
+        let backends = read_backends(&mut r)?;
+        let regions = read_regions(&mut r, backends.len())?;
         r.finish()?;
         Ok(AgentMetadata {
             name,
@@ -228,6 +147,106 @@ impl AgentMetadata {
             regions,
         })
     }
+}
+
+/// The blob without its checksum, once its size, magic, version and checksum are right. The
+/// checksum covers everything before it: a damaged byte anywhere (a name, a generation, an
+/// address) is refused before any field is believed.
+fn checked_body(bytes: &[u8]) -> Result<&[u8], DecodeError> {
+    if bytes.len() > MAX_METADATA {
+        return Err(DecodeError::TooLarge {
+            what: "metadata",
+            value: bytes.len() as u64,
+            limit: MAX_METADATA as u64,
+        });
+    }
+    let mut r = ByteReader::new(bytes);
+    r.magic(MAGIC)?;
+    let version = r.u16()?;
+    if version != VERSION {
+        return Err(DecodeError::UnsupportedVersion(version));
+    }
+    let Some(body_len) = bytes.len().checked_sub(8) else {
+        return Err(DecodeError::Truncated {
+            offset: r.position(),
+            needed: 8,
+        });
+    };
+    let (body, sum) = bytes.split_at(body_len);
+    if body.len() < r.position() {
+        return Err(DecodeError::Truncated {
+            offset: body.len(),
+            needed: r.position() - body.len(),
+        });
+    }
+    let mut sb = [0u8; 8];
+    sb.copy_from_slice(sum);
+    if checksum(body) != u64::from_le_bytes(sb) {
+        return Err(DecodeError::Invalid { what: "checksum" });
+    }
+    Ok(body)
+}
+
+/// The backend records: unique, non-empty names and their connection info.
+fn read_backends(r: &mut ByteReader<'_>) -> Result<Vec<BackendEntry>, DecodeError> {
+    // A backend record is at least two empty length-prefixed strings.
+    let nb = r.count("backend count", MAX_BACKENDS, 8)?;
+    let mut backends = Vec::with_capacity(nb);
+    for _ in 0..nb {
+        let bname = r.str("backend name", MAX_NAME)?.to_owned();
+        if bname.is_empty() || backends.iter().any(|b: &BackendEntry| b.name == bname) {
+            return Err(DecodeError::Invalid {
+                what: "backend name",
+            });
+        }
+        let conn_info = r.blob("connection info", MAX_BLOB)?.to_vec();
+        backends.push(BackendEntry {
+            name: bname,
+            conn_info,
+        });
+    }
+    Ok(backends)
+}
+
+/// The region records, each naming one of the `backends` backends and a non-empty range
+/// that does not overflow.
+fn read_regions(r: &mut ByteReader<'_>, backends: usize) -> Result<Vec<RegionEntry>, DecodeError> {
+    // A region record is at least 4 + 1 + 24 + 4 + 4 = 37 bytes.
+    let nr = r.count("region count", MAX_REGIONS, 37)?;
+    let mut regions = Vec::with_capacity(nr);
+    for _ in 0..nr {
+        let backend = r.u32()? as usize;
+        if backend >= backends {
+            return Err(DecodeError::Invalid {
+                what: "region backend index",
+            });
+        }
+        let kind = MemKind::from_tag(r.u8()?).ok_or(DecodeError::Invalid {
+            what: "memory kind",
+        })?;
+        let addr = r.u64()?;
+        let len = r.u64()?;
+        let dev_id = r.u64()?;
+        if len == 0 || addr.checked_add(len).is_none() {
+            return Err(DecodeError::Invalid {
+                what: "region range",
+            });
+        }
+        let meta = r.blob("region meta", MAX_BLOB)?.to_vec();
+        let public = r.blob("region public metadata", MAX_BLOB)?.to_vec();
+        regions.push(RegionEntry {
+            backend,
+            desc: RegionDesc {
+                kind,
+                addr,
+                len,
+                dev_id,
+                meta,
+            },
+            public,
+        });
+    }
+    Ok(regions)
 }
 
 /// The blob's checksum: xxh3-64 of the body. It catches damage, not forgery (anyone can

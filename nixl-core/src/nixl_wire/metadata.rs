@@ -108,21 +108,7 @@ impl NixlMetadata {
         }
         let mut r = Reader::new(bytes)?;
         let name = r.name(b"Agent", "agent name", MAX_NAME)?;
-        let n = count(&mut r, b"Conns", "connection count", MAX_BACKENDS, MIN_CONN)?;
-        let mut conns = Vec::with_capacity(n);
-        for _ in 0..n {
-            let backend = r.name(b"t", "backend name", MAX_NAME)?;
-            let info = r.field(b"c", "connection info", MAX_BLOB)?;
-            if info.is_empty() || conns.iter().any(|c: &NixlConn| c.backend == backend) {
-                return Err(DecodeError::Invalid {
-                    what: "connection info",
-                });
-            }
-            conns.push(NixlConn {
-                backend,
-                info: info.to_vec(),
-            });
-        }
+        let conns = read_conns(&mut r)?;
         if r.field(b"", "memory section marker", 16)? != b"MemSection" {
             return Err(DecodeError::Invalid {
                 what: "memory section marker",
@@ -138,68 +124,8 @@ impl NixlMetadata {
         let mut sections: Vec<NixlSection> = Vec::with_capacity(m);
         let mut total = 0usize;
         for _ in 0..m {
-            let backend = r.name(b"bknd", "section backend", MAX_NAME)?;
-            if r.field(b"nixlDList", "descriptor list type", 16)? != b"nixlSDList" {
-                return Err(DecodeError::Invalid {
-                    what: "descriptor list type",
-                });
-            }
-            let t = r.i32(b"t", "memory type")?;
-            let kind =
-                u8::try_from(t)
-                    .ok()
-                    .and_then(MemKind::from_tag)
-                    .ok_or(DecodeError::Invalid {
-                        what: "memory type",
-                    })?;
-            if sections
-                .iter()
-                .any(|s| s.backend == backend && s.kind == kind)
-            {
-                return Err(DecodeError::Invalid {
-                    what: "duplicate section",
-                });
-            }
-            let k = count(&mut r, b"n", "descriptor count", MAX_REGIONS, MIN_DESC)?;
-            if k == 0 {
-                // NIXL refuses the whole blob with NIXL_ERR_NOT_FOUND for an empty section.
-                return Err(DecodeError::Invalid {
-                    what: "empty section",
-                });
-            }
-            total += k;
-            if total > MAX_REGIONS {
-                return Err(DecodeError::TooLarge {
-                    what: "regions",
-                    value: total as u64,
-                    limit: MAX_REGIONS as u64,
-                });
-            }
-            let mut descs = Vec::with_capacity(k);
-            for _ in 0..k {
-                let e = r.field(b"", "descriptor", 24 + MAX_BLOB)?;
-                let (fixed, public) = e
-                    .split_at_checked(24)
-                    .ok_or(DecodeError::Invalid { what: "descriptor" })?;
-                let mut f = crate::bytes::ByteReader::new(fixed);
-                let (addr, len, dev_id) = (f.u64()?, f.u64()?, f.u64()?);
-                if len == 0 || addr.checked_add(len).is_none() {
-                    return Err(DecodeError::Invalid {
-                        what: "region range",
-                    });
-                }
-                descs.push(NixlDesc {
-                    addr,
-                    len,
-                    dev_id,
-                    public: public.to_vec(),
-                });
-            }
-            sections.push(NixlSection {
-                backend,
-                kind,
-                descs,
-            });
+            let section = read_section(&mut r, &sections, &mut total)?;
+            sections.push(section);
         }
         r.end()?;
         Ok(NixlMetadata {
@@ -208,6 +134,99 @@ impl NixlMetadata {
             sections,
         })
     }
+}
+
+/// The connection records: one non-empty connection info per backend name.
+fn read_conns(r: &mut Reader<'_>) -> Result<Vec<NixlConn>, DecodeError> {
+    let n = count(r, b"Conns", "connection count", MAX_BACKENDS, MIN_CONN)?;
+    let mut conns = Vec::with_capacity(n);
+    for _ in 0..n {
+        let backend = r.name(b"t", "backend name", MAX_NAME)?;
+        let info = r.field(b"c", "connection info", MAX_BLOB)?;
+        if info.is_empty() || conns.iter().any(|c: &NixlConn| c.backend == backend) {
+            return Err(DecodeError::Invalid {
+                what: "connection info",
+            });
+        }
+        conns.push(NixlConn {
+            backend,
+            info: info.to_vec(),
+        });
+    }
+    Ok(conns)
+}
+
+/// One memory section: a backend and memory type not seen in `earlier`, with at least one
+/// descriptor; `total` counts the descriptors of every section against `MAX_REGIONS`.
+fn read_section(
+    r: &mut Reader<'_>,
+    earlier: &[NixlSection],
+    total: &mut usize,
+) -> Result<NixlSection, DecodeError> {
+    let backend = r.name(b"bknd", "section backend", MAX_NAME)?;
+    if r.field(b"nixlDList", "descriptor list type", 16)? != b"nixlSDList" {
+        return Err(DecodeError::Invalid {
+            what: "descriptor list type",
+        });
+    }
+    let t = r.i32(b"t", "memory type")?;
+    let kind = u8::try_from(t)
+        .ok()
+        .and_then(MemKind::from_tag)
+        .ok_or(DecodeError::Invalid {
+            what: "memory type",
+        })?;
+    if earlier
+        .iter()
+        .any(|s| s.backend == backend && s.kind == kind)
+    {
+        return Err(DecodeError::Invalid {
+            what: "duplicate section",
+        });
+    }
+    let k = count(r, b"n", "descriptor count", MAX_REGIONS, MIN_DESC)?;
+    if k == 0 {
+        // NIXL refuses the whole blob with NIXL_ERR_NOT_FOUND for an empty section.
+        return Err(DecodeError::Invalid {
+            what: "empty section",
+        });
+    }
+    *total += k;
+    if *total > MAX_REGIONS {
+        return Err(DecodeError::TooLarge {
+            what: "regions",
+            value: *total as u64,
+            limit: MAX_REGIONS as u64,
+        });
+    }
+    let descs = (0..k).map(|_| read_desc(r)).collect::<Result<_, _>>()?;
+    Ok(NixlSection {
+        backend,
+        kind,
+        descs,
+    })
+}
+
+/// One descriptor: address, length and device id (a non-empty range that does not
+/// overflow), then the backend's public bytes.
+fn read_desc(r: &mut Reader<'_>) -> Result<NixlDesc, DecodeError> {
+    let e = r.field(b"", "descriptor", 24 + MAX_BLOB)?;
+    let (fixed, public) = e
+        .split_at_checked(24)
+        .ok_or(DecodeError::Invalid { what: "descriptor" })?;
+    let mut f = crate::bytes::ByteReader::new(fixed);
+    let (addr, len, dev_id) = (f.u64()?, f.u64()?, f.u64()?);
+    if len == 0 || addr.checked_add(len).is_none() {
+        return Err(DecodeError::Invalid {
+            what: "region range",
+        });
+    }
+    Ok(NixlDesc {
+        addr,
+        len,
+        dev_id,
+        public: public.to_vec(),
+    })
 }
 
 /// A count field bounded by `limit` and by what the bytes left can hold.

@@ -381,22 +381,7 @@ fn dispatch(
     match kind {
         Kind::Push => {
             if let Requester::Local(p) = requester {
-                // The metadata must name the process that sends it: the load then keeps the
-                // name with that process (a live impersonator is refused there).
-                let claimed = crate::auth::unsealed(payload)
-                    .ok()
-                    .and_then(|b| crate::codec::AgentMetadata::decode(b).ok())
-                    .map(|md| md.process);
-                if !claimed.is_some_and(|c| p.is(c.as_ref())) {
-                    return Err(Error::not_allowed(
-                        agent.name(),
-                        Op::LoadMetadata,
-                        format!(
-                            "pushed metadata must name the process that sends it (pid {})",
-                            p.process.pid
-                        ),
-                    ));
-                }
+                check_pusher(agent, payload, &p)?;
             }
             agent.load_remote_metadata(payload)?;
             Ok((Kind::Ack, Vec::new()))
@@ -422,38 +407,7 @@ fn dispatch(
                     op: Op::Invalidate,
                     source,
                 })?;
-            match requester {
-                Requester::Credential(cred) => {
-                    if agent
-                        .shared
-                        .bindings
-                        .credential_of(&name)
-                        .is_some_and(|c| c != cred)
-                    {
-                        return Err(Error::not_allowed(
-                            agent.name(),
-                            Op::Invalidate,
-                            format!("{name} belongs to another credential"),
-                        ));
-                    }
-                }
-                Requester::Local(p) => {
-                    // Only the named peer's own process forgets it.
-                    if let Some(owner) = agent.remote_process(&name) {
-                        if !p.is(owner.as_ref()) {
-                            return Err(Error::not_allowed(
-                                agent.name(),
-                                Op::Invalidate,
-                                format!(
-                                    "only {name}'s own process may invalidate it (asked by pid {})",
-                                    p.process.pid
-                                ),
-                            ));
-                        }
-                    }
-                }
-                Requester::Unknown => {}
-            }
+            check_invalidator(agent, &name, requester)?;
             let token = (!token.is_empty()).then_some(token.as_slice());
             // Not loaded (or another generation): nothing to do, and not an error.
             agent.invalidate_remote_generation(&name, generation, Invalidator::Peer(token))?;
@@ -461,4 +415,61 @@ fn dispatch(
         }
         _ => Err(Error::invalid(agent.name(), Op::Exchange, "not a request")),
     }
+}
+
+/// Pushed metadata must name the process that sends it: the load then keeps the name with
+/// that process (a live impersonator is refused there).
+fn check_pusher(agent: &Agent, payload: &[u8], p: &LocalPeer) -> Result<()> {
+    let claimed = crate::auth::unsealed(payload)
+        .ok()
+        .and_then(|b| crate::codec::AgentMetadata::decode(b).ok())
+        .map(|md| md.process);
+    if claimed.is_some_and(|c| p.is(c.as_ref())) {
+        return Ok(());
+    }
+    Err(Error::not_allowed(
+        agent.name(),
+        Op::LoadMetadata,
+        format!(
+            "pushed metadata must name the process that sends it (pid {})",
+            p.process.pid
+        ),
+    ))
+}
+
+/// A name bound to a credential is forgotten only by that credential; a same-host peer only
+/// by its own process.
+fn check_invalidator(agent: &Agent, name: &str, requester: Requester<'_>) -> Result<()> {
+    match requester {
+        Requester::Credential(cred) => {
+            if agent
+                .shared
+                .bindings
+                .credential_of(name)
+                .is_some_and(|c| c != cred)
+            {
+                return Err(Error::not_allowed(
+                    agent.name(),
+                    Op::Invalidate,
+                    format!("{name} belongs to another credential"),
+                ));
+            }
+        }
+        Requester::Local(p) => {
+            if let Some(owner) = agent.remote_process(name) {
+                if !p.is(owner.as_ref()) {
+                    return Err(Error::not_allowed(
+                        agent.name(),
+                        Op::Invalidate,
+                        format!(
+                            "only {name}'s own process may invalidate it (asked by pid {})",
+                            p.process.pid
+                        ),
+                    ));
+                }
+            }
+        }
+        Requester::Unknown => {}
+    }
+    Ok(())
 }

@@ -83,33 +83,7 @@ impl Agent {
         if left.is_zero() {
             return Err(io(std::io::ErrorKind::TimedOut.into()));
         }
-        // Without a credential, a same-host server is reached over its Unix side channel,
-        // where the kernel names either end.
-        let unix = match auth {
-            None => local::connect(addr, deadline).map_err(io)?,
-            Some(_) => None,
-        };
-        let (stream, server) = match unix {
-            Some(u) => {
-                let server = LocalPeer::of(&u);
-                if !server.is_some_and(|p| p.same_user()) {
-                    return Err(Error::not_allowed(
-                        self.name(),
-                        Op::Exchange,
-                        format!(
-                            "the side channel at {addr} is served by another user's process \
-                             ({server:?}): refused"
-                        ),
-                    ));
-                }
-                (Stream::Unix(u), server)
-            }
-            None => {
-                let t = TcpStream::connect_timeout(&addr, left).map_err(io)?;
-                t.set_nodelay(true).map_err(io)?;
-                (Stream::Tcp(t), None)
-            }
-        };
+        let (stream, server) = self.connect(addr, auth.is_some(), deadline, left, &io)?;
         let mut s = Deadlined {
             stream: &stream,
             deadline,
@@ -129,23 +103,73 @@ impl Agent {
             ));
         }
         if let (Some(auth), Some(stamp)) = (auth, &stamp) {
-            // A refusal of our own request is readable without a MAC (the server may not know
-            // our credential); anything else must be the server's signed answer to this request.
-            let signed = f.stamp.as_ref().is_some_and(|s| s.nonce == stamp.nonce)
-                && f.verify(auth, Dir::Reply).is_ok();
-            if !signed && f.kind != Kind::Err {
-                return Err(Error::not_allowed(
-                    self.name(),
-                    Op::Exchange,
-                    format!("the reply from {addr} is not authenticated for this request"),
-                ));
-            }
+            self.check_signed(addr, &f, auth, stamp)?;
         }
         Ok(Reply {
             kind: f.kind,
             payload: f.payload.to_vec(),
             server,
         })
+    }
+
+    /// Connects to the side channel at `addr`: without a credential, a same-host server is
+    /// reached over its Unix side channel, where the kernel names either end (and another
+    /// user's server is refused); else, or where there is none, over TCP.
+    fn connect(
+        &self,
+        addr: SocketAddr,
+        authenticated: bool,
+        deadline: Instant,
+        left: Duration,
+        io: &dyn Fn(std::io::Error) -> Error,
+    ) -> Result<(Stream, Option<LocalPeer>)> {
+        let unix = if authenticated {
+            None
+        } else {
+            local::connect(addr, deadline).map_err(io)?
+        };
+        match unix {
+            Some(u) => {
+                let server = LocalPeer::of(&u);
+                if !server.is_some_and(|p| p.same_user()) {
+                    return Err(Error::not_allowed(
+                        self.name(),
+                        Op::Exchange,
+                        format!(
+                            "the side channel at {addr} is served by another user's process \
+                             ({server:?}): refused"
+                        ),
+                    ));
+                }
+                Ok((Stream::Unix(u), server))
+            }
+            None => {
+                let t = TcpStream::connect_timeout(&addr, left).map_err(io)?;
+                t.set_nodelay(true).map_err(io)?;
+                Ok((Stream::Tcp(t), None))
+            }
+        }
+    }
+
+    /// A refusal of our own request is readable without a MAC (the server may not know our
+    /// credential); anything else must be the server's signed answer to this request.
+    fn check_signed(
+        &self,
+        addr: SocketAddr,
+        f: &frame::Frame<'_>,
+        auth: &crate::auth::Auth,
+        stamp: &Stamp,
+    ) -> Result<()> {
+        let signed = f.stamp.as_ref().is_some_and(|s| s.nonce == stamp.nonce)
+            && f.verify(auth, Dir::Reply).is_ok();
+        if signed || f.kind == Kind::Err {
+            return Ok(());
+        }
+        Err(Error::not_allowed(
+            self.name(),
+            Op::Exchange,
+            format!("the reply from {addr} is not authenticated for this request"),
+        ))
     }
 
     /// The error an `Err` reply carries.

@@ -207,6 +207,92 @@ impl std::fmt::Debug for LibfabricBackend {
     }
 }
 
+/// `Unavailable`, saying what was asked for and how to check it.
+fn no_provider(params: &LibfabricParams) -> Error {
+    Error::Unavailable {
+        what: format!(
+            "libfabric provider {}",
+            params
+                .provider
+                .as_deref()
+                .unwrap_or("(efa, tcp, shm or sockets)")
+        ),
+        hint: format!(
+            "no RDM endpoint with RMA + messages{}{} (check `fi_info -t FI_EP_RDM -c 'FI_RMA|FI_MSG'`{})",
+            if params.domains.is_empty() {
+                String::new()
+            } else {
+                format!(" on domains {:?}", params.domains)
+            },
+            if params.hmem == crate::HmemMode::Require {
+                " and FI_HMEM"
+            } else {
+                ""
+            },
+            if params.provider.as_deref() == Some("efa") {
+                "; EFA needs an EFA-enabled instance and the EFA installer's libfabric"
+            } else {
+                ""
+            }
+        ),
+    }
+}
+
+/// Opens one rail per selected domain; a provider whose raw memory keys exceed 8 bytes is
+/// refused.
+fn open_rails(
+    lib: &'static sys::Lib,
+    agent: &str,
+    provider: &str,
+    infos: Vec<crate::sys::info::Info>,
+    cfg: RailConfig,
+    keys: &KeySource,
+) -> Result<Vec<Arc<Rail>>> {
+    let mut rails = Vec::with_capacity(infos.len());
+    for (i, info) in infos.into_iter().enumerate() {
+        let rail = Rail::open(lib, info, i, cfg, keys)
+            .map_err(|e| e.into_error(agent, None, Op::CreateBackend))?;
+        if rail.key_size > 8 {
+            return Err(Error::not_supported(
+                agent,
+                Op::CreateBackend,
+                format!(
+                    "provider {provider} uses {}-byte raw memory keys",
+                    rail.key_size
+                ),
+            ));
+        }
+        rails.push(Arc::new(rail));
+    }
+    Ok(rails)
+}
+
+/// One progress thread per rail: it blocks in fi_cq_sread where the CQ has a wait object
+/// (waking on the provider's own events, so a passive target still acknowledges writes
+/// promptly) and polls with a backoff otherwise. Rail 0's thread also drives posted requests
+/// nobody polls. If one cannot start, those started are stopped.
+fn start_progress(inner: &Arc<Inner>, stop: &Arc<AtomicBool>) -> Result<Vec<JoinHandle<()>>> {
+    let mut threads = Vec::new();
+    for i in 0..inner.rails.len() {
+        let (inner2, stop2) = (inner.clone(), stop.clone());
+        let h = std::thread::Builder::new()
+            .name(format!("nixl-lf{i}-{}", inner.agent))
+            .spawn(move || progress_loop(&inner2, i, &stop2))
+            .map_err(|e| Error::io(&inner.agent, Op::CreateBackend, e));
+        match h {
+            Ok(h) => threads.push(h),
+            Err(e) => {
+                stop.store(true, Ordering::Relaxed);
+                for t in threads {
+                    let _ = t.join();
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(threads)
+}
+
 impl LibfabricBackend {
     /// Opens the provider's rails for an agent.
     pub fn new(ctx: BackendContext, params: LibfabricParams) -> Result<Self> {
@@ -214,15 +300,9 @@ impl LibfabricBackend {
         params.validate(&agent)?;
         let lib = sys::lib().map_err(unavailable)?;
         let fail = |e: FiError| e.into_error(&agent, None, Op::CreateBackend);
-        let sel = crate::select::select(lib, &params).map_err(fail)?.ok_or_else(|| Error::Unavailable {
-            what: format!("libfabric provider {}", params.provider.as_deref().unwrap_or("(efa, tcp, shm or sockets)")),
-            hint: format!(
-                "no RDM endpoint with RMA + messages{}{} (check `fi_info -t FI_EP_RDM -c 'FI_RMA|FI_MSG'`{})",
-                if params.domains.is_empty() { String::new() } else { format!(" on domains {:?}", params.domains) },
-                if params.hmem == crate::HmemMode::Require { " and FI_HMEM" } else { "" },
-                if params.provider.as_deref() == Some("efa") { "; EFA needs an EFA-enabled instance and the EFA installer's libfabric" } else { "" }
-            ),
-        })?;
+        let sel = crate::select::select(lib, &params)
+            .map_err(fail)?
+            .ok_or_else(|| no_provider(&params))?;
         let cfg = RailConfig {
             notif_size: params.notif_size,
             recv_slots: params.notif_slots,
@@ -230,21 +310,7 @@ impl LibfabricBackend {
             shm: crate::validate::is_shm(&sel.provider),
         };
         let keys = KeySource::default();
-        let mut rails = Vec::with_capacity(sel.infos.len());
-        for (i, info) in sel.infos.into_iter().enumerate() {
-            let rail = Rail::open(lib, info, i, cfg, &keys).map_err(fail)?;
-            if rail.key_size > 8 {
-                return Err(Error::not_supported(
-                    &agent,
-                    Op::CreateBackend,
-                    format!(
-                        "provider {} uses {}-byte raw memory keys",
-                        sel.provider, rail.key_size
-                    ),
-                ));
-            }
-            rails.push(Arc::new(rail));
-        }
+        let rails = open_rails(lib, &agent, &sel.provider, sel.infos, cfg, &keys)?;
         let names: Vec<Vec<u8>> = rails.iter().map(|r| r.addr.clone()).collect();
         let conn = wire::encode_conn(&sel.provider, &names);
         // Notifications to itself (loopback) need no hello: its own session is known.
@@ -290,30 +356,11 @@ impl LibfabricBackend {
         });
         tracing::info!(agent = %inner.agent, path = %inner.describe(), "libfabric backend created");
         let stop = Arc::new(AtomicBool::new(false));
-        let mut threads = Vec::new();
-        if inner.params.progress_thread {
-            // One thread per rail: it blocks in fi_cq_sread where the CQ has a wait object
-            // (waking on the provider's own events, so a passive target still acknowledges
-            // writes promptly) and polls with a backoff otherwise. Rail 0's thread also drives
-            // posted requests nobody polls.
-            for i in 0..inner.rails.len() {
-                let (inner2, stop2) = (inner.clone(), stop.clone());
-                let h = std::thread::Builder::new()
-                    .name(format!("nixl-lf{i}-{}", inner.agent))
-                    .spawn(move || progress_loop(&inner2, i, &stop2))
-                    .map_err(|e| Error::io(&inner.agent, Op::CreateBackend, e));
-                match h {
-                    Ok(h) => threads.push(h),
-                    Err(e) => {
-                        stop.store(true, Ordering::Relaxed);
-                        for t in threads {
-                            let _ = t.join();
-                        }
-                        return Err(e);
-                    }
-                }
-            }
-        }
+        let threads = if inner.params.progress_thread {
+            start_progress(&inner, &stop)?
+        } else {
+            Vec::new()
+        };
         Ok(LibfabricBackend {
             inner,
             stop,

@@ -125,38 +125,7 @@ impl LfXfer {
             .as_deref()
             .map(|n| frame_notif(&inner, &peer, n, Op::MakeXfer))
             .transpose()?;
-        let mut nr = peer.addrs.len().min(inner.rails.len());
-        let mut segs = Vec::with_capacity(spec.segments.len());
-        for s in &spec.segments {
-            let l = spec
-                .md(s.local_md)
-                .and_then(downcast_md::<LocalMd>)
-                .ok_or_else(|| {
-                    Error::invalid(&me, Op::MakeXfer, "local metadata is not LIBFABRIC's")
-                })?;
-            let r = spec
-                .md(s.remote_md)
-                .and_then(downcast_md::<RemoteMd>)
-                .ok_or_else(|| {
-                    Error::invalid(&me, Op::MakeXfer, "remote metadata is not LIBFABRIC's")
-                })?;
-            let inside =
-                |a: u64, base: u64, len: u64| a >= base && s.len <= len && a - base <= len - s.len;
-            if !inside(s.local_addr, l.addr, l.len) || !inside(s.remote_addr, r.base, r.len) {
-                return Err(Error::invalid(
-                    &me,
-                    Op::MakeXfer,
-                    "segment outside its registration",
-                ));
-            }
-            nr = nr.min(l.keys.len()).min(r.keys.len());
-            let raddr = if r.virt_addr {
-                s.remote_addr
-            } else {
-                s.remote_addr - r.base
-            };
-            segs.push((s.local_addr, raddr, s.len, l, r));
-        }
+        let (segs, nr) = resolve_segments(&me, spec, peer.addrs.len().min(inner.rails.len()))?;
         let mds = spec.mds.clone();
         // Only rails that still reach the peer (see peer.rs).
         let healthy = peer.healthy_rails(nr);
@@ -172,39 +141,7 @@ impl LfXfer {
                 },
             ));
         }
-        let nr = healthy.len();
-        // Stripe: big segments are cut across rails, every piece goes to the least-loaded rail,
-        // and no piece exceeds its rail's largest message.
-        let mut load = vec![0u64; inner.rails.len()];
-        let mut ops = Vec::new();
-        let stripe_min = inner.params.stripe_min;
-        for (local, raddr, len, l, r) in segs {
-            let piece = if nr > 1 && len >= 2 * stripe_min {
-                len.div_ceil(nr as u64).max(stripe_min)
-            } else {
-                len
-            };
-            let mut off = 0;
-            while off < len {
-                let rail = healthy
-                    .iter()
-                    .copied()
-                    .min_by_key(|&i| load[i])
-                    .unwrap_or(healthy[0]);
-                let max_msg = inner.rails[rail].max_msg;
-                let n = piece.min(len - off).min(max_msg);
-                ops.push(RmaOp {
-                    rail,
-                    local: local + off,
-                    len: n,
-                    desc: l.descs[rail],
-                    raddr: raddr + off,
-                    key: r.keys[rail],
-                });
-                load[rail] += n;
-                off += n;
-            }
-        }
+        let (ops, load) = stripe(&inner, &healthy, segs);
         let write = spec.op == XferOp::Write;
         let core = XferCore {
             inner: inner.clone(),
@@ -227,6 +164,89 @@ impl LfXfer {
             rail_bytes: load,
         })
     }
+}
+
+/// A segment resolved to its registrations: local address, remote address as the peer's
+/// provider expects it (virtual, or an offset into the region), length, and the two sides'
+/// metadata.
+type Resolved<'a> = (u64, u64, u64, &'a LocalMd, &'a RemoteMd);
+
+/// Resolves every segment against its registrations (each must lie inside both); returns them
+/// and how many rails every segment's keys cover (at most `rails`).
+fn resolve_segments<'a>(
+    me: &str,
+    spec: &'a XferSpec,
+    rails: usize,
+) -> Result<(Vec<Resolved<'a>>, usize)> {
+    let mut nr = rails;
+    let mut segs = Vec::with_capacity(spec.segments.len());
+    for s in &spec.segments {
+        let l = spec
+            .md(s.local_md)
+            .and_then(downcast_md::<LocalMd>)
+            .ok_or_else(|| Error::invalid(me, Op::MakeXfer, "local metadata is not LIBFABRIC's"))?;
+        let r = spec
+            .md(s.remote_md)
+            .and_then(downcast_md::<RemoteMd>)
+            .ok_or_else(|| {
+                Error::invalid(me, Op::MakeXfer, "remote metadata is not LIBFABRIC's")
+            })?;
+        let inside =
+            |a: u64, base: u64, len: u64| a >= base && s.len <= len && a - base <= len - s.len;
+        if !inside(s.local_addr, l.addr, l.len) || !inside(s.remote_addr, r.base, r.len) {
+            return Err(Error::invalid(
+                me,
+                Op::MakeXfer,
+                "segment outside its registration",
+            ));
+        }
+        nr = nr.min(l.keys.len()).min(r.keys.len());
+        let raddr = if r.virt_addr {
+            s.remote_addr
+        } else {
+            s.remote_addr - r.base
+        };
+        segs.push((s.local_addr, raddr, s.len, l, r));
+    }
+    Ok((segs, nr))
+}
+
+/// Stripes the segments over the `healthy` rails: big segments are cut across rails, every
+/// piece goes to the least-loaded rail, and no piece exceeds its rail's largest message.
+/// Returns the operations and the bytes per rail.
+fn stripe(inner: &Inner, healthy: &[usize], segs: Vec<Resolved<'_>>) -> (Vec<RmaOp>, Vec<u64>) {
+    let nr = healthy.len();
+    let mut load = vec![0u64; inner.rails.len()];
+    let mut ops = Vec::new();
+    let stripe_min = inner.params.stripe_min;
+    for (local, raddr, len, l, r) in segs {
+        let piece = if nr > 1 && len >= 2 * stripe_min {
+            len.div_ceil(nr as u64).max(stripe_min)
+        } else {
+            len
+        };
+        let mut off = 0;
+        while off < len {
+            let rail = healthy
+                .iter()
+                .copied()
+                .min_by_key(|&i| load[i])
+                .unwrap_or(healthy[0]);
+            let max_msg = inner.rails[rail].max_msg;
+            let n = piece.min(len - off).min(max_msg);
+            ops.push(RmaOp {
+                rail,
+                local: local + off,
+                len: n,
+                desc: l.descs[rail],
+                raddr: raddr + off,
+                key: r.keys[rail],
+            });
+            load[rail] += n;
+            off += n;
+        }
+    }
+    (ops, load)
 }
 
 impl XferCore {

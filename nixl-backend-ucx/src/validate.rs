@@ -153,9 +153,45 @@ fn finite_attr(a: &[u8]) -> Result<(), DecodeError> {
 /// buffer must be consumed.
 pub fn parse_address(bytes: &[u8], loaded_minor: u32) -> Result<Address, DecodeError> {
     let mut r = ByteReader::new(bytes);
+    let (version, mut dst_version) = read_header(&mut r, loaded_minor)?;
+    let v2 = version == 1;
+    let mut entries: Vec<Entry> = Vec::new();
+    if bytes.get(r.position()) == Some(&NULL_RESOURCE) {
+        r.u8()?;
+    } else {
+        loop {
+            let (last_dev, release) = read_device(&mut r, v2, loaded_minor, &mut entries)?;
+            if let Some(v) = release {
+                dst_version = v;
+            }
+            if last_dev {
+                break;
+            }
+        }
+    }
+    r.finish()?;
+    if !entries.is_empty() && !v2 && loaded_minor >= 19 && dst_version <= 18 {
+        // ucp_address_adjust_unpacked_md_index.
+        for e in &mut entries {
+            e.md_index &= !MD_LEGACY_BITS;
+        }
+    }
+    if entries.iter().any(|e| u32::from(e.md_index) >= MAX_MDS) {
+        return Err(invalid("UCX memory-domain index"));
+    }
+    Ok(Address {
+        version,
+        dst_version,
+        entries,
+    })
+}
+
+/// The address header: version, flags, and the uuid, client id and debug string the flags
+/// announce. Returns the version and the release version the header gives.
+fn read_header(r: &mut ByteReader<'_>, loaded_minor: u32) -> Result<(u8, u32), DecodeError> {
     let h = r.u8()?;
     let version = h & 0x0f;
-    let (flags, mut dst_version) = match version {
+    let (flags, dst_version) = match version {
         0 => (h >> 4, 0),
         1 => (r.u8()?, release_version(h >> 4, loaded_minor)),
         _ => return Err(DecodeError::UnsupportedVersion(u16::from(version))),
@@ -175,85 +211,73 @@ pub fn parse_address(bytes: &[u8], loaded_minor: u32) -> Result<Address, DecodeE
         let n = r.u8()?;
         r.take(usize::from(n))?;
     }
-    let mut entries: Vec<Entry> = Vec::new();
-    let mut empty = true;
-    let mut legacy_md = Vec::new();
-    if bytes.get(r.position()) == Some(&NULL_RESOURCE) {
+    Ok((version, dst_version))
+}
+
+/// One device record and its transport entries (appended to `entries`). Returns whether it
+/// was the last device, and the release version when it is v1's release-version pseudo
+/// device.
+fn read_device(
+    r: &mut ByteReader<'_>,
+    v2: bool,
+    loaded_minor: u32,
+    entries: &mut Vec<Entry>,
+) -> Result<(bool, Option<u32>), DecodeError> {
+    let mb = r.u8()?;
+    let empty_dev = mb & MD_EMPTY_DEV != 0;
+    let md_mask = if !v2 && loaded_minor < 19 { 0x1f } else { 0x7f };
+    let md_index = extended(r, mb, md_mask, v2)?;
+    let db = r.u8()?;
+    let last_dev = db & FLAG_LAST != 0;
+    let dev_len = extended(r, db, DEVICE_LEN_MASK, v2)?;
+    if db & FLAG_NUM_PATHS != 0 && r.u8()? == 0 {
+        return Err(invalid("UCX device path count"));
+    }
+    if db & FLAG_SYS_DEVICE != 0 {
         r.u8()?;
+    }
+    let dev_addr = r.take(usize::from(dev_len))?.to_vec();
+    let release = (empty_dev && last_dev).then(|| release_version(md_index & 0x0f, loaded_minor));
+    let mut last_tl = empty_dev;
+    while !last_tl {
+        if entries.len() >= MAX_RESOURCES {
+            return Err(DecodeError::TooLarge {
+                what: "UCX address entries",
+                value: entries.len() as u64 + 1,
+                limit: MAX_RESOURCES as u64,
+            });
+        }
+        let (csum, iface_addr, last) = read_iface(r, v2)?;
+        last_tl = last;
+        entries.push(Entry {
+            md_index,
+            csum,
+            dev_addr: dev_addr.clone(),
+            iface_addr,
+        });
+    }
+    Ok((last_dev, release))
+}
+
+/// One transport entry of a device: its name checksum, attributes (checked), interface
+/// address, and whether it is the device's last.
+fn read_iface(r: &mut ByteReader<'_>, v2: bool) -> Result<(u16, Vec<u8>, bool), DecodeError> {
+    let csum = r.u16()?;
+    let attr = r.take(if v2 { ATTR_V2 } else { ATTR_V1 })?;
+    if v2 {
+        v2_attr(attr)?;
     } else {
-        loop {
-            let mb = r.u8()?;
-            let empty_dev = mb & MD_EMPTY_DEV != 0;
-            let md_mask = if !v2 && loaded_minor < 19 { 0x1f } else { 0x7f };
-            let md_index = extended(&mut r, mb, md_mask, v2)?;
-            let db = r.u8()?;
-            let last_dev = db & FLAG_LAST != 0;
-            let dev_len = extended(&mut r, db, DEVICE_LEN_MASK, v2)?;
-            if db & FLAG_NUM_PATHS != 0 && r.u8()? == 0 {
-                return Err(invalid("UCX device path count"));
-            }
-            if db & FLAG_SYS_DEVICE != 0 {
-                r.u8()?;
-            }
-            let dev_addr = r.take(usize::from(dev_len))?.to_vec();
-            if empty_dev && last_dev {
-                // The v1 release-version pseudo device.
-                dst_version = release_version(md_index & 0x0f, loaded_minor);
-            }
-            let mut last_tl = empty_dev;
-            while !last_tl {
-                if entries.len() >= MAX_RESOURCES {
-                    return Err(DecodeError::TooLarge {
-                        what: "UCX address entries",
-                        value: entries.len() as u64 + 1,
-                        limit: MAX_RESOURCES as u64,
-                    });
-                }
-                let csum = r.u16()?;
-                let attr = r.take(if v2 { ATTR_V2 } else { ATTR_V1 })?;
-                if v2 {
-                    v2_attr(attr)?;
-                } else {
-                    finite_attr(attr)?;
-                }
-                let lb = r.u8()?;
-                last_tl = lb & FLAG_LAST != 0;
-                let iface_len = extended(&mut r, lb, IFACE_LEN_MASK, v2)?;
-                let iface_addr = r.take(usize::from(iface_len))?.to_vec();
-                if lb & FLAG_HAS_EP_ADDR != 0 {
-                    // A worker address never carries endpoint addresses (UCX packs them only
-                    // in wireup messages).
-                    return Err(invalid("UCX endpoint address in a worker address"));
-                }
-                legacy_md.push(entries.len());
-                entries.push(Entry {
-                    md_index,
-                    csum,
-                    dev_addr: dev_addr.clone(),
-                    iface_addr,
-                });
-                empty = false;
-            }
-            if last_dev {
-                break;
-            }
-        }
+        finite_attr(attr)?;
     }
-    r.finish()?;
-    if !empty && !v2 && loaded_minor >= 19 && dst_version <= 18 {
-        // ucp_address_adjust_unpacked_md_index.
-        for e in &mut entries {
-            e.md_index &= !MD_LEGACY_BITS;
-        }
+    let lb = r.u8()?;
+    let iface_len = extended(r, lb, IFACE_LEN_MASK, v2)?;
+    let iface_addr = r.take(usize::from(iface_len))?.to_vec();
+    if lb & FLAG_HAS_EP_ADDR != 0 {
+        // A worker address never carries endpoint addresses (UCX packs them only in wireup
+        // messages).
+        return Err(invalid("UCX endpoint address in a worker address"));
     }
-    if entries.iter().any(|e| u32::from(e.md_index) >= MAX_MDS) {
-        return Err(invalid("UCX memory-domain index"));
-    }
-    Ok(Address {
-        version,
-        dst_version,
-        entries,
-    })
+    Ok((csum, iface_addr, lb & FLAG_LAST != 0))
 }
 
 /// A packed remote key, parsed as UCX parses it.

@@ -242,48 +242,20 @@ pub(crate) fn build_plan(
             .ok_or_else(|| Error::invalid(agent, Op::MakeXfer, format!("segment {i} overflows")))?;
         if s.direct {
             direct = true;
-            let mut checks = vec![("file offset", s.remote_addr), ("length", s.len)];
-            if matches!(s.local, LocalMem::Dram) {
-                checks.push(("buffer address", s.local_addr));
-            }
-            for (what, v) in checks {
-                if v % align != 0 {
-                    return Err(Error::invalid(agent, Op::MakeXfer, format!("segment {i}: {what} {v:#x} is not a multiple of {align} as O_DIRECT requires")));
-                }
-            }
+            check_direct_alignment(agent, i, s, align)?;
         }
         // Neighbours usually share a file; `distinct_mds` below keeps the list linear.
         if !files.last().is_some_and(|m| Arc::ptr_eq(m, s.file_md)) {
             files.push(s.file_md.clone());
         }
         if file_names.last().is_none_or(|(fd, _)| *fd != s.fd) {
-            let name = match s.path {
-                Some(p) => format!("device id {} ({})", s.remote_dev, p.display()),
-                None => format!("device id {}", s.remote_dev),
-            };
-            file_names.push((s.fd, name));
+            file_names.push((s.fd, s.name()));
         }
         if op == XferOp::Read {
-            match read_ends.iter_mut().find(|(d, _, _)| *d == s.fd) {
-                Some(e) => e.1 = e.1.max(end),
-                None => read_ends.push((s.fd, end, s.path.cloned())),
-            }
+            note_read_end(&mut read_ends, s, end);
         }
         let (step, gpu) = match s.local {
-            LocalMem::Dram => (
-                match (p.chunk_size, s.direct_chunk) {
-                    (Some(c), _) => c,
-                    (None, Some(l)) if s.direct => {
-                        if l.paged < l.registered {
-                            unregistered_chunk =
-                                Some(unregistered_chunk.map_or(l.paged, |u| u.min(l.paged)));
-                        }
-                        l.registered
-                    }
-                    _ => DEFAULT_CHUNK,
-                },
-                None,
-            ),
+            LocalMem::Dram => (dram_step(p, s, &mut unregistered_chunk), None),
             LocalMem::Vram(ctx) => {
                 let idx = match ctxs.iter().position(|c| c.ordinal() == ctx.ordinal()) {
                     Some(k) => k,
@@ -296,18 +268,7 @@ pub(crate) fn build_plan(
             }
         };
         max_chunk = max_chunk.max(step.min(s.len));
-        let mut done = 0;
-        while done < s.len {
-            let len = (s.len - done).min(step);
-            chunks.push(Chunk {
-                fd: s.fd,
-                buf: s.local_addr + done,
-                off: s.remote_addr + done,
-                len,
-                gpu,
-            });
-            done += len;
-        }
+        s.push_chunks(step, gpu, &mut chunks);
     }
     if chunks.is_empty() {
         return Err(Error::invalid(agent, Op::MakeXfer, "no segments"));
@@ -335,7 +296,76 @@ pub(crate) fn build_plan(
     })
 }
 
+/// `O_DIRECT` needs the file offset and the length (and a DRAM buffer's address) aligned.
+fn check_direct_alignment(agent: &str, i: usize, s: &PlanSeg<'_>, align: u64) -> Result<()> {
+    let mut checks = vec![("file offset", s.remote_addr), ("length", s.len)];
+    if matches!(s.local, LocalMem::Dram) {
+        checks.push(("buffer address", s.local_addr));
+    }
+    for (what, v) in checks {
+        if v % align != 0 {
+            return Err(Error::invalid(
+                agent,
+                Op::MakeXfer,
+                format!(
+                    "segment {i}: {what} {v:#x} is not a multiple of {align} as O_DIRECT requires"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The chunk size of a DRAM segment: the configured one, else for `O_DIRECT` the device's
+/// one-request limit for registered buffers (noting in `unregistered` the smaller limit an
+/// engine that pins pages per I/O must use), else the default.
+fn dram_step(p: &PosixParams, s: &PlanSeg<'_>, unregistered: &mut Option<u64>) -> u64 {
+    match (p.chunk_size, s.direct_chunk) {
+        (Some(c), _) => c,
+        (None, Some(l)) if s.direct => {
+            if l.paged < l.registered {
+                *unregistered = Some(unregistered.map_or(l.paged, |u| u.min(l.paged)));
+            }
+            l.registered
+        }
+        _ => DEFAULT_CHUNK,
+    }
+}
+
+/// Files read by a request, with the end of the furthest read (checked against the file size
+/// at each post).
+fn note_read_end(read_ends: &mut Vec<(RawFd, u64, Option<PathBuf>)>, s: &PlanSeg<'_>, end: u64) {
+    match read_ends.iter_mut().find(|(d, _, _)| *d == s.fd) {
+        Some(e) => e.1 = e.1.max(end),
+        None => read_ends.push((s.fd, end, s.path.cloned())),
+    }
+}
+
 impl<'a> PlanSeg<'a> {
+    /// Cuts the segment into chunks of at most `step` bytes.
+    fn push_chunks(&self, step: u64, gpu: Option<u32>, chunks: &mut Vec<Chunk>) {
+        let mut done = 0;
+        while done < self.len {
+            let len = (self.len - done).min(step);
+            chunks.push(Chunk {
+                fd: self.fd,
+                buf: self.local_addr + done,
+                off: self.remote_addr + done,
+                len,
+                gpu,
+            });
+            done += len;
+        }
+    }
+
+    /// How errors name the segment's file: the caller's device id, and its path if known.
+    fn name(&self) -> String {
+        match self.path {
+            Some(p) => format!("device id {} ({})", self.remote_dev, p.display()),
+            None => format!("device id {}", self.remote_dev),
+        }
+    }
+
     /// A segment of a spec whose target is the file `fd`.
     pub fn new(
         local: LocalMem<'a>,

@@ -214,26 +214,7 @@ async fn run_task(
             off,
             len,
             dst,
-        } => {
-            let bytes = until_stopped(store.get_range(path, *off..*off + *len), stop, agent)
-                .await?
-                .map_err(map)?;
-            if bytes.len() as u64 != *len {
-                return Err(Error::invalid(
-                    agent,
-                    Op::PostXfer,
-                    format!(
-                        "object {path} ended after {} of {len} bytes at offset {off}",
-                        bytes.len()
-                    ),
-                ));
-            }
-            // Crate invariant: `dst..dst+len` lies in a DRAM registration the request keeps
-            // alive; the task is aborted and awaited before the request lets go of it, and this
-            // copy runs between await points so it is never torn by an abort.
-            crate::sys::io::copy_to(*dst, &bytes);
-            Ok(())
-        }
+        } => get(store, path, (*off, *len), *dst, stop, agent, map).await,
         Task::Put {
             path,
             pieces,
@@ -253,29 +234,71 @@ async fn run_task(
             path,
             pieces,
             total,
-        } => {
-            let mut up = store.put_multipart(path).await.map_err(map)?;
-            let r = {
-                let parts = std::pin::pin!(upload_parts(up.as_mut(), pieces, *total, plan));
-                let stopped = std::pin::pin!(stop.wait());
-                match futures::future::select(parts, stopped).await {
-                    futures::future::Either::Left((r, _)) => r.map_err(map),
-                    futures::future::Either::Right(((), _)) => Err(canceled(agent)),
-                }
-            };
-            match r {
-                Ok(()) => {
-                    up.complete().await.map_err(map)?;
-                    Ok(())
-                }
-                Err(e) => {
-                    // Failed or stopped: no part stays behind on the server.
-                    if let Err(abort) = up.abort().await {
-                        tracing::warn!(agent, error = %abort, "OBJ: aborting a multipart upload failed");
-                    }
-                    Err(e)
-                }
+        } => put_multipart(store, path, pieces, *total, plan, stop, map).await,
+    }
+}
+
+/// A ranged GET into `dst`; an object that ends early is `InvalidParam`.
+async fn get(
+    store: &AmazonS3,
+    path: &object_store::path::Path,
+    (off, len): (u64, u64),
+    dst: u64,
+    stop: &Stop,
+    agent: &str,
+    map: impl Fn(object_store::Error) -> Error,
+) -> Result<()> {
+    let bytes = until_stopped(store.get_range(path, off..off + len), stop, agent)
+        .await?
+        .map_err(map)?;
+    if bytes.len() as u64 != len {
+        return Err(Error::invalid(
+            agent,
+            Op::PostXfer,
+            format!(
+                "object {path} ended after {} of {len} bytes at offset {off}",
+                bytes.len()
+            ),
+        ));
+    }
+    // Crate invariant: `dst..dst+len` lies in a DRAM registration the request keeps alive; the
+    // task is aborted and awaited before the request lets go of it, and this copy runs between
+    // await points so it is never torn by an abort.
+    crate::sys::io::copy_to(dst, &bytes);
+    Ok(())
+}
+
+/// A multipart upload, completed when every part is up; failed or stopped, it is aborted so
+/// no part stays behind on the server.
+async fn put_multipart(
+    store: &AmazonS3,
+    path: &object_store::path::Path,
+    pieces: &[(u64, u64)],
+    total: u64,
+    plan: &Plan,
+    stop: &Stop,
+    map: impl Fn(object_store::Error) -> Error,
+) -> Result<()> {
+    let agent = plan.agent.as_str();
+    let mut up = store.put_multipart(path).await.map_err(&map)?;
+    let r = {
+        let parts = std::pin::pin!(upload_parts(up.as_mut(), pieces, total, plan));
+        let stopped = std::pin::pin!(stop.wait());
+        match futures::future::select(parts, stopped).await {
+            futures::future::Either::Left((r, _)) => r.map_err(&map),
+            futures::future::Either::Right(((), _)) => Err(canceled(agent)),
+        }
+    };
+    match r {
+        Ok(()) => {
+            up.complete().await.map_err(map)?;
+            Ok(())
+        }
+        Err(e) => {
+            if let Err(abort) = up.abort().await {
+                tracing::warn!(agent, error = %abort, "OBJ: aborting a multipart upload failed");
             }
+            Err(e)
         }
     }
 }

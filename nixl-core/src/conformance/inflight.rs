@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
-use super::{e2s, ensure, pair, CaseResult, Outcome, Suite, TIMEOUT};
-use crate::{Error, MemKind, Op, XferDescList, XferOp, XferOptions, XferState};
+use super::{e2s, ensure, pair, CaseResult, Outcome, Pair, Res, Suite, TIMEOUT};
+use crate::{Error, MemKind, Op, XferDescList, XferOp, XferOptions, XferReq, XferState};
 
 /// How the request is stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,80 +42,99 @@ pub(super) fn stop_in_flight(s: &Suite, how: Stop) -> CaseResult {
             opts,
         )
         .map_err(e2s("create"))?;
-    let not_in_flight = || {
-        Ok(Outcome::NotApplicable {
-            capability: "completes inside post",
-            reason: format!(
-                "a {} MiB WRITE was complete before it could be stopped",
-                len >> 20
-            ),
-        })
-    };
     if p.a.post_xfer_req(&req).map_err(e2s("post"))? == XferState::Done {
-        return not_in_flight();
+        return Ok(not_in_flight(len));
     }
-    match how {
-        Stop::Cancel => match req.cancel() {
-            // Canceled, or (a backend that cannot stop RMA waited for it) delivered: Done, and
-            // then every byte is there.
-            Ok(()) => match p.a.check_xfer_state(&req) {
-                Err(Error::Canceled { .. }) => {}
-                Ok(XferState::Done) => {
-                    ensure(p.dst.to_vec()[..len].iter().all(|&b| b == 0xA7), || {
-                        "a canceled request reports Done but its data did not all land".into()
-                    })?
-                }
-                other => {
-                    return Err(format!(
-                        "a canceled request reports {other:?}, neither Canceled nor Done"
-                    ))
-                }
-            },
-            Err(e @ Error::Backend { op: Op::Cancel, .. }) => {
-                // Refused: the backend could not confirm it stopped, so the agent keeps the
-                // memory and the request can never be posted again.
-                ensure(
-                    matches!(p.a.post_xfer_req(&req), Err(Error::NotAllowed { .. })),
-                    || format!("cancel refused ({e}) but the request can be posted again"),
-                )?;
-                return Ok(Outcome::Passed);
+    let early = match how {
+        Stop::Cancel => stop_by_cancel(&p, &req, len)?,
+        Stop::Drop => {
+            drop(req);
+            None
+        }
+        Stop::Deadline => stop_by_deadline(&p, &req, len)?,
+    };
+    if let Some(outcome) = early {
+        return Ok(outcome);
+    }
+    destination_settled(&p, len, how)?;
+    Ok(Outcome::Passed)
+}
+
+fn not_in_flight(len: usize) -> Outcome {
+    Outcome::NotApplicable {
+        capability: "completes inside post",
+        reason: format!(
+            "a {} MiB WRITE was complete before it could be stopped",
+            len >> 20
+        ),
+    }
+}
+
+/// Cancels the request: it is then `Canceled`, or (a backend that cannot stop RMA waited for
+/// it) `Done` with every byte there. A cancel the backend refuses leaves a request that can
+/// never be posted again (the case passes there).
+fn stop_by_cancel(p: &Pair, req: &XferReq, len: usize) -> Result<Option<Outcome>, String> {
+    match req.cancel() {
+        Ok(()) => match p.a.check_xfer_state(req) {
+            Err(Error::Canceled { .. }) => Ok(None),
+            Ok(XferState::Done) => {
+                ensure(p.dst.to_vec()[..len].iter().all(|&b| b == 0xA7), || {
+                    "a canceled request reports Done but its data did not all land".into()
+                })?;
+                Ok(None)
             }
-            Err(e) => return Err(format!("cancel: {e}")),
+            other => Err(format!(
+                "a canceled request reports {other:?}, neither Canceled nor Done"
+            )),
         },
-        Stop::Drop => drop(req),
-        Stop::Deadline => {
-            let end = std::time::Instant::now() + TIMEOUT;
-            loop {
-                match p.a.check_xfer_state(&req) {
-                    Ok(XferState::InProgress) => {
-                        ensure(std::time::Instant::now() < end, || {
-                            "still in progress long past its 1 ms deadline".into()
-                        })?;
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                    Ok(XferState::Done) => return not_in_flight(),
-                    Err(Error::TimedOut { .. }) => break,
-                    Err(e) => return Err(format!("past its deadline: {e}")),
-                }
-            }
-            // The deadline ends the request at once; the backend may still own the transfer
-            // (UCX cannot cancel RMA in flight) and the request drains until the backend
-            // confirms it stopped, by finishing or failing it.
-            while req.is_draining() {
+        Err(e @ Error::Backend { op: Op::Cancel, .. }) => {
+            // Refused: the backend could not confirm it stopped, so the agent keeps the
+            // memory and the request can never be posted again.
+            ensure(
+                matches!(p.a.post_xfer_req(req), Err(Error::NotAllowed { .. })),
+                || format!("cancel refused ({e}) but the request can be posted again"),
+            )?;
+            Ok(Some(Outcome::Passed))
+        }
+        Err(e) => Err(format!("cancel: {e}")),
+    }
+}
+
+/// Waits for the 1 ms deadline to end the request (`TimedOut` at once), then for the request
+/// to drain: the backend may still own the transfer (UCX cannot cancel RMA in flight) until it
+/// confirms it stopped, by finishing or failing it.
+fn stop_by_deadline(p: &Pair, req: &XferReq, len: usize) -> Result<Option<Outcome>, String> {
+    let end = std::time::Instant::now() + TIMEOUT;
+    loop {
+        match p.a.check_xfer_state(req) {
+            Ok(XferState::InProgress) => {
                 ensure(std::time::Instant::now() < end, || {
-                    "still draining long past its deadline".into()
+                    "still in progress long past its 1 ms deadline".into()
                 })?;
                 std::thread::sleep(Duration::from_millis(1));
             }
-            ensure(
-                matches!(p.a.check_xfer_state(&req), Err(Error::TimedOut { .. })),
-                || "a request ended by its deadline does not stay TimedOut".into(),
-            )?;
+            Ok(XferState::Done) => return Ok(Some(not_in_flight(len))),
+            Err(Error::TimedOut { .. }) => break,
+            Err(e) => return Err(format!("past its deadline: {e}")),
         }
     }
-    // From here on (once the backend confirmed it stopped) the destination must not change: a
-    // control WRITE on the same backend (its completion drives everything queued before it)
-    // must leave it as it was.
+    while req.is_draining() {
+        ensure(std::time::Instant::now() < end, || {
+            "still draining long past its deadline".into()
+        })?;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    ensure(
+        matches!(p.a.check_xfer_state(req), Err(Error::TimedOut { .. })),
+        || "a request ended by its deadline does not stay TimedOut".into(),
+    )?;
+    Ok(None)
+}
+
+/// Once the backend confirmed it stopped, the destination must not change: a control WRITE
+/// on the same backend (its completion drives everything queued before it) must leave it as
+/// it was.
+fn destination_settled(p: &Pair, len: usize, how: Stop) -> Res {
     let snapshot = p.dst.to_vec();
     let control =
         p.a.create_xfer_req(
@@ -134,6 +153,5 @@ pub(super) fn stop_in_flight(s: &Suite, how: Stop) -> CaseResult {
     })?;
     ensure(after[..len] == snapshot[..len], || {
         format!("the destination changed after the request was stopped ({how:?})")
-    })?;
-    Ok(Outcome::Passed)
+    })
 }

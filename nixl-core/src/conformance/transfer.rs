@@ -107,6 +107,28 @@ pub(super) fn repost_after_completion(s: &Suite) -> Res {
 
 pub(super) fn bad_descriptors_are_refused(s: &Suite) -> Res {
     let p = pair(s, 8192)?;
+    bad_lists_are_refused(&p)?;
+    let l = bad_pairings_are_refused(&p)?;
+    bad_metadata_is_refused(&p.a)?;
+    let a = &p.a;
+    // The agent is unchanged: a good transfer still works.
+    let good = a
+        .make_prepped_xfer(
+            XferOp::Write,
+            &l,
+            &[0],
+            &l_remote(&p)?,
+            &[0],
+            XferOptions::default(),
+        )
+        .map_err(e2s("make"))?;
+    a.post_xfer_req(&good).map_err(e2s("post"))?;
+    good.wait(TIMEOUT).map_err(e2s("wait"))
+}
+
+/// Descriptors outside registrations, unknown agents, empty descriptors and another agent's
+/// backend hint are refused when preparing.
+fn bad_lists_are_refused(p: &Pair) -> Res {
     let a = &p.a;
     let outside = XferDescList::blocks(MemKind::Dram, p.src.addr() + 4096, 8192, 1);
     ensure(
@@ -151,6 +173,13 @@ pub(super) fn bad_descriptors_are_refused(s: &Suite) -> Res {
         ),
         || "another agent's backend handle accepted as a hint".into(),
     )?;
+    Ok(())
+}
+
+/// Mismatched lengths and counts, indices out of range and swapped sides are refused when
+/// making a request. Returns a good local list (two 4 KiB descriptors).
+fn bad_pairings_are_refused(p: &Pair) -> std::result::Result<crate::PreparedList, String> {
+    let a = &p.a;
     let l = a
         .prep_xfer_dlist(
             XferTarget::Initiator,
@@ -193,6 +222,11 @@ pub(super) fn bad_descriptors_are_refused(s: &Suite) -> Res {
         ),
         || "swapped sides accepted".into(),
     )?;
+    Ok(l)
+}
+
+/// Garbage and the agent's own metadata are refused.
+fn bad_metadata_is_refused(a: &Agent) -> Res {
     ensure(
         matches!(
             a.load_remote_metadata(b"garbage"),
@@ -205,19 +239,7 @@ pub(super) fn bad_descriptors_are_refused(s: &Suite) -> Res {
         matches!(a.load_remote_metadata(&own), Err(Error::NotAllowed { .. })),
         || "own metadata accepted".into(),
     )?;
-    // The agent is unchanged: a good transfer still works.
-    let good = a
-        .make_prepped_xfer(
-            XferOp::Write,
-            &l,
-            &[0],
-            &l_remote(&p)?,
-            &[0],
-            XferOptions::default(),
-        )
-        .map_err(e2s("make"))?;
-    a.post_xfer_req(&good).map_err(e2s("post"))?;
-    good.wait(TIMEOUT).map_err(e2s("wait"))
+    Ok(())
 }
 
 fn l_remote(p: &Pair) -> std::result::Result<crate::PreparedList, String> {

@@ -247,7 +247,21 @@ fn restart_under_load(test: &str, kind: &str) {
         let mut c = Child::spawn(CHILD, &survivor, &name, &vars).expect("spawn");
         let msg = c
             .next(&survivor, Duration::from_secs(60))
-            .unwrap_or_else(|e| panic!("incarnation {inc}: {e}"));
+            .unwrap_or_else(|e| {
+                // What the survivor saw, for a failure that cannot be rerun at will.
+                panic!(
+                    "incarnation {inc}: {e}; the child is {}; survivor: metadata of {name} \
+                     loaded {}, dropped notifications {:?}, traffic {:?}",
+                    if c.try_wait().is_none() {
+                        "alive"
+                    } else {
+                        "gone"
+                    },
+                    survivor.check_remote_metadata(&name, None),
+                    survivor.dropped_notifs(),
+                    seen.lock()
+                )
+            });
         *target.lock() = Some((inc, name.clone(), ready_addr(&msg)));
         // Transfers resume: at least one verified round trip to this incarnation.
         let end = Instant::now() + Duration::from_secs(30);

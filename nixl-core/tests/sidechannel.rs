@@ -247,3 +247,45 @@ fn a_trickling_client_cannot_hold_the_listener() {
     drop(b);
     trickler.join().unwrap();
 }
+
+/// A server that answers a FETCH of one name with the metadata of another peer, one the
+/// client has loaded (a new incarnation of it, as a liar would serve): the answer is refused
+/// before anything is loaded, and the loaded peer stays exactly as it was. Before, the answer
+/// was loaded first (replacing the loaded peer's incarnation) and then the name it gave was
+/// forgotten: a lying server made the client drop a peer it had nothing to do with.
+#[test]
+fn a_fetch_answered_with_another_peers_metadata_changes_nothing() {
+    let a = listening("liar-client");
+    let honest = listening("liar-honest");
+    let (_hb, _hr) = registered(&honest, 4096);
+    a.load_remote_metadata(&honest.local_metadata().unwrap())
+        .unwrap();
+    let generation = a.remote_generation(honest.name()).unwrap();
+    let regions = a.remote_regions(honest.name()).unwrap();
+    // Another incarnation under the honest peer's name: what the liar answers with.
+    let forged = Agent::new(honest.name(), AgentConfig::default()).unwrap();
+    forged
+        .create_backend(nixl_core::InprocParams::default())
+        .unwrap();
+    let (_fb, _fr) = registered(&forged, 8192);
+    let answer = forged.local_metadata().unwrap();
+    let liar = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = liar.local_addr().unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut s, _) = liar.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let request = read_frame(&mut s, 1 << 20).unwrap();
+        assert_eq!(decode(&request).unwrap().kind, Kind::Fetch);
+        s.write_all(&encode_plain(Kind::Metadata, &answer)).unwrap();
+    });
+    let r = a.fetch_remote_metadata_blocking("ghost", addr, Duration::from_secs(10));
+    server.join().unwrap();
+    let e = r.expect_err("an answer naming another agent is refused");
+    assert!(matches!(e, Error::Mismatch { .. }), "{e}");
+    assert!(e.to_string().contains("ghost"), "{e}");
+    // Nothing changed: the honest peer is loaded, same incarnation, same regions.
+    assert!(a.check_remote_metadata(honest.name(), None));
+    assert_eq!(a.remote_generation(honest.name()), Some(generation));
+    assert_eq!(a.remote_regions(honest.name()).unwrap(), regions);
+    assert!(!a.check_remote_metadata("ghost", None));
+}

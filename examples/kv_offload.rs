@@ -34,6 +34,49 @@ mod offload {
 
     const TIMEOUT: Duration = Duration::from_secs(120);
 
+    /// KV-cache offload through the storage tiers: DRAM or GPU memory -> file -> S3 and back,
+    /// each hop verified and timed.
+    #[derive(clap::Parser, Debug)]
+    #[command(name = "kv_offload")]
+    struct Cli {
+        /// S3 endpoint (default: `AWS_ENDPOINT_URL`, else a local moto server is started).
+        #[arg(long, env = "AWS_ENDPOINT_URL")]
+        endpoint: Option<String>,
+        /// Bucket.
+        #[arg(long, default_value = "nixl-kv")]
+        bucket: String,
+        /// Region.
+        #[arg(long, default_value = "us-east-1")]
+        region: String,
+        /// Access key.
+        #[arg(long)]
+        access_key: Option<String>,
+        /// Secret key.
+        #[arg(long)]
+        secret_key: Option<String>,
+        /// KV blocks.
+        #[arg(long, default_value_t = 64)]
+        blocks: usize,
+        /// Block size in KiB (a multiple of 4).
+        #[arg(long, default_value_t = 256)]
+        block_kib: u64,
+        /// Blocks per object in S3.
+        #[arg(long, default_value_t = 16)]
+        blocks_per_object: usize,
+        /// Where the file tier lives.
+        #[arg(long, default_value_os_t = std::env::temp_dir())]
+        dir: std::path::PathBuf,
+        /// The page cache instead of O_DIRECT.
+        #[arg(long)]
+        buffered: bool,
+        /// Only the file tier (no S3 server needed).
+        #[arg(long)]
+        no_s3: bool,
+        /// Where the KV blocks start and end: `cpu` (DRAM) or `cuda` (GPU 0's memory).
+        #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+        device: String,
+    }
+
     struct Args {
         endpoint: Option<String>,
         bucket: String,
@@ -50,45 +93,21 @@ mod offload {
     }
 
     fn parse() -> Res<Args> {
-        let mut a = Args {
-            endpoint: std::env::var("AWS_ENDPOINT_URL").ok(),
-            bucket: "nixl-kv".to_owned(),
-            region: "us-east-1".to_owned(),
-            access_key: None,
-            secret_key: None,
-            blocks: 64,
-            block: 256 << 10,
-            per_object: 16,
-            dir: std::env::temp_dir(),
-            direct: true,
-            cuda: false,
-            no_s3: false,
+        let c = <Cli as clap::Parser>::parse();
+        let a = Args {
+            endpoint: c.endpoint,
+            bucket: c.bucket,
+            region: c.region,
+            access_key: c.access_key,
+            secret_key: c.secret_key,
+            blocks: c.blocks,
+            block: c.block_kib << 10,
+            per_object: c.blocks_per_object,
+            dir: c.dir,
+            direct: !c.buffered,
+            cuda: c.device == "cuda",
+            no_s3: c.no_s3,
         };
-        let mut it = std::env::args().skip(1);
-        while let Some(k) = it.next() {
-            let mut v = || it.next().ok_or_else(|| format!("{k} needs a value"));
-            match k.as_str() {
-                "--endpoint" => a.endpoint = Some(v()?),
-                "--bucket" => a.bucket = v()?,
-                "--region" => a.region = v()?,
-                "--access-key" => a.access_key = Some(v()?),
-                "--secret-key" => a.secret_key = Some(v()?),
-                "--blocks" => a.blocks = v()?.parse()?,
-                "--block-kib" => a.block = v()?.parse::<u64>()? << 10,
-                "--blocks-per-object" => a.per_object = v()?.parse()?,
-                "--dir" => a.dir = v()?.into(),
-                "--buffered" => a.direct = false,
-                "--no-s3" => a.no_s3 = true,
-                "--device" => {
-                    a.cuda = match v()?.as_str() {
-                        "cpu" => false,
-                        "cuda" => true,
-                        d => return Err(format!("--device cpu|cuda, not {d}").into()),
-                    }
-                }
-                _ => return Err(format!("unknown option {k}").into()),
-            }
-        }
         if a.blocks == 0
             || a.per_object == 0
             || !a.blocks.is_multiple_of(a.per_object)

@@ -184,11 +184,19 @@ fn prefill() -> Res<()> {
     Ok(())
 }
 
+/// Two processes, one KV transfer: this process is prefill; it starts decode itself.
+#[derive(clap::Parser, Debug)]
+#[command(name = "quickstart")]
+struct Args {
+    /// Run as the decode side, reaching prefill's side channel at ADDR (the prefill process
+    /// passes it when it starts decode).
+    #[arg(long, value_name = "ADDR", hide = true)]
+    decode: Option<std::net::SocketAddr>,
+}
+
 fn main() -> Res<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.as_slice() {
-        [flag, addr] if flag == "--decode" => decode(addr.parse()?),
-        [] => prefill(),
-        _ => Err("usage: quickstart (the decode side is started by the program itself)".into()),
+    match <Args as clap::Parser>::parse().decode {
+        Some(addr) => decode(addr),
+        None => prefill(),
     }
 }

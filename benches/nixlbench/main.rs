@@ -99,139 +99,223 @@ fn pow2_range(lo: u64, hi: u64) -> Vec<u64> {
     v
 }
 
-fn list<T: std::str::FromStr>(s: &str) -> Res<Vec<T>> {
-    s.split(',')
-        .map(|x| {
-            x.trim()
-                .parse::<T>()
-                .map_err(|_| format!("bad list item {x:?}").into())
-        })
-        .collect()
+/// NIXL's nixlbench, in nixl-rs (see the module docs).
+#[derive(clap::Parser, Debug)]
+#[command(name = "nixlbench", args_override_self = true)]
+struct Cli {
+    /// `initiator` (started by the user) or `target` (started by the initiator).
+    #[arg(long, default_value = "initiator")]
+    role: String,
+    /// The initiator's side channel (target role).
+    #[arg(long)]
+    peer: Option<SocketAddr>,
+    /// READ or WRITE.
+    #[arg(long, value_enum, ignore_case = true, default_value = "WRITE")]
+    op: OpArg,
+    /// DRAM or VRAM.
+    #[arg(
+        long = "initiator-seg-type",
+        value_enum,
+        ignore_case = true,
+        default_value = "DRAM"
+    )]
+    init_kind: SegArg,
+    /// DRAM or VRAM.
+    #[arg(
+        long = "target-seg-type",
+        value_enum,
+        ignore_case = true,
+        default_value = "DRAM"
+    )]
+    target_kind: SegArg,
+    /// Smallest block of the sweep (powers of two up to the largest).
+    #[arg(long, default_value_t = 4096)]
+    start_block_size: u64,
+    /// Largest block of the sweep.
+    #[arg(long, default_value_t = 64 << 20)]
+    max_block_size: u64,
+    /// Smallest batch of the sweep (powers of two up to the largest).
+    #[arg(long, default_value_t = 1)]
+    start_batch_size: u64,
+    /// Largest batch of the sweep.
+    #[arg(long, default_value_t = 32)]
+    max_batch_size: u64,
+    /// Block sizes instead of the sweep's.
+    #[arg(long, value_delimiter = ',')]
+    blocks: Vec<u64>,
+    /// Batch sizes instead of the sweep's.
+    #[arg(long, value_delimiter = ',')]
+    batches: Vec<usize>,
+    /// Bytes of each side's buffer (0: what the largest point needs).
+    #[arg(long = "total-buffer-size", default_value_t = 0)]
+    total_buffer: u64,
+    /// Iterations per point (0: from --bytes-per-point).
+    #[arg(long = "num-iter", default_value_t = 0)]
+    iters: usize,
+    /// Warm-up iterations per point.
+    #[arg(long = "warmup-iter", default_value_t = 10)]
+    warmup: usize,
+    /// Threads, each with its own requests.
+    #[arg(long = "num-threads", default_value_t = 1)]
+    threads: usize,
+    /// Bytes moved per point when --num-iter is 0.
+    #[arg(long, default_value_t = 2e9)]
+    bytes_per_point: f64,
+    /// UCX transports.
+    #[arg(long)]
+    tls: Option<String>,
+    /// Build, post and drop a request every iteration.
+    #[arg(long = "fresh-requests")]
+    fresh: bool,
+    /// Print JSON lines.
+    #[arg(long)]
+    json: bool,
+    /// The agents' progress thread.
+    #[arg(long, value_enum, default_value = "on")]
+    progress_thread: OnOff,
+    /// UCX direct CMA copies (default: the backend's).
+    #[arg(long, value_enum)]
+    direct_cma: Option<OnOff>,
+    /// UCX direct CMA copy threads.
+    #[arg(long)]
+    cma_threads: Option<usize>,
+    /// UCX (two processes), POSIX or GDS (one process, memory <-> a file).
+    #[arg(long, value_enum, ignore_case = true, default_value = "UCX")]
+    backend: BackendArg,
+    /// Directory of the storage backends' file.
+    #[arg(long, default_value_os_t = std::env::temp_dir())]
+    filepath: std::path::PathBuf,
+    /// O_DIRECT for the storage backends.
+    #[arg(long = "storage-enable-direct", alias = "storage_enable_direct")]
+    direct: bool,
+    /// `sweep`, `kv` (a model's KV request) or `notif` (notification latency).
+    #[arg(long, default_value = "sweep", value_parser = ["sweep", "kv", "notif"])]
+    mode: String,
+    /// The target process sees only this GPU.
+    #[arg(long)]
+    target_gpu: Option<u32>,
+    /// Where the notif-mode target leaves its stamps (set by the initiator).
+    #[arg(long = "notif-stamps")]
+    stamps: Option<std::path::PathBuf>,
+    /// KV mode: layers.
+    #[arg(long, default_value_t = 32)]
+    model_layers: u64,
+    /// KV mode: KV heads.
+    #[arg(long, default_value_t = 8)]
+    kv_heads: u64,
+    /// KV mode: head dimension.
+    #[arg(long, default_value_t = 128)]
+    head_dim: u64,
+    /// KV mode: bytes per element.
+    #[arg(long, default_value_t = 2)]
+    dtype_bytes: u64,
+    /// KV mode: tokens per block.
+    #[arg(long, default_value_t = 16)]
+    tokens_per_block: u64,
+    /// KV mode: sequence length.
+    #[arg(long, default_value_t = 4096)]
+    seq_len: u64,
+    /// KV mode: tensor-parallel degree.
+    #[arg(long, default_value_t = 1)]
+    tp: u64,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
 }
 
-fn kind(s: &str) -> Res<MemKind> {
-    match s.to_ascii_uppercase().as_str() {
-        "DRAM" => Ok(MemKind::Dram),
-        "VRAM" => Ok(MemKind::Vram),
-        k => Err(format!("segment type {k}: DRAM or VRAM").into()),
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum OpArg {
+    #[value(name = "READ")]
+    Read,
+    #[value(name = "WRITE")]
+    Write,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum SegArg {
+    #[value(name = "DRAM")]
+    Dram,
+    #[value(name = "VRAM")]
+    Vram,
+}
+
+impl SegArg {
+    fn kind(self) -> MemKind {
+        match self {
+            SegArg::Dram => MemKind::Dram,
+            SegArg::Vram => MemKind::Vram,
+        }
     }
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum OnOff {
+    On,
+    Off,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum BackendArg {
+    #[value(name = "UCX")]
+    Ucx,
+    #[value(name = "POSIX")]
+    Posix,
+    #[value(name = "GDS")]
+    Gds,
 }
 
 fn parse() -> Res<Opts> {
+    let c = <Cli as clap::Parser>::parse();
     let mut o = Opts {
-        role: "initiator".into(),
-        peer: None,
-        op: XferOp::Write,
-        init_kind: MemKind::Dram,
-        target_kind: MemKind::Dram,
-        blocks: Vec::new(),
-        batches: Vec::new(),
-        total_buffer: 0,
-        iters: 0,
-        warmup: 10,
-        threads: 1,
-        tls: None,
-        fresh: false,
-        json: false,
-        bytes_per_point: 2e9,
-        progress_thread: true,
-        direct_cma: None,
-        cma_threads: None,
-        backend: BenchBackend::Ucx,
-        filepath: std::env::temp_dir(),
-        direct: false,
+        role: c.role,
+        peer: c.peer,
+        op: match c.op {
+            OpArg::Read => XferOp::Read,
+            OpArg::Write => XferOp::Write,
+        },
+        init_kind: c.init_kind.kind(),
+        target_kind: c.target_kind.kind(),
+        blocks: c.blocks,
+        batches: c.batches,
+        total_buffer: c.total_buffer,
+        iters: c.iters,
+        warmup: c.warmup,
+        threads: c.threads.max(1),
+        tls: c.tls,
+        fresh: c.fresh,
+        json: c.json,
+        bytes_per_point: c.bytes_per_point,
+        progress_thread: c.progress_thread == OnOff::On,
+        direct_cma: c.direct_cma.map(|v| v == OnOff::On),
+        cma_threads: c.cma_threads,
+        backend: match c.backend {
+            BackendArg::Ucx => BenchBackend::Ucx,
+            BackendArg::Posix => BenchBackend::Posix,
+            BackendArg::Gds => BenchBackend::Gds,
+        },
+        filepath: c.filepath,
+        direct: c.direct,
         notif: false,
-        stamps: None,
-        target_gpu: None,
+        stamps: c.stamps,
+        target_gpu: c.target_gpu,
     };
-    let (mut b0, mut b1, mut n0, mut n1) = (4096u64, 64u64 << 20, 1usize, 32usize);
+    let (b0, b1, n0, n1) = (
+        c.start_block_size,
+        c.max_block_size,
+        c.start_batch_size,
+        c.max_batch_size,
+    );
+    let kvv = [
+        c.model_layers,
+        c.kv_heads,
+        c.head_dim,
+        c.dtype_bytes,
+        c.tokens_per_block,
+        c.seq_len,
+        c.tp,
+    ];
+    let mode = c.mode;
     let mut kv: Option<[u64; 7]> = None;
-    let mut kvv = [32u64, 8, 128, 2, 16, 4096, 1];
-    let mut mode = "sweep".to_owned();
-    // `cargo bench` passes `--bench`; ignore it.
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--bench")
-        .collect();
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut val = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        let num = |s: String| {
-            s.parse::<u64>()
-                .map_err(|_| format!("{flag}: {s:?} is not a number"))
-        };
-        match flag.as_str() {
-            "--role" => o.role = val()?,
-            "--peer" => o.peer = Some(val()?.parse()?),
-            "--op" => {
-                o.op = match val()?.to_ascii_uppercase().as_str() {
-                    "READ" => XferOp::Read,
-                    "WRITE" => XferOp::Write,
-                    x => return Err(format!("--op {x}: READ or WRITE").into()),
-                }
-            }
-            "--initiator-seg-type" => o.init_kind = kind(&val()?)?,
-            "--target-seg-type" => o.target_kind = kind(&val()?)?,
-            "--start-block-size" => b0 = num(val()?)?,
-            "--max-block-size" => b1 = num(val()?)?,
-            "--start-batch-size" => n0 = num(val()?)? as usize,
-            "--max-batch-size" => n1 = num(val()?)? as usize,
-            "--blocks" => o.blocks = list(&val()?)?,
-            "--batches" => o.batches = list(&val()?)?,
-            "--total-buffer-size" => o.total_buffer = num(val()?)?,
-            "--num-iter" => o.iters = num(val()?)? as usize,
-            "--warmup-iter" => o.warmup = num(val()?)? as usize,
-            "--num-threads" => o.threads = num(val()?)?.max(1) as usize,
-            "--bytes-per-point" => o.bytes_per_point = val()?.parse()?,
-            "--tls" => o.tls = Some(val()?),
-            "--fresh-requests" => o.fresh = true,
-            "--json" => o.json = true,
-            "--progress-thread" => {
-                o.progress_thread = match val()?.as_str() {
-                    "on" => true,
-                    "off" => false,
-                    v => return Err(format!("--progress-thread {v}: on or off").into()),
-                }
-            }
-            "--direct-cma" => {
-                o.direct_cma = match val()?.as_str() {
-                    "on" => Some(true),
-                    "off" => Some(false),
-                    v => return Err(format!("--direct-cma {v}: on or off").into()),
-                }
-            }
-            "--cma-threads" => o.cma_threads = Some(num(val()?)? as usize),
-            "--backend" => {
-                o.backend = match val()?.to_ascii_uppercase().as_str() {
-                    "UCX" => BenchBackend::Ucx,
-                    "POSIX" => BenchBackend::Posix,
-                    "GDS" => BenchBackend::Gds,
-                    b => return Err(format!("--backend {b}: UCX, POSIX or GDS").into()),
-                }
-            }
-            "--filepath" => o.filepath = val()?.into(),
-            "--storage-enable-direct" | "--storage_enable_direct" => o.direct = true,
-            "--mode" => mode = val()?,
-            "--target-gpu" => o.target_gpu = Some(num(val()?)? as u32),
-            "--notif-stamps" => o.stamps = Some(val()?.into()),
-            "--model-layers" => kvv[0] = num(val()?)?,
-            "--kv-heads" => kvv[1] = num(val()?)?,
-            "--head-dim" => kvv[2] = num(val()?)?,
-            "--dtype-bytes" => kvv[3] = num(val()?)?,
-            "--tokens-per-block" => kvv[4] = num(val()?)?,
-            "--seq-len" => kvv[5] = num(val()?)?,
-            "--tp" => kvv[6] = num(val()?)?,
-            "-h" | "--help" => {
-                println!("see the doc comment at the top of benches/nixlbench/main.rs");
-                std::process::exit(0);
-            }
-            f => return Err(format!("unknown flag {f}").into()),
-        }
-    }
     if mode == "kv" {
         kv = Some(kvv);
     } else if mode == "notif" {
@@ -241,8 +325,6 @@ fn parse() -> Res<Opts> {
         if o.iters == 0 {
             o.iters = 2000;
         }
-    } else if mode != "sweep" {
-        return Err(format!("--mode {mode}: sweep, kv or notif").into());
     }
     if let Some([layers, heads, dim, dtype, tpb, seq, tp]) = kv {
         if tp == 0 || heads % tp != 0 || [layers, heads, dim, dtype, tpb, seq].contains(&0) {
@@ -264,10 +346,7 @@ fn parse() -> Res<Opts> {
         o.blocks = pow2_range(b0, b1);
     }
     if o.batches.is_empty() {
-        o.batches = pow2_range(n0 as u64, n1 as u64)
-            .into_iter()
-            .map(|x| x as usize)
-            .collect();
+        o.batches = pow2_range(n0, n1).into_iter().map(|x| x as usize).collect();
     }
     if o.blocks.contains(&0) || o.batches.contains(&0) {
         return Err("block and batch sizes must be positive".into());

@@ -40,25 +40,19 @@ use nixl::{Agent, AgentConfig, MemKind, XferState};
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// The backends the bench knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Which {
+    #[value(name = "NULL")]
     Null,
+    #[value(name = "INPROC")]
     Inproc,
+    #[value(name = "UCX")]
     Ucx,
+    #[value(name = "CUDA_IPC")]
     CudaIpc,
 }
 
 impl Which {
-    fn parse(s: &str) -> Res<Self> {
-        Ok(match s.to_ascii_uppercase().as_str() {
-            "NULL" => Which::Null,
-            "INPROC" => Which::Inproc,
-            "UCX" => Which::Ucx,
-            "CUDA_IPC" => Which::CudaIpc,
-            b => return Err(format!("--backend {b}: NULL, INPROC, UCX or CUDA_IPC").into()),
-        })
-    }
-
     fn name(self) -> &'static str {
         match self {
             Which::Null => "NULL",
@@ -87,81 +81,52 @@ impl Which {
     }
 }
 
-/// Command-line options.
-#[derive(Debug, Clone)]
+/// What each step of a transfer costs per descriptor as requests grow (see the module docs).
+#[derive(clap::Parser, Debug, Clone)]
+#[command(name = "scale")]
 struct Opts {
+    /// Backends to measure.
+    #[arg(long = "backend", value_enum, ignore_case = true, value_delimiter = ',', default_values_t = [Which::Null, Which::Inproc])]
     backends: Vec<Which>,
+    /// `flat` (descriptor lists), `kv` (model-shaped block tables) or `all`.
+    #[arg(long, default_value = "flat", value_parser = ["flat", "kv", "all"])]
     mode: String,
+    /// Descriptor counts (flat mode).
+    #[arg(long, value_delimiter = ',', default_values_t = [1024usize, 8192, 65536, 131072])]
     descs: Vec<usize>,
+    /// Block size in bytes (flat mode).
+    #[arg(long, default_value_t = 4096)]
     block: u64,
+    /// Registered regions per side (flat mode; at least 1).
+    #[arg(long, default_value_t = 64)]
     regions: usize,
+    /// Iterations per point (0: chosen per size).
+    #[arg(long, default_value_t = 0)]
     iters: usize,
+    /// Interleaved rounds (at least 1).
+    #[arg(long, default_value_t = 5)]
     rounds: usize,
+    /// Models (kv mode): llama3-8b, llama3-70b, moe16.
+    #[arg(long = "model", value_delimiter = ',', default_values_t = ["llama3-8b".to_owned(), "llama3-70b".to_owned(), "moe16".to_owned()])]
     models: Vec<String>,
+    /// Block ids per request (kv mode).
+    #[arg(long)]
     kv_blocks: Option<u64>,
+    /// Tensor-parallel degree (kv mode).
+    #[arg(long)]
     tp: Option<u64>,
+    /// Print JSON lines too.
+    #[arg(long)]
     json: bool,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
 }
 
 fn parse() -> Res<Opts> {
-    let mut o = Opts {
-        backends: vec![Which::Null, Which::Inproc],
-        mode: "flat".into(),
-        descs: vec![1024, 8192, 65536, 131072],
-        block: 4096,
-        regions: 64,
-        iters: 0,
-        rounds: 5,
-        models: vec!["llama3-8b".into(), "llama3-70b".into(), "moe16".into()],
-        kv_blocks: None,
-        tp: None,
-        json: false,
-    };
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--bench")
-        .collect();
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut val = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        let list =
-            |s: String| -> Vec<String> { s.split(',').map(|x| x.trim().to_owned()).collect() };
-        match flag.as_str() {
-            "--backend" => {
-                o.backends = list(val()?)
-                    .iter()
-                    .map(|b| Which::parse(b))
-                    .collect::<Res<_>>()?
-            }
-            "--mode" => o.mode = val()?,
-            "--descs" => {
-                o.descs = list(val()?)
-                    .iter()
-                    .map(|x| x.parse::<usize>())
-                    .collect::<std::result::Result<_, _>>()?
-            }
-            "--block" => o.block = val()?.parse()?,
-            "--regions" => o.regions = val()?.parse::<usize>()?.max(1),
-            "--iters" => o.iters = val()?.parse()?,
-            "--rounds" => o.rounds = val()?.parse::<usize>()?.max(1),
-            "--model" => o.models = list(val()?),
-            "--kv-blocks" => o.kv_blocks = Some(val()?.parse()?),
-            "--tp" => o.tp = Some(val()?.parse()?),
-            "--json" => o.json = true,
-            "-h" | "--help" => {
-                println!("see the doc comment at the top of benches/scale/main.rs");
-                std::process::exit(0);
-            }
-            f => return Err(format!("unknown flag {f}").into()),
-        }
-    }
-    if !["flat", "kv", "all"].contains(&o.mode.as_str()) {
-        return Err(format!("--mode {}: flat, kv or all", o.mode).into());
-    }
+    let mut o = <Opts as clap::Parser>::parse();
+    o.regions = o.regions.max(1);
+    o.rounds = o.rounds.max(1);
     if o.descs.is_empty() || o.descs.contains(&0) || o.block == 0 {
         return Err("descriptor counts and the block size must be positive".into());
     }

@@ -254,35 +254,68 @@ fn chunk_desc(p: &PosixParams) -> String {
     )
 }
 
+/// DRAM <-> FILE throughput of the POSIX backend, in NIXL's POSIX plugin's patterns.
+#[derive(clap::Parser, Debug)]
+#[command(name = "storage")]
+struct Args {
+    /// Directory of the 1 GiB test files.
+    #[arg(long, default_value_os_t = std::env::temp_dir())]
+    dir: std::path::PathBuf,
+    /// Iterations per point (after one warm-up).
+    #[arg(long, default_value_t = 40)]
+    iters: usize,
+    /// The POSIX engine.
+    #[arg(long, value_enum, default_value_t = EngineArg::Auto)]
+    engine: EngineArg,
+    /// Chunk size in KiB (default: the device's limit for O_DIRECT).
+    #[arg(long)]
+    chunk_kib: Option<u64>,
+    /// io_uring queue depth.
+    #[arg(long)]
+    qd: Option<u32>,
+    /// Thread-pool threads.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Requests up to this many KiB use inline pread/pwrite.
+    #[arg(long)]
+    inline_kib: Option<u64>,
+    /// Lockstep mode for `benches/reference/nixl_posix.py --lockstep` (commands on stdin).
+    #[arg(long)]
+    serve: bool,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+/// `--engine` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum EngineArg {
+    Auto,
+    Threadpool,
+    #[value(name = "io_uring")]
+    IoUring,
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut dir = std::env::temp_dir();
-    let mut iters = 40usize;
-    let mut engine = Engine::Auto;
+    let args = <Args as clap::Parser>::parse();
+    let (dir, iters, serve_mode) = (args.dir, args.iters, args.serve);
+    let engine = match args.engine {
+        EngineArg::Auto => Engine::Auto,
+        EngineArg::Threadpool => Engine::ThreadPool,
+        EngineArg::IoUring => Engine::IoUring,
+    };
     let mut params = PosixParams::default();
-    let mut serve_mode = false;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--dir" => dir = args.next().ok_or("--dir PATH")?.into(),
-            "--iters" => iters = args.next().ok_or("--iters N")?.parse()?,
-            "--engine" => {
-                engine = match args.next().as_deref() {
-                    Some("threadpool") => Engine::ThreadPool,
-                    Some("io_uring") => Engine::IoUring,
-                    _ => Engine::Auto,
-                }
-            }
-            "--chunk-kib" => {
-                params.chunk_size = Some(args.next().ok_or("--chunk-kib N")?.parse::<u64>()? << 10)
-            }
-            "--threads" => params.pool_threads = args.next().ok_or("--threads N")?.parse()?,
-            "--qd" => params.queue_depth = args.next().ok_or("--qd N")?.parse()?,
-            "--inline-kib" => {
-                params.inline_max = args.next().ok_or("--inline-kib N")?.parse::<u64>()? << 10
-            }
-            "--serve" => serve_mode = true,
-            _ => {}
-        }
+    if let Some(k) = args.chunk_kib {
+        params.chunk_size = Some(k << 10);
+    }
+    if let Some(n) = args.threads {
+        params.pool_threads = n;
+    }
+    if let Some(n) = args.qd {
+        params.queue_depth = n;
+    }
+    if let Some(k) = args.inline_kib {
+        params.inline_max = k << 10;
     }
     let agent = Agent::new("bench", AgentConfig::default())?;
     agent.create_backend(PosixParams {

@@ -23,10 +23,6 @@ use nixl_mem::{CudaHostBuffer, DeviceBuffer, HostMemory};
 const MIB: u64 = 1 << 20;
 const T: Duration = Duration::from_secs(300);
 
-fn list(v: &str) -> Result<Vec<u64>, std::num::ParseIntError> {
-    v.split(',').map(|x| x.trim().parse()).collect()
-}
-
 fn op_name(op: XferOp) -> &'static str {
     match op {
         XferOp::Write => "VRAM->FILE",
@@ -114,27 +110,51 @@ fn baseline_point(
     Ok((size * iters as u64) as f64 / spent.as_secs_f64() / 1e9)
 }
 
+/// VRAM <-> FILE throughput of the POSIX bounce engine (and GDS, with the `gds` feature).
+#[derive(clap::Parser, Debug)]
+#[command(name = "storage_vram")]
+struct Args {
+    /// Directory of the test file (O_DIRECT).
+    #[arg(long, default_value_os_t = std::env::temp_dir())]
+    dir: std::path::PathBuf,
+    /// Request sizes in MiB.
+    #[arg(long = "size-mib", value_delimiter = ',', default_values_t = [64u64, 256])]
+    sizes: Vec<u64>,
+    /// Blocks per request.
+    #[arg(long = "block-mib", value_delimiter = ',', default_values_t = [1u64, 16])]
+    blocks: Vec<u64>,
+    /// Iterations per point.
+    #[arg(long, default_value_t = 3)]
+    iters: usize,
+    /// The bounce engine's chunk in MiB.
+    #[arg(long)]
+    bounce_chunk_mib: Option<u64>,
+    /// Thread-pool threads.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Measure POSIX only (not GDS).
+    #[arg(long)]
+    only_posix: bool,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut dir = std::env::temp_dir();
-    let mut sizes = vec![64, 256];
-    let mut blocks = vec![1, 16];
-    let mut iters = 3usize;
+    let args = <Args as clap::Parser>::parse();
+    let (dir, sizes, blocks, iters, only_posix) = (
+        args.dir,
+        args.sizes,
+        args.blocks,
+        args.iters,
+        args.only_posix,
+    );
     let mut pp = PosixParams::default();
-    let mut only_posix = false;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--dir" => dir = args.next().ok_or("--dir PATH")?.into(),
-            "--size-mib" => sizes = list(&args.next().ok_or("--size-mib N[,N]")?)?,
-            "--block-mib" => blocks = list(&args.next().ok_or("--block-mib N[,N]")?)?,
-            "--iters" => iters = args.next().ok_or("--iters N")?.parse()?,
-            "--bounce-chunk-mib" => {
-                pp.bounce_chunk = args.next().ok_or("--bounce-chunk-mib N")?.parse::<u64>()? << 20
-            }
-            "--threads" => pp.pool_threads = args.next().ok_or("--threads N")?.parse()?,
-            "--only-posix" => only_posix = true,
-            _ => {}
-        }
+    if let Some(m) = args.bounce_chunk_mib {
+        pp.bounce_chunk = m << 20;
+    }
+    if let Some(n) = args.threads {
+        pp.pool_threads = n;
     }
     let max = sizes.iter().copied().max().unwrap_or(0) * MIB;
     let dev = match DeviceBuffer::new(0, max as usize) {

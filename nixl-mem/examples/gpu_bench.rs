@@ -42,74 +42,62 @@ use nixl_mem::{
 const MIB: u64 = 1 << 20;
 const WAIT: Duration = Duration::from_secs(60);
 
-#[derive(Debug, Clone)]
+/// Blocks between two processes' GPU buffers through `CUDA_IPC` (see the module docs).
+#[derive(clap::Parser, Debug, Clone)]
+#[command(name = "gpu_bench")]
 struct Args {
+    /// `initiator` (the process the user starts) or `target` (started by the initiator).
+    #[arg(long, default_value = "initiator", value_parser = ["initiator", "target"])]
     role: String,
+    /// Blocks per request.
+    #[arg(long, default_value_t = 1024)]
     blocks: usize,
+    /// Block sizes in MiB.
+    #[arg(long = "block-sizes", value_delimiter = ',', default_values_t = [1u64, 2])]
     sizes: Vec<u64>,
+    /// Posts per round.
+    #[arg(long, default_value_t = 20)]
     iters: usize,
+    /// The initiator's GPU.
+    #[arg(long, default_value_t = 0)]
     gpu: usize,
+    /// The target's GPU.
+    #[arg(long, default_value_t = 0)]
     target_gpu: usize,
+    /// Where the target writes its metadata (target role).
+    #[arg(long, default_value = "")]
     md: String,
+    /// Write the results to this file too.
+    #[arg(long)]
     out: Option<String>,
+    /// Copy engines only (no copy kernel).
+    #[arg(long = "no-copy-kernel", action = clap::ArgAction::SetFalse)]
     copy_kernel: bool,
+    /// The copy kernel's shape (`chunk=...,ctas_per_sm=...`, any subset).
+    #[arg(long, default_value_t = KernelShape::default())]
     kernel_shape: KernelShape,
+    /// Sweep kernel shapes and print the best.
+    #[arg(long)]
     sweep: bool,
+    /// Rounds per cell (the median is reported).
+    #[arg(long, default_value_t = 5)]
     reps: usize,
+    /// Passed by `cargo bench`-style runners; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
 }
 
-fn parse() -> std::result::Result<Args, String> {
-    let mut a = Args {
-        role: "initiator".into(),
-        blocks: 1024,
-        sizes: vec![1, 2],
-        iters: 20,
-        gpu: 0,
-        target_gpu: 0,
-        md: String::new(),
-        out: None,
-        copy_kernel: true,
-        kernel_shape: KernelShape::default(),
-        sweep: false,
-        reps: 5,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(k) = it.next() {
-        let mut v = || it.next().ok_or_else(|| format!("{k} needs a value"));
-        match k.as_str() {
-            "--role" => a.role = v()?,
-            "--blocks" => a.blocks = v()?.parse().map_err(|e| format!("--blocks: {e}"))?,
-            "--block-sizes" => {
-                a.sizes = v()?
-                    .split(',')
-                    .map(|s| {
-                        s.trim()
-                            .parse::<u64>()
-                            .map_err(|e| format!("--block-sizes: {e}"))
-                    })
-                    .collect::<std::result::Result<_, _>>()?
-            }
-            "--iters" => a.iters = v()?.parse().map_err(|e| format!("--iters: {e}"))?,
-            "--gpu" => a.gpu = v()?.parse().map_err(|e| format!("--gpu: {e}"))?,
-            "--target-gpu" => {
-                a.target_gpu = v()?.parse().map_err(|e| format!("--target-gpu: {e}"))?
-            }
-            "--md" => a.md = v()?,
-            "--out" => a.out = Some(v()?),
-            "--no-copy-kernel" => a.copy_kernel = false,
-            "--kernel-shape" => {
-                a.kernel_shape = v()?.parse().map_err(|e| format!("--kernel-shape: {e}"))?
-            }
-            "--sweep" => a.sweep = true,
-            "--reps" => a.reps = v()?.parse().map_err(|e| format!("--reps: {e}"))?,
-            "--bench" => {} // passed by `cargo bench`-style runners
-            other => return Err(format!("unknown argument {other}")),
-        }
-    }
+fn parse() -> Args {
+    let a = <Args as clap::Parser>::parse();
     if a.blocks == 0 || a.sizes.is_empty() || a.sizes.contains(&0) || a.iters == 0 || a.reps == 0 {
-        return Err("blocks, block sizes, iters and reps must be positive".into());
+        <Args as clap::CommandFactory>::command()
+            .error(
+                clap::error::ErrorKind::ValueValidation,
+                "blocks, block sizes, iters and reps must be positive",
+            )
+            .exit();
     }
-    Ok(a)
+    a
 }
 
 /// The seed-`s` pattern byte at offset `i` (cheap to generate and check in bulk).
@@ -128,13 +116,7 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("gpu_bench: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let args = parse();
     if let Err(e) = nixl_mem::cuda::driver() {
         println!("gpu_bench: skipped: {e}");
         return ExitCode::SUCCESS;

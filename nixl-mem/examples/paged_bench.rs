@@ -23,58 +23,40 @@ use nixl_mem::{CudaIpcParams, DeviceBuffer};
 
 const WAIT: Duration = Duration::from_secs(120);
 
-#[derive(Debug, Clone)]
+/// Paged KV blocks between two processes' GPU pools through `CUDA_IPC`.
+#[derive(clap::Parser, Debug, Clone)]
+#[command(name = "paged_bench")]
 struct Args {
+    /// `initiator` (the process the user starts) or `target` (started by the initiator).
+    #[arg(long, default_value = "initiator", value_parser = ["initiator", "target"])]
     role: String,
+    /// The initiator's GPU.
+    #[arg(long, default_value_t = 0)]
     gpu: usize,
+    /// The target's GPU.
+    #[arg(long, default_value_t = 1)]
     target_gpu: usize,
+    /// Blocks per request.
+    #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u64).range(1..))]
     blocks: u64,
+    /// Block sizes in bytes.
+    #[arg(long = "block-bytes", value_delimiter = ',', default_values_t = [4096u64, 16384, 65536, 1 << 20], required = false, value_parser = clap::value_parser!(u64).range(1..))]
     sizes: Vec<u64>,
-    iters: usize,
-    reps: usize,
+    /// Posts per round.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    iters: u64,
+    /// Rounds per cell (the median is reported).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    reps: u64,
+    /// Where the target writes its metadata (target role).
+    #[arg(long, default_value = "")]
     md: String,
+    /// Append one JSON line per cell to this file.
+    #[arg(long)]
     json: Option<String>,
-}
-
-fn parse() -> std::result::Result<Args, String> {
-    let mut a = Args {
-        role: "initiator".into(),
-        gpu: 0,
-        target_gpu: 1,
-        blocks: 2048,
-        sizes: vec![4096, 16384, 65536, 1 << 20],
-        iters: 20,
-        reps: 5,
-        md: String::new(),
-        json: None,
-    };
-    let mut it = std::env::args().skip(1);
-    let num = |k: &str, v: String| v.parse::<u64>().map_err(|e| format!("{k}: {e}"));
-    while let Some(k) = it.next() {
-        let mut v = || it.next().ok_or_else(|| format!("{k} needs a value"));
-        match k.as_str() {
-            "--role" => a.role = v()?,
-            "--gpu" => a.gpu = num(&k, v()?)? as usize,
-            "--target-gpu" => a.target_gpu = num(&k, v()?)? as usize,
-            "--blocks" => a.blocks = num(&k, v()?)?,
-            "--block-bytes" => {
-                a.sizes = v()?
-                    .split(',')
-                    .map(|s| num(&k, s.to_owned()))
-                    .collect::<std::result::Result<_, _>>()?
-            }
-            "--iters" => a.iters = num(&k, v()?)? as usize,
-            "--reps" => a.reps = num(&k, v()?)? as usize,
-            "--md" => a.md = v()?,
-            "--json" => a.json = Some(v()?),
-            "--bench" => {}
-            other => return Err(format!("unknown argument {other}")),
-        }
-    }
-    if a.blocks == 0 || a.sizes.is_empty() || a.iters == 0 || a.reps == 0 {
-        return Err("blocks, sizes, iters and reps must be positive".into());
-    }
-    Ok(a)
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
 }
 
 /// The pool both sides allocate: the largest size's blocks, one block apart.
@@ -104,13 +86,7 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
 }
 
 fn main() -> ExitCode {
-    let a = match parse() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("paged_bench: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let a = <Args as clap::Parser>::parse();
     if let Err(e) = nixl_mem::cuda::driver() {
         println!("paged_bench: skipped: {e}");
         return ExitCode::SUCCESS;
@@ -251,7 +227,7 @@ fn measure(a: &Args, md: &std::path::Path) -> Result<()> {
                 agent.post_xfer_req(&req)?;
                 req.wait(WAIT)?;
             }
-            let mut rates = Vec::with_capacity(a.reps);
+            let mut rates = Vec::with_capacity(a.reps as usize);
             for _ in 0..a.reps {
                 let t = Instant::now();
                 for _ in 0..a.iters {
@@ -259,7 +235,7 @@ fn measure(a: &Args, md: &std::path::Path) -> Result<()> {
                     while agent.check_xfer_state(&req)? != nixl_core::XferState::Done {}
                 }
                 let s = t.elapsed().as_secs_f64();
-                rates.push((a.iters as u64 * n * blk) as f64 / s / 1e9);
+                rates.push((a.iters * n * blk) as f64 / s / 1e9);
             }
             rates.sort_by(|x, y| x.total_cmp(y));
             let gbs = rates[rates.len() / 2];

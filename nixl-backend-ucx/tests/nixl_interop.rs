@@ -120,7 +120,7 @@ fn nixl_to_rs(tls: &str) {
     let (py_src, py_dst) = (py.alloc(LEN, Some(9)), py.alloc(LEN, None));
     // NIXL loads our blob; it needs nothing else from us (a notification names its sender).
     assert_eq!(
-        py.load(&rs.local_nixl_metadata().expect("md"))
+        py.load(&rs.nixl().local_metadata().expect("md"))
             .expect("NIXL loads it"),
         rs.name()
     );
@@ -242,7 +242,7 @@ fn standalone_notifications_both_ways() {
     let rs = rs_agent(&env, "rs-notif", common::TCP);
     let mut py = NixlPeer::start(&env, &common::unique("py-notif"), common::TCP, &[]);
     rs.load_remote_metadata(&py.metadata()).expect("load");
-    py.load(&rs.local_nixl_metadata().expect("md"))
+    py.load(&rs.nixl().local_metadata().expect("md"))
         .expect("NIXL loads");
     let binary: Vec<u8> = (0..=255u8).collect();
     for m in [&b"hello"[..], &binary[..]] {
@@ -273,20 +273,22 @@ fn side_channel_nixl_listens() {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     // Fetch (NIXLCOMM:SEND, answered with LOAD on the same connection), then push ours.
     let name = rs
-        .nixl_fetch_remote_metadata(&py.name, addr, WAIT)
+        .nixl()
+        .fetch_remote_metadata(&py.name, addr, WAIT)
         .expect("fetch from NIXL");
     assert_eq!(name, py.name);
-    rs.nixl_send_local_metadata(addr).expect("send to NIXL");
+    rs.nixl().send_local_metadata(addr).expect("send to NIXL");
     let st = py.ok(json!({"op": "check_md", "name": rs.name(), "wait": 10}));
     assert_eq!(st["loaded"], json!(true), "NIXL loaded what we sent");
     write_to_nixl(&rs, &src, &mut py, &name, py_dst, b"sc", 21);
     // Invalidation: NIXL forgets us.
-    rs.nixl_invalidate_local_metadata(addr).expect("INVL");
+    rs.nixl().invalidate_local_metadata(addr).expect("INVL");
     let st = py.ok(json!({"op": "check_md", "name": rs.name(), "want": false, "wait": 10}));
     assert_eq!(st["loaded"], json!(false), "NIXL dropped us after INVL");
     // Asking the wrong name is refused and loads nothing new.
     let e = rs
-        .nixl_fetch_remote_metadata("someone-else", addr, WAIT)
+        .nixl()
+        .fetch_remote_metadata("someone-else", addr, WAIT)
         .expect_err("wrong name");
     assert!(matches!(e, Error::Mismatch { .. }), "{e}");
 }
@@ -554,7 +556,7 @@ fn nixl_rs_restart_needs_invalidation_on_nixl() {
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let name = common::unique("rs-restarting");
     let first = rs_agent_named(&env, &name, common::TCP);
-    first.nixl_send_local_metadata(addr).expect("send");
+    first.nixl().send_local_metadata(addr).expect("send");
     let st = py.ok(json!({"op": "check_md", "name": name, "wait": 10}));
     assert_eq!(st["loaded"], json!(true));
     drop(first); // the nixl-rs process "restarts": same name, new worker address
@@ -563,13 +565,13 @@ fn nixl_rs_restart_needs_invalidation_on_nixl() {
     let _r = second
         .register_mem(vec![dst.clone()], &[])
         .expect("register");
-    let blob = second.local_nixl_metadata().expect("md");
+    let blob = second.nixl().local_metadata().expect("md");
     let e = py
         .load(&blob)
         .expect_err("NIXL refuses new connection info for a loaded name");
     assert!(e.contains("NOT_ALLOWED"), "{e}");
     // The documented way back: invalidate first, then publish again.
-    second.nixl_invalidate_local_metadata(addr).expect("INVL");
+    second.nixl().invalidate_local_metadata(addr).expect("INVL");
     let st = py.ok(json!({"op": "check_md", "name": name, "want": false, "wait": 10}));
     assert_eq!(st["loaded"], json!(false));
     assert_eq!(py.load(&blob).expect("loads after INVL"), name);

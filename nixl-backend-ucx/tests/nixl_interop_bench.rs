@@ -115,7 +115,7 @@ fn run(test: &str, env: &NixlEnv, kind: MemKind, tls: &str, len: usize, iters: u
     let a_src = alloc(&mut a, Some(7));
     let b_dst = alloc(&mut b, None);
     a.load(&b.metadata()).expect("NIXL loads NIXL");
-    a.load(&rs.local_nixl_metadata().expect("md"))
+    a.load(&rs.nixl().local_metadata().expect("md"))
         .expect("NIXL loads nixl-rs");
     let bench = |p: &mut NixlPeer, raddr: u64, remote: &str| {
         let v = p.ok(

@@ -52,7 +52,7 @@ fn two_nixl_rs_agents_over_nixls_wire() {
     dst.fill(0);
     let _ra = a.register_mem(vec![src.clone()], &[]).expect("register");
     let _rb = b.register_mem(vec![dst.clone()], &[]).expect("register");
-    let blob = b.local_nixl_metadata().expect("NIXL blob");
+    let blob = b.nixl().local_metadata().expect("NIXL blob");
     assert!(blob.starts_with(b"nixlSerDes|Agent"));
     assert_eq!(a.load_remote_metadata(&blob).expect("load"), b.name());
     assert_eq!(a.peer_wire(b.name()), Some(Wire::Nixl));
@@ -86,7 +86,8 @@ fn two_nixl_rs_agents_over_nixls_wire() {
     let reg = b.register_mem(vec![more.clone()], &[]).expect("register");
     let regs = [&reg];
     let partial = b
-        .local_partial_nixl_metadata(&nixl_core::MetadataSelection {
+        .nixl()
+        .local_partial_metadata(&nixl_core::MetadataSelection {
             registrations: Some(&regs),
             include_conn: false,
         })
@@ -115,11 +116,12 @@ fn nixlcomm_between_nixl_rs_agents_and_hostile_frames() {
     let l = NixlListener::start(&a, SocketAddr::from(([127, 0, 0, 1], 0))).expect("listen");
     let addr = l.local_addr();
     assert_eq!(
-        b.nixl_fetch_remote_metadata(a.name(), addr, WAIT)
+        b.nixl()
+            .fetch_remote_metadata(a.name(), addr, WAIT)
             .expect("fetch"),
         a.name()
     );
-    b.nixl_send_local_metadata(addr).expect("send");
+    b.nixl().send_local_metadata(addr).expect("send");
     eventually("LOAD", || a.remotes().contains(&b.name().to_owned()));
 
     // Hostile input: an unknown verb, a huge length, garbage after a valid frame, a LOAD of
@@ -158,15 +160,18 @@ fn nixlcomm_between_nixl_rs_agents_and_hostile_frames() {
     );
     // Still serving; then the client's own INVL removes it.
     assert_eq!(
-        b.nixl_fetch_remote_metadata(a.name(), addr, WAIT)
+        b.nixl()
+            .fetch_remote_metadata(a.name(), addr, WAIT)
             .expect("fetch"),
         a.name()
     );
-    b.nixl_invalidate_local_metadata(addr).expect("INVL");
+    b.nixl().invalidate_local_metadata(addr).expect("INVL");
     eventually("INVL", || !a.remotes().contains(&b.name().to_owned()));
     // Dropping the listener closes the port.
     drop(l);
-    let e = b.nixl_fetch_remote_metadata(a.name(), addr, Duration::from_secs(2));
+    let e = b
+        .nixl()
+        .fetch_remote_metadata(a.name(), addr, Duration::from_secs(2));
     assert!(e.is_err());
 }
 
@@ -225,7 +230,8 @@ fn nixl_listener_keeps_the_side_channel_rules() {
     std::thread::sleep(Duration::from_millis(300));
     let b = agent("after-idle");
     assert_eq!(
-        b.nixl_fetch_remote_metadata(a.name(), addr, WAIT)
+        b.nixl()
+            .fetch_remote_metadata(a.name(), addr, WAIT)
             .expect("a fetch past idle connections"),
         a.name()
     );

@@ -169,7 +169,7 @@ impl EtcdExchange {
                 Vec::new(),
                 self.rpc.default_deadline(),
             ))?;
-            return self.publish_bytes(DEFAULT_LABEL, &self.agent.local_nixl_metadata()?);
+            return self.publish_bytes(DEFAULT_LABEL, &self.agent.nixl().local_metadata()?);
         }
         self.publish_bytes(DEFAULT_LABEL, &self.agent.local_metadata()?)
     }
@@ -179,7 +179,7 @@ impl EtcdExchange {
     pub fn publish_partial(&self, label: &str, selection: &MetadataSelection<'_>) -> Result<()> {
         check_label(self.agent.name(), label)?;
         let md = if self.cfg.nixl {
-            self.agent.local_partial_nixl_metadata(selection)?
+            self.agent.nixl().local_partial_metadata(selection)?
         } else {
             self.agent.local_partial_metadata(selection)?
         };

@@ -47,18 +47,26 @@ impl Agent {
     /// peers: connection info and regions of every backend that speaks NIXL's wire
     /// ([`super::NixlWire`]).
     #[doc(alias = "getLocalMD")]
+    #[deprecated(note = "use `agent.nixl().local_metadata()`")]
     pub fn local_nixl_metadata(&self) -> Result<Vec<u8>> {
-        self.local_partial_nixl_metadata(&MetadataSelection {
+        self.nixl().local_metadata()
+    }
+
+    /// Partial metadata in NIXL's format.
+    #[doc(alias = "getLocalPartialMD")]
+    #[deprecated(note = "use `agent.nixl().local_partial_metadata(sel)`")]
+    pub fn local_partial_nixl_metadata(&self, sel: &MetadataSelection<'_>) -> Result<Vec<u8>> {
+        self.nixl().local_partial_metadata(sel)
+    }
+
+    pub(crate) fn nixl_full_metadata(&self) -> Result<Vec<u8>> {
+        self.nixl_partial_metadata(&MetadataSelection {
             registrations: None,
             include_conn: true,
         })
     }
 
-    /// Partial metadata in NIXL's format (`getLocalPartialMD`): only the selected
-    /// registrations, and connection info when asked for. NIXL needs connection info in the
-    /// first blob it loads from an agent.
-    #[doc(alias = "getLocalPartialMD")]
-    pub fn local_partial_nixl_metadata(&self, sel: &MetadataSelection<'_>) -> Result<Vec<u8>> {
+    pub(crate) fn nixl_partial_metadata(&self, sel: &MetadataSelection<'_>) -> Result<Vec<u8>> {
         let backends = self.shared.backends();
         let mut conns = Vec::new();
         if sel.include_conn {

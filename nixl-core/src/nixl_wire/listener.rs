@@ -240,7 +240,7 @@ fn serve(
                 }
                 Command::Send => {
                     let reply = agent
-                        .local_nixl_metadata()
+                        .nixl_full_metadata()
                         .ok()
                         .and_then(|md| encode_command(&Command::Load(md)));
                     match reply {
@@ -316,21 +316,42 @@ impl Agent {
     /// `sendLocalMD`). NIXL answers nothing; it loads the blob within its listener's poll
     /// delay (100 ms by default).
     #[doc(alias = "sendLocalMD")]
+    #[deprecated(note = "use `agent.nixl().send_local_metadata(addr)`")]
     pub fn nixl_send_local_metadata(&self, addr: SocketAddr) -> Result<()> {
-        let md = self.local_nixl_metadata()?;
-        self.nixl_send_metadata_bytes(addr, &md)
+        self.nixl().send_local_metadata(addr)
     }
 
-    /// Sends NIXL metadata bytes (e.g. from [`Agent::local_partial_nixl_metadata`]).
+    /// Sends NIXL metadata bytes.
+    #[deprecated(note = "use `agent.nixl().send_metadata_bytes(addr, md)`")]
     pub fn nixl_send_metadata_bytes(&self, addr: SocketAddr, md: &[u8]) -> Result<()> {
+        self.nixl().send_metadata_bytes(addr, md)
+    }
+
+    /// Asks the NIXL listener at `addr` for its agent's metadata and loads it.
+    #[doc(alias = "fetchRemoteMD")]
+    #[deprecated(note = "use `agent.nixl().fetch_remote_metadata(remote, addr, timeout)`")]
+    pub fn nixl_fetch_remote_metadata(
+        &self,
+        remote: &str,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<String> {
+        self.nixl().fetch_remote_metadata(remote, addr, timeout)
+    }
+
+    /// Tells the NIXL listener at `addr` to forget this agent.
+    #[doc(alias = "invalidateLocalMD")]
+    #[deprecated(note = "use `agent.nixl().invalidate_local_metadata(addr)`")]
+    pub fn nixl_invalidate_local_metadata(&self, addr: SocketAddr) -> Result<()> {
+        self.nixl().invalidate_local_metadata(addr)
+    }
+
+    pub(crate) fn nixl_send_bytes(&self, addr: SocketAddr, md: &[u8]) -> Result<()> {
         let timeout = self.shared.config.default_timeout;
         self.nixl_command(addr, &Command::Load(md.to_vec()), timeout)
     }
 
-    /// Asks the NIXL listener at `addr` for its agent's metadata (NIXL's `fetchRemoteMD`),
-    /// loads it and returns the name, blocking up to `timeout`. The answer must be `remote`'s.
-    #[doc(alias = "fetchRemoteMD")]
-    pub fn nixl_fetch_remote_metadata(
+    pub(crate) fn nixl_fetch(
         &self,
         remote: &str,
         addr: SocketAddr,
@@ -368,11 +389,7 @@ impl Agent {
         self.load_remote_metadata(&blob)
     }
 
-    /// Tells the NIXL listener at `addr` to forget this agent (NIXL's `invalidateLocalMD`).
-    /// Send it before re-publishing under the same name with new connection info: a NIXL
-    /// agent refuses changed connection info for a name it has loaded.
-    #[doc(alias = "invalidateLocalMD")]
-    pub fn nixl_invalidate_local_metadata(&self, addr: SocketAddr) -> Result<()> {
+    pub(crate) fn nixl_invalidate(&self, addr: SocketAddr) -> Result<()> {
         let timeout = self.shared.config.default_timeout;
         self.nixl_command(addr, &Command::Invalidate(self.name().to_owned()), timeout)
     }

@@ -5,12 +5,12 @@
 //! checksummed where it matters and are bounded. A NIXL agent speaks none of them, so an
 //! agent can also:
 //!
-//! - produce NIXL's metadata blob ([`Agent::local_nixl_metadata`],
-//!   [`Agent::local_partial_nixl_metadata`]) and load one: [`Agent::load_remote_metadata`]
+//! - produce NIXL's metadata blob ([`NixlView::local_metadata`],
+//!   [`NixlView::local_partial_metadata`]) and load one: [`Agent::load_remote_metadata`]
 //!   takes either format (a NIXL blob starts with `nixlSerDes|`);
 //! - serve and use NIXL's `NIXLCOMM` TCP side channel ([`NixlListener`],
-//!   [`Agent::nixl_send_local_metadata`], [`Agent::nixl_fetch_remote_metadata`],
-//!   [`Agent::nixl_invalidate_local_metadata`]);
+//!   [`NixlView::send_local_metadata`], [`NixlView::fetch_remote_metadata`],
+//!   [`NixlView::invalidate_local_metadata`]);
 //! - publish and fetch under NIXL's etcd keys (`crate::etcd::EtcdConfig::nixl_keys`, feature
 //!   `etcd`);
 //! - move data and notifications with a NIXL peer through backends that implement
@@ -33,10 +33,12 @@ mod listener;
 pub mod metadata;
 pub mod notif;
 pub mod serdes;
+mod view;
 
 pub use backend::NixlWire;
 pub use listener::NixlListener;
 pub use metadata::{is_nixl_blob, NixlConn, NixlDesc, NixlMetadata, NixlSection};
+pub use view::NixlView;
 
 #[cfg(doc)]
 use crate::Agent;

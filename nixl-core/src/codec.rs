@@ -14,8 +14,10 @@ use crate::mem::{MemKind, RegionDesc};
 
 /// Magic prefix of encoded metadata.
 pub const MAGIC: &[u8; 8] = b"NIXLRSMD";
-/// The version this build writes (and the only one it reads).
-pub const VERSION: u16 = 3;
+/// The version this build writes: 4 added region labels.
+pub const VERSION: u16 = 4;
+/// The oldest version this build reads (3: no region labels).
+pub const MIN_VERSION: u16 = 3;
 /// Longest agent or backend name.
 pub const MAX_NAME: usize = 256;
 /// Most backends in one metadata blob.
@@ -49,6 +51,8 @@ pub struct RegionEntry {
     pub desc: RegionDesc,
     /// The backend's public bytes for it (an rkey).
     pub public: Vec<u8>,
+    /// The label its owner registered it with (`Agent::register_mem_labeled`); empty: none.
+    pub label: String,
 }
 
 /// An agent's metadata, decoded.
@@ -102,6 +106,7 @@ impl AgentMetadata {
                 .put_u64(r.desc.len)
                 .put_u64(r.desc.dev_id);
             w.put_blob(&r.desc.meta).put_blob(&r.public);
+            w.put_str(&r.label);
         }
         let sum = checksum(w.as_slice());
         w.put_u64(sum);
@@ -111,7 +116,7 @@ impl AgentMetadata {
     /// Decodes bytes, refusing anything malformed, oversized, damaged (checksum) or with
     /// trailing bytes.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let body = checked_body(bytes)?;
+        let (body, version) = checked_body(bytes)?;
         let mut r = ByteReader::new(body);
         r.magic(MAGIC)?;
         r.u16()?;
@@ -135,7 +140,7 @@ impl AgentMetadata {
             None
         };
         let backends = read_backends(&mut r)?;
-        let regions = read_regions(&mut r, backends.len())?;
+        let regions = read_regions(&mut r, backends.len(), version >= 4)?;
         r.finish()?;
         Ok(AgentMetadata {
             name,
@@ -152,7 +157,7 @@ impl AgentMetadata {
 /// The blob without its checksum, once its size, magic, version and checksum are right. The
 /// checksum covers everything before it: a damaged byte anywhere (a name, a generation, an
 /// address) is refused before any field is believed.
-fn checked_body(bytes: &[u8]) -> Result<&[u8], DecodeError> {
+fn checked_body(bytes: &[u8]) -> Result<(&[u8], u16), DecodeError> {
     if bytes.len() > MAX_METADATA {
         return Err(DecodeError::TooLarge {
             what: "metadata",
@@ -163,7 +168,7 @@ fn checked_body(bytes: &[u8]) -> Result<&[u8], DecodeError> {
     let mut r = ByteReader::new(bytes);
     r.magic(MAGIC)?;
     let version = r.u16()?;
-    if version != VERSION {
+    if !(MIN_VERSION..=VERSION).contains(&version) {
         return Err(DecodeError::UnsupportedVersion(version));
     }
     let Some(body_len) = bytes.len().checked_sub(8) else {
@@ -184,7 +189,7 @@ fn checked_body(bytes: &[u8]) -> Result<&[u8], DecodeError> {
     if checksum(body) != u64::from_le_bytes(sb) {
         return Err(DecodeError::Invalid { what: "checksum" });
     }
-    Ok(body)
+    Ok((body, version))
 }
 
 /// The backend records: unique, non-empty names and their connection info.
@@ -209,8 +214,12 @@ fn read_backends(r: &mut ByteReader<'_>) -> Result<Vec<BackendEntry>, DecodeErro
 }
 
 /// The region records, each naming one of the `backends` backends and a non-empty range
-/// that does not overflow.
-fn read_regions(r: &mut ByteReader<'_>, backends: usize) -> Result<Vec<RegionEntry>, DecodeError> {
+/// that does not overflow, with its label where the version has them.
+fn read_regions(
+    r: &mut ByteReader<'_>,
+    backends: usize,
+    labels: bool,
+) -> Result<Vec<RegionEntry>, DecodeError> {
     // A region record is at least 4 + 1 + 24 + 4 + 4 = 37 bytes.
     let nr = r.count("region count", MAX_REGIONS, 37)?;
     let mut regions = Vec::with_capacity(nr);
@@ -234,7 +243,13 @@ fn read_regions(r: &mut ByteReader<'_>, backends: usize) -> Result<Vec<RegionEnt
         }
         let meta = r.blob("region meta", MAX_BLOB)?.to_vec();
         let public = r.blob("region public metadata", MAX_BLOB)?.to_vec();
+        let label = if labels {
+            r.str("region label", MAX_NAME)?.to_owned()
+        } else {
+            String::new()
+        };
         regions.push(RegionEntry {
+            label,
             backend,
             desc: RegionDesc {
                 kind,
@@ -299,9 +314,11 @@ mod tests {
                     any::<u64>(),
                     proptest::collection::vec(any::<u8>(), 0..16),
                     proptest::collection::vec(any::<u8>(), 0..64),
+                    "[a-z0-9-]{0,12}",
                 )
                     .prop_map(
-                        |(backend, kind, addr, len, dev_id, meta, public)| RegionEntry {
+                        |(backend, kind, addr, len, dev_id, meta, public, label)| RegionEntry {
+                            label,
                             backend,
                             desc: RegionDesc {
                                 kind,
@@ -403,6 +420,7 @@ mod tests {
             }],
             regions: (0..4)
                 .map(|i| RegionEntry {
+                    label: format!("pool-{i}"),
                     backend: 0,
                     desc: RegionDesc {
                         kind: MemKind::Dram,
@@ -454,5 +472,33 @@ mod tests {
             AgentMetadata::decode(&t),
             Err(DecodeError::Invalid { what: "checksum" })
         );
+    }
+
+    /// Version 3 metadata (before region labels) still decodes, its regions unlabeled.
+    #[test]
+    fn version_3_without_labels_still_decodes() {
+        let mut w = ByteWriter::new();
+        w.put(MAGIC).put_u16(3);
+        w.put_str("old-peer").put_u64(7).put_u8(FLAG_CONN);
+        w.put_len(1).put_str("INPROC").put_blob(b"conn");
+        w.put_len(1).put_len(0).put_u8(MemKind::Dram.tag());
+        w.put_u64(0x1000).put_u64(4096).put_u64(0);
+        w.put_blob(b"").put_blob(b"rkey");
+        let sum = checksum(w.as_slice());
+        w.put_u64(sum);
+        let md = AgentMetadata::decode(&w.into_vec()).unwrap();
+        assert_eq!(md.name, "old-peer");
+        assert_eq!(md.regions.len(), 1);
+        assert_eq!(md.regions[0].label, "");
+        assert_eq!(md.regions[0].public, b"rkey");
+        // Version 2 and 5 are refused.
+        for v in [2u16, 5] {
+            let mut w = ByteWriter::new();
+            w.put(MAGIC).put_u16(v).put_u64(0);
+            assert!(matches!(
+                AgentMetadata::decode(&w.into_vec()),
+                Err(DecodeError::UnsupportedVersion(x)) if x == v
+            ));
+        }
     }
 }

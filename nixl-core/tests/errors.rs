@@ -279,6 +279,7 @@ fn bad_metadata_changes_nothing() {
     let mut md = AgentMetadata::decode(&good).unwrap();
     md.name = "impostor".into();
     md.regions.push(RegionEntry {
+        label: String::new(),
         backend: 0,
         desc: RegionDesc {
             kind: MemKind::Dram,

@@ -276,6 +276,7 @@ pub fn metadata(conn_info: Vec<u8>, region: Option<(Vec<u8>, (u64, u64))>) -> (S
     let name = format!("fuzz-peer-{}", SEQ.fetch_add(1, Ordering::Relaxed));
     let regions = region
         .map(|(public, (addr, len))| RegionEntry {
+            label: String::new(),
             backend: 0,
             desc: RegionDesc {
                 kind: MemKind::Dram,

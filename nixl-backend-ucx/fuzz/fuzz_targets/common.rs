@@ -231,6 +231,7 @@ pub fn metadata(conn_info: Vec<u8>, rkey: Option<(Vec<u8>, (u64, u64))>) -> (Str
     let name = format!("fuzz-peer-{}", SEQ.fetch_add(1, Ordering::Relaxed));
     let regions = rkey
         .map(|(packed, (addr, len))| RegionEntry {
+            label: String::new(),
             backend: 0,
             desc: RegionDesc {
                 kind: MemKind::Dram,

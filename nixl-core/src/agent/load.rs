@@ -29,8 +29,9 @@ pub(super) struct LoadPlan<'a> {
     pub(super) existing: Option<Arc<RemotePeer>>,
     /// Whether the blob is that same incarnation (an append).
     pub(super) same_gen: bool,
-    /// Regions not loaded yet, grouped per region (one entry per backend that has it).
-    pub(super) new_regions: Vec<(RegionDesc, PerBackend<'a>)>,
+    /// Regions not loaded yet, grouped per region (one entry per backend that has it), with
+    /// their labels.
+    pub(super) new_regions: Vec<(RegionDesc, &'a str, PerBackend<'a>)>,
 }
 
 impl<'a> LoadPlan<'a> {
@@ -179,7 +180,7 @@ impl<'a> LoadPlan<'a> {
         wire: Wire,
     ) -> Result<RegionIndex<Arc<RemoteRegion>>> {
         let mut loaded = RegionIndex::default();
-        for (desc, per) in &self.new_regions {
+        for (desc, label, per) in &self.new_regions {
             let mut mds = Vec::with_capacity(per.len());
             for (slot, public) in per {
                 if !peer.is_connected(slot.id) {
@@ -197,6 +198,7 @@ impl<'a> LoadPlan<'a> {
                 desc.len,
                 Arc::new(RemoteRegion {
                     desc: desc.clone(),
+                    label: (*label).to_owned(),
                     mds,
                 }),
             );
@@ -365,8 +367,8 @@ fn group_regions<'a>(
     md: &'a AgentMetadata,
     slots: &[Option<Arc<BackendSlot>>],
     same: Option<&RemotePeer>,
-) -> Result<Vec<(RegionDesc, PerBackend<'a>)>> {
-    let mut new_regions: Vec<(RegionDesc, PerBackend<'a>)> = Vec::new();
+) -> Result<Vec<(RegionDesc, &'a str, PerBackend<'a>)>> {
+    let mut new_regions: Vec<(RegionDesc, &'a str, PerBackend<'a>)> = Vec::new();
     let mut by_desc: HashMap<&RegionDesc, usize> = HashMap::new();
     for r in &md.regions {
         let Some(slot) = &slots[r.backend] else {
@@ -391,10 +393,10 @@ fn group_regions<'a>(
             continue;
         }
         match by_desc.get(&r.desc) {
-            Some(&i) => new_regions[i].1.push((slot.clone(), &r.public)),
+            Some(&i) => new_regions[i].2.push((slot.clone(), &r.public)),
             None => {
                 by_desc.insert(&r.desc, new_regions.len());
-                new_regions.push((r.desc.clone(), vec![(slot.clone(), &r.public)]));
+                new_regions.push((r.desc.clone(), &r.label, vec![(slot.clone(), &r.public)]));
             }
         }
     }

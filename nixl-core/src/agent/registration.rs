@@ -32,6 +32,8 @@ impl RegRegion {
 
 pub(crate) struct RegInner {
     pub id: u64,
+    /// The label the owner registered it with ([`Agent::register_mem_labeled`]).
+    pub label: Option<String>,
     pub shared: Arc<Shared>,
     pub regions: Vec<RegRegion>,
     pub deregistered: AtomicBool,
@@ -85,6 +87,11 @@ impl std::fmt::Debug for Registration {
 }
 
 impl Registration {
+    /// The label it was registered with ([`Agent::register_mem_labeled`]), if any.
+    pub fn label(&self) -> Option<&str> {
+        self.inner.label.as_deref()
+    }
+
     /// The registered regions.
     pub fn regions(&self) -> Vec<RegionDesc> {
         self.inner.regions.iter().map(|r| r.desc.clone()).collect()
@@ -214,6 +221,39 @@ impl Agent {
         regions: Vec<Arc<dyn MemoryRegion>>,
         hints: &[BackendHandle],
     ) -> Result<Registration> {
+        self.register(regions, hints, None)
+    }
+
+    /// Registers memory as [`Agent::register_mem`] does, under a label its metadata carries
+    /// to peers (`"kv-pool"`, `"layer-3"`): a peer finds these regions with
+    /// [`Agent::remote_regions_labeled`] instead of telling them apart by size. The label is
+    /// 1 to 256 bytes (`InvalidParam` otherwise); several registrations may share one.
+    pub fn register_mem_labeled(
+        &self,
+        label: &str,
+        regions: Vec<Arc<dyn MemoryRegion>>,
+        hints: &[BackendHandle],
+    ) -> Result<Registration> {
+        if label.is_empty() || label.len() > crate::codec::MAX_NAME {
+            return Err(Error::invalid(
+                self.name(),
+                Op::RegisterMem,
+                format!(
+                    "a region label is 1 to {} bytes, not {}",
+                    crate::codec::MAX_NAME,
+                    label.len()
+                ),
+            ));
+        }
+        self.register(regions, hints, Some(label))
+    }
+
+    fn register(
+        &self,
+        regions: Vec<Arc<dyn MemoryRegion>>,
+        hints: &[BackendHandle],
+        label: Option<&str>,
+    ) -> Result<Registration> {
         let name = self.name().to_owned();
         if regions.is_empty() {
             return Err(Error::invalid(
@@ -254,6 +294,7 @@ impl Agent {
         }
         let inner = Arc::new(RegInner {
             id: self.shared.next_id(),
+            label: label.map(str::to_owned),
             shared: self.shared.clone(),
             regions: regions
                 .into_iter()

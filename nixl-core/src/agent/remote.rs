@@ -20,6 +20,8 @@ use crate::nixl_wire::Wire;
 /// A peer's region, loaded into some backends.
 pub(crate) struct RemoteRegion {
     pub desc: RegionDesc,
+    /// The label its owner registered it with (empty: none).
+    pub label: String,
     pub mds: Vec<(Arc<BackendSlot>, BackendMd, Vec<u8>)>,
 }
 
@@ -183,6 +185,7 @@ impl Agent {
                         continue;
                     };
                     regions.push(RegionEntry {
+                        label: reg.label.clone().unwrap_or_default(),
                         backend: idx,
                         desc: r.desc.clone(),
                         public: slot.backend.public_metadata(md)?,
@@ -397,6 +400,20 @@ impl Agent {
         let peer = self.remote_peer(remote, Op::LoadMetadata)?;
         let regions = peer.regions.lock();
         Ok(regions.values().map(|r| r.desc.clone()).collect())
+    }
+
+    /// The loaded regions of `remote` its owner registered with `label`
+    /// ([`Agent::register_mem_labeled`]): how a peer's KV pool is told from its other regions.
+    /// Empty when none carries the label (regions of peers older than labels carry none);
+    /// `NotFound` for a peer that is not loaded.
+    pub fn remote_regions_labeled(&self, remote: &str, label: &str) -> Result<Vec<RegionDesc>> {
+        let peer = self.remote_peer(remote, Op::LoadMetadata)?;
+        let regions = peer.regions.lock();
+        Ok(regions
+            .values()
+            .filter(|r| !label.is_empty() && r.label == label)
+            .map(|r| r.desc.clone())
+            .collect())
     }
 
     /// The name and generation of metadata bytes, when this agent would accept them as

@@ -160,6 +160,7 @@ impl Agent {
             };
             for d in s.descs {
                 regions.push(RegionEntry {
+                    label: String::new(),
                     backend: idx,
                     desc: RegionDesc {
                         kind: s.kind,

@@ -11,12 +11,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hostile::{agent, unique, Victim, VictimSpec};
-use nixl::core::codec::AgentMetadata;
-use nixl::core::sidechannel::frame::{
+use nixl::core::testing::{signal, skip, Dep};
+use nixl::core::wire::codec::AgentMetadata;
+use nixl::core::wire::sidechannel::frame::{
     decode, encode_invalidate, encode_plain, encode_signed_request, Kind,
 };
-use nixl::core::sidechannel::read_frame;
-use nixl::core::testing::{signal, skip, Dep};
+use nixl::core::wire::sidechannel::read_frame;
 use nixl::core::{ErrorKind, RegionDesc};
 use nixl::ucx::{fuzzing, probe, UcxParams};
 use nixl::{Agent, Credential, HostBuffer, MemKind};
@@ -64,7 +64,7 @@ fn raw(addr: std::net::SocketAddr, bytes: &[u8]) -> Kind {
 
 /// The metadata blob inside (possibly sealed) bytes.
 fn blob(md: &[u8]) -> AgentMetadata {
-    AgentMetadata::decode(nixl::core::auth::unsealed(md).unwrap()).unwrap()
+    AgentMetadata::decode(nixl::core::wire::auth::unsealed(md).unwrap()).unwrap()
 }
 
 /// `fetch` answered by the victim: (elapsed ms, outcome).
@@ -304,7 +304,7 @@ fn a_stranger_cannot_fetch_the_keys_to_the_victims_memory() {
         assert_eq!(e.kind(), ErrorKind::NotAllowed, "{e}");
         assert!(s.remotes().is_empty());
     }
-    let mut w = nixl::core::bytes::ByteWriter::new();
+    let mut w = nixl::core::backend::bytes::ByteWriter::new();
     w.put_str(&v.name);
     assert_eq!(
         raw(v.listen, &encode_plain(Kind::Fetch, w.as_slice())),
@@ -539,7 +539,7 @@ fn a_forged_integrity_frame_does_not_stall_a_wait() {
     let peer = agent("forger", TCP, Some(&c));
     peer.fetch_remote_metadata_blocking(&v.name, v.listen, Duration::from_secs(10))
         .unwrap();
-    let frame = nixl::core::integrity::Frame {
+    let frame = nixl::core::wire::integrity::Frame {
         hash: 0,
         ranges: vec![(0, v.mem_addr, v.mem_len); 4000],
         msg: b"forged".to_vec(),
@@ -567,7 +567,7 @@ fn a_notifications_sender_is_its_connection() {
         .unwrap();
     // The attacker got the victim's metadata somewhere (etcd read access, a sniffer) and
     // connects under the honest peer's name, without the credential.
-    let mut w = nixl::core::bytes::ByteWriter::new();
+    let mut w = nixl::core::backend::bytes::ByteWriter::new();
     w.put_str(&v.name);
     let (req, _) = encode_signed_request(Kind::Fetch, w.as_slice(), &c).unwrap();
     let mut s = TcpStream::connect(v.listen).unwrap();

@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use std::os::linux::net::SocketAddrExt;
 
-use nixl::core::codec::AgentMetadata;
-use nixl::core::sidechannel::frame::{decode, encode_plain, Kind};
-use nixl::core::sidechannel::read_frame;
 use nixl::core::testing::two_process::{child_main, Child};
 use nixl::core::testing::{skip, Dep};
+use nixl::core::wire::codec::AgentMetadata;
+use nixl::core::wire::sidechannel::frame::{decode, encode_plain, Kind};
+use nixl::core::wire::sidechannel::read_frame;
 use nixl::core::{ErrorKind, ProcessId, RegionDesc};
 use nixl::ucx::{probe, UcxParams};
 use nixl::{Agent, AgentConfig, HostBuffer};
@@ -93,7 +93,7 @@ fn identity_role() {
                 let owner_pid: u32 = env.parse("owner_pid")?;
                 let mine = a.local_metadata().map_err(|e| e.to_string())?;
                 let mut m = AgentMetadata::decode(
-                    nixl::core::auth::unsealed(&mine).map_err(|e| e.to_string())?,
+                    nixl::core::wire::auth::unsealed(&mine).map_err(|e| e.to_string())?,
                 )
                 .map_err(|e| e.to_string())?;
                 let me = m.process.ok_or("no process in metadata")?;
@@ -128,7 +128,7 @@ fn identity_role() {
             // own client makes) and over TCP.
             "other-user" => {
                 let push = a.local_metadata().map_err(|e| e.to_string())?;
-                let mut wanted = nixl::core::bytes::ByteWriter::new();
+                let mut wanted = nixl::core::backend::bytes::ByteWriter::new();
                 wanted.put_str(&env.parent);
                 for (kind, payload, what) in [
                     (Kind::Fetch, wanted.as_slice(), "FETCH"),

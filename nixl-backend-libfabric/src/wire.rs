@@ -2,10 +2,10 @@
 //! name per rail) and per-region public metadata (addressing mode + one key per rail), and the
 //! framing of the notification path: a connection's hello, then notifications naming its
 //! session (never the sender's name). Read and written with nixl-core's one byte reader
-//! ([`nixl_core::bytes`]): bounded, typed errors on anything malformed.
+//! ([`nixl_core::backend::bytes`]): bounded, typed errors on anything malformed.
 
+use nixl_core::backend::bytes::{ByteReader, ByteWriter};
 use nixl_core::backend::{SessionId, SESSION_LEN};
-use nixl_core::bytes::{ByteReader, ByteWriter};
 use nixl_core::DecodeError;
 
 const CONN_MAGIC: &[u8; 4] = b"LFB2";
@@ -77,7 +77,7 @@ pub fn decode_region(b: &[u8]) -> Result<(bool, Vec<u64>), DecodeError> {
 /// A message on the notification path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message<'a> {
-    /// A connection's hello (`nixl_core::hello`): who its later notifications are from.
+    /// A connection's hello (`nixl_core::backend::hello`): who its later notifications are from.
     Hello(&'a [u8]),
     /// A notification in a session a hello opened.
     Notif(SessionId, &'a [u8]),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nixl_backend_libfabric::{LibfabricParams, LibfabricPlugin};
-use nixl_core::codec::AgentMetadata;
+use nixl_core::wire::codec::AgentMetadata;
 use nixl_core::{
     Agent, AgentConfig, Error, HostBuffer, MemKind, RawRegion, RegionDesc, XferDescList, XferOp,
     XferOptions,

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nixl_backend_libfabric::LibfabricParams;
-use nixl_core::codec::AgentMetadata;
 use nixl_core::testing::two_process::{child_main, Child, ChildEnv, ENV_CHILD};
+use nixl_core::wire::codec::AgentMetadata;
 use nixl_core::{
     Agent, AgentConfig, Error, HostBuffer, MemKind, XferDescList, XferOp, XferOptions, XferTarget,
 };

@@ -1,7 +1,7 @@
 //! Introducing this agent on a new connection: a hello over every endpoint to a peer, before
 //! any notification (UCX keeps the order of active messages on an endpoint), and the
 //! notification header of that endpoint's session. The receiver attributes notifications by
-//! session and connection (`nixl_core::hello`), never by a name in the message.
+//! session and connection (`nixl_core::backend::hello`), never by a name in the message.
 
 use std::sync::Arc;
 

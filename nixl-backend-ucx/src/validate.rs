@@ -18,7 +18,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use nixl_core::bytes::ByteReader;
+use nixl_core::backend::bytes::ByteReader;
 use nixl_core::DecodeError;
 
 /// `UCP_MAX_MDS` (64 since UCX 1.13).

@@ -4,10 +4,10 @@
 //! truncated or corrupted bytes are refused with a typed error before UCX parses anything
 //! (the structure UCX itself reads is checked in [`crate::validate`]); and the header of
 //! notification active messages (magic + the session id of the connection's hello, never a
-//! name). Read and written with nixl-core's one byte reader ([`nixl_core::bytes`]).
+//! name). Read and written with nixl-core's one byte reader ([`nixl_core::backend::bytes`]).
 
+use nixl_core::backend::bytes::{ByteReader, ByteWriter};
 use nixl_core::backend::{SessionId, SESSION_LEN};
-use nixl_core::bytes::{ByteReader, ByteWriter};
 use nixl_core::{DecodeError, ProcessId};
 
 /// Connection info magic.

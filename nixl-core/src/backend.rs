@@ -8,6 +8,11 @@
 //! connection info and region metadata, and turns a list of [`Segment`]s into a
 //! [`BackendXfer`] that the agent posts and polls.
 
+#[path = "bytes.rs"]
+pub mod bytes;
+#[path = "hello.rs"]
+pub mod hello;
+
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -8,7 +8,7 @@
 //! the field.
 //!
 //! ```
-//! use nixl_core::bytes::{ByteReader, ByteWriter};
+//! use nixl_core::backend::bytes::{ByteReader, ByteWriter};
 //! let mut w = ByteWriter::new();
 //! w.put_u16(7).put_str("ucx").put_blob(&[1, 2, 3]);
 //! let bytes = w.into_vec();

@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{agent, registered, snapshot};
-use nixl_core::codec::{AgentMetadata, BackendEntry, RegionEntry};
+use nixl_core::wire::codec::{AgentMetadata, BackendEntry, RegionEntry};
 use nixl_core::{
     Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, MetadataSelection, RawRegion, RegionDesc,
     XferDescList, XferOp, XferOptions, XferTarget,

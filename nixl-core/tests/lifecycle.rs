@@ -593,14 +593,14 @@ fn hostile_integrity_frames_never_read_foreign_memory() {
     a.load_remote_metadata(&b.local_metadata().unwrap())
         .unwrap();
     // A frame naming memory b never registered (address 8: unmapped) must be refused, not read.
-    let frame = nixl_core::integrity::Frame {
+    let frame = nixl_core::wire::integrity::Frame {
         hash: 1,
         ranges: vec![(0, 8, 4096)],
         msg: b"x".to_vec(),
     }
     .encode();
     a.gen_notif(b.name(), &frame, &[]).unwrap();
-    let mut truncated = nixl_core::integrity::MAGIC.to_vec();
+    let mut truncated = nixl_core::wire::integrity::MAGIC.to_vec();
     truncated.extend_from_slice(&[1, 2, 3]);
     a.gen_notif(b.name(), &truncated, &[]).unwrap();
     a.gen_notif(b.name(), b"plain", &[]).unwrap();
@@ -618,7 +618,7 @@ fn wait_notifs_reports_each_integrity_failure_once() {
         .unwrap();
     // Two frames that fail verification (memory b never registered).
     for _ in 0..2 {
-        let frame = nixl_core::integrity::Frame {
+        let frame = nixl_core::wire::integrity::Frame {
             hash: 1,
             ranges: vec![(0, 8, 4096)],
             msg: b"bad".to_vec(),

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::agent_with;
-use nixl_core::hello::{Hello, Sessions, SESSION_LEN};
+use nixl_core::backend::hello::{Hello, Sessions, SESSION_LEN};
 use nixl_core::{AgentConfig, Error};
 
 fn small_queue() -> AgentConfig {
@@ -125,7 +125,7 @@ fn integrity_frames_are_hashed_only_where_asked_and_within_budget() {
     let verifier = agent_with("int-verifier", cfg);
     let frame_over = |buf: &nixl_core::HostBuffer, n: usize| {
         let bytes = buf.to_vec()[..n].to_vec();
-        nixl_core::integrity::Frame {
+        nixl_core::wire::integrity::Frame {
             hash: xxhash_rust::xxh3::xxh3_64(&bytes),
             ranges: vec![(0, buf.addr(), n as u64)],
             msg: format!("{} bytes", n).into_bytes(),

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{registered, unique};
-use nixl_core::sidechannel::frame::{decode, encode_plain, encode_signed_request, Kind};
-use nixl_core::sidechannel::read_frame;
+use nixl_core::wire::sidechannel::frame::{decode, encode_plain, encode_signed_request, Kind};
+use nixl_core::wire::sidechannel::read_frame;
 use nixl_core::{
     Agent, AgentConfig, Auth, Credential, ErrorKind, InprocParams, Limits, ListenerLimits,
 };
@@ -78,7 +78,7 @@ fn authenticated_agents_exchange_and_others_are_refused() {
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotAllowed);
     // A raw unsigned frame gets a refusal, not metadata.
-    let mut w = nixl_core::bytes::ByteWriter::new();
+    let mut w = nixl_core::backend::bytes::ByteWriter::new();
     w.put_str(b.name());
     let f = raw(addr_b, &encode_plain(Kind::Fetch, w.as_slice()));
     assert_eq!(decode(&f).unwrap().kind, Kind::Err);
@@ -136,7 +136,7 @@ fn only_the_owner_invalidates() {
     owner.send_local_metadata(addr).unwrap();
     // A cluster member forges an INVALIDATE for the owner (right name and generation, its own
     // owner token): refused.
-    let payload = nixl_core::sidechannel::frame::encode_invalidate(
+    let payload = nixl_core::wire::sidechannel::frame::encode_invalidate(
         owner.name(),
         owner.generation(),
         &[7u8; 32],

@@ -6,8 +6,8 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use common::{agent_with, registered, unique};
-use nixl_core::sidechannel::frame::{decode, encode_plain, Kind};
-use nixl_core::sidechannel::read_frame;
+use nixl_core::wire::sidechannel::frame::{decode, encode_plain, Kind};
+use nixl_core::wire::sidechannel::read_frame;
 use nixl_core::{
     Agent, AgentConfig, Error, MemKind, XferDescList, XferOp, XferOptions, XferTarget,
 };
@@ -192,7 +192,7 @@ fn fetch_deadline_bounds_a_trickling_reply() {
     let addr = l.local_addr().unwrap();
     let server = std::thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap();
-        let _ = nixl_core::sidechannel::read_frame(&mut s, 1 << 20);
+        let _ = nixl_core::wire::sidechannel::read_frame(&mut s, 1 << 20);
         // A frame header announcing 1000 bytes, then the body one byte at a time, for at
         // most 10 s.
         let _ = s.write_all(&1000u32.to_le_bytes());

@@ -1,9 +1,9 @@
 //! The bytes this crate puts on the wire (IPC handles, shared-memory handles, connection
 //! info), in the builder shape its encoders use, over nixl-core's one byte reader and writer
-//! ([`nixl_core::bytes`]): a magic prefix, then bounded little-endian fields. Every decode
+//! ([`nixl_core::backend::bytes`]): a magic prefix, then bounded little-endian fields. Every decode
 //! failure is a typed [`DecodeError`]; nothing reads past the input.
 
-use nixl_core::bytes::{ByteReader, ByteWriter};
+use nixl_core::backend::bytes::{ByteReader, ByteWriter};
 use nixl_core::DecodeError;
 
 pub(crate) struct Writer(ByteWriter);

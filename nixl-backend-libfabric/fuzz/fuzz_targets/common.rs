@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use nixl_backend_libfabric::fuzzing::{av_inserts, decode_conn, encode_conn, rma_posts};
 use nixl_backend_libfabric::LibfabricParams;
-use nixl_core::codec::{AgentMetadata, BackendEntry, RegionEntry};
+use nixl_core::wire::codec::{AgentMetadata, BackendEntry, RegionEntry};
 use nixl_core::{Agent, AgentConfig, Error, HostBuffer, MemKind, RegionDesc, Registration};
 
 /// Bytes of the victim's and the targets' registered buffers.

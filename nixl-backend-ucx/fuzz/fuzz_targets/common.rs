@@ -30,7 +30,7 @@ use nixl_backend_ucx::fuzzing::{
     decode_conn, decode_rkey, encode_conn, encode_rkey, ep_creates, rkey_unpacks, rma_posts,
 };
 use nixl_backend_ucx::UcxParams;
-use nixl_core::codec::{AgentMetadata, BackendEntry, RegionEntry};
+use nixl_core::wire::codec::{AgentMetadata, BackendEntry, RegionEntry};
 use nixl_core::{
     Agent, AgentConfig, Error, HostBuffer, MemKind, RegionDesc, Registration, XferDescList,
     XferOp, XferOptions, XferState,

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nixl_core::integrity::{Frame, MAGIC};
+use nixl_core::wire::integrity::{Frame, MAGIC};
 
 fuzz_target!(|data: &[u8]| {
     let mut framed = MAGIC.to_vec();

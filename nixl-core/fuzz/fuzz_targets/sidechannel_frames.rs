@@ -2,8 +2,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nixl_core::sidechannel::frame::decode;
-use nixl_core::sidechannel::{parse_invalidate, read_frame};
+use nixl_core::wire::sidechannel::frame::decode;
+use nixl_core::wire::sidechannel::{parse_invalidate, read_frame};
 
 fuzz_target!(|data: &[u8]| {
     let mut cur = data;

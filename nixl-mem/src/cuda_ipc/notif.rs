@@ -1,6 +1,6 @@
 //! The notification channel of `CUDA_IPC`: a Unix stream socket in the abstract namespace
 //! (named in the connection info), one connection per sending peer, length-prefixed frames.
-//! The first frame on a connection is the sender's hello (`nixl_core::hello`: signed with the
+//! The first frame on a connection is the sender's hello (`nixl_core::backend::hello`: signed with the
 //! cluster credential when authentication is on); each later frame is one notification,
 //! attributed to the hello's sender, never to a name inside it. Bounded: hellos up to
 //! [`MAX_HELLO`] bytes, messages up to [`MAX_NOTIF`]; a peer that breaks the protocol or whose

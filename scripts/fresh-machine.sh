@@ -163,7 +163,7 @@ for c in "${cmds[@]}"; do
     t=$(date +%s)
     if chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
         PATH=/opt/rust/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-        RUSTUP_HOME=/opt/rust/rustup CARGO_HOME=/root/.cargo \
+        RUSTUP_HOME=/opt/rust/rustup CARGO_HOME=/root/.cargo CARGO_INCREMENTAL=0 \
         NIXL_REQUIRE_DEPS="${NIXL_REQUIRE_DEPS:-1}" \
         /bin/bash -c "cd /work/nixl-rs && $c"; then
         echo "== fresh-machine: '$c' passed in $(($(date +%s) - t)) s"

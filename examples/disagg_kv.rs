@@ -30,7 +30,7 @@
 //! announced on the first line.
 //!
 //! `--hosts 2` runs prefill and decode on two hosts of their own: network, PID, mount, IPC and
-//! UTS namespaces joined by `--rails` virtual links (`nixl::core::testing::netns`; needs root
+//! UTS namespaces joined by `--rails` virtual links (`nixl_testkit::netns`; needs root
 //! and iproute2), so nothing but the network path connects them, and the run fails unless the
 //! path report names the network transport (UCX `tcp/eth0`, libfabric `tcp` on `eth0`):
 //!

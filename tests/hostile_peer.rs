@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hostile::{agent, unique, Victim, VictimSpec};
-use nixl::core::testing::{signal, skip, Dep};
 use nixl::core::wire::codec::AgentMetadata;
 use nixl::core::wire::sidechannel::frame::{
     decode, encode_invalidate, encode_plain, encode_signed_request, Kind,
@@ -20,6 +19,7 @@ use nixl::core::wire::sidechannel::read_frame;
 use nixl::core::{ErrorKind, RegionDesc};
 use nixl::ucx::{fuzzing, probe, UcxParams};
 use nixl::{Agent, Credential, HostBuffer, MemKind};
+use nixl_testkit::{signal, skip, Dep};
 
 const CHILD: &str = "victim_role";
 const TCP: &str = "tcp";

@@ -12,13 +12,13 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
-use nixl::core::testing::signal::Sig;
-use nixl::core::testing::two_process::{child_main, Child};
-use nixl::core::testing::{skip, Dep};
 use nixl::core::ErrorKind;
 use nixl::libfabric::LibfabricParams;
 use nixl::ucx::{probe, UcxParams};
 use nixl::{Agent, AgentConfig, HostBuffer, MemKind, XferDescList, XferOp, XferOptions};
+use nixl_testkit::signal::Sig;
+use nixl_testkit::two_process::{child_main, Child};
+use nixl_testkit::{skip, Dep};
 
 const CHILD: &str = "restart_peer_role";
 /// The block each request moves.

@@ -9,14 +9,14 @@ use std::time::Duration;
 
 use std::os::linux::net::SocketAddrExt;
 
-use nixl::core::testing::two_process::{child_main, Child};
-use nixl::core::testing::{skip, Dep};
 use nixl::core::wire::codec::AgentMetadata;
 use nixl::core::wire::sidechannel::frame::{decode, encode_plain, Kind};
 use nixl::core::wire::sidechannel::read_frame;
 use nixl::core::{ErrorKind, ProcessId, RegionDesc};
 use nixl::ucx::{probe, UcxParams};
 use nixl::{Agent, AgentConfig, HostBuffer};
+use nixl_testkit::two_process::{child_main, Child};
+use nixl_testkit::{skip, Dep};
 
 const CHILD: &str = "identity_role";
 const WAIT: Duration = Duration::from_secs(60);

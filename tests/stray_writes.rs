@@ -10,11 +10,11 @@ mod hostile;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nixl::core::testing::{skip, Dep};
 use nixl::core::wire::codec::AgentMetadata;
 use nixl::core::{ErrorKind, ProcessId, RegionDesc};
 use nixl::ucx::{fuzzing, probe, UcxParams};
 use nixl::{Agent, HostBuffer, MemKind, XferDescList, XferOp, XferOptions};
+use nixl_testkit::{skip, Dep};
 
 const SHM: &str = "shm,cma,self";
 

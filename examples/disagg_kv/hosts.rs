@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-pub use nixl::core::testing::netns::Control;
-use nixl::core::testing::netns::{Net, NetSpec};
 use nixl::Agent;
+pub use nixl_testkit::netns::Control;
+use nixl_testkit::netns::{Net, NetSpec};
 
 use crate::{Opts, Res};
 

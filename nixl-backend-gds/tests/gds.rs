@@ -36,9 +36,9 @@ fn gds_agent(tag: &str, mut params: GdsParams) -> Option<Agent> {
     match a.create_backend(params) {
         Ok(_) => Some(a),
         Err(Error::Unavailable { what, hint }) => {
-            nixl_core::testing::skip(
+            nixl_testkit::skip(
                 &format!("gds {tag}"),
-                nixl_core::testing::Dep::Gpu,
+                nixl_testkit::Dep::Gpu,
                 format!("GDS unavailable: {what}: {hint}"),
             );
             None
@@ -160,9 +160,9 @@ fn vram_file_roundtrip_with_throughput() {
     let dev = match nixl_mem::DeviceBuffer::new(0, LEN) {
         Ok(d) => Arc::new(d),
         Err(e) => {
-            nixl_core::testing::skip(
+            nixl_testkit::skip(
                 "gds device buffer",
-                nixl_core::testing::Dep::Gpu,
+                nixl_testkit::Dep::Gpu,
                 format!("no device buffer: {e}"),
             );
             return;
@@ -364,9 +364,9 @@ fn fallback_when_cufile_refuses_a_file_is_reported_and_moves_data() {
     ) {
         (Ok(d), Ok(b)) => (Arc::new(d), Arc::new(b)),
         (Err(e), _) | (_, Err(e)) => {
-            nixl_core::testing::skip(
+            nixl_testkit::skip(
                 "gds fallback VRAM part",
-                nixl_core::testing::Dep::Gpu,
+                nixl_testkit::Dep::Gpu,
                 format!("no device buffer: {e}"),
             );
             return;
@@ -446,9 +446,9 @@ fn gds_vram_cancel_in_flight() {
     let dev = match nixl_mem::DeviceBuffer::new(0, LEN) {
         Ok(d) => Arc::new(d),
         Err(e) => {
-            nixl_core::testing::skip(
+            nixl_testkit::skip(
                 "gds_vram_cancel_in_flight",
-                nixl_core::testing::Dep::Gpu,
+                nixl_testkit::Dep::Gpu,
                 format!("no device buffer: {e}"),
             );
             return;
@@ -477,7 +477,7 @@ fn gds_vram_cancel_in_flight() {
 
 /// The shared conformance suite on GDS, one test per case: O_DIRECT files in a temporary
 /// directory (skipped without a GPU, libcuda or libcufile).
-fn gds_suite() -> Option<nixl_core::conformance::Suite> {
+fn gds_suite() -> Option<nixl_testkit::conformance::Suite> {
     let params = GdsParams {
         force_compat_mode: force_compat(),
         ..Default::default()
@@ -485,7 +485,7 @@ fn gds_suite() -> Option<nixl_core::conformance::Suite> {
     gds_agent("conformance-probe", params.clone())?;
     let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
     let seq = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    Some(nixl_core::conformance::Suite {
+    Some(nixl_testkit::conformance::Suite {
         name: "gds".to_owned(),
         config: AgentConfig::default(),
         create: Arc::new(move |a: &Agent| a.create_backend(params.clone())),
@@ -499,5 +499,5 @@ fn gds_suite() -> Option<nixl_core::conformance::Suite> {
 }
 
 mod conformance_gds {
-    nixl_core::conformance_tests!(super::gds_suite);
+    nixl_testkit::conformance_tests!(super::gds_suite);
 }

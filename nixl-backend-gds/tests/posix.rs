@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use nixl_backend_gds::{Engine, FileRegion, OpenFlags, PosixParams, PosixPlugin, POSIX};
 use nixl_core::backend::BackendPlugin;
-use nixl_core::conformance::Suite;
-use nixl_core::testing::{skip, Dep};
 use nixl_core::{
     Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, MemoryRegion, RawRegion, RegionDesc,
     XferDescList, XferOp, XferOptions, XferTarget,
 };
+use nixl_testkit::conformance::Suite;
+use nixl_testkit::{skip, Dep};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -210,9 +210,9 @@ fn io_uring_engine_is_available_here_or_reported() {
         ..Default::default()
     }) {
         Ok(_) => {}
-        Err(Error::Unavailable { what, hint }) => nixl_core::testing::skip(
+        Err(Error::Unavailable { what, hint }) => nixl_testkit::skip(
             "io_uring_backend",
-            nixl_core::testing::Dep::IoUring,
+            nixl_testkit::Dep::IoUring,
             format!("io_uring unavailable here: {what}: {hint}"),
         ),
         Err(e) => panic!("unexpected error: {e}"),
@@ -872,17 +872,17 @@ fn thread_pool_buffered() -> Option<Suite> {
 }
 
 mod conformance_io_uring_direct {
-    nixl_core::conformance_tests!(super::io_uring_direct);
+    nixl_testkit::conformance_tests!(super::io_uring_direct);
 }
 
 mod conformance_io_uring_buffered {
-    nixl_core::conformance_tests!(super::io_uring_buffered);
+    nixl_testkit::conformance_tests!(super::io_uring_buffered);
 }
 
 mod conformance_thread_pool_direct {
-    nixl_core::conformance_tests!(super::thread_pool_direct);
+    nixl_testkit::conformance_tests!(super::thread_pool_direct);
 }
 
 mod conformance_thread_pool_buffered {
-    nixl_core::conformance_tests!(super::thread_pool_buffered);
+    nixl_testkit::conformance_tests!(super::thread_pool_buffered);
 }

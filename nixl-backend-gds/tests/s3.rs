@@ -2,29 +2,40 @@
 //! authentication enforced), plus the shared conformance suite.
 #![cfg(feature = "s3")]
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use nixl_backend_gds::{ObjectRegion, S3Params, S3Plugin};
 use nixl_core::backend::BackendPlugin;
-use nixl_core::conformance::Suite;
 use nixl_core::{
     Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, MemoryRegion, XferDescList, XferOp,
     XferOptions,
 };
+use nixl_testkit::conformance::Suite;
+use nixl_testkit::s3;
+
+/// The backend's parameters for the test server.
+fn params(s: &s3::S3Server) -> S3Params {
+    S3Params {
+        endpoint: Some(s.endpoint.clone()),
+        bucket: Some(s.bucket.clone()),
+        region: Some(s.region.clone()),
+        access_key_id: Some(s.access_key.clone()),
+        secret_access_key: Some(s.secret_key.clone()),
+        ..Default::default()
+    }
+}
 
 const T: Duration = Duration::from_secs(60);
 
 macro_rules! server_or_skip {
     () => {
-        match common::server() {
+        match s3::server() {
             Ok(s) => s,
             Err(why) => {
                 let test = std::thread::current().name().unwrap_or("s3").to_owned();
-                nixl_core::testing::skip(&test, nixl_core::testing::Dep::S3, why);
+                nixl_testkit::skip(&test, nixl_testkit::Dep::S3, why);
                 return;
             }
         }
@@ -54,9 +65,9 @@ fn xfer(a: &Agent, op: XferOp, local: XferDescList, remote: XferDescList) -> nix
 #[test]
 fn whole_objects_and_byte_ranges() {
     let s = server_or_skip!();
-    let a = agent("ranges", common::params(&s));
+    let a = agent("ranges", params(&s));
     const BLOCK: u64 = 64 * 1024;
-    let obj = Arc::new(ObjectRegion::new(common::key("ranges"), BLOCK * 4));
+    let obj = Arc::new(ObjectRegion::new(s3::key("ranges"), BLOCK * 4));
     let (src, dst) = (buf(BLOCK as usize * 4), buf(BLOCK as usize * 4));
     src.fill_pattern(5);
     let _r = a
@@ -104,13 +115,13 @@ fn whole_objects_and_byte_ranges() {
 }
 
 /// The ETag the S3 server gave an object, read by a second backend on the same server.
-fn etag(s: &common::S3Server, key: &str) -> String {
+fn etag(s: &s3::S3Server, key: &str) -> String {
     let ctx = nixl_core::backend::BackendContext {
         agent: "etag-reader".to_owned(),
         notifs: Arc::new(nixl_core::backend::NotifQueue::new()),
         peers: nixl_core::backend::PeerAuth::unauthenticated("etag-reader"),
     };
-    let b = nixl_backend_gds::S3Backend::new(common::params(s), ctx).expect("backend");
+    let b = nixl_backend_gds::S3Backend::new(params(s), ctx).expect("backend");
     b.etag(key).expect("head").expect("an ETag")
 }
 
@@ -120,7 +131,7 @@ fn etag(s: &common::S3Server, key: &str) -> String {
 #[test]
 fn multipart_upload_in_three_parts_round_trips() {
     let s = server_or_skip!();
-    let mut p = common::params(&s);
+    let mut p = params(&s);
     p.part_size = 5 << 20;
     p.multipart_threshold = 5 << 20;
     p.max_concurrency = 4;
@@ -128,7 +139,7 @@ fn multipart_upload_in_three_parts_round_trips() {
     // 13 MiB in 13 scattered 1 MiB blocks: three parts, the last one short.
     const MIB: u64 = 1 << 20;
     const N: usize = 13;
-    let obj = Arc::new(ObjectRegion::new(common::key("multipart"), MIB * N as u64));
+    let obj = Arc::new(ObjectRegion::new(s3::key("multipart"), MIB * N as u64));
     let (src, dst) = (buf(MIB as usize * N), buf(MIB as usize * N));
     src.fill_pattern(77);
     let _r = a
@@ -169,8 +180,8 @@ fn multipart_upload_in_three_parts_round_trips() {
 #[test]
 fn missing_object_is_not_found() {
     let s = server_or_skip!();
-    let a = agent("missing", common::params(&s));
-    let obj = Arc::new(ObjectRegion::new(common::key("missing"), 4096));
+    let a = agent("missing", params(&s));
+    let obj = Arc::new(ObjectRegion::new(s3::key("missing"), 4096));
     let b = buf(4096);
     b.fill(3);
     let _r = a
@@ -193,10 +204,10 @@ fn missing_object_is_not_found() {
 #[test]
 fn bad_credentials_are_not_allowed() {
     let s = server_or_skip!();
-    let mut p = common::params(&s);
+    let mut p = params(&s);
     p.secret_access_key = Some("not-the-secret".to_owned());
     let a = agent("badcreds", p);
-    let obj = Arc::new(ObjectRegion::new(common::key("badcreds"), 4096));
+    let obj = Arc::new(ObjectRegion::new(s3::key("badcreds"), 4096));
     let b = buf(4096);
     let _r = a
         .register_mem(vec![b.clone(), obj.clone()], &[])
@@ -273,7 +284,7 @@ fn partial_object_writes_and_bad_params_are_refused() {
             ..Default::default()
         },
     );
-    let obj = Arc::new(ObjectRegion::new(common::key("partial"), 8192));
+    let obj = Arc::new(ObjectRegion::new(s3::key("partial"), 8192));
     let b = buf(8192);
     let _r = a
         .register_mem(vec![b.clone(), obj.clone()], &[])
@@ -322,28 +333,28 @@ fn partial_object_writes_and_bad_params_are_refused() {
 }
 
 fn s3_suite() -> Option<Suite> {
-    let s = match common::server() {
+    let s = match s3::server() {
         Ok(s) => s,
         Err(why) => {
             let test = std::thread::current().name().unwrap_or("s3").to_owned();
-            nixl_core::testing::skip(&test, nixl_core::testing::Dep::S3, why);
+            nixl_testkit::skip(&test, nixl_testkit::Dep::S3, why);
             return None;
         }
     };
-    let p = common::params(&s);
+    let p = params(&s);
     Some(Suite {
         name: "obj".to_owned(),
         config: AgentConfig::default(),
         create: Arc::new(move |a: &Agent| a.create_backend(p.clone())),
         storage: Some(Arc::new(|len| {
-            Ok(Arc::new(ObjectRegion::new(common::key("conf"), len)) as Arc<dyn MemoryRegion>)
+            Ok(Arc::new(ObjectRegion::new(s3::key("conf"), len)) as Arc<dyn MemoryRegion>)
         })),
     })
 }
 
 /// The shared conformance suite on S3 (moto), one test per case.
 mod conformance_s3 {
-    nixl_core::conformance_tests!(super::s3_suite);
+    nixl_testkit::conformance_tests!(super::s3_suite);
 }
 
 /// Stopping a multipart upload never leaves its parts on the server (issue 28): a 64 MiB WRITE
@@ -353,7 +364,7 @@ mod conformance_s3 {
 #[test]
 fn a_stopped_multipart_upload_leaves_no_parts_behind() {
     let s = server_or_skip!();
-    let mut p = common::params(&s);
+    let mut p = params(&s);
     p.part_size = 5 << 20;
     p.multipart_threshold = 5 << 20;
     p.max_concurrency = 1;
@@ -361,9 +372,9 @@ fn a_stopped_multipart_upload_leaves_no_parts_behind() {
     const LEN: u64 = 64 << 20;
     let src = buf(LEN as usize);
     src.fill_pattern(3);
-    let before = common::multipart_uploads(&s.bucket);
+    let before = s3::multipart_uploads(&s.bucket);
     for how in ["cancel", "drop", "deadline"] {
-        let obj = Arc::new(ObjectRegion::new(common::key(how), LEN));
+        let obj = Arc::new(ObjectRegion::new(s3::key(how), LEN));
         let _r = a
             .register_mem(vec![src.clone(), obj.clone()], &[])
             .expect("register");
@@ -399,11 +410,11 @@ fn a_stopped_multipart_upload_leaves_no_parts_behind() {
         }
         // Dropping hands the stop to the agent: give the task its moment.
         let end = std::time::Instant::now() + T;
-        while common::multipart_uploads(&s.bucket) != before && std::time::Instant::now() < end {
+        while s3::multipart_uploads(&s.bucket) != before && std::time::Instant::now() < end {
             std::thread::sleep(Duration::from_millis(50));
         }
         assert_eq!(
-            common::multipart_uploads(&s.bucket),
+            s3::multipart_uploads(&s.bucket),
             before,
             "{how}: a multipart upload stayed on the server"
         );

@@ -49,9 +49,9 @@ fn device(len: usize) -> Option<Arc<DeviceBuffer>> {
     match DeviceBuffer::new(0, len) {
         Ok(d) => Some(Arc::new(d)),
         Err(e) => {
-            nixl_core::testing::skip(
+            nixl_testkit::skip(
                 "vram_file",
-                nixl_core::testing::Dep::Gpu,
+                nixl_testkit::Dep::Gpu,
                 format!("no CUDA device buffer: {e}"),
             );
             None

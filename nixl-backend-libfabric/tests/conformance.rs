@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use nixl_backend_libfabric::LibfabricParams;
-use nixl_core::conformance::Suite;
 use nixl_core::AgentConfig;
+use nixl_testkit::conformance::Suite;
 
 mod common;
 
@@ -44,17 +44,17 @@ fn sockets() -> Option<Suite> {
 }
 
 mod conformance_tcp {
-    nixl_core::conformance_tests!(super::tcp);
+    nixl_testkit::conformance_tests!(super::tcp);
 }
 
 mod conformance_tcp_two_rails {
-    nixl_core::conformance_tests!(super::tcp_two_rails);
+    nixl_testkit::conformance_tests!(super::tcp_two_rails);
 }
 
 mod conformance_shm {
-    nixl_core::conformance_tests!(super::shm);
+    nixl_testkit::conformance_tests!(super::shm);
 }
 
 mod conformance_sockets {
-    nixl_core::conformance_tests!(super::sockets);
+    nixl_testkit::conformance_tests!(super::sockets);
 }

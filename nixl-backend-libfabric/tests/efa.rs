@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nixl_backend_libfabric::LibfabricParams;
-use nixl_core::conformance::Suite;
 use nixl_core::{Agent, AgentConfig, HostBuffer, MemKind, XferDescList, XferOp, XferOptions};
+use nixl_testkit::conformance::Suite;
 
 fn provider() -> (String, usize) {
     let p = std::env::var("NIXL_LF_TEST_PROVIDER").unwrap_or_else(|_| "efa".to_owned());
@@ -43,7 +43,7 @@ fn chosen() -> Option<Suite> {
 }
 
 mod conformance_on_chosen_provider {
-    nixl_core::conformance_tests!(super::chosen);
+    nixl_testkit::conformance_tests!(super::chosen);
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! Two processes over libfabric (tcp on loopback, and shm), on the shared harness
-//! `nixl_core::testing::two_process`: this test binary spawns itself as the target; the agents
+//! `nixl_testkit::two_process`: this test binary spawns itself as the target; the agents
 //! exchange metadata over the side channel;
 //! the initiator writes and reads descriptor batches with notifications and standalone
 //! notifications, and the target answers each notification with a digest of its memory at
@@ -12,11 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nixl_backend_libfabric::LibfabricParams;
-use nixl_core::testing::two_process::{child_main, Child, ChildEnv, ENV_CHILD};
 use nixl_core::wire::codec::AgentMetadata;
 use nixl_core::{
     Agent, AgentConfig, Error, HostBuffer, MemKind, XferDescList, XferOp, XferOptions, XferTarget,
 };
+use nixl_testkit::two_process::{child_main, Child, ChildEnv, ENV_CHILD};
 const LEN: usize = 32 * BLOCK;
 const BLOCK: usize = 64 << 10;
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -371,7 +371,7 @@ fn a_late_answer_from_a_thawed_shm_peer_is_harmless() {
     if std::env::var_os(ENV_CHILD).is_some() || common::skip_without_provider("shm") {
         return;
     }
-    use nixl_core::testing::signal::Sig;
+    use nixl_testkit::signal::Sig;
     let p = LibfabricParams {
         op_timeout: Duration::from_millis(300),
         ..params("shm")

@@ -30,9 +30,9 @@ fn params() -> LibfabricParams {
 #[test]
 fn dram_to_vram_and_back() {
     if !nixl_mem::cuda_is_available() {
-        nixl_core::testing::skip(
+        nixl_testkit::skip(
             "libfabric dram_to_vram_and_back",
-            nixl_core::testing::Dep::Gpu,
+            nixl_testkit::Dep::Gpu,
             "no CUDA device",
         );
         return;
@@ -50,9 +50,9 @@ fn dram_to_vram_and_back() {
     match a.create_backend(params()) {
         Ok(_) => {}
         Err(e @ Error::Unavailable { .. }) => {
-            nixl_core::testing::skip(
+            nixl_testkit::skip(
                 "libfabric dram_to_vram_and_back",
-                nixl_core::testing::Dep::FiHmem,
+                nixl_testkit::Dep::FiHmem,
                 format!("no libfabric provider with FI_HMEM here: {e}"),
             );
             return;

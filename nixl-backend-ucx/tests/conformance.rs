@@ -9,8 +9,8 @@ mod common;
 use std::sync::Arc;
 
 use nixl_backend_ucx::UcxParams;
-use nixl_core::conformance::Suite;
 use nixl_core::AgentConfig;
+use nixl_testkit::conformance::Suite;
 
 fn suite(tls: &'static str, progress_thread: bool) -> Option<Suite> {
     // The suite's agents share one process: direct CMA between them needs the opt-in.
@@ -74,21 +74,21 @@ fn tcp_with_agent_progress_thread() -> Option<Suite> {
 }
 
 mod conformance_tcp {
-    nixl_core::conformance_tests!(super::tcp);
+    nixl_testkit::conformance_tests!(super::tcp);
 }
 
 mod conformance_shm {
-    nixl_core::conformance_tests!(super::shm);
+    nixl_testkit::conformance_tests!(super::shm);
 }
 
 mod conformance_shm_ucx_copies {
-    nixl_core::conformance_tests!(super::shm_ucx_copies);
+    nixl_testkit::conformance_tests!(super::shm_ucx_copies);
 }
 
 mod conformance_shm_direct_inside_post {
-    nixl_core::conformance_tests!(super::shm_direct_inside_post);
+    nixl_testkit::conformance_tests!(super::shm_direct_inside_post);
 }
 
 mod conformance_tcp_with_agent_progress_thread {
-    nixl_core::conformance_tests!(super::tcp_with_agent_progress_thread);
+    nixl_testkit::conformance_tests!(super::tcp_with_agent_progress_thread);
 }

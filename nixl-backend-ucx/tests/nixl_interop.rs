@@ -501,7 +501,7 @@ fn metadata_by_etcd_under_nixls_keys() {
     let etcd = match LocalEtcd::start() {
         Ok(e) => e,
         Err(e) => {
-            nixl_core::testing::skip(test, nixl_core::testing::Dep::Etcd, e);
+            nixl_testkit::skip(test, nixl_testkit::Dep::Etcd, e);
             return;
         }
     };

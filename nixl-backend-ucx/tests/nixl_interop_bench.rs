@@ -92,9 +92,9 @@ fn run(test: &str, env: &NixlEnv, kind: MemKind, tls: &str, len: usize, iters: u
         })
         .expect("UCX on the wheel's libucp");
     if !ucx.capabilities().supports(kind) {
-        nixl_core::testing::skip(
+        nixl_testkit::skip(
             test,
-            nixl_core::testing::Dep::CudaUcx,
+            nixl_testkit::Dep::CudaUcx,
             "the wheel's UCX cannot register this memory here",
         );
         return;
@@ -196,7 +196,7 @@ fn dram_write_beside_nixl() {
 fn vram_write_beside_nixl() {
     let test = "vram_write_beside_nixl";
     if !nixl_mem::cuda_is_available() {
-        nixl_core::testing::skip(test, nixl_core::testing::Dep::Gpu, "no CUDA device");
+        nixl_testkit::skip(test, nixl_testkit::Dep::Gpu, "no CUDA device");
         return;
     }
     let Some(env) = nixl_or_skip(test) else {

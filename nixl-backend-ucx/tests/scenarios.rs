@@ -366,9 +366,9 @@ fn several_workers_spread_requests_tcp() {
     let (version, _) = nixl_backend_ucx::probe(&UcxParams::default()).expect("probed above");
     let v: Vec<u32> = version.split('.').filter_map(|p| p.parse().ok()).collect();
     if v.as_slice() < [1, 23].as_slice() {
-        nixl_core::testing::skip(
+        nixl_testkit::skip(
             "several_workers_spread_requests_tcp",
-            nixl_core::testing::Dep::Ucx123,
+            nixl_testkit::Dep::Ucx123,
             format!("UCX {version} crashes with several workers over tcp; needs 1.23 or later"),
         );
         return;

@@ -1,5 +1,5 @@
 //! Two processes over UCX (tcp and shared memory), on the shared harness
-//! `nixl_core::testing::two_process`: this test binary spawns itself as the target, the agents
+//! `nixl_testkit::two_process`: this test binary spawns itself as the target, the agents
 //! exchange metadata over the side channel, and the initiator writes, reads, notifies and
 //! fences the target; the target verifies what it holds whenever a notification arrives and
 //! reports a digest back. Another test kills the target while a transfer to it is in flight
@@ -9,11 +9,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use nixl_core::testing::signal::Sig;
-use nixl_core::testing::two_process::{child_main, Child, ChildEnv};
 use nixl_core::{
     Agent, Error, HostBuffer, MemKind, XferDescList, XferOp, XferOptions, XferState, XferTarget,
 };
+use nixl_testkit::signal::Sig;
+use nixl_testkit::two_process::{child_main, Child, ChildEnv};
 
 const DEADLINE: Duration = Duration::from_secs(60);
 const BLOCK: usize = 64 << 10;

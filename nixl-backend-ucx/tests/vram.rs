@@ -16,7 +16,7 @@ fn dram_to_vram_and_back() {
         return;
     }
     if !nixl_mem::cuda_is_available() {
-        nixl_core::testing::skip("ucx vram", nixl_core::testing::Dep::Gpu, "no CUDA device");
+        nixl_testkit::skip("ucx vram", nixl_testkit::Dep::Gpu, "no CUDA device");
         return;
     }
     // Default transports: cuda_copy / cuda_ipc where UCX has them.
@@ -28,9 +28,9 @@ fn dram_to_vram_and_back() {
         .capabilities()
         .supports(MemKind::Vram)
     {
-        nixl_core::testing::skip(
+        nixl_testkit::skip(
             "ucx vram",
-            nixl_core::testing::Dep::CudaUcx,
+            nixl_testkit::Dep::CudaUcx,
             "this UCX is not CUDA-aware (install the libucx-cu13 wheel and the NVIDIA driver)",
         );
         return;

@@ -59,8 +59,6 @@
 
 mod agent;
 pub mod backend;
-#[cfg(feature = "conformance")]
-pub mod conformance;
 mod deferred;
 mod desc;
 mod error;
@@ -79,7 +77,6 @@ mod params;
 mod scale_tests;
 mod strided;
 mod telemetry;
-pub mod testing;
 /// The bytes peers exchange, for fuzzing and for tests that play a hostile peer: the metadata
 /// codec, the side channel's frames, authentication seals and integrity frames. Not a stable
 /// API.

@@ -1,12 +1,9 @@
 //! When the preferred backend declines a transfer (`NotSupported` from `prepare_xfer`), the
 //! agent falls back to the next one that holds both sides; the request reports which.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::unique;
 use nixl_core::backend::{
     Backend, BackendContext, BackendMd, BackendParams, BackendXfer, InprocBackend, XferSpec,
 };
@@ -14,6 +11,7 @@ use nixl_core::{
     Agent, AgentConfig, Capabilities, Error, HostBuffer, InprocParams, MemKind, Op, RegionDesc,
     Result, XferDescList, XferOp, XferOptions,
 };
+use nixl_testkit::unique;
 
 /// A real INPROC backend under another name that declines every transfer.
 struct Declining(InprocBackend);

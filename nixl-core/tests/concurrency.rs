@@ -1,12 +1,10 @@
 //! One agent shared by 8 threads posting and polling concurrently; no notification is lost.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{agent_with, registered};
 use nixl_core::{AgentConfig, MemKind, XferDescList, XferOp, XferOptions, XferTarget};
+use nixl_testkit::{inproc_agent_with as agent_with, registered};
 
 #[test]
 fn eight_threads_share_one_agent_and_lose_no_notification() {

@@ -2,13 +2,12 @@
 //! `post`, with an agent progress thread, copies deferred to the completion thread (so cancel,
 //! drop, deadlines and notification ordering act on data really in flight), and the fault
 //! injector around INPROC (pass-through, and holding every post back for a delay).
-#![cfg(feature = "conformance")]
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use nixl_core::conformance::Suite;
 use nixl_core::{AgentConfig, Completion, FaultLog, FaultParams, FaultPlan, InprocParams};
+use nixl_testkit::conformance::Suite;
 
 fn inproc() -> Option<Suite> {
     Some(Suite::new(
@@ -79,30 +78,30 @@ fn fault_inproc_delayed() -> Option<Suite> {
 }
 
 mod immediate {
-    nixl_core::conformance_tests!(super::inproc);
+    nixl_testkit::conformance_tests!(super::inproc);
 }
 
 mod progress_thread {
-    nixl_core::conformance_tests!(super::inproc_progress_thread);
+    nixl_testkit::conformance_tests!(super::inproc_progress_thread);
 }
 
 mod deferred {
-    nixl_core::conformance_tests!(super::inproc_deferred);
+    nixl_testkit::conformance_tests!(super::inproc_deferred);
 }
 
 mod fault_passthrough {
-    nixl_core::conformance_tests!(super::fault_inproc);
+    nixl_testkit::conformance_tests!(super::fault_inproc);
 }
 
 mod fault_delayed {
-    nixl_core::conformance_tests!(super::fault_inproc_delayed);
+    nixl_testkit::conformance_tests!(super::fault_inproc_delayed);
 }
 
 /// The in-flight cases cannot apply where copies finish inside `post`, and say so with the
 /// property that excludes them; with deferred completion they run.
 #[test]
 fn in_flight_cases_apply_only_where_data_is_in_flight() {
-    use nixl_core::conformance::{run_case, Outcome};
+    use nixl_testkit::conformance::{run_case, Outcome};
     for case in [
         "cancel_in_flight_is_final",
         "drop_in_flight_is_final",

@@ -1,15 +1,13 @@
 //! Every bad input gets a typed error and leaves the agent unchanged.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::{agent, registered, snapshot};
 use nixl_core::wire::codec::{AgentMetadata, BackendEntry, RegionEntry};
 use nixl_core::{
     Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, MetadataSelection, RawRegion, RegionDesc,
     XferDescList, XferOp, XferOptions, XferTarget,
 };
+use nixl_testkit::{inproc_agent as agent, registered, snapshot};
 
 fn connected() -> (
     Agent,
@@ -53,7 +51,7 @@ fn duplicate_and_unknown_backends_are_refused() {
     ));
     let mut bad = std::collections::BTreeMap::new();
     bad.insert("bogus".to_owned(), "1".to_owned());
-    let b = Agent::new(&common::unique("p"), AgentConfig::default()).unwrap();
+    let b = Agent::new(&nixl_testkit::unique("p"), AgentConfig::default()).unwrap();
     assert!(matches!(
         b.create_backend_named("INPROC", &bad),
         Err(Error::InvalidParam { .. })
@@ -454,7 +452,7 @@ fn bad_transfer_inputs_change_nothing() {
 #[test]
 fn timeouts_are_typed() {
     let a = Agent::new(
-        &common::unique("to"),
+        &nixl_testkit::unique("to"),
         AgentConfig {
             default_timeout: std::time::Duration::from_millis(200),
             ..AgentConfig::default()

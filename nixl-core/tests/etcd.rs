@@ -22,9 +22,9 @@ fn server() -> Option<LocalEtcd> {
         Ok(e) => Some(e),
         Err(Error::Unavailable { what, hint }) => {
             let test = std::thread::current().name().unwrap_or("etcd").to_owned();
-            nixl_core::testing::skip(
+            nixl_testkit::skip(
                 &test,
-                nixl_core::testing::Dep::Etcd,
+                nixl_testkit::Dep::Etcd,
                 format!("{what} is unavailable ({hint})"),
             );
             None
@@ -753,9 +753,9 @@ fn local_etcd_binds_the_address_it_is_given() {
     let etcd = match LocalEtcd::start_on(ip) {
         Ok(e) => e,
         Err(Error::Unavailable { what, hint }) => {
-            nixl_core::testing::skip(
+            nixl_testkit::skip(
                 "local_etcd_binds_the_address_it_is_given",
-                nixl_core::testing::Dep::Etcd,
+                nixl_testkit::Dep::Etcd,
                 format!("{what} is unavailable ({hint})"),
             );
             return;

@@ -1,12 +1,10 @@
 //! Region labels: a registration's label travels in its owner's metadata, so a peer finds the
 //! KV pool by name instead of telling it from the other regions by size.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::agent_with;
 use nixl_core::{AgentConfig, Error, HostBuffer, MemKind, XferDescList, XferOp, XferOptions};
+use nixl_testkit::inproc_agent_with as agent_with;
 
 #[test]
 fn a_peer_finds_regions_by_the_label_they_were_registered_with() {

@@ -1,15 +1,13 @@
 //! Restarted peers, cancel, deadlines, telemetry and fault injection.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{agent, agent_with, registered, unique};
 use nixl_core::{
     Agent, AgentConfig, Completion, Error, FaultEvent, FaultLog, FaultParams, FaultPlan,
     InprocParams, MemKind, XferDescList, XferOp, XferOptions, XferState, XferTarget,
 };
+use nixl_testkit::{inproc_agent as agent, inproc_agent_with as agent_with, registered, unique};
 
 fn faulty(prefix: &str, plan: FaultPlan) -> (Agent, Arc<FaultLog>) {
     let a = Agent::new(&unique(prefix), AgentConfig::default()).unwrap();
@@ -510,7 +508,7 @@ fn integrity_detects_every_corruption() {
     };
     let (a, log) = faulty("int-a", plan);
     // The target verifies integrity frames (and says so in its metadata).
-    let b = common::agent_with(
+    let b = nixl_testkit::inproc_agent_with(
         "int-b",
         nixl_core::AgentConfig {
             verify_integrity: true,

@@ -1,4 +1,4 @@
-//! The two-host harness itself (`nixl_core::testing::netns`): hosts are isolated from each
+//! The two-host harness itself (`nixl_testkit::netns`): hosts are isolated from each
 //! other (PID, /dev/shm, hostname) and joined only by their links; pulling a cable cuts the
 //! path and plugging it back restores it; counters see the traffic; everything the harness
 //! made is gone after a drop, a panic, or the death of the process that made it; host
@@ -11,7 +11,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nixl_core::testing::netns::{self, Control, Net, NetSpec, EXIT_ORPHANED};
+use nixl_testkit::netns::{self, Control, Net, NetSpec, EXIT_ORPHANED};
 
 const T: Duration = Duration::from_secs(20);
 const PORT: u16 = 7000;

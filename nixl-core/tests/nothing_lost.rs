@@ -2,13 +2,11 @@
 //! last read, whatever else is queued; a flood of hellos never evicts the sessions of live
 //! connections.
 
-mod common;
-
 use std::time::Duration;
 
-use common::agent_with;
 use nixl_core::backend::hello::{Hello, Sessions, SESSION_LEN};
 use nixl_core::{AgentConfig, Error};
+use nixl_testkit::inproc_agent_with as agent_with;
 
 fn small_queue() -> AgentConfig {
     let mut cfg = AgentConfig::default();
@@ -115,8 +113,8 @@ fn a_hello_flood_never_evicts_live_sessions() {
 #[test]
 fn integrity_frames_are_hashed_only_where_asked_and_within_budget() {
     let len = 256usize << 10;
-    let sender = common::agent("int-sender");
-    let plain = common::agent("int-plain");
+    let sender = nixl_testkit::inproc_agent("int-sender");
+    let plain = nixl_testkit::inproc_agent("int-plain");
     let mut cfg = AgentConfig {
         verify_integrity: true,
         ..AgentConfig::default()
@@ -132,8 +130,8 @@ fn integrity_frames_are_hashed_only_where_asked_and_within_budget() {
         }
         .encode()
     };
-    let (pb, _r1) = common::registered(&plain, len);
-    let (vb, _r2) = common::registered(&verifier, len);
+    let (pb, _r1) = nixl_testkit::registered(&plain, len);
+    let (vb, _r2) = nixl_testkit::registered(&verifier, len);
     for rx in [&plain, &verifier] {
         sender
             .load_remote_metadata(&rx.local_metadata().unwrap())
@@ -159,7 +157,7 @@ fn integrity_frames_are_hashed_only_where_asked_and_within_budget() {
     let e = verifier.wait_notifs(Duration::from_secs(5)).unwrap_err();
     assert!(matches!(e, Error::Corrupt { .. }), "over the budget: {e}");
     // Asking a peer that does not verify is refused at make time.
-    let (sb, _r3) = common::registered(&sender, 4096);
+    let (sb, _r3) = nixl_testkit::registered(&sender, 4096);
     let opts = nixl_core::XferOptions {
         integrity: true,
         ..Default::default()

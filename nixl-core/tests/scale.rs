@@ -2,19 +2,17 @@
 //! another peer or the load of another peer while it runs; block-table requests move exactly
 //! the blocks they name, consumed as strides or materialized, and refuse bad input.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{agent, registered};
 use nixl_core::{
     Agent, Error, FaultLog, FaultParams, FaultPlan, HostBuffer, InprocParams, MemKind,
     MemoryRegion, RawRegion, RegionDesc, StridedDesc, StridedDescList, XferDescList, XferOp,
     XferOptions, XferTarget,
 };
+use nixl_testkit::{inproc_agent as agent, registered};
 
 const REGIONS: usize = 100_000;
 
@@ -260,7 +258,7 @@ fn block_tables_move_exactly_the_named_blocks() {
 fn backends_without_strides_get_materialized_segments() {
     // The fault-injection wrapper (with no faults planned) does not consume strides.
     let mk = |p: &str| {
-        let a = Agent::new(&common::unique(p), Default::default()).expect("agent");
+        let a = Agent::new(&nixl_testkit::unique(p), Default::default()).expect("agent");
         a.create_backend(FaultParams::new(
             InprocParams::default(),
             FaultPlan::default(),

@@ -4,19 +4,17 @@
 //! The same attacks over real UCX between processes are in the root crate's
 //! `tests/hostile_peer.rs`.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{registered, unique};
 use nixl_core::wire::sidechannel::frame::{decode, encode_plain, encode_signed_request, Kind};
 use nixl_core::wire::sidechannel::read_frame;
 use nixl_core::{
     Agent, AgentConfig, Auth, Credential, ErrorKind, InprocParams, Limits, ListenerLimits,
 };
+use nixl_testkit::{registered, unique};
 
 fn config(auth: Option<&Credential>) -> AgentConfig {
     AgentConfig {

@@ -1,16 +1,14 @@
 //! Metadata exchange over the TCP side channel between two agents on 127.0.0.1.
 
-mod common;
-
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use common::{agent_with, registered, unique};
 use nixl_core::wire::sidechannel::frame::{decode, encode_plain, Kind};
 use nixl_core::wire::sidechannel::read_frame;
 use nixl_core::{
     Agent, AgentConfig, Error, MemKind, XferDescList, XferOp, XferOptions, XferTarget,
 };
+use nixl_testkit::{inproc_agent_with as agent_with, registered, unique};
 
 fn listening(prefix: &str) -> Agent {
     agent_with(

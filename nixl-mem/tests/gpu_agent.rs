@@ -339,7 +339,7 @@ fn gpu_agent_bad_input_is_typed_and_changes_nothing() {
     assert_eq!(first_diff(&got, &pattern(9, 4096)), None);
 }
 
-fn cuda_ipc_suite() -> Option<nixl_core::conformance::Suite> {
+fn cuda_ipc_suite() -> Option<nixl_testkit::conformance::Suite> {
     let test = std::thread::current()
         .name()
         .unwrap_or("gpu_conformance_suite")
@@ -347,7 +347,7 @@ fn cuda_ipc_suite() -> Option<nixl_core::conformance::Suite> {
     if !gpu(&test) {
         return None;
     }
-    Some(nixl_core::conformance::Suite::new(
+    Some(nixl_testkit::conformance::Suite::new(
         "cuda-ipc",
         AgentConfig::default(),
         Arc::new(|a: &Agent| a.create_backend(CudaIpcParams::default())),
@@ -356,7 +356,7 @@ fn cuda_ipc_suite() -> Option<nixl_core::conformance::Suite> {
 
 /// The shared conformance suite on CUDA_IPC, one test per case (skipped without a GPU).
 mod gpu_conformance_suite {
-    nixl_core::conformance_tests!(super::cuda_ipc_suite);
+    nixl_testkit::conformance_tests!(super::cuda_ipc_suite);
 }
 
 /// Two agents of one process on GPU 0, each with a registered VRAM buffer, `a` knowing `b`.

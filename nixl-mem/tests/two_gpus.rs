@@ -36,9 +36,9 @@ fn two_gpus(test: &str) -> bool {
     match nixl_mem::cuda::device_count() {
         Ok(n) if n >= 2 => true,
         n => {
-            nixl_core::testing::skip(
+            nixl_testkit::skip(
                 test,
-                nixl_core::testing::Dep::MultiGpu,
+                nixl_testkit::Dep::MultiGpu,
                 format!("two GPUs needed, {n:?} visible"),
             );
             false

@@ -2,7 +2,7 @@
 //! process (env `NIXL_HOSTILE_ROLE`), an agent with UCX and a side channel on 127.0.0.1,
 //! driven by the parent over its stdin and stdout (one command per line, one answer per
 //! line), so the attacks reach it only through its side channel and its UCX worker.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
@@ -49,16 +49,7 @@ pub fn config(cred: Option<&Credential>) -> AgentConfig {
     }
 }
 
-/// A process-unique name.
-pub fn unique(role: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{role}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
+pub use nixl_testkit::unique;
 
 /// An agent in this (the parent) process with UCX over `tls`.
 pub fn agent(role: &str, tls: &str, cred: Option<&Credential>) -> Agent {

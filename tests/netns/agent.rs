@@ -11,13 +11,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nixl::core::etcd::{EtcdConfig, EtcdExchange, LocalEtcd};
-use nixl::core::testing::netns::Control;
 use nixl::libfabric::LibfabricParams;
 use nixl::ucx::UcxParams;
 use nixl::{
     Agent, AgentConfig, Error, HostBuffer, MemKind, Registration, XferDescList, XferOp,
     XferOptions, XferReq, XferState,
 };
+use nixl_testkit::netns::Control;
 
 /// The environment variable carrying the agent's settings (`key=value;...`).
 pub(crate) const CFG: &str = "NIXL_NETNS_AGENT";

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use nixl::core::testing::netns::{Net, NetSpec};
+use nixl_testkit::netns::{Net, NetSpec};
 
 use crate::agent::KEEPALIVE_DEFAULT;
 use crate::{cfg, report, until, Peer, T};

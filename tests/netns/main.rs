@@ -1,5 +1,5 @@
 //! Two (or four) hosts and a real network (issue 17): agents in separate network, PID, mount,
-//! IPC and UTS namespaces (`nixl::core::testing::netns`), so UCX and libfabric can only use
+//! IPC and UTS namespaces (`nixl_testkit::netns`), so UCX and libfabric can only use
 //! tcp over the virtual links between them, and the links can fail.
 //!
 //! - `faults`: a cable pulled mid-transfer, pulled and plugged back, pulled during a
@@ -25,7 +25,7 @@ mod silent;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use nixl::core::testing::netns::{Control, HostProcess, Net};
+use nixl_testkit::netns::{Control, HostProcess, Net};
 
 use agent::AgentCfg;
 

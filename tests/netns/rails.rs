@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use nixl::core::testing::netns::{Net, NetSpec};
+use nixl_testkit::netns::{Net, NetSpec};
 
 use crate::{cfg, report, until, Peer, T};
 
@@ -36,9 +36,9 @@ fn ucx_1_23(test: &str) -> Option<Option<String>> {
     if default.as_deref().is_some_and(at_least) {
         return Some(None);
     }
-    nixl::core::testing::skip(
+    nixl_testkit::skip(
         test,
-        nixl::core::testing::Dep::Ucx123,
+        nixl_testkit::Dep::Ucx123,
         format!(
             "UCX {} crashes in this scenario; needs UCX 1.23 or later (NIXL_NETNS_UCX=<libucp of 1.23+>)",
             default.unwrap_or_else(|| "(none)".into())

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nixl::core::etcd::{EtcdConfig, EtcdExchange, LocalEtcd, DEFAULT_LABEL};
-use nixl::core::testing::netns::{Control, HostProcess, Net, NetSpec};
 use nixl::ucx::UcxParams;
 use nixl::{
     Agent, AgentConfig, Error, HostBuffer, MemKind, Registration, XferDescList, XferOp, XferOptions,
 };
+use nixl_testkit::netns::{Control, HostProcess, Net, NetSpec};
 
 use crate::{ROLE, T};
 
@@ -75,7 +75,7 @@ pub(crate) fn child(ctl: Control) -> Result<(), String> {
             // The host's link: UCX's tcp listens on loopback only unless told.
             agent
                 .create_backend(UcxParams {
-                    devices: Some(nixl::core::testing::netns::Net::ifname(0)),
+                    devices: Some(nixl_testkit::netns::Net::ifname(0)),
                     ..UcxParams::default()
                 })
                 .map_err(e)?;

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use nixl::core::testing::netns::{Net, NetSpec};
+use nixl_testkit::netns::{Net, NetSpec};
 
 use crate::{cfg, report, Peer};
 

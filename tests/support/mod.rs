@@ -1,9 +1,9 @@
 //! Two processes over UCX for the failure-semantics and stress tests, on the shared harness
-//! `nixl::core::testing::two_process`: the test binary spawns itself as the target, the agents
+//! `nixl_testkit::two_process`: the test binary spawns itself as the target, the agents
 //! exchange metadata over the side channel on 127.0.0.1, and the parent drives the target with
 //! notifications. The target answers commands (checks of its memory) and counts stress
 //! notifications; it never trusts timing, only what its memory and its notification queue hold.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nixl::core::backend::BackendParams;
-use nixl::core::testing::two_process::{self, Child, ChildEnv};
 use nixl::ucx::{probe, UcxParams};
 use nixl::{Agent, AgentConfig, Error, HostBuffer};
+use nixl_testkit::two_process::{self, Child, ChildEnv};
 
 /// The transport selections.
 pub const TCP: &str = "tcp";
@@ -38,9 +38,9 @@ pub fn ucx_or_skip(test: &str) -> bool {
             true
         }
         Err(e) => {
-            nixl::core::testing::skip(
+            nixl_testkit::skip(
                 test,
-                nixl::core::testing::Dep::Ucx,
+                nixl_testkit::Dep::Ucx,
                 format!("no usable UCX (run scripts/deps/ucx.sh): {e}"),
             );
             false
@@ -68,16 +68,7 @@ pub fn config() -> AgentConfig {
     }
 }
 
-/// A process-unique agent name.
-pub fn unique(role: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{role}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
+pub use nixl_testkit::unique;
 
 /// A parent agent with one backend (UCX, or UCX under the fault wrapper).
 pub fn parent<P: BackendParams + 'static>(role: &str, backend: P) -> Agent {
@@ -86,14 +77,11 @@ pub fn parent<P: BackendParams + 'static>(role: &str, backend: P) -> Agent {
     a
 }
 
-/// Page-aligned zeroed host memory.
-pub fn buf(len: usize) -> Arc<HostBuffer> {
-    Arc::new(HostBuffer::new(len).expect("alloc"))
-}
+pub use nixl_testkit::host_buf as buf;
 
 /// Unix signals the tests send to the target.
 pub mod signal {
-    use nixl::core::testing::signal::{self as sig, Sig};
+    use nixl_testkit::signal::{self as sig, Sig};
 
     /// Kill.
     pub const KILL: Sig = Sig::Kill;

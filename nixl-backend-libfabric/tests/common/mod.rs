@@ -2,10 +2,10 @@
 #![allow(dead_code)]
 
 use nixl_backend_libfabric::{library_status, LibfabricParams};
-use nixl_core::testing::{skip, Dep};
 use nixl_core::{Agent, AgentConfig, Error};
+use nixl_testkit::{skip, Dep};
 
-/// True (after reporting the skip, see `nixl_core::testing::skip`) when libfabric or the
+/// True (after reporting the skip, see `nixl_testkit::skip`) when libfabric or the
 /// provider is missing here, so the caller returns. Run `scripts/deps/libfabric.sh` to
 /// install what the tests need; `efa` and other hardware providers count as [`Dep::Efa`].
 pub fn skip_without_provider(provider: &str) -> bool {

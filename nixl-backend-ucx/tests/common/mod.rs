@@ -1,7 +1,6 @@
 //! Helpers shared by the UCX scenario tests.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use nixl_backend_ucx::{probe, UcxParams};
@@ -30,9 +29,9 @@ pub fn ucx_or_skip(test: &str) -> bool {
             true
         }
         Err(e) => {
-            nixl_core::testing::skip(
+            nixl_testkit::skip(
                 test,
-                nixl_core::testing::Dep::Ucx,
+                nixl_testkit::Dep::Ucx,
                 format!("no usable UCX (run scripts/deps/ucx.sh): {e}"),
             );
             false
@@ -50,16 +49,7 @@ pub fn config(listen: bool) -> AgentConfig {
     }
 }
 
-/// A unique agent name.
-pub fn unique(role: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{role}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
+pub use nixl_testkit::unique;
 
 /// An agent with a UCX backend.
 pub fn agent(role: &str, tls: &str, listen: bool) -> nixl_core::Result<Agent> {
@@ -68,7 +58,4 @@ pub fn agent(role: &str, tls: &str, listen: bool) -> nixl_core::Result<Agent> {
     Ok(a)
 }
 
-/// Shorthand.
-pub fn buf(len: usize) -> Arc<nixl_core::HostBuffer> {
-    Arc::new(nixl_core::HostBuffer::new(len).expect("alloc"))
-}
+pub use nixl_testkit::host_buf as buf;

@@ -25,7 +25,7 @@ pub struct NixlEnv {
 /// The wheel, or a skip (`Dep::Nixl`) saying why not.
 pub fn nixl_or_skip(test: &str) -> Option<NixlEnv> {
     let skip = |why: String| {
-        nixl_core::testing::skip(test, nixl_core::testing::Dep::Nixl, why);
+        nixl_testkit::skip(test, nixl_testkit::Dep::Nixl, why);
         None
     };
     let (Ok(pythonpath), Ok(ucx)) = (

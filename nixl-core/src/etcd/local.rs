@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use super::client::{Client, ConnectOptions, EtcdError};
 use super::pb;
 use crate::error::{Error, Op, Result};
-use crate::testing::signal::Sig;
 
 /// The environment variable naming the etcd binary (default: `etcd` on `PATH`).
 pub const ENV_ETCD_BIN: &str = "NIXL_ETCD_BIN";
@@ -78,7 +77,7 @@ impl LocalEtcd {
     }
 
     /// Like [`LocalEtcd::start`], with the client and peer ports on `ip`, an address of this
-    /// machine (e.g. a host's address in a [`testing::netns`](crate::testing::netns) net, so
+    /// machine (e.g. a host's address in a network namespace of the test kit's `netns` harness, so
     /// agents on other hosts reach it over the link). An address this machine does not have
     /// is an [`Error::Io`] (`AddrNotAvailable`), and nothing is started.
     pub fn start_on(ip: IpAddr) -> Result<Self> {
@@ -259,16 +258,41 @@ impl LocalEtcd {
                 "etcd is not running",
             ));
         };
-        let sig = if paused { Sig::Stop } else { Sig::Cont };
-        crate::testing::signal::send(c.id(), sig).map_err(|e| err("signalling etcd", e))
+        signal(c.id(), paused).map_err(|e| err("signalling etcd", e))
     }
+}
+
+/// Sends `SIGSTOP` (`stop`) or `SIGCONT` to the server; after a stop, waits (up to 2 s) until
+/// the kernel shows it stopped, so a caller that pauses the server and acts at once acts on a
+/// stopped server.
+fn signal(pid: u32, stop: bool) -> std::io::Result<()> {
+    use rustix::process::{kill_process, Pid, Signal};
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(Pid::from_raw)
+        .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let sig = if stop { Signal::STOP } else { Signal::CONT };
+    kill_process(pid, sig)?;
+    let end = Instant::now() + Duration::from_secs(2);
+    while stop && Instant::now() < end {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.as_raw_nonzero()))?;
+        // The state follows the command name, which is in parentheses.
+        let state = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next());
+        if matches!(state, Some("T" | "t" | "Z" | "X") | None) {
+            break;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    Ok(())
 }
 
 impl Drop for LocalEtcd {
     fn drop(&mut self) {
         if let Some(c) = &self.child {
             // A frozen process still dies on SIGKILL; thaw anyway so nothing lingers.
-            let _ = crate::testing::signal::send(c.id(), Sig::Cont);
+            let _ = signal(c.id(), false);
         }
         self.kill();
         if let Err(e) = std::fs::remove_dir_all(&self.dir) {

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use super::{agent, buf, e2s, ensure, pair, Pair, Res, Suite, TIMEOUT};
-use crate::{Agent, AgentConfig, Error, MemKind, XferDescList, XferOp, XferOptions, XferTarget};
+use nixl_core::{
+    Agent, AgentConfig, Error, MemKind, XferDescList, XferOp, XferOptions, XferTarget,
+};
 
 pub(super) fn write_then_read_by_block_index(s: &Suite) -> Res {
     const BLOCK: u64 = 8192;
@@ -153,7 +155,7 @@ fn bad_lists_are_refused(p: &Pair) -> Res {
         ),
         || "unknown agent accepted".into(),
     )?;
-    let zero = XferDescList::from_descs(MemKind::Dram, [crate::Desc::new(p.src.addr(), 0)]);
+    let zero = XferDescList::from_descs(MemKind::Dram, [nixl_core::Desc::new(p.src.addr(), 0)]);
     ensure(
         matches!(
             a.prep_xfer_dlist(XferTarget::Initiator, &zero, &[]),
@@ -164,7 +166,7 @@ fn bad_lists_are_refused(p: &Pair) -> Res {
     let stranger = Agent::new(&format!("{}-stranger", a.name()), AgentConfig::default())
         .map_err(e2s("stranger agent"))?;
     let foreign = stranger
-        .create_backend(crate::InprocParams::default())
+        .create_backend(nixl_core::InprocParams::default())
         .map_err(e2s("stranger backend"))?;
     ensure(
         matches!(
@@ -178,7 +180,7 @@ fn bad_lists_are_refused(p: &Pair) -> Res {
 
 /// Mismatched lengths and counts, indices out of range and swapped sides are refused when
 /// making a request. Returns a good local list (two 4 KiB descriptors).
-fn bad_pairings_are_refused(p: &Pair) -> std::result::Result<crate::PreparedList, String> {
+fn bad_pairings_are_refused(p: &Pair) -> std::result::Result<nixl_core::PreparedList, String> {
     let a = &p.a;
     let l = a
         .prep_xfer_dlist(
@@ -242,7 +244,7 @@ fn bad_metadata_is_refused(a: &Agent) -> Res {
     Ok(())
 }
 
-fn l_remote(p: &Pair) -> std::result::Result<crate::PreparedList, String> {
+fn l_remote(p: &Pair) -> std::result::Result<nixl_core::PreparedList, String> {
     p.a.prep_xfer_dlist(
         XferTarget::Agent(p.b.name()),
         &XferDescList::blocks(MemKind::Dram, p.dst.addr(), 4096, 2),

@@ -101,7 +101,7 @@ impl Tools {
     pub fn kill(&self, pids: &[u32]) {
         for &pid in pids {
             // A process that exited meanwhile is fine.
-            if let Err(e) = crate::testing::signal::send(pid, crate::testing::signal::Sig::Kill) {
+            if let Err(e) = crate::signal::send(pid, crate::signal::Sig::Kill) {
                 tracing::debug!(pid, error = %e, "killing a process of a namespace failed");
             }
         }

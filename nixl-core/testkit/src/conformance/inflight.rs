@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use super::{e2s, ensure, pair, CaseResult, Outcome, Pair, Res, Suite, TIMEOUT};
-use crate::{Error, MemKind, Op, XferDescList, XferOp, XferOptions, XferReq, XferState};
+use nixl_core::{Error, MemKind, Op, XferDescList, XferOp, XferOptions, XferReq, XferState};
 
 /// How the request is stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

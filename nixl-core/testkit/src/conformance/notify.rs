@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::{e2s, ensure, pair, Res, Suite, TIMEOUT};
-use crate::{Error, MemKind, XferDescList, XferOp, XferOptions};
+use nixl_core::{Error, MemKind, XferDescList, XferOp, XferOptions};
 
 pub(super) fn notification_follows_data(s: &Suite) -> Res {
     let len = 1 << 20;

@@ -1,7 +1,6 @@
 //! A real S3 server for the tests: moto on 127.0.0.1 with SigV4 authentication enforced,
 //! started once per test binary by `scripts/s3/moto_server.py` (installed by
 //! `scripts/deps/gds.sh`). It exits when the test process does (its stdin closes).
-#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -13,10 +12,15 @@ use std::time::Duration;
 /// Where the server listens and the only credentials it accepts.
 #[derive(Debug, Clone)]
 pub struct S3Server {
+    /// `http://127.0.0.1:PORT`.
     pub endpoint: String,
+    /// The access key id it accepts.
     pub access_key: String,
+    /// The secret key it checks signatures with.
     pub secret_key: String,
+    /// The region to sign for.
     pub region: String,
+    /// A bucket that exists.
     pub bucket: String,
 }
 
@@ -33,7 +37,10 @@ fn field(json: &str, key: &str) -> Option<String> {
 }
 
 fn start() -> Result<S3Server, String> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/s3/moto_server.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/s3/moto_server.py"
+    );
     let mut pythonpath = std::env::var("NIXL_S3_MOTO_PYTHONPATH")
         .unwrap_or_else(|_| "/opt/nixl-deps/gds/moto".to_owned());
     if let Ok(p) = std::env::var("PYTHONPATH") {
@@ -90,18 +97,6 @@ fn start() -> Result<S3Server, String> {
 /// The shared server, or why there is none (the caller prints it and skips).
 pub fn server() -> Result<S3Server, String> {
     SERVER.get_or_init(start).clone()
-}
-
-#[cfg(feature = "s3")]
-pub fn params(s: &S3Server) -> nixl_backend_gds::S3Params {
-    nixl_backend_gds::S3Params {
-        endpoint: Some(s.endpoint.clone()),
-        bucket: Some(s.bucket.clone()),
-        region: Some(s.region.clone()),
-        access_key_id: Some(s.access_key.clone()),
-        secret_access_key: Some(s.secret_key.clone()),
-        ..Default::default()
-    }
 }
 
 /// A unique object key.

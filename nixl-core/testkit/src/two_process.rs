@@ -16,7 +16,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use nixl_core::testing::two_process::{child_main, Child};
+//! use nixl_testkit::two_process::{child_main, Child};
 //! use nixl_core::{Agent, AgentConfig, InprocParams};
 //!
 //! #[test]
@@ -49,7 +49,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use super::signal::{self, Sig};
-use crate::Agent;
+use nixl_core::Agent;
 
 /// Environment variable naming the child agent (set only in a spawned child).
 pub const ENV_CHILD: &str = "NIXL_TEST_CHILD";

@@ -1,10 +1,10 @@
 //! The backend conformance suite: one set of behaviours every backend must show, run by each
-//! backend crate against its real transport (feature `conformance`).
+//! backend crate against its real transport.
 //!
 //! Each case is its own test: [`conformance_tests!`](crate::conformance_tests) generates one
 //! `#[test]` per case for a [`Suite`], so a case can fail, and run, alone. A case that needs a
 //! capability the backend does not declare (remote transfers, notifications, DRAM, storage) is
-//! reported as not applicable, naming that capability ([`crate::testing::not_applicable`]),
+//! reported as not applicable, naming that capability ([`crate::not_applicable`]),
 //! never as passed. The case `capabilities_match_behaviour` checks the declaration against
 //! behaviour: what is declared must work (remote WRITEs land, notifications arrive, loopback
 //! copies), and what is not declared must be refused with a typed error and change nothing —
@@ -12,9 +12,8 @@
 //! on this backend.
 //!
 //! ```
-//! # #[cfg(feature = "conformance")] {
 //! use std::sync::Arc;
-//! use nixl_core::conformance::Suite;
+//! use nixl_testkit::conformance::Suite;
 //! use nixl_core::{AgentConfig, InprocParams};
 //!
 //! fn inproc() -> Option<Suite> {
@@ -22,9 +21,8 @@
 //! }
 //! // In a test file: one #[test] per case, e.g. `inproc::write_then_read_by_block_index`.
 //! mod inproc_cases {
-//!     nixl_core::conformance_tests!(super::inproc);
+//!     nixl_testkit::conformance_tests!(super::inproc);
 //! }
-//! # }
 //! ```
 
 mod caps;
@@ -37,7 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{
+use nixl_core::{
     Agent, AgentConfig, BackendHandle, Capabilities, Error, HostBuffer, MemKind, MemoryRegion,
     Result,
 };
@@ -250,12 +248,12 @@ pub fn run_all(suite: &Suite) -> Vec<(&'static str, CaseResult)> {
 }
 
 /// Reports a case's outcome for the test named `test`: panics when it failed, reports a
-/// not-applicable case through [`crate::testing::not_applicable`].
+/// not-applicable case through [`crate::not_applicable`].
 pub fn report(test: &str, result: CaseResult) {
     match result {
         Ok(Outcome::Passed) => {}
         Ok(Outcome::NotApplicable { capability, reason }) => {
-            crate::testing::not_applicable(test, capability, reason)
+            crate::not_applicable(test, capability, reason)
         }
         Err(e) => panic!("conformance case {test} failed: {e}"),
     }
@@ -280,7 +278,7 @@ pub fn assert_all(suite: &Suite) {
 }
 
 /// The body of each test [`conformance_tests!`](crate::conformance_tests) generates: makes the
-/// suite (`None`: a dependency is missing, already reported with [`crate::testing::skip`]),
+/// suite (`None`: a dependency is missing, already reported with [`crate::skip`]),
 /// runs the case and reports it.
 pub fn check(case: &str, make: impl FnOnce() -> Option<Suite>) {
     let Some(suite) = make() else {
@@ -300,12 +298,12 @@ pub fn assert_case_list(generated: &[&str]) {
 
 /// Generates one `#[test]` per conformance case, named after the case, for the suite a
 /// function returns (`fn() -> Option<Suite>`; `None` when a dependency is missing, after
-/// reporting it with [`testing::skip`](crate::testing::skip)). Put it in its own module per
+/// reporting it with [`skip`](crate::skip)). Put it in its own module per
 /// suite:
 ///
 /// ```ignore
 /// mod tcp {
-///     nixl_core::conformance_tests!(super::tcp_suite);
+///     nixl_testkit::conformance_tests!(super::tcp_suite);
 /// }
 /// ```
 #[macro_export]
@@ -399,7 +397,7 @@ struct Pair {
     backend: BackendHandle,
     src: Arc<HostBuffer>,
     dst: Arc<HostBuffer>,
-    _regs: (crate::Registration, crate::Registration),
+    _regs: (nixl_core::Registration, nixl_core::Registration),
 }
 
 fn pair(s: &Suite, len: usize) -> std::result::Result<Pair, String> {

@@ -1,7 +1,7 @@
 //! Storage cases: a round trip through a storage region, out-of-range descriptors.
 
 use super::{agent, buf, e2s, ensure, storage_fn, Res, Suite, TIMEOUT};
-use crate::{Error, MemKind, XferDescList, XferOp, XferOptions, XferTarget};
+use nixl_core::{Error, MemKind, XferDescList, XferOp, XferOptions, XferTarget};
 
 pub(super) fn storage_roundtrip(s: &Suite) -> Res {
     let make = storage_fn(s)?;
@@ -22,7 +22,7 @@ pub(super) fn storage_roundtrip(s: &Suite) -> Res {
     let storage_list = |base: u64| {
         XferDescList::from_descs(
             sd.kind,
-            (0..N as u64).map(|i| crate::Desc::on_device(base + i * BLOCK, BLOCK, sd.dev_id)),
+            (0..N as u64).map(|i| nixl_core::Desc::on_device(base + i * BLOCK, BLOCK, sd.dev_id)),
         )
     };
     let local = a
@@ -91,7 +91,7 @@ pub(super) fn storage_out_of_range_is_refused(s: &Suite) -> Res {
         .map_err(e2s("register storage"))?;
     let past = XferDescList::from_descs(
         sd.kind,
-        [crate::Desc::on_device(
+        [nixl_core::Desc::on_device(
             sd.addr + (1 << 16) - 4096,
             8192,
             sd.dev_id,

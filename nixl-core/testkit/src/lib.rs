@@ -1,3 +1,6 @@
+//! nixl-rs's test kit (not published): the skip policy, the two-process and network-namespace
+//! harnesses, the backend conformance suite, and helpers every crate's tests share.
+//!
 //! Skipping tests honestly: a test whose dependency is missing says so, and a run that is
 //! supposed to have that dependency fails instead of passing in zero seconds.
 //!
@@ -19,7 +22,7 @@
 //! [`two_process`] is the harness for tests that spawn a child agent.
 //!
 //! ```
-//! use nixl_core::testing::{skip, Dep};
+//! use nixl_testkit::{skip, Dep};
 //! fn my_test() {
 //!     if std::env::var_os("MY_GPU").is_none() {
 //!         skip("my_test", Dep::Gpu, "no GPU here");
@@ -36,7 +39,15 @@
 use std::fmt::Display;
 use std::io::Write;
 
+pub mod conformance;
+mod helpers;
+pub mod s3;
 pub mod two_process;
+
+pub use helpers::{
+    first_diff, hex, host_buf, inproc_agent, inproc_agent_with, pattern, registered, run_child,
+    snapshot, unhex, unique, Snapshot,
+};
 
 /// Environment variable: `1` or `all` requires every dependency not allowed to skip; else a
 /// comma-separated list of [`Dep::name`]s that are required.

@@ -29,7 +29,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use nixl_core::testing::netns::{Net, NetSpec};
+//! use nixl_testkit::netns::{Net, NetSpec};
 //!
 //! # fn child_test() {}
 //! fn two_hosts() {

@@ -3,6 +3,9 @@
 //! The facade of nixl-rs: re-exports [`nixl_core`]'s agent API, [`nixl_mem`]'s memory types
 //! and, per cargo feature, the backend crates (`ucx`, `libfabric`, `posix`/`gds`/`s3`).
 
+// Library code returns its errors or says why a value is there; unit tests may unwrap (clippy.toml).
+#![warn(clippy::unwrap_used, clippy::expect_used)]
+
 pub use nixl_core as core;
 pub use nixl_core::nixl_wire;
 pub use nixl_core::{

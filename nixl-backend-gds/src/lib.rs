@@ -45,6 +45,8 @@
 //! ```
 
 #![warn(missing_docs)]
+// Library code returns its errors or says why a value is there; unit tests may unwrap (clippy.toml).
+#![warn(clippy::unwrap_used, clippy::expect_used)]
 
 /// The peer-facing half of `nixl_core::backend::Backend` for the storage backends of this crate, which
 /// only move data between the agent's memory and its own storage: nothing to publish or

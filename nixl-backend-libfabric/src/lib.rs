@@ -38,6 +38,9 @@
 //! # Ok(()) }
 //! ```
 
+// Library code returns its errors or says why a value is there; unit tests may unwrap (clippy.toml).
+#![warn(clippy::unwrap_used, clippy::expect_used)]
+
 mod backend;
 mod keys;
 mod params;

@@ -77,6 +77,8 @@
 //! ```
 
 #![warn(missing_docs)]
+// Library code returns its errors or says why a value is there; unit tests may unwrap (clippy.toml).
+#![warn(clippy::unwrap_used, clippy::expect_used)]
 
 mod backend;
 mod cma;

@@ -140,6 +140,15 @@ pub struct FaultParams {
     pub log: Arc<FaultLog>,
 }
 
+impl std::fmt::Debug for FaultParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultParams")
+            .field("inner", &self.inner.backend_name())
+            .field("plan", &self.plan)
+            .finish_non_exhaustive()
+    }
+}
+
 impl FaultParams {
     /// Wraps `inner` with `plan`, recording into `log`.
     pub fn new<P: BackendParams + 'static>(inner: P, plan: FaultPlan, log: Arc<FaultLog>) -> Self {

@@ -36,6 +36,9 @@
 //! [`netns`] builds several "hosts" (network, PID, mount, IPC and UTS namespaces) joined by
 //! virtual links on one Linux machine, for tests that must cross a real network path.
 
+// Test code: a failed set-up step panics the test that asked for it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::fmt::Display;
 use std::io::Write;
 

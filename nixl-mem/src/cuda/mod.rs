@@ -207,6 +207,7 @@ impl std::fmt::Debug for Context {
 }
 
 /// Restores the calling thread's previous current context on drop (see [`Context::scoped`]).
+#[derive(Debug)]
 pub struct ScopedContext {
     _restore: drv::Restore,
 }

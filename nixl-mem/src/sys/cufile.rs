@@ -273,6 +273,14 @@ pub struct Batch {
     events: Vec<MaybeUninit<cf::CUfileIOEvents_t>>,
 }
 
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("cap", &self.cap)
+            .finish_non_exhaustive()
+    }
+}
+
 // SAFETY: the batch handle is an opaque token usable from any thread; the owner serialises
 // its use (`&mut self` methods).
 unsafe impl Send for Batch {}

@@ -168,6 +168,7 @@ pub(crate) fn enable_peer_access(ctx: &CudaContext, peer: &CudaContext) -> Resul
 
 /// Makes `ctx` current until the guard drops, then restores the thread's previous context
 /// (possibly none).
+#[derive(Debug)]
 pub(crate) struct Restore {
     prev: cu::CUcontext,
 }

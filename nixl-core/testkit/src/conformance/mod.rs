@@ -58,6 +58,15 @@ pub struct Suite {
     pub storage: Option<StorageFn>,
 }
 
+impl std::fmt::Debug for Suite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Suite")
+            .field("name", &self.name)
+            .field("storage", &self.storage.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Suite {
     /// A suite for a transport backend.
     pub fn new(name: &str, config: AgentConfig, create: CreateFn) -> Self {

@@ -31,14 +31,44 @@ def module_of(crate, path):
     return "::".join(parts)
 
 
+def module_aliases(crate, mods):
+    """Module names the crate root re-imports from its folders (`use model::{desc, mem};`,
+    `pub use exchange::etcd;`), and modules re-exported elsewhere (`pub use crate::a::b;` in
+    module m makes `m::b` name `a::b`): alias -> the module's real path."""
+    aliases = {}
+    lib = ROOT / crate / "src" / "lib.rs"
+    text = lib.read_text(errors="replace")
+    for mm in re.finditer(r"^\s*(?:pub )?use ([a-z_][a-z0-9_]*)::(\{[^}]*\}|[a-z_][a-z0-9_]*);", text, re.M):
+        folder, names = mm.group(1), mm.group(2).strip("{}")
+        for n in (x.strip() for x in names.split(",")):
+            if n and f"{folder}::{n}" in mods:
+                aliases[n] = f"{folder}::{n}"
+    for m, f in mods.items():
+        for mm in re.finditer(r"^\s*pub use crate::((?:[a-z_][a-z0-9_]*::)*[a-z_][a-z0-9_]*);", f.read_text(errors="replace"), re.M):
+            target = mm.group(1)
+            if target in mods:
+                aliases[(m + "::" if m else "") + target.split("::")[-1]] = target
+    return aliases
+
+
+def resolve(path, aliases):
+    """`path` (segments after `crate::`) with a leading alias replaced by the real module."""
+    for k in range(len(path), 0, -1):
+        head = "::".join(path[:k])
+        if head in aliases:
+            return aliases[head].split("::") + path[k:]
+    return path
+
+
 def import_graph(crate):
     files = lib_files(crate)
     mods = {module_of(crate, f): f for f in files}
+    aliases = module_aliases(crate, mods)
     edges = {m: set() for m in mods}
     for m, f in mods.items():
         text = f.read_text(errors="replace")
         for mm in re.finditer(r"crate::((?:[a-z_][a-z0-9_]*::)*[a-z_][a-z0-9_]*)", text):
-            path = mm.group(1).split("::")
+            path = resolve(mm.group(1).split("::"), aliases)
             for k in range(len(path), 0, -1):
                 target = "::".join(path[:k])
                 if target in mods and target != m:
@@ -135,6 +165,11 @@ def main():
         else:
             names.add(body.split("::")[-1].split(" as ")[-1])
     items = re.findall(r"^pub (?:fn|struct|enum|const|static|type|trait) (\w+)", lib, re.M)
+    # Modules re-exported from a folder (`pub use exchange::etcd;`) are public modules, not items.
+    core_mods = {module_of("nixl-core", f).split("::")[-1] for f in lib_files("nixl-core") if f.name == "mod.rs"}
+    reexported = sorted(n for n in names if n in core_mods)
+    pub_mods = sorted(set(pub_mods) | set(reexported))
+    names -= set(reexported)
     print(f"== nixl-core root: {len(names) + len(items)} items, {len(pub_mods)} public modules ({', '.join(pub_mods)})")
     methods, files = 0, set()
     for f in lib_files("nixl-core"):

@@ -59,37 +59,34 @@
 // Library code returns its errors or says why a value is there; unit tests may unwrap (clippy.toml).
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 
+// One folder per concern: `agent` (the agent's operations), `model` (descriptors, memory,
+// requests, errors), `backend` (the backend-author API), `wire` (the peers' byte formats),
+// `exchange` (side channel, etcd, NIXL's wire, peer liveness), `bundled` (INPROC, fault
+// injection).
 mod agent;
 pub mod backend;
-mod deferred;
-mod desc;
-mod error;
-#[cfg(feature = "etcd")]
-pub mod etcd;
-mod fault;
-mod index;
-mod inproc;
-mod limits;
-mod liveness;
-mod mem;
-pub mod nixl_wire;
-mod notif;
-mod params;
+mod bundled;
+mod exchange;
+mod model;
 #[cfg(test)]
 mod scale_tests;
-mod strided;
-mod telemetry;
 /// The bytes peers exchange, for fuzzing and for tests that play a hostile peer: the metadata
 /// codec, the side channel's frames, authentication seals and integrity frames. Not a stable
 /// API.
 #[doc(hidden)]
 pub mod wire;
 mod work;
-mod xfer;
 
-// Internal paths of the modules that live under `backend` and `wire`.
-use backend::{bytes, hello};
-use wire::{auth, codec, integrity, sidechannel};
+#[cfg(feature = "etcd")]
+pub use exchange::etcd;
+pub use exchange::nixl_wire;
+
+// Short internal paths (`crate::desc`, `crate::codec`, ...) of the modules in the folders.
+use backend::{bytes, hello, params};
+use bundled::{deferred, fault, inproc};
+use exchange::{liveness, sidechannel};
+use model::{desc, error, index, limits, mem, notif, strided, telemetry, xfer};
+use wire::{auth, codec, integrity};
 
 pub use agent::prep::PreparedList;
 pub use agent::registration::Registration;

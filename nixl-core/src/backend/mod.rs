@@ -8,10 +8,9 @@
 //! connection info and region metadata, and turns a list of [`Segment`]s into a
 //! [`BackendXfer`] that the agent posts and polls.
 
-#[path = "bytes.rs"]
 pub mod bytes;
-#[path = "hello.rs"]
 pub mod hello;
+pub(crate) mod params;
 
 use std::any::Any;
 use std::collections::BTreeMap;

@@ -1,0 +1,8 @@
+//! Metadata exchange between agents: the side channel (TCP, or a Unix socket whose other end
+//! the kernel names), etcd, NIXL's own wire format, and whether a same-host peer still runs.
+
+#[cfg(feature = "etcd")]
+pub mod etcd;
+pub(crate) mod liveness;
+pub mod nixl_wire;
+pub mod sidechannel;

@@ -73,37 +73,12 @@ impl Backend for Null {
         }
     }
 
-    fn connection_info(&self) -> Result<Vec<u8>> {
-        Ok(b"null".to_vec())
-    }
-
-    fn connect(&self, _remote: &str, _info: &[u8]) -> Result<()> {
-        Ok(())
-    }
-
-    fn disconnect(&self, _remote: &str) -> Result<()> {
-        Ok(())
-    }
-
     fn register(&self, _region: &RegionDesc) -> Result<BackendMd> {
         Ok(Arc::new(()))
     }
 
     fn deregister(&self, _md: BackendMd) -> Result<()> {
         Ok(())
-    }
-
-    fn public_metadata(&self, _md: &BackendMd) -> Result<Vec<u8>> {
-        Ok(Vec::new())
-    }
-
-    fn load_remote(
-        &self,
-        _remote: &str,
-        _region: &RegionDesc,
-        _public: &[u8],
-    ) -> Result<BackendMd> {
-        Ok(Arc::new(()))
     }
 
     fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
@@ -120,6 +95,37 @@ impl Backend for Null {
             segs: Vec::new(),
             blocks: spec.layers.len() * spec.runs.len(),
         })))
+    }
+
+    fn peers(&self) -> Option<&dyn nixl_core::backend::PeerBackend> {
+        Some(self)
+    }
+}
+
+impl nixl_core::backend::PeerBackend for Null {
+    fn connection_info(&self) -> Result<Vec<u8>> {
+        Ok(b"null".to_vec())
+    }
+
+    fn connect(&self, _remote: &str, _info: &[u8]) -> Result<()> {
+        Ok(())
+    }
+
+    fn disconnect(&self, _remote: &str) -> Result<()> {
+        Ok(())
+    }
+
+    fn public_metadata(&self, _md: &BackendMd) -> Result<Vec<u8>> {
+        Ok(Vec::new())
+    }
+
+    fn load_remote(
+        &self,
+        _remote: &str,
+        _region: &RegionDesc,
+        _public: &[u8],
+    ) -> Result<BackendMd> {
+        Ok(Arc::new(()))
     }
 
     fn gen_notif(&self, _remote: &str, _msg: &[u8]) -> Result<()> {

@@ -48,56 +48,6 @@
 // Library code returns its errors or says why a value is there; unit tests may unwrap (clippy.toml).
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 
-/// The peer-facing half of `nixl_core::backend::Backend` for the storage backends of this crate, which
-/// only move data between the agent's memory and its own storage: nothing to publish or
-/// connect to, no peer regions, no notifications. Expands to those six methods inside an
-/// `impl Backend` whose type has an `agent: String` field; `$what` names the backend's
-/// regions in errors ("POSIX files").
-#[allow(unused_macros)]
-macro_rules! local_only_peer_methods {
-    ($name:expr, $what:expr) => {
-        fn connection_info(&self) -> nixl_core::Result<Vec<u8>> {
-            Ok(Vec::new())
-        }
-
-        fn connect(&self, remote: &str, _info: &[u8]) -> nixl_core::Result<()> {
-            // Peers' metadata may list this backend; storage is local, there is nothing to
-            // connect to.
-            tracing::trace!(agent = %self.agent, remote, backend = $name, "local-only backend ignores peers");
-            Ok(())
-        }
-
-        fn disconnect(&self, _remote: &str) -> nixl_core::Result<()> {
-            Ok(())
-        }
-
-        fn public_metadata(&self, _md: &nixl_core::backend::BackendMd) -> nixl_core::Result<Vec<u8>> {
-            Ok(Vec::new())
-        }
-
-        fn load_remote(
-            &self,
-            remote: &str,
-            _region: &nixl_core::RegionDesc,
-            _public: &[u8],
-        ) -> nixl_core::Result<nixl_core::backend::BackendMd> {
-            Err(nixl_core::Error::not_supported(
-                &self.agent,
-                nixl_core::Op::LoadMetadata,
-                format!("{} of {remote} are not reachable from here", $what),
-            ))
-        }
-
-        fn gen_notif(&self, remote: &str, _msg: &[u8]) -> nixl_core::Result<()> {
-            Err(nixl_core::Error::not_supported(
-                &self.agent,
-                nixl_core::Op::GenNotif,
-                format!("{} has no notifications (to {remote})", $name),
-            ))
-        }
-    };
-}
-
 #[cfg(feature = "gds")]
 mod gds;
 #[cfg(feature = "posix")]

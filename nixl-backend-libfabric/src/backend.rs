@@ -433,6 +433,129 @@ impl Backend for LibfabricBackend {
         }
     }
 
+    fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
+        let me = &self.inner.agent;
+        let hmem = match region.kind {
+            MemKind::Dram => None,
+            MemKind::Vram if self.inner.hmem => Some((
+                sys::FI_HMEM_CUDA,
+                i32::try_from(region.dev_id)
+                    .map_err(|_| Error::invalid(me, Op::RegisterMem, "GPU ordinal out of range"))?,
+            )),
+            k => {
+                return Err(Error::not_supported(
+                    me,
+                    Op::RegisterMem,
+                    format!(
+                        "LIBFABRIC ({}) registers {}, not {k}",
+                        self.inner.provider,
+                        if self.inner.hmem {
+                            "DRAM and VRAM"
+                        } else {
+                            "DRAM"
+                        }
+                    ),
+                ))
+            }
+        };
+        if region.len == 0 || region.end().is_none() {
+            return Err(Error::invalid(
+                me,
+                Op::RegisterMem,
+                "empty or overflowing region",
+            ));
+        }
+        let (mut keys, mut descs, mut mrs) = (Vec::new(), Vec::new(), Vec::new());
+        for rail in &self.inner.rails {
+            let key = self.inner.keys.next(rail.key_size);
+            // The agent keeps the region's memory alive while this registration (and any
+            // request using it) exists: `MemoryRegion`'s contract.
+            let mr = rail
+                .register(region.addr, region.len, key, hmem)
+                .map_err(|e| e.into_error(me, None, Op::RegisterMem))?;
+            keys.push(mr.key());
+            descs.push(mr.desc());
+            mrs.push(mr);
+        }
+        Ok(Arc::new(LocalMd {
+            addr: region.addr,
+            len: region.len,
+            keys,
+            descs,
+            _mrs: mrs,
+            _rails: self.inner.rails.clone(),
+        }))
+    }
+
+    fn deregister(&self, md: BackendMd) -> Result<()> {
+        self.md::<LocalMd>(&md, Op::DeregisterMem)?;
+        drop(md);
+        Ok(())
+    }
+
+    fn load_local(&self, _region: &RegionDesc, md: &BackendMd) -> Result<BackendMd> {
+        let m = self.md::<LocalMd>(md, Op::PrepXferDlist)?;
+        Ok(Arc::new(RemoteMd {
+            base: m.addr,
+            len: m.len,
+            virt_addr: self.inner.virt_addr,
+            keys: m.keys.clone(),
+        }))
+    }
+
+    fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
+        let peer = if spec.is_local {
+            self.inner.me.clone()
+        } else {
+            self.peer(&spec.remote, Op::MakeXfer)?
+        };
+        crate::xfer::LfXfer::prepare(self.inner.clone(), peer, spec)
+            .map(|x| Box::new(x) as Box<dyn BackendXfer>)
+    }
+
+    fn progress(&self) -> Result<bool> {
+        Ok(self.inner.progress_all() > 0)
+    }
+
+    fn path_report(&self, remote: &str) -> Option<String> {
+        let peer = if remote == self.inner.agent {
+            Some(self.inner.me.clone())
+        } else {
+            self.inner.peers().get(remote).cloned()
+        }?;
+        let per_rail: Vec<String> = self
+            .stats()
+            .iter()
+            .take(peer.addrs.len())
+            .map(|s| {
+                format!(
+                    "rail{} {}: {} B written, {} B read{}",
+                    s.rail,
+                    s.domain,
+                    s.bytes_written,
+                    s.bytes_read,
+                    if peer.rail_ok(s.rail) {
+                        ""
+                    } else {
+                        " [failed]"
+                    }
+                )
+            })
+            .collect();
+        Some(format!(
+            "{}; {} rail(s) to {remote}: {}",
+            self.inner.describe(),
+            peer.addrs.len(),
+            per_rail.join("; ")
+        ))
+    }
+
+    fn peers(&self) -> Option<&dyn nixl_core::backend::PeerBackend> {
+        Some(self)
+    }
+}
+
+impl nixl_core::backend::PeerBackend for LibfabricBackend {
     fn connection_info(&self) -> Result<Vec<u8>> {
         Ok(self.inner.me.conn.clone())
     }
@@ -504,66 +627,6 @@ impl Backend for LibfabricBackend {
         Ok(())
     }
 
-    fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
-        let me = &self.inner.agent;
-        let hmem = match region.kind {
-            MemKind::Dram => None,
-            MemKind::Vram if self.inner.hmem => Some((
-                sys::FI_HMEM_CUDA,
-                i32::try_from(region.dev_id)
-                    .map_err(|_| Error::invalid(me, Op::RegisterMem, "GPU ordinal out of range"))?,
-            )),
-            k => {
-                return Err(Error::not_supported(
-                    me,
-                    Op::RegisterMem,
-                    format!(
-                        "LIBFABRIC ({}) registers {}, not {k}",
-                        self.inner.provider,
-                        if self.inner.hmem {
-                            "DRAM and VRAM"
-                        } else {
-                            "DRAM"
-                        }
-                    ),
-                ))
-            }
-        };
-        if region.len == 0 || region.end().is_none() {
-            return Err(Error::invalid(
-                me,
-                Op::RegisterMem,
-                "empty or overflowing region",
-            ));
-        }
-        let (mut keys, mut descs, mut mrs) = (Vec::new(), Vec::new(), Vec::new());
-        for rail in &self.inner.rails {
-            let key = self.inner.keys.next(rail.key_size);
-            // The agent keeps the region's memory alive while this registration (and any
-            // request using it) exists: `MemoryRegion`'s contract.
-            let mr = rail
-                .register(region.addr, region.len, key, hmem)
-                .map_err(|e| e.into_error(me, None, Op::RegisterMem))?;
-            keys.push(mr.key());
-            descs.push(mr.desc());
-            mrs.push(mr);
-        }
-        Ok(Arc::new(LocalMd {
-            addr: region.addr,
-            len: region.len,
-            keys,
-            descs,
-            _mrs: mrs,
-            _rails: self.inner.rails.clone(),
-        }))
-    }
-
-    fn deregister(&self, md: BackendMd) -> Result<()> {
-        self.md::<LocalMd>(&md, Op::DeregisterMem)?;
-        drop(md);
-        Ok(())
-    }
-
     fn public_metadata(&self, md: &BackendMd) -> Result<Vec<u8>> {
         let m = self.md::<LocalMd>(md, Op::LocalMetadata)?;
         Ok(wire::encode_region(self.inner.virt_addr, &m.keys))
@@ -592,26 +655,6 @@ impl Backend for LibfabricBackend {
         }))
     }
 
-    fn load_local(&self, _region: &RegionDesc, md: &BackendMd) -> Result<BackendMd> {
-        let m = self.md::<LocalMd>(md, Op::PrepXferDlist)?;
-        Ok(Arc::new(RemoteMd {
-            base: m.addr,
-            len: m.len,
-            virt_addr: self.inner.virt_addr,
-            keys: m.keys.clone(),
-        }))
-    }
-
-    fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
-        let peer = if spec.is_local {
-            self.inner.me.clone()
-        } else {
-            self.peer(&spec.remote, Op::MakeXfer)?
-        };
-        crate::xfer::LfXfer::prepare(self.inner.clone(), peer, spec)
-            .map(|x| Box::new(x) as Box<dyn BackendXfer>)
-    }
-
     fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
         let me = &self.inner.agent;
         let peer = self.peer(remote, Op::GenNotif)?;
@@ -631,43 +674,6 @@ impl Backend for LibfabricBackend {
             ));
         }
         self.send_framed(&peer, &framed, Op::GenNotif)
-    }
-
-    fn progress(&self) -> Result<bool> {
-        Ok(self.inner.progress_all() > 0)
-    }
-
-    fn path_report(&self, remote: &str) -> Option<String> {
-        let peer = if remote == self.inner.agent {
-            Some(self.inner.me.clone())
-        } else {
-            self.inner.peers().get(remote).cloned()
-        }?;
-        let per_rail: Vec<String> = self
-            .stats()
-            .iter()
-            .take(peer.addrs.len())
-            .map(|s| {
-                format!(
-                    "rail{} {}: {} B written, {} B read{}",
-                    s.rail,
-                    s.domain,
-                    s.bytes_written,
-                    s.bytes_read,
-                    if peer.rail_ok(s.rail) {
-                        ""
-                    } else {
-                        " [failed]"
-                    }
-                )
-            })
-            .collect();
-        Some(format!(
-            "{}; {} rail(s) to {remote}: {}",
-            self.inner.describe(),
-            peer.addrs.len(),
-            per_rail.join("; ")
-        ))
     }
 }
 

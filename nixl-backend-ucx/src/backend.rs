@@ -362,6 +362,117 @@ impl Backend for UcxBackend {
         }
     }
 
+    fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
+        let reg = MemReg::map(&self.ctx, &self.agent, region)?;
+        if region.kind != MemKind::Dram {
+            // Keys of other memory (VRAM) name memory domains a host page does not.
+            if let (Ok((_, packed)), Some(w)) =
+                (wire::decode_rkey(&reg.public), self.workers.first())
+            {
+                self.shapes.write().learn_rkey(packed, w.address());
+            }
+        }
+        Ok(Arc::new(reg))
+    }
+
+    fn deregister(&self, md: BackendMd) -> Result<()> {
+        self.reg(&md, Op::DeregisterMem)?;
+        match md.downcast::<MemReg>() {
+            Ok(arc) => match Arc::try_unwrap(arc) {
+                Ok(reg) => reg.unmap(&self.agent),
+                // Still referenced by a prepared list or request: unmapped when the last goes.
+                Err(_) => Ok(()),
+            },
+            Err(_) => Err(Error::invalid(
+                &self.agent,
+                Op::DeregisterMem,
+                "not UCX registration metadata",
+            )),
+        }
+    }
+
+    fn load_local(&self, region: &RegionDesc, md: &BackendMd) -> Result<BackendMd> {
+        let public = self.reg(md, Op::PrepXferDlist)?.public.clone();
+        let peer = self.self_peer()?;
+        let shapes = self.shapes.read();
+        Ok(Arc::new(RemoteMd::unpack(
+            &self.agent,
+            &peer,
+            region,
+            &public,
+            &shapes,
+        )?))
+    }
+
+    fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
+        Ok(Box::new(self.prepare_segments(spec)?))
+    }
+
+    fn prepare_blocks(&self, spec: &BlockXferSpec) -> Result<Option<Box<dyn BackendXfer>>> {
+        Ok(Some(Box::new(self.prepare_block_table(spec)?)))
+    }
+
+    fn progress(&self) -> Result<bool> {
+        let mut any = false;
+        for w in &self.workers {
+            let mut g = w.lock();
+            any |= g.progress_all() > 0;
+            g.close_graves(Duration::ZERO);
+        }
+        Ok(any)
+    }
+
+    fn estimate_cost(&self, spec: &XferSpec) -> Result<Option<CostEstimate>> {
+        let Some(first) = spec.segments.first() else {
+            return Ok(None);
+        };
+        let Some(r) = spec.md(first.remote_md).and_then(downcast_md::<RemoteMd>) else {
+            return Ok(None);
+        };
+        let pe = &r.peer.eps[0];
+        let g = pe.worker.lock();
+        let Some(ep) = pe.raw(&g) else {
+            return Ok(None);
+        };
+        let mut sizes: BTreeMap<u64, u64> = BTreeMap::new();
+        for s in &spec.segments {
+            *sizes.entry(s.len).or_default() += 1;
+        }
+        let mut secs = 0.0f64;
+        for (len, count) in sizes {
+            let t = match g.h_ref().ep_estimate(ep, len) {
+                Ok(t) if t.is_finite() && t >= 0.0 => t,
+                _ => return Ok(None),
+            };
+            secs += t * count as f64;
+        }
+        let duration = Duration::from_secs_f64(secs);
+        Ok(Some(CostEstimate {
+            duration,
+            error_margin: duration / 2,
+            method: CostMethod::Analytical,
+        }))
+    }
+
+    fn nixl_wire(&self) -> Option<&dyn nixl_core::nixl_wire::NixlWire> {
+        Some(self)
+    }
+
+    fn path_report(&self, remote: &str) -> Option<String> {
+        let peer = if remote == self.agent {
+            self.self_peer.lock().clone()
+        } else {
+            self.peers.lock().get(remote).cloned()
+        };
+        peer.map(|p| p.transports())
+    }
+
+    fn peers(&self) -> Option<&dyn nixl_core::backend::PeerBackend> {
+        Some(self)
+    }
+}
+
+impl nixl_core::backend::PeerBackend for UcxBackend {
     fn connection_info(&self) -> Result<Vec<u8>> {
         let addrs: Vec<&[u8]> = self.workers.iter().map(|w| w.address()).collect();
         Ok(wire::encode_conn_with(&addrs, self.process.as_ref()))
@@ -410,35 +521,6 @@ impl Backend for UcxBackend {
         Ok(())
     }
 
-    fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
-        let reg = MemReg::map(&self.ctx, &self.agent, region)?;
-        if region.kind != MemKind::Dram {
-            // Keys of other memory (VRAM) name memory domains a host page does not.
-            if let (Ok((_, packed)), Some(w)) =
-                (wire::decode_rkey(&reg.public), self.workers.first())
-            {
-                self.shapes.write().learn_rkey(packed, w.address());
-            }
-        }
-        Ok(Arc::new(reg))
-    }
-
-    fn deregister(&self, md: BackendMd) -> Result<()> {
-        self.reg(&md, Op::DeregisterMem)?;
-        match md.downcast::<MemReg>() {
-            Ok(arc) => match Arc::try_unwrap(arc) {
-                Ok(reg) => reg.unmap(&self.agent),
-                // Still referenced by a prepared list or request: unmapped when the last goes.
-                Err(_) => Ok(()),
-            },
-            Err(_) => Err(Error::invalid(
-                &self.agent,
-                Op::DeregisterMem,
-                "not UCX registration metadata",
-            )),
-        }
-    }
-
     fn public_metadata(&self, md: &BackendMd) -> Result<Vec<u8>> {
         Ok(self.reg(md, Op::LocalMetadata)?.public.clone())
     }
@@ -453,27 +535,6 @@ impl Backend for UcxBackend {
             public,
             &shapes,
         )?))
-    }
-
-    fn load_local(&self, region: &RegionDesc, md: &BackendMd) -> Result<BackendMd> {
-        let public = self.reg(md, Op::PrepXferDlist)?.public.clone();
-        let peer = self.self_peer()?;
-        let shapes = self.shapes.read();
-        Ok(Arc::new(RemoteMd::unpack(
-            &self.agent,
-            &peer,
-            region,
-            &public,
-            &shapes,
-        )?))
-    }
-
-    fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
-        Ok(Box::new(self.prepare_segments(spec)?))
-    }
-
-    fn prepare_blocks(&self, spec: &BlockXferSpec) -> Result<Option<Box<dyn BackendXfer>>> {
-        Ok(Some(Box::new(self.prepare_block_table(spec)?)))
     }
 
     fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
@@ -531,61 +592,6 @@ impl Backend for UcxBackend {
                 })
             }
         }
-    }
-
-    fn progress(&self) -> Result<bool> {
-        let mut any = false;
-        for w in &self.workers {
-            let mut g = w.lock();
-            any |= g.progress_all() > 0;
-            g.close_graves(Duration::ZERO);
-        }
-        Ok(any)
-    }
-
-    fn estimate_cost(&self, spec: &XferSpec) -> Result<Option<CostEstimate>> {
-        let Some(first) = spec.segments.first() else {
-            return Ok(None);
-        };
-        let Some(r) = spec.md(first.remote_md).and_then(downcast_md::<RemoteMd>) else {
-            return Ok(None);
-        };
-        let pe = &r.peer.eps[0];
-        let g = pe.worker.lock();
-        let Some(ep) = pe.raw(&g) else {
-            return Ok(None);
-        };
-        let mut sizes: BTreeMap<u64, u64> = BTreeMap::new();
-        for s in &spec.segments {
-            *sizes.entry(s.len).or_default() += 1;
-        }
-        let mut secs = 0.0f64;
-        for (len, count) in sizes {
-            let t = match g.h_ref().ep_estimate(ep, len) {
-                Ok(t) if t.is_finite() && t >= 0.0 => t,
-                _ => return Ok(None),
-            };
-            secs += t * count as f64;
-        }
-        let duration = Duration::from_secs_f64(secs);
-        Ok(Some(CostEstimate {
-            duration,
-            error_margin: duration / 2,
-            method: CostMethod::Analytical,
-        }))
-    }
-
-    fn nixl_wire(&self) -> Option<&dyn nixl_core::nixl_wire::NixlWire> {
-        Some(self)
-    }
-
-    fn path_report(&self, remote: &str) -> Option<String> {
-        let peer = if remote == self.agent {
-            self.self_peer.lock().clone()
-        } else {
-            self.peers.lock().get(remote).cloned()
-        };
-        peer.map(|p| p.transports())
     }
 }
 

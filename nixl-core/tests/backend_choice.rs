@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nixl_core::backend::{
-    Backend, BackendContext, BackendMd, BackendParams, BackendXfer, InprocBackend, XferSpec,
+    Backend, BackendContext, BackendMd, BackendParams, BackendXfer, InprocBackend, PeerBackend,
+    XferSpec,
 };
 use nixl_core::{
     Agent, AgentConfig, Capabilities, Error, HostBuffer, InprocParams, MemKind, Op, RegionDesc,
@@ -20,30 +21,19 @@ impl Backend for Declining {
     fn name(&self) -> &str {
         "DECLINING"
     }
+
     fn capabilities(&self) -> Capabilities {
         self.0.capabilities()
     }
-    fn connection_info(&self) -> Result<Vec<u8>> {
-        self.0.connection_info()
-    }
-    fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
-        self.0.connect(remote, info)
-    }
-    fn disconnect(&self, remote: &str) -> Result<()> {
-        self.0.disconnect(remote)
-    }
+
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
         self.0.register(region)
     }
+
     fn deregister(&self, md: BackendMd) -> Result<()> {
         self.0.deregister(md)
     }
-    fn public_metadata(&self, md: &BackendMd) -> Result<Vec<u8>> {
-        self.0.public_metadata(md)
-    }
-    fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
-        self.0.load_remote(remote, region, public)
-    }
+
     fn prepare_xfer(&self, _spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
         Err(Error::not_supported(
             "test",
@@ -51,6 +41,33 @@ impl Backend for Declining {
             "this backend cannot reach that region",
         ))
     }
+
+    fn peers(&self) -> Option<&dyn PeerBackend> {
+        Some(self)
+    }
+}
+
+impl PeerBackend for Declining {
+    fn connection_info(&self) -> Result<Vec<u8>> {
+        self.0.connection_info()
+    }
+
+    fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
+        self.0.connect(remote, info)
+    }
+
+    fn disconnect(&self, remote: &str) -> Result<()> {
+        self.0.disconnect(remote)
+    }
+
+    fn public_metadata(&self, md: &BackendMd) -> Result<Vec<u8>> {
+        self.0.public_metadata(md)
+    }
+
+    fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
+        self.0.load_remote(remote, region, public)
+    }
+
     fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
         self.0.gen_notif(remote, msg)
     }

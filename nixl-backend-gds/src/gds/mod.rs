@@ -476,8 +476,6 @@ impl GdsBackend {
 }
 
 impl Backend for GdsBackend {
-    local_only_peer_methods!(GDS, "GDS files");
-
     fn name(&self) -> &str {
         GDS
     }

@@ -242,8 +242,6 @@ impl PosixBackend {
 }
 
 impl Backend for PosixBackend {
-    local_only_peer_methods!(POSIX, "POSIX files");
-
     fn name(&self) -> &str {
         POSIX
     }

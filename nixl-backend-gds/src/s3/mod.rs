@@ -481,8 +481,6 @@ fn key_of(agent: &str, op: Op, region: &RegionDesc) -> Result<(String, ObjPath)>
 }
 
 impl Backend for S3Backend {
-    local_only_peer_methods!(OBJ, "OBJ regions");
-
     fn name(&self) -> &str {
         OBJ
     }

@@ -415,7 +415,7 @@ impl Drop for LoadGuard<'_> {
     fn drop(&mut self) {
         for slot in self.connected.drain(..) {
             self.peer.conn.lock().remove(&slot.id);
-            if let Err(e) = slot.backend.disconnect(&self.peer.name) {
+            if let Err(e) = slot.disconnect(&self.peer.name) {
                 tracing::warn!(agent = %self.agent.name(), remote = %self.peer.name, error = %e, "rollback disconnect failed");
             }
         }
@@ -431,7 +431,7 @@ pub(super) fn connect_slot(
     process: Option<&crate::liveness::PeerProcess>,
 ) -> Result<()> {
     match (wire, slot.backend.nixl_wire()) {
-        (Wire::Native, _) => slot.backend.connect_peer(remote, info, process),
+        (Wire::Native, _) => slot.connect_peer(remote, info, process),
         (Wire::Nixl, Some(n)) => n.nixl_connect(remote, info),
         (Wire::Nixl, None) => Err(Error::not_supported(
             me,
@@ -450,7 +450,7 @@ pub(super) fn load_slot(
     public: &[u8],
 ) -> Result<BackendMd> {
     match (wire, slot.backend.nixl_wire()) {
-        (Wire::Native, _) => slot.backend.load_remote(remote, desc, public),
+        (Wire::Native, _) => slot.load_remote(me, remote, desc, public),
         (Wire::Nixl, Some(n)) => n.nixl_load_remote(remote, desc, public),
         (Wire::Nixl, None) => Err(Error::not_supported(
             me,

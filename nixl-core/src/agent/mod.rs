@@ -41,6 +41,81 @@ pub(crate) struct BackendSlot {
     pub caps: Capabilities,
 }
 
+/// The peer-facing calls the agent makes on a backend, with what they mean for a local-only
+/// one (no [`crate::backend::Backend::peers`]: a storage engine).
+impl BackendSlot {
+    /// Connection info for the agent's metadata; none for a local-only backend.
+    pub(crate) fn connection_info(&self) -> Result<Vec<u8>> {
+        self.backend
+            .peers()
+            .map_or(Ok(Vec::new()), |p| p.connection_info())
+    }
+
+    /// The keys a peer needs for a registered region; none for a local-only backend.
+    pub(crate) fn public_metadata(&self, md: &crate::backend::BackendMd) -> Result<Vec<u8>> {
+        self.backend
+            .peers()
+            .map_or(Ok(Vec::new()), |p| p.public_metadata(md))
+    }
+
+    /// Connects to a peer; a local-only backend has nothing to connect to (a peer's metadata
+    /// may list it).
+    pub(crate) fn connect_peer(
+        &self,
+        remote: &str,
+        info: &[u8],
+        process: Option<&crate::PeerProcess>,
+    ) -> Result<()> {
+        match self.backend.peers() {
+            Some(p) => p.connect_peer(remote, info, process),
+            None => {
+                tracing::trace!(remote, backend = %self.name, "local-only backend ignores peers");
+                Ok(())
+            }
+        }
+    }
+
+    /// Forgets a peer (nothing to forget for a local-only backend).
+    pub(crate) fn disconnect(&self, remote: &str) -> Result<()> {
+        self.backend
+            .peers()
+            .map_or(Ok(()), |p| p.disconnect(remote))
+    }
+
+    /// Loads a peer's region; a local-only backend reaches no peer's regions.
+    pub(crate) fn load_remote(
+        &self,
+        me: &str,
+        remote: &str,
+        region: &crate::RegionDesc,
+        public: &[u8],
+    ) -> Result<crate::backend::BackendMd> {
+        match self.backend.peers() {
+            Some(p) => p.load_remote(remote, region, public),
+            None => Err(Error::not_supported(
+                me,
+                Op::LoadMetadata,
+                format!(
+                    "{}'s regions of {remote} are not reachable from here",
+                    self.name
+                ),
+            )),
+        }
+    }
+
+    /// Sends a standalone notification; a local-only backend has none.
+    pub(crate) fn gen_notif(&self, me: &str, remote: &str, msg: &[u8]) -> Result<()> {
+        match self.backend.peers() {
+            Some(p) => p.gen_notif(remote, msg),
+            None => Err(Error::not_supported(
+                me,
+                Op::GenNotif,
+                format!("{} has no notifications (to {remote})", self.name),
+            )),
+        }
+    }
+}
+
 impl std::fmt::Debug for BackendSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BackendSlot")
@@ -654,7 +729,7 @@ impl Agent {
                     format!("no backend with notifications reaches {remote}"),
                 )
             })?;
-        slot.backend.gen_notif(remote, msg)
+        slot.gen_notif(self.name(), remote, msg)
     }
 
     /// Drives every backend's progress engine once (for callers that run no progress thread).

@@ -164,7 +164,7 @@ impl Agent {
         let mut entries = Vec::with_capacity(backends.len());
         for b in &backends {
             let conn_info = if sel.include_conn {
-                b.backend.connection_info()?
+                b.connection_info()?
             } else {
                 Vec::new()
             };
@@ -188,7 +188,7 @@ impl Agent {
                         label: reg.label.clone().unwrap_or_default(),
                         backend: idx,
                         desc: r.desc.clone(),
-                        public: slot.backend.public_metadata(md)?,
+                        public: slot.public_metadata(md)?,
                     });
                 }
             }
@@ -315,7 +315,7 @@ impl Agent {
             .iter()
             .filter(|b| conns.contains(&b.id))
         {
-            if let Err(e) = slot.backend.disconnect(&peer.name) {
+            if let Err(e) = slot.disconnect(&peer.name) {
                 tracing::warn!(agent = %self.name(), remote = %peer.name, error = %e, "disconnect failed");
             }
         }

@@ -4,9 +4,11 @@
 //!
 //! A backend is a trait object ([`Backend`]) created from a params value ([`BackendParams`]) with
 //! a [`BackendContext`] (the agent's name and notification queue). It reports its
-//! [`Capabilities`], registers memory into backend-private metadata ([`BackendMd`]), loads peers'
-//! connection info and region metadata, and turns a list of [`Segment`]s into a
-//! [`BackendXfer`] that the agent posts and polls.
+//! [`Capabilities`], registers memory into backend-private metadata ([`BackendMd`]), and turns a
+//! list of [`Segment`]s into a [`BackendXfer`] that the agent posts and polls. A transport that
+//! reaches other agents also implements [`PeerBackend`] (connection info, connect and
+//! disconnect, region keys, peers' regions, notifications) and returns it from
+//! [`Backend::peers`]; a storage engine does not, and the agent treats it as local-only.
 
 pub mod bytes;
 pub mod hello;
@@ -235,34 +237,10 @@ pub trait Backend: Send + Sync + 'static {
     fn name(&self) -> &str;
     /// What it can do.
     fn capabilities(&self) -> Capabilities;
-    /// Connection info to put in the agent's metadata (a worker address), possibly empty.
-    fn connection_info(&self) -> Result<Vec<u8>>;
-    /// Connects to a peer from its connection info. Called again with new info after a peer
-    /// restarted (after [`Backend::disconnect`]).
-    fn connect(&self, remote: &str, info: &[u8]) -> Result<()>;
-    /// [`Backend::connect`], given the peer's process when it runs on this host, as the agent
-    /// bound it ([`crate::PeerProcess`]: the process the peer's metadata names, watched for its
-    /// exit). A backend that aims at the peer's process itself uses this one and nothing its
-    /// own connection info claims. Default: [`Backend::connect`].
-    fn connect_peer(
-        &self,
-        remote: &str,
-        info: &[u8],
-        process: Option<&crate::PeerProcess>,
-    ) -> Result<()> {
-        let _ = process;
-        self.connect(remote, info)
-    }
-    /// Forgets a peer; requests still using it fail.
-    fn disconnect(&self, remote: &str) -> Result<()>;
     /// Registers a region.
     fn register(&self, region: &RegionDesc) -> Result<BackendMd>;
     /// Deregisters a region registered by this backend.
     fn deregister(&self, md: BackendMd) -> Result<()>;
-    /// The bytes a peer needs to reach a registered region (an rkey), possibly empty.
-    fn public_metadata(&self, md: &BackendMd) -> Result<Vec<u8>>;
-    /// Loads a peer's region from its public metadata.
-    fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd>;
     /// Loads one of the agent's own regions as a transfer target (loopback, storage).
     fn load_local(&self, region: &RegionDesc, md: &BackendMd) -> Result<BackendMd> {
         let _ = region;
@@ -286,8 +264,6 @@ pub trait Backend: Send + Sync + 'static {
         let _ = spec;
         Ok(None)
     }
-    /// Sends a standalone notification.
-    fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()>;
     /// Drives the backend's progress engine; returns whether anything happened.
     fn progress(&self) -> Result<bool> {
         Ok(false)
@@ -312,6 +288,46 @@ pub trait Backend: Send + Sync + 'static {
     fn nixl_wire(&self) -> Option<&dyn crate::nixl_wire::NixlWire> {
         None
     }
+    /// Its peer-facing half, when it reaches other agents (a transport). `None`, the default,
+    /// is a local-only backend (a storage engine): its metadata carries no connection info or
+    /// region keys, peers listing it are not connected to, it loads no peer's regions
+    /// (`NotSupported`) and sends no notifications (`NotSupported`).
+    fn peers(&self) -> Option<&dyn PeerBackend> {
+        None
+    }
+}
+
+/// The peer-facing half of a transport backend: connection info, connecting to and forgetting
+/// peers, the keys of its registered regions, loading a peer's regions, standalone
+/// notifications. A backend that implements it returns itself from [`Backend::peers`]; a
+/// storage engine implements none of it.
+pub trait PeerBackend: Send + Sync {
+    /// Connection info to put in the agent's metadata (a worker address), possibly empty.
+    fn connection_info(&self) -> Result<Vec<u8>>;
+    /// Connects to a peer from its connection info. Called again with new info after a peer
+    /// restarted (after [`PeerBackend::disconnect`]).
+    fn connect(&self, remote: &str, info: &[u8]) -> Result<()>;
+    /// [`PeerBackend::connect`], given the peer's process when it runs on this host, as the agent
+    /// bound it ([`crate::PeerProcess`]: the process the peer's metadata names, watched for its
+    /// exit). A backend that aims at the peer's process itself uses this one and nothing its
+    /// own connection info claims. Default: [`PeerBackend::connect`].
+    fn connect_peer(
+        &self,
+        remote: &str,
+        info: &[u8],
+        process: Option<&crate::PeerProcess>,
+    ) -> Result<()> {
+        let _ = process;
+        self.connect(remote, info)
+    }
+    /// Forgets a peer; requests still using it fail.
+    fn disconnect(&self, remote: &str) -> Result<()>;
+    /// The bytes a peer needs to reach a registered region (an rkey), possibly empty.
+    fn public_metadata(&self, md: &BackendMd) -> Result<Vec<u8>>;
+    /// Loads a peer's region from its public metadata.
+    fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd>;
+    /// Sends a standalone notification.
+    fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()>;
 }
 
 /// What [`Backend::query`] found about a storage region.

@@ -203,7 +203,7 @@ impl ProcessWatch {
 /// A peer's process on this host, bound once: a pidfd opened for the process the peer's
 /// metadata names (its start time checked after opening, so a reused pid is never it; a
 /// thread id is refused). The agent opens it when it loads a same-host peer, watches it for
-/// the peer's exit, and hands it to backends ([`crate::backend::Backend::connect_peer`]):
+/// the peer's exit, and hands it to backends ([`crate::backend::PeerBackend::connect_peer`]):
 /// one that copies into the peer's memory itself (UCX's direct CMA) aims at
 /// [`PeerProcess::pid`] only while [`PeerProcess::exited`] says no, so copies to a process
 /// that exited fail, whatever reuses its pid.

@@ -507,7 +507,10 @@ impl XferReq {
     /// The data is complete: send the integrity frame, if any, and record the completion.
     fn complete(&self, st: &mut ReqState) -> Result<XferState> {
         if let Some(frame) = st.frame.take() {
-            if let Err(e) = self.backend.backend.gen_notif(self.spec.remote(), &frame) {
+            if let Err(e) = self
+                .backend
+                .gen_notif(&self.shared.name, self.spec.remote(), &frame)
+            {
                 self.shared.counters.failed();
                 st.status = Status::Failed(e.clone());
                 return Err(e);

@@ -291,40 +291,6 @@ impl Backend for CudaIpcBackend {
         }
     }
 
-    fn connection_info(&self) -> Result<Vec<u8>> {
-        Ok(ConnInfo {
-            host: self.host_id.clone(),
-            pid: std::process::id(),
-            server: self.server.name().to_vec(),
-        }
-        .encode())
-    }
-
-    fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
-        let ConnInfo { host, pid, server } =
-            ConnInfo::decode(info).map_err(|source| Error::Decode {
-                agent: self.agent.clone(),
-                op: Op::LoadMetadata,
-                source,
-            })?;
-        let peer = Peer {
-            same_host: host == self.host_id,
-            pid,
-            server,
-        };
-        if let Some(old) = self.peers.lock().insert(remote.to_owned(), Arc::new(peer)) {
-            self.senders.forget(&old.server);
-        }
-        Ok(())
-    }
-
-    fn disconnect(&self, remote: &str) -> Result<()> {
-        if let Some(p) = self.peers.lock().remove(remote) {
-            self.senders.forget(&p.server);
-        }
-        Ok(())
-    }
-
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
         let md = match region.kind {
             MemKind::Vram => {
@@ -372,46 +338,6 @@ impl Backend for CudaIpcBackend {
         })?;
         drop(md);
         Ok(())
-    }
-
-    fn public_metadata(&self, md: &BackendMd) -> Result<Vec<u8>> {
-        let m = downcast_md::<LocalMd>(md).ok_or_else(|| {
-            Error::invalid(&self.agent, Op::LocalMetadata, "not CUDA_IPC metadata")
-        })?;
-        Ok(m.public.encode())
-    }
-
-    fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
-        let peer = self.peer(remote, Op::LoadMetadata)?;
-        let p = Public::decode(public).map_err(|source| Error::Decode {
-            agent: self.agent.clone(),
-            op: Op::LoadMetadata,
-            source,
-        })?;
-        let consistent = match &p {
-            Public::Vram(h) => {
-                region.kind == MemKind::Vram
-                    && region.addr >= h.addr
-                    && region.end().is_some_and(|e| e <= h.addr + h.len)
-            }
-            Public::Shared(h) => {
-                region.kind == MemKind::Dram
-                    && region.addr >= h.addr
-                    && region.end().is_some_and(|e| e <= h.addr + h.len)
-            }
-            Public::Private => region.kind == MemKind::Dram,
-        };
-        if !consistent {
-            return Err(Error::mismatch(
-                &self.agent,
-                Op::LoadMetadata,
-                format!(
-                    "CUDA_IPC metadata of {remote}'s region {:#x}+{} does not describe it",
-                    region.addr, region.len
-                ),
-            ));
-        }
-        Ok(Arc::new(self.target_for(remote, &peer, region, p)?))
     }
 
     fn load_local(&self, _region: &RegionDesc, md: &BackendMd) -> Result<BackendMd> {
@@ -524,15 +450,6 @@ impl Backend for CudaIpcBackend {
         self.prepare_block_table(spec).map(Some)
     }
 
-    fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
-        if remote == self.agent {
-            self.notifs.push(&self.agent, msg.to_vec());
-            return Ok(());
-        }
-        let peer = self.peer(remote, Op::GenNotif)?;
-        self.senders.send(&self.agent, remote, &peer.server, msg)
-    }
-
     fn path_report(&self, remote: &str) -> Option<String> {
         let peer = self.peers.lock().get(remote).cloned()?;
         Some(if !peer.same_host {
@@ -548,6 +465,95 @@ impl Backend for CudaIpcBackend {
                 peer.pid, self.params.device
             )
         })
+    }
+
+    fn peers(&self) -> Option<&dyn nixl_core::backend::PeerBackend> {
+        Some(self)
+    }
+}
+
+impl nixl_core::backend::PeerBackend for CudaIpcBackend {
+    fn connection_info(&self) -> Result<Vec<u8>> {
+        Ok(ConnInfo {
+            host: self.host_id.clone(),
+            pid: std::process::id(),
+            server: self.server.name().to_vec(),
+        }
+        .encode())
+    }
+
+    fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
+        let ConnInfo { host, pid, server } =
+            ConnInfo::decode(info).map_err(|source| Error::Decode {
+                agent: self.agent.clone(),
+                op: Op::LoadMetadata,
+                source,
+            })?;
+        let peer = Peer {
+            same_host: host == self.host_id,
+            pid,
+            server,
+        };
+        if let Some(old) = self.peers.lock().insert(remote.to_owned(), Arc::new(peer)) {
+            self.senders.forget(&old.server);
+        }
+        Ok(())
+    }
+
+    fn disconnect(&self, remote: &str) -> Result<()> {
+        if let Some(p) = self.peers.lock().remove(remote) {
+            self.senders.forget(&p.server);
+        }
+        Ok(())
+    }
+
+    fn public_metadata(&self, md: &BackendMd) -> Result<Vec<u8>> {
+        let m = downcast_md::<LocalMd>(md).ok_or_else(|| {
+            Error::invalid(&self.agent, Op::LocalMetadata, "not CUDA_IPC metadata")
+        })?;
+        Ok(m.public.encode())
+    }
+
+    fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
+        let peer = self.peer(remote, Op::LoadMetadata)?;
+        let p = Public::decode(public).map_err(|source| Error::Decode {
+            agent: self.agent.clone(),
+            op: Op::LoadMetadata,
+            source,
+        })?;
+        let consistent = match &p {
+            Public::Vram(h) => {
+                region.kind == MemKind::Vram
+                    && region.addr >= h.addr
+                    && region.end().is_some_and(|e| e <= h.addr + h.len)
+            }
+            Public::Shared(h) => {
+                region.kind == MemKind::Dram
+                    && region.addr >= h.addr
+                    && region.end().is_some_and(|e| e <= h.addr + h.len)
+            }
+            Public::Private => region.kind == MemKind::Dram,
+        };
+        if !consistent {
+            return Err(Error::mismatch(
+                &self.agent,
+                Op::LoadMetadata,
+                format!(
+                    "CUDA_IPC metadata of {remote}'s region {:#x}+{} does not describe it",
+                    region.addr, region.len
+                ),
+            ));
+        }
+        Ok(Arc::new(self.target_for(remote, &peer, region, p)?))
+    }
+
+    fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
+        if remote == self.agent {
+            self.notifs.push(&self.agent, msg.to_vec());
+            return Ok(());
+        }
+        let peer = self.peer(remote, Op::GenNotif)?;
+        self.senders.send(&self.agent, remote, &peer.server, msg)
     }
 }
 

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use crate::backend::{
     Backend, BackendContext, BackendMd, BackendParams, BackendXfer, Capabilities, CostEstimate,
-    QueryResult, XferSpec,
+    PeerBackend, QueryResult, XferSpec,
 };
 use crate::deferred::Scheduler;
 use crate::error::{Error, Op, Result};
@@ -223,26 +223,11 @@ impl Backend for FaultInjector {
     fn capabilities(&self) -> Capabilities {
         self.0.inner.capabilities()
     }
-    fn connection_info(&self) -> Result<Vec<u8>> {
-        self.0.inner.connection_info()
-    }
-    fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
-        self.0.inner.connect(remote, info)
-    }
-    fn disconnect(&self, remote: &str) -> Result<()> {
-        self.0.inner.disconnect(remote)
-    }
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
         self.0.inner.register(region)
     }
     fn deregister(&self, md: BackendMd) -> Result<()> {
         self.0.inner.deregister(md)
-    }
-    fn public_metadata(&self, md: &BackendMd) -> Result<Vec<u8>> {
-        self.0.inner.public_metadata(md)
-    }
-    fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
-        self.0.inner.load_remote(remote, region, public)
     }
     fn load_local(&self, region: &RegionDesc, md: &BackendMd) -> Result<BackendMd> {
         self.0.inner.load_local(region, md)
@@ -252,12 +237,6 @@ impl Backend for FaultInjector {
     }
     fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
         Ok(Box::new(FaultXfer::prepare(self.0.clone(), spec)?))
-    }
-    fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
-        if self.0.dead.load(Ordering::SeqCst) {
-            return Err(self.0.dead_error(remote, Op::GenNotif));
-        }
-        self.0.inner.gen_notif(remote, msg)
     }
     fn progress(&self) -> Result<bool> {
         self.0.inner.progress()
@@ -273,5 +252,63 @@ impl Backend for FaultInjector {
     }
     fn query(&self, region: &RegionDesc) -> Result<Option<QueryResult>> {
         self.0.inner.query(region)
+    }
+    fn peers(&self) -> Option<&dyn PeerBackend> {
+        // Peer-facing exactly when the wrapped backend is.
+        self.0.inner.peers().map(|_| self as &dyn PeerBackend)
+    }
+}
+
+impl FaultInjector {
+    /// The wrapped backend's peer-facing half (there whenever [`Backend::peers`] gave this
+    /// wrapper out).
+    fn inner_peers(&self, remote: &str, op: Op) -> Result<&dyn PeerBackend> {
+        self.0.inner.peers().ok_or_else(|| {
+            Error::not_supported(
+                &self.0.agent,
+                op,
+                format!(
+                    "{} does not reach peers (asked for {remote})",
+                    self.0.inner.name()
+                ),
+            )
+        })
+    }
+}
+
+impl PeerBackend for FaultInjector {
+    fn connection_info(&self) -> Result<Vec<u8>> {
+        self.inner_peers("-", Op::LocalMetadata)?.connection_info()
+    }
+    fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
+        self.inner_peers(remote, Op::LoadMetadata)?
+            .connect(remote, info)
+    }
+    fn connect_peer(
+        &self,
+        remote: &str,
+        info: &[u8],
+        process: Option<&crate::PeerProcess>,
+    ) -> Result<()> {
+        self.inner_peers(remote, Op::LoadMetadata)?
+            .connect_peer(remote, info, process)
+    }
+    fn disconnect(&self, remote: &str) -> Result<()> {
+        self.inner_peers(remote, Op::Invalidate)?.disconnect(remote)
+    }
+    fn public_metadata(&self, md: &BackendMd) -> Result<Vec<u8>> {
+        self.inner_peers("-", Op::LocalMetadata)?
+            .public_metadata(md)
+    }
+    fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
+        self.inner_peers(remote, Op::LoadMetadata)?
+            .load_remote(remote, region, public)
+    }
+    fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
+        if self.0.dead.load(Ordering::SeqCst) {
+            return Err(self.0.dead_error(remote, Op::GenNotif));
+        }
+        self.inner_peers(remote, Op::GenNotif)?
+            .gen_notif(remote, msg)
     }
 }

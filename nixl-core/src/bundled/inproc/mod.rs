@@ -194,55 +194,6 @@ impl Backend for InprocBackend {
         }
     }
 
-    fn connection_info(&self) -> Result<Vec<u8>> {
-        let mut v = CONN_MAGIC.to_vec();
-        v.extend_from_slice(&std::process::id().to_le_bytes());
-        v.extend_from_slice(&self.ep.id.to_le_bytes());
-        Ok(v)
-    }
-
-    fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
-        if info.len() != 18 || &info[..6] != CONN_MAGIC {
-            return Err(Error::invalid(
-                &self.agent,
-                Op::LoadMetadata,
-                "malformed INPROC connection info",
-            ));
-        }
-        let mut pid = [0u8; 4];
-        pid.copy_from_slice(&info[6..10]);
-        if u32::from_le_bytes(pid) != std::process::id() {
-            return Err(Error::not_supported(
-                &self.agent,
-                Op::LoadMetadata,
-                format!("{remote} is in another process; INPROC connects agents of one process"),
-            ));
-        }
-        let mut id = [0u8; 8];
-        id.copy_from_slice(&info[10..18]);
-        let id = u64::from_le_bytes(id);
-        let ep = ENDPOINTS
-            .lock()
-            .get(&id)
-            .cloned()
-            .filter(|w| w.strong_count() > 0);
-        let ep = ep.ok_or_else(|| {
-            Error::disconnected(
-                &self.agent,
-                remote,
-                Op::LoadMetadata,
-                "endpoint no longer exists",
-            )
-        })?;
-        self.peers.lock().insert(remote.to_owned(), ep);
-        Ok(())
-    }
-
-    fn disconnect(&self, remote: &str) -> Result<()> {
-        self.peers.lock().remove(remote);
-        Ok(())
-    }
-
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
         if region.kind != MemKind::Dram {
             return Err(Error::not_supported(
@@ -264,37 +215,6 @@ impl Backend for InprocBackend {
             .ok_or_else(|| Error::invalid(&self.agent, Op::DeregisterMem, "not INPROC metadata"))?;
         self.ep.regions.write().remove(&m.region);
         Ok(())
-    }
-
-    fn public_metadata(&self, md: &BackendMd) -> Result<Vec<u8>> {
-        let m = downcast_md::<LocalMd>(md)
-            .ok_or_else(|| Error::invalid(&self.agent, Op::LocalMetadata, "not INPROC metadata"))?;
-        Ok(m.region.to_le_bytes().to_vec())
-    }
-
-    fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
-        let id = <[u8; 8]>::try_from(public)
-            .map(u64::from_le_bytes)
-            .map_err(|_| {
-                Error::invalid(
-                    &self.agent,
-                    Op::LoadMetadata,
-                    "malformed INPROC region metadata",
-                )
-            })?;
-        let ep = self.peer(remote, Op::LoadMetadata)?;
-        let found = ep.regions.read().get(&id).copied();
-        if found != Some((region.addr, region.len)) {
-            return Err(Error::not_found(
-                &self.agent,
-                Op::LoadMetadata,
-                format!("region {id} of {remote}"),
-            ));
-        }
-        Ok(Arc::new(TargetMd {
-            ep: Arc::downgrade(&ep),
-            region: id,
-        }))
     }
 
     fn load_local(&self, _region: &RegionDesc, md: &BackendMd) -> Result<BackendMd> {
@@ -353,17 +273,103 @@ impl Backend for InprocBackend {
         Ok(Some(Box::new(blocks::prepare(self, spec)?)))
     }
 
-    fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
-        self.peer(remote, Op::GenNotif)?
-            .notifs
-            .push(&self.agent, msg.to_vec());
-        Ok(())
-    }
-
     fn path_report(&self, remote: &str) -> Option<String> {
         self.peers
             .lock()
             .contains_key(remote)
             .then(|| xfer::path(self.completion))
+    }
+
+    fn peers(&self) -> Option<&dyn crate::backend::PeerBackend> {
+        Some(self)
+    }
+}
+
+impl crate::backend::PeerBackend for InprocBackend {
+    fn connection_info(&self) -> Result<Vec<u8>> {
+        let mut v = CONN_MAGIC.to_vec();
+        v.extend_from_slice(&std::process::id().to_le_bytes());
+        v.extend_from_slice(&self.ep.id.to_le_bytes());
+        Ok(v)
+    }
+
+    fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
+        if info.len() != 18 || &info[..6] != CONN_MAGIC {
+            return Err(Error::invalid(
+                &self.agent,
+                Op::LoadMetadata,
+                "malformed INPROC connection info",
+            ));
+        }
+        let mut pid = [0u8; 4];
+        pid.copy_from_slice(&info[6..10]);
+        if u32::from_le_bytes(pid) != std::process::id() {
+            return Err(Error::not_supported(
+                &self.agent,
+                Op::LoadMetadata,
+                format!("{remote} is in another process; INPROC connects agents of one process"),
+            ));
+        }
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&info[10..18]);
+        let id = u64::from_le_bytes(id);
+        let ep = ENDPOINTS
+            .lock()
+            .get(&id)
+            .cloned()
+            .filter(|w| w.strong_count() > 0);
+        let ep = ep.ok_or_else(|| {
+            Error::disconnected(
+                &self.agent,
+                remote,
+                Op::LoadMetadata,
+                "endpoint no longer exists",
+            )
+        })?;
+        self.peers.lock().insert(remote.to_owned(), ep);
+        Ok(())
+    }
+
+    fn disconnect(&self, remote: &str) -> Result<()> {
+        self.peers.lock().remove(remote);
+        Ok(())
+    }
+
+    fn public_metadata(&self, md: &BackendMd) -> Result<Vec<u8>> {
+        let m = downcast_md::<LocalMd>(md)
+            .ok_or_else(|| Error::invalid(&self.agent, Op::LocalMetadata, "not INPROC metadata"))?;
+        Ok(m.region.to_le_bytes().to_vec())
+    }
+
+    fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
+        let id = <[u8; 8]>::try_from(public)
+            .map(u64::from_le_bytes)
+            .map_err(|_| {
+                Error::invalid(
+                    &self.agent,
+                    Op::LoadMetadata,
+                    "malformed INPROC region metadata",
+                )
+            })?;
+        let ep = self.peer(remote, Op::LoadMetadata)?;
+        let found = ep.regions.read().get(&id).copied();
+        if found != Some((region.addr, region.len)) {
+            return Err(Error::not_found(
+                &self.agent,
+                Op::LoadMetadata,
+                format!("region {id} of {remote}"),
+            ));
+        }
+        Ok(Arc::new(TargetMd {
+            ep: Arc::downgrade(&ep),
+            region: id,
+        }))
+    }
+
+    fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
+        self.peer(remote, Op::GenNotif)?
+            .notifs
+            .push(&self.agent, msg.to_vec());
+        Ok(())
     }
 }

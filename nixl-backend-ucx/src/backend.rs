@@ -44,7 +44,7 @@ pub struct UcxBackend {
     /// This process, as announced in the connection info (for peers' direct CMA).
     process: Option<nixl_core::ProcessId>,
     /// Threads for large direct CMA copies, started at the first request that uses them.
-    cma_pool: OnceLock<Option<Arc<crate::cma::CopyPool>>>,
+    cma_pool: OnceLock<Option<Arc<crate::direct_cma::CopyPool>>>,
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -232,14 +232,14 @@ impl UcxBackend {
                 let pe = &peer.eps[worker];
                 let g = pe.worker.lock();
                 pe.uses_cma(&g)
-                    .then(|| crate::cma::Direct::new(target.clone(), &work))
+                    .then(|| crate::direct_cma::Direct::new(target.clone(), &work))
             }
             _ => None,
         };
         let pool = match (&direct, self.params.cma_threads) {
             (Some(_), n) if n > 0 => self
                 .cma_pool
-                .get_or_init(|| match crate::cma::CopyPool::start(&self.agent, n) {
+                .get_or_init(|| match crate::direct_cma::CopyPool::start(&self.agent, n) {
                     Ok(p) => Some(Arc::new(p)),
                     Err(e) => {
                         tracing::warn!(agent = %self.agent, error = %e, "could not start direct CMA copy threads; copying inside post");
@@ -645,7 +645,7 @@ impl UcxBackend {
         remote: &str,
         claimed: Option<&nixl_core::ProcessId>,
         process: Option<&nixl_core::PeerProcess>,
-    ) -> Option<crate::cma::Target> {
+    ) -> Option<crate::direct_cma::Target> {
         let p = process?;
         if claimed != Some(p.id()) {
             tracing::warn!(agent = %self.agent, remote, "the UCX connection info names another process than the peer's metadata: no direct CMA");
@@ -654,6 +654,6 @@ impl UcxBackend {
         if p.is_this_process() && !self.params.direct_cma_same_process {
             return None;
         }
-        Some(crate::cma::Target::new(p.clone()))
+        Some(crate::direct_cma::Target::new(p.clone()))
     }
 }

@@ -130,7 +130,7 @@ pub(crate) struct PeerEp {
     /// post's notification waits until its copies are complete and its notification sent, so
     /// notifications keep post order and each implies the data of the posts before it, as one
     /// UCX flush per post gives UCX's own copies.
-    pub last_flight: parking_lot::Mutex<std::sync::Weak<crate::cma::Flight>>,
+    pub last_flight: parking_lot::Mutex<std::sync::Weak<crate::direct_cma::Flight>>,
 }
 
 impl PeerEp {
@@ -356,7 +356,7 @@ pub(crate) struct Peer {
     /// bound by the agent when it loaded the peer (a pidfd of the process its metadata names,
     /// never a thread, never this process unless [`crate::UcxParams::direct_cma_same_process`]),
     /// and named alike by the peer's UCX connection info. `None`: UCX makes the copies.
-    pub cma: Option<crate::cma::Target>,
+    pub cma: Option<crate::direct_cma::Target>,
 }
 
 impl std::fmt::Debug for Peer {

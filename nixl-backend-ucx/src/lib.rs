@@ -81,8 +81,8 @@
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 
 mod backend;
-mod cma;
 mod context;
+mod direct_cma;
 mod endpoint;
 mod error;
 mod links;

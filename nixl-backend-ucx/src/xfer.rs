@@ -252,11 +252,11 @@ pub(crate) struct UcxXfer {
     pub bytes: u64,
     /// Copies made by the backend itself (same-host host memory where UCX would use CMA),
     /// instead of UCX puts and gets (`crate::cma`).
-    pub direct: Option<crate::cma::Direct>,
+    pub direct: Option<crate::direct_cma::Direct>,
     /// Threads for the pieces of large direct copies (`None`: copied inside `post`).
-    pub pool: Option<Arc<crate::cma::CopyPool>>,
+    pub pool: Option<Arc<crate::direct_cma::CopyPool>>,
     /// The latest post's pieces, when it went to the pool.
-    pub flight: Option<Arc<crate::cma::Flight>>,
+    pub flight: Option<Arc<crate::direct_cma::Flight>>,
 }
 
 impl UcxXfer {
@@ -288,7 +288,12 @@ impl UcxXfer {
             DONE => Ok(XferState::Done),
             FAILED => {
                 if let Some(e) = self.flight.as_ref().and_then(|f| f.error()) {
-                    return Err(crate::cma::error(&self.agent, &self.peer.name, op, &e));
+                    return Err(crate::direct_cma::error(
+                        &self.agent,
+                        &self.peer.name,
+                        op,
+                        &e,
+                    ));
                 }
                 Err(self.state_error(op, st.status.load(Ordering::Acquire) as sys::ucs_status_t))
             }
@@ -339,8 +344,8 @@ impl UcxXfer {
     /// finish sends the notification (or fails the post). Returns at once.
     fn post_pieces(
         &mut self,
-        pool: &Arc<crate::cma::CopyPool>,
-        target: crate::cma::Target,
+        pool: &Arc<crate::direct_cma::CopyPool>,
+        target: crate::direct_cma::Target,
     ) -> Result<XferState> {
         use crate::sys::cma::IoVec;
         let mut ranges = Vec::with_capacity(self.work.len());
@@ -365,7 +370,7 @@ impl UcxXfer {
             ));
         }
         // Pieces of MIN_PIECE bytes, taken in turn by the copy threads and `check`.
-        let pieces = crate::cma::split(&ranges, usize::MAX);
+        let pieces = crate::direct_cma::split(&ranges, usize::MAX);
         let pe = &self.peer.eps[self.worker];
         let state = {
             let g = pe.worker.lock();
@@ -378,7 +383,7 @@ impl UcxXfer {
         // Notifications keep post order on the endpoint: this flight finishes after the last.
         let mut last = pe.last_flight.lock();
         let prev = last.upgrade().filter(|f| !f.is_finished());
-        let flight = crate::cma::Flight::after(
+        let flight = crate::direct_cma::Flight::after(
             prev,
             target,
             self.op == XferOp::Write,
@@ -426,7 +431,7 @@ impl UcxXfer {
         match (prev, &self.direct) {
             (Some(prev), Some(d)) if self.notif.is_some() => {
                 let (st, peer, worker) = (state.clone(), self.peer.clone(), self.worker);
-                let flight = crate::cma::Flight::after(
+                let flight = crate::direct_cma::Flight::after(
                     Some(prev),
                     d.target().clone(),
                     self.op == XferOp::Write,
@@ -448,7 +453,12 @@ impl UcxXfer {
 
 /// The last piece of a large direct copy finished: the post fails, is canceled, or sends its
 /// notification (it follows the data) and is done.
-fn finish_pieces(flight: &crate::cma::Flight, state: &Arc<PostState>, peer: &Peer, worker: usize) {
+fn finish_pieces(
+    flight: &crate::direct_cma::Flight,
+    state: &Arc<PostState>,
+    peer: &Peer,
+    worker: usize,
+) {
     if flight.error().is_some() {
         state.finish(sys::UCS_ERR_IO_ERROR);
     } else if flight.stopped() {
@@ -525,7 +535,7 @@ impl BackendXfer for UcxXfer {
             .check_alive(&self.agent, self.worker, Op::PostXfer)?;
         if let Some(d) = self.direct.as_mut() {
             self.flight = None;
-            if self.bytes > crate::cma::INLINE_BYTES {
+            if self.bytes > crate::direct_cma::INLINE_BYTES {
                 if let Some(pool) = self.pool.clone() {
                     let target = d.target().clone();
                     return self.post_pieces(&pool, target);
@@ -534,7 +544,7 @@ impl BackendXfer for UcxXfer {
             // Crate invariant (`Direct::run`'s): the segments' local ranges lie in
             // registrations `_keep` holds; the agent keeps them unused by others meanwhile.
             if let Err(e) = d.run(self.op == XferOp::Write, &self.work) {
-                return Err(crate::cma::error(
+                return Err(crate::direct_cma::error(
                     &self.agent,
                     &self.peer.name,
                     Op::PostXfer,
@@ -605,7 +615,7 @@ impl BackendXfer for UcxXfer {
             if let Some(f) = &self.flight {
                 // Help with a bounded slice of the pieces no copy thread has taken yet: a
                 // poll never turns into the whole copy.
-                f.work_some(crate::cma::CHECK_PIECES);
+                f.work_some(crate::direct_cma::CHECK_PIECES);
             }
             self.progress_until(&st);
         }
@@ -699,7 +709,7 @@ impl BackendXfer for UcxXfer {
                         };
                         let n = self.work.len();
                         t = match &self.pool {
-                            Some(p) if self.bytes > crate::cma::INLINE_BYTES => format!(
+                            Some(p) if self.bytes > crate::direct_cma::INLINE_BYTES => format!(
                                 "direct CMA ({call}, {n} segments in pieces on {} copy threads); {t}",
                                 p.size
                             ),

@@ -43,6 +43,9 @@ def module_aliases(crate, mods):
         for n in (x.strip() for x in names.split(",")):
             if n and f"{folder}::{n}" in mods:
                 aliases[n] = f"{folder}::{n}"
+    for mm in re.finditer(r"^\s*(?:pub )?use ([a-z_][a-z0-9_]*)::([a-z_][a-z0-9_]*) as ([a-z_][a-z0-9_]*);", text, re.M):
+        if f"{mm.group(1)}::{mm.group(2)}" in mods:
+            aliases[mm.group(3)] = f"{mm.group(1)}::{mm.group(2)}"
     for m, f in mods.items():
         for mm in re.finditer(r"^\s*pub use crate::((?:[a-z_][a-z0-9_]*::)*[a-z_][a-z0-9_]*);", f.read_text(errors="replace"), re.M):
             target = mm.group(1)
@@ -66,7 +69,8 @@ def import_graph(crate):
     aliases = module_aliases(crate, mods)
     edges = {m: set() for m in mods}
     for m, f in mods.items():
-        text = f.read_text(errors="replace")
+        # Code, not comments: a doc link is not an import.
+        text = "\n".join(l for l in f.read_text(errors="replace").split("\n") if not l.lstrip().startswith("//"))
         for mm in re.finditer(r"crate::((?:[a-z_][a-z0-9_]*::)*[a-z_][a-z0-9_]*)", text):
             path = resolve(mm.group(1).split("::"), aliases)
             for k in range(len(path), 0, -1):

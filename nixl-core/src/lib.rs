@@ -82,10 +82,11 @@ pub use exchange::etcd;
 pub use exchange::nixl_wire;
 
 // Short internal paths (`crate::desc`, `crate::codec`, ...) of the modules in the folders.
+use agent::request as xfer;
 use backend::{bytes, hello, params};
 use bundled::{deferred, fault, inproc};
 use exchange::{liveness, sidechannel};
-use model::{desc, error, index, limits, mem, notif, strided, telemetry, xfer};
+use model::{desc, error, index, limits, mem, notif, strided, telemetry};
 use wire::{auth, codec, integrity};
 
 pub use agent::prep::PreparedList;

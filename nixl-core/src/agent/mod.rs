@@ -4,10 +4,16 @@ mod config;
 mod load;
 pub(crate) mod make;
 pub(crate) mod make_blocks;
+mod nixl_comm;
+mod nixl_metadata;
+mod nixl_view;
 pub(crate) mod prep;
 pub(crate) mod registration;
 pub(crate) mod remote;
+pub(crate) mod request;
 mod shared;
+mod sidechannel;
+mod xfer;
 
 pub use config::AgentConfig;
 pub(crate) use shared::{FetchStatus, Shared, MAX_UNCERTAIN};

@@ -10,7 +10,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::comm::{encode_command, parse_body, read_frame, write_frame, Command};
-use super::metadata::NixlMetadata;
 use super::Wire;
 use crate::agent::{Agent, Shared};
 use crate::error::{Error, Op, Result};
@@ -271,7 +270,7 @@ fn serve(
     }
 }
 
-fn connect(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
+pub(crate) fn connect(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
     let left = deadline.saturating_duration_since(Instant::now());
     if left.is_zero() {
         return Err(ErrorKind::TimedOut.into());
@@ -284,113 +283,4 @@ fn connect(addr: SocketAddr, deadline: Instant) -> std::io::Result<TcpStream> {
     s.set_read_timeout(Some(io))?;
     s.set_write_timeout(Some(io))?;
     Ok(s)
-}
-
-impl Agent {
-    fn nixl_io(&self, e: std::io::Error, timeout: Duration) -> Error {
-        if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) {
-            Error::TimedOut {
-                agent: self.name().to_owned(),
-                op: Op::Exchange,
-                elapsed: timeout,
-            }
-        } else {
-            Error::io(self.name(), Op::Exchange, e)
-        }
-    }
-
-    fn nixl_command(&self, addr: SocketAddr, cmd: &Command, timeout: Duration) -> Result<()> {
-        let body = encode_command(cmd).ok_or_else(|| {
-            Error::not_supported(
-                self.name(),
-                Op::Exchange,
-                "the metadata holds the bytes NIXLCOMM: (NIXL would split it)",
-            )
-        })?;
-        let mut s =
-            connect(addr, Instant::now() + timeout).map_err(|e| self.nixl_io(e, timeout))?;
-        write_frame(&mut s, &body).map_err(|e| self.nixl_io(e, timeout))
-    }
-
-    /// Sends this agent's NIXL metadata to the NIXL listener at `addr` (NIXL's
-    /// `sendLocalMD`). NIXL answers nothing; it loads the blob within its listener's poll
-    /// delay (100 ms by default).
-    #[doc(alias = "sendLocalMD")]
-    #[deprecated(note = "use `agent.nixl().send_local_metadata(addr)`")]
-    pub fn nixl_send_local_metadata(&self, addr: SocketAddr) -> Result<()> {
-        self.nixl().send_local_metadata(addr)
-    }
-
-    /// Sends NIXL metadata bytes.
-    #[deprecated(note = "use `agent.nixl().send_metadata_bytes(addr, md)`")]
-    pub fn nixl_send_metadata_bytes(&self, addr: SocketAddr, md: &[u8]) -> Result<()> {
-        self.nixl().send_metadata_bytes(addr, md)
-    }
-
-    /// Asks the NIXL listener at `addr` for its agent's metadata and loads it.
-    #[doc(alias = "fetchRemoteMD")]
-    #[deprecated(note = "use `agent.nixl().fetch_remote_metadata(remote, addr, timeout)`")]
-    pub fn nixl_fetch_remote_metadata(
-        &self,
-        remote: &str,
-        addr: SocketAddr,
-        timeout: Duration,
-    ) -> Result<String> {
-        self.nixl().fetch_remote_metadata(remote, addr, timeout)
-    }
-
-    /// Tells the NIXL listener at `addr` to forget this agent.
-    #[doc(alias = "invalidateLocalMD")]
-    #[deprecated(note = "use `agent.nixl().invalidate_local_metadata(addr)`")]
-    pub fn nixl_invalidate_local_metadata(&self, addr: SocketAddr) -> Result<()> {
-        self.nixl().invalidate_local_metadata(addr)
-    }
-
-    pub(crate) fn nixl_send_bytes(&self, addr: SocketAddr, md: &[u8]) -> Result<()> {
-        let timeout = self.shared.config.default_timeout;
-        self.nixl_command(addr, &Command::Load(md.to_vec()), timeout)
-    }
-
-    pub(crate) fn nixl_fetch(
-        &self,
-        remote: &str,
-        addr: SocketAddr,
-        timeout: Duration,
-    ) -> Result<String> {
-        let deadline = Instant::now() + timeout;
-        let io = |e| self.nixl_io(e, timeout);
-        let mut s = connect(addr, deadline).map_err(io)?;
-        let body = encode_command(&Command::Send).unwrap_or_default();
-        write_frame(&mut s, &body).map_err(io)?;
-        let reply = read_frame(&mut s).map_err(io)?;
-        let decode = |source| Error::Decode {
-            agent: self.name().to_owned(),
-            op: Op::Exchange,
-            source,
-        };
-        let blob = match parse_body(&reply).map_err(decode)?.as_slice() {
-            [Command::Load(b)] => b.clone(),
-            _ => {
-                return Err(Error::invalid(
-                    self.name(),
-                    Op::Exchange,
-                    "a NIXLCOMM SEND must be answered by one LOAD",
-                ))
-            }
-        };
-        let md = NixlMetadata::decode(&blob).map_err(decode)?;
-        if md.name != remote {
-            return Err(Error::mismatch(
-                self.name(),
-                Op::Exchange,
-                format!("asked {addr} for {remote}, got {}", md.name),
-            ));
-        }
-        self.load_remote_metadata(&blob)
-    }
-
-    pub(crate) fn nixl_invalidate(&self, addr: SocketAddr) -> Result<()> {
-        let timeout = self.shared.config.default_timeout;
-        self.nixl_command(addr, &Command::Invalidate(self.name().to_owned()), timeout)
-    }
 }

@@ -29,7 +29,7 @@
 pub(crate) mod agent;
 mod backend;
 pub mod comm;
-mod listener;
+pub(crate) mod listener;
 pub mod metadata;
 pub mod notif;
 pub mod serdes;

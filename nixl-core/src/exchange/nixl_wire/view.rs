@@ -10,14 +10,7 @@ use crate::{Agent, MetadataSelection, Result};
 /// agent's listener. To serve NIXL peers, start a [`super::NixlListener`].
 #[derive(Debug, Clone, Copy)]
 pub struct NixlView<'a> {
-    agent: &'a Agent,
-}
-
-impl Agent {
-    /// This agent over NIXL's wire, for stock NIXL peers (`docs/interop.md`).
-    pub fn nixl(&self) -> NixlView<'_> {
-        NixlView { agent: self }
-    }
+    pub(crate) agent: &'a Agent,
 }
 
 impl NixlView<'_> {

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use crate::agent::prep::Regions;
 use crate::agent::remote::RemotePeer;
-use crate::agent::{Agent, BackendHandle, BackendSlot, Shared};
+use crate::agent::{BackendHandle, BackendSlot, Shared};
 use crate::backend::{BackendXfer, CostEstimate, XferSpec, XferState};
-use crate::desc::{XferDescList, XferOp};
+use crate::desc::XferOp;
 use crate::error::{Error, Op, Result};
 use crate::strided::BlockXferSpec;
 use crate::telemetry::XferTelemetry;
@@ -172,8 +172,8 @@ impl Drained {
     }
 }
 
-/// A transfer request (NIXL's `nixlXferReqH`): post it with [`Agent::post_xfer_req`], poll
-/// with [`Agent::check_xfer_state`] or [`XferReq::wait`], repost once done (with another
+/// A transfer request (NIXL's `nixlXferReqH`): post it with [`Agent::post_xfer_req`](crate::Agent::post_xfer_req), poll
+/// with [`Agent::check_xfer_state`](crate::Agent::check_xfer_state) or [`XferReq::wait`], repost once done (with another
 /// notification: [`XferReq::set_notif`]). Dropping it while in flight cancels it first; if the
 /// backend cannot confirm it stopped, the memory it uses is leaked rather than freed under the
 /// hardware.
@@ -204,6 +204,21 @@ impl std::fmt::Debug for XferReq {
             .field("remote", &self.spec.remote())
             .field("segments", &self.segments)
             .finish()
+    }
+}
+
+impl XferReq {
+    /// The backend's estimate of this request's cost, where it can make one.
+    pub(crate) fn estimate_cost(&self) -> Result<Option<CostEstimate>> {
+        match &self.spec {
+            ReqSpec::Segments(s) => self.backend.backend.estimate_cost(s),
+            ReqSpec::Blocks(b) => self.backend.backend.estimate_cost(&b.materialize()),
+        }
+    }
+
+    /// Whether the agent whose state is `shared` made this request.
+    pub(crate) fn belongs_to(&self, shared: &Arc<Shared>) -> bool {
+        Arc::ptr_eq(&self.shared, shared)
     }
 }
 
@@ -652,78 +667,5 @@ impl BackendXfer for Released {
     }
     fn cancel(&mut self) -> Result<()> {
         Ok(())
-    }
-}
-
-impl Agent {
-    /// One-shot form: prepares both lists and builds a request over all their descriptors
-    /// (NIXL's `createXferReq`).
-    #[doc(alias = "createXferReq")]
-    pub fn create_xfer_req(
-        &self,
-        op: XferOp,
-        local: &XferDescList,
-        remote: &XferDescList,
-        remote_agent: &str,
-        opts: XferOptions,
-    ) -> Result<XferReq> {
-        if local.len() != remote.len() {
-            return Err(Error::mismatch(
-                self.name(),
-                Op::MakeXfer,
-                format!(
-                    "{} local and {} remote descriptors",
-                    local.len(),
-                    remote.len()
-                ),
-            ));
-        }
-        let l = self.prep_xfer_dlist(XferTarget::Initiator, local, &opts.backends)?;
-        let r = self.prep_xfer_dlist(XferTarget::Agent(remote_agent), remote, &opts.backends)?;
-        let idx: Vec<usize> = (0..local.len()).collect();
-        self.make_prepped_xfer(op, &l, &idx, &r, &idx, opts)
-    }
-
-    /// Posts a request (NIXL's `postXferReq`): the one way to start (and restart, once done)
-    /// a request. Returns `Done` when the backend completed it inside the call.
-    #[doc(alias = "postXferReq")]
-    pub fn post_xfer_req(&self, req: &XferReq) -> Result<XferState> {
-        self.check_owner(req, Op::PostXfer)?;
-        req.post()
-    }
-
-    /// Polls a request (NIXL's `getXferStatus`).
-    #[doc(alias = "getXferStatus")]
-    pub fn check_xfer_state(&self, req: &XferReq) -> Result<XferState> {
-        self.check_owner(req, Op::CheckXfer)?;
-        req.check()
-    }
-
-    /// The backend a request uses (NIXL's `queryXferBackend`).
-    #[doc(alias = "queryXferBackend")]
-    pub fn query_xfer_backend(&self, req: &XferReq) -> BackendHandle {
-        req.backend()
-    }
-
-    /// The backend's estimate of a request's cost, where it can make one.
-    #[doc(alias = "estimateXferCost")]
-    pub fn estimate_xfer_cost(&self, req: &XferReq) -> Result<Option<CostEstimate>> {
-        self.check_owner(req, Op::EstimateCost)?;
-        match &req.spec {
-            ReqSpec::Segments(s) => req.backend.backend.estimate_cost(s),
-            ReqSpec::Blocks(b) => req.backend.backend.estimate_cost(&b.materialize()),
-        }
-    }
-
-    fn check_owner(&self, req: &XferReq, op: Op) -> Result<()> {
-        if Arc::ptr_eq(&req.shared, &self.shared) {
-            Ok(())
-        } else {
-            Err(Error::mismatch(
-                self.name(),
-                op,
-                "request belongs to another agent",
-            ))
-        }
     }
 }

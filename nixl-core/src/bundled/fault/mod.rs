@@ -262,15 +262,12 @@ impl Backend for FaultInjector {
 impl FaultInjector {
     /// The wrapped backend's peer-facing half (there whenever [`Backend::peers`] gave this
     /// wrapper out).
-    fn inner_peers(&self, remote: &str, op: Op) -> Result<&dyn PeerBackend> {
+    fn inner_peers(&self, op: Op) -> Result<&dyn PeerBackend> {
         self.0.inner.peers().ok_or_else(|| {
             Error::not_supported(
                 &self.0.agent,
                 op,
-                format!(
-                    "{} does not reach peers (asked for {remote})",
-                    self.0.inner.name()
-                ),
+                format!("{} does not reach peers", self.0.inner.name()),
             )
         })
     }
@@ -278,11 +275,10 @@ impl FaultInjector {
 
 impl PeerBackend for FaultInjector {
     fn connection_info(&self) -> Result<Vec<u8>> {
-        self.inner_peers("-", Op::LocalMetadata)?.connection_info()
+        self.inner_peers(Op::LocalMetadata)?.connection_info()
     }
     fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
-        self.inner_peers(remote, Op::LoadMetadata)?
-            .connect(remote, info)
+        self.inner_peers(Op::LoadMetadata)?.connect(remote, info)
     }
     fn connect_peer(
         &self,
@@ -290,25 +286,23 @@ impl PeerBackend for FaultInjector {
         info: &[u8],
         process: Option<&crate::PeerProcess>,
     ) -> Result<()> {
-        self.inner_peers(remote, Op::LoadMetadata)?
+        self.inner_peers(Op::LoadMetadata)?
             .connect_peer(remote, info, process)
     }
     fn disconnect(&self, remote: &str) -> Result<()> {
-        self.inner_peers(remote, Op::Invalidate)?.disconnect(remote)
+        self.inner_peers(Op::Invalidate)?.disconnect(remote)
     }
     fn public_metadata(&self, md: &BackendMd) -> Result<Vec<u8>> {
-        self.inner_peers("-", Op::LocalMetadata)?
-            .public_metadata(md)
+        self.inner_peers(Op::LocalMetadata)?.public_metadata(md)
     }
     fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
-        self.inner_peers(remote, Op::LoadMetadata)?
+        self.inner_peers(Op::LoadMetadata)?
             .load_remote(remote, region, public)
     }
     fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
         if self.0.dead.load(Ordering::SeqCst) {
             return Err(self.0.dead_error(remote, Op::GenNotif));
         }
-        self.inner_peers(remote, Op::GenNotif)?
-            .gen_notif(remote, msg)
+        self.inner_peers(Op::GenNotif)?.gen_notif(remote, msg)
     }
 }

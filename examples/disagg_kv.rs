@@ -256,10 +256,12 @@ fn parse() -> Res<Opts> {
     };
     let auth = c.auth;
     if auth {
-        o.cred = Some(match std::env::var_os(nixl::core::ENV_CREDENTIAL) {
+        o.cred = Some(match std::env::var_os(nixl::core::Credential::ENV) {
             Some(_) => Credential::from_env()?,
             None if o.role == "prefill" && !o.external_decode => Credential::generate("disagg-kv")?,
-            None => return Err(format!("--auth: {} is not set", nixl::core::ENV_CREDENTIAL).into()),
+            None => {
+                return Err(format!("--auth: {} is not set", nixl::core::Credential::ENV).into())
+            }
         });
     }
     if o.layers == 0 || o.blocks == 0 || o.block_bytes == 0 || o.per_request == 0 || o.requests == 0
@@ -596,7 +598,7 @@ fn prefill(o: &Opts, ctl: Option<&hosts::Control>) -> Res<()> {
     cmd.args(&args).stdin(Stdio::null());
     if let Some(c) = &o.cred {
         // The secret goes through the environment, not the command line (`ps` shows that).
-        cmd.env(nixl::core::ENV_CREDENTIAL, c.export());
+        cmd.env(nixl::core::Credential::ENV, c.export());
     }
     let mut child = cmd.spawn()?;
     let r = prefill_run(o, &n);

@@ -36,7 +36,7 @@ use nixl_core::backend::BackendPlugin;
 pub fn plugins() -> Vec<Arc<dyn BackendPlugin>> {
     #[allow(unused_mut)]
     let mut v: Vec<Arc<dyn BackendPlugin>> = vec![
-        Arc::new(nixl_core::InprocPlugin),
+        Arc::new(nixl_core::backend::inproc::InprocPlugin),
         Arc::new(nixl_mem::CudaIpcPlugin),
     ];
     #[cfg(feature = "ucx")]

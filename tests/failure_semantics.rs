@@ -12,7 +12,7 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use nixl::core::{FaultEvent, FaultLog, FaultParams, FaultPlan};
+use nixl::core::backend::fault::{FaultEvent, FaultLog, FaultParams, FaultPlan};
 use nixl::{
     Agent, Error, MemKind, XferDescList, XferOp, XferOptions, XferReq, XferState, XferTarget,
 };

@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use std::os::linux::net::SocketAddrExt;
 
+use nixl::core::backend::ProcessId;
 use nixl::core::wire::codec::AgentMetadata;
 use nixl::core::wire::sidechannel::frame::{decode, encode_plain, Kind};
 use nixl::core::wire::sidechannel::read_frame;
-use nixl::core::{ErrorKind, ProcessId, RegionDesc};
+use nixl::core::{ErrorKind, RegionDesc};
 use nixl::ucx::{probe, UcxParams};
 use nixl::{Agent, AgentConfig, HostBuffer};
 use nixl_testkit::two_process::{child_main, Child};

@@ -10,8 +10,9 @@ mod hostile;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nixl::core::backend::ProcessId;
 use nixl::core::wire::codec::AgentMetadata;
-use nixl::core::{ErrorKind, ProcessId, RegionDesc};
+use nixl::core::{ErrorKind, RegionDesc};
 use nixl::ucx::{fuzzing, probe, UcxParams};
 use nixl::{Agent, HostBuffer, MemKind, XferDescList, XferOp, XferOptions};
 use nixl_testkit::{skip, Dep};

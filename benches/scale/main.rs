@@ -209,7 +209,7 @@ fn side(agent: &Agent, which: Which, len: u64, regions: usize) -> Res<Side> {
             // alive until after the registration (fields drop in order); the bench drops every
             // prepared list and request built on a side before the side. `Reserved` memory is
             // only registered with NULL, which never reads or writes it.
-            let r = unsafe { nixl::core::RawRegion::new(desc) };
+            let r = unsafe { nixl::core::backend::RawRegion::new(desc) };
             Arc::new(r) as Arc<dyn nixl::core::MemoryRegion>
         })
         .collect();

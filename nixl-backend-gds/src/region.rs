@@ -3,7 +3,7 @@
 //!
 //! Registering one hands the agent an `Arc` of it, so a file descriptor cannot be closed (and
 //! its number reused) while a registration, prepared list or request names it. The backends
-//! also duplicate the descriptor at registration, so a [`nixl_core::RawRegion::storage`]
+//! also duplicate the descriptor at registration, so a [`nixl_core::backend::RawRegion::storage`]
 //! naming a caller-owned descriptor is safe too.
 
 use std::fs::{File, OpenOptions};

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use nixl_backend_gds::{Engine, FileRegion, OpenFlags, PosixParams, PosixPlugin, POSIX};
 use nixl_core::backend::BackendPlugin;
+use nixl_core::backend::RawRegion;
 use nixl_core::{
-    Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, MemoryRegion, RawRegion, RegionDesc,
-    XferDescList, XferOp, XferOptions, XferTarget,
+    Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, MemoryRegion, RegionDesc, XferDescList,
+    XferOp, XferOptions, XferTarget,
 };
 use nixl_testkit::conformance::Suite;
 use nixl_testkit::{skip, Dep};

@@ -14,9 +14,10 @@ use std::time::Duration;
 
 use nixl_backend_gds::{Engine, FileRegion, OpenFlags, PosixParams, PosixPlugin, POSIX};
 use nixl_core::backend::BackendPlugin;
+use nixl_core::backend::RawRegion;
 use nixl_core::{
-    Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, RawRegion, RegionDesc, XferDescList,
-    XferOp, XferOptions, XferReq,
+    Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, RegionDesc, XferDescList, XferOp,
+    XferOptions, XferReq,
 };
 use nixl_mem::DeviceBuffer;
 

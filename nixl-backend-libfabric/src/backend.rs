@@ -7,10 +7,11 @@ use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use nixl_core::backend::Capabilities;
 use nixl_core::backend::{
     downcast_md, Backend, BackendContext, BackendMd, BackendXfer, Hello, Sessions, XferSpec,
 };
-use nixl_core::{Capabilities, Error, MemKind, Op, RegionDesc, Result};
+use nixl_core::{Error, MemKind, Op, RegionDesc, Result};
 
 use crate::keys::KeySource;
 use crate::params::{LibfabricParams, LibfabricStats, RailStats};

@@ -5,8 +5,8 @@
 //! ([`nixl_core::backend::bytes`]): bounded, typed errors on anything malformed.
 
 use nixl_core::backend::bytes::{ByteReader, ByteWriter};
+use nixl_core::backend::DecodeError;
 use nixl_core::backend::{SessionId, SESSION_LEN};
-use nixl_core::DecodeError;
 
 const CONN_MAGIC: &[u8; 4] = b"LFB2";
 const REGION_MAGIC: &[u8; 4] = b"LFR2";

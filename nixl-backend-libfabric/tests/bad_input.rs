@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nixl_backend_libfabric::{LibfabricParams, LibfabricPlugin};
+use nixl_core::backend::RawRegion;
 use nixl_core::wire::codec::AgentMetadata;
 use nixl_core::{
-    Agent, AgentConfig, Error, HostBuffer, MemKind, RawRegion, RegionDesc, XferDescList, XferOp,
-    XferOptions,
+    Agent, AgentConfig, Error, HostBuffer, MemKind, RegionDesc, XferDescList, XferOp, XferOptions,
 };
 
 fn agent(tag: &str) -> Agent {

@@ -11,7 +11,8 @@ use nixl_core::backend::{
     downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
     BlockXferSpec, PeerAuth, Sessions, XferSpec,
 };
-use nixl_core::{Capabilities, CostEstimate, CostMethod, Error, MemKind, Op, RegionDesc, Result};
+use nixl_core::backend::{Capabilities, CostEstimate, CostMethod};
+use nixl_core::{Error, MemKind, Op, RegionDesc, Result};
 
 use crate::context::Context;
 use crate::endpoint::Peer;
@@ -42,7 +43,7 @@ pub struct UcxBackend {
     pub(crate) next_worker: AtomicUsize,
     params: UcxParams,
     /// This process, as announced in the connection info (for peers' direct CMA).
-    process: Option<nixl_core::ProcessId>,
+    process: Option<nixl_core::backend::ProcessId>,
     /// Threads for large direct CMA copies, started at the first request that uses them.
     cma_pool: OnceLock<Option<Arc<crate::direct_cma::CopyPool>>>,
     stop: Arc<AtomicBool>,
@@ -141,7 +142,7 @@ impl UcxBackend {
             sessions,
             next_worker: AtomicUsize::new(0),
             params,
-            process: nixl_core::ProcessId::current(),
+            process: nixl_core::backend::ProcessId::current(),
             cma_pool: OnceLock::new(),
             stop: Arc::new(AtomicBool::new(false)),
             threads: Mutex::new(Vec::new()),
@@ -486,7 +487,7 @@ impl nixl_core::backend::PeerBackend for UcxBackend {
         &self,
         remote: &str,
         info: &[u8],
-        process: Option<&nixl_core::PeerProcess>,
+        process: Option<&nixl_core::backend::PeerProcess>,
     ) -> Result<()> {
         let wire::ConnInfo {
             addresses: addrs,
@@ -601,8 +602,8 @@ impl UcxBackend {
         &self,
         remote: &str,
         addrs: Vec<Vec<u8>>,
-        claimed: Option<nixl_core::ProcessId>,
-        process: Option<&nixl_core::PeerProcess>,
+        claimed: Option<nixl_core::backend::ProcessId>,
+        process: Option<&nixl_core::backend::PeerProcess>,
     ) -> Result<()> {
         let mut checked = Vec::with_capacity(addrs.len());
         {
@@ -643,8 +644,8 @@ impl UcxBackend {
     fn cma_target(
         &self,
         remote: &str,
-        claimed: Option<&nixl_core::ProcessId>,
-        process: Option<&nixl_core::PeerProcess>,
+        claimed: Option<&nixl_core::backend::ProcessId>,
+        process: Option<&nixl_core::backend::PeerProcess>,
     ) -> Option<crate::direct_cma::Target> {
         let p = process?;
         if claimed != Some(p.id()) {

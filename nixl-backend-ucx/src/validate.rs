@@ -19,7 +19,7 @@
 use std::collections::{HashMap, HashSet};
 
 use nixl_core::backend::bytes::ByteReader;
-use nixl_core::DecodeError;
+use nixl_core::backend::DecodeError;
 
 /// `UCP_MAX_MDS` (64 since UCX 1.13).
 pub const MAX_MDS: u32 = 64;

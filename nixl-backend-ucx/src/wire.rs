@@ -7,8 +7,8 @@
 //! name). Read and written with nixl-core's one byte reader ([`nixl_core::backend::bytes`]).
 
 use nixl_core::backend::bytes::{ByteReader, ByteWriter};
+use nixl_core::backend::{DecodeError, ProcessId};
 use nixl_core::backend::{SessionId, SESSION_LEN};
-use nixl_core::{DecodeError, ProcessId};
 
 /// Connection info magic.
 const CONN_MAGIC: &[u8; 6] = b"NXUCX1";

@@ -8,9 +8,10 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nixl_core::backend::RawRegion;
 use nixl_core::{
-    Agent, HostBuffer, MemKind, MemoryRegion, RawRegion, RegionDesc, StridedDesc, StridedDescList,
-    XferOp, XferOptions, XferTarget,
+    Agent, HostBuffer, MemKind, MemoryRegion, RegionDesc, StridedDesc, StridedDescList, XferOp,
+    XferOptions, XferTarget,
 };
 
 const LAYERS: u64 = 3;

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nixl_backend_ucx::UcxParams;
+use nixl_core::backend::RawRegion;
 use nixl_core::{
-    Agent, Desc, Error, HostBuffer, MemKind, RawRegion, RegionDesc, XferDescList, XferOp,
-    XferOptions,
+    Agent, Desc, Error, HostBuffer, MemKind, RegionDesc, XferDescList, XferOp, XferOptions,
 };
 
 const T: Duration = Duration::from_secs(30);

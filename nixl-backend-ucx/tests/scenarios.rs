@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nixl_backend_ucx::{UcxParams, UcxPlugin};
+use nixl_core::backend::{CostMethod, RawRegion};
 use nixl_core::{
-    Agent, AgentConfig, AgentMetadata, CostMethod, Error, MemKind, RawRegion, RegionDesc,
-    XferDescList, XferOp, XferOptions, XferState, XferTarget,
+    Agent, AgentConfig, AgentMetadata, Error, MemKind, RegionDesc, XferDescList, XferOp,
+    XferOptions, XferState, XferTarget,
 };
 
 const T: Duration = Duration::from_secs(30);

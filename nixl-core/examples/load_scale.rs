@@ -20,7 +20,7 @@ fn main() -> nixl_core::Result<()> {
         .map(|i| {
             // SAFETY: each view lies inside `big`, which outlives the agents in this program.
             let r = unsafe {
-                nixl_core::RawRegion::new(nixl_core::RegionDesc::dram(
+                nixl_core::backend::RawRegion::new(nixl_core::RegionDesc::dram(
                     big.addr() + (i * 4096) as u64,
                     4096,
                 ))
@@ -47,7 +47,7 @@ fn main() -> nixl_core::Result<()> {
     for i in 0..10_000usize {
         // SAFETY: as above.
         let r = unsafe {
-            nixl_core::RawRegion::new(nixl_core::RegionDesc::dram(
+            nixl_core::backend::RawRegion::new(nixl_core::RegionDesc::dram(
                 big.addr() + ((i % n) * 4096) as u64,
                 4096,
             ))

@@ -5,11 +5,11 @@
 
 use std::sync::Arc;
 
+use crate::mem::RawRegion;
 use crate::work::take;
 use crate::{
-    Agent, AgentConfig, Desc, HostBuffer, InprocParams, MemKind, MemoryRegion, RawRegion,
-    RegionDesc, StridedDesc, StridedDescList, XferDescList, XferOp, XferOptions, XferState,
-    XferTarget,
+    Agent, AgentConfig, Desc, HostBuffer, InprocParams, MemKind, MemoryRegion, RegionDesc,
+    StridedDesc, StridedDescList, XferDescList, XferOp, XferOptions, XferState, XferTarget,
 };
 
 /// Two agents over INPROC; the initiator has loaded the target.

@@ -4,13 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use nixl_core::backend::inproc::InprocBackend;
+use nixl_core::backend::Capabilities;
 use nixl_core::backend::{
-    Backend, BackendContext, BackendMd, BackendParams, BackendXfer, InprocBackend, PeerBackend,
-    XferSpec,
+    Backend, BackendContext, BackendMd, BackendParams, BackendXfer, PeerBackend, XferSpec,
 };
 use nixl_core::{
-    Agent, AgentConfig, Capabilities, Error, HostBuffer, InprocParams, MemKind, Op, RegionDesc,
-    Result, XferDescList, XferOp, XferOptions,
+    Agent, AgentConfig, Error, HostBuffer, InprocParams, MemKind, Op, RegionDesc, Result,
+    XferDescList, XferOp, XferOptions,
 };
 use nixl_testkit::unique;
 

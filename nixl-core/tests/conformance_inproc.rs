@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use nixl_core::{AgentConfig, Completion, FaultLog, FaultParams, FaultPlan, InprocParams};
+use nixl_core::backend::fault::{FaultLog, FaultParams, FaultPlan};
+use nixl_core::backend::inproc::Completion;
+use nixl_core::{AgentConfig, InprocParams};
 use nixl_testkit::conformance::Suite;
 
 fn inproc() -> Option<Suite> {

@@ -2,9 +2,10 @@
 
 use std::sync::Arc;
 
+use nixl_core::backend::RawRegion;
 use nixl_core::wire::codec::{AgentMetadata, BackendEntry, RegionEntry};
 use nixl_core::{
-    Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, MetadataSelection, RawRegion, RegionDesc,
+    Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, MetadataSelection, RegionDesc,
     XferDescList, XferOp, XferOptions, XferTarget,
 };
 use nixl_testkit::{inproc_agent as agent, registered, snapshot};

@@ -3,9 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use nixl_core::backend::fault::{FaultEvent, FaultLog, FaultParams, FaultPlan};
+use nixl_core::backend::inproc::Completion;
 use nixl_core::{
-    Agent, AgentConfig, Completion, Error, FaultEvent, FaultLog, FaultParams, FaultPlan,
-    InprocParams, MemKind, XferDescList, XferOp, XferOptions, XferState, XferTarget,
+    Agent, AgentConfig, Error, InprocParams, MemKind, XferDescList, XferOp, XferOptions, XferState,
+    XferTarget,
 };
 use nixl_testkit::{inproc_agent as agent, inproc_agent_with as agent_with, registered, unique};
 

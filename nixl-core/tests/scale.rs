@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use nixl_core::backend::fault::{FaultLog, FaultParams, FaultPlan};
+use nixl_core::backend::RawRegion;
 use nixl_core::{
-    Agent, Error, FaultLog, FaultParams, FaultPlan, HostBuffer, InprocParams, MemKind,
-    MemoryRegion, RawRegion, RegionDesc, StridedDesc, StridedDescList, XferDescList, XferOp,
-    XferOptions, XferTarget,
+    Agent, Error, HostBuffer, InprocParams, MemKind, MemoryRegion, RegionDesc, StridedDesc,
+    StridedDescList, XferDescList, XferOp, XferOptions, XferTarget,
 };
 use nixl_testkit::{inproc_agent as agent, registered};
 

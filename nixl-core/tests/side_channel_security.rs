@@ -390,7 +390,7 @@ fn a_notification_flood_is_bounded_and_reported_once() {
     let got = target.get_notifs().unwrap();
     let kept = got[flooder.name()].len();
     assert!(
-        kept * (1024 + nixl_core::NOTIF_OVERHEAD) <= 32 << 10,
+        kept * (1024 + nixl_core::backend::NOTIF_OVERHEAD) <= 32 << 10,
         "{kept} kept"
     );
     assert_eq!(got[quiet.name()], vec![b"still heard".to_vec()]);

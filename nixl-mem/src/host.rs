@@ -106,7 +106,10 @@ impl MmapBuffer {
                 len.checked_next_multiple_of(HUGE_PAGE_2M),
                 libc::MAP_HUGETLB | libc::MAP_HUGE_2MB,
             ),
-            _ => (len.checked_next_multiple_of(nixl_core::PAGE_SIZE), 0),
+            _ => (
+                len.checked_next_multiple_of(nixl_core::backend::PAGE_SIZE),
+                0,
+            ),
         };
         let Some(map_len) = map_len else {
             return Err(Error::invalid("-", Op::RegisterMem, "length overflows"));
@@ -305,7 +308,7 @@ mod tests {
     fn mmap_buffers_are_zeroed_bounded_and_page_aligned() {
         for pages in [Pages::Base, Pages::Transparent] {
             let b = MmapBuffer::new(10_000, pages).unwrap();
-            assert_eq!(b.addr() % nixl_core::PAGE_SIZE as u64, 0);
+            assert_eq!(b.addr() % nixl_core::backend::PAGE_SIZE as u64, 0);
             assert_eq!(b.len(), 10_000);
             assert!(b.to_vec().iter().all(|&x| x == 0));
             assert!(b.write_at(9_996, &[1, 2, 3, 4]));

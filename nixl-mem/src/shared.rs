@@ -16,7 +16,8 @@ use std::fmt;
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use nixl_core::{DecodeError, Error, MemoryRegion, Op, RegionDesc, Result};
+use nixl_core::backend::DecodeError;
+use nixl_core::{Error, MemoryRegion, Op, RegionDesc, Result};
 
 use crate::host::HostMemory;
 use crate::sys::host::{memfd, Mapping};

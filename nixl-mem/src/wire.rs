@@ -4,7 +4,7 @@
 //! failure is a typed [`DecodeError`]; nothing reads past the input.
 
 use nixl_core::backend::bytes::{ByteReader, ByteWriter};
-use nixl_core::DecodeError;
+use nixl_core::backend::DecodeError;
 
 pub(crate) struct Writer(ByteWriter);
 

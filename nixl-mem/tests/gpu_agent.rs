@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{first_diff, gpu, pattern, run_child, ROLE};
+use nixl_core::backend::RawRegion;
 use nixl_core::{
-    Agent, AgentConfig, Desc, MemKind, MemoryRegion, RawRegion, RegionDesc, XferDescList, XferOp,
-    XferOptions, XferTarget,
+    Agent, AgentConfig, Desc, MemKind, MemoryRegion, RegionDesc, XferDescList, XferOp, XferOptions,
+    XferTarget,
 };
 use nixl_mem::{
     CudaIpcParams, DeviceBuffer, HostBuffer, HostMemory, KernelShape, SharedHostBuffer, CUDA_IPC,

@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{first_diff, gpu, pattern};
+use nixl_core::backend::RawRegion;
 use nixl_core::{
-    Agent, AgentConfig, MemKind, MemoryRegion, RawRegion, RegionDesc, StridedDesc, StridedDescList,
-    XferOp, XferOptions, XferTarget,
+    Agent, AgentConfig, MemKind, MemoryRegion, RegionDesc, StridedDesc, StridedDescList, XferOp,
+    XferOptions, XferTarget,
 };
 use nixl_mem::{CudaIpcParams, DeviceBuffer, CUDA_IPC};
 

@@ -39,7 +39,8 @@ use nixl_core::backend::{
     downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
     ParamMap, XferSpec,
 };
-use nixl_core::{Capabilities, Error, MemKind, Op, QueryResult, RegionDesc, Result, XferOp};
+use nixl_core::backend::{Capabilities, QueryResult};
+use nixl_core::{Error, MemKind, Op, RegionDesc, Result, XferOp};
 
 use nixl_mem::Context;
 

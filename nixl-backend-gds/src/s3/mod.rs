@@ -21,7 +21,8 @@ use nixl_core::backend::{
     downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
     ParamMap, XferSpec,
 };
-use nixl_core::{Capabilities, Error, MemKind, Op, QueryResult, RegionDesc, Result};
+use nixl_core::backend::{Capabilities, QueryResult};
+use nixl_core::{Error, MemKind, Op, RegionDesc, Result};
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as ObjPath;
 use object_store::{BackoffConfig, ClientOptions, ObjectStoreExt, RetryConfig};

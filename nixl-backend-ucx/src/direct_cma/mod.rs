@@ -4,7 +4,7 @@
 //! `process_vm_writev` (or `process_vm_readv`) system call per put or get. Where UCX chose
 //! that transport for a peer's endpoint (its lanes name `cma/`), the peer announced its
 //! process in its connection info, and that process is alive on this host
-//! ([`nixl_core::ProcessId::local_pid`]), the backend issues the same copies itself, up to
+//! ([`nixl_core::backend::ProcessId::local_pid`]), the backend issues the same copies itself, up to
 //! [`IOV_MAX`] segments per call: a request of 32 blocks of 4 KiB costs one system call
 //! instead of 32. Nothing else changes: the copies are complete when the call returns, and the
 //! notification then goes out on the peer's endpoint as before, so it still follows its data.
@@ -12,7 +12,7 @@
 //! which was used (`direct CMA`).
 //!
 //! Trust: the target is the process the agent bound when it loaded the peer
-//! ([`nixl_core::PeerProcess`]: a pidfd of the thread-group leader its metadata names, start
+//! ([`nixl_core::backend::PeerProcess`]: a pidfd of the thread-group leader its metadata names, start
 //! time checked, never this process unless the caller allows it), and the peer's UCX connection
 //! info must name the same one. Every system call is preceded by a check of that pidfd: once the
 //! process has exited, copies fail with `ESRCH` (`RemoteDisconnect`) whatever reuses its pid.
@@ -41,7 +41,7 @@ pub(crate) struct Target(Arc<Gate>);
 
 #[derive(Debug)]
 struct Gate {
-    process: nixl_core::PeerProcess,
+    process: nixl_core::backend::PeerProcess,
     /// Set when the peer is forgotten (disconnect): no copy starts any more.
     revoked: AtomicBool,
     /// System calls to the process under way.
@@ -53,7 +53,7 @@ pub(crate) const REVOKED: i32 = 125;
 
 impl Target {
     /// Copies go to `process`.
-    pub fn new(process: nixl_core::PeerProcess) -> Self {
+    pub fn new(process: nixl_core::backend::PeerProcess) -> Self {
         Target(Arc::new(Gate {
             process,
             revoked: AtomicBool::new(false),
@@ -204,9 +204,9 @@ mod tests {
 
     /// This process as a copy target (a process may attach to itself).
     fn this_process() -> Target {
-        let id = nixl_core::ProcessId::current().expect("/proc");
+        let id = nixl_core::backend::ProcessId::current().expect("/proc");
         Target::new(
-            nixl_core::PeerProcess::open(&id)
+            nixl_core::backend::PeerProcess::open(&id)
                 .expect("alive")
                 .expect("pidfds"),
         )

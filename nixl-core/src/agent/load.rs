@@ -212,7 +212,7 @@ impl<'a> LoadPlan<'a> {
 fn watch_process(
     agent: &Agent,
     md: &AgentMetadata,
-    id: &crate::ProcessId,
+    id: &crate::liveness::ProcessId,
 ) -> Result<Option<crate::liveness::PeerProcess>> {
     match crate::liveness::ProcessWatch::open(id, agent.shared.process.as_ref()) {
         Ok(w) => Ok(w.map(crate::liveness::PeerProcess::from_watch)),

@@ -70,7 +70,7 @@ impl BackendSlot {
         &self,
         remote: &str,
         info: &[u8],
-        process: Option<&crate::PeerProcess>,
+        process: Option<&crate::liveness::PeerProcess>,
     ) -> Result<()> {
         match self.backend.peers() {
             Some(p) => p.connect_peer(remote, info, process),

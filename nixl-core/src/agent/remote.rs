@@ -447,7 +447,10 @@ impl Agent {
 
     /// The process of a loaded peer as this agent watches it (`Some(None)`: loaded, but not a
     /// process of this host); `None` when not loaded.
-    pub(crate) fn remote_process(&self, remote: &str) -> Option<Option<crate::ProcessId>> {
+    pub(crate) fn remote_process(
+        &self,
+        remote: &str,
+    ) -> Option<Option<crate::liveness::ProcessId>> {
         self.shared
             .remotes
             .lock()

@@ -24,8 +24,30 @@ use crate::error::Result;
 use crate::mem::{MemKind, RegionDesc};
 
 pub use crate::desc::merge_contiguous;
+pub use crate::error::{DecodeError, SharedError};
 pub use crate::hello::{Hello, PeerAuth, SessionId, Sessions, SESSION_LEN};
-pub use crate::inproc::InprocBackend;
+pub use crate::limits::NOTIF_OVERHEAD;
+pub use crate::liveness::{PeerProcess, ProcessId};
+pub use crate::mem::{RawRegion, PAGE_SIZE};
+
+/// The bundled in-process backend: a pure-Rust transport between agents of one process, for
+/// tests and single-process pipelines.
+pub mod inproc {
+    pub use crate::inproc::{Completion, InprocBackend, InprocParams, InprocPlugin, INPROC};
+}
+
+/// The bundled fault-injection backend: wraps any backend and fails, delays or corrupts its
+/// requests by a deterministic plan, for users' own tests of their error handling.
+pub mod fault {
+    pub use crate::fault::{FaultEvent, FaultLog, FaultParams, FaultPlan};
+}
+
+#[doc(hidden)]
+#[deprecated(
+    since = "0.2.0",
+    note = "moved to nixl_core::backend::inproc::InprocBackend"
+)]
+pub type InprocBackend = crate::inproc::InprocBackend;
 pub use crate::notif::NotifQueue;
 pub use crate::params::{parse_bool, ParamMap};
 pub use crate::strided::{BlockRun, BlockXferSpec, LayerPair, LayerSegments};
@@ -308,14 +330,14 @@ pub trait PeerBackend: Send + Sync {
     /// restarted (after [`PeerBackend::disconnect`]).
     fn connect(&self, remote: &str, info: &[u8]) -> Result<()>;
     /// [`PeerBackend::connect`], given the peer's process when it runs on this host, as the agent
-    /// bound it ([`crate::PeerProcess`]: the process the peer's metadata names, watched for its
+    /// bound it ([`crate::liveness::PeerProcess`]: the process the peer's metadata names, watched for its
     /// exit). A backend that aims at the peer's process itself uses this one and nothing its
     /// own connection info claims. Default: [`PeerBackend::connect`].
     fn connect_peer(
         &self,
         remote: &str,
         info: &[u8],
-        process: Option<&crate::PeerProcess>,
+        process: Option<&crate::liveness::PeerProcess>,
     ) -> Result<()> {
         let _ = process;
         self.connect(remote, info)

@@ -93,6 +93,9 @@ fn check_id(id: &str) -> Result<()> {
 }
 
 impl Credential {
+    /// The environment variable [`Credential::from_env`] reads (`NIXL_CREDENTIAL`).
+    pub const ENV: &'static str = ENV_CREDENTIAL;
+
     /// A credential from an id and a secret of [`MIN_SECRET`]..=[`MAX_SECRET`] bytes.
     pub fn new(id: &str, secret: &[u8]) -> Result<Self> {
         check_id(id)?;

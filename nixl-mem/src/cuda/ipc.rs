@@ -4,7 +4,8 @@
 use std::fmt;
 use std::os::fd::OwnedFd;
 
-use nixl_core::{DecodeError, Error, MemoryRegion, Op, RegionDesc, Result};
+use nixl_core::backend::DecodeError;
+use nixl_core::{Error, MemoryRegion, Op, RegionDesc, Result};
 
 use super::{address_range, context, cu};
 use crate::sys::cu as sys;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
-use nixl_core::DecodeError;
+use nixl_core::backend::DecodeError;
 
 use crate::cuda;
 use crate::sys::cu as sys;

@@ -55,10 +55,11 @@ mod xfer;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
+use nixl_core::backend::Capabilities;
 use nixl_core::backend::{
     downcast_md, Backend, BackendContext, BackendMd, BackendXfer, NotifQueue, XferSpec,
 };
-use nixl_core::{Capabilities, Error, MemKind, Op, RegionDesc, Result, XferOp};
+use nixl_core::{Error, MemKind, Op, RegionDesc, Result, XferOp};
 use parking_lot::Mutex;
 
 use crate::cuda;

@@ -284,7 +284,7 @@ impl PeerBackend for FaultInjector {
         &self,
         remote: &str,
         info: &[u8],
-        process: Option<&crate::PeerProcess>,
+        process: Option<&crate::liveness::PeerProcess>,
     ) -> Result<()> {
         self.inner_peers(Op::LoadMetadata)?
             .connect_peer(remote, info, process)

@@ -1,8 +1,7 @@
 //! The agent's side of NIXL's metadata: producing NIXL blobs from the agent's backends and
 //! registrations, and turning a peer's blob into the agent's own loading form.
 
-use super::metadata::{NixlConn, NixlMetadata};
-use crate::codec::AgentMetadata;
+use super::metadata::NixlConn;
 
 /// The generation given to a NIXL peer: a hash of its connection info (a NIXL blob carries
 /// none, and a restarted NIXL process has new worker addresses).
@@ -26,11 +25,11 @@ pub(crate) fn metadata_identity(
     bytes: &[u8],
 ) -> std::result::Result<(String, Option<u64>), crate::error::DecodeError> {
     if super::is_nixl_blob(bytes) {
-        let md = NixlMetadata::decode(bytes)?;
+        let md = super::metadata::NixlMetadata::decode(bytes)?;
         let g = (!md.conns.is_empty()).then(|| derived_generation(&md.conns));
         Ok((md.name, g))
     } else {
-        let md = AgentMetadata::decode(crate::auth::unsealed(bytes)?)?;
+        let md = crate::codec::AgentMetadata::decode(crate::auth::unsealed(bytes)?)?;
         Ok((md.name, Some(md.generation)))
     }
 }

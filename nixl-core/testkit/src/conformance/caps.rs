@@ -3,9 +3,8 @@
 //! operations the agent never runs on the backend).
 
 use super::{agent, buf, caps, e2s, ensure, Res, Suite, TIMEOUT};
-use nixl_core::{
-    Agent, Capabilities, Error, HostBuffer, MemKind, XferDescList, XferOp, XferOptions,
-};
+use nixl_core::backend::Capabilities;
+use nixl_core::{Agent, Error, HostBuffer, MemKind, XferDescList, XferOp, XferOptions};
 
 pub(super) fn capabilities_are_consistent(s: &Suite) -> Res {
     let (a, b) = agent(s, "caps")?;

@@ -35,9 +35,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use nixl_core::backend::Capabilities;
 use nixl_core::{
-    Agent, AgentConfig, BackendHandle, Capabilities, Error, HostBuffer, MemKind, MemoryRegion,
-    Result,
+    Agent, AgentConfig, BackendHandle, Error, HostBuffer, MemKind, MemoryRegion, Result,
 };
 
 /// Makes a backend on a fresh agent and returns its handle.

@@ -1,0 +1,29 @@
+//! Names that moved off the crate root keep a `#[deprecated]` alias for one release: code
+//! written against the old paths still compiles (with a warning naming the new path) and means
+//! the same thing.
+#![allow(deprecated)]
+
+use std::sync::Arc;
+
+use nixl_core::backend::BackendPlugin;
+
+#[test]
+fn old_root_paths_still_name_the_moved_items() {
+    assert_eq!(nixl_core::INPROC, nixl_core::backend::inproc::INPROC);
+    assert_eq!(nixl_core::PAGE_SIZE, nixl_core::backend::PAGE_SIZE);
+    assert_eq!(
+        nixl_core::NOTIF_OVERHEAD,
+        nixl_core::backend::NOTIF_OVERHEAD
+    );
+    assert_eq!(nixl_core::ENV_CREDENTIAL, nixl_core::Credential::ENV);
+    assert_eq!(nixl_core::Credential::ENV, "NIXL_CREDENTIAL");
+    // The unit struct's old path works as a value and as a type.
+    let p: nixl_core::InprocPlugin = nixl_core::InprocPlugin;
+    let p: Arc<dyn BackendPlugin> = Arc::new(p);
+    assert_eq!(p.name(), nixl_core::backend::inproc::INPROC);
+    // Enums through the old alias: variants still resolve.
+    let m: nixl_core::CostMethod = nixl_core::backend::CostMethod::Measured;
+    assert!(matches!(m, nixl_core::CostMethod::Measured));
+    let plan = nixl_core::FaultPlan::default();
+    let _: nixl_core::backend::fault::FaultPlan = plan;
+}

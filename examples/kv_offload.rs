@@ -180,7 +180,7 @@ mod offload {
         Ok(())
     }
 
-    pub fn run() -> Res<()> {
+    pub(crate) fn run() -> Res<()> {
         let args = parse()?;
         let total = args.block * args.blocks as u64;
         let agent = Agent::new("kv-offload", AgentConfig::default())?;

@@ -33,12 +33,12 @@ fn median_p99(mut v: Vec<f64>) -> (f64, f64, f64) {
 }
 
 /// Where the target leaves its stamps for the initiator.
-pub fn stamp_file() -> PathBuf {
+pub(crate) fn stamp_file() -> PathBuf {
     std::env::temp_dir().join(format!("nixlbench-notif-{}.txt", std::process::id()))
 }
 
 /// Target side: serves `total` notifications, then writes `bad stamp stamp ...` to `out`.
-pub fn serve(a: &Agent, m: &Mem, total: usize, out: &Path) -> Res<()> {
+pub(crate) fn serve(a: &Agent, m: &Mem, total: usize, out: &Path) -> Res<()> {
     let host = m.host.as_ref().ok_or("--mode notif needs DRAM")?;
     let mut seen = Vec::with_capacity(total);
     let mut bad = 0u64;
@@ -68,7 +68,7 @@ pub fn serve(a: &Agent, m: &Mem, total: usize, out: &Path) -> Res<()> {
 }
 
 /// Initiator side: `warmup + iters` posts, one in flight; prints one JSON line.
-pub fn run(a: &Agent, o: &Opts, m: &Mem, raddr: u64, stamps: &Path) -> Res<()> {
+pub(crate) fn run(a: &Agent, o: &Opts, m: &Mem, raddr: u64, stamps: &Path) -> Res<()> {
     let host = m.host.as_ref().ok_or("--mode notif needs DRAM")?;
     let local = a.prep_xfer_dlist(
         XferTarget::Initiator,

@@ -121,7 +121,7 @@ impl Point {
 }
 
 /// Runs the flat sweep on one backend and prints the table.
-pub fn sweep(which: Which, o: &Opts) -> Res<()> {
+pub(crate) fn sweep(which: Which, o: &Opts) -> Res<()> {
     let mut points = Vec::new();
     for &n in &o.descs {
         points.push(Point::new(which, o, n)?);

@@ -97,7 +97,7 @@ fn table(
 }
 
 /// Runs every requested model on one backend.
-pub fn run_models(which: Which, o: &Opts) -> Res<()> {
+pub(crate) fn run_models(which: Which, o: &Opts) -> Res<()> {
     for name in &o.models {
         let mut m = *MODELS
             .iter()

@@ -14,7 +14,7 @@ use nixl::core::{MemKind, RegionDesc, Result, XferState};
 
 /// Creates the null backend.
 #[derive(Debug, Default)]
-pub struct NullParams;
+pub(crate) struct NullParams;
 
 impl BackendParams for NullParams {
     fn backend_name(&self) -> &str {

@@ -7,20 +7,20 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use nixl::Agent;
-pub use nixl_testkit::netns::Control;
+pub(crate) use nixl_testkit::netns::Control;
 use nixl_testkit::netns::{Net, NetSpec};
 
 use crate::{Opts, Res};
 
 /// The control channel to the `--hosts 2` parent, when this process is one of its parts (its
 /// reader exits the process if the parent goes away).
-pub fn control() -> Option<Control> {
+pub(crate) fn control() -> Option<Control> {
     Control::connect()
 }
 
 /// Metadata through etcd: the exchange, and the server when this process started it.
 #[derive(Default)]
-pub struct Meta {
+pub(crate) struct Meta {
     #[cfg(feature = "etcd")]
     exchange: Option<nixl::core::etcd::EtcdExchange>,
     #[cfg(feature = "etcd")]
@@ -30,7 +30,7 @@ pub struct Meta {
 impl Meta {
     /// Prefill's side: with `--metadata etcd`, starts etcd on `--listen` (unless `--etcd URL`
     /// names one) and publishes the agent there. Returns the endpoint decode must use.
-    pub fn serve(&mut self, o: &Opts, agent: &Agent) -> Res<Option<String>> {
+    pub(crate) fn serve(&mut self, o: &Opts, agent: &Agent) -> Res<Option<String>> {
         if !o.etcd {
             return Ok(None);
         }
@@ -57,7 +57,7 @@ impl Meta {
     }
 
     /// Decode's side: joins the etcd that `--etcd URL` names and publishes the agent.
-    pub fn join(&mut self, o: &Opts, agent: &Agent) -> Res<()> {
+    pub(crate) fn join(&mut self, o: &Opts, agent: &Agent) -> Res<()> {
         let url = o
             .etcd_url
             .as_deref()
@@ -90,7 +90,7 @@ impl Meta {
 
     /// Loads `remote`'s metadata from etcd (waiting for it to be published); nothing to do
     /// over the side channel, where metadata is fetched and pushed directly.
-    pub fn fetch(&self, o: &Opts, remote: &str) -> Res<()> {
+    pub(crate) fn fetch(&self, o: &Opts, remote: &str) -> Res<()> {
         #[cfg(feature = "etcd")]
         if let Some(x) = &self.exchange {
             x.fetch(remote, o.timeout)?;
@@ -102,7 +102,7 @@ impl Meta {
 
 /// Prefill started with `--decode external`: tells the parent (or the user) where decode
 /// finds it.
-pub fn announce(ctl: Option<&Control>, addr: SocketAddr, etcd: Option<&str>) {
+pub(crate) fn announce(ctl: Option<&Control>, addr: SocketAddr, etcd: Option<&str>) {
     let line = format!("listening {addr} {}", etcd.unwrap_or("-"));
     match ctl {
         Some(c) => c.send(&line),
@@ -111,7 +111,7 @@ pub fn announce(ctl: Option<&Control>, addr: SocketAddr, etcd: Option<&str>) {
 }
 
 /// Fails unless `path` names every `--expect-path` text.
-pub fn check_path(o: &Opts, path: &str) -> Res<()> {
+pub(crate) fn check_path(o: &Opts, path: &str) -> Res<()> {
     match o.expect_path.iter().find(|t| !path.contains(t.as_str())) {
         Some(t) => Err(format!("the path {path:?} does not name {t:?}").into()),
         None => Ok(()),
@@ -134,7 +134,7 @@ fn user_args() -> Vec<String> {
 
 /// `--hosts 2`: prefill on host 0 and decode on host 1 of a fresh two-host net with `--rails`
 /// links, each part this program again; the run succeeds when both parts do.
-pub fn run(o: &Opts) -> Res<()> {
+pub(crate) fn run(o: &Opts) -> Res<()> {
     let net = Net::create(&NetSpec::pair(o.rails))?;
     let ip = |h| net.addr(0, h).ok_or("host not on link 0");
     let (ip0, ip1) = (ip(0)?, ip(1)?);

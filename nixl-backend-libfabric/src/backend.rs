@@ -66,7 +66,7 @@ impl Inner {
     }
 
     /// Polls every rail once; returns how many completions were handled.
-    pub fn poll(&self) -> usize {
+    pub(crate) fn poll(&self) -> usize {
         let mut n = 0;
         for r in &self.rails {
             match r.poll(&self.inbox) {
@@ -80,20 +80,20 @@ impl Inner {
     }
 
     /// Hands a posted transfer to the progress thread.
-    pub fn activate(&self, core: Weak<Mutex<XferCore>>) {
+    pub(crate) fn activate(&self, core: Weak<Mutex<XferCore>>) {
         self.active.lock().push(core);
     }
 
     /// Polls, then drives the posted transfers nobody is polling. Returns the completions
     /// handled.
-    pub fn progress_all(&self) -> usize {
+    pub(crate) fn progress_all(&self) -> usize {
         let n = self.poll();
         self.drive_active();
         n
     }
 
     /// Drives the posted transfers nobody is polling.
-    pub fn drive_active(&self) {
+    pub(crate) fn drive_active(&self) {
         let cores: Vec<Arc<Mutex<XferCore>>> = {
             let mut g = self.active.lock();
             g.retain(|w| w.strong_count() > 0);
@@ -115,7 +115,7 @@ impl Inner {
     }
 
     /// Waits (polling, bounded by `op_timeout`) until `track` has nothing in flight.
-    pub fn drain(&self, track: &Track) -> bool {
+    pub(crate) fn drain(&self, track: &Track) -> bool {
         let deadline = Instant::now() + self.params.op_timeout;
         let mut spins = 0u32;
         loop {
@@ -133,7 +133,7 @@ impl Inner {
     }
 
     /// A description of the rails and the notification guarantee.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let domains: Vec<&str> = self.rails.iter().map(|r| r.domain_name.as_str()).collect();
         format!(
             "libfabric {} over {} rail(s) [{}]; notifications after {}",

@@ -21,7 +21,7 @@ pub(crate) struct KeySource {
 impl KeySource {
     /// The next key, fitting `key_size` bytes (the provider's `mr_key_size`; 0 or more than 8:
     /// a full 64-bit key), never 0.
-    pub fn next(&self, key_size: usize) -> u64 {
+    pub(crate) fn next(&self, key_size: usize) -> u64 {
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
         let mut h = self.hasher.build_hasher();
         h.write_u64(n);

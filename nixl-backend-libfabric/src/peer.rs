@@ -44,7 +44,7 @@ impl Drop for Peer {
 }
 
 impl Peer {
-    pub fn connect(
+    pub(crate) fn connect(
         name: &str,
         conn: &[u8],
         rails: &[Arc<Rail>],
@@ -86,7 +86,7 @@ impl Peer {
     }
 
     /// Whether rail `r` still reaches the peer.
-    pub fn rail_ok(&self, r: usize) -> bool {
+    pub(crate) fn rail_ok(&self, r: usize) -> bool {
         self.alive.load(Ordering::SeqCst)
             && self
                 .rail_ok
@@ -95,19 +95,19 @@ impl Peer {
     }
 
     /// The rails (of the first `n`) that still reach the peer.
-    pub fn healthy_rails(&self, n: usize) -> Vec<usize> {
+    pub(crate) fn healthy_rails(&self, n: usize) -> Vec<usize> {
         (0..n.min(self.addrs.len()))
             .filter(|&r| self.rail_ok(r))
             .collect()
     }
 
     /// Whether every rail reaches the peer.
-    pub fn all_rails_ok(&self) -> bool {
+    pub(crate) fn all_rails_ok(&self) -> bool {
         self.healthy_rails(self.addrs.len()).len() == self.addrs.len()
     }
 
     /// The rail notifications to the peer go over: the first healthy one.
-    pub fn notif_rail(&self) -> Option<(usize, Arc<Rail>, sys::fi_addr_t)> {
+    pub(crate) fn notif_rail(&self) -> Option<(usize, Arc<Rail>, sys::fi_addr_t)> {
         let r = *self.healthy_rails(self.addrs.len()).first()?;
         self.addrs.get(r).map(|(rail, a)| (r, rail.clone(), *a))
     }
@@ -115,7 +115,7 @@ impl Peer {
     /// Marks `rails` failed (their operations did not complete in time): new transfers to
     /// the peer avoid them. Their connections stay, so what is stuck on them still completes
     /// if the link comes back (an abandoned transfer drains instead of being flushed).
-    pub fn avoid_rails(&self, rails: &[usize]) {
+    pub(crate) fn avoid_rails(&self, rails: &[usize]) {
         for &r in rails {
             if let Some(ok) = self.rail_ok.get(r) {
                 if ok.swap(false, Ordering::SeqCst) {
@@ -128,7 +128,7 @@ impl Peer {
 
     /// Marks `rails` failed (see [`Peer::avoid_rails`]) and tears their connections down;
     /// with no rail left the peer is unreachable.
-    pub fn fail_rails(&self, rails: &[usize]) {
+    pub(crate) fn fail_rails(&self, rails: &[usize]) {
         self.avoid_rails(rails);
         for &r in rails {
             if self.rail_ok.get(r).is_some() {
@@ -143,7 +143,7 @@ impl Peer {
     /// Declares the peer unreachable: removes its addresses, which makes the provider tear the
     /// connections down and flush what is queued on them, and fails later requests at once. A
     /// new `connect` (fresh metadata) revives it.
-    pub fn declare_unreachable(&self) {
+    pub(crate) fn declare_unreachable(&self) {
         if self.alive.swap(false, Ordering::SeqCst) {
             tracing::warn!(peer = %self.name, "operations did not complete in time; dropping the peer's connections");
         }

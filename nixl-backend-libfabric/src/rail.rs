@@ -72,7 +72,7 @@ use crate::sys::{self, Lib};
 
 /// Counters of one rail, shared with [`crate::LibfabricStats`].
 #[derive(Debug, Default)]
-pub struct RailCounters {
+pub(crate) struct RailCounters {
     pub(crate) bytes_written: AtomicU64,
     pub(crate) bytes_read: AtomicU64,
     pub(crate) ops: AtomicU64,
@@ -121,13 +121,13 @@ impl Track {
     }
 
     /// Operations still in flight, and the first error seen.
-    pub fn state(&self) -> (usize, Option<FiError>) {
+    pub(crate) fn state(&self) -> (usize, Option<FiError>) {
         let g = self.lock();
         (g.outstanding, g.error.clone())
     }
 
     /// The rails with operations still in flight.
-    pub fn stuck_rails(&self) -> Vec<usize> {
+    pub(crate) fn stuck_rails(&self) -> Vec<usize> {
         let g = self.lock();
         (0..g.per_rail.len())
             .filter(|&r| g.per_rail[r] > 0)
@@ -225,7 +225,7 @@ pub(crate) fn msg_access() -> u64 {
 
 impl Rail {
     /// Opens a rail from one info entry.
-    pub fn open(
+    pub(crate) fn open(
         lib: &'static Lib,
         info: Info,
         index: usize,
@@ -316,7 +316,7 @@ impl Rail {
     /// removed by [`Rail::remove_name`] once no one uses it. A name is never in the AV twice:
     /// libfabric 1.17's shm provider gives both entries one map slot and unmaps the peer's
     /// region when either is removed, so the other would write into unmapped memory.
-    pub fn insert_name(&self, name: &[u8]) -> Result<sys::fi_addr_t, FiError> {
+    pub(crate) fn insert_name(&self, name: &[u8]) -> Result<sys::fi_addr_t, FiError> {
         // Held across the insert, so two peers naming one endpoint insert it once.
         let mut t = self.av_table();
         if let Some(addr) = t.by_name.get(name).copied() {
@@ -363,7 +363,7 @@ impl Rail {
     /// (the peer closed its endpoint, which unlinks it); names of this process's endpoints are
     /// kept for the rail's life. Peers killed before closing keep their slot (the provider has
     /// 256 per AV).
-    pub fn remove_name(&self, name: &[u8]) {
+    pub(crate) fn remove_name(&self, name: &[u8]) {
         let mut t = self.av_table();
         let Some(addr) = t.by_name.get(name).copied() else {
             return;
@@ -419,7 +419,7 @@ impl Rail {
 
     /// Posts one RMA operation. `Ok(false)`: the queue is full, retry after progress.
     #[allow(clippy::too_many_arguments)]
-    pub fn post_rma(
+    pub(crate) fn post_rma(
         &self,
         write: bool,
         local: u64,
@@ -458,7 +458,7 @@ impl Rail {
     }
 
     /// Sends a framed notification. `Ok(false)`: no free buffer or the queue is full.
-    pub fn post_send(
+    pub(crate) fn post_send(
         &self,
         dest: sys::fi_addr_t,
         framed: &[u8],
@@ -495,7 +495,7 @@ impl Rail {
 
     /// Reads completions (bounded), delivering received notifications into `notifs`.
     /// Returns how many completions were handled.
-    pub fn poll(&self, notifs: &Inbox) -> Result<usize, FiError> {
+    pub(crate) fn poll(&self, notifs: &Inbox) -> Result<usize, FiError> {
         let mut st = self.lock();
         let mut entries = [sys::fi_cq_msg_entry {
             op_context: std::ptr::null_mut(),
@@ -527,7 +527,7 @@ impl Rail {
 
     /// Blocks up to `timeout_ms` in `fi_cq_sread` (without the rail's lock, so posting goes
     /// on meanwhile), handles what arrived, then polls. Only for waitable rails.
-    pub fn wait_poll(&self, notifs: &Inbox, timeout_ms: i32) -> Result<usize, FiError> {
+    pub(crate) fn wait_poll(&self, notifs: &Inbox, timeout_ms: i32) -> Result<usize, FiError> {
         let mut entries = [sys::fi_cq_msg_entry {
             op_context: std::ptr::null_mut(),
             flags: 0,
@@ -623,7 +623,7 @@ impl Rail {
     /// Registers memory on this rail's domain (binding it to the endpoint where the provider
     /// needs that). The memory must stay valid while the registration is used: the agent
     /// keeps a registered region's memory alive (`MemoryRegion`'s contract).
-    pub fn register(
+    pub(crate) fn register(
         &self,
         addr: u64,
         len: u64,

@@ -98,7 +98,7 @@ fn strerror(code: u32) -> String {
 }
 
 /// Turns a libfabric return value into `Ok(value)` or the error it encodes.
-pub fn check(call: &'static str, ret: isize) -> Result<usize, FiError> {
+pub(crate) fn check(call: &'static str, ret: isize) -> Result<usize, FiError> {
     if ret >= 0 {
         Ok(ret as usize)
     } else {
@@ -110,7 +110,7 @@ pub fn check(call: &'static str, ret: isize) -> Result<usize, FiError> {
 }
 
 /// The error for a missing libfabric.
-pub fn unavailable(why: &str) -> Error {
+pub(crate) fn unavailable(why: &str) -> Error {
     Error::Unavailable {
         what: "libfabric (libfabric.so.1)".to_owned(),
         hint: format!(

@@ -17,6 +17,8 @@
 //!
 //! Values inside (an IP address, a port, a pid) are not judged: keep unknown peers out with
 //! authentication (`docs/security.md`).
+// Public for the `fuzzing` feature's re-exports; crate-private without it.
+#![cfg_attr(not(feature = "fuzzing"), allow(unreachable_pub))]
 
 use std::path::PathBuf;
 
@@ -35,7 +37,7 @@ const SHM_DIR: &str = "/dev/shm";
 const MAX_DIGITS: usize = 20;
 
 /// Whether `provider` (`"shm"`, `"tcp;ofi_rxm"`, ...) is the shm provider.
-pub fn is_shm(provider: &str) -> bool {
+pub(crate) fn is_shm(provider: &str) -> bool {
     provider.split(';').next() == Some("shm")
 }
 
@@ -134,7 +136,7 @@ fn shm_region_path(name: &[u8]) -> Result<PathBuf, String> {
 
 /// Checks that the region an shm name (checked by [`check_name`]) names exists, is a regular
 /// file (not a link) and opens for reading and writing, as the shm provider will open it.
-pub fn check_shm_region(name: &[u8]) -> Result<(), String> {
+pub(crate) fn check_shm_region(name: &[u8]) -> Result<(), String> {
     let path = shm_region_path(name)?;
     let what = |e: std::io::Error| format!("shm region {} of the peer: {e}", path.display());
     let meta = std::fs::symlink_metadata(&path).map_err(what)?;
@@ -156,7 +158,7 @@ pub fn check_shm_region(name: &[u8]) -> Result<(), String> {
 /// region is gone (an endpoint unlinks it on close). `false` for a name of this process
 /// (`fi_shm://<this pid>:...`), whose region the provider shares with the endpoint itself,
 /// and whenever that cannot be told.
-pub fn shm_peer_gone(name: &[u8]) -> bool {
+pub(crate) fn shm_peer_gone(name: &[u8]) -> bool {
     let Ok(path) = shm_region_path(name) else {
         return false;
     };

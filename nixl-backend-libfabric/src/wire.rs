@@ -3,6 +3,8 @@
 //! framing of the notification path: a connection's hello, then notifications naming its
 //! session (never the sender's name). Read and written with nixl-core's one byte reader
 //! ([`nixl_core::backend::bytes`]): bounded, typed errors on anything malformed.
+// Public for the `fuzzing` feature's re-exports; crate-private without it.
+#![cfg_attr(not(feature = "fuzzing"), allow(unreachable_pub))]
 
 use nixl_core::backend::bytes::{ByteReader, ByteWriter};
 use nixl_core::backend::DecodeError;

@@ -89,12 +89,12 @@ pub(crate) struct LfXfer {
 
 impl XferCore {
     /// Whether the progress thread should keep driving it.
-    pub fn active(&self) -> bool {
+    pub(crate) fn active(&self) -> bool {
         matches!(self.phase, Phase::Data | Phase::Notif) && self.failed.is_none()
     }
 
     /// One step from the progress thread: errors are kept for the next check.
-    pub fn drive(&mut self) {
+    pub(crate) fn drive(&mut self) {
         if self.active() {
             if let Err(e) = self.step(Op::Progress, false) {
                 self.failed = Some(e);
@@ -104,7 +104,7 @@ impl XferCore {
 }
 
 impl LfXfer {
-    pub fn prepare(inner: Arc<Inner>, peer: Arc<Peer>, spec: &XferSpec) -> Result<LfXfer> {
+    pub(crate) fn prepare(inner: Arc<Inner>, peer: Arc<Peer>, spec: &XferSpec) -> Result<LfXfer> {
         let me = inner.agent.clone();
         let kinds_ok = |k: MemKind| k == MemKind::Dram || (k == MemKind::Vram && inner.hmem);
         if !kinds_ok(spec.local_kind) || !kinds_ok(spec.remote_kind) {

@@ -47,7 +47,7 @@ impl Context {
     /// sleeps on the workers' event descriptors (`wakeup`). Unlike NIXL with one worker, it
     /// always asks for a thread-safe context (`mt_workers_shared`): registration runs on the
     /// application's threads beside progress, and that lock is not on the put/get path.
-    pub fn new(
+    pub(crate) fn new(
         ucx: Arc<Ucx>,
         agent: &str,
         config: &[(String, String)],
@@ -89,12 +89,12 @@ impl Context {
     }
 
     /// The context handle.
-    pub fn raw(&self) -> &sys::ContextH {
+    pub(crate) fn raw(&self) -> &sys::ContextH {
         &self.raw
     }
 
     /// Whether the context registers CUDA device memory.
-    pub fn cuda_aware(&self) -> bool {
+    pub(crate) fn cuda_aware(&self) -> bool {
         self.memory_types & (1 << sys::UCS_MEMORY_TYPE_CUDA) != 0
     }
 }

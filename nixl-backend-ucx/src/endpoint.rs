@@ -43,27 +43,27 @@ pub(crate) struct EpShared {
 
 impl EpShared {
     /// Whether the endpoint was closed or fenced early.
-    pub fn is_closed(&self) -> bool {
+    pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
 
     /// Marks the endpoint replaced by its peer (`crate::links`).
-    pub fn replace(&self) {
+    pub(crate) fn replace(&self) {
         self.replaced.store(true, Ordering::Release);
     }
 
     /// Whether the peer replaced the connection (see [`EpShared::replace`]).
-    pub fn is_replaced(&self) -> bool {
+    pub(crate) fn is_replaced(&self) -> bool {
         self.replaced.load(Ordering::Acquire)
     }
 
     /// One more operation in flight.
-    pub fn begin_op(&self) {
+    pub(crate) fn begin_op(&self) {
         self.inflight.fetch_add(1, Ordering::AcqRel);
     }
 
     /// One operation fewer in flight.
-    pub fn end_op(&self) {
+    pub(crate) fn end_op(&self) {
         // Saturating: a count can never wrap into "many in flight".
         let _ = self
             .inflight
@@ -71,17 +71,17 @@ impl EpShared {
     }
 
     /// Operations in flight.
-    pub fn inflight(&self) -> usize {
+    pub(crate) fn inflight(&self) -> usize {
         self.inflight.load(Ordering::Acquire)
     }
 
-    pub fn failed(&self) -> Option<sys::ucs_status_t> {
+    pub(crate) fn failed(&self) -> Option<sys::ucs_status_t> {
         self.failed
             .load(Ordering::Acquire)
             .then(|| self.status.load(Ordering::Acquire) as sys::ucs_status_t)
     }
 
-    pub fn fail(&self, status: sys::ucs_status_t) {
+    pub(crate) fn fail(&self, status: sys::ucs_status_t) {
         self.status.store(status as i32, Ordering::Release);
         self.failed.store(true, Ordering::Release);
     }
@@ -135,13 +135,13 @@ pub(crate) struct PeerEp {
 
 impl PeerEp {
     /// The handle, if still open. Only call with the worker locked.
-    pub fn raw(&self, _g: &WorkerGuard<'_>) -> Option<sys::Ep> {
+    pub(crate) fn raw(&self, _g: &WorkerGuard<'_>) -> Option<sys::Ep> {
         (!self.shared.is_closed()).then_some(self.ep)
     }
 
     /// Whether a lane of this endpoint uses UCX's tcp transport. Unknown (the endpoint was
     /// closed before anyone asked) counts as tcp, so nothing is force-closed on a guess.
-    pub fn uses_tcp(&self, g: &WorkerGuard<'_>) -> bool {
+    pub(crate) fn uses_tcp(&self, g: &WorkerGuard<'_>) -> bool {
         self.lane_is(g, &self.tcp, &["tcp/", "tcp_"], true)
     }
 
@@ -169,18 +169,18 @@ impl PeerEp {
     /// Whether UCX copies host memory to this peer with its cma transport (a lane of the
     /// endpoint is `cma/...`): where the backend may make those copies itself (`crate::cma`).
     /// Cached once known; `false` for a closed endpoint.
-    pub fn uses_cma(&self, g: &WorkerGuard<'_>) -> bool {
+    pub(crate) fn uses_cma(&self, g: &WorkerGuard<'_>) -> bool {
         self.lane_is(g, &self.cma, &["cma/", "cma "], false)
     }
 
     /// The endpoint notifications go on (the shared-memory one where there is one), if still
     /// open. Only call with the worker locked.
-    pub fn notif_raw(&self, _g: &WorkerGuard<'_>) -> Option<sys::Ep> {
+    pub(crate) fn notif_raw(&self, _g: &WorkerGuard<'_>) -> Option<sys::Ep> {
         (!self.shared.is_closed()).then_some(self.notif_ep.unwrap_or(self.ep))
     }
 
     /// The shared-memory transport notifications use, if they have their own endpoint.
-    pub fn notif_transports(&self) -> Option<String> {
+    pub(crate) fn notif_transports(&self) -> Option<String> {
         let ep = self.notif_ep?;
         let g = self.worker.lock();
         if self.shared.is_closed() {
@@ -198,7 +198,7 @@ impl PeerEp {
     /// on it (with an error) and no longer touches their memory. Waits for the close without
     /// holding the worker. Never call it on a tcp endpoint with operations in flight (see the
     /// module docs): [`PeerEp::close_early`] decides.
-    pub fn force_close(&self) -> bool {
+    pub(crate) fn force_close(&self) -> bool {
         {
             let _g = self.worker.lock();
             if self.shared.closed.swap(true, Ordering::AcqRel) {
@@ -231,7 +231,7 @@ impl PeerEp {
     ///    error and no longer touches its memory).
     ///
     /// Every wait is made without holding the worker ([`Worker::wait_request`]).
-    pub fn close_early(&self, drain: Duration) -> EarlyClose {
+    pub(crate) fn close_early(&self, drain: Duration) -> EarlyClose {
         if self.shared.is_closed() {
             return EarlyClose::AlreadyClosed;
         }
@@ -372,7 +372,7 @@ impl Peer {
     /// Creates endpoints from every local worker to the peer's workers (round robin).
     /// With `shm_notifs`, a same-host peer also gets a shared-memory notification endpoint
     /// (see the module documentation).
-    pub fn connect(
+    pub(crate) fn connect(
         agent: &str,
         name: &str,
         workers: &[Arc<Worker>],
@@ -440,7 +440,7 @@ impl Peer {
     }
 
     /// Fails unless the endpoint on `worker` is usable.
-    pub fn check_alive(&self, agent: &str, worker: usize, op: Op) -> Result<()> {
+    pub(crate) fn check_alive(&self, agent: &str, worker: usize, op: Op) -> Result<()> {
         let ep = self
             .eps
             .get(worker)
@@ -466,12 +466,12 @@ impl Peer {
     }
 
     /// Which transports the first endpoint uses.
-    pub fn transports(&self) -> String {
+    pub(crate) fn transports(&self) -> String {
         self.transports_on(0)
     }
 
     /// Which transports the endpoint on local worker `worker` uses.
-    pub fn transports_on(&self, worker: usize) -> String {
+    pub(crate) fn transports_on(&self, worker: usize) -> String {
         let Some(pe) = self.eps.get(worker) else {
             return "no endpoint".to_owned();
         };

@@ -41,12 +41,12 @@ impl Links {
     }
 
     /// Our endpoint `ep` to `peer` is open.
-    pub fn add_own(&self, ep: u64, peer: &str, shared: Arc<EpShared>) {
+    pub(crate) fn add_own(&self, ep: u64, peer: &str, shared: Arc<EpShared>) {
         self.lock().own.insert(ep, (peer.to_owned(), shared));
     }
 
     /// Our endpoint `ep` is closing (its handle may be reused by UCX afterwards).
-    pub fn remove_own(&self, ep: u64) {
+    pub(crate) fn remove_own(&self, ep: u64) {
         self.lock().own.remove(&ep);
     }
 
@@ -54,7 +54,7 @@ impl Links {
     /// worker of the sender introduced itself before on one of our own open endpoints to it,
     /// the sender replaced that connection: the endpoint is marked replaced and its handle
     /// returned.
-    pub fn introduced(&self, sender: &str, index: Option<u32>, conn: u64) -> Option<u64> {
+    pub(crate) fn introduced(&self, sender: &str, index: Option<u32>, conn: u64) -> Option<u64> {
         let index = index?;
         let mut g = self.lock();
         if g.latest.len() >= MAX_LATEST {

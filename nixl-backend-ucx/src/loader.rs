@@ -47,18 +47,18 @@ impl std::fmt::Debug for Ucx {
 
 impl Ucx {
     /// `"1.22.0"`.
-    pub fn version_string(&self) -> String {
+    pub(crate) fn version_string(&self) -> String {
         let (a, b, c) = self.version;
         format!("{a}.{b}.{c}")
     }
 
     /// Whether `ucp_ep_query` reports the transports of an endpoint (UCX >= 1.14).
-    pub fn has_ep_transports(&self) -> bool {
+    pub(crate) fn has_ep_transports(&self) -> bool {
         (self.version.0, self.version.1) >= (1, 14)
     }
 
     /// The text of a status code.
-    pub fn status_string(&self, status: sys::ucs_status_t) -> String {
+    pub(crate) fn status_string(&self, status: sys::ucs_status_t) -> String {
         sys::lib::status_string(&self.lib, status)
     }
 }

@@ -106,7 +106,7 @@ pub(crate) struct MemReg {
 
 impl MemReg {
     /// Maps a region.
-    pub fn map(ctx: &Arc<Context>, agent: &str, region: &RegionDesc) -> Result<Self> {
+    pub(crate) fn map(ctx: &Arc<Context>, agent: &str, region: &RegionDesc) -> Result<Self> {
         let ucx = &ctx.ucx;
         let mt = mem_type(region.kind)
             .filter(|t| ctx.memory_types & (1u64 << *t) != 0)
@@ -177,7 +177,7 @@ impl MemReg {
     }
 
     /// Unmaps explicitly, reporting UCX's status.
-    pub fn unmap(mut self, agent: &str) -> Result<()> {
+    pub(crate) fn unmap(mut self, agent: &str) -> Result<()> {
         let st = self.ctx.raw().mem_unmap(self.memh);
         self.unmapped = true;
         check(&self.ctx.ucx, agent, Op::DeregisterMem, "ucp_mem_unmap", st)
@@ -206,7 +206,7 @@ pub(crate) struct RemoteMd {
 impl RemoteMd {
     /// Unpacks framed region metadata on every endpoint of `peer`, after checking the
     /// packed key's structure against the peer's address (`crate::validate`).
-    pub fn unpack(
+    pub(crate) fn unpack(
         agent: &str,
         peer: &Arc<Peer>,
         region: &RegionDesc,
@@ -247,7 +247,7 @@ impl RemoteMd {
 
     /// Unpacks a raw packed rkey on every endpoint of `peer` (zero-padded here). The caller
     /// vouches for the bytes (`validate::Shapes::check_rkey`, or `crate::nixl::check_rkey`).
-    pub fn unpack_raw(
+    pub(crate) fn unpack_raw(
         agent: &str,
         peer: &Arc<Peer>,
         mt: sys::ucs_memory_type_t,

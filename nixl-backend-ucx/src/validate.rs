@@ -15,6 +15,8 @@
 //! What it cannot see: the meaning of well-formed values (an IP address, a port, a shared
 //! memory segment id). A peer that crafts valid bytes naming someone else's resources is a
 //! peer to keep out with authentication (`docs/security.md`).
+// Public for the `fuzzing` feature's re-exports; crate-private without it.
+#![cfg_attr(not(feature = "fuzzing"), allow(unreachable_pub))]
 
 use std::collections::{HashMap, HashSet};
 
@@ -22,9 +24,9 @@ use nixl_core::backend::bytes::ByteReader;
 use nixl_core::backend::DecodeError;
 
 /// `UCP_MAX_MDS` (64 since UCX 1.13).
-pub const MAX_MDS: u32 = 64;
+pub(crate) const MAX_MDS: u32 = 64;
 /// `UCP_MAX_RESOURCES`.
-pub const MAX_RESOURCES: usize = 128;
+pub(crate) const MAX_RESOURCES: usize = 128;
 /// `UCP_NULL_RESOURCE`.
 const NULL_RESOURCE: u8 = 0xff;
 /// `UCS_SYS_DEVICE_ID_UNKNOWN`.
@@ -64,7 +66,7 @@ const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 
 /// UCX's crc16 of a transport name (the `tl_name_csum` of address entries).
-pub fn tl_csum(name: &str) -> u16 {
+pub(crate) fn tl_csum(name: &str) -> u16 {
     let mut c: u16 = 0xffff;
     for &b in name.as_bytes() {
         c ^= u16::from(b);
@@ -333,7 +335,7 @@ pub fn parse_rkey(bytes: &[u8], dst_version: u32) -> Result<Rkey, DecodeError> {
 
 /// The shapes this UCX gives its own addresses and keys, per transport.
 #[derive(Debug, Clone, Default)]
-pub struct Shapes {
+pub(crate) struct Shapes {
     /// csum -> device-address lengths and interface-address lengths seen in own addresses.
     tls: HashMap<u16, (HashSet<usize>, HashSet<usize>)>,
     /// csum -> packed rkey size of its memory domain (from own keys).
@@ -344,7 +346,7 @@ pub struct Shapes {
 impl Shapes {
     /// Learns from the agent's own worker addresses; fails when UCX's format is not the one
     /// this module knows (then nothing a peer sends can be checked).
-    pub fn from_own(addresses: &[&[u8]], loaded_minor: u32) -> Result<Self, DecodeError> {
+    pub(crate) fn from_own(addresses: &[&[u8]], loaded_minor: u32) -> Result<Self, DecodeError> {
         let mut s = Shapes {
             loaded_minor,
             ..Shapes::default()
@@ -360,7 +362,7 @@ impl Shapes {
     }
 
     /// Learns the packed sizes of own memory domains from an own rkey and address.
-    pub fn learn_rkey(&mut self, own_rkey: &[u8], own_address: &[u8]) {
+    pub(crate) fn learn_rkey(&mut self, own_rkey: &[u8], own_address: &[u8]) {
         let (Ok(k), Ok(a)) = (
             parse_rkey(own_rkey, u32::MAX),
             parse_address(own_address, self.loaded_minor),
@@ -375,7 +377,7 @@ impl Shapes {
     }
 
     /// Checks a peer's worker address against this UCX's shapes.
-    pub fn check_address(&self, bytes: &[u8]) -> Result<Address, String> {
+    pub(crate) fn check_address(&self, bytes: &[u8]) -> Result<Address, String> {
         let a = parse_address(bytes, self.loaded_minor).map_err(|e| e.to_string())?;
         for e in &a.entries {
             let Some((dev, iface)) = self.tls.get(&e.csum) else {
@@ -406,7 +408,12 @@ impl Shapes {
     }
 
     /// Checks a peer's packed rkey of memory type `mem_type` against its address.
-    pub fn check_rkey(&self, bytes: &[u8], peer: &Address, mem_type: u8) -> Result<Rkey, String> {
+    pub(crate) fn check_rkey(
+        &self,
+        bytes: &[u8],
+        peer: &Address,
+        mem_type: u8,
+    ) -> Result<Rkey, String> {
         let k = parse_rkey(bytes, peer.dst_version).map_err(|e| e.to_string())?;
         if k.mem_type != mem_type {
             return Err(format!(

@@ -143,7 +143,7 @@ impl AmCtx {
 
 impl Worker {
     /// Creates a worker with the notification and hello handlers.
-    pub fn new(
+    pub(crate) fn new(
         ctx: Arc<Context>,
         index: usize,
         agent: &str,
@@ -195,12 +195,12 @@ impl Worker {
     }
 
     /// The worker's address (connection info of one worker).
-    pub fn address(&self) -> &[u8] {
+    pub(crate) fn address(&self) -> &[u8] {
         &self.address
     }
 
     /// Locks the worker.
-    pub fn lock(&self) -> WorkerGuard<'_> {
+    pub(crate) fn lock(&self) -> WorkerGuard<'_> {
         // UCX's CUDA transports run in the calling thread's CUDA context.
         crate::memory::apply_vram_context();
         WorkerGuard {
@@ -210,18 +210,18 @@ impl Worker {
     }
 
     /// Our endpoints on this worker and their peers' connections (`crate::links`).
-    pub fn links(&self) -> &crate::links::Links {
+    pub(crate) fn links(&self) -> &crate::links::Links {
         &self.links
     }
 
     /// Queues an endpoint for closing at the next progress pass.
-    pub fn bury(&self, grave: Grave) {
+    pub(crate) fn bury(&self, grave: Grave) {
         self.links.remove_own(grave.ep.id());
         self.graves.lock().push(grave);
     }
 
     /// Wakes a thread blocked in [`Worker::progress_or_wait`].
-    pub fn signal(&self) {
+    pub(crate) fn signal(&self) {
         if !self.ctx.wakeup {
             return;
         }
@@ -234,7 +234,7 @@ impl Worker {
     /// progress pass, never across the wait: a request to a peer that does not answer costs
     /// its own deadline, while every other request, wait and notification poll of the agent
     /// goes on (DESIGN.md, principle 10).
-    pub fn wait_request(
+    pub(crate) fn wait_request(
         &self,
         mut req: sys::Request,
         deadline: Instant,
@@ -268,7 +268,7 @@ impl Worker {
     /// Closes an endpoint (flushing unless `force`), waiting up to `timeout` without holding
     /// the worker ([`Worker::wait_request`]). Returns whether it is closed; if not, UCX
     /// finishes the close when the peer answers or fails.
-    pub fn close_ep(&self, ep: sys::Ep, force: bool, timeout: Duration) -> bool {
+    pub(crate) fn close_ep(&self, ep: sys::Ep, force: bool, timeout: Duration) -> bool {
         let req = self.lock().g.close_request(ep, force);
         let closed = self.wait_request(req, Instant::now() + timeout).is_some();
         if !closed {
@@ -280,7 +280,7 @@ impl Worker {
     /// One progress pass for the backend's progress thread: drains events, closes buried
     /// endpoints, arms the wake-up, and sleeps on the event descriptor until something
     /// happens or `timeout` passes. Returns whether anything happened.
-    pub fn progress_or_wait(&self, timeout: Duration) -> bool {
+    pub(crate) fn progress_or_wait(&self, timeout: Duration) -> bool {
         let armed = {
             let mut g = self.lock();
             let n = g.progress_all();
@@ -301,28 +301,28 @@ impl Worker {
 
 impl WorkerGuard<'_> {
     /// The locked worker handle (the proof the endpoint wrappers of `sys` take).
-    pub fn h(&mut self) -> &mut sys::WorkerH {
+    pub(crate) fn h(&mut self) -> &mut sys::WorkerH {
         &mut self.g
     }
 
     /// The locked worker handle, shared.
-    pub fn h_ref(&self) -> &sys::WorkerH {
+    pub(crate) fn h_ref(&self) -> &sys::WorkerH {
         &self.g
     }
 
     /// The worker.
-    pub fn worker(&self) -> &Worker {
+    pub(crate) fn worker(&self) -> &Worker {
         self.w
     }
 
     /// One `ucp_worker_progress`.
-    pub fn progress(&mut self) -> u32 {
+    pub(crate) fn progress(&mut self) -> u32 {
         self.g.progress()
     }
 
     /// Progresses until nothing happens (bounded); how many events UCX reported, saturating
     /// (the count is UCX's to report and is never trusted for arithmetic).
-    pub fn progress_all(&mut self) -> u32 {
+    pub(crate) fn progress_all(&mut self) -> u32 {
         let mut total = 0u32;
         for _ in 0..64 {
             let n = self.progress();
@@ -351,7 +351,7 @@ impl WorkerGuard<'_> {
     }
 
     /// Closes buried endpoints.
-    pub fn close_graves(&mut self, timeout: Duration) {
+    pub(crate) fn close_graves(&mut self, timeout: Duration) {
         let graves = std::mem::take(&mut *self.w.graves.lock());
         for g in graves {
             self.close_ep(g.ep, g.force, timeout);

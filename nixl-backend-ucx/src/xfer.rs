@@ -167,7 +167,7 @@ pub(crate) enum Work {
 
 impl Work {
     /// Operations per post.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match self {
             Work::Segs(v) => v.len(),
             Work::Blocks { segments, .. } => *segments,
@@ -175,7 +175,7 @@ impl Work {
     }
 
     /// Bytes per post.
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         match self {
             Work::Segs(v) => v.iter().map(|s| s.len).sum(),
             Work::Blocks { layers, runs, .. } => {

@@ -266,7 +266,7 @@ mod scale {
         );
     }
 
-    pub fn main() -> Result<(), Box<dyn std::error::Error>> {
+    pub(crate) fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut args = std::env::args().skip(1);
         let n: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(64);
         let rounds: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(3);

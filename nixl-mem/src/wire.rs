@@ -9,24 +9,24 @@ use nixl_core::backend::DecodeError;
 pub(crate) struct Writer(ByteWriter);
 
 impl Writer {
-    pub fn new(magic: &[u8; 4]) -> Self {
+    pub(crate) fn new(magic: &[u8; 4]) -> Self {
         let mut w = ByteWriter::new();
         w.put(magic);
         Writer(w)
     }
-    pub fn u64(mut self, v: u64) -> Self {
+    pub(crate) fn u64(mut self, v: u64) -> Self {
         self.0.put_u64(v);
         self
     }
-    pub fn bytes(mut self, b: &[u8]) -> Self {
+    pub(crate) fn bytes(mut self, b: &[u8]) -> Self {
         self.0.put_blob(b);
         self
     }
-    pub fn raw(mut self, b: &[u8]) -> Self {
+    pub(crate) fn raw(mut self, b: &[u8]) -> Self {
         self.0.put(b);
         self
     }
-    pub fn finish(self) -> Vec<u8> {
+    pub(crate) fn finish(self) -> Vec<u8> {
         self.0.into_vec()
     }
 }
@@ -34,21 +34,25 @@ impl Writer {
 pub(crate) struct Reader<'a>(ByteReader<'a>);
 
 impl<'a> Reader<'a> {
-    pub fn new(buf: &'a [u8], magic: &[u8; 4]) -> Result<Self, DecodeError> {
+    pub(crate) fn new(buf: &'a [u8], magic: &[u8; 4]) -> Result<Self, DecodeError> {
         let mut r = ByteReader::new(buf);
         r.magic(magic)?;
         Ok(Reader(r))
     }
-    pub fn raw(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+    pub(crate) fn raw(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
         self.0.take(n)
     }
-    pub fn u64(&mut self) -> Result<u64, DecodeError> {
+    pub(crate) fn u64(&mut self) -> Result<u64, DecodeError> {
         self.0.u64()
     }
-    pub fn bytes(&mut self, what: &'static str, limit: usize) -> Result<&'a [u8], DecodeError> {
+    pub(crate) fn bytes(
+        &mut self,
+        what: &'static str,
+        limit: usize,
+    ) -> Result<&'a [u8], DecodeError> {
         self.0.blob(what, limit)
     }
-    pub fn finish(self) -> Result<(), DecodeError> {
+    pub(crate) fn finish(self) -> Result<(), DecodeError> {
         self.0.finish()
     }
 }

@@ -27,10 +27,10 @@ const NOTIF_BYTES: &str = "NIXL_HOSTILE_NOTIF_BYTES";
 const NOFILE: &str = "NIXL_HOSTILE_NOFILE";
 
 /// How long any answer of the victim may take (generous: a shared 2-core machine).
-pub const ANSWER: Duration = Duration::from_secs(60);
+pub(crate) const ANSWER: Duration = Duration::from_secs(60);
 
 /// UCX params over a transport selection, with fast peer-failure detection.
-pub fn ucx(tls: &str) -> UcxParams {
+pub(crate) fn ucx(tls: &str) -> UcxParams {
     UcxParams {
         transports: Some(tls.to_owned()),
         keepalive_interval: Some(Duration::from_millis(500)),
@@ -40,7 +40,7 @@ pub fn ucx(tls: &str) -> UcxParams {
 }
 
 /// An agent config: side channel on 127.0.0.1, optional credential.
-pub fn config(cred: Option<&Credential>) -> AgentConfig {
+pub(crate) fn config(cred: Option<&Credential>) -> AgentConfig {
     AgentConfig {
         listen: true,
         default_timeout: Duration::from_secs(10),
@@ -49,10 +49,10 @@ pub fn config(cred: Option<&Credential>) -> AgentConfig {
     }
 }
 
-pub use nixl_testkit::unique;
+pub(crate) use nixl_testkit::unique;
 
 /// An agent in this (the parent) process with UCX over `tls`.
-pub fn agent(role: &str, tls: &str, cred: Option<&Credential>) -> Agent {
+pub(crate) fn agent(role: &str, tls: &str, cred: Option<&Credential>) -> Agent {
     let a = Agent::new(&unique(role), config(cred)).expect("agent");
     a.create_backend(ucx(tls)).expect("UCX backend");
     a
@@ -60,7 +60,7 @@ pub fn agent(role: &str, tls: &str, cred: Option<&Credential>) -> Agent {
 
 /// How the victim is set up.
 #[derive(Debug, Clone)]
-pub struct VictimSpec {
+pub(crate) struct VictimSpec {
     pub tls: String,
     pub cred: Option<Credential>,
     pub mem: usize,
@@ -75,7 +75,7 @@ pub struct VictimSpec {
 }
 
 impl VictimSpec {
-    pub fn new(tls: &str, cred: Option<&Credential>) -> Self {
+    pub(crate) fn new(tls: &str, cred: Option<&Credential>) -> Self {
         VictimSpec {
             tls: tls.to_owned(),
             cred: cred.cloned(),
@@ -89,7 +89,7 @@ impl VictimSpec {
 }
 
 /// The victim process (killed on drop) and what it announced.
-pub struct Victim {
+pub(crate) struct Victim {
     pub child: Child,
     stdin: ChildStdin,
     lines: Receiver<String>,
@@ -110,7 +110,7 @@ impl Drop for Victim {
 impl Victim {
     /// Spawns the victim (`test` is this binary's child-role test) and waits for it to be
     /// ready.
-    pub fn spawn(test: &str, spec: &VictimSpec) -> Victim {
+    pub(crate) fn spawn(test: &str, spec: &VictimSpec) -> Victim {
         let exe = std::env::current_exe().expect("test binary");
         let name = unique("victim");
         let mut cmd = Command::new(exe);
@@ -189,26 +189,26 @@ impl Victim {
     }
 
     /// Sends a command and returns the answer.
-    pub fn ask(&mut self, cmd: &str) -> String {
+    pub(crate) fn ask(&mut self, cmd: &str) -> String {
         writeln!(self.stdin, "{cmd}").expect("victim stdin");
         self.stdin.flush().expect("flush");
         self.read(ANSWER).unwrap_or_else(|e| panic!("{cmd}: {e}"))
     }
 
     /// Whether the process still runs.
-    pub fn alive(&mut self) -> bool {
+    pub(crate) fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
 
     /// Open file descriptors of the victim.
-    pub fn fds(&self) -> usize {
+    pub(crate) fn fds(&self) -> usize {
         std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
             .map(|d| d.count())
             .unwrap_or(0)
     }
 
     /// Resident memory of the victim, bytes.
-    pub fn rss(&self) -> u64 {
+    pub(crate) fn rss(&self) -> u64 {
         std::fs::read_to_string(format!("/proc/{}/statm", self.child.id()))
             .ok()
             .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
@@ -217,7 +217,7 @@ impl Victim {
 }
 
 /// Runs the victim's side when this process was spawned as one; returns otherwise.
-pub fn child_entry() {
+pub(crate) fn child_entry() {
     if std::env::var_os(ROLE).is_none() {
         return;
     }

@@ -16,22 +16,22 @@ use nixl::{Agent, AgentConfig, Error, HostBuffer};
 use nixl_testkit::two_process::{self, Child, ChildEnv};
 
 /// The transport selections.
-pub const TCP: &str = "tcp";
+pub(crate) const TCP: &str = "tcp";
 /// Shared memory between processes (and `self` for loopback).
-pub const SHM: &str = "shm,cma,self";
+pub(crate) const SHM: &str = "shm,cma,self";
 
 /// The deadline of anything expected to succeed (generous: the machine is small and shared).
-pub const DEADLINE: Duration = Duration::from_secs(60);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(60);
 /// Size of one stress slot in the target's memory (one per initiator thread).
-pub const SLOT: usize = 4096;
+pub(crate) const SLOT: usize = 4096;
 /// u64 copies of the sequence number a stress write carries.
-pub const COPIES: usize = 8;
+pub(crate) const COPIES: usize = 8;
 
 /// How long a target lives at most (so a crashed parent never leaves it behind for long).
 const LIFETIME: Duration = Duration::from_secs(600);
 
 /// Whether UCX can be loaded; prints why not (the test then skips).
-pub fn ucx_or_skip(test: &str) -> bool {
+pub(crate) fn ucx_or_skip(test: &str) -> bool {
     match probe(&UcxParams::default()) {
         Ok((v, p)) => {
             eprintln!("{test}: using UCX {v} from {}", p.display());
@@ -49,7 +49,7 @@ pub fn ucx_or_skip(test: &str) -> bool {
 }
 
 /// UCX params for a transport selection: peer-failure detection within half a second.
-pub fn params(tls: &str) -> UcxParams {
+pub(crate) fn params(tls: &str) -> UcxParams {
     UcxParams {
         transports: Some(tls.to_owned()),
         keepalive_interval: Some(Duration::from_millis(500)),
@@ -59,7 +59,7 @@ pub fn params(tls: &str) -> UcxParams {
 }
 
 /// Agent config: side channel on 127.0.0.1 port 0, no agent progress thread (UCX runs its own).
-pub fn config() -> AgentConfig {
+pub(crate) fn config() -> AgentConfig {
     AgentConfig {
         listen: true,
         progress_thread: false,
@@ -68,36 +68,36 @@ pub fn config() -> AgentConfig {
     }
 }
 
-pub use nixl_testkit::unique;
+pub(crate) use nixl_testkit::unique;
 
 /// A parent agent with one backend (UCX, or UCX under the fault wrapper).
-pub fn parent<P: BackendParams + 'static>(role: &str, backend: P) -> Agent {
+pub(crate) fn parent<P: BackendParams + 'static>(role: &str, backend: P) -> Agent {
     let a = Agent::new(&unique(role), config()).expect("parent agent");
     a.create_backend(backend).expect("parent backend");
     a
 }
 
-pub use nixl_testkit::host_buf as buf;
+pub(crate) use nixl_testkit::host_buf as buf;
 
 /// Unix signals the tests send to the target.
-pub mod signal {
+pub(crate) mod signal {
     use nixl_testkit::signal::{self as sig, Sig};
 
     /// Kill.
-    pub const KILL: Sig = Sig::Kill;
+    pub(crate) const KILL: Sig = Sig::Kill;
     /// Continue a stopped process.
-    pub const CONT: Sig = Sig::Cont;
+    pub(crate) const CONT: Sig = Sig::Cont;
     /// Stop (cannot be caught).
-    pub const STOP: Sig = Sig::Stop;
+    pub(crate) const STOP: Sig = Sig::Stop;
 
     /// Sends `sig` to `pid`; whether it was delivered.
-    pub fn send(pid: u32, s: Sig) -> bool {
+    pub(crate) fn send(pid: u32, s: Sig) -> bool {
         sig::send(pid, s).is_ok()
     }
 }
 
 /// A spawned target process (continued, killed and reaped on drop) and what its hello said.
-pub struct Target {
+pub(crate) struct Target {
     pub child: Child,
     pub name: String,
     /// Start address of its registered memory.
@@ -111,7 +111,7 @@ pub struct Target {
 impl Target {
     /// Spawns `test` (the binary's child-role test) as target agent `name` over `tls` with
     /// `len` bytes of registered memory (zeroed), and waits for its hello.
-    pub fn spawn(test: &str, parent: &Agent, name: &str, tls: &str, len: usize) -> Target {
+    pub(crate) fn spawn(test: &str, parent: &Agent, name: &str, tls: &str, len: usize) -> Target {
         let child = Child::spawn(
             test,
             parent,
@@ -144,20 +144,24 @@ impl Target {
     }
 
     /// The next notification from the target (panics past [`DEADLINE`] or when the target died).
-    pub fn next(&mut self, parent: &Agent) -> String {
+    pub(crate) fn next(&mut self, parent: &Agent) -> String {
         self.next_within(parent, DEADLINE)
             .unwrap_or_else(|e| panic!("no notification from {}: {e}", self.name))
     }
 
     /// The next notification from the target within `timeout`.
-    pub fn next_within(&mut self, parent: &Agent, timeout: Duration) -> Result<String, String> {
+    pub(crate) fn next_within(
+        &mut self,
+        parent: &Agent,
+        timeout: Duration,
+    ) -> Result<String, String> {
         self.child
             .next(parent, timeout)
             .map(|m| String::from_utf8_lossy(&m).into_owned())
     }
 
     /// Sends a command and returns the reply.
-    pub fn ask(&mut self, parent: &Agent, cmd: &str) -> String {
+    pub(crate) fn ask(&mut self, parent: &Agent, cmd: &str) -> String {
         parent
             .gen_notif(&self.name, cmd.as_bytes(), &[])
             .unwrap_or_else(|e| panic!("send {cmd:?}: {e}"));
@@ -166,7 +170,7 @@ impl Target {
 
     /// Drops the parent's view of the target and loads its metadata again over the side
     /// channel (after a cancel force-closed the endpoint, or a silent peer woke up).
-    pub fn reconnect(&self, parent: &Agent) {
+    pub(crate) fn reconnect(&self, parent: &Agent) {
         parent
             .invalidate_remote_metadata(&self.name)
             .expect("invalidate");
@@ -177,7 +181,7 @@ impl Target {
 
     /// Reconnects only when the parent's endpoint to the target no longer works (a cancel
     /// force-closed it): probes with a notification first.
-    pub fn ensure_connected(&mut self, parent: &Agent) {
+    pub(crate) fn ensure_connected(&mut self, parent: &Agent) {
         match parent.gen_notif(&self.name, b"p:probe", &[]) {
             Ok(()) => assert_eq!(self.next(parent), "p:probe"),
             Err(e) => {
@@ -192,25 +196,25 @@ impl Target {
     }
 
     /// Asks the target to exit and waits for its status code.
-    pub fn exit(&mut self, parent: &Agent) -> Option<i32> {
+    pub(crate) fn exit(&mut self, parent: &Agent) -> Option<i32> {
         let _ = parent.gen_notif(&self.name, b"exit", &[]);
         self.join(DEADLINE)
     }
 
     /// Waits for the process to exit; its status code (None: still running or killed).
-    pub fn join(&mut self, timeout: Duration) -> Option<i32> {
+    pub(crate) fn join(&mut self, timeout: Duration) -> Option<i32> {
         self.child.join(timeout).and_then(|st| st.code())
     }
 
     /// Kills the process with SIGKILL and reaps it.
-    pub fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         self.child.kill();
     }
 }
 
 /// Runs the target's side when this process was spawned as one; returns otherwise. Call it
 /// from the `#[ignore]`d `#[test]` of the binary whose name is passed to [`Target::spawn`].
-pub fn child_entry() {
+pub(crate) fn child_entry() {
     two_process::child_main(target_main);
 }
 

@@ -239,7 +239,7 @@ enum GdsFile {
 
 impl FileMd {
     /// The cuFile handle, unless the file is in bounce mode.
-    pub fn handle(&self) -> Option<&FileHandle> {
+    pub(crate) fn handle(&self) -> Option<&FileHandle> {
         match &self.file {
             GdsFile::Registered(h) => Some(h),
             GdsFile::Bounce(_) => None,
@@ -247,7 +247,7 @@ impl FileMd {
     }
 
     /// The backend's descriptor of the file.
-    pub fn raw_fd(&self) -> RawFd {
+    pub(crate) fn raw_fd(&self) -> RawFd {
         match &self.file {
             GdsFile::Registered(h) => h.fd().as_raw_fd(),
             GdsFile::Bounce(fd) => fd.as_raw_fd(),

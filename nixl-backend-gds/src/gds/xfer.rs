@@ -78,7 +78,7 @@ pub(crate) fn check_spec(agent: &str, spec: &XferSpec) -> Result<()> {
 
 impl GdsXfer {
     /// Checks the segments, sets up a batch for long lists, and boxes the request.
-    pub fn create(
+    pub(super) fn create(
         agent: &str,
         drv: &Driver,
         p: &GdsParams,

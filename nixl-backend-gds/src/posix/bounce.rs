@@ -248,7 +248,7 @@ pub(crate) struct PoolEngine {
 
 impl PoolEngine {
     /// An engine with validated params; allocates nothing yet.
-    pub fn new(params: PosixParams) -> Self {
+    pub(crate) fn new(params: PosixParams) -> Self {
         PoolEngine {
             params,
             pool: OnceLock::new(),
@@ -257,19 +257,19 @@ impl PoolEngine {
     }
 
     /// Its parameters.
-    pub fn params(&self) -> &PosixParams {
+    pub(crate) fn params(&self) -> &PosixParams {
         &self.params
     }
 
     /// The number of staging buffers.
-    pub fn buffers(&self) -> usize {
+    pub(crate) fn buffers(&self) -> usize {
         self.params
             .bounce_buffers
             .unwrap_or(self.params.pool_threads)
     }
 
     /// The thread pool, started on first use.
-    pub fn pool(&self, agent: &str) -> Result<Arc<Pool>> {
+    pub(crate) fn pool(&self, agent: &str) -> Result<Arc<Pool>> {
         if let Some(p) = self.pool.get() {
             return Ok(p.clone());
         }
@@ -280,7 +280,7 @@ impl PoolEngine {
     }
 
     /// The staging buffers, allocated on first use (with `ctx` current).
-    pub fn staging(&self, agent: &str, ctx: &Context) -> Result<Arc<Staging>> {
+    pub(crate) fn staging(&self, agent: &str, ctx: &Context) -> Result<Arc<Staging>> {
         let mut g = self.staging.lock();
         if let Some(s) = &*g {
             return Ok(s.clone());
@@ -307,7 +307,7 @@ impl PoolEngine {
 
     /// The path of VRAM requests: "pinned bounce buffers 4 x 8 MiB + pread/pwrite x4,
     /// cuMemcpyAsync".
-    pub fn vram_label(&self) -> String {
+    pub(crate) fn vram_label(&self) -> String {
         format!(
             "pinned bounce buffers {} x {} + pread/pwrite x{}, cuMemcpyAsync",
             self.buffers(),

@@ -34,7 +34,7 @@ pub(crate) struct DurableXfer {
 }
 
 impl DurableXfer {
-    pub fn new(inner: Box<dyn BackendXfer>, agent: &str, fds: Vec<OwnedFd>) -> Self {
+    pub(super) fn new(inner: Box<dyn BackendXfer>, agent: &str, fds: Vec<OwnedFd>) -> Self {
         DurableXfer {
             inner,
             agent: agent.to_owned(),

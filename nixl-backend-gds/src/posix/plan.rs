@@ -71,7 +71,7 @@ impl Plan {
     /// Splits host-memory chunks to the size an engine that pins pages at each I/O should use
     /// (the thread pool, or io_uring when the buffers could not be registered); a no-op when
     /// the chunks did not assume registered buffers.
-    pub fn rechunk_unregistered(&mut self) {
+    pub(crate) fn rechunk_unregistered(&mut self) {
         let Some(limit) = self.unregistered_chunk.take() else {
             return;
         };
@@ -98,7 +98,7 @@ impl Plan {
     }
 
     /// Refuses a READ past the current end of a file (instead of a short read later).
-    pub fn check_file_sizes(&self) -> Result<()> {
+    pub(crate) fn check_file_sizes(&self) -> Result<()> {
         for (fd, end, path) in &self.read_ends {
             let size = fd_size(*fd).map_err(|e| Error::io(&self.agent, Op::PostXfer, e))?;
             if *end > size {
@@ -118,7 +118,7 @@ impl Plan {
 
     /// Which chunks a failed request completed, as file byte ranges per descriptor: what a
     /// partial failure left written (or read), for its error.
-    pub fn completed_summary(&self, completed: impl Fn(usize) -> bool) -> String {
+    pub(crate) fn completed_summary(&self, completed: impl Fn(usize) -> bool) -> String {
         let mut ranges: Vec<(RawFd, u64, u64)> = Vec::new();
         let mut n = 0;
         for (i, c) in self.chunks.iter().enumerate() {
@@ -165,7 +165,7 @@ impl Plan {
     }
 
     /// `e` with what the request completed before it failed.
-    pub fn with_completed(&self, e: Error, completed: impl Fn(usize) -> bool) -> Error {
+    pub(crate) fn with_completed(&self, e: Error, completed: impl Fn(usize) -> bool) -> Error {
         let what = self.completed_summary(completed);
         match e {
             Error::Io { agent, op, source } => Error::Io {
@@ -194,7 +194,7 @@ impl Plan {
     }
 
     /// The path string of a request.
-    pub fn describe(&self, engine: &str) -> String {
+    pub(crate) fn describe(&self, engine: &str) -> String {
         format!(
             "{engine}, chunks up to {} KiB{}",
             self.max_chunk >> 10,
@@ -367,7 +367,7 @@ impl<'a> PlanSeg<'a> {
     }
 
     /// A segment of a spec whose target is the file `fd`.
-    pub fn new(
+    pub(crate) fn new(
         local: LocalMem<'a>,
         s: &nixl_core::backend::Segment,
         file_md: &'a BackendMd,
@@ -391,7 +391,7 @@ impl<'a> PlanSeg<'a> {
 
     /// Chunks DRAM segments of an `O_DIRECT` file at its device's one-request limit when
     /// [`PosixParams::chunk_size`] is `None`.
-    pub fn with_direct_chunk(mut self, chunk: Option<limits::DirectLimits>) -> Self {
+    pub(crate) fn with_direct_chunk(mut self, chunk: Option<limits::DirectLimits>) -> Self {
         self.direct_chunk = chunk;
         self
     }

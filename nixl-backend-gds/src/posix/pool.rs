@@ -69,7 +69,7 @@ pub(crate) struct Pool {
 
 impl Pool {
     /// Starts `n` workers.
-    pub fn new(n: usize) -> std::io::Result<Self> {
+    pub(crate) fn new(n: usize) -> std::io::Result<Self> {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             ready: Condvar::new(),
@@ -236,7 +236,7 @@ pub(crate) struct PoolXfer {
 
 impl PoolXfer {
     /// A request on the pool; `label` is its path report (without the O_DIRECT suffix).
-    pub fn new(plan: Plan, pool: Arc<Pool>, label: String) -> Self {
+    pub(crate) fn new(plan: Plan, pool: Arc<Pool>, label: String) -> Self {
         PoolXfer {
             plan,
             pool,
@@ -389,7 +389,7 @@ pub(crate) struct InlineXfer {
 }
 
 impl InlineXfer {
-    pub fn new(plan: Plan) -> Self {
+    pub(crate) fn new(plan: Plan) -> Self {
         InlineXfer { plan }
     }
 }

@@ -103,7 +103,7 @@ pub(crate) struct UringXfer {
 
 impl UringXfer {
     /// Creates the request's ring.
-    pub fn new(mut plan: Plan, queue_depth: u32) -> std::io::Result<Self> {
+    pub(super) fn new(mut plan: Plan, queue_depth: u32) -> std::io::Result<Self> {
         let mut depth = (queue_depth as usize).min(plan.chunks.len()).max(1);
         let entries = u32::try_from(depth.next_power_of_two()).unwrap_or(4096);
         let ring = new_ring(entries)?;

@@ -289,13 +289,13 @@ pub(crate) struct ObjMd {
 pub(crate) struct Runtime(Option<tokio::runtime::Runtime>);
 
 impl Runtime {
-    pub fn handle(&self) -> Option<&tokio::runtime::Handle> {
+    pub(crate) fn handle(&self) -> Option<&tokio::runtime::Handle> {
         self.0.as_ref().map(|r| r.handle())
     }
 
     /// Runs `fut` on the runtime and waits for it on this thread, at most `timeout`. Works
     /// from any thread, including a tokio worker of another runtime.
-    pub fn run<T: Send + 'static>(
+    pub(crate) fn run<T: Send + 'static>(
         &self,
         agent: &str,
         op: Op,

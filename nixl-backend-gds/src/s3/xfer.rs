@@ -54,7 +54,7 @@ pub(crate) struct Plan {
 
 impl Plan {
     /// Checks the segments and builds the work list.
-    pub fn new(agent: &str, spec: &XferSpec, p: &S3Params) -> Result<Self> {
+    pub(super) fn new(agent: &str, spec: &XferSpec, p: &S3Params) -> Result<Self> {
         let mut tasks = Vec::new();
         let mut writes: Vec<ObjectWrite> = Vec::new();
         for (i, s) in spec.segments.iter().enumerate() {
@@ -354,7 +354,7 @@ pub(crate) struct S3Xfer {
 }
 
 impl S3Xfer {
-    pub fn new(
+    pub(super) fn new(
         plan: Plan,
         store: Arc<AmazonS3>,
         rt: Arc<Runtime>,

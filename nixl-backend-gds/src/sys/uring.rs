@@ -36,7 +36,7 @@ pub(crate) struct Ring {
 
 impl Ring {
     /// Owns `ring`.
-    pub fn new(ring: IoUring) -> Self {
+    pub(crate) fn new(ring: IoUring) -> Self {
         Ring {
             ring: std::mem::ManuallyDrop::new(ring),
             leak: false,
@@ -44,7 +44,7 @@ impl Ring {
     }
 
     /// Never closes the ring (the kernel keeps its pinned buffers and in-flight entries).
-    pub fn leak(&mut self) {
+    pub(crate) fn leak(&mut self) {
         self.leak = true;
     }
 }

@@ -58,7 +58,7 @@ pub(crate) struct Flight {
 impl Flight {
     /// A flight copying `pieces` to or from `target`; `finish` runs after the last.
     #[cfg(test)]
-    pub fn new(
+    pub(crate) fn new(
         target: Target,
         write: bool,
         pieces: Vec<(Vec<IoVec>, Vec<IoVec>)>,
@@ -70,7 +70,7 @@ impl Flight {
     /// [`Flight::new`], finishing only after `prev` (the previous flight on the endpoint) has.
     /// A flight without pieces (the notification of a post copied inline) finishes as soon
     /// as `prev` has, possibly inside this call.
-    pub fn after(
+    pub(crate) fn after(
         prev: Option<Arc<Flight>>,
         target: Target,
         write: bool,
@@ -137,7 +137,7 @@ impl Flight {
     }
 
     /// How many pieces.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.pieces.len()
     }
 
@@ -146,12 +146,12 @@ impl Flight {
     ///
     /// Crate invariant (`copy`'s, the request's): every piece's local ranges lie in
     /// registrations the request keeps alive while the post is pending, unused by others.
-    pub fn work(self: &Arc<Self>) {
+    pub(crate) fn work(self: &Arc<Self>) {
         while self.work_one() {}
     }
 
     /// [`Flight::work`] for at most `n` pieces: a bounded slice of the copying.
-    pub fn work_some(self: &Arc<Self>, n: usize) {
+    pub(crate) fn work_some(self: &Arc<Self>, n: usize) {
         for _ in 0..n {
             if !self.work_one() {
                 return;
@@ -178,7 +178,7 @@ impl Flight {
 
     /// Waits until the finisher has run, helping with one piece at a time, up to `deadline`;
     /// whether it had by then.
-    pub fn wait_finished(self: &Arc<Self>, deadline: std::time::Instant) -> bool {
+    pub(crate) fn wait_finished(self: &Arc<Self>, deadline: std::time::Instant) -> bool {
         while !self.is_finished() {
             if std::time::Instant::now() >= deadline {
                 return false;
@@ -191,17 +191,17 @@ impl Flight {
     }
 
     /// Whether the finisher has run.
-    pub fn is_finished(&self) -> bool {
+    pub(crate) fn is_finished(&self) -> bool {
         self.finished.load(Ordering::Acquire)
     }
 
     /// Pieces not started yet are not copied.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::Release);
     }
 
     /// Whether [`Flight::stop`] was called.
-    pub fn stopped(&self) -> bool {
+    pub(crate) fn stopped(&self) -> bool {
         self.stop.load(Ordering::Acquire)
     }
 
@@ -214,7 +214,7 @@ impl Flight {
     }
 
     /// The failure, if a piece failed.
-    pub fn error(&self) -> Option<io::Error> {
+    pub(crate) fn error(&self) -> Option<io::Error> {
         let g = self.error.lock();
         g.as_ref().map(|e| match e.raw_os_error() {
             Some(n) => io::Error::from_raw_os_error(n),

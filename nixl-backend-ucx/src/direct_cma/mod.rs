@@ -53,7 +53,7 @@ pub(crate) const REVOKED: i32 = 125;
 
 impl Target {
     /// Copies go to `process`.
-    pub fn new(process: nixl_core::backend::PeerProcess) -> Self {
+    pub(crate) fn new(process: nixl_core::backend::PeerProcess) -> Self {
         Target(Arc::new(Gate {
             process,
             revoked: AtomicBool::new(false),
@@ -64,7 +64,7 @@ impl Target {
     /// [`copy`] to the bound process: refused with `ESRCH` once it has exited (its pid may
     /// then name another process) and with `ECANCELED` once the peer was forgotten
     /// ([`Target::revoke`]).
-    pub fn copy(&self, write: bool, local: &[IoVec], remote: &[IoVec]) -> io::Result<()> {
+    pub(crate) fn copy(&self, write: bool, local: &[IoVec], remote: &[IoVec]) -> io::Result<()> {
         let g = &self.0;
         // Counted before the check: `revoke` sets the flag, then waits for the count, so a
         // copy either sees the flag or is waited for (both SeqCst).
@@ -83,7 +83,7 @@ impl Target {
     /// No copy starts from now on, and the ones under way have ended when this returns (each
     /// is one system call over at most a piece, or a request of up to [`INLINE_BYTES`]):
     /// once a forgotten peer's disconnect returns, no byte of its requests lands.
-    pub fn revoke(&self) {
+    pub(crate) fn revoke(&self) {
         let g = &self.0;
         g.revoked.store(true, Ordering::SeqCst);
         let start = std::time::Instant::now();
@@ -108,7 +108,7 @@ pub(crate) struct Direct {
 
 impl Direct {
     /// Direct copies to `target` for a request of `work`.
-    pub fn new(target: Target, work: &Work) -> Self {
+    pub(crate) fn new(target: Target, work: &Work) -> Self {
         let n = work.len().min(IOV_MAX);
         Direct {
             target,
@@ -119,7 +119,7 @@ impl Direct {
     }
 
     /// The peer's process.
-    pub fn target(&self) -> &Target {
+    pub(crate) fn target(&self) -> &Target {
         &self.target
     }
 
@@ -129,7 +129,7 @@ impl Direct {
     /// Crate invariant (the request's): every local range lies in a registration the request
     /// keeps alive, and for a READ nothing else uses it while the request is in flight (the
     /// agent's rule for every backend).
-    pub fn run(&mut self, write: bool, work: &Work) -> io::Result<()> {
+    pub(crate) fn run(&mut self, write: bool, work: &Work) -> io::Result<()> {
         self.local.clear();
         self.remote.clear();
         let mut failed = None;

@@ -68,7 +68,7 @@ pub(crate) struct CopyPool {
 
 impl CopyPool {
     /// Starts `size` threads named after `agent`.
-    pub fn start(agent: &str, size: usize) -> io::Result<Self> {
+    pub(crate) fn start(agent: &str, size: usize) -> io::Result<Self> {
         let size = size.max(1);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let spin = if cores >= SPIN_MIN_CORES {
@@ -103,7 +103,7 @@ impl CopyPool {
 
     /// Hands `jobs` to the threads in turn (one each, then around again); a job the pool can
     /// no longer run (it has stopped) is given back.
-    pub fn run_all(&self, jobs: Vec<Job>) -> Vec<Job> {
+    pub(crate) fn run_all(&self, jobs: Vec<Job>) -> Vec<Job> {
         let tx = self.tx.lock();
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let mut back = Vec::new();

@@ -23,7 +23,7 @@ pub(crate) struct Rkey(ucp_rkey_h);
 impl Ep {
     /// The handle's value: it names the connection, as [`crate::sys::AmMsg::reply_ep`] does on
     /// the receiving side (`crate::links`).
-    pub fn id(self) -> u64 {
+    pub(crate) fn id(self) -> u64 {
         self.0 as u64
     }
 }
@@ -136,7 +136,7 @@ impl WorkerH {
     ///
     /// `address` must be a worker address checked by `crate::validate` (or this UCX's own):
     /// UCX parses it.
-    pub fn ep_create<H: EpErrorHandler>(
+    pub(crate) fn ep_create<H: EpErrorHandler>(
         &mut self,
         address: &[u8],
         mode: ErrMode<'_, H>,
@@ -178,7 +178,7 @@ impl WorkerH {
     ///
     /// The local range must lie in the registration of `memh` and the remote one in the
     /// region of `rkey` (checked by the agent), both kept alive until the flush completes.
-    pub fn rma(&mut self, ep: Ep, op: &Rma) -> ucs_status_t {
+    pub(crate) fn rma(&mut self, ep: Ep, op: &Rma) -> ucs_status_t {
         let mut p = params();
         p.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE | UCP_OP_ATTR_FIELD_MEMH;
         if op.multi {
@@ -225,7 +225,7 @@ impl WorkerH {
 
     /// `ucp_ep_flush_nbx` whose completion calls `user.flushed`. Returns `None` when the
     /// callback will run, or the status it completed with at once (no callback then).
-    pub fn flush<T: Completion>(&mut self, ep: Ep, user: &Arc<T>) -> Option<ucs_status_t> {
+    pub(crate) fn flush<T: Completion>(&mut self, ep: Ep, user: &Arc<T>) -> Option<ucs_status_t> {
         let mut p = params();
         p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
         p.cb.send = Some(flush_cb::<T>);
@@ -243,7 +243,7 @@ impl WorkerH {
 
     /// Sends an active message: the request to wait for, and its buffers, which must stay
     /// valid until UCX released the request ([`AmSend::leak`] when it did not finish).
-    pub fn am_send_request(
+    pub(crate) fn am_send_request(
         &mut self,
         ep: Ep,
         (id, flags): (u32, u32),
@@ -276,7 +276,7 @@ impl WorkerH {
     }
 
     /// `ucp_ep_flush_nbx` without a callback: the request to wait for.
-    pub fn flush_request(&mut self, ep: Ep) -> Request {
+    pub(crate) fn flush_request(&mut self, ep: Ep) -> Request {
         let p = params();
         // SAFETY: the endpoint is live under the held worker lock; without a callback UCX
         // returns a request to poll.
@@ -285,7 +285,7 @@ impl WorkerH {
 
     /// `ucp_ep_close_nbx` (`UCP_EP_CLOSE_FLAG_FORCE` with `force`): the request to wait for.
     /// The endpoint must not be used afterwards.
-    pub fn close_request(&mut self, ep: Ep, force: bool) -> Request {
+    pub(crate) fn close_request(&mut self, ep: Ep, force: bool) -> Request {
         let mut p = params();
         p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
         p.flags = if force { UCP_EP_CLOSE_FLAG_FORCE } else { 0 };
@@ -296,7 +296,7 @@ impl WorkerH {
 
     /// The transports of an endpoint as `tl/device, ...` (UCX >= 1.14 only: the caller
     /// checks the version).
-    pub fn ep_transports(&self, ep: Ep) -> String {
+    pub(crate) fn ep_transports(&self, ep: Ep) -> String {
         let mut entries = [TransportEntry {
             transport_name: std::ptr::null(),
             device_name: std::ptr::null(),
@@ -338,7 +338,7 @@ impl WorkerH {
 
     /// What `ucp_ep_print_info` prints for an endpoint (`None`: nothing was written), or an
     /// error when the stream could not be opened.
-    pub fn ep_print_info(&self, ep: Ep) -> Result<Option<String>, &'static str> {
+    pub(crate) fn ep_print_info(&self, ep: Ep) -> Result<Option<String>, &'static str> {
         let mut buf: *mut c_char = std::ptr::null_mut();
         let mut size = 0usize;
         // SAFETY: both out-pointers are valid; the stream is closed below.
@@ -363,7 +363,7 @@ impl WorkerH {
     }
 
     /// UCX's estimate of the time to move `len` bytes on `ep`, in seconds.
-    pub fn ep_estimate(&self, ep: Ep, len: u64) -> Result<f64, ucs_status_t> {
+    pub(crate) fn ep_estimate(&self, ep: Ep, len: u64) -> Result<f64, ucs_status_t> {
         // SAFETY: zeroed parameter structs with field masks are the documented form.
         let mut p: ucp_ep_evaluate_perf_param_t = unsafe { std::mem::zeroed() };
         p.field_mask = UCP_EP_PERF_PARAM_FIELD_MESSAGE_SIZE as u64;
@@ -382,7 +382,7 @@ impl WorkerH {
 
     /// Unpacks a remote key on `ep`. `padded` must be a packed key checked by
     /// `crate::validate` (or structurally, from NIXL peers), followed by zero padding.
-    pub fn rkey_unpack(&self, ep: Ep, padded: &[u8]) -> Result<Rkey, ucs_status_t> {
+    pub(crate) fn rkey_unpack(&self, ep: Ep, padded: &[u8]) -> Result<Rkey, ucs_status_t> {
         let mut rkey: ucp_rkey_h = std::ptr::null_mut();
         crate::reached::rkey_unpack();
         // SAFETY: the endpoint is live under the locked worker; the packed bytes were checked
@@ -399,7 +399,7 @@ impl WorkerH {
     }
 
     /// Destroys a remote key unpacked on an endpoint of this worker (never used again).
-    pub fn rkey_destroy(&self, rkey: Rkey) {
+    pub(crate) fn rkey_destroy(&self, rkey: Rkey) {
         // SAFETY: rkey was unpacked on this worker's endpoint and its owner destroys it
         // once, under the worker lock, before the endpoint is released.
         unsafe { self.lib().ucp_rkey_destroy(rkey.0) };
@@ -423,7 +423,7 @@ pub(crate) struct AmBufs {
 impl AmBufs {
     /// The request did not finish and was handed to UCX: the buffers stay allocated forever,
     /// as UCX may still read them.
-    pub fn leak(self) {
+    pub(crate) fn leak(self) {
         std::mem::forget(self);
     }
 }

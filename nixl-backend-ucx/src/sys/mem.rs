@@ -37,7 +37,7 @@ pub(crate) struct Config<'a> {
 
 impl<'a> Config<'a> {
     /// `ucp_config_read` with the default prefix and file.
-    pub fn read(lib: &'a UcxLib) -> Result<Self, ucs_status_t> {
+    pub(crate) fn read(lib: &'a UcxLib) -> Result<Self, ucs_status_t> {
         let mut cfg: *mut ucp_config_t = std::ptr::null_mut();
         // SAFETY: NULL env prefix and file name select the defaults; cfg is a valid out-pointer.
         let st = unsafe { lib.ucp_config_read(std::ptr::null(), std::ptr::null(), &mut cfg) };
@@ -49,7 +49,7 @@ impl<'a> Config<'a> {
     }
 
     /// `ucp_config_modify`.
-    pub fn modify(&mut self, name: &CStr, value: &CStr) -> ucs_status_t {
+    pub(crate) fn modify(&mut self, name: &CStr, value: &CStr) -> ucs_status_t {
         // SAFETY: the config is live; both strings are NUL-terminated and outlive the call.
         unsafe {
             self.lib
@@ -67,7 +67,7 @@ impl Drop for Config<'_> {
 
 impl ContextH {
     /// `ucp_init` with `features`, `mt_workers_shared` and the name `name`.
-    pub fn init(
+    pub(crate) fn init(
         ucx: &Arc<Ucx>,
         cfg: &Config<'_>,
         features: u64,
@@ -104,7 +104,7 @@ impl ContextH {
     }
 
     /// The memory types the context can register (`ucp_context_query`).
-    pub fn memory_types(&self) -> Result<u64, ucs_status_t> {
+    pub(crate) fn memory_types(&self) -> Result<u64, ucs_status_t> {
         // SAFETY: zeroed attr with a field mask is the documented query form.
         let mut attr: ucp_context_attr_t = unsafe { std::mem::zeroed() };
         attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES as u64;
@@ -121,7 +121,7 @@ impl ContextH {
     ///
     /// The memory must stay valid until [`ContextH::mem_unmap`] (the `MemoryRegion`
     /// contract, upheld by the agent for a registered region).
-    pub fn mem_map(
+    pub(crate) fn mem_map(
         &self,
         addr: u64,
         len: u64,
@@ -147,7 +147,7 @@ impl ContextH {
     }
 
     /// A copy of the packed remote key of a mapping.
-    pub fn rkey_pack(&self, memh: MemH) -> Result<Vec<u8>, ucs_status_t> {
+    pub(crate) fn rkey_pack(&self, memh: MemH) -> Result<Vec<u8>, ucs_status_t> {
         let mut buf: *mut c_void = std::ptr::null_mut();
         let mut size = 0usize;
         // SAFETY: memh is a live mapping of this context; both out-pointers are valid.
@@ -167,7 +167,7 @@ impl ContextH {
     }
 
     /// `ucp_mem_unmap`; the handle is never used again (its owner unmaps once).
-    pub fn mem_unmap(&self, memh: MemH) -> ucs_status_t {
+    pub(crate) fn mem_unmap(&self, memh: MemH) -> ucs_status_t {
         // SAFETY: memh is a live mapping of this context, unmapped once by its owner.
         unsafe { self.ucx.lib.ucp_mem_unmap(self.raw, memh.0) }
     }

@@ -47,7 +47,7 @@ impl Request {
 
 impl WorkerH {
     /// Creates a worker in `UCS_THREAD_MODE_SERIALIZED` mode.
-    pub fn create(ucx: &Arc<Ucx>, ctx: &ContextH) -> Result<Self, ucs_status_t> {
+    pub(crate) fn create(ucx: &Arc<Ucx>, ctx: &ContextH) -> Result<Self, ucs_status_t> {
         // SAFETY: zeroed params with a field mask is the documented form.
         let mut params: ucp_worker_params_t = unsafe { std::mem::zeroed() };
         params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE as u64;
@@ -66,7 +66,7 @@ impl WorkerH {
     }
 
     /// The event descriptor of the wake-up feature.
-    pub fn efd(&self) -> Result<i32, ucs_status_t> {
+    pub(crate) fn efd(&self) -> Result<i32, ucs_status_t> {
         let mut efd = -1;
         // SAFETY: the worker is live; efd is a valid out-pointer.
         let st = unsafe { self.ucx.lib.ucp_worker_get_efd(self.raw, &mut efd) };
@@ -78,7 +78,7 @@ impl WorkerH {
     }
 
     /// A copy of the worker's address.
-    pub fn address(&self) -> Result<Vec<u8>, ucs_status_t> {
+    pub(crate) fn address(&self) -> Result<Vec<u8>, ucs_status_t> {
         let lib = &self.ucx.lib;
         let mut addr: *mut ucp_address_t = std::ptr::null_mut();
         let mut len = 0usize;
@@ -96,7 +96,7 @@ impl WorkerH {
 
     /// Installs `H`'s handler for active-message id `ID`, with `arg` (kept alive until the
     /// worker is destroyed) as its argument.
-    pub fn set_am_handler<H: AmHandler, const ID: u32>(
+    pub(crate) fn set_am_handler<H: AmHandler, const ID: u32>(
         &mut self,
         arg: &Arc<H>,
     ) -> Result<(), ucs_status_t> {
@@ -120,7 +120,7 @@ impl WorkerH {
     }
 
     /// Proof that this worker's lock is held, for calls that take no handle.
-    pub fn locked(&mut self) -> Locked<'_> {
+    pub(crate) fn locked(&mut self) -> Locked<'_> {
         Locked(PhantomData)
     }
 
@@ -140,26 +140,26 @@ impl WorkerH {
     }
 
     /// One `ucp_worker_progress`.
-    pub fn progress(&mut self) -> u32 {
+    pub(crate) fn progress(&mut self) -> u32 {
         // SAFETY: the worker is live and exclusively borrowed (locked).
         unsafe { self.ucx.lib.ucp_worker_progress(self.raw) }
     }
 
     /// `ucp_worker_arm`.
-    pub fn arm(&mut self) -> ucs_status_t {
+    pub(crate) fn arm(&mut self) -> ucs_status_t {
         // SAFETY: the worker is live and exclusively borrowed (locked).
         unsafe { self.ucx.lib.ucp_worker_arm(self.raw) }
     }
 
     /// `ucp_worker_signal`.
-    pub fn signal(&self) {
+    pub(crate) fn signal(&self) {
         // SAFETY: the worker is live and borrowed under its lock.
         unsafe { self.ucx.lib.ucp_worker_signal(self.raw) };
     }
 
     /// Checks a request without waiting: the status it completed with (the request freed), or
     /// the request back while it is still in flight.
-    pub fn poll_request(&mut self, req: Request) -> Result<ucs_status_t, Request> {
+    pub(crate) fn poll_request(&mut self, req: Request) -> Result<ucs_status_t, Request> {
         let p = req.0;
         if !ptr_is_ptr(p) {
             return Ok(ptr_status(p));
@@ -176,7 +176,7 @@ impl WorkerH {
 
     /// Hands a request still in flight back to UCX, which finishes and releases it
     /// internally: buffers it uses must stay valid.
-    pub fn release(&mut self, req: Request) {
+    pub(crate) fn release(&mut self, req: Request) {
         if ptr_is_ptr(req.0) {
             // SAFETY: a live request of this worker, released once (consumed).
             unsafe { self.ucx.lib.ucp_request_free(req.0) };
@@ -188,7 +188,7 @@ impl WorkerH {
     /// UCX, which finishes it internally: buffers it uses must stay valid). Holds the worker
     /// throughout: for waits bounded by microseconds (a close of an endpoint that has
     /// nothing in flight); `crate::worker::Worker::wait_request` waits without holding it.
-    pub fn wait(&mut self, mut req: Request, deadline: Instant) -> Option<ucs_status_t> {
+    pub(crate) fn wait(&mut self, mut req: Request, deadline: Instant) -> Option<ucs_status_t> {
         loop {
             match self.poll_request(req) {
                 Ok(st) => return Some(st),

@@ -7,12 +7,12 @@ use nixl_backend_ucx::{probe, UcxParams};
 use nixl_core::{Agent, AgentConfig};
 
 /// The transport selections the tests run with.
-pub const TCP: &str = "tcp";
+pub(crate) const TCP: &str = "tcp";
 /// Shared memory between processes (and `self` for loopback).
-pub const SHM: &str = "shm,cma,self";
+pub(crate) const SHM: &str = "shm,cma,self";
 
 /// Params for a transport selection.
-pub fn params(tls: &str) -> UcxParams {
+pub(crate) fn params(tls: &str) -> UcxParams {
     UcxParams {
         transports: Some(tls.to_owned()),
         keepalive_interval: Some(Duration::from_millis(500)),
@@ -22,7 +22,7 @@ pub fn params(tls: &str) -> UcxParams {
 }
 
 /// Whether UCX can be loaded; prints why not (tests then skip).
-pub fn ucx_or_skip(test: &str) -> bool {
+pub(crate) fn ucx_or_skip(test: &str) -> bool {
     match probe(&UcxParams::default()) {
         Ok((v, p)) => {
             eprintln!("{test}: using UCX {v} from {}", p.display());
@@ -40,7 +40,7 @@ pub fn ucx_or_skip(test: &str) -> bool {
 }
 
 /// A config with the side channel and a progress thread.
-pub fn config(listen: bool) -> AgentConfig {
+pub(crate) fn config(listen: bool) -> AgentConfig {
     AgentConfig {
         listen,
         progress_thread: false,
@@ -49,13 +49,13 @@ pub fn config(listen: bool) -> AgentConfig {
     }
 }
 
-pub use nixl_testkit::unique;
+pub(crate) use nixl_testkit::unique;
 
 /// An agent with a UCX backend.
-pub fn agent(role: &str, tls: &str, listen: bool) -> nixl_core::Result<Agent> {
+pub(crate) fn agent(role: &str, tls: &str, listen: bool) -> nixl_core::Result<Agent> {
     let a = Agent::new(&unique(role), config(listen))?;
     a.create_backend(params(tls))?;
     Ok(a)
 }
 
-pub use nixl_testkit::host_buf as buf;
+pub(crate) use nixl_testkit::host_buf as buf;

@@ -35,7 +35,7 @@ pub(crate) struct PrepRegion {
 
 impl PrepRegion {
     /// The metadata of backend slot `slot`.
-    pub fn md(&self, slot: usize) -> Option<&BackendMd> {
+    pub(crate) fn md(&self, slot: usize) -> Option<&BackendMd> {
         crate::work::tick(self.mds.len());
         self.mds.iter().find(|(id, _)| *id == slot).map(|(_, m)| m)
     }

@@ -21,7 +21,7 @@ pub(crate) struct RegRegion {
 }
 
 impl RegRegion {
-    pub fn md_for(&self, slot_id: usize) -> Option<BackendMd> {
+    pub(crate) fn md_for(&self, slot_id: usize) -> Option<BackendMd> {
         self.mds
             .lock()
             .iter()
@@ -150,7 +150,7 @@ impl RegTable {
     }
 
     /// The live registration region covering `[addr, addr+len)`.
-    pub fn find(
+    pub(crate) fn find(
         &self,
         kind: MemKind,
         dev_id: u64,
@@ -174,7 +174,7 @@ impl RegTable {
 
     /// As [`RegTable::find`], with the bound below which every covered range finds the same
     /// region (see [`RegionIndex::find_bounded`]).
-    pub fn find_bounded(
+    pub(crate) fn find_bounded(
         &self,
         kind: MemKind,
         dev_id: u64,
@@ -197,7 +197,7 @@ impl RegTable {
         found.map(|(r, i)| (r, i, bound))
     }
 
-    pub fn live(&self) -> Vec<Arc<RegInner>> {
+    pub(crate) fn live(&self) -> Vec<Arc<RegInner>> {
         let mut v: Vec<Arc<RegInner>> = self
             .by_start
             .values()
@@ -362,7 +362,7 @@ impl Agent {
 pub(crate) struct RegUse(pub Arc<RegInner>);
 
 impl RegUse {
-    pub fn new(inner: Arc<RegInner>) -> Self {
+    pub(crate) fn new(inner: Arc<RegInner>) -> Self {
         inner.users.fetch_add(1, Ordering::SeqCst);
         RegUse(inner)
     }

@@ -26,7 +26,7 @@ pub(crate) struct RemoteRegion {
 }
 
 impl RemoteRegion {
-    pub fn md_for(&self, slot_id: usize) -> Option<BackendMd> {
+    pub(crate) fn md_for(&self, slot_id: usize) -> Option<BackendMd> {
         self.mds
             .iter()
             .find(|(s, _, _)| s.id == slot_id)
@@ -66,12 +66,17 @@ pub(crate) struct RemotePeer {
 
 impl RemotePeer {
     /// `RemoteDisconnect` when the peer's process is known to have exited.
-    pub fn check_alive(&self, agent: &str, op: Op) -> Result<()> {
+    pub(crate) fn check_alive(&self, agent: &str, op: Op) -> Result<()> {
         self.check_alive_at(agent, op, std::time::Instant::now())
     }
 
     /// [`RemotePeer::check_alive`] with the caller's clock reading `now`.
-    pub fn check_alive_at(&self, agent: &str, op: Op, now: std::time::Instant) -> Result<()> {
+    pub(crate) fn check_alive_at(
+        &self,
+        agent: &str,
+        op: Op,
+        now: std::time::Instant,
+    ) -> Result<()> {
         if self
             .process
             .as_ref()
@@ -87,12 +92,12 @@ impl RemotePeer {
         Ok(())
     }
 
-    pub fn is_connected(&self, slot_id: usize) -> bool {
+    pub(crate) fn is_connected(&self, slot_id: usize) -> bool {
         self.conn.lock().contains_key(&slot_id)
     }
 
     /// The loaded region covering `[addr, addr+len)`.
-    pub fn find(
+    pub(crate) fn find(
         &self,
         kind: MemKind,
         dev_id: u64,
@@ -111,7 +116,7 @@ impl RemotePeer {
 impl RemotePeer {
     /// As [`RemotePeer::find`], with the bound below which every covered range finds the same
     /// region (see [`RegionIndex::find_bounded`]).
-    pub fn find_bounded(
+    pub(crate) fn find_bounded(
         &self,
         kind: MemKind,
         dev_id: u64,

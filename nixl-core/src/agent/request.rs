@@ -45,7 +45,7 @@ impl ReqSpec {
     }
 
     /// Calls `f((local addr, remote addr, remote dev, len))` for every segment.
-    pub fn for_each_segment(&self, mut f: impl FnMut((u64, u64, u64, u64))) {
+    pub(crate) fn for_each_segment(&self, mut f: impl FnMut((u64, u64, u64, u64))) {
         match self {
             ReqSpec::Segments(s) => {
                 for g in &s.segments {

@@ -46,12 +46,12 @@ pub(crate) struct Shared {
 pub(crate) const MAX_UNCERTAIN: usize = 4096;
 
 impl Shared {
-    pub fn backends(&self) -> Vec<Arc<BackendSlot>> {
+    pub(crate) fn backends(&self) -> Vec<Arc<BackendSlot>> {
         self.backends.read().clone()
     }
 
     /// The lock serialising loads and invalidations of peer `name`.
-    pub fn peer_lock(&self, name: &str) -> Arc<Mutex<()>> {
+    pub(crate) fn peer_lock(&self, name: &str) -> Arc<Mutex<()>> {
         let mut locks = self.peer_locks.lock();
         if let Some(l) = locks.get(name).and_then(std::sync::Weak::upgrade) {
             return l;
@@ -64,11 +64,11 @@ impl Shared {
         l
     }
 
-    pub fn next_id(&self) -> u64 {
+    pub(crate) fn next_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    pub fn progress_all(&self) {
+    pub(crate) fn progress_all(&self) {
         for slot in self.backends() {
             if slot.caps.needs_progress {
                 if let Err(e) = slot.backend.progress() {
@@ -80,7 +80,7 @@ impl Shared {
     }
 
     /// Releases dropped requests whose backends let go of them.
-    pub fn reap_drained(&self) {
+    pub(crate) fn reap_drained(&self) {
         let mut d = self.draining.lock();
         if !d.is_empty() {
             d.retain_mut(|x| x.busy());

@@ -61,7 +61,7 @@ pub(crate) struct Scheduler {
 
 impl Scheduler {
     /// A scheduler whose thread (once started) is called `name`.
-    pub fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str) -> Self {
         Scheduler {
             name: name.to_owned(),
             inner: Arc::new(Inner {
@@ -74,7 +74,7 @@ impl Scheduler {
 
     /// Runs `job` on the scheduler's thread at `due` (at once if it is past). Fails only when
     /// the thread cannot be started.
-    pub fn schedule(
+    pub(crate) fn schedule(
         &self,
         due: Instant,
         job: impl FnOnce() + Send + 'static,

@@ -127,7 +127,7 @@ impl ProcessWatch {
     /// does not, or when this process cannot tell). Refused when it has already exited, or
     /// when its pid is not a process's (a thread id: `pidfd_open` takes thread-group leaders
     /// only).
-    pub fn open(peer: &ProcessId, me: Option<&ProcessId>) -> Result<Option<Self>, Refused> {
+    pub(crate) fn open(peer: &ProcessId, me: Option<&ProcessId>) -> Result<Option<Self>, Refused> {
         let Some(me) = me else { return Ok(None) };
         if peer.boot_id != me.boot_id || peer.pid_ns != me.pid_ns {
             return Ok(None);
@@ -169,7 +169,7 @@ impl ProcessWatch {
     }
 
     /// Whether the process has exited (a pidfd turns readable then). Never blocks.
-    pub fn exited(&self) -> bool {
+    pub(crate) fn exited(&self) -> bool {
         let mut fds = [PollFd::new(&self.fd, PollFlags::IN)];
         let zero = Timespec {
             tv_sec: 0,
@@ -185,7 +185,7 @@ impl ProcessWatch {
     /// [`ProcessWatch::exited`], polling at most once per [`POLL_EVERY`] (in between it answers
     /// from the last poll). `now` is the caller's clock reading (a post reads the clock anyway;
     /// this saves reading it again). Never blocks.
-    pub fn exited_lately(&self, now: Instant) -> bool {
+    pub(crate) fn exited_lately(&self, now: Instant) -> bool {
         if self.gone.load(Ordering::Acquire) {
             return true;
         }

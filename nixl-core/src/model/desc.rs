@@ -156,7 +156,7 @@ impl XferDescList {
 /// Magic of a serialized descriptor list.
 const LIST_MAGIC: &[u8; 4] = b"NXDL";
 /// Most descriptors in a serialized list.
-pub const MAX_LIST: usize = 1 << 24;
+pub(crate) const MAX_LIST: usize = 1 << 24;
 
 /// The direction of a transfer, seen from the initiator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -29,7 +29,7 @@ impl<V> Default for RegionIndex<V> {
 
 impl<V> RegionIndex<V> {
     /// Inserts a region of `len` bytes under `key`.
-    pub fn insert(&mut self, key: RegionKey, len: u64, value: V) {
+    pub(crate) fn insert(&mut self, key: RegionKey, len: u64, value: V) {
         crate::work::tick(1);
         let l = self.longest.entry((key.0, key.1)).or_insert(0);
         *l = (*l).max(len);
@@ -37,13 +37,13 @@ impl<V> RegionIndex<V> {
     }
 
     /// Removes a region.
-    pub fn remove(&mut self, key: &RegionKey) -> Option<V> {
+    pub(crate) fn remove(&mut self, key: &RegionKey) -> Option<V> {
         crate::work::tick(1);
         self.map.remove(key)
     }
 
     /// Moves every region of `other` into this index.
-    pub fn append(&mut self, other: &mut RegionIndex<V>) {
+    pub(crate) fn append(&mut self, other: &mut RegionIndex<V>) {
         for (k, l) in other.longest.drain() {
             let e = self.longest.entry(k).or_insert(0);
             *e = (*e).max(l);
@@ -53,7 +53,7 @@ impl<V> RegionIndex<V> {
 
     /// The nearest-starting region among those that could cover `[addr, addr + len)` on
     /// `(kind, dev)` for which `covers` holds.
-    pub fn find<'a>(
+    pub(crate) fn find<'a>(
         &'a self,
         kind: MemKind,
         dev: u64,
@@ -68,7 +68,7 @@ impl<V> RegionIndex<V> {
     /// region for every range it covers that starts below the bound (no other region of
     /// `(kind, dev)` starts between it and the bound). Lets a caller resolve a run of
     /// descriptors in one region with one look-up.
-    pub fn find_bounded<'a>(
+    pub(crate) fn find_bounded<'a>(
         &'a self,
         kind: MemKind,
         dev: u64,
@@ -112,12 +112,12 @@ impl<V> RegionIndex<V> {
     }
 
     /// How many regions it holds.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.map.len()
     }
 
     /// Every region, in key order.
-    pub fn values(&self) -> impl Iterator<Item = &V> {
+    pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
         self.map.values()
     }
 }

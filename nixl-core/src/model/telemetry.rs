@@ -120,7 +120,7 @@ impl Counters {
 }
 
 /// Whether `NIXL_TELEMETRY_ENABLE` asks for telemetry ("1", "true", "yes", "on").
-pub fn env_enabled() -> bool {
+pub(crate) fn env_enabled() -> bool {
     std::env::var("NIXL_TELEMETRY_ENABLE")
         .map(|v| crate::params::parse_bool(&v) == Some(true))
         .unwrap_or(false)

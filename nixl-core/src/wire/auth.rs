@@ -48,11 +48,11 @@ const ENVELOPE_VERSION: u16 = 1;
 
 /// MAC domains: a MAC made for one purpose never verifies for another.
 pub(crate) mod domain {
-    pub const METADATA: &[u8] = b"nixl-rs/metadata/1\0";
-    pub const REQUEST: &[u8] = b"nixl-rs/side-channel/request/1\0";
-    pub const REPLY: &[u8] = b"nixl-rs/side-channel/reply/1\0";
-    pub const HELLO: &[u8] = b"nixl-rs/hello/1\0";
-    pub const OWNER: &[u8] = b"nixl-rs/owner/1\0";
+    pub(crate) const METADATA: &[u8] = b"nixl-rs/metadata/1\0";
+    pub(crate) const REQUEST: &[u8] = b"nixl-rs/side-channel/request/1\0";
+    pub(crate) const REPLY: &[u8] = b"nixl-rs/side-channel/reply/1\0";
+    pub(crate) const HELLO: &[u8] = b"nixl-rs/hello/1\0";
+    pub(crate) const OWNER: &[u8] = b"nixl-rs/owner/1\0";
 }
 
 /// A cluster credential: an id (named in everything it signs) and a secret.
@@ -255,7 +255,7 @@ pub(crate) const MAX_NONCES: usize = 1 << 16;
 impl ReplayCache {
     /// Accepts `nonce` at `ts_ms` once: refuses a timestamp outside `skew` of now, a nonce
     /// seen before within the window, and (when full) anything new.
-    pub fn check(
+    pub(crate) fn check(
         &self,
         ts_ms: u64,
         nonce: &[u8; NONCE_LEN],
@@ -380,7 +380,7 @@ pub(crate) fn commit(token: &[u8]) -> [u8; 32] {
 }
 
 impl Signer {
-    pub fn new(auth: Option<Auth>) -> Result<Self> {
+    pub(crate) fn new(auth: Option<Auth>) -> Result<Self> {
         let owner_token = random::<32>()?;
         Ok(Signer {
             auth,
@@ -392,7 +392,7 @@ impl Signer {
     }
 
     /// The secret whose commitment this agent's sealed metadata carries.
-    pub fn owner_token(&self) -> &[u8; 32] {
+    pub(crate) fn owner_token(&self) -> &[u8; 32] {
         &self.owner_token
     }
 
@@ -413,7 +413,7 @@ impl Signer {
     }
 
     /// Seals a metadata blob when authentication is on (the blob unchanged otherwise).
-    pub fn seal(&self, blob: Vec<u8>) -> Vec<u8> {
+    pub(crate) fn seal(&self, blob: Vec<u8>) -> Vec<u8> {
         let Some(auth) = &self.auth else { return blob };
         let cred = &auth.credential;
         let mut w = ByteWriter::with_capacity(blob.len() + 128);
@@ -428,7 +428,7 @@ impl Signer {
     /// Opens metadata bytes. With authentication on, only a sealed blob that verifies under
     /// an accepted credential opens (`NotAllowed` otherwise); with it off, the envelope (if
     /// any) is removed unverified.
-    pub fn open<'a>(&self, agent: &str, bytes: &'a [u8]) -> Result<Opened<'a>> {
+    pub(crate) fn open<'a>(&self, agent: &str, bytes: &'a [u8]) -> Result<Opened<'a>> {
         let decode = |source| Error::Decode {
             agent: agent.to_owned(),
             op: Op::LoadMetadata,
@@ -492,7 +492,7 @@ pub(crate) struct Bindings {
 impl Bindings {
     /// Checks that `proof` may load metadata of `name` (`new_incarnation`: a generation not
     /// loaded now). Changes nothing.
-    pub fn check(
+    pub(crate) fn check(
         &self,
         agent: &str,
         name: &str,
@@ -529,7 +529,7 @@ impl Bindings {
     }
 
     /// Records an accepted load.
-    pub fn record(&self, name: &str, proof: &Proof) {
+    pub(crate) fn record(&self, name: &str, proof: &Proof) {
         let mut names = self.names.lock();
         let b = names.entry(name.to_owned()).or_insert_with(|| NameBinding {
             credential: proof.credential.clone(),
@@ -539,7 +539,7 @@ impl Bindings {
     }
 
     /// The credential `name` is bound to.
-    pub fn credential_of(&self, name: &str) -> Option<String> {
+    pub(crate) fn credential_of(&self, name: &str) -> Option<String> {
         self.names.lock().get(name).map(|b| b.credential.clone())
     }
 }
@@ -553,7 +553,7 @@ pub(crate) struct Stamp {
 }
 
 impl Stamp {
-    pub fn fresh(cred: &Credential) -> Result<Self> {
+    pub(crate) fn fresh(cred: &Credential) -> Result<Self> {
         Ok(Stamp {
             credential: cred.id().to_owned(),
             ts_ms: now_ms(),
@@ -561,13 +561,13 @@ impl Stamp {
         })
     }
 
-    pub fn write(&self, w: &mut ByteWriter) {
+    pub(crate) fn write(&self, w: &mut ByteWriter) {
         w.put_str(&self.credential)
             .put_u64(self.ts_ms)
             .put(&self.nonce);
     }
 
-    pub fn read(r: &mut ByteReader<'_>) -> Result<Self, DecodeError> {
+    pub(crate) fn read(r: &mut ByteReader<'_>) -> Result<Self, DecodeError> {
         Ok(Stamp {
             credential: r.str("credential id", MAX_CREDENTIAL_ID)?.to_owned(),
             ts_ms: r.u64()?,

@@ -200,7 +200,7 @@ const SPECIALS: [&str; 4] = ["%ctaid.x", "%nctaid.x", "%tid.x", "%ntid.x"];
 
 impl Program {
     /// Parses the body of the (only) entry of `ptx`.
-    pub fn parse(ptx: &str) -> Program {
+    pub(crate) fn parse(ptx: &str) -> Program {
         let (head, body) = ptx.split_once("{\n").expect("an entry body");
         let maxntid = head
             .lines()
@@ -300,7 +300,7 @@ pub(crate) struct Memory {
 }
 
 impl Memory {
-    pub fn new(base: u64, bytes: Vec<u8>) -> Memory {
+    pub(crate) fn new(base: u64, bytes: Vec<u8>) -> Memory {
         let n = bytes.len();
         Memory {
             base,

@@ -67,7 +67,7 @@ pub(crate) struct Notif {
 impl Notif {
     /// A notification of `msg` from `agent` to `remote` along `route`; refused when larger
     /// than a notification frame carries.
-    pub fn new(
+    pub(super) fn new(
         agent: &str,
         remote: &str,
         msg: Vec<u8>,
@@ -148,7 +148,7 @@ pub(crate) struct Ticket {
 }
 
 impl Ticket {
-    pub fn new(event: Arc<dyn Completion>, notif: Arc<Notif>) -> Self {
+    pub(super) fn new(event: Arc<dyn Completion>, notif: Arc<Notif>) -> Self {
         Ticket {
             event,
             notif,
@@ -156,13 +156,13 @@ impl Ticket {
         }
     }
 
-    pub fn outcome(&self) -> Outcome {
+    pub(super) fn outcome(&self) -> Outcome {
         self.state.lock().clone()
     }
 
     /// Makes sure the notification is never sent, unless it already was. Waits for a send in
     /// progress (it holds the state lock) and returns whether it had been sent.
-    pub fn cancel(&self) -> bool {
+    pub(super) fn cancel(&self) -> bool {
         let mut st = self.state.lock();
         match *st {
             Outcome::Pending => {
@@ -174,12 +174,12 @@ impl Ticket {
         }
     }
 
-    pub fn route_key(&self) -> Vec<u8> {
+    pub(super) fn route_key(&self) -> Vec<u8> {
         self.notif.route.key()
     }
 
     /// Turns a failure into the request's error.
-    pub fn error(&self, f: Failure) -> Error {
+    pub(super) fn error(&self, f: Failure) -> Error {
         match f {
             Failure::Cuda(e) => cuda::to_error(&self.notif.agent, Op::CheckXfer, e),
             Failure::Channel(why) => Error::disconnected(
@@ -214,7 +214,7 @@ impl Shared {
     }
 
     /// Queues a ticket behind the earlier ones of the same destination and wakes the thread.
-    pub fn submit(&self, t: Arc<Ticket>) {
+    pub(super) fn submit(&self, t: Arc<Ticket>) {
         let q = self.queues.lock().entry(t.route_key()).or_default().clone();
         q.lock().push_back(t);
         *self.submitted.lock() += 1;
@@ -223,7 +223,7 @@ impl Shared {
 
     /// Sends the notifications of one destination whose data is complete, in order, stopping
     /// at the first still in flight. Called by the thread and by `check`.
-    pub fn pump_key(&self, key: &[u8]) {
+    pub(super) fn pump_key(&self, key: &[u8]) {
         let q = self.queues.lock().get(key).cloned();
         if let Some(q) = q {
             pump(&q);
@@ -279,7 +279,7 @@ pub(crate) struct Completer {
 
 impl Completer {
     /// Starts the thread, which binds `ctx` (events are queried with it current).
-    pub fn start(agent: &str, ctx: Option<Arc<CudaContext>>) -> Result<Self> {
+    pub(super) fn start(agent: &str, ctx: Option<Arc<CudaContext>>) -> Result<Self> {
         let shared = Arc::new(Shared::new());
         let s = shared.clone();
         let thread = std::thread::Builder::new()
@@ -293,7 +293,7 @@ impl Completer {
     }
 
     /// What requests keep to submit and pump tickets.
-    pub fn shared(&self) -> Arc<Shared> {
+    pub(super) fn shared(&self) -> Arc<Shared> {
         self.shared.clone()
     }
 }

@@ -44,7 +44,7 @@ pub(crate) struct Gpu {
 
 impl Gpu {
     /// GPU `ordinal`'s context and empty pools.
-    pub fn open(ordinal: usize) -> std::result::Result<Arc<Gpu>, Error> {
+    pub(super) fn open(ordinal: usize) -> std::result::Result<Arc<Gpu>, Error> {
         let ctx = cuda::context(ordinal)?;
         Ok(Arc::new(Gpu {
             ordinal,
@@ -57,7 +57,7 @@ impl Gpu {
     }
 
     /// This GPU's copy kernel, JIT-compiled on first use.
-    pub fn copy_kernel(
+    pub(super) fn copy_kernel(
         &self,
         agent: &str,
         shape: crate::cuda::kernel::KernelShape,
@@ -83,7 +83,7 @@ pub(crate) struct RemoteVram {
 }
 
 impl RemoteVram {
-    pub fn new(handle: IpcHandle, first: Arc<IpcMapping>) -> Self {
+    pub(super) fn new(handle: IpcHandle, first: Arc<IpcMapping>) -> Self {
         RemoteVram {
             handle,
             first,
@@ -92,7 +92,7 @@ impl RemoteVram {
     }
 
     /// The mapping in GPU `device`'s context, opened by `open` on first use.
-    pub fn on(
+    pub(super) fn on(
         &self,
         device: usize,
         open: impl FnOnce(&IpcHandle) -> Result<Arc<IpcMapping>>,

@@ -27,7 +27,7 @@ pub(crate) struct ConnInfo {
 }
 
 impl ConnInfo {
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         Writer::new(CONN_MAGIC)
             .bytes(&self.host)
             .u64(u64::from(self.pid))
@@ -35,7 +35,7 @@ impl ConnInfo {
             .finish()
     }
 
-    pub fn decode(info: &[u8]) -> Result<Self, DecodeError> {
+    pub(crate) fn decode(info: &[u8]) -> Result<Self, DecodeError> {
         let mut r = Reader::new(info, CONN_MAGIC)?;
         let host = r.bytes("CUDA_IPC host id", MAX_HOST_ID)?.to_vec();
         let pid = r.u64()?;
@@ -62,7 +62,7 @@ pub(crate) enum Public {
 }
 
 impl Public {
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let (tag, body) = match self {
             Public::Vram(h) => (TAG_VRAM, h.to_bytes()),
             Public::Shared(h) => (TAG_SHARED, h.to_bytes()),
@@ -73,7 +73,7 @@ impl Public {
         v
     }
 
-    pub fn decode(b: &[u8]) -> Result<Self, DecodeError> {
+    pub(crate) fn decode(b: &[u8]) -> Result<Self, DecodeError> {
         match b.split_first() {
             Some((&TAG_VRAM, rest)) => IpcHandle::from_bytes(rest).map(Public::Vram),
             Some((&TAG_SHARED, rest)) => SharedHostHandle::from_bytes(rest).map(Public::Shared),
@@ -98,7 +98,7 @@ pub(crate) struct HostPin {
 impl HostPin {
     /// Pins `[addr, addr+len)`. `Ok(None)` when the pages are already pinned by their owner
     /// (a `Pinned`, a `CudaHostBuffer`): nothing to undo.
-    pub fn new(
+    pub(super) fn new(
         ctx: &Arc<CudaContext>,
         addr: u64,
         len: u64,
@@ -144,7 +144,7 @@ pub(crate) enum Target {
 
 impl Target {
     /// This process's address for the target's `[addr, addr+len)`.
-    pub fn translate(&self, addr: u64, len: u64) -> Result<u64, String> {
+    pub(super) fn translate(&self, addr: u64, len: u64) -> Result<u64, String> {
         match self {
             Target::Identity => Ok(addr),
             Target::Vram(v) => v

@@ -34,7 +34,7 @@ pub(crate) struct NotifServer {
 }
 
 impl NotifServer {
-    pub fn start(agent: &str, notifs: Arc<NotifQueue>, peers: PeerAuth) -> Result<Self> {
+    pub(crate) fn start(agent: &str, notifs: Arc<NotifQueue>, peers: PeerAuth) -> Result<Self> {
         let io = |e| Error::io(agent, Op::CreateBackend, e);
         let name = format!("nixl-cuda-ipc-{}-{:016x}", std::process::id(), unique()).into_bytes();
         let addr = SocketAddr::from_abstract_name(&name).map_err(io)?;
@@ -54,7 +54,7 @@ impl NotifServer {
     }
 
     /// The abstract socket name peers connect to.
-    pub fn name(&self) -> &[u8] {
+    pub(crate) fn name(&self) -> &[u8] {
         &self.name
     }
 }
@@ -98,7 +98,7 @@ impl FrameReader {
     /// it. False when the peer broke the protocol (a frame over the limit, a refused first
     /// frame): the connection is then dropped. Buffers at most one frame (`4 + MAX_NOTIF`
     /// bytes) plus what one read returned.
-    pub fn feed(
+    pub(crate) fn feed(
         &mut self,
         bytes: &[u8],
         mut first: impl FnMut(Vec<u8>) -> Option<String>,
@@ -136,7 +136,7 @@ impl FrameReader {
 
     /// Bytes received and not yet part of a complete frame.
     #[cfg(any(test, feature = "fuzzing"))]
-    pub fn buffered(&self) -> usize {
+    pub(crate) fn buffered(&self) -> usize {
         self.buf.len()
     }
 }
@@ -232,7 +232,7 @@ pub(crate) struct NotifSenders {
 
 impl NotifSenders {
     /// Senders introducing themselves with `peers`' hellos.
-    pub fn new(peers: PeerAuth) -> Self {
+    pub(crate) fn new(peers: PeerAuth) -> Self {
         NotifSenders {
             peers,
             conns: Mutex::new(HashMap::new()),
@@ -241,7 +241,7 @@ impl NotifSenders {
 
     /// Sends `msg` as `agent` to the server named `name`; reconnects once if the cached
     /// connection broke.
-    pub fn send(&self, agent: &str, remote: &str, name: &[u8], msg: &[u8]) -> Result<()> {
+    pub(crate) fn send(&self, agent: &str, remote: &str, name: &[u8], msg: &[u8]) -> Result<()> {
         if msg.len() > MAX_NOTIF {
             return Err(Error::invalid(
                 agent,
@@ -287,7 +287,7 @@ impl NotifSenders {
     }
 
     /// Forgets the connection to a server.
-    pub fn forget(&self, name: &[u8]) {
+    pub(crate) fn forget(&self, name: &[u8]) {
         self.conns.lock().retain(|(_, n), _| n != name);
     }
 }

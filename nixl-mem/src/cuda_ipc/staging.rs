@@ -29,7 +29,7 @@ pub(crate) struct Staging {
 
 impl Staging {
     /// Bytes each buffer holds.
-    pub fn capacity(&self) -> usize {
+    pub(super) fn capacity(&self) -> usize {
         self.host.len()
     }
 }
@@ -51,7 +51,7 @@ struct Pairs {
 
 impl StagingPool {
     /// An empty pool for `ctx`.
-    pub fn new(ctx: Arc<CudaContext>) -> Self {
+    pub(super) fn new(ctx: Arc<CudaContext>) -> Self {
         StagingPool {
             ctx,
             free: Mutex::new(Pairs::default()),
@@ -59,7 +59,7 @@ impl StagingPool {
     }
 
     /// A pair of at least `bytes` (the smallest free one that fits, or a new one).
-    pub fn take(&self, bytes: usize) -> Result<Staging, CudaError> {
+    pub(super) fn take(&self, bytes: usize) -> Result<Staging, CudaError> {
         {
             let mut pairs = self.free.lock();
             let Pairs { free, pending } = &mut *pairs;
@@ -96,7 +96,7 @@ impl StagingPool {
 
     /// Takes back a pair whose work has completed (no copy reads or writes it any more),
     /// keeping the largest [`KEEP`].
-    pub fn give(&self, s: Staging) {
+    pub(super) fn give(&self, s: Staging) {
         let mut pairs = self.free.lock();
         pairs.free.push(s);
         if pairs.free.len() > KEEP {
@@ -113,7 +113,7 @@ impl StagingPool {
     /// completed, else kept pending until it has, up to [`KEEP`] pending pairs. Past that,
     /// this waits up to [`PENDING_WAIT`] for the work; a pair whose work did not end (or
     /// whose event cannot be queried) is leaked, never freed or reused under the GPU.
-    pub fn give_when_done(&self, s: Staging, event: Arc<Event>) {
+    pub(super) fn give_when_done(&self, s: Staging, event: Arc<Event>) {
         match event.query() {
             Ok(true) => return self.give(s),
             Ok(false) => {
@@ -152,7 +152,7 @@ const KEEP_LANES: usize = 16;
 
 impl LanePool {
     /// An empty pool for `ctx`.
-    pub fn new(ctx: Arc<CudaContext>) -> Self {
+    pub(super) fn new(ctx: Arc<CudaContext>) -> Self {
         LanePool {
             ctx,
             free: Mutex::new(Vec::new()),
@@ -160,7 +160,7 @@ impl LanePool {
     }
 
     /// A lane no request uses (a kept one, or a new stream and event).
-    pub fn take(&self) -> Result<Arc<Lane>, CudaError> {
+    pub(super) fn take(&self) -> Result<Arc<Lane>, CudaError> {
         {
             let mut free = self.free.lock();
             // A lane is given back from its request's `Drop`, which still holds it until its
@@ -178,7 +178,7 @@ impl LanePool {
     /// Takes back the lane of a dropped request (called from its `Drop`). Kept only when every
     /// piece of work recorded on it has completed; otherwise it is dropped with the request
     /// (the driver destroys a stream only once its work has ended).
-    pub fn give(&self, lane: Arc<Lane>) {
+    pub(super) fn give(&self, lane: Arc<Lane>) {
         if lane.event.query() != Ok(true) {
             return;
         }

@@ -33,7 +33,7 @@ pub(crate) struct BlockTable {
 impl BlockTable {
     /// The table of `spec` with each remote layer at `remote_here` (its address in this
     /// process), oriented by the operation (WRITE: local to remote; READ: remote to local).
-    pub fn new(spec: &BlockXferSpec, remote_here: &[StridedDesc]) -> Self {
+    pub(super) fn new(spec: &BlockXferSpec, remote_here: &[StridedDesc]) -> Self {
         let write = spec.op == XferOp::Write;
         let layers = spec
             .layers
@@ -70,7 +70,7 @@ impl BlockTable {
     }
 
     /// The number of contiguous copies (a run of a dense layer is one).
-    pub fn copy_count(&self) -> usize {
+    pub(super) fn copy_count(&self) -> usize {
         let per = self.blocks_per_layer() as usize;
         self.layers
             .iter()
@@ -80,7 +80,7 @@ impl BlockTable {
 
     /// Every contiguous copy as `(dst, src, len)`, layer after layer (the order of
     /// [`BlockXferSpec::segments`]).
-    pub fn copies(&self) -> Vec<(u64, u64, u64)> {
+    pub(super) fn copies(&self) -> Vec<(u64, u64, u64)> {
         let mut v = Vec::with_capacity(self.copy_count());
         for l in &self.layers {
             for &(s, d, n) in &self.runs {
@@ -106,7 +106,7 @@ impl BlockTable {
 
     /// The number of kernel descriptors at `chunk` bytes each at most (as
     /// [`kernel::pack`](crate::cuda::kernel::pack) cuts the copies).
-    pub fn descriptor_count(&self, chunk: u64) -> usize {
+    pub(super) fn descriptor_count(&self, chunk: u64) -> usize {
         let chunk = (chunk & !15).max(16);
         let per = self.blocks_per_layer();
         let mut n = 0u64;
@@ -142,7 +142,7 @@ impl BlockTable {
     /// The block kernel's table for `chunk` (the kernel's shape, cut as for descriptors), or
     /// `None` where the layers' blocks differ in length or the items reach 2^32 (the kernel
     /// divides in 32 bits). O(runs): nothing per layer and block.
-    pub fn block_layout(&self, chunk: u64) -> Option<BlockLayout> {
+    pub(super) fn block_layout(&self, chunk: u64) -> Option<BlockLayout> {
         let chunk = (chunk & !15).max(16);
         let npieces = self.pieces(chunk)?;
         let layers = self.layers.len() as u64;
@@ -166,7 +166,7 @@ impl BlockTable {
     /// the kernel is piece `i % npieces` of layer `i / npieces`, the copy of descriptor `i` of
     /// [`BlockTable::write_descriptors`]. `None` (nothing written) where there is no such
     /// table or `out` is too short.
-    pub fn write_block_table(&self, chunk: u64, out: &mut [u8]) -> Option<BlockLayout> {
+    pub(super) fn write_block_table(&self, chunk: u64, out: &mut [u8]) -> Option<BlockLayout> {
         let layout = self.block_layout(chunk)?;
         let out = out.get_mut(..layout.bytes)?;
         let chunk = (chunk & !15).max(16);
@@ -207,7 +207,7 @@ impl BlockTable {
     /// Writes the kernel's descriptors (`(src, dst, len)` little-endian, cut at `chunk` bytes
     /// as [`kernel::pack`](crate::cuda::kernel::pack) cuts) into `out`, which holds at least
     /// [`BlockTable::descriptor_count`] of them; returns how many were written.
-    pub fn write_descriptors(&self, chunk: u64, out: &mut [u8]) -> usize {
+    pub(super) fn write_descriptors(&self, chunk: u64, out: &mut [u8]) -> usize {
         let chunk = (chunk & !15).max(16);
         let mut slots = out.chunks_exact_mut(DESC_BYTES);
         let mut n = 0usize;

@@ -29,7 +29,7 @@ pub(crate) enum Work {
 
 impl Work {
     /// The number of contiguous copies.
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         match self {
             Work::Copies(c) => c.len(),
             Work::Table(t) => t.copy_count(),
@@ -37,7 +37,7 @@ impl Work {
     }
 
     /// The copies as a list (built from a table on first use, then kept).
-    pub fn copies(&mut self) -> &[(u64, u64, u64)] {
+    pub(super) fn copies(&mut self) -> &[(u64, u64, u64)] {
         if let Work::Table(t) = self {
             *self = Work::Copies(t.copies());
         }
@@ -71,7 +71,7 @@ impl KernelPlan {
     /// Writes the descriptors of `work` (no two copies in [`kernel::conflict`]) into a staging
     /// pair from `pool` and enqueues their upload on `stream`; `event` is the request's, to be
     /// recorded by the caller after this.
-    pub fn new(
+    pub(super) fn new(
         kernel: Arc<CopyKernel>,
         pool: &Arc<StagingPool>,
         work: &mut Work,

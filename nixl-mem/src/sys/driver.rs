@@ -175,7 +175,7 @@ pub(crate) struct Restore {
 
 impl Restore {
     /// Binds `ctx` on the calling thread, remembering what was current.
-    pub fn bind(ctx: &CudaContext) -> Result<Self, CudaError> {
+    pub(crate) fn bind(ctx: &CudaContext) -> Result<Self, CudaError> {
         let prev = current()?;
         ctx.bind_to_thread()
             .map_err(|e| crate::cuda::from_driver("cuCtxSetCurrent", e))?;
@@ -183,7 +183,7 @@ impl Restore {
     }
 
     /// Remembers the current context without changing it (for work that may bind another).
-    pub fn keep() -> Result<Self, CudaError> {
+    pub(crate) fn keep() -> Result<Self, CudaError> {
         Ok(Restore { prev: current()? })
     }
 }

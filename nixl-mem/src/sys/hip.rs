@@ -67,7 +67,7 @@ unsafe impl Sync for HipAlloc {}
 
 impl HipAlloc {
     /// Allocates `len > 0` bytes on the current device (`device`) and zeroes them.
-    pub fn new(device: usize, len: usize) -> Result<Self, HipError> {
+    pub(crate) fn new(device: usize, len: usize) -> Result<Self, HipError> {
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid out pointer; the device is set.
         check("hipMalloc", unsafe { hip::hipMalloc(&mut ptr, len) })?;
@@ -78,12 +78,12 @@ impl HipAlloc {
     }
 
     /// The device pointer.
-    pub fn addr(&self) -> u64 {
+    pub(crate) fn addr(&self) -> u64 {
         self.ptr as u64
     }
 
     /// Copies `src` in at `offset` (synchronous; the device is set).
-    pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), HipError> {
+    pub(crate) fn write(&self, offset: usize, src: &[u8]) -> Result<(), HipError> {
         inside(self.len, offset, src.len())?;
         // SAFETY: the destination is inside the allocation (checked); `src` is a live slice.
         check("hipMemcpy", unsafe {
@@ -97,7 +97,7 @@ impl HipAlloc {
     }
 
     /// Copies out at `offset` into `dst` (synchronous; the device is set).
-    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), HipError> {
+    pub(crate) fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), HipError> {
         inside(self.len, offset, dst.len())?;
         // SAFETY: the source is inside the allocation (checked); `dst` is a live exclusive
         // slice.
@@ -112,7 +112,7 @@ impl HipAlloc {
     }
 
     /// `hipIpcGetMemHandle` of the allocation (the device is set).
-    pub fn ipc_handle(&self) -> Result<[u8; 64], HipError> {
+    pub(crate) fn ipc_handle(&self) -> Result<[u8; 64], HipError> {
         let mut h = hip::hipIpcMemHandle_t { reserved: [0; 64] };
         // SAFETY: valid out pointer; the allocation is live.
         check("hipIpcGetMemHandle", unsafe {
@@ -127,7 +127,7 @@ impl HipAlloc {
 
     /// Exports the whole allocation as a dma-buf with `hipMemGetHandleForAddressRange`,
     /// looked up at run time (ROCm >= 6.2): `Ok(None)` when the runtime has no such function.
-    pub fn dmabuf(&self) -> Result<Option<OwnedFd>, HipError> {
+    pub(crate) fn dmabuf(&self) -> Result<Option<OwnedFd>, HipError> {
         type F = unsafe extern "C" fn(*mut c_void, u64, usize, u32, u64) -> hip::hipError_t;
         const HIP_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD: u32 = 1;
         let this = libloading::os::unix::Library::this();
@@ -182,7 +182,7 @@ unsafe impl Sync for HipIpcOpen {}
 
 impl HipIpcOpen {
     /// Opens `bytes` (a `hipIpcMemHandle_t`) on the current device (`device`).
-    pub fn open(device: usize, bytes: &[u8; 64]) -> Result<Self, HipError> {
+    pub(crate) fn open(device: usize, bytes: &[u8; 64]) -> Result<Self, HipError> {
         let mut h = hip::hipIpcMemHandle_t { reserved: [0; 64] };
         for (d, s) in h.reserved.iter_mut().zip(bytes.iter()) {
             *d = *s as _;
@@ -196,7 +196,7 @@ impl HipIpcOpen {
     }
 
     /// The mapped address.
-    pub fn addr(&self) -> u64 {
+    pub(crate) fn addr(&self) -> u64 {
         self.ptr as u64
     }
 }

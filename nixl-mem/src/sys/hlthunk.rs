@@ -88,7 +88,7 @@ pub(crate) struct Device {
 
 impl Device {
     /// Opens the first available device; the negative return of `hlthunk_open` on failure.
-    pub fn open(lib: Arc<HlThunk>) -> Result<Self, c_int> {
+    pub(crate) fn open(lib: Arc<HlThunk>) -> Result<Self, c_int> {
         // SAFETY: a null busid means "any device"; the call returns an fd or a negative errno.
         let fd = unsafe { (lib.open)(HLTHUNK_DEVICE_DONT_CARE, std::ptr::null()) };
         if fd < 0 {
@@ -117,7 +117,7 @@ pub(crate) struct DeviceMemory {
 
 impl DeviceMemory {
     /// Allocates `len` bytes (a multiple of 4 KiB) and maps them; which step failed.
-    pub fn new(dev: Arc<Device>, len: u64) -> Result<Self, &'static str> {
+    pub(crate) fn new(dev: Arc<Device>, len: u64) -> Result<Self, &'static str> {
         // SAFETY: a live device fd; page size 0 = default, contiguous, not shared.
         let handle = unsafe { (dev.lib.alloc)(dev.fd, len, 0, true, false) };
         if handle == 0 {
@@ -139,13 +139,13 @@ impl DeviceMemory {
     }
 
     /// The device virtual address.
-    pub fn addr(&self) -> u64 {
+    pub(crate) fn addr(&self) -> u64 {
         self.addr
     }
 
     /// Exports the mapping as a dma-buf: `Ok(None)` on libraries without the export, the
     /// negative return on failure.
-    pub fn export_dmabuf(&self) -> Result<Option<OwnedFd>, c_int> {
+    pub(crate) fn export_dmabuf(&self) -> Result<Option<OwnedFd>, c_int> {
         let Some(f) = self.dev.lib.export else {
             return Ok(None);
         };

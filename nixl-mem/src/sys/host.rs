@@ -22,7 +22,7 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     /// An anonymous private read-write mapping of `len > 0` bytes, `extra` flags added
     /// (`MAP_HUGETLB | MAP_HUGE_2MB`); with `transparent_huge`, advised `MADV_HUGEPAGE`.
-    pub fn anonymous(
+    pub(crate) fn anonymous(
         len: usize,
         extra: libc::c_int,
         transparent_huge: bool,
@@ -48,7 +48,7 @@ impl Mapping {
     }
 
     /// A shared read-write mapping of the first `len > 0` bytes of `fd`.
-    pub fn shared(fd: &impl AsRawFd, len: usize) -> std::io::Result<Self> {
+    pub(crate) fn shared(fd: &impl AsRawFd, len: usize) -> std::io::Result<Self> {
         // SAFETY: maps `len` bytes of a file the caller holds open; the kernel picks the
         // address, and the mapping stays valid after the descriptor is closed.
         let p = unsafe {
@@ -74,7 +74,7 @@ impl Mapping {
     }
 
     /// The start pointer (valid for `len` bytes while `self` lives).
-    pub fn as_ptr(&self) -> *mut u8 {
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
 }

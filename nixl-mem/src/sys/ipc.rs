@@ -52,7 +52,11 @@ impl IpcOpen {
     /// Opens `handle` (an allocation the exporter says has `size` bytes) in `ctx` (made
     /// current). Accesses are bounded by the smaller of that and the size the driver reports
     /// for the mapping.
-    pub fn open(ctx: Arc<CudaContext>, handle: &[u8; 64], size: u64) -> Result<Self, CudaError> {
+    pub(crate) fn open(
+        ctx: Arc<CudaContext>,
+        handle: &[u8; 64],
+        size: u64,
+    ) -> Result<Self, CudaError> {
         bind_raw(&ctx)?;
         let mut h = cu::CUipcMemHandle { reserved: [0; 64] };
         for (d, s) in h.reserved.iter_mut().zip(handle.iter()) {
@@ -70,7 +74,7 @@ impl IpcOpen {
     }
 
     /// Where the allocation is mapped here.
-    pub fn base(&self) -> u64 {
+    pub(crate) fn base(&self) -> u64 {
         self.base
     }
 
@@ -86,7 +90,7 @@ impl IpcOpen {
     }
 
     /// Copies `src` to `offset` of the allocation (synchronous).
-    pub fn write(&self, offset: u64, src: &[u8]) -> Result<(), CudaError> {
+    pub(crate) fn write(&self, offset: u64, src: &[u8]) -> Result<(), CudaError> {
         let dst = self.at(offset, src.len())?;
         bind_raw(&self.ctx)?;
         // SAFETY: the range lies in the live mapping (checked); `src` is a live slice.
@@ -96,7 +100,7 @@ impl IpcOpen {
     }
 
     /// Copies `offset` of the allocation into `dst` (synchronous).
-    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), CudaError> {
+    pub(crate) fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), CudaError> {
         let src = self.at(offset, dst.len())?;
         bind_raw(&self.ctx)?;
         // SAFETY: the range lies in the live mapping (checked); `dst` is a live exclusive slice.

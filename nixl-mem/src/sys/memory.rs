@@ -33,7 +33,7 @@ pub(crate) struct DeviceAlloc {
 
 impl DeviceAlloc {
     /// Allocates `len > 0` bytes (uninitialised) with `ctx` current.
-    pub fn new(ctx: Arc<CudaContext>, len: usize) -> Result<Self, CudaError> {
+    pub(crate) fn new(ctx: Arc<CudaContext>, len: usize) -> Result<Self, CudaError> {
         bind_raw(&ctx)?;
         let mut ptr: cu::CUdeviceptr = 0;
         // SAFETY: the context is current; `ptr` is a valid out pointer.
@@ -42,17 +42,17 @@ impl DeviceAlloc {
     }
 
     /// The device pointer.
-    pub fn ptr(&self) -> u64 {
+    pub(crate) fn ptr(&self) -> u64 {
         self.ptr
     }
 
     /// The context it lives in.
-    pub fn context(&self) -> &Arc<CudaContext> {
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
     }
 
     /// Sets every byte (`cuMemsetD8`, synchronous for the host).
-    pub fn memset(&self, byte: u8) -> Result<(), CudaError> {
+    pub(crate) fn memset(&self, byte: u8) -> Result<(), CudaError> {
         // SAFETY: the whole allocation belongs to self.
         check("cuMemsetD8", unsafe {
             cu::cuMemsetD8_v2(self.ptr, byte, self.len)
@@ -60,7 +60,7 @@ impl DeviceAlloc {
     }
 
     /// Copies `src` in at `offset` (synchronous host-to-device copy).
-    pub fn write(&self, offset: usize, src: &[u8]) -> Result<(), CudaError> {
+    pub(crate) fn write(&self, offset: usize, src: &[u8]) -> Result<(), CudaError> {
         if !inside(self.len, offset, src.len()) {
             return Err(out_of_range("cuMemcpyHtoD"));
         }
@@ -72,7 +72,7 @@ impl DeviceAlloc {
     }
 
     /// Copies bytes at `offset` into `dst` (synchronous device-to-host copy).
-    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), CudaError> {
+    pub(crate) fn read(&self, offset: usize, dst: &mut [u8]) -> Result<(), CudaError> {
         if !inside(self.len, offset, dst.len()) {
             return Err(out_of_range("cuMemcpyDtoH"));
         }
@@ -84,7 +84,7 @@ impl DeviceAlloc {
 
     /// Copies `len` bytes of `src` at `src_offset` to `offset` (device to device, possibly
     /// across GPUs).
-    pub fn copy_from(
+    pub(crate) fn copy_from(
         &self,
         offset: usize,
         src: &DeviceAlloc,
@@ -130,7 +130,7 @@ unsafe impl Sync for HostAlloc {}
 
 impl HostAlloc {
     /// Allocates `len > 0` bytes with `ctx` current.
-    pub fn new(ctx: Arc<CudaContext>, len: usize) -> Result<Self, CudaError> {
+    pub(crate) fn new(ctx: Arc<CudaContext>, len: usize) -> Result<Self, CudaError> {
         bind_raw(&ctx)?;
         let mut p: *mut c_void = std::ptr::null_mut();
         let flags = cu::CU_MEMHOSTALLOC_PORTABLE | cu::CU_MEMHOSTALLOC_DEVICEMAP;
@@ -147,12 +147,12 @@ impl HostAlloc {
     }
 
     /// The start pointer (valid for `len` bytes while `self` lives).
-    pub fn as_ptr(&self) -> *mut u8 {
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
 
     /// Length in bytes.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
 
@@ -160,7 +160,7 @@ impl HostAlloc {
     ///
     /// Crate invariant: no device copy reads or writes the allocation while the slice lives
     /// (the staging pool hands a buffer out only after the work that used it completed).
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
         // SAFETY: `ptr` is valid for `len` bytes while `self` lives; `&mut self` makes this
         // the only reference from the host, and by the crate invariant no device copy
         // touches the bytes meanwhile.
@@ -172,7 +172,7 @@ impl HostAlloc {
     ///
     /// Crate invariant: the caller neither writes these bytes nor frees `self` until the
     /// stream has passed the copy (an event recorded after it has completed).
-    pub fn upload_async(
+    pub(crate) fn upload_async(
         &self,
         n: usize,
         dst: &DeviceAlloc,
@@ -219,7 +219,7 @@ impl HostRegistration {
     /// Pins `[addr, addr+len)` with `ctx` current. The caller keeps the memory alive until the
     /// value is dropped (crate invariant: owned memory, or a registered region whose
     /// registration owns this value).
-    pub fn new(ctx: &Arc<CudaContext>, addr: u64, len: usize) -> Result<Self, CudaError> {
+    pub(crate) fn new(ctx: &Arc<CudaContext>, addr: u64, len: usize) -> Result<Self, CudaError> {
         bind_raw(ctx)?;
         // SAFETY: pinning reads no memory; the range stays alive until Drop unregisters it
         // (crate invariant above).

@@ -25,7 +25,7 @@ unsafe impl Sync for KernelModule {}
 impl KernelModule {
     /// JIT-compiles `ptx` in `ctx` (made current) and looks up the function `name`. On failure
     /// the error and the JIT log.
-    pub fn load(
+    pub(crate) fn load(
         ctx: Arc<CudaContext>,
         ptx: &CStr,
         name: &CStr,
@@ -70,7 +70,7 @@ impl KernelModule {
     }
 
     /// `cuOccupancyMaxActiveBlocksPerMultiprocessor` for blocks of `threads` threads.
-    pub fn blocks_per_sm(&self, threads: u32) -> Result<i32, CudaError> {
+    pub(crate) fn blocks_per_sm(&self, threads: u32) -> Result<i32, CudaError> {
         let mut per_sm = 0;
         // SAFETY: `func` is a live function of the module's context; valid out pointer.
         check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
@@ -89,7 +89,7 @@ impl KernelModule {
     /// descriptors, stream-ordered before this launch, whose ranges are device memory this
     /// context can reach, alive until the launch completes, with no destination overlapping
     /// another descriptor's source or destination (`kernel::conflict`).
-    pub fn launch2(
+    pub(crate) fn launch2(
         &self,
         grid: u32,
         threads: u32,
@@ -106,7 +106,7 @@ impl KernelModule {
     /// table stream-ordered before this launch, whose generated copies are device memory this
     /// context can reach, alive until the launch completes, no two overlapping as in
     /// `kernel::conflict`.
-    pub fn launch4(
+    pub(crate) fn launch4(
         &self,
         grid: u32,
         threads: u32,

@@ -92,7 +92,7 @@ unsafe impl Sync for Event {}
 
 impl Event {
     /// Creates an event in `ctx` (made current on the calling thread).
-    pub fn create(ctx: Arc<CudaContext>) -> Result<Self, CudaError> {
+    pub(crate) fn create(ctx: Arc<CudaContext>) -> Result<Self, CudaError> {
         bind_raw(&ctx)?;
         let mut raw: cu::CUevent = std::ptr::null_mut();
         // SAFETY: the context is current; `raw` is a valid out pointer.
@@ -103,7 +103,7 @@ impl Event {
     }
 
     /// Captures the work queued on `stream` so far.
-    pub fn record(&self, stream: &Stream) -> Result<(), CudaError> {
+    pub(crate) fn record(&self, stream: &Stream) -> Result<(), CudaError> {
         // SAFETY: both handles are live and belong to the same context.
         check("cuEventRecord", unsafe {
             cu::cuEventRecord(self.raw, stream.raw())
@@ -111,7 +111,7 @@ impl Event {
     }
 
     /// `Ok(true)` when all work captured by the last `record` is complete.
-    pub fn query(&self) -> Result<bool, CudaError> {
+    pub(crate) fn query(&self) -> Result<bool, CudaError> {
         // SAFETY: the event is live.
         match check("cuEventQuery", unsafe { cu::cuEventQuery(self.raw) }) {
             Ok(()) => Ok(true),
@@ -121,7 +121,7 @@ impl Event {
     }
 
     /// Polls until complete or the deadline passes (`Ok(false)`).
-    pub fn wait(&self, timeout: Duration) -> Result<bool, CudaError> {
+    pub(crate) fn wait(&self, timeout: Duration) -> Result<bool, CudaError> {
         let deadline = Instant::now() + timeout;
         let mut spins = 0u32;
         loop {

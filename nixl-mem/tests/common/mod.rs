@@ -2,10 +2,10 @@
 // Each test file uses a part.
 #![allow(dead_code, unused_imports)]
 
-pub use nixl_testkit::{first_diff, hex, pattern, run_child, unhex};
+pub(crate) use nixl_testkit::{first_diff, hex, pattern, run_child, unhex};
 
 /// Whether the test can run; prints why not.
-pub fn gpu(test: &str) -> bool {
+pub(crate) fn gpu(test: &str) -> bool {
     match nixl_mem::cuda::driver() {
         Ok(()) => true,
         Err(e) => {
@@ -20,4 +20,4 @@ pub fn gpu(test: &str) -> bool {
 }
 
 /// The environment variable that tells a child test process its role.
-pub const ROLE: &str = "NIXL_MEM_TEST_ROLE";
+pub(crate) const ROLE: &str = "NIXL_MEM_TEST_ROLE";

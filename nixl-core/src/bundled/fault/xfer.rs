@@ -86,7 +86,7 @@ pub(super) struct FaultXfer {
 }
 
 impl FaultXfer {
-    pub fn prepare(core: Arc<Core>, spec: &XferSpec) -> Result<Self> {
+    pub(super) fn prepare(core: Arc<Core>, spec: &XferSpec) -> Result<Self> {
         // The wrapper sends the notification itself, after the data, so it can drop or
         // duplicate it (the wrapped backend gets the spec without it).
         let mut spec = spec.clone();

@@ -119,7 +119,7 @@ pub(super) struct InprocXfer {
 }
 
 impl InprocXfer {
-    pub fn new(
+    pub(super) fn new(
         plan: Plan,
         notif: Option<Vec<u8>>,
         completion: Completion,

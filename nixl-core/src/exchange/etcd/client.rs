@@ -50,7 +50,7 @@ fn transient_code(code: tonic::Code) -> bool {
 
 impl EtcdError {
     /// Whether the request is worth retrying.
-    pub fn is_transient(&self) -> bool {
+    pub(super) fn is_transient(&self) -> bool {
         match self {
             EtcdError::Endpoint { .. } => false,
             EtcdError::Status(s) => transient_code(s.code()),
@@ -59,7 +59,7 @@ impl EtcdError {
     }
 
     /// Whether it says a lease no longer exists on the server.
-    pub fn is_lease_gone(&self) -> bool {
+    pub(super) fn is_lease_gone(&self) -> bool {
         match self {
             EtcdError::Status(s) => {
                 s.code() == tonic::Code::NotFound || s.message().contains("lease not found")
@@ -122,7 +122,7 @@ fn endpoint(url: &str, opts: &ConnectOptions) -> Result<Endpoint, EtcdError> {
 impl Client {
     /// Creates a client over `endpoints`. Connections are made lazily: a dead endpoint shows
     /// up as `Unavailable` statuses of the first requests. Must run inside a tokio runtime.
-    pub fn connect(endpoints: &[String], opts: ConnectOptions) -> Result<Self, EtcdError> {
+    pub(super) fn connect(endpoints: &[String], opts: ConnectOptions) -> Result<Self, EtcdError> {
         if endpoints.is_empty() {
             return Err(EtcdError::Endpoint {
                 endpoint: String::new(),
@@ -192,17 +192,20 @@ impl Client {
     }
 
     /// `KV.Range`.
-    pub async fn range(&self, req: pb::RangeRequest) -> Result<pb::RangeResponse, EtcdError> {
+    pub(super) async fn range(
+        &self,
+        req: pb::RangeRequest,
+    ) -> Result<pb::RangeResponse, EtcdError> {
         self.unary("/etcdserverpb.KV/Range", req).await
     }
 
     /// `KV.Put`.
-    pub async fn put(&self, req: pb::PutRequest) -> Result<pb::PutResponse, EtcdError> {
+    pub(super) async fn put(&self, req: pb::PutRequest) -> Result<pb::PutResponse, EtcdError> {
         self.unary("/etcdserverpb.KV/Put", req).await
     }
 
     /// `KV.DeleteRange`.
-    pub async fn delete_range(
+    pub(super) async fn delete_range(
         &self,
         req: pb::DeleteRangeRequest,
     ) -> Result<pb::DeleteRangeResponse, EtcdError> {
@@ -210,12 +213,12 @@ impl Client {
     }
 
     /// `KV.Txn`.
-    pub async fn txn(&self, req: pb::TxnRequest) -> Result<pb::TxnResponse, EtcdError> {
+    pub(super) async fn txn(&self, req: pb::TxnRequest) -> Result<pb::TxnResponse, EtcdError> {
         self.unary("/etcdserverpb.KV/Txn", req).await
     }
 
     /// `Lease.LeaseGrant` of `ttl` seconds (the server picks the id).
-    pub async fn lease_grant(&self, ttl: i64) -> Result<pb::LeaseGrantResponse, EtcdError> {
+    pub(super) async fn lease_grant(&self, ttl: i64) -> Result<pb::LeaseGrantResponse, EtcdError> {
         let r: pb::LeaseGrantResponse = self
             .unary(
                 "/etcdserverpb.Lease/LeaseGrant",
@@ -229,7 +232,7 @@ impl Client {
     }
 
     /// `Lease.LeaseRevoke`.
-    pub async fn lease_revoke(&self, id: i64) -> Result<pb::LeaseRevokeResponse, EtcdError> {
+    pub(super) async fn lease_revoke(&self, id: i64) -> Result<pb::LeaseRevokeResponse, EtcdError> {
         self.unary(
             "/etcdserverpb.Lease/LeaseRevoke",
             pb::LeaseRevokeRequest { id },
@@ -240,7 +243,7 @@ impl Client {
     /// `Lease.LeaseKeepAlive` for lease `id`: the first keep-alive is sent and its answer
     /// read (a TTL of 0 means the lease is gone: a `NotFound` status). Send more with
     /// [`KeepAlive::keep_alive`].
-    pub async fn lease_keep_alive(&self, id: i64) -> Result<KeepAlive, EtcdError> {
+    pub(super) async fn lease_keep_alive(&self, id: i64) -> Result<KeepAlive, EtcdError> {
         let (tx, mut stream) = self
             .stream::<_, pb::LeaseKeepAliveResponse>(
                 "/etcdserverpb.Lease/LeaseKeepAlive",
@@ -257,7 +260,7 @@ impl Client {
 
     /// `Watch.Watch` with one create request. The watch lives as long as the returned
     /// [`Watch`].
-    pub async fn watch(&self, create: pb::WatchCreateRequest) -> Result<Watch, EtcdError> {
+    pub(super) async fn watch(&self, create: pb::WatchCreateRequest) -> Result<Watch, EtcdError> {
         let req = pb::WatchRequest {
             request_union: Some(pb::watch_request::RequestUnion::CreateRequest(create)),
         };
@@ -277,7 +280,7 @@ pub(crate) struct KeepAlive {
 
 impl KeepAlive {
     /// Sends one keep-alive and returns the TTL the server answered (0: the lease expired).
-    pub async fn keep_alive(&mut self) -> Result<i64, EtcdError> {
+    pub(super) async fn keep_alive(&mut self) -> Result<i64, EtcdError> {
         self.tx
             .send(pb::LeaseKeepAliveRequest { id: self.id })
             .await
@@ -298,7 +301,7 @@ pub(crate) struct Watch {
 
 impl Watch {
     /// The next response; `None` when the server ended the stream.
-    pub async fn message(&mut self) -> Result<Option<pb::WatchResponse>, EtcdError> {
+    pub(super) async fn message(&mut self) -> Result<Option<pb::WatchResponse>, EtcdError> {
         Ok(self.stream.message().await?)
     }
 }

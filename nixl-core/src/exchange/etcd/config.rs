@@ -198,7 +198,7 @@ fn unescape(s: &str) -> Option<String> {
 }
 
 impl KeyLayout {
-    pub fn new(namespace: &str) -> Self {
+    pub(crate) fn new(namespace: &str) -> Self {
         KeyLayout {
             ns: namespace.trim_end_matches('/').to_owned(),
             escaped: true,
@@ -206,7 +206,7 @@ impl KeyLayout {
     }
 
     /// NIXL's layout: the namespace verbatim and names unescaped.
-    pub fn verbatim(namespace: &str) -> Self {
+    pub(crate) fn verbatim(namespace: &str) -> Self {
         KeyLayout {
             ns: namespace.to_owned(),
             escaped: false,
@@ -222,27 +222,27 @@ impl KeyLayout {
     }
 
     /// The namespace as configured, without a trailing `/`.
-    pub fn namespace(&self) -> &str {
+    pub(crate) fn namespace(&self) -> &str {
         &self.ns
     }
 
     /// `{namespace}/`: every agent's keys.
-    pub fn all_prefix(&self) -> String {
+    pub(crate) fn all_prefix(&self) -> String {
         format!("{}/", self.ns)
     }
 
     /// `{namespace}/{agent}/`: one agent's keys.
-    pub fn agent_prefix(&self, agent: &str) -> String {
+    pub(crate) fn agent_prefix(&self, agent: &str) -> String {
         format!("{}/{}/", self.ns, self.esc(agent))
     }
 
     /// `{namespace}/{agent}/{label}`.
-    pub fn key(&self, agent: &str, label: &str) -> String {
+    pub(crate) fn key(&self, agent: &str, label: &str) -> String {
         format!("{}/{}/{}", self.ns, self.esc(agent), self.esc(label))
     }
 
     /// The agent and label of a key under this namespace, `None` for any other key.
-    pub fn parse(&self, key: &[u8]) -> Option<(String, String)> {
+    pub(crate) fn parse(&self, key: &[u8]) -> Option<(String, String)> {
         let key = std::str::from_utf8(key).ok()?;
         let rest = key.strip_prefix(&self.ns)?.strip_prefix('/')?;
         let (agent, label) = rest.split_once('/')?;

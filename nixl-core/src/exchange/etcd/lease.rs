@@ -20,12 +20,12 @@ pub(crate) struct LeaseState {
 }
 
 impl LeaseState {
-    pub fn id(&self) -> i64 {
+    pub(super) fn id(&self) -> i64 {
         self.id.load(Ordering::SeqCst)
     }
 
     /// Forgets `id` if it is still the current lease (a stale report cannot drop a new one).
-    pub fn lost(&self, id: i64) {
+    pub(super) fn lost(&self, id: i64) {
         if self
             .id
             .compare_exchange(id, 0, Ordering::SeqCst, Ordering::SeqCst)
@@ -39,7 +39,7 @@ impl LeaseState {
     }
 
     /// The current lease, granting one first when there is none.
-    pub async fn ensure(&self, rpc: &Rpc, ttl_secs: i64, deadline: Instant) -> Result<i64> {
+    pub(super) async fn ensure(&self, rpc: &Rpc, ttl_secs: i64, deadline: Instant) -> Result<i64> {
         let _g = self.grant.lock().await;
         let id = self.id();
         if id != 0 {
@@ -56,7 +56,7 @@ impl LeaseState {
     }
 
     /// Takes the lease away for revoking; later publishes grant a new one.
-    pub fn take(&self) -> i64 {
+    pub(super) fn take(&self) -> i64 {
         self.id.swap(0, Ordering::SeqCst)
     }
 }

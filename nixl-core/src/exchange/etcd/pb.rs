@@ -12,7 +12,7 @@
 
 /// `etcdserverpb.ResponseHeader`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct ResponseHeader {
+pub(super) struct ResponseHeader {
     #[prost(uint64, tag = "1")]
     pub cluster_id: u64,
     #[prost(uint64, tag = "2")]
@@ -25,7 +25,7 @@ pub struct ResponseHeader {
 
 /// `mvccpb.KeyValue`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct KeyValue {
+pub(super) struct KeyValue {
     #[prost(bytes = "vec", tag = "1")]
     pub key: Vec<u8>,
     #[prost(int64, tag = "2")]
@@ -50,7 +50,7 @@ pub enum EventType {
 
 /// `mvccpb.Event`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct Event {
+pub(super) struct Event {
     #[prost(enumeration = "EventType", tag = "1")]
     pub r#type: i32,
     #[prost(message, optional, tag = "2")]
@@ -59,7 +59,7 @@ pub struct Event {
 
 /// `etcdserverpb.RangeRequest` (sorting and revision filters left out).
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct RangeRequest {
+pub(super) struct RangeRequest {
     #[prost(bytes = "vec", tag = "1")]
     pub key: Vec<u8>,
     #[prost(bytes = "vec", tag = "2")]
@@ -78,7 +78,7 @@ pub struct RangeRequest {
 
 /// `etcdserverpb.RangeResponse`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct RangeResponse {
+pub(super) struct RangeResponse {
     #[prost(message, optional, tag = "1")]
     pub header: Option<ResponseHeader>,
     #[prost(message, repeated, tag = "2")]
@@ -91,7 +91,7 @@ pub struct RangeResponse {
 
 /// `etcdserverpb.PutRequest`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct PutRequest {
+pub(super) struct PutRequest {
     #[prost(bytes = "vec", tag = "1")]
     pub key: Vec<u8>,
     #[prost(bytes = "vec", tag = "2")]
@@ -102,14 +102,14 @@ pub struct PutRequest {
 
 /// `etcdserverpb.PutResponse`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct PutResponse {
+pub(super) struct PutResponse {
     #[prost(message, optional, tag = "1")]
     pub header: Option<ResponseHeader>,
 }
 
 /// `etcdserverpb.DeleteRangeRequest`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct DeleteRangeRequest {
+pub(super) struct DeleteRangeRequest {
     #[prost(bytes = "vec", tag = "1")]
     pub key: Vec<u8>,
     #[prost(bytes = "vec", tag = "2")]
@@ -118,7 +118,7 @@ pub struct DeleteRangeRequest {
 
 /// `etcdserverpb.DeleteRangeResponse`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct DeleteRangeResponse {
+pub(super) struct DeleteRangeResponse {
     #[prost(message, optional, tag = "1")]
     pub header: Option<ResponseHeader>,
     #[prost(int64, tag = "2")]
@@ -127,16 +127,16 @@ pub struct DeleteRangeResponse {
 
 /// `etcdserverpb.RequestOp` (nested transactions left out).
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct RequestOp {
+pub(super) struct RequestOp {
     #[prost(oneof = "request_op::Request", tags = "1, 2, 3")]
     pub request: Option<request_op::Request>,
 }
 
 /// Nested types of [`RequestOp`].
-pub mod request_op {
+pub(super) mod request_op {
     /// `etcdserverpb.RequestOp.request`.
     #[derive(Clone, PartialEq, prost::Oneof)]
-    pub enum Request {
+    pub(crate) enum Request {
         #[prost(message, tag = "1")]
         Range(super::RangeRequest),
         #[prost(message, tag = "2")]
@@ -148,16 +148,16 @@ pub mod request_op {
 
 /// `etcdserverpb.ResponseOp` (nested transactions left out).
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct ResponseOp {
+pub(super) struct ResponseOp {
     #[prost(oneof = "response_op::Response", tags = "1, 2, 3")]
     pub response: Option<response_op::Response>,
 }
 
 /// Nested types of [`ResponseOp`].
-pub mod response_op {
+pub(super) mod response_op {
     /// `etcdserverpb.ResponseOp.response`.
     #[derive(Clone, PartialEq, prost::Oneof)]
-    pub enum Response {
+    pub(crate) enum Response {
         #[prost(message, tag = "1")]
         Range(super::RangeResponse),
         #[prost(message, tag = "2")]
@@ -169,7 +169,7 @@ pub mod response_op {
 
 /// `etcdserverpb.TxnRequest` (without comparisons: every transaction here succeeds).
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct TxnRequest {
+pub(super) struct TxnRequest {
     #[prost(message, repeated, tag = "2")]
     pub success: Vec<RequestOp>,
     #[prost(message, repeated, tag = "3")]
@@ -178,7 +178,7 @@ pub struct TxnRequest {
 
 /// `etcdserverpb.TxnResponse`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct TxnResponse {
+pub(super) struct TxnResponse {
     #[prost(message, optional, tag = "1")]
     pub header: Option<ResponseHeader>,
     #[prost(bool, tag = "2")]
@@ -189,7 +189,7 @@ pub struct TxnResponse {
 
 /// `etcdserverpb.WatchCreateRequest` (filters, prev_kv and fragmenting left out).
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct WatchCreateRequest {
+pub(super) struct WatchCreateRequest {
     #[prost(bytes = "vec", tag = "1")]
     pub key: Vec<u8>,
     #[prost(bytes = "vec", tag = "2")]
@@ -203,16 +203,16 @@ pub struct WatchCreateRequest {
 /// `etcdserverpb.WatchRequest` (cancel and progress requests left out: a watch ends when its
 /// stream is dropped).
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct WatchRequest {
+pub(super) struct WatchRequest {
     #[prost(oneof = "watch_request::RequestUnion", tags = "1")]
     pub request_union: Option<watch_request::RequestUnion>,
 }
 
 /// Nested types of [`WatchRequest`].
-pub mod watch_request {
+pub(super) mod watch_request {
     /// `etcdserverpb.WatchRequest.request_union`.
     #[derive(Clone, PartialEq, prost::Oneof)]
-    pub enum RequestUnion {
+    pub(crate) enum RequestUnion {
         #[prost(message, tag = "1")]
         CreateRequest(super::WatchCreateRequest),
     }
@@ -220,7 +220,7 @@ pub mod watch_request {
 
 /// `etcdserverpb.WatchResponse`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct WatchResponse {
+pub(super) struct WatchResponse {
     #[prost(message, optional, tag = "1")]
     pub header: Option<ResponseHeader>,
     #[prost(int64, tag = "2")]
@@ -239,7 +239,7 @@ pub struct WatchResponse {
 
 /// `etcdserverpb.LeaseGrantRequest`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct LeaseGrantRequest {
+pub(super) struct LeaseGrantRequest {
     #[prost(int64, tag = "1")]
     pub ttl: i64,
     #[prost(int64, tag = "2")]
@@ -248,7 +248,7 @@ pub struct LeaseGrantRequest {
 
 /// `etcdserverpb.LeaseGrantResponse`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct LeaseGrantResponse {
+pub(super) struct LeaseGrantResponse {
     #[prost(message, optional, tag = "1")]
     pub header: Option<ResponseHeader>,
     #[prost(int64, tag = "2")]
@@ -261,28 +261,28 @@ pub struct LeaseGrantResponse {
 
 /// `etcdserverpb.LeaseRevokeRequest`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct LeaseRevokeRequest {
+pub(super) struct LeaseRevokeRequest {
     #[prost(int64, tag = "1")]
     pub id: i64,
 }
 
 /// `etcdserverpb.LeaseRevokeResponse`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct LeaseRevokeResponse {
+pub(super) struct LeaseRevokeResponse {
     #[prost(message, optional, tag = "1")]
     pub header: Option<ResponseHeader>,
 }
 
 /// `etcdserverpb.LeaseKeepAliveRequest`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct LeaseKeepAliveRequest {
+pub(super) struct LeaseKeepAliveRequest {
     #[prost(int64, tag = "1")]
     pub id: i64,
 }
 
 /// `etcdserverpb.LeaseKeepAliveResponse`.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct LeaseKeepAliveResponse {
+pub(super) struct LeaseKeepAliveResponse {
     #[prost(message, optional, tag = "1")]
     pub header: Option<ResponseHeader>,
     #[prost(int64, tag = "2")]

@@ -35,7 +35,7 @@ pub(crate) struct Rpc {
 impl Rpc {
     /// Creates the client (connections are made lazily; a dead endpoint shows up as errors of
     /// the first requests). Must run inside the exchange's runtime.
-    pub fn connect(
+    pub(super) fn connect(
         agent: &str,
         endpoints: &[String],
         request_timeout: Duration,
@@ -60,7 +60,7 @@ impl Rpc {
     /// Runs `f` with up to `retries` retries of transient failures, each attempt bounded by
     /// the request timeout and all of them by `deadline`. Returns the last error: a
     /// [`Error::TimedOut`] when the last attempt ran out of time, else the etcd error.
-    pub async fn call<T, F, Fut>(&self, what: &str, deadline: Instant, mut f: F) -> Result<T>
+    pub(super) async fn call<T, F, Fut>(&self, what: &str, deadline: Instant, mut f: F) -> Result<T>
     where
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = std::result::Result<T, EtcdError>>,
@@ -93,7 +93,7 @@ impl Rpc {
     }
 
     /// The deadline of a call that may use every retry.
-    pub fn default_deadline(&self) -> Instant {
+    pub(super) fn default_deadline(&self) -> Instant {
         let attempts = self.retries.saturating_add(1);
         let pauses = MAX_BACKOFF.saturating_mul(attempts);
         Instant::now() + self.request_timeout.saturating_mul(attempts) + pauses

@@ -37,7 +37,7 @@ pub(crate) struct PeerTable {
 impl PeerTable {
     /// A table whose watch starts after `revision` (everything up to it is reflected in
     /// reads made from now on).
-    pub fn starting_after(revision: i64) -> Self {
+    pub(super) fn starting_after(revision: i64) -> Self {
         PeerTable {
             state: Mutex::new(State {
                 peers: HashMap::new(),
@@ -49,7 +49,7 @@ impl PeerTable {
     /// Starts watching `label` of `peer` at `generation`, loaded from a read at `revision`.
     /// Returns true when events newer than that read were already handled (before this
     /// registration), so the caller must re-read the key to not miss a deletion.
-    pub fn track(&self, peer: &str, generation: u64, label: &str, revision: i64) -> bool {
+    pub(super) fn track(&self, peer: &str, generation: u64, label: &str, revision: i64) -> bool {
         let mut st = self.state.lock();
         let w = st.peers.entry(peer.to_owned()).or_insert_with(|| Watched {
             generation,
@@ -66,7 +66,7 @@ impl PeerTable {
     }
 
     /// Stops watching `peer` if it is still at `generation` (any generation for `None`).
-    pub fn untrack(&self, peer: &str, generation: Option<u64>) {
+    pub(super) fn untrack(&self, peer: &str, generation: Option<u64>) {
         let mut st = self.state.lock();
         if st
             .peers
@@ -78,13 +78,13 @@ impl PeerTable {
     }
 
     /// Names of watched peers, sorted.
-    pub fn names(&self) -> Vec<String> {
+    pub(super) fn names(&self) -> Vec<String> {
         let mut v: Vec<String> = self.state.lock().peers.keys().cloned().collect();
         v.sort();
         v
     }
 
-    pub fn handled(&self) -> i64 {
+    pub(super) fn handled(&self) -> i64 {
         self.state.lock().handled
     }
 

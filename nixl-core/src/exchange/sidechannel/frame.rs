@@ -199,12 +199,12 @@ impl Frame<'_> {
 
 /// Error codes of `Err` replies (so a client can return the server's error kind).
 pub(crate) mod code {
-    pub const OTHER: u8 = 0;
-    pub const NOT_ALLOWED: u8 = 1;
-    pub const NOT_FOUND: u8 = 2;
-    pub const LIMIT: u8 = 3;
-    pub const DECODE: u8 = 4;
-    pub const MISMATCH: u8 = 5;
+    pub(crate) const OTHER: u8 = 0;
+    pub(crate) const NOT_ALLOWED: u8 = 1;
+    pub(crate) const NOT_FOUND: u8 = 2;
+    pub(crate) const LIMIT: u8 = 3;
+    pub(crate) const DECODE: u8 = 4;
+    pub(crate) const MISMATCH: u8 = 5;
 }
 
 /// The payload of an `Err` reply.
@@ -231,7 +231,7 @@ pub(crate) struct Budget {
 
 impl Budget {
     /// Reserves `n` bytes if the total stays within `cap`.
-    pub fn reserve(&self, n: usize, cap: usize) -> Option<Reservation<'_>> {
+    pub(crate) fn reserve(&self, n: usize, cap: usize) -> Option<Reservation<'_>> {
         let mut cur = self.used.load(Ordering::Relaxed);
         loop {
             let next = cur.checked_add(n).filter(|&v| v <= cap)?;
@@ -247,7 +247,7 @@ impl Budget {
 
     /// Bytes reserved now.
     #[cfg(test)]
-    pub fn used(&self) -> usize {
+    pub(crate) fn used(&self) -> usize {
         self.used.load(Ordering::Relaxed)
     }
 }

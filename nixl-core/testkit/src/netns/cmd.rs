@@ -64,7 +64,7 @@ pub(crate) struct Tools {
 
 impl Tools {
     /// Finds every tool; `Unsupported` naming what is missing (the caller skips).
-    pub fn find() -> io::Result<Tools> {
+    pub(super) fn find() -> io::Result<Tools> {
         let need = |n: &str, pkg: &str| {
             find_tool(n).ok_or_else(|| {
                 unsupported(format!(
@@ -82,12 +82,12 @@ impl Tools {
     }
 
     /// `ip` with arguments.
-    pub fn ip(&self, args: &[&str]) -> io::Result<Output> {
+    pub(super) fn ip(&self, args: &[&str]) -> io::Result<Output> {
         run(&self.ip, args)
     }
 
     /// The pids of every process inside network namespace `ns`.
-    pub fn pids(&self, ns: &str) -> Vec<u32> {
+    pub(super) fn pids(&self, ns: &str) -> Vec<u32> {
         match self.ip(&["netns", "pids", ns]) {
             Ok(out) => String::from_utf8_lossy(&out.stdout)
                 .split_whitespace()
@@ -98,7 +98,7 @@ impl Tools {
     }
 
     /// SIGKILLs the given pids.
-    pub fn kill(&self, pids: &[u32]) {
+    pub(super) fn kill(&self, pids: &[u32]) {
         for &pid in pids {
             // A process that exited meanwhile is fine.
             if let Err(e) = crate::signal::send(pid, crate::signal::Sig::Kill) {
@@ -109,7 +109,7 @@ impl Tools {
 
     /// Kills every process inside `ns`, then deletes it. Errors are logged: this runs from
     /// `Drop` and the sweeper.
-    pub fn remove_ns(&self, ns: &str) {
+    pub(super) fn remove_ns(&self, ns: &str) {
         // Processes forked while we kill (a dying server's children) are caught by a second pass.
         for _ in 0..3 {
             let pids = self.pids(ns);
@@ -124,7 +124,7 @@ impl Tools {
     }
 
     /// Names of every network namespace `ip netns list` shows.
-    pub fn list_ns(&self) -> Vec<String> {
+    pub(super) fn list_ns(&self) -> Vec<String> {
         match self.ip(&["netns", "list"]) {
             Ok(out) => String::from_utf8_lossy(&out.stdout)
                 .lines()

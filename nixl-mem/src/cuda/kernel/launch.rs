@@ -16,7 +16,11 @@ pub(crate) struct CopyKernel {
 impl CopyKernel {
     /// JIT-compiles the PTX of `shape` (already validated) for GPU `ordinal` in `ctx`. The
     /// error says why, with the JIT log.
-    pub fn load(ctx: Arc<CudaContext>, ordinal: usize, shape: KernelShape) -> Result<Self, String> {
+    pub(crate) fn load(
+        ctx: Arc<CudaContext>,
+        ordinal: usize,
+        shape: KernelShape,
+    ) -> Result<Self, String> {
         shape.validate()?;
         bind(&ctx).map_err(|e| e.to_string())?;
         let text = ptx(&shape);
@@ -49,22 +53,22 @@ impl CopyKernel {
     }
 
     /// The shape it was compiled for.
-    pub fn shape(&self) -> &KernelShape {
+    pub(crate) fn shape(&self) -> &KernelShape {
         &self.shape
     }
 
     /// The grid for `count` descriptors cut one by one (see [`grid`]).
-    pub fn grid(&self, count: u64) -> u32 {
+    pub(crate) fn grid(&self, count: u64) -> u32 {
         grid(&self.shape, count, self.resident)
     }
 
     /// The descriptors and grid for `segments` (see [`plan`]).
-    pub fn plan(&self, segments: &[Segment]) -> (Vec<Segment>, u32) {
+    pub(crate) fn plan(&self, segments: &[Segment]) -> (Vec<Segment>, u32) {
         plan(segments, &self.shape, self.resident)
     }
 
     /// Whether the block kernel loaded.
-    pub fn has_blocks(&self) -> bool {
+    pub(crate) fn has_blocks(&self) -> bool {
         self.blocks.is_some()
     }
 
@@ -74,7 +78,7 @@ impl CopyKernel {
     /// Crate invariant (see `crate::sys`): `table` holds the table (stream-ordered before this
     /// launch), whose generated copies are device memory this context can reach, live until
     /// the launch completes, no two in [`conflict`].
-    pub fn launch_blocks(
+    pub(crate) fn launch_blocks(
         &self,
         table: u64,
         layout: &BlockLayout,
@@ -107,7 +111,7 @@ impl CopyKernel {
     /// before this launch) whose ranges are device memory this context can reach, live until
     /// the launch completes, with no destination overlapping another descriptor's source or
     /// destination (see [`conflict`]).
-    pub fn launch(
+    pub(crate) fn launch(
         &self,
         descs: u64,
         count: u64,

@@ -205,14 +205,26 @@ def main():
     print(f"== library functions over 80 lines: {len(longs)}")
     for f, line, n in longs:
         print(f"  {f}:{line}: {n}")
-    parsers = []
-    for d in ["benches", "examples", "nixl-mem/examples", "nixl-backend-gds/benches", "nixl-backend-libfabric/benches",
-              "nixl-backend-ucx/benches", "nixl-core/benches"]:
-        for f in sorted((ROOT / d).rglob("*.rs")) if (ROOT / d).exists() else []:
-            t = f.read_text(errors="replace")
-            if re.search(r'"--[a-z][a-z-]*"\s*=>', t) and "clap" not in t:
+    # A program (a bench, bin or example and the folder of modules beside it) that reads
+    # std::env::args or matches "--flag" strings without clap parses its arguments by hand.
+    parsers, with_clap = [], []
+    for d in ["benches", "examples"] + [f"{c}/{k}" for c in CRATES for k in ("examples", "benches")]:
+        root = ROOT / d
+        if not root.exists():
+            continue
+        programs = [f for f in sorted(root.glob("*.rs"))] + [f for f in sorted(root.glob("*/main.rs"))]
+        for f in programs:
+            folder = f.parent / f.stem if f.name != "main.rs" else f.parent
+            texts = [f.read_text(errors="replace")] + [m.read_text(errors="replace") for m in
+                                                      (sorted(folder.rglob("*.rs")) if folder.is_dir() and f.name != "main.rs" else
+                                                       [x for x in sorted(folder.rglob("*.rs")) if x != f] if f.name == "main.rs" else [])]
+            t = "\n".join(texts)
+            reads = "std::env::args" in t or re.search(r'"--[a-z][a-z-]*"\s*=>', t)
+            if "clap::" in t:
+                with_clap.append(f.relative_to(ROOT))
+            elif reads:
                 parsers.append(f.relative_to(ROOT))
-    print(f"== hand-written argument parsers: {len(parsers)}")
+    print(f"== argument parsers: clap in {len(with_clap)} programs; hand-written: {len(parsers)}")
     for p in parsers:
         print(f"  {p}")
     helpers = sorted(p.relative_to(ROOT) for p in ROOT.glob("**/tests/**/mod.rs") if "target" not in p.parts)

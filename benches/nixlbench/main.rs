@@ -5,11 +5,11 @@
 //! its storage backends.
 //!
 //! ```text
-//! cargo bench --bench nixlbench -- --op WRITE --start-block-size 4096 --max-block-size 67108864 \
+//! cargo bench -p nixl-bench --bench nixlbench -- --op WRITE --start-block-size 4096 --max-block-size 67108864 \
 //!     --start-batch-size 1 --max-batch-size 32
-//! cargo bench --bench nixlbench -- --mode kv --model-layers 32 --kv-heads 8 --head-dim 128 \
+//! cargo bench -p nixl-bench --bench nixlbench -- --mode kv --model-layers 32 --kv-heads 8 --head-dim 128 \
 //!     --dtype-bytes 2 --tokens-per-block 16 --seq-len 4096 --tp 1
-//! cargo bench --bench nixlbench -- --blocks 4096,1048576 --batches 1,32 --json
+//! cargo bench -p nixl-bench --bench nixlbench -- --blocks 4096,1048576 --batches 1,32 --json
 //! ```
 //! Knobs (NIXL's names): `--op READ|WRITE`, `--initiator-seg-type DRAM|VRAM`,
 //! `--target-seg-type DRAM|VRAM`, `--start-block-size`, `--max-block-size`, `--start-batch-size`,
@@ -650,7 +650,7 @@ fn initiator(o: &Opts) -> Res<()> {
 #[cfg(not(feature = "posix"))]
 fn storage(o: &Opts) -> Res<()> {
     Err(format!(
-        "--backend {:?} needs the storage backends: cargo bench --features posix (gds for GDS)",
+        "--backend {:?} needs the storage backends: cargo bench -p nixl-bench --features posix (gds for GDS)",
         o.backend
     )
     .into())

@@ -8,7 +8,7 @@ one request by index (`make_prepped_xfer`) and posts it repeatedly (`transfer` +
 `check_xfer_state`). Prints one JSON object per point: block, batch, op, GB/s, median and p99
 request latency in microseconds.
 
-Same pattern as `cargo bench --bench nixlbench -- --mode sweep`. Install the reference with
+Same pattern as `cargo bench -p nixl-bench --bench nixlbench -- --mode sweep`. Install the reference with
     pip install --no-deps --target /opt/nixl-deps/nixl-ref nixl-cu13==1.5.1 && \
     pip install --target /opt/nixl-deps/nixl-ref numpy
 and run with PYTHONPATH=/opt/nixl-deps/nixl-ref.

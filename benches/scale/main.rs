@@ -2,9 +2,9 @@
 //! sizes (issue 14), so superlinear costs show as a rising column.
 //!
 //! ```text
-//! cargo bench --bench scale -- --backend NULL,INPROC,UCX --descs 1024,8192,65536,131072
-//! cargo bench --bench scale -- --backend INPROC --mode kv --model llama3-8b,llama3-70b,moe16
-//! cargo bench --bench scale -- --backend CUDA_IPC --mode all          # on a GPU machine
+//! cargo bench -p nixl-bench --bench scale -- --backend NULL,INPROC,UCX --descs 1024,8192,65536,131072
+//! cargo bench -p nixl-bench --bench scale -- --backend INPROC --mode kv --model llama3-8b,llama3-70b,moe16
+//! cargo bench -p nixl-bench --bench scale -- --backend CUDA_IPC --mode all          # on a GPU machine
 //! ```
 //! Two agents in one process (the initiator and the target), each with the backend under test:
 //! `NULL` (this bench's measuring device: nixl-core's own cost, nothing moved), `INPROC`

@@ -2,7 +2,7 @@
 # Installs what nixl-core's `etcd` tests and examples need on Debian 12 and Ubuntu 24.04
 # (building the feature needs nothing: its etcd client is pure Rust, no protoc):
 #   - etcd-server: the real `etcd` binary that nixl-core/tests/etcd.rs and
-#     nixl-core/examples/etcd_scale.rs start on 127.0.0.1 (Debian 12 ships 3.4.23, Ubuntu
+#     benches/etcd_scale.rs start on 127.0.0.1 (Debian 12 ships 3.4.23, Ubuntu
 #     24.04 3.4.30, in universe).
 # The package also starts an etcd system service on a default install; the tests do not use it
 # (each starts its own server on free ports), so it is stopped and disabled when systemd runs

@@ -40,9 +40,9 @@ NIXL_PYTHONPATH="$PWD/.carry/nixl312" bash benches/reference/native/build.sh "$B
 strip "$BIN/nixl_native"
 # shellcheck source=scripts/gpu/pick.sh
 . scripts/gpu/pick.sh
-exe=$(cargo build --release --bench nixlbench --message-format=json 2>/dev/null | pick nixlbench)
+exe=$(cargo build --release -p nixl-bench --bench nixlbench --message-format=json 2>/dev/null | pick nixlbench)
 cp "$exe" "$BIN/nixlbench"
-exe=$(cargo build --release -p nixl-mem --example gpu_bench --message-format=json 2>/dev/null | pick gpu_bench)
+exe=$(cargo build --release -p nixl-bench --bin gpu_bench --message-format=json 2>/dev/null | pick gpu_bench)
 cp "$exe" "$BIN/gpu_bench"
 du -sh "$BIN"/* .carry/nixl312
 echo "native_build.sh: total $(du -csh .carry/nixl312 "$BIN" | tail -n1 | cut -f1) (limit 64 MiB per call)"

@@ -23,8 +23,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-mem}"
 export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
 BIN=.carry/bin
 mkdir -p "$BIN"
-cargo build --release -p nixl-mem --example gpu_bench
-cp "$CARGO_TARGET_DIR/release/examples/gpu_bench" "$BIN/gpu_bench"
+cargo build --release -p nixl-bench --bin gpu_bench
+cp "$CARGO_TARGET_DIR/release/gpu_bench" "$BIN/gpu_bench"
 # Test executables: the lib's unit tests and the tests/gpu*.rs integration tests.
 cargo test --release -p nixl-mem --no-run --message-format=json 2>/dev/null \
   | python3 -c '

@@ -23,7 +23,7 @@ BIN=.carry/bin
 mkdir -p "$BIN"
 # shellcheck source=scripts/gpu/pick.sh
 . scripts/gpu/pick.sh
-scale=$(cargo bench --bench scale --no-run --message-format=json 2>/dev/null | pick scale)
+scale=$(cargo bench -p nixl-bench --bench scale --no-run --message-format=json 2>/dev/null | pick scale)
 cp "$scale" "$BIN/scale"
 strip "$BIN/scale"
 blocks=$(cargo test --release -p nixl-mem --test gpu_blocks --no-run --message-format=json 2>/dev/null | pick gpu_blocks)

@@ -49,7 +49,7 @@ if missing:
     sys.exit("not built: " + ", ".join(sorted(missing)))
 ' "$BIN" "$@"
 }
-cargo bench -p nixl-backend-gds --features gds --bench storage_vram --no-run --message-format=json 2>/dev/null \
+cargo bench -p nixl-bench --features gds --bench storage_vram --no-run --message-format=json 2>/dev/null \
   | pick bench:storage_vram=storage_vram
 cargo test --release -p nixl-backend-gds --features gds --test vram_file --test gds --no-run --message-format=json 2>/dev/null \
   | pick test:vram_file=storage-vram-file-test test:gds=storage-gds-test

@@ -29,9 +29,9 @@ BIN=.carry/bin
 mkdir -p "$BIN"
 # shellcheck source=scripts/gpu/pick.sh
 . scripts/gpu/pick.sh
-cp "$(cargo build --release -p nixl-mem --example gpu_bench --message-format=json 2>/dev/null | pick gpu_bench)" "$BIN/gpu_bench"
+cp "$(cargo build --release -p nixl-bench --bin gpu_bench --message-format=json 2>/dev/null | pick gpu_bench)" "$BIN/gpu_bench"
 cp "$(cargo build --release --all-features --example disagg_kv --message-format=json 2>/dev/null | pick disagg_kv)" "$BIN/disagg_kv"
-cp "$(cargo build --release --bench nixlbench --message-format=json 2>/dev/null | pick nixlbench)" "$BIN/nixlbench"
+cp "$(cargo build --release -p nixl-bench --bench nixlbench --message-format=json 2>/dev/null | pick nixlbench)" "$BIN/nixlbench"
 [ -f .carry/ucx/lib/libucp.so.0 ] || echo "no .carry/ucx: run scripts/gpu.sh all build once for the UCX libraries" >&2
 du -sh "$BIN"/gpu_bench "$BIN"/disagg_kv "$BIN"/nixlbench
 )

@@ -33,7 +33,7 @@ build() {
     cargo test --release -p nixl-mem --test two_gpus --test gpu_agent --test gpu_blocks --test gpu \
         --no-run --message-format=json 2>/dev/null | pick two_gpus gpu_agent gpu_blocks gpu \
         | while read -r name exe; do cp "$exe" "$bin/test-$name"; done
-    cargo build --release -p nixl-mem --example paged_bench --message-format=json 2>/dev/null \
+    cargo build --release -p nixl-bench --bin paged_bench --message-format=json 2>/dev/null \
         | pick paged_bench | while read -r name exe; do cp "$exe" "$bin/$name"; done
     cargo build --release --example disagg_kv --message-format=json 2>/dev/null \
         | pick disagg_kv | while read -r name exe; do cp "$exe" "$bin/$name"; done

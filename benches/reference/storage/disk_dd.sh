@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the disk itself does with O_DIRECT, measured with dd in the same run as the benches:
 # 16 MiB and 1 MiB blocks, 1 GiB written then read, bypassing the page cache.
-#   bash benches/reference/disk_dd.sh [DIR]
+#   bash benches/reference/storage/disk_dd.sh [DIR]
 set -euo pipefail
 DIR="${1:-/tmp}"
 F="$DIR/nixl-dd-$$.bin"

@@ -5,7 +5,7 @@ plugin (NIXL 1.5.1), for a same-run comparison.
 Install (once, outside any system Python):
     python3 -m pip install --target /opt/nixl-deps/nixl-ref 'nixl-cu13==1.5.1'
 Run:
-    PYTHONPATH=/opt/nixl-deps/nixl-ref python3 benches/reference/nixl_posix.py [--dir PATH] [--iters N]
+    PYTHONPATH=/opt/nixl-deps/nixl-ref python3 benches/reference/storage/nixl_posix.py [--dir PATH] [--iters N]
 
 Each pattern: a 1 GiB file, `count` blocks of `block` bytes per request, prepared once per file
 window (make_prepped_xfer), one warm-up pass over the windows, then `iters` posts; throughput =
@@ -14,7 +14,7 @@ bytes / wall time of transfer + polling to DONE.
 Lockstep mode (the comparison docs/perf/storage.md reports): drives nixl-rs's `storage` bench
 binary in `--serve` mode and takes turns with it on the same disk, so both see the same disk
 state (this VM's disk rate moves by 2x over minutes):
-    PYTHONPATH=/opt/nixl-deps/nixl-ref python3 benches/reference/nixl_posix.py --dir /tmp \
+    PYTHONPATH=/opt/nixl-deps/nixl-ref python3 benches/reference/storage/nixl_posix.py --dir /tmp \
         --lockstep /path/to/storage-<hash> [--rounds 8] [--turn 10] [--fio]
 Per pattern and op, each round runs `turn` requests on NIXL, on nixl-rs and (O_DIRECT patterns)
 on the disk alone (a synchronous O_DIRECT pwrite/pread per block from Python, what `dd` does),

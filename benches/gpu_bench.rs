@@ -141,7 +141,7 @@ fn max_bytes(a: &Args) -> u64 {
     a.blocks as u64 * a.sizes.iter().max().copied().unwrap_or(1) * MIB
 }
 
-/// The target: a VRAM pool, metadata to a file, then waits for "done <seed> <len>" and checks
+/// The target: a VRAM pool, metadata to a file, then waits for `done <seed> <len>` and checks
 /// that its pool holds the last WRITE's pattern.
 fn target(a: &Args) -> Result<()> {
     let agent = Agent::new("bench-target", AgentConfig::default())?;

@@ -2,7 +2,7 @@
 //! to 16 MiB between two agents, in one process and in two processes (this binary spawns
 //! itself as the target), on the tcp (loopback, 1 and 2 rails) and shm providers.
 //!
-//! `cargo bench -p nixl-backend-libfabric --bench throughput` prints a markdown table (GB/s,
+//! `cargo bench -p nixl-bench --bench throughput` prints a markdown table (GB/s,
 //! 1 GB = 10^9 bytes). Options after `--`: `--provider tcp|shm|efa|...`, `--rails N`,
 //! `--procs 1|2`, `--min-time-ms N`, `--sizes 4096,65536,...`. Without `--bench` (as under
 //! `cargo test`) it runs one tiny point as a smoke test.
@@ -44,10 +44,28 @@ fn params(c: &Config) -> LibfabricParams {
     }
 }
 
-fn arg(args: &[String], name: &str) -> Option<String> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
+/// The bench's options (after `--`).
+#[derive(clap::Parser, Debug)]
+#[command(about = "Throughput of the LIBFABRIC backend (GB/s)")]
+struct Cli {
+    /// Given by `cargo bench`: the full sweep (without it, one tiny smoke point).
+    #[arg(long)]
+    bench: bool,
+    /// One provider (tcp, shm, efa, ...) instead of the default set.
+    #[arg(long)]
+    provider: Option<String>,
+    /// Rails of `--provider`.
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
+    rails: usize,
+    /// 1: both agents in this process; 2: the target in a child process.
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=2))]
+    procs: usize,
+    /// Time per point, milliseconds (400 with `--bench`, else 1).
+    #[arg(long = "min-time-ms")]
+    min_time_ms: Option<u64>,
+    /// Block sizes in bytes, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    sizes: Option<Vec<usize>>,
 }
 
 fn main() {
@@ -58,15 +76,11 @@ fn main() {
         }
         return;
     }
-    let args: Vec<String> = std::env::args().collect();
-    let full = args.iter().any(|a| a == "--bench");
-    let min_time = Duration::from_millis(
-        arg(&args, "--min-time-ms")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(if full { 400 } else { 1 }),
-    );
-    let sizes: Vec<usize> = match arg(&args, "--sizes") {
-        Some(s) => s.split(',').filter_map(|x| x.trim().parse().ok()).collect(),
+    let cli = <Cli as clap::Parser>::parse();
+    let full = cli.bench;
+    let min_time = Duration::from_millis(cli.min_time_ms.unwrap_or(if full { 400 } else { 1 }));
+    let sizes: Vec<usize> = match cli.sizes {
+        Some(s) => s,
         None if full => vec![
             4 << 10,
             16 << 10,
@@ -78,52 +92,21 @@ fn main() {
         ],
         None => vec![4 << 10],
     };
-    let configs: Vec<Config> = match arg(&args, "--provider") {
-        Some(p) => {
-            let rails = arg(&args, "--rails")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(1);
-            let procs = arg(&args, "--procs")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(1);
-            vec![Config {
-                provider: p,
-                rails,
-                procs,
-            }]
-        }
+    let config = |provider: &str, rails, procs| Config {
+        provider: provider.into(),
+        rails,
+        procs,
+    };
+    let configs: Vec<Config> = match cli.provider {
+        Some(p) => vec![config(&p, cli.rails, cli.procs)],
         None if full => vec![
-            Config {
-                provider: "tcp".into(),
-                rails: 1,
-                procs: 1,
-            },
-            Config {
-                provider: "tcp".into(),
-                rails: 2,
-                procs: 1,
-            },
-            Config {
-                provider: "shm".into(),
-                rails: 1,
-                procs: 1,
-            },
-            Config {
-                provider: "tcp".into(),
-                rails: 1,
-                procs: 2,
-            },
-            Config {
-                provider: "shm".into(),
-                rails: 1,
-                procs: 2,
-            },
+            config("tcp", 1, 1),
+            config("tcp", 2, 1),
+            config("shm", 1, 1),
+            config("tcp", 1, 2),
+            config("shm", 1, 2),
         ],
-        None => vec![Config {
-            provider: "tcp".into(),
-            rails: 1,
-            procs: 1,
-        }],
+        None => vec![config("tcp", 1, 1)],
     };
     if let Err(e) = nixl_backend_libfabric::library_status() {
         eprintln!("skipping the libfabric bench: {e}");

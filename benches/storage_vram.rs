@@ -4,7 +4,7 @@
 //! buffer then `pwrite` (and `pread` then `cuMemcpy`), one descriptor after another.
 //!
 //! ```text
-//! cargo bench -p nixl-backend-gds --features gds --bench storage_vram -- \
+//! cargo bench -p nixl-bench --features gds --bench storage_vram -- \
 //!     [--dir PATH] [--size-mib 64,256] [--block-mib 1,16] [--iters N]
 //!     [--bounce-chunk-mib N] [--threads N] [--only-posix]
 //! ```

@@ -4,13 +4,13 @@
 //! and through the side channel, timed phase by phase.
 //!
 //! ```text
-//! cargo run --release -p nixl-core --features etcd --example etcd_scale -- [AGENTS] [ROUNDS]
+//! cargo run --release -p nixl-bench --bin etcd_scale -- [AGENTS] [ROUNDS]
 //! ```
 //! Starts its own etcd on 127.0.0.1 unless `NIXL_ETCD_ENDPOINTS` names one.
 
 #[cfg(not(feature = "etcd"))]
 fn main() {
-    eprintln!("etcd_scale needs the etcd feature: cargo run -p nixl-core --features etcd --example etcd_scale");
+    eprintln!("etcd_scale needs the etcd feature: cargo run --release -p nixl-bench --features etcd --bin etcd_scale");
 }
 
 #[cfg(feature = "etcd")]
@@ -266,13 +266,19 @@ mod scale {
         );
     }
 
+    /// Metadata at cluster scale through etcd and the side channel.
+    #[derive(clap::Parser, Debug)]
+    struct Cli {
+        /// Agents (threads of this process).
+        #[arg(default_value_t = 64, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..))]
+        n: usize,
+        /// Rounds of the three runs.
+        #[arg(default_value_t = 3)]
+        rounds: usize,
+    }
+
     pub(crate) fn main() -> Result<(), Box<dyn std::error::Error>> {
-        let mut args = std::env::args().skip(1);
-        let n: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(64);
-        let rounds: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(3);
-        if n < 2 {
-            return Err("need at least 2 agents".into());
-        }
+        let Cli { n, rounds } = <Cli as clap::Parser>::parse();
         let env = std::env::var(nixl_core::etcd::ENV_ENDPOINTS)
             .ok()
             .filter(|s| !s.is_empty());

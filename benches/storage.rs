@@ -1,11 +1,11 @@
 //! DRAM <-> FILE throughput of the POSIX backend, in the patterns NIXL's POSIX plugin is
-//! measured with (`benches/reference/nixl_posix.py` runs the same patterns on NIXL 1.5.1).
+//! measured with (`benches/reference/storage/nixl_posix.py` runs the same patterns on NIXL 1.5.1).
 //!
 //! ```text
-//! cargo bench -p nixl-backend-gds --bench storage -- [--dir PATH] [--iters N] [--engine auto|threadpool]
+//! cargo bench -p nixl-bench --bench storage -- [--dir PATH] [--iters N] [--engine auto|threadpool]
 //!     [--chunk-kib N] [--qd N] [--threads N] [--inline-kib N] [--serve]
 //! ```
-//! `--serve` is the lockstep mode `benches/reference/nixl_posix.py --lockstep` drives: it reads
+//! `--serve` is the lockstep mode `benches/reference/storage/nixl_posix.py --lockstep` drives: it reads
 //! `setup [@FILE] <pattern>`, `warm <WRITE|READ>`, `run <WRITE|READ> <iters>` and `teardown` lines on stdin and answers each
 //! with one line (`run` answers the elapsed seconds), so NIXL and nixl-rs take turns on the
 //! same disk within one run instead of minutes apart.
@@ -279,7 +279,7 @@ struct Args {
     /// Requests up to this many KiB use inline pread/pwrite.
     #[arg(long)]
     inline_kib: Option<u64>,
-    /// Lockstep mode for `benches/reference/nixl_posix.py --lockstep` (commands on stdin).
+    /// Lockstep mode for `benches/reference/storage/nixl_posix.py --lockstep` (commands on stdin).
     #[arg(long)]
     serve: bool,
     /// Passed by `cargo bench`; ignored.

@@ -1,15 +1,20 @@
 //! Times metadata load, registration and deregistration at scale (INPROC), for a quick check
-//! of linear costs: `cargo run --release -p nixl-core --example load_scale -- 100000`.
+//! of linear costs: `cargo run --release -p nixl-bench --bin load_scale -- 100000`.
 use std::sync::Arc;
 use std::time::Instant;
 
 use nixl_core::{Agent, AgentConfig, HostBuffer, InprocParams, MemoryRegion};
 
+/// Loading a peer's metadata with many regions.
+#[derive(clap::Parser, Debug)]
+struct Cli {
+    /// Regions the peer registers.
+    #[arg(default_value_t = 100_000)]
+    n: usize,
+}
+
 fn main() -> nixl_core::Result<()> {
-    let n: usize = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(100_000);
+    let Cli { n } = <Cli as clap::Parser>::parse();
     let a = Agent::new("scale-a", AgentConfig::default())?;
     let b = Agent::new("scale-b", AgentConfig::default())?;
     a.create_backend(InprocParams::default())?;

@@ -228,7 +228,9 @@ def main():
     for p in parsers:
         print(f"  {p}")
     helpers = sorted(p.relative_to(ROOT) for p in ROOT.glob("**/tests/**/mod.rs") if "target" not in p.parts)
-    print(f"== test-helper modules (tests/**/mod.rs): {len(helpers)}")
+    kit = ROOT / "nixl-core/testkit/src/lib.rs"
+    print(f"== test-helper modules: {len(helpers) + kit.exists()} (the test kit nixl-core/testkit"
+          f"{' and' if helpers else ''}{' ' + str(len(helpers)) + ' tests/**/mod.rs' if helpers else ''})")
     for h in helpers:
         print(f"  {h}")
 

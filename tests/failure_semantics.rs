@@ -7,7 +7,7 @@
 //! The plain kill -9 of the target mid-transfer (no wrapper) is
 //! `nixl-backend-ucx/tests/two_process.rs::kill_target_mid_transfer_{tcp,shm}`.
 
-mod support;
+use nixl_testkit::ucx::target as support;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! API and raw TCP to the side channel; a "member" has the cluster credential too). Each test
 //! skips with a printed reason when UCX cannot be loaded.
 
-mod hostile;
+use nixl_testkit::ucx::hostile;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -5,7 +5,7 @@
 //! A forged peer's metadata is made from a real agent's by changing the process it names
 //! (the blob's checksums recomputed, as an attacker on the same host can).
 
-mod hostile;
+use nixl_testkit::ucx::hostile;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -12,7 +12,7 @@
 //! `XferOptions::integrity`, interleaved in one run:
 //! `cargo test --release --test stress -- --ignored integrity_cost --nocapture`.
 
-mod support;
+use nixl_testkit::ucx::target as support;
 
 use std::time::Instant;
 

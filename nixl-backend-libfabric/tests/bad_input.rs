@@ -1,7 +1,7 @@
 //! Bad input gets a typed error and changes nothing: parameters, connection info, region
 //! metadata, notifications, memory kinds.
 
-mod common;
+use nixl_testkit::libfabric as common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

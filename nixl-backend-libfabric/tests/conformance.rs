@@ -7,7 +7,7 @@ use nixl_backend_libfabric::LibfabricParams;
 use nixl_core::AgentConfig;
 use nixl_testkit::conformance::Suite;
 
-mod common;
+use nixl_testkit::libfabric as common;
 
 fn suite(provider: &str, name: &str, params: LibfabricParams) -> Option<Suite> {
     if common::skip_without_provider(provider) {

@@ -3,7 +3,7 @@
 //! without that provider (like CI) it skips with a printed reason. On an EFA instance:
 //! `cargo test -p nixl-backend-libfabric --test efa -- --nocapture`.
 
-mod common;
+use nixl_testkit::libfabric as common;
 
 use std::sync::Arc;
 use std::time::Duration;

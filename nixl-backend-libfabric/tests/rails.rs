@@ -1,7 +1,7 @@
 //! Several rails: a batch striped over two tcp endpoints on loopback, with the split visible
 //! in the per-rail counters, the request's path and the agent's path report.
 
-mod common;
+use nixl_testkit::libfabric as common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! the moment the notification arrived. Another test kills the target and checks the
 //! initiator's next request ends in a typed error.
 
-mod common;
+use nixl_testkit::libfabric as common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! interleaved K/V layouts, WRITE and READ, over shared memory and tcp; every byte of both
 //! buffers is checked. Skips with a printed reason when no UCX can be loaded.
 
-mod common;
+use nixl_testkit::ucx as common;
 
 use std::sync::Arc;
 use std::time::Duration;

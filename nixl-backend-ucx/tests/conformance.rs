@@ -4,7 +4,7 @@
 //! copies are the backend's own direct CMA by default (in pieces on its copy threads, or
 //! inside `post` without them); `shm_ucx_copies` runs the suite with UCX making them.
 
-mod common;
+use nixl_testkit::ucx as common;
 
 use std::sync::Arc;
 

@@ -7,7 +7,7 @@
 //! (`direct_cma_same_process`): a process may attach to itself, so the same system calls run
 //! as between two processes (`two_process.rs` covers those, with the default settings).
 
-mod common;
+use nixl_testkit::ucx as common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

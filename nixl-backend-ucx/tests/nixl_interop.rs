@@ -1,13 +1,12 @@
 //! Interoperability with stock NIXL (the PyPI nixl-cu13 wheel through its Python API, in a
-//! child process: `tests/nixl_peer.py`), over UCX tcp and shared memory, both sides loading
+//! child process: `nixl-core/testkit/py/nixl_peer.py`), over UCX tcp and shared memory, both sides loading
 //! the wheel's own libucp. Every byte moved is verified.
 //!
 //! Needs `scripts/deps/nixl.sh` (NIXL_PYTHONPATH, NIXL_WHEEL_UCX); without it the tests skip
 //! with `Dep::Nixl`, which CI does not allow.
 
-mod common;
-#[path = "common/nixl_peer.rs"]
-mod nixl_peer;
+use nixl_testkit::ucx as common;
+use nixl_testkit::ucx::nixl_peer;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -5,9 +5,8 @@
 //! the numbers are printed); with GPU memory (`vram_write_beside_nixl`) it is the GPU
 //! machine's measurement (UCX cuda_ipc on one GPU), skipped without a GPU.
 
-mod common;
-#[path = "common/nixl_peer.rs"]
-mod nixl_peer;
+use nixl_testkit::ucx as common;
+use nixl_testkit::ucx::nixl_peer;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

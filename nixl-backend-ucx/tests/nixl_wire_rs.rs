@@ -2,7 +2,7 @@
 //! NIXL blobs, transfers and notifications in NIXL's format, the NIXLCOMM listener and client,
 //! and hostile side-channel input that must change nothing.
 
-mod common;
+use nixl_testkit::ucx as common;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

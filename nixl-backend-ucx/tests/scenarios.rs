@@ -2,7 +2,7 @@
 //! cancellation, several workers, notifications without initiator polling, and the no-thread
 //! mode. Each skips with a printed reason when no UCX can be loaded.
 
-mod common;
+use nixl_testkit::ucx as common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! one process, UCX's default transports (each agent its own UCX context). Skips with a printed
 //! reason when no UCX can be loaded.
 
-mod common;
+use nixl_testkit::ucx as common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! reports a digest back. Another test kills the target while a transfer to it is in flight
 //! and checks the initiator's request ends in a typed error.
 
-mod common;
+use nixl_testkit::ucx as common;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! CUDA-aware UCX): two agents in one process, DRAM -> VRAM WRITE and VRAM -> DRAM READ,
 //! verified by copying the device memory back.
 
-mod common;
+use nixl_testkit::ucx as common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! GPU tests of the memory types: allocation, copies, pinning, IPC export/import across two
 //! processes, dma-buf export. Each skips with a printed reason where no CUDA GPU is usable.
 
-mod common;
+use nixl_testkit::gpu as common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! blocks, bad input, and the shared conformance suite. Every byte is verified.
 //! Each test skips with a printed reason where no CUDA GPU is usable.
 
-mod common;
+use nixl_testkit::gpu as common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! path says so) and every byte of both buffers is verified. Skips with a
 //! printed reason where no CUDA GPU is usable.
 
-mod common;
+use nixl_testkit::gpu as common;
 
 use std::sync::Arc;
 use std::time::Duration;

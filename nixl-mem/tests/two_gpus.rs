@@ -9,7 +9,7 @@
 //! Skips as `multi-gpu` where fewer than two GPUs are visible (and fails under
 //! `NIXL_REQUIRE_DEPS` on a machine that has them but cannot run it).
 
-mod common;
+use nixl_testkit::gpu as common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

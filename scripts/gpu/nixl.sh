@@ -66,7 +66,7 @@ CUDART=$(find "$TMP/rtx" -name 'libcudart.so.13*' | head -n1 || true)
 [ -n "$CUDART" ] && cp "$CUDART" "$OUTDIR/$LIBS/libcudart.so.13"
 echo "nixl_build.sh: $(du -sh "$OUTDIR" | cut -f1) in $OUTDIR"
 
-# The test binary (release, stripped). It finds tests/nixl_peer.py through NIXL_PEER_SCRIPT.
+# The test binary (release, stripped). It finds nixl_peer.py through NIXL_PEER_SCRIPT.
 export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
 mkdir -p .carry/nixl-bin
 exe=$(cargo test --release -p nixl-backend-ucx --test nixl_interop_bench --no-run --message-format=json 2>/dev/null \
@@ -87,7 +87,7 @@ OUT="${OUT:-/tmp/nixl-gpu-out}"; mkdir -p "$OUT"
 N="$PWD/.carry/nixl312"
 export NIXL_PYTHONPATH="$N"
 export NIXL_WHEEL_UCX="$(ls "$N"/nixl_cu1*.libs/libucp-*.so* | head -n1)"
-export NIXL_PEER_SCRIPT="$PWD/nixl-backend-ucx/tests/nixl_peer.py"
+export NIXL_PEER_SCRIPT="$PWD/nixl-core/testkit/py/nixl_peer.py"
 s="$OUT/nixl-summary.txt"; : > "$s"
 say() { echo "$*" | tee -a "$s"; }
 say "== host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n1); python $(python3 -V 2>&1)"

@@ -43,9 +43,15 @@ use std::fmt::Display;
 use std::io::Write;
 
 pub mod conformance;
+#[cfg(feature = "gpu")]
+pub mod gpu;
 mod helpers;
+#[cfg(feature = "libfabric")]
+pub mod libfabric;
 pub mod s3;
 pub mod two_process;
+#[cfg(feature = "ucx")]
+pub mod ucx;
 
 pub use helpers::{
     first_diff, hex, host_buf, inproc_agent, inproc_agent_with, pattern, registered, run_child,

@@ -1,104 +1,65 @@
 //! Two processes over UCX for the failure-semantics and stress tests, on the shared harness
-//! `nixl_testkit::two_process`: the test binary spawns itself as the target, the agents
+//! `crate::two_process`: the test binary spawns itself as the target, the agents
 //! exchange metadata over the side channel on 127.0.0.1, and the parent drives the target with
 //! notifications. The target answers commands (checks of its memory) and counts stress
 //! notifications; it never trusts timing, only what its memory and its notification queue hold.
-#![allow(dead_code, unused_imports)]
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nixl::core::backend::BackendParams;
-use nixl::ucx::{probe, UcxParams};
-use nixl::{Agent, AgentConfig, Error, HostBuffer};
-use nixl_testkit::two_process::{self, Child, ChildEnv};
+use crate::two_process::{self, Child, ChildEnv};
+use nixl_core::backend::BackendParams;
+use nixl_core::{Agent, AgentConfig, Error, HostBuffer};
 
-/// The transport selections.
-pub(crate) const TCP: &str = "tcp";
-/// Shared memory between processes (and `self` for loopback).
-pub(crate) const SHM: &str = "shm,cma,self";
+pub use super::{buf, params, ucx_or_skip, unique, SHM, TCP};
 
 /// The deadline of anything expected to succeed (generous: the machine is small and shared).
-pub(crate) const DEADLINE: Duration = Duration::from_secs(60);
+pub const DEADLINE: Duration = Duration::from_secs(60);
 /// Size of one stress slot in the target's memory (one per initiator thread).
-pub(crate) const SLOT: usize = 4096;
+pub const SLOT: usize = 4096;
 /// u64 copies of the sequence number a stress write carries.
-pub(crate) const COPIES: usize = 8;
+pub const COPIES: usize = 8;
 
 /// How long a target lives at most (so a crashed parent never leaves it behind for long).
 const LIFETIME: Duration = Duration::from_secs(600);
 
-/// Whether UCX can be loaded; prints why not (the test then skips).
-pub(crate) fn ucx_or_skip(test: &str) -> bool {
-    match probe(&UcxParams::default()) {
-        Ok((v, p)) => {
-            eprintln!("{test}: using UCX {v} from {}", p.display());
-            true
-        }
-        Err(e) => {
-            nixl_testkit::skip(
-                test,
-                nixl_testkit::Dep::Ucx,
-                format!("no usable UCX (run scripts/deps/ucx.sh): {e}"),
-            );
-            false
-        }
-    }
-}
-
-/// UCX params for a transport selection: peer-failure detection within half a second.
-pub(crate) fn params(tls: &str) -> UcxParams {
-    UcxParams {
-        transports: Some(tls.to_owned()),
-        keepalive_interval: Some(Duration::from_millis(500)),
-        cancel_timeout: Duration::from_secs(5),
-        ..UcxParams::default()
-    }
-}
-
 /// Agent config: side channel on 127.0.0.1 port 0, no agent progress thread (UCX runs its own).
-pub(crate) fn config() -> AgentConfig {
-    AgentConfig {
-        listen: true,
-        progress_thread: false,
-        default_timeout: Duration::from_secs(20),
-        ..AgentConfig::default()
-    }
+pub fn config() -> AgentConfig {
+    super::config(true)
 }
-
-pub(crate) use nixl_testkit::unique;
 
 /// A parent agent with one backend (UCX, or UCX under the fault wrapper).
-pub(crate) fn parent<P: BackendParams + 'static>(role: &str, backend: P) -> Agent {
+pub fn parent<P: BackendParams + 'static>(role: &str, backend: P) -> Agent {
     let a = Agent::new(&unique(role), config()).expect("parent agent");
     a.create_backend(backend).expect("parent backend");
     a
 }
 
-pub(crate) use nixl_testkit::host_buf as buf;
-
 /// Unix signals the tests send to the target.
-pub(crate) mod signal {
-    use nixl_testkit::signal::{self as sig, Sig};
+pub mod signal {
+    use crate::signal::{self as sig, Sig};
 
     /// Kill.
-    pub(crate) const KILL: Sig = Sig::Kill;
+    pub const KILL: Sig = Sig::Kill;
     /// Continue a stopped process.
-    pub(crate) const CONT: Sig = Sig::Cont;
+    pub const CONT: Sig = Sig::Cont;
     /// Stop (cannot be caught).
-    pub(crate) const STOP: Sig = Sig::Stop;
+    pub const STOP: Sig = Sig::Stop;
 
     /// Sends `sig` to `pid`; whether it was delivered.
-    pub(crate) fn send(pid: u32, s: Sig) -> bool {
+    pub fn send(pid: u32, s: Sig) -> bool {
         sig::send(pid, s).is_ok()
     }
 }
 
 /// A spawned target process (continued, killed and reaped on drop) and what its hello said.
-pub(crate) struct Target {
+#[derive(Debug)]
+pub struct Target {
+    /// The process.
     pub child: Child,
+    /// Its agent's name.
     pub name: String,
     /// Start address of its registered memory.
     pub addr: u64,
@@ -111,7 +72,7 @@ pub(crate) struct Target {
 impl Target {
     /// Spawns `test` (the binary's child-role test) as target agent `name` over `tls` with
     /// `len` bytes of registered memory (zeroed), and waits for its hello.
-    pub(crate) fn spawn(test: &str, parent: &Agent, name: &str, tls: &str, len: usize) -> Target {
+    pub fn spawn(test: &str, parent: &Agent, name: &str, tls: &str, len: usize) -> Target {
         let child = Child::spawn(
             test,
             parent,
@@ -144,24 +105,20 @@ impl Target {
     }
 
     /// The next notification from the target (panics past [`DEADLINE`] or when the target died).
-    pub(crate) fn next(&mut self, parent: &Agent) -> String {
+    pub fn next(&mut self, parent: &Agent) -> String {
         self.next_within(parent, DEADLINE)
             .unwrap_or_else(|e| panic!("no notification from {}: {e}", self.name))
     }
 
     /// The next notification from the target within `timeout`.
-    pub(crate) fn next_within(
-        &mut self,
-        parent: &Agent,
-        timeout: Duration,
-    ) -> Result<String, String> {
+    pub fn next_within(&mut self, parent: &Agent, timeout: Duration) -> Result<String, String> {
         self.child
             .next(parent, timeout)
             .map(|m| String::from_utf8_lossy(&m).into_owned())
     }
 
     /// Sends a command and returns the reply.
-    pub(crate) fn ask(&mut self, parent: &Agent, cmd: &str) -> String {
+    pub fn ask(&mut self, parent: &Agent, cmd: &str) -> String {
         parent
             .gen_notif(&self.name, cmd.as_bytes(), &[])
             .unwrap_or_else(|e| panic!("send {cmd:?}: {e}"));
@@ -170,7 +127,7 @@ impl Target {
 
     /// Drops the parent's view of the target and loads its metadata again over the side
     /// channel (after a cancel force-closed the endpoint, or a silent peer woke up).
-    pub(crate) fn reconnect(&self, parent: &Agent) {
+    pub fn reconnect(&self, parent: &Agent) {
         parent
             .invalidate_remote_metadata(&self.name)
             .expect("invalidate");
@@ -181,7 +138,7 @@ impl Target {
 
     /// Reconnects only when the parent's endpoint to the target no longer works (a cancel
     /// force-closed it): probes with a notification first.
-    pub(crate) fn ensure_connected(&mut self, parent: &Agent) {
+    pub fn ensure_connected(&mut self, parent: &Agent) {
         match parent.gen_notif(&self.name, b"p:probe", &[]) {
             Ok(()) => assert_eq!(self.next(parent), "p:probe"),
             Err(e) => {
@@ -196,25 +153,25 @@ impl Target {
     }
 
     /// Asks the target to exit and waits for its status code.
-    pub(crate) fn exit(&mut self, parent: &Agent) -> Option<i32> {
+    pub fn exit(&mut self, parent: &Agent) -> Option<i32> {
         let _ = parent.gen_notif(&self.name, b"exit", &[]);
         self.join(DEADLINE)
     }
 
     /// Waits for the process to exit; its status code (None: still running or killed).
-    pub(crate) fn join(&mut self, timeout: Duration) -> Option<i32> {
+    pub fn join(&mut self, timeout: Duration) -> Option<i32> {
         self.child.join(timeout).and_then(|st| st.code())
     }
 
     /// Kills the process with SIGKILL and reaps it.
-    pub(crate) fn kill9(&mut self) {
+    pub fn kill9(&mut self) {
         self.child.kill();
     }
 }
 
 /// Runs the target's side when this process was spawned as one; returns otherwise. Call it
 /// from the `#[ignore]`d `#[test]` of the binary whose name is passed to [`Target::spawn`].
-pub(crate) fn child_entry() {
+pub fn child_entry() {
     two_process::child_main(target_main);
 }
 

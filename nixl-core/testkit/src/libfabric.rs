@@ -1,14 +1,14 @@
-//! Helpers shared by the scenario tests.
-#![allow(dead_code)]
+//! libfabric helpers (feature `libfabric`).
 
 use nixl_backend_libfabric::{library_status, LibfabricParams};
 use nixl_core::{Agent, AgentConfig, Error};
-use nixl_testkit::{skip, Dep};
 
-/// True (after reporting the skip, see `nixl_testkit::skip`) when libfabric or the
-/// provider is missing here, so the caller returns. Run `scripts/deps/libfabric.sh` to
-/// install what the tests need; `efa` and other hardware providers count as [`Dep::Efa`].
-pub(crate) fn skip_without_provider(provider: &str) -> bool {
+use crate::{skip, Dep};
+
+/// True (after reporting the skip, see [`crate::skip`]) when libfabric or the provider is
+/// missing here, so the caller returns. Run `scripts/deps/libfabric.sh` to install what the
+/// tests need; `efa` and other hardware providers count as [`Dep::Efa`].
+pub fn skip_without_provider(provider: &str) -> bool {
     let test = std::thread::current()
         .name()
         .unwrap_or("libfabric test")

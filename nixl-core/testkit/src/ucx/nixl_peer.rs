@@ -1,6 +1,5 @@
-//! A stock NIXL agent (the nixl-cu13 wheel's Python API, `tests/nixl_peer.py`) in a child
+//! A stock NIXL agent (the nixl-cu13 wheel's Python API, `nixl-core/testkit/py/nixl_peer.py`) in a child
 //! process, driven by JSON lines, and the nixl-rs side's set-up for talking to it.
-#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -13,7 +12,7 @@ use serde_json::{json, Value};
 /// Where the wheel is: `NIXL_PYTHONPATH` and `NIXL_WHEEL_UCX`, printed by
 /// `scripts/deps/nixl.sh`.
 #[derive(Debug, Clone)]
-pub(crate) struct NixlEnv {
+pub struct NixlEnv {
     /// `PYTHONPATH` holding `nixl_cu13`.
     pub pythonpath: String,
     /// The wheel's `libucp`.
@@ -23,9 +22,9 @@ pub(crate) struct NixlEnv {
 }
 
 /// The wheel, or a skip (`Dep::Nixl`) saying why not.
-pub(crate) fn nixl_or_skip(test: &str) -> Option<NixlEnv> {
+pub fn nixl_or_skip(test: &str) -> Option<NixlEnv> {
     let skip = |why: String| {
-        nixl_testkit::skip(test, nixl_testkit::Dep::Nixl, why);
+        crate::skip(test, crate::Dep::Nixl, why);
         None
     };
     let (Ok(pythonpath), Ok(ucx)) = (
@@ -63,7 +62,7 @@ pub(crate) fn nixl_or_skip(test: &str) -> Option<NixlEnv> {
 /// UCX modules the test processes load: the wheel's `ib` and `rdmacm` modules pull in its
 /// bundled libnl, which crashes in its exit handlers (NIXL's own processes too), so a test
 /// process that loaded them dies with SIGSEGV after its tests passed.
-pub(crate) const UCX_MODULES: &str = "^ib,rdmacm";
+pub const UCX_MODULES: &str = "^ib,rdmacm";
 
 /// Runs `test` alone in a child of this test binary with [`UCX_MODULES`] set, and fails
 /// unless it passed there.
@@ -85,7 +84,8 @@ fn run_in_child(test: &str) {
 }
 
 /// A NIXL agent in a child process.
-pub(crate) struct NixlPeer {
+#[derive(Debug)]
+pub struct NixlPeer {
     /// Its agent name.
     pub name: String,
     child: Child,
@@ -94,8 +94,8 @@ pub(crate) struct NixlPeer {
 }
 
 impl NixlPeer {
-    /// Starts `tests/nixl_peer.py` with `UCX_TLS=tls` and creates agent `name` in it.
-    pub(crate) fn start(env: &NixlEnv, name: &str, tls: &str, extra: &[(&str, &str)]) -> Self {
+    /// Starts `nixl-core/testkit/py/nixl_peer.py` with `UCX_TLS=tls` and creates agent `name` in it.
+    pub fn start(env: &NixlEnv, name: &str, tls: &str, extra: &[(&str, &str)]) -> Self {
         let mut p = Self::start_bare(env, tls, extra);
         p.name = name.to_owned();
         p.ok(json!({"op": "init", "name": name}));
@@ -105,7 +105,7 @@ impl NixlPeer {
     /// Like [`NixlPeer::start`] with NIXL's listener thread on a free port of 127.0.0.1;
     /// returns the peer and its port. A port another test took between the probe and NIXL's
     /// bind ("Failed to bind metadata listener socket") is retried with a new one.
-    pub(crate) fn start_listening(env: &NixlEnv, name: &str, tls: &str) -> (Self, u16) {
+    pub fn start_listening(env: &NixlEnv, name: &str, tls: &str) -> (Self, u16) {
         let mut last = String::new();
         for _ in 0..8 {
             let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -124,11 +124,10 @@ impl NixlPeer {
     }
 
     /// Starts the script without creating an agent (send `init` yourself).
-    pub(crate) fn start_bare(env: &NixlEnv, tls: &str, extra: &[(&str, &str)]) -> Self {
+    pub fn start_bare(env: &NixlEnv, tls: &str, extra: &[(&str, &str)]) -> Self {
         // NIXL_PEER_SCRIPT: where the script is when the binary runs on another machine.
-        let script = std::env::var("NIXL_PEER_SCRIPT").unwrap_or_else(|_| {
-            concat!(env!("CARGO_MANIFEST_DIR"), "/tests/nixl_peer.py").to_owned()
-        });
+        let script = std::env::var("NIXL_PEER_SCRIPT")
+            .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/py/nixl_peer.py").to_owned());
         let mut cmd = Command::new("python3");
         cmd.arg(script)
             .env("PYTHONPATH", &env.pythonpath)
@@ -166,7 +165,7 @@ impl NixlPeer {
     }
 
     /// Sends a command; the answer, or the error the script reported.
-    pub(crate) fn call(&mut self, cmd: Value) -> Result<Value, String> {
+    pub fn call(&mut self, cmd: Value) -> Result<Value, String> {
         writeln!(self.stdin, "{cmd}").map_err(|e| format!("writing to the NIXL peer: {e}"))?;
         self.stdin.flush().map_err(|e| e.to_string())?;
         let line = self
@@ -183,7 +182,7 @@ impl NixlPeer {
 
     /// Sends a command that must succeed.
     #[track_caller]
-    pub(crate) fn ok(&mut self, cmd: Value) -> Value {
+    pub fn ok(&mut self, cmd: Value) -> Value {
         match self.call(cmd) {
             Ok(v) => v,
             Err(e) => panic!("{e}"),
@@ -191,7 +190,7 @@ impl NixlPeer {
     }
 
     /// Registers a DRAM buffer (pattern `seed`, or zeros) and returns its address.
-    pub(crate) fn alloc(&mut self, len: usize, seed: Option<u64>) -> u64 {
+    pub fn alloc(&mut self, len: usize, seed: Option<u64>) -> u64 {
         let mut c = json!({"op": "alloc", "len": len});
         if let Some(s) = seed {
             c["seed"] = json!(s);
@@ -200,18 +199,18 @@ impl NixlPeer {
     }
 
     /// The agent's metadata blob.
-    pub(crate) fn metadata(&mut self) -> Vec<u8> {
+    pub fn metadata(&mut self) -> Vec<u8> {
         unhex(self.ok(json!({"op": "md"}))["md"].as_str().expect("md"))
     }
 
     /// Loads a blob; returns the name NIXL reports.
-    pub(crate) fn load(&mut self, md: &[u8]) -> Result<String, String> {
+    pub fn load(&mut self, md: &[u8]) -> Result<String, String> {
         self.call(json!({"op": "load", "md": hex(md)}))
             .map(|v| v["name"].as_str().unwrap_or_default().to_owned())
     }
 
     /// The bytes of its memory.
-    pub(crate) fn read(&mut self, addr: u64, len: usize) -> Vec<u8> {
+    pub fn read(&mut self, addr: u64, len: usize) -> Vec<u8> {
         unhex(
             self.ok(json!({"op": "read", "addr": addr, "len": len}))["hex"]
                 .as_str()
@@ -220,7 +219,7 @@ impl NixlPeer {
     }
 
     /// A transfer posted and polled to its end by NIXL; returns NIXL's final state.
-    pub(crate) fn xfer(
+    pub fn xfer(
         &mut self,
         kind: &str,
         laddr: u64,
@@ -239,7 +238,7 @@ impl NixlPeer {
     }
 
     /// Waits up to `wait` for `count` notifications; returns (sender, message) pairs.
-    pub(crate) fn notifs(&mut self, count: usize, wait: Duration) -> Vec<(String, Vec<u8>)> {
+    pub fn notifs(&mut self, count: usize, wait: Duration) -> Vec<(String, Vec<u8>)> {
         let v = self.ok(json!({"op": "notifs", "count": count, "wait": wait.as_secs_f64()}));
         let mut out = Vec::new();
         if let Some(m) = v["notifs"].as_object() {
@@ -253,7 +252,7 @@ impl NixlPeer {
     }
 
     /// Kills the process now (SIGKILL).
-    pub(crate) fn kill(&mut self) {
+    pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -274,19 +273,19 @@ impl Drop for NixlPeer {
 }
 
 /// Lower-case hex.
-pub(crate) fn hex(b: &[u8]) -> String {
+pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// Parses hex (panics on bad input: test helper).
-pub(crate) fn unhex(s: &str) -> Vec<u8> {
+pub fn unhex(s: &str) -> Vec<u8> {
     (0..s.len() / 2)
         .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
         .collect()
 }
 
-/// The byte pattern `tests/nixl_peer.py` fills buffers with.
-pub(crate) fn pattern(len: usize, seed: u64) -> Vec<u8> {
+/// The byte pattern `nixl-core/testkit/py/nixl_peer.py` fills buffers with.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     (0..len as u64)
         .map(|i| ((i * 31 + seed) % 251) as u8)
         .collect()

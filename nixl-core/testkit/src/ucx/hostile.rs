@@ -2,7 +2,6 @@
 //! process (env `NIXL_HOSTILE_ROLE`), an agent with UCX and a side channel on 127.0.0.1,
 //! driven by the parent over its stdin and stdout (one command per line, one answer per
 //! line), so the attacks reach it only through its side channel and its UCX worker.
-#![allow(dead_code, unused_imports)]
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
@@ -11,8 +10,7 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nixl::ucx::UcxParams;
-use nixl::{
+use nixl_core::{
     Agent, AgentConfig, Auth, Credential, Error, HostBuffer, MemKind, XferDescList, XferOp,
     XferOptions,
 };
@@ -27,32 +25,30 @@ const NOTIF_BYTES: &str = "NIXL_HOSTILE_NOTIF_BYTES";
 const NOFILE: &str = "NIXL_HOSTILE_NOFILE";
 
 /// How long any answer of the victim may take (generous: a shared 2-core machine).
-pub(crate) const ANSWER: Duration = Duration::from_secs(60);
+pub const ANSWER: Duration = Duration::from_secs(60);
 
-/// UCX params over a transport selection, with fast peer-failure detection.
-pub(crate) fn ucx(tls: &str) -> UcxParams {
-    UcxParams {
-        transports: Some(tls.to_owned()),
-        keepalive_interval: Some(Duration::from_millis(500)),
-        cancel_timeout: Duration::from_secs(5),
-        ..UcxParams::default()
-    }
-}
+pub use super::params as ucx;
 
 /// An agent config: side channel on 127.0.0.1, optional credential.
-pub(crate) fn config(cred: Option<&Credential>) -> AgentConfig {
+pub fn config(cred: Option<&Credential>) -> AgentConfig {
     AgentConfig {
         listen: true,
         default_timeout: Duration::from_secs(10),
         auth: cred.map(|c| Auth::new(c.clone())),
-        ..nixl::agent_config()
+        // The backends the facade's `nixl::agent_config()` knows by name in a UCX build.
+        plugins: vec![
+            Arc::new(nixl_core::backend::inproc::InprocPlugin),
+            Arc::new(nixl_mem::CudaIpcPlugin),
+            Arc::new(nixl_backend_ucx::UcxPlugin),
+        ],
+        ..AgentConfig::default()
     }
 }
 
-pub(crate) use nixl_testkit::unique;
+pub use crate::unique;
 
 /// An agent in this (the parent) process with UCX over `tls`.
-pub(crate) fn agent(role: &str, tls: &str, cred: Option<&Credential>) -> Agent {
+pub fn agent(role: &str, tls: &str, cred: Option<&Credential>) -> Agent {
     let a = Agent::new(&unique(role), config(cred)).expect("agent");
     a.create_backend(ucx(tls)).expect("UCX backend");
     a
@@ -60,11 +56,16 @@ pub(crate) fn agent(role: &str, tls: &str, cred: Option<&Credential>) -> Agent {
 
 /// How the victim is set up.
 #[derive(Debug, Clone)]
-pub(crate) struct VictimSpec {
+pub struct VictimSpec {
+    /// UCX transports.
     pub tls: String,
+    /// The cluster credential, if any.
     pub cred: Option<Credential>,
+    /// Bytes of registered memory.
     pub mem: usize,
+    /// The victim's `Limits::max_peers`.
     pub max_peers: Option<usize>,
+    /// The victim's notification byte limit.
     pub notif_bytes: Option<usize>,
     /// `UCX_TCP_USER_TIMEOUT` for the victim (default: derived from [`ucx`]'s 500 ms
     /// keep-alive, 2 s): a longer one keeps a stopped peer alive in UCX's eyes, so that a
@@ -75,7 +76,8 @@ pub(crate) struct VictimSpec {
 }
 
 impl VictimSpec {
-    pub(crate) fn new(tls: &str, cred: Option<&Credential>) -> Self {
+    /// 1 MiB of memory over `tls`, the agent's default limits.
+    pub fn new(tls: &str, cred: Option<&Credential>) -> Self {
         VictimSpec {
             tls: tls.to_owned(),
             cred: cred.cloned(),
@@ -89,14 +91,21 @@ impl VictimSpec {
 }
 
 /// The victim process (killed on drop) and what it announced.
-pub(crate) struct Victim {
+#[derive(Debug)]
+pub struct Victim {
+    /// The process.
     pub child: Child,
     stdin: ChildStdin,
     lines: Receiver<String>,
+    /// Its agent's name.
     pub name: String,
+    /// Its side channel.
     pub listen: SocketAddr,
+    /// Its agent's generation.
     pub generation: u64,
+    /// Start of its registered memory.
     pub mem_addr: u64,
+    /// Length of its registered memory.
     pub mem_len: u64,
 }
 
@@ -110,7 +119,7 @@ impl Drop for Victim {
 impl Victim {
     /// Spawns the victim (`test` is this binary's child-role test) and waits for it to be
     /// ready.
-    pub(crate) fn spawn(test: &str, spec: &VictimSpec) -> Victim {
+    pub fn spawn(test: &str, spec: &VictimSpec) -> Victim {
         let exe = std::env::current_exe().expect("test binary");
         let name = unique("victim");
         let mut cmd = Command::new(exe);
@@ -189,26 +198,26 @@ impl Victim {
     }
 
     /// Sends a command and returns the answer.
-    pub(crate) fn ask(&mut self, cmd: &str) -> String {
+    pub fn ask(&mut self, cmd: &str) -> String {
         writeln!(self.stdin, "{cmd}").expect("victim stdin");
         self.stdin.flush().expect("flush");
         self.read(ANSWER).unwrap_or_else(|e| panic!("{cmd}: {e}"))
     }
 
     /// Whether the process still runs.
-    pub(crate) fn alive(&mut self) -> bool {
+    pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
 
     /// Open file descriptors of the victim.
-    pub(crate) fn fds(&self) -> usize {
+    pub fn fds(&self) -> usize {
         std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
             .map(|d| d.count())
             .unwrap_or(0)
     }
 
     /// Resident memory of the victim, bytes.
-    pub(crate) fn rss(&self) -> u64 {
+    pub fn rss(&self) -> u64 {
         std::fs::read_to_string(format!("/proc/{}/statm", self.child.id()))
             .ok()
             .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
@@ -217,7 +226,7 @@ impl Victim {
 }
 
 /// Runs the victim's side when this process was spawned as one; returns otherwise.
-pub(crate) fn child_entry() {
+pub fn child_entry() {
     if std::env::var_os(ROLE).is_none() {
         return;
     }

@@ -216,7 +216,7 @@ impl Local {
     }
     fn write(&self, data: &[u8]) -> Result<()> {
         match self {
-            Local::Vram(b) => b.copy_from_host(0, data),
+            Local::Vram(b) => Ok(b.copy_from_host(0, data)?),
             Local::Dram(b) => {
                 b.write_at(0, data);
                 Ok(())
@@ -225,7 +225,7 @@ impl Local {
     }
     fn read(&self, out: &mut [u8]) -> Result<()> {
         match self {
-            Local::Vram(b) => b.copy_to_host(0, out),
+            Local::Vram(b) => Ok(b.copy_to_host(0, out)?),
             Local::Dram(b) => {
                 b.read_at(0, out);
                 Ok(())

@@ -182,9 +182,9 @@ enum Refused {
 fn try_open(opts: &Options) -> std::result::Result<Arc<Driver>, Refused> {
     // 1. The CUDA driver and a device, before cuFile (cuFileDriverOpen spins without them).
     crate::cuda::driver().map_err(|e| {
-        Refused::Unavailable(match e {
-            Error::Unavailable { what, hint } => (what, hint),
-            other => unavailable("the CUDA driver", other.to_string()),
+        Refused::Unavailable(match e.into_unavailable() {
+            Ok(parts) => parts,
+            Err(other) => unavailable("the CUDA driver", other.to_string()),
         })
     })?;
     // 2. libcufile and its symbols.

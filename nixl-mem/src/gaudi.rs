@@ -3,7 +3,7 @@
 //! dma-buf ([`GaudiBuffer::dmabuf`]) — the way NICs (verbs `ibv_reg_dmabuf_mr`, libfabric
 //! `FI_MR_DMABUF`) register Gaudi memory.
 //!
-//! Without the library or a device every entry point returns [`Error::Unavailable`] naming what
+//! Without the library or a device every entry point returns an `Unavailable` [`MemError`] naming what
 //! is missing. Gaudi memory is not host-addressable: data moves by the device's DMA engines
 //! (Synapse) or by a NIC, so this type offers no host copies.
 //!
@@ -14,7 +14,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use nixl_core::{Error, MemoryRegion, Op, RegionDesc, Result};
+use nixl_core::{MemoryRegion, Op, RegionDesc};
+
+use crate::error::{MemError, MemResult as Result};
 
 use crate::sys::hlthunk::{self as raw, Device, DeviceMemory};
 use crate::DmaBuf;
@@ -32,28 +34,30 @@ impl GaudiBuffer {
     /// available Gaudi.
     pub fn new(len: u64) -> Result<Self> {
         if len == 0 {
-            return Err(Error::invalid(
-                "-",
+            return Err(MemError::invalid(
                 Op::RegisterMem,
                 "a device buffer needs at least one byte",
             ));
         }
-        let lib = raw::lib().map_err(|e| Error::Unavailable {
-            what: "the Habana user-space library (libhl-thunk.so)".into(),
-            hint: format!(
-                "install the Gaudi software stack (habanalabs-thunk) and its driver: {e}"
-            ),
+        let lib = raw::lib().map_err(|e| {
+            MemError::unavailable(
+                Op::RegisterMem,
+                "the Habana user-space library (libhl-thunk.so)",
+                format!("install the Gaudi software stack (habanalabs-thunk) and its driver: {e}"),
+            )
         })?;
-        let dev = Device::open(lib).map_err(|fd| Error::Unavailable {
-            what: "a Gaudi device".into(),
-            hint: format!("hlthunk_open returned {fd}; check the habanalabs driver and /dev/accel"),
+        let dev = Device::open(lib).map_err(|fd| {
+            MemError::unavailable(
+                Op::RegisterMem,
+                "a Gaudi device",
+                format!("hlthunk_open returned {fd}; check the habanalabs driver and /dev/accel"),
+            )
         })?;
         let len = len
             .checked_next_multiple_of(4096)
-            .ok_or_else(|| Error::invalid("-", Op::RegisterMem, "length overflows"))?;
+            .ok_or_else(|| MemError::invalid(Op::RegisterMem, "length overflows"))?;
         let mem = DeviceMemory::new(Arc::new(dev), len).map_err(|call| {
-            Error::backend(
-                "-",
+            MemError::backend(
                 "GAUDI",
                 Op::RegisterMem,
                 format!("{call} of {len} bytes failed"),
@@ -84,19 +88,14 @@ impl GaudiBuffer {
             .mem
             .export_dmabuf()
             .map_err(|fd| {
-                Error::backend(
-                    "-",
+                MemError::backend(
                     "GAUDI",
                     Op::RegisterMem,
                     format!("dma-buf export failed ({fd})"),
                 )
             })?
             .ok_or_else(|| {
-                Error::not_supported(
-                    "-",
-                    Op::RegisterMem,
-                    "this libhl-thunk has no dma-buf export",
-                )
+                MemError::not_supported(Op::RegisterMem, "this libhl-thunk has no dma-buf export")
             })?;
         Ok(DmaBuf {
             fd,

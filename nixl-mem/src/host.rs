@@ -4,7 +4,9 @@
 
 use std::fmt;
 
-use nixl_core::{Error, HostBuffer, MemoryRegion, Op, RegionDesc, Result};
+use nixl_core::{HostBuffer, MemoryRegion, Op, RegionDesc};
+
+use crate::error::{MemError, MemResult as Result};
 
 use crate::cuda::{self, Context};
 use crate::sys::host::{self as raw, Mapping};
@@ -82,7 +84,7 @@ pub const HUGE_PAGE_2M: usize = 2 << 20;
 
 /// An anonymous private mapping, optionally on huge pages, unmapped on drop.
 ///
-/// [`MmapBuffer::new`] with [`Pages::Huge2M`] fails with [`Error::Unavailable`] when no huge
+/// [`MmapBuffer::new`] with [`Pages::Huge2M`] fails with an `Unavailable` [`MemError`](crate::MemError) when no huge
 /// pages are reserved (`vm.nr_hugepages`); [`MmapBuffer::huge_or_fallback`] falls back to
 /// transparent huge pages and [`MmapBuffer::pages`] says which one it got.
 pub struct MmapBuffer {
@@ -95,8 +97,7 @@ impl MmapBuffer {
     /// Maps `len` zeroed bytes on the given pages.
     pub fn new(len: usize, pages: Pages) -> Result<Self> {
         if len == 0 {
-            return Err(Error::invalid(
-                "-",
+            return Err(MemError::invalid(
                 Op::RegisterMem,
                 "an mmap buffer needs at least one byte",
             ));
@@ -112,15 +113,16 @@ impl MmapBuffer {
             ),
         };
         let Some(map_len) = map_len else {
-            return Err(Error::invalid("-", Op::RegisterMem, "length overflows"));
+            return Err(MemError::invalid(Op::RegisterMem, "length overflows"));
         };
         let map = Mapping::anonymous(map_len, extra, pages == Pages::Transparent).map_err(|err| {
             match pages {
-                Pages::Huge2M => Error::Unavailable {
-                    what: format!("{} reserved 2 MiB huge pages ({err})", map_len / HUGE_PAGE_2M),
-                    hint: "reserve them with `sysctl vm.nr_hugepages=N`, or use MmapBuffer::huge_or_fallback".to_owned(),
-                },
-                _ => Error::io("-", Op::RegisterMem, err),
+                Pages::Huge2M => MemError::unavailable(
+                    Op::RegisterMem,
+                    format!("{} reserved 2 MiB huge pages ({err})", map_len / HUGE_PAGE_2M),
+                    "reserve them with `sysctl vm.nr_hugepages=N`, or use MmapBuffer::huge_or_fallback".to_owned(),
+                ),
+                _ => MemError::io(Op::RegisterMem, err),
             }
         })?;
         Ok(MmapBuffer { map, len, pages })
@@ -130,8 +132,8 @@ impl MmapBuffer {
     pub fn huge_or_fallback(len: usize) -> Result<Self> {
         match Self::new(len, Pages::Huge2M) {
             Ok(b) => Ok(b),
-            Err(Error::Unavailable { what, .. }) => {
-                tracing::debug!(%what, "falling back to transparent huge pages");
+            Err(e) if e.kind() == nixl_core::ErrorKind::Unavailable => {
+                tracing::debug!(%e, "falling back to transparent huge pages");
                 Self::new(len, Pages::Transparent)
             }
             Err(e) => Err(e),
@@ -188,7 +190,7 @@ impl<M: HostMemory> Pinned<M> {
         // `inner` is valid host memory of this length (the `HostMemory` contract) for as long
         // as `Pinned` lives, and the registration is dropped first.
         let reg = HostRegistration::new(&ctx, inner.addr(), inner.len())
-            .map_err(|e| cuda::to_error("-", Op::RegisterMem, e))?;
+            .map_err(|e| cuda::cuda_err(Op::RegisterMem, e))?;
         Ok(Pinned { _reg: reg, inner })
     }
 
@@ -238,14 +240,13 @@ impl CudaHostBuffer {
     /// Allocates `len` zeroed pinned bytes (GPU 0's primary context is made current).
     pub fn new(len: usize) -> Result<Self> {
         if len == 0 {
-            return Err(Error::invalid(
-                "-",
+            return Err(MemError::invalid(
                 Op::RegisterMem,
                 "a host buffer needs at least one byte",
             ));
         }
         let ctx = cuda::context(0)?;
-        let mem = HostAlloc::new(ctx, len).map_err(|e| cuda::to_error("-", Op::RegisterMem, e))?;
+        let mem = HostAlloc::new(ctx, len).map_err(|e| cuda::cuda_err(Op::RegisterMem, e))?;
         let b = CudaHostBuffer { mem };
         b.fill(0);
         Ok(b)
@@ -255,8 +256,7 @@ impl CudaHostBuffer {
     /// context: `CU_MEMHOSTALLOC_PORTABLE`). The caller's current context is left as it was.
     pub fn new_in(ctx: &Context, len: usize) -> Result<Self> {
         if len == 0 {
-            return Err(Error::invalid(
-                "-",
+            return Err(MemError::invalid(
                 Op::RegisterMem,
                 "a host buffer needs at least one byte",
             ));
@@ -264,9 +264,9 @@ impl CudaHostBuffer {
         let mem = {
             let _g = ctx
                 .scoped()
-                .map_err(|e| cuda::to_error("-", Op::RegisterMem, e))?;
+                .map_err(|e| cuda::cuda_err(Op::RegisterMem, e))?;
             HostAlloc::new(ctx.inner().clone(), len)
-                .map_err(|e| cuda::to_error("-", Op::RegisterMem, e))?
+                .map_err(|e| cuda::cuda_err(Op::RegisterMem, e))?
         };
         let b = CudaHostBuffer { mem };
         b.fill(0);

@@ -52,6 +52,7 @@ pub mod cuda;
 pub mod cuda_ipc;
 #[cfg(feature = "cufile")]
 pub mod cufile;
+mod error;
 #[cfg(feature = "gaudi")]
 pub mod gaudi;
 mod host;
@@ -134,6 +135,7 @@ pub use cuda::{
 pub use cuda_ipc::{
     CudaIpcBackend, CudaIpcParams, CudaIpcPlugin, KernelSchedule, KernelShape, CUDA_IPC,
 };
+pub use error::{MemError, MemResult};
 pub use host::{CudaHostBuffer, HostMemory, MmapBuffer, Pages, Pinned, HUGE_PAGE_2M};
 pub use nixl_core::HostBuffer;
 pub use shared::{SharedHostBuffer, SharedHostHandle, SharedHostMapping};

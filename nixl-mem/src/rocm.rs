@@ -3,7 +3,7 @@
 //!
 //! Built with hip-sys 0.1.2, which links `libamdhip64` (Debian's `libamdhip64-dev`, build with
 //! `HIP_PATH=/usr`; `scripts/deps/mem.sh --rocm` installs it). Without an AMD GPU every entry
-//! point returns [`Error::Unavailable`]. The dma-buf path (`hipMemGetHandleForAddressRange`,
+//! point returns an `Unavailable` [`MemError`]. The dma-buf path (`hipMemGetHandleForAddressRange`,
 //! ROCm >= 6.2) is looked up at run time and is `NotSupported` on older runtimes.
 //!
 //! Run here: build, and the no-device path (`Unavailable`) in CI. Not run: allocation, copies,
@@ -11,7 +11,9 @@
 
 use std::fmt;
 
-use nixl_core::{Error, MemoryRegion, Op, RegionDesc, Result};
+use nixl_core::{MemoryRegion, Op, RegionDesc};
+
+use crate::error::{MemError, MemResult as Result};
 
 use crate::sys::hip::{self as raw, HipAlloc, HipIpcOpen};
 use crate::DmaBuf;
@@ -28,38 +30,31 @@ pub struct HipError {
     pub name: String,
 }
 
-fn to_error(op: Op, e: HipError) -> Error {
-    Error::Backend {
-        agent: "-".into(),
-        backend: "HIP".into(),
-        op,
-        message: e.to_string(),
-        source: Some(std::sync::Arc::new(e)),
-    }
+fn to_error(op: Op, e: HipError) -> MemError {
+    MemError::library(op, "HIP", e.to_string(), Some(std::sync::Arc::new(e)))
 }
 
 /// The number of visible AMD GPUs; `Unavailable` when there is none (or no driver).
 pub fn device_count() -> Result<usize> {
     match raw::device_count() {
         Ok(n) if n > 0 => Ok(n as usize),
-        Ok(n) => Err(Error::Unavailable {
-            what: "an AMD GPU (HIP)".into(),
-            hint: format!(
-                "hipGetDeviceCount found {n} devices; check the amdgpu driver and /dev/kfd"
-            ),
-        }),
-        Err(e) => Err(Error::Unavailable {
-            what: "an AMD GPU (HIP)".into(),
-            hint: format!("{e}; check the amdgpu driver and /dev/kfd"),
-        }),
+        Ok(n) => Err(MemError::unavailable(
+            Op::CreateBackend,
+            "an AMD GPU (HIP)",
+            format!("hipGetDeviceCount found {n} devices; check the amdgpu driver and /dev/kfd"),
+        )),
+        Err(e) => Err(MemError::unavailable(
+            Op::CreateBackend,
+            "an AMD GPU (HIP)",
+            format!("{e}; check the amdgpu driver and /dev/kfd"),
+        )),
     }
 }
 
 fn set_device(op: Op, device: usize) -> Result<()> {
     let n = device_count()?;
     if device >= n {
-        return Err(Error::invalid(
-            "-",
+        return Err(MemError::invalid(
             op,
             format!("HIP device {device} does not exist ({n} visible)"),
         ));
@@ -79,8 +74,7 @@ impl HipBuffer {
     /// Allocates `len` bytes on HIP device `device` and zeroes them.
     pub fn new(device: usize, len: usize) -> Result<Self> {
         if len == 0 {
-            return Err(Error::invalid(
-                "-",
+            return Err(MemError::invalid(
                 Op::RegisterMem,
                 "a device buffer needs at least one byte",
             ));
@@ -108,8 +102,7 @@ impl HipBuffer {
     fn range(&self, offset: usize, n: usize) -> Result<()> {
         match offset.checked_add(n) {
             Some(end) if end <= self.len => Ok(()),
-            _ => Err(Error::invalid(
-                "-",
+            _ => Err(MemError::invalid(
                 Op::PostXfer,
                 format!("{offset}+{n} is outside the {}-byte buffer", self.len),
             )),
@@ -156,8 +149,7 @@ impl HipBuffer {
             .dmabuf()
             .map_err(|e| to_error(Op::RegisterMem, e))?
             .ok_or_else(|| {
-                Error::not_supported(
-                    "-",
+                MemError::not_supported(
                     Op::RegisterMem,
                     "this HIP runtime has no hipMemGetHandleForAddressRange (ROCm >= 6.2)",
                 )

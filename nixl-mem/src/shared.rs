@@ -17,7 +17,9 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use nixl_core::backend::DecodeError;
-use nixl_core::{Error, MemoryRegion, Op, RegionDesc, Result};
+use nixl_core::{MemoryRegion, Op, RegionDesc};
+
+use crate::error::{MemError, MemResult as Result};
 
 use crate::host::HostMemory;
 use crate::sys::host::{memfd, Mapping};
@@ -114,20 +116,19 @@ impl SharedHostBuffer {
     /// Creates and maps a `len`-byte memfd.
     pub fn new(len: usize) -> Result<Self> {
         if len == 0 {
-            return Err(Error::invalid(
-                "-",
+            return Err(MemError::invalid(
                 Op::RegisterMem,
                 "a shared buffer needs at least one byte",
             ));
         }
         let token = random_token();
         let name = CString::new(SharedHostHandle::name(token))
-            .map_err(|_| Error::invalid("-", Op::RegisterMem, "memfd name"))?;
-        let fd = memfd(&name).map_err(|e| Error::io("-", Op::RegisterMem, e))?;
+            .map_err(|_| MemError::invalid(Op::RegisterMem, "memfd name"))?;
+        let fd = memfd(&name).map_err(|e| MemError::io(Op::RegisterMem, e))?;
         let file = File::from(fd);
         file.set_len(len as u64)
-            .map_err(|e| Error::io("-", Op::RegisterMem, e))?;
-        let map = Mapping::shared(&file, len).map_err(|e| Error::io("-", Op::RegisterMem, e))?;
+            .map_err(|e| MemError::io(Op::RegisterMem, e))?;
+        let map = Mapping::shared(&file, len).map_err(|e| MemError::io(Op::RegisterMem, e))?;
         let b = SharedHostBuffer {
             map,
             len,
@@ -195,13 +196,12 @@ impl SharedHostMapping {
     pub fn open(handle: &SharedHostHandle) -> Result<Self> {
         let path = format!("/proc/{}/fd/{}", handle.pid, handle.fd);
         let target = std::fs::read_link(&path)
-            .map_err(|e| Error::not_found("-", Op::LoadMetadata, format!("{path}: {e}")))?;
+            .map_err(|e| MemError::not_found(Op::LoadMetadata, format!("{path}: {e}")))?;
         if !target
             .to_string_lossy()
             .contains(&SharedHostHandle::name(handle.token))
         {
-            return Err(Error::not_found(
-                "-",
+            return Err(MemError::not_found(
                 Op::LoadMetadata,
                 format!("{path} is no longer the shared buffer"),
             ));
@@ -210,21 +210,20 @@ impl SharedHostMapping {
             .read(true)
             .write(true)
             .open(&path)
-            .map_err(|e| Error::io("-", Op::LoadMetadata, e))?;
+            .map_err(|e| MemError::io(Op::LoadMetadata, e))?;
         let size = file
             .metadata()
-            .map_err(|e| Error::io("-", Op::LoadMetadata, e))?
+            .map_err(|e| MemError::io(Op::LoadMetadata, e))?
             .len();
         if size != handle.len {
-            return Err(Error::mismatch(
-                "-",
+            return Err(MemError::mismatch(
                 Op::LoadMetadata,
                 format!("shared buffer is {size} bytes, handle says {}", handle.len),
             ));
         }
         let len = usize::try_from(handle.len)
-            .map_err(|_| Error::invalid("-", Op::LoadMetadata, "length"))?;
-        let map = Mapping::shared(&file, len).map_err(|e| Error::io("-", Op::LoadMetadata, e))?;
+            .map_err(|_| MemError::invalid(Op::LoadMetadata, "length"))?;
+        let map = Mapping::shared(&file, len).map_err(|e| MemError::io(Op::LoadMetadata, e))?;
         Ok(SharedHostMapping {
             map,
             handle: handle.clone(),

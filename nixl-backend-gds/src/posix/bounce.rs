@@ -52,7 +52,7 @@ pub(crate) fn register_vram(agent: &str, backend: &str, region: &RegionDesc) -> 
 /// The primary context of a VRAM region's GPU (nixl-mem's), after checking the region lies in
 /// one device allocation of that GPU.
 pub(crate) fn vram_context(agent: &str, backend: &str, region: &RegionDesc) -> Result<Context> {
-    let count = nixl_mem::cuda_device_count()?;
+    let count = nixl_mem::cuda_device_count().map_err(|e| e.at_backend(agent, backend))?;
     let ordinal = usize::try_from(region.dev_id)
         .ok()
         .filter(|o| *o < count)
@@ -66,21 +66,7 @@ pub(crate) fn vram_context(agent: &str, backend: &str, region: &RegionDesc) -> R
                 ),
             )
         })?;
-    let ctx = Context::primary(ordinal).map_err(|e| match e {
-        Error::Backend {
-            op,
-            message,
-            source,
-            ..
-        } => Error::Backend {
-            agent: agent.to_owned(),
-            backend: backend.to_owned(),
-            op,
-            message,
-            source,
-        },
-        other => other,
-    })?;
+    let ctx = Context::primary(ordinal).map_err(|e| e.at_backend(agent, backend))?;
     ctx.check_device_range(region.addr, region.len)
         .map_err(|why| Error::invalid(agent, Op::RegisterMem, format!("VRAM region: {why}")))?;
     note_cuda_used();

@@ -226,6 +226,22 @@ pub enum Error {
         /// How long it waited.
         elapsed: std::time::Duration,
     },
+    /// A memory or device call made outside any agent (allocating, mapping or exporting
+    /// memory; a GPU driver): what the memory types of nixl-mem return through `?`. Its
+    /// [`Error::kind`] is the failure's kind (`InvalidParam`, `NotSupported`, `Io`, ...), its
+    /// source the memory layer's error.
+    #[error("{message}")]
+    Local {
+        /// The operation.
+        op: Op,
+        /// The kind of failure.
+        kind: ErrorKind,
+        /// What went wrong.
+        message: String,
+        /// The memory layer's error.
+        #[source]
+        source: Option<SharedError>,
+    },
     /// A library or device is not available on this machine.
     #[error("{what} is unavailable: {hint}")]
     Unavailable {
@@ -316,6 +332,7 @@ impl Error {
             Error::Corrupt { .. } => ErrorKind::Corrupt,
             Error::LimitExceeded { .. } => ErrorKind::LimitExceeded,
             Error::Io { .. } => ErrorKind::Io,
+            Error::Local { kind, .. } => *kind,
         }
     }
 

@@ -2,10 +2,13 @@
 
 use std::fmt;
 
-use nixl_core::{Error, MemoryRegion, Op, RegionDesc, Result};
+use nixl_core::{MemoryRegion, Op, RegionDesc};
+
+use super::cuda_err;
+use crate::error::{MemError, MemResult as Result};
 
 use super::ipc::{DmaBuf, IpcHandle};
-use super::{bind, context, cu, to_error};
+use super::{bind, context, cu};
 use crate::sys::driver::ctx_synchronize;
 use crate::sys::memory::DeviceAlloc;
 
@@ -43,14 +46,13 @@ impl DeviceBuffer {
     /// [`DeviceBuffer::fill`]), for the crate's own device-side scratch.
     pub(crate) fn alloc(ordinal: usize, len: usize) -> Result<Self> {
         if len == 0 {
-            return Err(Error::invalid(
-                "-",
+            return Err(MemError::invalid(
                 Op::RegisterMem,
                 "a device buffer needs at least one byte",
             ));
         }
         let ctx = context(ordinal)?;
-        let mem = DeviceAlloc::new(ctx, len).map_err(|e| to_error("-", Op::RegisterMem, e))?;
+        let mem = DeviceAlloc::new(ctx, len).map_err(|e| cuda_err(Op::RegisterMem, e))?;
         Ok(DeviceBuffer { mem, len, ordinal })
     }
 
@@ -77,8 +79,7 @@ impl DeviceBuffer {
     fn check_range(&self, offset: usize, n: usize) -> Result<()> {
         match offset.checked_add(n) {
             Some(end) if end <= self.len => Ok(()),
-            _ => Err(Error::invalid(
-                "-",
+            _ => Err(MemError::invalid(
                 Op::PostXfer,
                 format!(
                     "{offset}+{n} is outside the {}-byte device buffer",

@@ -5,7 +5,9 @@ use std::fmt;
 use std::os::fd::OwnedFd;
 
 use nixl_core::backend::DecodeError;
-use nixl_core::{Error, MemoryRegion, Op, RegionDesc, Result};
+use nixl_core::{MemoryRegion, Op, RegionDesc};
+
+use crate::error::{MemError, MemResult as Result};
 
 use super::{address_range, context, cu};
 use crate::sys::cu as sys;
@@ -53,15 +55,13 @@ impl IpcHandle {
         match super::pointer_device(addr) {
             Some(o) if o == ordinal => {}
             Some(o) => {
-                return Err(Error::mismatch(
-                    "-",
+                return Err(MemError::mismatch(
                     Op::RegisterMem,
                     format!("{addr:#x} is on GPU {o}, not {ordinal}"),
                 ))
             }
             None => {
-                return Err(Error::invalid(
-                    "-",
+                return Err(MemError::invalid(
                     Op::RegisterMem,
                     format!("{addr:#x} is not CUDA device memory"),
                 ))
@@ -72,8 +72,7 @@ impl IpcHandle {
             .checked_add(len)
             .is_some_and(|end| end <= alloc_base + alloc_size);
         if len == 0 || !inside {
-            return Err(Error::invalid(
-                "-",
+            return Err(MemError::invalid(
                 Op::RegisterMem,
                 format!("{addr:#x}+{len} is not inside one CUDA allocation"),
             ));
@@ -198,8 +197,7 @@ impl IpcMapping {
     fn range(&self, offset: usize, n: usize) -> Result<u64> {
         match (offset as u64).checked_add(n as u64) {
             Some(end) if end <= self.handle.len => Ok(self.offset() + offset as u64),
-            _ => Err(Error::invalid(
-                "-",
+            _ => Err(MemError::invalid(
                 Op::PostXfer,
                 format!(
                     "{offset}+{n} is outside the {}-byte mapping",
@@ -267,7 +265,7 @@ impl DmaBuf {
             ),
         )?;
         if !has || supported == 0 {
-            return Err(Error::not_supported("-", Op::RegisterMem, format!("GPU {ordinal} offers no dma-buf export (needs the open kernel module and CUDA >= 11.7)")));
+            return Err(MemError::not_supported(Op::RegisterMem, format!("GPU {ordinal} offers no dma-buf export (needs the open kernel module and CUDA >= 11.7)")));
         }
         let page = 4096u64;
         let start = addr & !(page - 1);
@@ -276,8 +274,7 @@ impl DmaBuf {
             .and_then(|e| e.checked_add(page - 1))
             .map(|e| e & !(page - 1));
         let Some(end) = end else {
-            return Err(Error::invalid(
-                "-",
+            return Err(MemError::invalid(
                 Op::RegisterMem,
                 "dma-buf range overflows",
             ));
@@ -287,8 +284,7 @@ impl DmaBuf {
             raw::dmabuf_fd(start, (end - start) as usize),
         )?
         .ok_or_else(|| {
-            Error::backend(
-                "-",
+            MemError::backend(
                 super::CUDA,
                 Op::RegisterMem,
                 "driver returned no dma-buf fd",

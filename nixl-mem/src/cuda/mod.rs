@@ -29,7 +29,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::CudaContext;
-use nixl_core::{Error, Op, Result};
+use nixl_core::Op;
+
+use crate::error::{MemError, MemResult as Result};
 
 use crate::sys::cu;
 use crate::sys::driver as drv;
@@ -56,8 +58,8 @@ impl CudaError {
 
     /// Wraps the error into the workspace error of `backend` (`CUDA`, `POSIX`, `GDS`),
     /// naming the agent (`-` outside an agent) and the operation.
-    pub fn into_error(self, agent: &str, backend: &str, op: Op) -> Error {
-        Error::Backend {
+    pub fn into_error(self, agent: &str, backend: &str, op: Op) -> nixl_core::Error {
+        nixl_core::Error::Backend {
             agent: agent.to_owned(),
             backend: backend.to_owned(),
             op,
@@ -83,7 +85,7 @@ pub(crate) fn check(call: &'static str, r: cu::CUresult) -> std::result::Result<
 }
 
 /// Wraps a driver error into the workspace error of this crate's `CUDA` types.
-pub(crate) fn to_error(agent: &str, op: Op, e: CudaError) -> Error {
+pub(crate) fn to_error(agent: &str, op: Op, e: CudaError) -> nixl_core::Error {
     e.into_error(agent, CUDA, op)
 }
 
@@ -98,7 +100,12 @@ pub(crate) fn from_driver(call: &'static str, e: cudarc::driver::DriverError) ->
 
 /// A driver result as the workspace error of the memory types (no agent).
 pub(crate) fn cu<T>(op: Op, r: std::result::Result<T, CudaError>) -> Result<T> {
-    r.map_err(|e| to_error("-", op, e))
+    r.map_err(|e| cuda_err(op, e))
+}
+
+/// A driver error as the memory layer's error of `op`.
+pub(crate) fn cuda_err(op: Op, e: CudaError) -> MemError {
+    MemError::library(op, CUDA, e.to_string(), Some(Arc::new(e)))
 }
 
 static DRIVER: OnceLock<std::result::Result<(), (String, String)>> = OnceLock::new();
@@ -108,10 +115,11 @@ static DRIVER: OnceLock<std::result::Result<(), (String, String)>> = OnceLock::n
 pub fn driver() -> Result<()> {
     match DRIVER.get_or_init(drv::load) {
         Ok(()) => Ok(()),
-        Err((what, hint)) => Err(Error::Unavailable {
-            what: what.clone(),
-            hint: hint.clone(),
-        }),
+        Err((what, hint)) => Err(MemError::unavailable(
+            Op::CreateBackend,
+            what.clone(),
+            hint.clone(),
+        )),
     }
 }
 
@@ -123,7 +131,7 @@ pub fn is_available() -> bool {
 /// The number of visible CUDA devices.
 pub fn device_count() -> Result<usize> {
     driver()?;
-    let n = drv::device_count().map_err(|e| to_error("-", Op::CreateBackend, e))?;
+    let n = drv::device_count().map_err(|e| cuda_err(Op::CreateBackend, e))?;
     Ok(usize::try_from(n).unwrap_or(0))
 }
 
@@ -135,8 +143,7 @@ pub(crate) fn retain(ordinal: usize) -> Result<Arc<CudaContext>> {
     driver()?;
     let count = device_count()?;
     if ordinal >= count {
-        return Err(Error::invalid(
-            "-",
+        return Err(MemError::invalid(
             Op::RegisterMem,
             format!("CUDA device {ordinal} does not exist ({count} visible)"),
         ));
@@ -147,10 +154,9 @@ pub(crate) fn retain(ordinal: usize) -> Result<Arc<CudaContext>> {
         return Ok(c.clone());
     }
     // cudarc binds a context it creates; the guard puts the caller's back.
-    let _restore = drv::Restore::keep().map_err(|e| to_error("-", Op::CreateBackend, e))?;
+    let _restore = drv::Restore::keep().map_err(|e| cuda_err(Op::CreateBackend, e))?;
     let c = CudaContext::new(ordinal).map_err(|e| {
-        to_error(
-            "-",
+        cuda_err(
             Op::CreateBackend,
             from_driver("cuDevicePrimaryCtxRetain", e),
         )
@@ -168,7 +174,7 @@ pub(crate) fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
 
 /// Makes `ctx` current on the calling thread.
 pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
-    bind_raw(ctx).map_err(|e| to_error("-", Op::PostXfer, e))
+    bind_raw(ctx).map_err(|e| cuda_err(Op::PostXfer, e))
 }
 
 /// [`bind`] with the driver's error.
@@ -188,7 +194,7 @@ pub(crate) fn pointer_device(ptr: u64) -> Option<usize> {
 
 /// The allocation containing a device pointer: (base, size).
 pub(crate) fn address_range(op: Op, ptr: u64) -> Result<(u64, u64)> {
-    drv::address_range(ptr).map_err(|e| to_error("-", op, e))
+    drv::address_range(ptr).map_err(|e| cuda_err(op, e))
 }
 
 /// The primary context of one GPU: what the memory of this crate, the CUDA runtime (and so
@@ -297,7 +303,7 @@ mod tests {
         assert_eq!(err.kind().as_str(), "backend");
         assert!(std::error::Error::source(&err).is_some());
         match e.into_error("a", "GDS", Op::RegisterMem) {
-            Error::Backend { backend, .. } => assert_eq!(backend, "GDS"),
+            nixl_core::Error::Backend { backend, .. } => assert_eq!(backend, "GDS"),
             other => panic!("{other:?}"),
         }
     }

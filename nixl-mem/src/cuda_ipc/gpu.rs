@@ -44,7 +44,7 @@ pub(crate) struct Gpu {
 
 impl Gpu {
     /// GPU `ordinal`'s context and empty pools.
-    pub(super) fn open(ordinal: usize) -> std::result::Result<Arc<Gpu>, Error> {
+    pub(super) fn open(ordinal: usize) -> crate::MemResult<Arc<Gpu>> {
         let ctx = cuda::context(ordinal)?;
         Ok(Arc::new(Gpu {
             ordinal,

@@ -128,58 +128,9 @@ fn host_id() -> Vec<u8> {
     std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_else(|_| b"unknown-boot-id".to_vec())
 }
 
-/// Rewrites the placeholder agent of errors from the memory types to this agent's name.
-fn with_agent(e: Error, agent: &str) -> Error {
-    let fix = |a: String| if a == "-" { agent.to_owned() } else { a };
-    match e {
-        Error::Backend {
-            agent: a,
-            backend,
-            op,
-            message,
-            source,
-        } => Error::Backend {
-            agent: fix(a),
-            backend,
-            op,
-            message,
-            source,
-        },
-        Error::InvalidParam {
-            agent: a,
-            op,
-            reason,
-        } => Error::InvalidParam {
-            agent: fix(a),
-            op,
-            reason,
-        },
-        Error::NotFound { agent: a, op, what } => Error::NotFound {
-            agent: fix(a),
-            op,
-            what,
-        },
-        Error::Mismatch { agent: a, op, what } => Error::Mismatch {
-            agent: fix(a),
-            op,
-            what,
-        },
-        Error::NotSupported { agent: a, op, what } => Error::NotSupported {
-            agent: fix(a),
-            op,
-            what,
-        },
-        Error::Io {
-            agent: a,
-            op,
-            source,
-        } => Error::Io {
-            agent: fix(a),
-            op,
-            source,
-        },
-        other => other,
-    }
+/// The memory layer's error as this backend's, naming its agent.
+fn with_agent(e: crate::MemError, agent: &str) -> Error {
+    e.at(agent)
 }
 
 impl CudaIpcBackend {

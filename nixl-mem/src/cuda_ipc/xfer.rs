@@ -322,7 +322,7 @@ impl CudaIpcXfer {
 
 impl BackendXfer for CudaIpcXfer {
     fn post(&mut self) -> Result<XferState> {
-        cuda::bind(self.lane.stream.context())?;
+        cuda::bind(self.lane.stream.context()).map_err(|e| e.at(&self.agent))?;
         // A ticket of an earlier post that never completed (its request failed) must not be
         // sent when this post's data lands: the event is about to be recorded again.
         if let Some(t) = self.ticket.take() {
@@ -355,7 +355,7 @@ impl BackendXfer for CudaIpcXfer {
     }
 
     fn check(&mut self) -> Result<XferState> {
-        cuda::bind(self.lane.stream.context())?;
+        cuda::bind(self.lane.stream.context()).map_err(|e| e.at(&self.agent))?;
         if !self
             .lane
             .event
@@ -392,7 +392,7 @@ impl BackendXfer for CudaIpcXfer {
         }
         // Copies already handed to the GPU cannot be recalled: cancel waits for them
         // (bounded), so the memory is never freed under the hardware.
-        cuda::bind(self.lane.stream.context())?;
+        cuda::bind(self.lane.stream.context()).map_err(|e| e.at(&self.agent))?;
         match self.lane.event.wait(self.cancel_timeout) {
             Ok(true) => Ok(()),
             Ok(false) => Err(Error::TimedOut {

@@ -23,8 +23,9 @@ use crate::params::UcxParams;
 use crate::sys;
 use crate::validate::Shapes;
 use crate::wire;
+use crate::work::Work;
 use crate::worker::Worker;
-use crate::xfer::{Notif, UcxXfer, Work};
+use crate::xfer::{Notif, UcxXfer};
 
 /// The UCX backend of one agent.
 pub struct UcxBackend {
@@ -95,6 +96,15 @@ pub fn probe(params: &UcxParams) -> Result<(String, std::path::PathBuf)> {
     Ok((u.version_string(), u.path.clone()))
 }
 
+/// What each active-message id means to this backend: our notifications and connection hellos
+/// (`crate::session`), and the notifications of stock NIXL agents (`crate::nixl`, id 0 as in
+/// `nixl_core::nixl_wire::notif`). Every worker installs this table.
+const AM_ROUTES: &[(u32, crate::worker::AmRoute)] = &[
+    (crate::session::AM_NOTIF, crate::session::on_notif),
+    (crate::session::AM_HELLO, crate::session::on_hello),
+    (crate::session::AM_NIXL, crate::nixl::on_nixl_notif),
+];
+
 impl UcxBackend {
     /// Creates the backend: loads UCX, creates the context, workers and progress threads.
     pub fn new(params: UcxParams, bctx: BackendContext) -> Result<Self> {
@@ -126,6 +136,7 @@ impl UcxBackend {
                     bctx.notifs.clone(),
                     bctx.peers.clone(),
                     sessions.clone(),
+                    AM_ROUTES,
                 )
             })
             .collect::<Result<Vec<_>>>()?;

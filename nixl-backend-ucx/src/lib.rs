@@ -95,7 +95,9 @@ mod reached;
 mod session;
 mod sys;
 mod validate;
+mod vram_context;
 mod wire;
+mod work;
 mod worker;
 
 /// The pure decoders of the backend's wire bytes, for fuzzing (feature `fuzzing`; not a

@@ -26,8 +26,6 @@ use crate::memory::RemoteMd;
 use crate::sys;
 use crate::worker::AmCtx;
 
-/// NIXL's notification active-message id.
-pub(crate) const AM_NIXL: u32 = nixl_core::nixl_wire::notif::AM_ID;
 /// The longest worker address accepted.
 const MAX_ADDRESS: usize = 1 << 16;
 /// `UCS_SYS_DEVICE_ID_UNKNOWN`: ends the distance list of a packed rkey.
@@ -114,7 +112,7 @@ fn kind_accepts(kind: MemKind, mem_type: u8) -> Option<sys::ucs_memory_type_t> {
     }
 }
 
-/// Handles NIXL's notification active message (`AM_NIXL`, from the worker's handler).
+/// Handles NIXL's notification active message (`crate::session::AM_NIXL`, routed by the backend's table).
 pub(crate) fn on_nixl_notif(ctx: &AmCtx, m: &sys::AmMsg<'_>) {
     if ctx.peers.is_authenticated() {
         // NIXL's notifications name their sender in the payload, which nothing vouches for:

@@ -15,7 +15,8 @@ use crate::backend::UcxBackend;
 use crate::endpoint::Peer;
 use crate::memory::{mem_type, MemReg, RemoteMd};
 use crate::sys;
-use crate::xfer::{BlockLayer, Seg, UcxXfer, Work};
+use crate::work::{BlockLayer, Seg, Work};
+use crate::xfer::UcxXfer;
 
 /// The handles of a (local, remote) metadata pair, checked once per distinct pair.
 struct Handles<'a> {

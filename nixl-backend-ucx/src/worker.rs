@@ -1,6 +1,6 @@
 //! UCP workers: each owned by one [`Worker`] with a mutex that serialises every call into it
-//! (UCX's `UCS_THREAD_MODE_SERIALIZED`), an active-message handler that turns notifications
-//! into entries of the agent's queue, and a graveyard of endpoints to close at the next
+//! (UCX's `UCS_THREAD_MODE_SERIALIZED`), the active-message routes the backend registers
+//! ([`AmRoute`]: notifications, connection hellos, NIXL's notifications), and a graveyard of endpoints to close at the next
 //! progress pass (so dropping an endpoint never blocks or re-enters UCX from a callback).
 
 use parking_lot::{Mutex, MutexGuard};
@@ -14,16 +14,17 @@ use crate::context::Context;
 use crate::error::status_error;
 use crate::sys;
 
-/// The active-message id of notifications.
-pub(crate) const AM_NOTIF: u32 = 0x4e58;
+/// A handler of one active-message id: what the message means to the backend.
+pub(crate) type AmRoute = fn(&AmCtx, &sys::AmMsg<'_>);
 
-/// What the notification and hello handlers need.
+/// What the active-message handlers need, and the backend's table of them.
 pub(crate) struct AmCtx {
     pub notifs: Arc<NotifQueue>,
     pub agent: String,
     pub peers: PeerAuth,
-    sessions: Arc<Sessions>,
-    links: Arc<crate::links::Links>,
+    pub sessions: Arc<Sessions>,
+    pub links: Arc<crate::links::Links>,
+    routes: &'static [(u32, AmRoute)],
 }
 
 /// An endpoint queued for closing.
@@ -62,87 +63,16 @@ pub(crate) struct WorkerGuard<'a> {
     w: &'a Worker,
 }
 
-/// The header and (eager) payload of an active message, or why it is dropped.
-fn am_parts<'a>(msg: &sys::AmMsg<'a>) -> std::result::Result<(&'a [u8], &'a [u8]), &'static str> {
-    if msg.rndv {
-        return Err("a rendezvous message (senders use eager)");
-    }
-    match (msg.header, msg.data) {
-        (Some(h), Some(d)) => Ok((h, d)),
-        _ => Err("a malformed message"),
-    }
-}
-
 impl sys::AmHandler for AmCtx {
     fn on_am(&self, id: u32, msg: sys::AmMsg<'_>) {
-        match id {
-            AM_NOTIF => self.on_notif(&msg),
-            crate::session::AM_HELLO => self.on_hello(&msg),
-            crate::nixl::AM_NIXL => crate::nixl::on_nixl_notif(self, &msg),
-            _ => {}
-        }
-    }
-}
-
-impl AmCtx {
-    fn on_notif(&self, m: &sys::AmMsg<'_>) {
-        let (h, msg) = match am_parts(m) {
-            Ok(p) => p,
-            Err(why) => {
-                tracing::warn!(agent = %self.agent, why, "dropping a notification");
-                return;
-            }
-        };
-        let session = match crate::wire::decode_notif_header(h) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(agent = %self.agent, error = %e, "dropping a notification with a malformed header");
-                return;
-            }
-        };
-        // The sender is the peer whose hello opened this connection, never a name in the
-        // message.
-        match m.reply_ep.and_then(|ep| self.sessions.sender(&session, ep)) {
-            Some(sender) => {
-                self.notifs.push(&sender, msg.to_vec());
-            }
-            None => {
-                tracing::warn!(agent = %self.agent, "dropping a notification from a connection without an accepted hello");
-            }
-        }
-    }
-
-    fn on_hello(&self, m: &sys::AmMsg<'_>) {
-        let Ok((h, d)) = am_parts(m) else {
-            tracing::warn!(agent = %self.agent, "dropping a malformed hello");
-            return;
-        };
-        let Some(ep) = m.reply_ep else {
-            tracing::warn!(agent = %self.agent, "dropping a hello without its connection");
-            return;
-        };
-        match self.peers.check_hello(h) {
-            Ok(hello) => {
-                tracing::debug!(agent = %self.agent, remote = %hello.sender, authenticated = hello.authenticated, "UCX connection introduced");
-                if let Err(why) = self.sessions.accept(&hello, ep) {
-                    tracing::warn!(agent = %self.agent, remote = %hello.sender, why, "refused a UCX hello");
-                    return;
-                }
-                // The payload names the sender's worker (`crate::session::introduce`).
-                let index = <[u8; 4]>::try_from(d).ok().map(u32::from_le_bytes);
-                if let Some(old) = self.links.introduced(&hello.sender, index, ep) {
-                    tracing::debug!(agent = %self.agent, remote = %hello.sender, old, "the peer replaced a UCX connection our endpoint shares; it fails until the peer is reloaded");
-                }
-            }
-            Err(e) => {
-                tracing::warn!(agent = %self.agent, error = %e, "refused a UCX connection's hello");
-            }
+        if let Some((_, route)) = self.routes.iter().find(|(i, _)| *i == id) {
+            route(self, &msg);
         }
     }
 }
 
 impl Worker {
-    /// Creates a worker with the notification and hello handlers.
+    /// Creates a worker whose active messages go to `routes` (the backend's table).
     pub(crate) fn new(
         ctx: Arc<Context>,
         index: usize,
@@ -150,6 +80,7 @@ impl Worker {
         notifs: Arc<NotifQueue>,
         peers: PeerAuth,
         sessions: Arc<Sessions>,
+        routes: &'static [(u32, AmRoute)],
     ) -> Result<Arc<Self>> {
         let ucx = &ctx.ucx;
         let fail = |call, st| status_error(ucx, agent, None, Op::CreateBackend, call, st);
@@ -171,18 +102,12 @@ impl Worker {
             peers,
             sessions,
             links: links.clone(),
+            routes,
         });
-        // Our notifications and hellos, and NIXL's notifications (id 0,
-        // `nixl_core::nixl_wire::notif`).
-        const HELLO: u32 = crate::session::AM_HELLO;
-        const NIXL: u32 = crate::nixl::AM_NIXL;
-        let set = "ucp_worker_set_am_recv_handler";
-        raw.set_am_handler::<AmCtx, AM_NOTIF>(&am)
-            .map_err(|st| fail(set, st))?;
-        raw.set_am_handler::<AmCtx, HELLO>(&am)
-            .map_err(|st| fail(set, st))?;
-        raw.set_am_handler::<AmCtx, NIXL>(&am)
-            .map_err(|st| fail(set, st))?;
+        for (id, _) in routes {
+            raw.set_am_handler(*id, &am)
+                .map_err(|st| fail("ucp_worker_set_am_recv_handler", st))?;
+        }
         Ok(Arc::new(Worker {
             raw: Mutex::new(raw),
             ctx,
@@ -202,7 +127,7 @@ impl Worker {
     /// Locks the worker.
     pub(crate) fn lock(&self) -> WorkerGuard<'_> {
         // UCX's CUDA transports run in the calling thread's CUDA context.
-        crate::memory::apply_vram_context();
+        crate::vram_context::apply_vram_context();
         WorkerGuard {
             g: self.raw.lock(),
             w: self,

@@ -7,13 +7,14 @@ use std::sync::atomic::{AtomicI32, AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use nixl_core::backend::{BackendXfer, BlockRun};
-use nixl_core::{Error, Op, Result, StridedDesc, XferOp, XferState};
+use nixl_core::backend::BackendXfer;
+use nixl_core::{Error, Op, Result, XferOp, XferState};
 
 use crate::endpoint::{EpShared, Peer};
 use crate::error::status_error;
 use crate::loader::Ucx;
 use crate::sys;
+use crate::work::{Seg, Work};
 
 const PENDING: u8 = 0;
 const DONE: u8 = 1;
@@ -37,9 +38,9 @@ pub(crate) type Notif = (u32, Arc<[u8]>, Arc<[u8]>);
 pub(crate) fn make_notif(agent: &str, header: &Arc<[u8]>, peer: &Peer, msg: &[u8]) -> Notif {
     if peer.nixl {
         let payload = nixl_core::nixl_wire::notif::encode_notif(agent, msg);
-        (crate::nixl::AM_NIXL, Arc::from(&[][..]), payload.into())
+        (crate::session::AM_NIXL, Arc::from(&[][..]), payload.into())
     } else {
-        (crate::worker::AM_NOTIF, header.clone(), msg.into())
+        (crate::session::AM_NOTIF, header.clone(), msg.into())
     }
 }
 
@@ -128,105 +129,6 @@ impl sys::AmPayload for PostState {
         match &self.notif {
             Some((id, header, msg)) => (*id, crate::session::am_flags(*id), header, msg),
             None => (0, 0, &[], &[]),
-        }
-    }
-}
-
-/// One merged segment: local address, remote address, length, local memory handle, rkey.
-#[derive(Clone, Copy)]
-pub(crate) struct Seg {
-    pub local: u64,
-    pub remote: u64,
-    pub len: u64,
-    pub memh: sys::MemH,
-    pub rkey: sys::Rkey,
-}
-
-/// One layer of a block-table transfer: both sides' runs and the checked handles.
-#[derive(Clone, Copy)]
-pub(crate) struct BlockLayer {
-    pub local: StridedDesc,
-    pub remote: StridedDesc,
-    /// Blocks are contiguous on both sides: a run of ids is one put/get.
-    pub dense: bool,
-    pub memh: sys::MemH,
-    pub rkey: sys::Rkey,
-}
-
-/// What a post issues: a list of segments, or a block table walked per post (addresses are
-/// computed from the layer and the id; nothing is stored per block).
-pub(crate) enum Work {
-    Segs(Vec<Seg>),
-    Blocks {
-        layers: Vec<BlockLayer>,
-        runs: Vec<BlockRun>,
-        /// Puts/gets per post.
-        segments: usize,
-    },
-}
-
-impl Work {
-    /// Operations per post.
-    pub(crate) fn len(&self) -> usize {
-        match self {
-            Work::Segs(v) => v.len(),
-            Work::Blocks { segments, .. } => *segments,
-        }
-    }
-
-    /// Bytes per post.
-    pub(crate) fn bytes(&self) -> u64 {
-        match self {
-            Work::Segs(v) => v.iter().map(|s| s.len).sum(),
-            Work::Blocks { layers, runs, .. } => {
-                let ids: u64 = runs.iter().map(|r| r.count).sum();
-                layers.iter().map(|l| l.local.len.saturating_mul(ids)).sum()
-            }
-        }
-    }
-
-    /// Calls `f` on every segment in order until it returns `false`; returns whether every
-    /// call returned `true`.
-    pub(crate) fn each(&self, mut f: impl FnMut(&Seg) -> bool) -> bool {
-        match self {
-            Work::Segs(v) => v.iter().all(f),
-            Work::Blocks { layers, runs, .. } => {
-                for l in layers {
-                    for r in runs {
-                        // In bounds: the agent checked every id against every layer's count.
-                        let (la, ra) = (
-                            l.local.addr + r.local * l.local.stride,
-                            l.remote.addr + r.remote * l.remote.stride,
-                        );
-                        if l.dense {
-                            let s = Seg {
-                                local: la,
-                                remote: ra,
-                                len: r.count * l.local.len,
-                                memh: l.memh,
-                                rkey: l.rkey,
-                            };
-                            if !f(&s) {
-                                return false;
-                            }
-                            continue;
-                        }
-                        for k in 0..r.count {
-                            let s = Seg {
-                                local: la + k * l.local.stride,
-                                remote: ra + k * l.remote.stride,
-                                len: l.local.len,
-                                memh: l.memh,
-                                rkey: l.rkey,
-                            };
-                            if !f(&s) {
-                                return false;
-                            }
-                        }
-                    }
-                }
-                true
-            }
         }
     }
 }

@@ -94,6 +94,7 @@ impl MemError {
     }
 
     /// What is missing and what to install, for an [`ErrorKind::Unavailable`] error.
+    #[cfg_attr(not(feature = "cufile"), allow(dead_code))]
     pub(crate) fn into_unavailable(self) -> std::result::Result<(String, String), MemError> {
         match self.kind {
             ErrorKind::Unavailable => Ok((self.message, self.hint.unwrap_or_default())),

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use nixl_core::{Error, Op};
 
 use crate::sys::cma::{copy, IoVec, IOV_MAX};
-use crate::xfer::Work;
+use crate::work::Work;
 
 mod flight;
 mod pool;

@@ -94,21 +94,26 @@ impl WorkerH {
         Ok(v)
     }
 
-    /// Installs `H`'s handler for active-message id `ID`, with `arg` (kept alive until the
-    /// worker is destroyed) as its argument.
-    pub(crate) fn set_am_handler<H: AmHandler, const ID: u32>(
+    /// Installs `handler` for active-message id `id` (the handler and the id are kept alive
+    /// until the worker is destroyed, as UCX's callback argument).
+    pub(crate) fn set_am_handler<H: AmHandler>(
         &mut self,
-        arg: &Arc<H>,
+        id: u32,
+        handler: &Arc<H>,
     ) -> Result<(), ucs_status_t> {
-        self.kept.push(arg.clone());
+        let route = Arc::new(Route {
+            id,
+            handler: handler.clone(),
+        });
+        self.kept.push(route.clone());
         // SAFETY: zeroed params with a field mask is the documented form.
         let mut hp: ucp_am_handler_param_t = unsafe { std::mem::zeroed() };
         hp.field_mask = (UCP_AM_HANDLER_PARAM_FIELD_ID
             | UCP_AM_HANDLER_PARAM_FIELD_CB
             | UCP_AM_HANDLER_PARAM_FIELD_ARG) as u64;
-        hp.id = ID;
-        hp.cb = Some(am_trampoline::<H, ID>);
-        hp.arg = Arc::as_ptr(arg) as *mut c_void;
+        hp.id = id;
+        hp.cb = Some(am_trampoline::<H>);
+        hp.arg = Arc::as_ptr(&route) as *mut c_void;
         // SAFETY: the worker is live; the argument is kept in `kept`, released only after
         // the worker is destroyed.
         let st = unsafe { self.ucx.lib.ucp_worker_set_am_recv_handler(self.raw, &hp) };
@@ -246,7 +251,13 @@ pub(crate) trait AmHandler: Send + Sync + 'static {
     fn on_am(&self, id: u32, msg: AmMsg<'_>);
 }
 
-unsafe extern "C" fn am_trampoline<H: AmHandler, const ID: u32>(
+/// The argument of one installed handler: its id and the handler.
+struct Route<H> {
+    id: u32,
+    handler: Arc<H>,
+}
+
+unsafe extern "C" fn am_trampoline<H: AmHandler>(
     arg: *mut c_void,
     header: *const c_void,
     header_length: usize,
@@ -254,9 +265,9 @@ unsafe extern "C" fn am_trampoline<H: AmHandler, const ID: u32>(
     length: usize,
     param: *const ucp_am_recv_param_t,
 ) -> ucs_status_t {
-    // SAFETY: arg is the `Arc<H>` registered with this handler, kept alive by the worker
-    // until after it is destroyed.
-    let h = unsafe { &*(arg as *const H) };
+    // SAFETY: arg is the `Arc<Route<H>>` registered with this handler, kept alive by the
+    // worker until after it is destroyed.
+    let route = unsafe { &*(arg as *const Route<H>) };
     // SAFETY: UCX passes a valid param struct (or NULL) for the duration of the callback.
     let p = unsafe { param.as_ref() };
     let attr = p.map_or(0, |p| p.recv_attr);
@@ -280,8 +291,8 @@ unsafe extern "C" fn am_trampoline<H: AmHandler, const ID: u32>(
         // duration of the callback (non-null here).
         Some(unsafe { std::slice::from_raw_parts(data as *const u8, length) })
     };
-    h.on_am(
-        ID,
+    route.handler.on_am(
+        route.id,
         AmMsg {
             header,
             header_len: header_length,

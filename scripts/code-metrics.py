@@ -179,15 +179,17 @@ def main():
     deprecated = len(re.findall(r"#\[deprecated", lib))
     names -= {"*"}
     print(f"== nixl-core root: {len(names) + len(items)} items (+{deprecated} #[deprecated] aliases), {len(pub_mods)} public modules ({', '.join(pub_mods)})")
-    methods, files = 0, set()
+    methods, old, files = 0, 0, set()
     for f in lib_files("nixl-core"):
         text = f.read_text(errors="replace")
         for block in re.finditer(r"^impl Agent \{(.*?)^\}", text, re.M | re.S):
             k = len(re.findall(r"^    pub fn ", block.group(1), re.M))
+            dep = len(re.findall(r"^    #\[deprecated[^\n]*\n(?:^    (?:#|///)[^\n]*\n)*^    pub fn ", block.group(1), re.M))
             if k:
-                methods += k
+                methods += k - dep
+                old += dep
                 files.add(f.relative_to(ROOT))
-    print(f"== Agent: {methods} public methods in {len(files)} files")
+    print(f"== Agent: {methods} public methods (+{old} #[deprecated] aliases) in {len(files)} files")
     big = []
     for c in CRATES + ["."]:
         src = ROOT / c / "src"

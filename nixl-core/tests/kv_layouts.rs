@@ -1,0 +1,546 @@
+//! KV layouts as transfer plans (issue 26), over INPROC: several agents per side in one
+//! process, every element of the request checked against its expected value computed in the
+//! test from (layer, tensor, token, head, dim), and every byte outside the request unchanged.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nixl_core::{
+    Agent, AgentConfig, ErrorKind, HostBuffer, InprocParams, KvLayout, KvOrder, KvPlan, KvTensor,
+    MemKind, Registration, XferOptions,
+};
+
+/// The value of one element: distinct for every (layer, tensor, token, head, dim) in range.
+fn value(layer: u32, tensor: u32, token: u64, head: u32, d: u32) -> u32 {
+    let mut x = (u64::from(layer) << 48)
+        ^ (u64::from(tensor) << 44)
+        ^ (token << 20)
+        ^ (u64::from(head) << 12)
+        ^ u64::from(d);
+    x = x.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (x >> 32) as u32
+}
+
+/// The shape shared by every rank of a test.
+#[derive(Clone, Copy)]
+struct Shape {
+    layers: u32,
+    heads: u32,
+    dim: u32,
+    mla: bool,
+}
+
+/// One rank: its agent, pool and description.
+struct Rank {
+    agent: Agent,
+    buf: Arc<HostBuffer>,
+    layout: KvLayout,
+    _reg: Registration,
+}
+
+const ELEM: u32 = 4;
+const POOL_BLOCKS: u64 = 12;
+
+fn rank(
+    tag: &str,
+    s: Shape,
+    tp: u32,
+    r: u32,
+    tokens_per_block: u32,
+    order: KvOrder,
+    pad: u64,
+) -> Rank {
+    let name = format!("{tag}-{}-{r}", std::process::id());
+    let agent = Agent::new(&name, AgentConfig::default()).unwrap();
+    agent.create_backend(InprocParams::default()).unwrap();
+    let mut layout = KvLayout {
+        model: "llama-test".into(),
+        layers: s.layers,
+        tokens_per_block,
+        kv_heads: 0,
+        model_kv_heads: if s.mla { 1 } else { s.heads },
+        head_dim: s.dim,
+        elem_size: ELEM,
+        order,
+        tp_rank: r,
+        tp_size: tp,
+        mla: s.mla,
+        blocks: POOL_BLOCKS,
+        kind: MemKind::Dram,
+        dev_id: 0,
+        tensors: Vec::new(),
+    };
+    layout.kv_heads = layout.head_range().1;
+    let stride = layout.block_bytes() + pad;
+    let n = s.layers as u64 * u64::from(layout.tensors_per_layer());
+    let buf = Arc::new(HostBuffer::new((n * POOL_BLOCKS * stride) as usize).unwrap());
+    layout.tensors = (0..n)
+        .map(|i| KvTensor {
+            base: buf.addr() + i * POOL_BLOCKS * stride,
+            block_stride: stride,
+        })
+        .collect();
+    layout.validate().unwrap();
+    let reg = agent.register_mem(vec![buf.clone()], &[]).unwrap();
+    Rank {
+        agent,
+        buf,
+        layout,
+        _reg: reg,
+    }
+}
+
+/// Byte offset of element (block, slot, local head, dim) of tensor `ti`, by the layout's order
+/// (written here independently of the planner).
+fn offset(l: &KvLayout, ti: usize, block: u64, slot: u64, hl: u64, d: u64) -> usize {
+    let t = l.tensors[ti];
+    let (b, h, dim) = (
+        u64::from(l.tokens_per_block),
+        u64::from(l.kv_heads),
+        u64::from(l.head_dim),
+    );
+    let inner = match l.order {
+        KvOrder::Nhd => (slot * h + hl) * dim + d,
+        KvOrder::Hnd => (hl * b + slot) * dim + d,
+    };
+    (t.base + block * t.block_stride + inner * u64::from(ELEM)) as usize
+}
+
+/// Fills a source rank: the request's tokens with their values, everything else 0xEE.
+fn fill_source(r: &Rank, ids: &[u64], tokens: u64) {
+    let l = &r.layout;
+    let base = r.buf.addr() as usize;
+    let mut bytes = vec![0xEEu8; r.buf.len()];
+    let (first, _) = l.head_range();
+    let tpl = l.tensors_per_layer();
+    for ti in 0..l.tensors.len() {
+        let (layer, tensor) = (ti as u32 / tpl, ti as u32 % tpl);
+        for t in 0..tokens {
+            let b = u64::from(l.tokens_per_block);
+            for hl in 0..u64::from(l.kv_heads) {
+                for d in 0..u64::from(l.head_dim) {
+                    let v = value(layer, tensor, t, first + hl as u32, d as u32);
+                    let at = offset(l, ti, ids[(t / b) as usize], t % b, hl, d) - base;
+                    bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+    }
+    assert!(r.buf.write_at(0, &bytes));
+}
+
+/// Checks a destination rank: each element of the request holds its value; every other byte
+/// is still 0xDD.
+fn check_destination(r: &Rank, ids: &[u64], tokens: u64) {
+    let l = &r.layout;
+    let base = r.buf.addr() as usize;
+    let got = r.buf.to_vec();
+    let mut touched = vec![false; got.len()];
+    let (first, _) = l.head_range();
+    let tpl = l.tensors_per_layer();
+    let b = u64::from(l.tokens_per_block);
+    for ti in 0..l.tensors.len() {
+        let (layer, tensor) = (ti as u32 / tpl, ti as u32 % tpl);
+        for t in 0..tokens {
+            for hl in 0..u64::from(l.kv_heads) {
+                for d in 0..u64::from(l.head_dim) {
+                    let want = value(layer, tensor, t, first + hl as u32, d as u32);
+                    let at = offset(l, ti, ids[(t / b) as usize], t % b, hl, d) - base;
+                    let have = u32::from_le_bytes(got[at..at + 4].try_into().unwrap());
+                    assert_eq!(
+                        have,
+                        want,
+                        "{}: layer {layer} tensor {tensor} token {t} head {} dim {d}",
+                        r.agent.name(),
+                        first + hl as u32
+                    );
+                    touched[at..at + 4].iter_mut().for_each(|x| *x = true);
+                }
+            }
+        }
+    }
+    for (i, (&byte, &t)) in got.iter().zip(&touched).enumerate() {
+        assert!(
+            t || byte == 0xDD,
+            "{}: byte {i} outside the request changed",
+            r.agent.name()
+        );
+    }
+}
+
+fn connect(a: &[Rank], b: &[Rank]) {
+    for x in a {
+        for y in b {
+            x.agent
+                .load_remote_metadata(&y.agent.local_metadata().unwrap())
+                .unwrap();
+            y.agent
+                .load_remote_metadata(&x.agent.local_metadata().unwrap())
+                .unwrap();
+        }
+    }
+}
+
+fn post(r: &Rank, plan: &KvPlan) {
+    for t in &plan.transfers {
+        let req = r
+            .agent
+            .create_xfer_req(
+                plan.op,
+                &t.local,
+                &t.remote,
+                &t.peer,
+                XferOptions::default(),
+            )
+            .unwrap();
+        r.agent.post_xfer_req(&req).unwrap();
+        req.wait(Duration::from_secs(30)).unwrap();
+    }
+}
+
+/// The request's block ids on each side: scattered, not in order.
+fn ids_for(tokens: u64, tokens_per_block: u32, salt: u64) -> Vec<u64> {
+    let n = tokens.div_ceil(u64::from(tokens_per_block));
+    (0..n).map(|i| (i * 5 + salt) % POOL_BLOCKS).collect()
+}
+
+struct Case {
+    shape: Shape,
+    tp: (u32, u32),
+    block: (u32, u32),
+    order: KvOrder,
+    tokens: u64,
+    pad: u64,
+    write: bool,
+}
+
+/// Runs one case end to end; returns the destination ranks' plans.
+fn run(tag: &str, c: Case) -> Vec<KvPlan> {
+    let src: Vec<Rank> = (0..c.tp.0)
+        .map(|r| {
+            rank(
+                &format!("{tag}-p"),
+                c.shape,
+                c.tp.0,
+                r,
+                c.block.0,
+                c.order,
+                c.pad,
+            )
+        })
+        .collect();
+    let dst: Vec<Rank> = (0..c.tp.1)
+        .map(|r| {
+            rank(
+                &format!("{tag}-d"),
+                c.shape,
+                c.tp.1,
+                r,
+                c.block.1,
+                c.order,
+                c.pad,
+            )
+        })
+        .collect();
+    connect(&src, &dst);
+    let (sids, dids) = (
+        ids_for(c.tokens, c.block.0, 3),
+        ids_for(c.tokens, c.block.1, 7),
+    );
+    for r in &src {
+        fill_source(r, &sids, c.tokens);
+    }
+    for r in &dst {
+        r.buf.fill(0xDD);
+    }
+    let src_side: Vec<(&str, &KvLayout)> =
+        src.iter().map(|r| (r.agent.name(), &r.layout)).collect();
+    let dst_side: Vec<(&str, &KvLayout)> =
+        dst.iter().map(|r| (r.agent.name(), &r.layout)).collect();
+    let mut plans = Vec::new();
+    for d in &dst {
+        plans.push(
+            d.layout
+                .plan_read(&src_side, &sids, &dids, c.tokens)
+                .unwrap(),
+        );
+    }
+    if c.write {
+        let mut written = 0;
+        for s in &src {
+            let plan = s
+                .layout
+                .plan_write(&dst_side, &sids, &dids, c.tokens)
+                .unwrap();
+            written += plan.bytes();
+            post(s, &plan);
+        }
+        assert_eq!(written, plans.iter().map(KvPlan::bytes).sum::<u64>());
+    } else {
+        for (d, plan) in dst.iter().zip(&plans) {
+            post(d, plan);
+        }
+    }
+    for d in &dst {
+        check_destination(d, &dids, c.tokens);
+    }
+    plans
+}
+
+const GQA8: Shape = Shape {
+    layers: 3,
+    heads: 8,
+    dim: 16,
+    mla: false,
+};
+
+fn case(tp: (u32, u32), block: (u32, u32), order: KvOrder, tokens: u64) -> Case {
+    Case {
+        shape: GQA8,
+        tp,
+        block,
+        order,
+        tokens,
+        pad: 0,
+        write: false,
+    }
+}
+
+#[test]
+fn tp1_to_tp2_each_decode_rank_reads_its_head_slice() {
+    for order in [KvOrder::Nhd, KvOrder::Hnd] {
+        let plans = run("t12", case((1, 2), (16, 16), order, 61));
+        assert!(plans.iter().all(|p| p.transfers.len() == 1));
+    }
+}
+
+#[test]
+fn tp2_to_tp1_gathers_heads_from_both_prefill_ranks() {
+    for order in [KvOrder::Nhd, KvOrder::Hnd] {
+        let plans = run("t21", case((2, 1), (16, 16), order, 40));
+        assert_eq!(plans[0].transfers.len(), 2);
+    }
+}
+
+#[test]
+fn tp2_to_tp4_and_tp4_to_tp2() {
+    for order in [KvOrder::Nhd, KvOrder::Hnd] {
+        run("t24", case((2, 4), (16, 16), order, 33));
+        run("t42", case((4, 2), (16, 16), order, 48));
+    }
+}
+
+#[test]
+fn equal_tp_moves_whole_blocks_with_padded_strides() {
+    let mut c = case((2, 2), (16, 16), KvOrder::Hnd, 64);
+    c.pad = 64;
+    let plans = run("t22", c);
+    // 4 whole blocks per tensor, 3 layers x 2 tensors, scattered ids: one piece per block.
+    for p in &plans {
+        assert_eq!(p.pieces(), 4 * 6, "{p:?}");
+    }
+}
+
+#[test]
+fn prefill_blocks_smaller_and_larger_than_decode_blocks() {
+    for order in [KvOrder::Nhd, KvOrder::Hnd] {
+        run("b1632", case((1, 2), (16, 32), order, 70));
+        run("b3216", case((2, 1), (32, 16), order, 70));
+    }
+}
+
+#[test]
+fn replicated_heads_when_tp_exceeds_the_head_count() {
+    let shape = Shape { heads: 2, ..GQA8 };
+    for tp in [(4, 1), (1, 4), (4, 2)] {
+        run(
+            "rep",
+            Case {
+                shape,
+                tp,
+                block: (16, 16),
+                order: KvOrder::Nhd,
+                tokens: 30,
+                pad: 0,
+                write: false,
+            },
+        );
+    }
+}
+
+#[test]
+fn mla_latent_is_read_once_from_one_rank() {
+    let shape = Shape {
+        layers: 2,
+        heads: 1,
+        dim: 64,
+        mla: true,
+    };
+    let plans = run(
+        "mla",
+        Case {
+            shape,
+            tp: (2, 4),
+            block: (16, 16),
+            order: KvOrder::Nhd,
+            tokens: 50,
+            pad: 0,
+            write: false,
+        },
+    );
+    for p in &plans {
+        assert_eq!(p.transfers.len(), 1, "{p:?}");
+    }
+    // The four decode ranks spread over the two prefill ranks.
+    let peers: std::collections::BTreeSet<&str> =
+        plans.iter().map(|p| p.transfers[0].peer.as_str()).collect();
+    assert_eq!(peers.len(), 2);
+}
+
+#[test]
+fn prefill_writes_land_the_same_bytes_as_decode_reads() {
+    let mut c = case((2, 4), (16, 32), KvOrder::Hnd, 77);
+    c.write = true;
+    run("w24", c);
+    let mut c = case((4, 1), (32, 16), KvOrder::Nhd, 40);
+    c.write = true;
+    run("w41", c);
+}
+
+fn layout(tp: u32, r: u32, order: KvOrder) -> KvLayout {
+    let mut l = KvLayout {
+        model: "m".into(),
+        layers: 2,
+        tokens_per_block: 16,
+        kv_heads: 8 / tp,
+        model_kv_heads: 8,
+        head_dim: 128,
+        elem_size: 2,
+        order,
+        tp_rank: r,
+        tp_size: tp,
+        mla: false,
+        blocks: 64,
+        kind: MemKind::Dram,
+        dev_id: 0,
+        tensors: Vec::new(),
+    };
+    let bb = l.block_bytes();
+    l.tensors = (0..4)
+        .map(|i| KvTensor {
+            base: 1 << 30 | (i << 24),
+            block_stride: bb,
+        })
+        .collect();
+    l
+}
+
+#[test]
+fn refusals_are_typed() {
+    let d = layout(1, 0, KvOrder::Nhd);
+    let p = layout(1, 0, KvOrder::Hnd);
+    let ids: Vec<u64> = (0..4).collect();
+    let e = d.plan_read(&[("p", &p)], &ids, &ids, 64).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotSupported, "{e}");
+    assert!(e.to_string().contains("HND -> NHD permute"), "{e}");
+
+    let mut other = layout(1, 0, KvOrder::Nhd);
+    other.head_dim = 64;
+    other.tensors.iter_mut().for_each(|t| t.block_stride /= 2);
+    let e = d.plan_read(&[("p", &other)], &ids, &ids, 64).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Mismatch, "{e}");
+    let mut other = layout(1, 0, KvOrder::Nhd);
+    other.model = "another".into();
+    assert_eq!(
+        d.check_compatible(&other).unwrap_err().kind(),
+        ErrorKind::Mismatch
+    );
+
+    let same = layout(1, 0, KvOrder::Nhd);
+    let e = d
+        .plan_read(&[("p", &same)], &[0, 1, 2, 64], &ids, 64)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidParam, "{e}");
+    let e = d.plan_read(&[("p", &same)], &ids, &ids, 65).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidParam, "{e}");
+    // A side of TP 2 with one rank given.
+    let half = layout(2, 1, KvOrder::Nhd);
+    let e = d.plan_read(&[("p1", &half)], &ids, &ids, 64).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidParam, "{e}");
+    let e = d.plan_read(&[], &ids, &ids, 64).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidParam, "{e}");
+
+    let mut bad = layout(2, 0, KvOrder::Nhd);
+    bad.kv_heads = 8;
+    assert_eq!(bad.validate().unwrap_err().kind(), ErrorKind::InvalidParam);
+    let mut bad = layout(1, 0, KvOrder::Nhd);
+    bad.tensors.pop();
+    assert_eq!(bad.validate().unwrap_err().kind(), ErrorKind::InvalidParam);
+    let mut bad = layout(1, 0, KvOrder::Nhd);
+    bad.tensors[0].base = u64::MAX - 10;
+    assert_eq!(bad.validate().unwrap_err().kind(), ErrorKind::InvalidParam);
+}
+
+#[test]
+fn descriptions_round_trip_and_hostile_bytes_are_typed() {
+    let l = layout(2, 1, KvOrder::Hnd);
+    let bytes = l.encode();
+    assert_eq!(KvLayout::decode(&bytes).unwrap(), l);
+    for cut in 0..bytes.len() {
+        let e = KvLayout::decode(&bytes[..cut]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Decode, "prefix {cut}: {e}");
+    }
+    let mut more = bytes.clone();
+    more.push(0);
+    assert_eq!(
+        KvLayout::decode(&more).unwrap_err().kind(),
+        ErrorKind::Decode
+    );
+    // Every single-byte change decodes to a valid description or a typed error.
+    for i in 0..bytes.len() {
+        for v in [0u8, 0xFF, bytes[i] ^ 1] {
+            let mut b = bytes.clone();
+            b[i] = v;
+            if let Err(e) = KvLayout::decode(&b) {
+                assert!(
+                    matches!(e.kind(), ErrorKind::Decode | ErrorKind::InvalidParam),
+                    "{e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn plans_grow_linearly_with_blocks_at_llama_scale() {
+    // Llama-3-8B: 32 layers, 8 KV heads of 128, bf16, 16 tokens per block; TP 1 -> TP 2.
+    let llama = |tp: u32, r: u32, order: KvOrder| {
+        let mut l = layout(tp, r, order);
+        l.layers = 32;
+        l.blocks = 4096;
+        let bb = l.block_bytes();
+        l.tensors = (0..64)
+            .map(|i| KvTensor {
+                base: (1 << 40) + (i << 32),
+                block_stride: bb,
+            })
+            .collect();
+        l
+    };
+    for order in [KvOrder::Hnd, KvOrder::Nhd] {
+        let p = llama(1, 0, order);
+        let d = llama(2, 1, order);
+        let pieces = |n: u64| {
+            let ids: Vec<u64> = (0..n).map(|i| (i * 7) % 4096).collect();
+            let plan = d.plan_read(&[("p", &p)], &ids, &ids, n * 16).unwrap();
+            assert_eq!(plan.bytes(), n * 16 * 4 * 128 * 2 * 64);
+            plan.pieces()
+        };
+        let (a, b) = (pieces(1024), pieces(2048));
+        assert_eq!(
+            b,
+            2 * a,
+            "{order:?}: {a} pieces for 1024 blocks, {b} for 2048"
+        );
+    }
+}

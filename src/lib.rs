@@ -9,9 +9,10 @@
 pub use nixl_core as core;
 pub use nixl_core::nixl_wire;
 pub use nixl_core::{
-    Agent, AgentConfig, Auth, Credential, Desc, Error, ErrorKind, HostBuffer, Limits, MemKind,
-    MemoryRegion, Notifs, PreparedList, RegionDesc, Registration, Result, StridedDesc,
-    StridedDescList, XferDescList, XferOp, XferOptions, XferReq, XferState, XferTarget,
+    Agent, AgentConfig, Auth, Credential, Desc, Error, ErrorKind, HostBuffer, KvLayout, KvOrder,
+    KvPeerXfer, KvPlan, KvTensor, Limits, MemKind, MemoryRegion, Notifs, PreparedList, RegionDesc,
+    Registration, Result, StridedDesc, StridedDescList, XferDescList, XferOp, XferOptions, XferReq,
+    XferState, XferTarget,
 };
 pub use nixl_mem as mem;
 

@@ -10,25 +10,7 @@ use nixl_core::{
     MemKind, Registration, XferOptions,
 };
 
-/// The value of one element: distinct for every (layer, tensor, token, head, dim) in range.
-fn value(layer: u32, tensor: u32, token: u64, head: u32, d: u32) -> u32 {
-    let mut x = (u64::from(layer) << 48)
-        ^ (u64::from(tensor) << 44)
-        ^ (token << 20)
-        ^ (u64::from(head) << 12)
-        ^ u64::from(d);
-    x = x.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (x >> 32) as u32
-}
-
-/// The shape shared by every rank of a test.
-#[derive(Clone, Copy)]
-struct Shape {
-    layers: u32,
-    heads: u32,
-    dim: u32,
-    mla: bool,
-}
+use nixl_testkit::kv::{check_destination, ids_for, pool_layout, pool_len, source_bytes, KvShape};
 
 /// One rank: its agent, pool and description.
 struct Rank {
@@ -38,12 +20,11 @@ struct Rank {
     _reg: Registration,
 }
 
-const ELEM: u32 = 4;
 const POOL_BLOCKS: u64 = 12;
 
 fn rank(
     tag: &str,
-    s: Shape,
+    s: KvShape,
     tp: u32,
     r: u32,
     tokens_per_block: u32,
@@ -53,33 +34,8 @@ fn rank(
     let name = format!("{tag}-{}-{r}", std::process::id());
     let agent = Agent::new(&name, AgentConfig::default()).unwrap();
     agent.create_backend(InprocParams::default()).unwrap();
-    let mut layout = KvLayout {
-        model: "llama-test".into(),
-        layers: s.layers,
-        tokens_per_block,
-        kv_heads: 0,
-        model_kv_heads: if s.mla { 1 } else { s.heads },
-        head_dim: s.dim,
-        elem_size: ELEM,
-        order,
-        tp_rank: r,
-        tp_size: tp,
-        mla: s.mla,
-        blocks: POOL_BLOCKS,
-        kind: MemKind::Dram,
-        dev_id: 0,
-        tensors: Vec::new(),
-    };
-    layout.kv_heads = layout.head_range().1;
-    let stride = layout.block_bytes() + pad;
-    let n = s.layers as u64 * u64::from(layout.tensors_per_layer());
-    let buf = Arc::new(HostBuffer::new((n * POOL_BLOCKS * stride) as usize).unwrap());
-    layout.tensors = (0..n)
-        .map(|i| KvTensor {
-            base: buf.addr() + i * POOL_BLOCKS * stride,
-            block_stride: stride,
-        })
-        .collect();
+    let buf = Arc::new(HostBuffer::new(pool_len(s, tp, tokens_per_block, pad)).unwrap());
+    let layout = pool_layout(s, tp, r, tokens_per_block, order, pad, buf.addr());
     layout.validate().unwrap();
     let reg = agent.register_mem(vec![buf.clone()], &[]).unwrap();
     Rank {
@@ -90,81 +46,15 @@ fn rank(
     }
 }
 
-/// Byte offset of element (block, slot, local head, dim) of tensor `ti`, by the layout's order
-/// (written here independently of the planner).
-fn offset(l: &KvLayout, ti: usize, block: u64, slot: u64, hl: u64, d: u64) -> usize {
-    let t = l.tensors[ti];
-    let (b, h, dim) = (
-        u64::from(l.tokens_per_block),
-        u64::from(l.kv_heads),
-        u64::from(l.head_dim),
-    );
-    let inner = match l.order {
-        KvOrder::Nhd => (slot * h + hl) * dim + d,
-        KvOrder::Hnd => (hl * b + slot) * dim + d,
-    };
-    (t.base + block * t.block_stride + inner * u64::from(ELEM)) as usize
-}
-
-/// Fills a source rank: the request's tokens with their values, everything else 0xEE.
 fn fill_source(r: &Rank, ids: &[u64], tokens: u64) {
-    let l = &r.layout;
-    let base = r.buf.addr() as usize;
-    let mut bytes = vec![0xEEu8; r.buf.len()];
-    let (first, _) = l.head_range();
-    let tpl = l.tensors_per_layer();
-    for ti in 0..l.tensors.len() {
-        let (layer, tensor) = (ti as u32 / tpl, ti as u32 % tpl);
-        for t in 0..tokens {
-            let b = u64::from(l.tokens_per_block);
-            for hl in 0..u64::from(l.kv_heads) {
-                for d in 0..u64::from(l.head_dim) {
-                    let v = value(layer, tensor, t, first + hl as u32, d as u32);
-                    let at = offset(l, ti, ids[(t / b) as usize], t % b, hl, d) - base;
-                    bytes[at..at + 4].copy_from_slice(&v.to_le_bytes());
-                }
-            }
-        }
-    }
-    assert!(r.buf.write_at(0, &bytes));
+    assert!(r
+        .buf
+        .write_at(0, &source_bytes(&r.layout, r.buf.len(), ids, tokens)));
 }
 
-/// Checks a destination rank: each element of the request holds its value; every other byte
-/// is still 0xDD.
-fn check_destination(r: &Rank, ids: &[u64], tokens: u64) {
-    let l = &r.layout;
-    let base = r.buf.addr() as usize;
-    let got = r.buf.to_vec();
-    let mut touched = vec![false; got.len()];
-    let (first, _) = l.head_range();
-    let tpl = l.tensors_per_layer();
-    let b = u64::from(l.tokens_per_block);
-    for ti in 0..l.tensors.len() {
-        let (layer, tensor) = (ti as u32 / tpl, ti as u32 % tpl);
-        for t in 0..tokens {
-            for hl in 0..u64::from(l.kv_heads) {
-                for d in 0..u64::from(l.head_dim) {
-                    let want = value(layer, tensor, t, first + hl as u32, d as u32);
-                    let at = offset(l, ti, ids[(t / b) as usize], t % b, hl, d) - base;
-                    let have = u32::from_le_bytes(got[at..at + 4].try_into().unwrap());
-                    assert_eq!(
-                        have,
-                        want,
-                        "{}: layer {layer} tensor {tensor} token {t} head {} dim {d}",
-                        r.agent.name(),
-                        first + hl as u32
-                    );
-                    touched[at..at + 4].iter_mut().for_each(|x| *x = true);
-                }
-            }
-        }
-    }
-    for (i, (&byte, &t)) in got.iter().zip(&touched).enumerate() {
-        assert!(
-            t || byte == 0xDD,
-            "{}: byte {i} outside the request changed",
-            r.agent.name()
-        );
+fn check(r: &Rank, ids: &[u64], tokens: u64) {
+    if let Err(e) = check_destination(&r.layout, &r.buf.to_vec(), ids, tokens) {
+        panic!("{}: {e}", r.agent.name());
     }
 }
 
@@ -198,14 +88,8 @@ fn post(r: &Rank, plan: &KvPlan) {
     }
 }
 
-/// The request's block ids on each side: scattered, not in order.
-fn ids_for(tokens: u64, tokens_per_block: u32, salt: u64) -> Vec<u64> {
-    let n = tokens.div_ceil(u64::from(tokens_per_block));
-    (0..n).map(|i| (i * 5 + salt) % POOL_BLOCKS).collect()
-}
-
 struct Case {
-    shape: Shape,
+    shape: KvShape,
     tp: (u32, u32),
     block: (u32, u32),
     order: KvOrder,
@@ -244,8 +128,8 @@ fn run(tag: &str, c: Case) -> Vec<KvPlan> {
         .collect();
     connect(&src, &dst);
     let (sids, dids) = (
-        ids_for(c.tokens, c.block.0, 3),
-        ids_for(c.tokens, c.block.1, 7),
+        ids_for(c.tokens, c.block.0, 3, POOL_BLOCKS),
+        ids_for(c.tokens, c.block.1, 7, POOL_BLOCKS),
     );
     for r in &src {
         fill_source(r, &sids, c.tokens);
@@ -282,16 +166,17 @@ fn run(tag: &str, c: Case) -> Vec<KvPlan> {
         }
     }
     for d in &dst {
-        check_destination(d, &dids, c.tokens);
+        check(d, &dids, c.tokens);
     }
     plans
 }
 
-const GQA8: Shape = Shape {
+const GQA8: KvShape = KvShape {
     layers: 3,
     heads: 8,
     dim: 16,
     mla: false,
+    blocks: POOL_BLOCKS,
 };
 
 fn case(tp: (u32, u32), block: (u32, u32), order: KvOrder, tokens: u64) -> Case {
@@ -351,7 +236,7 @@ fn prefill_blocks_smaller_and_larger_than_decode_blocks() {
 
 #[test]
 fn replicated_heads_when_tp_exceeds_the_head_count() {
-    let shape = Shape { heads: 2, ..GQA8 };
+    let shape = KvShape { heads: 2, ..GQA8 };
     for tp in [(4, 1), (1, 4), (4, 2)] {
         run(
             "rep",
@@ -370,11 +255,12 @@ fn replicated_heads_when_tp_exceeds_the_head_count() {
 
 #[test]
 fn mla_latent_is_read_once_from_one_rank() {
-    let shape = Shape {
+    let shape = KvShape {
         layers: 2,
         heads: 1,
         dim: 64,
         mla: true,
+        blocks: POOL_BLOCKS,
     };
     let plans = run(
         "mla",

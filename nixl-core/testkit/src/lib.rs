@@ -46,6 +46,7 @@ pub mod conformance;
 #[cfg(feature = "gpu")]
 pub mod gpu;
 mod helpers;
+pub mod kv;
 #[cfg(feature = "libfabric")]
 pub mod libfabric;
 pub mod s3;

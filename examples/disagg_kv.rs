@@ -39,6 +39,16 @@
 //! ```
 //! (`--role decode --peer ADDR` and `--decode external` are how the example starts its parts.)
 //!
+//! `--tp P:D` runs prefill at tensor-parallel size P and decode at D (each rank an agent with
+//! its own pool, host memory over UCX): the ranks exchange their [`nixl::KvLayout`]s, decode
+//! ranks read (`--op read`) or prefill ranks write (`--op write`) what the planner gives them,
+//! and decode checks every element (layer, K/V, token, head, dim). `--kv-order nhd|hnd`,
+//! `--block-tokens P:D` (tokens per block on each side), `--kv-heads`, `--head-dim`, `--tokens`:
+//!
+//! ```text
+//! cargo run --release --example disagg_kv -- --tp 2:4 --kv-order hnd --block-tokens 16:32 --op read
+//! ```
+//!
 //! With a stock NIXL agent as the other side (`--nixl-peer`): the example plays `--role
 //! prefill` (default) or `--role decode` and starts `examples/nixl_kv.py` (NIXL's Python API,
 //! nixl-cu13 wheel from `scripts/deps/nixl.sh`) as the other role. Metadata goes over NIXL's
@@ -66,6 +76,8 @@ use nixl::{
 
 #[path = "disagg_kv/hosts.rs"]
 mod hosts;
+#[path = "disagg_kv/tp.rs"]
+mod tp;
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -99,6 +111,8 @@ struct Opts {
     nixl_script: std::path::PathBuf,
     /// The cluster credential (`--auth`).
     cred: Option<Credential>,
+    /// `--tp P:D`: ranks with KV layouts (`tp.rs`).
+    tp: Option<tp::TpOpts>,
 }
 
 /// Disaggregated prefill/decode KV transfer between two processes (see the module docs).
@@ -183,6 +197,48 @@ struct Cli {
     /// GPUs of the prefill and decode pools, `P,D` (with --device cuda).
     #[arg(long, value_parser = parse_gpus)]
     gpus: Option<(usize, usize)>,
+    /// Tensor-parallel sizes `P:D`: prefill and decode ranks with their own KV layouts,
+    /// planned by `KvLayout` (host memory over UCX; see `--kv-order`, `--block-tokens`).
+    #[arg(long, value_parser = parse_pair)]
+    tp: Option<(u32, u32)>,
+    /// With --tp: element order in a block, `nhd` ([token][head][dim]) or `hnd`.
+    #[arg(
+        long = "kv-order",
+        value_enum,
+        ignore_case = true,
+        default_value = "nhd"
+    )]
+    kv_order: OrderArg,
+    /// With --tp: tokens per block on the prefill and decode sides, `P:D`.
+    #[arg(long = "block-tokens", value_parser = parse_pair, default_value = "16:16")]
+    block_tokens: (u32, u32),
+    /// With --tp: KV heads of the model.
+    #[arg(long = "kv-heads", default_value_t = 8)]
+    kv_heads: u32,
+    /// With --tp: elements per head.
+    #[arg(long = "head-dim", default_value_t = 128)]
+    head_dim: u32,
+    /// With --tp: tokens per request.
+    #[arg(long, default_value_t = 256)]
+    tokens: u64,
+    /// With --tp, decode role: the prefill ranks' side channels (set by prefill).
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<SocketAddr>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum OrderArg {
+    Nhd,
+    Hnd,
+}
+
+fn parse_pair(v: &str) -> std::result::Result<(u32, u32), String> {
+    let (a, b) = v.split_once(':').ok_or("P:D (e.g. 2:1)")?;
+    let n = |s: &str| match s.trim().parse::<u32>() {
+        Ok(x) if x > 0 => Ok(x),
+        _ => Err(format!("{s:?} is not a positive number")),
+    };
+    Ok((n(a)?, n(b)?))
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -220,7 +276,28 @@ fn parse_gpus(v: &str) -> std::result::Result<(usize, usize), String> {
 
 fn parse() -> Res<Opts> {
     let c = <Cli as clap::Parser>::parse();
+    let tp = c.tp.map(|tp| tp::TpOpts {
+        tp,
+        block_tokens: c.block_tokens,
+        order: match c.kv_order {
+            OrderArg::Nhd => nixl::KvOrder::Nhd,
+            OrderArg::Hnd => nixl::KvOrder::Hnd,
+        },
+        layers: c.layers as u32,
+        kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+        tokens: c.tokens,
+        requests: c.requests as u64,
+        op: match c.op {
+            OpArg::Write => XferOp::Write,
+            OpArg::Read => XferOp::Read,
+        },
+        tls: c.tls.clone(),
+        timeout: Duration::from_secs(c.timeout_secs),
+        peers: c.peers.clone(),
+    });
     let mut o = Opts {
+        tp,
         role: c.role,
         peer: c.peer,
         op: match c.op {
@@ -874,6 +951,12 @@ fn main() -> Res<()> {
             std::env::set_var("UCX_MODULES", "^ib,rdmacm");
         }
         return nixl_peer(&o);
+    }
+    if let Some(t) = &o.tp {
+        return match o.role.as_str() {
+            "decode" => tp::decode(t),
+            _ => tp::prefill(t),
+        };
     }
     // Present when `--hosts 2` started this process in a host: it exits with its parent.
     let ctl = hosts::control();

@@ -48,6 +48,9 @@ for role in prefill decode; do
     echo "== main job with a stock NIXL agent: disagg_kv --nixl-peer --role $role"
     cargo run --quiet --all-features --example disagg_kv -- --nixl-peer --role "$role" --op write --requests 4 --layers 4 --blocks 64 --block-bytes 65536
 done
+echo "== main job with KV layouts: prefill TP 2 (HND, 16-token blocks) -> decode TP 4 (32-token blocks), and TP 4 -> 2 writes"
+cargo run --quiet --all-features --example disagg_kv -- --tp 2:4 --kv-order hnd --block-tokens 16:32 --op read --requests 2 --layers 2 --tokens 70
+cargo run --quiet --all-features --example disagg_kv -- --tp 4:2 --op write --requests 2 --layers 2 --tokens 70
 echo "== main job with authentication on (a cluster credential for the side channel, metadata and hellos)"
 cargo run --quiet --all-features --example disagg_kv -- --op write --requests 4 --layers 4 --blocks 64 --block-bytes 65536 --auth
 echo "== storage tiers: kv_offload (DRAM -> file -> S3 and back, every hop verified), as README documents it"

@@ -1,0 +1,228 @@
+//! KV layouts between GPUs (issue 26): prefill ranks, each its own process with its pool on
+//! GPU 0, and decode ranks (agents of this process) with theirs on GPU 1, over CUDA_IPC. The
+//! prefill ranks send their layouts as bytes; each decode rank plans its reads and pulls its
+//! heads; every element (layer, K/V, token, head, dim) of the request is compared with its
+//! value computed in the test, every byte outside it must be unchanged. Llama-3-8B and
+//! Llama-3-70B shapes (layers, 8 KV heads of 128; 32-bit elements so every one is distinct).
+//!
+//! Skips as `multi-gpu` where fewer than two GPUs are visible.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nixl_core::{Agent, AgentConfig, KvLayout, KvOrder, MemKind, XferOptions};
+use nixl_mem::{CudaIpcParams, DeviceBuffer};
+use nixl_testkit::kv::{check_destination, ids_for, pool_layout, pool_len, source_bytes, KvShape};
+use nixl_testkit::two_process::{child_main, Child};
+use nixl_testkit::{hex, unhex};
+
+const ENTRY: &str = "kv_gpu_prefill_rank";
+const WAIT: Duration = Duration::from_secs(120);
+/// Blocks per request and pool: 512 tokens of 16.
+const POOL: u64 = 32;
+const TOKENS: u64 = 500;
+
+fn shape(layers: u32) -> KvShape {
+    KvShape {
+        layers,
+        heads: 8,
+        dim: 128,
+        mla: false,
+        blocks: POOL,
+    }
+}
+
+fn two_gpus(test: &str) -> bool {
+    if !nixl_testkit::gpu::gpu(test) {
+        return false;
+    }
+    match nixl_mem::cuda::device_count() {
+        Ok(n) if n >= 2 => true,
+        n => {
+            nixl_testkit::skip(
+                test,
+                nixl_testkit::Dep::MultiGpu,
+                format!("two GPUs needed, {n:?} visible"),
+            );
+            false
+        }
+    }
+}
+
+fn agent(name: &str, device: usize, listen: bool) -> Agent {
+    let a = Agent::new(
+        name,
+        AgentConfig {
+            listen,
+            default_timeout: WAIT,
+            ..AgentConfig::default()
+        },
+    )
+    .unwrap();
+    a.create_backend(CudaIpcParams {
+        device,
+        ..CudaIpcParams::default()
+    })
+    .unwrap();
+    a
+}
+
+/// A pool on `gpu` laid out for rank `r` of TP `tp`.
+fn pool(s: KvShape, tp: u32, r: u32, order: KvOrder, gpu: usize) -> (Arc<DeviceBuffer>, KvLayout) {
+    let buf = Arc::new(DeviceBuffer::new(gpu, pool_len(s, tp, 16, 0)).unwrap());
+    let mut l = pool_layout(s, tp, r, 16, order, 0, buf.addr());
+    l.kind = MemKind::Vram;
+    l.dev_id = gpu as u64;
+    l.validate().unwrap();
+    (buf, l)
+}
+
+#[test]
+#[ignore = "child process entry point: spawned (with --ignored) by the tests of this file"]
+fn kv_gpu_prefill_rank() {
+    child_main(|env| {
+        let num = |k: &str| -> Result<u32, String> {
+            env.var(k)?.parse().map_err(|e| format!("{k}: {e}"))
+        };
+        let (tp, rank, layers) = (num("tp")?, num("rank")?, num("layers")?);
+        let order = if env.var("order")? == "hnd" {
+            KvOrder::Hnd
+        } else {
+            KvOrder::Nhd
+        };
+        let a = agent(&env.name, 0, true);
+        let (buf, layout) = pool(shape(layers), tp, rank, order, 0);
+        let ids = ids_for(TOKENS, 16, 3, POOL);
+        buf.copy_from_host(0, &source_bytes(&layout, buf.len(), &ids, TOKENS))
+            .map_err(|e| e.to_string())?;
+        let _reg = a
+            .register_mem(vec![buf.clone()], &[])
+            .map_err(|e| e.to_string())?;
+        env.connect(&a, Duration::from_secs(30))?;
+        let addr = a.listen_addr().ok_or("no side channel")?;
+        a.gen_notif(
+            &env.parent,
+            format!("ready {addr} {}", hex(&layout.encode())).as_bytes(),
+            &[],
+        )
+        .map_err(|e| e.to_string())?;
+        while env.parent_alive() {
+            a.progress();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    });
+}
+
+/// Prefill TP `tp.0` on GPU 0 (one process per rank) -> decode TP `tp.1` on GPU 1.
+fn run(test: &str, tp: (u32, u32), layers: u32, order: &str) {
+    if !two_gpus(test) {
+        return;
+    }
+    let pid = std::process::id();
+    let s = shape(layers);
+    let ord = if order == "hnd" {
+        KvOrder::Hnd
+    } else {
+        KvOrder::Nhd
+    };
+    let decode: Vec<(Agent, Arc<DeviceBuffer>, KvLayout)> = (0..tp.1)
+        .map(|r| {
+            let a = agent(&format!("{test}-d{r}-{pid}"), 1, r == 0);
+            let (buf, l) = pool(s, tp.1, r, ord, 1);
+            buf.fill(0xDD).unwrap();
+            (a, buf, l)
+        })
+        .collect();
+    let _regs: Vec<_> = decode
+        .iter()
+        .map(|(a, b, _)| a.register_mem(vec![b.clone()], &[]).unwrap())
+        .collect();
+    let parent = &decode[0].0;
+    let mut children = Vec::new();
+    let mut prefill: Vec<(String, KvLayout)> = Vec::new();
+    for r in 0..tp.0 {
+        let (tps, rs, ls) = (tp.0.to_string(), r.to_string(), layers.to_string());
+        let vars = [
+            ("tp", tps.as_str()),
+            ("rank", rs.as_str()),
+            ("layers", ls.as_str()),
+            ("order", order),
+        ];
+        let mut c = Child::spawn(ENTRY, parent, &format!("{test}-p{r}-{pid}"), &vars).unwrap();
+        let msg = String::from_utf8(c.next(parent, WAIT).expect("ready")).unwrap();
+        let mut it = msg.split(' ').skip(1);
+        let addr = it.next().and_then(|a| a.parse().ok()).expect("address");
+        let layout = KvLayout::decode(&unhex(it.next().expect("layout"))).unwrap();
+        for (a, _, _) in &decode[1..] {
+            a.fetch_remote_metadata_blocking(c.name(), addr, WAIT)
+                .unwrap();
+        }
+        prefill.push((c.name().to_owned(), layout));
+        children.push(c);
+    }
+    let side: Vec<(&str, &KvLayout)> = prefill.iter().map(|(n, l)| (n.as_str(), l)).collect();
+    let (sids, dids) = (ids_for(TOKENS, 16, 3, POOL), ids_for(TOKENS, 16, 7, POOL));
+    for (a, buf, l) in &decode {
+        let plan = l.plan_read(&side, &sids, &dids, TOKENS).unwrap();
+        let t0 = Instant::now();
+        let reqs: Vec<_> = plan
+            .transfers
+            .iter()
+            .map(|t| {
+                let req = a
+                    .create_xfer_req(
+                        plan.op,
+                        &t.local,
+                        &t.remote,
+                        &t.peer,
+                        XferOptions::default(),
+                    )
+                    .unwrap();
+                a.post_xfer_req(&req).unwrap();
+                req
+            })
+            .collect();
+        for req in &reqs {
+            req.wait(WAIT).unwrap();
+        }
+        let cold = t0.elapsed();
+        // The same requests again (mappings open, kernel loaded): the warm time.
+        let t1 = Instant::now();
+        for req in &reqs {
+            a.post_xfer_req(req).unwrap();
+        }
+        for req in &reqs {
+            req.wait(WAIT).unwrap();
+        }
+        let warm = t1.elapsed();
+        println!(
+            "{test}: {} read {} bytes in {} pieces from {} prefill ranks: first {cold:?}, again {warm:?} ({:.1} GB/s); paths: {}",
+            a.name(),
+            plan.bytes(),
+            plan.pieces(),
+            plan.transfers.len(),
+            plan.bytes() as f64 / warm.as_secs_f64() / 1e9,
+            reqs.iter().map(|r| r.path()).collect::<Vec<_>>().join(" | ")
+        );
+        if let Err(e) = check_destination(l, &buf.to_vec().unwrap(), &dids, TOKENS) {
+            panic!("{}: {e}", a.name());
+        }
+    }
+    drop(children);
+}
+
+#[test]
+fn llama8b_prefill_tp2_gpu0_to_decode_tp1_gpu1() {
+    run("kvg8-21", (2, 1), 32, "nhd");
+}
+
+#[test]
+fn llama8b_prefill_tp1_gpu0_to_decode_tp2_gpu1_hnd() {
+    run("kvg8-12", (1, 2), 32, "hnd");
+}
+
+#[test]
+fn llama70b_prefill_tp2_gpu0_to_decode_tp1_gpu1_hnd() {
+    run("kvg70-21", (2, 1), 80, "hnd");
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# GPU suite `kv` (issue 26): `scripts/gpu.sh kv build` here, `scripts/gpu.sh kv run` on a
+# two-GPU machine (kind nvidia-h200-x2). Carry [".carry/bin"].
+#
+# KV layouts between GPUs over CUDA_IPC: prefill ranks (one process each) with their pools on
+# GPU 0, decode ranks on GPU 1, Llama-3-8B (TP 2 -> 1 NHD, TP 1 -> 2 HND) and Llama-3-70B
+# (TP 2 -> 1 HND) shapes; every element checked (nixl-mem tests/kv_gpus.rs).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+# shellcheck source=scripts/gpu/pick.sh
+. scripts/gpu/pick.sh
+
+build() {
+    set -e
+    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-gpu}"
+    export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
+    local bin=.carry/bin
+    rm -rf "$bin"; mkdir -p "$bin"
+    cp "$(cargo test --release -p nixl-mem --test kv_gpus --no-run --message-format=json 2>/dev/null | pick kv_gpus)" "$bin/test-kv_gpus"
+    ls -la "$bin"
+}
+
+run() {
+    OUT="${OUT:-/tmp/nixl-gpu-out}"; mkdir -p "$OUT"
+    local s="$OUT/kv-summary.txt"
+    nvidia-smi -L > "$s" 2>&1
+    export NIXL_REQUIRE_DEPS=1 NIXL_ALLOW_SKIP="rocm-gpu,efa,fi-hmem,nvidia-fs,cuda-ucx,ucx,nixl"
+    timeout 500 .carry/bin/test-kv_gpus --test-threads 1 --nocapture > "$OUT/kv.log" 2>&1
+    echo "rc=$?" >> "$OUT/kv.log"
+    grep -a -E "GB/s|^test |test result|panicked|SKIPPED|rc=" "$OUT/kv.log" | tee -a "$s"
+}
+
+case "${1:-}" in
+    build) build ;;
+    run) run ;;
+    *) echo "usage: scripts/gpu.sh kv build|run" >&2; exit 2 ;;
+esac

@@ -201,6 +201,12 @@ pub(crate) struct Rail {
     shm: bool,
     pub domain: Arc<Domain>,
     cq: Arc<Cq>,
+    /// Held from reading completions off the CQ until they are handled: without it, a thread
+    /// that read an earlier completion in `fi_cq_sread` (outside the rail's lock) could handle
+    /// it after another thread read and handled a later one, delivering a peer's first
+    /// notification before its hello (dropped as an unknown session) or two notifications out
+    /// of order.
+    cq_order: Mutex<()>,
     ep: Endpoint<Mutex<RailState>>,
     _info: Info,
 }
@@ -273,6 +279,7 @@ impl Rail {
             shm: cfg.shm,
             domain,
             cq,
+            cq_order: Mutex::new(()),
             ep,
             _info: info,
         };
@@ -495,7 +502,17 @@ impl Rail {
 
     /// Reads completions (bounded), delivering received notifications into `notifs`.
     /// Returns how many completions were handled.
+    /// Handles what the CQ holds, unless another thread is reading it (that thread handles
+    /// it, in order): then 0.
     pub(crate) fn poll(&self, notifs: &Inbox) -> Result<usize, FiError> {
+        let Some(_order) = self.cq_order.try_lock() else {
+            return Ok(0);
+        };
+        self.poll_ordered(notifs)
+    }
+
+    /// [`Rail::poll`] with `cq_order` held by the caller.
+    fn poll_ordered(&self, notifs: &Inbox) -> Result<usize, FiError> {
         let mut st = self.lock();
         let mut entries = [sys::fi_cq_msg_entry {
             op_context: std::ptr::null_mut(),
@@ -528,6 +545,7 @@ impl Rail {
     /// Blocks up to `timeout_ms` in `fi_cq_sread` (without the rail's lock, so posting goes
     /// on meanwhile), handles what arrived, then polls. Only for waitable rails.
     pub(crate) fn wait_poll(&self, notifs: &Inbox, timeout_ms: i32) -> Result<usize, FiError> {
+        let _order = self.cq_order.lock();
         let mut entries = [sys::fi_cq_msg_entry {
             op_context: std::ptr::null_mut(),
             flags: 0,
@@ -546,7 +564,7 @@ impl Rail {
                 self.complete(&mut st, e.op_context, e.len, None, notifs)?;
             }
         }
-        Ok(got + self.poll(notifs)?)
+        Ok(got + self.poll_ordered(notifs)?)
     }
 
     fn complete(

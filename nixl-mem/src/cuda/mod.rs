@@ -57,7 +57,7 @@ impl CudaError {
     }
 
     /// Wraps the error into the workspace error of `backend` (`CUDA`, `POSIX`, `GDS`),
-    /// naming the agent and the operation (the memory types return [`MemError`](crate::MemError)s instead).
+    /// naming the agent and the operation (the memory types return [`MemError`]s instead).
     pub fn into_error(self, agent: &str, backend: &str, op: Op) -> nixl_core::Error {
         nixl_core::Error::Backend {
             agent: agent.to_owned(),

@@ -322,12 +322,13 @@ fn run_initiator(a: &Args, md: &std::path::Path) -> Result<()> {
         std::thread::sleep(Duration::from_millis(20));
     };
     let peer = agent.load_remote_metadata(&bytes)?;
-    let md =
-        nixl_core::AgentMetadata::decode(&bytes).map_err(|source| nixl_core::Error::Decode {
+    let md = nixl_core::AgentMetadata::decode_bytes(&bytes).map_err(|source| {
+        nixl_core::Error::Decode {
             agent: "bench-initiator".into(),
             op: nixl_core::Op::LoadMetadata,
             source,
-        })?;
+        }
+    })?;
     let remote_base = md
         .regions
         .iter()

@@ -64,7 +64,7 @@ fn raw(addr: std::net::SocketAddr, bytes: &[u8]) -> Kind {
 
 /// The metadata blob inside (possibly sealed) bytes.
 fn blob(md: &[u8]) -> AgentMetadata {
-    AgentMetadata::decode(nixl::core::wire::auth::unsealed(md).unwrap()).unwrap()
+    AgentMetadata::decode_bytes(nixl::core::wire::auth::unsealed(md).unwrap()).unwrap()
 }
 
 /// `fetch` answered by the victim: (elapsed ms, outcome).

@@ -93,7 +93,7 @@ fn identity_role() {
                 let generation: u64 = env.parse("generation")?;
                 let owner_pid: u32 = env.parse("owner_pid")?;
                 let mine = a.local_metadata().map_err(|e| e.to_string())?;
-                let mut m = AgentMetadata::decode(
+                let mut m = AgentMetadata::decode_bytes(
                     nixl::core::wire::auth::unsealed(&mine).map_err(|e| e.to_string())?,
                 )
                 .map_err(|e| e.to_string())?;

@@ -68,8 +68,8 @@ fn a_thread() -> (u32, std::sync::mpsc::Sender<()>) {
 /// `md` (a real agent's metadata) naming process `id` instead, in its agent metadata and in
 /// its UCX connection info, with one region `region` (an address the attacker chooses).
 fn forged(md: &[u8], id: ProcessId, region: (u64, u64)) -> Vec<u8> {
-    let mut m =
-        AgentMetadata::decode(nixl::core::wire::auth::unsealed(md).expect("plain")).expect("md");
+    let mut m = AgentMetadata::decode_bytes(nixl::core::wire::auth::unsealed(md).expect("plain"))
+        .expect("md");
     m.process = Some(id);
     for b in &mut m.backends {
         let info = fuzzing::decode_conn_info(&b.conn_info).expect("UCX conn info");
@@ -161,7 +161,7 @@ fn a_ucx_connection_info_naming_another_process_gets_no_direct_copies() {
     let (theirs, _r2) = registered(&attacker, 4096);
     let (tid, _keep) = a_thread();
     let me = ProcessId::current().expect("/proc");
-    let mut m = AgentMetadata::decode(
+    let mut m = AgentMetadata::decode_bytes(
         nixl::core::wire::auth::unsealed(&attacker.local_metadata().expect("md")).expect("plain"),
     )
     .expect("md");

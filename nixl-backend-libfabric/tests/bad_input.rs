@@ -131,7 +131,7 @@ fn corrupt_connection_and_region_metadata_are_refused() {
         LibfabricParams::tcp_loopback(1),
         LibfabricParams::tcp_loopback(1),
     );
-    let good = AgentMetadata::decode(&p.b.local_metadata().unwrap()).unwrap();
+    let good = AgentMetadata::decode_bytes(&p.b.local_metadata().unwrap()).unwrap();
     let mut bad_conn = good.clone();
     bad_conn.backends[0].conn_info = b"LFB1 garbage".to_vec();
     let mut bad_region = good.clone();
@@ -249,7 +249,7 @@ fn shm_names_of_no_region_are_refused() {
         ..LibfabricParams::with_provider("shm")
     };
     let p = pair("shm-names", shm.clone(), shm);
-    let good = AgentMetadata::decode(&p.b.local_metadata().unwrap()).unwrap();
+    let good = AgentMetadata::decode_bytes(&p.b.local_metadata().unwrap()).unwrap();
     let conn = &good.backends[0].conn_info;
     let at = shm_name_at(conn);
     // The last character before the NUL (a digit of the endpoint's index).
@@ -291,7 +291,7 @@ fn shm_names_of_other_lengths_connect() {
         return;
     }
     let name_of = |a: &Agent| {
-        let md = AgentMetadata::decode(&a.local_metadata().unwrap()).unwrap();
+        let md = AgentMetadata::decode_bytes(&a.local_metadata().unwrap()).unwrap();
         let conn = &md.backends[0].conn_info;
         conn[shm_name_at(conn)].to_vec()
     };
@@ -351,7 +351,7 @@ fn notification_buffers_are_not_remotely_accessible() {
         ..LibfabricParams::tcp_loopback(1)
     };
     let p = pair("pool-keys", params.clone(), params);
-    let good = AgentMetadata::decode(&p.b.local_metadata().unwrap()).unwrap();
+    let good = AgentMetadata::decode_bytes(&p.b.local_metadata().unwrap()).unwrap();
     let public = &good.regions[0].public;
     // Region metadata ends in the key (one rail: one key, 8 bytes little-endian).
     let at = public.len() - 8;

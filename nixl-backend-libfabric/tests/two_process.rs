@@ -311,7 +311,7 @@ fn alias_forgotten(provider: &str) -> Result<(), String> {
         .map(|h| u8::from_str_radix(std::str::from_utf8(h).unwrap_or("zz"), 16))
         .collect::<Result<_, _>>()
         .map_err(|e| e.to_string())?;
-    let mut alias = AgentMetadata::decode(&md).map_err(|e| e.to_string())?;
+    let mut alias = AgentMetadata::decode_bytes(&md).map_err(|e| e.to_string())?;
     alias.name = format!("{}-alias", s.child);
     for round in 0..3 {
         a.load_remote_metadata(&alias.encode()).map_err(e)?;

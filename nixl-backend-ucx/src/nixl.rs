@@ -128,7 +128,7 @@ pub(crate) fn on_nixl_notif(ctx: &AmCtx, m: &sys::AmMsg<'_>) {
         tracing::warn!(agent = %ctx.agent, "dropping an empty NIXL notification");
         return;
     };
-    match nixl_core::nixl_wire::notif::decode_notif(payload) {
+    match nixl_core::nixl_wire::notif::decode_notif_bytes(payload) {
         Ok((sender, msg)) => {
             // A full queue counts the drop itself.
             ctx.notifs.push(&sender, msg);

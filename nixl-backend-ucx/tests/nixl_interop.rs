@@ -427,7 +427,7 @@ fn nixl_blobs_from_another_ucx_or_damaged_change_nothing() {
     let rs = rs_agent(&env, "rs-hostile", common::TCP);
     let mut py = NixlPeer::start(&env, &common::unique("py-hostile"), common::TCP, &[]);
     py.alloc(4096, Some(1));
-    let good = NixlMetadata::decode(&py.metadata()).expect("decodes");
+    let good = NixlMetadata::decode_bytes(&py.metadata()).expect("decodes");
     // The peer's address claims another UCX minor version (the release nibble of the v1
     // trailer): refused, naming both versions.
     let mut other = good.clone();

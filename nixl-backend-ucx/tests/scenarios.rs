@@ -102,7 +102,7 @@ fn bad_ucx_option_is_refused() {
 
 /// Flips one byte of the UCX backend's connection info or of its first region's metadata.
 fn damaged(md: &[u8], conn: bool) -> Vec<u8> {
-    let mut m = AgentMetadata::decode(md).expect("decode");
+    let mut m = AgentMetadata::decode_bytes(md).expect("decode");
     if conn {
         let c = &mut m.backends[0].conn_info;
         let i = c.len() / 2;

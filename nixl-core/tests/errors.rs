@@ -231,14 +231,14 @@ fn bad_metadata_changes_nothing() {
         Err(Error::NotAllowed { .. })
     ));
     // Same generation, changed connection info.
-    let mut md = AgentMetadata::decode(&good).unwrap();
+    let mut md = AgentMetadata::decode_bytes(&good).unwrap();
     md.backends[0].conn_info[10] ^= 1;
     assert!(matches!(
         a.load_remote_metadata(&md.encode()),
         Err(Error::Mismatch { .. })
     ));
     // Same generation, changed region metadata.
-    let mut md = AgentMetadata::decode(&good).unwrap();
+    let mut md = AgentMetadata::decode_bytes(&good).unwrap();
     md.regions[0].public[0] ^= 1;
     assert!(matches!(
         a.load_remote_metadata(&md.encode()),
@@ -275,7 +275,7 @@ fn bad_metadata_changes_nothing() {
         a.load_remote_metadata(&md.encode()),
         Err(Error::InvalidParam { .. })
     ));
-    let mut md = AgentMetadata::decode(&good).unwrap();
+    let mut md = AgentMetadata::decode_bytes(&good).unwrap();
     md.name = "impostor".into();
     md.regions.push(RegionEntry {
         label: String::new(),
@@ -336,7 +336,13 @@ fn append_only_loading() {
             include_conn: true,
         })
         .unwrap();
-    assert_eq!(AgentMetadata::decode(&conn_only).unwrap().regions.len(), 0);
+    assert_eq!(
+        AgentMetadata::decode_bytes(&conn_only)
+            .unwrap()
+            .regions
+            .len(),
+        0
+    );
     a.load_remote_metadata(&conn_only).unwrap();
     assert!(a.check_remote_metadata(c.name(), None));
 }
@@ -475,4 +481,36 @@ fn timeouts_are_typed() {
         matches!(r, Err(Error::Io { .. }) | Err(Error::TimedOut { .. })),
         "{r:?}"
     );
+}
+
+/// Every public decoder answers with the crate's `Error` (`Decode`, its agent empty: no agent
+/// decoded the bytes); the `*_bytes` forms keep the bare `DecodeError` for fuzzing.
+#[test]
+fn public_decoders_return_the_crates_error() {
+    use nixl_core::nixl_wire::notif::{decode_notif, decode_notif_bytes};
+    use nixl_core::nixl_wire::NixlMetadata;
+    let junk = b"not metadata at all";
+    let checks: [(&str, nixl_core::Result<()>); 5] = [
+        (
+            "AgentMetadata",
+            nixl_core::AgentMetadata::decode(junk).map(|_| ()),
+        ),
+        ("NixlMetadata", NixlMetadata::decode(junk).map(|_| ())),
+        ("notification", decode_notif(junk).map(|_| ())),
+        (
+            "XferDescList",
+            nixl_core::XferDescList::decode(junk).map(|_| ()),
+        ),
+        ("KvLayout", nixl_core::KvLayout::decode(junk).map(|_| ())),
+    ];
+    for (what, r) in checks {
+        let e = r.expect_err(what);
+        assert_eq!(e.kind(), nixl_core::ErrorKind::Decode, "{what}: {e}");
+        assert!(
+            std::error::Error::source(&e).is_some(),
+            "{what}: the DecodeError is its source"
+        );
+    }
+    assert!(nixl_core::AgentMetadata::decode_bytes(junk).is_err());
+    assert!(decode_notif_bytes(junk).is_err());
 }

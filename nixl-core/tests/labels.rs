@@ -82,7 +82,8 @@ fn bad_labels_are_refused_and_change_nothing() {
     let _r = a
         .register_mem_labeled(&"x".repeat(256), vec![b], &[])
         .expect("a 256-byte label");
-    let md = nixl_core::wire::codec::AgentMetadata::decode(&a.local_metadata().unwrap()).unwrap();
+    let md =
+        nixl_core::wire::codec::AgentMetadata::decode_bytes(&a.local_metadata().unwrap()).unwrap();
     assert_eq!(
         md.regions.len(),
         1,

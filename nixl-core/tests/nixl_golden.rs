@@ -8,7 +8,7 @@ use nixl_core::MemKind;
 #[test]
 fn nixl_1_5_1_blob_decodes_and_reencodes_byte_for_byte() {
     let blob = include_bytes!("data/nixl-1.5.1-ucx-dram.bin");
-    let md = NixlMetadata::decode(blob).expect("a real NIXL blob decodes");
+    let md = NixlMetadata::decode_bytes(blob).expect("a real NIXL blob decodes");
     assert_eq!(md.name, "py0");
     assert_eq!(md.conns.len(), 1);
     assert_eq!(md.conns[0].backend, "UCX");

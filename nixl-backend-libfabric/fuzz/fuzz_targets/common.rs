@@ -172,7 +172,7 @@ fn spawn_target() -> (Child, Vec<(AgentMetadata, u64, u64)>) {
             .expect("a target line")
             .expect("reading the target");
         let f: Vec<&str> = line.split(' ').collect();
-        let md = AgentMetadata::decode(&unhex(f[0])).expect("target metadata");
+        let md = AgentMetadata::decode_bytes(&unhex(f[0])).expect("target metadata");
         targets.push((md, f[1].parse().expect("addr"), f[2].parse().expect("len")));
     }
     (child, targets)
@@ -192,7 +192,7 @@ fn victim(provider: &str, rails: usize) -> Victim {
     let reg = agent
         .register_mem(vec![local.clone()], &[])
         .expect("victim register");
-    let md = AgentMetadata::decode(&agent.local_metadata().expect("md")).expect("decode");
+    let md = AgentMetadata::decode_bytes(&agent.local_metadata().expect("md")).expect("decode");
     let (_, own) = decode_conn(&md.backends[0].conn_info).expect("victim conn info");
     Victim {
         agent,

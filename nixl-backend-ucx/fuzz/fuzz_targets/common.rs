@@ -159,7 +159,7 @@ fn spawn_targets() -> (Child, Vec<Target>) {
             .expect("a target line")
             .expect("reading the target");
         let f: Vec<&str> = line.split(' ').collect();
-        let md = AgentMetadata::decode(&unhex(f[0])).expect("target metadata");
+        let md = AgentMetadata::decode_bytes(&unhex(f[0])).expect("target metadata");
         let conn = decode_conn(&md.backends[0].conn_info).expect("conn");
         let (_, packed) = decode_rkey(&md.regions[0].public).expect("rkey");
         targets.push(Target {

@@ -6,7 +6,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use nixl_core::nixl_wire::comm::{encode_command, parse_body, read_frame};
-use nixl_core::nixl_wire::notif::{decode_notif, encode_notif};
+use nixl_core::nixl_wire::notif::{decode_notif_bytes, encode_notif};
 use nixl_core::nixl_wire::serdes::MAGIC;
 use nixl_core::nixl_wire::NixlMetadata;
 
@@ -14,10 +14,10 @@ fuzz_target!(|data: &[u8]| {
     let mut framed = MAGIC.to_vec();
     framed.extend_from_slice(data);
     for bytes in [data, &framed[..]] {
-        if let Ok(md) = NixlMetadata::decode(bytes) {
+        if let Ok(md) = NixlMetadata::decode_bytes(bytes) {
             assert_eq!(md.encode(), bytes);
         }
-        if let Ok((name, msg)) = decode_notif(bytes) {
+        if let Ok((name, msg)) = decode_notif_bytes(bytes) {
             assert_eq!(encode_notif(&name, &msg), bytes);
         }
     }

@@ -101,7 +101,7 @@ impl Agent {
                 ))
             }
         };
-        let md = NixlMetadata::decode(&blob).map_err(decode)?;
+        let md = NixlMetadata::decode_bytes(&blob).map_err(decode)?;
         if md.name != remote {
             return Err(Error::mismatch(
                 self.name(),

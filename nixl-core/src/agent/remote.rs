@@ -275,7 +275,7 @@ impl Agent {
                      credential)",
                 ));
             }
-            let n = crate::nixl_wire::NixlMetadata::decode(bytes).map_err(decode_err)?;
+            let n = crate::nixl_wire::NixlMetadata::decode_bytes(bytes).map_err(decode_err)?;
             self.refuse_own(&n.name)?;
             let peer_lock = self.shared.peer_lock(&n.name);
             let _serialised = peer_lock.lock();
@@ -285,7 +285,7 @@ impl Agent {
         }
         let opened = self.shared.signer.open(self.name(), bytes)?;
         let proof = opened.proof;
-        let md = AgentMetadata::decode(opened.blob).map_err(decode_err)?;
+        let md = AgentMetadata::decode_bytes(opened.blob).map_err(decode_err)?;
         self.refuse_own(&md.name)?;
         let peer_lock = self.shared.peer_lock(&md.name);
         let _serialised = peer_lock.lock();
@@ -436,7 +436,7 @@ impl Agent {
             return crate::nixl_wire::agent::metadata_identity(bytes).ok();
         }
         let opened = self.shared.signer.open(self.name(), bytes).ok()?;
-        let md = AgentMetadata::decode(opened.blob).ok()?;
+        let md = AgentMetadata::decode_bytes(opened.blob).ok()?;
         if let Some(p) = &opened.proof {
             let loaded = self.remote_generation(&md.name);
             let new_incarnation = loaded != Some(md.generation);

@@ -206,7 +206,7 @@ impl Agent {
                     .signer
                     .open(self.name(), &r.payload)
                     .and_then(|o| {
-                        crate::codec::AgentMetadata::decode(o.blob).map_err(|source| {
+                        crate::codec::AgentMetadata::decode_bytes(o.blob).map_err(|source| {
                             Error::Decode {
                                 agent: self.name().to_owned(),
                                 op: Op::Exchange,

@@ -114,8 +114,19 @@ impl AgentMetadata {
     }
 
     /// Decodes bytes, refusing anything malformed, oversized, damaged (checksum) or with
-    /// trailing bytes.
-    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+    /// trailing bytes: the crate's [`Error::Decode`](crate::Error::Decode) (its agent is empty:
+    /// the bytes are decoded outside any agent); [`AgentMetadata::decode_bytes`] gives the
+    /// bare [`DecodeError`].
+    pub fn decode(bytes: &[u8]) -> crate::Result<Self> {
+        Self::decode_bytes(bytes).map_err(|source| crate::Error::Decode {
+            agent: String::new(),
+            op: crate::Op::LoadMetadata,
+            source,
+        })
+    }
+
+    /// [`AgentMetadata::decode`] with the bare [`DecodeError`].
+    pub fn decode_bytes(bytes: &[u8]) -> Result<Self, DecodeError> {
         let (body, version) = checked_body(bytes)?;
         let mut r = ByteReader::new(body);
         r.magic(MAGIC)?;
@@ -346,14 +357,14 @@ mod tests {
         #[test]
         fn roundtrips(md in metadata()) {
             let bytes = md.encode();
-            prop_assert_eq!(AgentMetadata::decode(&bytes), Ok(md));
+            prop_assert_eq!(AgentMetadata::decode_bytes(&bytes), Ok(md));
         }
 
         /// Arbitrary bytes never panic and never decode into something that re-encodes
         /// differently.
         #[test]
         fn arbitrary_bytes_are_refused_or_canonical(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
-            if let Ok(md) = AgentMetadata::decode(&bytes) {
+            if let Ok(md) = AgentMetadata::decode_bytes(&bytes) {
                 prop_assert_eq!(md.encode(), bytes);
             }
         }
@@ -364,11 +375,11 @@ mod tests {
         fn mutations_are_handled(md in metadata(), cut in any::<prop::sample::Index>(), flip in any::<prop::sample::Index>(), x in 1u8..) {
             let bytes = md.encode();
             let n = cut.index(bytes.len());
-            prop_assert!(AgentMetadata::decode(&bytes[..n]).is_err());
+            prop_assert!(AgentMetadata::decode_bytes(&bytes[..n]).is_err());
             let mut m = bytes.clone();
             let i = flip.index(m.len());
             m[i] ^= x;
-            if let Ok(d) = AgentMetadata::decode(&m) {
+            if let Ok(d) = AgentMetadata::decode_bytes(&m) {
                 prop_assert_eq!(d.encode(), m);
             }
         }
@@ -392,14 +403,14 @@ mod tests {
             .put_u8(0);
         w.put_u32(u32::MAX);
         assert!(matches!(
-            AgentMetadata::decode(&sealed(w.clone().into_vec())),
+            AgentMetadata::decode_bytes(&sealed(w.clone().into_vec())),
             Err(DecodeError::TooLarge { .. })
         ));
         let mut b2 = w.into_vec();
         let n = b2.len();
         b2[n - 4..].copy_from_slice(&60u32.to_le_bytes());
         assert!(matches!(
-            AgentMetadata::decode(&sealed(b2)),
+            AgentMetadata::decode_bytes(&sealed(b2)),
             Err(DecodeError::Truncated { .. })
         ));
     }
@@ -439,7 +450,7 @@ mod tests {
                 let mut m = bytes.clone();
                 m[i] ^= x;
                 assert!(
-                    AgentMetadata::decode(&m).is_err(),
+                    AgentMetadata::decode_bytes(&m).is_err(),
                     "byte {i} ^ {x:#x} loaded"
                 );
             }
@@ -460,16 +471,16 @@ mod tests {
         let mut b = md.encode();
         b[8] = 9;
         assert_eq!(
-            AgentMetadata::decode(&b),
+            AgentMetadata::decode_bytes(&b),
             Err(DecodeError::UnsupportedVersion(9))
         );
         b[8] = VERSION as u8;
         b[0] = b'X';
-        assert_eq!(AgentMetadata::decode(&b), Err(DecodeError::BadMagic));
+        assert_eq!(AgentMetadata::decode_bytes(&b), Err(DecodeError::BadMagic));
         let mut t = md.encode();
         t.push(0);
         assert_eq!(
-            AgentMetadata::decode(&t),
+            AgentMetadata::decode_bytes(&t),
             Err(DecodeError::Invalid { what: "checksum" })
         );
     }
@@ -486,7 +497,7 @@ mod tests {
         w.put_blob(b"").put_blob(b"rkey");
         let sum = checksum(w.as_slice());
         w.put_u64(sum);
-        let md = AgentMetadata::decode(&w.into_vec()).unwrap();
+        let md = AgentMetadata::decode_bytes(&w.into_vec()).unwrap();
         assert_eq!(md.name, "old-peer");
         assert_eq!(md.regions.len(), 1);
         assert_eq!(md.regions[0].label, "");
@@ -496,7 +507,7 @@ mod tests {
             let mut w = ByteWriter::new();
             w.put(MAGIC).put_u16(v).put_u64(0);
             assert!(matches!(
-                AgentMetadata::decode(&w.into_vec()),
+                AgentMetadata::decode_bytes(&w.into_vec()),
                 Err(DecodeError::UnsupportedVersion(x)) if x == v
             ));
         }

@@ -25,11 +25,11 @@ pub(crate) fn metadata_identity(
     bytes: &[u8],
 ) -> std::result::Result<(String, Option<u64>), crate::error::DecodeError> {
     if super::is_nixl_blob(bytes) {
-        let md = super::metadata::NixlMetadata::decode(bytes)?;
+        let md = super::metadata::NixlMetadata::decode_bytes(bytes)?;
         let g = (!md.conns.is_empty()).then(|| derived_generation(&md.conns));
         Ok((md.name, g))
     } else {
-        let md = crate::codec::AgentMetadata::decode(crate::auth::unsealed(bytes)?)?;
+        let md = crate::codec::AgentMetadata::decode_bytes(crate::auth::unsealed(bytes)?)?;
         Ok((md.name, Some(md.generation)))
     }
 }

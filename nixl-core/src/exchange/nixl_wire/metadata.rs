@@ -97,8 +97,19 @@ impl NixlMetadata {
         w.finish()
     }
 
-    /// Decodes a blob, refusing anything malformed, oversized, empty or with trailing bytes.
-    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+    /// Decodes a blob, refusing anything malformed, oversized, empty or with trailing bytes:
+    /// [`NixlMetadata::decode_bytes`] with the crate's [`Error::Decode`](crate::Error::Decode)
+    /// (its agent is empty: the bytes are decoded outside any agent).
+    pub fn decode(bytes: &[u8]) -> crate::Result<Self> {
+        Self::decode_bytes(bytes).map_err(|source| crate::Error::Decode {
+            agent: String::new(),
+            op: crate::Op::LoadMetadata,
+            source,
+        })
+    }
+
+    /// [`NixlMetadata::decode`] with the bare [`DecodeError`].
+    pub fn decode_bytes(bytes: &[u8]) -> Result<Self, DecodeError> {
         if bytes.len() > crate::codec::MAX_METADATA {
             return Err(DecodeError::TooLarge {
                 what: "NIXL metadata",
@@ -310,7 +321,7 @@ mod tests {
         let g = hex(GOLDEN);
         assert_eq!(g.len(), 234);
         assert_eq!(example().encode(), g);
-        assert_eq!(NixlMetadata::decode(&g), Ok(example()));
+        assert_eq!(NixlMetadata::decode_bytes(&g), Ok(example()));
     }
 
     #[test]
@@ -318,11 +329,11 @@ mod tests {
         let mut conn_only = example();
         conn_only.sections.clear();
         let b = conn_only.encode();
-        assert_eq!(NixlMetadata::decode(&b), Ok(conn_only));
+        assert_eq!(NixlMetadata::decode_bytes(&b), Ok(conn_only));
         let mut regions_only = example();
         regions_only.conns.clear();
         assert_eq!(
-            NixlMetadata::decode(&regions_only.encode()),
+            NixlMetadata::decode_bytes(&regions_only.encode()),
             Ok(regions_only)
         );
     }
@@ -332,36 +343,36 @@ mod tests {
         let mut empty_section = example();
         empty_section.sections[0].descs.clear();
         assert_eq!(
-            NixlMetadata::decode(&empty_section.encode()),
+            NixlMetadata::decode_bytes(&empty_section.encode()),
             Err(DecodeError::Invalid {
                 what: "empty section"
             })
         );
         let mut empty_conn = example();
         empty_conn.conns[0].info.clear();
-        assert!(NixlMetadata::decode(&empty_conn.encode()).is_err());
+        assert!(NixlMetadata::decode_bytes(&empty_conn.encode()).is_err());
         let mut wrap = example();
         wrap.sections[0].descs[0].addr = u64::MAX;
-        assert!(NixlMetadata::decode(&wrap.encode()).is_err());
+        assert!(NixlMetadata::decode_bytes(&wrap.encode()).is_err());
         let mut dup = example();
         dup.sections.push(dup.sections[0].clone());
-        assert!(NixlMetadata::decode(&dup.encode()).is_err());
+        assert!(NixlMetadata::decode_bytes(&dup.encode()).is_err());
         let mut trailing = example().encode();
         trailing.push(0);
         assert_eq!(
-            NixlMetadata::decode(&trailing),
+            NixlMetadata::decode_bytes(&trailing),
             Err(DecodeError::Trailing(1))
         );
         // A huge count must not allocate: the "Conns" value is at bytes 33..41.
         let mut huge = example().encode();
         huge[41..49].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(matches!(
-            NixlMetadata::decode(&huge),
+            NixlMetadata::decode_bytes(&huge),
             Err(DecodeError::TooLarge { .. })
         ));
         huge[41..49].copy_from_slice(&60u64.to_le_bytes());
         assert!(matches!(
-            NixlMetadata::decode(&huge),
+            NixlMetadata::decode_bytes(&huge),
             Err(DecodeError::Truncated { .. })
         ));
         assert!(!is_nixl_blob(b"NIXLRSMD"));
@@ -415,17 +426,17 @@ mod tests {
     proptest! {
         #[test]
         fn roundtrips(md in metadata()) {
-            prop_assert_eq!(NixlMetadata::decode(&md.encode()), Ok(md));
+            prop_assert_eq!(NixlMetadata::decode_bytes(&md.encode()), Ok(md));
         }
 
         #[test]
         fn mutations_are_refused_or_canonical(md in metadata(), cut in any::<prop::sample::Index>(), flip in any::<prop::sample::Index>(), x in 1u8..) {
             let bytes = md.encode();
-            prop_assert!(NixlMetadata::decode(&bytes[..cut.index(bytes.len())]).is_err());
+            prop_assert!(NixlMetadata::decode_bytes(&bytes[..cut.index(bytes.len())]).is_err());
             let mut m = bytes.clone();
             let i = flip.index(m.len());
             m[i] ^= x;
-            if let Ok(d) = NixlMetadata::decode(&m) {
+            if let Ok(d) = NixlMetadata::decode_bytes(&m) {
                 prop_assert_eq!(d.encode(), m);
             }
         }
@@ -434,7 +445,7 @@ mod tests {
         fn arbitrary_bytes_never_panic(tail in proptest::collection::vec(any::<u8>(), 0..256)) {
             let mut b = super::super::serdes::MAGIC.to_vec();
             b.extend_from_slice(&tail);
-            if let Ok(md) = NixlMetadata::decode(&b) {
+            if let Ok(md) = NixlMetadata::decode_bytes(&b) {
                 prop_assert_eq!(md.encode(), b);
             }
         }

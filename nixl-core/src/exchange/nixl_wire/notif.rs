@@ -18,9 +18,19 @@ pub fn encode_notif(sender: &str, msg: &[u8]) -> Vec<u8> {
     w.finish()
 }
 
+/// [`decode_notif_bytes`] with the crate's [`Error::Decode`](crate::Error::Decode) (its agent
+/// is empty: the bytes are decoded outside any agent).
+pub fn decode_notif(payload: &[u8]) -> crate::Result<(String, Vec<u8>)> {
+    decode_notif_bytes(payload).map_err(|source| crate::Error::Decode {
+        agent: String::new(),
+        op: crate::Op::GetNotifs,
+        source,
+    })
+}
+
 /// Decodes a notification into (sender, message). The sender must be 1..=256 bytes of UTF-8;
 /// an empty message is legal (as in NIXL); trailing bytes are refused.
-pub fn decode_notif(payload: &[u8]) -> Result<(String, Vec<u8>), DecodeError> {
+pub fn decode_notif_bytes(payload: &[u8]) -> Result<(String, Vec<u8>), DecodeError> {
     let mut r = Reader::new(payload)?;
     let name = r.name(b"name", "notification sender", MAX_NAME)?;
     let msg = r.field(b"msg", "notification message", MAX_BLOB)?.to_vec();
@@ -47,20 +57,20 @@ mod tests {
         assert_eq!(encode_notif("rs0", b"req-42"), want);
         assert_eq!(want.len(), 45);
         assert_eq!(
-            decode_notif(&want),
+            decode_notif_bytes(&want),
             Ok(("rs0".to_owned(), b"req-42".to_vec()))
         );
     }
 
     #[test]
     fn bad_payloads_are_refused() {
-        assert!(decode_notif(b"").is_err());
-        assert!(decode_notif(&encode_notif("", b"x")).is_err());
+        assert!(decode_notif_bytes(b"").is_err());
+        assert!(decode_notif_bytes(&encode_notif("", b"x")).is_err());
         let mut t = encode_notif("a", b"x");
         t.push(1);
-        assert_eq!(decode_notif(&t), Err(DecodeError::Trailing(1)));
+        assert_eq!(decode_notif_bytes(&t), Err(DecodeError::Trailing(1)));
         assert_eq!(
-            decode_notif(&encode_notif("a", b"")),
+            decode_notif_bytes(&encode_notif("a", b"")),
             Ok(("a".into(), vec![]))
         );
     }
@@ -68,12 +78,12 @@ mod tests {
     proptest! {
         #[test]
         fn roundtrips(name in "[a-zA-Z0-9_.-]{1,64}", msg in proptest::collection::vec(any::<u8>(), 0..256)) {
-            prop_assert_eq!(decode_notif(&encode_notif(&name, &msg)), Ok((name, msg)));
+            prop_assert_eq!(decode_notif_bytes(&encode_notif(&name, &msg)), Ok((name, msg)));
         }
 
         #[test]
         fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..128)) {
-            if let Ok((n, m)) = decode_notif(&b) {
+            if let Ok((n, m)) = decode_notif_bytes(&b) {
                 prop_assert_eq!(encode_notif(&n, &m), b);
             }
         }

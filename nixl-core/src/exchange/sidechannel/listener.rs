@@ -422,7 +422,7 @@ fn dispatch(
 fn check_pusher(agent: &Agent, payload: &[u8], p: &LocalPeer) -> Result<()> {
     let claimed = crate::auth::unsealed(payload)
         .ok()
-        .and_then(|b| crate::codec::AgentMetadata::decode(b).ok())
+        .and_then(|b| crate::codec::AgentMetadata::decode_bytes(b).ok())
         .map(|md| md.process);
     if claimed.is_some_and(|c| p.is(c.as_ref())) {
         return Ok(());

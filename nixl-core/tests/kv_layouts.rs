@@ -362,6 +362,21 @@ fn refusals_are_typed() {
     let mut bad = layout(1, 0, KvOrder::Nhd);
     bad.tensors.pop();
     assert_eq!(bad.validate().unwrap_err().kind(), ErrorKind::InvalidParam);
+    // A peer that lies about its TP size or head count (the planner sizes tables and loops by
+    // them) is refused before any planning.
+    let mut liar = layout(1, 0, KvOrder::Nhd);
+    liar.tp_size = u32::MAX;
+    liar.kv_heads = 1;
+    assert_eq!(liar.validate().unwrap_err().kind(), ErrorKind::InvalidParam);
+    let e = d.plan_read(&[("liar", &liar)], &ids, &ids, 64).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidParam, "{e}");
+    assert_eq!(
+        KvLayout::decode(&liar.encode()).unwrap_err().kind(),
+        ErrorKind::InvalidParam
+    );
+    let mut liar = layout(1, 0, KvOrder::Nhd);
+    liar.model_kv_heads = u32::MAX;
+    assert_eq!(liar.validate().unwrap_err().kind(), ErrorKind::InvalidParam);
     let mut bad = layout(1, 0, KvOrder::Nhd);
     bad.tensors[0].base = u64::MAX - 10;
     assert_eq!(bad.validate().unwrap_err().kind(), ErrorKind::InvalidParam);

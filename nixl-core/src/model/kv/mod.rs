@@ -90,6 +90,10 @@ pub struct KvLayout {
 
 /// Limits of a decoded description (hostile bytes allocate nothing beyond them).
 const MAX_LAYERS: u32 = 4096;
+/// Tensor-parallel sizes and model heads accepted (a peer's description sizes the planner's
+/// per-rank tables and loops: a lying one must not make them huge).
+const MAX_TP: u32 = 1 << 16;
+const MAX_HEADS: u32 = 1 << 16;
 const MAX_MODEL: usize = 256;
 const MAGIC: &[u8] = b"NXRSKV01";
 
@@ -151,8 +155,17 @@ impl KvLayout {
         if self.tokens_per_block == 0 || self.head_dim == 0 || self.elem_size == 0 {
             return bad("tokens per block, head dim and element size must not be 0".into());
         }
-        if self.tp_size == 0 || self.tp_rank >= self.tp_size {
-            return bad(format!("TP rank {} of size {}", self.tp_rank, self.tp_size));
+        if self.tp_size == 0 || self.tp_size > MAX_TP || self.tp_rank >= self.tp_size {
+            return bad(format!(
+                "TP rank {} of size {} (sizes 1..={MAX_TP})",
+                self.tp_rank, self.tp_size
+            ));
+        }
+        if self.model_kv_heads > MAX_HEADS {
+            return bad(format!(
+                "{} KV heads (at most {MAX_HEADS})",
+                self.model_kv_heads
+            ));
         }
         if self.mla {
             if self.kv_heads != 1 || self.model_kv_heads != 1 {

@@ -129,13 +129,14 @@ fn check_blocks(side: &KvLayout, ids: &[u64], tokens: u64, which: &str) -> Resul
 /// The pieces that move heads `h0..h1` of the request's first `tokens` tokens from `src`'s
 /// blocks to `dst`'s, every layer and tensor.
 fn pieces(
+    p: &mut Pieces,
     src: &KvLayout,
     src_ids: &[u64],
     dst: &KvLayout,
     dst_ids: &[u64],
     tokens: u64,
     (h0, h1): (u32, u32),
-) -> Pieces {
+) {
     let (sb, db) = (
         u64::from(src.tokens_per_block),
         u64::from(dst.tokens_per_block),
@@ -144,7 +145,6 @@ fn pieces(
     let (sf, df) = (u64::from(src.head_range().0), u64::from(dst.head_range().0));
     let row = u64::from(src.head_dim) * u64::from(src.elem_size);
     let (h0, h1) = (u64::from(h0), u64::from(h1));
-    let mut p = Pieces::default();
     for (st, dt) in src.tensors.iter().zip(&dst.tensors) {
         let mut t = 0;
         while t < tokens {
@@ -177,7 +177,33 @@ fn pieces(
             t += n;
         }
     }
+}
+
+/// What `src`'s rank serves `dst`'s rank: the heads [`head_segments`] assigns to it, as
+/// pieces (none when another rank serves every head `dst` holds).
+fn served(src: &KvLayout, src_ids: &[u64], dst: &KvLayout, dst_ids: &[u64], tokens: u64) -> Pieces {
+    let mut p = Pieces::default();
+    for (h0, h1, r) in head_segments(src, dst) {
+        if r == src.tp_rank {
+            pieces(&mut p, src, src_ids, dst, dst_ids, tokens, (h0, h1));
+        }
+    }
     p
+}
+
+/// A peer's transfer from this rank's and the peer's pieces (`None` when nothing moves).
+fn peer_xfer(
+    name: &str,
+    (local, lk): (Vec<Desc>, &KvLayout),
+    (remote, rk): (Vec<Desc>, &KvLayout),
+    bytes: u64,
+) -> Option<KvPeerXfer> {
+    (bytes > 0).then(|| KvPeerXfer {
+        peer: name.to_owned(),
+        local: XferDescList::from_descs(lk.kind, local),
+        remote: XferDescList::from_descs(rk.kind, remote),
+        bytes,
+    })
 }
 
 /// Checks a pair of sides before planning.
@@ -219,24 +245,8 @@ impl KvLayout {
         let mut transfers = Vec::new();
         for (name, peer) in peers {
             check_pair(peer, self)?;
-            let mut p = Pieces::default();
-            for (h0, h1, r) in head_segments(peer, self) {
-                if r != peer.tp_rank {
-                    continue;
-                }
-                let q = pieces(peer, peer_blocks, self, local_blocks, tokens, (h0, h1));
-                p.src.extend(q.src);
-                p.dst.extend(q.dst);
-                p.bytes += q.bytes;
-            }
-            if p.bytes > 0 {
-                transfers.push(KvPeerXfer {
-                    peer: (*name).to_owned(),
-                    local: XferDescList::from_descs(self.kind, p.dst),
-                    remote: XferDescList::from_descs(peer.kind, p.src),
-                    bytes: p.bytes,
-                });
-            }
+            let p = served(peer, peer_blocks, self, local_blocks, tokens);
+            transfers.extend(peer_xfer(name, (p.dst, self), (p.src, peer), p.bytes));
         }
         Ok(KvPlan {
             op: XferOp::Read,
@@ -260,24 +270,8 @@ impl KvLayout {
         for (name, peer) in peers {
             check_pair(self, peer)?;
             check_blocks(peer, peer_blocks, tokens, "peer")?;
-            let mut p = Pieces::default();
-            for (h0, h1, r) in head_segments(self, peer) {
-                if r != self.tp_rank {
-                    continue;
-                }
-                let q = pieces(self, local_blocks, peer, peer_blocks, tokens, (h0, h1));
-                p.src.extend(q.src);
-                p.dst.extend(q.dst);
-                p.bytes += q.bytes;
-            }
-            if p.bytes > 0 {
-                transfers.push(KvPeerXfer {
-                    peer: (*name).to_owned(),
-                    local: XferDescList::from_descs(self.kind, p.src),
-                    remote: XferDescList::from_descs(peer.kind, p.dst),
-                    bytes: p.bytes,
-                });
-            }
+            let p = served(self, local_blocks, peer, peer_blocks, tokens);
+            transfers.extend(peer_xfer(name, (p.src, self), (p.dst, peer), p.bytes));
         }
         Ok(KvPlan {
             op: XferOp::Write,

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use nixl_core::{Agent, AgentConfig, KvLayout, KvOrder, MemKind, XferOptions};
 use nixl_mem::{CudaIpcParams, DeviceBuffer};
+use nixl_testkit::gpu::two_gpus;
 use nixl_testkit::kv::{check_destination, ids_for, pool_layout, pool_len, source_bytes, KvShape};
 use nixl_testkit::two_process::{child_main, Child};
 use nixl_testkit::{hex, unhex};
@@ -29,23 +30,6 @@ fn shape(layers: u32) -> KvShape {
         dim: 128,
         mla: false,
         blocks: POOL,
-    }
-}
-
-fn two_gpus(test: &str) -> bool {
-    if !nixl_testkit::gpu::gpu(test) {
-        return false;
-    }
-    match nixl_mem::cuda::device_count() {
-        Ok(n) if n >= 2 => true,
-        n => {
-            nixl_testkit::skip(
-                test,
-                nixl_testkit::Dep::MultiGpu,
-                format!("two GPUs needed, {n:?} visible"),
-            );
-            false
-        }
     }
 }
 

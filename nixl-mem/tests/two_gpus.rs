@@ -14,7 +14,7 @@ use nixl_testkit::gpu as common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{first_diff, pattern, run_child, ROLE};
+use common::{first_diff, pattern, run_child, two_gpus, ROLE};
 use nixl_core::{
     Agent, AgentConfig, Desc, Error, MemKind, StridedDesc, StridedDescList, XferDescList, XferOp,
     XferOptions, XferState, XferTarget,
@@ -28,23 +28,6 @@ const SIZES: [u64; 4] = [4 << 10, 16 << 10, 64 << 10, 1 << 20];
 const BLOCKS: u64 = 256;
 /// The target's pool: every size's blocks, one block apart (2 x BLOCKS x 1 MiB at most).
 const POOL: usize = 2 * BLOCKS as usize * (1 << 20);
-
-fn two_gpus(test: &str) -> bool {
-    if !common::gpu(test) {
-        return false;
-    }
-    match nixl_mem::cuda::device_count() {
-        Ok(n) if n >= 2 => true,
-        n => {
-            nixl_testkit::skip(
-                test,
-                nixl_testkit::Dep::MultiGpu,
-                format!("two GPUs needed, {n:?} visible"),
-            );
-            false
-        }
-    }
-}
 
 fn agent(name: &str, device: usize) -> Agent {
     let a = Agent::new(name, AgentConfig::default()).unwrap();

@@ -20,3 +20,22 @@ pub fn gpu(test: &str) -> bool {
         }
     }
 }
+
+/// Whether two CUDA GPUs are usable here; reports the skip (`gpu`, or `multi-gpu` with fewer
+/// than two) when not, and the caller returns.
+pub fn two_gpus(test: &str) -> bool {
+    if !gpu(test) {
+        return false;
+    }
+    match nixl_mem::cuda::device_count() {
+        Ok(n) if n >= 2 => true,
+        n => {
+            crate::skip(
+                test,
+                crate::Dep::MultiGpu,
+                format!("two GPUs needed, {n:?} visible"),
+            );
+            false
+        }
+    }
+}

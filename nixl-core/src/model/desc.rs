@@ -123,11 +123,7 @@ impl XferDescList {
     /// bytes are decoded outside any agent); [`XferDescList::decode_bytes`] gives the bare
     /// [`DecodeError`].
     pub fn decode(bytes: &[u8]) -> crate::Result<Self> {
-        Self::decode_bytes(bytes).map_err(|source| crate::Error::Decode {
-            agent: String::new(),
-            op: crate::Op::GetNotifs,
-            source,
-        })
+        Self::decode_bytes(bytes).map_err(|e| e.outside_agent(crate::Op::GetNotifs))
     }
 
     /// [`XferDescList::decode`] with the bare [`DecodeError`].

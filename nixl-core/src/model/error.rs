@@ -101,6 +101,18 @@ pub enum DecodeError {
     Trailing(usize),
 }
 
+impl DecodeError {
+    /// The crate's [`Error::Decode`] for bytes decoded outside any agent (a public decoder:
+    /// its agent is empty).
+    pub(crate) fn outside_agent(self, op: Op) -> Error {
+        Error::Decode {
+            agent: String::new(),
+            op,
+            source: self,
+        }
+    }
+}
+
 /// Errors of nixl-core and of every backend (backends wrap their native errors in
 /// [`Error::Backend`]).
 ///

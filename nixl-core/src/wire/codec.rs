@@ -118,11 +118,7 @@ impl AgentMetadata {
     /// the bytes are decoded outside any agent); [`AgentMetadata::decode_bytes`] gives the
     /// bare [`DecodeError`].
     pub fn decode(bytes: &[u8]) -> crate::Result<Self> {
-        Self::decode_bytes(bytes).map_err(|source| crate::Error::Decode {
-            agent: String::new(),
-            op: crate::Op::LoadMetadata,
-            source,
-        })
+        Self::decode_bytes(bytes).map_err(|e| e.outside_agent(crate::Op::LoadMetadata))
     }
 
     /// [`AgentMetadata::decode`] with the bare [`DecodeError`].

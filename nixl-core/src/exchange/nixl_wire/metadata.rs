@@ -101,11 +101,7 @@ impl NixlMetadata {
     /// [`NixlMetadata::decode_bytes`] with the crate's [`Error::Decode`](crate::Error::Decode)
     /// (its agent is empty: the bytes are decoded outside any agent).
     pub fn decode(bytes: &[u8]) -> crate::Result<Self> {
-        Self::decode_bytes(bytes).map_err(|source| crate::Error::Decode {
-            agent: String::new(),
-            op: crate::Op::LoadMetadata,
-            source,
-        })
+        Self::decode_bytes(bytes).map_err(|e| e.outside_agent(crate::Op::LoadMetadata))
     }
 
     /// [`NixlMetadata::decode`] with the bare [`DecodeError`].

@@ -21,11 +21,7 @@ pub fn encode_notif(sender: &str, msg: &[u8]) -> Vec<u8> {
 /// [`decode_notif_bytes`] with the crate's [`Error::Decode`](crate::Error::Decode) (its agent
 /// is empty: the bytes are decoded outside any agent).
 pub fn decode_notif(payload: &[u8]) -> crate::Result<(String, Vec<u8>)> {
-    decode_notif_bytes(payload).map_err(|source| crate::Error::Decode {
-        agent: String::new(),
-        op: crate::Op::GetNotifs,
-        source,
-    })
+    decode_notif_bytes(payload).map_err(|e| e.outside_agent(crate::Op::GetNotifs))
 }
 
 /// Decodes a notification into (sender, message). The sender must be 1..=256 bytes of UTF-8;

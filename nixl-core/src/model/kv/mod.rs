@@ -304,11 +304,7 @@ impl KvLayout {
     /// (`Decode` for malformed bytes, `InvalidParam` for a description that does not hold
     /// together), nothing allocated beyond the input's size.
     pub fn decode(bytes: &[u8]) -> Result<Self> {
-        let l = Self::decode_bytes(bytes).map_err(|source| Error::Decode {
-            agent: String::new(),
-            op: Op::LoadMetadata,
-            source,
-        })?;
+        let l = Self::decode_bytes(bytes).map_err(|e| e.outside_agent(Op::LoadMetadata))?;
         l.validate()?;
         Ok(l)
     }

@@ -9,10 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nixl::{Agent, AgentConfig, HostBuffer, KvLayout, KvOrder, XferOptions};
-use nixl_testkit::kv::{check_destination, ids_for, pool_layout, pool_len, source_bytes, KvShape};
+use nixl_testkit::kv::{
+    check_destination, ids_for, parse_ready, pool_layout, pool_len, ready_message, source_bytes,
+    KvShape,
+};
 use nixl_testkit::two_process::{child_main, Child};
 use nixl_testkit::ucx::{params, ucx_or_skip, TCP};
-use nixl_testkit::{hex, unhex};
 
 const ENTRY: &str = "kv_prefill_rank";
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -80,8 +82,7 @@ fn kv_prefill_rank() {
             .map_err(|e| e.to_string())?;
         env.connect(&a, Duration::from_secs(20))?;
         let addr = a.listen_addr().ok_or("no side channel")?;
-        let msg = format!("ready {addr} {}", hex(&layout.encode()));
-        a.gen_notif(&env.parent, msg.as_bytes(), &[])
+        a.gen_notif(&env.parent, &ready_message(addr, &layout), &[])
             .map_err(|e| e.to_string())?;
         while env.parent_alive() {
             a.progress();
@@ -128,10 +129,7 @@ fn run(test: &str, tp: (u32, u32), block: (u32, u32), order: &str, mla: bool, to
         let v = vars(r);
         let v: Vec<(&str, &str)> = v.iter().map(|(k, x)| (*k, x.as_str())).collect();
         let mut c = Child::spawn(ENTRY, parent, &format!("{test}-p{r}-{pid}"), &v).expect("spawn");
-        let msg = String::from_utf8(c.next(parent, DEADLINE).expect("ready")).expect("text");
-        let mut it = msg.split(' ').skip(1);
-        let addr = it.next().and_then(|a| a.parse().ok()).expect("address");
-        let layout = KvLayout::decode(&unhex(it.next().expect("layout"))).expect("layout bytes");
+        let (addr, layout) = parse_ready(&c.next(parent, DEADLINE).expect("ready"));
         for (a, _, _) in &decode[1..] {
             a.fetch_remote_metadata_blocking(c.name(), addr, DEADLINE)
                 .expect("fetch the prefill rank's metadata");

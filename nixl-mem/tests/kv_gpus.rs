@@ -13,9 +13,11 @@ use std::time::{Duration, Instant};
 use nixl_core::{Agent, AgentConfig, KvLayout, KvOrder, MemKind, XferOptions};
 use nixl_mem::{CudaIpcParams, DeviceBuffer};
 use nixl_testkit::gpu::two_gpus;
-use nixl_testkit::kv::{check_destination, ids_for, pool_layout, pool_len, source_bytes, KvShape};
+use nixl_testkit::kv::{
+    check_destination, ids_for, parse_ready, pool_layout, pool_len, ready_message, source_bytes,
+    KvShape,
+};
 use nixl_testkit::two_process::{child_main, Child};
-use nixl_testkit::{hex, unhex};
 
 const ENTRY: &str = "kv_gpu_prefill_rank";
 const WAIT: Duration = Duration::from_secs(120);
@@ -84,12 +86,8 @@ fn kv_gpu_prefill_rank() {
             .map_err(|e| e.to_string())?;
         env.connect(&a, Duration::from_secs(30))?;
         let addr = a.listen_addr().ok_or("no side channel")?;
-        a.gen_notif(
-            &env.parent,
-            format!("ready {addr} {}", hex(&layout.encode())).as_bytes(),
-            &[],
-        )
-        .map_err(|e| e.to_string())?;
+        a.gen_notif(&env.parent, &ready_message(addr, &layout), &[])
+            .map_err(|e| e.to_string())?;
         while env.parent_alive() {
             a.progress();
             std::thread::sleep(Duration::from_millis(5));
@@ -134,10 +132,7 @@ fn run(test: &str, tp: (u32, u32), layers: u32, order: &str) {
             ("order", order),
         ];
         let mut c = Child::spawn(ENTRY, parent, &format!("{test}-p{r}-{pid}"), &vars).unwrap();
-        let msg = String::from_utf8(c.next(parent, WAIT).expect("ready")).unwrap();
-        let mut it = msg.split(' ').skip(1);
-        let addr = it.next().and_then(|a| a.parse().ok()).expect("address");
-        let layout = KvLayout::decode(&unhex(it.next().expect("layout"))).unwrap();
+        let (addr, layout) = parse_ready(&c.next(parent, WAIT).expect("ready"));
         for (a, _, _) in &decode[1..] {
             a.fetch_remote_metadata_blocking(c.name(), addr, WAIT)
                 .unwrap();

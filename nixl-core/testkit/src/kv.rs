@@ -2,6 +2,8 @@
 //! with a value per (layer, tensor, token, head, dim) computed here, independently of the
 //! planner, and checked element by element.
 
+use std::net::SocketAddr;
+
 use nixl_core::{KvLayout, KvOrder, KvTensor, MemKind};
 
 /// Bytes per element of the test pools (u32 values: distinct per element).
@@ -156,4 +158,21 @@ pub fn check_destination(l: &KvLayout, got: &[u8], ids: &[u64], tokens: u64) -> 
 pub fn ids_for(tokens: u64, tokens_per_block: u32, salt: u64, pool_blocks: u64) -> Vec<u64> {
     let n = tokens.div_ceil(u64::from(tokens_per_block));
     (0..n).map(|i| (i * 5 + salt) % pool_blocks).collect()
+}
+
+/// The message a source rank in a child process announces itself with: its side channel and
+/// its layout's bytes.
+pub fn ready_message(addr: SocketAddr, layout: &KvLayout) -> Vec<u8> {
+    format!("ready {addr} {}", crate::hex(&layout.encode())).into_bytes()
+}
+
+/// Reads [`ready_message`]'s side channel and layout (the layout through `KvLayout::decode`,
+/// as a peer's bytes). Panics on a malformed message: test helper.
+pub fn parse_ready(msg: &[u8]) -> (SocketAddr, KvLayout) {
+    let msg = std::str::from_utf8(msg).expect("a text message");
+    let mut it = msg.split(' ').skip(1);
+    let addr = it.next().and_then(|a| a.parse().ok()).expect("an address");
+    let layout =
+        KvLayout::decode(&crate::unhex(it.next().expect("layout bytes"))).expect("a layout");
+    (addr, layout)
 }

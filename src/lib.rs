@@ -10,9 +10,9 @@ pub use nixl_core as core;
 pub use nixl_core::nixl_wire;
 pub use nixl_core::{
     Agent, AgentConfig, Auth, Credential, Desc, Error, ErrorKind, HostBuffer, KvLayout, KvOrder,
-    KvPeerXfer, KvPlan, KvTensor, Limits, MemKind, MemoryRegion, Notifs, PreparedList, RegionDesc,
-    Registration, Result, StridedDesc, StridedDescList, XferDescList, XferOp, XferOptions, XferReq,
-    XferState, XferTarget,
+    KvPeerXfer, KvPlan, KvTensor, KvTilePlan, KvTileXfer, Limits, MemKind, MemoryRegion, Notifs,
+    PreparedList, RegionDesc, Registration, Result, RowStrides, StridedDesc, StridedDescList, Tile,
+    TileShape, XferDescList, XferOp, XferOptions, XferReq, XferState, XferTarget,
 };
 pub use nixl_mem as mem;
 

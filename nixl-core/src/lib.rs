@@ -86,7 +86,7 @@ use agent::request as xfer;
 use backend::{bytes, hello, params};
 use bundled::{deferred, fault, inproc};
 use exchange::{liveness, sidechannel};
-use model::{desc, error, index, kv, limits, mem, notif, strided, telemetry};
+use model::{desc, error, index, kv, limits, mem, notif, strided, telemetry, tiles};
 use wire::{auth, codec, integrity};
 
 // The paved path: what an application names. Backend authors' types are in [`backend`] (the
@@ -101,12 +101,13 @@ pub use codec::AgentMetadata;
 pub use desc::{Desc, XferDescList, XferOp};
 pub use error::{Error, ErrorKind, Op, Result};
 pub use inproc::InprocParams;
-pub use kv::{KvLayout, KvOrder, KvPeerXfer, KvPlan, KvTensor};
+pub use kv::{KvLayout, KvOrder, KvPeerXfer, KvPlan, KvTensor, KvTilePlan, KvTileXfer};
 pub use limits::{Limits, ListenerLimits};
 pub use mem::{HostBuffer, MemKind, MemoryRegion, RegionDesc};
 pub use notif::Notifs;
 pub use strided::{StridedDesc, StridedDescList};
 pub use telemetry::{TelemetrySnapshot, XferTelemetry};
+pub use tiles::{RowStrides, Tile, TileShape};
 pub use xfer::{UncertainXfer, XferOptions, XferReq, XferTarget};
 
 /// Names that moved off the crate root in 0.2 (kept for one release; each says where it went).

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use nixl_core::{
     Agent, AgentConfig, ErrorKind, HostBuffer, InprocParams, KvLayout, KvOrder, KvPlan, KvTensor,
-    MemKind, Registration, XferOptions,
+    KvTilePlan, MemKind, Registration, XferOptions, XferTarget,
 };
 
 use nixl_testkit::kv::{check_destination, ids_for, pool_layout, pool_len, source_bytes, KvShape};
@@ -93,39 +93,39 @@ struct Case {
     tp: (u32, u32),
     block: (u32, u32),
     order: KvOrder,
+    /// The destination's order where it differs (tile plans only).
+    dst_order: Option<KvOrder>,
     tokens: u64,
     pad: u64,
     write: bool,
 }
 
-/// Runs one case end to end; returns the destination ranks' plans.
-fn run(tag: &str, c: Case) -> Vec<KvPlan> {
-    let src: Vec<Rank> = (0..c.tp.0)
-        .map(|r| {
-            rank(
-                &format!("{tag}-p"),
-                c.shape,
-                c.tp.0,
-                r,
-                c.block.0,
-                c.order,
-                c.pad,
-            )
-        })
-        .collect();
-    let dst: Vec<Rank> = (0..c.tp.1)
-        .map(|r| {
-            rank(
-                &format!("{tag}-d"),
-                c.shape,
-                c.tp.1,
-                r,
-                c.block.1,
-                c.order,
-                c.pad,
-            )
-        })
-        .collect();
+/// Both sides' ranks, connected, sources filled and destinations cleared; the block ids.
+struct Setup {
+    src: Vec<Rank>,
+    dst: Vec<Rank>,
+    sids: Vec<u64>,
+    dids: Vec<u64>,
+}
+
+fn setup(tag: &str, c: &Case) -> Setup {
+    let side = |which: &str, tp: u32, block: u32, order: KvOrder| -> Vec<Rank> {
+        (0..tp)
+            .map(|r| {
+                rank(
+                    &format!("{tag}-{which}"),
+                    c.shape,
+                    tp,
+                    r,
+                    block,
+                    order,
+                    c.pad,
+                )
+            })
+            .collect()
+    };
+    let src = side("p", c.tp.0, c.block.0, c.order);
+    let dst = side("d", c.tp.1, c.block.1, c.dst_order.unwrap_or(c.order));
     connect(&src, &dst);
     let (sids, dids) = (
         ids_for(c.tokens, c.block.0, 3, POOL_BLOCKS),
@@ -137,10 +137,27 @@ fn run(tag: &str, c: Case) -> Vec<KvPlan> {
     for r in &dst {
         r.buf.fill(0xDD);
     }
-    let src_side: Vec<(&str, &KvLayout)> =
-        src.iter().map(|r| (r.agent.name(), &r.layout)).collect();
-    let dst_side: Vec<(&str, &KvLayout)> =
-        dst.iter().map(|r| (r.agent.name(), &r.layout)).collect();
+    Setup {
+        src,
+        dst,
+        sids,
+        dids,
+    }
+}
+
+fn sides(ranks: &[Rank]) -> Vec<(&str, &KvLayout)> {
+    ranks.iter().map(|r| (r.agent.name(), &r.layout)).collect()
+}
+
+/// Runs one case end to end; returns the destination ranks' plans.
+fn run(tag: &str, c: Case) -> Vec<KvPlan> {
+    let Setup {
+        src,
+        dst,
+        sids,
+        dids,
+    } = setup(tag, &c);
+    let (src_side, dst_side) = (sides(&src), sides(&dst));
     let mut plans = Vec::new();
     for d in &dst {
         plans.push(
@@ -171,6 +188,74 @@ fn run(tag: &str, c: Case) -> Vec<KvPlan> {
     plans
 }
 
+/// Posts a tile plan: both sides' block tables prepared from their layouts.
+fn post_tiles(r: &Rank, plan: &KvTilePlan, peers: &[(&str, &KvLayout)]) {
+    let mine = r
+        .agent
+        .prep_strided_dlist(XferTarget::Initiator, &r.layout.block_table(), &[])
+        .unwrap();
+    for t in &plan.transfers {
+        let (_, peer) = peers.iter().find(|(n, _)| *n == t.peer).unwrap();
+        let theirs = r
+            .agent
+            .prep_strided_dlist(XferTarget::Agent(&t.peer), &peer.block_table(), &[])
+            .unwrap();
+        let req = r
+            .agent
+            .make_tile_xfer(
+                plan.op,
+                &mine,
+                &theirs,
+                &t.shape,
+                &t.tiles,
+                XferOptions::default(),
+            )
+            .unwrap();
+        r.agent.post_xfer_req(&req).unwrap();
+        req.wait(Duration::from_secs(30)).unwrap();
+    }
+}
+
+/// [`run`] with tile plans (any orders on the two sides); returns the destination ranks'
+/// plans, after checking that writes move the same bytes as reads.
+fn run_tiles(tag: &str, c: Case) -> Vec<KvTilePlan> {
+    let Setup {
+        src,
+        dst,
+        sids,
+        dids,
+    } = setup(tag, &c);
+    let (src_side, dst_side) = (sides(&src), sides(&dst));
+    let plans: Vec<KvTilePlan> = dst
+        .iter()
+        .map(|d| {
+            d.layout
+                .plan_read_tiles(&src_side, &sids, &dids, c.tokens)
+                .unwrap()
+        })
+        .collect();
+    if c.write {
+        let mut written = 0;
+        for s in &src {
+            let plan = s
+                .layout
+                .plan_write_tiles(&dst_side, &sids, &dids, c.tokens)
+                .unwrap();
+            written += plan.bytes();
+            post_tiles(s, &plan, &dst_side);
+        }
+        assert_eq!(written, plans.iter().map(KvTilePlan::bytes).sum::<u64>());
+    } else {
+        for (d, plan) in dst.iter().zip(&plans) {
+            post_tiles(d, plan, &src_side);
+        }
+    }
+    for d in &dst {
+        check(d, &dids, c.tokens);
+    }
+    plans
+}
+
 const GQA8: KvShape = KvShape {
     layers: 3,
     heads: 8,
@@ -185,6 +270,7 @@ fn case(tp: (u32, u32), block: (u32, u32), order: KvOrder, tokens: u64) -> Case 
         tp,
         block,
         order,
+        dst_order: None,
         tokens,
         pad: 0,
         write: false,
@@ -245,6 +331,7 @@ fn replicated_heads_when_tp_exceeds_the_head_count() {
                 tp,
                 block: (16, 16),
                 order: KvOrder::Nhd,
+                dst_order: None,
                 tokens: 30,
                 pad: 0,
                 write: false,
@@ -269,6 +356,7 @@ fn mla_latent_is_read_once_from_one_rank() {
             tp: (2, 4),
             block: (16, 16),
             order: KvOrder::Nhd,
+            dst_order: None,
             tokens: 50,
             pad: 0,
             write: false,
@@ -291,6 +379,243 @@ fn prefill_writes_land_the_same_bytes_as_decode_reads() {
     let mut c = case((4, 1), (32, 16), KvOrder::Nhd, 40);
     c.write = true;
     run("w41", c);
+}
+
+/// Every TP pair, block-size pair and order pair the issue names, as tile plans over INPROC
+/// (the CPU copy of the rows; CUDA_IPC's kernel runs the same tiles, nixl-mem's tests):
+/// each element lands in the destination's order.
+#[test]
+fn tile_plans_permute_hnd_and_nhd_in_one_pass() {
+    let orders = [
+        (KvOrder::Hnd, KvOrder::Nhd),
+        (KvOrder::Nhd, KvOrder::Hnd),
+        (KvOrder::Nhd, KvOrder::Nhd),
+        (KvOrder::Hnd, KvOrder::Hnd),
+    ];
+    for (so, dst_order) in orders {
+        for (tp, block, tokens) in [
+            ((1, 1), (16, 16), 64),
+            ((1, 2), (16, 16), 61),
+            ((2, 1), (16, 16), 40),
+            ((2, 4), (16, 32), 77),
+            ((4, 2), (32, 16), 48),
+        ] {
+            let mut c = case(tp, block, so, tokens);
+            c.dst_order = Some(dst_order);
+            let plans = run_tiles("tile", c);
+            assert!(plans.iter().all(|p| !p.transfers.is_empty()));
+        }
+    }
+}
+
+#[test]
+fn tile_plans_for_replicated_heads_mla_and_prefill_writes() {
+    let shape = KvShape { heads: 2, ..GQA8 };
+    for tp in [(4, 1), (1, 4), (4, 2)] {
+        for (o, d) in [(KvOrder::Hnd, KvOrder::Nhd), (KvOrder::Nhd, KvOrder::Hnd)] {
+            let mut c = case(tp, (16, 32), o, 45);
+            c.shape = shape;
+            c.dst_order = Some(d);
+            run_tiles("trep", c);
+        }
+    }
+    let mla = KvShape {
+        layers: 2,
+        heads: 1,
+        dim: 64,
+        mla: true,
+        blocks: POOL_BLOCKS,
+    };
+    let mut c = case((2, 4), (16, 16), KvOrder::Hnd, 50);
+    c.shape = mla;
+    c.dst_order = Some(KvOrder::Nhd);
+    run_tiles("tmla", c);
+    for (tp, block) in [((2, 4), (16, 32)), ((4, 1), (32, 16))] {
+        let mut c = case(tp, block, KvOrder::Hnd, 70);
+        c.dst_order = Some(KvOrder::Nhd);
+        c.write = true;
+        run_tiles("twr", c);
+    }
+}
+
+/// Llama-3-8B's heterogeneous-TP request as tiles (TP 2 HND -> TP 1 NHD, 2048 blocks): one
+/// tile per (rank, block), the same in every layer: 2 x 2048 tiles, nothing per element.
+#[test]
+fn tile_plans_are_per_block_at_llama_scale() {
+    let llama = |tp: u32, r: u32, order: KvOrder| {
+        let mut l = layout(tp, r, order);
+        l.layers = 32;
+        l.blocks = 4096;
+        let bb = l.block_bytes();
+        l.tensors = (0..64)
+            .map(|i| KvTensor {
+                base: (1 << 40) + i * 4096 * bb,
+                block_stride: bb,
+            })
+            .collect();
+        l
+    };
+    let d = llama(1, 0, KvOrder::Nhd);
+    let (p0, p1) = (llama(2, 0, KvOrder::Hnd), llama(2, 1, KvOrder::Hnd));
+    let ids: Vec<u64> = (0..2048).map(|i| (i * 7) % 4096).collect();
+    let plan = d
+        .plan_read_tiles(&[("p0", &p0), ("p1", &p1)], &ids, &ids, 2048 * 16)
+        .unwrap();
+    assert_eq!(plan.transfers.len(), 2);
+    assert_eq!(plan.tiles(), 2 * 2048);
+    for t in &plan.transfers {
+        assert_eq!((t.shape.outer, t.shape.inner, t.shape.row), (4, 16, 256));
+    }
+    assert_eq!(plan.bytes(), 2048 * 16 * 8 * 256 * 64);
+}
+
+/// A tile request's bad inputs are typed and leave nothing behind; a transport that moves
+/// bytes as they lie refuses tiles by name.
+#[test]
+fn tile_requests_refuse_bad_tiles_typed() {
+    use nixl_core::{RowStrides, StridedDesc, StridedDescList, Tile, TileShape};
+    let a = rank("trefa", GQA8, 1, 0, 16, KvOrder::Nhd, 0);
+    let b = rank("trefb", GQA8, 1, 0, 16, KvOrder::Hnd, 0);
+    connect(std::slice::from_ref(&a), std::slice::from_ref(&b));
+    let mine = a
+        .agent
+        .prep_strided_dlist(XferTarget::Initiator, &a.layout.block_table(), &[])
+        .unwrap();
+    let theirs = a
+        .agent
+        .prep_strided_dlist(
+            XferTarget::Agent(b.agent.name()),
+            &b.layout.block_table(),
+            &[],
+        )
+        .unwrap();
+    let row = 16 * 4;
+    let shape = TileShape {
+        outer: 8,
+        inner: 16,
+        row,
+        local: RowStrides::new(row, 8 * row),
+        remote: RowStrides::new(16 * row, row),
+    };
+    let tile = |lb, lo, rb, ro| Tile {
+        local_block: lb,
+        local_offset: lo,
+        remote_block: rb,
+        remote_offset: ro,
+    };
+    let make = |s: &TileShape, t: &[Tile]| {
+        a.agent.make_tile_xfer(
+            nixl_core::XferOp::Read,
+            &mine,
+            &theirs,
+            s,
+            t,
+            XferOptions::default(),
+        )
+    };
+    // Sound: one whole block permuted.
+    drop(make(&shape, &[tile(0, 0, 1, 0)]).unwrap());
+    let kind = |r: nixl_core::Result<nixl_core::XferReq>| r.unwrap_err().kind();
+    assert_eq!(kind(make(&shape, &[])), ErrorKind::InvalidParam);
+    assert_eq!(
+        kind(make(&shape, &[tile(POOL_BLOCKS, 0, 0, 0)])),
+        ErrorKind::InvalidParam
+    );
+    assert_eq!(
+        kind(make(&shape, &[tile(0, 16, 0, 0)])),
+        ErrorKind::InvalidParam
+    );
+    // Two tiles landing in the same destination block.
+    assert_eq!(
+        kind(make(&shape, &[tile(2, 0, 0, 0), tile(2, 0, 1, 0)])),
+        ErrorKind::InvalidParam
+    );
+    let bad = TileShape {
+        local: RowStrides::new(row / 2, 8 * row),
+        ..shape
+    };
+    assert_eq!(
+        kind(make(&bad, &[tile(0, 0, 0, 0)])),
+        ErrorKind::InvalidParam
+    );
+    let e = a
+        .agent
+        .make_tile_xfer(
+            nixl_core::XferOp::Read,
+            &mine,
+            &theirs,
+            &shape,
+            &[tile(0, 0, 1, 0)],
+            XferOptions {
+                integrity: true,
+                ..XferOptions::default()
+            },
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotSupported);
+    // Lists that are not block tables.
+    let flat = a
+        .agent
+        .prep_xfer_dlist(
+            XferTarget::Initiator,
+            &a.layout.block_table().to_desc_list(),
+            &[],
+        )
+        .unwrap();
+    let e = a
+        .agent
+        .make_tile_xfer(
+            nixl_core::XferOp::Read,
+            &flat,
+            &theirs,
+            &shape,
+            &[tile(0, 0, 1, 0)],
+            XferOptions::default(),
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidParam);
+    // Fewer layers on one side.
+    let one = StridedDescList::from_descs(
+        MemKind::Dram,
+        [StridedDesc::new(
+            a.layout.tensors[0].base,
+            a.layout.block_bytes(),
+            a.layout.block_bytes(),
+            POOL_BLOCKS,
+        )],
+    );
+    let one = a
+        .agent
+        .prep_strided_dlist(XferTarget::Initiator, &one, &[])
+        .unwrap();
+    let e = make_with(&a.agent, &one, &theirs, &shape);
+    assert_eq!(e.kind(), ErrorKind::Mismatch);
+    // Nothing was kept: the sound request still builds and moves.
+    let req = make(&shape, &[tile(3, 0, 4, 0)]).unwrap();
+    a.agent.post_xfer_req(&req).unwrap();
+    req.wait(Duration::from_secs(10)).unwrap();
+}
+
+fn make_with(
+    a: &Agent,
+    l: &nixl_core::PreparedList,
+    r: &nixl_core::PreparedList,
+    s: &nixl_core::TileShape,
+) -> nixl_core::Error {
+    a.make_tile_xfer(
+        nixl_core::XferOp::Read,
+        l,
+        r,
+        s,
+        &[nixl_core::Tile {
+            local_block: 0,
+            local_offset: 0,
+            remote_block: 0,
+            remote_offset: 0,
+        }],
+        XferOptions::default(),
+    )
+    .unwrap_err()
 }
 
 fn layout(tp: u32, r: u32, order: KvOrder) -> KvLayout {

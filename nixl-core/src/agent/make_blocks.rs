@@ -143,7 +143,7 @@ fn check_shapes(
 }
 
 /// Each layer's runs with the metadata `slot` has for their regions.
-fn layer_pairs(
+pub(crate) fn layer_pairs(
     me: &str,
     slot: &BackendSlot,
     ll: &[PrepLayer],

@@ -4,6 +4,7 @@ mod config;
 mod load;
 pub(crate) mod make;
 pub(crate) mod make_blocks;
+mod make_tiles;
 mod nixl_comm;
 mod nixl_metadata;
 mod nixl_view;

@@ -13,6 +13,7 @@ use crate::desc::XferOp;
 use crate::error::{Error, Op, Result};
 use crate::strided::BlockXferSpec;
 use crate::telemetry::XferTelemetry;
+use crate::tiles::TileXferSpec;
 
 /// Whose memory a descriptor list names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +35,8 @@ pub(crate) struct IntegrityPlan {
 pub(crate) enum ReqSpec {
     Segments(XferSpec),
     Blocks(BlockXferSpec),
+    /// Rows rearranged on the way.
+    Tiles(TileXferSpec),
 }
 
 impl ReqSpec {
@@ -41,6 +44,7 @@ impl ReqSpec {
         match self {
             ReqSpec::Segments(s) => &s.remote,
             ReqSpec::Blocks(b) => &b.remote,
+            ReqSpec::Tiles(t) => &t.remote,
         }
     }
 
@@ -56,6 +60,9 @@ impl ReqSpec {
                 for (l, la, ra, len) in b.segments() {
                     f((la, ra, b.layers[l].remote.dev_id, len));
                 }
+            }
+            ReqSpec::Tiles(t) => {
+                t.for_each_row(|l, la, ra, len| f((la, ra, t.layers[l].remote.dev_id, len)));
             }
         }
     }
@@ -213,6 +220,7 @@ impl XferReq {
         match &self.spec {
             ReqSpec::Segments(s) => self.backend.backend.estimate_cost(s),
             ReqSpec::Blocks(b) => self.backend.backend.estimate_cost(&b.materialize()),
+            ReqSpec::Tiles(_) => Ok(None),
         }
     }
 
@@ -227,6 +235,10 @@ impl XferReq {
         let (bytes, segments) = match &p.spec {
             ReqSpec::Segments(s) => (s.total_bytes(), s.segments.len()),
             ReqSpec::Blocks(b) => (b.total_bytes(), b.segment_count()),
+            ReqSpec::Tiles(t) => (
+                t.total_bytes(),
+                t.layers.len().saturating_mul(t.tiles.len()),
+            ),
         };
         XferReq {
             id: p.shared.next_id(),

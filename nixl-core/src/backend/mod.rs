@@ -29,6 +29,7 @@ pub use crate::hello::{Hello, PeerAuth, SessionId, Sessions, SESSION_LEN};
 pub use crate::limits::NOTIF_OVERHEAD;
 pub use crate::liveness::{PeerProcess, ProcessId};
 pub use crate::mem::{RawRegion, PAGE_SIZE};
+pub use crate::tiles::{TileXferSpec, MAX_TILE_ROWS};
 
 /// The bundled in-process backend: a pure-Rust transport between agents of one process, for
 /// tests and single-process pipelines.
@@ -283,6 +284,15 @@ pub trait Backend: Send + Sync + 'static {
     /// ([`BlockXferSpec::materialize`]) and calls [`Backend::prepare_xfer`]. Errors mean the
     /// same as there (`NotSupported` lets the next backend try).
     fn prepare_blocks(&self, spec: &BlockXferSpec) -> Result<Option<Box<dyn BackendXfer>>> {
+        let _ = spec;
+        Ok(None)
+    }
+    /// Prepares a tile transfer: rows rearranged on the way ([`TileXferSpec`]). Only a
+    /// backend that lands each row where the destination wants it implements this (a copy
+    /// kernel, a CPU copy). `Ok(None)`, the default, means it cannot: the agent tries the next
+    /// backend and otherwise refuses the request with `NotSupported` naming the transform.
+    /// Moving the tiles' bytes as they lie would be wrong, so there is no fallback.
+    fn prepare_tiles(&self, spec: &TileXferSpec) -> Result<Option<Box<dyn BackendXfer>>> {
         let _ = spec;
         Ok(None)
     }

@@ -12,3 +12,4 @@ pub(crate) mod mem;
 pub(crate) mod notif;
 pub(crate) mod strided;
 pub(crate) mod telemetry;
+pub(crate) mod tiles;

@@ -15,6 +15,7 @@
 mod xfer;
 
 mod blocks;
+mod tiles;
 
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
@@ -271,6 +272,13 @@ impl Backend for InprocBackend {
 
     fn prepare_blocks(&self, spec: &BlockXferSpec) -> Result<Option<Box<dyn BackendXfer>>> {
         Ok(Some(Box::new(blocks::prepare(self, spec)?)))
+    }
+
+    fn prepare_tiles(
+        &self,
+        spec: &crate::tiles::TileXferSpec,
+    ) -> Result<Option<Box<dyn BackendXfer>>> {
+        Ok(Some(Box::new(tiles::prepare(self, spec)?)))
     }
 
     fn path_report(&self, remote: &str) -> Option<String> {

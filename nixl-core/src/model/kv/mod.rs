@@ -15,12 +15,17 @@
 //! Plans are contiguous pieces, merged where both sides continue: whole blocks when the layouts
 //! agree, a head slice per block (HND) or per token (NHD) when tensor-parallel sizes differ.
 //! Two sides in different orders need a permute on the way, which a transport that only moves
-//! bytes cannot do: the planner refuses that with a typed `NotSupported` naming the permute.
+//! bytes cannot do: the piece planner refuses that with a typed `NotSupported` naming the
+//! permute, and the tile planner ([`KvLayout::plan_read_tiles`], [`KvLayout::plan_write_tiles`])
+//! plans it as tiles whose rows the copy rearranges (`CUDA_IPC`'s copy kernel, `INPROC`), head
+//! slices and gathers included, so the data lands in the destination's order in one pass.
 //! Plans cost time linear in layers x blocks (x heads or tokens per block, never per element).
 
 mod plan;
+mod tiles;
 
 pub use plan::{KvPeerXfer, KvPlan};
+pub use tiles::{KvTilePlan, KvTileXfer};
 
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::error::{DecodeError, Error, ErrorKind, Op, Result};

@@ -65,7 +65,7 @@ fn source_of(src: &KvLayout, h: u32, dst_rank: u32) -> u32 {
 }
 
 /// The destination's heads grouped by the source rank that serves them: `(h0, h1, src_rank)`.
-fn head_segments(src: &KvLayout, dst: &KvLayout) -> Vec<(u32, u32, u32)> {
+pub(super) fn head_segments(src: &KvLayout, dst: &KvLayout) -> Vec<(u32, u32, u32)> {
     let (first, n) = dst.head_range();
     let mut out: Vec<(u32, u32, u32)> = Vec::new();
     for h in first..first + n {
@@ -102,7 +102,7 @@ impl Pieces {
 }
 
 /// Checks one side's block ids: enough for `tokens`, each inside the pool.
-fn check_blocks(side: &KvLayout, ids: &[u64], tokens: u64, which: &str) -> Result<()> {
+pub(super) fn check_blocks(side: &KvLayout, ids: &[u64], tokens: u64, which: &str) -> Result<()> {
     let cap = (ids.len() as u64).saturating_mul(u64::from(side.tokens_per_block));
     if cap < tokens {
         return Err(kv_error(
@@ -206,17 +206,22 @@ fn peer_xfer(
     })
 }
 
-/// Checks a pair of sides before planning.
-fn check_pair(src: &KvLayout, dst: &KvLayout) -> Result<()> {
+/// Checks a pair of sides on their own and against each other (any orders).
+pub(super) fn check_compat(src: &KvLayout, dst: &KvLayout) -> Result<()> {
     src.validate()?;
     dst.validate()?;
-    dst.check_compatible(src)?;
+    dst.check_compatible(src)
+}
+
+/// Checks a pair of sides before planning pieces: compatible and in one order.
+fn check_pair(src: &KvLayout, dst: &KvLayout) -> Result<()> {
+    check_compat(src, dst)?;
     if src.order != dst.order {
         return Err(kv_error(
             ErrorKind::NotSupported,
             format!(
-                "the {} -> {} permute: a transport that moves bytes cannot reorder them; \
-                 use the same order on both sides",
+                "the {} -> {} permute: contiguous pieces cannot reorder bytes; \
+                 plan_read_tiles / plan_write_tiles permute in the copy (CUDA_IPC, INPROC)",
                 src.order.name(),
                 dst.order.name()
             ),
@@ -281,7 +286,7 @@ impl KvLayout {
 }
 
 /// The other side's common shape, checked: at least one rank, one TP size, each rank once.
-fn side_of<'a>(peers: &[(&str, &'a KvLayout)]) -> Result<&'a KvLayout> {
+pub(super) fn side_of<'a>(peers: &[(&str, &'a KvLayout)]) -> Result<&'a KvLayout> {
     let Some((_, first)) = peers.first() else {
         return Err(kv_error(
             ErrorKind::InvalidParam,

@@ -1,0 +1,251 @@
+//! Building tile requests ([`Agent::make_tile_xfer`]): block tables paired layer by layer, as
+//! for block ids, with each tile's rows rearranged on the way.
+
+use crate::agent::make_blocks::layer_pairs;
+use crate::agent::prep::{Layout, PrepLayer, PreparedList};
+use crate::agent::Agent;
+use crate::desc::XferOp;
+use crate::error::{Error, Op, Result};
+use crate::tiles::{Tile, TileShape, TileXferSpec};
+use crate::xfer::{ReqSpec, XferOptions, XferReq};
+
+/// The most tiles of a request over all layers (the copy kernel indexes them in 32 bits).
+pub(crate) const MAX_TILE_ITEMS: u64 = u32::MAX as u64;
+
+impl Agent {
+    /// Builds a request that moves tiles between two block tables
+    /// ([`Agent::prep_strided_dlist`]) with their rows rearranged on the way ([`TileShape`]):
+    /// in every layer `l`, for every tile, row `(a, b)` of the tile in local layer `l`'s block
+    /// `local_block` at `local_offset` and row `(a, b)` of the tile in remote layer `l`'s block
+    /// `remote_block` at `remote_offset` are each other's source and destination (READ: remote
+    /// to local; WRITE: local to remote). The KV planner ([`KvLayout::plan_read`](crate::KvLayout::plan_read))
+    /// makes such requests for an HND <-> NHD permute, so the data lands in the destination's
+    /// layout in one pass.
+    ///
+    /// Only backends that can rearrange bytes take it (`CUDA_IPC`'s copy kernel between GPUs,
+    /// `INPROC`); with none, the request is refused with [`Error::NotSupported`] naming the
+    /// transform. Refused with [`Error::InvalidParam`] for lists that are not block tables, a
+    /// malformed shape ([`TileShape::problem`]), no tiles or too many, a tile past its block
+    /// in some layer, two tiles writing the same bytes (or, on one agent, a destination
+    /// meeting a source), integrity checking; with [`Error::Mismatch`] for different layer
+    /// counts. Nothing is kept on refusal.
+    pub fn make_tile_xfer(
+        &self,
+        op: XferOp,
+        local: &PreparedList,
+        remote: &PreparedList,
+        shape: &TileShape,
+        tiles: &[Tile],
+        opts: XferOptions,
+    ) -> Result<XferReq> {
+        let me = self.name();
+        let invalid = |why: String| Error::invalid(me, Op::MakeXfer, why);
+        let mut ends = self.ends(op, local, remote, &opts)?;
+        let (Layout::Strided { layers: ll, .. }, Layout::Strided { layers: rl, .. }) =
+            (&local.layout, &remote.layout)
+        else {
+            return Err(invalid(
+                "tiles need lists prepared from block tables (prep_strided_dlist)".to_owned(),
+            ));
+        };
+        if ll.len() != rl.len() {
+            return Err(Error::mismatch(
+                me,
+                Op::MakeXfer,
+                format!("{} local and {} remote layers", ll.len(), rl.len()),
+            ));
+        }
+        if let Some(why) = shape.problem() {
+            return Err(invalid(format!("tile shape: {why}")));
+        }
+        if opts.integrity {
+            return Err(Error::not_supported(
+                me,
+                Op::MakeXfer,
+                "integrity checking covers plain DRAM -> DRAM WRITEs, not tile transfers",
+            ));
+        }
+        if tiles.is_empty() {
+            return Err(invalid("no tiles".to_owned()));
+        }
+        let items = (ll.len() as u64).saturating_mul(tiles.len() as u64);
+        if items > MAX_TILE_ITEMS {
+            return Err(invalid(format!(
+                "{} layers x {} tiles exceed {MAX_TILE_ITEMS} tiles per request",
+                ll.len(),
+                tiles.len()
+            )));
+        }
+        check_tiles(shape, tiles, ll, rl).map_err(invalid)?;
+        let dst_local = op == XferOp::Read;
+        check_destinations(shape, tiles, ll, rl, dst_local, ends.is_local).map_err(invalid)?;
+        for (a, b) in ll.iter().zip(rl) {
+            let (lr, rr) = (
+                &local.regions[a.region as usize],
+                &remote.regions[b.region as usize],
+            );
+            crate::work::tick(ends.candidates.len());
+            ends.candidates
+                .retain(|s| lr.md(s.id).is_some() && rr.md(s.id).is_some());
+        }
+        let mut declined = Vec::new();
+        for slot in std::mem::take(&mut ends.candidates) {
+            let spec = TileXferSpec {
+                op,
+                local_kind: local.kind,
+                remote_kind: remote.kind,
+                remote: ends.remote_name.clone(),
+                is_local: ends.is_local,
+                layers: layer_pairs(me, &slot, ll, rl, local, remote)?,
+                shape: *shape,
+                tiles: tiles.to_vec(),
+                notif: opts.notif.clone(),
+            };
+            match slot.backend.prepare_tiles(&spec) {
+                Ok(Some(x)) => {
+                    let note = format!(
+                        "tiles: {} layers x {} tiles of {} x {} rows of {} bytes, rearranged in the copy",
+                        spec.layers.len(),
+                        spec.tiles.len(),
+                        shape.outer,
+                        shape.inner,
+                        shape.row
+                    );
+                    return Ok(self.request(
+                        slot,
+                        x,
+                        ReqSpec::Tiles(spec),
+                        (local, remote),
+                        ends,
+                        op,
+                        &opts,
+                        Some(note),
+                    ));
+                }
+                Ok(None) => declined.push(format!("{} cannot rearrange rows", slot.name)),
+                Err(e @ Error::NotSupported { .. }) => {
+                    tracing::debug!(agent = %me, backend = %slot.name, error = %e, "backend declined the tile transfer");
+                    declined.push(format!("{}: {e}", slot.name));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::not_supported(
+            me,
+            Op::MakeXfer,
+            format!(
+                "no backend can move {} -> {} tiles with their rows rearranged (an HND <-> NHD permute or a head gather needs CUDA_IPC's copy kernel or INPROC){}",
+                local.kind,
+                remote.kind,
+                if declined.is_empty() {
+                    " (no backend holds both regions)".to_owned()
+                } else {
+                    format!(": {}", declined.join("; "))
+                }
+            ),
+        ))
+    }
+}
+
+/// Every tile's blocks exist in every layer and the tile lies inside its block on both sides:
+/// checked against the smallest layer of each side, O(tiles + layers).
+fn check_tiles(
+    shape: &TileShape,
+    tiles: &[Tile],
+    ll: &[PrepLayer],
+    rl: &[PrepLayer],
+) -> std::result::Result<(), String> {
+    crate::work::tick(tiles.len() + ll.len());
+    for (side, layers, strides) in [("local", ll, &shape.local), ("remote", rl, &shape.remote)] {
+        let count = layers.iter().map(|l| l.run.count).min().unwrap_or(0);
+        let len = layers.iter().map(|l| l.run.len).min().unwrap_or(0);
+        let extent = shape.extent(strides).unwrap_or(u64::MAX);
+        for (i, t) in tiles.iter().enumerate() {
+            let (block, offset) = if side == "local" {
+                (t.local_block, t.local_offset)
+            } else {
+                (t.remote_block, t.remote_offset)
+            };
+            if block >= count {
+                return Err(format!(
+                    "tile {i}: {side} block {block} out of range (a layer has {count} blocks)"
+                ));
+            }
+            if offset.checked_add(extent).is_none_or(|end| end > len) {
+                return Err(format!(
+                    "tile {i}: {side} rows at offset {offset} (extent {extent}) pass the end of a block of {len} bytes"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// No two destination tiles share a byte, and (on one agent, where both sides are this
+/// process's memory) no destination meets a source: conservative (tiles' extents, not their
+/// rows, are compared), O(n log n) in layers x tiles.
+fn check_destinations(
+    shape: &TileShape,
+    tiles: &[Tile],
+    ll: &[PrepLayer],
+    rl: &[PrepLayer],
+    dst_local: bool,
+    is_local: bool,
+) -> std::result::Result<(), String> {
+    let (dl, sl) = if dst_local { (ll, rl) } else { (rl, ll) };
+    let (ds, ss) = if dst_local {
+        (&shape.local, &shape.remote)
+    } else {
+        (&shape.remote, &shape.local)
+    };
+    let (dext, sext) = (
+        shape.extent(ds).unwrap_or(u64::MAX),
+        shape.extent(ss).unwrap_or(u64::MAX),
+    );
+    let place = |t: &Tile, dst: bool| {
+        if dst == dst_local {
+            (t.local_block, t.local_offset)
+        } else {
+            (t.remote_block, t.remote_offset)
+        }
+    };
+    // (start, end, is destination, layer, tile)
+    let mut ranges: Vec<(u64, u64, bool, usize, usize)> = Vec::new();
+    let sides: &[(bool, &[PrepLayer], u64)] = if is_local {
+        &[(true, dl, dext), (false, sl, sext)]
+    } else {
+        &[(true, dl, dext)]
+    };
+    crate::work::tick(ll.len() * tiles.len() * sides.len());
+    for &(dst, layers, extent) in sides {
+        for (l, layer) in layers.iter().enumerate() {
+            for (i, t) in tiles.iter().enumerate() {
+                let (block, offset) = place(t, dst);
+                // In range: check_tiles bounded every block id and offset by the layer.
+                let start = layer.run.addr + block * layer.run.stride + offset;
+                ranges.push((start, start + extent, dst, l, i));
+            }
+        }
+    }
+    ranges.sort_unstable();
+    // The furthest end so far and what reached it.
+    let mut reach: Option<(u64, bool, usize, usize)> = None;
+    for &(start, end, dst, l, i) in &ranges {
+        if let Some((e, by_dst, pl, pi)) = reach {
+            if start < e && (dst || by_dst) {
+                let what = if dst && by_dst {
+                    "write the same bytes"
+                } else {
+                    "overlap a destination with a source"
+                };
+                return Err(format!(
+                    "tiles {pi} (layer {pl}) and {i} (layer {l}) {what}; each destination byte must be written once"
+                ));
+            }
+        }
+        if reach.is_none_or(|(e, ..)| end > e) {
+            reach = Some((end, dst, l, i));
+        }
+    }
+    Ok(())
+}

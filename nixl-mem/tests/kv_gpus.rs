@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nixl_core::{Agent, AgentConfig, KvLayout, KvOrder, MemKind, XferOptions};
+use nixl_core::{Agent, AgentConfig, KvLayout, KvOrder, MemKind, XferOptions, XferTarget};
 use nixl_mem::{CudaIpcParams, DeviceBuffer};
 use nixl_testkit::gpu::two_gpus;
 use nixl_testkit::kv::{
@@ -71,11 +71,7 @@ fn kv_gpu_prefill_rank() {
             env.var(k)?.parse().map_err(|e| format!("{k}: {e}"))
         };
         let (tp, rank, layers) = (num("tp")?, num("rank")?, num("layers")?);
-        let order = if env.var("order")? == "hnd" {
-            KvOrder::Hnd
-        } else {
-            KvOrder::Nhd
-        };
+        let order = order_of(&env.var("order")?);
         let a = agent(&env.name, 0, true);
         let (buf, layout) = pool(shape(layers), tp, rank, order, 0);
         let ids = ids_for(TOKENS, 16, 3, POOL);
@@ -96,18 +92,35 @@ fn kv_gpu_prefill_rank() {
     });
 }
 
-/// Prefill TP `tp.0` on GPU 0 (one process per rank) -> decode TP `tp.1` on GPU 1.
+fn order_of(s: &str) -> KvOrder {
+    if s == "hnd" {
+        KvOrder::Hnd
+    } else {
+        KvOrder::Nhd
+    }
+}
+
+/// Prefill TP `tp.0` on GPU 0 (one process per rank) -> decode TP `tp.1` on GPU 1, pieces
+/// (both sides in `order`).
 fn run(test: &str, tp: (u32, u32), layers: u32, order: &str) {
+    run_with(test, tp, layers, (order, order), false);
+}
+
+/// [`run`] with each side's order; `tiles` plans tile requests (the tile kernel rearranges
+/// the rows) instead of pieces.
+fn run_with(
+    test: &str,
+    tp: (u32, u32),
+    layers: u32,
+    (order, dst_order): (&str, &str),
+    tiles: bool,
+) {
     if !two_gpus(test) {
         return;
     }
     let pid = std::process::id();
     let s = shape(layers);
-    let ord = if order == "hnd" {
-        KvOrder::Hnd
-    } else {
-        KvOrder::Nhd
-    };
+    let ord = order_of(dst_order);
     let decode: Vec<(Agent, Arc<DeviceBuffer>, KvLayout)> = (0..tp.1)
         .map(|r| {
             let a = agent(&format!("{test}-d{r}-{pid}"), 1, r == 0);
@@ -143,25 +156,11 @@ fn run(test: &str, tp: (u32, u32), layers: u32, order: &str) {
     let side: Vec<(&str, &KvLayout)> = prefill.iter().map(|(n, l)| (n.as_str(), l)).collect();
     let (sids, dids) = (ids_for(TOKENS, 16, 3, POOL), ids_for(TOKENS, 16, 7, POOL));
     for (a, buf, l) in &decode {
-        let plan = l.plan_read(&side, &sids, &dids, TOKENS).unwrap();
+        let (reqs, bytes, pieces, peers) = requests(a, l, &side, (&sids, &dids), tiles);
         let t0 = Instant::now();
-        let reqs: Vec<_> = plan
-            .transfers
-            .iter()
-            .map(|t| {
-                let req = a
-                    .create_xfer_req(
-                        plan.op,
-                        &t.local,
-                        &t.remote,
-                        &t.peer,
-                        XferOptions::default(),
-                    )
-                    .unwrap();
-                a.post_xfer_req(&req).unwrap();
-                req
-            })
-            .collect();
+        for req in &reqs {
+            a.post_xfer_req(req).unwrap();
+        }
         for req in &reqs {
             req.wait(WAIT).unwrap();
         }
@@ -176,12 +175,10 @@ fn run(test: &str, tp: (u32, u32), layers: u32, order: &str) {
         }
         let warm = t1.elapsed();
         println!(
-            "{test}: {} read {} bytes in {} pieces from {} prefill ranks: first {cold:?}, again {warm:?} ({:.1} GB/s); paths: {}",
+            "{test}: {} read {bytes} bytes in {pieces} {} from {peers} prefill ranks: first {cold:?}, again {warm:?} ({:.1} GB/s); paths: {}",
             a.name(),
-            plan.bytes(),
-            plan.pieces(),
-            plan.transfers.len(),
-            plan.bytes() as f64 / warm.as_secs_f64() / 1e9,
+            if tiles { "tiles per layer" } else { "pieces" },
+            bytes as f64 / warm.as_secs_f64() / 1e9,
             reqs.iter().map(|r| r.path()).collect::<Vec<_>>().join(" | ")
         );
         if let Err(e) = check_destination(l, &buf.to_vec().unwrap(), &dids, TOKENS) {
@@ -189,6 +186,71 @@ fn run(test: &str, tp: (u32, u32), layers: u32, order: &str) {
         }
     }
     drop(children);
+}
+
+/// A decode rank's requests for a request: pieces or tiles; with bytes, pieces (or tiles per
+/// layer) and peers.
+fn requests(
+    a: &Agent,
+    l: &KvLayout,
+    side: &[(&str, &KvLayout)],
+    (sids, dids): (&[u64], &[u64]),
+    tiles: bool,
+) -> (Vec<nixl_core::XferReq>, u64, usize, usize) {
+    if !tiles {
+        let plan = l.plan_read(side, sids, dids, TOKENS).unwrap();
+        let reqs = plan
+            .transfers
+            .iter()
+            .map(|t| {
+                a.create_xfer_req(
+                    plan.op,
+                    &t.local,
+                    &t.remote,
+                    &t.peer,
+                    XferOptions::default(),
+                )
+                .unwrap()
+            })
+            .collect();
+        return (reqs, plan.bytes(), plan.pieces(), plan.transfers.len());
+    }
+    let plan = l.plan_read_tiles(side, sids, dids, TOKENS).unwrap();
+    let mine = a
+        .prep_strided_dlist(XferTarget::Initiator, &l.block_table(), &[])
+        .unwrap();
+    let reqs = plan
+        .transfers
+        .iter()
+        .map(|t| {
+            let peer = side.iter().find(|(n, _)| *n == t.peer).unwrap().1;
+            let theirs = a
+                .prep_strided_dlist(XferTarget::Agent(&t.peer), &peer.block_table(), &[])
+                .unwrap();
+            a.make_tile_xfer(
+                plan.op,
+                &mine,
+                &theirs,
+                &t.shape,
+                &t.tiles,
+                XferOptions::default(),
+            )
+            .unwrap()
+        })
+        .collect();
+    let peers: std::collections::BTreeSet<&str> =
+        plan.transfers.iter().map(|t| t.peer.as_str()).collect();
+    (reqs, plan.bytes(), plan.tiles(), peers.len())
+}
+
+#[test]
+fn llama8b_prefill_tp2_hnd_gpu0_to_decode_tp1_nhd_gpu1_permuted_in_one_pass() {
+    run_with("kvt8-21", (2, 1), 32, ("hnd", "nhd"), true);
+}
+
+#[test]
+fn llama8b_prefill_tp1_nhd_gpu0_to_decode_tp2_hnd_gpu1_permuted_in_one_pass() {
+    run_with("kvt8-12", (1, 2), 32, ("nhd", "hnd"), true);
 }
 
 #[test]

@@ -4,7 +4,10 @@
 #
 # KV layouts between GPUs over CUDA_IPC: prefill ranks (one process each) with their pools on
 # GPU 0, decode ranks on GPU 1, Llama-3-8B (TP 2 -> 1 NHD, TP 1 -> 2 HND) and Llama-3-70B
-# (TP 2 -> 1 HND) shapes; every element checked (nixl-mem tests/kv_gpus.rs).
+# (TP 2 -> 1 HND) shapes; every element checked (nixl-mem tests/kv_gpus.rs), pieces and
+# tiles (HND <-> NHD permuted by the tile kernel). Then the benchmark (benches/kv_bench.rs):
+# Llama-3-8B and -70B, 2048 blocks, prefill TP 2 HND -> decode TP 1 NHD, one pass vs move
+# then permute, and the link's limit measured in the same call (two_gpu_limit.py, torch).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=scripts/gpu/pick.sh
@@ -17,6 +20,7 @@ build() {
     local bin=.carry/bin
     rm -rf "$bin"; mkdir -p "$bin"
     cp "$(cargo test --release -p nixl-mem --test kv_gpus --no-run --message-format=json 2>/dev/null | pick kv_gpus)" "$bin/test-kv_gpus"
+    cp "$(cargo build --release -p nixl-bench --bin kv_bench --message-format=json 2>/dev/null | pick kv_bench)" "$bin/kv_bench"
     ls -la "$bin"
 }
 
@@ -28,6 +32,14 @@ run() {
     timeout 500 .carry/bin/test-kv_gpus --test-threads 1 --nocapture > "$OUT/kv.log" 2>&1
     echo "rc=$?" >> "$OUT/kv.log"
     grep -a -E "GB/s|^test |test result|panicked|SKIPPED|rc=" "$OUT/kv.log" | tee -a "$s"
+    timeout 120 python3 scripts/gpu/two_gpu_limit.py --mib 1024 --reps 10 --json "$OUT/limit.json" > "$OUT/limit.log" 2>&1
+    echo "rc=$?" >> "$OUT/limit.log"
+    tee -a "$s" < "$OUT/limit.log"
+    for m in 8b 70b; do
+        timeout 240 .carry/bin/kv_bench --model "$m" --blocks 2048 --tp 2 --iters 10 > "$OUT/kv_bench-$m.log" 2>&1
+        echo "rc=$?" >> "$OUT/kv_bench-$m.log"
+        tee -a "$s" < "$OUT/kv_bench-$m.log"
+    done
 }
 
 case "${1:-}" in

@@ -50,6 +50,7 @@ pub(crate) mod notif;
 mod params;
 mod staging;
 mod table;
+mod tiles;
 mod xfer;
 
 use std::collections::HashMap;
@@ -402,6 +403,13 @@ impl Backend for CudaIpcBackend {
         self.prepare_block_table(spec).map(Some)
     }
 
+    fn prepare_tiles(
+        &self,
+        spec: &nixl_core::backend::TileXferSpec,
+    ) -> Result<Option<Box<dyn BackendXfer>>> {
+        self.prepare_tile_table(spec).map(Some)
+    }
+
     fn path_report(&self, remote: &str) -> Option<String> {
         let peer = self.peers.lock().get(remote).cloned()?;
         Some(if !peer.same_host {
@@ -558,18 +566,8 @@ impl CudaIpcBackend {
 }
 
 impl CudaIpcBackend {
-    /// Builds the request around its copies: its notification route, stream and event, and
-    /// the engine (the copy kernel where eligible, else the copy engines).
-    fn finish(
-        &self,
-        gpu: &gpu::Gpu,
-        spec: Ends<'_>,
-        mut work: Work,
-        how: &str,
-        kernel_ok: KernelOk,
-        conflict: Option<(usize, usize)>,
-    ) -> Result<Box<dyn BackendXfer>> {
-        let device = gpu.ordinal;
+    /// Where a request's notifications go (kept for per-post messages), and its notification.
+    fn route(&self, spec: &Ends<'_>) -> Result<(NotifRoute, Option<Arc<Notif>>)> {
         // Where this request's notifications go (kept for per-post messages).
         let route = if spec.is_local {
             NotifRoute::Local(self.notifs.clone())
@@ -592,6 +590,22 @@ impl CudaIpcBackend {
                 )
             })
             .transpose()?;
+        Ok((route, notif))
+    }
+
+    /// Builds the request around its copies: its notification route, stream and event, and
+    /// the engine (the copy kernel where eligible, else the copy engines).
+    fn finish(
+        &self,
+        gpu: &gpu::Gpu,
+        spec: Ends<'_>,
+        mut work: Work,
+        how: &str,
+        kernel_ok: KernelOk,
+        conflict: Option<(usize, usize)>,
+    ) -> Result<Box<dyn BackendXfer>> {
+        let device = gpu.ordinal;
+        let (route, notif) = self.route(&spec)?;
         let lane = gpu
             .lanes
             .take()

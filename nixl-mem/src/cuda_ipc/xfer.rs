@@ -11,7 +11,7 @@ use nixl_core::{Error, Op, Result, XferState};
 use super::complete::{self, Notif, Outcome, Ticket};
 use super::staging::{Lane, LanePool, Staging, StagingPool};
 use super::table::BlockTable;
-use crate::cuda::kernel::{self, BlockLayout, CopyKernel, KernelSchedule, Segment};
+use crate::cuda::kernel::{self, BlockLayout, CopyKernel, KernelSchedule, Segment, TileTable};
 use crate::cuda::{self, CudaError, Event, Stream};
 use crate::sys::memory::{memcpy_async, memcpy_batch_async};
 
@@ -25,6 +25,12 @@ pub(crate) enum Work {
     Copies(Vec<(u64, u64, u64)>),
     /// A block table (the copy kernel's descriptors are written straight from it).
     Table(BlockTable),
+    /// Tiles with their rows rearranged: only the tile kernel copies them (no list of copies
+    /// exists: the copy engines never take them).
+    Tiles {
+        /// Layers x tiles.
+        items: usize,
+    },
 }
 
 impl Work {
@@ -33,6 +39,7 @@ impl Work {
         match self {
             Work::Copies(c) => c.len(),
             Work::Table(t) => t.copy_count(),
+            Work::Tiles { items } => *items,
         }
     }
 
@@ -43,7 +50,7 @@ impl Work {
         }
         match self {
             Work::Copies(c) => c,
-            Work::Table(_) => &[],
+            Work::Table(_) | Work::Tiles { .. } => &[],
         }
     }
 }
@@ -65,6 +72,8 @@ pub(crate) struct KernelPlan {
     /// The block table's layout where the array is one for the block kernel (else
     /// descriptors).
     blocks: Option<BlockLayout>,
+    /// Whether the array is a tile table (then `blocks` is its layout) for the tile kernel.
+    tiles: bool,
 }
 
 impl KernelPlan {
@@ -147,6 +156,46 @@ impl KernelPlan {
         )
     }
 
+    /// Writes a tile table (checked by [`TileTable::problem`]) into a staging pair from
+    /// `pool` and enqueues its upload on `stream`, for the tile kernel.
+    pub(super) fn tiles(
+        kernel: Arc<CopyKernel>,
+        pool: &Arc<StagingPool>,
+        table: &TileTable,
+        event: Arc<Event>,
+        stream: &Stream,
+    ) -> std::result::Result<Self, String> {
+        if !kernel.has_tiles() {
+            return Err("the tile copy kernel is not loaded".to_owned());
+        }
+        let bytes = table.bytes();
+        let mut st = pool.take(bytes).map_err(|e| e.to_string())?;
+        if !table.write(st.host.bytes_mut()) {
+            pool.give(st);
+            return Err("a tile table did not fit its buffer".to_owned());
+        }
+        let layout = BlockLayout {
+            bytes,
+            items: table.items(),
+            npieces: table.tiles.len() as u64,
+            pieces_at: table.tiles_at(),
+        };
+        let grid = kernel.tile_grid(layout.items);
+        let mut plan = Self::upload(
+            kernel,
+            pool,
+            st,
+            bytes,
+            layout.items,
+            grid,
+            Some(layout),
+            event,
+            stream,
+        )?;
+        plan.tiles = true;
+        Ok(plan)
+    }
+
     /// Enqueues the upload of the first `bytes` of `staging` and makes the plan.
     #[allow(clippy::too_many_arguments)]
     fn upload(
@@ -182,6 +231,7 @@ impl KernelPlan {
             count,
             grid,
             blocks,
+            tiles: false,
         })
     }
 
@@ -262,6 +312,19 @@ impl CudaIpcXfer {
             // mappings), kept alive by the request's registrations and loaded regions; prepare
             // admitted it only for copies of which no two conflict (`kernel::conflict`: no
             // destination overlaps another copy's destination or source, or its own source).
+            if p.tiles {
+                // Tiles have no other engine: a failed launch fails the post.
+                let Some(b) = &p.blocks else {
+                    return Err(CudaError {
+                        call: "cuLaunchKernel",
+                        code: 0,
+                        name: "a tile plan without its table".to_owned(),
+                    });
+                };
+                return p
+                    .kernel
+                    .launch_tiles(p.descs(), b, p.grid, &self.lane.stream);
+            }
             let launched = if let Some(b) = &p.blocks {
                 p.kernel
                     .launch_blocks(p.descs(), b, p.grid, &self.lane.stream)
@@ -308,6 +371,10 @@ impl CudaIpcXfer {
         match &self.engine {
             Engine::Copies => format!("cuMemcpyAsync x{n}"),
             Engine::Batch => format!("cuMemcpyBatchAsync x{n}"),
+            Engine::Kernel(p) if p.tiles => format!(
+                "tile copy kernel x{n} tiles ({} CTAs), rows rearranged",
+                p.grid
+            ),
             Engine::Kernel(p) if p.blocks.is_some() => format!(
                 "block-table copy kernel x{n} segments ({} chunks, {} CTAs)",
                 p.count, p.grid

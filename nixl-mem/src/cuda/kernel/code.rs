@@ -287,3 +287,286 @@ pub(super) fn ptx_of(shape: &KernelShape, parts: &Parts) -> String {
     s.push('\0');
     s
 }
+
+/// The tile kernel: a block table's tiles copied with their rows rearranged (an HND <-> NHD
+/// permute, heads gathered into or sliced out of a block) in one pass. Item `i` is tile
+/// `i % ntiles` of layer `i / ntiles`; a CTA copies one item at a time (grid-striding), its
+/// threads striding over the item's 16-byte vectors: vector `v` is vector `v % VR` of row
+/// `v / VR`, row `(a, b)` = `(row / B, row % B)` at `a * outer + b * inner` from the tile's
+/// start on each side. Parameters: the table (`nixl_descs`: a 64-byte header `A, B, VR, src
+/// outer, src inner, dst outer, dst inner, vectors per tile`, then per layer 32 bytes `src
+/// base, src stride, dst base, dst stride`), the items (`nixl_count`), the tiles
+/// (`nixl_pieces`, 32 bytes each: `src id, dst id, src offset, dst offset`) and the tiles per
+/// layer (`nixl_npieces`). Every address and stride is a multiple of 16 (the host checks);
+/// 32-bit division (the host admits fewer than 2^32 items and vectors per tile).
+pub(super) const TILES_TEMPLATE: &str = r#"//
+// nixl-rs tile copy: nixl_copy_tiles(table: *(header, layers), count u64, tiles: *(src id, dst id, src off, dst off), ntiles u64)
+// shape: @SHAPE@
+//
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry nixl_copy_tiles(
+	.param .u64 nixl_descs,
+	.param .u64 nixl_count,
+	.param .u64 nixl_pieces,
+	.param .u64 nixl_npieces
+)
+.maxntid @THREADS@, 1, 1
+{
+	.reg .pred 	%p<4>;
+	.reg .b32 	%q<4>;
+	.reg .b32 	%v<@VREGS@>;
+	.reg .b64 	%rd<33>;
+	.reg .b64 	%la<@UNROLL@>;
+	.reg .b64 	%sa<@UNROLL@>;
+
+	ld.param.u64 	%rd1, [nixl_descs];
+	ld.param.u64 	%rd2, [nixl_count];
+	ld.param.u64 	%rd3, [nixl_pieces];
+	ld.param.u64 	%rd4, [nixl_npieces];
+	cvta.to.global.u64 	%rd1, %rd1;
+	cvta.to.global.u64 	%rd3, %rd3;
+	// The header: rd6 = B, rd7 = VR, rd8/rd9 = src outer/inner, rd10/rd11 = dst
+	// outer/inner, rd12 = vectors per tile.
+	ld.global.nc.u64 	%rd6, [%rd1+8];
+	ld.global.nc.u64 	%rd7, [%rd1+16];
+	ld.global.nc.u64 	%rd8, [%rd1+24];
+	ld.global.nc.u64 	%rd9, [%rd1+32];
+	ld.global.nc.u64 	%rd10, [%rd1+40];
+	ld.global.nc.u64 	%rd11, [%rd1+48];
+	ld.global.nc.u64 	%rd12, [%rd1+56];
+	mov.u32 	%q0, %ctaid.x;
+	cvt.u64.u32 	%rd13, %q0;
+	mov.u32 	%q0, %nctaid.x;
+	cvt.u64.u32 	%rd14, %q0;
+	mov.u32 	%q0, %tid.x;
+	cvt.u64.u32 	%rd15, %q0;
+	mov.u32 	%q0, %ntid.x;
+	cvt.u64.u32 	%rd16, %q0;
+	// rd17 = the offset of a round's last vector; rd18 = a round's vectors.
+	mul.lo.u64 	%rd17, %rd16, @UNROLL_1@;
+	mul.lo.u64 	%rd18, %rd16, @UNROLL@;
+	// 32-bit divisors: q1 = tiles per layer, q2 = VR, q3 = B.
+	cvt.u32.u64 	%q1, %rd4;
+	cvt.u32.u64 	%q2, %rd7;
+	cvt.u32.u64 	%q3, %rd6;
+
+$L_item:
+	setp.ge.u64 	%p1, %rd13, %rd2;
+	@%p1 bra 	$L_done;
+	// layer rd19 = item / ntiles, tile rd20 = item % ntiles.
+	cvt.u32.u64 	%q0, %rd13;
+	div.u32 	%q0, %q0, %q1;
+	cvt.u64.u32 	%rd19, %q0;
+	mul.lo.u64 	%rd20, %rd19, %rd4;
+	sub.u64 	%rd20, %rd13, %rd20;
+	shl.b64 	%rd19, %rd19, 5;
+	add.u64 	%rd19, %rd19, %rd1;
+	shl.b64 	%rd20, %rd20, 5;
+	add.u64 	%rd20, %rd20, %rd3;
+	// rd21 = the source tile: src base + src id * src stride + src offset; rd23 the
+	// destination's.
+	ld.global.nc.u64 	%rd21, [%rd19+64];
+	ld.global.nc.u64 	%rd22, [%rd19+72];
+	ld.global.nc.u64 	%rd23, [%rd19+80];
+	ld.global.nc.u64 	%rd24, [%rd19+88];
+	ld.global.nc.u64 	%rd25, [%rd20];
+	mad.lo.u64 	%rd21, %rd25, %rd22, %rd21;
+	ld.global.nc.u64 	%rd25, [%rd20+8];
+	mad.lo.u64 	%rd23, %rd25, %rd24, %rd23;
+	ld.global.nc.u64 	%rd25, [%rd20+16];
+	add.u64 	%rd21, %rd21, %rd25;
+	ld.global.nc.u64 	%rd25, [%rd20+24];
+	add.u64 	%rd23, %rd23, %rd25;
+	// rd26 = this thread's vector: tid, then += a round's vectors.
+	mov.u64 	%rd26, %rd15;
+
+$L_round:
+	add.u64 	%rd27, %rd26, %rd17;
+	setp.ge.u64 	%p2, %rd27, %rd12;
+	@%p2 bra 	$L_one;
+@ROUND@	add.u64 	%rd26, %rd26, %rd18;
+	bra 	$L_round;
+
+$L_one:
+	setp.ge.u64 	%p3, %rd26, %rd12;
+	@%p3 bra 	$L_next;
+	mov.u64 	%rd27, %rd26;
+@ADDR0@	@LOAD@ 	{%v0, %v1, %v2, %v3}, [%la0];
+	@STORE@ 	[%sa0], {%v0, %v1, %v2, %v3};
+	add.u64 	%rd26, %rd26, %rd16;
+	bra 	$L_one;
+
+$L_next:
+	add.u64 	%rd13, %rd13, %rd14;
+	bra 	$L_item;
+
+$L_done:
+	ret;
+}
+"#;
+
+/// The addresses of vector `%rd27` of the current tile into `%la{k}` (source) and `%sa{k}`
+/// (destination).
+fn tile_addr(k: u32) -> String {
+    format!(
+        "\t// vector rd27: row rd28 = v / VR, rd29 = (v % VR) * 16, a rd30 = row / B, b rd31 = row % B.
+\tcvt.u32.u64 \t%q0, %rd27;
+\tdiv.u32 \t%q0, %q0, %q2;
+\tcvt.u64.u32 \t%rd28, %q0;
+\tmul.lo.u64 \t%rd29, %rd28, %rd7;
+\tsub.u64 \t%rd29, %rd27, %rd29;
+\tshl.b64 \t%rd29, %rd29, 4;
+\tdiv.u32 \t%q0, %q0, %q3;
+\tcvt.u64.u32 \t%rd30, %q0;
+\tmul.lo.u64 \t%rd31, %rd30, %rd6;
+\tsub.u64 \t%rd31, %rd28, %rd31;
+\tmad.lo.u64 \t%la{k}, %rd30, %rd8, %rd21;
+\tmad.lo.u64 \t%la{k}, %rd31, %rd9, %la{k};
+\tadd.u64 \t%la{k}, %la{k}, %rd29;
+\tmad.lo.u64 \t%sa{k}, %rd30, %rd10, %rd23;
+\tmad.lo.u64 \t%sa{k}, %rd31, %rd11, %sa{k};
+\tadd.u64 \t%sa{k}, %sa{k}, %rd29;
+"
+    )
+}
+
+/// Loads in flight per thread in the tile kernel (a tile's rows are short: a few hundred
+/// bytes, so a round of four covers a 16 KiB tile with 256 threads).
+pub(super) const TILE_UNROLL: u32 = 4;
+
+/// The tile kernel's PTX for `shape` (its threads, load and store hints; the chunk and
+/// schedule do not apply: a CTA copies whole tiles), NUL-terminated.
+pub(crate) fn ptx_tiles(shape: &KernelShape) -> String {
+    let u = TILE_UNROLL;
+    let load = if shape.nc_loads {
+        "ld.global.nc.v4.u32"
+    } else {
+        "ld.global.v4.u32"
+    };
+    let store = if shape.streaming_stores {
+        "st.global.cs.v4.u32"
+    } else {
+        "st.global.v4.u32"
+    };
+    let v = |k: u32| {
+        format!(
+            "{{%v{}, %v{}, %v{}, %v{}}}",
+            4 * k,
+            4 * k + 1,
+            4 * k + 2,
+            4 * k + 3
+        )
+    };
+    let mut round = String::new();
+    for k in 0..u {
+        round += &format!("\tmad.lo.u64 \t%rd27, %rd16, {k}, %rd26;\n");
+        round += &tile_addr(k);
+    }
+    for k in 0..u {
+        round += &format!("\t{load} \t{}, [%la{k}];\n", v(k));
+    }
+    for k in 0..u {
+        round += &format!("\t{store} \t[%sa{k}], {};\n", v(k));
+    }
+    let mut s = TILES_TEMPLATE
+        .replace("@SHAPE@", &shape.to_string())
+        .replace("@THREADS@", &shape.threads.to_string())
+        .replace("@VREGS@", &(4 * u).to_string())
+        .replace("@UNROLL_1@", &(u - 1).to_string())
+        .replace("@UNROLL@", &u.to_string())
+        .replace("@ROUND@", &round)
+        .replace("@ADDR0@", &tile_addr(0))
+        .replace("@LOAD@", load)
+        .replace("@STORE@", store);
+    s.push('\0');
+    s
+}
+
+/// Bytes of the tile kernel's table header.
+pub(crate) const TILE_HEADER_BYTES: usize = 64;
+
+/// A tile launch's table: the rows' shape (in source and destination terms), the layers and
+/// the tiles, as the tile kernel reads them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TileTable {
+    /// `(A, B, row bytes)`.
+    pub rows: (u64, u64, u64),
+    /// Source `(outer, inner)` strides.
+    pub src: (u64, u64),
+    /// Destination `(outer, inner)` strides.
+    pub dst: (u64, u64),
+    /// Per layer `(src base, src stride, dst base, dst stride)`.
+    pub layers: Vec<[u64; 4]>,
+    /// Per tile `(src id, dst id, src offset, dst offset)`.
+    pub tiles: Vec<[u64; 4]>,
+}
+
+impl TileTable {
+    /// The kernel's items: layers x tiles.
+    pub(crate) fn items(&self) -> u64 {
+        self.layers.len() as u64 * self.tiles.len() as u64
+    }
+
+    /// Byte offset of the tiles in the table.
+    pub(crate) fn tiles_at(&self) -> usize {
+        TILE_HEADER_BYTES + self.layers.len() * BLOCK_ENTRY_BYTES
+    }
+
+    /// The table's bytes.
+    pub(crate) fn bytes(&self) -> usize {
+        self.tiles_at() + self.tiles.len() * BLOCK_ENTRY_BYTES
+    }
+
+    /// Why the kernel cannot copy this table, if it cannot: rows or any address, stride or
+    /// offset not a multiple of 16 (the kernel moves 16-byte vectors), too many items or
+    /// vectors per tile for its 32-bit indices, no rows.
+    pub(crate) fn problem(&self) -> Option<&'static str> {
+        let (a, b, row) = self.rows;
+        if a == 0 || b == 0 || row == 0 || self.tiles.is_empty() || self.layers.is_empty() {
+            return Some("no rows");
+        }
+        let aligned = [row, self.src.0, self.src.1, self.dst.0, self.dst.1]
+            .into_iter()
+            .chain(self.layers.iter().flatten().copied())
+            .chain(self.tiles.iter().flat_map(|t| [t[2], t[3]]))
+            .all(|x| x % 16 == 0);
+        if !aligned {
+            return Some("tile rows, strides or offsets not multiples of 16 bytes");
+        }
+        let vectors = a.saturating_mul(b).saturating_mul(row / 16);
+        if vectors > u64::from(u32::MAX) || self.items() > u64::from(u32::MAX) {
+            return Some("more than 2^32 tiles or vectors per tile");
+        }
+        None
+    }
+
+    /// Writes the table into `out` (at least [`TileTable::bytes`] long); `false` where it does
+    /// not fit.
+    pub(crate) fn write(&self, out: &mut [u8]) -> bool {
+        if out.len() < self.bytes() {
+            return false;
+        }
+        let (a, b, row) = self.rows;
+        let header = [
+            a,
+            b,
+            row / 16,
+            self.src.0,
+            self.src.1,
+            self.dst.0,
+            self.dst.1,
+            a * b * (row / 16),
+        ];
+        let words = header
+            .iter()
+            .chain(self.layers.iter().flatten())
+            .chain(self.tiles.iter().flatten());
+        for (w, slot) in words.zip(out.chunks_exact_mut(8)) {
+            slot.copy_from_slice(&w.to_le_bytes());
+        }
+        true
+    }
+}

@@ -8,6 +8,8 @@ pub(crate) struct CopyKernel {
     module: KernelModule,
     /// The block kernel (same shape), where it loaded.
     blocks: Option<KernelModule>,
+    /// The tile kernel (same threads and hints), where it loaded.
+    tiles: Option<KernelModule>,
     shape: KernelShape,
     /// CTAs of the shape resident on the whole GPU at once.
     resident: u32,
@@ -36,17 +38,25 @@ impl CopyKernel {
         let resident = occupancy(&module, ordinal, &shape).map_err(|e| e.to_string())?;
         // The block kernel is optional: without it block tables are written out as
         // descriptors for the segment kernel.
-        let blocks_text = ptx_blocks(&shape);
-        let blocks = CStr::from_bytes_with_nul(blocks_text.as_bytes())
-            .map_err(|_| "the PTX is not one NUL-terminated string".to_owned())
-            .and_then(|t| {
-                KernelModule::load(ctx, t, BLOCKS_NAME).map_err(|(e, log)| format!("{e}: {log}"))
-            })
+        let optional = |text: String, name: &CStr| {
+            CStr::from_bytes_with_nul(text.as_bytes())
+                .map_err(|_| "the PTX is not one NUL-terminated string".to_owned())
+                .and_then(|t| {
+                    KernelModule::load(ctx.clone(), t, name)
+                        .map_err(|(e, log)| format!("{e}: {log}"))
+                })
+        };
+        let blocks = optional(ptx_blocks(&shape), BLOCKS_NAME)
             .inspect_err(|e| tracing::warn!(error = %e, "the block-table copy kernel did not load; block tables use the segment kernel"))
+            .ok();
+        // Without the tile kernel, tile requests are refused (nothing else rearranges rows).
+        let tiles = optional(ptx_tiles(&shape), TILES_NAME)
+            .inspect_err(|e| tracing::warn!(error = %e, "the tile copy kernel did not load; tile transfers are refused"))
             .ok();
         Ok(CopyKernel {
             module,
             blocks,
+            tiles,
             shape,
             resident,
         })
@@ -65,6 +75,48 @@ impl CopyKernel {
     /// The descriptors and grid for `segments` (see [`plan`]).
     pub(crate) fn plan(&self, segments: &[Segment]) -> (Vec<Segment>, u32) {
         plan(segments, &self.shape, self.resident)
+    }
+
+    /// Whether the tile kernel loaded.
+    pub(crate) fn has_tiles(&self) -> bool {
+        self.tiles.is_some()
+    }
+
+    /// The grid for a tile table of `items` tiles: one CTA per tile, at most the largest grid.
+    pub(crate) fn tile_grid(&self, items: u64) -> u32 {
+        u32::try_from(items.clamp(1, MAX_GRID)).unwrap_or(1)
+    }
+
+    /// Enqueues the tile kernel over the tile table at device address `table` (header and
+    /// layers; its tiles at `table + tiles_at`) on `stream`.
+    ///
+    /// Crate invariant (see `crate::sys`): `table` holds the table (stream-ordered before this
+    /// launch), whose rows are device memory this context can reach, alive until the launch
+    /// completes, no destination row meeting another row of the launch.
+    pub(crate) fn launch_tiles(
+        &self,
+        table: u64,
+        layout: &BlockLayout,
+        grid: u32,
+        stream: &Stream,
+    ) -> Result<(), CudaError> {
+        let Some(m) = &self.tiles else {
+            return Err(CudaError {
+                call: "cuLaunchKernel",
+                code: sys::CUresult::CUDA_ERROR_NOT_FOUND as u32,
+                name: "the tile copy kernel is not loaded".to_owned(),
+            });
+        };
+        if layout.items == 0 {
+            return Ok(());
+        }
+        let args = [
+            table,
+            layout.items,
+            table + layout.pieces_at as u64,
+            layout.npieces,
+        ];
+        m.launch4(grid.max(1), self.shape.threads, stream, args)
     }
 
     /// Whether the block kernel loaded.

@@ -45,6 +45,7 @@ pub(super) const MAX_GRID: u64 = (1 << 31) - 1;
 
 pub(super) const NAME: &CStr = c"nixl_copy_segments";
 pub(super) const BLOCKS_NAME: &CStr = c"nixl_copy_blocks";
+pub(super) const TILES_NAME: &CStr = c"nixl_copy_tiles";
 
 mod code;
 mod launch;
@@ -52,6 +53,8 @@ mod plan;
 mod shape;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tile_tests;
 
 pub(crate) use code::*;
 pub(crate) use launch::*;

@@ -1,0 +1,161 @@
+//! `CUDA_IPC` tile transfers: the tile kernel copies every tile's rows where the destination
+//! wants them (an HND <-> NHD permute, heads gathered or sliced) in one pass, VRAM to VRAM on
+//! the GPU of the local memory. The layers are checked once each (metadata, the remote
+//! layer's mapping, peer access, 16-byte alignment); the table (O(layers + tiles)) is
+//! uploaded once at prepare time. There is no other engine: a request the kernel cannot take
+//! is refused `NotSupported` with the reason.
+
+use nixl_core::backend::{downcast_md, BackendXfer, TileXferSpec};
+use nixl_core::{Error, MemKind, Op, Result, XferOp};
+
+use super::md::{LocalMd, Target};
+use super::xfer::{CudaIpcXfer, Engine, KernelPlan, Work};
+use super::{CudaIpcBackend, Ends, NoKernel};
+use crate::cuda;
+use crate::cuda::kernel::TileTable;
+
+impl CudaIpcBackend {
+    pub(super) fn prepare_tile_table(&self, spec: &TileXferSpec) -> Result<Box<dyn BackendXfer>> {
+        let me = &self.agent;
+        let refuse = |why: String| {
+            Error::not_supported(
+                me,
+                Op::MakeXfer,
+                format!("CUDA_IPC cannot rearrange these tiles' rows: {why}"),
+            )
+        };
+        if spec.local_kind != MemKind::Vram || spec.remote_kind != MemKind::Vram {
+            return Err(refuse(format!(
+                "its tile kernel moves VRAM to VRAM, not {} -> {}",
+                spec.local_kind, spec.remote_kind
+            )));
+        }
+        if !self.params.copy_kernel {
+            return Err(refuse(
+                "the copy kernel is off (CudaIpcParams::copy_kernel)".to_owned(),
+            ));
+        }
+        let device = self.copy_device(
+            (spec.local_kind, spec.remote_kind),
+            spec.layers.iter().map(|l| l.local.dev_id),
+            spec.layers.first().map(|l| l.remote.dev_id),
+        )?;
+        let gpu = self.gpu(device, Op::MakeXfer)?;
+        let mut layers = Vec::with_capacity(spec.layers.len());
+        for l in &spec.layers {
+            downcast_md::<LocalMd>(&l.local_md).ok_or_else(|| {
+                Error::invalid(me, Op::MakeXfer, "local metadata is not CUDA_IPC's")
+            })?;
+            let t = downcast_md::<Target>(&l.remote_md).ok_or_else(|| {
+                Error::invalid(me, Op::MakeXfer, "remote metadata is not CUDA_IPC's")
+            })?;
+            let extent = l.remote.end().map_or(0, |e| e - l.remote.addr);
+            let (base, remote_gpu) = self
+                .reach(t, &gpu, l.remote.addr, extent, l.remote.dev_id)
+                .map_err(|why| Error::not_supported(me, Op::MakeXfer, why))?;
+            self.kernel_reaches(&gpu, remote_gpu).map_err(|why| {
+                refuse(match why {
+                    NoKernel::Hardware(w) => w,
+                    NoKernel::Layout(w) => w.to_owned(),
+                    NoKernel::Dram => "an end is host memory".to_owned(),
+                })
+            })?;
+            let (local, remote) = ([l.local.addr, l.local.stride], [base, l.remote.stride]);
+            let (src, dst) = match spec.op {
+                XferOp::Read => (remote, local),
+                XferOp::Write => (local, remote),
+            };
+            layers.push([src[0], src[1], dst[0], dst[1]]);
+        }
+        let s = &spec.shape;
+        let (ls, rs) = (
+            (s.local.outer, s.local.inner),
+            (s.remote.outer, s.remote.inner),
+        );
+        let read = spec.op == XferOp::Read;
+        let table = TileTable {
+            rows: (s.outer, s.inner, s.row),
+            src: if read { rs } else { ls },
+            dst: if read { ls } else { rs },
+            layers,
+            tiles: spec
+                .tiles
+                .iter()
+                .map(|t| {
+                    if read {
+                        [
+                            t.remote_block,
+                            t.local_block,
+                            t.remote_offset,
+                            t.local_offset,
+                        ]
+                    } else {
+                        [
+                            t.local_block,
+                            t.remote_block,
+                            t.local_offset,
+                            t.remote_offset,
+                        ]
+                    }
+                })
+                .collect(),
+        };
+        if let Some(why) = table.problem() {
+            return Err(refuse(why.to_owned()));
+        }
+        let ends = Ends {
+            op: spec.op,
+            kinds: (spec.local_kind, spec.remote_kind),
+            remote: &spec.remote,
+            is_local: spec.is_local,
+            notif: spec.notif.as_deref(),
+        };
+        let (route, notif) = self.route(&ends)?;
+        let kernel = gpu
+            .copy_kernel(&self.agent, self.params.kernel_shape)
+            .map_err(|why| refuse(format!("copy kernel unavailable: {why}")))?;
+        let lane = gpu
+            .lanes
+            .take()
+            .map_err(|e| cuda::to_error(me, Op::MakeXfer, e))?;
+        let plan = KernelPlan::tiles(
+            kernel,
+            &gpu.staging,
+            &table,
+            lane.event.clone(),
+            &lane.stream,
+        )
+        .map_err(refuse)?;
+        // The upload is in the event too (a request dropped before its first post still
+        // knows whether the GPU is done with its table).
+        lane.event
+            .record(&lane.stream)
+            .map_err(|e| cuda::to_error(me, Op::MakeXfer, e))?;
+        let how = if spec.is_local {
+            "same process"
+        } else {
+            "CUDA IPC mapping"
+        };
+        Ok(Box::new(CudaIpcXfer {
+            agent: self.agent.clone(),
+            work: Work::Tiles {
+                items: usize::try_from(table.items()).unwrap_or(usize::MAX),
+            },
+            lane,
+            lanes: gpu.lanes.clone(),
+            engine: Engine::Kernel(plan),
+            notif,
+            remote: spec.remote.clone(),
+            route,
+            ticket: None,
+            completer: self.completer.shared(),
+            cancel_timeout: self.params.cancel_timeout,
+            device: gpu.ordinal,
+            path_head: format!(
+                "cuda_ipc {} {}->{} via {how}",
+                spec.op, spec.local_kind, spec.remote_kind
+            ),
+            note: None,
+        }))
+    }
+}

@@ -55,30 +55,7 @@ impl Agent {
                 format!("{} local and {} remote layers", ll.len(), rl.len()),
             ));
         }
-        if let Some(why) = shape.problem() {
-            return Err(invalid(format!("tile shape: {why}")));
-        }
-        if opts.integrity {
-            return Err(Error::not_supported(
-                me,
-                Op::MakeXfer,
-                "integrity checking covers plain DRAM -> DRAM WRITEs, not tile transfers",
-            ));
-        }
-        if tiles.is_empty() {
-            return Err(invalid("no tiles".to_owned()));
-        }
-        let items = (ll.len() as u64).saturating_mul(tiles.len() as u64);
-        if items > MAX_TILE_ITEMS {
-            return Err(invalid(format!(
-                "{} layers x {} tiles exceed {MAX_TILE_ITEMS} tiles per request",
-                ll.len(),
-                tiles.len()
-            )));
-        }
-        check_tiles(shape, tiles, ll, rl).map_err(invalid)?;
-        let dst_local = op == XferOp::Read;
-        check_destinations(shape, tiles, ll, rl, dst_local, ends.is_local).map_err(invalid)?;
+        check_request(me, op, shape, tiles, (ll, rl), ends.is_local, &opts)?;
         for (a, b) in ll.iter().zip(rl) {
             let (lr, rr) = (
                 &local.regions[a.region as usize],
@@ -103,14 +80,7 @@ impl Agent {
             };
             match slot.backend.prepare_tiles(&spec) {
                 Ok(Some(x)) => {
-                    let note = format!(
-                        "tiles: {} layers x {} tiles of {} x {} rows of {} bytes, rearranged in the copy",
-                        spec.layers.len(),
-                        spec.tiles.len(),
-                        shape.outer,
-                        shape.inner,
-                        shape.row
-                    );
+                    let note = note(&spec);
                     return Ok(self.request(
                         slot,
                         x,
@@ -130,21 +100,77 @@ impl Agent {
                 Err(e) => return Err(e),
             }
         }
-        Err(Error::not_supported(
+        Err(refusal(me, local, remote, &declined))
+    }
+}
+
+/// The path's note of a tile request.
+fn note(spec: &TileXferSpec) -> String {
+    let s = &spec.shape;
+    format!(
+        "tiles: {} layers x {} tiles of {} x {} rows of {} bytes, rearranged in the copy",
+        spec.layers.len(),
+        spec.tiles.len(),
+        s.outer,
+        s.inner,
+        s.row
+    )
+}
+
+/// The refusal when no backend took the tiles: what each one said.
+fn refusal(me: &str, local: &PreparedList, remote: &PreparedList, declined: &[String]) -> Error {
+    let said = if declined.is_empty() {
+        " (no backend holds both regions)".to_owned()
+    } else {
+        format!(": {}", declined.join("; "))
+    };
+    Error::not_supported(
+        me,
+        Op::MakeXfer,
+        format!(
+            "no backend can move {} -> {} tiles with their rows rearranged (an HND <-> NHD permute or a head gather needs CUDA_IPC's copy kernel or INPROC){said}",
+            local.kind, remote.kind
+        ),
+    )
+}
+
+/// The request's own checks: shape, integrity, tile count, every tile inside its blocks, and
+/// destinations written once.
+fn check_request(
+    me: &str,
+    op: XferOp,
+    shape: &TileShape,
+    tiles: &[Tile],
+    (ll, rl): (&[PrepLayer], &[PrepLayer]),
+    is_local: bool,
+    opts: &XferOptions,
+) -> Result<()> {
+    let invalid = |why: String| Error::invalid(me, Op::MakeXfer, why);
+    if let Some(why) = shape.problem() {
+        return Err(invalid(format!("tile shape: {why}")));
+    }
+    if opts.integrity {
+        return Err(Error::not_supported(
             me,
             Op::MakeXfer,
-            format!(
-                "no backend can move {} -> {} tiles with their rows rearranged (an HND <-> NHD permute or a head gather needs CUDA_IPC's copy kernel or INPROC){}",
-                local.kind,
-                remote.kind,
-                if declined.is_empty() {
-                    " (no backend holds both regions)".to_owned()
-                } else {
-                    format!(": {}", declined.join("; "))
-                }
-            ),
-        ))
+            "integrity checking covers plain DRAM -> DRAM WRITEs, not tile transfers",
+        ));
     }
+    if tiles.is_empty() {
+        return Err(invalid("no tiles".to_owned()));
+    }
+    let items = (ll.len() as u64).saturating_mul(tiles.len() as u64);
+    if items > MAX_TILE_ITEMS {
+        return Err(invalid(format!(
+            "{} layers x {} tiles exceed {MAX_TILE_ITEMS} tiles per request",
+            ll.len(),
+            tiles.len()
+        )));
+    }
+    check_tiles(shape, tiles, ll, rl).map_err(invalid)?;
+    let dst_local = op == XferOp::Read;
+    check_destinations(shape, tiles, ll, rl, dst_local, is_local).map_err(invalid)?;
+    Ok(())
 }
 
 /// Every tile's blocks exist in every layer and the tile lies inside its block on both sides:

@@ -8,6 +8,7 @@
 use nixl_core::backend::{downcast_md, BackendXfer, TileXferSpec};
 use nixl_core::{Error, MemKind, Op, Result, XferOp};
 
+use super::gpu::Gpu;
 use super::md::{LocalMd, Target};
 use super::xfer::{CudaIpcXfer, Engine, KernelPlan, Work};
 use super::{CudaIpcBackend, Ends, NoKernel};
@@ -17,13 +18,7 @@ use crate::cuda::kernel::TileTable;
 impl CudaIpcBackend {
     pub(super) fn prepare_tile_table(&self, spec: &TileXferSpec) -> Result<Box<dyn BackendXfer>> {
         let me = &self.agent;
-        let refuse = |why: String| {
-            Error::not_supported(
-                me,
-                Op::MakeXfer,
-                format!("CUDA_IPC cannot rearrange these tiles' rows: {why}"),
-            )
-        };
+        let refuse = |why: String| refusal(me, why);
         if spec.local_kind != MemKind::Vram || spec.remote_kind != MemKind::Vram {
             return Err(refuse(format!(
                 "its tile kernel moves VRAM to VRAM, not {} -> {}",
@@ -41,65 +36,7 @@ impl CudaIpcBackend {
             spec.layers.first().map(|l| l.remote.dev_id),
         )?;
         let gpu = self.gpu(device, Op::MakeXfer)?;
-        let mut layers = Vec::with_capacity(spec.layers.len());
-        for l in &spec.layers {
-            downcast_md::<LocalMd>(&l.local_md).ok_or_else(|| {
-                Error::invalid(me, Op::MakeXfer, "local metadata is not CUDA_IPC's")
-            })?;
-            let t = downcast_md::<Target>(&l.remote_md).ok_or_else(|| {
-                Error::invalid(me, Op::MakeXfer, "remote metadata is not CUDA_IPC's")
-            })?;
-            let extent = l.remote.end().map_or(0, |e| e - l.remote.addr);
-            let (base, remote_gpu) = self
-                .reach(t, &gpu, l.remote.addr, extent, l.remote.dev_id)
-                .map_err(|why| Error::not_supported(me, Op::MakeXfer, why))?;
-            self.kernel_reaches(&gpu, remote_gpu).map_err(|why| {
-                refuse(match why {
-                    NoKernel::Hardware(w) => w,
-                    NoKernel::Layout(w) => w.to_owned(),
-                    NoKernel::Dram => "an end is host memory".to_owned(),
-                })
-            })?;
-            let (local, remote) = ([l.local.addr, l.local.stride], [base, l.remote.stride]);
-            let (src, dst) = match spec.op {
-                XferOp::Read => (remote, local),
-                XferOp::Write => (local, remote),
-            };
-            layers.push([src[0], src[1], dst[0], dst[1]]);
-        }
-        let s = &spec.shape;
-        let (ls, rs) = (
-            (s.local.outer, s.local.inner),
-            (s.remote.outer, s.remote.inner),
-        );
-        let read = spec.op == XferOp::Read;
-        let table = TileTable {
-            rows: (s.outer, s.inner, s.row),
-            src: if read { rs } else { ls },
-            dst: if read { ls } else { rs },
-            layers,
-            tiles: spec
-                .tiles
-                .iter()
-                .map(|t| {
-                    if read {
-                        [
-                            t.remote_block,
-                            t.local_block,
-                            t.remote_offset,
-                            t.local_offset,
-                        ]
-                    } else {
-                        [
-                            t.local_block,
-                            t.remote_block,
-                            t.local_offset,
-                            t.remote_offset,
-                        ]
-                    }
-                })
-                .collect(),
-        };
+        let table = self.tile_table(spec, &gpu)?;
         if let Some(why) = table.problem() {
             return Err(refuse(why.to_owned()));
         }
@@ -158,4 +95,79 @@ impl CudaIpcBackend {
             note: None,
         }))
     }
+    /// The tile kernel's table of `spec` as GPU `gpu` addresses it (remote layers through
+    /// their mappings), in source and destination terms; every layer checked.
+    fn tile_table(&self, spec: &TileXferSpec, gpu: &Gpu) -> Result<TileTable> {
+        let me = &self.agent;
+        let refuse = |why: String| refusal(me, why);
+        let mut layers = Vec::with_capacity(spec.layers.len());
+        for l in &spec.layers {
+            downcast_md::<LocalMd>(&l.local_md).ok_or_else(|| {
+                Error::invalid(me, Op::MakeXfer, "local metadata is not CUDA_IPC's")
+            })?;
+            let t = downcast_md::<Target>(&l.remote_md).ok_or_else(|| {
+                Error::invalid(me, Op::MakeXfer, "remote metadata is not CUDA_IPC's")
+            })?;
+            let extent = l.remote.end().map_or(0, |e| e - l.remote.addr);
+            let (base, remote_gpu) = self
+                .reach(t, gpu, l.remote.addr, extent, l.remote.dev_id)
+                .map_err(|why| Error::not_supported(me, Op::MakeXfer, why))?;
+            self.kernel_reaches(gpu, remote_gpu).map_err(|why| {
+                refuse(match why {
+                    NoKernel::Hardware(w) => w,
+                    NoKernel::Layout(w) => w.to_owned(),
+                    NoKernel::Dram => "an end is host memory".to_owned(),
+                })
+            })?;
+            let (local, remote) = ([l.local.addr, l.local.stride], [base, l.remote.stride]);
+            let (src, dst) = match spec.op {
+                XferOp::Read => (remote, local),
+                XferOp::Write => (local, remote),
+            };
+            layers.push([src[0], src[1], dst[0], dst[1]]);
+        }
+        let s = &spec.shape;
+        let (ls, rs) = (
+            (s.local.outer, s.local.inner),
+            (s.remote.outer, s.remote.inner),
+        );
+        let read = spec.op == XferOp::Read;
+        let table = TileTable {
+            rows: (s.outer, s.inner, s.row),
+            src: if read { rs } else { ls },
+            dst: if read { ls } else { rs },
+            layers,
+            tiles: spec
+                .tiles
+                .iter()
+                .map(|t| {
+                    if read {
+                        [
+                            t.remote_block,
+                            t.local_block,
+                            t.remote_offset,
+                            t.local_offset,
+                        ]
+                    } else {
+                        [
+                            t.local_block,
+                            t.remote_block,
+                            t.local_offset,
+                            t.remote_offset,
+                        ]
+                    }
+                })
+                .collect(),
+        };
+        Ok(table)
+    }
+}
+
+/// A tile request CUDA_IPC cannot take, and why.
+fn refusal(me: &str, why: String) -> Error {
+    Error::not_supported(
+        me,
+        Op::MakeXfer,
+        format!("CUDA_IPC cannot rearrange these tiles' rows: {why}"),
+    )
 }

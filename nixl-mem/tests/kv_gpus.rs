@@ -72,8 +72,9 @@ fn kv_gpu_prefill_rank() {
         };
         let (tp, rank, layers) = (num("tp")?, num("rank")?, num("layers")?);
         let order = order_of(&env.var("order")?);
-        let a = agent(&env.name, 0, true);
-        let (buf, layout) = pool(shape(layers), tp, rank, order, 0);
+        let gpu: usize = env.parse("gpu")?;
+        let a = agent(&env.name, gpu, true);
+        let (buf, layout) = pool(shape(layers), tp, rank, order, gpu);
         let ids = ids_for(TOKENS, 16, 3, POOL);
         buf.copy_from_host(0, &source_bytes(&layout, buf.len(), &ids, TOKENS))
             .map_err(|e| e.to_string())?;
@@ -84,6 +85,38 @@ fn kv_gpu_prefill_rank() {
         let addr = a.listen_addr().ok_or("no side channel")?;
         a.gen_notif(&env.parent, &ready_message(addr, &layout), &[])
             .map_err(|e| e.to_string())?;
+        if let Ok(dst) = env.var("write_to") {
+            // Prefill-initiated: write this rank's heads into the parent's blocks.
+            let dst = KvLayout::decode(&nixl_testkit::unhex(&dst)).map_err(|e| e.to_string())?;
+            let side = [(env.parent.as_str(), &dst)];
+            let tiles = env.var("tiles")? == "1";
+            let (reqs, bytes, _, _) = requests(
+                &a,
+                &layout,
+                &side,
+                (&ids, &ids_for(TOKENS, 16, 7, POOL)),
+                tiles,
+                true,
+            );
+            let mut warm = Duration::ZERO;
+            for _ in 0..2 {
+                let t = Instant::now();
+                for r in &reqs {
+                    a.post_xfer_req(r).map_err(|e| e.to_string())?;
+                }
+                for r in &reqs {
+                    r.wait(WAIT).map_err(|e| e.to_string())?;
+                }
+                warm = t.elapsed();
+            }
+            let path = reqs.first().map(|r| r.path()).unwrap_or_default();
+            a.gen_notif(
+                &env.parent,
+                format!("written {bytes} {} {path}", warm.as_nanos()).as_bytes(),
+                &[],
+            )
+            .map_err(|e| e.to_string())?;
+        }
         while env.parent_alive() {
             a.progress();
             std::thread::sleep(Duration::from_millis(5));
@@ -100,31 +133,58 @@ fn order_of(s: &str) -> KvOrder {
     }
 }
 
+/// How a case runs.
+#[derive(Clone, Copy)]
+struct How<'a> {
+    /// Prefill's and decode's orders.
+    orders: (&'a str, &'a str),
+    /// Tile requests (the tile kernel rearranges the rows) instead of pieces.
+    tiles: bool,
+    /// Prefill ranks write (the decode side is TP 1: the parent) instead of decode reading.
+    write: bool,
+    /// Prefill's and decode's GPUs.
+    gpus: (usize, usize),
+}
+
+const PIECES: How<'static> = How {
+    orders: ("nhd", "nhd"),
+    tiles: false,
+    write: false,
+    gpus: (0, 1),
+};
+
 /// Prefill TP `tp.0` on GPU 0 (one process per rank) -> decode TP `tp.1` on GPU 1, pieces
 /// (both sides in `order`).
 fn run(test: &str, tp: (u32, u32), layers: u32, order: &str) {
-    run_with(test, tp, layers, (order, order), false);
+    run_with(
+        test,
+        tp,
+        layers,
+        How {
+            orders: (order, order),
+            ..PIECES
+        },
+    );
 }
 
-/// [`run`] with each side's order; `tiles` plans tile requests (the tile kernel rearranges
-/// the rows) instead of pieces.
-fn run_with(
-    test: &str,
-    tp: (u32, u32),
-    layers: u32,
-    (order, dst_order): (&str, &str),
-    tiles: bool,
-) {
+/// Prefill TP `tp.0` (one process per rank) -> decode TP `tp.1` (agents of this process) as
+/// `how` says; every element checked on every decode rank.
+fn run_with(test: &str, tp: (u32, u32), layers: u32, how: How<'_>) {
     if !two_gpus(test) {
         return;
     }
+    assert!(
+        !how.write || tp.1 == 1,
+        "writes go to the parent: decode TP 1"
+    );
     let pid = std::process::id();
     let s = shape(layers);
-    let ord = order_of(dst_order);
+    let ord = order_of(how.orders.1);
+    let dev = how.gpus.1;
     let decode: Vec<(Agent, Arc<DeviceBuffer>, KvLayout)> = (0..tp.1)
         .map(|r| {
-            let a = agent(&format!("{test}-d{r}-{pid}"), 1, r == 0);
-            let (buf, l) = pool(s, tp.1, r, ord, 1);
+            let a = agent(&format!("{test}-d{r}-{pid}"), dev, r == 0);
+            let (buf, l) = pool(s, tp.1, r, ord, dev);
             buf.fill(0xDD).unwrap();
             (a, buf, l)
         })
@@ -134,16 +194,23 @@ fn run_with(
         .map(|(a, b, _)| a.register_mem(vec![b.clone()], &[]).unwrap())
         .collect();
     let parent = &decode[0].0;
+    let dst_hex = nixl_testkit::hex(&decode[0].2.encode());
     let mut children = Vec::new();
     let mut prefill: Vec<(String, KvLayout)> = Vec::new();
     for r in 0..tp.0 {
         let (tps, rs, ls) = (tp.0.to_string(), r.to_string(), layers.to_string());
-        let vars = [
+        let gpu = how.gpus.0.to_string();
+        let mut vars = vec![
             ("tp", tps.as_str()),
             ("rank", rs.as_str()),
             ("layers", ls.as_str()),
-            ("order", order),
+            ("order", how.orders.0),
+            ("gpu", gpu.as_str()),
+            ("tiles", if how.tiles { "1" } else { "0" }),
         ];
+        if how.write {
+            vars.push(("write_to", dst_hex.as_str()));
+        }
         let mut c = Child::spawn(ENTRY, parent, &format!("{test}-p{r}-{pid}"), &vars).unwrap();
         let (addr, layout) = parse_ready(&c.next(parent, WAIT).expect("ready"));
         for (a, _, _) in &decode[1..] {
@@ -153,10 +220,34 @@ fn run_with(
         prefill.push((c.name().to_owned(), layout));
         children.push(c);
     }
-    let side: Vec<(&str, &KvLayout)> = prefill.iter().map(|(n, l)| (n.as_str(), l)).collect();
     let (sids, dids) = (ids_for(TOKENS, 16, 3, POOL), ids_for(TOKENS, 16, 7, POOL));
+    if how.write {
+        for c in &mut children {
+            let msg = String::from_utf8(c.next(parent, WAIT).expect("written")).unwrap();
+            let mut it = msg.splitn(4, ' ').skip(1);
+            let bytes: u64 = it.next().unwrap().parse().unwrap();
+            let ns: u64 = it.next().unwrap().parse().unwrap();
+            println!(
+                "{test}: {} wrote {bytes} bytes into {} (GPU {} -> GPU {}): again {:?} ({:.1} GB/s); path: {}",
+                c.name(),
+                parent.name(),
+                how.gpus.0,
+                how.gpus.1,
+                Duration::from_nanos(ns),
+                bytes as f64 / ns as f64,
+                it.next().unwrap_or("")
+            );
+        }
+        let (_, buf, l) = &decode[0];
+        if let Err(e) = check_destination(l, &buf.to_vec().unwrap(), &dids, TOKENS) {
+            panic!("{}: {e}", parent.name());
+        }
+        drop(children);
+        return;
+    }
+    let side: Vec<(&str, &KvLayout)> = prefill.iter().map(|(n, l)| (n.as_str(), l)).collect();
     for (a, buf, l) in &decode {
-        let (reqs, bytes, pieces, peers) = requests(a, l, &side, (&sids, &dids), tiles);
+        let (reqs, bytes, pieces, peers) = requests(a, l, &side, (&sids, &dids), how.tiles, false);
         let t0 = Instant::now();
         for req in &reqs {
             a.post_xfer_req(req).unwrap();
@@ -175,9 +266,11 @@ fn run_with(
         }
         let warm = t1.elapsed();
         println!(
-            "{test}: {} read {bytes} bytes in {pieces} {} from {peers} prefill ranks: first {cold:?}, again {warm:?} ({:.1} GB/s); paths: {}",
+            "{test}: {} read {bytes} bytes in {pieces} {} from {peers} prefill ranks (GPU {} -> GPU {}): first {cold:?}, again {warm:?} ({:.1} GB/s); paths: {}",
             a.name(),
-            if tiles { "tiles per layer" } else { "pieces" },
+            if how.tiles { "tiles per layer" } else { "pieces" },
+            how.gpus.0,
+            how.gpus.1,
             bytes as f64 / warm.as_secs_f64() / 1e9,
             reqs.iter().map(|r| r.path()).collect::<Vec<_>>().join(" | ")
         );
@@ -188,34 +281,39 @@ fn run_with(
     drop(children);
 }
 
-/// A decode rank's requests for a request: pieces or tiles; with bytes, pieces (or tiles per
-/// layer) and peers.
+/// A rank's requests for a request: pieces or tiles, reads by a decode rank (`side` the
+/// prefill ranks, `(peer ids, my ids)`) or writes by a prefill rank (`side` the decode ranks,
+/// `(my ids, peer ids)`); with bytes, pieces (or tiles per layer) and peers.
 fn requests(
     a: &Agent,
     l: &KvLayout,
     side: &[(&str, &KvLayout)],
     (sids, dids): (&[u64], &[u64]),
     tiles: bool,
+    write: bool,
 ) -> (Vec<nixl_core::XferReq>, u64, usize, usize) {
+    let opts = XferOptions::default;
     if !tiles {
-        let plan = l.plan_read(side, sids, dids, TOKENS).unwrap();
+        let plan = if write {
+            l.plan_write(side, sids, dids, TOKENS).unwrap()
+        } else {
+            l.plan_read(side, sids, dids, TOKENS).unwrap()
+        };
         let reqs = plan
             .transfers
             .iter()
             .map(|t| {
-                a.create_xfer_req(
-                    plan.op,
-                    &t.local,
-                    &t.remote,
-                    &t.peer,
-                    XferOptions::default(),
-                )
-                .unwrap()
+                a.create_xfer_req(plan.op, &t.local, &t.remote, &t.peer, opts())
+                    .unwrap()
             })
             .collect();
         return (reqs, plan.bytes(), plan.pieces(), plan.transfers.len());
     }
-    let plan = l.plan_read_tiles(side, sids, dids, TOKENS).unwrap();
+    let plan = if write {
+        l.plan_write_tiles(side, sids, dids, TOKENS).unwrap()
+    } else {
+        l.plan_read_tiles(side, sids, dids, TOKENS).unwrap()
+    };
     let mine = a
         .prep_strided_dlist(XferTarget::Initiator, &l.block_table(), &[])
         .unwrap();
@@ -227,15 +325,8 @@ fn requests(
             let theirs = a
                 .prep_strided_dlist(XferTarget::Agent(&t.peer), &peer.block_table(), &[])
                 .unwrap();
-            a.make_tile_xfer(
-                plan.op,
-                &mine,
-                &theirs,
-                &t.shape,
-                &t.tiles,
-                XferOptions::default(),
-            )
-            .unwrap()
+            a.make_tile_xfer(plan.op, &mine, &theirs, &t.shape, &t.tiles, opts())
+                .unwrap()
         })
         .collect();
     let peers: std::collections::BTreeSet<&str> =
@@ -245,12 +336,73 @@ fn requests(
 
 #[test]
 fn llama8b_prefill_tp2_hnd_gpu0_to_decode_tp1_nhd_gpu1_permuted_in_one_pass() {
-    run_with("kvt8-21", (2, 1), 32, ("hnd", "nhd"), true);
+    run_with(
+        "kvt8-21",
+        (2, 1),
+        32,
+        How {
+            orders: ("hnd", "nhd"),
+            tiles: true,
+            ..PIECES
+        },
+    );
 }
 
 #[test]
 fn llama8b_prefill_tp1_nhd_gpu0_to_decode_tp2_hnd_gpu1_permuted_in_one_pass() {
-    run_with("kvt8-12", (1, 2), 32, ("nhd", "hnd"), true);
+    run_with(
+        "kvt8-12",
+        (1, 2),
+        32,
+        How {
+            orders: ("nhd", "hnd"),
+            tiles: true,
+            ..PIECES
+        },
+    );
+}
+
+/// The other direction: prefill on GPU 1, decode on GPU 0.
+#[test]
+fn llama8b_prefill_tp2_hnd_gpu1_to_decode_tp1_nhd_gpu0_permuted_in_one_pass() {
+    run_with(
+        "kvt8-21r",
+        (2, 1),
+        32,
+        How {
+            orders: ("hnd", "nhd"),
+            tiles: true,
+            gpus: (1, 0),
+            ..PIECES
+        },
+    );
+}
+
+/// Prefill-initiated: each prefill rank (GPU 0) writes its heads into decode's NHD blocks
+/// (GPU 1), permuted by its own GPU's tile kernel; and the same as contiguous pieces.
+#[test]
+fn llama8b_prefill_tp2_hnd_gpu0_writes_decode_tp1_nhd_gpu1_permuted_in_one_pass() {
+    run_with(
+        "kvw8-21",
+        (2, 1),
+        32,
+        How {
+            orders: ("hnd", "nhd"),
+            tiles: true,
+            write: true,
+            ..PIECES
+        },
+    );
+    run_with(
+        "kvw8-21p",
+        (2, 1),
+        32,
+        How {
+            orders: ("hnd", "hnd"),
+            write: true,
+            ..PIECES
+        },
+    );
 }
 
 #[test]

@@ -274,12 +274,7 @@ fn tiles_are_refused(a: &Agent, peers: &[(String, KvLayout)]) {
     }
     let ids: Vec<u64> = (0..2).collect();
     let plan = mine
-        .plan_read_tiles(
-            &side,
-            &ids,
-            &ids,
-            2 * u64::from(layout.tokens_per_block),
-        )
+        .plan_read_tiles(&side, &ids, &ids, 2 * u64::from(layout.tokens_per_block))
         .expect("a tile plan");
     let local = a
         .prep_strided_dlist(XferTarget::Initiator, &mine.block_table(), &[])

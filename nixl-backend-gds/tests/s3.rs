@@ -120,6 +120,7 @@ fn etag(s: &s3::S3Server, key: &str) -> String {
         agent: "etag-reader".to_owned(),
         notifs: Arc::new(nixl_core::backend::NotifQueue::new()),
         peers: nixl_core::backend::PeerAuth::unauthenticated("etag-reader"),
+        wake: nixl_core::backend::Wake::new(),
     };
     let b = nixl_backend_gds::S3Backend::new(params(s), ctx).expect("backend");
     b.etag(key).expect("head").expect("an ETag")

@@ -1,6 +1,7 @@
 //! The agent: a cheap clonable handle to one process's transfer endpoint.
 
 mod config;
+mod future;
 mod load;
 pub(crate) mod make;
 pub(crate) mod make_blocks;
@@ -15,6 +16,8 @@ pub(crate) mod request;
 mod shared;
 mod sidechannel;
 mod xfer;
+
+pub use future::{NotifStream, XferFuture};
 
 pub use config::AgentConfig;
 pub(crate) use shared::{FetchStatus, Shared, MAX_UNCERTAIN};
@@ -292,6 +295,8 @@ impl Agent {
             remotes: Mutex::new(HashMap::new()),
             peer_locks: Mutex::new(HashMap::new()),
             notifs: Arc::new(notifs),
+            wake: crate::backend::Wake::new(),
+            progress_running: std::sync::atomic::AtomicBool::new(false),
             fetches: Mutex::new(HashMap::new()),
             stop: Arc::new(AtomicBool::new(false)),
             listen_addr: Mutex::new(None),
@@ -309,28 +314,9 @@ impl Agent {
             crate::sidechannel::start_listener(&agent)?;
         }
         if agent.shared.config.progress_thread {
-            agent.start_progress_thread()?;
+            start_progress_thread(&agent.shared)?;
         }
         Ok(agent)
-    }
-
-    fn start_progress_thread(&self) -> Result<()> {
-        let weak = Arc::downgrade(&self.shared);
-        let stop = self.shared.stop.clone();
-        let delay = self.shared.config.progress_delay;
-        let handle = std::thread::Builder::new()
-            .name(format!("nixl-progress-{}", self.shared.name))
-            .spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    let Some(shared) = weak.upgrade() else { break };
-                    shared.progress_all();
-                    drop(shared);
-                    std::thread::sleep(delay);
-                }
-            })
-            .map_err(|e| Error::io(&self.shared.name, Op::Progress, e))?;
-        self.shared.threads.lock().push(handle);
-        Ok(())
     }
 
     /// The agent's name.
@@ -430,6 +416,7 @@ impl Agent {
                 self.shared.bindings.clone(),
                 self.shared.signer.replay.clone(),
             ),
+            wake: self.shared.wake.clone(),
         };
         let backend = params.create(ctx)?;
         let caps = backend.capabilities();
@@ -531,7 +518,7 @@ impl Agent {
     /// the totals).
     #[doc(alias = "getNotifs")]
     pub fn get_notifs(&self) -> Result<Notifs> {
-        if !self.shared.config.progress_thread {
+        if !self.shared.progress_running() {
             self.shared.progress_all();
         }
         self.report_drops()?;
@@ -703,7 +690,7 @@ impl Agent {
             // Sleep on the queue: backends with their own progress deliver straight into it
             // and wake this thread. Without the agent's progress thread, come back every short
             // slice to drive the backends (`get_notifs` above) rather than spin a core.
-            let slice = if self.shared.config.progress_thread {
+            let slice = if self.shared.progress_running() {
                 Duration::from_millis(10)
             } else {
                 Duration::from_micros(50)
@@ -781,4 +768,31 @@ impl Agent {
             .cloned()
             .ok_or_else(|| Error::not_found(self.name(), op, format!("remote agent {remote}")))
     }
+}
+
+/// Starts the agent's progress thread, once (an async caller on a backend that needs progress
+/// starts it when the configuration did not).
+pub(crate) fn start_progress_thread(shared: &Arc<Shared>) -> Result<()> {
+    if shared.progress_running.swap(true, Ordering::SeqCst) {
+        return Ok(());
+    }
+    let weak = Arc::downgrade(shared);
+    let stop = shared.stop.clone();
+    let delay = shared.config.progress_delay;
+    let handle = std::thread::Builder::new()
+        .name(format!("nixl-progress-{}", shared.name))
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let Some(shared) = weak.upgrade() else { break };
+                shared.progress_all();
+                drop(shared);
+                std::thread::sleep(delay);
+            }
+        })
+        .map_err(|e| {
+            shared.progress_running.store(false, Ordering::SeqCst);
+            Error::io(&shared.name, Op::Progress, e)
+        })?;
+    shared.threads.lock().push(handle);
+    Ok(())
 }

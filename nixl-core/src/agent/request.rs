@@ -591,7 +591,7 @@ impl XferReq {
                     }
                 }
             }
-            if !self.shared.config.progress_thread && self.backend.caps.needs_progress {
+            if !self.shared.progress_running() && self.backend.caps.needs_progress {
                 let _ = self.backend.backend.progress();
             }
             spins += 1;
@@ -603,11 +603,52 @@ impl XferReq {
         }
     }
 
+    /// One check for a future: the request's state (its terminal error, once).
+    pub(crate) fn poll_check(&self) -> Result<XferState> {
+        let mut st = self.state.lock();
+        self.check_locked(&mut st)
+    }
+
+    /// Ends a request an async caller stopped waiting for at its deadline: `TimedOut`, as
+    /// [`XferReq::wait`] does (the request drains, its memory held, until the backend lets go).
+    pub(crate) fn time_out(&self, waited: Duration) -> Error {
+        let mut st = self.state.lock();
+        match self.check_locked(&mut st) {
+            Ok(XferState::Done) => return Error::not_allowed(&self.shared.name, Op::Wait, "done"),
+            Err(e) => return e,
+            Ok(XferState::InProgress) => {}
+        }
+        let e = Error::TimedOut {
+            agent: self.shared.name.clone(),
+            op: Op::Wait,
+            elapsed: waited,
+        };
+        self.abort_locked(&mut st, e.clone());
+        e
+    }
+
+    /// The request's own timeout ([`XferOptions::timeout`]), if it has one.
+    pub(crate) fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// The agent's state and the request's backend, for its futures.
+    pub(crate) fn parts(&self) -> (&Arc<Shared>, &Arc<BackendSlot>) {
+        (&self.shared, &self.backend)
+    }
+
     /// Cancels the request. Returns once the backend no longer touches its memory; the request
     /// is then `Canceled` (nothing of it was delivered as a whole: no notification went out),
     /// or `Done` when the backend could not stop it and it completed, data and notification,
     /// before the cancel returned (a request not in flight is left as it is).
     pub fn cancel(&self) -> Result<()> {
+        let r = self.cancel_now();
+        // A future waiting on this request (another task) sees the new state.
+        self.shared.wake.wake();
+        r
+    }
+
+    fn cancel_now(&self) -> Result<()> {
         let mut st = self.state.lock();
         if let Status::Posted { .. } = st.status {
             if let Err(e) = st.xfer.cancel() {

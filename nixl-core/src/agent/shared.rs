@@ -20,6 +20,10 @@ pub(crate) struct Shared {
     /// transfers, nor across other peers' loads).
     pub peer_locks: Mutex<HashMap<String, std::sync::Weak<Mutex<()>>>>,
     pub notifs: Arc<NotifQueue>,
+    /// Wakes the agent's pending request futures (backends hold clones).
+    pub wake: crate::backend::Wake,
+    /// Whether the agent's progress thread runs (configured, or started for an async caller).
+    pub progress_running: std::sync::atomic::AtomicBool,
     pub counters: Counters,
     pub fetches: Mutex<HashMap<String, FetchStatus>>,
     pub stop: Arc<AtomicBool>,
@@ -46,6 +50,12 @@ pub(crate) struct Shared {
 pub(crate) const MAX_UNCERTAIN: usize = 4096;
 
 impl Shared {
+    /// Whether the agent's progress thread drives the backends.
+    pub(crate) fn progress_running(&self) -> bool {
+        self.progress_running
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub(crate) fn backends(&self) -> Vec<Arc<BackendSlot>> {
         self.backends.read().clone()
     }

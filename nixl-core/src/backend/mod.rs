@@ -13,6 +13,9 @@
 pub mod bytes;
 pub mod hello;
 pub(crate) mod params;
+mod wake;
+
+pub use wake::Wake;
 
 use std::any::Any;
 use std::collections::BTreeMap;
@@ -116,6 +119,9 @@ pub struct BackendContext {
     /// Signs and checks connection hellos: how the backend learns which peer a notification
     /// comes from (see [`crate::hello`]).
     pub peers: PeerAuth,
+    /// Wakes the agent's pending futures: call [`Wake::wake`] wherever a request may have
+    /// completed (and say so in [`Backend::wakes`]).
+    pub wake: Wake,
 }
 
 /// One contiguous piece of a transfer, after merging. Its regions' metadata are named by index
@@ -295,6 +301,13 @@ pub trait Backend: Send + Sync + 'static {
     fn prepare_tiles(&self, spec: &TileXferSpec) -> Result<Option<Box<dyn BackendXfer>>> {
         let _ = spec;
         Ok(None)
+    }
+    /// Whether the backend calls [`BackendContext::wake`]'s [`Wake::wake`] whenever one of
+    /// its requests completes or fails, from its own progress (callbacks, completion queues,
+    /// GPU events). An `async` caller of a request on a backend that does not is re-checked
+    /// on a short timer instead (the default: `false`).
+    fn wakes(&self) -> bool {
+        false
     }
     /// Drives the backend's progress engine; returns whether anything happened.
     fn progress(&self) -> Result<bool> {

@@ -13,3 +13,4 @@ pub(crate) mod notif;
 pub(crate) mod strided;
 pub(crate) mod telemetry;
 pub(crate) mod tiles;
+pub(crate) mod timer;

@@ -26,6 +26,8 @@ pub type Notifs = HashMap<String, Vec<Vec<u8>>>;
 pub struct NotifQueue {
     inner: Mutex<Inner>,
     ready: Condvar,
+    /// Wakes notification streams.
+    wake: crate::backend::Wake,
     max_bytes: usize,
     max_bytes_per_sender: usize,
 }
@@ -79,6 +81,7 @@ impl NotifQueue {
         NotifQueue {
             inner: Mutex::new(Inner::default()),
             ready: Condvar::new(),
+            wake: crate::backend::Wake::new(),
             max_bytes,
             max_bytes_per_sender,
         }
@@ -106,6 +109,7 @@ impl NotifQueue {
             );
             // Wake a waiter so the drop is reported without waiting for the next message.
             self.ready.notify_all();
+            self.wake.wake();
             return false;
         }
         g.bytes += c;
@@ -125,7 +129,13 @@ impl NotifQueue {
         g.received += 1;
         drop(g);
         self.ready.notify_all();
+        self.wake.wake();
         true
+    }
+
+    /// What wakes the queue's streams (every push, kept or dropped).
+    pub(crate) fn waker_hub(&self) -> &crate::backend::Wake {
+        &self.wake
     }
 
     /// Takes everything queued.

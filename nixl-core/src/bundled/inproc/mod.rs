@@ -93,6 +93,8 @@ pub struct InprocBackend {
     completion: Completion,
     /// The completion thread of [`Completion::Deferred`] (shared with its requests).
     sched: Arc<Scheduler>,
+    /// Wakes the agent's futures when a deferred copy ends.
+    wake: crate::backend::Wake,
 }
 
 impl std::fmt::Debug for InprocBackend {
@@ -156,7 +158,7 @@ impl InprocBackend {
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let ep = Arc::new(Endpoint {
             id,
-            notifs: ctx.notifs,
+            notifs: ctx.notifs.clone(),
             regions: RwLock::new(HashMap::new()),
         });
         let mut eps = ENDPOINTS.lock();
@@ -168,6 +170,7 @@ impl InprocBackend {
             ep,
             peers: Mutex::new(HashMap::new()),
             completion: params.completion,
+            wake: ctx.wake,
         }
     }
 
@@ -267,7 +270,13 @@ impl Backend for InprocBackend {
             spec.notif.clone(),
             self.completion,
             self.sched.clone(),
+            self.wake.clone(),
         )))
+    }
+
+    fn wakes(&self) -> bool {
+        // Immediate copies end inside `post`; deferred ones wake from the completion thread.
+        true
     }
 
     fn prepare_blocks(&self, spec: &BlockXferSpec) -> Result<Option<Box<dyn BackendXfer>>> {

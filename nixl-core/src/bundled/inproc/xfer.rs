@@ -115,6 +115,7 @@ pub(super) struct InprocXfer {
     notif: Option<Vec<u8>>,
     completion: Completion,
     sched: Arc<Scheduler>,
+    wake: crate::backend::Wake,
     cur: Option<Arc<Post>>,
 }
 
@@ -124,12 +125,14 @@ impl InprocXfer {
         notif: Option<Vec<u8>>,
         completion: Completion,
         sched: Arc<Scheduler>,
+        wake: crate::backend::Wake,
     ) -> Self {
         InprocXfer {
             plan: Arc::new(plan),
             notif,
             completion,
             sched,
+            wake,
             cur: None,
         }
     }
@@ -150,6 +153,7 @@ impl InprocXfer {
             cv: Condvar::new(),
         });
         let (job_post, plan, notif) = (post.clone(), self.plan.clone(), self.notif.clone());
+        let wake = self.wake.clone();
         self.sched
             .schedule(Instant::now() + delay, move || {
                 {
@@ -164,6 +168,7 @@ impl InprocXfer {
                     Ok(()) => Phase::Done,
                     Err(e) => Phase::Failed(e),
                 });
+                wake.wake();
             })
             .map_err(|e| Error::io(&self.plan.agent, Op::PostXfer, e))?;
         self.cur = Some(post);

@@ -1,0 +1,261 @@
+//! Completion without polling: a request's completion as a [`Future`] and received
+//! notifications as a [`Stream`](futures_core::Stream), for async Rust on any executor (tokio,
+//! smol, a hand-written `block_on`); no runtime is required or started.
+//!
+//! A pending future registers its waker with the agent's [`Wake`](crate::backend::Wake) hub,
+//! which backends signal from their own progress (UCX completion callbacks, CUDA events,
+//! libfabric completion queues, INPROC at once): the future is woken when the request may have
+//! finished, not on a timer. A backend that cannot signal ([`Backend::wakes`](crate::backend::Backend::wakes)
+//! is false) has its futures re-checked on a short timer instead (50 us doubling to 1 ms). A
+//! backend that needs progress calls is driven by the agent's progress thread, started for
+//! the first async caller where the configuration did not start it. Every future has a
+//! deadline (the request's timeout, or the agent's default): past it the request fails
+//! `TimedOut`, as [`XferReq::wait`] does.
+
+use std::borrow::Borrow;
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use crate::agent::shared::Shared;
+use crate::agent::Agent;
+use crate::backend::XferState;
+use crate::error::{Error, Op, Result};
+use crate::model::timer;
+use crate::xfer::XferReq;
+
+/// The shortest and longest re-check interval for backends that do not signal completions.
+const RECHECK_MIN: Duration = Duration::from_micros(50);
+const RECHECK_MAX: Duration = Duration::from_millis(1);
+
+/// A request's completion, as a future: `Ok(())` once its data (and notification) is complete,
+/// or its terminal error. Made by [`XferReq::completion`] (borrowing the request: dropping the
+/// future leaves the request posted) or [`XferReq::into_completion`] (owning it: dropping the
+/// future drops the request, which cancels it and holds its memory until the backend lets go).
+#[must_use = "a future does nothing unless polled"]
+#[derive(Debug)]
+pub struct XferFuture<R: Borrow<XferReq>> {
+    req: R,
+    timeout: Duration,
+    /// Set at the first poll: then plus `timeout`.
+    deadline: Option<Instant>,
+    /// The waker the deadline's timer entry wakes.
+    timed: Option<Waker>,
+    recheck: Duration,
+    ended: bool,
+}
+
+impl XferReq {
+    /// This request's completion as a future, with the request's timeout (or the agent's
+    /// default) as its deadline from the first poll. Post the request first; the future does
+    /// not post. Dropping it leaves the request as it is.
+    pub fn completion(&self) -> XferFuture<&XferReq> {
+        XferFuture::new(self, None)
+    }
+
+    /// [`XferReq::completion`] with its own deadline: `timeout` from the first poll.
+    pub fn completion_within(&self, timeout: Duration) -> XferFuture<&XferReq> {
+        XferFuture::new(self, Some(timeout))
+    }
+
+    /// [`XferReq::completion`] owning the request: a future that is `'static` (for
+    /// `tokio::spawn`), whose drop cancels the request (the request's own drop).
+    pub fn into_completion(self) -> XferFuture<XferReq> {
+        XferFuture::new(self, None)
+    }
+}
+
+impl<R: Borrow<XferReq>> XferFuture<R> {
+    fn new(req: R, timeout: Option<Duration>) -> Self {
+        let (shared, _) = req.borrow().parts();
+        let timeout = timeout
+            .or(req.borrow().timeout())
+            .unwrap_or(shared.config.default_timeout);
+        XferFuture {
+            req,
+            timeout,
+            deadline: None,
+            timed: None,
+            recheck: RECHECK_MIN,
+            ended: false,
+        }
+    }
+
+    /// The request (for its path, telemetry, a repost once complete).
+    pub fn request(&self) -> &XferReq {
+        self.req.borrow()
+    }
+}
+
+/// Starts the agent's progress thread where `needs` says a backend needs progress calls and
+/// nothing else makes them.
+fn ensure_progress(shared: &Arc<Shared>, needs: bool) -> Result<()> {
+    if needs && !shared.progress_running() {
+        crate::agent::start_progress_thread(shared)?;
+    }
+    Ok(())
+}
+
+impl<R: Borrow<XferReq> + Unpin> Future for XferFuture<R> {
+    type Output = Result<()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(Err(Error::not_allowed(
+                &this.request().parts().0.name,
+                Op::Wait,
+                "the completion future was polled after it finished",
+            )));
+        }
+        let req = this.req.borrow();
+        let (shared, slot) = req.parts();
+        let now = Instant::now();
+        let deadline = *this.deadline.get_or_insert(now + this.timeout);
+        if let Err(e) = ensure_progress(shared, slot.caps.needs_progress) {
+            this.ended = true;
+            return Poll::Ready(Err(e));
+        }
+        let hub = &shared.wake;
+        loop {
+            let seen = hub.generation();
+            match req.poll_check() {
+                Ok(XferState::Done) => {
+                    this.ended = true;
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) => {
+                    this.ended = true;
+                    return Poll::Ready(Err(e));
+                }
+                Ok(XferState::InProgress) => {}
+            }
+            if Instant::now() >= deadline {
+                this.ended = true;
+                return Poll::Ready(Err(req.time_out(this.timeout)));
+            }
+            hub.register(cx.waker());
+            // A wake between the check and the registration bumped the generation: check
+            // again rather than sleep through it.
+            if hub.generation() == seen {
+                break;
+            }
+        }
+        if this.timed.as_ref().is_none_or(|w| !w.will_wake(cx.waker())) {
+            timer::wake_at(deadline, cx.waker());
+            this.timed = Some(cx.waker().clone());
+        }
+        if !slot.backend.wakes() {
+            timer::wake_at(Instant::now() + this.recheck, cx.waker());
+            this.recheck = (this.recheck * 2).min(RECHECK_MAX);
+        }
+        Poll::Pending
+    }
+}
+
+/// Received notifications as a stream of `(sender, message)`, in each sender's order; an item
+/// is `Err` where [`Agent::get_notifs`] would fail (notifications dropped because the queue
+/// was full: `LimitExceeded`, reported once, before what was kept). Woken by each arrival,
+/// never by a timer. The stream does not end while the agent lives; with
+/// [`NotifStream::idle_timeout`] it yields `Err(TimedOut)` after that long without a
+/// notification (and goes on after). Made by [`Agent::notif_stream`]; several streams of one
+/// agent share its notifications (each is taken once).
+#[must_use = "a stream does nothing unless polled"]
+pub struct NotifStream {
+    agent: Agent,
+    buf: VecDeque<(String, Vec<u8>)>,
+    idle: Option<Duration>,
+    /// The idle deadline in force and the waker its timer entry wakes.
+    idle_until: Option<Instant>,
+    timed: Option<Waker>,
+}
+
+impl std::fmt::Debug for NotifStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NotifStream")
+            .field("agent", &self.agent.name())
+            .field("buffered", &self.buf.len())
+            .field("idle", &self.idle)
+            .finish()
+    }
+}
+
+impl Agent {
+    /// Received notifications as a [`Stream`](futures_core::Stream) (see [`NotifStream`]).
+    pub fn notif_stream(&self) -> NotifStream {
+        NotifStream {
+            agent: self.clone(),
+            buf: VecDeque::new(),
+            idle: None,
+            idle_until: None,
+            timed: None,
+        }
+    }
+}
+
+impl NotifStream {
+    /// Yields `Err(TimedOut)` once `d` passes with no notification (then waits again).
+    pub fn idle_timeout(mut self, d: Duration) -> Self {
+        self.idle = Some(d);
+        self
+    }
+}
+
+impl futures_core::Stream for NotifStream {
+    type Item = Result<(String, Vec<u8>)>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        let shared = this.agent.shared.clone();
+        let needs = shared.backends().iter().any(|b| b.caps.needs_progress);
+        if let Err(e) = ensure_progress(&shared, needs) {
+            return Poll::Ready(Some(Err(e)));
+        }
+        let hub = shared.notifs.waker_hub();
+        loop {
+            if let Some(item) = this.buf.pop_front() {
+                this.idle_until = None;
+                this.timed = None;
+                return Poll::Ready(Some(Ok(item)));
+            }
+            let seen = hub.generation();
+            match this.agent.get_notifs() {
+                Err(e) => return Poll::Ready(Some(Err(e))),
+                Ok(n) => {
+                    for (sender, msgs) in n {
+                        this.buf
+                            .extend(msgs.into_iter().map(|m| (sender.clone(), m)));
+                    }
+                }
+            }
+            if !this.buf.is_empty() {
+                continue;
+            }
+            hub.register(cx.waker());
+            if hub.generation() == seen {
+                break;
+            }
+        }
+        if let Some(d) = this.idle {
+            let now = Instant::now();
+            let until = *this.idle_until.get_or_insert(now + d);
+            if now >= until {
+                this.idle_until = None;
+                this.timed = None;
+                return Poll::Ready(Some(Err(Error::TimedOut {
+                    agent: this.agent.name().to_owned(),
+                    op: Op::GetNotifs,
+                    elapsed: d,
+                })));
+            }
+            if this.timed.as_ref().is_none_or(|w| !w.will_wake(cx.waker())) {
+                timer::wake_at(until, cx.waker());
+                this.timed = Some(cx.waker().clone());
+            }
+        }
+        Poll::Pending
+    }
+}

@@ -1,0 +1,143 @@
+//! One timer thread for the process: wakes futures at their deadlines (and, for backends that
+//! cannot signal completions, at their next check), sleeping until the earliest. Started on
+//! first use; no async runtime is needed.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::OnceLock;
+use std::task::Waker;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+
+/// The most pending entries: beyond it the earliest are kept (a flood of futures cannot grow
+/// the heap without bound; a dropped entry is a future woken late, by its next other wake).
+const MAX_ENTRIES: usize = 1 << 20;
+
+struct Entry {
+    at: Instant,
+    seq: u64,
+    waker: Waker,
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Entry {}
+impl PartialOrd for Entry {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Entry {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+#[derive(Default)]
+struct Timer {
+    heap: Mutex<(BinaryHeap<Reverse<Entry>>, u64)>,
+    changed: Condvar,
+}
+
+static TIMER: OnceLock<Option<&'static Timer>> = OnceLock::new();
+
+fn timer() -> Option<&'static Timer> {
+    *TIMER.get_or_init(|| {
+        let t: &'static Timer = Box::leak(Box::default());
+        std::thread::Builder::new()
+            .name("nixl-timer".to_owned())
+            .spawn(move || run(t))
+            .map(|_| t)
+            .inspect_err(|e| tracing::error!(error = %e, "could not start the timer thread"))
+            .ok()
+    })
+}
+
+fn run(t: &'static Timer) {
+    let mut g = t.heap.lock();
+    loop {
+        let now = Instant::now();
+        let mut due = Vec::new();
+        while g.0.peek().is_some_and(|Reverse(e)| e.at <= now) {
+            if let Some(Reverse(e)) = g.0.pop() {
+                due.push(e.waker);
+            }
+        }
+        if !due.is_empty() {
+            drop(g);
+            for w in due {
+                w.wake();
+            }
+            g = t.heap.lock();
+            continue;
+        }
+        match g.0.peek().map(|Reverse(e)| e.at) {
+            Some(at) => {
+                t.changed.wait_until(&mut g, at);
+            }
+            None => t.changed.wait(&mut g),
+        }
+    }
+}
+
+/// Wakes `w` at `at` (at once if it has passed). Returns false where no timer thread could be
+/// started (the caller then cannot rely on a timed wake).
+pub(crate) fn wake_at(at: Instant, w: &Waker) -> bool {
+    let Some(t) = timer() else {
+        return false;
+    };
+    let mut g = t.heap.lock();
+    if g.0.len() >= MAX_ENTRIES {
+        tracing::warn!("timer full: a future's timed wake is dropped");
+        return true;
+    }
+    g.1 += 1;
+    let seq = g.1;
+    let earliest = g.0.peek().is_none_or(|Reverse(e)| at < e.at);
+    g.0.push(Reverse(Entry {
+        at,
+        seq,
+        waker: w.clone(),
+    }));
+    drop(g);
+    if earliest {
+        t.changed.notify_one();
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::task::Wake;
+    use std::time::Duration;
+
+    struct Flag(AtomicBool, std::thread::Thread);
+    impl Wake for Flag {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+            self.1.unpark();
+        }
+    }
+
+    #[test]
+    fn wakes_at_the_deadline_not_before() {
+        let f = Arc::new(Flag(AtomicBool::new(false), std::thread::current()));
+        let t0 = Instant::now();
+        assert!(wake_at(
+            t0 + Duration::from_millis(30),
+            &Waker::from(f.clone())
+        ));
+        while !f.0.load(Ordering::SeqCst) {
+            std::thread::park_timeout(Duration::from_secs(5));
+            assert!(t0.elapsed() < Duration::from_secs(5), "never woken");
+        }
+        assert!(t0.elapsed() >= Duration::from_millis(30));
+    }
+}

@@ -1,0 +1,310 @@
+//! Completion without polling (issue 27, part 1): a request's completion as a `Future` and
+//! notifications as a `Stream`, under tokio and under a minimal executor written here (a
+//! thread that parks until woken, counting its polls): a future is woken by the backend's
+//! completion (INPROC's completion thread), not by a timer; deadlines end it `TimedOut`;
+//! dropping an owning future cancels its request; a backend that cannot signal completions
+//! (the fault injector wrapping INPROC) is still finished, by re-checks.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+use futures_core::Stream;
+use nixl_core::backend::fault::{FaultLog, FaultParams, FaultPlan};
+use nixl_core::backend::inproc::Completion;
+use nixl_core::{
+    Agent, AgentConfig, Desc, ErrorKind, HostBuffer, InprocParams, MemKind, Registration,
+    XferDescList, XferOp, XferOptions, XferReq,
+};
+
+/// The minimal executor: runs `f` on this thread, parking until its waker is called;
+/// returns the output and how many times `f` was polled.
+fn block_on<F: Future>(f: F) -> (F::Output, usize) {
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut f = std::pin::pin!(f);
+    let mut polls = 0;
+    loop {
+        polls += 1;
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return (v, polls);
+        }
+        // Spurious unparks are allowed: they only add polls (which the tests bound).
+        std::thread::park_timeout(Duration::from_secs(30));
+    }
+}
+
+/// The next item of a stream, as a future (no StreamExt needed).
+fn next<S: Stream + Unpin>(s: &mut S) -> impl Future<Output = Option<S::Item>> + '_ {
+    std::future::poll_fn(move |cx| Pin::new(&mut *s).poll_next(cx))
+}
+
+struct Pair {
+    a: Agent,
+    b: Agent,
+    src: Arc<HostBuffer>,
+    dst: Arc<HostBuffer>,
+    _regs: (Registration, Registration),
+}
+
+const LEN: usize = 1 << 16;
+
+fn pair(tag: &str, completion: Completion, fault: bool) -> Pair {
+    let pid = std::process::id();
+    let (an, bn) = (format!("{tag}-a-{pid}"), format!("{tag}-b-{pid}"));
+    let a = Agent::new(&an, AgentConfig::default()).unwrap();
+    let b = Agent::new(&bn, AgentConfig::default()).unwrap();
+    let params = InprocParams { completion };
+    if fault {
+        a.create_backend(FaultParams {
+            inner: Box::new(params.clone()),
+            plan: FaultPlan::default(),
+            log: Arc::new(FaultLog::default()),
+        })
+        .unwrap();
+    } else {
+        a.create_backend(params.clone()).unwrap();
+    }
+    b.create_backend(params).unwrap();
+    let src = Arc::new(HostBuffer::new(LEN).unwrap());
+    let dst = Arc::new(HostBuffer::new(LEN).unwrap());
+    src.fill(0xA5);
+    dst.fill(0);
+    let ra = a.register_mem(vec![src.clone()], &[]).unwrap();
+    let rb = b.register_mem(vec![dst.clone()], &[]).unwrap();
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
+    b.load_remote_metadata(&a.local_metadata().unwrap())
+        .unwrap();
+    Pair {
+        a,
+        b,
+        src,
+        dst,
+        _regs: (ra, rb),
+    }
+}
+
+fn write(p: &Pair, notif: Option<&[u8]>) -> XferReq {
+    let l = XferDescList::from_descs(MemKind::Dram, [Desc::new(p.src.addr(), LEN as u64)]);
+    let r = XferDescList::from_descs(MemKind::Dram, [Desc::new(p.dst.addr(), LEN as u64)]);
+    let opts = XferOptions {
+        notif: notif.map(<[u8]>::to_vec),
+        ..XferOptions::default()
+    };
+    p.a.create_xfer_req(XferOp::Write, &l, &r, p.b.name(), opts)
+        .unwrap()
+}
+
+fn landed(p: &Pair) -> bool {
+    p.dst.to_vec().iter().all(|&b| b == 0xA5)
+}
+
+const LATER: Duration = Duration::from_millis(60);
+
+#[test]
+fn the_future_is_woken_by_the_completion_not_by_a_timer() {
+    let p = pair("wk", Completion::Deferred(LATER), false);
+    let req = write(&p, None);
+    let t = Instant::now();
+    p.a.post_xfer_req(&req).unwrap();
+    let (r, polls) = block_on(req.completion());
+    r.unwrap();
+    assert!(t.elapsed() >= LATER);
+    assert!(landed(&p));
+    // Polled at the start and once per wake: a timer-driven future would poll every few
+    // microseconds over the 60 ms.
+    assert!(polls <= 3, "{polls} polls");
+}
+
+#[test]
+fn a_deadline_ends_the_future_timed_out() {
+    let p = pair("dl", Completion::Deferred(Duration::from_secs(20)), false);
+    let req = write(&p, None);
+    p.a.post_xfer_req(&req).unwrap();
+    let t = Instant::now();
+    let (r, polls) = block_on(req.completion_within(Duration::from_millis(80)));
+    let e = r.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+    assert!(t.elapsed() >= Duration::from_millis(80));
+    assert!(t.elapsed() < Duration::from_secs(10));
+    assert!(polls <= 3, "{polls} polls");
+    // The request's state says so too.
+    assert_eq!(
+        p.a.check_xfer_state(&req).unwrap_err().kind(),
+        ErrorKind::TimedOut
+    );
+    drop(req);
+    assert!(!landed(&p), "a timed-out request moved nothing");
+}
+
+#[test]
+fn dropping_an_owning_future_cancels_its_request() {
+    let p = pair("dr", Completion::Deferred(LATER), false);
+    let req = write(&p, Some(b"never"));
+    p.a.post_xfer_req(&req).unwrap();
+    let mut fut = req.into_completion();
+    let waker = Waker::noop();
+    assert!(Pin::new(&mut fut)
+        .poll(&mut Context::from_waker(waker))
+        .is_pending());
+    drop(fut);
+    std::thread::sleep(LATER * 3);
+    assert!(!landed(&p), "the canceled copy never ran");
+    assert!(p.b.get_notifs().unwrap().is_empty(), "no notification");
+}
+
+#[test]
+fn dropping_a_borrowing_future_leaves_the_request_running() {
+    let p = pair("db", Completion::Deferred(LATER), false);
+    let req = write(&p, None);
+    p.a.post_xfer_req(&req).unwrap();
+    let mut fut = req.completion();
+    assert!(Pin::new(&mut fut)
+        .poll(&mut Context::from_waker(Waker::noop()))
+        .is_pending());
+    drop(fut);
+    req.wait(Duration::from_secs(10)).unwrap();
+    assert!(landed(&p));
+}
+
+#[test]
+fn a_cancel_from_another_thread_wakes_the_future() {
+    let p = pair("cx", Completion::Deferred(Duration::from_secs(20)), false);
+    let req = Arc::new(write(&p, None));
+    p.a.post_xfer_req(&req).unwrap();
+    let r2 = req.clone();
+    let canceller = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        r2.cancel().unwrap();
+    });
+    let t = Instant::now();
+    let (r, polls) = block_on(req.completion());
+    canceller.join().unwrap();
+    assert_eq!(r.unwrap_err().kind(), ErrorKind::Canceled);
+    assert!(t.elapsed() < Duration::from_secs(10));
+    assert!(polls <= 3, "{polls} polls");
+}
+
+#[test]
+fn misuse_is_typed() {
+    let p = pair("mu", Completion::Immediate, false);
+    let req = write(&p, None);
+    // Never posted.
+    let (r, _) = block_on(req.completion());
+    assert_eq!(r.unwrap_err().kind(), ErrorKind::NotAllowed);
+    // Polled after it finished.
+    p.a.post_xfer_req(&req).unwrap();
+    let mut fut = req.completion();
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(matches!(
+        Pin::new(&mut fut).poll(&mut cx),
+        Poll::Ready(Ok(()))
+    ));
+    assert!(
+        matches!(Pin::new(&mut fut).poll(&mut cx), Poll::Ready(Err(e)) if e.kind() == ErrorKind::NotAllowed)
+    );
+}
+
+#[test]
+fn a_backend_that_cannot_signal_is_finished_by_rechecks() {
+    // The fault injector wraps INPROC and does not say it wakes: its futures are re-checked
+    // on the timer (more polls, still done).
+    let p = pair("fb", Completion::Deferred(LATER), true);
+    let req = write(&p, None);
+    p.a.post_xfer_req(&req).unwrap();
+    let (r, polls) = block_on(req.completion());
+    r.unwrap();
+    assert!(landed(&p));
+    assert!(polls > 3, "re-checked: {polls} polls");
+}
+
+#[test]
+fn notifications_stream_in_order_woken_by_arrival() {
+    let p = pair("ns", Completion::Immediate, false);
+    let mut stream = p.b.notif_stream();
+    let sender = p.a.clone();
+    let to = p.b.name().to_owned();
+    let t = std::thread::spawn(move || {
+        for i in 0..100u32 {
+            if i % 25 == 0 {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            sender.gen_notif(&to, &i.to_le_bytes(), &[]).unwrap();
+        }
+    });
+    let mut polls_total = 0;
+    for i in 0..100u32 {
+        let (item, polls) = block_on(next(&mut stream));
+        polls_total += polls;
+        let (from, msg) = item.unwrap().unwrap();
+        assert_eq!(from, p.a.name());
+        assert_eq!(msg, i.to_le_bytes());
+    }
+    t.join().unwrap();
+    // One or two polls per item, a few more where the sender paused.
+    assert!(polls_total <= 100 * 3, "{polls_total} polls");
+}
+
+#[test]
+fn an_idle_stream_times_out_typed_and_goes_on() {
+    let p = pair("ni", Completion::Immediate, false);
+    let mut stream = p.b.notif_stream().idle_timeout(Duration::from_millis(50));
+    let (item, polls) = block_on(next(&mut stream));
+    assert_eq!(item.unwrap().unwrap_err().kind(), ErrorKind::TimedOut);
+    assert!(polls <= 3, "{polls} polls");
+    p.a.gen_notif(p.b.name(), b"late", &[]).unwrap();
+    let (item, _) = block_on(next(&mut stream));
+    assert_eq!(item.unwrap().unwrap().1, b"late");
+}
+
+/// Under tokio: many requests awaited at once from tasks (owning futures, `'static`), and the
+/// notification stream read by another task; no thread parked per wait.
+#[test]
+fn under_tokio_many_requests_and_a_stream() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let p = Arc::new(pair(
+        "tk",
+        Completion::Deferred(Duration::from_millis(20)),
+        false,
+    ));
+    rt.block_on(async {
+        let mut stream = p.b.notif_stream();
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            while got.len() < 64 {
+                let (_, m) = next(&mut stream).await.unwrap().unwrap();
+                got.push(u32::from_le_bytes(m.try_into().unwrap()));
+            }
+            got
+        });
+        let mut tasks = Vec::new();
+        for i in 0..64u32 {
+            let req = write(&p, Some(&i.to_le_bytes()));
+            p.a.post_xfer_req(&req).unwrap();
+            tasks.push(tokio::spawn(req.into_completion()));
+        }
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        let mut got = tokio::time::timeout(Duration::from_secs(20), reader)
+            .await
+            .unwrap()
+            .unwrap();
+        got.sort_unstable();
+        assert_eq!(got, (0..64).collect::<Vec<_>>());
+    });
+    assert!(landed(&p));
+}

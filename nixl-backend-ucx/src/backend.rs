@@ -30,6 +30,8 @@ use crate::xfer::{Notif, UcxXfer};
 /// The UCX backend of one agent.
 pub struct UcxBackend {
     pub(crate) agent: String,
+    /// Wakes the agent's futures when a post finishes (from UCX callbacks).
+    wake: nixl_core::backend::Wake,
     pub(crate) ucx: Arc<Ucx>,
     ctx: Arc<Context>,
     pub(crate) workers: Vec<Arc<Worker>>,
@@ -110,6 +112,7 @@ impl UcxBackend {
     pub fn new(params: UcxParams, bctx: BackendContext) -> Result<Self> {
         params.validate()?;
         let agent = bctx.agent;
+        let wake = bctx.wake.clone();
         let ucx = loader::load(params.library_path.as_deref())?;
         if params.num_workers > 1 && ucx.version < (1, 23, 0) {
             // docs/reliability.md, "Known bugs": with several workers, UCX 1.22's tcp put
@@ -143,6 +146,7 @@ impl UcxBackend {
         let shapes = own_shapes(&ctx, &agent, &workers)?;
         let b = UcxBackend {
             agent,
+            wake,
             ucx,
             ctx,
             workers,
@@ -268,6 +272,7 @@ impl UcxBackend {
             bytes,
             agent: self.agent.clone(),
             ucx: self.ucx.clone(),
+            wake: self.wake.clone(),
             peer,
             worker,
             op,
@@ -356,6 +361,12 @@ impl Drop for UcxBackend {
 }
 
 impl Backend for UcxBackend {
+    fn wakes(&self) -> bool {
+        // Every post ends in `PostState::finish` (a UCX callback, a direct copy's last piece
+        // or `post` itself), which wakes the agent.
+        true
+    }
+
     fn name(&self) -> &str {
         UCX
     }

@@ -49,6 +49,8 @@ pub(crate) struct PostState {
     phase: AtomicU8,
     status: AtomicI32,
     ucx: Arc<Ucx>,
+    /// Wakes the agent's futures when the post finishes.
+    wake: nixl_core::backend::Wake,
     /// The endpoint the notification goes on (the peer's shared-memory notification endpoint
     /// where it has one).
     ep: sys::Ep,
@@ -77,6 +79,7 @@ impl PostState {
             .is_ok()
         {
             self.shared.end_op();
+            self.wake.wake();
         }
     }
 
@@ -137,6 +140,7 @@ impl sys::AmPayload for PostState {
 pub(crate) struct UcxXfer {
     pub agent: String,
     pub ucx: Arc<Ucx>,
+    pub wake: nixl_core::backend::Wake,
     pub peer: Arc<Peer>,
     pub worker: usize,
     pub op: XferOp,
@@ -279,7 +283,15 @@ impl UcxXfer {
             let ep = pe
                 .raw(&g)
                 .ok_or_else(|| self.disconnected(Op::PostXfer, "UCX endpoint was closed"))?;
-            open_post(&mut self.cur, &self.ucx, &self.notif, pe, &g, ep, None)
+            open_post(
+                &mut self.cur,
+                (&self.ucx, &self.wake),
+                &self.notif,
+                pe,
+                &g,
+                ep,
+                None,
+            )
         };
         let (st, peer, worker) = (state.clone(), self.peer.clone(), self.worker);
         // Notifications keep post order on the endpoint: this flight finishes after the last.
@@ -328,7 +340,15 @@ impl UcxXfer {
             let ep = pe
                 .raw(&g)
                 .ok_or_else(|| self.disconnected(Op::PostXfer, "UCX endpoint was closed"))?;
-            open_post(&mut self.cur, &self.ucx, &self.notif, pe, &g, ep, None)
+            open_post(
+                &mut self.cur,
+                (&self.ucx, &self.wake),
+                &self.notif,
+                pe,
+                &g,
+                ep,
+                None,
+            )
         };
         match (prev, &self.direct) {
             (Some(prev), Some(d)) if self.notif.is_some() => {
@@ -377,7 +397,7 @@ fn finish_pieces(
 /// one. Only call with the worker locked (`_g`).
 fn open_post(
     cur: &mut Option<Arc<PostState>>,
-    ucx: &Arc<Ucx>,
+    ucx: (&Arc<Ucx>, &nixl_core::backend::Wake),
     notif: &Option<Notif>,
     pe: &crate::endpoint::PeerEp,
     g: &crate::worker::WorkerGuard<'_>,
@@ -393,7 +413,7 @@ fn open_post(
 /// more (no allocation per post), else a new one; `cur` is set to it.
 fn fresh_state(
     cur: &mut Option<Arc<PostState>>,
-    ucx: &Arc<Ucx>,
+    (ucx, wake): (&Arc<Ucx>, &nixl_core::backend::Wake),
     notif: &Option<Notif>,
     ep: sys::Ep,
     shared: &Arc<EpShared>,
@@ -416,6 +436,7 @@ fn fresh_state(
         phase: AtomicU8::new(PENDING),
         status: AtomicI32::new(0),
         ucx: ucx.clone(),
+        wake: wake.clone(),
         ep,
         shared: shared.clone(),
         notif: notif.clone(),
@@ -481,7 +502,7 @@ impl BackendXfer for UcxXfer {
         }
         let state = open_post(
             &mut self.cur,
-            &self.ucx,
+            (&self.ucx, &self.wake),
             &self.notif,
             pe,
             &g,

@@ -8,44 +8,16 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use futures_core::Stream;
 use nixl_core::backend::fault::{FaultLog, FaultParams, FaultPlan};
 use nixl_core::backend::inproc::Completion;
 use nixl_core::{
     Agent, AgentConfig, Desc, ErrorKind, HostBuffer, InprocParams, MemKind, Registration,
     XferDescList, XferOp, XferOptions, XferReq,
 };
-
-/// The minimal executor: runs `f` on this thread, parking until its waker is called;
-/// returns the output and how many times `f` was polled.
-fn block_on<F: Future>(f: F) -> (F::Output, usize) {
-    struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut f = std::pin::pin!(f);
-    let mut polls = 0;
-    loop {
-        polls += 1;
-        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
-            return (v, polls);
-        }
-        // Spurious unparks are allowed: they only add polls (which the tests bound).
-        std::thread::park_timeout(Duration::from_secs(30));
-    }
-}
-
-/// The next item of a stream, as a future (no StreamExt needed).
-fn next<S: Stream + Unpin>(s: &mut S) -> impl Future<Output = Option<S::Item>> + '_ {
-    std::future::poll_fn(move |cx| Pin::new(&mut *s).poll_next(cx))
-}
+use nixl_testkit::executor::{block_on, next};
 
 struct Pair {
     a: Agent,

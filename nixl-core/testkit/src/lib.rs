@@ -43,6 +43,7 @@ use std::fmt::Display;
 use std::io::Write;
 
 pub mod conformance;
+pub mod executor;
 #[cfg(feature = "gpu")]
 pub mod gpu;
 mod helpers;

@@ -58,6 +58,8 @@ pub(crate) struct Inner {
     keys: KeySource,
     /// Posted transfers the progress thread drives.
     active: Mutex<Vec<Weak<Mutex<XferCore>>>>,
+    /// Wakes the agent's futures when a driven transfer ends.
+    wake: nixl_core::backend::Wake,
 }
 
 impl Inner {
@@ -111,6 +113,7 @@ impl Inner {
         }
         if !done.is_empty() {
             self.active.lock().retain(|w| !done.contains(&w.as_ptr()));
+            self.wake.wake();
         }
     }
 
@@ -354,6 +357,7 @@ impl LibfabricBackend {
             keys,
             params,
             active: Mutex::new(Vec::new()),
+            wake: ctx.wake.clone(),
         });
         tracing::info!(agent = %inner.agent, path = %inner.describe(), "libfabric backend created");
         let stop = Arc::new(AtomicBool::new(false));
@@ -416,6 +420,12 @@ impl Drop for LibfabricBackend {
 }
 
 impl Backend for LibfabricBackend {
+    fn wakes(&self) -> bool {
+        // Posted transfers are driven by the progress threads (or the agent's, through
+        // `progress`), which wake the agent when one ends.
+        true
+    }
+
     fn name(&self) -> &str {
         LIBFABRIC
     }

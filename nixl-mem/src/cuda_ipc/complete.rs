@@ -145,6 +145,8 @@ pub(crate) struct Ticket {
     event: Arc<dyn Completion>,
     notif: Arc<Notif>,
     state: Mutex<Outcome>,
+    /// Woken once the outcome is decided (the agent's futures).
+    wake: Mutex<Option<nixl_core::backend::Wake>>,
 }
 
 impl Ticket {
@@ -153,7 +155,13 @@ impl Ticket {
             event,
             notif,
             state: Mutex::new(Outcome::Pending),
+            wake: Mutex::new(None),
         }
+    }
+
+    /// Wakes `w` once the ticket's outcome is decided (sent, failed).
+    pub(super) fn wake_when_sent(&self, w: nixl_core::backend::Wake) {
+        *self.wake.lock() = Some(w);
     }
 
     pub(super) fn outcome(&self) -> Outcome {
@@ -264,6 +272,9 @@ fn pump(q: &PeerQueue) -> (bool, bool) {
                 Err(e) => *st = Outcome::Failed(Failure::Cuda(e)),
             }
             progressed = true;
+            if let Some(w) = t.wake.lock().take() {
+                w.wake();
+            }
         }
         drop(st);
         q.pop_front();

@@ -114,6 +114,9 @@ pub struct CudaIpcBackend {
     /// Peers' GPU allocations, per (handle, GPU whose context mapped them).
     vram_imports: Mutex<HashMap<VramKey, Weak<IpcMapping>>>,
     host_imports: Mutex<HashMap<(u32, i32, u64), Weak<HostImport>>>,
+    /// Wakes the agent's futures once a post's work has completed (a host function queued
+    /// after it on the request's stream).
+    wake: nixl_core::backend::Wake,
 }
 
 impl std::fmt::Debug for CudaIpcBackend {
@@ -158,6 +161,7 @@ impl CudaIpcBackend {
             peers: Mutex::new(HashMap::new()),
             vram_imports: Mutex::new(HashMap::new()),
             host_imports: Mutex::new(HashMap::new()),
+            wake: ctx.wake,
         })
     }
 
@@ -394,6 +398,12 @@ impl Backend for CudaIpcBackend {
             notif: spec.notif.as_deref(),
         };
         self.finish(&gpu, ends, Work::Copies(copies), how, kernel_ok, conflict)
+    }
+
+    fn wakes(&self) -> bool {
+        // Each post queues a host function after its work that wakes the agent; its
+        // notification is sent by the completer thread, without polling either.
+        true
     }
 
     fn prepare_blocks(
@@ -694,6 +704,7 @@ impl CudaIpcBackend {
             route,
             ticket: None,
             completer: self.completer.shared(),
+            wake: self.wake.clone(),
             cancel_timeout: self.params.cancel_timeout,
             device,
             path_head: format!(

@@ -86,6 +86,7 @@ impl CudaIpcBackend {
             route,
             ticket: None,
             completer: self.completer.shared(),
+            wake: self.wake.clone(),
             cancel_timeout: self.params.cancel_timeout,
             device: gpu.ordinal,
             path_head: format!(

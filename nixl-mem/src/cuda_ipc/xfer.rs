@@ -279,6 +279,8 @@ pub(crate) struct CudaIpcXfer {
     /// The latest post's notification ticket.
     pub ticket: Option<Arc<Ticket>>,
     pub completer: Arc<complete::Shared>,
+    /// Woken (from a host function after the post's work) for the agent's futures.
+    pub wake: nixl_core::backend::Wake,
     pub cancel_timeout: Duration,
     pub device: usize,
     /// "cuda_ipc WRITE VRAM->VRAM via CUDA IPC mapping".
@@ -416,7 +418,16 @@ impl BackendXfer for CudaIpcXfer {
         if let Some(n) = &self.notif {
             let t = Arc::new(Ticket::new(self.lane.event.clone(), n.clone()));
             self.completer.submit(t.clone());
+            // A request with a notification is done once it is sent: the completer wakes
+            // the agent then.
+            t.wake_when_sent(self.wake.clone());
             self.ticket = Some(t);
+        }
+        let wake = self.wake.clone();
+        if let Err(e) = self.lane.stream.after_work(Box::new(move || wake.wake())) {
+            // The post stands; an async caller is then woken by its deadline, or earlier by
+            // any other completion of this agent.
+            tracing::warn!(agent = %self.agent, error = %e, "could not queue the completion wake-up; an async caller of this request waits for another wake or its deadline");
         }
         Ok(XferState::InProgress)
     }

@@ -45,6 +45,30 @@ impl Stream {
         self.ctx.ordinal()
     }
 
+    /// Runs `f` on a driver thread once all work queued on the stream so far has completed
+    /// (`cuLaunchHostFunc`). `f` must not call CUDA (the driver forbids it there); it is
+    /// dropped unrun where the launch is refused.
+    pub(crate) fn after_work(&self, f: Box<dyn FnOnce() + Send>) -> Result<(), CudaError> {
+        unsafe extern "C" fn run(user: *mut std::ffi::c_void) {
+            // SAFETY: `user` is the box leaked below, handed to exactly one call of this
+            // function by the driver.
+            let f = unsafe { Box::from_raw(user.cast::<Box<dyn FnOnce() + Send>>()) };
+            // A panic must not unwind into the driver.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        }
+        let user = Box::into_raw(Box::new(f)).cast::<std::ffi::c_void>();
+        // SAFETY: the stream is live; `run` matches CUhostFn and takes ownership of `user`
+        // when the driver calls it (once, after the stream's earlier work).
+        let r = check("cuLaunchHostFunc", unsafe {
+            cu::cuLaunchHostFunc(self.raw, Some(run), user)
+        });
+        if r.is_err() {
+            // SAFETY: refused: the driver will never call `run`, so the box is still ours.
+            drop(unsafe { Box::from_raw(user.cast::<Box<dyn FnOnce() + Send>>()) });
+        }
+        r
+    }
+
     /// Waits for all work queued on the stream. The wait is bounded by that work; the driver
     /// reports a failed device as an error instead of blocking.
     pub fn synchronize(&self) -> Result<(), CudaError> {

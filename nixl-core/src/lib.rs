@@ -86,7 +86,7 @@ use agent::request as xfer;
 use backend::{bytes, hello, params};
 use bundled::{deferred, fault, inproc};
 use exchange::{liveness, sidechannel};
-use model::{desc, error, index, kv, limits, mem, notif, strided, telemetry, tiles};
+use model::{arrival, desc, error, index, kv, limits, mem, notif, strided, telemetry, tiles};
 use wire::{auth, codec, integrity};
 
 // The paved path: what an application names. Backend authors' types are in [`backend`] (the
@@ -95,6 +95,7 @@ pub use agent::prep::PreparedList;
 pub use agent::registration::Registration;
 pub use agent::remote::MetadataSelection;
 pub use agent::{Agent, AgentConfig, BackendHandle, NotifStream, XferFuture};
+pub use arrival::ArrivalCounters;
 pub use auth::{Auth, Credential};
 pub use backend::XferState;
 pub use codec::AgentMetadata;

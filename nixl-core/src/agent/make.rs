@@ -98,6 +98,35 @@ impl Agent {
         })
     }
 
+    /// Checks a block or tile request's arrival counters and keeps the backends that advance
+    /// them; `NotSupported` when none does.
+    pub(crate) fn arrival_ends(
+        &self,
+        op: XferOp,
+        (local, layers): (&PreparedList, usize),
+        ends: &mut Ends,
+        opts: &XferOptions,
+    ) -> Result<()> {
+        let Some(a) = &opts.arrival else {
+            return Ok(());
+        };
+        a.check(
+            self.name(),
+            (op == XferOp::Read, local.kind),
+            layers,
+            |addr, len, dev| local.regions.iter().any(|r| r.covers(addr, len, dev)),
+        )?;
+        ends.candidates.retain(|s| s.backend.supports_arrival());
+        if ends.candidates.is_empty() {
+            return Err(Error::not_supported(
+                self.name(),
+                Op::MakeXfer,
+                "no backend of this request advances arrival counters (CUDA_IPC's copy kernel does)",
+            ));
+        }
+        Ok(())
+    }
+
     pub(crate) fn no_backend(
         &self,
         local: &PreparedList,
@@ -130,6 +159,13 @@ impl Agent {
         remote_idx: &[usize],
         opts: XferOptions,
     ) -> Result<XferReq> {
+        if opts.arrival.is_some() {
+            return Err(Error::not_supported(
+                self.name(),
+                Op::MakeXfer,
+                "arrival counters are per layer of a block table: make_block_xfer or make_tile_xfer",
+            ));
+        }
         let mut ends = self.ends(op, local, remote, &opts)?;
         self.check_pairing(local_idx, remote_idx)?;
         let segments = self.gather_segments(

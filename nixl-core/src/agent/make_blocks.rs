@@ -47,6 +47,7 @@ impl Agent {
         check_shapes(me, ll, rl, local_blocks, remote_blocks)?;
         check_ids(me, "local", local_blocks, ll)?;
         check_ids(me, "remote", remote_blocks, rl)?;
+        self.arrival_ends(op, (local, ll.len()), &mut ends, &opts)?;
         for (a, b) in ll.iter().zip(rl) {
             let (lr, rr) = (
                 &local.regions[a.region as usize],
@@ -73,8 +74,9 @@ impl Agent {
                 } else {
                     opts.notif.clone()
                 },
+                arrival: opts.arrival,
             };
-            match prepare_on(&slot, spec) {
+            match prepare_on(me, &slot, spec) {
                 Ok((x, spec, note)) => {
                     return Ok(self.request(
                         slot,
@@ -175,6 +177,7 @@ pub(crate) fn layer_pairs(
 /// materialized into segments. Returns the transfer, the spec the request keeps and the
 /// path note.
 fn prepare_on(
+    me: &str,
     slot: &BackendSlot,
     spec: BlockXferSpec,
 ) -> Result<(Box<dyn BackendXfer>, ReqSpec, String)> {
@@ -185,6 +188,15 @@ fn prepare_on(
     );
     match slot.backend.prepare_blocks(&spec)? {
         Some(x) => Ok((x, ReqSpec::Blocks(spec), format!("{summary}, strided"))),
+        // Segments carry no counters: never drop them silently.
+        None if spec.arrival.is_some() => Err(Error::not_supported(
+            me,
+            Op::MakeXfer,
+            format!(
+                "{} takes arrival counters only on block tables it consumes as strides",
+                slot.name
+            ),
+        )),
         None => {
             let flat = spec.materialize();
             let note = format!(

@@ -56,6 +56,7 @@ impl Agent {
             ));
         }
         check_request(me, op, shape, tiles, (ll, rl), ends.is_local, &opts)?;
+        self.arrival_ends(op, (local, ll.len()), &mut ends, &opts)?;
         for (a, b) in ll.iter().zip(rl) {
             let (lr, rr) = (
                 &local.regions[a.region as usize],
@@ -77,6 +78,7 @@ impl Agent {
                 shape: *shape,
                 tiles: tiles.to_vec(),
                 notif: opts.notif.clone(),
+                arrival: opts.arrival,
             };
             match slot.backend.prepare_tiles(&spec) {
                 Ok(Some(x)) => {

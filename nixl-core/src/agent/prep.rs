@@ -30,7 +30,21 @@ enum Hold {
 pub(crate) struct PrepRegion {
     /// (backend slot id, metadata)
     pub mds: Vec<(usize, BackendMd)>,
+    /// The region: (address, length, device).
+    pub span: (u64, u64, u64),
     _hold: Hold,
+}
+
+impl PrepRegion {
+    /// Whether `[addr, addr + len)` on `dev` lies inside the region.
+    pub(crate) fn covers(&self, addr: u64, len: u64, dev: u64) -> bool {
+        let (a, n, d) = self.span;
+        d == dev
+            && addr >= a
+            && addr
+                .checked_add(len)
+                .is_some_and(|e| e <= a.saturating_add(n))
+    }
 }
 
 impl PrepRegion {
@@ -274,14 +288,16 @@ impl Resolver<'_> {
     fn prepare(&self, what: &dyn Fn() -> String, found: Found) -> Result<PrepRegion> {
         let me = self.agent.name();
         let ids = self.backends.iter().map(|b| b.id);
-        let (mds, hold) = match found {
+        let (mds, hold, span) = match found {
             Found::Remote(r) => {
                 let mds: Vec<(usize, BackendMd)> =
                     ids.filter_map(|id| r.md_for(id).map(|m| (id, m))).collect();
-                (mds, Hold::Remote(r))
+                let span = (r.desc.addr, r.desc.len, r.desc.dev_id);
+                (mds, Hold::Remote(r), span)
             }
             Found::Local(reg, i) => {
                 let region = &reg.regions[i];
+                let span = (region.desc.addr, region.desc.len, region.desc.dev_id);
                 let mut mds = Vec::new();
                 for slot in &self.backends {
                     let Some(md) = region.md_for(slot.id) else {
@@ -294,7 +310,7 @@ impl Resolver<'_> {
                     };
                     mds.push((slot.id, md));
                 }
-                (mds, Hold::Local(RegUse::new(reg.clone())))
+                (mds, Hold::Local(RegUse::new(reg.clone())), span)
             }
         };
         if mds.is_empty() {
@@ -304,7 +320,11 @@ impl Resolver<'_> {
                 format!("{}: no selected backend holds that region", what()),
             ));
         }
-        Ok(PrepRegion { mds, _hold: hold })
+        Ok(PrepRegion {
+            mds,
+            span,
+            _hold: hold,
+        })
     }
 }
 

@@ -116,6 +116,9 @@ pub struct XferOptions {
     /// verifies it before handing the notification out (WRITE of DRAM only). The notification
     /// is then sent once the initiator sees the request complete.
     pub integrity: bool,
+    /// Per-layer counters the copy advances on the GPU as each layer lands (block and tile
+    /// requests; see [`crate::ArrivalCounters`]).
+    pub arrival: Option<crate::ArrivalCounters>,
 }
 
 impl XferOptions {
@@ -625,6 +628,12 @@ impl XferReq {
         };
         self.abort_locked(&mut st, e.clone());
         e
+    }
+
+    /// How much each post adds to every layer's arrival counter ([`XferOptions::arrival`]):
+    /// the request's items per layer. `None` without counters.
+    pub fn arrival_per_post(&self) -> Option<u64> {
+        self.state.lock().xfer.arrival_per_post()
     }
 
     /// The request's own timeout ([`XferOptions::timeout`]), if it has one.

@@ -244,6 +244,11 @@ pub trait BackendXfer: Send {
     fn path(&self) -> Option<String> {
         None
     }
+    /// How much each post adds to every layer's arrival counter, for a request made with
+    /// counters (see [`crate::ArrivalCounters`]); `None` otherwise.
+    fn arrival_per_post(&self) -> Option<u64> {
+        None
+    }
     /// Replaces the notification the following posts send after their data (`None`: none).
     /// Called only while the transfer is not in flight, and only on backends that declare
     /// notifications; the default refuses.
@@ -307,6 +312,12 @@ pub trait Backend: Send + Sync + 'static {
     /// GPU events). An `async` caller of a request on a backend that does not is re-checked
     /// on a short timer instead (the default: `false`).
     fn wakes(&self) -> bool {
+        false
+    }
+    /// Whether block and tile requests with arrival counters ([`BlockXferSpec::arrival`],
+    /// [`TileXferSpec::arrival`]) are advanced by this backend; the agent refuses them
+    /// `NotSupported` on backends that are not (the default).
+    fn supports_arrival(&self) -> bool {
         false
     }
     /// Drives the backend's progress engine; returns whether anything happened.

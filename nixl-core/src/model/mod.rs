@@ -3,6 +3,7 @@
 //! bound to the agent's state, are in `agent::request`). The crate root re-exports what
 //! applications use.
 
+pub(crate) mod arrival;
 pub(crate) mod desc;
 pub(crate) mod error;
 pub(crate) mod index;

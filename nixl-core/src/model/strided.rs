@@ -250,6 +250,9 @@ pub struct BlockXferSpec {
     pub runs: Vec<BlockRun>,
     /// A notification to deliver to the remote after all data is complete.
     pub notif: Option<Vec<u8>>,
+    /// Per-layer arrival counters to advance (checked by the agent: a READ into local VRAM,
+    /// inside the local list's regions); only for a backend whose `supports_arrival`.
+    pub arrival: Option<crate::ArrivalCounters>,
 }
 
 impl BlockXferSpec {
@@ -412,6 +415,7 @@ mod tests {
             layers,
             runs,
             notif: None,
+            arrival: None,
         }
     }
 

@@ -150,6 +150,8 @@ pub struct TileXferSpec {
     pub tiles: Vec<Tile>,
     /// A notification to deliver to the remote after all data is complete.
     pub notif: Option<Vec<u8>>,
+    /// Per-layer arrival counters to advance (as [`crate::backend::BlockXferSpec::arrival`]).
+    pub arrival: Option<crate::ArrivalCounters>,
 }
 
 impl TileXferSpec {

@@ -61,6 +61,10 @@ enum Ins {
     St(u16, u64, Val, u8),
     LdV4([u16; 4], u16, u64),
     StV4(u16, u64, [u16; 4]),
+    /// Barriers and fences: no-ops here (threads run one after another).
+    Nop,
+    /// `atom.global.add.u64`: dst, address register, offset, value. Atomics never race.
+    AtomAdd(u16, u16, u64, Val),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -164,6 +168,12 @@ fn decode(op: &str, a: &[Arg], labels: &mut Vec<String>, params: &mut Vec<String
         "st.global.cs.v4.u32" | "st.global.v4.u32" | "st.global.wb.v4.u32" => {
             let (r, off) = mem_of(&a[0]);
             Ins::StV4(r, off, vec_of(&a[1]))
+        }
+        // One thread runs at a time: a barrier or fence changes nothing it could see.
+        "bar.sync" | "membar.gl" | "membar.sys" => Ins::Nop,
+        "atom.global.add.u64" => {
+            let (r, off) = mem_of(&a[1]);
+            Ins::AtomAdd(reg_of(&a[0]), r, off, val(&a[2]))
         }
         other => panic!("the simulator does not know {other}"),
     }
@@ -468,6 +478,16 @@ fn thread(p: &Program, mem: &mut Memory, params: &[u64], ids: [u32; 4]) {
                     let w = &mem.bytes[o + 4 * k..o + 4 * k + 4];
                     r[usize::from(*reg)] = u64::from(u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
                 }
+            }
+            Ins::Nop => {}
+            Ins::AtomAdd(d, a, off, x) => {
+                let addr = r[usize::from(a)].wrapping_add(off);
+                let o = mem.at(addr, 8);
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&mem.bytes[o..o + 8]);
+                let old = u64::from_le_bytes(b);
+                mem.bytes[o..o + 8].copy_from_slice(&old.wrapping_add(v(&r, x)).to_le_bytes());
+                r[usize::from(d)] = old;
             }
             Ins::StV4(a, off, regs) => {
                 let addr = r[usize::from(a)].wrapping_add(off);

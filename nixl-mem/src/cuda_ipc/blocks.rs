@@ -100,8 +100,32 @@ impl CudaIpcBackend {
             remote: &spec.remote,
             is_local: spec.is_local,
             notif: spec.notif.as_deref(),
+            arrival: self.counters_on(spec.arrival, gpu.ordinal)?,
         };
         self.finish(&gpu, ends, work, how, kernel_ok, conflict)
+    }
+}
+
+impl CudaIpcBackend {
+    /// The counters' address for GPU `device`'s kernel (they are this process's memory: the
+    /// agent checked them inside the local list's regions); `NotSupported` on another GPU.
+    pub(super) fn counters_on(
+        &self,
+        arrival: Option<nixl_core::ArrivalCounters>,
+        device: usize,
+    ) -> Result<Option<u64>> {
+        match arrival {
+            None => Ok(None),
+            Some(a) if a.dev_id == device as u64 => Ok(Some(a.addr)),
+            Some(a) => Err(Error::not_supported(
+                &self.agent,
+                Op::MakeXfer,
+                format!(
+                    "arrival counters on GPU {} for a copy made by GPU {device}: put them on the GPU the data lands on",
+                    a.dev_id
+                ),
+            )),
+        }
     }
 }
 
@@ -217,6 +241,7 @@ mod tests {
                     .map(|(&a, &b)| BlockRun { local: a as u64, remote: b as u64, count: 1 })
                     .collect(),
                 notif: None,
+                arrival: None,
             };
             let here: Vec<StridedDesc> = pairs.iter().map(|p| p.remote).collect();
             if independent(&spec, &here) {

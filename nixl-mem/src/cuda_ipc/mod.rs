@@ -88,6 +88,8 @@ struct Ends<'a> {
     remote: &'a str,
     is_local: bool,
     notif: Option<&'a [u8]>,
+    /// Per-layer arrival counters (this process's device address) the launch advances.
+    arrival: Option<u64>,
 }
 
 struct Peer {
@@ -396,8 +398,13 @@ impl Backend for CudaIpcBackend {
             remote: &spec.remote,
             is_local: spec.is_local,
             notif: spec.notif.as_deref(),
+            arrival: None,
         };
         self.finish(&gpu, ends, Work::Copies(copies), how, kernel_ok, conflict)
+    }
+
+    fn supports_arrival(&self) -> bool {
+        true
     }
 
     fn wakes(&self) -> bool {
@@ -539,6 +546,15 @@ pub(crate) enum NoKernel {
     Hardware(String),
 }
 
+/// A request with arrival counters that cannot have them: only the copy kernel advances them.
+fn no_arrival(agent: &str, why: &str) -> Error {
+    Error::not_supported(
+        agent,
+        Op::MakeXfer,
+        format!("CUDA_IPC advances arrival counters only from its block and tile kernels: {why}"),
+    )
+}
+
 /// Whether a request's segments can take the copy kernel.
 pub(crate) type KernelOk = std::result::Result<(), NoKernel>;
 
@@ -628,7 +644,15 @@ impl CudaIpcBackend {
         };
         let mut note = None;
         let many = work.len() >= self.params.kernel_min_segments.max(1);
-        let eligible = self.params.copy_kernel && conflict.is_none() && many;
+        let counters = spec.arrival;
+        let eligible =
+            self.params.copy_kernel && conflict.is_none() && (many || counters.is_some());
+        if counters.is_some() && !(eligible && kernel_ok.is_ok()) {
+            return Err(no_arrival(
+                &self.agent,
+                "the request cannot take the copy kernel",
+            ));
+        }
         // A request the copy kernel would take, left to the copy engines only because of the
         // hardware (GPUs without peer access, a kernel that does not load): refused unless the
         // caller allowed it by name.
@@ -661,7 +685,14 @@ impl CudaIpcBackend {
                 }),
             };
             match plan {
+                Err(why) if counters.is_some() => return Err(no_arrival(&self.agent, &why)),
                 Ok(plan) => {
+                    let plan = match counters {
+                        Some(c) => plan
+                            .with_arrival(c)
+                            .map_err(|w| no_arrival(&self.agent, &w))?,
+                        None => plan,
+                    };
                     // The upload is in the event too: a request dropped before its first post
                     // still knows whether the GPU is done with its descriptors.
                     event

@@ -345,6 +345,7 @@ mod tests {
                 .collect(),
             runs,
             notif: None,
+            arrival: None,
         }
     }
 

@@ -46,6 +46,7 @@ impl CudaIpcBackend {
             remote: &spec.remote,
             is_local: spec.is_local,
             notif: spec.notif.as_deref(),
+            arrival: self.counters_on(spec.arrival, gpu.ordinal)?,
         };
         let (route, notif) = self.route(&ends)?;
         let kernel = gpu
@@ -63,6 +64,10 @@ impl CudaIpcBackend {
             &lane.stream,
         )
         .map_err(refuse)?;
+        let plan = match ends.arrival {
+            Some(c) => plan.with_arrival(c).map_err(refuse)?,
+            None => plan,
+        };
         // The upload is in the event too (a request dropped before its first post still
         // knows whether the GPU is done with its table).
         lane.event

@@ -74,6 +74,8 @@ pub(crate) struct KernelPlan {
     blocks: Option<BlockLayout>,
     /// Whether the array is a tile table (then `blocks` is its layout) for the tile kernel.
     tiles: bool,
+    /// The per-layer arrival counters the launch advances (the arrival kernels).
+    arrival: Option<u64>,
 }
 
 impl KernelPlan {
@@ -232,7 +234,31 @@ impl KernelPlan {
             grid,
             blocks,
             tiles: false,
+            arrival: None,
         })
+    }
+
+    /// Makes the launches advance the per-layer counters at `counters` (a table plan whose
+    /// arrival kernel loaded); the error says why it cannot.
+    pub(super) fn with_arrival(mut self, counters: u64) -> std::result::Result<Self, String> {
+        let (blocks, tiles) = self.kernel.has_arrival();
+        let why = match (&self.blocks, self.tiles) {
+            (None, _) => Some("the request is not a block table the block kernel takes"),
+            (Some(_), false) if !blocks => Some("the block kernel with counters did not load"),
+            (Some(_), true) if !tiles => Some("the tile kernel with counters did not load"),
+            _ => None,
+        };
+        if let Some(w) = why {
+            // Dropping the plan gives its buffers back (once the GPU is done with them).
+            return Err(w.to_owned());
+        }
+        self.arrival = Some(counters);
+        Ok(self)
+    }
+
+    /// What each post adds to every layer's counter: the table's items per layer.
+    pub(super) fn arrival_per_post(&self) -> Option<u64> {
+        self.arrival.and(self.blocks.map(|b| b.npieces))
     }
 
     fn descs(&self) -> u64 {
@@ -325,11 +351,24 @@ impl CudaIpcXfer {
                 };
                 return p
                     .kernel
-                    .launch_tiles(p.descs(), b, p.grid, &self.lane.stream);
+                    .launch_tiles(p.descs(), b, p.grid, &self.lane.stream, p.arrival);
+            }
+            if p.arrival.is_some() {
+                // Counters have no other engine either.
+                let Some(b) = &p.blocks else {
+                    return Err(CudaError {
+                        call: "cuLaunchKernel",
+                        code: 0,
+                        name: "an arrival plan without its table".to_owned(),
+                    });
+                };
+                return p
+                    .kernel
+                    .launch_blocks(p.descs(), b, p.grid, &self.lane.stream, p.arrival);
             }
             let launched = if let Some(b) = &p.blocks {
                 p.kernel
-                    .launch_blocks(p.descs(), b, p.grid, &self.lane.stream)
+                    .launch_blocks(p.descs(), b, p.grid, &self.lane.stream, p.arrival)
             } else {
                 p.kernel
                     .launch(p.descs(), p.count, p.grid, &self.lane.stream)
@@ -494,6 +533,13 @@ impl BackendXfer for CudaIpcXfer {
             self.device
         ))
     }
+    fn arrival_per_post(&self) -> Option<u64> {
+        match &self.engine {
+            Engine::Kernel(p) => p.arrival_per_post(),
+            _ => None,
+        }
+    }
+
     fn set_notif(&mut self, msg: Option<&[u8]>) -> Result<()> {
         self.notif = match msg {
             None => None,

@@ -116,6 +116,20 @@ impl KernelModule {
         self.launch_u64s(grid, threads, stream, args)
     }
 
+    /// Enqueues the function with five `u64` parameters (the arrival kernels: a table's four
+    /// and the counters). Crate invariant as [`Self::launch4`], and the counters are `u64`s of
+    /// device memory this context can reach, one per layer of the table, alive until the
+    /// launch completes.
+    pub(crate) fn launch5(
+        &self,
+        grid: u32,
+        threads: u32,
+        stream: &Stream,
+        args: [u64; 5],
+    ) -> Result<(), CudaError> {
+        self.launch_u64s(grid, threads, stream, args)
+    }
+
     /// The launch behind [`Self::launch2`] and [`Self::launch4`]: `N` `u64` parameters, which
     /// must match the kernel's `N` `.u64` parameters; the memory the kernel touches is the
     /// caller's crate invariant.

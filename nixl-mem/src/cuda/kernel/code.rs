@@ -119,7 +119,7 @@ $L_byte:
 	bra 	$L_byte;
 
 $L_next:
-	add.u64 	%rd3, %rd3, %rd4;
+@ARRIVE@	add.u64 	%rd3, %rd3, %rd4;
 	bra 	$L_item;
 
 $L_done:
@@ -196,6 +196,35 @@ pub(super) const BLOCKS: Parts = Parts {
 ",
 };
 
+/// Fences an item's stores and counts the item on its layer's counter (`%ra0` the counters,
+/// `@LAYER@` the layer): every thread's stores are made visible GPU-wide, the CTA meets, and
+/// thread 0 adds one. A consumer that sees a layer's counter reach its items sees its bytes.
+const ARRIVE: &str = "\t// Arrival: fence this thread's stores, meet, and thread 0 counts the item.
+\tmembar.gl;
+\tbar.sync \t0;
+\tsetp.ne.u64 \t%pa, @TID@, 0;
+\t@%pa bra \t$L_arrived;
+\tshl.b64 \t%ra1, @LAYER@, 3;
+\tadd.u64 \t%ra1, %ra1, %ra0;
+\tatom.global.add.u64 \t%ra2, [%ra1], 1;
+$L_arrived:
+";
+
+/// The arrival variant's extra parameter, registers and prologue.
+const ARRIVE_PARAM: &str = ",
+\t.param .u64 nixl_counters";
+const ARRIVE_REGS: &str = "\t.reg .pred \t%pa;\n\t.reg .b64 \t%ra<4>;\n";
+const ARRIVE_PROLOGUE: &str = "\tld.param.u64 \t%ra0, [nixl_counters];
+\tcvta.to.global.u64 \t%ra0, %ra0;
+";
+
+/// The block kernel's PTX for `shape` with per-layer arrival counters: after each item, its
+/// layer's `u64` counter (at `nixl_counters + 8 * layer`) is incremented once the item's
+/// bytes are visible; each post adds the pieces per layer to every layer's counter.
+pub(crate) fn ptx_blocks_arrival(shape: &KernelShape) -> String {
+    ptx_with(shape, &BLOCKS, Some("%rb3"))
+}
+
 /// Bytes per layer `(src base, src stride, dst base, dst stride)` and per piece
 /// `(src id, dst id, offset, len)` in a block table (`u64` little-endian each).
 pub(crate) const BLOCK_ENTRY_BYTES: usize = 32;
@@ -226,6 +255,12 @@ pub(crate) fn ptx_blocks(shape: &KernelShape) -> String {
 }
 
 pub(super) fn ptx_of(shape: &KernelShape, parts: &Parts) -> String {
+    ptx_with(shape, parts, None)
+}
+
+/// [`ptx_of`], with arrival counters where `layer` names the register holding an item's
+/// layer (the kernel is then `<name>_arrival`, with a fifth parameter `nixl_counters`).
+fn ptx_with(shape: &KernelShape, parts: &Parts, layer: Option<&str>) -> String {
     let u = shape.unroll.max(1);
     let load = if shape.nc_loads {
         "ld.global.nc.v4.u32"
@@ -269,13 +304,30 @@ pub(super) fn ptx_of(shape: &KernelShape, parts: &Parts) -> String {
     for k in 0..u {
         round += &format!("\t{store} \t[%sa{k}], {};\n", v(k));
     }
+    let (name, params, regs, prologue, arrive) = match layer {
+        None => (
+            parts.name.to_owned(),
+            parts.params.to_owned(),
+            parts.extra_regs.to_owned(),
+            parts.prologue.to_owned(),
+            String::new(),
+        ),
+        Some(l) => (
+            format!("{}_arrival", parts.name),
+            format!("{}{ARRIVE_PARAM}", parts.params),
+            format!("{}{ARRIVE_REGS}", parts.extra_regs),
+            format!("{}{ARRIVE_PROLOGUE}", parts.prologue),
+            ARRIVE.replace("@TID@", "%rd5").replace("@LAYER@", l),
+        ),
+    };
     let mut s = TEMPLATE
         .replace("@TITLE@", parts.title)
-        .replace("@NAME@", parts.name)
-        .replace("@PARAMS@", parts.params)
-        .replace("@EXTRA_REGS@", parts.extra_regs)
-        .replace("@PROLOGUE@", parts.prologue)
+        .replace("@NAME@", &name)
+        .replace("@PARAMS@", &params)
+        .replace("@EXTRA_REGS@", &regs)
+        .replace("@PROLOGUE@", &prologue)
         .replace("@FETCH@", parts.fetch)
+        .replace("@ARRIVE@", &arrive)
         .replace("@SHAPE@", &shape.to_string())
         .replace("@THREADS@", &shape.threads.to_string())
         .replace("@VREGS@", &(4 * u).to_string())
@@ -307,15 +359,15 @@ pub(super) const TILES_TEMPLATE: &str = r#"//
 .target sm_70
 .address_size 64
 
-.visible .entry nixl_copy_tiles(
+.visible .entry @NAME@(
 	.param .u64 nixl_descs,
 	.param .u64 nixl_count,
 	.param .u64 nixl_pieces,
-	.param .u64 nixl_npieces
+	.param .u64 nixl_npieces@ARRIVE_PARAM@
 )
 .maxntid @THREADS@, 1, 1
 {
-	.reg .pred 	%p<4>;
+@ARRIVE_REGS@	.reg .pred 	%p<4>;
 	.reg .b32 	%q<4>;
 	.reg .b32 	%v<@VREGS@>;
 	.reg .b64 	%rd<33>;
@@ -328,7 +380,7 @@ pub(super) const TILES_TEMPLATE: &str = r#"//
 	ld.param.u64 	%rd4, [nixl_npieces];
 	cvta.to.global.u64 	%rd1, %rd1;
 	cvta.to.global.u64 	%rd3, %rd3;
-	// The header: rd6 = B, rd7 = VR, rd8/rd9 = src outer/inner, rd10/rd11 = dst
+@ARRIVE_PROLOGUE@	// The header: rd6 = B, rd7 = VR, rd8/rd9 = src outer/inner, rd10/rd11 = dst
 	// outer/inner, rd12 = vectors per tile.
 	ld.global.nc.u64 	%rd6, [%rd1+8];
 	ld.global.nc.u64 	%rd7, [%rd1+16];
@@ -360,7 +412,7 @@ $L_item:
 	cvt.u32.u64 	%q0, %rd13;
 	div.u32 	%q0, %q0, %q1;
 	cvt.u64.u32 	%rd19, %q0;
-	mul.lo.u64 	%rd20, %rd19, %rd4;
+@KEEP_LAYER@	mul.lo.u64 	%rd20, %rd19, %rd4;
 	sub.u64 	%rd20, %rd13, %rd20;
 	shl.b64 	%rd19, %rd19, 5;
 	add.u64 	%rd19, %rd19, %rd1;
@@ -400,7 +452,7 @@ $L_one:
 	bra 	$L_one;
 
 $L_next:
-	add.u64 	%rd13, %rd13, %rd14;
+@ARRIVE@	add.u64 	%rd13, %rd13, %rd14;
 	bra 	$L_item;
 
 $L_done:
@@ -440,6 +492,16 @@ pub(super) const TILE_UNROLL: u32 = 4;
 /// The tile kernel's PTX for `shape` (its threads, load and store hints; the chunk and
 /// schedule do not apply: a CTA copies whole tiles), NUL-terminated.
 pub(crate) fn ptx_tiles(shape: &KernelShape) -> String {
+    tiles_of(shape, false)
+}
+
+/// The tile kernel's PTX with per-layer arrival counters (as [`ptx_blocks_arrival`]: each post
+/// adds the tiles per layer to every layer's counter).
+pub(crate) fn ptx_tiles_arrival(shape: &KernelShape) -> String {
+    tiles_of(shape, true)
+}
+
+fn tiles_of(shape: &KernelShape, arrival: bool) -> String {
     let u = TILE_UNROLL;
     let load = if shape.nc_loads {
         "ld.global.nc.v4.u32"
@@ -471,7 +533,30 @@ pub(crate) fn ptx_tiles(shape: &KernelShape) -> String {
     for k in 0..u {
         round += &format!("\t{store} \t[%sa{k}], {};\n", v(k));
     }
+    let pick = |on: &str| {
+        if arrival {
+            on.to_owned()
+        } else {
+            String::new()
+        }
+    };
     let mut s = TILES_TEMPLATE
+        .replace(
+            "@NAME@",
+            if arrival {
+                "nixl_copy_tiles_arrival"
+            } else {
+                "nixl_copy_tiles"
+            },
+        )
+        .replace("@ARRIVE_PARAM@", &pick(ARRIVE_PARAM))
+        .replace("@ARRIVE_REGS@", &pick(ARRIVE_REGS))
+        .replace("@ARRIVE_PROLOGUE@", &pick(ARRIVE_PROLOGUE))
+        .replace("@KEEP_LAYER@", &pick("\tmov.u64 \t%ra3, %rd19;\n"))
+        .replace(
+            "@ARRIVE@",
+            &pick(&ARRIVE.replace("@TID@", "%rd15").replace("@LAYER@", "%ra3")),
+        )
         .replace("@SHAPE@", &shape.to_string())
         .replace("@THREADS@", &shape.threads.to_string())
         .replace("@VREGS@", &(4 * u).to_string())

@@ -10,6 +10,9 @@ pub(crate) struct CopyKernel {
     blocks: Option<KernelModule>,
     /// The tile kernel (same threads and hints), where it loaded.
     tiles: Option<KernelModule>,
+    /// The block and tile kernels with per-layer arrival counters, where they loaded.
+    blocks_arrival: Option<KernelModule>,
+    tiles_arrival: Option<KernelModule>,
     shape: KernelShape,
     /// CTAs of the shape resident on the whole GPU at once.
     resident: u32,
@@ -53,10 +56,19 @@ impl CopyKernel {
         let tiles = optional(ptx_tiles(&shape), TILES_NAME)
             .inspect_err(|e| tracing::warn!(error = %e, "the tile copy kernel did not load; tile transfers are refused"))
             .ok();
+        let arrival = |text: String, name: &CStr| {
+            optional(text, name)
+                .inspect_err(|e| tracing::warn!(error = %e, "an arrival-counter copy kernel did not load; requests with arrival counters are refused"))
+                .ok()
+        };
+        let blocks_arrival = arrival(ptx_blocks_arrival(&shape), c"nixl_copy_blocks_arrival");
+        let tiles_arrival = arrival(ptx_tiles_arrival(&shape), c"nixl_copy_tiles_arrival");
         Ok(CopyKernel {
             module,
             blocks,
             tiles,
+            blocks_arrival,
+            tiles_arrival,
             shape,
             resident,
         })
@@ -99,8 +111,14 @@ impl CopyKernel {
         layout: &BlockLayout,
         grid: u32,
         stream: &Stream,
+        counters: Option<u64>,
     ) -> Result<(), CudaError> {
-        let Some(m) = &self.tiles else {
+        let m = if counters.is_some() {
+            &self.tiles_arrival
+        } else {
+            &self.tiles
+        };
+        let Some(m) = m else {
             return Err(CudaError {
                 call: "cuLaunchKernel",
                 code: sys::CUresult::CUDA_ERROR_NOT_FOUND as u32,
@@ -110,13 +128,19 @@ impl CopyKernel {
         if layout.items == 0 {
             return Ok(());
         }
-        let args = [
-            table,
-            layout.items,
-            table + layout.pieces_at as u64,
-            layout.npieces,
-        ];
-        m.launch4(grid.max(1), self.shape.threads, stream, args)
+        launch_table(
+            m,
+            (table, layout),
+            grid,
+            self.shape.threads,
+            stream,
+            counters,
+        )
+    }
+
+    /// Whether the kernels taking arrival counters loaded (blocks, tiles).
+    pub(crate) fn has_arrival(&self) -> (bool, bool) {
+        (self.blocks_arrival.is_some(), self.tiles_arrival.is_some())
     }
 
     /// Whether the block kernel loaded.
@@ -136,8 +160,14 @@ impl CopyKernel {
         layout: &BlockLayout,
         grid: u32,
         stream: &Stream,
+        counters: Option<u64>,
     ) -> Result<(), CudaError> {
-        let Some(m) = &self.blocks else {
+        let m = if counters.is_some() {
+            &self.blocks_arrival
+        } else {
+            &self.blocks
+        };
+        let Some(m) = m else {
             return Err(CudaError {
                 call: "cuLaunchKernel",
                 code: sys::CUresult::CUDA_ERROR_NOT_FOUND as u32,
@@ -147,13 +177,14 @@ impl CopyKernel {
         if layout.items == 0 {
             return Ok(());
         }
-        let args = [
-            table,
-            layout.items,
-            table + layout.pieces_at as u64,
-            layout.npieces,
-        ];
-        m.launch4(grid.max(1), self.shape.threads, stream, args)
+        launch_table(
+            m,
+            (table, layout),
+            grid,
+            self.shape.threads,
+            stream,
+            counters,
+        )
     }
 
     /// Enqueues the kernel over `count` descriptors at device address `descs` on `stream`,
@@ -175,6 +206,31 @@ impl CopyKernel {
         }
         self.module
             .launch2(grid.max(1), self.shape.threads, stream, descs, count)
+    }
+}
+
+/// Launches a table kernel (blocks or tiles) with its four parameters, and the counters where
+/// it is an arrival kernel.
+fn launch_table(
+    m: &KernelModule,
+    (table, layout): (u64, &BlockLayout),
+    grid: u32,
+    threads: u32,
+    stream: &Stream,
+    counters: Option<u64>,
+) -> Result<(), CudaError> {
+    let args = [
+        table,
+        layout.items,
+        table + layout.pieces_at as u64,
+        layout.npieces,
+    ];
+    match counters {
+        None => m.launch4(grid.max(1), threads, stream, args),
+        Some(c) => {
+            let [a, b, d, e] = args;
+            m.launch5(grid.max(1), threads, stream, [a, b, d, e, c])
+        }
     }
 }
 

@@ -140,3 +140,112 @@ fn tile_tables_the_kernel_cannot_copy_are_named() {
         .table(0x1000, 0x2000, 1, &[(0, 0, 0)])
         .write(&mut small));
 }
+
+/// The arrival variants copy the same bytes and add one per item to the item's layer's
+/// counter: after two launches, every layer's counter is twice its items.
+#[test]
+fn arrival_kernels_count_each_layers_items() {
+    let base = 0x7f00_0000_0000u64;
+    let shape = KernelShape::default();
+    let kv = Kv {
+        layers: 3,
+        pool: 4,
+        sh: 2,
+        dh: 2,
+        n: 2,
+        row: 32,
+    };
+    let table_area = 4096u64;
+    let counters = base + table_area - 64;
+    let src = base + table_area;
+    let dst = src + kv.layers * kv.pool * kv.sblock();
+    let end = dst + kv.layers * kv.pool * kv.dblock();
+    let pairs = [(0, 3, 0), (1, 2, 0)];
+    let t = kv.table(src, dst, 2, &pairs);
+    let mut image = vec![0u8; (end - base) as usize];
+    for (i, b) in image.iter_mut().enumerate().skip(table_area as usize) {
+        *b = (i as u64).wrapping_mul(0x9E37_79B9).wrapping_shr(7) as u8 | 1;
+    }
+    let count = |m: &Memory, l: u64| {
+        let o = (counters - base + 8 * l) as usize;
+        u64::from_le_bytes(m.bytes[o..o + 8].try_into().unwrap())
+    };
+    // Tiles: with and without counters, the same bytes.
+    let mut plain = Memory::new(base, image.clone());
+    assert!(t.write(&mut plain.bytes));
+    let mut counted = Memory::new(base, plain.bytes.clone());
+    let params = |with: bool| {
+        let mut p = vec![
+            ("nixl_descs", base),
+            ("nixl_count", t.items()),
+            ("nixl_pieces", base + t.tiles_at() as u64),
+            ("nixl_npieces", t.tiles.len() as u64),
+        ];
+        if with {
+            p.push(("nixl_counters", counters));
+        }
+        p
+    };
+    run(
+        &Program::parse(&ptx_tiles(&shape)),
+        &mut plain,
+        &params(false),
+        4,
+        64,
+    )
+    .unwrap();
+    let prog = Program::parse(&ptx_tiles_arrival(&shape));
+    for _ in 0..2 {
+        run(&prog, &mut counted, &params(true), 4, 64).unwrap();
+    }
+    let at = table_area as usize;
+    assert!(counted.bytes[at..] == plain.bytes[at..]);
+    for l in 0..kv.layers {
+        assert_eq!(count(&counted, l), 2 * pairs.len() as u64, "tile layer {l}");
+    }
+
+    // Blocks: layers of 3 pools, pieces (src id, dst id, offset, len) of 48-byte blocks.
+    let bb = 48u64;
+    let mut table = Vec::new();
+    for l in 0..kv.layers {
+        for w in [src + l * 4 * bb, bb, dst + l * 4 * bb, bb] {
+            table.extend_from_slice(&w.to_le_bytes());
+        }
+    }
+    let pieces_at = table.len() as u64;
+    for (s, d) in [(0u64, 1u64), (2, 3), (3, 0)] {
+        for w in [s, d, 0, bb] {
+            table.extend_from_slice(&w.to_le_bytes());
+        }
+    }
+    let mut m = Memory::new(base, image);
+    m.bytes[..table.len()].copy_from_slice(&table);
+    let bparams = [
+        ("nixl_descs", base),
+        ("nixl_count", 3 * kv.layers),
+        ("nixl_pieces", base + pieces_at),
+        ("nixl_npieces", 3),
+        ("nixl_counters", counters),
+    ];
+    let mut want = m.bytes.clone();
+    for l in 0..kv.layers {
+        for (s, d) in [(0u64, 1u64), (2, 3), (3, 0)] {
+            let so = (src - base + l * 4 * bb + s * bb) as usize;
+            let d_o = (dst - base + l * 4 * bb + d * bb) as usize;
+            let bytes = m.bytes[so..so + bb as usize].to_vec();
+            want[d_o..d_o + bb as usize].copy_from_slice(&bytes);
+        }
+    }
+    run(
+        &Program::parse(&ptx_blocks_arrival(&shape)),
+        &mut m,
+        &bparams,
+        2,
+        32,
+    )
+    .unwrap();
+    assert!(m.bytes[at..] == want[at..]);
+    for l in 0..kv.layers {
+        assert_eq!(count(&m, l), 3, "block layer {l}");
+    }
+}

@@ -16,6 +16,7 @@
 #   native           DRAM sweep against native NIXL 1.5.1 on the GPU host's CPUs
 #   scale            block tables at Llama/MoE scale through CUDA_IPC
 #   kv               issue 26: KV layouts between GPUs (prefill TP on GPU 0, decode TP on GPU 1)
+#   arrival          issue 27: async completion and GPU-waitable per-layer arrival on GPUs
 #   recheck, cma     issue 14's re-measurements; direct CMA against native NIXL
 #   two-gpu-issue18  the first two-GPU run (gpu_bench, nixlbench over UCX)
 set -uo pipefail

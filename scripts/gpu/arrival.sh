@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# GPU suite `arrival` (issue 27): `scripts/gpu.sh arrival build` here, `scripts/gpu.sh arrival
+# run` on a two-GPU machine (kind nvidia-h200-x2; the one-GPU tests also run on one GPU).
+# Carry [".carry/bin"].
+#
+# Completion without polling on GPUs: the async future over CUDA_IPC (woken by a host function
+# after the copies; nixl-mem tests/async_gpu.rs) and GPU-waitable arrival (per-layer counters
+# the copy kernel advances, a decode-side kernel waiting on them layer by layer; nixl-mem
+# tests/arrival_gpu.rs), with the Llama-3-70B benchmark: layer 0 usable vs the whole request.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+# shellcheck source=scripts/gpu/pick.sh
+. scripts/gpu/pick.sh
+
+build() {
+    set -e
+    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-gpu}"
+    export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
+    local bin=.carry/bin
+    rm -rf "$bin"; mkdir -p "$bin"
+    for t in async_gpu arrival_gpu; do
+        cp "$(cargo test --release -p nixl-mem --test "$t" --no-run --message-format=json 2>/dev/null | pick "$t")" "$bin/test-$t"
+    done
+    ls -la "$bin"
+}
+
+run() {
+    OUT="${OUT:-/tmp/nixl-gpu-out}"; mkdir -p "$OUT"
+    local s="$OUT/arrival-summary.txt"
+    nvidia-smi -L > "$s" 2>&1
+    export NIXL_REQUIRE_DEPS=1 NIXL_ALLOW_SKIP="rocm-gpu,efa,fi-hmem,nvidia-fs,cuda-ucx,ucx,nixl"
+    for t in async_gpu arrival_gpu; do
+        timeout 280 ".carry/bin/test-$t" --test-threads 1 --nocapture > "$OUT/$t.log" 2>&1
+        echo "rc=$?" >> "$OUT/$t.log"
+        grep -a -E "polls|usable|released|^test |test result|panicked|SKIPPED|rc=" "$OUT/$t.log" | tee -a "$s"
+    done
+}
+
+case "${1:-}" in
+    build) build ;;
+    run) run ;;
+    *) echo "usage: scripts/gpu.sh arrival build|run" >&2; exit 2 ;;
+esac

@@ -9,10 +9,11 @@
 pub use nixl_core as core;
 pub use nixl_core::nixl_wire;
 pub use nixl_core::{
-    Agent, AgentConfig, Auth, Credential, Desc, Error, ErrorKind, HostBuffer, KvLayout, KvOrder,
-    KvPeerXfer, KvPlan, KvTensor, KvTilePlan, KvTileXfer, Limits, MemKind, MemoryRegion, Notifs,
-    PreparedList, RegionDesc, Registration, Result, RowStrides, StridedDesc, StridedDescList, Tile,
-    TileShape, XferDescList, XferOp, XferOptions, XferReq, XferState, XferTarget,
+    Agent, AgentConfig, ArrivalCounters, Auth, Credential, Desc, Error, ErrorKind, HostBuffer,
+    KvLayout, KvOrder, KvPeerXfer, KvPlan, KvTensor, KvTilePlan, KvTileXfer, LeaseId, LeaseState,
+    Limits, MemKind, MemoryRegion, NotifStream, Notifs, PreparedList, RegionDesc, Registration,
+    Result, RowStrides, StridedDesc, StridedDescList, Tile, TileShape, XferDescList, XferFuture,
+    XferOp, XferOptions, XferReq, XferState, XferTarget,
 };
 pub use nixl_mem as mem;
 

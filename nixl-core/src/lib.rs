@@ -94,7 +94,7 @@ use wire::{auth, codec, integrity};
 pub use agent::prep::PreparedList;
 pub use agent::registration::Registration;
 pub use agent::remote::MetadataSelection;
-pub use agent::{Agent, AgentConfig, BackendHandle, NotifStream, XferFuture};
+pub use agent::{Agent, AgentConfig, BackendHandle, LeaseId, LeaseState, NotifStream, XferFuture};
 pub use arrival::ArrivalCounters;
 pub use auth::{Auth, Credential};
 pub use backend::XferState;

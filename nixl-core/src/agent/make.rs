@@ -68,6 +68,9 @@ impl Agent {
             Side::SelfTarget => (self.shared.name.clone(), None, true),
             Side::Remote(p) => (p.name.clone(), Some(p.clone()), false),
         };
+        if let Some(id) = opts.lease {
+            crate::agent::lease::check_held(&self.shared, &remote_name, id, Op::MakeXfer)?;
+        }
         if opts.integrity {
             check_integrity(
                 me,
@@ -416,6 +419,7 @@ impl Agent {
             plan
         });
         XferReq::new(ReqParts {
+            lease: opts.lease,
             shared: self.shared.clone(),
             op,
             backend: slot,

@@ -2,6 +2,7 @@
 
 mod config;
 mod future;
+pub(crate) mod lease;
 mod load;
 pub(crate) mod make;
 pub(crate) mod make_blocks;
@@ -18,6 +19,7 @@ mod sidechannel;
 mod xfer;
 
 pub use future::{NotifStream, XferFuture};
+pub use lease::{LeaseId, LeaseState};
 
 pub use config::AgentConfig;
 pub(crate) use shared::{FetchStatus, Shared, MAX_UNCERTAIN};
@@ -295,6 +297,7 @@ impl Agent {
             remotes: Mutex::new(HashMap::new()),
             peer_locks: Mutex::new(HashMap::new()),
             notifs: Arc::new(notifs),
+            leases: crate::agent::lease::Leases::default(),
             wake: crate::backend::Wake::new(),
             progress_running: std::sync::atomic::AtomicBool::new(false),
             fetches: Mutex::new(HashMap::new()),
@@ -310,6 +313,15 @@ impl Agent {
             draining: Mutex::new(Vec::new()),
         });
         let agent = Agent { shared };
+        // Lease control messages are the agent's own: taken off the notification path.
+        let weak = Arc::downgrade(&agent.shared);
+        agent.shared.notifs.set_control(
+            crate::agent::lease::PREFIX,
+            crate::notif::Control(Box::new(move |sender, msg| match weak.upgrade() {
+                Some(s) => s.leases.take(&weak, sender, msg),
+                None => false,
+            })),
+        );
         if agent.shared.config.listen {
             crate::sidechannel::start_listener(&agent)?;
         }

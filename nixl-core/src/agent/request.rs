@@ -70,6 +70,8 @@ impl ReqSpec {
 
 /// What [`XferReq::new`] assembles a request from.
 pub(crate) struct ReqParts {
+    /// The lease the request's posts need (see [`XferOptions::lease`]).
+    pub lease: Option<crate::LeaseId>,
     pub shared: Arc<Shared>,
     pub op: XferOp,
     pub backend: Arc<BackendSlot>,
@@ -119,6 +121,10 @@ pub struct XferOptions {
     /// Per-layer counters the copy advances on the GPU as each layer lands (block and tile
     /// requests; see [`crate::ArrivalCounters`]).
     pub arrival: Option<crate::ArrivalCounters>,
+    /// A lease this agent holds on the remote agent's blocks ([`Agent::acquire_lease`](crate::Agent::acquire_lease)):
+    /// the request is refused, and every later post, with [`Error::LeaseExpired`] (nothing
+    /// moved) once the lease has run out on this agent's clock or was released.
+    pub lease: Option<crate::LeaseId>,
 }
 
 impl XferOptions {
@@ -204,6 +210,8 @@ pub struct XferReq {
     /// Keeps the memory of both lists' regions valid (leaked if a cancel is unconfirmed).
     keep: Option<[Regions; 2]>,
     note: Option<String>,
+    /// The lease every post needs (checked before the backend sees it).
+    lease: Option<crate::LeaseId>,
 }
 
 impl std::fmt::Debug for XferReq {
@@ -265,6 +273,7 @@ impl XferReq {
             }),
             keep: Some(p.keep),
             note: p.note,
+            lease: p.lease,
         }
     }
 
@@ -415,6 +424,9 @@ impl XferReq {
                 "the backend has not yet released the previous post (it ended by its deadline \
                  or its peer's failure while in flight)",
             ));
+        }
+        if let Some(id) = self.lease {
+            crate::agent::lease::check_held(&self.shared, self.spec.remote(), id, Op::PostXfer)?;
         }
         let start = Instant::now();
         self.peer_check(start)?;

@@ -20,6 +20,8 @@ pub(crate) struct Shared {
     /// transfers, nor across other peers' loads).
     pub peer_locks: Mutex<HashMap<String, std::sync::Weak<Mutex<()>>>>,
     pub notifs: Arc<NotifQueue>,
+    /// Leases this agent published and holds, and their control messages.
+    pub leases: crate::agent::lease::Leases,
     /// Wakes the agent's pending request futures (backends hold clones).
     pub wake: crate::backend::Wake,
     /// Whether the agent's progress thread runs (configured, or started for an async caller).

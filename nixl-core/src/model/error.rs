@@ -54,6 +54,8 @@ pub enum Op {
     Progress,
     /// Allocating or mapping memory (nixl-mem).
     Allocate,
+    /// Publishing, acquiring, renewing or releasing a lease on published blocks.
+    Lease,
 }
 
 impl fmt::Display for Op {
@@ -238,6 +240,19 @@ pub enum Error {
         /// How long it waited.
         elapsed: std::time::Duration,
     },
+    /// A lease on a peer's published blocks expired (or was released, or was never granted)
+    /// before the request: nothing of it moved.
+    #[error("{agent}: {op}: lease {lease:#x} on {remote}'s blocks expired")]
+    LeaseExpired {
+        /// The agent.
+        agent: String,
+        /// The peer whose blocks the lease covered.
+        remote: String,
+        /// The operation.
+        op: Op,
+        /// The lease.
+        lease: u64,
+    },
     /// A memory or device call made outside any agent (allocating, mapping or exporting
     /// memory; a GPU driver): what the memory types of nixl-mem return through `?`. Its
     /// [`Error::kind`] is the failure's kind (`InvalidParam`, `NotSupported`, `Io`, ...), its
@@ -344,6 +359,7 @@ impl Error {
             Error::Corrupt { .. } => ErrorKind::Corrupt,
             Error::LimitExceeded { .. } => ErrorKind::LimitExceeded,
             Error::Io { .. } => ErrorKind::Io,
+            Error::LeaseExpired { .. } => ErrorKind::LeaseExpired,
             Error::Local { kind, .. } => *kind,
         }
     }
@@ -487,6 +503,8 @@ pub enum ErrorKind {
     LimitExceeded,
     /// [`Error::Io`].
     Io,
+    /// [`Error::LeaseExpired`].
+    LeaseExpired,
 }
 
 impl ErrorKind {
@@ -509,6 +527,7 @@ impl ErrorKind {
             ErrorKind::Corrupt => "corrupt",
             ErrorKind::LimitExceeded => "limit_exceeded",
             ErrorKind::Io => "io",
+            ErrorKind::LeaseExpired => "lease_expired",
         }
     }
 }

@@ -21,6 +21,18 @@ const MAX_DROP_NAMES: usize = 1024;
 /// Notifications drained from an agent: sender name to messages, in arrival order.
 pub type Notifs = HashMap<String, Vec<Vec<u8>>>;
 
+/// The function behind [`Control`].
+pub(crate) type ControlFn = dyn Fn(&str, Vec<u8>) -> bool + Send + Sync;
+
+/// Takes a control message `(sender, bytes)`; false where it was dropped.
+pub(crate) struct Control(pub Box<ControlFn>);
+
+impl std::fmt::Debug for Control {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Control")
+    }
+}
+
 /// A thread-safe queue of received notifications, shared by an agent and its backends.
 #[derive(Debug)]
 pub struct NotifQueue {
@@ -28,6 +40,8 @@ pub struct NotifQueue {
     ready: Condvar,
     /// Wakes notification streams.
     wake: crate::backend::Wake,
+    /// The agent's own control messages (a prefix and who takes them): never queued.
+    control: parking_lot::RwLock<Option<(&'static [u8], Control)>>,
     max_bytes: usize,
     max_bytes_per_sender: usize,
 }
@@ -82,6 +96,7 @@ impl NotifQueue {
             inner: Mutex::new(Inner::default()),
             ready: Condvar::new(),
             wake: crate::backend::Wake::new(),
+            control: parking_lot::RwLock::new(None),
             max_bytes,
             max_bytes_per_sender,
         }
@@ -91,8 +106,19 @@ impl NotifQueue {
         self.inner.lock()
     }
 
+    /// Hands messages starting with `prefix` to `take` instead of queueing them (the agent's
+    /// lease messages); `take` must not block.
+    pub(crate) fn set_control(&self, prefix: &'static [u8], take: Control) {
+        *self.control.write() = Some((prefix, take));
+    }
+
     /// Adds a message from `sender`; returns false when it did not fit (dropped and counted).
     pub fn push(&self, sender: &str, msg: Vec<u8>) -> bool {
+        if let Some((prefix, take)) = &*self.control.read() {
+            if msg.starts_with(prefix) {
+                return (take.0)(sender, msg);
+            }
+        }
         let c = cost(&msg);
         let mut g = self.lock();
         let mine = g.sender_bytes.get(sender).copied().unwrap_or(0);

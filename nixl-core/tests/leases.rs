@@ -1,0 +1,333 @@
+//! Leases on published blocks (issue 27, part 3), between agents over INPROC's notification
+//! path (the UCX run is the facade's `tests/leases_ucx.rs`): a reader that renews, one that
+//! releases, one that dies (the target reclaims after expiry), one that reads after expiry
+//! (typed `LeaseExpired`, nothing moved), and peers that lie or flood.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nixl_core::{
+    Agent, AgentConfig, Desc, ErrorKind, HostBuffer, InprocParams, LeaseId, LeaseState, MemKind,
+    Registration, XferDescList, XferOp, XferOptions, XferReq,
+};
+
+const LEN: usize = 1 << 14;
+const ASK: Duration = Duration::from_secs(10);
+
+struct Pair {
+    target: Agent,
+    reader: Agent,
+    src: Arc<HostBuffer>,
+    dst: Arc<HostBuffer>,
+    _regs: (Registration, Registration),
+}
+
+fn pair(tag: &str) -> Pair {
+    let pid = std::process::id();
+    let mk = |n: &str| {
+        let a = Agent::new(&format!("{tag}-{n}-{pid}"), AgentConfig::default()).unwrap();
+        a.create_backend(InprocParams::default()).unwrap();
+        a
+    };
+    let (target, reader) = (mk("prefill"), mk("decode"));
+    let src = Arc::new(HostBuffer::new(LEN).unwrap());
+    let dst = Arc::new(HostBuffer::new(LEN).unwrap());
+    src.fill(0x42);
+    dst.fill(0);
+    let rt = target.register_mem(vec![src.clone()], &[]).unwrap();
+    let rr = reader.register_mem(vec![dst.clone()], &[]).unwrap();
+    target
+        .load_remote_metadata(&reader.local_metadata().unwrap())
+        .unwrap();
+    reader
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    Pair {
+        target,
+        reader,
+        src,
+        dst,
+        _regs: (rt, rr),
+    }
+}
+
+fn read(p: &Pair, lease: Option<LeaseId>) -> nixl_core::Result<XferReq> {
+    let l = XferDescList::from_descs(MemKind::Dram, [Desc::new(p.dst.addr(), LEN as u64)]);
+    let r = XferDescList::from_descs(MemKind::Dram, [Desc::new(p.src.addr(), LEN as u64)]);
+    p.reader.create_xfer_req(
+        XferOp::Read,
+        &l,
+        &r,
+        p.target.name(),
+        XferOptions {
+            lease,
+            ..XferOptions::default()
+        },
+    )
+}
+
+fn moved(p: &Pair) -> bool {
+    p.dst.to_vec().iter().all(|&b| b == 0x42)
+}
+
+/// Polls the target's view until `f` holds (the target learns from control messages).
+fn eventually(p: &Pair, id: LeaseId, f: impl Fn(LeaseState) -> bool) -> LeaseState {
+    let end = Instant::now() + ASK;
+    loop {
+        let s = p.target.lease_state(id).unwrap();
+        if f(s) || Instant::now() > end {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_reader_that_renews_keeps_reading_past_the_first_duration() {
+    let p = pair("renew");
+    let ttl = Duration::from_millis(300);
+    let id = p.target.publish_lease(&[p.reader.name()], ttl).unwrap();
+    assert_eq!(
+        p.target.lease_state(id).unwrap(),
+        LeaseState::Active {
+            holding: 0,
+            pending: 1
+        }
+    );
+    p.reader.acquire_lease(p.target.name(), id, ASK).unwrap();
+    let req = read(&p, Some(id)).unwrap();
+    let end = Instant::now() + ttl * 4;
+    while Instant::now() < end {
+        std::thread::sleep(ttl / 3);
+        p.reader.renew_lease(p.target.name(), id, ASK).unwrap();
+        p.reader.post_xfer_req(&req).unwrap();
+        req.wait(ASK).unwrap();
+    }
+    assert!(moved(&p));
+    assert_eq!(
+        p.target.lease_state(id).unwrap(),
+        LeaseState::Active {
+            holding: 1,
+            pending: 0
+        }
+    );
+    p.reader.release_lease(p.target.name(), id).unwrap();
+    let s = eventually(&p, id, |s| matches!(s, LeaseState::Done { .. }));
+    assert_eq!(
+        s,
+        LeaseState::Done {
+            released: 1,
+            expired: 0
+        }
+    );
+    // Released: the next post is refused and moves nothing.
+    p.dst.fill(0);
+    let e = p.reader.post_xfer_req(&req).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::LeaseExpired, "{e}");
+    assert!(!moved(&p));
+    // And a renewal after release is denied.
+    assert_eq!(
+        p.reader
+            .renew_lease(p.target.name(), id, ASK)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::LeaseExpired
+    );
+}
+
+#[test]
+fn a_reader_that_releases_frees_the_blocks_at_once() {
+    let p = pair("release");
+    let id = p
+        .target
+        .publish_lease(&[p.reader.name()], Duration::from_secs(60))
+        .unwrap();
+    p.reader.acquire_lease(p.target.name(), id, ASK).unwrap();
+    let req = read(&p, Some(id)).unwrap();
+    p.reader.post_xfer_req(&req).unwrap();
+    req.wait(ASK).unwrap();
+    assert!(moved(&p));
+    let t = Instant::now();
+    p.reader.release_lease(p.target.name(), id).unwrap();
+    let s = eventually(&p, id, |s| matches!(s, LeaseState::Done { .. }));
+    assert_eq!(
+        s,
+        LeaseState::Done {
+            released: 1,
+            expired: 0
+        }
+    );
+    // Long before the 60 s lease would have run out.
+    assert!(t.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn a_reader_that_dies_is_reclaimed_after_expiry() {
+    let p = pair("dies");
+    let ttl = Duration::from_millis(200);
+    let other = Agent::new(
+        &format!("dies-other-{}", std::process::id()),
+        AgentConfig::default(),
+    )
+    .unwrap();
+    other.create_backend(InprocParams::default()).unwrap();
+    other
+        .load_remote_metadata(&p.target.local_metadata().unwrap())
+        .unwrap();
+    p.target
+        .load_remote_metadata(&other.local_metadata().unwrap())
+        .unwrap();
+    let id = p
+        .target
+        .publish_lease(&[p.reader.name(), other.name()], ttl)
+        .unwrap();
+    p.reader.acquire_lease(p.target.name(), id, ASK).unwrap();
+    other.acquire_lease(p.target.name(), id, ASK).unwrap();
+    // One reader releases; the other dies holding its grant.
+    p.reader.release_lease(p.target.name(), id).unwrap();
+    drop(other);
+    let s = eventually(&p, id, |s| {
+        matches!(s, LeaseState::Active { holding: 1, .. })
+    });
+    assert_eq!(
+        s,
+        LeaseState::Active {
+            holding: 1,
+            pending: 0
+        }
+    );
+    let t = Instant::now();
+    let s = eventually(&p, id, |s| matches!(s, LeaseState::Done { .. }));
+    assert_eq!(
+        s,
+        LeaseState::Done {
+            released: 1,
+            expired: 1
+        }
+    );
+    assert!(t.elapsed() <= ttl + Duration::from_secs(5));
+}
+
+#[test]
+fn a_read_after_expiry_is_refused_and_moves_nothing() {
+    let p = pair("late");
+    let ttl = Duration::from_millis(100);
+    let id = p.target.publish_lease(&[p.reader.name()], ttl).unwrap();
+    p.reader.acquire_lease(p.target.name(), id, ASK).unwrap();
+    let req = read(&p, Some(id)).unwrap();
+    std::thread::sleep(ttl + Duration::from_millis(50));
+    let e = p.reader.post_xfer_req(&req).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::LeaseExpired, "{e}");
+    assert!(e.to_string().contains(p.target.name()), "{e}");
+    assert!(!moved(&p), "nothing moved");
+    // A new request with it is refused when made.
+    assert_eq!(
+        read(&p, Some(id)).unwrap_err().kind(),
+        ErrorKind::LeaseExpired
+    );
+    // The target counts it expired.
+    assert_eq!(
+        eventually(&p, id, |s| matches!(s, LeaseState::Done { .. })),
+        LeaseState::Done {
+            released: 0,
+            expired: 1
+        }
+    );
+    // A renewal after expiry is denied; acquiring a lease never published, or published to
+    // another agent, too.
+    assert_eq!(
+        p.reader
+            .renew_lease(p.target.name(), id, ASK)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::LeaseExpired
+    );
+    assert_eq!(
+        p.reader
+            .acquire_lease(p.target.name(), LeaseId(12345), ASK)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::LeaseExpired
+    );
+    let theirs = p
+        .target
+        .publish_lease(&["someone-else"], Duration::from_secs(60))
+        .unwrap();
+    assert_eq!(
+        p.reader
+            .acquire_lease(p.target.name(), theirs, ASK)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::LeaseExpired
+    );
+    // A request never given a lease it holds is refused too.
+    assert_eq!(
+        read(&p, Some(theirs)).unwrap_err().kind(),
+        ErrorKind::LeaseExpired
+    );
+}
+
+#[test]
+fn lease_messages_stay_off_the_notifications_and_garbage_is_dropped() {
+    let p = pair("noise");
+    // Malformed control messages, a flood of them, and an unsolicited grant.
+    let mut junk: Vec<Vec<u8>> = vec![
+        b"\0nixl-rs/lease\0".to_vec(),
+        b"\0nixl-rs/lease\0\x02short".to_vec(),
+    ];
+    let mut grant = b"\0nixl-rs/lease\0".to_vec();
+    grant.push(2);
+    grant.extend_from_slice(&7u64.to_le_bytes());
+    grant.extend_from_slice(&u64::MAX.to_le_bytes());
+    junk.push(grant);
+    for _ in 0..2000 {
+        for j in &junk {
+            p.target.gen_notif(p.reader.name(), j, &[]).unwrap();
+        }
+    }
+    p.target.gen_notif(p.reader.name(), b"plain", &[]).unwrap();
+    let n = p.reader.wait_notifs(Duration::from_secs(5)).unwrap();
+    assert_eq!(n.get(p.target.name()), Some(&vec![b"plain".to_vec()]));
+    // The unsolicited grant gave the reader nothing.
+    assert_eq!(
+        read(&p, Some(LeaseId(7))).unwrap_err().kind(),
+        ErrorKind::LeaseExpired
+    );
+    // Still answering afterwards.
+    let id = p
+        .target
+        .publish_lease(&[p.reader.name()], Duration::from_secs(5))
+        .unwrap();
+    p.reader.acquire_lease(p.target.name(), id, ASK).unwrap();
+    // Bad parameters are typed.
+    for bad in [
+        p.target.publish_lease(&[], Duration::from_secs(1)),
+        p.target.publish_lease(&["x"], Duration::ZERO),
+    ] {
+        assert_eq!(bad.unwrap_err().kind(), ErrorKind::InvalidParam);
+    }
+    assert_eq!(
+        p.target.lease_state(LeaseId(99)).unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+}
+
+#[test]
+fn an_owner_that_does_not_answer_times_the_acquire_out() {
+    let p = pair("mute");
+    // The target forgets the reader: its answer cannot be sent.
+    let id = p
+        .target
+        .publish_lease(&[p.reader.name()], Duration::from_secs(5))
+        .unwrap();
+    p.target
+        .invalidate_remote_metadata(p.reader.name())
+        .unwrap();
+    let t = Instant::now();
+    let e = p
+        .reader
+        .acquire_lease(p.target.name(), id, Duration::from_millis(300))
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+    assert!(t.elapsed() < Duration::from_secs(5));
+}

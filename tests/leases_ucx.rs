@@ -1,0 +1,167 @@
+//! Leases over UCX between processes (issue 27, part 3): the target (this process) publishes a
+//! lease to a reader that is its own process; the reader acquires it over the connection its
+//! notifications use, reads under it, and is then killed without releasing: the target sees
+//! the lease held, then, once its duration passes on the target's clock, done with one reader
+//! expired (the blocks may be reused). A second reader renews and releases.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nixl::{
+    Agent, AgentConfig, Desc, ErrorKind, HostBuffer, LeaseId, LeaseState, MemKind, XferDescList,
+    XferOp, XferOptions,
+};
+use nixl_testkit::two_process::{child_main, Child};
+use nixl_testkit::ucx::{params, ucx_or_skip, TCP};
+
+const ENTRY: &str = "lease_reader";
+const WAIT: Duration = Duration::from_secs(30);
+const LEN: usize = 1 << 16;
+
+fn agent(name: &str) -> Agent {
+    let a = Agent::new(
+        name,
+        AgentConfig {
+            listen: true,
+            default_timeout: Duration::from_secs(20),
+            ..AgentConfig::default()
+        },
+    )
+    .expect("agent");
+    a.create_backend(params(TCP)).expect("UCX backend");
+    a
+}
+
+/// The reader: acquires the parent's lease, reads the parent's buffer under it, says so, then
+/// renews and releases where told (`release` = 1), else idles until killed.
+#[test]
+#[ignore = "child process entry point: spawned (with --ignored) by the tests of this file"]
+fn lease_reader() {
+    child_main(|env| {
+        let a = agent(&env.name);
+        let dst = Arc::new(HostBuffer::new(LEN).ok_or("alloc")?);
+        let _reg = a
+            .register_mem(vec![dst.clone()], &[])
+            .map_err(|e| e.to_string())?;
+        env.connect(&a, WAIT)?;
+        let id = LeaseId(env.parse("lease")?);
+        let src: u64 = env.parse("src")?;
+        a.acquire_lease(&env.parent, id, WAIT)
+            .map_err(|e| e.to_string())?;
+        let l = XferDescList::from_descs(MemKind::Dram, [Desc::new(dst.addr(), LEN as u64)]);
+        let r = XferDescList::from_descs(MemKind::Dram, [Desc::new(src, LEN as u64)]);
+        let req = a
+            .create_xfer_req(
+                XferOp::Read,
+                &l,
+                &r,
+                &env.parent,
+                XferOptions {
+                    lease: Some(id),
+                    ..XferOptions::default()
+                },
+            )
+            .map_err(|e| e.to_string())?;
+        a.post_xfer_req(&req).map_err(|e| e.to_string())?;
+        req.wait(WAIT).map_err(|e| e.to_string())?;
+        let ok = dst.to_vec().iter().all(|&b| b == 0x6B);
+        if env.var("release")? == "1" {
+            std::thread::sleep(Duration::from_millis(150));
+            a.renew_lease(&env.parent, id, WAIT)
+                .map_err(|e| e.to_string())?;
+            a.release_lease(&env.parent, id)
+                .map_err(|e| e.to_string())?;
+            let e = a.post_xfer_req(&req).map_err(|e| e.to_string());
+            let refused = matches!(&e, Err(m) if m.contains("expired"));
+            a.gen_notif(
+                &env.parent,
+                format!("read {ok} released refused {refused}").as_bytes(),
+                &[],
+            )
+            .map_err(|e| e.to_string())?;
+        } else {
+            a.gen_notif(&env.parent, format!("read {ok}").as_bytes(), &[])
+                .map_err(|e| e.to_string())?;
+        }
+        while env.parent_alive() {
+            a.progress();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    });
+}
+
+fn wait_state(a: &Agent, id: LeaseId, f: impl Fn(LeaseState) -> bool) -> LeaseState {
+    let end = Instant::now() + WAIT;
+    loop {
+        let s = a.lease_state(id).unwrap();
+        if f(s) || Instant::now() > end {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn ucx_a_killed_reader_is_reclaimed_after_expiry_and_a_releasing_one_at_once() {
+    if !ucx_or_skip("ucx_a_killed_reader_is_reclaimed_after_expiry_and_a_releasing_one_at_once") {
+        return;
+    }
+    let pid = std::process::id();
+    let target = agent(&format!("lease-target-{pid}"));
+    let src = Arc::new(HostBuffer::new(LEN).unwrap());
+    src.fill(0x6B);
+    let _reg = target.register_mem(vec![src.clone()], &[]).unwrap();
+    let ttl = Duration::from_millis(1500);
+    for (tag, release) in [("killed", false), ("releases", true)] {
+        let name = format!("lease-{tag}-{pid}");
+        let id = target.publish_lease(&[&name], ttl).unwrap();
+        let (ids, addr) = (id.0.to_string(), src.addr().to_string());
+        let vars = [
+            ("lease", ids.as_str()),
+            ("src", addr.as_str()),
+            ("release", if release { "1" } else { "0" }),
+        ];
+        let mut c = Child::spawn(ENTRY, &target, &name, &vars).unwrap();
+        let said = String::from_utf8(c.next(&target, WAIT).unwrap()).unwrap();
+        if release {
+            assert_eq!(said, "read true released refused true");
+            let s = wait_state(&target, id, |s| matches!(s, LeaseState::Done { .. }));
+            assert_eq!(
+                s,
+                LeaseState::Done {
+                    released: 1,
+                    expired: 0
+                }
+            );
+        } else {
+            assert_eq!(said, "read true");
+            assert_eq!(
+                target.lease_state(id).unwrap(),
+                LeaseState::Active {
+                    holding: 1,
+                    pending: 0
+                }
+            );
+            c.kill();
+            let t = Instant::now();
+            let s = wait_state(&target, id, |s| matches!(s, LeaseState::Done { .. }));
+            assert_eq!(
+                s,
+                LeaseState::Done {
+                    released: 0,
+                    expired: 1
+                }
+            );
+            assert!(t.elapsed() <= ttl + Duration::from_secs(5));
+        }
+        // A lease nobody holds cannot be acquired by its old reader's name any more.
+        assert!(matches!(
+            target.lease_state(id),
+            Ok(LeaseState::Done { .. })
+        ));
+        drop(c);
+    }
+    let e = target.lease_state(LeaseId(1)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound);
+}

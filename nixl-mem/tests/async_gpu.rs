@@ -10,6 +10,8 @@ use nixl_mem::{CudaIpcParams, DeviceBuffer};
 use nixl_testkit::executor::{block_on, next};
 use nixl_testkit::gpu::gpu;
 
+const WAIT: Duration = Duration::from_secs(60);
+
 fn agent(name: &str) -> Agent {
     let a = Agent::new(
         &format!("{name}-{}", std::process::id()),
@@ -85,4 +87,67 @@ fn cuda_ipc_future_is_woken_after_the_copies() {
         );
         assert!(most <= 5, "{most} polls");
     }
+}
+
+/// The initiator's GPU waits for the request on the GPU: a stream gated on the request
+/// (`nixl_mem::cuda::gate_stream`) finishes only after the copies, so work queued on it reads
+/// the landed bytes; the CPU never waits for the request first.
+#[test]
+fn a_gpu_stream_gated_on_the_request_runs_after_its_copies() {
+    if !gpu("a_gpu_stream_gated_on_the_request_runs_after_its_copies") {
+        return;
+    }
+    let (a, b) = (agent("gate-a"), agent("gate-b"));
+    const LEN: usize = 1 << 30;
+    let (src, dst) = (
+        Arc::new(DeviceBuffer::new(0, LEN).unwrap()),
+        Arc::new(DeviceBuffer::new(0, LEN).unwrap()),
+    );
+    let _ra = a.register_mem(vec![src.clone()], &[]).unwrap();
+    let _rb = b.register_mem(vec![dst.clone()], &[]).unwrap();
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
+    let l = XferDescList::from_descs(MemKind::Vram, [Desc::on_device(src.addr(), LEN as u64, 0)]);
+    let r = XferDescList::from_descs(MemKind::Vram, [Desc::on_device(dst.addr(), LEN as u64, 0)]);
+    let req = a
+        .create_xfer_req(XferOp::Write, &l, &r, b.name(), XferOptions::default())
+        .unwrap();
+    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    for (round, byte) in [0x11u8, 0x22, 0x33].into_iter().enumerate() {
+        src.fill(byte).unwrap();
+        dst.fill(0).unwrap();
+        a.post_xfer_req(&req).unwrap();
+        nixl_mem::cuda::gate_stream(&req, &stream).unwrap();
+        stream.synchronize().unwrap();
+        // Read the tail at once, without waiting on the request.
+        let mut tail = [0u8; 4096];
+        dst.copy_to_host(LEN - tail.len(), &mut tail).unwrap();
+        assert!(
+            tail.iter().all(|&x| x == byte),
+            "round {round}: stale bytes"
+        );
+        req.wait(WAIT).unwrap();
+    }
+    // A request of another backend has no CUDA event to gate on.
+    let h = Agent::new(
+        &format!("gate-h-{}", std::process::id()),
+        AgentConfig::default(),
+    )
+    .unwrap();
+    h.create_backend(nixl_core::InprocParams::default())
+        .unwrap();
+    let hb = Arc::new(nixl_core::HostBuffer::new(64).unwrap());
+    let _rh = h.register_mem(vec![hb.clone()], &[]).unwrap();
+    let d = XferDescList::from_descs(MemKind::Dram, [Desc::new(hb.addr(), 32)]);
+    let d2 = XferDescList::from_descs(MemKind::Dram, [Desc::new(hb.addr() + 32, 32)]);
+    let hr = h
+        .create_xfer_req(XferOp::Write, &d, &d2, h.name(), XferOptions::default())
+        .unwrap();
+    assert_eq!(
+        nixl_mem::cuda::gate_stream(&hr, &stream)
+            .unwrap_err()
+            .kind(),
+        nixl_core::ErrorKind::NotSupported
+    );
 }

@@ -642,6 +642,13 @@ impl XferReq {
         e
     }
 
+    /// The backend's handle for waiting on this request outside the agent, where it has one
+    /// (CUDA_IPC: its CUDA event; `nixl_mem::cuda::gate_stream` makes a GPU stream wait on
+    /// it). Backend-specific; `None` for most.
+    pub fn device_event(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        self.state.lock().xfer.device_event()
+    }
+
     /// How much each post adds to every layer's arrival counter ([`XferOptions::arrival`]):
     /// the request's items per layer. `None` without counters.
     pub fn arrival_per_post(&self) -> Option<u64> {

@@ -244,6 +244,11 @@ pub trait BackendXfer: Send {
     fn path(&self) -> Option<String> {
         None
     }
+    /// A backend-specific handle the application can wait on outside the agent (CUDA_IPC: the
+    /// request's CUDA event, for a GPU stream to wait on); `None` by default.
+    fn device_event(&self) -> Option<std::sync::Arc<dyn Any + Send + Sync>> {
+        None
+    }
     /// How much each post adds to every layer's arrival counter, for a request made with
     /// counters (see [`crate::ArrivalCounters`]); `None` otherwise.
     fn arrival_per_post(&self) -> Option<u64> {

@@ -52,6 +52,7 @@ mod staging;
 mod table;
 mod tiles;
 mod xfer;
+pub(crate) use xfer::RequestEvent;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};

@@ -276,6 +276,10 @@ impl Drop for KernelPlan {
     }
 }
 
+/// A CUDA_IPC request's event (recorded after each post's work), as handed out by
+/// [`BackendXfer::device_event`].
+pub(crate) struct RequestEvent(pub Arc<Event>);
+
 /// How a request's copies are enqueued.
 pub(crate) enum Engine {
     /// One `cuMemcpyAsync` per segment (copy engines), in order: the only engine for copies
@@ -533,6 +537,10 @@ impl BackendXfer for CudaIpcXfer {
             self.device
         ))
     }
+    fn device_event(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        Some(Arc::new(RequestEvent(self.lane.event.clone())))
+    }
+
     fn arrival_per_post(&self) -> Option<u64> {
         match &self.engine {
             Engine::Kernel(p) => p.arrival_per_post(),

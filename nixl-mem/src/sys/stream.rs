@@ -127,6 +127,17 @@ impl Event {
     }
 
     /// Captures the work queued on `stream` so far.
+    /// Makes the work queued on `stream` after this call wait (on the GPU) for the work this
+    /// event's latest record captured (`cuStreamWaitEvent`). Both must be of contexts the
+    /// driver can order (any context of this process).
+    pub(crate) fn gate(&self, stream: &cudarc::driver::CudaStream) -> Result<(), CudaError> {
+        bind_raw(stream.context())?;
+        // SAFETY: `stream` is a live stream (the borrow keeps it) and the event is live.
+        check("cuStreamWaitEvent", unsafe {
+            cu::cuStreamWaitEvent(stream.cu_stream(), self.raw, 0)
+        })
+    }
+
     pub(crate) fn record(&self, stream: &Stream) -> Result<(), CudaError> {
         // SAFETY: both handles are live and belong to the same context.
         check("cuEventRecord", unsafe {

@@ -96,6 +96,8 @@ fn fill(buf: &DeviceBuffer, layers: u64, pool: u64, block: u64) -> Vec<Vec<u64>>
 }
 
 struct Run {
+    /// The same request without counters: best of three posts (host time).
+    plain: Duration,
     /// Per layer: (released ns after the waiter started, checksum ok).
     layers: Vec<(u64, bool)>,
     /// Host time from post to the request's completion.
@@ -143,6 +145,26 @@ fn run(tag: &str, gpus: (usize, usize), layers: u64, n: u64, block: u64) -> Run 
         )
         .unwrap();
     let per_post = req.arrival_per_post().expect("counters");
+    // The same request without counters, for the counters' cost.
+    let plain_req = dst
+        .agent
+        .make_block_xfer(
+            XferOp::Read,
+            &local,
+            &dids,
+            &remote,
+            &sids,
+            XferOptions::default(),
+        )
+        .unwrap();
+    let mut plain = Duration::MAX;
+    for _ in 0..3 {
+        let t = Instant::now();
+        dst.agent.post_xfer_req(&plain_req).unwrap();
+        plain_req.wait(WAIT).unwrap();
+        plain = plain.min(t.elapsed());
+    }
+    dst.buf.fill(0).unwrap();
     let waiter = LayerWaiter::new(gpus.1).unwrap();
     let bases: Vec<u64> = (0..layers)
         .map(|l| dst.buf.addr() + l * pool * block)
@@ -180,6 +202,7 @@ fn run(tag: &str, gpus: (usize, usize), layers: u64, n: u64, block: u64) -> Run 
         );
     }
     Run {
+        plain,
         layers: layers_seen,
         whole,
         bytes: layers * n * block,
@@ -306,13 +329,15 @@ fn llama70b_first_layer_usable_long_before_the_whole_request() {
     let layer = |t: usize| r.layers[2 * t].0.max(r.layers[2 * t + 1].0);
     let last = r.layers.iter().map(|x| x.0).max().unwrap_or(0);
     println!(
-        "llama70b 2048 blocks GPU 0 -> GPU 1: {} bytes; layer 0 (K and V) usable on the decode GPU at {:.3} ms, layer 40 at {:.3} ms, the whole request at {:.3} ms (GPU clock, from the waiter's start); host saw completion after {:?} ({:.1} GB/s); {}",
+        "llama70b 2048 blocks GPU 0 -> GPU 1: {} bytes; layer 0 (K and V) usable on the decode GPU at {:.3} ms, layer 40 at {:.3} ms, the whole request at {:.3} ms (GPU clock, from the waiter's start); host saw completion after {:?} ({:.1} GB/s; without counters {:?}, {:.1} GB/s); {}",
         r.bytes,
         layer(0) as f64 / 1e6,
         layer(40) as f64 / 1e6,
         last as f64 / 1e6,
         r.whole,
         r.bytes as f64 / r.whole.as_secs_f64() / 1e9,
+        r.plain,
+        r.bytes as f64 / r.plain.as_secs_f64() / 1e9,
         r.path
     );
 }

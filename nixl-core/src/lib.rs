@@ -86,7 +86,9 @@ use agent::request as xfer;
 use backend::{bytes, hello, params};
 use bundled::{deferred, fault, inproc};
 use exchange::{liveness, sidechannel};
-use model::{arrival, desc, error, index, kv, limits, mem, notif, strided, telemetry, tiles};
+use model::{
+    arrival, desc, error, index, kv, lease, limits, mem, notif, strided, telemetry, tiles,
+};
 use wire::{auth, codec, integrity};
 
 // The paved path: what an application names. Backend authors' types are in [`backend`] (the

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use crate::agent::shared::Shared;
 use crate::agent::Agent;
+use crate::agent::Shared;
 use crate::backend::XferState;
 use crate::error::{Error, Op, Result};
 use crate::model::timer;
@@ -135,7 +135,7 @@ impl<R: Borrow<XferReq> + Unpin> Future for XferFuture<R> {
             }
             if Instant::now() >= deadline {
                 this.ended = true;
-                return Poll::Ready(Err(req.time_out(this.timeout)));
+                return Poll::Ready(req.time_out(this.timeout));
             }
             hub.register(cx.waker());
             // A wake between the check and the registration bumped the generation: check

@@ -12,162 +12,40 @@
 //! lease was released. The target does not revoke memory on expiry: the lease tells it when
 //! reuse is safe (every reader released, or its grant ran out).
 
-use std::collections::{HashMap, VecDeque};
-use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
-
-use crate::agent::shared::Shared;
 use crate::agent::Agent;
+use crate::agent::Shared;
 use crate::error::{Error, Op, Result};
+use crate::lease::{
+    check_held as held_by, message, parse, state_of, target_extend, Held, LeaseId, LeaseState,
+    Published, Reader, Reply, ACQUIRE, DENY, GRANT, MAX_HELD, MAX_LEASES, MAX_READERS, RELEASE,
+    RENEW, RENEWED,
+};
+use crate::notif::Control;
 
-/// The first bytes of every lease control message.
-pub(crate) const PREFIX: &[u8] = b"\0nixl-rs/lease\0";
-/// Control messages queued for the lease thread at most (a flood beyond is dropped).
-const MAX_QUEUED: usize = 1 << 16;
-/// Leases one agent publishes at most (live and done but not yet forgotten).
-const MAX_LEASES: usize = 1 << 20;
-/// Readers per lease at most.
-pub(crate) const MAX_READERS: usize = 1024;
-
-const ACQUIRE: u8 = 1;
-const GRANT: u8 = 2;
-const DENY: u8 = 3;
-const RENEW: u8 = 4;
-const RENEWED: u8 = 5;
-const RELEASE: u8 = 6;
-
-/// A lease's id: the target makes it when it publishes and hands it to its readers with the
-/// request's other details (the block ids, say).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct LeaseId(pub u64);
-
-impl fmt::Display for LeaseId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:#x}", self.0)
-    }
-}
-
-/// Where a published lease stands on its target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LeaseState {
-    /// Some reader may still read: it holds a grant that has not run out, or it has not
-    /// acquired yet and the lease's first duration has not passed.
-    Active {
-        /// Readers holding a live grant.
-        holding: usize,
-        /// Readers that have not acquired yet.
-        pending: usize,
-    },
-    /// No reader can read any more: the blocks may be reused.
-    Done {
-        /// Readers that released.
-        released: usize,
-        /// Readers whose grant (or whose chance to acquire) ran out.
-        expired: usize,
-    },
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Reader {
-    Pending,
-    Held { until: Instant },
-    Released,
-}
-
-struct Published {
-    ttl: Duration,
-    published: Instant,
-    readers: HashMap<String, Reader>,
-}
-
-/// A reader's view of a lease it holds (its own clock).
-#[derive(Debug, Clone, Copy)]
-struct Held {
-    until: Instant,
-    released: bool,
-}
-
-/// An answer a reader waits for.
-#[derive(Debug, Clone, Copy)]
-enum Reply {
-    Waiting,
-    /// Granted or renewed for this long.
-    Granted(Duration),
-    Denied,
-}
-
-/// Both roles' tables, the control queue and its thread.
-#[derive(Default)]
-pub(crate) struct Leases {
-    published: Mutex<HashMap<u64, Published>>,
-    held: Mutex<HashMap<(String, u64), Held>>,
-    answers: Mutex<HashMap<(String, u64), Reply>>,
-    answered: Condvar,
-    queue: Mutex<VecDeque<(String, Vec<u8>)>>,
-    queued: Condvar,
-    running: AtomicBool,
-}
-
-impl fmt::Debug for Leases {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Leases")
-            .field("published", &self.published.lock().len())
-            .field("held", &self.held.lock().len())
-            .finish()
-    }
-}
-
-fn message(kind: u8, id: u64, ttl: Duration) -> Vec<u8> {
-    let mut m = PREFIX.to_vec();
-    m.push(kind);
-    m.extend_from_slice(&id.to_le_bytes());
-    m.extend_from_slice(
-        &u64::try_from(ttl.as_micros())
-            .unwrap_or(u64::MAX)
-            .to_le_bytes(),
-    );
-    m
-}
-
-/// `(kind, id, ttl)` of a control message, or `None` for malformed bytes.
-fn parse(m: &[u8]) -> Option<(u8, u64, Duration)> {
-    let rest = m.strip_prefix(PREFIX)?;
-    if rest.len() != 17 {
-        return None;
-    }
-    let id = u64::from_le_bytes(rest[1..9].try_into().ok()?);
-    let us = u64::from_le_bytes(rest[9..17].try_into().ok()?);
-    Some((rest[0], id, Duration::from_micros(us)))
-}
-
-impl Leases {
-    /// Takes a control message from `sender` (from a backend's receive path: never blocks).
-    /// Returns false where it was dropped (queue full).
-    pub(crate) fn take(&self, shared: &Weak<Shared>, sender: &str, msg: Vec<u8>) -> bool {
-        let mut q = self.queue.lock();
-        if q.len() >= MAX_QUEUED {
-            tracing::warn!(sender, "lease control queue full: a message is dropped");
+/// What the agent's notification queue hands lease messages to: queued for the lease thread,
+/// started with the first.
+pub(crate) fn control(weak: Weak<Shared>) -> Control {
+    Control(Box::new(move |sender, msg| {
+        let Some(s) = weak.upgrade() else {
             return false;
-        }
-        q.push_back((sender.to_owned(), msg));
-        drop(q);
-        self.queued.notify_one();
-        if !self.running.swap(true, Ordering::SeqCst) {
-            let weak = shared.clone();
+        };
+        let (kept, start) = s.leases.take(sender, msg);
+        if start {
+            let w = weak.clone();
             let spawned = std::thread::Builder::new()
                 .name("nixl-leases".to_owned())
-                .spawn(move || run(&weak));
+                .spawn(move || run(&w));
             if let Err(e) = spawned {
-                self.running.store(false, Ordering::SeqCst);
+                s.leases.running.store(false, Ordering::SeqCst);
                 tracing::error!(error = %e, "could not start the lease thread");
             }
         }
-        true
-    }
+        kept
+    }))
 }
 
 /// The lease thread: handles control messages until the agent is gone.
@@ -237,26 +115,6 @@ fn handle(agent: &Agent, sender: &str, msg: &[u8]) {
             tracing::warn!(agent = %agent.name(), sender, error = %e, "lease answer not sent");
         }
     }
-}
-
-/// The target's side of an acquire (`renew` false) or renew: the reader's grant runs from now
-/// for the lease's duration, where it may still read; the duration granted, or `None`.
-fn target_extend(l: &Leases, reader: &str, id: u64, renew: bool) -> Option<Duration> {
-    let mut p = l.published.lock();
-    let lease = p.get_mut(&id)?;
-    let now = Instant::now();
-    let (ttl, published) = (lease.ttl, lease.published);
-    let r = lease.readers.get_mut(reader)?;
-    let live = match *r {
-        Reader::Pending => !renew && now < published + ttl,
-        Reader::Held { until } => now < until,
-        Reader::Released => false,
-    };
-    if !live {
-        return None;
-    }
-    *r = Reader::Held { until: now + ttl };
-    Some(ttl)
 }
 
 impl Agent {
@@ -343,15 +201,12 @@ impl Agent {
     /// Releases a held lease: the owner learns this agent is done with the blocks; requests
     /// made with it are refused from now on.
     pub fn release_lease(&self, owner: &str, id: LeaseId) -> Result<()> {
-        if let Some(h) = self
-            .shared
+        // Forgotten: requests with it are refused from now on (an unknown lease is expired).
+        self.shared
             .leases
             .held
             .lock()
-            .get_mut(&(owner.to_owned(), id.0))
-        {
-            h.released = true;
-        }
+            .remove(&(owner.to_owned(), id.0));
         self.gen_notif(owner, &message(RELEASE, id.0, Duration::ZERO), &[])
     }
 
@@ -397,7 +252,12 @@ impl Agent {
         drop(a);
         match answer {
             Some(ttl) => {
-                l.held.lock().insert(
+                let mut held = l.held.lock();
+                if held.len() >= MAX_HELD {
+                    let now = Instant::now();
+                    held.retain(|_, h| !h.released && now < h.until);
+                }
+                held.insert(
                     key,
                     Held {
                         until: sent + ttl,
@@ -421,57 +281,5 @@ impl Agent {
 
 /// [`Agent::check_lease`] on the agent's state.
 pub(crate) fn check_held(shared: &Arc<Shared>, owner: &str, id: LeaseId, op: Op) -> Result<()> {
-    let held = shared
-        .leases
-        .held
-        .lock()
-        .get(&(owner.to_owned(), id.0))
-        .copied();
-    match held {
-        Some(h) if !h.released && Instant::now() < h.until => Ok(()),
-        _ => Err(Error::LeaseExpired {
-            agent: shared.name.clone(),
-            remote: owner.to_owned(),
-            op,
-            lease: id.0,
-        }),
-    }
-}
-
-fn state_of(l: &Published, now: Instant) -> LeaseState {
-    let (mut holding, mut pending, mut released, mut expired) = (0, 0, 0, 0);
-    for r in l.readers.values() {
-        match *r {
-            Reader::Released => released += 1,
-            Reader::Held { until } if now < until => holding += 1,
-            Reader::Pending if now < l.published + l.ttl => pending += 1,
-            _ => expired += 1,
-        }
-    }
-    if holding + pending > 0 {
-        LeaseState::Active { holding, pending }
-    } else {
-        LeaseState::Done { released, expired }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn messages_round_trip_and_garbage_is_refused() {
-        let m = message(GRANT, 0xfeed, Duration::from_millis(1500));
-        assert_eq!(
-            parse(&m),
-            Some((GRANT, 0xfeed, Duration::from_millis(1500)))
-        );
-        for cut in 0..m.len() {
-            assert_eq!(parse(&m[..cut]), None);
-        }
-        let mut long = m.clone();
-        long.push(0);
-        assert_eq!(parse(&long), None);
-        assert_eq!(parse(b"hello"), None);
-    }
+    held_by(&shared.leases, &shared.name, owner, id, op)
 }

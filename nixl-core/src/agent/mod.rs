@@ -18,11 +18,11 @@ mod shared;
 mod sidechannel;
 mod xfer;
 
+pub use crate::lease::{LeaseId, LeaseState};
 pub use future::{NotifStream, XferFuture};
-pub use lease::{LeaseId, LeaseState};
 
 pub use config::AgentConfig;
-pub(crate) use shared::{FetchStatus, Shared, MAX_UNCERTAIN};
+pub(crate) use shared::{start_progress_thread, FetchStatus, Shared, MAX_UNCERTAIN};
 
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -297,7 +297,7 @@ impl Agent {
             remotes: Mutex::new(HashMap::new()),
             peer_locks: Mutex::new(HashMap::new()),
             notifs: Arc::new(notifs),
-            leases: crate::agent::lease::Leases::default(),
+            leases: crate::lease::Leases::default(),
             wake: crate::backend::Wake::new(),
             progress_running: std::sync::atomic::AtomicBool::new(false),
             fetches: Mutex::new(HashMap::new()),
@@ -314,19 +314,15 @@ impl Agent {
         });
         let agent = Agent { shared };
         // Lease control messages are the agent's own: taken off the notification path.
-        let weak = Arc::downgrade(&agent.shared);
         agent.shared.notifs.set_control(
-            crate::agent::lease::PREFIX,
-            crate::notif::Control(Box::new(move |sender, msg| match weak.upgrade() {
-                Some(s) => s.leases.take(&weak, sender, msg),
-                None => false,
-            })),
+            crate::lease::PREFIX,
+            lease::control(Arc::downgrade(&agent.shared)),
         );
         if agent.shared.config.listen {
             crate::sidechannel::start_listener(&agent)?;
         }
         if agent.shared.config.progress_thread {
-            start_progress_thread(&agent.shared)?;
+            shared::start_progress_thread(&agent.shared)?;
         }
         Ok(agent)
     }
@@ -780,31 +776,4 @@ impl Agent {
             .cloned()
             .ok_or_else(|| Error::not_found(self.name(), op, format!("remote agent {remote}")))
     }
-}
-
-/// Starts the agent's progress thread, once (an async caller on a backend that needs progress
-/// starts it when the configuration did not).
-pub(crate) fn start_progress_thread(shared: &Arc<Shared>) -> Result<()> {
-    if shared.progress_running.swap(true, Ordering::SeqCst) {
-        return Ok(());
-    }
-    let weak = Arc::downgrade(shared);
-    let stop = shared.stop.clone();
-    let delay = shared.config.progress_delay;
-    let handle = std::thread::Builder::new()
-        .name(format!("nixl-progress-{}", shared.name))
-        .spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                let Some(shared) = weak.upgrade() else { break };
-                shared.progress_all();
-                drop(shared);
-                std::thread::sleep(delay);
-            }
-        })
-        .map_err(|e| {
-            shared.progress_running.store(false, Ordering::SeqCst);
-            Error::io(&shared.name, Op::Progress, e)
-        })?;
-    shared.threads.lock().push(handle);
-    Ok(())
 }

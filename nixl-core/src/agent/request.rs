@@ -625,13 +625,13 @@ impl XferReq {
     }
 
     /// Ends a request an async caller stopped waiting for at its deadline: `TimedOut`, as
-    /// [`XferReq::wait`] does (the request drains, its memory held, until the backend lets go).
-    pub(crate) fn time_out(&self, waited: Duration) -> Error {
+    /// [`XferReq::wait`] does (the request drains, its memory held, until the backend lets go);
+    /// `Ok` where it completed meanwhile, its error where it failed.
+    pub(crate) fn time_out(&self, waited: Duration) -> Result<()> {
         let mut st = self.state.lock();
-        match self.check_locked(&mut st) {
-            Ok(XferState::Done) => return Error::not_allowed(&self.shared.name, Op::Wait, "done"),
-            Err(e) => return e,
-            Ok(XferState::InProgress) => {}
+        match self.check_locked(&mut st)? {
+            XferState::Done => return Ok(()),
+            XferState::InProgress => {}
         }
         let e = Error::TimedOut {
             agent: self.shared.name.clone(),
@@ -639,7 +639,7 @@ impl XferReq {
             elapsed: waited,
         };
         self.abort_locked(&mut st, e.clone());
-        e
+        Err(e)
     }
 
     /// The backend's handle for waiting on this request outside the agent, where it has one

@@ -21,7 +21,7 @@ pub(crate) struct Shared {
     pub peer_locks: Mutex<HashMap<String, std::sync::Weak<Mutex<()>>>>,
     pub notifs: Arc<NotifQueue>,
     /// Leases this agent published and holds, and their control messages.
-    pub leases: crate::agent::lease::Leases,
+    pub leases: crate::lease::Leases,
     /// Wakes the agent's pending request futures (backends hold clones).
     pub wake: crate::backend::Wake,
     /// Whether the agent's progress thread runs (configured, or started for an async caller).
@@ -116,4 +116,31 @@ impl Drop for Shared {
             }
         }
     }
+}
+
+/// Starts the agent's progress thread, once (an async caller on a backend that needs progress
+/// starts it when the configuration did not).
+pub(crate) fn start_progress_thread(shared: &Arc<Shared>) -> Result<()> {
+    if shared.progress_running.swap(true, Ordering::SeqCst) {
+        return Ok(());
+    }
+    let weak = Arc::downgrade(shared);
+    let stop = shared.stop.clone();
+    let delay = shared.config.progress_delay;
+    let handle = std::thread::Builder::new()
+        .name(format!("nixl-progress-{}", shared.name))
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let Some(shared) = weak.upgrade() else { break };
+                shared.progress_all();
+                drop(shared);
+                std::thread::sleep(delay);
+            }
+        })
+        .map_err(|e| {
+            shared.progress_running.store(false, Ordering::SeqCst);
+            Error::io(&shared.name, Op::Progress, e)
+        })?;
+    shared.threads.lock().push(handle);
+    Ok(())
 }

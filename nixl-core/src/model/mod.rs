@@ -8,6 +8,7 @@ pub(crate) mod desc;
 pub(crate) mod error;
 pub(crate) mod index;
 pub(crate) mod kv;
+pub(crate) mod lease;
 pub(crate) mod limits;
 pub(crate) mod mem;
 pub(crate) mod notif;

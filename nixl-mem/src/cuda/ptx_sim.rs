@@ -458,46 +458,55 @@ fn thread(p: &Program, mem: &mut Memory, params: &[u64], ids: [u32; 4]) {
             Ins::Mad(d, a, b, c) => {
                 r[usize::from(d)] = v(&r, a).wrapping_mul(v(&r, b)).wrapping_add(v(&r, c))
             }
-            Ins::Ld(d, a, off, n) => {
-                let addr = r[usize::from(a)].wrapping_add(off);
-                let o = mem.access(addr, u64::from(n), who, false);
-                let mut b = [0u8; 8];
-                b[..usize::from(n)].copy_from_slice(&mem.bytes[o..o + usize::from(n)]);
-                r[usize::from(d)] = u64::from_le_bytes(b);
-            }
-            Ins::St(a, off, x, n) => {
-                let addr = r[usize::from(a)].wrapping_add(off);
-                let o = mem.access(addr, u64::from(n), who, true);
-                let x = v(&r, x).to_le_bytes();
-                mem.bytes[o..o + usize::from(n)].copy_from_slice(&x[..usize::from(n)]);
-            }
-            Ins::LdV4(regs, a, off) => {
-                let addr = r[usize::from(a)].wrapping_add(off);
-                let o = mem.access(addr, 16, who, false);
-                for (k, reg) in regs.iter().enumerate() {
-                    let w = &mem.bytes[o + 4 * k..o + 4 * k + 4];
-                    r[usize::from(*reg)] = u64::from(u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
-                }
-            }
-            Ins::Nop => {}
-            Ins::AtomAdd(d, a, off, x) => {
-                let addr = r[usize::from(a)].wrapping_add(off);
-                let o = mem.at(addr, 8);
-                let mut b = [0u8; 8];
-                b.copy_from_slice(&mem.bytes[o..o + 8]);
-                let old = u64::from_le_bytes(b);
-                mem.bytes[o..o + 8].copy_from_slice(&old.wrapping_add(v(&r, x)).to_le_bytes());
-                r[usize::from(d)] = old;
-            }
-            Ins::StV4(a, off, regs) => {
-                let addr = r[usize::from(a)].wrapping_add(off);
-                let o = mem.access(addr, 16, who, true);
-                for (k, reg) in regs.iter().enumerate() {
-                    let x = (r[usize::from(*reg)] as u32).to_le_bytes();
-                    mem.bytes[o + 4 * k..o + 4 * k + 4].copy_from_slice(&x);
-                }
+            other => mem_op(other, &mut r, mem, who, &v),
+        }
+    }
+}
+
+/// The memory instructions of [`thread`]: loads, stores, vectors and atomics (bounds- and
+/// alignment-checked; plain accesses race-tracked, atomics not).
+fn mem_op(ins: Ins, r: &mut [u64], mem: &mut Memory, who: u32, v: &dyn Fn(&[u64], Val) -> u64) {
+    match ins {
+        Ins::Ld(d, a, off, n) => {
+            let addr = r[usize::from(a)].wrapping_add(off);
+            let o = mem.access(addr, u64::from(n), who, false);
+            let mut b = [0u8; 8];
+            b[..usize::from(n)].copy_from_slice(&mem.bytes[o..o + usize::from(n)]);
+            r[usize::from(d)] = u64::from_le_bytes(b);
+        }
+        Ins::St(a, off, x, n) => {
+            let addr = r[usize::from(a)].wrapping_add(off);
+            let o = mem.access(addr, u64::from(n), who, true);
+            let x = v(r, x).to_le_bytes();
+            mem.bytes[o..o + usize::from(n)].copy_from_slice(&x[..usize::from(n)]);
+        }
+        Ins::LdV4(regs, a, off) => {
+            let addr = r[usize::from(a)].wrapping_add(off);
+            let o = mem.access(addr, 16, who, false);
+            for (k, reg) in regs.iter().enumerate() {
+                let w = &mem.bytes[o + 4 * k..o + 4 * k + 4];
+                r[usize::from(*reg)] = u64::from(u32::from_le_bytes([w[0], w[1], w[2], w[3]]));
             }
         }
+        Ins::Nop => {}
+        Ins::AtomAdd(d, a, off, x) => {
+            let addr = r[usize::from(a)].wrapping_add(off);
+            let o = mem.at(addr, 8);
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&mem.bytes[o..o + 8]);
+            let old = u64::from_le_bytes(b);
+            mem.bytes[o..o + 8].copy_from_slice(&old.wrapping_add(v(r, x)).to_le_bytes());
+            r[usize::from(d)] = old;
+        }
+        Ins::StV4(a, off, regs) => {
+            let addr = r[usize::from(a)].wrapping_add(off);
+            let o = mem.access(addr, 16, who, true);
+            for (k, reg) in regs.iter().enumerate() {
+                let x = (r[usize::from(*reg)] as u32).to_le_bytes();
+                mem.bytes[o + 4 * k..o + 4 * k + 4].copy_from_slice(&x);
+            }
+        }
+        _ => unreachable!("not a memory instruction"),
     }
 }
 

@@ -547,6 +547,23 @@ pub(crate) enum NoKernel {
     Hardware(String),
 }
 
+/// Why a VRAM request of many segments stays on the copy engines, for its path.
+fn engine_note(
+    conflict: Option<(usize, usize)>,
+    kernel_ok: &KernelOk,
+    kernel_wanted: bool,
+) -> Option<String> {
+    match (conflict, kernel_ok) {
+        (Some((i, j)), _) if i == j => Some(format!("in order: segment {i} overlaps itself")),
+        (Some((i, j)), _) => Some(format!("in order: segments {i} and {j} overlap")),
+        (None, Err(NoKernel::Layout(why))) if kernel_wanted => Some(format!("copy engines: {why}")),
+        (None, Err(NoKernel::Hardware(why))) if kernel_wanted => {
+            Some(format!("copy engines (allowed): {why}"))
+        }
+        _ => None,
+    }
+}
+
 /// A request with arrival counters that cannot have them: only the copy kernel advances them.
 fn no_arrival(agent: &str, why: &str) -> Error {
     Error::not_supported(
@@ -593,6 +610,38 @@ impl CudaIpcBackend {
 }
 
 impl CudaIpcBackend {
+    /// The request around its prepared work: `(work, engine, note)` and its `(lane, route,
+    /// notification)`.
+    fn xfer(
+        &self,
+        gpu: &gpu::Gpu,
+        spec: &Ends<'_>,
+        how: &str,
+        (work, engine, note): (Work, Engine, Option<String>),
+        (lane, route, notif): (Arc<staging::Lane>, NotifRoute, Option<Arc<Notif>>),
+    ) -> Box<dyn BackendXfer> {
+        Box::new(CudaIpcXfer {
+            agent: self.agent.clone(),
+            work,
+            lane,
+            lanes: gpu.lanes.clone(),
+            engine,
+            notif,
+            remote: spec.remote.to_owned(),
+            route,
+            ticket: None,
+            completer: self.completer.shared(),
+            wake: self.wake.clone(),
+            cancel_timeout: self.params.cancel_timeout,
+            device: gpu.ordinal,
+            path_head: format!(
+                "cuda_ipc {} {}->{} via {how}",
+                spec.op, spec.kinds.0, spec.kinds.1
+            ),
+            note,
+        })
+    }
+
     /// Where a request's notifications go (kept for per-post messages), and its notification.
     fn route(&self, spec: &Ends<'_>) -> Result<(NotifRoute, Option<Arc<Notif>>)> {
         // Where this request's notifications go (kept for per-post messages).
@@ -707,43 +756,9 @@ impl CudaIpcBackend {
                 }
             }
         } else {
-            // Say why a VRAM request of many segments stays on the copy engines.
-            match (conflict, &kernel_ok) {
-                (Some((i, j)), _) if i == j => {
-                    note = Some(format!("in order: segment {i} overlaps itself"));
-                }
-                (Some((i, j)), _) => {
-                    note = Some(format!("in order: segments {i} and {j} overlap"));
-                }
-                (None, Err(NoKernel::Layout(why))) if self.params.copy_kernel && many => {
-                    note = Some(format!("copy engines: {why}"));
-                }
-                (None, Err(NoKernel::Hardware(why))) if self.params.copy_kernel && many => {
-                    note = Some(format!("copy engines (allowed): {why}"));
-                }
-                _ => {}
-            }
+            note = engine_note(conflict, &kernel_ok, self.params.copy_kernel && many);
             fallback
         };
-        Ok(Box::new(CudaIpcXfer {
-            agent: self.agent.clone(),
-            work,
-            lane,
-            lanes: gpu.lanes.clone(),
-            engine,
-            notif,
-            remote: spec.remote.to_owned(),
-            route,
-            ticket: None,
-            completer: self.completer.shared(),
-            wake: self.wake.clone(),
-            cancel_timeout: self.params.cancel_timeout,
-            device,
-            path_head: format!(
-                "cuda_ipc {} {}->{} via {how}",
-                spec.op, spec.kinds.0, spec.kinds.1
-            ),
-            note,
-        }))
+        Ok(self.xfer(gpu, &spec, how, (work, engine, note), (lane, route, notif)))
     }
 }

@@ -10,7 +10,7 @@ use nixl_core::{Error, MemKind, Op, Result, XferOp};
 
 use super::gpu::Gpu;
 use super::md::{LocalMd, Target};
-use super::xfer::{CudaIpcXfer, Engine, KernelPlan, Work};
+use super::xfer::{Engine, KernelPlan, Work};
 use super::{CudaIpcBackend, Ends, NoKernel};
 use crate::cuda;
 use crate::cuda::kernel::TileTable;
@@ -78,28 +78,16 @@ impl CudaIpcBackend {
         } else {
             "CUDA IPC mapping"
         };
-        Ok(Box::new(CudaIpcXfer {
-            agent: self.agent.clone(),
-            work: Work::Tiles {
-                items: usize::try_from(table.items()).unwrap_or(usize::MAX),
-            },
-            lane,
-            lanes: gpu.lanes.clone(),
-            engine: Engine::Kernel(plan),
-            notif,
-            remote: spec.remote.clone(),
-            route,
-            ticket: None,
-            completer: self.completer.shared(),
-            wake: self.wake.clone(),
-            cancel_timeout: self.params.cancel_timeout,
-            device: gpu.ordinal,
-            path_head: format!(
-                "cuda_ipc {} {}->{} via {how}",
-                spec.op, spec.local_kind, spec.remote_kind
-            ),
-            note: None,
-        }))
+        let work = Work::Tiles {
+            items: usize::try_from(table.items()).unwrap_or(usize::MAX),
+        };
+        Ok(self.xfer(
+            &gpu,
+            &ends,
+            how,
+            (work, Engine::Kernel(plan), None),
+            (lane, route, notif),
+        ))
     }
     /// The tile kernel's table of `spec` as GPU `gpu` addresses it (remote layers through
     /// their mappings), in source and destination terms; every layer checked.

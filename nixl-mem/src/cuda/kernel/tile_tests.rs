@@ -141,10 +141,10 @@ fn tile_tables_the_kernel_cannot_copy_are_named() {
         .write(&mut small));
 }
 
-/// The arrival variants copy the same bytes and add one per item to the item's layer's
-/// counter: after two launches, every layer's counter is twice its items.
+/// The tile kernel's arrival variant copies the same bytes and adds one per tile to the tile's
+/// layer's counter: after two launches, every layer's counter is twice its tiles.
 #[test]
-fn arrival_kernels_count_each_layers_items() {
+fn the_tile_arrival_kernel_counts_each_layers_tiles() {
     let base = 0x7f00_0000_0000u64;
     let shape = KernelShape::default();
     let kv = Kv {
@@ -203,7 +203,36 @@ fn arrival_kernels_count_each_layers_items() {
     for l in 0..kv.layers {
         assert_eq!(count(&counted, l), 2 * pairs.len() as u64, "tile layer {l}");
     }
+}
 
+/// The block kernel's arrival variant: the same copies, each layer's counter its pieces.
+#[test]
+fn the_block_arrival_kernel_counts_each_layers_pieces() {
+    let base = 0x7f00_0000_0000u64;
+    let shape = KernelShape::default();
+    let layers = 3u64;
+    let table_area = 4096u64;
+    let counters = base + table_area - 64;
+    let src = base + table_area;
+    let dst = src + layers * 4 * 48;
+    let end = dst + layers * 4 * 48;
+    let mut image = vec![0u8; (end - base) as usize];
+    for (i, b) in image.iter_mut().enumerate().skip(table_area as usize) {
+        *b = (i as u64).wrapping_mul(0x9E37_79B9).wrapping_shr(7) as u8 | 1;
+    }
+    let count = |m: &Memory, l: u64| {
+        let o = (counters - base + 8 * l) as usize;
+        u64::from_le_bytes(m.bytes[o..o + 8].try_into().unwrap())
+    };
+    let at = table_area as usize;
+    let kv = Kv {
+        layers,
+        pool: 4,
+        sh: 1,
+        dh: 1,
+        n: 1,
+        row: 48,
+    };
     // Blocks: layers of 3 pools, pieces (src id, dst id, offset, len) of 48-byte blocks.
     let bb = 48u64;
     let mut table = Vec::new();

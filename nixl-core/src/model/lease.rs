@@ -1,0 +1,230 @@
+//! Leases on published blocks: the tables both roles keep, their control messages and the
+//! rules (see `agent::lease` for the agent's API and the thread that answers peers).
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::{Error, Op, Result};
+
+/// The first bytes of every lease control message.
+pub(crate) const PREFIX: &[u8] = b"\0nixl-rs/lease\0";
+/// Control messages queued for the lease thread at most (a flood beyond is dropped).
+pub(crate) const MAX_QUEUED: usize = 1 << 16;
+/// Leases one agent publishes at most (live, and done but not yet forgotten: the done ones
+/// are forgotten first when it is reached).
+pub(crate) const MAX_LEASES: usize = 1 << 16;
+/// Leases a reader tracks before it forgets the ones that ran out.
+pub(crate) const MAX_HELD: usize = 1 << 12;
+/// Readers per lease at most.
+pub(crate) const MAX_READERS: usize = 1024;
+
+pub(crate) const ACQUIRE: u8 = 1;
+pub(crate) const GRANT: u8 = 2;
+pub(crate) const DENY: u8 = 3;
+pub(crate) const RENEW: u8 = 4;
+pub(crate) const RENEWED: u8 = 5;
+pub(crate) const RELEASE: u8 = 6;
+
+/// A lease's id: the target makes it when it publishes and hands it to its readers with the
+/// request's other details (the block ids, say).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LeaseId(pub u64);
+
+impl fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#x}", self.0)
+    }
+}
+
+/// Where a published lease stands on its target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseState {
+    /// Some reader may still read: it holds a grant that has not run out, or it has not
+    /// acquired yet and the lease's first duration has not passed.
+    Active {
+        /// Readers holding a live grant.
+        holding: usize,
+        /// Readers that have not acquired yet.
+        pending: usize,
+    },
+    /// No reader can read any more: the blocks may be reused.
+    Done {
+        /// Readers that released.
+        released: usize,
+        /// Readers whose grant (or whose chance to acquire) ran out.
+        expired: usize,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Reader {
+    Pending,
+    Held { until: Instant },
+    Released,
+}
+
+pub(crate) struct Published {
+    pub(crate) ttl: Duration,
+    pub(crate) published: Instant,
+    pub(crate) readers: HashMap<String, Reader>,
+}
+
+/// A reader's view of a lease it holds (its own clock).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Held {
+    pub(crate) until: Instant,
+    pub(crate) released: bool,
+}
+
+/// An answer a reader waits for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Reply {
+    Waiting,
+    /// Granted or renewed for this long.
+    Granted(Duration),
+    Denied,
+}
+
+/// Both roles' tables, the control queue and its thread.
+#[derive(Default)]
+pub(crate) struct Leases {
+    pub(crate) published: Mutex<HashMap<u64, Published>>,
+    pub(crate) held: Mutex<HashMap<(String, u64), Held>>,
+    pub(crate) answers: Mutex<HashMap<(String, u64), Reply>>,
+    pub(crate) answered: Condvar,
+    pub(crate) queue: Mutex<VecDeque<(String, Vec<u8>)>>,
+    pub(crate) queued: Condvar,
+    pub(crate) running: AtomicBool,
+}
+
+impl fmt::Debug for Leases {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Leases")
+            .field("published", &self.published.lock().len())
+            .field("held", &self.held.lock().len())
+            .finish()
+    }
+}
+
+pub(crate) fn message(kind: u8, id: u64, ttl: Duration) -> Vec<u8> {
+    let mut m = PREFIX.to_vec();
+    m.push(kind);
+    m.extend_from_slice(&id.to_le_bytes());
+    m.extend_from_slice(
+        &u64::try_from(ttl.as_micros())
+            .unwrap_or(u64::MAX)
+            .to_le_bytes(),
+    );
+    m
+}
+
+/// `(kind, id, ttl)` of a control message, or `None` for malformed bytes.
+pub(crate) fn parse(m: &[u8]) -> Option<(u8, u64, Duration)> {
+    let rest = m.strip_prefix(PREFIX)?;
+    if rest.len() != 17 {
+        return None;
+    }
+    let id = u64::from_le_bytes(rest[1..9].try_into().ok()?);
+    let us = u64::from_le_bytes(rest[9..17].try_into().ok()?);
+    Some((rest[0], id, Duration::from_micros(us)))
+}
+
+impl Leases {
+    /// Queues a control message from `sender` (from a backend's receive path: never blocks).
+    /// Returns whether it was kept (false: the queue is full) and whether the caller must
+    /// start the thread that handles the queue (the first message).
+    pub(crate) fn take(&self, sender: &str, msg: Vec<u8>) -> (bool, bool) {
+        let mut q = self.queue.lock();
+        if q.len() >= MAX_QUEUED {
+            tracing::warn!(sender, "lease control queue full: a message is dropped");
+            return (false, false);
+        }
+        q.push_back((sender.to_owned(), msg));
+        drop(q);
+        self.queued.notify_one();
+        (true, !self.running.swap(true, Ordering::SeqCst))
+    }
+}
+
+/// The target's side of an acquire (`renew` false) or renew: the reader's grant runs from now
+/// for the lease's duration, where it may still read; the duration granted, or `None`.
+pub(crate) fn target_extend(l: &Leases, reader: &str, id: u64, renew: bool) -> Option<Duration> {
+    let mut p = l.published.lock();
+    let lease = p.get_mut(&id)?;
+    let now = Instant::now();
+    let (ttl, published) = (lease.ttl, lease.published);
+    let r = lease.readers.get_mut(reader)?;
+    let live = match *r {
+        Reader::Pending => !renew && now < published + ttl,
+        Reader::Held { until } => now < until,
+        Reader::Released => false,
+    };
+    if !live {
+        return None;
+    }
+    *r = Reader::Held { until: now + ttl };
+    Some(ttl)
+}
+
+/// `Ok` while `leases` (of agent `me`) hold `owner`'s lease `id`: granted, not run out on
+/// this agent's clock, not released; else `LeaseExpired`.
+pub(crate) fn check_held(
+    leases: &Leases,
+    me: &str,
+    owner: &str,
+    id: LeaseId,
+    op: Op,
+) -> Result<()> {
+    let held = leases.held.lock().get(&(owner.to_owned(), id.0)).copied();
+    match held {
+        Some(h) if !h.released && Instant::now() < h.until => Ok(()),
+        _ => Err(Error::LeaseExpired {
+            agent: me.to_owned(),
+            remote: owner.to_owned(),
+            op,
+            lease: id.0,
+        }),
+    }
+}
+
+pub(crate) fn state_of(l: &Published, now: Instant) -> LeaseState {
+    let (mut holding, mut pending, mut released, mut expired) = (0, 0, 0, 0);
+    for r in l.readers.values() {
+        match *r {
+            Reader::Released => released += 1,
+            Reader::Held { until } if now < until => holding += 1,
+            Reader::Pending if now < l.published + l.ttl => pending += 1,
+            _ => expired += 1,
+        }
+    }
+    if holding + pending > 0 {
+        LeaseState::Active { holding, pending }
+    } else {
+        LeaseState::Done { released, expired }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip_and_garbage_is_refused() {
+        let m = message(GRANT, 0xfeed, Duration::from_millis(1500));
+        assert_eq!(
+            parse(&m),
+            Some((GRANT, 0xfeed, Duration::from_millis(1500)))
+        );
+        for cut in 0..m.len() {
+            assert_eq!(parse(&m[..cut]), None);
+        }
+        let mut long = m.clone();
+        long.push(0);
+        assert_eq!(parse(&long), None);
+        assert_eq!(parse(b"hello"), None);
+    }
+}

@@ -6,7 +6,8 @@
 # Completion without polling on GPUs: the async future over CUDA_IPC (woken by a host function
 # after the copies; nixl-mem tests/async_gpu.rs) and GPU-waitable arrival (per-layer counters
 # the copy kernel advances, a decode-side kernel waiting on them layer by layer; nixl-mem
-# tests/arrival_gpu.rs), with the Llama-3-70B benchmark: layer 0 usable vs the whole request.
+# tests/arrival_gpu.rs), with the Llama-3-70B benchmark: layer 0 usable vs the whole request,
+# and the example examples/layerwise.rs at that shape.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=scripts/gpu/pick.sh
@@ -21,6 +22,7 @@ build() {
     for t in async_gpu arrival_gpu; do
         cp "$(cargo test --release -p nixl-mem --test "$t" --no-run --message-format=json 2>/dev/null | pick "$t")" "$bin/test-$t"
     done
+    cp "$(cargo build --release --example layerwise --message-format=json 2>/dev/null | pick layerwise)" "$bin/layerwise"
     ls -la "$bin"
 }
 
@@ -34,6 +36,10 @@ run() {
         echo "rc=$?" >> "$OUT/$t.log"
         grep -a -E "polls|usable|released|^test |test result|panicked|SKIPPED|rc=" "$OUT/$t.log" | tee -a "$s"
     done
+    # The example: Llama-3-70B's KV (160 tensors of 2048 blocks of 32 KiB), GPU 0 -> GPU 1.
+    timeout 120 .carry/bin/layerwise --layers 160 --blocks 2048 --block-kib 32 > "$OUT/layerwise.log" 2>&1
+    echo "rc=$?" >> "$OUT/layerwise.log"
+    tee -a "$s" < "$OUT/layerwise.log"
 }
 
 case "${1:-}" in

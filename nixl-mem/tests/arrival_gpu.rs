@@ -2,7 +2,8 @@
 //! counters, and a decode-side kernel (the test kit's `LayerWaiter`, launched before the post
 //! on its own stream) whose CTA for layer `l` waits on the GPU for counter `l`, then reads
 //! (checksums) layer `l`'s bytes. Every layer's checksum must equal its source's: a layer
-//! released early would read stale bytes. Counters refused where they cannot be honoured.
+//! released early would read stale bytes. A request of plain descriptors has one counter.
+//! Counters refused where they cannot be honoured.
 //!
 //! `arrival_counters_release_each_layer_on_the_gpu` runs on one GPU (skips as `gpu`);
 //! `llama70b_first_layer_usable_long_before_the_whole_request` reads a Llama-3-70B-shaped
@@ -283,8 +284,8 @@ fn arrival_counters_are_refused_where_they_cannot_be_honoured() {
         kind(make(XferOp::Read, counters, 1)),
         ErrorKind::InvalidParam
     );
-    // A flat request has no layers.
-    let e = dst
+    // A request of plain descriptors has one counter, advanced per descriptor.
+    let flat = dst
         .agent
         .create_xfer_req(
             XferOp::Read,
@@ -296,8 +297,20 @@ fn arrival_counters_are_refused_where_they_cannot_be_honoured() {
                 ..XferOptions::default()
             },
         )
-        .unwrap_err();
-    assert_eq!(e.kind(), ErrorKind::NotSupported);
+        .unwrap();
+    assert_eq!(flat.arrival_per_post(), Some(1));
+    dst.buf.fill(0).unwrap();
+    dst.agent.post_xfer_req(&flat).unwrap();
+    flat.wait(WAIT).unwrap();
+    let mut c = [0u8; 8];
+    dst.buf
+        .copy_to_host((layers * pool * block) as usize, &mut c)
+        .unwrap();
+    assert_eq!(
+        u64::from_le_bytes(c),
+        1,
+        "the request's counter after one post"
+    );
     // The sound one still builds.
     let ok = make(XferOp::Read, counters, 0).unwrap();
     assert_eq!(ok.arrival_per_post(), Some(1));

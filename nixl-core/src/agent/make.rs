@@ -162,14 +162,9 @@ impl Agent {
         remote_idx: &[usize],
         opts: XferOptions,
     ) -> Result<XferReq> {
-        if opts.arrival.is_some() {
-            return Err(Error::not_supported(
-                self.name(),
-                Op::MakeXfer,
-                "arrival counters are per layer of a block table: make_block_xfer or make_tile_xfer",
-            ));
-        }
         let mut ends = self.ends(op, local, remote, &opts)?;
+        // One counter for the whole request (a block table has one per layer).
+        self.arrival_ends(op, (local, 1), &mut ends, &opts)?;
         self.check_pairing(local_idx, remote_idx)?;
         let segments = self.gather_segments(
             (local, local_idx),
@@ -391,6 +386,7 @@ impl Agent {
             } else {
                 opts.notif.clone()
             },
+            arrival: opts.arrival,
         }
     }
 

@@ -178,6 +178,9 @@ pub struct XferSpec {
     pub mds: Vec<BackendMd>,
     /// A notification to deliver to the remote after all data is complete.
     pub notif: Option<Vec<u8>>,
+    /// One arrival counter for the whole request (checked by the agent: a READ into local
+    /// VRAM, inside the local list's regions); only for a backend whose `supports_arrival`.
+    pub arrival: Option<crate::ArrivalCounters>,
 }
 
 impl XferSpec {

@@ -5,16 +5,16 @@
 use crate::error::{Error, Op, Result};
 use crate::mem::MemKind;
 
-/// Where a request's per-layer arrival counters live: `layers` `u64`s from `addr` on GPU
-/// `dev_id`, in a region of the request's local block table (allocate them beside the KV
-/// pool, in its registration). The copy adds each item of layer `l` to counter `l` once the
+/// Where a request's arrival counters live: one `u64` per layer of a block or tile table (one
+/// for a request of plain descriptors) from `addr` on GPU `dev_id`, in a region of the
+/// request's local list (allocate them beside the KV pool, in its registration). The copy adds each item of layer `l` to counter `l` once the
 /// item's bytes are visible on that GPU; every post adds
 /// [`XferReq::arrival_per_post`](crate::XferReq::arrival_per_post) to each layer's counter, so
 /// after post `k` (from zero) layer `l` has fully landed when its counter reaches `k` times
 /// that. Nothing resets them: the caller zeroes them when it reuses them.
 ///
 /// Only READs into this agent's VRAM (the decode side pulling) over a backend that
-/// implements them (`CUDA_IPC`'s block and tile kernels) take counters; others refuse the
+/// implements them (`CUDA_IPC`'s copy kernels) take counters; others refuse the
 /// request `NotSupported`, never ignore them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ArrivalCounters {

@@ -334,6 +334,9 @@ impl BlockXferSpec {
             segments,
             mds,
             notif: self.notif.clone(),
+            // Materialized blocks go to backends that do not consume strides, which take no
+            // counters (the agent refuses counters there before materializing).
+            arrival: None,
         }
     }
 }

@@ -399,7 +399,7 @@ impl Backend for CudaIpcBackend {
             remote: &spec.remote,
             is_local: spec.is_local,
             notif: spec.notif.as_deref(),
-            arrival: None,
+            arrival: self.counters_on(spec.arrival, gpu.ordinal)?,
         };
         self.finish(&gpu, ends, Work::Copies(copies), how, kernel_ok, conflict)
     }

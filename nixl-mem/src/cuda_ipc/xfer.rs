@@ -241,9 +241,10 @@ impl KernelPlan {
     /// Makes the launches advance the per-layer counters at `counters` (a table plan whose
     /// arrival kernel loaded); the error says why it cannot.
     pub(super) fn with_arrival(mut self, counters: u64) -> std::result::Result<Self, String> {
-        let (blocks, tiles) = self.kernel.has_arrival();
+        let (segments, blocks, tiles) = self.kernel.has_arrival();
         let why = match (&self.blocks, self.tiles) {
-            (None, _) => Some("the request is not a block table the block kernel takes"),
+            (None, _) if !segments => Some("the segment kernel with a counter did not load"),
+            (None, _) => None,
             (Some(_), false) if !blocks => Some("the block kernel with counters did not load"),
             (Some(_), true) if !tiles => Some("the tile kernel with counters did not load"),
             _ => None,
@@ -256,9 +257,11 @@ impl KernelPlan {
         Ok(self)
     }
 
-    /// What each post adds to every layer's counter: the table's items per layer.
+    /// What each post adds to every layer's counter: the table's items per layer (the
+    /// descriptors, for a request of segments).
     pub(super) fn arrival_per_post(&self) -> Option<u64> {
-        self.arrival.and(self.blocks.map(|b| b.npieces))
+        self.arrival
+            .map(|_| self.blocks.map_or(self.count, |b| b.npieces))
     }
 
     fn descs(&self) -> u64 {
@@ -359,23 +362,23 @@ impl CudaIpcXfer {
             }
             if p.arrival.is_some() {
                 // Counters have no other engine either.
-                let Some(b) = &p.blocks else {
-                    return Err(CudaError {
-                        call: "cuLaunchKernel",
-                        code: 0,
-                        name: "an arrival plan without its table".to_owned(),
-                    });
+                return match &p.blocks {
+                    Some(b) => {
+                        p.kernel
+                            .launch_blocks(p.descs(), b, p.grid, &self.lane.stream, p.arrival)
+                    }
+                    None => {
+                        p.kernel
+                            .launch(p.descs(), p.count, p.grid, &self.lane.stream, p.arrival)
+                    }
                 };
-                return p
-                    .kernel
-                    .launch_blocks(p.descs(), b, p.grid, &self.lane.stream, p.arrival);
             }
             let launched = if let Some(b) = &p.blocks {
                 p.kernel
                     .launch_blocks(p.descs(), b, p.grid, &self.lane.stream, p.arrival)
             } else {
                 p.kernel
-                    .launch(p.descs(), p.count, p.grid, &self.lane.stream)
+                    .launch(p.descs(), p.count, p.grid, &self.lane.stream, None)
             };
             match launched {
                 Ok(()) => return Ok(()),

@@ -116,6 +116,19 @@ impl KernelModule {
         self.launch_u64s(grid, threads, stream, args)
     }
 
+    /// Enqueues the function with three `u64` parameters (the segment kernel's two and its
+    /// counter). Crate invariant as [`Self::launch2`], and the counter is a `u64` of device
+    /// memory this context can reach, alive until the launch completes.
+    pub(crate) fn launch3(
+        &self,
+        grid: u32,
+        threads: u32,
+        stream: &Stream,
+        args: [u64; 3],
+    ) -> Result<(), CudaError> {
+        self.launch_u64s(grid, threads, stream, args)
+    }
+
     /// Enqueues the function with five `u64` parameters (the arrival kernels: a table's four
     /// and the counters). Crate invariant as [`Self::launch4`], and the counters are `u64`s of
     /// device memory this context can reach, one per layer of the table, alive until the

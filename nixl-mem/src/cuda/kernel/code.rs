@@ -225,6 +225,16 @@ pub(crate) fn ptx_blocks_arrival(shape: &KernelShape) -> String {
     ptx_with(shape, &BLOCKS, Some("%rb3"))
 }
 
+/// The segment kernel's PTX with one arrival counter for the request (at `nixl_counters`),
+/// incremented once per descriptor after its bytes are visible; each post adds the
+/// descriptor count.
+pub(crate) fn ptx_segments_arrival(shape: &KernelShape) -> String {
+    ptx_with(shape, &SEGMENTS, Some(ONE_COUNTER))
+}
+
+/// The register the segment kernel's arrival names as its "layer": always 0.
+const ONE_COUNTER: &str = "%ra3";
+
 /// Bytes per layer `(src base, src stride, dst base, dst stride)` and per piece
 /// `(src id, dst id, offset, len)` in a block table (`u64` little-endian each).
 pub(crate) const BLOCK_ENTRY_BYTES: usize = 32;
@@ -316,7 +326,15 @@ fn ptx_with(shape: &KernelShape, parts: &Parts, layer: Option<&str>) -> String {
             format!("{}_arrival", parts.name),
             format!("{}{ARRIVE_PARAM}", parts.params),
             format!("{}{ARRIVE_REGS}", parts.extra_regs),
-            format!("{}{ARRIVE_PROLOGUE}", parts.prologue),
+            format!(
+                "{}{ARRIVE_PROLOGUE}{}",
+                parts.prologue,
+                if l == ONE_COUNTER {
+                    "\tmov.u64 \t%ra3, 0;\n"
+                } else {
+                    ""
+                }
+            ),
             ARRIVE.replace("@TID@", "%rd5").replace("@LAYER@", l),
         ),
     };

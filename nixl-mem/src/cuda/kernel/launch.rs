@@ -13,6 +13,7 @@ pub(crate) struct CopyKernel {
     /// The block and tile kernels with per-layer arrival counters, where they loaded.
     blocks_arrival: Option<KernelModule>,
     tiles_arrival: Option<KernelModule>,
+    segments_arrival: Option<KernelModule>,
     shape: KernelShape,
     /// CTAs of the shape resident on the whole GPU at once.
     resident: u32,
@@ -63,12 +64,14 @@ impl CopyKernel {
         };
         let blocks_arrival = arrival(ptx_blocks_arrival(&shape), c"nixl_copy_blocks_arrival");
         let tiles_arrival = arrival(ptx_tiles_arrival(&shape), c"nixl_copy_tiles_arrival");
+        let segments_arrival = arrival(ptx_segments_arrival(&shape), c"nixl_copy_segments_arrival");
         Ok(CopyKernel {
             module,
             blocks,
             tiles,
             blocks_arrival,
             tiles_arrival,
+            segments_arrival,
             shape,
             resident,
         })
@@ -138,9 +141,13 @@ impl CopyKernel {
         )
     }
 
-    /// Whether the kernels taking arrival counters loaded (blocks, tiles).
-    pub(crate) fn has_arrival(&self) -> (bool, bool) {
-        (self.blocks_arrival.is_some(), self.tiles_arrival.is_some())
+    /// Whether the kernels taking arrival counters loaded (segments, blocks, tiles).
+    pub(crate) fn has_arrival(&self) -> (bool, bool, bool) {
+        (
+            self.segments_arrival.is_some(),
+            self.blocks_arrival.is_some(),
+            self.tiles_arrival.is_some(),
+        )
     }
 
     /// Whether the block kernel loaded.
@@ -200,12 +207,24 @@ impl CopyKernel {
         count: u64,
         grid: u32,
         stream: &Stream,
+        counter: Option<u64>,
     ) -> Result<(), CudaError> {
         if count == 0 {
             return Ok(());
         }
-        self.module
-            .launch2(grid.max(1), self.shape.threads, stream, descs, count)
+        match counter {
+            None => self
+                .module
+                .launch2(grid.max(1), self.shape.threads, stream, descs, count),
+            Some(c) => match &self.segments_arrival {
+                Some(m) => m.launch3(grid.max(1), self.shape.threads, stream, [descs, count, c]),
+                None => Err(CudaError {
+                    call: "cuLaunchKernel",
+                    code: sys::CUresult::CUDA_ERROR_NOT_FOUND as u32,
+                    name: "the segment copy kernel with a counter is not loaded".to_owned(),
+                }),
+            },
+        }
     }
 }
 

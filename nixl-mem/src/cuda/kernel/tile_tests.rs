@@ -278,3 +278,45 @@ fn the_block_arrival_kernel_counts_each_layers_pieces() {
         assert_eq!(count(&m, l), 3, "block layer {l}");
     }
 }
+
+/// The segment kernel's arrival variant: the same copies, one counter for the request that
+/// every descriptor adds one to.
+#[test]
+fn the_segment_arrival_kernel_counts_every_descriptor() {
+    let base = 0x7f00_0000_0000u64;
+    let shape = KernelShape::default();
+    let (area, len) = (4096u64, 4096u64);
+    let counter = base + area - 8;
+    let (src, dst) = (base + area, base + area + 4 * len);
+    let descs: Vec<Segment> = (0..4)
+        .map(|i| Segment {
+            src: src + i * len,
+            dst: dst + (3 - i) * len,
+            len: len - 16 * i,
+        })
+        .collect();
+    let mut image = vec![0u8; (area + 8 * len) as usize];
+    for (i, b) in image.iter_mut().enumerate().skip(area as usize) {
+        *b = (i as u64).wrapping_mul(0x9E37_79B9).wrapping_shr(7) as u8 | 1;
+    }
+    let table = descriptor_bytes(&descs);
+    image[..table.len()].copy_from_slice(&table);
+    let mut want = image.clone();
+    for d in &descs {
+        let (s, t) = ((d.src - base) as usize, (d.dst - base) as usize);
+        let bytes = image[s..s + d.len as usize].to_vec();
+        want[t..t + d.len as usize].copy_from_slice(&bytes);
+    }
+    let mut m = Memory::new(base, image);
+    let params = [
+        ("nixl_descs", base),
+        ("nixl_count", descs.len() as u64),
+        ("nixl_counters", counter),
+    ];
+    let prog = Program::parse(&ptx_segments_arrival(&shape));
+    run(&prog, &mut m, &params, 2, 64).unwrap();
+    let at = area as usize;
+    assert!(m.bytes[at..] == want[at..]);
+    let o = (counter - base) as usize;
+    assert_eq!(u64::from_le_bytes(m.bytes[o..o + 8].try_into().unwrap()), 4);
+}

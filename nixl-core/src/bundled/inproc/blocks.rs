@@ -81,6 +81,18 @@ impl InprocBlocks {
     }
 }
 
+/// Whether every remote layer `(run, region id)` still lies in its registered region of the
+/// target (`regions`: id -> (addr, len), read-locked by the caller for its copies).
+pub(super) fn layers_registered<'a>(
+    regions: &std::collections::HashMap<u64, (u64, u64)>,
+    mut layers: impl Iterator<Item = (&'a StridedDesc, u64)>,
+) -> bool {
+    layers.all(|(run, region)| {
+        let end = run.end().unwrap_or(u64::MAX);
+        matches!(regions.get(&region), Some(&(a, n)) if run.addr >= a && end <= a.saturating_add(n))
+    })
+}
+
 impl BackendXfer for InprocBlocks {
     fn post(&mut self) -> Result<XferState> {
         let ep = self.target.upgrade().ok_or_else(|| {
@@ -92,19 +104,13 @@ impl BackendXfer for InprocBlocks {
             )
         })?;
         let regions = ep.regions.read();
-        for l in &self.layers {
-            let end = l.remote.end().unwrap_or(u64::MAX);
-            match regions.get(&l.region) {
-                Some(&(a, n)) if l.remote.addr >= a && end <= a.saturating_add(n) => {}
-                _ => {
-                    return Err(Error::disconnected(
-                        &self.agent,
-                        &self.remote,
-                        Op::PostXfer,
-                        "target region was deregistered",
-                    ))
-                }
-            }
+        if !layers_registered(&regions, self.layers.iter().map(|l| (&l.remote, l.region))) {
+            return Err(Error::disconnected(
+                &self.agent,
+                &self.remote,
+                Op::PostXfer,
+                "target region was deregistered",
+            ));
         }
         crate::work::tick(self.layers.len() * (1 + self.runs.len()));
         for l in &self.layers {

@@ -59,19 +59,19 @@ impl BackendXfer for InprocTiles {
             )
         })?;
         let regions = ep.regions.read();
-        for (l, region) in self.spec.layers.iter().zip(&self.regions) {
-            let end = l.remote.end().unwrap_or(u64::MAX);
-            match regions.get(region) {
-                Some(&(a, n)) if l.remote.addr >= a && end <= a.saturating_add(n) => {}
-                _ => {
-                    return Err(Error::disconnected(
-                        &self.agent,
-                        &self.spec.remote,
-                        Op::PostXfer,
-                        "target region was deregistered",
-                    ))
-                }
-            }
+        let layers = self
+            .spec
+            .layers
+            .iter()
+            .map(|l| &l.remote)
+            .zip(self.regions.iter().copied());
+        if !super::blocks::layers_registered(&regions, layers) {
+            return Err(Error::disconnected(
+                &self.agent,
+                &self.spec.remote,
+                Op::PostXfer,
+                "target region was deregistered",
+            ));
         }
         let op = self.spec.op;
         self.spec.for_each_row(|_, la, ra, len| {

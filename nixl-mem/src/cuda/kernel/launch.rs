@@ -121,18 +121,9 @@ impl CopyKernel {
         } else {
             &self.tiles
         };
-        let Some(m) = m else {
-            return Err(CudaError {
-                call: "cuLaunchKernel",
-                code: sys::CUresult::CUDA_ERROR_NOT_FOUND as u32,
-                name: "the tile copy kernel is not loaded".to_owned(),
-            });
-        };
-        if layout.items == 0 {
-            return Ok(());
-        }
         launch_table(
-            m,
+            m.as_ref(),
+            "tile",
             (table, layout),
             grid,
             self.shape.threads,
@@ -174,18 +165,9 @@ impl CopyKernel {
         } else {
             &self.blocks
         };
-        let Some(m) = m else {
-            return Err(CudaError {
-                call: "cuLaunchKernel",
-                code: sys::CUresult::CUDA_ERROR_NOT_FOUND as u32,
-                name: "the block-table copy kernel is not loaded".to_owned(),
-            });
-        };
-        if layout.items == 0 {
-            return Ok(());
-        }
         launch_table(
-            m,
+            m.as_ref(),
+            "block-table",
             (table, layout),
             grid,
             self.shape.threads,
@@ -228,16 +210,28 @@ impl CopyKernel {
     }
 }
 
-/// Launches a table kernel (blocks or tiles) with its four parameters, and the counters where
-/// it is an arrival kernel.
+/// Launches a table kernel (blocks or tiles, `what` for the error where it did not load) with
+/// its four parameters, and the counters where it is an arrival kernel; nothing for an empty
+/// table.
 fn launch_table(
-    m: &KernelModule,
+    m: Option<&KernelModule>,
+    what: &str,
     (table, layout): (u64, &BlockLayout),
     grid: u32,
     threads: u32,
     stream: &Stream,
     counters: Option<u64>,
 ) -> Result<(), CudaError> {
+    let Some(m) = m else {
+        return Err(CudaError {
+            call: "cuLaunchKernel",
+            code: sys::CUresult::CUDA_ERROR_NOT_FOUND as u32,
+            name: format!("the {what} copy kernel is not loaded"),
+        });
+    };
+    if layout.items == 0 {
+        return Ok(());
+    }
     let args = [
         table,
         layout.items,

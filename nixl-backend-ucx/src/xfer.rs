@@ -1,9 +1,16 @@
 //! Transfers: a batch of `ucp_put_nbx`/`ucp_get_nbx` plus one `ucp_ep_flush_nbx`, and the
-//! notification as an active message sent from the flush's completion callback — so it leaves
-//! only after every byte of the batch is complete at the target, whether or not the initiator
-//! keeps polling (the backend's progress thread completes the chain).
+//! notification as an active message sent once every part of the post completed — so it
+//! leaves only after every byte of the batch is complete at the target, whether or not the
+//! initiator keeps polling (the backend's progress thread completes the chain).
+//!
+//! A post is `Done` only when every put/get reported success through its own completion
+//! callback and the flush did too: UCX reports an operation's failure (its peer died, its
+//! endpoint was closed) in that operation's status, while the flush may still complete with
+//! `UCS_OK` (a READ from a killed peer over tcp did, with most of its bytes missing). The post
+//! ends when its last part does, so a terminal post has nothing left in flight: it is
+//! quiescent.
 
-use std::sync::atomic::{AtomicI32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -59,9 +66,19 @@ pub(crate) struct PostState {
     shared: Arc<EpShared>,
     /// (AM id, header, message) of the notification to send after the flush.
     notif: Option<Notif>,
-    /// A put/get of the batch failed to start: once the flush shows the earlier ones are
-    /// complete, the post ends with this status (and sends no notification).
-    failed_issue: Option<sys::ucs_status_t>,
+    /// Parts of the post not complete yet: the issuer (until it has issued every put/get and
+    /// the flush), each put/get whose callback is pending, and the flush. The last part to
+    /// complete concludes the post. Changed only under the worker lock.
+    pending: AtomicUsize,
+    /// The first failure among the post's puts/gets, or of one that could not be issued
+    /// (`UCS_OK`: none): the post ends with it, once every part completed, and sends no
+    /// notification.
+    op_error: AtomicI32,
+    /// The flush's status.
+    flush_status: AtomicI32,
+    /// The agent let the request go ([`BackendXfer::abandon`]): once its data is complete it
+    /// ends canceled, sending no notification.
+    abandoned: AtomicBool,
 }
 
 impl PostState {
@@ -83,11 +100,40 @@ impl PostState {
         }
     }
 
+    /// One part of the post completed; the last one concludes it. Runs under the worker lock.
+    fn part_done(self: &Arc<Self>, locked: &sys::Locked<'_>) {
+        if self.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.conclude(locked);
+        }
+    }
+
+    /// Every part completed: the first failure ends the post, else the data is complete.
+    fn conclude(self: &Arc<Self>, locked: &sys::Locked<'_>) {
+        for st in [&self.op_error, &self.flush_status] {
+            let st = st.load(Ordering::Acquire) as sys::ucs_status_t;
+            if st != sys::UCS_OK {
+                self.finish(st);
+                return;
+            }
+        }
+        self.after_flush(locked);
+    }
+
+    /// Records a put/get's failure (the first one is kept).
+    fn op_failed(&self, status: sys::ucs_status_t) {
+        let _ = self.op_error.compare_exchange(
+            sys::UCS_OK as i32,
+            status as i32,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
     /// After the data is complete: sends the notification, or finishes. Runs under the worker
     /// lock (from `post` or a callback inside progress).
     fn after_flush(self: &Arc<Self>, locked: &sys::Locked<'_>) {
-        if let Some(st) = self.failed_issue {
-            self.finish(st);
+        if self.abandoned.load(Ordering::Acquire) {
+            self.finish(sys::UCS_ERR_CANCELED);
             return;
         }
         if self.notif.is_none() {
@@ -115,11 +161,15 @@ impl sys::Completion for PostState {
     }
 
     fn flushed(self: Arc<Self>, status: sys::ucs_status_t, locked: &sys::Locked<'_>) {
-        if status == sys::UCS_OK {
-            self.after_flush(locked);
-        } else {
-            self.finish(status);
+        self.flush_status.store(status as i32, Ordering::Release);
+        self.part_done(locked);
+    }
+
+    fn rma_done(self: Arc<Self>, status: sys::ucs_status_t, locked: &sys::Locked<'_>) {
+        if status != sys::UCS_OK {
+            self.op_failed(status);
         }
+        self.part_done(locked);
     }
 
     fn sent(self: Arc<Self>, status: sys::ucs_status_t, _locked: &sys::Locked<'_>) {
@@ -207,8 +257,15 @@ impl UcxXfer {
         }
     }
 
-    /// Issues one put/get; returns its status (`UCS_OK` or `UCS_INPROGRESS` are fine).
-    fn issue(&self, w: &mut sys::WorkerH, ep: sys::Ep, s: &Seg) -> sys::ucs_status_t {
+    /// Issues one put/get whose completion `state` counts; returns its status (`UCS_OK` or
+    /// `UCS_INPROGRESS`, the callback pending, are fine).
+    fn issue(
+        &self,
+        w: &mut sys::WorkerH,
+        ep: sys::Ep,
+        s: &Seg,
+        state: &Arc<PostState>,
+    ) -> sys::ucs_status_t {
         // The local range lies in a registration whose memory handle (and memory) the agent
         // keeps alive while the request exists; the remote range was checked by the agent
         // against the peer's region, whose rkey `_keep` holds.
@@ -225,6 +282,7 @@ impl UcxXfer {
                 // Many operations in flight: let UCX optimise for bandwidth (as NIXL does).
                 multi: self.work.len() > 1,
             },
+            state,
         )
     }
 
@@ -290,7 +348,6 @@ impl UcxXfer {
                 pe,
                 &g,
                 ep,
-                None,
             )
         };
         let (st, peer, worker) = (state.clone(), self.peer.clone(), self.worker);
@@ -347,7 +404,6 @@ impl UcxXfer {
                 pe,
                 &g,
                 ep,
-                None,
             )
         };
         match (prev, &self.direct) {
@@ -402,11 +458,10 @@ fn open_post(
     pe: &crate::endpoint::PeerEp,
     g: &crate::worker::WorkerGuard<'_>,
     ep: sys::Ep,
-    failed_issue: Option<sys::ucs_status_t>,
 ) -> Arc<PostState> {
     pe.shared.begin_op();
     let notif_ep = pe.notif_raw(g).unwrap_or(ep);
-    fresh_state(cur, ucx, notif, notif_ep, &pe.shared, failed_issue)
+    fresh_state(cur, ucx, notif, notif_ep, &pe.shared)
 }
 
 /// A post's completion state: the previous one (`cur`) reset when no UCX callback holds it any
@@ -417,7 +472,6 @@ fn fresh_state(
     notif: &Option<Notif>,
     ep: sys::Ep,
     shared: &Arc<EpShared>,
-    failed_issue: Option<sys::ucs_status_t>,
 ) -> Arc<PostState> {
     if let Some(arc) = cur.as_mut() {
         if let Some(st) = Arc::get_mut(arc) {
@@ -428,7 +482,10 @@ fn fresh_state(
             if !Arc::ptr_eq(&st.shared, shared) {
                 st.shared = shared.clone();
             }
-            st.failed_issue = failed_issue;
+            st.pending = AtomicUsize::new(1);
+            st.op_error = AtomicI32::new(sys::UCS_OK as i32);
+            st.flush_status = AtomicI32::new(sys::UCS_OK as i32);
+            st.abandoned = AtomicBool::new(false);
             return arc.clone();
         }
     }
@@ -440,7 +497,10 @@ fn fresh_state(
         ep,
         shared: shared.clone(),
         notif: notif.clone(),
-        failed_issue,
+        pending: AtomicUsize::new(1),
+        op_error: AtomicI32::new(sys::UCS_OK as i32),
+        flush_status: AtomicI32::new(sys::UCS_OK as i32),
+        abandoned: AtomicBool::new(false),
     });
     *cur = Some(st.clone());
     st
@@ -481,25 +541,7 @@ impl BackendXfer for UcxXfer {
         let ep = pe
             .raw(&g)
             .ok_or_else(|| self.disconnected(Op::PostXfer, "UCX endpoint was closed"))?;
-        let mut issued = 0usize;
-        let mut failed_issue = None;
-        self.work.each(|s| {
-            let st = self.issue(g.h(), ep, s);
-            if st != sys::UCS_OK && st != sys::UCS_INPROGRESS {
-                failed_issue = Some(st);
-                return false;
-            }
-            issued += 1;
-            true
-        });
-        if let Some(st) = failed_issue {
-            if issued == 0 {
-                return Err(self.state_error(Op::PostXfer, st));
-            }
-            // Earlier segments may still be moving: the flush below tells when UCX is done
-            // with them, and the post ends with this error then (a cancel meanwhile follows
-            // the usual rules; nothing is force-closed here).
-        }
+        // The post's state first: each put/get's callback counts into it.
         let state = open_post(
             &mut self.cur,
             (&self.ucx, &self.wake),
@@ -507,20 +549,49 @@ impl BackendXfer for UcxXfer {
             pe,
             &g,
             ep,
-            failed_issue,
         );
+        let mut issued = 0usize;
+        let mut failed_issue = None;
+        self.work.each(|s| {
+            state.pending.fetch_add(1, Ordering::AcqRel);
+            let st = self.issue(g.h(), ep, s, &state);
+            if st == sys::UCS_INPROGRESS {
+                issued += 1;
+                return true;
+            }
+            // Completed at once: no callback will count it.
+            state.pending.fetch_sub(1, Ordering::AcqRel);
+            if st == sys::UCS_OK {
+                issued += 1;
+                return true;
+            }
+            failed_issue = Some(st);
+            false
+        });
+        if let Some(st) = failed_issue {
+            if issued == 0 {
+                state.finish(st);
+                return Err(self.state_error(Op::PostXfer, st));
+            }
+            // Earlier segments may still be moving: the post ends with this error once they
+            // and the flush below completed (a cancel meanwhile follows the usual rules;
+            // nothing is force-closed here).
+            state.op_failed(st);
+        }
         // The endpoint is live under the held lock; the callback runs `flushed`.
-        match g.h().flush(ep, &state) {
-            Some(st) if st == sys::UCS_OK => state.after_flush(&g.h().locked()),
-            Some(st) => state.finish(st),
-            None if self.bytes <= INLINE_PROGRESS_BYTES => {
-                for _ in 0..CHECK_PASSES {
-                    if g.progress() == 0 || state.phase() != PENDING {
-                        break;
-                    }
+        state.pending.fetch_add(1, Ordering::AcqRel);
+        if let Some(st) = g.h().flush(ep, &state) {
+            state.flush_status.store(st as i32, Ordering::Release);
+            state.pending.fetch_sub(1, Ordering::AcqRel);
+        }
+        // The issuer's part: every put/get and the flush are issued.
+        state.part_done(&g.h().locked());
+        if state.phase() == PENDING && self.bytes <= INLINE_PROGRESS_BYTES {
+            for _ in 0..CHECK_PASSES {
+                if g.progress() == 0 || state.phase() != PENDING {
+                    break;
                 }
             }
-            None => {}
         }
         drop(g);
         self.outcome(&state, Op::PostXfer)
@@ -543,6 +614,19 @@ impl BackendXfer for UcxXfer {
             self.progress_until(&st);
         }
         self.outcome(&st, Op::CheckXfer)
+    }
+
+    fn state(&mut self) -> Result<XferState> {
+        // Read only: the backend's progress threads (or the agent's) and the copy threads
+        // drive the post.
+        match &self.cur {
+            Some(st) => self.outcome(st, Op::CheckXfer),
+            None => Err(Error::not_allowed(
+                &self.agent,
+                Op::CheckXfer,
+                "never posted",
+            )),
+        }
     }
 
     fn cancel(&mut self) -> Result<()> {
@@ -651,7 +735,11 @@ impl BackendXfer for UcxXfer {
     }
 
     fn abandon(&mut self) {
-        // Direct copies not started yet never start; UCX's own RMA cannot be stopped.
+        // Direct copies not started yet never start; UCX's own RMA cannot be stopped, but its
+        // notification is not sent.
+        if let Some(st) = &self.cur {
+            st.abandoned.store(true, Ordering::Release);
+        }
         if let Some(f) = &self.flight {
             f.stop();
         }

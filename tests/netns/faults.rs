@@ -379,3 +379,61 @@ fn ucx_peer_host_destroyed() {
 fn libfabric_peer_host_destroyed() {
     peer_host_destroyed("libfabric_peer_host_destroyed", "libfabric");
 }
+
+/// The target's process is killed (SIGKILL: its sockets are reset at once) mid-READ. The
+/// initiator cannot watch a process on another host: only the transport can tell. The READ
+/// never ends `Ok` unless every byte is the target's (issue 33: UCX reported the flush done
+/// with most of the data missing); otherwise it ends in a typed error by its deadline.
+fn peer_killed_mid_read(test: &str, backend: &'static str) {
+    const SENTINEL: u8 = 0xEE;
+    let Some((net, mut a, mut b)) = pair(test, backend, 500, SENTINEL) else {
+        return;
+    };
+    b.ok("fill 90");
+    let before = net.counters(0, 0).expect("counters").rx_bytes;
+    let posted = a.ok(&format!(
+        "post r read {} {} {BIG} {DEADLINE_MS}",
+        b.name, b.addr
+    ));
+    assert_eq!(posted, "InProgress", "a {BIG} B read over a slow link");
+    assert!(
+        until(T, || {
+            net.counters(0, 0).map(|c| c.rx_bytes).unwrap_or(0) - before >= 4 * MIB as u64
+        }),
+        "the read's bytes reach the initiator"
+    );
+    b.proc.kill();
+    let killed = Instant::now();
+    let outcome = a.cmd(&format!("wait r {}", DEADLINE_MS + 10_000));
+    let to_end = killed.elapsed();
+    let landed = a.ok(&format!("verify 90 0 {BIG}"));
+    println!("{test}: {outcome:?} after {to_end:?}; buffer {landed}");
+    match &outcome {
+        Ok(_) => assert_eq!(landed, "", "Ok with bytes missing: {landed}"),
+        Err(f) => assert!(
+            matches!(
+                f.kind.as_str(),
+                "timed_out" | "remote_disconnect" | "backend"
+            ),
+            "{f:?}"
+        ),
+    }
+    report(
+        &format!("{backend}: target's process killed mid-READ"),
+        "typed error by the deadline, never Ok with bytes missing",
+        &outcome
+            .as_ref()
+            .map_or_else(|f| format!("`{}`", f.kind), |_| "Ok, every byte".to_owned()),
+        Some(to_end),
+    );
+}
+
+#[test]
+fn ucx_peer_killed_mid_read() {
+    peer_killed_mid_read("ucx_peer_killed_mid_read", "ucx");
+}
+
+#[test]
+fn libfabric_peer_killed_mid_read() {
+    peer_killed_mid_read("libfabric_peer_killed_mid_read", "libfabric");
+}

@@ -65,6 +65,8 @@ pub(crate) trait Completion: Send + Sync + Sized + 'static {
     /// An active message posted with [`am_send`] completed (inside progress, under the
     /// lock).
     fn sent(self: Arc<Self>, _status: ucs_status_t, _locked: &Locked<'_>) {}
+    /// A put or get issued with [`WorkerH::rma`] completed (inside progress, under the lock).
+    fn rma_done(self: Arc<Self>, _status: ucs_status_t, _locked: &Locked<'_>) {}
 }
 
 /// The bytes of an active message that lives in its completion state until it completes.
@@ -84,6 +86,15 @@ unsafe extern "C" fn flush_cb<T: Completion>(
     unsafe { t.lib().ucp_request_free(req) };
     // Completion callbacks run inside ucp_worker_progress, under the worker lock.
     t.flushed(st, &Locked(PhantomData));
+}
+
+unsafe extern "C" fn rma_cb<T: Completion>(req: *mut c_void, st: ucs_status_t, user: *mut c_void) {
+    // SAFETY: user is the reference leaked for this request in `WorkerH::rma`.
+    let t = unsafe { Arc::from_raw(user as *const T) };
+    // SAFETY: req is this callback's request, freed once.
+    unsafe { t.lib().ucp_request_free(req) };
+    // Completion callbacks run inside ucp_worker_progress, under the worker lock.
+    t.rma_done(st, &Locked(PhantomData));
 }
 
 unsafe extern "C" fn sent_cb<T: Completion>(req: *mut c_void, st: ucs_status_t, user: *mut c_void) {
@@ -173,25 +184,33 @@ impl WorkerH {
         }
     }
 
-    /// Issues one put/get; returns its status (`UCS_OK`, or `UCS_INPROGRESS` when a
-    /// following flush covers its completion).
+    /// Issues one put/get whose completion calls `user.rma_done` with its own status (UCX
+    /// reports each operation's failure there, not in a later flush). Returns `UCS_INPROGRESS`
+    /// when the callback will run, else the status it completed with at once (no callback
+    /// then).
     ///
     /// The local range must lie in the registration of `memh` and the remote one in the
-    /// region of `rkey` (checked by the agent), both kept alive until the flush completes.
-    pub(crate) fn rma(&mut self, ep: Ep, op: &Rma) -> ucs_status_t {
+    /// region of `rkey` (checked by the agent), both kept alive until the callback ran.
+    pub(crate) fn rma<T: Completion>(&mut self, ep: Ep, op: &Rma, user: &Arc<T>) -> ucs_status_t {
         let mut p = params();
-        p.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE | UCP_OP_ATTR_FIELD_MEMH;
+        p.op_attr_mask = UCP_OP_ATTR_FIELD_MEMORY_TYPE
+            | UCP_OP_ATTR_FIELD_MEMH
+            | UCP_OP_ATTR_FIELD_CALLBACK
+            | UCP_OP_ATTR_FIELD_USER_DATA;
         if op.multi {
             p.op_attr_mask |= UCP_OP_ATTR_FLAG_MULTI_SEND;
         }
         p.memory_type = op.mem_type;
         p.memh = op.memh.0;
+        p.cb.send = Some(rma_cb::<T>);
+        let u = Arc::into_raw(user.clone());
+        p.user_data = u as *mut c_void;
         let lib = self.lib();
         crate::reached::rma_post();
         // SAFETY: the endpoint is live under the worker lock (borrowed self); the local range
         // lies in a registration whose memory handle (and memory) the caller keeps alive
         // while the request exists; the remote range was checked against the region whose
-        // rkey the caller keeps.
+        // rkey the caller keeps; the callback reclaims `u`.
         let r = unsafe {
             if op.write {
                 lib.ucp_put_nbx(
@@ -214,13 +233,11 @@ impl WorkerH {
             }
         };
         if ptr_is_ptr(r) {
-            // The following flush covers its completion; UCX releases it when done.
-            // SAFETY: r is a live request, freed once, never used again.
-            unsafe { lib.ucp_request_free(r) };
-            UCS_INPROGRESS
-        } else {
-            ptr_status(r)
+            return UCS_INPROGRESS;
         }
+        // SAFETY: the callback will not run; reclaims the reference leaked above, once.
+        drop(unsafe { Arc::from_raw(u) });
+        ptr_status(r)
     }
 
     /// `ucp_ep_flush_nbx` whose completion calls `user.flushed`. Returns `None` when the

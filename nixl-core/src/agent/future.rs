@@ -34,7 +34,12 @@ const RECHECK_MAX: Duration = Duration::from_millis(1);
 /// A request's completion, as a future: `Ok(())` once its data (and notification) is complete,
 /// or its terminal error. Made by [`XferReq::completion`] (borrowing the request: dropping the
 /// future leaves the request posted) or [`XferReq::into_completion`] (owning it: dropping the
-/// future drops the request, which cancels it and holds its memory until the backend lets go).
+/// future lets the request go without waiting: it is asked to stop, ends `Canceled`, sends no
+/// notification, and the agent holds its memory until the backend lets go).
+///
+/// A poll never drives the backend: it reads the request's state (no progress call, no copy,
+/// no wait for a lock held across one), so it returns in microseconds; the backend's own
+/// threads or the agent's progress thread move the bytes.
 #[must_use = "a future does nothing unless polled"]
 #[derive(Debug)]
 pub struct XferFuture<R: Borrow<XferReq>> {
@@ -46,6 +51,8 @@ pub struct XferFuture<R: Borrow<XferReq>> {
     timed: Option<Waker>,
     recheck: Duration,
     ended: bool,
+    /// The future owns the request ([`XferReq::into_completion`]): its drop lets it go.
+    owns: bool,
 }
 
 impl XferReq {
@@ -53,23 +60,24 @@ impl XferReq {
     /// default) as its deadline from the first poll. Post the request first; the future does
     /// not post. Dropping it leaves the request as it is.
     pub fn completion(&self) -> XferFuture<&XferReq> {
-        XferFuture::new(self, None)
+        XferFuture::new(self, None, false)
     }
 
     /// [`XferReq::completion`] with its own deadline: `timeout` from the first poll.
     pub fn completion_within(&self, timeout: Duration) -> XferFuture<&XferReq> {
-        XferFuture::new(self, Some(timeout))
+        XferFuture::new(self, Some(timeout), false)
     }
 
     /// [`XferReq::completion`] owning the request: a future that is `'static` (for
-    /// `tokio::spawn`), whose drop cancels the request (the request's own drop).
+    /// `tokio::spawn`), whose drop lets an unfinished request go without blocking (see
+    /// [`XferFuture`]).
     pub fn into_completion(self) -> XferFuture<XferReq> {
-        XferFuture::new(self, None)
+        XferFuture::new(self, None, true)
     }
 }
 
 impl<R: Borrow<XferReq>> XferFuture<R> {
-    fn new(req: R, timeout: Option<Duration>) -> Self {
+    fn new(req: R, timeout: Option<Duration>, owns: bool) -> Self {
         let (shared, _) = req.borrow().parts();
         let timeout = timeout
             .or(req.borrow().timeout())
@@ -81,6 +89,7 @@ impl<R: Borrow<XferReq>> XferFuture<R> {
             timed: None,
             recheck: RECHECK_MIN,
             ended: false,
+            owns,
         }
     }
 
@@ -120,18 +129,21 @@ impl<R: Borrow<XferReq> + Unpin> Future for XferFuture<R> {
             return Poll::Ready(Err(e));
         }
         let hub = &shared.wake;
+        let mut busy = false;
         loop {
             let seen = hub.generation();
             match req.poll_check() {
-                Ok(XferState::Done) => {
+                Some(Ok(XferState::Done)) => {
                     this.ended = true;
                     return Poll::Ready(Ok(()));
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     this.ended = true;
                     return Poll::Ready(Err(e));
                 }
-                Ok(XferState::InProgress) => {}
+                Some(Ok(XferState::InProgress)) => {}
+                // Another thread holds the request (a blocking call on it): look again soon.
+                None => busy = true,
             }
             if Instant::now() >= deadline {
                 this.ended = true;
@@ -148,11 +160,19 @@ impl<R: Borrow<XferReq> + Unpin> Future for XferFuture<R> {
             timer::wake_at(deadline, cx.waker());
             this.timed = Some(cx.waker().clone());
         }
-        if !slot.backend.wakes() {
+        if busy || !slot.backend.wakes() {
             timer::wake_at(Instant::now() + this.recheck, cx.waker());
             this.recheck = (this.recheck * 2).min(RECHECK_MAX);
         }
         Poll::Pending
+    }
+}
+
+impl<R: Borrow<XferReq>> Drop for XferFuture<R> {
+    fn drop(&mut self) {
+        if self.owns && !self.ended {
+            self.req.borrow().let_go();
+        }
     }
 }
 

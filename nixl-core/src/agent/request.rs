@@ -164,10 +164,26 @@ struct ReqState {
     draining: bool,
 }
 
+/// How a poll reaches the backend: driving it ([`BackendXfer::check`]: blocking calls, the
+/// NIXL-style `check_xfer_state`), or only reading its state ([`BackendXfer::state`]: futures
+/// and drops, which run on threads that must not copy or wait).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Poll {
+    Drive,
+    Look,
+}
+
 impl ReqState {
+    fn poll_backend(&mut self, how: Poll) -> Result<XferState> {
+        match how {
+            Poll::Drive => self.xfer.check(),
+            Poll::Look => self.xfer.state(),
+        }
+    }
+
     /// Polls a draining request once; returns whether it is still draining.
-    fn settle(&mut self) -> bool {
-        if self.draining && !matches!(self.xfer.check(), Ok(XferState::InProgress)) {
+    fn settle(&mut self, how: Poll) -> bool {
+        if self.draining && !matches!(self.poll_backend(how), Ok(XferState::InProgress)) {
             self.draining = false;
         }
         self.draining
@@ -417,7 +433,7 @@ impl XferReq {
                 "an earlier cancel could not be confirmed",
             ));
         }
-        if st.settle() {
+        if st.settle(Poll::Drive) {
             return Err(Error::not_allowed(
                 &self.shared.name,
                 Op::PostXfer,
@@ -476,10 +492,10 @@ impl XferReq {
     /// error.
     pub(crate) fn check(&self) -> Result<XferState> {
         let mut st = self.state.lock();
-        self.check_locked(&mut st)
+        self.check_locked(&mut st, Poll::Drive)
     }
 
-    fn check_locked(&self, st: &mut ReqState) -> Result<XferState> {
+    fn check_locked(&self, st: &mut ReqState, how: Poll) -> Result<XferState> {
         match &st.status {
             Status::Ready => Err(Error::not_allowed(
                 &self.shared.name,
@@ -489,7 +505,7 @@ impl XferReq {
             Status::Done => Ok(XferState::Done),
             Status::Failed(e) => {
                 let e = e.clone();
-                st.settle();
+                st.settle(how);
                 Err(e)
             }
             Status::Canceled => Err(Error::Canceled {
@@ -501,10 +517,10 @@ impl XferReq {
                 // A peer invalidated or restarted mid-transfer: fence the request.
                 let now = Instant::now();
                 if let Err(e) = self.peer_check(now) {
-                    self.abort_locked(st, e.clone());
+                    self.abort_locked(st, e.clone(), how);
                     return Err(e);
                 }
-                match st.xfer.check() {
+                match st.poll_backend(how) {
                     Ok(XferState::Done) => {
                         // This poll's clock reading (taken just before the backend's check):
                         // one reading per poll, not two.
@@ -518,7 +534,7 @@ impl XferReq {
                                 op: Op::CheckXfer,
                                 elapsed: at.elapsed(),
                             };
-                            self.abort_locked(st, e.clone());
+                            self.abort_locked(st, e.clone(), how);
                             Err(e)
                         }
                         _ => Ok(XferState::InProgress),
@@ -537,10 +553,10 @@ impl XferReq {
     /// Ends the in-flight transfer with `terminal` now, without waiting for the backend: it
     /// is asked to stop ([`BackendXfer::abandon`]) and the request drains (its memory stays
     /// held) until the backend confirms.
-    fn abort_locked(&self, st: &mut ReqState, terminal: Error) {
+    fn abort_locked(&self, st: &mut ReqState, terminal: Error, how: Poll) {
         st.xfer.abandon();
         st.draining = true;
-        st.settle();
+        st.settle(how);
         self.shared.counters.failed();
         self.note_uncertain(&terminal);
         st.status = Status::Failed(terminal);
@@ -591,7 +607,7 @@ impl XferReq {
         loop {
             {
                 let mut st = self.state.lock();
-                match self.check_locked(&mut st)? {
+                match self.check_locked(&mut st, Poll::Drive)? {
                     XferState::Done => return Ok(()),
                     XferState::InProgress => {
                         if Instant::now() >= deadline {
@@ -600,7 +616,7 @@ impl XferReq {
                                 op: Op::Wait,
                                 elapsed: timeout,
                             };
-                            self.abort_locked(&mut st, e.clone());
+                            self.abort_locked(&mut st, e.clone(), Poll::Drive);
                             return Err(e);
                         }
                     }
@@ -618,10 +634,12 @@ impl XferReq {
         }
     }
 
-    /// One check for a future: the request's state (its terminal error, once).
-    pub(crate) fn poll_check(&self) -> Result<XferState> {
-        let mut st = self.state.lock();
-        self.check_locked(&mut st)
+    /// One check for a future: the request's state (its terminal error, once), read without
+    /// driving the backend. `None` when another thread holds the request (a blocking call on
+    /// it): the caller looks again later.
+    pub(crate) fn poll_check(&self) -> Option<Result<XferState>> {
+        let mut st = self.state.try_lock()?;
+        Some(self.check_locked(&mut st, Poll::Look))
     }
 
     /// Ends a request an async caller stopped waiting for at its deadline: `TimedOut`, as
@@ -629,7 +647,7 @@ impl XferReq {
     /// `Ok` where it completed meanwhile, its error where it failed.
     pub(crate) fn time_out(&self, waited: Duration) -> Result<()> {
         let mut st = self.state.lock();
-        match self.check_locked(&mut st)? {
+        match self.check_locked(&mut st, Poll::Look)? {
             XferState::Done => return Ok(()),
             XferState::InProgress => {}
         }
@@ -638,8 +656,23 @@ impl XferReq {
             op: Op::Wait,
             elapsed: waited,
         };
-        self.abort_locked(&mut st, e.clone());
+        self.abort_locked(&mut st, e.clone(), Poll::Look);
         Err(e)
+    }
+
+    /// Lets go of an in-flight request without waiting (the drop of an owning future): the
+    /// backend is asked to stop ([`BackendXfer::abandon`]: copies not started never start, no
+    /// notification goes out), the request ends `Canceled`, and it drains, its memory held,
+    /// until the backend confirms; the request's drop then hands it to the agent. Never
+    /// blocks (beyond the request's own lock).
+    pub(crate) fn let_go(&self) {
+        let mut st = self.state.lock();
+        if let Status::Posted { .. } = st.status {
+            st.xfer.abandon();
+            st.draining = true;
+            st.settle(Poll::Look);
+            st.status = Status::Canceled;
+        }
     }
 
     /// The backend's handle for waiting on this request outside the agent, where it has one
@@ -680,7 +713,10 @@ impl XferReq {
         let mut st = self.state.lock();
         if let Status::Posted { .. } = st.status {
             if let Err(e) = st.xfer.cancel() {
+                // The backend could not confirm it stopped: the memory is leaked on drop, and
+                // the request drains (not quiescent) until the backend lets go.
                 st.leaked = true;
+                st.draining = true;
                 st.status = Status::Failed(e.clone());
                 return Err(e);
             }
@@ -701,7 +737,51 @@ impl XferReq {
     /// the memory it names stays registered and alive, and it cannot be posted again. Polls
     /// the backend once. See `docs/reliability.md` for when this lasts.
     pub fn is_draining(&self) -> bool {
-        self.state.lock().settle()
+        self.state.lock().settle(Poll::Drive)
+    }
+
+    /// Whether nothing this request started may still touch its memory: it is not in flight
+    /// and, where it ended (deadline, peer failure, an unconfirmed cancel) while the backend
+    /// still owned a copy, the backend has since confirmed that copy stopped. `Done` and
+    /// `Canceled` are quiescent when they are returned; an error may not be (see
+    /// `docs/reliability.md`). Polls the backend once.
+    pub fn is_quiescent(&self) -> bool {
+        let mut st = self.state.lock();
+        !matches!(st.status, Status::Posted { .. }) && !st.settle(Poll::Drive)
+    }
+
+    /// Blocks until the request is quiescent ([`XferReq::is_quiescent`]), at most `timeout`:
+    /// after it returns `Ok`, no copy of this request reads or writes its local or remote
+    /// ranges any more. Refused ([`Error::NotAllowed`]) while the request is in flight (wait
+    /// for it or cancel it first); `TimedOut` where the backend still owns a copy at the end.
+    pub fn wait_quiescent(&self, timeout: Duration) -> Result<()> {
+        let end = Instant::now() + timeout;
+        loop {
+            {
+                let mut st = self.state.lock();
+                if let Status::Posted { .. } = st.status {
+                    return Err(Error::not_allowed(
+                        &self.shared.name,
+                        Op::Wait,
+                        "the request is in flight: wait for it or cancel it first",
+                    ));
+                }
+                if !st.settle(Poll::Drive) {
+                    return Ok(());
+                }
+            }
+            if Instant::now() >= end {
+                return Err(Error::TimedOut {
+                    agent: self.shared.name.clone(),
+                    op: Op::Wait,
+                    elapsed: timeout,
+                });
+            }
+            if !self.shared.progress_running() && self.backend.caps.needs_progress {
+                let _ = self.backend.backend.progress();
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
     }
 
     /// Whether the request is in flight.
@@ -723,7 +803,7 @@ impl Drop for XferReq {
             std::mem::forget(self.keep.take());
             return;
         }
-        if st.settle() {
+        if st.settle(Poll::Look) {
             // The backend still owns the transfer: the agent keeps it and its memory until the
             // backend confirms (its progress reaps it).
             let placeholder: Box<dyn BackendXfer> = Box::new(Released);

@@ -232,8 +232,17 @@ pub enum CostMethod {
 pub trait BackendXfer: Send {
     /// Starts (or restarts, after completion) the transfer.
     fn post(&mut self) -> Result<XferState>;
-    /// Polls the transfer.
+    /// Polls the transfer: its state, after driving it where the backend needs the caller's
+    /// help (progressing its engine, taking a share of the copies).
     fn check(&mut self) -> Result<XferState>;
+    /// The transfer's state without driving it: no progress, no copy, no wait for a lock held
+    /// across one on the caller's thread (an async executor's thread polls this). A backend
+    /// whose [`BackendXfer::check`] does such work and that is driven otherwise (its own
+    /// threads, or the agent's progress thread calling [`Backend::progress`]) overrides it;
+    /// the default is [`BackendXfer::check`].
+    fn state(&mut self) -> Result<XferState> {
+        self.check()
+    }
     /// Stops the transfer. Returns `Ok` only once the backend will no longer touch the memory
     /// of the transfer; an `Err` means it could not be sure, and the agent then never frees
     /// that memory.

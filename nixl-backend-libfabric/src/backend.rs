@@ -666,6 +666,12 @@ impl nixl_core::backend::PeerBackend for LibfabricBackend {
         }))
     }
 
+    fn peer_failed(&self, remote: &str) -> Option<String> {
+        let peer = self.inner.peers().get(remote)?.clone();
+        (!peer.alive.load(Ordering::SeqCst))
+            .then(|| "its connections failed or it was declared unreachable".to_owned())
+    }
+
     fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
         let me = &self.inner.agent;
         let peer = self.peer(remote, Op::GenNotif)?;

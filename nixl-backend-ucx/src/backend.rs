@@ -548,6 +548,16 @@ impl nixl_core::backend::PeerBackend for UcxBackend {
         Ok(self.reg(md, Op::LocalMetadata)?.public.clone())
     }
 
+    fn peer_failed(&self, remote: &str) -> Option<String> {
+        let peer = self.peers.lock().get(remote)?.clone();
+        peer.eps.iter().find_map(|pe| {
+            pe.shared
+                .failed()
+                .filter(|st| *st != sys::UCS_ERR_CANCELED)
+                .map(|st| format!("UCX endpoint failed: {}", self.ucx.status_string(st)))
+        })
+    }
+
     fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
         let peer = self.peer(remote, Op::LoadMetadata)?;
         let shapes = self.shapes.read();

@@ -105,7 +105,7 @@ mod worker;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
-    pub use crate::reached::{ep_creates, rkey_unpacks, rma_posts};
+    pub use crate::reached::{ep_creates, progress_calls_here, rkey_unpacks, rma_posts};
     pub use crate::validate::{parse_address, parse_rkey};
     pub use crate::wire::{
         decode_conn, decode_conn_info, decode_notif_header, decode_rkey, encode_conn,

@@ -1,6 +1,7 @@
 //! How often peers' bytes reached a native call: `ucp_ep_create` with a peer's worker
 //! address, `ucp_ep_rkey_unpack` with its packed key, and `ucp_put_nbx` / `ucp_get_nbx` with
-//! the unpacked key. Counted only with the `fuzzing` feature (the counts are what the fuzz
+//! the unpacked key; and how often a thread drove a worker (`ucp_worker_progress`), which the
+//! tests use to show that an async poll never does. Counted only with the `fuzzing` feature (the counts are what the fuzz
 //! targets report: how many inputs got past the structural checks); without it these are
 //! empty functions.
 
@@ -33,6 +34,24 @@ pub(crate) fn rkey_unpack() {
 pub(crate) fn rma_post() {
     #[cfg(feature = "fuzzing")]
     RMA_POSTS.fetch_add(1, Ordering::Relaxed);
+}
+
+#[cfg(feature = "fuzzing")]
+thread_local! {
+    static PROGRESS_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Called right before `ucp_worker_progress`.
+#[inline]
+pub(crate) fn progress() {
+    #[cfg(feature = "fuzzing")]
+    PROGRESS_HERE.with(|c| c.set(c.get() + 1));
+}
+
+/// `ucp_worker_progress` calls made by the calling thread so far.
+#[cfg(feature = "fuzzing")]
+pub fn progress_calls_here() -> u64 {
+    PROGRESS_HERE.with(std::cell::Cell::get)
 }
 
 /// `ucp_ep_create` calls of this process so far.

@@ -146,6 +146,7 @@ impl WorkerH {
 
     /// One `ucp_worker_progress`.
     pub(crate) fn progress(&mut self) -> u32 {
+        crate::reached::progress();
         // SAFETY: the worker is live and exclusively borrowed (locked).
         unsafe { self.ucx.lib.ucp_worker_progress(self.raw) }
     }

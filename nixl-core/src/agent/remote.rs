@@ -64,6 +64,33 @@ pub(crate) struct RemotePeer {
     pub verifies_integrity: bool,
 }
 
+impl crate::agent::Shared {
+    /// Why peer `name` is gone, if it is: its incarnation was invalidated (`None` when it was
+    /// never loaded: `loaded` says whether it was), its process exited (same host), or a
+    /// transport it is connected over holds it for dead. `RemoteDisconnect`.
+    pub(crate) fn peer_gone(&self, name: &str, loaded: bool) -> Option<Error> {
+        let Some(p) = self.remotes.lock().get(name).cloned() else {
+            return loaded.then(|| {
+                Error::disconnected(
+                    &self.name,
+                    name,
+                    Op::GetNotifs,
+                    "its metadata was invalidated",
+                )
+            });
+        };
+        if let Err(e) = p.check_alive(&self.name, Op::GetNotifs) {
+            return Some(e);
+        }
+        let slots: Vec<usize> = p.conn.lock().keys().copied().collect();
+        self.backends()
+            .iter()
+            .filter(|b| slots.contains(&b.id))
+            .find_map(|b| b.backend.peers()?.peer_failed(name))
+            .map(|why| Error::disconnected(&self.name, name, Op::GetNotifs, why))
+    }
+}
+
 impl RemotePeer {
     /// `RemoteDisconnect` when the peer's process is known to have exited.
     pub(crate) fn check_alive(&self, agent: &str, op: Op) -> Result<()> {

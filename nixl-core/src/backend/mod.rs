@@ -401,6 +401,12 @@ pub trait PeerBackend: Send + Sync {
     fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd>;
     /// Sends a standalone notification.
     fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()>;
+    /// Why the transport holds the peer for dead (its connection failed or was reset), if it
+    /// does; `None` while it looks alive or the backend cannot tell (the default).
+    fn peer_failed(&self, remote: &str) -> Option<String> {
+        let _ = remote;
+        None
+    }
 }
 
 /// What [`Backend::query`] found about a storage region.

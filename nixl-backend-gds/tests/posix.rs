@@ -887,3 +887,84 @@ mod conformance_thread_pool_direct {
 mod conformance_thread_pool_buffered {
     nixl_testkit::conformance_tests!(super::thread_pool_buffered);
 }
+
+/// Done means landed for storage too (issue 33): a 64 MiB READ whose file is truncated at a
+/// random point while the READ is in flight never ends `Done` unless every byte is the file's
+/// (it ends in a typed error naming the end of file instead); a file removed mid-READ is still
+/// open, so that READ lands whole. Both engines.
+fn truncated_mid_read(engine: Engine) {
+    const LEN: usize = 64 << 20;
+    let Some(a) = agent_or_skip("truncated", engine) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let want: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8 | 1).collect();
+    let b = Arc::new(HostBuffer::new(LEN).expect("alloc"));
+    let _rb = a.register_mem(vec![b.clone()], &[]).expect("register");
+    let mut ends = BTreeMap::<String, usize>::new();
+    let mut seed = 0x2545_F491_4F6C_DD1Du64;
+    for round in 0..8 {
+        let path = dir.path().join(format!("t{round}"));
+        std::fs::write(&path, &want).expect("write");
+        let file =
+            Arc::new(FileRegion::open(&path, LEN as u64, OpenFlags::buffered()).expect("open"));
+        let _rf = a.register_mem(vec![file.clone()], &[]).expect("register");
+        b.fill(0);
+        let req = a
+            .create_xfer_req(
+                XferOp::Read,
+                &XferDescList::blocks(MemKind::Dram, b.addr(), 1 << 20, LEN >> 20),
+                &file.blocks(0, 1 << 20, LEN >> 20),
+                a.name(),
+                XferOptions::default(),
+            )
+            .expect("create");
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let cut = (seed % LEN as u64) & !4095;
+        let removed = round % 4 == 3;
+        a.post_xfer_req(&req).expect("post");
+        if removed {
+            std::fs::remove_file(&path).expect("remove");
+        } else {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .and_then(|f| f.set_len(cut))
+                .expect("truncate");
+        }
+        match req.wait(T) {
+            Ok(()) => {
+                assert!(
+                    b.to_vec() == want,
+                    "{engine:?} round {round}: Done with bytes missing"
+                );
+                *ends.entry("Done".into()).or_default() += 1;
+            }
+            Err(e) => {
+                assert!(!removed, "a removed file is still open: {e}");
+                assert!(
+                    matches!(
+                        e.kind(),
+                        nixl_core::ErrorKind::Backend | nixl_core::ErrorKind::Io
+                    ),
+                    "{e:?}"
+                );
+                assert!(req.is_quiescent());
+                *ends.entry(e.kind().as_str().to_owned()).or_default() += 1;
+            }
+        }
+    }
+    eprintln!("{engine:?}: file truncated or removed mid-READ, ends {ends:?}");
+}
+
+#[test]
+fn truncated_mid_read_io_uring() {
+    truncated_mid_read(Engine::IoUring);
+}
+
+#[test]
+fn truncated_mid_read_thread_pool() {
+    truncated_mid_read(Engine::ThreadPool);
+}

@@ -284,7 +284,10 @@ impl XferCore {
         self.next = self.ops.len();
         self.phase = Phase::Idle;
         if !self.settle() {
-            tracing::error!(agent = %self.inner.agent, "operations of a failed transfer did not complete in time");
+            // Still in flight: the transfer drains (its checks say `InProgress` until the
+            // operations complete), so the agent keeps its memory meanwhile.
+            tracing::error!(agent = %self.inner.agent, "operations of a failed transfer did not complete in time; its memory stays held");
+            self.abandoned = Some(true);
         }
         e
     }

@@ -483,6 +483,8 @@ impl XferReq {
             Err(e) => {
                 self.shared.counters.failed();
                 st.status = Status::Failed(e.clone());
+                st.draining = true;
+                st.settle(Poll::Drive);
                 Err(e)
             }
         }
@@ -543,6 +545,11 @@ impl XferReq {
                         self.shared.counters.failed();
                         self.note_uncertain(&e);
                         st.status = Status::Failed(e.clone());
+                        // A backend may fail a post while parts of it are still in flight
+                        // (libfabric's other rails after one failed): the request drains until
+                        // its check no longer reports them.
+                        st.draining = true;
+                        st.settle(how);
                         Err(e)
                     }
                 }

@@ -57,7 +57,14 @@ fn timer() -> Option<&'static Timer> {
     })
 }
 
+/// The timer thread's timer slack: the kernel may wake a sleeper this much after its time
+/// (50 us by default, which made every deadline that late).
+const SLACK_NS: u64 = 1_000;
+
 fn run(t: &'static Timer) {
+    if let Err(e) = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(SLACK_NS)) {
+        tracing::debug!(error = %e, "could not set the timer thread's timer slack");
+    }
     let mut g = t.heap.lock();
     loop {
         let now = Instant::now();

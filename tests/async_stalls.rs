@@ -229,3 +229,29 @@ fn a_notification_stream_ends_when_its_peer_dies() {
     let (item, _) = block_on(nixl_testkit::executor::next(&mut stream));
     assert!(item.is_none(), "the stream ended");
 }
+
+/// A request that ended by its deadline while 256 MiB were in flight drains; its quiescence
+/// future resolves once UCX let go of it, and from then on nothing lands in its memory (a
+/// fresh sentinel stays for 200 ms).
+#[test]
+fn a_timed_out_request_is_quiescent_once_its_future_says_so() {
+    let Some(p) = pair("quiescence", "tcp") else {
+        return;
+    };
+    p.dst.fill(0);
+    let req = read(&p);
+    p.a.post_xfer_req(&req).expect("post");
+    let (r, _) = block_on(req.completion_within(Duration::from_micros(200)));
+    let e = r.expect_err("256 MiB over tcp take longer than 200 us");
+    assert_eq!(e.kind(), nixl::core::ErrorKind::TimedOut, "{e}");
+    assert!(!req.is_in_flight());
+    let (q, _) = block_on(req.quiescence(Duration::from_secs(60)));
+    q.expect("quiescent once UCX is done with the READ");
+    assert!(req.is_quiescent());
+    p.dst.fill(0xEE);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        p.dst.to_vec().iter().all(|&b| b == 0xEE),
+        "a byte landed after the request was quiescent"
+    );
+}

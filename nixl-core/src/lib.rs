@@ -96,7 +96,10 @@ use wire::{auth, codec, integrity};
 pub use agent::prep::PreparedList;
 pub use agent::registration::Registration;
 pub use agent::remote::MetadataSelection;
-pub use agent::{Agent, AgentConfig, BackendHandle, LeaseId, LeaseState, NotifStream, XferFuture};
+pub use agent::{
+    Agent, AgentConfig, BackendHandle, LeaseId, LeaseState, NotifStream, QuiescenceFuture,
+    XferFuture,
+};
 pub use arrival::ArrivalCounters;
 pub use auth::{Auth, Credential};
 pub use backend::XferState;

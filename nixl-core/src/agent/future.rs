@@ -99,6 +99,71 @@ impl<R: Borrow<XferReq>> XferFuture<R> {
     }
 }
 
+/// A request's quiescence, as a future: `Ok(())` once nothing the request started may touch
+/// its memory any more ([`XferReq::is_quiescent`]), `TimedOut` past its deadline, `NotAllowed`
+/// for a request in flight. Made by [`XferReq::quiescence`]; polls never drive the backend.
+#[must_use = "a future does nothing unless polled"]
+#[derive(Debug)]
+pub struct QuiescenceFuture<'a> {
+    req: &'a XferReq,
+    timeout: Duration,
+    deadline: Option<Instant>,
+    recheck: Duration,
+}
+
+impl XferReq {
+    /// The async form of [`XferReq::wait_quiescent`]: resolves once the request is quiescent,
+    /// at most `timeout` after its first poll. Woken by the backend's completions, and
+    /// re-checked on a short timer (a backend's release of an abandoned transfer need not
+    /// signal).
+    pub fn quiescence(&self, timeout: Duration) -> QuiescenceFuture<'_> {
+        QuiescenceFuture {
+            req: self,
+            timeout,
+            deadline: None,
+            recheck: RECHECK_MIN,
+        }
+    }
+}
+
+impl Future for QuiescenceFuture<'_> {
+    type Output = Result<()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        let this = self.get_mut();
+        let (shared, slot) = this.req.parts();
+        let now = Instant::now();
+        let deadline = *this.deadline.get_or_insert(now + this.timeout);
+        if let Err(e) = ensure_progress(shared, slot.caps.needs_progress) {
+            return Poll::Ready(Err(e));
+        }
+        let hub = &shared.wake;
+        loop {
+            let seen = hub.generation();
+            match this.req.look_quiescent() {
+                Some(Ok(true)) => return Poll::Ready(Ok(())),
+                Some(Err(e)) => return Poll::Ready(Err(e)),
+                Some(Ok(false)) | None => {}
+            }
+            if Instant::now() >= deadline {
+                return Poll::Ready(Err(Error::TimedOut {
+                    agent: shared.name.clone(),
+                    op: Op::Wait,
+                    elapsed: this.timeout,
+                }));
+            }
+            hub.register(cx.waker());
+            if hub.generation() == seen {
+                break;
+            }
+        }
+        let next = (Instant::now() + this.recheck).min(deadline);
+        timer::wake_at(next, cx.waker());
+        this.recheck = (this.recheck * 2).min(RECHECK_MAX);
+        Poll::Pending
+    }
+}
+
 /// Starts the agent's progress thread where `needs` says a backend needs progress calls and
 /// nothing else makes them.
 fn ensure_progress(shared: &Arc<Shared>, needs: bool) -> Result<()> {

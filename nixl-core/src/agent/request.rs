@@ -791,6 +791,20 @@ impl XferReq {
         }
     }
 
+    /// For [`XferReq::quiescence`]: whether the request is quiescent, read without driving
+    /// the backend; `None` while another thread holds the request; `NotAllowed` in flight.
+    pub(crate) fn look_quiescent(&self) -> Option<Result<bool>> {
+        let mut st = self.state.try_lock()?;
+        if let Status::Posted { .. } = st.status {
+            return Some(Err(Error::not_allowed(
+                &self.shared.name,
+                Op::Wait,
+                "the request is in flight: wait for it or cancel it first",
+            )));
+        }
+        Some(Ok(!st.settle(Poll::Look)))
+    }
+
     /// Whether the request is in flight.
     pub fn is_in_flight(&self) -> bool {
         matches!(self.state.lock().status, Status::Posted { .. })

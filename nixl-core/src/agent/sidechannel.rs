@@ -96,13 +96,26 @@ impl Agent {
         match unix {
             Some(u) => {
                 let server = LocalPeer::of(&u);
-                if !server.is_some_and(|p| p.same_user()) {
+                let Some(p) = server.filter(LocalPeer::same_user) else {
                     return Err(Error::not_allowed(
                         self.name(),
                         Op::Exchange,
                         format!(
                             "the side channel at {addr} is served by another user's process \
                              ({server:?}): refused"
+                        ),
+                    ));
+                };
+                // Any process can bind the Unix name of a port: only the one that also serves
+                // the TCP port is the agent asked for.
+                if !local::owns_tcp_port(p.process.pid, addr) {
+                    return Err(Error::not_allowed(
+                        self.name(),
+                        Op::Exchange,
+                        format!(
+                            "the Unix side channel of {addr} is served by process {}, which \
+                             does not serve that TCP port (a squatter): refused",
+                            p.process.pid
                         ),
                     ));
                 }

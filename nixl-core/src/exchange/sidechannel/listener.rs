@@ -81,6 +81,56 @@ impl Server {
     }
 }
 
+/// How many ephemeral ports a listener tries when another process holds the Unix name of the
+/// one it got.
+const PORT_TRIES: usize = 8;
+
+/// Binds the TCP side channel on `at` and the Unix one of its port. Another process holding
+/// that port's Unix name would receive this agent's same-host clients: with an ephemeral port
+/// (`at` port 0) another is taken, with a fixed one the listener does not start
+/// (`NotAllowed` naming the holder). Where Unix sockets are unavailable, TCP alone.
+fn bind_both(
+    name: &str,
+    at: SocketAddr,
+) -> Result<(TcpListener, SocketAddr, Option<UnixListener>)> {
+    for _ in 0..PORT_TRIES {
+        let listener = TcpListener::bind(at).map_err(|e| Error::io(name, Op::Exchange, e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| Error::io(name, Op::Exchange, e))?;
+        match super::local::bind(addr.port()) {
+            Ok(u) => return Ok((listener, addr, Some(u))),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                if at.port() != 0 {
+                    return Err(Error::not_allowed(
+                        name,
+                        Op::Exchange,
+                        format!(
+                            "another process holds the same-host (Unix) side channel name of \
+                             port {}: same-host peers would reach it instead of this agent; \
+                             refusing to listen (docs/security.md, \"One host\")",
+                            addr.port()
+                        ),
+                    ));
+                }
+                tracing::warn!(agent = %name, port = addr.port(), "another process holds this port's Unix side channel name: taking another port");
+            }
+            Err(e) => {
+                tracing::warn!(agent = %name, port = addr.port(), error = %e, "no same-host Unix side channel: same-host peers without a credential cannot reach this agent");
+                return Ok((listener, addr, None));
+            }
+        }
+    }
+    Err(Error::not_allowed(
+        name,
+        Op::Exchange,
+        format!(
+            "the Unix side channel names of {PORT_TRIES} ephemeral ports in a row were held by \
+             other processes: refusing to listen"
+        ),
+    ))
+}
+
 /// Binds the agent's side channel and starts serving it.
 pub(crate) fn start(agent: &Agent) -> Result<()> {
     let name = agent.name().to_owned();
@@ -100,22 +150,11 @@ pub(crate) fn start(agent: &Agent) -> Result<()> {
             ),
         ));
     }
-    let listener =
-        TcpListener::bind(cfg.listen_addr).map_err(|e| Error::io(&name, Op::Exchange, e))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| Error::io(&name, Op::Exchange, e))?;
+    let (listener, addr, unix) = bind_both(&name, cfg.listen_addr)?;
     listener
         .set_nonblocking(true)
         .map_err(|e| Error::io(&name, Op::Exchange, e))?;
     *agent.shared.listen_addr.lock() = Some(addr);
-    let unix = match super::local::bind(addr.port()) {
-        Ok(l) => Some(l),
-        Err(e) => {
-            tracing::warn!(agent = %name, port = addr.port(), error = %e, "no same-host Unix side channel: same-host peers without a credential cannot reach this agent");
-            None
-        }
-    };
     let server = Arc::new(Server {
         name: name.clone(),
         limits: cfg.limits.listener.clone(),

@@ -4,6 +4,11 @@
 //! kernel (`SO_PEERCRED`) which process and user is on the other end, so without a credential a
 //! name can stay with the process that published it, only that process can invalidate it, and
 //! another user's process is refused (`docs/security.md`, "One host").
+//!
+//! The abstract namespace lets any process bind any name, so the name alone proves nothing: a
+//! server that cannot bind the name of its own TCP port does not start (the holder squats it),
+//! and a client checks that the process serving the name owns the TCP port it asked for
+//! ([`owns_tcp_port`]) before it believes anything that process says.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -18,9 +23,9 @@ fn name(port: u16) -> String {
     format!("nixl-side-channel:{port}")
 }
 
-/// Binds the Unix side channel of the TCP side channel on `port` (non-blocking). `None` where
-/// it cannot (another process holds the name; not Linux): same-host clients then fall back to
-/// TCP, which a listener without a credential refuses (see `listener`).
+/// Binds the Unix side channel of the TCP side channel on `port` (non-blocking).
+/// `AddrInUse` when another process holds the name: the listener then refuses to start (or
+/// picks another ephemeral port), since same-host clients would reach that process instead.
 pub(crate) fn bind(port: u16) -> std::io::Result<UnixListener> {
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name(port))?;
     let l = UnixListener::bind_addr(&addr)?;
@@ -60,6 +65,89 @@ pub(crate) fn connect(addr: SocketAddr, deadline: Instant) -> std::io::Result<Op
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// The inodes of the TCP sockets listening on `addr`'s port in this network namespace
+/// (`/proc/net/tcp` and `tcp6`: on `addr`'s IP or on the wildcard address).
+fn listening_inodes(addr: SocketAddr) -> Vec<u64> {
+    let mut out = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            let (Some(local), Some(state), Some(inode)) = (f.get(1), f.get(3), f.get(9)) else {
+                continue;
+            };
+            if *state != "0A" {
+                continue;
+            }
+            let Some((ip, port)) = local.split_once(':') else {
+                continue;
+            };
+            if u16::from_str_radix(port, 16).ok() != Some(addr.port()) {
+                continue;
+            }
+            if !proc_ip_serves(ip, addr.ip()) {
+                continue;
+            }
+            if let Ok(i) = inode.parse() {
+                out.push(i);
+            }
+        }
+    }
+    out
+}
+
+/// Whether a listening socket bound to `hex` (a `/proc/net/tcp{,6}` address: 32-bit words in
+/// the kernel's byte order) accepts connections to `ip`: the same address, or a wildcard.
+fn proc_ip_serves(hex: &str, ip: std::net::IpAddr) -> bool {
+    let words: Option<Vec<u32>> = (0..hex.len() / 8)
+        .map(|i| {
+            hex.get(i * 8..i * 8 + 8)
+                .and_then(|w| u32::from_str_radix(w, 16).ok())
+                .map(u32::from_be)
+        })
+        .collect();
+    let Some(words) = words else {
+        return false;
+    };
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_be_bytes()).collect();
+    let bound = match bytes.len() {
+        4 => std::net::IpAddr::from(<[u8; 4]>::try_from(bytes).unwrap_or_default()),
+        16 => {
+            let v6 = std::net::Ipv6Addr::from(<[u8; 16]>::try_from(bytes).unwrap_or_default());
+            v6.to_ipv4_mapped()
+                .map_or(std::net::IpAddr::V6(v6), std::net::IpAddr::V4)
+        }
+        _ => return false,
+    };
+    bound.is_unspecified() || bound == ip
+}
+
+/// Whether process `pid` holds a socket listening on `addr`'s TCP port (one of its open files
+/// is that socket): the check that the process serving a port's Unix side channel is the one
+/// serving the port. Reads `/proc/<pid>/fd`, which needs the same user (the only servers a
+/// client talks to over Unix); `false` when it cannot tell.
+pub(crate) fn owns_tcp_port(pid: u32, addr: SocketAddr) -> bool {
+    let inodes = listening_inodes(addr);
+    if inodes.is_empty() {
+        return false;
+    }
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    dir.flatten().any(|e| {
+        std::fs::read_link(e.path()).is_ok_and(|t| {
+            t.to_str()
+                .and_then(|t| t.strip_prefix("socket:["))
+                .and_then(|t| t.strip_suffix(']'))
+                .and_then(|i| i.parse::<u64>().ok())
+                .is_some_and(|i| inodes.contains(&i))
+        })
+    })
 }
 
 /// The process and user on the other end of a Unix connection, as the kernel tells them.
@@ -209,5 +297,33 @@ impl Timed for Stream {
             Stream::Tcp(s) => s.write_some(buf),
             Stream::Unix(s) => s.write_some(buf),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_net_addresses_are_read_in_the_kernels_byte_order() {
+        let lo = "127.0.0.1".parse().unwrap();
+        assert!(proc_ip_serves("0100007F", lo));
+        assert!(proc_ip_serves("00000000", lo));
+        assert!(!proc_ip_serves("0200007F", lo));
+        assert!(proc_ip_serves("0000000000000000FFFF00000100007F", lo));
+        assert!(proc_ip_serves(
+            "00000000000000000000000001000000",
+            "::1".parse().unwrap()
+        ));
+        assert!(!proc_ip_serves("zz", lo));
+    }
+
+    #[test]
+    fn this_process_owns_its_listening_port_and_no_other() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        assert!(owns_tcp_port(std::process::id(), addr));
+        drop(l);
+        assert!(!owns_tcp_port(std::process::id(), addr));
     }
 }

@@ -703,3 +703,76 @@ fn default_limits_refuse_peers_before_the_process_runs_out_of_files() {
         .fetch_remote_metadata_blocking(&v.name, v.listen, Duration::from_secs(20))
         .expect("the victim still answers");
 }
+
+/// Issue 34: a peer whose UCX bytes name another process than its own. Its metadata names its
+/// own process (so its PUSH passes the side channel's checks), while (a) its UCX connection
+/// info names the victim's process, or (b) the cma address inside its worker address is the
+/// victim's pid: UCX's cma copies for requests to it would then read and write the victim's
+/// own memory (or any same-user process's). Both loads are refused, typed, and nothing is
+/// loaded; the honest metadata of the same attacker still loads. Before: (a) only turned
+/// direct CMA off, with a warning, and (b) was not looked at.
+#[test]
+fn ucx_bytes_naming_another_process_are_refused() {
+    if !ucx_or_skip("ucx_bytes_naming_another_process_are_refused") {
+        return;
+    }
+    let mut v = Victim::spawn(CHILD, &VictimSpec::new(SHM, None));
+    let attacker = agent("attacker", SHM, None);
+    let (_buf, _r) = registered(&attacker, 1 << 16);
+    let honest = blob(&attacker.local_metadata().unwrap());
+    let info = fuzzing::decode_conn_info(&honest.backends[0].conn_info).unwrap();
+    let own = info.process.expect("the attacker's process");
+    let victim_pid = v.child.id();
+    let stat = std::fs::read_to_string(format!("/proc/{victim_pid}/stat")).unwrap();
+    let victim_process = nixl::core::backend::ProcessId {
+        pid: victim_pid,
+        start_time: stat[stat.rfind(')').unwrap() + 1..]
+            .split_whitespace()
+            .nth(19)
+            .and_then(|s| s.parse().ok())
+            .unwrap(),
+        ..own
+    };
+    // (b) the cma address (this process's pid, 4 bytes) rewritten to the victim's.
+    let addr = info.addresses[0].clone();
+    let mine = own.pid.to_le_bytes();
+    // The cma entry is the last of this UCX's shared-memory entries.
+    let at = addr
+        .windows(4)
+        .rposition(|w| w == mine)
+        .expect("this UCX packs the cma pid into the worker address");
+    let mut forged = addr.clone();
+    forged[at..at + 4].copy_from_slice(&victim_pid.to_le_bytes());
+    let cases = [
+        (
+            "connection info naming the victim's process",
+            fuzzing::encode_conn_with(&[&addr], Some(&victim_process)),
+        ),
+        (
+            "a cma address naming the victim's pid",
+            fuzzing::encode_conn_with(&[&forged], Some(&own)),
+        ),
+    ];
+    let before: usize = v.ask("remotes").parse().unwrap();
+    for (what, conn) in cases {
+        let mut m = honest.clone();
+        m.backends[0].conn_info = conn;
+        let r = attacker.send_metadata_bytes(v.listen, &m.encode(), Duration::from_secs(20));
+        let e = r.expect_err(what);
+        assert!(
+            e.to_string().contains("process") && e.to_string().contains("refused"),
+            "{what}: {e}"
+        );
+        assert_eq!(
+            v.ask("remotes").parse::<usize>().unwrap(),
+            before,
+            "{what}: nothing loaded"
+        );
+        eprintln!("{what}: {e}");
+    }
+    // The control: the attacker's honest metadata loads.
+    attacker
+        .send_metadata_bytes(v.listen, &honest.encode(), Duration::from_secs(20))
+        .expect("honest metadata");
+    assert_eq!(v.ask("remotes").parse::<usize>().unwrap(), before + 1);
+}

@@ -641,13 +641,31 @@ impl UcxBackend {
         {
             let shapes = self.shapes.read();
             for a in &addrs {
-                checked.push(shapes.check_address(a).map_err(|e| {
+                let c = shapes.check_address(a).map_err(|e| {
                     Error::invalid(
                         &self.agent,
                         Op::LoadMetadata,
                         format!("refused a UCX worker address of {remote}: {e}"),
                     )
-                })?);
+                })?;
+                self.check_named_processes(remote, &shapes.named_processes(&c), process)?;
+                checked.push(c);
+            }
+        }
+        if let Some(p) = process {
+            // The agent proved which process the peer is: connection info naming another is
+            // a lie about where its memory is.
+            if claimed.as_ref() != Some(p.id()) {
+                return Err(Error::not_allowed(
+                    &self.agent,
+                    Op::LoadMetadata,
+                    format!(
+                        "{remote}'s UCX connection info names another process ({:?}) than the \
+                         one its metadata was proven to come from (pid {}): refused",
+                        claimed.map(|c| c.pid),
+                        p.id().pid
+                    ),
+                ));
             }
         }
         let mut peer = Peer::connect(
@@ -659,11 +677,41 @@ impl UcxBackend {
         )?;
         peer.address = checked.into_iter().next();
         if self.params.direct_cma {
-            peer.cma = self.cma_target(remote, claimed.as_ref(), process);
+            peer.cma = self.cma_target(claimed.as_ref(), process);
         }
         crate::session::introduce(&self.ucx, &self.peer_auth, &mut peer)?;
         if let Some(old) = self.peers.lock().insert(remote.to_owned(), Arc::new(peer)) {
             tracing::debug!(agent = %self.agent, remote, "replaced UCX endpoints of {}", old.name);
+        }
+        Ok(())
+    }
+
+    /// Refuses a peer whose worker address names, for UCX's same-host copies (cma, posix
+    /// through procfs), a process other than its own: UCX would read and write that process's
+    /// memory for requests to the peer. Where the agent proved the peer's process, that one
+    /// only; where it could not (another host, a stock NIXL peer), never this process, which
+    /// a real peer in it would have been proven to be.
+    fn check_named_processes(
+        &self,
+        remote: &str,
+        named: &[(&'static str, u32)],
+        process: Option<&nixl_core::backend::PeerProcess>,
+    ) -> Result<()> {
+        for &(tl, pid) in named {
+            let ok = match process {
+                Some(p) => pid == p.id().pid,
+                None => pid != std::process::id(),
+            };
+            if !ok {
+                return Err(Error::not_allowed(
+                    &self.agent,
+                    Op::LoadMetadata,
+                    format!(
+                        "{remote}'s UCX worker address names process {pid} for {tl} copies, \
+                         which is not {remote}'s own process: refused"
+                    ),
+                ));
+            }
         }
         Ok(())
     }
@@ -675,13 +723,12 @@ impl UcxBackend {
     /// `None`, and UCX makes the copies.
     fn cma_target(
         &self,
-        remote: &str,
         claimed: Option<&nixl_core::backend::ProcessId>,
         process: Option<&nixl_core::backend::PeerProcess>,
     ) -> Option<crate::direct_cma::Target> {
+        // `connect_to` refused connection info naming another process than `process`.
         let p = process?;
         if claimed != Some(p.id()) {
-            tracing::warn!(agent = %self.agent, remote, "the UCX connection info names another process than the peer's metadata: no direct CMA");
             return None;
         }
         if p.is_this_process() && !self.params.direct_cma_same_process {

@@ -340,7 +340,38 @@ pub(crate) struct Shapes {
     tls: HashMap<u16, (HashSet<usize>, HashSet<usize>)>,
     /// csum -> packed rkey size of its memory domain (from own keys).
     rkey_sizes: HashMap<u16, u8>,
+    /// csum -> where the transport's interface address names a process of this host (cma,
+    /// posix in procfs mode), for the transports whose own address showed this process there.
+    pid_fields: HashMap<u16, PidField>,
     loaded_minor: u32,
+}
+
+/// Where a same-host transport's interface address names the process UCX copies from or maps
+/// memory of: a process a peer's address names there is one UCX reads and writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PidField {
+    /// cma: a 32-bit pid; bit 31 says a pid namespace follows (another namespace: UCX does not
+    /// use cma to it).
+    Cma,
+    /// posix (shared memory through `/proc/<pid>/fd/<fd>`): a 64-bit segment id whose bit 63
+    /// says procfs and bit 60 that a pid namespace follows (another namespace: UCX does not
+    /// open it), the pid in its low 30 bits and the descriptor in the next 30.
+    PosixProcfs,
+}
+
+impl PidField {
+    fn pid(self, iface: &[u8]) -> Option<u32> {
+        match self {
+            PidField::Cma => {
+                let w = u32::from_le_bytes(iface.get(..4)?.try_into().ok()?);
+                (w & (1 << 31) == 0).then_some(w)
+            }
+            PidField::PosixProcfs => {
+                let w = u64::from_le_bytes(iface.get(..8)?.try_into().ok()?);
+                (w & (1 << 63) != 0 && w & (1 << 60) == 0).then_some((w & ((1 << 30) - 1)) as u32)
+            }
+        }
+    }
 }
 
 impl Shapes {
@@ -351,11 +382,24 @@ impl Shapes {
             loaded_minor,
             ..Shapes::default()
         };
+        let me = std::process::id();
         for a in addresses {
             for e in parse_address(a, loaded_minor)?.entries {
                 let t = s.tls.entry(e.csum).or_default();
                 t.0.insert(e.dev_addr.len());
                 t.1.insert(e.iface_addr.len());
+                // Only where this UCX's own address shows this process there: the check then
+                // reads peers' addresses exactly as UCX packs its own.
+                let field = if e.csum == tl_csum("cma") {
+                    Some(PidField::Cma)
+                } else if e.csum == tl_csum("posix") {
+                    Some(PidField::PosixProcfs)
+                } else {
+                    None
+                };
+                if let Some(f) = field.filter(|f| f.pid(&e.iface_addr) == Some(me)) {
+                    s.pid_fields.insert(e.csum, f);
+                }
             }
         }
         Ok(s)
@@ -405,6 +449,22 @@ impl Shapes {
             }
         }
         Ok(a)
+    }
+
+    /// The processes of this host a peer's (checked) address names for UCX to copy from or
+    /// map memory of (cma, posix through procfs), with the transport's name.
+    pub(crate) fn named_processes(&self, a: &Address) -> Vec<(&'static str, u32)> {
+        a.entries
+            .iter()
+            .filter_map(|e| {
+                let f = self.pid_fields.get(&e.csum)?;
+                let name = match f {
+                    PidField::Cma => "cma",
+                    PidField::PosixProcfs => "posix",
+                };
+                Some((name, f.pid(&e.iface_addr)?))
+            })
+            .collect()
     }
 
     /// Checks a peer's packed rkey of memory type `mem_type` against its address.
@@ -473,6 +533,25 @@ mod tests {
 
     /// UCX 1.22's worker address over tcp (eth0 and lo), address format v2.
     const TCP: &str = "6102312be180583fcc0f00060002c0000202cf190c015a0080008b0082e707008e01028f5ece5f03e1eba0f9ffffefcf190c015a0180008b0082d4e1";
+
+    #[test]
+    fn pids_are_read_as_ucx_packs_them() {
+        // cma: the pid, bit 31 for a pid namespace (then not ours to check).
+        assert_eq!(PidField::Cma.pid(&0x3a18u32.to_le_bytes()), Some(0x3a18));
+        assert_eq!(
+            PidField::Cma.pid(&(0x3a18u32 | 1 << 31).to_le_bytes()),
+            None
+        );
+        // posix procfs: flags in bits 60-63, the descriptor above the pid's 30 bits.
+        let seg = |flags: u64, fd: u64, pid: u64| (flags | fd << 30 | pid).to_le_bytes();
+        assert_eq!(
+            PidField::PosixProcfs.pid(&seg(0xc << 60, 14, 0x42f2)),
+            Some(0x42f2)
+        );
+        assert_eq!(PidField::PosixProcfs.pid(&seg(0x4 << 60, 14, 0x42f2)), None);
+        assert_eq!(PidField::PosixProcfs.pid(&seg(0x9 << 60, 14, 0x42f2)), None);
+        assert_eq!(PidField::PosixProcfs.pid(&[1, 2, 3]), None);
+    }
 
     #[test]
     fn csums_match_ucx() {

@@ -165,3 +165,90 @@ fn ucx_a_killed_reader_is_reclaimed_after_expiry_and_a_releasing_one_at_once() {
     let e = target.lease_state(LeaseId(1)).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotFound);
 }
+
+/// A co-reader's impostor: an agent in its own process under the real reader's name, which
+/// fetches the target's metadata (any same-user process may) and sends the reader's RELEASE
+/// and RENEW for the lease id it was handed, without the reader's secret.
+#[test]
+#[ignore = "child process entry point: spawned (with --ignored) by the tests of this file"]
+fn lease_impostor() {
+    child_main(|env| {
+        let a = agent(&env.var("claims")?);
+        a.fetch_remote_metadata_blocking(&env.parent, env.parent_addr, WAIT)
+            .map_err(|e| e.to_string())?;
+        let id: u64 = env.parse("lease")?;
+        for kind in [6u8, 4] {
+            // RELEASE, RENEW: in the format without a secret (which the old code took) and
+            // with a guessed (zero) one.
+            for secret in [&[][..], &[0u8; 16][..]] {
+                let mut m = b"\0nixl-rs/lease\0".to_vec();
+                m.push(kind);
+                m.extend_from_slice(&id.to_le_bytes());
+                m.extend_from_slice(&0u64.to_le_bytes());
+                m.extend_from_slice(secret);
+                a.gen_notif(&env.parent, &m, &[])
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        // The target handles its control messages in order: what follows them arrives after.
+        a.gen_notif(&env.parent, b"forged", &[])
+            .map_err(|e| e.to_string())?;
+        std::thread::sleep(Duration::from_millis(300));
+        Ok(())
+    });
+}
+
+/// Issue 34: a RELEASE (and a RENEW) under a reader's name from another process, without the
+/// secret the reader acquired with, change nothing: the lease stays held by the real reader
+/// until its duration passes. Before, the target counted the reader released and reused the
+/// blocks under its still-valid lease.
+#[test]
+fn a_forged_release_leaves_the_readers_hold() {
+    if !ucx_or_skip("a_forged_release_leaves_the_readers_hold") {
+        return;
+    }
+    let pid = std::process::id();
+    let target = agent(&format!("lease-owner-{pid}"));
+    let src = Arc::new(HostBuffer::new(LEN).unwrap());
+    src.fill(0x6B);
+    let _reg = target.register_mem(vec![src.clone()], &[]).unwrap();
+    let reader = format!("lease-holder-{pid}");
+    let ttl = Duration::from_secs(20);
+    let id = target.publish_lease(&[&reader], ttl).unwrap();
+    let (ids, addr) = (id.0.to_string(), src.addr().to_string());
+    let vars = [
+        ("lease", ids.as_str()),
+        ("src", addr.as_str()),
+        ("release", "0"),
+    ];
+    let mut real = Child::spawn(ENTRY, &target, &reader, &vars).unwrap();
+    assert_eq!(real.next(&target, WAIT).unwrap(), b"read true");
+    let held = LeaseState::Active {
+        holding: 1,
+        pending: 0,
+    };
+    assert_eq!(target.lease_state(id).unwrap(), held);
+    let mut impostor = Child::spawn(
+        "lease_impostor",
+        &target,
+        &format!("co-reader-{pid}"),
+        &[("claims", reader.as_str()), ("lease", ids.as_str())],
+    )
+    .unwrap();
+    let st = impostor.join(WAIT).expect("the impostor exits");
+    assert_eq!(st.code(), Some(0), "{st}");
+    // Its last plain notification arrived: its control messages were handled before it.
+    let mut heard = false;
+    let end = Instant::now() + WAIT;
+    while !heard && Instant::now() < end {
+        let n = target.wait_notifs(Duration::from_millis(200)).unwrap();
+        heard = n.values().flatten().any(|m| m == b"forged");
+    }
+    assert!(heard, "the impostor's messages reached the target");
+    assert_eq!(
+        target.lease_state(id).unwrap(),
+        held,
+        "a RELEASE without the reader's secret released it"
+    );
+    drop(real);
+}

@@ -548,6 +548,63 @@ impl nixl_core::backend::PeerBackend for UcxBackend {
         Ok(self.reg(md, Op::LocalMetadata)?.public.clone())
     }
 
+    fn post_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
+        let peer = self.peer(remote, Op::GenNotif)?;
+        peer.check_alive(&self.agent, 0, Op::GenNotif)?;
+        let pe = &peer.eps[0];
+        let posted = pe.shared.posted.fetch_add(1, Ordering::AcqRel);
+        if posted >= crate::notify::MAX_POSTED {
+            pe.shared.posted.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::limit(
+                &self.agent,
+                Op::GenNotif,
+                format!("control messages in flight to {remote}"),
+                crate::notify::MAX_POSTED,
+            ));
+        }
+        let (id, header, msg) = match self.notif_for(&peer, 0, msg, Op::GenNotif) {
+            Ok(n) => n,
+            Err(e) => {
+                pe.shared.posted.fetch_sub(1, Ordering::AcqRel);
+                return Err(e);
+            }
+        };
+        let p = Arc::new(crate::notify::Posted {
+            ucx: self.ucx.clone(),
+            shared: pe.shared.clone(),
+            id,
+            header,
+            msg,
+        });
+        let mut g = pe.worker.lock();
+        let Some(ep) = pe.notif_raw(&g) else {
+            pe.shared.posted.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::disconnected(
+                &self.agent,
+                remote,
+                Op::GenNotif,
+                "UCX endpoint was closed",
+            ));
+        };
+        // Counted in flight, so closing the endpoint early drains it first.
+        pe.shared.begin_op();
+        // The endpoint is live under the held lock; the bytes live in `p` until the callback.
+        if let Some(st) = sys::am_send(&g.h().locked(), ep, &p) {
+            p.ended();
+            if st != sys::UCS_OK {
+                return Err(crate::error::status_error(
+                    &self.ucx,
+                    &self.agent,
+                    Some(remote),
+                    Op::GenNotif,
+                    "ucp_am_send_nbx",
+                    st,
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn peer_failed(&self, remote: &str) -> Option<String> {
         let peer = self.peers.lock().get(remote)?.clone();
         peer.eps.iter().find_map(|pe| {

@@ -39,6 +39,8 @@ pub(crate) struct EpShared {
     /// Set when the peer replaced the connection this endpoint shares with it
     /// (`crate::links`): the peer drops what arrives on it, so nothing new may be sent.
     replaced: AtomicBool,
+    /// Control messages posted ([`crate::notify::Posted`]) that UCX has not sent yet.
+    pub(crate) posted: AtomicUsize,
 }
 
 impl EpShared {

@@ -112,6 +112,7 @@ pub mod fuzzing {
         encode_conn_with, encode_notif_header, encode_rkey, ConnInfo,
     };
 }
+mod notify;
 mod xfer;
 
 pub use backend::{probe, UcxBackend, UcxPlugin};

@@ -3,7 +3,12 @@
 //! reader has released or expired, so it can reuse the blocks.
 //!
 //! Everything travels as control messages over the connections notifications already use (no
-//! extra socket); an agent consumes them itself (they never reach `get_notifs`). Clocks are
+//! extra socket), posted without waiting ([`crate::backend::PeerBackend::post_notif`]: never
+//! behind in-flight data, never blocked by a peer that does not read); an agent consumes them
+//! itself (they never reach `get_notifs`). A reader acquires with a secret of its own that
+//! its RENEW and RELEASE carry and the owner's answers echo: a peer that knows a lease's id
+//! but not the secret cannot end or extend another reader's hold, nor answer for the owner.
+//! The owner answers nothing for leases it does not know or did not publish to the sender. Clocks are
 //! never compared across hosts: the target keeps its deadline on its own clock (from when it
 //! granted or renewed); a reader keeps a conservative one on its own (from when it *sent* the
 //! request the grant answers, so it always ends before the target's). A request made with
@@ -20,9 +25,9 @@ use crate::agent::Agent;
 use crate::agent::Shared;
 use crate::error::{Error, Op, Result};
 use crate::lease::{
-    check_held as held_by, message, parse, state_of, target_extend, Held, LeaseId, LeaseState,
-    Published, Reader, Reply, ACQUIRE, DENY, GRANT, MAX_HELD, MAX_LEASES, MAX_READERS, RELEASE,
-    RENEW, RENEWED,
+    check_held as held_by, message, parse, state_of, target_extend, target_release, Answer, Held,
+    LeaseId, LeaseState, Published, Reader, Reply, Secret, ACQUIRE, DENY, GRANT, MAX_HELD,
+    MAX_LEASES, MAX_READERS, RELEASE, RENEW, RENEWED, SECRET_LEN,
 };
 use crate::notif::Control;
 
@@ -55,10 +60,10 @@ fn run(weak: &Weak<Shared>) {
         let next = {
             let l = &shared.leases;
             let mut q = l.queue.lock();
-            if q.is_empty() {
+            if q.items.is_empty() {
                 l.queued.wait_for(&mut q, Duration::from_millis(200));
             }
-            q.pop_front()
+            q.pop()
         };
         if shared.stop.load(Ordering::Relaxed) {
             return;
@@ -70,38 +75,42 @@ fn run(weak: &Weak<Shared>) {
 }
 
 fn handle(agent: &Agent, sender: &str, msg: &[u8]) {
-    let Some((kind, id, ttl)) = parse(msg) else {
+    let Some((kind, id, ttl, secret)) = parse(msg) else {
         tracing::warn!(agent = %agent.name(), sender, "malformed lease message dropped");
         return;
     };
     let l = &agent.shared.leases;
     let reply = match kind {
-        ACQUIRE | RENEW => {
-            let granted = target_extend(l, sender, id, kind == RENEW);
-            Some(match granted {
-                Some(ttl) => message(if kind == RENEW { RENEWED } else { GRANT }, id, ttl),
-                None => message(DENY, id, Duration::ZERO),
-            })
-        }
+        ACQUIRE | RENEW => match target_extend(l, sender, id, kind == RENEW, &secret) {
+            Answer::Grant(ttl) => Some(message(
+                if kind == RENEW { RENEWED } else { GRANT },
+                id,
+                ttl,
+                &secret,
+            )),
+            Answer::Deny => Some(message(DENY, id, Duration::ZERO, &secret)),
+            Answer::None => None,
+        },
         RELEASE => {
-            if let Some(p) = l.published.lock().get_mut(&id) {
-                if let Some(r) = p.readers.get_mut(sender) {
-                    *r = Reader::Released;
-                }
+            if !target_release(l, sender, id, &secret) {
+                tracing::debug!(agent = %agent.name(), sender, lease = id, "a RELEASE without the reader's secret changed nothing");
             }
             None
         }
         GRANT | RENEWED | DENY => {
             let key = (sender.to_owned(), id);
             let mut a = l.answers.lock();
-            // Only answers this agent asked for; anything else is a peer's noise.
+            // Only answers this agent asked for, echoing the secret it asked with; anything
+            // else is a peer's noise or a forgery.
             if let Some(slot) = a.get_mut(&key) {
-                *slot = if kind == DENY {
-                    Reply::Denied
-                } else {
-                    Reply::Granted(ttl)
-                };
-                l.answered.notify_all();
+                if matches!(slot, Reply::Waiting(s) if *s == secret) {
+                    *slot = if kind == DENY {
+                        Reply::Denied
+                    } else {
+                        Reply::Granted(ttl)
+                    };
+                    l.answered.notify_all();
+                }
             }
             None
         }
@@ -111,7 +120,8 @@ fn handle(agent: &Agent, sender: &str, msg: &[u8]) {
         }
     };
     if let Some(r) = reply {
-        if let Err(e) = agent.gen_notif(sender, &r, &[]) {
+        // Posted: a reader that does not read costs this thread nothing.
+        if let Err(e) = agent.post_control(sender, &r) {
             tracing::warn!(agent = %agent.name(), sender, error = %e, "lease answer not sent");
         }
     }
@@ -188,26 +198,52 @@ impl Agent {
     /// the moment the request was sent (this agent's clock). `LeaseExpired` where the owner
     /// denies it (unknown, not published to this agent, run out); `TimedOut` without answer.
     pub fn acquire_lease(&self, owner: &str, id: LeaseId, timeout: Duration) -> Result<()> {
-        self.ask(owner, id, ACQUIRE, timeout)
+        let secret: Secret = crate::auth::random::<SECRET_LEN>().map_err(|e| {
+            Error::not_supported(self.name(), Op::Lease, format!("no randomness: {e}"))
+        })?;
+        self.ask(owner, id, ACQUIRE, secret, timeout)
     }
 
     /// Renews a held lease for its duration from now (this agent's clock, counted from the
     /// request). `LeaseExpired` where it already ran out or was released.
     pub fn renew_lease(&self, owner: &str, id: LeaseId, timeout: Duration) -> Result<()> {
         self.check_lease(owner, id, Op::Lease)?;
-        self.ask(owner, id, RENEW, timeout)
+        let secret = self
+            .held_secret(owner, id)
+            .ok_or_else(|| Error::LeaseExpired {
+                agent: self.name().to_owned(),
+                remote: owner.to_owned(),
+                op: Op::Lease,
+                lease: id.0,
+            })?;
+        self.ask(owner, id, RENEW, secret, timeout)
+    }
+
+    /// The secret this agent acquired `owner`'s lease `id` with.
+    fn held_secret(&self, owner: &str, id: LeaseId) -> Option<Secret> {
+        self.shared
+            .leases
+            .held
+            .lock()
+            .get(&(owner.to_owned(), id.0))
+            .map(|h| h.secret)
     }
 
     /// Releases a held lease: the owner learns this agent is done with the blocks; requests
     /// made with it are refused from now on.
     pub fn release_lease(&self, owner: &str, id: LeaseId) -> Result<()> {
         // Forgotten: requests with it are refused from now on (an unknown lease is expired).
-        self.shared
+        let held = self
+            .shared
             .leases
             .held
             .lock()
             .remove(&(owner.to_owned(), id.0));
-        self.gen_notif(owner, &message(RELEASE, id.0, Duration::ZERO), &[])
+        match held {
+            Some(h) => self.post_control(owner, &message(RELEASE, id.0, Duration::ZERO, &h.secret)),
+            // Never acquired here (or already released): nothing to tell the owner.
+            None => Ok(()),
+        }
     }
 
     /// `Ok` while this agent holds `owner`'s lease `id` (granted, not run out on this
@@ -216,13 +252,22 @@ impl Agent {
         check_held(&self.shared, owner, id, op)
     }
 
-    fn ask(&self, owner: &str, id: LeaseId, kind: u8, timeout: Duration) -> Result<()> {
+    fn ask(
+        &self,
+        owner: &str,
+        id: LeaseId,
+        kind: u8,
+        secret: Secret,
+        timeout: Duration,
+    ) -> Result<()> {
         let l = &self.shared.leases;
         let key = (owner.to_owned(), id.0);
-        l.answers.lock().insert(key.clone(), Reply::Waiting);
+        l.answers.lock().insert(key.clone(), Reply::Waiting(secret));
+        // The deadline the owner's grant is counted from: when the request leaves (posted,
+        // it waits for no data in flight).
         let sent = Instant::now();
         let end = sent + timeout;
-        if let Err(e) = self.gen_notif(owner, &message(kind, id.0, Duration::ZERO), &[]) {
+        if let Err(e) = self.post_control(owner, &message(kind, id.0, Duration::ZERO, &secret)) {
             l.answers.lock().remove(&key);
             return Err(e);
         }
@@ -262,6 +307,7 @@ impl Agent {
                     Held {
                         until: sent + ttl,
                         released: false,
+                        secret,
                     },
                 );
                 Ok(())

@@ -115,9 +115,15 @@ impl BackendSlot {
         }
     }
 
-    /// Sends a standalone notification; a local-only backend has none.
+    /// Sends a standalone notification (`post`: a control message that waits for nothing,
+    /// [`PeerBackend::post_notif`]); a local-only backend has none.
     pub(crate) fn gen_notif(&self, me: &str, remote: &str, msg: &[u8]) -> Result<()> {
+        self.notify(me, remote, msg, false)
+    }
+
+    pub(crate) fn notify(&self, me: &str, remote: &str, msg: &[u8], post: bool) -> Result<()> {
         match self.backend.peers() {
+            Some(p) if post => p.post_notif(remote, msg),
             Some(p) => p.gen_notif(remote, msg),
             None => Err(Error::not_supported(
                 me,
@@ -718,6 +724,15 @@ impl Agent {
     /// Sends a standalone notification to a loaded peer.
     #[doc(alias = "genNotif")]
     pub fn gen_notif(&self, remote: &str, msg: &[u8], hints: &[BackendHandle]) -> Result<()> {
+        self.notify(remote, msg, hints, false)
+    }
+
+    /// A lease control message to `remote`: posted without waiting ([`Agent::notify`]).
+    pub(crate) fn post_control(&self, remote: &str, msg: &[u8]) -> Result<()> {
+        self.notify(remote, msg, &[], true)
+    }
+
+    fn notify(&self, remote: &str, msg: &[u8], hints: &[BackendHandle], post: bool) -> Result<()> {
         let peer = self.remote_peer(remote, Op::GenNotif)?;
         peer.check_alive(self.name(), Op::GenNotif)?;
         let backends = self.select_backends(Op::GenNotif, hints)?;
@@ -731,7 +746,7 @@ impl Agent {
                     format!("no backend with notifications reaches {remote}"),
                 )
             })?;
-        slot.gen_notif(self.name(), remote, msg)
+        slot.notify(self.name(), remote, msg, post)
     }
 
     /// Drives every backend's progress engine once (for callers that run no progress thread).

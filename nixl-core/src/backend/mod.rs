@@ -401,6 +401,14 @@ pub trait PeerBackend: Send + Sync {
     fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd>;
     /// Sends a standalone notification.
     fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()>;
+    /// Sends a control message (a lease's) without waiting for it to leave and without
+    /// ordering it after earlier posts' data: a peer that does not take it costs nothing to
+    /// the caller, and it never waits behind in-flight copies. A backend bounds what it has
+    /// posted and not yet seen leave per peer (`LimitExceeded` past that). Default:
+    /// [`PeerBackend::gen_notif`].
+    fn post_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
+        self.gen_notif(remote, msg)
+    }
     /// Why the transport holds the peer for dead (its connection failed or was reset), if it
     /// does; `None` while it looks alive or the backend cannot tell (the default).
     fn peer_failed(&self, remote: &str) -> Option<String> {

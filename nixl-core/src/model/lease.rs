@@ -14,6 +14,15 @@ use crate::error::{Error, Op, Result};
 pub(crate) const PREFIX: &[u8] = b"\0nixl-rs/lease\0";
 /// Control messages queued for the lease thread at most (a flood beyond is dropped).
 pub(crate) const MAX_QUEUED: usize = 1 << 16;
+/// Control messages of one sender queued at most: a flood from one peer leaves the queue to
+/// the others.
+pub(crate) const MAX_QUEUED_PER_SENDER: usize = 1 << 10;
+/// Bytes of the secret a reader makes when it acquires a lease: its RENEW and RELEASE carry
+/// it, and the owner's answers echo it, so a peer that knows the lease's id (a co-reader)
+/// but not the secret can neither release or renew another reader's hold nor forge an answer.
+pub(crate) const SECRET_LEN: usize = 16;
+/// A reader's secret for one lease.
+pub(crate) type Secret = [u8; SECRET_LEN];
 /// Leases one agent publishes at most (live, and done but not yet forgotten: the done ones
 /// are forgotten first when it is reached).
 pub(crate) const MAX_LEASES: usize = 1 << 16;
@@ -63,7 +72,11 @@ pub enum LeaseState {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Reader {
     Pending,
-    Held { until: Instant },
+    /// Acquired by the process that made `secret`.
+    Held {
+        until: Instant,
+        secret: Secret,
+    },
     Released,
 }
 
@@ -78,12 +91,15 @@ pub(crate) struct Published {
 pub(crate) struct Held {
     pub(crate) until: Instant,
     pub(crate) released: bool,
+    /// The secret it acquired with.
+    pub(crate) secret: Secret,
 }
 
 /// An answer a reader waits for.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Reply {
-    Waiting,
+    /// Asked with this secret: only an answer echoing it counts.
+    Waiting(Secret),
     /// Granted or renewed for this long.
     Granted(Duration),
     Denied,
@@ -96,7 +112,7 @@ pub(crate) struct Leases {
     pub(crate) held: Mutex<HashMap<(String, u64), Held>>,
     pub(crate) answers: Mutex<HashMap<(String, u64), Reply>>,
     pub(crate) answered: Condvar,
-    pub(crate) queue: Mutex<VecDeque<(String, Vec<u8>)>>,
+    pub(crate) queue: Mutex<Queue>,
     pub(crate) queued: Condvar,
     pub(crate) running: AtomicBool,
 }
@@ -110,7 +126,28 @@ impl fmt::Debug for Leases {
     }
 }
 
-pub(crate) fn message(kind: u8, id: u64, ttl: Duration) -> Vec<u8> {
+/// The control messages waiting for the lease thread, and how many each sender has queued.
+#[derive(Default)]
+pub(crate) struct Queue {
+    pub(crate) items: VecDeque<(String, Vec<u8>)>,
+    pub(crate) per_sender: HashMap<String, usize>,
+}
+
+impl Queue {
+    pub(crate) fn pop(&mut self) -> Option<(String, Vec<u8>)> {
+        let (sender, msg) = self.items.pop_front()?;
+        if let Some(n) = self.per_sender.get_mut(&sender) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_sender.remove(&sender);
+            }
+        }
+        Some((sender, msg))
+    }
+}
+
+/// A control message: kind, lease id, duration, and the reader's secret.
+pub(crate) fn message(kind: u8, id: u64, ttl: Duration, secret: &Secret) -> Vec<u8> {
     let mut m = PREFIX.to_vec();
     m.push(kind);
     m.extend_from_slice(&id.to_le_bytes());
@@ -119,18 +156,20 @@ pub(crate) fn message(kind: u8, id: u64, ttl: Duration) -> Vec<u8> {
             .unwrap_or(u64::MAX)
             .to_le_bytes(),
     );
+    m.extend_from_slice(secret);
     m
 }
 
-/// `(kind, id, ttl)` of a control message, or `None` for malformed bytes.
-pub(crate) fn parse(m: &[u8]) -> Option<(u8, u64, Duration)> {
+/// `(kind, id, ttl, secret)` of a control message, or `None` for malformed bytes.
+pub(crate) fn parse(m: &[u8]) -> Option<(u8, u64, Duration, Secret)> {
     let rest = m.strip_prefix(PREFIX)?;
-    if rest.len() != 17 {
+    if rest.len() != 17 + SECRET_LEN {
         return None;
     }
     let id = u64::from_le_bytes(rest[1..9].try_into().ok()?);
     let us = u64::from_le_bytes(rest[9..17].try_into().ok()?);
-    Some((rest[0], id, Duration::from_micros(us)))
+    let secret = rest[17..].try_into().ok()?;
+    Some((rest[0], id, Duration::from_micros(us), secret))
 }
 
 impl Leases {
@@ -139,35 +178,83 @@ impl Leases {
     /// start the thread that handles the queue (the first message).
     pub(crate) fn take(&self, sender: &str, msg: Vec<u8>) -> (bool, bool) {
         let mut q = self.queue.lock();
-        if q.len() >= MAX_QUEUED {
+        let mine = q.per_sender.get(sender).copied().unwrap_or(0);
+        if q.items.len() >= MAX_QUEUED || mine >= MAX_QUEUED_PER_SENDER {
             tracing::warn!(sender, "lease control queue full: a message is dropped");
             return (false, false);
         }
-        q.push_back((sender.to_owned(), msg));
+        q.items.push_back((sender.to_owned(), msg));
+        *q.per_sender.entry(sender.to_owned()).or_default() += 1;
         drop(q);
         self.queued.notify_one();
         (true, !self.running.swap(true, Ordering::SeqCst))
     }
 }
 
-/// The target's side of an acquire (`renew` false) or renew: the reader's grant runs from now
-/// for the lease's duration, where it may still read; the duration granted, or `None`.
-pub(crate) fn target_extend(l: &Leases, reader: &str, id: u64, renew: bool) -> Option<Duration> {
+/// What the owner answers a reader's ACQUIRE or RENEW.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// Nothing: the lease is unknown, not published to this reader, or held under another
+    /// secret (a forgery, or another process claiming the reader's name). An answer would
+    /// only feed a flood.
+    None,
+    /// The reader may not read (any more).
+    Deny,
+    /// Granted or renewed for this long.
+    Grant(Duration),
+}
+
+/// The target's side of an acquire (`renew` false) or renew with the reader's `secret`: the
+/// reader's grant runs from now for the lease's duration, where it may still read.
+pub(crate) fn target_extend(
+    l: &Leases,
+    reader: &str,
+    id: u64,
+    renew: bool,
+    secret: &Secret,
+) -> Answer {
     let mut p = l.published.lock();
-    let lease = p.get_mut(&id)?;
+    let Some(lease) = p.get_mut(&id) else {
+        return Answer::None;
+    };
     let now = Instant::now();
     let (ttl, published) = (lease.ttl, lease.published);
-    let r = lease.readers.get_mut(reader)?;
+    let Some(r) = lease.readers.get_mut(reader) else {
+        return Answer::None;
+    };
     let live = match *r {
         Reader::Pending => !renew && now < published + ttl,
-        Reader::Held { until } => now < until,
+        Reader::Held { until, secret: s } if s == *secret => now < until,
+        Reader::Held { .. } => return Answer::None,
         Reader::Released => false,
     };
     if !live {
-        return None;
+        return Answer::Deny;
     }
-    *r = Reader::Held { until: now + ttl };
-    Some(ttl)
+    *r = Reader::Held {
+        until: now + ttl,
+        secret: *secret,
+    };
+    Answer::Grant(ttl)
+}
+
+/// The target's side of a RELEASE: only the secret the reader acquired with releases its
+/// hold; anything else changes nothing.
+pub(crate) fn target_release(l: &Leases, reader: &str, id: u64, secret: &Secret) -> bool {
+    let mut p = l.published.lock();
+    let Some(r) = p
+        .get_mut(&id)
+        .and_then(|lease| lease.readers.get_mut(reader))
+    else {
+        return false;
+    };
+    match *r {
+        Reader::Held { secret: s, .. } if s == *secret => {
+            *r = Reader::Released;
+            true
+        }
+        _ => false,
+    }
 }
 
 /// `Ok` while `leases` (of agent `me`) hold `owner`'s lease `id`: granted, not run out on
@@ -196,7 +283,7 @@ pub(crate) fn state_of(l: &Published, now: Instant) -> LeaseState {
     for r in l.readers.values() {
         match *r {
             Reader::Released => released += 1,
-            Reader::Held { until } if now < until => holding += 1,
+            Reader::Held { until, .. } if now < until => holding += 1,
             Reader::Pending if now < l.published + l.ttl => pending += 1,
             _ => expired += 1,
         }
@@ -214,10 +301,10 @@ mod tests {
 
     #[test]
     fn messages_round_trip_and_garbage_is_refused() {
-        let m = message(GRANT, 0xfeed, Duration::from_millis(1500));
+        let m = message(GRANT, 0xfeed, Duration::from_millis(1500), &[7; SECRET_LEN]);
         assert_eq!(
             parse(&m),
-            Some((GRANT, 0xfeed, Duration::from_millis(1500)))
+            Some((GRANT, 0xfeed, Duration::from_millis(1500), [7; SECRET_LEN]))
         );
         for cut in 0..m.len() {
             assert_eq!(parse(&m[..cut]), None);

@@ -252,3 +252,144 @@ fn a_forged_release_leaves_the_readers_hold() {
     );
     drop(real);
 }
+
+/// A flooder: fetches the target's metadata, sends ACQUIREs for random lease ids as fast as it
+/// can, then stops itself (SIGSTOP): it never reads an answer.
+#[test]
+#[ignore = "child process entry point: spawned (with --ignored) by the tests of this file"]
+fn lease_flooder() {
+    child_main(|env| {
+        let a = agent(&env.name);
+        env.connect(&a, WAIT)?;
+        let n: u64 = env.parse("count")?;
+        let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ u64::from(std::process::id());
+        for _ in 0..n {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mut m = b"\0nixl-rs/lease\0".to_vec();
+            m.push(1);
+            m.extend_from_slice(&x.to_le_bytes());
+            m.extend_from_slice(&0u64.to_le_bytes());
+            m.extend_from_slice(&x.to_le_bytes());
+            m.extend_from_slice(&x.to_be_bytes());
+            // A full queue is refused typed: the flood goes on.
+            let _ = a.gen_notif(&env.parent, &m, &[]);
+        }
+        a.gen_notif(&env.parent, b"flooded", &[])
+            .map_err(|e| e.to_string())?;
+        nixl_testkit::signal::send(std::process::id(), nixl_testkit::signal::Sig::Stop)
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    });
+}
+
+/// Issue 34: renewals hold under an ACQUIRE flood from a process that then stops reading, and
+/// while the reader has a large direct CMA READ in flight (a renewal used to wait behind the
+/// reader's in-flight copies: with 2 GiB, 406-535 ms, and the lease was lost). A 400 ms lease
+/// renewed every 100 ms with a 200 ms deadline per renewal: none is lost.
+#[test]
+fn renewals_hold_under_a_flood_and_behind_data() {
+    if !ucx_or_skip("renewals_hold_under_a_flood_and_behind_data") {
+        return;
+    }
+    let pid = std::process::id();
+    let shm = |name: &str| {
+        let a = Agent::new(
+            name,
+            AgentConfig {
+                listen: true,
+                default_timeout: Duration::from_secs(20),
+                ..AgentConfig::default()
+            },
+        )
+        .expect("agent");
+        a.create_backend(nixl::ucx::UcxParams {
+            direct_cma_same_process: true,
+            cma_threads: 1,
+            ..params("shm,cma,self")
+        })
+        .expect("UCX backend");
+        a
+    };
+    let target = shm(&format!("renew-owner-{pid}"));
+    let reader = shm(&format!("renew-reader-{pid}"));
+    const BIG: usize = 1 << 30;
+    let src = Arc::new(HostBuffer::new(BIG).unwrap());
+    let dst = Arc::new(HostBuffer::new(BIG).unwrap());
+    let _rs = target.register_mem(vec![src.clone()], &[]).unwrap();
+    let _rd = reader.register_mem(vec![dst.clone()], &[]).unwrap();
+    reader
+        .load_remote_metadata(&target.local_metadata().unwrap())
+        .unwrap();
+    target
+        .load_remote_metadata(&reader.local_metadata().unwrap())
+        .unwrap();
+    let ttl = Duration::from_millis(400);
+    let id = target.publish_lease(&[reader.name()], ttl).unwrap();
+    reader.acquire_lease(target.name(), id, WAIT).unwrap();
+    // The flood.
+    let mut flooder = Child::spawn(
+        "lease_flooder",
+        &target,
+        &format!("flooder-{pid}"),
+        &[("count", "20000")],
+    )
+    .unwrap();
+    // A 1 GiB READ in pieces on one copy thread, in flight while the renewals go out.
+    let read = reader
+        .create_xfer_req(
+            XferOp::Read,
+            &XferDescList::blocks(MemKind::Dram, dst.addr(), 1 << 20, BIG >> 20),
+            &XferDescList::blocks(MemKind::Dram, src.addr(), 1 << 20, BIG >> 20),
+            target.name(),
+            XferOptions {
+                lease: Some(id),
+                ..XferOptions::default()
+            },
+        )
+        .unwrap();
+    assert!(read.path().contains("direct CMA"), "{}", read.path());
+    let mut renewed = 0;
+    let mut in_flight_renewals = 0;
+    let end = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < end {
+        if !read.is_in_flight() {
+            let _ = read.wait(Duration::from_secs(30));
+            reader.post_xfer_req(&read).unwrap();
+        }
+        let flying = read.is_in_flight();
+        reader
+            .renew_lease(target.name(), id, Duration::from_millis(200))
+            .unwrap_or_else(|e| panic!("renewal {renewed} lost: {e}"));
+        renewed += 1;
+        in_flight_renewals += usize::from(flying);
+        assert!(matches!(
+            target.lease_state(id).unwrap(),
+            LeaseState::Active { holding: 1, .. }
+        ));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = read.wait(Duration::from_secs(30));
+    let flood_seen = {
+        let mut seen = false;
+        let end = Instant::now() + WAIT;
+        while !seen && Instant::now() < end {
+            seen = flooder.try_wait().is_some()
+                || target
+                    .wait_notifs(Duration::from_millis(100))
+                    .unwrap()
+                    .values()
+                    .flatten()
+                    .any(|m| m == b"flooded");
+        }
+        seen
+    };
+    eprintln!(
+        "{renewed} renewals, {in_flight_renewals} with the 1 GiB READ in flight; flood done: {flood_seen}"
+    );
+    assert!(renewed >= 10, "{renewed}");
+    assert!(in_flight_renewals >= 1, "no renewal went out behind data");
+    assert!(flood_seen, "the flooder's messages reached the target");
+    drop(flooder);
+}

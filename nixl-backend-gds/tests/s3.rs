@@ -509,3 +509,90 @@ fn a_failing_or_silent_server_ends_requests_by_their_deadline() {
         server.join().expect("server");
     }
 }
+
+/// Done means landed for objects too (issue 33): a server that sends the headers of a READ's
+/// answer and part of its body, then dies (closes the connection), never ends the READ `Done`:
+/// it fails typed and the request is quiescent. The same server sending the whole body is the
+/// control: that READ lands every byte.
+#[test]
+fn a_server_dying_mid_read_never_ends_it_done() {
+    use std::io::{Read, Write};
+    const LEN: usize = 1 << 20;
+    let body: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8 | 1).collect();
+    for whole in [true, false] {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let data = body.clone();
+        let server = std::thread::spawn(move || {
+            // Answers every request (a retry included) the same way, until the test ends.
+            l.set_nonblocking(false).ok();
+            for c in l.incoming().take(8) {
+                let Ok(mut c) = c else { break };
+                let mut req = Vec::new();
+                let mut b = [0u8; 4096];
+                while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match c.read(&mut b) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => req.extend_from_slice(&b[..n]),
+                    }
+                }
+                let head = format!(
+                    "HTTP/1.1 206 Partial Content\r\ncontent-length: {LEN}\r\n\
+                     content-range: bytes 0-{}/{LEN}\r\netag: \"e\"\r\n\
+                     last-modified: Sun, 29 Nov 2026 08:00:00 GMT\r\n\r\n",
+                    LEN - 1
+                );
+                let _ = c.write_all(head.as_bytes());
+                let n = if whole { LEN } else { LEN / 4 };
+                let _ = c.write_all(&data[..n]);
+                // Dies: the connection closes with the body incomplete.
+            }
+        });
+        let p = S3Params {
+            endpoint: Some(format!("http://127.0.0.1:{port}")),
+            bucket: Some("nixl-test".to_owned()),
+            region: Some("us-east-1".to_owned()),
+            access_key_id: Some("a".to_owned()),
+            secret_access_key: Some("b".to_owned()),
+            ..Default::default()
+        };
+        let a = agent(&format!("dies-{whole}"), p);
+        let obj = Arc::new(ObjectRegion::new("some/key", LEN as u64));
+        let b = buf(LEN);
+        let _r = a
+            .register_mem(vec![b.clone(), obj.clone()], &[])
+            .expect("register");
+        let req = a
+            .create_xfer_req(
+                XferOp::Read,
+                &XferDescList::blocks(MemKind::Dram, b.addr(), LEN as u64, 1),
+                &obj.blocks(0, LEN as u64, 1),
+                a.name(),
+                XferOptions {
+                    timeout: Some(Duration::from_secs(10)),
+                    ..XferOptions::default()
+                },
+            )
+            .expect("make");
+        a.post_xfer_req(&req).expect("post");
+        let r = req.wait(T);
+        println!("whole body {whole}: {r:?}");
+        if whole {
+            r.expect("the control READ");
+            assert!(b.to_vec() == body, "the control landed every byte");
+        } else {
+            let e = r.expect_err("a READ whose body was cut cannot be Done");
+            assert!(
+                matches!(
+                    e.kind().as_str(),
+                    "backend" | "io" | "unavailable" | "timed_out"
+                ),
+                "{e}"
+            );
+            assert!(req.wait_quiescent(T).is_ok(), "quiescent after the error");
+        }
+        drop(req);
+        drop(a);
+        drop(server);
+    }
+}

@@ -166,6 +166,14 @@ impl Agent {
         // One counter for the whole request (a block table has one per layer).
         self.arrival_ends(op, (local, 1), &mut ends, &opts)?;
         self.check_pairing(local_idx, remote_idx)?;
+        // Each destination descriptor is written once.
+        let (side, dst, list) = match op {
+            XferOp::Read => ("local", local_idx, local),
+            XferOp::Write => ("remote", remote_idx, remote),
+        };
+        if dst.iter().all(|&i| i < list.len()) {
+            check_distinct(self.name(), side, dst)?;
+        }
         let segments = self.gather_segments(
             (local, local_idx),
             (remote, remote_idx),
@@ -490,4 +498,26 @@ fn extend(p: &mut Segment, seg: &Segment) -> bool {
         }
         _ => false,
     }
+}
+
+/// Refuses an index (or block id) listed twice on a request's destination side
+/// (`InvalidParam`): two sources would land in one place. O(ids) over a bitmap up to the
+/// largest id, which the caller has bounded (a list's length, a layer's block count).
+pub(crate) fn check_distinct(me: &str, side: &str, ids: &[usize]) -> Result<()> {
+    let max = ids.iter().copied().max().unwrap_or(0);
+    let mut seen = vec![0u64; max / 64 + 1];
+    for &id in ids {
+        let (w, b) = (id / 64, 1u64 << (id % 64));
+        if seen[w] & b != 0 {
+            return Err(Error::invalid(
+                me,
+                Op::MakeXfer,
+                format!(
+                    "{side} index {id} is listed twice: a request writes each destination once"
+                ),
+            ));
+        }
+        seen[w] |= b;
+    }
+    Ok(())
 }

@@ -47,6 +47,13 @@ impl Agent {
         check_shapes(me, ll, rl, local_blocks, remote_blocks)?;
         check_ids(me, "local", local_blocks, ll)?;
         check_ids(me, "remote", remote_blocks, rl)?;
+        // The destination's blocks are written once: an id listed twice would land two
+        // source blocks in one.
+        let (side, dst) = match op {
+            XferOp::Read => ("local", local_blocks),
+            XferOp::Write => ("remote", remote_blocks),
+        };
+        crate::agent::make::check_distinct(me, side, dst)?;
         self.arrival_ends(op, (local, ll.len()), &mut ends, &opts)?;
         for (a, b) in ll.iter().zip(rl) {
             let (lr, rr) = (

@@ -29,6 +29,22 @@ impl Agent {
                 ),
             ));
         }
+        // The destination's bytes are written once: two descriptors on the same bytes would
+        // race (a block id listed twice in a table lands two blocks' tokens in one).
+        let dst = match op {
+            XferOp::Read => local,
+            XferOp::Write => remote,
+        };
+        if let Some((a, b)) = first_overlap(dst.descs()) {
+            return Err(Error::invalid(
+                self.name(),
+                Op::MakeXfer,
+                format!(
+                    "destination descriptors {a} and {b} cover the same bytes: a request writes \
+                     each destination byte once"
+                ),
+            ));
+        }
         let l = self.prep_xfer_dlist(XferTarget::Initiator, local, &opts.backends)?;
         let r = self.prep_xfer_dlist(XferTarget::Agent(remote_agent), remote, &opts.backends)?;
         let idx: Vec<usize> = (0..local.len()).collect();
@@ -74,4 +90,14 @@ impl Agent {
             ))
         }
     }
+}
+
+/// The indexes of two descriptors that share a byte (same device), if any: O(n log n).
+pub(crate) fn first_overlap(descs: &[crate::Desc]) -> Option<(usize, usize)> {
+    let mut order: Vec<usize> = (0..descs.len()).filter(|&i| descs[i].len > 0).collect();
+    order.sort_unstable_by_key(|&i| (descs[i].dev_id, descs[i].addr));
+    order.windows(2).find_map(|w| {
+        let (a, b) = (&descs[w[0]], &descs[w[1]]);
+        (a.dev_id == b.dev_id && a.addr.saturating_add(a.len) > b.addr).then_some((w[0], w[1]))
+    })
 }

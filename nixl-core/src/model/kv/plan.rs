@@ -123,7 +123,24 @@ pub(super) fn check_blocks(side: &KvLayout, ids: &[u64], tokens: u64, which: &st
             ),
         ));
     }
+    // The blocks the request uses hold distinct tokens: an id listed twice would land two
+    // blocks' tokens in one (or read one block's tokens twice).
+    let used = tokens.div_ceil(u64::from(side.tokens_per_block.max(1)));
+    let used = &ids[..ids.len().min(usize::try_from(used).unwrap_or(usize::MAX))];
+    if let Some(b) = first_repeat(used) {
+        return Err(kv_error(
+            ErrorKind::InvalidParam,
+            format!("{which} block id {b} is listed twice in the request's blocks"),
+        ));
+    }
     Ok(())
+}
+
+/// The first value listed twice in `ids`, if any (O(n log n) on a copy).
+pub(crate) fn first_repeat<T: Ord + Copy>(ids: &[T]) -> Option<T> {
+    let mut v = ids.to_vec();
+    v.sort_unstable();
+    v.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
 }
 
 /// The pieces that move heads `h0..h1` of the request's first `tokens` tokens from `src`'s

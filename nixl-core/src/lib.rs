@@ -119,85 +119,85 @@ pub use xfer::{UncertainXfer, XferOptions, XferReq, XferTarget};
 /// Names that moved off the crate root in 0.2 (kept for one release; each says where it went).
 mod moved {
     #![allow(missing_docs)]
-    #[deprecated(since = "0.2.0", note = "moved to nixl_core::backend::Capabilities")]
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::backend::Capabilities")]
     #[doc(hidden)]
     pub type Capabilities = crate::backend::Capabilities;
-    #[deprecated(since = "0.2.0", note = "moved to nixl_core::backend::CostEstimate")]
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::backend::CostEstimate")]
     #[doc(hidden)]
     pub type CostEstimate = crate::backend::CostEstimate;
-    #[deprecated(since = "0.2.0", note = "moved to nixl_core::backend::CostMethod")]
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::backend::CostMethod")]
     #[doc(hidden)]
     pub type CostMethod = crate::backend::CostMethod;
-    #[deprecated(since = "0.2.0", note = "moved to nixl_core::backend::QueryResult")]
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::backend::QueryResult")]
     #[doc(hidden)]
     pub type QueryResult = crate::backend::QueryResult;
-    #[deprecated(since = "0.2.0", note = "moved to nixl_core::backend::DecodeError")]
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::backend::DecodeError")]
     #[doc(hidden)]
     pub type DecodeError = crate::backend::DecodeError;
-    #[deprecated(since = "0.2.0", note = "moved to nixl_core::backend::PeerProcess")]
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::backend::PeerProcess")]
     #[doc(hidden)]
     pub type PeerProcess = crate::backend::PeerProcess;
-    #[deprecated(since = "0.2.0", note = "moved to nixl_core::backend::ProcessId")]
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::backend::ProcessId")]
     #[doc(hidden)]
     pub type ProcessId = crate::backend::ProcessId;
-    #[deprecated(since = "0.2.0", note = "moved to nixl_core::backend::RawRegion")]
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::backend::RawRegion")]
     #[doc(hidden)]
     pub type RawRegion = crate::backend::RawRegion;
     #[deprecated(
-        since = "0.2.0",
+        since = "0.1.0",
         note = "moved to nixl_core::backend::inproc::Completion"
     )]
     #[doc(hidden)]
     pub type Completion = crate::backend::inproc::Completion;
     #[deprecated(
-        since = "0.2.0",
+        since = "0.1.0",
         note = "moved to nixl_core::backend::inproc::InprocPlugin"
     )]
     #[doc(hidden)]
     pub type InprocPlugin = crate::backend::inproc::InprocPlugin;
     #[deprecated(
-        since = "0.2.0",
+        since = "0.1.0",
         note = "moved to nixl_core::backend::fault::FaultEvent"
     )]
     #[doc(hidden)]
     pub type FaultEvent = crate::backend::fault::FaultEvent;
-    #[deprecated(since = "0.2.0", note = "moved to nixl_core::backend::fault::FaultLog")]
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::backend::fault::FaultLog")]
     #[doc(hidden)]
     pub type FaultLog = crate::backend::fault::FaultLog;
     #[deprecated(
-        since = "0.2.0",
+        since = "0.1.0",
         note = "moved to nixl_core::backend::fault::FaultParams"
     )]
     #[doc(hidden)]
     pub type FaultParams = crate::backend::fault::FaultParams;
     #[deprecated(
-        since = "0.2.0",
+        since = "0.1.0",
         note = "moved to nixl_core::backend::fault::FaultPlan"
     )]
     #[doc(hidden)]
     pub type FaultPlan = crate::backend::fault::FaultPlan;
     /// The unit value of the moved `InprocPlugin` type.
     #[deprecated(
-        since = "0.2.0",
+        since = "0.1.0",
         note = "moved to nixl_core::backend::inproc::InprocPlugin"
     )]
     #[doc(hidden)]
     #[allow(non_upper_case_globals)]
     pub const InprocPlugin: crate::backend::inproc::InprocPlugin =
         crate::backend::inproc::InprocPlugin;
-    #[deprecated(since = "0.2.0", note = "moved to nixl_core::backend::SharedError")]
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::backend::SharedError")]
     #[doc(hidden)]
     pub type SharedError = crate::backend::SharedError;
-    #[deprecated(since = "0.2.0", note = "moved to nixl_core::backend::inproc::INPROC")]
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::backend::inproc::INPROC")]
     #[doc(hidden)]
     pub const INPROC: &str = crate::backend::inproc::INPROC;
-    #[deprecated(since = "0.2.0", note = "moved to nixl_core::backend::PAGE_SIZE")]
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::backend::PAGE_SIZE")]
     #[doc(hidden)]
     pub const PAGE_SIZE: usize = crate::backend::PAGE_SIZE;
-    #[deprecated(since = "0.2.0", note = "moved to nixl_core::backend::NOTIF_OVERHEAD")]
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::backend::NOTIF_OVERHEAD")]
     #[doc(hidden)]
     pub const NOTIF_OVERHEAD: usize = crate::backend::NOTIF_OVERHEAD;
-    #[deprecated(since = "0.2.0", note = "now nixl_core::Credential::ENV")]
+    #[deprecated(since = "0.1.0", note = "now nixl_core::Credential::ENV")]
     #[doc(hidden)]
     pub const ENV_CREDENTIAL: &str = crate::Credential::ENV;
 }

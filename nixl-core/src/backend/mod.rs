@@ -48,7 +48,7 @@ pub mod fault {
 
 #[doc(hidden)]
 #[deprecated(
-    since = "0.2.0",
+    since = "0.1.0",
     note = "moved to nixl_core::backend::inproc::InprocBackend"
 )]
 pub type InprocBackend = crate::inproc::InprocBackend;

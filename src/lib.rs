@@ -11,9 +11,9 @@ pub use nixl_core::nixl_wire;
 pub use nixl_core::{
     Agent, AgentConfig, ArrivalCounters, Auth, Credential, Desc, Error, ErrorKind, HostBuffer,
     KvLayout, KvOrder, KvPeerXfer, KvPlan, KvTensor, KvTilePlan, KvTileXfer, LeaseId, LeaseState,
-    Limits, MemKind, MemoryRegion, NotifStream, Notifs, PreparedList, QuiescenceFuture, RegionDesc,
-    Registration, Result, RowStrides, StridedDesc, StridedDescList, Tile, TileShape, XferDescList,
-    XferFuture, XferOp, XferOptions, XferReq, XferState, XferTarget,
+    Limits, MemKind, MemoryRegion, NotifStream, Notification, Notifs, PreparedList,
+    QuiescenceFuture, RegionDesc, Registration, Result, RowStrides, StridedDesc, StridedDescList,
+    Tile, TileShape, XferDescList, XferFuture, XferOp, XferOptions, XferReq, XferState, XferTarget,
 };
 pub use nixl_mem as mem;
 

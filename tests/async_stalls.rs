@@ -213,9 +213,9 @@ fn a_notification_stream_ends_when_its_peer_dies() {
     let mut stream = p.notif_stream().end_when_gone(&name);
     for i in 0..3 {
         let (item, _) = block_on(nixl_testkit::executor::next(&mut stream));
-        let (from, msg) = item.expect("an item").expect("a notification");
+        let n = item.expect("an item").expect("a notification");
         assert_eq!(
-            (from.as_str(), msg),
+            (n.from.as_str(), n.message),
             (name.as_str(), format!("kv-{i}").into_bytes())
         );
     }

@@ -97,8 +97,8 @@ pub use agent::prep::PreparedList;
 pub use agent::registration::Registration;
 pub use agent::remote::MetadataSelection;
 pub use agent::{
-    Agent, AgentConfig, BackendHandle, LeaseId, LeaseState, NotifStream, QuiescenceFuture,
-    XferFuture,
+    Agent, AgentConfig, BackendHandle, LeaseId, LeaseState, NotifStream, Notification,
+    QuiescenceFuture, XferFuture,
 };
 pub use arrival::ArrivalCounters;
 pub use auth::{Auth, Credential};

@@ -76,7 +76,7 @@ fn cuda_ipc_future_is_woken_after_the_copies() {
             most = most.max(polls);
             if notif.is_some() {
                 let (item, _) = block_on(next(&mut stream));
-                assert_eq!(item.unwrap().unwrap().1, b"gpu-done");
+                assert_eq!(item.unwrap().unwrap().message, b"gpu-done");
             }
         }
         assert!(dst.to_vec().unwrap().iter().all(|&x| x == 0x77));

@@ -241,17 +241,30 @@ impl<R: Borrow<XferReq>> Drop for XferFuture<R> {
     }
 }
 
-/// Received notifications as a stream of `(sender, message)`, in each sender's order; an item
+/// One received notification: who sent it and what it says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Notification {
+    /// The sender's agent name.
+    pub from: String,
+    /// The message.
+    pub message: Vec<u8>,
+}
+
+/// Received notifications as a stream of [`Notification`]s, in each sender's order; an item
 /// is `Err` where [`Agent::get_notifs`] would fail (notifications dropped because the queue
 /// was full: `LimitExceeded`, reported once, before what was kept). Woken by each arrival,
-/// never by a timer. The stream does not end while the agent lives; with
-/// [`NotifStream::idle_timeout`] it yields `Err(TimedOut)` after that long without a
-/// notification (and goes on after). Made by [`Agent::notif_stream`]; several streams of one
-/// agent share its notifications (each is taken once).
+/// never by a timer. The stream does not end while the agent lives, unless it was made to:
+/// [`NotifStream::idle_timeout`] ends it (`None`) after that long without a notification,
+/// [`NotifStream::end_when_gone`] with its peer. Made by [`Agent::notif_stream`]; several
+/// streams of one agent share its notifications (each is taken once). Its combinators
+/// (`next`, `try_next`, `map`...) come from the `futures` crate's `StreamExt` and
+/// `TryStreamExt` (or `tokio-stream`'s `StreamExt`): the stream implements
+/// `futures_core::Stream`.
 #[must_use = "a stream does nothing unless polled"]
 pub struct NotifStream {
     agent: Agent,
-    buf: VecDeque<(String, Vec<u8>)>,
+    buf: VecDeque<Notification>,
     idle: Option<Duration>,
     /// The idle deadline in force and the waker its timer entry wakes.
     idle_until: Option<Instant>,
@@ -293,7 +306,8 @@ impl Agent {
 const GONE_EVERY: Duration = Duration::from_millis(20);
 
 impl NotifStream {
-    /// Yields `Err(TimedOut)` once `d` passes with no notification (then waits again).
+    /// Ends the stream (`None`) once `d` passes with no notification: a `while let Some(n) =
+    /// stream.try_next().await?` loop then leaves cleanly.
     pub fn idle_timeout(mut self, d: Duration) -> Self {
         self.idle = Some(d);
         self
@@ -310,7 +324,7 @@ impl NotifStream {
 }
 
 impl futures_core::Stream for NotifStream {
-    type Item = Result<(String, Vec<u8>)>;
+    type Item = Result<Notification>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = self.get_mut();
@@ -333,9 +347,12 @@ impl futures_core::Stream for NotifStream {
             match this.agent.get_notifs() {
                 Err(e) => return Poll::Ready(Some(Err(e))),
                 Ok(n) => {
-                    for (sender, msgs) in n {
+                    for (from, msgs) in n {
                         this.buf
-                            .extend(msgs.into_iter().map(|m| (sender.clone(), m)));
+                            .extend(msgs.into_iter().map(|message| Notification {
+                                from: from.clone(),
+                                message,
+                            }));
                     }
                 }
             }
@@ -362,13 +379,8 @@ impl futures_core::Stream for NotifStream {
             let now = Instant::now();
             let until = *this.idle_until.get_or_insert(now + d);
             if now >= until {
-                this.idle_until = None;
-                this.timed = None;
-                return Poll::Ready(Some(Err(Error::TimedOut {
-                    agent: this.agent.name().to_owned(),
-                    op: Op::GetNotifs,
-                    elapsed: d,
-                })));
+                this.over = true;
+                return Poll::Ready(None);
             }
             if this.timed.as_ref().is_none_or(|w| !w.will_wake(cx.waker())) {
                 timer::wake_at(until, cx.waker());

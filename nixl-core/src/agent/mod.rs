@@ -19,7 +19,7 @@ mod sidechannel;
 mod xfer;
 
 pub use crate::lease::{LeaseId, LeaseState};
-pub use future::{NotifStream, QuiescenceFuture, XferFuture};
+pub use future::{NotifStream, Notification, QuiescenceFuture, XferFuture};
 
 pub use config::AgentConfig;
 pub(crate) use shared::{start_progress_thread, FetchStatus, Shared, MAX_UNCERTAIN};

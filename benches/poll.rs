@@ -8,9 +8,14 @@
 //!   the overrun is when the future returned minus its deadline (first poll + the deadline).
 //!   Each request is waited quiescent (not timed) before the next.
 //!
-//! `cargo bench -p nixl-bench --bench poll` prints a markdown table (1,000 requests per path
+//! - idle: the process's CPU time per wall millisecond over `--idle-ms`, for two agents over
+//!   UCX tcp that wait (a notification stream polled once, pending), against the same agents
+//!   without one.
+//!
+//! `cargo bench -p nixl-bench --bench poll` prints markdown tables (1,000 requests per path
 //! and phase); without `--bench` (as under `cargo test`) it runs 5 per path as a smoke test.
 
+use futures_core::Stream;
 use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
@@ -42,6 +47,9 @@ struct Cli {
     /// The deadline of each deadline-phase future, in microseconds.
     #[arg(long, default_value_t = 200)]
     deadline_us: u64,
+    /// Wall time of each idle measurement, in milliseconds.
+    #[arg(long, default_value_t = 3000)]
+    idle_ms: u64,
     /// Only these paths (comma-separated: ucx-tcp, ucx-cma, ucx-direct-cma, libfabric-tcp,
     /// inproc).
     #[arg(long, value_delimiter = ',')]
@@ -217,6 +225,55 @@ fn measure(path: &str, cli: &Cli, n: usize) -> nixl_core::Result<String> {
     ))
 }
 
+/// This process's CPU time (every thread).
+fn process_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// CPU-ms per wall-ms of this process over `wall`.
+fn cpu_per_ms(wall: Duration) -> f64 {
+    let (c, t) = (process_cpu(), Instant::now());
+    std::thread::sleep(wall);
+    (process_cpu() - c).as_secs_f64() / t.elapsed().as_secs_f64()
+}
+
+/// Idle cost: two UCX tcp agents that wait, without and with a pending stream.
+fn idle(wall: Duration) -> nixl_core::Result<String> {
+    let p = pair("ucx-tcp")?;
+    std::thread::sleep(Duration::from_millis(300));
+    let without = cpu_per_ms(wall);
+    let mut stream = p.b.notif_stream();
+    let waker = Waker::noop();
+    let mut cx = Context::from_waker(waker);
+    let pending = std::pin::Pin::new(&mut stream)
+        .poll_next(&mut cx)
+        .is_pending();
+    std::thread::sleep(Duration::from_millis(300));
+    let with = cpu_per_ms(wall);
+    // The stream is live: a notification still reaches it.
+    p.a.gen_notif(p.b.name(), b"wake", &[])?;
+    let got = std::iter::repeat_with(|| {
+        std::thread::sleep(Duration::from_millis(1));
+        std::pin::Pin::new(&mut stream).poll_next(&mut cx)
+    })
+    .take(5000)
+    .find_map(|p| match p {
+        Poll::Ready(Some(Ok(n))) => Some(n.message),
+        _ => None,
+    });
+    Ok(format!(
+        "| ucx-tcp | {:.4} | {:.4} | {} |",
+        without,
+        with,
+        if pending && got.as_deref() == Some(&b"wake"[..]) {
+            "pending, then woke for a notification"
+        } else {
+            "NOT pending and live"
+        }
+    ))
+}
+
 fn main() {
     use clap::Parser;
     let cli = Cli::parse();
@@ -246,5 +303,14 @@ fn main() {
             Ok(row) => println!("{row}"),
             Err(e) => println!("| {path} | unavailable here: {e} |"),
         }
+    }
+    let wall = Duration::from_millis(if cli.bench { cli.idle_ms } else { 200 });
+    println!();
+    println!("Idle cost: process CPU-ms per wall-ms over {wall:?} (two agents, UCX's own progress threads)");
+    println!("| path | agents waiting, no stream | with a pending notification stream | stream |");
+    println!("|---|---|---|---|");
+    match idle(wall) {
+        Ok(row) => println!("{row}"),
+        Err(e) => println!("| ucx-tcp | unavailable here: {e} |"),
     }
 }

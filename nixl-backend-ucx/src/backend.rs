@@ -381,7 +381,9 @@ impl Backend for UcxBackend {
             remote: true,
             local: true,
             notifications: true,
-            needs_progress: true,
+            // Its own progress threads (the default) drive it, woken by the worker's events:
+            // nobody else needs to poll it.
+            needs_progress: !self.params.progress_thread,
         }
     }
 

@@ -660,7 +660,7 @@ impl Agent {
     /// Dropped requests whose backend has not yet released them (each still holds its
     /// memory; see [`crate::XferReq::is_draining`]). Reaped by the agent's progress.
     pub fn draining_requests(&self) -> usize {
-        self.shared.reap_drained();
+        let _ = self.shared.reap_drained();
         self.shared.draining.lock().len()
     }
 

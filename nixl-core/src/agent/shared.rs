@@ -81,28 +81,39 @@ impl Shared {
     }
 
     pub(crate) fn progress_all(&self) {
+        self.progress_once();
+    }
+
+    /// One pass of [`Shared::progress_all`]; whether anything is going on (a backend made
+    /// progress, or a dropped request still drains).
+    fn progress_once(&self) -> bool {
+        let mut busy = false;
         for slot in self.backends() {
             if slot.caps.needs_progress {
-                if let Err(e) = slot.backend.progress() {
-                    tracing::warn!(agent = %self.name, backend = %slot.name, error = %e, "progress failed");
+                match slot.backend.progress() {
+                    Ok(any) => busy |= any,
+                    Err(e) => {
+                        tracing::warn!(agent = %self.name, backend = %slot.name, error = %e, "progress failed");
+                    }
                 }
             }
         }
-        self.reap_drained();
+        self.reap_drained() || busy
     }
 
-    /// Releases dropped requests whose backends let go of them.
-    pub(crate) fn reap_drained(&self) {
+    /// Releases dropped requests whose backends let go of them; whether some still drain.
+    pub(crate) fn reap_drained(&self) -> bool {
         let mut d = self.draining.lock();
         if !d.is_empty() {
             d.retain_mut(|x| x.busy());
         }
+        !d.is_empty()
     }
 }
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        self.reap_drained();
+        let _ = self.reap_drained();
         // What backends still own is never freed under them: leaked instead.
         for d in std::mem::take(&mut *self.draining.lock()) {
             tracing::error!(agent = %self.name, "agent dropped with a request its backend never released; leaking its memory");
@@ -120,6 +131,9 @@ impl Drop for Shared {
 
 /// Starts the agent's progress thread, once (an async caller on a backend that needs progress
 /// starts it when the configuration did not).
+/// The longest the progress thread sleeps when nothing happens.
+const IDLE_MAX: Duration = Duration::from_millis(1);
+
 pub(crate) fn start_progress_thread(shared: &Arc<Shared>) -> Result<()> {
     if shared.progress_running.swap(true, Ordering::SeqCst) {
         return Ok(());
@@ -130,11 +144,19 @@ pub(crate) fn start_progress_thread(shared: &Arc<Shared>) -> Result<()> {
     let handle = std::thread::Builder::new()
         .name(format!("nixl-progress-{}", shared.name))
         .spawn(move || {
+            // `delay` between passes while something happens, doubling up to IDLE_MAX while
+            // nothing does: an idle agent costs a wake-up per IDLE_MAX, not per `delay`.
+            let mut sleep = delay;
             while !stop.load(Ordering::Relaxed) {
                 let Some(shared) = weak.upgrade() else { break };
-                shared.progress_all();
+                let busy = shared.progress_once();
                 drop(shared);
-                std::thread::sleep(delay);
+                sleep = if busy {
+                    delay
+                } else {
+                    (sleep * 2).clamp(delay, IDLE_MAX.max(delay))
+                };
+                std::thread::sleep(sleep);
             }
         })
         .map_err(|e| {

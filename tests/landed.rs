@@ -40,7 +40,7 @@ const QUIET: Duration = Duration::from_millis(200);
 const QUIESCENT: Duration = Duration::from_secs(10);
 
 /// Anonymous memory each target holds beside the mapping it serves.
-const BALLAST: usize = 512 << 20;
+const BALLAST: usize = 256 << 20;
 /// The block each descriptor moves.
 const BLOCK: u64 = 1 << 20;
 

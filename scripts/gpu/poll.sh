@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# GPU suite `poll`: `scripts/gpu.sh poll build` here, `scripts/gpu.sh poll run` on the GPU
+# machine, whose host has many cores: the quiet place to measure how long an async poll holds
+# its executor's thread and how late a future's deadline ends it (issue 33), where the 2-core
+# development VM's scheduler adds milliseconds of its own.
+#
+# build:
+#   .carry/bin/poll   the poll bench (benches/poll.rs, release, stripped)
+#   .carry/ucx/lib    UCX 1.22's shared libraries (stripped), as scripts/gpu/ucx.sh carries them
+# Carry [".carry"] (under 64 MiB).
+# run:
+#   the poll bench in full (1,000 requests per path and phase, the idle table) over UCX tcp,
+#   UCX cma, UCX direct CMA and INPROC (libfabric is not installed there: its row says so);
+#   results in $OUT/poll.log and a summary in $OUT/poll-summary.txt.
+
+build() (
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-gpu}"
+export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
+# shellcheck source=scripts/gpu/pick.sh
+. scripts/gpu/pick.sh
+mkdir -p .carry/bin
+exe=$(cargo bench -p nixl-bench --bench poll --no-run --message-format=json 2>/dev/null | pick poll)
+cp "$exe" .carry/bin/poll
+UCX="${NIXL_UCX_HOME:-/opt/nixl-deps/ucx/libucx}"
+rm -rf .carry/ucx && mkdir -p .carry/ucx/lib/ucx
+for f in "$UCX"/lib/lib*.so.0; do cp -L "$f" .carry/ucx/lib/; done
+for f in "$UCX"/lib/ucx/lib*.so.0; do
+    case "$f" in *perftest*|*cuda*|*ib*|*rdmacm*) continue ;; esac
+    cp -L "$f" .carry/ucx/lib/ucx/
+done
+strip --strip-unneeded .carry/ucx/lib/*.so.0 .carry/ucx/lib/ucx/*.so.0 2>/dev/null || true
+size=$(du -sm .carry | cut -f1)
+echo "carry .carry: ${size} MiB"
+[ "$size" -lt 64 ] || { echo ".carry is over the 64 MiB the device tool carries" >&2; exit 1; }
+)
+
+run() (
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-/tmp/nixl-poll-out}"; mkdir -p "$OUT"
+s="$OUT/poll-summary.txt"; : > "$s"
+say() { echo "$*" | tee -a "$s"; }
+[ -x .carry/bin/poll ] || { say "missing .carry/bin/poll: run scripts/gpu.sh poll build and carry .carry"; exit 2; }
+say "== host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load $(cut -d' ' -f1-3 /proc/loadavg)"
+export NIXL_UCX_HOME="$PWD/.carry/ucx"
+export LD_LIBRARY_PATH="$PWD/.carry/ucx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export UCX_MODULES='^ib,rdmacm,cuda'
+timeout 540 .carry/bin/poll --bench --paths ucx-tcp,ucx-cma,ucx-direct-cma,inproc > "$OUT/poll.log" 2>&1
+say "rc=$?"
+grep -E '^\||^Async|^Idle' "$OUT/poll.log" | tee -a "$s"
+)
+
+case "${1:-}" in
+build) build ;;
+run) run ;;
+*) echo "usage: $0 build|run" >&2; exit 2 ;;
+esac

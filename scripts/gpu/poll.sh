@@ -27,7 +27,7 @@ UCX="${NIXL_UCX_HOME:-/opt/nixl-deps/ucx/libucx}"
 rm -rf .carry/ucx && mkdir -p .carry/ucx/lib/ucx
 for f in "$UCX"/lib/lib*.so.0; do cp -L "$f" .carry/ucx/lib/; done
 for f in "$UCX"/lib/ucx/lib*.so.0; do
-    case "$f" in *perftest*|*cuda*|*ib*|*rdmacm*) continue ;; esac
+    case "$(basename "$f")" in *perftest* | *cuda* | libuct_ib* | libuct_rdmacm*) continue ;; esac
     cp -L "$f" .carry/ucx/lib/ucx/
 done
 strip --strip-unneeded .carry/ucx/lib/*.so.0 .carry/ucx/lib/ucx/*.so.0 2>/dev/null || true

@@ -184,6 +184,11 @@ fn mutated_ucx_addresses_and_keys_never_crash() {
         let (buf, _r) = registered(&donor, 4096);
         let md = blob(&donor.local_metadata().unwrap());
         let addr = fuzzing::decode_conn(&md.backends[0].conn_info).unwrap()[0].clone();
+        // The donor's process: a same-host peer's connection info must name the process its
+        // metadata was proven to come from, or the load is refused before UCX sees the bytes.
+        let process = fuzzing::decode_conn_info(&md.backends[0].conn_info)
+            .unwrap()
+            .process;
         let (t, key) = fuzzing::decode_rkey(&md.regions[0].public).unwrap();
         let key = key.to_vec();
         let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ tls.len() as u64;
@@ -249,7 +254,7 @@ fn mutated_ucx_addresses_and_keys_never_crash() {
         for a in &addrs {
             let (l, o) = push(
                 &mut v,
-                fuzzing::encode_conn(&[a]),
+                fuzzing::encode_conn_with(&[a], process.as_ref()),
                 md.regions[0].public.clone(),
             );
             addr_loaded += usize::from(l);

@@ -138,10 +138,11 @@ fn a_peer_naming_a_thread_of_this_process_is_refused() {
 }
 
 /// The agent's metadata names the attacker's real process but its UCX connection info names
-/// a thread of the victim: direct CMA follows the process the agent bound, never the claim in
-/// the connection info, so no direct copy is made (before: the copies went to the thread id).
+/// a thread of the victim: such connection info is refused at load, so no copy of any kind is
+/// aimed at the thread (first: the direct copies went to the thread id; then the load was
+/// accepted with direct CMA turned off).
 #[test]
-fn a_ucx_connection_info_naming_another_process_gets_no_direct_copies() {
+fn a_ucx_connection_info_naming_another_process_is_refused() {
     if !ucx_or_skip("a_ucx_connection_info_naming_another_process_gets_no_direct_copies") {
         return;
     }
@@ -176,13 +177,15 @@ fn a_ucx_connection_info_naming_another_process_gets_no_direct_copies() {
         let addrs: Vec<&[u8]> = info.addresses.iter().map(Vec::as_slice).collect();
         b.conn_info = fuzzing::encode_conn_with(&addrs, Some(&thread));
     }
-    let name = victim.load_remote_metadata(&m.encode()).expect("load");
-    let path = write(&victim, &src, &name, theirs.addr(), 4096).expect("write");
-    assert!(!path.contains("direct CMA"), "{path}");
-    assert!(
-        theirs.to_vec().iter().all(|&b| b == 0xEE),
-        "UCX's copy landed"
-    );
+    // Connection info naming another process than the one the metadata was proven to come
+    // from is refused at load (issue 34: it used to load, with direct CMA only turned off,
+    // while UCX's own copies could still be aimed elsewhere).
+    let e = victim
+        .load_remote_metadata(&m.encode())
+        .expect_err("connection info naming another process");
+    assert_eq!(e.kind(), nixl::core::ErrorKind::NotAllowed, "{e}");
+    assert!(e.to_string().contains("names another process"), "{e}");
+    assert!(theirs.to_vec().iter().all(|&b| b == 0), "nothing moved");
 }
 
 /// Two agents of this process over shared memory with direct CMA between them (a process may

@@ -481,10 +481,10 @@ impl XferReq {
                 Ok(XferState::InProgress)
             }
             Err(e) => {
+                // A refused post started nothing (and a backend's check is not for a post it
+                // refused: POSIX would run the request).
                 self.shared.counters.failed();
                 st.status = Status::Failed(e.clone());
-                st.draining = true;
-                st.settle(Poll::Drive);
                 Err(e)
             }
         }

@@ -90,7 +90,7 @@ fn cuda_ipc_future_is_woken_after_the_copies() {
 }
 
 /// The initiator's GPU waits for the request on the GPU: a stream gated on the request
-/// (`nixl_mem::cuda::gate_stream`) finishes only after the copies, so work queued on it reads
+/// (`nixl_mem::cuda_ipc::gate_stream`) finishes only after the copies, so work queued on it reads
 /// the landed bytes; the CPU never waits for the request first.
 #[test]
 fn a_gpu_stream_gated_on_the_request_runs_after_its_copies() {
@@ -118,7 +118,7 @@ fn a_gpu_stream_gated_on_the_request_runs_after_its_copies() {
         src.fill(byte).unwrap();
         dst.fill(0).unwrap();
         a.post_xfer_req(&req).unwrap();
-        nixl_mem::cuda::gate_stream(&req, &stream).unwrap();
+        nixl_mem::cuda_ipc::gate_stream(&req, &stream).unwrap();
         stream.synchronize().unwrap();
         // Read the tail at once, without waiting on the request.
         let mut tail = [0u8; 4096];
@@ -145,7 +145,7 @@ fn a_gpu_stream_gated_on_the_request_runs_after_its_copies() {
         .create_xfer_req(XferOp::Write, &d, &d2, h.name(), XferOptions::default())
         .unwrap();
     assert_eq!(
-        nixl_mem::cuda::gate_stream(&hr, &stream)
+        nixl_mem::cuda_ipc::gate_stream(&hr, &stream)
             .unwrap_err()
             .kind(),
         nixl_core::ErrorKind::NotSupported

@@ -10,12 +10,14 @@ mod make_tiles;
 mod nixl_comm;
 mod nixl_metadata;
 mod nixl_view;
+mod options;
 pub(crate) mod prep;
 pub(crate) mod registration;
 pub(crate) mod remote;
 pub(crate) mod request;
 mod shared;
 mod sidechannel;
+mod spec;
 mod xfer;
 
 pub use crate::lease::{LeaseId, LeaseState};

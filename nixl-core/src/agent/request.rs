@@ -8,12 +8,10 @@ use std::time::{Duration, Instant};
 use crate::agent::prep::Regions;
 use crate::agent::remote::RemotePeer;
 use crate::agent::{BackendHandle, BackendSlot, Shared};
-use crate::backend::{BackendXfer, CostEstimate, XferSpec, XferState};
+use crate::backend::{BackendXfer, CostEstimate, XferState};
 use crate::desc::XferOp;
 use crate::error::{Error, Op, Result};
-use crate::strided::BlockXferSpec;
 use crate::telemetry::XferTelemetry;
-use crate::tiles::TileXferSpec;
 
 /// Whose memory a descriptor list names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,42 +29,7 @@ pub(crate) struct IntegrityPlan {
     pub remote: Vec<(u64, u64, u64)>,
 }
 
-/// What a request moves: segments, or a block table a backend consumes as strides.
-pub(crate) enum ReqSpec {
-    Segments(XferSpec),
-    Blocks(BlockXferSpec),
-    /// Rows rearranged on the way.
-    Tiles(TileXferSpec),
-}
-
-impl ReqSpec {
-    fn remote(&self) -> &str {
-        match self {
-            ReqSpec::Segments(s) => &s.remote,
-            ReqSpec::Blocks(b) => &b.remote,
-            ReqSpec::Tiles(t) => &t.remote,
-        }
-    }
-
-    /// Calls `f((local addr, remote addr, remote dev, len))` for every segment.
-    pub(crate) fn for_each_segment(&self, mut f: impl FnMut((u64, u64, u64, u64))) {
-        match self {
-            ReqSpec::Segments(s) => {
-                for g in &s.segments {
-                    f((g.local_addr, g.remote_addr, g.remote_dev, g.len));
-                }
-            }
-            ReqSpec::Blocks(b) => {
-                for (l, la, ra, len) in b.segments() {
-                    f((la, ra, b.layers[l].remote.dev_id, len));
-                }
-            }
-            ReqSpec::Tiles(t) => {
-                t.for_each_row(|l, la, ra, len| f((la, ra, t.layers[l].remote.dev_id, len)));
-            }
-        }
-    }
-}
+pub(crate) use crate::agent::spec::ReqSpec;
 
 /// What [`XferReq::new`] assembles a request from.
 pub(crate) struct ReqParts {
@@ -87,55 +50,7 @@ pub(crate) struct ReqParts {
     pub note: Option<String>,
 }
 
-/// A request that ended in an uncertain state: its peer died or restarted, or its deadline
-/// passed, while it was in flight, so whether the target received the data is unknown.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UncertainXfer {
-    /// The request's id ([`XferReq::id`]).
-    pub id: u64,
-    /// The target agent.
-    pub remote: String,
-    /// READ or WRITE.
-    pub op: XferOp,
-    /// Bytes of the request.
-    pub bytes: u64,
-    /// The error's kind.
-    pub error: crate::ErrorKind,
-}
-
-/// Options of a transfer request.
-#[derive(Debug, Clone, Default)]
-pub struct XferOptions {
-    /// A notification for the target, delivered only after the request's data is complete.
-    pub notif: Option<Vec<u8>>,
-    /// Backends to choose from, in preference order (empty: all, in creation order).
-    pub backends: Vec<BackendHandle>,
-    /// A deadline for each post: past it, `check` cancels and reports `TimedOut`.
-    pub timeout: Option<Duration>,
-    /// Do not merge contiguous descriptors.
-    pub no_merge: bool,
-    /// Checksum the payload and deliver the checksum with the notification; the target
-    /// verifies it before handing the notification out (WRITE of DRAM only). The notification
-    /// is then sent once the initiator sees the request complete.
-    pub integrity: bool,
-    /// Per-layer counters the copy advances on the GPU as each layer lands (block and tile
-    /// requests; see [`crate::ArrivalCounters`]).
-    pub arrival: Option<crate::ArrivalCounters>,
-    /// A lease this agent holds on the remote agent's blocks ([`Agent::acquire_lease`](crate::Agent::acquire_lease)):
-    /// the request is refused, and every later post, with [`Error::LeaseExpired`] (nothing
-    /// moved) once the lease has run out on this agent's clock or was released.
-    pub lease: Option<crate::LeaseId>,
-}
-
-impl XferOptions {
-    /// Options carrying a notification.
-    pub fn with_notif(msg: Vec<u8>) -> Self {
-        XferOptions {
-            notif: Some(msg),
-            ..Default::default()
-        }
-    }
-}
+pub use crate::agent::options::{UncertainXfer, XferOptions};
 
 #[derive(Debug)]
 enum Status {
@@ -683,7 +598,7 @@ impl XferReq {
     }
 
     /// The backend's handle for waiting on this request outside the agent, where it has one
-    /// (CUDA_IPC: its CUDA event; `nixl_mem::cuda::gate_stream` makes a GPU stream wait on
+    /// (CUDA_IPC: its CUDA event; `nixl_mem::cuda_ipc::gate_stream` makes a GPU stream wait on
     /// it). Backend-specific; `None` for most.
     pub fn device_event(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
         self.state.lock().xfer.device_event()

@@ -35,50 +35,12 @@ use crate::error::{MemError, MemResult as Result};
 
 use crate::sys::cu;
 use crate::sys::driver as drv;
+pub use crate::sys::result::CudaError;
+pub(crate) use crate::sys::result::{bind_raw, from_driver};
 pub(crate) use crate::sys::stream::Event;
 pub use crate::sys::stream::Stream;
 
-/// Makes the work queued on `stream` after this call wait, on the GPU, for request `req`'s
-/// latest post (a CUDA_IPC request: its copies, recorded in its event), so a kernel that
-/// reads the data can be queued at once instead of after the CPU sees the request complete.
-/// Call it after the post. `NotSupported` for a request of another backend.
-pub fn gate_stream(
-    req: &nixl_core::XferReq,
-    stream: &cudarc::driver::CudaStream,
-) -> nixl_core::Result<()> {
-    let not = || {
-        nixl_core::Error::not_supported(
-            "",
-            nixl_core::Op::Wait,
-            "gate_stream takes CUDA_IPC requests (their CUDA event)",
-        )
-    };
-    let ev = req.device_event().ok_or_else(not)?;
-    let ev = ev
-        .downcast_ref::<crate::cuda_ipc::RequestEvent>()
-        .ok_or_else(not)?;
-    ev.0.gate(stream)
-        .map_err(|e| to_error("", nixl_core::Op::Wait, e))
-}
-
-/// A failed CUDA driver call: the function and the driver's error code and name.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{call} failed: {name} ({code})")]
-pub struct CudaError {
-    /// The driver function.
-    pub call: &'static str,
-    /// The `CUresult` value.
-    pub code: u32,
-    /// The driver's name for it (`CUDA_ERROR_INVALID_VALUE`).
-    pub name: String,
-}
-
 impl CudaError {
-    /// Whether the code is `CUDA_ERROR_NOT_READY` (work still in flight).
-    pub fn is_not_ready(&self) -> bool {
-        self.code == cu::CUresult::CUDA_ERROR_NOT_READY as u32
-    }
-
     /// Wraps the error into the workspace error of `backend` (`CUDA`, `POSIX`, `GDS`),
     /// naming the agent and the operation (the memory types return [`MemError`]s instead).
     pub fn into_error(self, agent: &str, backend: &str, op: Op) -> nixl_core::Error {
@@ -95,30 +57,9 @@ impl CudaError {
 /// The backend name used in errors from the memory types.
 pub(crate) const CUDA: &str = "CUDA";
 
-/// Converts a driver status into a typed result. The one conversion point.
-pub(crate) fn check(call: &'static str, r: cu::CUresult) -> std::result::Result<(), CudaError> {
-    if r == cu::CUresult::CUDA_SUCCESS {
-        return Ok(());
-    }
-    Err(CudaError {
-        call,
-        code: r as u32,
-        name: format!("{r:?}"),
-    })
-}
-
 /// Wraps a driver error into the workspace error of this crate's `CUDA` types.
 pub(crate) fn to_error(agent: &str, op: Op, e: CudaError) -> nixl_core::Error {
     e.into_error(agent, CUDA, op)
-}
-
-/// The same conversion for errors of cudarc's safe layer (`CudaContext`).
-pub(crate) fn from_driver(call: &'static str, e: cudarc::driver::DriverError) -> CudaError {
-    CudaError {
-        call,
-        code: e.0 as u32,
-        name: format!("{:?}", e.0),
-    }
 }
 
 /// A driver result as the workspace error of the memory types (no agent).
@@ -198,12 +139,6 @@ pub(crate) fn context(ordinal: usize) -> Result<Arc<CudaContext>> {
 /// Makes `ctx` current on the calling thread.
 pub(crate) fn bind(ctx: &CudaContext) -> Result<()> {
     bind_raw(ctx).map_err(|e| cuda_err(Op::PostXfer, e))
-}
-
-/// [`bind`] with the driver's error.
-pub(crate) fn bind_raw(ctx: &CudaContext) -> std::result::Result<(), CudaError> {
-    ctx.bind_to_thread()
-        .map_err(|e| from_driver("cuCtxSetCurrent", e))
 }
 
 /// The device ordinal a device pointer belongs to, or `None` for host memory / unknown
@@ -312,6 +247,7 @@ impl Stream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::result::check;
 
     #[test]
     fn errors_are_typed_and_named() {

@@ -762,3 +762,24 @@ impl CudaIpcBackend {
         Ok(self.xfer(gpu, &spec, how, (work, engine, note), (lane, route, notif)))
     }
 }
+
+/// Makes the work queued on `stream` after this call wait, on the GPU, for request `req`'s
+/// latest post (a CUDA_IPC request: its copies, recorded in its event), so a kernel that
+/// reads the data can be queued at once instead of after the CPU sees the request complete.
+/// Call it after the post. `NotSupported` for a request of another backend.
+pub fn gate_stream(
+    req: &nixl_core::XferReq,
+    stream: &cudarc::driver::CudaStream,
+) -> nixl_core::Result<()> {
+    let not = || {
+        nixl_core::Error::not_supported(
+            "",
+            nixl_core::Op::Wait,
+            "gate_stream takes CUDA_IPC requests (their CUDA event)",
+        )
+    };
+    let ev = req.device_event().ok_or_else(not)?;
+    let ev = ev.downcast_ref::<RequestEvent>().ok_or_else(not)?;
+    ev.0.gate(stream)
+        .map_err(|e| crate::cuda::to_error("", nixl_core::Op::Wait, e))
+}

@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 use cudarc::driver::CudaContext;
 
 use super::cu;
-use crate::cuda::{check, CudaError};
+use super::result::{check, CudaError};
 
 /// Every driver symbol this crate calls (cudarc's `CudaContext` included); checked once so a
 /// missing one is an `Unavailable` error instead of cudarc's panic.
@@ -178,7 +178,7 @@ impl Restore {
     pub(crate) fn bind(ctx: &CudaContext) -> Result<Self, CudaError> {
         let prev = current()?;
         ctx.bind_to_thread()
-            .map_err(|e| crate::cuda::from_driver("cuCtxSetCurrent", e))?;
+            .map_err(|e| super::result::from_driver("cuCtxSetCurrent", e))?;
         Ok(Restore { prev })
     }
 

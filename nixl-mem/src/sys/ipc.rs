@@ -6,7 +6,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaContext;
 
 use super::cu;
-use crate::cuda::{bind_raw, check, CudaError};
+use super::result::{bind_raw, check, CudaError};
 
 /// Marks the allocation at `alloc_base` `SYNC_MEMOPS` (synchronous copies by either process
 /// are ordered with the other's) and returns its 64-byte IPC handle. The context owning the

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use cudarc::driver::CudaContext;
 
 use super::cu;
+use super::result::{bind_raw, check, CudaError};
 use super::stream::Stream;
-use crate::cuda::{bind_raw, check, CudaError};
 
 /// `CUDA_ERROR_INVALID_VALUE` for an access outside what a type owns (the safe layer checks
 /// ranges first, so this is a second line, never the message users see).

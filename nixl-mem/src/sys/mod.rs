@@ -2,7 +2,7 @@
 //!
 //! - [`driver`], [`memory`], [`stream`], [`module`], [`ipc`]: the CUDA driver through cudarc's
 //!   generated, run-time-loaded bindings (`cudarc::driver::sys`). Every status goes through
-//!   [`crate::cuda::check`], the one place a `CUresult` becomes a typed
+//!   [`result::check`], the one place a `CUresult` becomes a typed
 //!   [`CudaError`](crate::CudaError).
 //! - [`cufile`] (feature `cufile`): GPUDirect Storage through cudarc's `cufile` bindings.
 //! - [`host`]: libc (anonymous and shared mappings, memfd, `poll`) and the byte copies of
@@ -34,6 +34,7 @@ pub(crate) mod host;
 pub(crate) mod ipc;
 pub(crate) mod memory;
 pub(crate) mod module;
+pub(crate) mod result;
 pub(crate) mod stream;
 
 #[cfg(feature = "cufile")]

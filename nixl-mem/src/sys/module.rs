@@ -6,8 +6,8 @@ use std::sync::Arc;
 use cudarc::driver::CudaContext;
 
 use super::cu;
+use super::result::{bind_raw, check, CudaError};
 use super::stream::Stream;
-use crate::cuda::{bind_raw, check, CudaError};
 
 /// A loaded module and one of its functions, in one context.
 pub(crate) struct KernelModule {

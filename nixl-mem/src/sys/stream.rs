@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::CudaContext;
 
 use super::cu;
-use crate::cuda::{bind_raw, check, CudaError};
+use super::result::{bind_raw, check, CudaError};
 
 /// A non-blocking stream (`CU_STREAM_NON_BLOCKING`) of one context, destroyed on drop.
 pub struct Stream {

@@ -1,21 +1,25 @@
 #!/usr/bin/env python3
 """Layout metrics of the workspace (issue 25's before/after table), measured from the code:
 
-- largest import circle per crate (modules of a crate that import each other through
-  `use crate::...` / `crate::x::` paths, strongly connected components, as files);
+- every import circle per crate (modules of a crate that import each other through
+  `use crate::...` / `crate::x::` paths: strongly connected components, as files), and which
+  of them leave a folder (their files are not all in one directory): with `--check`, the
+  script exits 1 when one does (a `.ci/run` gate);
 - nixl-core's root items (`pub use` names and `pub` items in lib.rs) and public modules;
 - `Agent`'s public methods and the files they are in;
 - library files over 800 lines; library functions over 80 lines;
 - hand-written argument parsers (bench and example programs matching on "--flag" strings);
 - test-helper modules (tests/**/mod.rs).
 
-    python3 scripts/code-metrics.py [ROOT]
+    python3 scripts/code-metrics.py [ROOT] [--check]
 """
 import re
 import sys
 from pathlib import Path
 
-ROOT = Path(sys.argv[1] if len(sys.argv) > 1 else ".").resolve()
+ARGS = [a for a in sys.argv[1:] if not a.startswith("--")]
+CHECK = "--check" in sys.argv
+ROOT = Path(ARGS[0] if ARGS else ".").resolve()
 CRATES = ["nixl-core", "nixl-mem", "nixl-backend-ucx", "nixl-backend-libfabric", "nixl-backend-gds"]
 
 
@@ -89,6 +93,58 @@ def import_graph(crate):
     return edges
 
 
+def sccs(edges):
+    """Every strongly connected component of more than one module."""
+    return [sorted(c) for c in _components(edges) if len(c) > 1]
+
+
+def folder_of(crate, module):
+    """The directory (relative to src) of the file holding `module`."""
+    f = import_files(crate)[module]
+    return str(f.parent.relative_to(ROOT / crate / "src"))
+
+
+_FILES = {}
+
+
+def import_files(crate):
+    if crate not in _FILES:
+        _FILES[crate] = {module_of(crate, f): f for f in lib_files(crate)}
+    return _FILES[crate]
+
+
+def _components(edges):
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+    sys.setrecursionlimit(10000)
+
+    def strong(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            out.append(comp)
+
+    for v in edges:
+        if v not in index:
+            strong(v)
+    return out
+
+
 def largest_scc(edges):
     index, low, stack, on, out = {}, {}, [], set(), []
     counter = [0]
@@ -157,6 +213,18 @@ def main():
     for c in CRATES:
         size, comp = largest_scc(import_graph(c))
         print(f"  {c}: {size}" + (f" ({', '.join(comp)})" if size else ""))
+    print("== every import circle (modules; the folders their files are in)")
+    leaving = []
+    for c in CRATES:
+        for comp in sccs(import_graph(c)):
+            folders = sorted({folder_of(c, m) for m in comp})
+            crosses = len(folders) > 1
+            where = ", ".join(f or "src/" for f in folders)
+            print(f"  {c}: {len(comp)} ({', '.join(comp)}) in {where}" + ("  <- LEAVES A FOLDER" if crosses else ""))
+            if crosses:
+                leaving.append(f"{c}: {', '.join(comp)}")
+    print(f"== import circles that leave a folder: {len(leaving)}")
+    main.leaving = leaving
     lib = (ROOT / "nixl-core/src/lib.rs").read_text()
     pub_mods = re.findall(r"^pub mod (\w+)", lib, re.M)
     uses = re.findall(r"^pub use [^;]*;", lib, re.M | re.S)
@@ -239,3 +307,6 @@ def main():
 
 if __name__ == "__main__":
     main()
+    if CHECK and main.leaving:
+        print("import circles leave their folder:", *main.leaving, sep="\n  ", file=sys.stderr)
+        sys.exit(1)

@@ -7,15 +7,16 @@ and says which lie outside `sys`/`ffi` modules.
 A use is one `unsafe` keyword: a block, `unsafe fn`, `unsafe impl`, `unsafe trait` or
 `unsafe extern`. With --check it exits 1 when any use lies outside a `sys`/`ffi` module other
 than a memory contract: an `unsafe trait` declaration, or an `unsafe impl` of nixl-core's
-`MemoryRegion` or this crate's `HostMemory` beside the type whose invariants it states (these
-are promises about a type, not unsafe code).
+`MemoryRegion`, nixl-mem's `HostMemory` or its sys layer's `RawSpan` (which every `HostMemory`
+is) beside the type whose invariants it states (these are promises about a type, not unsafe
+code).
 """
 import re
 import sys
 from pathlib import Path
 
 KINDS = ("block", "fn", "impl", "trait", "extern")
-CONTRACTS = ("MemoryRegion", "HostMemory")
+CONTRACTS = ("MemoryRegion", "HostMemory", "RawSpan")
 
 
 def strip(text):

@@ -57,6 +57,16 @@ pub unsafe trait HostMemory: Send + Sync + 'static {
     }
 }
 
+// SAFETY: `RawSpan`'s contract is `HostMemory`'s, which every implementor upholds.
+unsafe impl<M: HostMemory + ?Sized> raw::RawSpan for M {
+    fn span_ptr(&self) -> *mut u8 {
+        self.as_ptr()
+    }
+    fn span_len(&self) -> usize {
+        self.len()
+    }
+}
+
 // SAFETY: HostBuffer owns its allocation for its lifetime.
 unsafe impl HostMemory for HostBuffer {
     fn as_ptr(&self) -> *mut u8 {

@@ -12,8 +12,6 @@ use std::sync::OnceLock;
 
 use cudarc::cufile::sys as cf;
 
-use crate::cufile::{CufileError, Driver};
-
 /// Every libcufile symbol the crate calls unconditionally.
 const SYMBOLS: &[&str] = &[
     "cuFileDriverOpen",
@@ -404,4 +402,63 @@ impl Drop for Batch {
         // leaks the batch otherwise).
         unsafe { cf::cuFileBatchIODestroy(self.handle) };
     }
+}
+
+/// A failed cuFile call: the function, the `CUfileOpError` and the `CUresult` behind it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{call} failed: cuFile error {code}{} (CUresult {cu_code})", hint(*.code))]
+pub struct CufileError {
+    /// The cuFile function.
+    pub call: &'static str,
+    /// The `CUfileOpError` (0 success, 5000 + n the cuFile errors).
+    pub code: u32,
+    /// The `CUresult` when `code` is `CU_FILE_CUDA_DRIVER_ERROR` (5011).
+    pub cu_code: u32,
+}
+
+impl CufileError {
+    pub(crate) fn new(call: &'static str, code: u32, cu_code: u32) -> Self {
+        CufileError {
+            call,
+            code,
+            cu_code,
+        }
+    }
+
+    /// `" (CU_FILE_X: text)"` for the code, or `""` when not listed.
+    pub fn hint(&self) -> &'static str {
+        hint(self.code)
+    }
+}
+
+/// The name and text of a `CUfileOpError` (cufile.h's `CUFILE_OP` table), as
+/// `" (CU_FILE_X: text)"`, or an empty string for a code not listed.
+pub fn hint(code: u32) -> &'static str {
+    match code.wrapping_sub(5000) {
+        1 => " (CU_FILE_DRIVER_NOT_INITIALIZED: nvidia-fs driver is not loaded)",
+        7 => " (CU_FILE_PLATFORM_NOT_SUPPORTED: GPUDirect Storage not supported on current platform)",
+        8 => " (CU_FILE_IO_NOT_SUPPORTED: GPUDirect Storage not supported on current file)",
+        9 => " (CU_FILE_DEVICE_NOT_SUPPORTED: GPUDirect Storage not supported on current GPU)",
+        10 => " (CU_FILE_NVFS_DRIVER_ERROR: nvidia-fs driver ioctl error)",
+        11 => " (CU_FILE_CUDA_DRIVER_ERROR: CUDA Driver API error)",
+        18 => " (CU_FILE_INVALID_FILE_TYPE: unsupported file type)",
+        19 => " (CU_FILE_INVALID_FILE_OPEN_FLAG: unsupported file open flags)",
+        20 => " (CU_FILE_DIO_NOT_SET: fd direct IO not set)",
+        22 => " (CU_FILE_INVALID_VALUE: invalid arguments)",
+        25 => " (CU_FILE_PERMISSION_DENIED: driver or file access error)",
+        27 => " (CU_FILE_HANDLE_NOT_REGISTERED: file descriptor is not registered; cufile.log may say more, e.g. cufio-fs: error getting volume attributes)",
+        28 => " (CU_FILE_HANDLE_ALREADY_REGISTERED: file descriptor is already registered)",
+        29 => " (CU_FILE_DEVICE_NOT_FOUND: GPU device not found)",
+        30 => " (CU_FILE_INTERNAL_ERROR: internal error)",
+        34 => " (CU_FILE_IO_DISABLED: GPUDirect Storage disabled by config on current file)",
+        _ => "",
+    }
+}
+
+/// The opened cuFile driver of the process (cuFile's driver state is process-global).
+#[derive(Debug)]
+pub struct Driver {
+    pub(crate) nvidia_fs: bool,
+    pub(crate) forced_compat: Option<&'static str>,
+    pub(crate) log: Option<std::path::PathBuf>,
 }

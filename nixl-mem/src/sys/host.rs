@@ -1,11 +1,23 @@
 //! libc: anonymous and shared mappings, memfd, `poll`; and the bounded byte copies of
-//! [`HostMemory`].
+//! [`HostMemory`](crate::HostMemory), over the [`RawSpan`] contract this module defines (the
+//! host module implements it for every `HostMemory`: this layer imports nothing above it).
 
 use std::ffi::CStr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 
-use crate::host::HostMemory;
+/// Memory the bounded copies of this module may reach.
+///
+/// # Safety
+///
+/// `span_ptr()..span_ptr()+span_len()` must be valid, writable host memory for the value's
+/// lifetime (what [`crate::HostMemory`] promises).
+pub(crate) unsafe trait RawSpan {
+    /// The start pointer.
+    fn span_ptr(&self) -> *mut u8;
+    /// Length in bytes.
+    fn span_len(&self) -> usize;
+}
 
 /// A memory mapping owned by the value, unmapped on drop.
 pub(crate) struct Mapping {
@@ -14,7 +26,7 @@ pub(crate) struct Mapping {
 }
 
 // SAFETY: plain memory owned by the value; its bytes are only reached through raw pointers
-// under the `HostMemory` rules (bounded copies), never through references.
+// under the `RawSpan` rules (bounded copies), never through references.
 unsafe impl Send for Mapping {}
 // SAFETY: as above.
 unsafe impl Sync for Mapping {}
@@ -108,14 +120,14 @@ pub(crate) fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> std::io::Result
 }
 
 /// Copies `src` into `m` at `offset`; false (nothing copied) when out of range.
-pub(crate) fn write_at<M: HostMemory + ?Sized>(m: &M, offset: usize, src: &[u8]) -> bool {
+pub(crate) fn write_at<M: RawSpan + ?Sized>(m: &M, offset: usize, src: &[u8]) -> bool {
     match offset.checked_add(src.len()) {
-        Some(end) if end <= m.len() => {
-            // SAFETY: in range of memory the `HostMemory` contract keeps valid and writable;
+        Some(end) if end <= m.span_len() => {
+            // SAFETY: in range of memory the `RawSpan` contract keeps valid and writable;
             // `src` is a distinct shared slice (a `&[u8]` cannot alias memory reached only by
             // raw pointers under that contract).
             unsafe {
-                std::ptr::copy_nonoverlapping(src.as_ptr(), m.as_ptr().add(offset), src.len())
+                std::ptr::copy_nonoverlapping(src.as_ptr(), m.span_ptr().add(offset), src.len())
             };
             true
         }
@@ -124,13 +136,13 @@ pub(crate) fn write_at<M: HostMemory + ?Sized>(m: &M, offset: usize, src: &[u8])
 }
 
 /// Copies out of `m` at `offset` into `dst`; false (nothing copied) when out of range.
-pub(crate) fn read_at<M: HostMemory + ?Sized>(m: &M, offset: usize, dst: &mut [u8]) -> bool {
+pub(crate) fn read_at<M: RawSpan + ?Sized>(m: &M, offset: usize, dst: &mut [u8]) -> bool {
     match offset.checked_add(dst.len()) {
-        Some(end) if end <= m.len() => {
-            // SAFETY: in range of valid memory (the `HostMemory` contract); `dst` is a distinct
+        Some(end) if end <= m.span_len() => {
+            // SAFETY: in range of valid memory (the `RawSpan` contract); `dst` is a distinct
             // exclusive slice.
             unsafe {
-                std::ptr::copy_nonoverlapping(m.as_ptr().add(offset), dst.as_mut_ptr(), dst.len())
+                std::ptr::copy_nonoverlapping(m.span_ptr().add(offset), dst.as_mut_ptr(), dst.len())
             };
             true
         }
@@ -139,7 +151,7 @@ pub(crate) fn read_at<M: HostMemory + ?Sized>(m: &M, offset: usize, dst: &mut [u
 }
 
 /// Sets every byte of `m`.
-pub(crate) fn fill<M: HostMemory + ?Sized>(m: &M, byte: u8) {
-    // SAFETY: the whole range is valid and writable (the `HostMemory` contract).
-    unsafe { std::ptr::write_bytes(m.as_ptr(), byte, m.len()) };
+pub(crate) fn fill<M: RawSpan + ?Sized>(m: &M, byte: u8) {
+    // SAFETY: the whole range is valid and writable (the `RawSpan` contract).
+    unsafe { std::ptr::write_bytes(m.span_ptr(), byte, m.span_len()) };
 }

@@ -87,7 +87,8 @@ use backend::{bytes, hello, params};
 use bundled::{deferred, fault, inproc};
 use exchange::{liveness, sidechannel};
 use model::{
-    arrival, desc, error, index, kv, lease, limits, mem, notif, strided, telemetry, tiles,
+    arrival, desc, error, index, kv, lease, limits, mem, notif, spec, strided, telemetry, tiles,
+    wake,
 };
 use wire::{auth, codec, integrity};
 

@@ -18,17 +18,7 @@ use crate::error::{MemError, MemResult as Result};
 use crate::sys::hip::{self as raw, HipAlloc, HipIpcOpen};
 use crate::DmaBuf;
 
-/// A failed HIP call.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{call} failed: {name} ({code})")]
-pub struct HipError {
-    /// The HIP function.
-    pub call: &'static str,
-    /// The `hipError_t` value.
-    pub code: u32,
-    /// HIP's name for it.
-    pub name: String,
-}
+pub use crate::sys::hip::HipError;
 
 fn to_error(op: Op, e: HipError) -> MemError {
     MemError::library(op, "HIP", e.to_string(), Some(std::sync::Arc::new(e)))

@@ -39,7 +39,7 @@ pub struct NotifQueue {
     inner: Mutex<Inner>,
     ready: Condvar,
     /// Wakes notification streams.
-    wake: crate::backend::Wake,
+    wake: crate::wake::Wake,
     /// The agent's own control messages (a prefix and who takes them): never queued.
     control: parking_lot::RwLock<Option<(&'static [u8], Control)>>,
     max_bytes: usize,
@@ -95,7 +95,7 @@ impl NotifQueue {
         NotifQueue {
             inner: Mutex::new(Inner::default()),
             ready: Condvar::new(),
-            wake: crate::backend::Wake::new(),
+            wake: crate::wake::Wake::new(),
             control: parking_lot::RwLock::new(None),
             max_bytes,
             max_bytes_per_sender,
@@ -160,7 +160,7 @@ impl NotifQueue {
     }
 
     /// What wakes the queue's streams (every push, kept or dropped).
-    pub(crate) fn waker_hub(&self) -> &crate::backend::Wake {
+    pub(crate) fn waker_hub(&self) -> &crate::wake::Wake {
         &self.wake
     }
 

@@ -10,9 +10,9 @@
 //! block `remote[k]` of the same remote layer. A backend that consumes strides gets the layers
 //! and the id runs ([`BlockXferSpec`]); others get materialized segments.
 
-use crate::backend::{BackendMd, Segment, XferSpec};
 use crate::desc::{Desc, XferDescList, XferOp};
 use crate::mem::MemKind;
+use crate::spec::{BackendMd, Segment, XferSpec};
 
 /// A strided run of equal blocks on one device: block `i` (`0..count`) is
 /// `[addr + i * stride, addr + i * stride + len)`.

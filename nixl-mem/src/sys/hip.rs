@@ -6,8 +6,6 @@ use std::os::fd::{FromRawFd, OwnedFd};
 
 use hip_sys::hiprt as hip;
 
-use crate::rocm::HipError;
-
 /// Converts a HIP status into a typed result. The one conversion point for HIP.
 pub(crate) fn check(call: &'static str, r: hip::hipError_t) -> Result<(), HipError> {
     if r == hip::hipError_t::hipSuccess {
@@ -211,4 +209,16 @@ impl Drop for HipIpcOpen {
             tracing::warn!(error = %e, "hipIpcCloseMemHandle failed");
         }
     }
+}
+
+/// A failed HIP call.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{call} failed: {name} ({code})")]
+pub struct HipError {
+    /// The HIP function.
+    pub call: &'static str,
+    /// The `hipError_t` value.
+    pub code: u32,
+    /// HIP's name for it.
+    pub name: String,
 }

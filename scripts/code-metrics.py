@@ -157,35 +157,7 @@ def _components(edges):
 
 
 def largest_scc(edges):
-    index, low, stack, on, out = {}, {}, [], set(), []
-    counter = [0]
-    sys.setrecursionlimit(10000)
-
-    def strong(v):
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on.add(v)
-        for w in edges[v]:
-            if w not in index:
-                strong(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            out.append(comp)
-
-    for v in edges:
-        if v not in index:
-            strong(v)
-    best = max(out, key=len) if out else []
+    best = max(_components(edges), key=len, default=[])
     return len(best) if len(best) > 1 else 0, sorted(best)
 
 

@@ -166,6 +166,17 @@ fn ucx_a_killed_reader_is_reclaimed_after_expiry_and_a_releasing_one_at_once() {
     assert_eq!(e.kind(), ErrorKind::NotFound);
 }
 
+/// A lease control message in the wire format (kind, id, a zero duration, then `secret`):
+/// what a hostile peer can send by hand.
+fn lease_msg(kind: u8, id: u64, secret: &[u8]) -> Vec<u8> {
+    let mut m = b"\0nixl-rs/lease\0".to_vec();
+    m.push(kind);
+    m.extend_from_slice(&id.to_le_bytes());
+    m.extend_from_slice(&0u64.to_le_bytes());
+    m.extend_from_slice(secret);
+    m
+}
+
 /// A co-reader's impostor: an agent in its own process under the real reader's name, which
 /// fetches the target's metadata (any same-user process may) and sends the reader's RELEASE
 /// and RENEW for the lease id it was handed, without the reader's secret.
@@ -181,12 +192,7 @@ fn lease_impostor() {
             // RELEASE, RENEW: in the format without a secret (which the old code took) and
             // with a guessed (zero) one.
             for secret in [&[][..], &[0u8; 16][..]] {
-                let mut m = b"\0nixl-rs/lease\0".to_vec();
-                m.push(kind);
-                m.extend_from_slice(&id.to_le_bytes());
-                m.extend_from_slice(&0u64.to_le_bytes());
-                m.extend_from_slice(secret);
-                a.gen_notif(&env.parent, &m, &[])
+                a.gen_notif(&env.parent, &lease_msg(kind, id, secret), &[])
                     .map_err(|e| e.to_string())?;
             }
         }
@@ -267,14 +273,9 @@ fn lease_flooder() {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            let mut m = b"\0nixl-rs/lease\0".to_vec();
-            m.push(1);
-            m.extend_from_slice(&x.to_le_bytes());
-            m.extend_from_slice(&0u64.to_le_bytes());
-            m.extend_from_slice(&x.to_le_bytes());
-            m.extend_from_slice(&x.to_be_bytes());
+            let secret = [x.to_le_bytes(), x.to_be_bytes()].concat();
             // A full queue is refused typed: the flood goes on.
-            let _ = a.gen_notif(&env.parent, &m, &[]);
+            let _ = a.gen_notif(&env.parent, &lease_msg(1, x, &secret), &[]);
         }
         a.gen_notif(&env.parent, b"flooded", &[])
             .map_err(|e| e.to_string())?;

@@ -95,15 +95,7 @@ fn squatter_role() {
 }
 
 fn euid() -> u32 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Uid:"))
-                .and_then(|v| v.split_whitespace().nth(1).map(str::to_owned))
-        })
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(u32::MAX)
+    rustix::process::geteuid().as_raw()
 }
 
 /// Spawns a squatter on `port`'s Unix name and waits until it holds it.

@@ -4,8 +4,8 @@
 //! the same ids without the repeat still work. Sources may repeat (one block read twice).
 
 use nixl_core::{
-    Agent, ErrorKind, KvLayout, KvOrder, KvTensor, MemKind, StridedDesc, StridedDescList,
-    XferDescList, XferOp, XferOptions, XferTarget,
+    Agent, ErrorKind, KvLayout, KvOrder, MemKind, StridedDesc, StridedDescList, XferDescList,
+    XferOp, XferOptions, XferTarget,
 };
 use nixl_testkit::{host_buf, inproc_agent};
 
@@ -200,31 +200,14 @@ fn index_and_block_forms_refuse_a_destination_listed_twice() {
 }
 
 fn kv(tp: u32, r: u32) -> KvLayout {
-    let mut l = KvLayout {
-        model: "m".into(),
+    let shape = nixl_testkit::kv::KvShape {
         layers: 2,
-        tokens_per_block: 16,
-        kv_heads: 8 / tp,
-        model_kv_heads: 8,
-        head_dim: 128,
-        elem_size: 2,
-        order: KvOrder::Nhd,
-        tp_rank: r,
-        tp_size: tp,
+        heads: 8,
+        dim: 128,
         mla: false,
         blocks: 64,
-        kind: MemKind::Dram,
-        dev_id: 0,
-        tensors: Vec::new(),
     };
-    let bb = l.block_bytes();
-    l.tensors = (0..4)
-        .map(|i| KvTensor {
-            base: 1 << 30 | (i << 24),
-            block_stride: bb,
-        })
-        .collect();
-    l
+    nixl_testkit::kv::pool_layout(shape, tp, r, 16, KvOrder::Nhd, 0, 1 << 30)
 }
 
 #[test]

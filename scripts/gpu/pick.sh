@@ -7,3 +7,27 @@ for l in sys.stdin:
     except ValueError: continue
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]==sys.argv[1]: print(m["executable"])' "$1" | tail -n1
 }
+
+# Copies UCX's shared libraries from $1 (an install prefix) into .carry/ucx/lib, stripped;
+# transports' modules too, but for the CUDA ones unless $2 is "cuda", and never perftest,
+# InfiniBand or rdmacm (no such device on the GPU machines).
+carry_ucx() {
+    local ucx=$1 with=${2:-} f b
+    rm -rf .carry/ucx && mkdir -p .carry/ucx/lib/ucx
+    for f in "$ucx"/lib/lib*.so.0; do cp -L "$f" .carry/ucx/lib/; done
+    for f in "$ucx"/lib/ucx/lib*.so.0; do
+        b=$(basename "$f")
+        case "$b" in *perftest* | libuct_ib* | libuct_rdmacm*) continue ;; esac
+        case "$b" in *cuda*) [ "$with" = cuda ] || continue ;; esac
+        cp -L "$f" .carry/ucx/lib/ucx/
+    done
+    strip --strip-unneeded .carry/ucx/lib/*.so.0 .carry/ucx/lib/ucx/*.so.0 2>/dev/null || true
+}
+
+# Prints the size of .carry; fails when it is over what the device tool carries (64 MiB).
+carry_fits() {
+    local size
+    size=$(du -sm .carry | cut -f1)
+    echo "carry .carry: ${size} MiB"
+    [ "$size" -lt 64 ] || { echo ".carry is over the 64 MiB the device tool carries" >&2; return 1; }
+}

@@ -23,17 +23,8 @@ export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
 mkdir -p .carry/bin
 exe=$(cargo bench -p nixl-bench --bench poll --no-run --message-format=json 2>/dev/null | pick poll)
 cp "$exe" .carry/bin/poll
-UCX="${NIXL_UCX_HOME:-/opt/nixl-deps/ucx/libucx}"
-rm -rf .carry/ucx && mkdir -p .carry/ucx/lib/ucx
-for f in "$UCX"/lib/lib*.so.0; do cp -L "$f" .carry/ucx/lib/; done
-for f in "$UCX"/lib/ucx/lib*.so.0; do
-    case "$(basename "$f")" in *perftest* | *cuda* | libuct_ib* | libuct_rdmacm*) continue ;; esac
-    cp -L "$f" .carry/ucx/lib/ucx/
-done
-strip --strip-unneeded .carry/ucx/lib/*.so.0 .carry/ucx/lib/ucx/*.so.0 2>/dev/null || true
-size=$(du -sm .carry | cut -f1)
-echo "carry .carry: ${size} MiB"
-[ "$size" -lt 64 ] || { echo ".carry is over the 64 MiB the device tool carries" >&2; exit 1; }
+carry_ucx "${NIXL_UCX_HOME:-/opt/nixl-deps/ucx/libucx}"
+carry_fits
 )
 
 run() (

@@ -98,7 +98,7 @@ pub use agent::prep::PreparedList;
 pub use agent::registration::Registration;
 pub use agent::remote::MetadataSelection;
 pub use agent::{
-    Agent, AgentConfig, BackendHandle, LeaseId, LeaseState, NotifStream, Notification,
+    Agent, AgentConfig, BackendHandle, FetchPolicy, LeaseId, LeaseState, NotifStream, Notification,
     QuiescenceFuture, XferFuture,
 };
 pub use arrival::ArrivalCounters;

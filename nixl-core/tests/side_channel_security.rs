@@ -404,3 +404,61 @@ fn a_notification_flood_is_bounded_and_reported_once() {
         .is_empty());
     assert!(t.elapsed() >= Duration::from_millis(200));
 }
+
+/// Issue 34, item 5: reading is opt-in too. With `FetchPolicy::LoadedPeers` the victim serves
+/// its metadata (the keys to its memory) only to peers it loaded: a member holding an accepted
+/// credential but not loaded is refused, typed, and learns nothing; a loaded peer fetches. The
+/// default (`Anyone`) serves every accepted member, as before.
+#[test]
+fn a_fetch_policy_serves_loaded_peers_only() {
+    let creds: Vec<Credential> = ["victim", "loaded", "stranger"]
+        .iter()
+        .map(|id| Credential::generate(id).unwrap())
+        .collect();
+    let cfg = |own: &Credential, policy: nixl_core::FetchPolicy| {
+        let mut auth = Auth::new(own.clone());
+        auth.trusted = creds
+            .iter()
+            .filter(|c| c.id() != own.id())
+            .cloned()
+            .collect();
+        AgentConfig {
+            listen: true,
+            default_timeout: Duration::from_secs(5),
+            auth: Some(auth),
+            fetch_policy: policy,
+            ..AgentConfig::default()
+        }
+    };
+    use nixl_core::FetchPolicy::{Anyone, LoadedPeers};
+    let victim = agent("policy-victim", cfg(&creds[0], LoadedPeers));
+    let (_m, _r) = registered(&victim, 4096);
+    let loaded = agent("policy-loaded", cfg(&creds[1], Anyone));
+    let stranger = agent("policy-stranger", cfg(&creds[2], Anyone));
+    let at = victim.listen_addr().unwrap();
+    let t = Duration::from_secs(5);
+    // The stranger is a member (its PUSH would load) but not loaded: its FETCH is refused.
+    let e = stranger
+        .fetch_remote_metadata_blocking(victim.name(), at, t)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotAllowed, "{e}");
+    assert!(e.to_string().contains("LoadedPeers"), "{e}");
+    assert!(stranger.remotes().is_empty(), "nothing learnt");
+    // A peer the victim loaded (it pushed its metadata) fetches.
+    loaded.send_local_metadata(at).unwrap();
+    assert!(victim.check_remote_metadata(loaded.name(), None));
+    assert_eq!(
+        loaded
+            .fetch_remote_metadata_blocking(victim.name(), at, t)
+            .unwrap(),
+        victim.name()
+    );
+    // The default serves every member.
+    let open = agent("policy-open", cfg(&creds[0], Anyone));
+    assert_eq!(
+        stranger
+            .fetch_remote_metadata_blocking(open.name(), open.listen_addr().unwrap(), t)
+            .unwrap(),
+        open.name()
+    );
+}

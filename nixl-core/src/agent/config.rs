@@ -28,6 +28,9 @@ pub struct AgentConfig {
     pub allow_unauthenticated_listener: bool,
     /// Bounds on what peers can make this agent hold.
     pub limits: Limits,
+    /// Who may FETCH this agent's metadata over its side channel, and so learn the keys to
+    /// read and write every region it registered (see [`FetchPolicy`]).
+    pub fetch_policy: FetchPolicy,
     /// Verify integrity frames (the checksum a peer's WRITE with `XferOptions::integrity`
     /// sends with its notification) against this agent's memory, and say so in its metadata:
     /// peers may ask for integrity only then. Off (the default): no frame is ever hashed here
@@ -49,9 +52,28 @@ impl Default for AgentConfig {
             auth: None,
             allow_unauthenticated_listener: false,
             verify_integrity: false,
+            fetch_policy: FetchPolicy::default(),
             limits: Limits::default(),
         }
     }
+}
+
+/// Who may FETCH an agent's metadata over its side channel ([`AgentConfig::fetch_policy`]).
+/// Metadata holds the keys to every registered region: whoever fetches it can READ and WRITE
+/// them (the side channel is where that is decided; the transports do not ask again).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FetchPolicy {
+    /// Every requester the side channel accepts (the default): with a credential, every holder
+    /// of an accepted credential; without, every process of this agent's user on this host.
+    #[default]
+    Anyone,
+    /// Only peers this agent has loaded: a same-host requester must be the process a loaded
+    /// peer's metadata was proven to come from; with a credential, a requester must hold the
+    /// credential a loaded peer's name is bound to. For deployments where the processes of
+    /// one user (or the members of one cluster) are not one trust domain: peers load each
+    /// other's metadata by PUSH (or etcd) first.
+    LoadedPeers,
 }
 
 impl std::fmt::Debug for AgentConfig {
@@ -76,6 +98,7 @@ impl std::fmt::Debug for AgentConfig {
                 "allow_unauthenticated_listener",
                 &self.allow_unauthenticated_listener,
             )
+            .field("fetch_policy", &self.fetch_policy)
             .field("limits", &self.limits)
             .finish()
     }

@@ -23,7 +23,7 @@ mod xfer;
 pub use crate::lease::{LeaseId, LeaseState};
 pub use future::{NotifStream, Notification, QuiescenceFuture, XferFuture};
 
-pub use config::AgentConfig;
+pub use config::{AgentConfig, FetchPolicy};
 pub(crate) use shared::{start_progress_thread, FetchStatus, Shared, MAX_UNCERTAIN};
 
 use parking_lot::{Mutex, RwLock};

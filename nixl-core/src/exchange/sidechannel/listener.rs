@@ -411,6 +411,32 @@ fn plain_err(c: u8, msg: &str) -> Vec<u8> {
     frame::encode_plain(Kind::Err, &frame::encode_error(c, msg))
 }
 
+/// [`crate::FetchPolicy::LoadedPeers`]: a FETCH only from a loaded peer (its proven process on
+/// this host, or the credential its name is bound to).
+fn check_fetcher(agent: &Agent, requester: Requester<'_>) -> Result<()> {
+    if agent.shared.config.fetch_policy == crate::FetchPolicy::Anyone {
+        return Ok(());
+    }
+    let remotes: Vec<_> = agent.shared.remotes.lock().values().cloned().collect();
+    let loaded = match requester {
+        Requester::Local(p) => remotes
+            .iter()
+            .any(|r| r.process.as_ref().is_some_and(|q| p.is(Some(q.id())))),
+        Requester::Credential(id) => remotes
+            .iter()
+            .any(|r| agent.shared.bindings.credential_of(&r.name).as_deref() == Some(id)),
+        Requester::Unknown => false,
+    };
+    if loaded {
+        return Ok(());
+    }
+    Err(Error::not_allowed(
+        agent.name(),
+        Op::Exchange,
+        "this agent serves its metadata to the peers it loaded only (FetchPolicy::LoadedPeers)",
+    ))
+}
+
 fn dispatch(
     agent: &Agent,
     kind: Kind,
@@ -437,6 +463,7 @@ fn dispatch(
                     format!("this is agent {}, not {wanted}", agent.name()),
                 ));
             }
+            check_fetcher(agent, requester)?;
             Ok((Kind::Metadata, agent.local_metadata()?))
         }
         Kind::Invalidate => {

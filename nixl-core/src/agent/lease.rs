@@ -38,6 +38,12 @@ pub(crate) fn control(weak: Weak<Shared>) -> Control {
         let Some(s) = weak.upgrade() else {
             return false;
         };
+        // An answer to this agent's own request is taken here, at once (a map update): a
+        // queue full of a flood must not drop it.
+        if let Some((kind @ (GRANT | RENEWED | DENY), id, ttl, secret)) = parse(&msg) {
+            take_answer(&s.leases, sender, kind, id, ttl, &secret);
+            return true;
+        }
         let (kept, start) = s.leases.take(sender, msg);
         if start {
             let w = weak.clone();
@@ -98,20 +104,7 @@ fn handle(agent: &Agent, sender: &str, msg: &[u8]) {
             None
         }
         GRANT | RENEWED | DENY => {
-            let key = (sender.to_owned(), id);
-            let mut a = l.answers.lock();
-            // Only answers this agent asked for, echoing the secret it asked with; anything
-            // else is a peer's noise or a forgery.
-            if let Some(slot) = a.get_mut(&key) {
-                if matches!(slot, Reply::Waiting(s) if *s == secret) {
-                    *slot = if kind == DENY {
-                        Reply::Denied
-                    } else {
-                        Reply::Granted(ttl)
-                    };
-                    l.answered.notify_all();
-                }
-            }
+            take_answer(l, sender, kind, id, ttl, &secret);
             None
         }
         _ => {
@@ -123,6 +116,30 @@ fn handle(agent: &Agent, sender: &str, msg: &[u8]) {
         // Posted: a reader that does not read costs this thread nothing.
         if let Err(e) = agent.post_control(sender, &r) {
             tracing::warn!(agent = %agent.name(), sender, error = %e, "lease answer not sent");
+        }
+    }
+}
+
+/// An owner's answer to this agent's ACQUIRE or RENEW: taken only where this agent asked, and
+/// only echoing the secret it asked with; anything else is a peer's noise or a forgery.
+fn take_answer(
+    l: &crate::lease::Leases,
+    sender: &str,
+    kind: u8,
+    id: u64,
+    ttl: Duration,
+    secret: &Secret,
+) {
+    let key = (sender.to_owned(), id);
+    let mut a = l.answers.lock();
+    if let Some(slot) = a.get_mut(&key) {
+        if matches!(slot, Reply::Waiting(s) if s == secret) {
+            *slot = if kind == DENY {
+                Reply::Denied
+            } else {
+                Reply::Granted(ttl)
+            };
+            l.answered.notify_all();
         }
     }
 }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nixl::{
-    Agent, AgentConfig, Desc, ErrorKind, HostBuffer, LeaseId, LeaseState, MemKind, XferDescList,
-    XferOp, XferOptions,
+    Agent, AgentConfig, Auth, Credential, Desc, ErrorKind, HostBuffer, LeaseId, LeaseState,
+    MemKind, XferDescList, XferOp, XferOptions,
 };
 use nixl_testkit::two_process::{child_main, Child};
 use nixl_testkit::ucx::{params, ucx_or_skip, TCP};
@@ -19,11 +19,17 @@ const WAIT: Duration = Duration::from_secs(30);
 const LEN: usize = 1 << 16;
 
 fn agent(name: &str) -> Agent {
+    agent_in(name, None)
+}
+
+/// An agent, with the cluster credential `cred` (an exported one) where given.
+fn agent_in(name: &str, cred: Option<&str>) -> Agent {
     let a = Agent::new(
         name,
         AgentConfig {
             listen: true,
             default_timeout: Duration::from_secs(20),
+            auth: cred.map(|c| Auth::new(Credential::parse(c).expect("credential"))),
             ..AgentConfig::default()
         },
     )
@@ -38,7 +44,7 @@ fn agent(name: &str) -> Agent {
 #[ignore = "child process entry point: spawned (with --ignored) by the tests of this file"]
 fn lease_reader() {
     child_main(|env| {
-        let a = agent(&env.name);
+        let a = agent_in(&env.name, env.var("cred").ok().as_deref());
         let dst = Arc::new(HostBuffer::new(LEN).ok_or("alloc")?);
         let _reg = a
             .register_mem(vec![dst.clone()], &[])
@@ -184,7 +190,7 @@ fn lease_msg(kind: u8, id: u64, secret: &[u8]) -> Vec<u8> {
 #[ignore = "child process entry point: spawned (with --ignored) by the tests of this file"]
 fn lease_impostor() {
     child_main(|env| {
-        let a = agent(&env.var("claims")?);
+        let a = agent_in(&env.var("claims")?, env.var("cred").ok().as_deref());
         a.fetch_remote_metadata_blocking(&env.parent, env.parent_addr, WAIT)
             .map_err(|e| e.to_string())?;
         let id: u64 = env.parse("lease")?;
@@ -204,29 +210,47 @@ fn lease_impostor() {
     });
 }
 
-/// Issue 34: a RELEASE (and a RENEW) under a reader's name from another process, without the
-/// secret the reader acquired with, change nothing: the lease stays held by the real reader
-/// until its duration passes. Before, the target counted the reader released and reused the
-/// blocks under its still-valid lease.
+/// Issue 34: a RELEASE (and a RENEW) under a reader's name from another process change
+/// nothing: the lease stays held by the real reader until its duration passes. Before, the
+/// target counted the reader released and reused the blocks under its still-valid lease. Two
+/// layers, each shown: with one cluster credential for all (an insider: its hello under the
+/// reader's name verifies), the RELEASE lacks the secret the reader acquired with; without a
+/// credential, the impostor's hello is not signed with the reader's key, so nothing it sends
+/// is taken as the reader's.
 #[test]
 fn a_forged_release_leaves_the_readers_hold() {
     if !ucx_or_skip("a_forged_release_leaves_the_readers_hold") {
         return;
     }
+    let cred = Credential::generate("leases").unwrap().export();
+    for insider in [true, false] {
+        forged_release(insider.then_some(cred.as_str()));
+    }
+}
+
+fn forged_release(cred: Option<&str>) {
     let pid = std::process::id();
-    let target = agent(&format!("lease-owner-{pid}"));
+    let tag = if cred.is_some() {
+        "insider"
+    } else {
+        "same-user"
+    };
+    let target = agent_in(&format!("lease-owner-{tag}-{pid}"), cred);
     let src = Arc::new(HostBuffer::new(LEN).unwrap());
     src.fill(0x6B);
     let _reg = target.register_mem(vec![src.clone()], &[]).unwrap();
-    let reader = format!("lease-holder-{pid}");
+    let reader = format!("lease-holder-{tag}-{pid}");
     let ttl = Duration::from_secs(20);
     let id = target.publish_lease(&[&reader], ttl).unwrap();
     let (ids, addr) = (id.0.to_string(), src.addr().to_string());
-    let vars = [
+    let mut vars = vec![
         ("lease", ids.as_str()),
         ("src", addr.as_str()),
         ("release", "0"),
     ];
+    if let Some(c) = cred {
+        vars.push(("cred", c));
+    }
     let mut real = Child::spawn(ENTRY, &target, &reader, &vars).unwrap();
     assert_eq!(real.next(&target, WAIT).unwrap(), b"read true");
     let held = LeaseState::Active {
@@ -234,27 +258,41 @@ fn a_forged_release_leaves_the_readers_hold() {
         pending: 0,
     };
     assert_eq!(target.lease_state(id).unwrap(), held);
+    let refused_before = target.refused_hellos();
+    let mut ivars = vec![("claims", reader.as_str()), ("lease", ids.as_str())];
+    if let Some(c) = cred {
+        ivars.push(("cred", c));
+    }
     let mut impostor = Child::spawn(
         "lease_impostor",
         &target,
-        &format!("co-reader-{pid}"),
-        &[("claims", reader.as_str()), ("lease", ids.as_str())],
+        &format!("co-reader-{tag}-{pid}"),
+        &ivars,
     )
     .unwrap();
     let st = impostor.join(WAIT).expect("the impostor exits");
     assert_eq!(st.code(), Some(0), "{st}");
-    // Its last plain notification arrived: its control messages were handled before it.
+    // Its last plain notification arrived (an insider: its control messages were handled
+    // before it), or its hello was refused (same user, no credential).
     let mut heard = false;
     let end = Instant::now() + WAIT;
-    while !heard && Instant::now() < end {
+    while !heard && target.refused_hellos() == refused_before && Instant::now() < end {
         let n = target.wait_notifs(Duration::from_millis(200)).unwrap();
         heard = n.values().flatten().any(|m| m == b"forged");
     }
-    assert!(heard, "the impostor's messages reached the target");
+    if cred.is_some() {
+        assert!(heard, "an insider's messages reached the target");
+    } else {
+        assert!(!heard, "delivered under the reader's name without its key");
+        assert!(
+            target.refused_hellos() > refused_before,
+            "the impostor's hello was never refused"
+        );
+    }
     assert_eq!(
         target.lease_state(id).unwrap(),
         held,
-        "a RELEASE without the reader's secret released it"
+        "a RELEASE from another process than the reader's released it ({tag})"
     );
     drop(real);
 }

@@ -75,6 +75,41 @@ fn identity_role() {
                 }
                 Ok(())
             }
+            // The real peer, answering each of the victim's notifications ("got <msg>").
+            "echo" => {
+                env.connect(&a, WAIT)?;
+                a.gen_notif(&env.parent, b"ready", &[])
+                    .map_err(|e| e.to_string())?;
+                while env.parent_alive() {
+                    let n = a
+                        .wait_notifs(Duration::from_millis(50))
+                        .map_err(|e| e.to_string())?;
+                    for m in n.get(&env.parent).into_iter().flatten() {
+                        let reply = [&b"got "[..], m].concat();
+                        a.gen_notif(&env.parent, &reply, &[])
+                            .map_err(|e| e.to_string())?;
+                    }
+                }
+                Ok(())
+            }
+            // Another process under the real peer's name, over UCX: it loads the victim (a
+            // FETCH, which anyone of the user may) and sends notifications, its hello claiming
+            // the real peer's name from the same worker index as the real one.
+            "hello-forge" => {
+                a.fetch_remote_metadata_blocking(&env.parent, victim, WAIT)
+                    .map_err(|e| e.to_string())?;
+                for i in 0..4 {
+                    a.gen_notif(&env.parent, format!("forged {i}").as_bytes(), &[])
+                        .map_err(|e| e.to_string())?;
+                }
+                // Its messages are delivered to the victim's UCX before it exits.
+                let end = std::time::Instant::now() + Duration::from_millis(300);
+                while std::time::Instant::now() < end {
+                    a.progress();
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Ok(())
+            }
             // Another process under the real peer's name: its PUSH and its INVALIDATE.
             "impersonate" => {
                 refused(
@@ -242,6 +277,58 @@ fn without_a_credential_the_kernel_names_same_host_peers() {
     let g2 = victim.remote_generation(&name).expect("reloaded");
     assert_ne!(g2, g1, "the restarted peer replaced the old incarnation");
     again.kill();
+}
+
+/// Issue 34 (3): without a credential, a name on the wire is its process. The victim loaded
+/// the real peer (its PUSH, kernel-proven); another process of the same user names itself
+/// like the peer, loads the victim and sends notifications over UCX. Before, its hello was a
+/// claim: its notifications were delivered under the peer's name, and its hello (from the
+/// same worker index) marked the victim's connection to the real peer replaced, so the
+/// victim's next notification to the real peer failed `RemoteDisconnect`. Now its hello does
+/// not verify under the key the peer's metadata announced: refused and counted, nothing of it
+/// delivered, and the real peer's connection untouched.
+#[test]
+fn a_hello_under_a_loaded_name_counts_only_from_its_process() {
+    if !ucx_or_skip("a_hello_under_a_loaded_name_counts_only_from_its_process") {
+        return;
+    }
+    let pid = std::process::id();
+    let victim = agent(&format!("hello-victim-{pid}")).expect("victim");
+    let name = format!("hello-peer-{pid}");
+    let mut real = Child::spawn(CHILD, &victim, &name, &[("act", "echo")]).expect("spawn");
+    assert_eq!(real.next(&victim, WAIT).expect("ready"), b"ready");
+    victim.gen_notif(&name, b"ping-1", &[]).expect("notify");
+    assert_eq!(real.next(&victim, WAIT).expect("echo"), b"got ping-1");
+    let refused_before = victim.refused_hellos();
+    act(&victim, &name, &[("act", "hello-forge")], None);
+    // The forger's hello reached the victim and was refused (its sender waited for its
+    // messages to go out before exiting).
+    let end = std::time::Instant::now() + WAIT;
+    while victim.refused_hellos() == refused_before && std::time::Instant::now() < end {
+        victim.progress();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        victim.refused_hellos() > refused_before,
+        "the forger's hello was never refused"
+    );
+    // Nothing of it under the real peer's name; the real peer's connection still works.
+    victim.gen_notif(&name, b"ping-2", &[]).expect(
+        "a notification to the real peer after the forger's hello (its connection replaced?)",
+    );
+    let mut got = Vec::new();
+    let end = std::time::Instant::now() + WAIT;
+    while !got.iter().any(|m: &Vec<u8>| m == b"got ping-2") && std::time::Instant::now() < end {
+        let n = victim.wait_notifs(Duration::from_millis(100)).unwrap();
+        got.extend(n.get(&name).into_iter().flatten().cloned());
+    }
+    assert!(
+        got.iter().any(|m| m == b"got ping-2"),
+        "the real peer's answer: {got:?}"
+    );
+    let forged: Vec<_> = got.iter().filter(|m| m.starts_with(b"forged")).collect();
+    assert!(forged.is_empty(), "delivered under {name}: {forged:?}");
+    real.kill();
 }
 
 fn rustix_euid() -> u32 {

@@ -332,6 +332,7 @@ impl LibfabricBackend {
                 generation: 0,
                 session,
                 authenticated: true,
+                key: None,
             },
             0,
         );

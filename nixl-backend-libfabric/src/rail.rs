@@ -41,7 +41,7 @@ impl Inbox {
                 }
             },
             Ok(crate::wire::Message::Notif(session, msg)) => {
-                match self.sessions.sender(&session, 0) {
+                match self.peers.attribute(&self.sessions, &session, 0) {
                     Some(sender) => {
                         self.notifs.push(&sender, msg.to_vec());
                         true

@@ -135,7 +135,10 @@ pub(crate) fn on_notif(am: &AmCtx, m: &sys::AmMsg<'_>) {
     };
     // The sender is the peer whose hello opened this connection, never a name in the
     // message.
-    match m.reply_ep.and_then(|ep| am.sessions.sender(&session, ep)) {
+    match m
+        .reply_ep
+        .and_then(|ep| am.peers.attribute(&am.sessions, &session, ep))
+    {
         Some(sender) => {
             am.notifs.push(&sender, msg.to_vec());
         }

@@ -251,6 +251,7 @@ fn bad_metadata_changes_nothing() {
         has_conn_info: false,
         process: None,
         verifies_integrity: false,
+        hello_key: None,
         backends: vec![],
         regions: vec![],
     };
@@ -265,6 +266,7 @@ fn bad_metadata_changes_nothing() {
         has_conn_info: true,
         process: None,
         verifies_integrity: false,
+        hello_key: None,
         backends: vec![BackendEntry {
             name: "INPROC".into(),
             conn_info: vec![1, 2, 3],

@@ -70,6 +70,7 @@ fn hello(sender: &str, id: u8, n: u32) -> Hello {
         generation: 1,
         session,
         authenticated: false,
+        key: None,
     }
 }
 

@@ -66,6 +66,7 @@ impl<'a> LoadPlan<'a> {
             ));
         }
         check_conn_unchanged(me, md, &slots, same.map(|p| &**p))?;
+        check_hello_key_unchanged(me, md, same.map(|p| &**p))?;
         let new_regions = group_regions(me, md, &slots, same.map(|p| &**p))?;
         let have: usize = same.map_or(0, |p| p.regions.lock().len());
         if have.saturating_add(new_regions.len()) > limits.max_regions_per_peer {
@@ -114,6 +115,7 @@ impl<'a> LoadPlan<'a> {
                 regions: Mutex::new(RegionIndex::default()),
                 owner_commit: proof.map(|p| p.owner_commit),
                 verifies_integrity: md.verifies_integrity,
+                hello_key: md.hello_key,
             }),
         };
         if let (Some(old), false) = (&self.existing, self.same_gen) {
@@ -139,6 +141,12 @@ impl<'a> LoadPlan<'a> {
                 .remotes
                 .lock()
                 .insert(md.name.clone(), peer.clone());
+            // From now on hellos under the name count only when signed with its key.
+            agent.shared.hello_keys.loaded(
+                &md.name,
+                md.hello_key,
+                peer.process.as_ref().map(|w| *w.id()),
+            );
         }
         if let Some(p) = proof {
             agent.shared.bindings.record(&md.name, p);
@@ -316,6 +324,26 @@ fn check_proof(
             Op::LoadMetadata,
             format!(
                 "metadata of {} claims its loaded generation but another owner",
+                md.name
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// An append to a loaded incarnation keeps its hello key (a key is the incarnation's: an
+/// append naming another would hand the name to whoever holds that one).
+fn check_hello_key_unchanged(
+    me: &str,
+    md: &AgentMetadata,
+    same: Option<&RemotePeer>,
+) -> Result<()> {
+    match (same, &md.hello_key) {
+        (Some(peer), Some(k)) if peer.hello_key.as_ref() != Some(k) => Err(Error::mismatch(
+            me,
+            Op::LoadMetadata,
+            format!(
+                "metadata of {} claims its loaded generation with another hello key",
                 md.name
             ),
         )),

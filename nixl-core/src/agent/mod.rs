@@ -291,6 +291,19 @@ impl Agent {
             },
             e => e,
         })?;
+        let process = crate::liveness::ProcessId::current();
+        let hello_keys = Arc::new(
+            crate::hello::HelloKeys::generate(process, config.limits.max_known_names).map_err(
+                |e| match e {
+                    Error::Io { source, .. } => Error::Io {
+                        agent: name.to_owned(),
+                        op: Op::CreateBackend,
+                        source,
+                    },
+                    e => e,
+                },
+            )?,
+        );
         let notifs = NotifQueue::with_limits(
             config.limits.max_queued_notif_bytes,
             config.limits.max_queued_notif_bytes_per_sender,
@@ -317,7 +330,8 @@ impl Agent {
             corrupt: Mutex::new(Vec::new()),
             signer,
             bindings: Arc::new(Bindings::default()),
-            process: crate::liveness::ProcessId::current(),
+            process,
+            hello_keys,
             draining: Mutex::new(Vec::new()),
         });
         let agent = Agent { shared };
@@ -431,6 +445,7 @@ impl Agent {
                 self.shared.config.auth.clone(),
                 self.shared.bindings.clone(),
                 self.shared.signer.replay.clone(),
+                self.shared.hello_keys.clone(),
             ),
             wake: self.shared.wake.clone(),
         };

@@ -156,6 +156,7 @@ impl Agent {
             // watch (its endpoints' failures still end transfers).
             process: None,
             verifies_integrity: false,
+            hello_key: None,
             backends,
             regions,
         })

@@ -62,6 +62,8 @@ pub(crate) struct RemotePeer {
     pub process: Option<crate::liveness::PeerProcess>,
     /// Whether it verifies integrity frames (its metadata says so).
     pub verifies_integrity: bool,
+    /// The key its hellos are signed with (its metadata says so; `None`: it announced none).
+    pub hello_key: Option<[u8; 32]>,
 }
 
 impl crate::agent::Shared {
@@ -231,6 +233,7 @@ impl Agent {
             has_conn_info: sel.include_conn,
             process: self.shared.process,
             verifies_integrity: self.shared.config.verify_integrity,
+            hello_key: sel.include_conn.then(|| self.shared.hello_keys.public()),
             backends: entries,
             regions,
         }
@@ -367,6 +370,7 @@ impl Agent {
                 format!("remote agent {remote}"),
             )
         })?;
+        self.shared.hello_keys.forgotten(remote);
         self.retire_peer(&peer);
         Ok(())
     }
@@ -395,6 +399,7 @@ impl Agent {
             Some(p) if p.generation == generation && allowed(p) => {
                 let peer = remotes.remove(remote);
                 drop(remotes);
+                self.shared.hello_keys.forgotten(remote);
                 if let Some(p) = peer {
                     self.retire_peer(&p);
                 }
@@ -493,6 +498,13 @@ impl Agent {
     /// The generation of a loaded peer.
     pub fn remote_generation(&self, remote: &str) -> Option<u64> {
         self.shared.remotes.lock().get(remote).map(|p| p.generation)
+    }
+
+    /// Hellos refused, and notifications not attributed, because they were not signed with
+    /// the key that holds their sender's name (without a credential: the key a loaded peer's
+    /// metadata announced, or a name's first signed hello; see `docs/security.md`).
+    pub fn refused_hellos(&self) -> u64 {
+        self.shared.hello_keys.refused()
     }
 
     /// Names of loaded peers.

@@ -44,6 +44,8 @@ pub(crate) struct Shared {
     pub bindings: Arc<Bindings>,
     /// This process, as its metadata announces it (for peers' liveness watches).
     pub process: Option<crate::liveness::ProcessId>,
+    /// This incarnation's hello key, and the key each peer name's hellos must verify under.
+    pub hello_keys: Arc<crate::hello::HelloKeys>,
     /// Dropped requests the backends have not released yet (with their memory).
     pub draining: Mutex<Vec<crate::xfer::Drained>>,
 }

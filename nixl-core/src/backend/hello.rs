@@ -10,17 +10,27 @@
 //! carries only the session id; the receiver attributes it to the session's sender if the
 //! connection matches, and drops it (counted) otherwise.
 //!
-//! Without a credential a hello is a claim: whoever connects may name itself (see
-//! `docs/security.md`); sessions still keep one connection from speaking for another.
+//! Without a credential each incarnation signs its hellos with a key of its own (Ed25519,
+//! drawn at start, never leaving the process), whose public half its metadata announces
+//! ([`HelloKeys`]). A receiver that loaded a peer counts a hello under the peer's name only when
+//! it verifies under the key of the loaded incarnation; a name it did not load is held by the
+//! first signed hello naming a live process of this host, until that process exits. A hello
+//! under a held name that does not verify is refused (counted), and notifications on sessions
+//! it did not open are not attributed. A name no one holds (a peer of an older nixl-rs, a
+//! peer on another host) is still a claim (see `docs/security.md`); sessions still keep one
+//! connection from speaking for another.
 
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
+
 use crate::auth::{self, domain, Auth, Bindings, ReplayCache, Stamp, MAC_LEN};
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::error::{DecodeError, Error, Op, Result};
+use crate::liveness::ProcessId;
 
 /// Magic of a hello.
 pub const HELLO_MAGIC: &[u8; 8] = b"NXHELLO1";
@@ -43,6 +53,224 @@ struct Inner {
     auth: Option<Auth>,
     bindings: Arc<Bindings>,
     replay: Arc<ReplayCache>,
+    keys: Arc<HelloKeys>,
+}
+
+/// Version of the signed trailer of an unauthenticated hello.
+const KEYED: u8 = 1;
+/// Bytes of an Ed25519 public key.
+pub const HELLO_KEY_LEN: usize = 32;
+
+/// Who holds a name for hellos (without a credential).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Holder {
+    /// A loaded incarnation: the key its metadata announced (`None`: it announced none, as
+    /// nixl-rs before metadata version 5 and NIXL peers), and its process on this host.
+    Loaded {
+        key: Option<[u8; HELLO_KEY_LEN]>,
+        process: Option<ProcessId>,
+    },
+    /// Not loaded: the first signed hello under the name, and the live process of this host
+    /// it named (the name is free again once that process has exited).
+    First {
+        key: [u8; HELLO_KEY_LEN],
+        process: ProcessId,
+    },
+}
+
+impl Holder {
+    fn key(&self) -> Option<&[u8; HELLO_KEY_LEN]> {
+        match self {
+            Holder::Loaded { key, .. } => key.as_ref(),
+            Holder::First { key, .. } => Some(key),
+        }
+    }
+
+    /// Whether the holding process is known to have exited (a restart may take the name).
+    fn exited(&self) -> bool {
+        let process = match self {
+            Holder::Loaded { process, .. } => process.as_ref(),
+            Holder::First { process, .. } => Some(process),
+        };
+        process.is_some_and(|p| p.local_pid().is_none())
+    }
+}
+
+/// This incarnation's hello key, and which key each peer name's hellos must verify under
+/// (without a credential; see the module's documentation). One per agent, shared by its
+/// backends.
+pub struct HelloKeys {
+    key: SigningKey,
+    process: Option<ProcessId>,
+    names: Mutex<HashMap<String, Holder>>,
+    max_names: usize,
+    refused: AtomicU64,
+}
+
+impl std::fmt::Debug for HelloKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HelloKeys")
+            .field("public", &self.public())
+            .field("names", &self.names.lock().len())
+            .finish()
+    }
+}
+
+impl HelloKeys {
+    /// A fresh key for an incarnation running in `process`; at most `max_names` names held
+    /// by hellos alone (loaded peers are bounded by the agent's own limits).
+    pub fn generate(process: Option<ProcessId>, max_names: usize) -> Result<Self> {
+        Ok(HelloKeys {
+            key: SigningKey::from_bytes(&auth::random::<32>()?),
+            process,
+            names: Mutex::new(HashMap::new()),
+            max_names: max_names.max(1),
+            refused: AtomicU64::new(0),
+        })
+    }
+
+    /// The public key this incarnation's metadata announces.
+    pub fn public(&self) -> [u8; HELLO_KEY_LEN] {
+        self.key.verifying_key().to_bytes()
+    }
+
+    /// A peer's incarnation was loaded (the agent calls this after each load).
+    pub fn loaded(&self, name: &str, key: Option<[u8; HELLO_KEY_LEN]>, process: Option<ProcessId>) {
+        self.names
+            .lock()
+            .insert(name.to_owned(), Holder::Loaded { key, process });
+    }
+
+    /// A loaded peer was forgotten (invalidated): its name is free for hellos again.
+    pub fn forgotten(&self, name: &str) {
+        let mut g = self.names.lock();
+        if matches!(g.get(name), Some(Holder::Loaded { .. })) {
+            g.remove(name);
+        }
+    }
+
+    /// Hellos (and notifications on sessions) refused because they did not verify under the
+    /// key that holds their name.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Signs `body` (an unauthenticated hello) and appends the signed trailer.
+    fn sign(&self, w: &mut ByteWriter) {
+        w.put_u8(KEYED).put(&self.public());
+        match &self.process {
+            Some(p) => {
+                w.put_bool(true)
+                    .put(&p.boot_id)
+                    .put_u64(p.pid_ns)
+                    .put_u32(p.pid)
+                    .put_u64(p.start_time);
+            }
+            None => {
+                w.put_bool(false);
+            }
+        }
+        let sig = self.key.sign(w.as_slice());
+        w.put(&sig.to_bytes());
+    }
+
+    /// Decides whether a hello under `sender`, signed by `signed` (its key and the process
+    /// it named) or by nothing, counts; binds a free name to a signed hello's live process.
+    fn admit(
+        &self,
+        sender: &str,
+        signed: Option<([u8; HELLO_KEY_LEN], Option<ProcessId>)>,
+    ) -> std::result::Result<Option<[u8; HELLO_KEY_LEN]>, String> {
+        let mut g = self.names.lock();
+        let key = signed.map(|(k, _)| k);
+        match g.get(sender).copied() {
+            Some(h) if h.key().is_none() => Ok(key),
+            Some(h) if h.key() == key.as_ref() => Ok(key),
+            Some(h) if h.exited() => {
+                if let (Holder::First { .. }, Some((k, Some(p)))) = (h, signed) {
+                    if p.local_pid().is_some() {
+                        g.insert(sender.to_owned(), Holder::First { key: k, process: p });
+                    }
+                }
+                Ok(key)
+            }
+            Some(h) => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                let held = match h {
+                    Holder::Loaded { .. } => "its loaded metadata announced",
+                    Holder::First { .. } => "its first hello was signed with",
+                };
+                Err(match key {
+                    Some(_) => format!(
+                        "a hello claiming to be {sender} is signed with another key than {held} \
+                         (another process)"
+                    ),
+                    None => format!(
+                        "an unsigned hello claiming to be {sender}, whose name is held by the key \
+                         {held}"
+                    ),
+                })
+            }
+            None => {
+                if let Some((k, Some(p))) = signed {
+                    if g.len() < self.max_names && p.local_pid().is_some() {
+                        g.insert(sender.to_owned(), Holder::First { key: k, process: p });
+                    }
+                }
+                Ok(key)
+            }
+        }
+    }
+
+    /// Whether a notification on a session opened by a hello under `sender` signed with
+    /// `key` still counts (the name's holder may have changed since: a load).
+    fn counts(&self, sender: &str, key: Option<&[u8; HELLO_KEY_LEN]>) -> bool {
+        let g = self.names.lock();
+        let ok = match g.get(sender) {
+            None => true,
+            Some(h) => h.key().is_none() || h.key() == key || h.exited(),
+        };
+        if !ok {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        ok
+    }
+}
+
+/// Reads and verifies the signed trailer of an unauthenticated hello: the key it verifies
+/// under and the process it names.
+fn read_signed(
+    bytes: &[u8],
+    r: &mut ByteReader<'_>,
+) -> std::result::Result<([u8; HELLO_KEY_LEN], Option<ProcessId>), DecodeError> {
+    if r.u8()? != KEYED {
+        return Err(DecodeError::Invalid {
+            what: "hello trailer version",
+        });
+    }
+    let key: [u8; HELLO_KEY_LEN] = r.array()?;
+    let process = if r.bool("hello process flag")? {
+        Some(ProcessId {
+            boot_id: r.array()?,
+            pid_ns: r.u64()?,
+            pid: r.u32()?,
+            start_time: r.u64()?,
+        })
+    } else {
+        None
+    };
+    let signed_len = r.position();
+    let sig: [u8; 64] = r.array()?;
+    let ok = VerifyingKey::from_bytes(&key).is_ok_and(|vk| {
+        vk.verify(&bytes[..signed_len], &Signature::from_bytes(&sig))
+            .is_ok()
+    });
+    if !ok {
+        return Err(DecodeError::Invalid {
+            what: "hello signature",
+        });
+    }
+    Ok((key, process))
 }
 
 impl std::fmt::Debug for PeerAuth {
@@ -65,6 +293,8 @@ pub struct Hello {
     pub session: SessionId,
     /// Whether it was verified under a credential (false: authentication is off here).
     pub authenticated: bool,
+    /// Without a credential: the hello key it was signed with (`None`: unsigned, a claim).
+    pub key: Option<[u8; HELLO_KEY_LEN]>,
 }
 
 impl PeerAuth {
@@ -74,6 +304,7 @@ impl PeerAuth {
         auth: Option<Auth>,
         bindings: Arc<Bindings>,
         replay: Arc<ReplayCache>,
+        keys: Arc<HelloKeys>,
     ) -> Self {
         PeerAuth {
             inner: Arc::new(Inner {
@@ -82,19 +313,52 @@ impl PeerAuth {
                 auth,
                 bindings,
                 replay,
+                keys,
             }),
         }
     }
 
-    /// For a backend used outside an agent (unit tests): no credential, no bindings.
+    /// For a backend used outside an agent (unit tests): no credential, no bindings, a fresh
+    /// hello key.
     pub fn unauthenticated(me: &str) -> Self {
+        let keys = HelloKeys::generate(ProcessId::current(), 1 << 16)
+            .or_else(|_| HelloKeys::generate(None, 1 << 16))
+            .map(Arc::new)
+            .unwrap_or_else(|_| {
+                // No randomness at all: a fixed key still signs (nothing trusts it).
+                Arc::new(HelloKeys {
+                    key: SigningKey::from_bytes(&[7; 32]),
+                    process: None,
+                    names: Mutex::new(HashMap::new()),
+                    max_names: 1,
+                    refused: AtomicU64::new(0),
+                })
+            });
         PeerAuth::new(
             me,
             1,
             None,
             Arc::new(Bindings::default()),
             Arc::new(ReplayCache::default()),
+            keys,
         )
+    }
+
+    /// The agent's hello keys.
+    pub fn keys(&self) -> &Arc<HelloKeys> {
+        &self.inner.keys
+    }
+
+    /// The sender of a notification carrying `session` that arrived on `conn` (as
+    /// [`Sessions::sender`]), if its session's hello still counts under the key that holds
+    /// the sender's name now; `None` (and counted) otherwise.
+    pub fn attribute(&self, sessions: &Sessions, session: &SessionId, conn: u64) -> Option<String> {
+        let (name, key) = sessions.sender_and_key(session, conn)?;
+        if self.inner.auth.is_some() || self.inner.keys.counts(&name, key.as_ref()) {
+            return Some(name);
+        }
+        sessions.unattributed.fetch_add(1, Ordering::Relaxed);
+        None
     }
 
     /// The agent's name.
@@ -121,6 +385,7 @@ impl PeerAuth {
         match &i.auth {
             None => {
                 w.put_bool(false);
+                i.keys.sign(&mut w);
             }
             Some(a) => {
                 w.put_bool(true);
@@ -162,12 +427,22 @@ impl PeerAuth {
             return Err(refuse(format!("a hello for {receiver} reached {}", i.me)));
         }
         let Some(a) = &i.auth else {
-            // Unauthenticated here: the name is a claim (stamp and MAC, if any, ignored).
+            // Unauthenticated here: signed with the sender's hello key (an older sender's
+            // unsigned hello, or a signed one's stamp and MAC, ends here).
+            let signed = if !signed && r.remaining() > 0 {
+                let s = read_signed(bytes, &mut r).map_err(decode)?;
+                r.finish().map_err(decode)?;
+                Some(s)
+            } else {
+                None
+            };
+            let key = i.keys.admit(&sender, signed).map_err(refuse)?;
             return Ok(Hello {
                 sender,
                 generation,
                 session,
                 authenticated: false,
+                key,
             });
         };
         if !signed {
@@ -204,6 +479,7 @@ impl PeerAuth {
             generation,
             session,
             authenticated: true,
+            key: None,
         })
     }
 }
@@ -229,7 +505,8 @@ pub const MAX_SESSIONS_PER_SENDER: usize = 256;
 
 #[derive(Debug, Default)]
 struct SessionsInner {
-    by_id: HashMap<SessionId, (String, u64)>,
+    /// Session -> (sender, connection, the hello key its hello was signed with).
+    by_id: HashMap<SessionId, (String, u64, Option<[u8; HELLO_KEY_LEN]>)>,
     /// Per sender, its sessions, oldest first.
     by_sender: HashMap<String, VecDeque<SessionId>>,
 }
@@ -263,7 +540,7 @@ impl Sessions {
         let mut g = self.inner.lock();
         let g = &mut *g;
         if let Some(slot) = g.by_id.get_mut(&hello.session) {
-            if slot.0 == hello.sender {
+            if slot.0 == hello.sender && slot.2 == hello.key {
                 slot.1 = conn;
                 return Ok(());
             }
@@ -286,7 +563,8 @@ impl Sessions {
             return Err("the session table is full");
         }
         own.push_back(hello.session);
-        g.by_id.insert(hello.session, (hello.sender.clone(), conn));
+        g.by_id
+            .insert(hello.session, (hello.sender.clone(), conn, hello.key));
         Ok(())
     }
 
@@ -297,14 +575,26 @@ impl Sessions {
 
     /// The sender of a notification carrying `session` that arrived on `conn`; `None` (and
     /// counted) for an unknown session or one that belongs to another connection.
+    ///
+    /// Without a credential, use [`PeerAuth::attribute`]: it also checks that the session's
+    /// hello key still holds the sender's name.
     pub fn sender(&self, session: &SessionId, conn: u64) -> Option<String> {
+        self.sender_and_key(session, conn).map(|(name, _)| name)
+    }
+
+    /// [`Sessions::sender`] with the hello key the session's hello was signed with.
+    fn sender_and_key(
+        &self,
+        session: &SessionId,
+        conn: u64,
+    ) -> Option<(String, Option<[u8; HELLO_KEY_LEN]>)> {
         let found = self
             .inner
             .lock()
             .by_id
             .get(session)
-            .filter(|(_, c)| *c == conn)
-            .map(|(name, _)| name.clone());
+            .filter(|(_, c, _)| *c == conn)
+            .map(|(name, _, key)| (name.clone(), *key));
         if found.is_none() {
             self.unattributed.fetch_add(1, Ordering::Relaxed);
         }
@@ -339,6 +629,7 @@ mod tests {
             cred.map(|c| Auth::new(c.clone())),
             Arc::new(Bindings::default()),
             Arc::new(ReplayCache::default()),
+            Arc::new(HelloKeys::generate(ProcessId::current(), 64).unwrap()),
         )
     }
 
@@ -394,6 +685,7 @@ mod tests {
             generation: 1,
             session: [s; SESSION_LEN],
             authenticated: true,
+            key: None,
         };
         t.accept(&hello("a", 1), 10).unwrap();
         assert_eq!(t.sender(&[1; SESSION_LEN], 10).as_deref(), Some("a"));
@@ -421,5 +713,89 @@ mod tests {
         );
         assert_eq!(t.unattributed(), 3);
         assert_eq!(t.refused(), 1);
+    }
+
+    /// A process of this host that has exited (its start time cannot match).
+    fn gone_process() -> ProcessId {
+        ProcessId {
+            start_time: u64::MAX,
+            ..ProcessId::current().unwrap()
+        }
+    }
+
+    #[test]
+    fn a_loaded_name_counts_only_hellos_signed_with_its_key() {
+        let (b, a, mallory) = (peer("b", None), peer("a", None), peer("a", None));
+        let s = a.new_session().unwrap();
+        b.keys()
+            .loaded("a", Some(a.keys().public()), ProcessId::current());
+        let got = b.check_hello(&a.hello("b", &s).unwrap()).unwrap();
+        assert_eq!(got.key, Some(a.keys().public()));
+        // Another process claiming the name, with its own key: refused.
+        let e = b.check_hello(&mallory.hello("b", &s).unwrap()).unwrap_err();
+        assert!(matches!(e, Error::NotAllowed { .. }), "{e}");
+        // Without the signature (an older peer's form): refused under a held name.
+        let mut unsigned = ByteWriter::new();
+        unsigned
+            .put(HELLO_MAGIC)
+            .put_str("a")
+            .put_u64(7)
+            .put_str("b")
+            .put(&s)
+            .put_bool(false);
+        assert!(b.check_hello(unsigned.as_slice()).is_err());
+        assert_eq!(b.keys().refused(), 2);
+        // A damaged signature is refused as such.
+        let mut h = a.hello("b", &s).unwrap();
+        let n = h.len();
+        h[n - 1] ^= 1;
+        assert!(b.check_hello(&h).is_err());
+        // Once forgotten, the name is free: the unsigned claim counts (nothing holds it).
+        b.keys().forgotten("a");
+        assert_eq!(b.check_hello(unsigned.as_slice()).unwrap().key, None);
+        // A loaded peer that announced no key (an older nixl-rs) keeps the old rule.
+        b.keys().loaded("old", None, None);
+        let mut old = ByteWriter::new();
+        old.put(HELLO_MAGIC)
+            .put_str("old")
+            .put_u64(1)
+            .put_str("b")
+            .put(&s)
+            .put_bool(false);
+        assert!(b.check_hello(old.as_slice()).is_ok());
+    }
+
+    #[test]
+    fn a_name_not_loaded_is_held_by_its_first_signed_hello_until_its_process_exits() {
+        let b = peer("b", None);
+        let (d, mallory) = (peer("d", None), peer("d", None));
+        let s = d.new_session().unwrap();
+        b.check_hello(&d.hello("b", &s).unwrap()).unwrap();
+        let e = b.check_hello(&mallory.hello("b", &s).unwrap()).unwrap_err();
+        assert!(matches!(e, Error::NotAllowed { .. }), "{e}");
+        // Sessions: mallory's could not open; d's counts.
+        let sessions = Sessions::default();
+        let hd = b.check_hello(&d.hello("b", &s).unwrap()).unwrap();
+        sessions.accept(&hd, 1).unwrap();
+        assert_eq!(b.attribute(&sessions, &s, 1).as_deref(), Some("d"));
+        // Loading d's metadata with another key (its real incarnation, say) ends the
+        // sessions the first key opened.
+        b.keys()
+            .loaded("d", Some(mallory.keys().public()), ProcessId::current());
+        assert_eq!(b.attribute(&sessions, &s, 1), None);
+        // A holder whose process exited gives the name up to the next signed hello.
+        let c = peer("c", None);
+        b.keys().names.lock().insert(
+            "c".into(),
+            Holder::First {
+                key: [1; 32],
+                process: gone_process(),
+            },
+        );
+        let got = b.check_hello(&c.hello("b", &s).unwrap()).unwrap();
+        assert_eq!(got.key, Some(c.keys().public()));
+        assert!(
+            matches!(b.keys().names.lock().get("c"), Some(Holder::First { key, .. }) if *key == c.keys().public())
+        );
     }
 }

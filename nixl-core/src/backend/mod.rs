@@ -25,7 +25,9 @@ use crate::mem::{MemKind, RegionDesc};
 
 pub use crate::desc::merge_contiguous;
 pub use crate::error::{DecodeError, SharedError};
-pub use crate::hello::{Hello, PeerAuth, SessionId, Sessions, SESSION_LEN};
+pub use crate::hello::{
+    Hello, HelloKeys, PeerAuth, SessionId, Sessions, HELLO_KEY_LEN, SESSION_LEN,
+};
 pub use crate::limits::NOTIF_OVERHEAD;
 pub use crate::liveness::{PeerProcess, ProcessId};
 pub use crate::mem::{RawRegion, PAGE_SIZE};

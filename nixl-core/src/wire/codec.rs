@@ -14,8 +14,8 @@ use crate::mem::{MemKind, RegionDesc};
 
 /// Magic prefix of encoded metadata.
 pub const MAGIC: &[u8; 8] = b"NIXLRSMD";
-/// The version this build writes: 4 added region labels.
-pub const VERSION: u16 = 4;
+/// The version this build writes: 4 added region labels, 5 the hello key.
+pub const VERSION: u16 = 5;
 /// The oldest version this build reads (3: no region labels).
 pub const MIN_VERSION: u16 = 3;
 /// Longest agent or backend name.
@@ -32,6 +32,7 @@ pub const MAX_METADATA: usize = 256 << 20;
 const FLAG_CONN: u8 = 1;
 const FLAG_PROCESS: u8 = 2;
 const FLAG_INTEGRITY: u8 = 4;
+const FLAG_HELLO_KEY: u8 = 8;
 
 /// A backend's entry in metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,6 +70,10 @@ pub struct AgentMetadata {
     /// Whether the agent verifies integrity frames (`AgentConfig::verify_integrity`): peers
     /// send it WRITEs with `XferOptions::integrity` only then.
     pub verifies_integrity: bool,
+    /// The public key this incarnation signs its connection hellos with (Ed25519; version 5
+    /// on): a receiver that loaded this metadata counts a hello under the name only when it
+    /// verifies under this key (see `nixl_core::hello`).
+    pub hello_key: Option<[u8; 32]>,
     /// Backends.
     pub backends: Vec<BackendEntry>,
     /// Regions.
@@ -88,12 +93,18 @@ impl AgentMetadata {
         if self.verifies_integrity {
             flags |= FLAG_INTEGRITY;
         }
+        if self.hello_key.is_some() {
+            flags |= FLAG_HELLO_KEY;
+        }
         w.put_u8(flags);
         if let Some(p) = &self.process {
             w.put(&p.boot_id)
                 .put_u64(p.pid_ns)
                 .put_u32(p.pid)
                 .put_u64(p.start_time);
+        }
+        if let Some(k) = &self.hello_key {
+            w.put(k);
         }
         w.put_len(self.backends.len());
         for b in &self.backends {
@@ -133,7 +144,12 @@ impl AgentMetadata {
         }
         let generation = r.u64()?;
         let flags = r.u8()?;
-        if flags & !(FLAG_CONN | FLAG_PROCESS | FLAG_INTEGRITY) != 0 {
+        let known = if version >= 5 {
+            FLAG_CONN | FLAG_PROCESS | FLAG_INTEGRITY | FLAG_HELLO_KEY
+        } else {
+            FLAG_CONN | FLAG_PROCESS | FLAG_INTEGRITY
+        };
+        if flags & !known != 0 {
             return Err(DecodeError::Invalid { what: "flags" });
         }
         let process = if flags & FLAG_PROCESS != 0 {
@@ -146,6 +162,11 @@ impl AgentMetadata {
         } else {
             None
         };
+        let hello_key = if flags & FLAG_HELLO_KEY != 0 {
+            Some(r.array()?)
+        } else {
+            None
+        };
         let backends = read_backends(&mut r)?;
         let regions = read_regions(&mut r, backends.len(), version >= 4)?;
         r.finish()?;
@@ -155,6 +176,7 @@ impl AgentMetadata {
             has_conn_info: flags & FLAG_CONN != 0,
             process,
             verifies_integrity: flags & FLAG_INTEGRITY != 0,
+            hello_key,
             backends,
             regions,
         })
@@ -343,6 +365,7 @@ mod tests {
                     has_conn_info: conn,
                     process,
                     verifies_integrity: conn,
+                    hello_key: conn.then_some([generation as u8; 32]),
                     backends: backends.clone(),
                     regions,
                 })
@@ -421,6 +444,7 @@ mod tests {
             has_conn_info: true,
             process: ProcessId::current(),
             verifies_integrity: false,
+            hello_key: Some([0x5a; 32]),
             backends: vec![BackendEntry {
                 name: "UCX".into(),
                 conn_info: vec![7; 40],
@@ -461,6 +485,7 @@ mod tests {
             has_conn_info: true,
             process: None,
             verifies_integrity: false,
+            hello_key: None,
             backends: vec![],
             regions: vec![],
         };

@@ -18,6 +18,7 @@
 #   kv               issue 26: KV layouts between GPUs (prefill TP on GPU 0, decode TP on GPU 1)
 #   arrival          issue 27: async completion and GPU-waitable per-layer arrival on GPUs
 #   poll             issue 33: async poll durations and deadline overruns on a many-core host
+#   landed           issue 33: the kill conformance case over CUDA_IPC (VRAM, two processes)
 #   recheck, cma     issue 14's re-measurements; direct CMA against native NIXL
 #   two-gpu-issue18  the first two-GPU run (gpu_bench, nixlbench over UCX)
 set -uo pipefail

@@ -79,3 +79,50 @@ fn dram_to_vram_and_back() {
     r.wait(Duration::from_secs(30)).expect("read");
     assert!(back.to_vec() == src.to_vec(), "read back from the device");
 }
+
+/// An agent whose UCX moves VRAM between processes of one GPU (cuda_ipc), or `None` (the skip
+/// printed) where UCX or the GPU is not there.
+fn cuda_ipc_agent(test: &str, role: &str) -> Option<nixl_core::Agent> {
+    if !common::ucx_or_skip(test) || !nixl_testkit::gpu::gpu(test) {
+        return None;
+    }
+    let a = common::agent(role, "cuda_ipc,cuda_copy,tcp", false).expect("agent");
+    if !a
+        .backend("UCX")
+        .expect("UCX backend")
+        .capabilities()
+        .supports(MemKind::Vram)
+    {
+        nixl_testkit::skip(
+            test,
+            nixl_testkit::Dep::CudaUcx,
+            "this UCX is not CUDA-aware (install the libucx-cu13 wheel and the NVIDIA driver)",
+        );
+        return None;
+    }
+    Some(a)
+}
+
+/// Issue 33's conformance case over UCX's cuda_ipc (two processes, one GPU): see
+/// `nixl_testkit::gpu::killed_target_case`. `NIXL_KILLS` kills per operation (default 6).
+#[test]
+fn ucx_cuda_ipc_a_killed_target_never_ends_done_unless_landed() {
+    let test = "ucx_cuda_ipc_a_killed_target_never_ends_done_unless_landed";
+    if std::env::var(nixl_testkit::gpu::ROLE).is_ok() {
+        return;
+    }
+    if let Some(a) = cuda_ipc_agent(test, "landed-initiator") {
+        nixl_testkit::gpu::killed_target_case(test, "UCX cuda_ipc", &a, "ucx_landed_target");
+    }
+}
+
+/// The target of the kill conformance case (spawned by it).
+#[test]
+#[ignore = "child process entry point: spawned (with --ignored) by a parent test of this file"]
+fn ucx_landed_target() {
+    if std::env::var(nixl_testkit::gpu::ROLE).as_deref() == Ok(nixl_testkit::gpu::LANDED_TARGET) {
+        if let Some(a) = cuda_ipc_agent("ucx_landed_target", "landed-target") {
+            nixl_testkit::gpu::landed_target(&a);
+        }
+    }
+}

@@ -619,3 +619,24 @@ fn gpu_agent_copy_kernel_scatter_gather() {
         );
     }
 }
+
+/// Issue 33's conformance case on CUDA_IPC (two processes, one GPU): see
+/// [`nixl_testkit::gpu::killed_target_case`]. `NIXL_KILLS` kills per operation (default 6).
+#[test]
+fn gpu_agent_a_killed_target_never_ends_done_unless_landed() {
+    let test = "gpu_agent_a_killed_target_never_ends_done_unless_landed";
+    if std::env::var(ROLE).is_ok() || !gpu(test) {
+        return;
+    }
+    let a = agent("landed-initiator");
+    common::killed_target_case(test, "CUDA_IPC", &a, "gpu_agent_landed_target");
+}
+
+/// The target of the kill conformance case (spawned by it).
+#[test]
+#[ignore = "child process entry point: spawned (with --ignored) by a parent test of this file"]
+fn gpu_agent_landed_target() {
+    if std::env::var(ROLE).as_deref() == Ok(common::LANDED_TARGET) {
+        common::landed_target(&agent("landed-target"));
+    }
+}

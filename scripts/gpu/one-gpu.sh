@@ -97,6 +97,7 @@ must_pass nixl-mem-gpu-agent gpu_agent_notification_without_initiator_polling
 must_pass nixl-mem-gpu-agent gpu_agent_copy_kernel_scatter_gather
 must_pass nixl-mem-gpu-agent gpu_conformance_suite
 must_pass nixl-mem-gpu-agent gpu_agent_two_processes_vram_and_dram
+must_pass nixl-mem-gpu-agent gpu_agent_a_killed_target_never_ends_done_unless_landed
 # Which engine the per-block VRAM copies used, and any fallback warning.
 grep -hE 'path: .*copy kernel|copy kernel (unavailable|not prepared|launch failed)|did not load' "$OUT"/nixl-mem-gpu-agent.log | sort | uniq -c | head -5 | tee -a "$summary"
 

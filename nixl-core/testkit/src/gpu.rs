@@ -21,6 +21,154 @@ pub fn gpu(test: &str) -> bool {
     }
 }
 
+/// The role of the target process of [`killed_target_case`].
+pub const LANDED_TARGET: &str = "landed-target";
+
+/// Sizes the kill conformance case cycles through (1-256 MiB).
+const KILL_SIZES: [usize; 4] = [1 << 20, 16 << 20, 64 << 20, 256 << 20];
+/// The block each descriptor moves in the kill conformance case.
+const KILL_BLOCK: u64 = 64 << 10;
+
+/// Issue 33's conformance case on a GPU transport (two processes, one GPU): a target process
+/// (the test binary's `entry`, which calls [`landed_target`]) is SIGKILLed at a random point
+/// of a 1-256 MiB READ or WRITE of VRAM by `a`. A request never ends `Done` unless (READ) every
+/// byte of `a`'s VRAM is the target's pattern; every other end is a typed error; once terminal
+/// the request is quiescent within 10 s, and a fresh sentinel in `a`'s VRAM then stays
+/// untouched for 200 ms. (A WRITE's destination dies with the target: its bytes cannot be read
+/// back; its end and quiescence are checked.) `NIXL_KILLS` kills per operation (default 6);
+/// the tally by end state is printed.
+pub fn killed_target_case(test: &str, transport: &str, a: &nixl_core::Agent, entry: &str) {
+    use nixl_core::{Desc, MemKind, XferDescList, XferOp, XferOptions};
+    use std::time::{Duration, Instant};
+    const WAIT: Duration = Duration::from_secs(30);
+    let kills: usize = std::env::var("NIXL_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(6);
+    let blocks = |base: u64, n: usize| {
+        XferDescList::from_descs(
+            MemKind::Vram,
+            (0..n as u64).map(|i| Desc::on_device(base + i * KILL_BLOCK, KILL_BLOCK, 0)),
+        )
+    };
+    let top = KILL_SIZES[KILL_SIZES.len() - 1];
+    let local = std::sync::Arc::new(nixl_mem::DeviceBuffer::new(0, top).expect("VRAM"));
+    let _rl = a.register_mem(vec![local.clone()], &[]).expect("register");
+    let dir = std::env::temp_dir().join(format!("nixl-landed-gpu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let mut x = 0x2545_F491_4F6C_DD1Du64 ^ u64::from(std::process::id());
+    let mut tally: std::collections::BTreeMap<String, usize> = Default::default();
+    for k in 0..2 * kills {
+        let op = if k % 2 == 0 {
+            XferOp::Read
+        } else {
+            XferOp::Write
+        };
+        let len = KILL_SIZES[(k / 2) % KILL_SIZES.len()];
+        let seed = 100 + k as u64;
+        let md = dir.join(format!("target-{k}.md"));
+        let mut child = std::process::Command::new(std::env::current_exe().expect("exe"))
+            .args(["--ignored", "--exact", entry, "--nocapture"])
+            .env(ROLE, LANDED_TARGET)
+            .env("NIXL_LANDED_MD", &md)
+            .env("NIXL_LANDED_LEN", len.to_string())
+            .env("NIXL_LANDED_SEED", seed.to_string())
+            .spawn()
+            .expect("spawn the target");
+        let end = Instant::now() + WAIT;
+        while !md.exists() && Instant::now() < end {
+            assert!(
+                child.try_wait().expect("wait").is_none(),
+                "the target exited"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let bytes = std::fs::read(&md).expect("the target's metadata");
+        let peer = a.load_remote_metadata(&bytes).expect("load the target");
+        let rbase = a
+            .remote_regions(&peer)
+            .expect("regions")
+            .iter()
+            .find(|r| r.kind == MemKind::Vram)
+            .expect("the target's VRAM")
+            .addr;
+        local.fill(0xEE).expect("sentinel");
+        let n = len / KILL_BLOCK as usize;
+        let req = a
+            .create_xfer_req(
+                op,
+                &blocks(local.addr(), n),
+                &blocks(rbase, n),
+                &peer,
+                XferOptions::default(),
+            )
+            .expect("request");
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        a.post_xfer_req(&req).expect("post");
+        std::thread::sleep(Duration::from_micros(x % 600));
+        child.kill().expect("kill");
+        let _ = child.wait();
+        let end = req.wait(WAIT);
+        let what = match &end {
+            Ok(()) => "Done".to_owned(),
+            Err(e) => format!("{:?}", e.kind()),
+        };
+        if end.is_ok() && op == XferOp::Read {
+            let mut got = vec![0u8; len];
+            local.copy_to_host(0, &mut got).expect("read back");
+            assert_eq!(
+                first_diff(&got, &pattern(seed, len)),
+                None,
+                "kill {k}: a {len}-byte READ ended Done with bytes missing"
+            );
+        }
+        if let Err(e) = req.wait_quiescent(Duration::from_secs(10)) {
+            panic!("kill {k}: not quiescent 10 s after {what}: {e}");
+        }
+        local.fill(0xEE).expect("sentinel");
+        std::thread::sleep(Duration::from_millis(200));
+        let mut got = vec![0u8; len];
+        local.copy_to_host(0, &mut got).expect("read back");
+        assert!(
+            got.iter().all(|&b| b == 0xEE),
+            "kill {k}: the sentinel was written after quiescence"
+        );
+        *tally.entry(format!("{op:?} {what}")).or_default() += 1;
+        drop(req);
+        let _ = a.invalidate_remote_metadata(&peer);
+        let _ = std::fs::remove_file(&md);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    println!("{test}: {transport}, {kills} kills per operation: {tally:?}");
+}
+
+/// The target of [`killed_target_case`], in its own process: VRAM filled with its pattern,
+/// registered with `a`, its metadata written to a file (atomically); then it waits to be
+/// killed (or for its parent to go).
+pub fn landed_target(a: &nixl_core::Agent) {
+    let var = |k: &str| std::env::var(k).expect(k);
+    let len: usize = var("NIXL_LANDED_LEN").parse().expect("length");
+    let seed: u64 = var("NIXL_LANDED_SEED").parse().expect("seed");
+    let t = std::sync::Arc::new(nixl_mem::DeviceBuffer::new(0, len).expect("VRAM"));
+    t.copy_from_host(0, &pattern(seed, len)).expect("fill");
+    let _r = a.register_mem(vec![t.clone()], &[]).expect("register");
+    let md = std::path::PathBuf::from(var("NIXL_LANDED_MD"));
+    let tmp = md.with_extension("tmp");
+    std::fs::write(&tmp, a.local_metadata().expect("metadata")).expect("write");
+    std::fs::rename(&tmp, &md).expect("rename");
+    let parent = std::os::unix::process::parent_id();
+    for _ in 0..6000 {
+        if std::os::unix::process::parent_id() != parent {
+            break;
+        }
+        // A UCX target over an emulated transport moves bytes only while it progresses.
+        a.progress();
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Whether two CUDA GPUs are usable here; reports the skip (`gpu`, or `multi-gpu` with fewer
 /// than two) when not, and the caller returns.
 pub fn two_gpus(test: &str) -> bool {

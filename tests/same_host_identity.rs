@@ -30,11 +30,17 @@ fn ucx() -> UcxParams {
 }
 
 fn agent(name: &str) -> Result<Agent, String> {
+    agent_with(name, None)
+}
+
+/// An agent, handing its name to its next incarnation through `succession` where given.
+fn agent_with(name: &str, succession: Option<std::path::PathBuf>) -> Result<Agent, String> {
     let a = Agent::new(
         name,
         AgentConfig {
             listen: true,
             default_timeout: Duration::from_secs(20),
+            succession,
             ..nixl::agent_config()
         },
     )
@@ -58,7 +64,7 @@ fn refused<T: std::fmt::Debug>(what: &str, r: nixl::Result<T>) -> Result<(), Str
 #[ignore = "child process entry point: spawned (with --ignored) by a parent test of this file"]
 fn identity_role() {
     child_main(|env| {
-        let a = agent(&env.name)?;
+        let a = agent_with(&env.name, env.var("succession").ok().map(Into::into))?;
         let buf = std::sync::Arc::new(HostBuffer::new(1 << 20).ok_or("alloc")?);
         let _reg = a
             .register_mem(vec![buf.clone()], &[])
@@ -329,6 +335,40 @@ fn a_hello_under_a_loaded_name_counts_only_from_its_process() {
     let forged: Vec<_> = got.iter().filter(|m| m.starts_with(b"forged")).collect();
     assert!(forged.is_empty(), "delivered under {name}: {forged:?}");
     real.kill();
+}
+
+/// Issue 34 (2): a restart re-claims its name; a stranger cannot. The peer hands its name to
+/// its next incarnation through a succession file; after it is killed, another process of the
+/// same user (without the file's secret) is refused a PUSH under its name (before: accepted,
+/// the first process to push held the name until it exited), and the restarted peer, reading
+/// the file, is accepted.
+#[test]
+fn a_restart_reclaims_its_name_and_a_stranger_cannot() {
+    if !ucx_or_skip("a_restart_reclaims_its_name_and_a_stranger_cannot") {
+        return;
+    }
+    let pid = std::process::id();
+    let victim = agent(&format!("succession-victim-{pid}")).expect("victim");
+    let dir = std::env::temp_dir().join(format!("nixl-succession-{pid}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("peer.secret");
+    let path = file.display().to_string();
+    let name = format!("succession-peer-{pid}");
+    let publish = [("act", "publish"), ("succession", path.as_str())];
+    let mut real = Child::spawn(CHILD, &victim, &name, &publish).expect("spawn");
+    assert_eq!(real.next(&victim, WAIT).expect("ready"), b"ready");
+    let g1 = victim.remote_generation(&name).expect("loaded");
+    real.kill();
+    // The peer is gone (its process exited): a stranger's PUSH under its name is refused.
+    act(&victim, &name, &[("act", "impersonate")], None);
+    assert_eq!(victim.remote_generation(&name), Some(g1), "the name was taken");
+    // The restart reads the secret its predecessor left and is accepted.
+    let mut again = Child::spawn(CHILD, &victim, &name, &publish).expect("spawn");
+    assert_eq!(again.next(&victim, WAIT).expect("ready"), b"ready");
+    let g2 = victim.remote_generation(&name).expect("reloaded");
+    assert_ne!(g2, g1, "the restart replaced the old incarnation");
+    again.kill();
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn rustix_euid() -> u32 {

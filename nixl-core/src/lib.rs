@@ -117,6 +117,13 @@ pub use telemetry::{TelemetrySnapshot, XferTelemetry};
 pub use tiles::{RowStrides, Tile, TileShape};
 pub use xfer::{UncertainXfer, XferOptions, XferReq, XferTarget};
 
+/// Leases on published blocks (see [`Agent::publish_lease`]): the owner's [`LeaseId`] and
+/// [`LeaseState`], and the reader's [`Lease`](leases::Lease), a value that releases on drop.
+pub mod leases {
+    pub use crate::agent::lease::{Lease, LeaseEnd, LeaseFuture, Renewal};
+    pub use crate::lease::{LeaseId, LeaseState};
+}
+
 /// Names that moved off the crate root in 0.2 (kept for one release; each says where it went).
 mod moved {
     #![allow(missing_docs)]

@@ -252,6 +252,7 @@ fn bad_metadata_changes_nothing() {
         process: None,
         verifies_integrity: false,
         hello_key: None,
+        succession: None,
         backends: vec![],
         regions: vec![],
     };
@@ -267,6 +268,7 @@ fn bad_metadata_changes_nothing() {
         process: None,
         verifies_integrity: false,
         hello_key: None,
+        succession: None,
         backends: vec![BackendEntry {
             name: "INPROC".into(),
             conn_info: vec![1, 2, 3],

@@ -333,3 +333,100 @@ fn an_owner_that_does_not_answer_times_the_acquire_out() {
     assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
     assert!(t.elapsed() < Duration::from_secs(5));
 }
+
+/// Issue 36: a lease as a value. The acquire and the owner's end are futures (one
+/// current-thread runtime drives both sides: nothing blocks it); `held()` and `remaining()`
+/// say where the lease stands; dropping it releases the blocks at once (the owner's end
+/// resolves `Done { released: 1 }`), and a request made with it is refused from then on.
+#[tokio::test(flavor = "current_thread")]
+async fn a_lease_value_releases_on_drop_and_its_end_is_a_future() {
+    let p = pair("value");
+    let ttl = Duration::from_secs(60);
+    let id = p.target.publish_lease(&[p.reader.name()], ttl).unwrap();
+    let end = p.target.lease_end(id);
+    let lease = p
+        .reader
+        .lease_async(p.target.name(), id, ASK)
+        .await
+        .unwrap();
+    assert!(lease.held());
+    assert_eq!((lease.id(), lease.owner()), (id, p.target.name()));
+    let left = lease.remaining().expect("held");
+    assert!(left <= ttl && left > ttl - ASK, "{left:?}");
+    let req = read(&p, Some(lease.id())).unwrap();
+    p.reader.post_xfer_req(&req).unwrap();
+    req.completion().await.unwrap();
+    assert!(moved(&p));
+    lease.renewal(ASK).await.unwrap();
+    assert!(lease.held());
+    drop(lease);
+    let s = tokio::time::timeout(ASK, end)
+        .await
+        .expect("the lease's end")
+        .unwrap();
+    assert_eq!(
+        s,
+        LeaseState::Done {
+            released: 1,
+            expired: 0
+        }
+    );
+    let req = read(&p, Some(id)).unwrap();
+    assert_eq!(
+        p.reader.post_xfer_req(&req).unwrap_err().kind(),
+        ErrorKind::LeaseExpired
+    );
+    // The blocking form: the same value, released by `release()`.
+    let id = p.target.publish_lease(&[p.reader.name()], ttl).unwrap();
+    let lease = p.reader.lease(p.target.name(), id, ASK).unwrap();
+    lease.release().unwrap();
+    let s = eventually(&p, id, |s| matches!(s, LeaseState::Done { .. }));
+    assert_eq!(
+        s,
+        LeaseState::Done {
+            released: 1,
+            expired: 0
+        }
+    );
+}
+
+/// The owner's end of a lease nobody acquires resolves at its duration (woken by the timer,
+/// not a poll loop: slack 500 ms); an acquire the owner never answers (a lease it does not
+/// know) ends `TimedOut` at its deadline (slack 500 ms).
+#[tokio::test(flavor = "current_thread")]
+async fn a_leases_end_and_an_unanswered_acquire_come_at_their_times() {
+    let p = pair("times");
+    let ttl = Duration::from_millis(300);
+    let slack = Duration::from_millis(500);
+    let id = p.target.publish_lease(&[p.reader.name()], ttl).unwrap();
+    let t = Instant::now();
+    let s = tokio::time::timeout(ttl + slack, p.target.lease_end(id))
+        .await
+        .expect("ended by its duration")
+        .unwrap();
+    assert!(t.elapsed() >= ttl, "{:?}", t.elapsed());
+    assert_eq!(
+        s,
+        LeaseState::Done {
+            released: 0,
+            expired: 1
+        }
+    );
+    let wait = Duration::from_millis(300);
+    let t = Instant::now();
+    let e = p
+        .reader
+        .lease_async(p.target.name(), LeaseId(0xdead), wait)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::TimedOut, "{e}");
+    assert!(
+        t.elapsed() >= wait && t.elapsed() < wait + slack,
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(
+        p.target.lease_end(LeaseId(0xbeef)).await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+}

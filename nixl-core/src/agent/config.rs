@@ -37,6 +37,15 @@ pub struct AgentConfig {
     /// (one that arrives anyway is reported as `Corrupt`, unread), so a peer cannot make this
     /// agent hash its memory. Each frame is bounded by [`Limits::max_integrity_bytes`].
     pub verify_integrity: bool,
+    /// A file that hands this agent's name to its next incarnation (a restart), so that no
+    /// other process takes the name between the two (see `docs/security.md`): the agent reads
+    /// the secret its predecessor left there (the file must be this user's, mode `0600`, 32
+    /// bytes; absent: a first incarnation), reveals it in its metadata, and leaves a fresh one
+    /// for its successor, whose SHA-256 its metadata commits to. Peers that loaded an
+    /// incarnation refuse metadata under its name that does not reveal the committed secret
+    /// for [`Limits::succession_hold`] after it exited or was invalidated. One file per agent
+    /// name; `None` (the default): a name is free once its process exited.
+    pub succession: Option<std::path::PathBuf>,
 }
 
 impl Default for AgentConfig {
@@ -54,6 +63,7 @@ impl Default for AgentConfig {
             verify_integrity: false,
             fetch_policy: FetchPolicy::default(),
             limits: Limits::default(),
+            succession: None,
         }
     }
 }
@@ -100,6 +110,7 @@ impl std::fmt::Debug for AgentConfig {
             )
             .field("fetch_policy", &self.fetch_policy)
             .field("limits", &self.limits)
+            .field("succession", &self.succession)
             .finish()
     }
 }

@@ -74,6 +74,12 @@ impl XferReq {
     pub fn into_completion(self) -> XferFuture<XferReq> {
         XferFuture::new(self, None, true)
     }
+
+    /// [`XferReq::into_completion`] with its own deadline: `timeout` from the first poll
+    /// (then `TimedOut`, the request let go as by the future's drop).
+    pub fn into_completion_within(self, timeout: Duration) -> XferFuture<XferReq> {
+        XferFuture::new(self, Some(timeout), true)
+    }
 }
 
 impl<R: Borrow<XferReq>> XferFuture<R> {

@@ -24,8 +24,12 @@ use std::time::{Duration, Instant};
 use crate::agent::Agent;
 use crate::agent::Shared;
 use crate::error::{Error, Op, Result};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use crate::lease::{
-    check_held as held_by, message, parse, state_of, target_extend, target_release, Answer, Held,
+    check_held as held_by, message, next_expiry, parse, state_of, target_extend, target_release, Answer, Held,
     LeaseId, LeaseState, Published, Reader, Reply, Secret, ACQUIRE, DENY, GRANT, MAX_HELD,
     MAX_LEASES, MAX_READERS, RELEASE, RENEW, RENEWED, SECRET_LEN,
 };
@@ -98,7 +102,9 @@ fn handle(agent: &Agent, sender: &str, msg: &[u8]) {
             Answer::None => None,
         },
         RELEASE => {
-            if !target_release(l, sender, id, &secret) {
+            if target_release(l, sender, id, &secret) {
+                l.wake_all();
+            } else {
                 tracing::debug!(agent = %agent.name(), sender, lease = id, "a RELEASE without the reader's secret changed nothing");
             }
             None
@@ -140,6 +146,9 @@ fn take_answer(
                 Reply::Granted(ttl)
             };
             l.answered.notify_all();
+            drop(a);
+            l.wake_all();
+            return;
         }
     }
 }
@@ -312,6 +321,21 @@ impl Agent {
         };
         a.remove(&key);
         drop(a);
+        self.record_answer(owner, id, sent, secret, answer)
+    }
+
+    /// Records an owner's answer to a request sent at `sent`: a grant (or renewal) for `ttl`
+    /// is held until `sent + ttl` (this agent's clock); a denial forgets the lease.
+    fn record_answer(
+        &self,
+        owner: &str,
+        id: LeaseId,
+        sent: Instant,
+        secret: Secret,
+        answer: Option<Duration>,
+    ) -> Result<()> {
+        let l = &self.shared.leases;
+        let key = (owner.to_owned(), id.0);
         match answer {
             Some(ttl) => {
                 let mut held = l.held.lock();
@@ -337,6 +361,340 @@ impl Agent {
                     op: Op::Lease,
                     lease: id.0,
                 })
+            }
+        }
+    }
+
+    /// Acquires lease `id` of `owner` as a value that releases it when dropped (see
+    /// [`Lease`]); blocks up to `timeout` for the owner's answer, as
+    /// [`Agent::acquire_lease`]. An async caller uses [`Agent::lease_async`].
+    pub fn lease(&self, owner: &str, id: LeaseId, timeout: Duration) -> Result<Lease> {
+        self.acquire_lease(owner, id, timeout)?;
+        Ok(Lease {
+            agent: self.clone(),
+            owner: owner.to_owned(),
+            id,
+            released: false,
+        })
+    }
+
+    /// [`Agent::lease`] as a future that never blocks its caller: it posts the ACQUIRE at
+    /// its first poll and is woken by the owner's answer (or its deadline, `timeout` from
+    /// then: `TimedOut`). Dropped before it resolves, it forgets the request (a late grant
+    /// is ignored).
+    pub fn lease_async(&self, owner: &str, id: LeaseId, timeout: Duration) -> LeaseFuture {
+        LeaseFuture {
+            ask: Ask::new(self, owner, id, ACQUIRE, None, timeout),
+        }
+    }
+
+    /// The end of a lease this agent published, as a future: resolves with its final
+    /// [`LeaseState::Done`] once every reader released or ran out (the blocks may then be
+    /// reused), woken by each release and at each expiry; `NotFound` for an unknown or
+    /// forgotten lease.
+    pub fn lease_end(&self, id: LeaseId) -> LeaseEnd {
+        LeaseEnd {
+            agent: self.clone(),
+            id,
+        }
+    }
+}
+
+/// A lease this agent holds on blocks a peer published to it ([`Agent::lease`],
+/// [`Agent::lease_async`]): requests made with its id
+/// ([`XferOptions::lease`](crate::XferOptions::lease)) are accepted while it is
+/// [`held`](Lease::held); [`Lease::renew`] extends it; it is released when dropped (or by
+/// [`Lease::release`]), so the owner learns at once that the blocks are free, whatever path
+/// the reader's code takes. The release is posted without waiting: a drop never blocks.
+#[must_use = "dropping a lease releases it at once"]
+#[derive(Debug)]
+pub struct Lease {
+    agent: Agent,
+    owner: String,
+    id: LeaseId,
+    released: bool,
+}
+
+impl Lease {
+    /// The lease's id (for [`XferOptions::lease`](crate::XferOptions::lease)).
+    pub fn id(&self) -> LeaseId {
+        self.id
+    }
+
+    /// The agent that published it.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// Whether it is still held: granted, not run out on this agent's clock (counted from when
+    /// the request its grant answers was sent), not released.
+    pub fn held(&self) -> bool {
+        !self.released && self.agent.check_lease(&self.owner, self.id, Op::Lease).is_ok()
+    }
+
+    /// How long it is still held on this agent's clock (`None`: not held).
+    pub fn remaining(&self) -> Option<Duration> {
+        let h = *self
+            .agent
+            .shared
+            .leases
+            .held
+            .lock()
+            .get(&(self.owner.clone(), self.id.0))?;
+        let now = Instant::now();
+        (!self.released && !h.released && now < h.until).then(|| h.until - now)
+    }
+
+    /// Renews it for its duration from now, blocking up to `timeout` for the owner's answer
+    /// (as [`Agent::renew_lease`]); [`Lease::renewal`] is the async form.
+    pub fn renew(&self, timeout: Duration) -> Result<()> {
+        self.agent.renew_lease(&self.owner, self.id, timeout)
+    }
+
+    /// [`Lease::renew`] as a future that never blocks its caller.
+    pub fn renewal(&self, timeout: Duration) -> Renewal {
+        let secret = self.agent.held_secret(&self.owner, self.id);
+        Renewal {
+            ask: Ask::new(&self.agent, &self.owner, self.id, RENEW, secret, timeout),
+        }
+    }
+
+    /// Releases it now (what its drop does), reporting a failure to tell the owner.
+    pub fn release(mut self) -> Result<()> {
+        self.released = true;
+        self.agent.release_lease(&self.owner, self.id)
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if !self.released {
+            if let Err(e) = self.agent.release_lease(&self.owner, self.id) {
+                tracing::warn!(agent = %self.agent.name(), owner = %self.owner, lease = %self.id, error = %e, "a dropped lease's RELEASE was not sent (the owner reclaims it at expiry)");
+            }
+        }
+    }
+}
+
+/// A request to a lease's owner in flight (ACQUIRE or RENEW), for the futures.
+#[derive(Debug)]
+struct Ask {
+    agent: Agent,
+    owner: String,
+    id: LeaseId,
+    kind: u8,
+    /// The secret to ask with (`None` for a RENEW of a lease not held: `LeaseExpired`).
+    secret: Option<Secret>,
+    timeout: Duration,
+    sent: Option<Instant>,
+    over: bool,
+}
+
+impl Ask {
+    fn new(
+        agent: &Agent,
+        owner: &str,
+        id: LeaseId,
+        kind: u8,
+        secret: Option<Secret>,
+        timeout: Duration,
+    ) -> Self {
+        Ask {
+            agent: agent.clone(),
+            owner: owner.to_owned(),
+            id,
+            kind,
+            secret,
+            timeout,
+            sent: None,
+            over: false,
+        }
+    }
+
+    fn expired(&self) -> Error {
+        Error::LeaseExpired {
+            agent: self.agent.name().to_owned(),
+            remote: self.owner.clone(),
+            op: Op::Lease,
+            lease: self.id.0,
+        }
+    }
+
+    fn poll_ask(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        if self.over {
+            return Poll::Ready(Err(Error::not_allowed(
+                self.agent.name(),
+                Op::Lease,
+                "the lease future was polled after it finished",
+            )));
+        }
+        let shared = self.agent.shared.clone();
+        let l = &shared.leases;
+        let key = (self.owner.clone(), self.id.0);
+        let sent = match self.sent {
+            Some(t) => t,
+            None => {
+                let secret = match (self.kind, self.secret) {
+                    (_, Some(s)) => s,
+                    (ACQUIRE, None) => match crate::auth::random::<SECRET_LEN>() {
+                        Ok(s) => s,
+                        Err(e) => {
+                            self.over = true;
+                            return Poll::Ready(Err(e));
+                        }
+                    },
+                    _ => {
+                        self.over = true;
+                        return Poll::Ready(Err(self.expired()));
+                    }
+                };
+                self.secret = Some(secret);
+                if self.kind == RENEW {
+                    if let Err(e) = self.agent.check_lease(&self.owner, self.id, Op::Lease) {
+                        self.over = true;
+                        return Poll::Ready(Err(e));
+                    }
+                }
+                l.answers.lock().insert(key.clone(), Reply::Waiting(secret));
+                let now = Instant::now();
+                self.sent = Some(now);
+                let msg = message(self.kind, self.id.0, Duration::ZERO, &secret);
+                let started = if shared.backends().iter().any(|b| b.caps.needs_progress) {
+                    if shared.progress_running() {
+                        Ok(())
+                    } else {
+                        crate::agent::start_progress_thread(&shared)
+                    }
+                } else {
+                    Ok(())
+                };
+                if let Err(e) = started.and_then(|()| self.agent.post_control(&self.owner, &msg)) {
+                    l.answers.lock().remove(&key);
+                    self.over = true;
+                    return Poll::Ready(Err(e));
+                }
+                now
+            }
+        };
+        // Registered before the look: an answer between the two wakes this task.
+        l.register(cx.waker());
+        let answer = {
+            let mut a = l.answers.lock();
+            match a.get(&key) {
+                Some(Reply::Granted(ttl)) => {
+                    let t = *ttl;
+                    a.remove(&key);
+                    Some(Some(t))
+                }
+                Some(Reply::Denied) => {
+                    a.remove(&key);
+                    Some(None)
+                }
+                _ => None,
+            }
+        };
+        if let Some(answer) = answer {
+            self.over = true;
+            let secret = self.secret.unwrap_or_default();
+            return Poll::Ready(self.agent.record_answer(&self.owner, self.id, sent, secret, answer));
+        }
+        let deadline = sent + self.timeout;
+        if Instant::now() >= deadline {
+            l.answers.lock().remove(&key);
+            self.over = true;
+            return Poll::Ready(Err(Error::TimedOut {
+                agent: self.agent.name().to_owned(),
+                op: Op::Lease,
+                elapsed: self.timeout,
+            }));
+        }
+        crate::timer::wake_at(deadline, cx.waker());
+        Poll::Pending
+    }
+}
+
+impl Drop for Ask {
+    fn drop(&mut self) {
+        if self.sent.is_some() && !self.over {
+            let key = (self.owner.clone(), self.id.0);
+            let mut a = self.agent.shared.leases.answers.lock();
+            if matches!(a.get(&key), Some(Reply::Waiting(s)) if Some(*s) == self.secret) {
+                a.remove(&key);
+            }
+        }
+    }
+}
+
+/// [`Agent::lease_async`]'s future: the held [`Lease`], `LeaseExpired` where the owner
+/// denies it, `TimedOut` without an answer.
+#[must_use = "a future does nothing unless polled"]
+#[derive(Debug)]
+pub struct LeaseFuture {
+    ask: Ask,
+}
+
+impl Future for LeaseFuture {
+    type Output = Result<Lease>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Lease>> {
+        let this = self.get_mut();
+        this.ask.poll_ask(cx).map(|r| {
+            r.map(|()| Lease {
+                agent: this.ask.agent.clone(),
+                owner: this.ask.owner.clone(),
+                id: this.ask.id,
+                released: false,
+            })
+        })
+    }
+}
+
+/// [`Lease::renewal`]'s future: `Ok` once renewed, `LeaseExpired` where the lease ran out,
+/// was released or the owner denies it, `TimedOut` without an answer.
+#[must_use = "a future does nothing unless polled"]
+#[derive(Debug)]
+pub struct Renewal {
+    ask: Ask,
+}
+
+impl Future for Renewal {
+    type Output = Result<()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        self.get_mut().ask.poll_ask(cx)
+    }
+}
+
+/// [`Agent::lease_end`]'s future.
+#[must_use = "a future does nothing unless polled"]
+#[derive(Debug)]
+pub struct LeaseEnd {
+    agent: Agent,
+    id: LeaseId,
+}
+
+impl Future for LeaseEnd {
+    type Output = Result<LeaseState>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<LeaseState>> {
+        let l = &self.agent.shared.leases;
+        l.register(cx.waker());
+        let p = l.published.lock();
+        let Some(lease) = p.get(&self.id.0) else {
+            return Poll::Ready(Err(Error::not_found(
+                self.agent.name(),
+                Op::Lease,
+                format!("no lease {}", self.id),
+            )));
+        };
+        let now = Instant::now();
+        match state_of(lease, now) {
+            s @ LeaseState::Done { .. } => Poll::Ready(Ok(s)),
+            LeaseState::Active { .. } => {
+                if let Some(at) = next_expiry(lease, now) {
+                    crate::timer::wake_at(at, cx.waker());
+                }
+                Poll::Pending
             }
         }
     }

@@ -54,6 +54,18 @@ impl<'a> LoadPlan<'a> {
             .as_ref()
             .filter(|p| p.generation == md.generation && p.wire == wire);
         check_owner(me, md, existing.as_deref())?;
+        if same.is_none() {
+            let holder_live = existing
+                .as_ref()
+                .and_then(|p| p.process.as_ref())
+                .is_some_and(|w| !w.exited());
+            agent.shared.successions.check(
+                me,
+                md,
+                holder_live,
+                agent.shared.config.limits.succession_hold,
+            )?;
+        }
         if let Some(proof) = proof {
             check_proof(agent, md, proof, same.map(|p| &**p))?;
         }
@@ -141,6 +153,10 @@ impl<'a> LoadPlan<'a> {
                 .remotes
                 .lock()
                 .insert(md.name.clone(), peer.clone());
+            agent
+                .shared
+                .successions
+                .loaded(md, agent.shared.config.limits.max_known_names);
             // From now on hellos under the name count only when signed with its key.
             agent.shared.hello_keys.loaded(
                 &md.name,

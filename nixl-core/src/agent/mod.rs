@@ -18,6 +18,7 @@ pub(crate) mod request;
 mod shared;
 mod sidechannel;
 mod spec;
+pub(crate) mod succession;
 mod xfer;
 
 pub use crate::lease::{LeaseId, LeaseState};
@@ -304,6 +305,11 @@ impl Agent {
                 },
             )?,
         );
+        let succession = config
+            .succession
+            .as_deref()
+            .map(|path| succession::take(name, path))
+            .transpose()?;
         let notifs = NotifQueue::with_limits(
             config.limits.max_queued_notif_bytes,
             config.limits.max_queued_notif_bytes_per_sender,
@@ -332,6 +338,8 @@ impl Agent {
             bindings: Arc::new(Bindings::default()),
             process,
             hello_keys,
+            succession,
+            successions: succession::Successions::default(),
             draining: Mutex::new(Vec::new()),
         });
         let agent = Agent { shared };

@@ -157,6 +157,7 @@ impl Agent {
             process: None,
             verifies_integrity: false,
             hello_key: None,
+            succession: None,
             backends,
             regions,
         })

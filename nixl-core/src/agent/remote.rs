@@ -371,6 +371,7 @@ impl Agent {
             )
         })?;
         self.shared.hello_keys.forgotten(remote);
+        self.shared.successions.gone(remote);
         self.retire_peer(&peer);
         Ok(())
     }
@@ -400,6 +401,7 @@ impl Agent {
                 let peer = remotes.remove(remote);
                 drop(remotes);
                 self.shared.hello_keys.forgotten(remote);
+                self.shared.successions.gone(remote);
                 if let Some(p) = peer {
                     self.retire_peer(&p);
                 }

@@ -46,6 +46,10 @@ pub(crate) struct Shared {
     pub process: Option<crate::liveness::ProcessId>,
     /// This incarnation's hello key, and the key each peer name's hellos must verify under.
     pub hello_keys: Arc<crate::hello::HelloKeys>,
+    /// What this incarnation's metadata says of its succession (`AgentConfig::succession`).
+    pub succession: Option<crate::codec::Succession>,
+    /// Peer names held for their successors.
+    pub successions: super::succession::Successions,
     /// Dropped requests the backends have not released yet (with their memory).
     pub draining: Mutex<Vec<crate::xfer::Drained>>,
 }

@@ -226,8 +226,11 @@ impl HelloKeys {
     /// `key` still counts (the name's holder may have changed since: a load).
     fn counts(&self, sender: &str, key: Option<&[u8; HELLO_KEY_LEN]>) -> bool {
         let g = self.names.lock();
+        // A loaded holder that exited: other keys count once its successor is loaded (the
+        // name may be held for it: `AgentConfig::succession`).
         let ok = match g.get(sender) {
             None => true,
+            Some(h @ Holder::Loaded { .. }) => h.key().is_none() || h.key() == key,
             Some(h) => h.key().is_none() || h.key() == key || h.exited(),
         };
         if !ok {

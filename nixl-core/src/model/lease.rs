@@ -49,6 +49,25 @@ impl fmt::Display for LeaseId {
     }
 }
 
+/// A lease id parsed back from text: its [`Display`](fmt::Display) form (`0x` and hex
+/// digits) or decimal digits, as applications pass ids between processes.
+impl std::str::FromStr for LeaseId {
+    type Err = crate::error::DecodeError;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        let bad = crate::error::DecodeError::Invalid { what: "lease id" };
+        let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+            Some(hex) if !hex.is_empty() && hex.len() <= 16 => u64::from_str_radix(hex, 16),
+            Some(_) => return Err(bad),
+            None => s.parse::<u64>(),
+        };
+        match v {
+            Ok(v) if v != 0 => Ok(LeaseId(v)),
+            _ => Err(bad),
+        }
+    }
+}
+
 /// Where a published lease stands on its target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseState {
@@ -115,6 +134,36 @@ pub(crate) struct Leases {
     pub(crate) queue: Mutex<Queue>,
     pub(crate) queued: Condvar,
     pub(crate) running: AtomicBool,
+    /// Futures waiting for an answer or a lease's end: woken on every answer and release.
+    pub(crate) wakers: Mutex<Vec<std::task::Waker>>,
+}
+
+/// Wakers a lease table keeps at most (past it, every one is woken and the list starts over:
+/// a woken future that is not done registers again).
+const MAX_WAKERS: usize = 1 << 12;
+
+impl Leases {
+    /// Registers a future to wake at the next answer or release.
+    pub(crate) fn register(&self, w: &std::task::Waker) {
+        let mut g = self.wakers.lock();
+        if g.iter().any(|x| x.will_wake(w)) {
+            return;
+        }
+        if g.len() >= MAX_WAKERS {
+            for x in g.drain(..) {
+                x.wake();
+            }
+        }
+        g.push(w.clone());
+    }
+
+    /// Wakes every registered future.
+    pub(crate) fn wake_all(&self) {
+        let ws = std::mem::take(&mut *self.wakers.lock());
+        for w in ws {
+            w.wake();
+        }
+    }
 }
 
 impl fmt::Debug for Leases {
@@ -278,6 +327,19 @@ pub(crate) fn check_held(
     }
 }
 
+/// When a lease's state next changes by the clock alone (a grant or the chance to acquire runs
+/// out), if it is active.
+pub(crate) fn next_expiry(l: &Published, now: Instant) -> Option<Instant> {
+    l.readers
+        .values()
+        .filter_map(|r| match *r {
+            Reader::Held { until, .. } if now < until => Some(until),
+            Reader::Pending if now < l.published + l.ttl => Some(l.published + l.ttl),
+            _ => None,
+        })
+        .min()
+}
+
 pub(crate) fn state_of(l: &Published, now: Instant) -> LeaseState {
     let (mut holding, mut pending, mut released, mut expired) = (0, 0, 0, 0);
     for r in l.readers.values() {
@@ -313,5 +375,22 @@ mod tests {
         long.push(0);
         assert_eq!(parse(&long), None);
         assert_eq!(parse(b"hello"), None);
+    }
+}
+
+#[cfg(test)]
+mod id_tests {
+    use super::LeaseId;
+
+    #[test]
+    fn a_lease_id_reads_back_from_its_text() {
+        for v in [1u64, 0xdead_beef, u64::MAX] {
+            let id = LeaseId(v);
+            assert_eq!(id.to_string().parse::<LeaseId>(), Ok(id));
+            assert_eq!(v.to_string().parse::<LeaseId>(), Ok(id));
+        }
+        for bad in ["", "0x", "0", "0x0", "-1", "0x1g", "0x10000000000000000", "lease"] {
+            assert!(bad.parse::<LeaseId>().is_err(), "{bad:?}");
+        }
     }
 }

@@ -34,6 +34,11 @@ pub struct Limits {
     pub max_integrity_bytes: u64,
     /// Side-channel listener limits.
     pub listener: ListenerLimits,
+    /// How long a name whose incarnation committed to a successor
+    /// (`AgentConfig::succession`) stays held for that successor once the incarnation exited
+    /// or was invalidated: metadata under the name that does not reveal the secret is refused
+    /// until then.
+    pub succession_hold: std::time::Duration,
 }
 
 impl Default for Limits {
@@ -75,6 +80,7 @@ impl Limits {
             max_queued_notif_bytes: 256 << 20,
             max_queued_notif_bytes_per_sender: 64 << 20,
             max_integrity_bytes: 1 << 32,
+            succession_hold: Duration::from_secs(600),
             listener: ListenerLimits {
                 max_connections: usize::try_from(connections).unwrap_or(256),
                 ..ListenerLimits::default()

@@ -33,6 +33,17 @@ const FLAG_CONN: u8 = 1;
 const FLAG_PROCESS: u8 = 2;
 const FLAG_INTEGRITY: u8 = 4;
 const FLAG_HELLO_KEY: u8 = 8;
+const FLAG_SUCCESSION: u8 = 16;
+
+/// How an incarnation hands its name to the next one ([`AgentMetadata::succession`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Succession {
+    /// The secret its predecessor left it (`None`: the first incarnation): its SHA-256 is the
+    /// commitment the predecessor's metadata carried.
+    pub reveal: Option<[u8; 32]>,
+    /// The SHA-256 of the secret it left its successor.
+    pub next: [u8; 32],
+}
 
 /// A backend's entry in metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +85,10 @@ pub struct AgentMetadata {
     /// on): a receiver that loaded this metadata counts a hello under the name only when it
     /// verifies under this key (see `nixl_core::hello`).
     pub hello_key: Option<[u8; 32]>,
+    /// With `AgentConfig::succession`: the secret this incarnation inherited and the
+    /// commitment to its successor's (peers hold the name for the successor; see
+    /// `docs/security.md`).
+    pub succession: Option<Succession>,
     /// Backends.
     pub backends: Vec<BackendEntry>,
     /// Regions.
@@ -96,6 +111,9 @@ impl AgentMetadata {
         if self.hello_key.is_some() {
             flags |= FLAG_HELLO_KEY;
         }
+        if self.succession.is_some() {
+            flags |= FLAG_SUCCESSION;
+        }
         w.put_u8(flags);
         if let Some(p) = &self.process {
             w.put(&p.boot_id)
@@ -105,6 +123,13 @@ impl AgentMetadata {
         }
         if let Some(k) = &self.hello_key {
             w.put(k);
+        }
+        if let Some(s) = &self.succession {
+            w.put_bool(s.reveal.is_some());
+            if let Some(r) = &s.reveal {
+                w.put(r);
+            }
+            w.put(&s.next);
         }
         w.put_len(self.backends.len());
         for b in &self.backends {
@@ -145,7 +170,7 @@ impl AgentMetadata {
         let generation = r.u64()?;
         let flags = r.u8()?;
         let known = if version >= 5 {
-            FLAG_CONN | FLAG_PROCESS | FLAG_INTEGRITY | FLAG_HELLO_KEY
+            FLAG_CONN | FLAG_PROCESS | FLAG_INTEGRITY | FLAG_HELLO_KEY | FLAG_SUCCESSION
         } else {
             FLAG_CONN | FLAG_PROCESS | FLAG_INTEGRITY
         };
@@ -167,6 +192,19 @@ impl AgentMetadata {
         } else {
             None
         };
+        let succession = if flags & FLAG_SUCCESSION != 0 {
+            let reveal = if r.bool("succession reveal flag")? {
+                Some(r.array()?)
+            } else {
+                None
+            };
+            Some(Succession {
+                reveal,
+                next: r.array()?,
+            })
+        } else {
+            None
+        };
         let backends = read_backends(&mut r)?;
         let regions = read_regions(&mut r, backends.len(), version >= 4)?;
         r.finish()?;
@@ -177,6 +215,7 @@ impl AgentMetadata {
             process,
             verifies_integrity: flags & FLAG_INTEGRITY != 0,
             hello_key,
+            succession,
             backends,
             regions,
         })
@@ -366,6 +405,10 @@ mod tests {
                     process,
                     verifies_integrity: conn,
                     hello_key: conn.then_some([generation as u8; 32]),
+                    succession: conn.then_some(Succession {
+                        reveal: (generation % 2 == 0).then_some([3; 32]),
+                        next: [generation as u8 ^ 0x55; 32],
+                    }),
                     backends: backends.clone(),
                     regions,
                 })
@@ -445,6 +488,10 @@ mod tests {
             process: ProcessId::current(),
             verifies_integrity: false,
             hello_key: Some([0x5a; 32]),
+            succession: Some(Succession {
+                reveal: Some([0x11; 32]),
+                next: [0x22; 32],
+            }),
             backends: vec![BackendEntry {
                 name: "UCX".into(),
                 conn_info: vec![7; 40],
@@ -486,6 +533,7 @@ mod tests {
             process: None,
             verifies_integrity: false,
             hello_key: None,
+            succession: None,
             backends: vec![],
             regions: vec![],
         };
@@ -523,8 +571,8 @@ mod tests {
         assert_eq!(md.regions.len(), 1);
         assert_eq!(md.regions[0].label, "");
         assert_eq!(md.regions[0].public, b"rkey");
-        // Version 2 and 5 are refused.
-        for v in [2u16, 5] {
+        // Version 2 and 6 are refused.
+        for v in [2u16, 6] {
             let mut w = ByteWriter::new();
             w.put(MAGIC).put_u16(v).put_u64(0);
             assert!(matches!(

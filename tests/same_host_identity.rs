@@ -361,7 +361,11 @@ fn a_restart_reclaims_its_name_and_a_stranger_cannot() {
     real.kill();
     // The peer is gone (its process exited): a stranger's PUSH under its name is refused.
     act(&victim, &name, &[("act", "impersonate")], None);
-    assert_eq!(victim.remote_generation(&name), Some(g1), "the name was taken");
+    assert_eq!(
+        victim.remote_generation(&name),
+        Some(g1),
+        "the name was taken"
+    );
     // The restart reads the secret its predecessor left and is accepted.
     let mut again = Child::spawn(CHILD, &victim, &name, &publish).expect("spawn");
     assert_eq!(again.next(&victim, WAIT).expect("ready"), b"ready");

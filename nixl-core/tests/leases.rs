@@ -371,9 +371,8 @@ async fn a_lease_value_releases_on_drop_and_its_end_is_a_future() {
             expired: 0
         }
     );
-    let req = read(&p, Some(id)).unwrap();
     assert_eq!(
-        p.reader.post_xfer_req(&req).unwrap_err().kind(),
+        read(&p, Some(id)).unwrap_err().kind(),
         ErrorKind::LeaseExpired
     );
     // The blocking form: the same value, released by `release()`.
@@ -426,7 +425,11 @@ async fn a_leases_end_and_an_unanswered_acquire_come_at_their_times() {
         t.elapsed()
     );
     assert_eq!(
-        p.target.lease_end(LeaseId(0xbeef)).await.unwrap_err().kind(),
+        p.target
+            .lease_end(LeaseId(0xbeef))
+            .await
+            .unwrap_err()
+            .kind(),
         ErrorKind::NotFound
     );
 }

@@ -29,9 +29,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use crate::lease::{
-    check_held as held_by, message, next_expiry, parse, state_of, target_extend, target_release, Answer, Held,
-    LeaseId, LeaseState, Published, Reader, Reply, Secret, ACQUIRE, DENY, GRANT, MAX_HELD,
-    MAX_LEASES, MAX_READERS, RELEASE, RENEW, RENEWED, SECRET_LEN,
+    check_held as held_by, message, next_expiry, parse, state_of, target_extend, target_release,
+    Answer, Held, LeaseId, LeaseState, Published, Reader, Reply, Secret, ACQUIRE, DENY, GRANT,
+    MAX_HELD, MAX_LEASES, MAX_READERS, RELEASE, RENEW, RENEWED, SECRET_LEN,
 };
 use crate::notif::Control;
 
@@ -148,7 +148,6 @@ fn take_answer(
             l.answered.notify_all();
             drop(a);
             l.wake_all();
-            return;
         }
     }
 }
@@ -429,7 +428,11 @@ impl Lease {
     /// Whether it is still held: granted, not run out on this agent's clock (counted from when
     /// the request its grant answers was sent), not released.
     pub fn held(&self) -> bool {
-        !self.released && self.agent.check_lease(&self.owner, self.id, Op::Lease).is_ok()
+        !self.released
+            && self
+                .agent
+                .check_lease(&self.owner, self.id, Op::Lease)
+                .is_ok()
     }
 
     /// How long it is still held on this agent's clock (`None`: not held).
@@ -596,7 +599,13 @@ impl Ask {
         if let Some(answer) = answer {
             self.over = true;
             let secret = self.secret.unwrap_or_default();
-            return Poll::Ready(self.agent.record_answer(&self.owner, self.id, sent, secret, answer));
+            return Poll::Ready(self.agent.record_answer(
+                &self.owner,
+                self.id,
+                sent,
+                secret,
+                answer,
+            ));
         }
         let deadline = sent + self.timeout;
         if Instant::now() >= deadline {
@@ -608,7 +617,7 @@ impl Ask {
                 elapsed: self.timeout,
             }));
         }
-        crate::timer::wake_at(deadline, cx.waker());
+        crate::model::timer::wake_at(deadline, cx.waker());
         Poll::Pending
     }
 }
@@ -692,7 +701,7 @@ impl Future for LeaseEnd {
             s @ LeaseState::Done { .. } => Poll::Ready(Ok(s)),
             LeaseState::Active { .. } => {
                 if let Some(at) = next_expiry(lease, now) {
-                    crate::timer::wake_at(at, cx.waker());
+                    crate::model::timer::wake_at(at, cx.waker());
                 }
                 Poll::Pending
             }

@@ -234,6 +234,7 @@ impl Agent {
             process: self.shared.process,
             verifies_integrity: self.shared.config.verify_integrity,
             hello_key: sel.include_conn.then(|| self.shared.hello_keys.public()),
+            succession: self.shared.succession.filter(|_| sel.include_conn),
             backends: entries,
             regions,
         }

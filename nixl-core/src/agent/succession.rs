@@ -67,10 +67,13 @@ fn read_secret(agent: &str, path: &Path) -> Result<Option<[u8; SECRET]>> {
     (&f).take(SECRET as u64 + 1)
         .read_to_end(&mut b)
         .map_err(|e| refuse(agent, path, e))?;
-    let s: [u8; SECRET] = b
-        .as_slice()
-        .try_into()
-        .map_err(|_| refuse(agent, path, format!("holds {} bytes, not {SECRET}", b.len())))?;
+    let s: [u8; SECRET] = b.as_slice().try_into().map_err(|_| {
+        refuse(
+            agent,
+            path,
+            format!("holds {} bytes, not {SECRET}", b.len()),
+        )
+    })?;
     Ok(Some(s))
 }
 
@@ -252,7 +255,10 @@ mod tests {
         s.loaded(&holder, 16);
         let hold = std::time::Duration::from_millis(50);
         let stranger = md("p", None);
-        assert!(s.check("me", &stranger, true, hold).is_ok(), "live: the owner check decides");
+        assert!(
+            s.check("me", &stranger, true, hold).is_ok(),
+            "live: the owner check decides"
+        );
         let e = s.check("me", &stranger, false, hold).unwrap_err();
         assert_eq!(e.kind(), crate::ErrorKind::NotAllowed, "{e}");
         let wrong = md(
@@ -272,7 +278,10 @@ mod tests {
         );
         assert!(s.check("me", &heir, false, hold).is_ok());
         std::thread::sleep(hold);
-        assert!(s.check("me", &stranger, false, hold).is_ok(), "the hold passed");
+        assert!(
+            s.check("me", &stranger, false, hold).is_ok(),
+            "the hold passed"
+        );
         // Bounded: past `max` names, a new one is not held.
         let other = md("q", holder.succession);
         s.loaded(&other, 1);

@@ -389,7 +389,16 @@ mod id_tests {
             assert_eq!(id.to_string().parse::<LeaseId>(), Ok(id));
             assert_eq!(v.to_string().parse::<LeaseId>(), Ok(id));
         }
-        for bad in ["", "0x", "0", "0x0", "-1", "0x1g", "0x10000000000000000", "lease"] {
+        for bad in [
+            "",
+            "0x",
+            "0",
+            "0x0",
+            "-1",
+            "0x1g",
+            "0x10000000000000000",
+            "lease",
+        ] {
             assert!(bad.parse::<LeaseId>().is_err(), "{bad:?}");
         }
     }

@@ -43,19 +43,25 @@ b=.carry/bin/nixl-mem-gpu-agent
 [ -x "$b" ] || { say "missing $b: run scripts/gpu.sh landed build and carry .carry"; exit 2; }
 say "== host: $(nproc) cores; $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
 export NIXL_KILLS="${NIXL_KILLS:-100}"
-NIXL_KILLS=${NIXL_KILLS} timeout "${CUDA_IPC_S:-270}" "$b" --exact \
+# ONLY=cuda_ipc or ONLY=ucx runs one transport (at 100 kills each fits one device call).
+only="${ONLY:-all}"
+if [ "$only" = all ] || [ "$only" = cuda_ipc ]; then
+timeout "${NIXL_CUDA_IPC_S:-270}" "$b" --exact \
     gpu_agent_a_killed_target_never_ends_done_unless_landed --nocapture --test-threads 1 \
     > "$OUT/landed-gpu.log" 2>&1
 say "CUDA_IPC rc=$?"
 grep -E 'kills per operation|test result|panicked' "$OUT/landed-gpu.log" | tee -a "$s"
+fi
+if [ "$only" = all ] || [ "$only" = ucx ]; then
 export NIXL_UCX_HOME="$PWD/.carry/ucx"
 export LD_LIBRARY_PATH="$PWD/.carry/ucx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export UCX_MODULES='^ib,rdmacm'
-timeout "${UCX_S:-270}" .carry/bin/ucx-vram --exact \
+timeout "${NIXL_UCX_S:-270}" .carry/bin/ucx-vram --exact \
     ucx_cuda_ipc_a_killed_target_never_ends_done_unless_landed --nocapture --test-threads 1 \
     > "$OUT/landed-ucx-gpu.log" 2>&1
 say "UCX cuda_ipc rc=$?"
 grep -E 'kills per operation|test result|panicked|skipped' "$OUT/landed-ucx-gpu.log" | tee -a "$s"
+fi
 )
 
 case "${1:-}" in

@@ -25,6 +25,7 @@ fn silent_peer(test: &str, backend: &'static str, keepalive_ms: u64) {
         Peer::start(&net, host, &c)
     };
     let mut a = agent("survivor", 0);
+    let a_cancel_ms = cfg(&net, "survivor", 0, backend, 1 << 20).cancel_ms;
     let b = agent("honest", 1);
     let mut c = agent("silent", 2);
     a.ok(&format!("fetch {} {} 20000", b.name, b.listen));
@@ -82,20 +83,50 @@ fn silent_peer(test: &str, backend: &'static str, keepalive_ms: u64) {
         );
         outcomes.push(format!("write `{}` in {} ms", f.kind, took.as_millis()));
         let _ = a.cmd("drop s");
+        // A notification is posted or refused typed, by the agent's deadline; forgetting the
+        // peer does not wait for it.
         let t = Instant::now();
         let n = a.cmd(&format!("notify {} hello", c.name));
+        let took = t.elapsed();
+        assert!(
+            matches!(&n, Ok(_)) || matches!(&n, Err(f) if matches!(f.kind.as_str(), "timed_out" | "remote_disconnect")),
+            "a notification to the silent peer: {n:?}"
+        );
+        assert!(
+            took < Duration::from_millis(DEADLINE_MS) + Duration::from_millis(1_500),
+            "a notification to the silent peer took {took:?}"
+        );
         outcomes.push(format!(
             "notify {:?} in {} ms",
             n.map_err(|f| f.kind),
-            t.elapsed().as_millis()
+            took.as_millis()
         ));
+        // Forgetting it drains each endpoint for at most the backend's cancel timeout (UCX
+        // 1.22's tcp must not be force-closed with operations in flight).
         let t = Instant::now();
         let fg = a.cmd(&format!("forget {}", c.name));
-        outcomes.push(format!(
-            "forget {:?} in {} ms",
-            fg.map_err(|f| f.kind),
-            t.elapsed().as_millis()
-        ));
+        let took = t.elapsed();
+        assert!(fg.is_ok(), "forgetting the silent peer: {fg:?}");
+        let bound = Duration::from_millis(a_cancel_ms) + Duration::from_millis(1_500);
+        assert!(
+            took < bound,
+            "forgetting the silent peer took {took:?} (cancel timeout {a_cancel_ms} ms)"
+        );
+        outcomes.push(format!("forget ok in {} ms", took.as_millis()));
+    } else {
+        // A load that cannot reach the peer fails typed (a connection that never answers), and
+        // nothing of it stays loaded: a notification to it is refused `not_found` at once.
+        let kind = load.as_ref().map_err(|f| f.kind.clone()).unwrap_err();
+        assert!(
+            matches!(kind.as_str(), "timed_out" | "remote_disconnect"),
+            "a failed load of a silent peer must say why, typed: {load:?}"
+        );
+        let n = a.cmd(&format!("notify {} hello", c.name));
+        assert!(
+            matches!(&n, Err(f) if f.kind == "not_found"),
+            "a notification to a peer whose load failed: {n:?}"
+        );
+        outcomes.push("notify `not_found` (not loaded)".to_owned());
     }
     // The honest peer was served throughout.
     std::thread::sleep(Duration::from_millis(300));

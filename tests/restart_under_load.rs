@@ -101,6 +101,10 @@ struct Seen {
     worst: Duration,
     /// Failures of the test's own rules.
     broken: Vec<String>,
+    /// Completed requests whose path was direct CMA, and an example of another path (with
+    /// how many took one).
+    direct_cma: u64,
+    other_paths: (u64, Option<String>),
 }
 
 /// The target of the traffic: (incarnation, name, remote address).
@@ -127,7 +131,7 @@ fn one_request(
             },
         )
         .and_then(|r| a.post_xfer_req(&r).map(|_| r))
-        .and_then(|r| r.wait(DEADLINE + SLACK));
+        .and_then(|r| r.wait(DEADLINE + SLACK).map(|()| r.path()));
     let took = t.elapsed();
     let mut s = seen.lock();
     s.worst = s.worst.max(took);
@@ -135,7 +139,15 @@ fn one_request(
         s.broken.push(format!("a {op:?} to {name} took {took:?}"));
     }
     match r {
-        Ok(()) => true,
+        Ok(path) => {
+            if path.contains("direct CMA") {
+                s.direct_cma += 1;
+            } else {
+                s.other_paths.0 += 1;
+                s.other_paths.1.get_or_insert(path);
+            }
+            true
+        }
         Err(e) => {
             let k = e.kind();
             if !matches!(
@@ -301,6 +313,15 @@ fn restart_under_load(test: &str, kind: &str) {
         s.errors.values().sum::<u64>() > 0,
         "the silent and dead peers were tried: typed errors expected"
     );
+    if kind == "shm,cma,self" {
+        // The path named: every completed request went by direct CMA, none fell back.
+        assert!(
+            s.direct_cma > 0 && s.other_paths.0 == 0,
+            "direct CMA {} requests, other paths {:?}",
+            s.direct_cma,
+            s.other_paths
+        );
+    }
 }
 
 #[test]

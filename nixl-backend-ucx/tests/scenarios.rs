@@ -526,7 +526,38 @@ fn canceled_never_follows_delivery() {
             );
         }
     }
+    // The case the test exists for, forced: the cancel comes after delivery (the target
+    // already has the data and the notification; the initiator's request was never checked),
+    // so it loses the race: the request is `Done`, never `Canceled`.
+    src.fill(0x77);
+    let req = a
+        .create_xfer_req(
+            XferOp::Write,
+            &one(len as u64, src.addr()),
+            &one(len as u64, dst.addr()),
+            b.name(),
+            XferOptions::with_notif(b"late-cancel".to_vec()),
+        )
+        .expect("make");
+    a.post_xfer_req(&req).expect("post");
+    let end = std::time::Instant::now() + Duration::from_secs(20);
+    let mut got = false;
+    while !got && std::time::Instant::now() < end {
+        a.progress();
+        let n = b.wait_notifs(Duration::from_millis(5)).unwrap_or_default();
+        got = n
+            .get(a.name())
+            .is_some_and(|v| v.iter().any(|m| m == b"late-cancel"));
+    }
+    assert!(got, "the forced round's notification never arrived");
+    assert!(dst.to_vec().iter().all(|&x| x == 0x77));
+    let cancel = req.cancel();
+    let state = a.check_xfer_state(&req);
+    assert!(
+        matches!(state, Ok(XferState::Done)),
+        "a cancel after delivery made the request {state:?} (cancel: {cancel:?})"
+    );
     println!(
-        "canceled_never_follows_delivery: {delivered_and_done} of 5 cancels came after delivery"
+        "canceled_never_follows_delivery: {delivered_and_done} of 5 cancels came after delivery, and the forced late cancel left it Done"
     );
 }

@@ -250,19 +250,20 @@ fn an_idle_stream_ends() {
 }
 
 /// Under tokio: many requests awaited at once from tasks (owning futures, `'static`), and the
-/// notification stream read by another task; no thread parked per wait.
+/// notification stream read by another task; no thread parked per wait: each request
+/// completes 200 ms after its post, so 64 waits that each held one of the runtime's 2 worker
+/// threads would take at least 64 x 200 ms / 2 = 6.4 s; awaited, they overlap (bound: half
+/// that, 3.2 s, on a shared machine).
 #[test]
 fn under_tokio_many_requests_and_a_stream() {
+    let each = Duration::from_millis(200);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    let p = Arc::new(pair(
-        "tk",
-        Completion::Deferred(Duration::from_millis(20)),
-        false,
-    ));
+    let p = Arc::new(pair("tk", Completion::Deferred(each), false));
+    let started = std::time::Instant::now();
     rt.block_on(async {
         let mut stream = p.b.notif_stream();
         let reader = tokio::spawn(async move {
@@ -289,5 +290,11 @@ fn under_tokio_many_requests_and_a_stream() {
         got.sort_unstable();
         assert_eq!(got, (0..64).collect::<Vec<_>>());
     });
+    let took = started.elapsed();
+    let parked = each * 64 / 2;
+    assert!(
+        took < parked / 2,
+        "64 awaited requests of {each:?} took {took:?}: waits held the workers (serial: {parked:?})"
+    );
     assert!(landed(&p));
 }

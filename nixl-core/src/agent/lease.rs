@@ -523,6 +523,52 @@ impl Ask {
         }
     }
 
+    /// Sends the request (the first poll): its secret, the waiting slot, the message.
+    fn send(&mut self) -> Result<Instant> {
+        let shared = self.agent.shared.clone();
+        let l = &shared.leases;
+        let secret = match (self.kind, self.secret) {
+            (_, Some(s)) => s,
+            (ACQUIRE, None) => crate::auth::random::<SECRET_LEN>()?,
+            _ => return Err(self.expired()),
+        };
+        self.secret = Some(secret);
+        if self.kind == RENEW {
+            self.agent.check_lease(&self.owner, self.id, Op::Lease)?;
+        }
+        let key = (self.owner.clone(), self.id.0);
+        l.answers.lock().insert(key.clone(), Reply::Waiting(secret));
+        let now = Instant::now();
+        self.sent = Some(now);
+        let msg = message(self.kind, self.id.0, Duration::ZERO, &secret);
+        let needs = shared.backends().iter().any(|b| b.caps.needs_progress);
+        let started = if needs && !shared.progress_running() {
+            crate::agent::start_progress_thread(&shared)
+        } else {
+            Ok(())
+        };
+        if let Err(e) = started.and_then(|()| self.agent.post_control(&self.owner, &msg)) {
+            l.answers.lock().remove(&key);
+            return Err(e);
+        }
+        Ok(now)
+    }
+
+    /// The owner's answer, if it came: `Some(Some(ttl))` granted, `Some(None)` denied.
+    fn answer(&self) -> Option<Option<Duration>> {
+        let key = (self.owner.clone(), self.id.0);
+        let mut a = self.agent.shared.leases.answers.lock();
+        let got = match a.get(&key) {
+            Some(Reply::Granted(ttl)) => Some(Some(*ttl)),
+            Some(Reply::Denied) => Some(None),
+            _ => None,
+        };
+        if got.is_some() {
+            a.remove(&key);
+        }
+        got
+    }
+
     fn poll_ask(&mut self, cx: &mut Context<'_>) -> Poll<Result<()>> {
         if self.over {
             return Poll::Ready(Err(Error::not_allowed(
@@ -531,72 +577,19 @@ impl Ask {
                 "the lease future was polled after it finished",
             )));
         }
-        let shared = self.agent.shared.clone();
-        let l = &shared.leases;
-        let key = (self.owner.clone(), self.id.0);
         let sent = match self.sent {
             Some(t) => t,
-            None => {
-                let secret = match (self.kind, self.secret) {
-                    (_, Some(s)) => s,
-                    (ACQUIRE, None) => match crate::auth::random::<SECRET_LEN>() {
-                        Ok(s) => s,
-                        Err(e) => {
-                            self.over = true;
-                            return Poll::Ready(Err(e));
-                        }
-                    },
-                    _ => {
-                        self.over = true;
-                        return Poll::Ready(Err(self.expired()));
-                    }
-                };
-                self.secret = Some(secret);
-                if self.kind == RENEW {
-                    if let Err(e) = self.agent.check_lease(&self.owner, self.id, Op::Lease) {
-                        self.over = true;
-                        return Poll::Ready(Err(e));
-                    }
-                }
-                l.answers.lock().insert(key.clone(), Reply::Waiting(secret));
-                let now = Instant::now();
-                self.sent = Some(now);
-                let msg = message(self.kind, self.id.0, Duration::ZERO, &secret);
-                let started = if shared.backends().iter().any(|b| b.caps.needs_progress) {
-                    if shared.progress_running() {
-                        Ok(())
-                    } else {
-                        crate::agent::start_progress_thread(&shared)
-                    }
-                } else {
-                    Ok(())
-                };
-                if let Err(e) = started.and_then(|()| self.agent.post_control(&self.owner, &msg)) {
-                    l.answers.lock().remove(&key);
+            None => match self.send() {
+                Ok(t) => t,
+                Err(e) => {
                     self.over = true;
                     return Poll::Ready(Err(e));
                 }
-                now
-            }
+            },
         };
         // Registered before the look: an answer between the two wakes this task.
-        l.register(cx.waker());
-        let answer = {
-            let mut a = l.answers.lock();
-            match a.get(&key) {
-                Some(Reply::Granted(ttl)) => {
-                    let t = *ttl;
-                    a.remove(&key);
-                    Some(Some(t))
-                }
-                Some(Reply::Denied) => {
-                    a.remove(&key);
-                    Some(None)
-                }
-                _ => None,
-            }
-        };
-        if let Some(answer) = answer {
+        self.agent.shared.leases.register(cx.waker());
+        if let Some(answer) = self.answer() {
             self.over = true;
             let secret = self.secret.unwrap_or_default();
             return Poll::Ready(self.agent.record_answer(
@@ -609,7 +602,12 @@ impl Ask {
         }
         let deadline = sent + self.timeout;
         if Instant::now() >= deadline {
-            l.answers.lock().remove(&key);
+            self.agent
+                .shared
+                .leases
+                .answers
+                .lock()
+                .remove(&(self.owner.clone(), self.id.0));
             self.over = true;
             return Poll::Ready(Err(Error::TimedOut {
                 agent: self.agent.name().to_owned(),

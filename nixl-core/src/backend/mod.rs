@@ -12,6 +12,7 @@
 
 pub mod bytes;
 pub mod hello;
+mod hello_keys;
 pub(crate) mod params;
 pub use crate::wake::Wake;
 

@@ -189,6 +189,7 @@ fn progress_loop(inner: &Inner, i: usize, stop: &AtomicBool) {
         };
         if i == 0 {
             inner.drive_active();
+            nixl_core::backend::fire_due_timers();
         }
         if n > 0 {
             idle = 0;

@@ -170,6 +170,7 @@ impl UcxBackend {
                     .spawn(move || {
                         while !stop.load(Ordering::Acquire) {
                             w.progress_or_wait(Duration::from_millis(100));
+                            nixl_core::backend::fire_due_timers();
                         }
                     })
                     .map_err(|e| Error::io(&b.agent, Op::CreateBackend, e))?;

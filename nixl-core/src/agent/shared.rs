@@ -157,6 +157,7 @@ pub(crate) fn start_progress_thread(shared: &Arc<Shared>) -> Result<()> {
                 let Some(shared) = weak.upgrade() else { break };
                 let busy = shared.progress_once();
                 drop(shared);
+                crate::model::timer::fire_due();
                 sleep = if busy {
                     delay
                 } else {

@@ -58,6 +58,15 @@ pub use crate::spec::{distinct_mds, downcast_md, BackendMd, Segment, XferSpec};
 pub use crate::strided::{BlockRun, BlockXferSpec, LayerPair, LayerSegments};
 pub use crate::telemetry::Counters;
 
+/// Wakes the futures whose deadline (or re-check time) has come, from the calling thread. A
+/// backend's progress thread calls it between passes: a deadline is then served by whichever
+/// of the process's busy threads runs first, not only by the timer thread, which a loaded
+/// machine may keep off the CPU for milliseconds. Cheap when nothing is due (a `try_lock` and a
+/// peek).
+pub fn fire_due_timers() {
+    crate::model::timer::fire_due();
+}
+
 /// What a backend can do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Capabilities {

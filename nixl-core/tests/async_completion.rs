@@ -298,3 +298,49 @@ fn under_tokio_many_requests_and_a_stream() {
     );
     assert!(landed(&p));
 }
+
+/// Issue 36: one failure, one label. A request whose peer was invalidated while it flew ends
+/// `RemoteDisconnect` labelled `CheckXfer` whether a check, a blocking wait or a future finds
+/// it (before, a check said `PostXfer`); a post to the forgotten peer says `PostXfer`; the
+/// deadline of the caller's own future says `Wait`.
+#[test]
+fn a_failure_has_one_label_whichever_call_finds_it() {
+    use nixl_core::Op;
+    for how in ["check", "wait", "future"] {
+        let p = pair(
+            &format!("label-{how}"),
+            Completion::Deferred(Duration::from_secs(20)),
+            false,
+        );
+        let (req, again) = (write(&p, None), write(&p, None));
+        p.a.post_xfer_req(&req).unwrap();
+        p.a.invalidate_remote_metadata(p.b.name()).unwrap();
+        let e = match how {
+            "check" => p.a.check_xfer_state(&req).unwrap_err(),
+            "wait" => req.wait(Duration::from_secs(5)).unwrap_err(),
+            _ => block_on(req.completion()).0.unwrap_err(),
+        };
+        assert_eq!(
+            (e.kind(), e.op()),
+            (ErrorKind::RemoteDisconnect, Some(Op::CheckXfer)),
+            "{how}: {e}"
+        );
+        let e = p.a.post_xfer_req(&again).map(|_| ()).unwrap_err();
+        assert_eq!(e.op(), Some(Op::PostXfer), "{how}: {e}");
+    }
+    let p = pair(
+        "label-deadline",
+        Completion::Deferred(Duration::from_secs(20)),
+        false,
+    );
+    let req = write(&p, None);
+    p.a.post_xfer_req(&req).unwrap();
+    let e = block_on(req.completion_within(Duration::from_millis(20)))
+        .0
+        .unwrap_err();
+    assert_eq!(
+        (e.kind(), e.op()),
+        (ErrorKind::TimedOut, Some(Op::Wait)),
+        "{e}"
+    );
+}

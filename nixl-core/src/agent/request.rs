@@ -300,7 +300,8 @@ impl XferReq {
     /// exited. A fence is checked first: it is what the agent decided, whereas the exit of a
     /// fenced incarnation is only its consequence, seen first or not by the pidfd watch. `now`
     /// is the caller's clock reading.
-    fn peer_check(&self, now: Instant) -> Result<()> {
+    /// `op`: `PostXfer` at a post, `CheckXfer` while in flight (whoever checks).
+    fn peer_check(&self, now: Instant, op: Op) -> Result<()> {
         if let Some(p) = &self.remote {
             if !p.valid.load(Ordering::SeqCst) {
                 let current = self
@@ -314,19 +315,19 @@ impl XferReq {
                     return Err(Error::disconnected(
                         &self.shared.name,
                         &p.name,
-                        Op::PostXfer,
+                        op,
                         "its metadata was invalidated while the request existed; load it again",
                     ));
                 };
                 return Err(Error::PeerRestarted {
                     agent: self.shared.name.clone(),
                     remote: p.name.clone(),
-                    op: Op::PostXfer,
+                    op: op,
                     built: p.generation,
                     current,
                 });
             }
-            p.check_alive_at(&self.shared.name, Op::PostXfer, now)?;
+            p.check_alive_at(&self.shared.name, op, now)?;
         }
         Ok(())
     }
@@ -360,7 +361,7 @@ impl XferReq {
             crate::agent::lease::check_held(&self.shared, self.spec.remote(), id, Op::PostXfer)?;
         }
         let start = Instant::now();
-        self.peer_check(start)?;
+        self.peer_check(start, Op::PostXfer)?;
         let notif = &st.notif;
         let frame = self.integrity.as_ref().map(|p| {
             // SAFETY: the local ranges lie in DRAM registrations this request keeps alive, and
@@ -433,7 +434,7 @@ impl XferReq {
                 let (at, deadline) = (*at, *deadline);
                 // A peer invalidated or restarted mid-transfer: fence the request.
                 let now = Instant::now();
-                if let Err(e) = self.peer_check(now) {
+                if let Err(e) = self.peer_check(now, Op::CheckXfer) {
                     self.abort_locked(st, e.clone(), how);
                     return Err(e);
                 }

@@ -364,6 +364,33 @@ impl Error {
         }
     }
 
+    /// The operation the failure is labelled with (`None` for [`Error::Unavailable`]). A
+    /// transfer's failure found while it is in flight is labelled `CheckXfer` whichever call
+    /// found it (a check, a wait, a future); one found at its post, `PostXfer`; the deadline of
+    /// the caller's own wait or future, `Wait`.
+    pub fn op(&self) -> Option<Op> {
+        match self {
+            Error::InvalidParam { op, .. }
+            | Error::Backend { op, .. }
+            | Error::NotFound { op, .. }
+            | Error::Mismatch { op, .. }
+            | Error::NotAllowed { op, .. }
+            | Error::RepostActive { op, .. }
+            | Error::NotSupported { op, .. }
+            | Error::RemoteDisconnect { op, .. }
+            | Error::PeerRestarted { op, .. }
+            | Error::Canceled { op, .. }
+            | Error::TimedOut { op, .. }
+            | Error::Decode { op, .. }
+            | Error::Corrupt { op, .. }
+            | Error::LimitExceeded { op, .. }
+            | Error::Io { op, .. }
+            | Error::LeaseExpired { op, .. }
+            | Error::Local { op, .. } => Some(*op),
+            Error::Unavailable { .. } => None,
+        }
+    }
+
     /// Builds an [`Error::InvalidParam`].
     pub fn invalid(agent: &str, op: Op, reason: impl Into<String>) -> Self {
         Error::InvalidParam {

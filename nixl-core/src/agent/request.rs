@@ -322,7 +322,7 @@ impl XferReq {
                 return Err(Error::PeerRestarted {
                     agent: self.shared.name.clone(),
                     remote: p.name.clone(),
-                    op: op,
+                    op,
                     built: p.generation,
                     current,
                 });

@@ -255,3 +255,64 @@ fn a_timed_out_request_is_quiescent_once_its_future_says_so() {
         "a byte landed after the request was quiescent"
     );
 }
+
+/// The same over libfabric's tcp provider: the rails' progress threads drive a posted READ
+/// (post its operations, read its completion queues); the polls of the future awaiting it only
+/// look (before, each poll pumped the rails on the executor's thread).
+#[test]
+fn a_poll_never_drives_libfabric_tcp() {
+    use nixl::libfabric::fuzzing::drives_here;
+    use nixl::libfabric::LibfabricParams;
+    let tag = "poll-libfabric-tcp";
+    if let Err(e) = nixl::libfabric::library_status() {
+        nixl_testkit::skip(
+            tag,
+            nixl_testkit::Dep::Libfabric,
+            format!("no usable libfabric: {e}"),
+        );
+        return;
+    }
+    let agent = |role: &str| {
+        let a = Agent::new(
+            &nixl_testkit::unique(&format!("{tag}-{role}")),
+            AgentConfig {
+                default_timeout: Duration::from_secs(60),
+                ..nixl::agent_config()
+            },
+        )
+        .expect("agent");
+        a.create_backend(LibfabricParams::tcp_loopback(1))
+            .expect("libfabric");
+        a
+    };
+    let (a, b) = (agent("a"), agent("b"));
+    let dst = Arc::new(HostBuffer::new(LEN).expect("alloc"));
+    let src = Arc::new(HostBuffer::new(LEN).expect("alloc"));
+    src.fill_pattern(9);
+    let _ra = a.register_mem(vec![dst.clone()], &[]).expect("register");
+    let _rb = b.register_mem(vec![src.clone()], &[]).expect("register");
+    a.load_remote_metadata(&b.local_metadata().expect("metadata"))
+        .expect("load");
+    let p = Pair {
+        a,
+        b,
+        dst,
+        src,
+        _regs: (_ra, _rb),
+    };
+    for round in 0..2 {
+        p.dst.fill(0);
+        let req = read(&p);
+        p.a.post_xfer_req(&req).expect("post");
+        let before = drives_here();
+        let (res, polls) = block_on(req.completion());
+        res.expect("the READ");
+        let driven = drives_here() - before;
+        eprintln!("{tag} round {round}: {polls} polls, {driven} drives on this thread");
+        assert_eq!(
+            driven, 0,
+            "{tag}: the polls drove libfabric {driven} times on the executor's thread"
+        );
+        assert!(p.dst.to_vec() == p.src.to_vec(), "{tag}: every byte landed");
+    }
+}

@@ -59,7 +59,7 @@ mod xfer;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
-    pub use crate::reached::{av_inserts, rma_posts};
+    pub use crate::reached::{av_inserts, drives_here, rma_posts};
     pub use crate::validate::check_name;
     pub use crate::wire::{
         decode_conn, decode_message, decode_region, encode_conn, encode_hello, encode_notif,

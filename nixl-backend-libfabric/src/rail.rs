@@ -456,6 +456,7 @@ impl Rail {
         // The local range lies in a registration the transfer holds (desc is its
         // descriptor); the remote range was checked against the peer's region.
         crate::reached::rma_post();
+        crate::reached::drive();
         let ok = st.post_rma(&op, kind)?;
         if ok {
             track.add(self.index);
@@ -505,6 +506,8 @@ impl Rail {
     /// Handles what the CQ holds, unless another thread is reading it (that thread handles
     /// it, in order): then 0.
     pub(crate) fn poll(&self, notifs: &Inbox) -> Result<usize, FiError> {
+        // Counted as an attempt: whether the queue's lock was free is luck.
+        crate::reached::drive();
         let Some(_order) = self.cq_order.try_lock() else {
             return Ok(0);
         };

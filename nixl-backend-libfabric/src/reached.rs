@@ -36,3 +36,22 @@ pub fn av_inserts() -> u64 {
 pub fn rma_posts() -> u64 {
     RMA_POSTS.load(Ordering::Relaxed)
 }
+
+#[cfg(feature = "fuzzing")]
+thread_local! {
+    static DRIVES_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Called right before the provider is driven on the calling thread: a completion queue read
+/// (attempted: counted whether or not its lock was free) or an RMA operation handed to it.
+#[inline]
+pub(crate) fn drive() {
+    #[cfg(feature = "fuzzing")]
+    DRIVES_HERE.with(|c| c.set(c.get() + 1));
+}
+
+/// Completion-queue reads (attempted) and RMA posts made by the calling thread so far.
+#[cfg(feature = "fuzzing")]
+pub fn drives_here() -> u64 {
+    DRIVES_HERE.with(std::cell::Cell::get)
+}

@@ -348,6 +348,47 @@ impl XferCore {
         self.inner.drain(&self.track)
     }
 
+    /// Where the post stands, from what the driving thread recorded: no operation posted, no
+    /// queue read (see `state`).
+    fn look(&mut self, op: Op) -> Result<XferState> {
+        if let Some(e) = self.failed.take() {
+            self.phase = Phase::Idle;
+            return Err(e);
+        }
+        if self.abandoned.is_some() {
+            if self.track.state().0 > 0 {
+                return Ok(XferState::InProgress);
+            }
+            return self.step_abandoned(op, false);
+        }
+        match self.phase {
+            Phase::Done => Ok(XferState::Done),
+            Phase::Idle => Err(Error::not_allowed(
+                &self.inner.agent,
+                op,
+                "transfer is not posted",
+            )),
+            Phase::Data | Phase::Notif => {
+                if !self.peer.alive.load(std::sync::atomic::Ordering::SeqCst) {
+                    let e = Error::disconnected(
+                        &self.inner.agent,
+                        &self.peer.name,
+                        op,
+                        "peer was disconnected or declared unreachable",
+                    );
+                    return Err(self.fail(e));
+                }
+                if let (_, Some(e)) = self.track.state() {
+                    let e = self.err(e, op);
+                    return Err(self.fail(e));
+                }
+                // Done only once the driver recorded it (every operation and the notification
+                // completed): the look never posts what is left.
+                Ok(XferState::InProgress)
+            }
+        }
+    }
+
     fn step(&mut self, op: Op, poll: bool) -> Result<XferState> {
         if let Some(e) = self.failed.take() {
             self.phase = Phase::Idle;
@@ -460,6 +501,21 @@ impl BackendXfer for LfXfer {
 
     fn check(&mut self) -> Result<XferState> {
         self.core.lock().step(Op::CheckXfer, true)
+    }
+
+    fn state(&mut self) -> Result<XferState> {
+        // Without the rails' progress threads nothing else drives the post: the look drives.
+        if !self.inner.params.progress_thread {
+            return self.check();
+        }
+        // Read only: rail 0's progress thread drives posted requests (`drive_active`: pumps
+        // operations, posts the notification); a poll never posts, copies or reads a
+        // completion queue on the caller's thread. The request's lock is only tried: the
+        // thread that drives it holds it for one step.
+        match self.core.try_lock() {
+            Some(mut c) => c.look(Op::CheckXfer),
+            None => Ok(XferState::InProgress),
+        }
     }
 
     fn abandon(&mut self) {

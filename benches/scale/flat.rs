@@ -31,8 +31,8 @@ impl Point {
         let kind = which.kind();
         let len = n as u64 * o.block;
         let regions = o.regions.min(n);
-        let la = side(&a, which, len, regions)?;
-        let lb = side(&b, which, len, regions)?;
+        let la = side(&a, which, len, regions, o.block)?;
+        let lb = side(&b, which, len, regions, o.block)?;
         a.load_remote_metadata(&b.local_metadata()?)?;
         let remote = b.name().to_owned();
         let ldescs = XferDescList::blocks(kind, la.base, o.block, n);

@@ -184,11 +184,12 @@ fn agents(which: Which, tag: &str) -> Res<(Agent, Agent)> {
     Ok((a, b))
 }
 
-/// Registers `len` bytes as `regions` equal regions (each a view of one allocation).
-fn side(agent: &Agent, which: Which, len: u64, regions: usize) -> Res<Side> {
+/// Registers `len` bytes as `regions` regions of whole `block`s (each a view of one
+/// allocation; the last takes what is left), so no block straddles two regions.
+fn side(agent: &Agent, which: Which, len: u64, regions: usize, block: u64) -> Res<Side> {
     let kind = which.kind();
     let (mem, base) = alloc(which, len)?;
-    let per = len / regions as u64;
+    let per = (len / block.max(1) / regions as u64).max(1) * block.max(1);
     let dev = 0;
     let views: Vec<Arc<dyn nixl::core::MemoryRegion>> = (0..regions as u64)
         .map(|i| {

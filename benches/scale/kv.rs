@@ -124,8 +124,8 @@ fn model(which: Which, o: &Opts, m: &Model, interleaved: bool) -> Res<()> {
     let pool = m.blocks + m.blocks / 4;
     let bytes = m.layers * 2 * pool * bb;
     let (a, b) = agents(which, &format!("kv-{}-{interleaved}", m.name))?;
-    let la = side(&a, which, bytes, m.layers as usize, bytes / m.layers as u64)?;
-    let lb = side(&b, which, bytes, m.layers as usize, bytes / m.layers as u64)?;
+    let la = side(&a, which, bytes, m.layers as usize, bytes / m.layers)?;
+    let lb = side(&b, which, bytes, m.layers as usize, bytes / m.layers)?;
     a.load_remote_metadata(&b.local_metadata()?)?;
     let remote = b.name().to_owned();
     let (lt, rt) = (

@@ -295,6 +295,8 @@ pub fn metadata(conn_info: Vec<u8>, region: Option<(Vec<u8>, (u64, u64))>) -> (S
         has_conn_info: true,
         process: None,
         verifies_integrity: false,
+        hello_key: None,
+        succession: None,
         backends: vec![BackendEntry {
             name: "LIBFABRIC".into(),
             conn_info,

@@ -250,6 +250,8 @@ pub fn metadata(conn_info: Vec<u8>, rkey: Option<(Vec<u8>, (u64, u64))>) -> (Str
         has_conn_info: true,
         process: None,
         verifies_integrity: false,
+        hello_key: None,
+        succession: None,
         backends: vec![BackendEntry {
             name: "UCX".into(),
             conn_info,

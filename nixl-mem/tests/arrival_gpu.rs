@@ -211,6 +211,30 @@ fn run(tag: &str, gpus: (usize, usize), layers: u64, n: u64, block: u64) -> Run 
     }
 }
 
+/// Layers are released as they land, not all at the end: the first layer before half of the
+/// request's time to its last release (when about half its bytes have landed), and the first
+/// quarter of the layers all before any of the last quarter (the counters advance in layer
+/// order). A backend that advanced every counter at the end fails both.
+fn assert_progressive(released: &[u64]) {
+    let last = released.iter().copied().max().unwrap_or(0);
+    assert!(
+        released[0] < last / 2,
+        "layer 0 released at {} ns of {last} ns: not before half of the request",
+        released[0]
+    );
+    let q = (released.len() / 4).max(1);
+    let first = released[..q].iter().copied().max().unwrap_or(0);
+    let late = released[released.len() - q..]
+        .iter()
+        .copied()
+        .min()
+        .unwrap_or(u64::MAX);
+    assert!(
+        first < late,
+        "the first {q} layers' last release ({first} ns) came after the last {q} layers' first ({late} ns)"
+    );
+}
+
 #[test]
 fn arrival_counters_release_each_layer_on_the_gpu() {
     if !gpu("arrival_counters_release_each_layer_on_the_gpu") {
@@ -220,6 +244,7 @@ fn arrival_counters_release_each_layer_on_the_gpu() {
     for (l, &(_, ok)) in r.layers.iter().enumerate() {
         assert!(ok, "layer {l} was read before its bytes landed");
     }
+    assert_progressive(&r.layers.iter().map(|x| x.0).collect::<Vec<_>>());
     println!(
         "one GPU: {} bytes; layer 0 released at {} us, last at {} us; whole request {:?}; {}",
         r.bytes,
@@ -340,6 +365,7 @@ fn llama70b_first_layer_usable_long_before_the_whole_request() {
         assert!(ok, "tensor {l} was read before its bytes landed");
     }
     let layer = |t: usize| r.layers[2 * t].0.max(r.layers[2 * t + 1].0);
+    assert_progressive(&(0..r.layers.len() / 2).map(layer).collect::<Vec<_>>());
     let last = r.layers.iter().map(|x| x.0).max().unwrap_or(0);
     println!(
         "llama70b 2048 blocks GPU 0 -> GPU 1: {} bytes; layer 0 (K and V) usable on the decode GPU at {:.3} ms, layer 40 at {:.3} ms, the whole request at {:.3} ms (GPU clock, from the waiter's start); host saw completion after {:?} ({:.1} GB/s; without counters {:?}, {:.1} GB/s); {}",

@@ -1,7 +1,8 @@
 //! Reading is opt-in (issue 34, item 5), on one host without a credential: with
 //! `FetchPolicy::LoadedPeers` a victim serves its metadata (the keys to its memory) only to
 //! the processes it loaded; another process of the same user is refused, typed, and learns
-//! nothing; a process whose metadata the victim loaded fetches. Every actor is a process of its
+//! nothing; a process whose metadata the victim loaded fetches. With `FetchPolicy::Named` only
+//! the loaded peers it lists: another loaded peer is refused. Every actor is a process of its
 //! own (the kernel names it over the Unix side channel). Over credentials:
 //! `nixl-core/tests/side_channel_security.rs::a_fetch_policy_serves_loaded_peers_only`.
 
@@ -76,6 +77,15 @@ fn loaded_peers_only_fetch_on_one_host() {
     run(&victim, &format!("stranger-{pid}"), false, "refused");
     // A process the victim loaded (its own PUSH, checked against the kernel's word): served.
     run(&victim, &format!("peer-{pid}"), true, "ok");
+    // Named: only the loaded peers listed; another loaded peer (its PUSH accepted) is refused.
+    let listed = format!("listed-{pid}");
+    let named = Agent::new(
+        &format!("policy-named-{pid}"),
+        config(FetchPolicy::Named(vec![listed.clone()])),
+    )
+    .expect("named");
+    run(&named, &format!("unlisted-{pid}"), true, "refused");
+    run(&named, &listed, true, "ok");
     // The default serves any process of this user.
     let open =
         Agent::new(&format!("policy-open-{pid}"), config(FetchPolicy::Anyone)).expect("open");

@@ -71,7 +71,7 @@ impl Default for AgentConfig {
 /// Who may FETCH an agent's metadata over its side channel ([`AgentConfig::fetch_policy`]).
 /// Metadata holds the keys to every registered region: whoever fetches it can READ and WRITE
 /// them (the side channel is where that is decided; the transports do not ask again).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum FetchPolicy {
     /// Every requester the side channel accepts (the default): with a credential, every holder
@@ -84,6 +84,10 @@ pub enum FetchPolicy {
     /// one user (or the members of one cluster) are not one trust domain: peers load each
     /// other's metadata by PUSH (or etcd) first.
     LoadedPeers,
+    /// Only the loaded peers named here (as [`FetchPolicy::LoadedPeers`], and the loaded name
+    /// must be listed): which peers may READ and WRITE this agent's registrations at all,
+    /// for deployments where some loaded peers (a router, a monitor) must not reach the KV.
+    Named(Vec<String>),
 }
 
 impl std::fmt::Debug for AgentConfig {

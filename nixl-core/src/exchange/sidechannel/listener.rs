@@ -412,19 +412,23 @@ fn plain_err(c: u8, msg: &str) -> Vec<u8> {
 }
 
 /// [`crate::FetchPolicy::LoadedPeers`]: a FETCH only from a loaded peer (its proven process on
-/// this host, or the credential its name is bound to).
+/// this host, or the credential its name is bound to); [`crate::FetchPolicy::Named`]: and only
+/// under a listed name.
 fn check_fetcher(agent: &Agent, requester: Requester<'_>) -> Result<()> {
-    if agent.shared.config.fetch_policy == crate::FetchPolicy::Anyone {
-        return Ok(());
-    }
+    let named: Option<&[String]> = match &agent.shared.config.fetch_policy {
+        crate::FetchPolicy::Anyone => return Ok(()),
+        crate::FetchPolicy::LoadedPeers => None,
+        crate::FetchPolicy::Named(names) => Some(names),
+    };
     let remotes: Vec<_> = agent.shared.remotes.lock().values().cloned().collect();
+    let listed = |name: &str| named.is_none_or(|n| n.iter().any(|x| x == name));
     let loaded = match requester {
         Requester::Local(p) => remotes
             .iter()
-            .any(|r| r.process.as_ref().is_some_and(|q| p.is(Some(q.id())))),
-        Requester::Credential(id) => remotes
-            .iter()
-            .any(|r| agent.shared.bindings.credential_of(&r.name).as_deref() == Some(id)),
+            .any(|r| listed(&r.name) && r.process.as_ref().is_some_and(|q| p.is(Some(q.id())))),
+        Requester::Credential(id) => remotes.iter().any(|r| {
+            listed(&r.name) && agent.shared.bindings.credential_of(&r.name).as_deref() == Some(id)
+        }),
         Requester::Unknown => false,
     };
     if loaded {
@@ -433,7 +437,10 @@ fn check_fetcher(agent: &Agent, requester: Requester<'_>) -> Result<()> {
     Err(Error::not_allowed(
         agent.name(),
         Op::Exchange,
-        "this agent serves its metadata to the peers it loaded only (FetchPolicy::LoadedPeers)",
+        match named {
+            None => "this agent serves its metadata to the peers it loaded only (FetchPolicy::LoadedPeers)",
+            Some(_) => "this agent serves its metadata to the loaded peers it names only (FetchPolicy::Named)",
+        },
     ))
 }
 

@@ -98,8 +98,8 @@ pub use agent::prep::PreparedList;
 pub use agent::registration::Registration;
 pub use agent::remote::MetadataSelection;
 pub use agent::{
-    Agent, AgentConfig, BackendHandle, FetchPolicy, LeaseId, LeaseState, NotifStream, Notification,
-    QuiescenceFuture, XferFuture,
+    Agent, AgentConfig, BackendHandle, FetchFuture, FetchPolicy, LeaseId, LeaseState, NotifStream,
+    Notification, QuiescenceFuture, XferFuture,
 };
 pub use arrival::ArrivalCounters;
 pub use auth::{Auth, Credential};

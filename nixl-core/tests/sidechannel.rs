@@ -62,6 +62,34 @@ fn push_fetch_transfer_and_invalidate() {
     assert!(!b.check_remote_metadata(a.name(), None));
 }
 
+/// Issue 36: fetch as a future. A current-thread runtime awaits it (the exchange runs on a
+/// thread of its own: the executor is never blocked); the future resolves with the loaded
+/// name; a fetch from nobody resolves with the refusal, by its deadline.
+#[tokio::test(flavor = "current_thread")]
+async fn fetch_is_a_future() {
+    let a = listening("ff-a");
+    let b = listening("ff-b");
+    let got = a
+        .fetch_remote_metadata_async(b.name(), b.listen_addr().unwrap(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(got, b.name());
+    assert!(a.check_remote_metadata(b.name(), None));
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = nobody.local_addr().unwrap();
+    drop(nobody);
+    let t = Instant::now();
+    let e = a
+        .fetch_remote_metadata_async("ghost", addr, Duration::from_millis(500))
+        .await
+        .unwrap_err();
+    assert!(
+        t.elapsed() < Duration::from_millis(500) + Duration::from_millis(500),
+        "{e}"
+    );
+    assert!(!a.check_remote_metadata("ghost", None));
+}
+
 #[test]
 fn asynchronous_fetch_is_polled() {
     let a = listening("af-a");

@@ -17,13 +17,14 @@ pub(crate) mod registration;
 pub(crate) mod remote;
 pub(crate) mod request;
 mod shared;
-mod sidechannel;
+pub(crate) mod sidechannel;
 mod spec;
 pub(crate) mod succession;
 mod xfer;
 
 pub use crate::lease::{LeaseId, LeaseState};
 pub use future::{NotifStream, Notification, QuiescenceFuture, XferFuture};
+pub use sidechannel::FetchFuture;
 
 pub use config::{AgentConfig, FetchPolicy};
 pub(crate) use shared::{start_progress_thread, FetchStatus, Shared, MAX_UNCERTAIN};

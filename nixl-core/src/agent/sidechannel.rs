@@ -8,6 +8,7 @@ use crate::sidechannel::frame::{code, Deadlined, Dir, Kind};
 use crate::sidechannel::local::{LocalPeer, Stream};
 use crate::sidechannel::{frame, local, Reply};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 impl Agent {
@@ -286,6 +287,25 @@ impl Agent {
         Ok(())
     }
 
+    /// [`Agent::fetch_remote_metadata_blocking`] as a future that never blocks its caller:
+    /// the exchange (bounded by `timeout`) and the load run on a thread of their own, started
+    /// at the first poll; the future resolves with the loaded name or the error, woken when it
+    /// ends. Dropped before, the fetch still finishes (and loads) on its thread.
+    pub fn fetch_remote_metadata_async(
+        &self,
+        remote: &str,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> FetchFuture {
+        FetchFuture {
+            agent: self.clone(),
+            remote: remote.to_owned(),
+            addr,
+            timeout,
+            slot: None,
+        }
+    }
+
     /// The state of a background fetch: `Ok(true)` loaded, `Ok(false)` still pending, or the
     /// error it failed with.
     pub fn fetch_status(&self, remote: &str) -> Result<bool> {
@@ -316,6 +336,84 @@ impl Agent {
             Kind::Ack => Ok(()),
             Kind::Err => Err(self.remote_error(Op::Invalidate, addr, &r.payload)),
             k => Err(self.unexpected(k)),
+        }
+    }
+}
+
+/// What a fetch's thread hands its future: the outcome, and the waker to call with it.
+type FetchSlot = Arc<parking_lot::Mutex<(Option<Result<String>>, Option<std::task::Waker>)>>;
+
+/// [`Agent::fetch_remote_metadata_async`]'s future.
+#[must_use = "a future does nothing unless polled"]
+pub struct FetchFuture {
+    agent: Agent,
+    remote: String,
+    addr: SocketAddr,
+    timeout: Duration,
+    slot: Option<FetchSlot>,
+}
+
+impl std::fmt::Debug for FetchFuture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FetchFuture")
+            .field("remote", &self.remote)
+            .field("addr", &self.addr)
+            .field("started", &self.slot.is_some())
+            .finish()
+    }
+}
+
+impl std::future::Future for FetchFuture {
+    type Output = Result<String>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<String>> {
+        let this = self.get_mut();
+        let slot = match &this.slot {
+            Some(s) => s.clone(),
+            None => {
+                let slot: FetchSlot = Arc::new(parking_lot::Mutex::new((None, None)));
+                let (agent, remote, addr, timeout) = (
+                    this.agent.clone(),
+                    this.remote.clone(),
+                    this.addr,
+                    this.timeout,
+                );
+                let s = slot.clone();
+                let spawned =
+                    std::thread::Builder::new()
+                        .name("nixl-fetch".into())
+                        .spawn(move || {
+                            let r = agent.fetch_remote_metadata_blocking(&remote, addr, timeout);
+                            let waker = {
+                                let mut g = s.lock();
+                                g.0 = Some(r);
+                                g.1.take()
+                            };
+                            if let Some(w) = waker {
+                                w.wake();
+                            }
+                        });
+                if let Err(e) = spawned {
+                    return std::task::Poll::Ready(Err(Error::io(
+                        this.agent.name(),
+                        Op::Exchange,
+                        e,
+                    )));
+                }
+                this.slot = Some(slot.clone());
+                slot
+            }
+        };
+        let mut g = slot.lock();
+        match g.0.take() {
+            Some(r) => std::task::Poll::Ready(r),
+            None => {
+                g.1 = Some(cx.waker().clone());
+                std::task::Poll::Pending
+            }
         }
     }
 }

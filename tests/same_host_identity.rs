@@ -375,6 +375,61 @@ fn a_restart_reclaims_its_name_and_a_stranger_cannot() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Issue 34 (3), strict: with `AgentConfig::loaded_senders_only` a process the victim never
+/// loaded is not heard at all (by default its signed hello would hold its own, unloaded name:
+/// its notifications were delivered); the loaded peer, whose hello arrives before its PUSH is
+/// loaded, is heard.
+#[test]
+fn with_loaded_senders_only_an_unloaded_sender_is_not_heard() {
+    if !ucx_or_skip("with_loaded_senders_only_an_unloaded_sender_is_not_heard") {
+        return;
+    }
+    let pid = std::process::id();
+    let victim = Agent::new(
+        &format!("strict-victim-{pid}"),
+        AgentConfig {
+            listen: true,
+            default_timeout: Duration::from_secs(20),
+            loaded_senders_only: true,
+            ..nixl::agent_config()
+        },
+    )
+    .expect("victim");
+    victim.create_backend(ucx()).expect("UCX");
+    let name = format!("strict-peer-{pid}");
+    let mut real = Child::spawn(CHILD, &victim, &name, &[("act", "echo")]).expect("spawn");
+    assert_eq!(real.next(&victim, WAIT).expect("ready"), b"ready");
+    let before = victim.refused_hellos();
+    let stranger = format!("strict-stranger-{pid}");
+    act(&victim, &stranger, &[("act", "hello-forge")], None);
+    let end = std::time::Instant::now() + WAIT;
+    while victim.refused_hellos() == before && std::time::Instant::now() < end {
+        victim.progress();
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        victim.refused_hellos() > before,
+        "the unloaded sender's notifications were never refused"
+    );
+    victim.gen_notif(&name, b"ping", &[]).expect("notify");
+    let mut got: Vec<(String, Vec<u8>)> = Vec::new();
+    let end = std::time::Instant::now() + WAIT;
+    while !got.iter().any(|(_, m)| m == b"got ping") && std::time::Instant::now() < end {
+        for (from, msgs) in victim.wait_notifs(Duration::from_millis(100)).unwrap() {
+            got.extend(msgs.into_iter().map(|m| (from.clone(), m)));
+        }
+    }
+    assert!(
+        got.iter().any(|(f, m)| f == &name && m == b"got ping"),
+        "{got:?}"
+    );
+    assert!(
+        got.iter().all(|(f, _)| f != &stranger),
+        "the unloaded sender was heard: {got:?}"
+    );
+    real.kill();
+}
+
 fn rustix_euid() -> u32 {
     std::fs::read_to_string("/proc/self/status")
         .ok()

@@ -46,6 +46,13 @@ pub struct AgentConfig {
     /// for [`Limits::succession_hold`] after it exited or was invalidated. One file per agent
     /// name; `None` (the default): a name is free once its process exited.
     pub succession: Option<std::path::PathBuf>,
+    /// Without a credential, count connection hellos (and so notifications and lease
+    /// messages) only from peers this agent loaded, each from its own process (signed with
+    /// the key its metadata announced); a hello under any other name is refused and counted
+    /// ([`Agent::refused_hellos`]). Off (the default): a name this agent did not load is held
+    /// by the first signed hello naming a live process of this host (a prefill that never
+    /// loads its readers still hears them). See `docs/security.md`.
+    pub loaded_senders_only: bool,
 }
 
 impl Default for AgentConfig {
@@ -64,6 +71,7 @@ impl Default for AgentConfig {
             fetch_policy: FetchPolicy::default(),
             limits: Limits::default(),
             succession: None,
+            loaded_senders_only: false,
         }
     }
 }
@@ -115,6 +123,7 @@ impl std::fmt::Debug for AgentConfig {
             .field("fetch_policy", &self.fetch_policy)
             .field("limits", &self.limits)
             .field("succession", &self.succession)
+            .field("loaded_senders_only", &self.loaded_senders_only)
             .finish()
     }
 }

@@ -307,6 +307,7 @@ impl Agent {
                 },
             )?,
         );
+        hello_keys.set_loaded_only(config.loaded_senders_only);
         let succession = config
             .succession
             .as_deref()

@@ -119,6 +119,7 @@ impl PeerAuth {
                     names: Mutex::new(HashMap::new()),
                     max_names: 1,
                     refused: AtomicU64::new(0),
+                    loaded_only: std::sync::atomic::AtomicBool::new(false),
                 })
             });
         PeerAuth::new(
@@ -584,5 +585,31 @@ mod tests {
         assert!(
             matches!(b.keys().names.lock().get("c"), Some(Holder::First { key, .. }) if *key == c.keys().public())
         );
+    }
+
+    #[test]
+    fn with_loaded_senders_only_nothing_counts_until_the_sender_is_loaded() {
+        let b = peer("b", None);
+        b.keys().set_loaded_only(true);
+        let (d, mallory) = (peer("d", None), peer("d", None));
+        let s = d.new_session().unwrap();
+        let m = mallory.new_session().unwrap();
+        let sessions = Sessions::default();
+        // Both hellos open sessions (the sender's metadata may be loaded right after), and no
+        // name is bound by them.
+        sessions
+            .accept(&b.check_hello(&d.hello("b", &s).unwrap()).unwrap(), 1)
+            .unwrap();
+        sessions
+            .accept(&b.check_hello(&mallory.hello("b", &m).unwrap()).unwrap(), 2)
+            .unwrap();
+        assert_eq!(b.attribute(&sessions, &s, 1), None, "not loaded yet");
+        assert_eq!(b.keys().refused(), 1);
+        // Loaded with d's key: d's session counts, the other process's never does.
+        b.keys()
+            .loaded("d", Some(d.keys().public()), ProcessId::current());
+        assert_eq!(b.attribute(&sessions, &s, 1).as_deref(), Some("d"));
+        assert_eq!(b.attribute(&sessions, &m, 2), None);
+        assert_eq!(b.keys().refused(), 2);
     }
 }

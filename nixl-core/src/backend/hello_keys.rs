@@ -62,6 +62,8 @@ pub struct HelloKeys {
     pub(crate) names: Mutex<HashMap<String, Holder>>,
     pub(crate) max_names: usize,
     pub(crate) refused: AtomicU64,
+    /// Count hellos only under names this agent loaded (`AgentConfig::loaded_senders_only`).
+    pub(crate) loaded_only: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for HelloKeys {
@@ -83,7 +85,14 @@ impl HelloKeys {
             names: Mutex::new(HashMap::new()),
             max_names: max_names.max(1),
             refused: AtomicU64::new(0),
+            loaded_only: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Counts notifications (and lease messages) only from names this agent loaded, on sessions
+    /// whose hello was signed with the loaded key: anything else is dropped and counted.
+    pub fn set_loaded_only(&self, on: bool) {
+        self.loaded_only.store(on, Ordering::Relaxed);
     }
 
     /// The public key this incarnation's metadata announces.
@@ -168,6 +177,10 @@ impl HelloKeys {
                     ),
                 })
             }
+            // Loaded senders only: the session opens (the sender's metadata may be loaded
+            // right after its hello), but nothing on it counts until the name is loaded with
+            // this key ([`HelloKeys::counts`]); no name is bound by the hello.
+            None if self.loaded_only.load(Ordering::Relaxed) => Ok(key),
             None => {
                 if let Some((k, Some(p))) = signed {
                     if g.len() < self.max_names && p.local_pid().is_some() {
@@ -186,7 +199,7 @@ impl HelloKeys {
         // A loaded holder that exited: other keys count once its successor is loaded (the
         // name may be held for it: `AgentConfig::succession`).
         let ok = match g.get(sender) {
-            None => true,
+            None => !self.loaded_only.load(Ordering::Relaxed),
             Some(h @ Holder::Loaded { .. }) => h.key().is_none() || h.key() == key,
             Some(h) => h.key().is_none() || h.key() == key || h.exited(),
         };

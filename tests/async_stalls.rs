@@ -34,6 +34,19 @@ fn pair(tag: &str, tls: &str) -> Option<Pair> {
     if !nixl_testkit::ucx::ucx_or_skip(tag) {
         return None;
     }
+    Some(pair_with(tag, |a| {
+        a.create_backend(UcxParams {
+            transports: Some(tls.to_owned()),
+            direct_cma: false,
+            ..UcxParams::default()
+        })
+        .map(|_| ())
+    }))
+}
+
+/// Two agents of this process, each with the backend `backend` creates, `b`'s memory filled
+/// with a pattern for `a` to READ.
+fn pair_with(tag: &str, backend: impl Fn(&Agent) -> nixl::Result<()>) -> Pair {
     let agent = |role: &str| {
         let a = Agent::new(
             &nixl_testkit::unique(&format!("{tag}-{role}")),
@@ -43,12 +56,7 @@ fn pair(tag: &str, tls: &str) -> Option<Pair> {
             },
         )
         .expect("agent");
-        a.create_backend(UcxParams {
-            transports: Some(tls.to_owned()),
-            direct_cma: false,
-            ..UcxParams::default()
-        })
-        .expect("UCX");
+        backend(&a).expect("backend");
         a
     };
     let (a, b) = (agent("a"), agent("b"));
@@ -59,13 +67,13 @@ fn pair(tag: &str, tls: &str) -> Option<Pair> {
     let rb = b.register_mem(vec![src.clone()], &[]).expect("register");
     a.load_remote_metadata(&b.local_metadata().expect("metadata"))
         .expect("load");
-    Some(Pair {
+    Pair {
         a,
         b,
         dst,
         src,
         _regs: (ra, rb),
-    })
+    }
 }
 
 fn read(p: &Pair) -> nixl::XferReq {
@@ -272,34 +280,10 @@ fn a_poll_never_drives_libfabric_tcp() {
         );
         return;
     }
-    let agent = |role: &str| {
-        let a = Agent::new(
-            &nixl_testkit::unique(&format!("{tag}-{role}")),
-            AgentConfig {
-                default_timeout: Duration::from_secs(60),
-                ..nixl::agent_config()
-            },
-        )
-        .expect("agent");
+    let p = pair_with(tag, |a| {
         a.create_backend(LibfabricParams::tcp_loopback(1))
-            .expect("libfabric");
-        a
-    };
-    let (a, b) = (agent("a"), agent("b"));
-    let dst = Arc::new(HostBuffer::new(LEN).expect("alloc"));
-    let src = Arc::new(HostBuffer::new(LEN).expect("alloc"));
-    src.fill_pattern(9);
-    let _ra = a.register_mem(vec![dst.clone()], &[]).expect("register");
-    let _rb = b.register_mem(vec![src.clone()], &[]).expect("register");
-    a.load_remote_metadata(&b.local_metadata().expect("metadata"))
-        .expect("load");
-    let p = Pair {
-        a,
-        b,
-        dst,
-        src,
-        _regs: (_ra, _rb),
-    };
+            .map(|_| ())
+    });
     for round in 0..2 {
         p.dst.fill(0);
         let req = read(&p);

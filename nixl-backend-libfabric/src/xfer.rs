@@ -96,11 +96,19 @@ impl XferCore {
     /// One step from the progress thread: errors are kept for the next check.
     pub(crate) fn drive(&mut self) {
         if self.active() {
-            if let Err(e) = self.step(Op::Progress, false) {
+            if let Err(e) = self.step(Op::Progress, How::Drive) {
                 self.failed = Some(e);
             }
         }
     }
+}
+
+/// How far one step of a post goes (see `XferCore::step`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum How {
+    Poll,
+    Drive,
+    Look,
 }
 
 impl LfXfer {
@@ -348,48 +356,11 @@ impl XferCore {
         self.inner.drain(&self.track)
     }
 
-    /// Where the post stands, from what the driving thread recorded: no operation posted, no
-    /// queue read (see `state`).
-    fn look(&mut self, op: Op) -> Result<XferState> {
-        if let Some(e) = self.failed.take() {
-            self.phase = Phase::Idle;
-            return Err(e);
-        }
-        if self.abandoned.is_some() {
-            if self.track.state().0 > 0 {
-                return Ok(XferState::InProgress);
-            }
-            return self.step_abandoned(op, false);
-        }
-        match self.phase {
-            Phase::Done => Ok(XferState::Done),
-            Phase::Idle => Err(Error::not_allowed(
-                &self.inner.agent,
-                op,
-                "transfer is not posted",
-            )),
-            Phase::Data | Phase::Notif => {
-                if !self.peer.alive.load(std::sync::atomic::Ordering::SeqCst) {
-                    let e = Error::disconnected(
-                        &self.inner.agent,
-                        &self.peer.name,
-                        op,
-                        "peer was disconnected or declared unreachable",
-                    );
-                    return Err(self.fail(e));
-                }
-                if let (_, Some(e)) = self.track.state() {
-                    let e = self.err(e, op);
-                    return Err(self.fail(e));
-                }
-                // Done only once the driver recorded it (every operation and the notification
-                // completed): the look never posts what is left.
-                Ok(XferState::InProgress)
-            }
-        }
-    }
-
-    fn step(&mut self, op: Op, poll: bool) -> Result<XferState> {
+    /// One step of the post, as `how` says: [`How::Poll`] reads the completion queues first,
+    /// [`How::Drive`] only posts what is left, [`How::Look`] only reports what the driving
+    /// thread recorded (no operation posted, no queue read: the poll of a future).
+    fn step(&mut self, op: Op, how: How) -> Result<XferState> {
+        let poll = how == How::Poll;
         if let Some(e) = self.failed.take() {
             self.phase = Phase::Idle;
             return Err(e);
@@ -416,6 +387,15 @@ impl XferCore {
                 "peer was disconnected or declared unreachable",
             );
             return Err(self.fail(e));
+        }
+        if how == How::Look {
+            if let (_, Some(e)) = self.track.state() {
+                let e = self.err(e, op);
+                return Err(self.fail(e));
+            }
+            // Done only once the driver recorded it (every operation and the notification
+            // completed): a look never posts what is left.
+            return Ok(XferState::InProgress);
         }
         if poll {
             self.inner.poll();
@@ -492,7 +472,7 @@ impl BackendXfer for LfXfer {
         c.abandoned = None;
         c.posted = Instant::now();
         c.phase = Phase::Data;
-        let r = c.step(Op::PostXfer, true);
+        let r = c.step(Op::PostXfer, How::Poll);
         if c.active() {
             self.inner.activate(Arc::downgrade(&self.core));
         }
@@ -500,7 +480,7 @@ impl BackendXfer for LfXfer {
     }
 
     fn check(&mut self) -> Result<XferState> {
-        self.core.lock().step(Op::CheckXfer, true)
+        self.core.lock().step(Op::CheckXfer, How::Poll)
     }
 
     fn state(&mut self) -> Result<XferState> {
@@ -513,7 +493,7 @@ impl BackendXfer for LfXfer {
         // completion queue on the caller's thread. The request's lock is only tried: the
         // thread that drives it holds it for one step.
         match self.core.try_lock() {
-            Some(mut c) => c.look(Op::CheckXfer),
+            Some(mut c) => c.step(Op::CheckXfer, How::Look),
             None => Ok(XferState::InProgress),
         }
     }
@@ -525,7 +505,7 @@ impl BackendXfer for LfXfer {
             c.failed = None;
             c.abandoned = Some(false);
             // Fails the stuck rails at once when the post is already older than op_timeout.
-            let _ = c.step(Op::CheckXfer, false);
+            let _ = c.step(Op::CheckXfer, How::Drive);
         }
     }
 

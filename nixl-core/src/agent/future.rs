@@ -172,7 +172,7 @@ impl Future for QuiescenceFuture<'_> {
 
 /// Starts the agent's progress thread where `needs` says a backend needs progress calls and
 /// nothing else makes them.
-fn ensure_progress(shared: &Arc<Shared>, needs: bool) -> Result<()> {
+pub(super) fn ensure_progress(shared: &Arc<Shared>, needs: bool) -> Result<()> {
     if needs && !shared.progress_running() {
         crate::agent::start_progress_thread(shared)?;
     }

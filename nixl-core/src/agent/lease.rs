@@ -542,11 +542,7 @@ impl Ask {
         self.sent = Some(now);
         let msg = message(self.kind, self.id.0, Duration::ZERO, &secret);
         let needs = shared.backends().iter().any(|b| b.caps.needs_progress);
-        let started = if needs && !shared.progress_running() {
-            crate::agent::start_progress_thread(&shared)
-        } else {
-            Ok(())
-        };
+        let started = super::future::ensure_progress(&shared, needs);
         if let Err(e) = started.and_then(|()| self.agent.post_control(&self.owner, &msg)) {
             l.answers.lock().remove(&key);
             return Err(e);

@@ -126,11 +126,8 @@ impl HelloKeys {
         w.put_u8(KEYED).put(&self.public());
         match &self.process {
             Some(p) => {
-                w.put_bool(true)
-                    .put(&p.boot_id)
-                    .put_u64(p.pid_ns)
-                    .put_u32(p.pid)
-                    .put_u64(p.start_time);
+                w.put_bool(true);
+                crate::codec::write_process(w, p);
             }
             None => {
                 w.put_bool(false);
@@ -223,12 +220,7 @@ pub(crate) fn read_signed(
     }
     let key: [u8; HELLO_KEY_LEN] = r.array()?;
     let process = if r.bool("hello process flag")? {
-        Some(ProcessId {
-            boot_id: r.array()?,
-            pid_ns: r.u64()?,
-            pid: r.u32()?,
-            start_time: r.u64()?,
-        })
+        Some(crate::codec::read_process(r)?)
     } else {
         None
     };

@@ -116,10 +116,7 @@ impl AgentMetadata {
         }
         w.put_u8(flags);
         if let Some(p) = &self.process {
-            w.put(&p.boot_id)
-                .put_u64(p.pid_ns)
-                .put_u32(p.pid)
-                .put_u64(p.start_time);
+            write_process(&mut w, p);
         }
         if let Some(k) = &self.hello_key {
             w.put(k);
@@ -178,12 +175,7 @@ impl AgentMetadata {
             return Err(DecodeError::Invalid { what: "flags" });
         }
         let process = if flags & FLAG_PROCESS != 0 {
-            Some(ProcessId {
-                boot_id: r.array()?,
-                pid_ns: r.u64()?,
-                pid: r.u32()?,
-                start_time: r.u64()?,
-            })
+            Some(read_process(&mut r)?)
         } else {
             None
         };
@@ -220,6 +212,25 @@ impl AgentMetadata {
             regions,
         })
     }
+}
+
+/// Writes a [`ProcessId`] (boot id, pid namespace, pid, start time), as metadata and hellos
+/// carry it.
+pub(crate) fn write_process(w: &mut ByteWriter, p: &ProcessId) {
+    w.put(&p.boot_id)
+        .put_u64(p.pid_ns)
+        .put_u32(p.pid)
+        .put_u64(p.start_time);
+}
+
+/// Reads what [`write_process`] wrote.
+pub(crate) fn read_process(r: &mut ByteReader<'_>) -> Result<ProcessId, DecodeError> {
+    Ok(ProcessId {
+        boot_id: r.array()?,
+        pid_ns: r.u64()?,
+        pid: r.u32()?,
+        start_time: r.u64()?,
+    })
 }
 
 /// The blob without its checksum, once its size, magic, version and checksum are right. The

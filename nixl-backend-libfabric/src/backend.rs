@@ -60,6 +60,8 @@ pub(crate) struct Inner {
     active: Mutex<Vec<Weak<Mutex<XferCore>>>>,
     /// Wakes the agent's futures when a driven transfer ends.
     wake: nixl_core::backend::Wake,
+    /// Frees posts spinning on a dead shm peer's region lock.
+    pub(crate) watchdog: Arc<crate::dead_holder::Watchdog>,
 }
 
 impl Inner {
@@ -119,10 +121,15 @@ impl Inner {
 
     /// Waits (polling, bounded by `op_timeout`) until `track` has nothing in flight.
     pub(crate) fn drain(&self, track: &Track) -> bool {
+        self.drain_until(|| track.state().0 == 0)
+    }
+
+    /// Polls (bounded by `op_timeout`) until `settled` says yes; whether it did.
+    pub(crate) fn drain_until(&self, mut settled: impl FnMut() -> bool) -> bool {
         let deadline = Instant::now() + self.params.op_timeout;
         let mut spins = 0u32;
         loop {
-            if track.state().0 == 0 {
+            if settled() {
                 return true;
             }
             if Instant::now() >= deadline {
@@ -320,7 +327,10 @@ impl LibfabricBackend {
         let conn = wire::encode_conn(&sel.provider, &names);
         // Notifications to itself (loopback) need no hello: its own session is known.
         let session = ctx.peers.new_session()?;
-        let me = Arc::new(Peer::connect(&agent, &conn, &rails, &names, session).map_err(fail)?);
+        let me = Arc::new(
+            Peer::connect(&agent, &conn, &rails, &names, session, None, Vec::new())
+                .map_err(fail)?,
+        );
         let inbox = Inbox {
             notifs: ctx.notifs,
             peers: ctx.peers,
@@ -360,6 +370,7 @@ impl LibfabricBackend {
             params,
             active: Mutex::new(Vec::new()),
             wake: ctx.wake.clone(),
+            watchdog: Arc::default(),
         });
         tracing::info!(agent = %inner.agent, path = %inner.describe(), "libfabric backend created");
         let stop = Arc::new(AtomicBool::new(false));
@@ -413,6 +424,7 @@ impl LibfabricBackend {
 impl Drop for LibfabricBackend {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        self.inner.watchdog.stop();
         for t in self.threads.drain(..) {
             if t.join().is_err() {
                 tracing::error!(agent = %self.inner.agent, "libfabric progress thread panicked");
@@ -574,6 +586,15 @@ impl nixl_core::backend::PeerBackend for LibfabricBackend {
     }
 
     fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
+        self.connect_peer(remote, info, None)
+    }
+
+    fn connect_peer(
+        &self,
+        remote: &str,
+        info: &[u8],
+        process: Option<&nixl_core::backend::PeerProcess>,
+    ) -> Result<()> {
         let me = &self.inner.agent;
         let (provider, names) = wire::decode_conn(info).map_err(|e| {
             Error::invalid(
@@ -606,7 +627,16 @@ impl nixl_core::backend::PeerBackend for LibfabricBackend {
             crate::validate::check_name(&self.inner.provider, name, own)
                 .and_then(|()| {
                     if shm {
-                        crate::validate::check_shm_region(name)
+                        crate::validate::check_shm_region(name)?;
+                        // The endpoint must be the process the metadata names: its exit is
+                        // what ends operations to it (`XferCore::orphaned`).
+                        match (process, crate::validate::shm_name_pid(name)) {
+                            (Some(p), Some(pid)) if p.pid() != pid => Err(format!(
+                                "the shm endpoint belongs to process {pid}, the metadata names process {}",
+                                p.pid()
+                            )),
+                            _ => Ok(()),
+                        }
                     } else {
                         Ok(())
                     }
@@ -619,9 +649,18 @@ impl nixl_core::backend::PeerBackend for LibfabricBackend {
                     )
                 })?;
         }
+        let guards = crate::dead_holder::guards(&self.inner, remote, &names[..n], process)?;
         let session = self.inner.inbox.peers.new_session()?;
-        let peer = Peer::connect(remote, info, &self.inner.rails[..n], &names[..n], session)
-            .map_err(|e| e.into_error(me, Some(remote), Op::LoadMetadata))?;
+        let peer = Peer::connect(
+            remote,
+            info,
+            &self.inner.rails[..n],
+            &names[..n],
+            session,
+            process.cloned(),
+            guards,
+        )
+        .map_err(|e| e.into_error(me, Some(remote), Op::LoadMetadata))?;
         let peer = Arc::new(peer);
         // The hello goes first on the notification rail (sends are ordered, FI_ORDER_SAS):
         // it tells the peer which session this agent's notifications carry.
@@ -702,14 +741,14 @@ impl LibfabricBackend {
     fn send_framed(&self, peer: &Arc<Peer>, framed: &[u8], op: Op) -> Result<()> {
         let me = &self.inner.agent;
         let remote = peer.name.as_str();
-        let (r, rail, addr) = peer
+        let (r, _, _) = peer
             .notif_rail()
             .ok_or_else(|| Error::disconnected(me, remote, op, "no rail reaches the peer"))?;
         let track = Arc::new(Track::default());
         let deadline = Instant::now() + self.inner.params.op_timeout;
         let mut idle = 0u32;
-        while !rail
-            .post_send(addr, framed, &track)
+        while !peer
+            .post_send(r, framed, &track)
             .map_err(|e| e.into_error(me, Some(remote), op))?
         {
             if Instant::now() >= deadline {

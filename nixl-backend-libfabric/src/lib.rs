@@ -42,6 +42,7 @@
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 
 mod backend;
+mod dead_holder;
 mod keys;
 mod params;
 mod peer;

@@ -265,6 +265,13 @@ pub struct RailStats {
     pub notifs_sent: u64,
     /// Notifications received.
     pub notifs_received: u64,
+    /// Over shm: region locks released because the peer that held them had exited while a
+    /// post spun on them (see the crate's docs on shm peers that die).
+    pub dead_locks_released: u64,
+    /// Over shm: a peer died with operations of this rail in flight, and libfabric's shm
+    /// endpoint completes nothing posted after them; posts on the rail are refused (a
+    /// `Backend` error saying so) until the agent is recreated.
+    pub blocked: bool,
 }
 
 /// A handle to the per-rail counters of a backend (from [`LibfabricParams::stats`] before
@@ -296,6 +303,8 @@ impl LibfabricStats {
                 errors: c.errors.load(Ordering::Relaxed),
                 notifs_sent: c.notifs_sent.load(Ordering::Relaxed),
                 notifs_received: c.notifs_received.load(Ordering::Relaxed),
+                dead_locks_released: c.dead_locks_released.load(Ordering::Relaxed),
+                blocked: c.blocked.load(Ordering::Relaxed),
             })
             .collect()
     }

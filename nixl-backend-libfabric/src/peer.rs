@@ -12,9 +12,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use nixl_core::backend::PeerProcess;
 use nixl_core::backend::SessionId;
 
-use crate::rail::Rail;
+use crate::dead_holder::ShmGuard;
+use crate::rail::{Rail, Track};
 use crate::result::FiError;
 use crate::sys;
 
@@ -33,6 +35,11 @@ pub(crate) struct Peer {
     removed: Vec<AtomicBool>,
     /// The session this agent's hello opened at the peer: what its notifications carry.
     pub session: SessionId,
+    /// The peer's process, where it runs on this host and the agent bound it: over shm its
+    /// exit is what lets operations that will never complete go (`XferCore::orphaned`).
+    process: Option<PeerProcess>,
+    /// Per rail, over shm with the process bound: what every post to the peer goes through.
+    guards: Vec<Option<Arc<ShmGuard>>>,
 }
 
 impl Drop for Peer {
@@ -50,6 +57,8 @@ impl Peer {
         rails: &[Arc<Rail>],
         names: &[Vec<u8>],
         session: SessionId,
+        process: Option<PeerProcess>,
+        guards: Vec<Option<Arc<ShmGuard>>>,
     ) -> Result<Peer, FiError> {
         let mut p = Peer {
             name: name.to_owned(),
@@ -60,6 +69,8 @@ impl Peer {
             rail_ok: Vec::new(),
             removed: Vec::new(),
             session,
+            process,
+            guards,
         };
         for (rail, addr) in rails.iter().zip(names) {
             // On failure `p` is dropped and removes what was inserted so far.
@@ -70,6 +81,57 @@ impl Peer {
             p.removed.push(AtomicBool::new(false));
         }
         Ok(p)
+    }
+
+    /// Whether the peer's process is known to have exited (on this host; `false` where it is
+    /// not bound).
+    pub(crate) fn exited(&self) -> bool {
+        self.process.as_ref().is_some_and(PeerProcess::exited)
+    }
+
+    /// Marks a post to the peer over rail `r` as running (see `crate::dead_holder`): `Err`
+    /// once the peer's process has exited (nothing is posted to it then).
+    fn enter(
+        &self,
+        r: usize,
+        call: &'static str,
+    ) -> Result<Option<crate::dead_holder::Posting<'_>>, FiError> {
+        match self.guards.get(r) {
+            Some(Some(g)) => g.enter().map(Some).ok_or_else(|| {
+                FiError::new(call, sys::FI_ECONNRESET).with_detail("the peer's process exited")
+            }),
+            _ => Ok(None),
+        }
+    }
+
+    /// Posts one RMA operation to the peer over rail `r` (see [`Rail::post_rma`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn post_rma(
+        &self,
+        r: usize,
+        write: bool,
+        local: u64,
+        len: u64,
+        desc: usize,
+        raddr: u64,
+        key: u64,
+        track: &Arc<Track>,
+    ) -> Result<bool, FiError> {
+        let (rail, addr) = &self.addrs[r];
+        let _posting = self.enter(r, if write { "fi_write" } else { "fi_read" })?;
+        rail.post_rma(write, local, len, desc, *addr, raddr, key, track)
+    }
+
+    /// Sends one framed message to the peer over rail `r` (see [`Rail::post_send`]).
+    pub(crate) fn post_send(
+        &self,
+        r: usize,
+        framed: &[u8],
+        track: &Arc<Track>,
+    ) -> Result<bool, FiError> {
+        let (rail, addr) = &self.addrs[r];
+        let _posting = self.enter(r, "fi_send")?;
+        rail.post_send(*addr, framed, track)
     }
 
     /// Removes rail `r`'s address from its AV (once).

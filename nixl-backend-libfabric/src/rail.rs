@@ -10,7 +10,7 @@
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use nixl_core::backend::{NotifQueue, PeerAuth, Sessions};
@@ -79,6 +79,11 @@ pub(crate) struct RailCounters {
     pub(crate) errors: AtomicU64,
     pub(crate) notifs_sent: AtomicU64,
     pub(crate) notifs_received: AtomicU64,
+    pub(crate) dead_locks_released: AtomicU64,
+    /// Set once an shm peer died with operations of this rail in flight: libfabric 1.17's
+    /// shm endpoint answers its operations in post order, so none posted after them ever
+    /// completes (see [`Rail::refuse_if_blocked`]).
+    pub(crate) blocked: AtomicBool,
 }
 
 /// Completion accounting of one post of a transfer (or of one standalone notification).
@@ -207,6 +212,10 @@ pub(crate) struct Rail {
     /// notification before its hello (dropped as an unknown session) or two notifications out
     /// of order.
     cq_order: Mutex<()>,
+    /// Completed reads of the CQ, each of which drove the provider's progress once: an shm
+    /// operation to a peer whose process exited can no longer move when two passes began
+    /// after the exit was seen (see `XferCore::orphaned`).
+    passes: AtomicU64,
     ep: Endpoint<Mutex<RailState>>,
     _info: Info,
 }
@@ -280,6 +289,7 @@ impl Rail {
             domain,
             cq,
             cq_order: Mutex::new(()),
+            passes: AtomicU64::new(0),
             ep,
             _info: info,
         };
@@ -437,6 +447,7 @@ impl Rail {
         key: u64,
         track: &Arc<Track>,
     ) -> Result<bool, FiError> {
+        self.refuse_if_blocked(if write { "fi_write" } else { "fi_read" })?;
         let mut st = self.lock();
         let op = Rma {
             write,
@@ -472,6 +483,7 @@ impl Rail {
         framed: &[u8],
         track: &Arc<Track>,
     ) -> Result<bool, FiError> {
+        self.refuse_if_blocked("fi_send")?;
         let mut st = self.lock();
         if framed.len() > st.send_slot_size() {
             return Err(FiError::new("fi_send", sys::FI_EMSGSIZE));
@@ -542,7 +554,42 @@ impl Rail {
                 Err(e) => return Err(e),
             }
         }
+        self.passes.fetch_add(1, Ordering::SeqCst);
         Ok(handled)
+    }
+
+    /// Completed progress passes over the rail's CQ (each drove the provider once).
+    pub(crate) fn passes(&self) -> u64 {
+        self.passes.load(Ordering::SeqCst)
+    }
+
+    /// Marks the rail blocked by a dead shm peer's operations (see [`Rail::refuse_if_blocked`]).
+    pub(crate) fn block_behind_dead_peer(&self) {
+        if !self.counters.blocked.swap(true, Ordering::SeqCst) {
+            tracing::error!(
+                rail = self.index,
+                "an shm peer died with operations of this rail in flight: the endpoint completes nothing posted after them; recreate the agent"
+            );
+        }
+    }
+
+    /// Refuses a post on a rail a dead shm peer blocked: libfabric 1.17's shm endpoint reads
+    /// the answers to its operations from one queue in post order and stops at the first
+    /// unanswered one, which a peer killed mid-operation never answers. A post there would
+    /// never complete (and its memory never be let go); it is refused at once instead.
+    fn refuse_if_blocked(&self, call: &'static str) -> Result<(), FiError> {
+        if self.counters.blocked.load(Ordering::SeqCst) {
+            return Err(FiError::new(call, sys::FI_EIO).with_detail(
+                "libfabric's shm endpoint is blocked behind operations to a peer that died \
+                 with them in flight; recreate the agent to use shm again",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether this rail runs libfabric's shm provider.
+    pub(crate) fn is_shm(&self) -> bool {
+        self.shm
     }
 
     /// Blocks up to `timeout_ms` in `fi_cq_sread` (without the rail's lock, so posting goes

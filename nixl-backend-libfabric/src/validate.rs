@@ -121,7 +121,7 @@ fn check_shm_name(name: &[u8], own: &[u8]) -> Result<(), String> {
 
 /// The file of the region an shm name (checked by [`check_name`]) names: what the shm provider
 /// opens (`shm_open` of the part after `"://"`).
-fn shm_region_path(name: &[u8]) -> Result<PathBuf, String> {
+pub(crate) fn shm_region_path(name: &[u8]) -> Result<PathBuf, String> {
     let text = name.strip_suffix(&[0]).unwrap_or(name);
     let text =
         std::str::from_utf8(text).map_err(|_| "shm endpoint name is not UTF-8".to_owned())?;
@@ -154,6 +154,15 @@ pub(crate) fn check_shm_region(name: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// The process an shm name (checked by [`check_name`]) says its endpoint belongs to: the
+/// `<pid>` of `fi_shm://<pid>:...`.
+pub(crate) fn shm_name_pid(name: &[u8]) -> Option<u32> {
+    let path = shm_region_path(name).ok()?;
+    let object = path.file_name()?.to_str()?;
+    let pid: String = object.chars().take_while(char::is_ascii_digit).collect();
+    pid.parse().ok()
+}
+
 /// Whether the peer an shm name (checked by [`check_name`]) names has closed its endpoint: its
 /// region is gone (an endpoint unlinks it on close). `false` for a name of this process
 /// (`fi_shm://<this pid>:...`), whose region the provider shares with the endpoint itself,
@@ -162,12 +171,7 @@ pub(crate) fn shm_peer_gone(name: &[u8]) -> bool {
     let Ok(path) = shm_region_path(name) else {
         return false;
     };
-    let object = path
-        .file_name()
-        .and_then(|o| o.to_str())
-        .unwrap_or_default();
-    let pid: String = object.chars().take_while(char::is_ascii_digit).collect();
-    if pid == std::process::id().to_string() {
+    if shm_name_pid(name) == Some(std::process::id()) {
         return false;
     }
     matches!(std::fs::symlink_metadata(&path), Err(e) if e.kind() == std::io::ErrorKind::NotFound)
@@ -237,6 +241,8 @@ mod tests {
         let own = format!("fi_shm://{}:0:999\0", std::process::id());
         assert!(!shm_peer_gone(own.as_bytes()), "a name of this process");
         assert!(!shm_peer_gone(b"fi_shm://a/b\0"), "not a region name");
+        assert_eq!(shm_name_pid(b"fi_shm://4194303:1000:12\0"), Some(4194303));
+        assert_eq!(shm_name_pid(b"fi_shm://a:1000:12\0"), None);
         if std::path::Path::new(SHM_DIR).is_dir() {
             let name = format!("nixl-validate-test-{}", std::process::id());
             let path = PathBuf::from(SHM_DIR).join(&name);

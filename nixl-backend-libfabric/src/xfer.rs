@@ -54,6 +54,9 @@ pub(crate) struct XferCore {
     /// Abandoned (`BackendXfer::abandon`): nothing more is posted, and the request drains
     /// until what is in flight completes; `true` once the rails it is stuck on were failed.
     abandoned: Option<bool>,
+    /// Over shm, once the peer's process was seen to have exited with operations in flight:
+    /// each rail's progress passes then (see [`XferCore::orphaned`]).
+    orphan: Option<Vec<u64>>,
     /// The metadata the operations' keys and descriptors come from.
     _mds: Vec<BackendMd>,
 }
@@ -163,6 +166,7 @@ impl LfXfer {
             failed: None,
             posted: Instant::now(),
             abandoned: None,
+            orphan: None,
             _mds: mds,
         };
         Ok(LfXfer {
@@ -265,14 +269,14 @@ impl XferCore {
     /// Posts operations until all are posted or a queue is full.
     fn pump(&mut self, op: Op) -> Result<()> {
         while let Some(o) = self.ops.get(self.next).copied() {
-            let (rail, addr) = &self.peer.addrs[o.rail];
-            if !rail
+            if !self
+                .peer
                 .post_rma(
+                    o.rail,
                     self.write,
                     o.local,
                     o.len,
                     o.desc,
-                    *addr,
                     o.raddr,
                     o.key,
                     &self.track,
@@ -311,7 +315,7 @@ impl XferCore {
         if poll {
             self.inner.poll();
         }
-        if self.track.state().0 > 0 {
+        if self.track.state().0 > 0 && !self.orphaned() {
             let stuck = self.posted.elapsed() >= self.inner.params.op_timeout;
             if stuck && self.abandoned == Some(false) && !Arc::ptr_eq(&self.peer, &self.inner.me) {
                 self.abandoned = Some(true);
@@ -340,8 +344,8 @@ impl XferCore {
     /// Waits for what is in flight; if it does not complete in time, the rails it is stuck on
     /// are failed for this peer (their connections torn down, flushing what is queued; with
     /// no rail left the peer is unreachable) and it is waited for once more.
-    fn settle(&self) -> bool {
-        if self.inner.drain(&self.track) {
+    fn settle(&mut self) -> bool {
+        if self.drain() {
             return true;
         }
         if Arc::ptr_eq(&self.peer, &self.inner.me) {
@@ -353,7 +357,47 @@ impl XferCore {
         } else {
             self.peer.fail_rails(&stuck);
         }
-        self.inner.drain(&self.track)
+        self.drain()
+    }
+
+    /// Waits (polling, bounded by `op_timeout`) until nothing of the post is in flight or
+    /// what is left is orphaned ([`XferCore::orphaned`]).
+    fn drain(&mut self) -> bool {
+        let inner = self.inner.clone();
+        inner.drain_until(|| self.track.state().0 == 0 || self.orphaned())
+    }
+
+    /// Whether the operations still in flight can no longer touch the request's memory
+    /// although they will never complete: libfabric's shm provider completes nothing to a
+    /// peer whose process died. Its copies are made by the peer's process (CMA) or, for
+    /// data staged through shared buffers, by this process's progress when the peer has
+    /// moved a buffer; a dead peer moves none, so once the exit is seen (the process watch
+    /// the agent bound) and two progress passes of every rail began after it, what the peer
+    /// left staged was copied and nothing more is. The operations' contexts stay in the
+    /// rail's table until the endpoint closes, so a late completion still finds its own.
+    fn orphaned(&mut self) -> bool {
+        let shm = self.inner.rails.first().is_some_and(|r| r.is_shm());
+        if !shm || !self.peer.exited() {
+            return false;
+        }
+        let now: Vec<u64> = self.inner.rails.iter().map(|r| r.passes()).collect();
+        match &self.orphan {
+            None => {
+                self.orphan = Some(now);
+                false
+            }
+            Some(seen) => {
+                if !seen.iter().zip(&now).all(|(s, n)| *n >= s + 2) {
+                    return false;
+                }
+                for r in self.track.stuck_rails() {
+                    if let Some(rail) = self.inner.rails.get(r) {
+                        rail.block_behind_dead_peer();
+                    }
+                }
+                true
+            }
+        }
     }
 
     /// One step of the post, as `how` says: [`How::Poll`] reads the completion queues first,
@@ -415,7 +459,7 @@ impl XferCore {
         }
         if self.phase == Phase::Data {
             if let Some(n) = &self.notif {
-                let Some((_, rail, addr)) = self.peer.notif_rail() else {
+                let Some((r, _, _)) = self.peer.notif_rail() else {
                     let e = Error::disconnected(
                         &self.inner.agent,
                         &self.peer.name,
@@ -424,7 +468,7 @@ impl XferCore {
                     );
                     return Err(self.fail(e));
                 };
-                match rail.post_send(addr, n, &self.track) {
+                match self.peer.post_send(r, n, &self.track) {
                     Ok(true) => {
                         self.phase = Phase::Notif;
                         return Ok(XferState::InProgress);
@@ -470,6 +514,7 @@ impl BackendXfer for LfXfer {
         c.next = 0;
         c.failed = None;
         c.abandoned = None;
+        c.orphan = None;
         c.posted = Instant::now();
         c.phase = Phase::Data;
         let r = c.step(Op::PostXfer, How::Poll);

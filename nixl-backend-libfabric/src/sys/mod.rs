@@ -38,6 +38,7 @@ pub(crate) mod fabric;
 pub(crate) mod info;
 pub mod ops;
 pub(crate) mod post;
+pub(crate) mod region_lock;
 
 /// libfabric's text for an error number (`fi_strerror`), or `None` when it has none.
 pub(crate) fn strerror(lib: &Lib, code: c_int) -> Option<String> {

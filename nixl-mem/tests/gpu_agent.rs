@@ -589,14 +589,58 @@ fn gpu_agent_copy_kernel_scatter_gather() {
     let Pair {
         a, src, dst, peer, ..
     } = &pair;
-    // The first version of the request: destinations 0 and 4 overlap by 5 bytes.
+    // Destinations 0 and 4 overlapping by 5 bytes: the agent refuses the WRITE when it is
+    // made (each destination byte is written once), before any backend sees it, and nothing
+    // moves. Reading overlapping sources into disjoint destinations is no conflict: the copy
+    // kernel takes it.
     let mut overlapping = SCATTERED;
     overlapping[0].1 = 3 * MIB as u64;
-    let (w, r) = scatter_round(&pair, &overlapping, 99);
-    assert!(w.contains("cuMemcpyAsync x7"), "{w}");
-    assert!(w.contains("(in order: segments 0 and 4 overlap)"), "{w}");
-    // Reading overlapping sources into disjoint destinations is no conflict.
+    let list = |base: u64, pick: fn(&(u64, u64, u64)) -> u64| {
+        XferDescList::from_descs(
+            MemKind::Vram,
+            overlapping
+                .iter()
+                .map(|s| Desc::on_device(base + pick(s), s.2, 0)),
+        )
+    };
+    dst.fill(0).unwrap();
+    let opts = XferOptions {
+        no_merge: true,
+        ..Default::default()
+    };
+    let e = a
+        .create_xfer_req(
+            XferOp::Write,
+            &list(src.addr(), |s| s.0),
+            &list(dst.addr(), |s| s.1),
+            peer,
+            opts,
+        )
+        .expect_err("destinations overlapping");
+    assert_eq!(e.kind(), nixl_core::ErrorKind::InvalidParam, "{e}");
+    assert!(e.to_string().contains("cover the same bytes"), "{e}");
+    assert!(
+        dst.to_vec().unwrap().iter().all(|&b| b == 0),
+        "a refused WRITE moved bytes"
+    );
+    let p = pattern(99, len);
+    dst.copy_from_host(0, &p).unwrap();
+    src.fill(0).unwrap();
+    let r = xfer(
+        a,
+        XferOp::Read,
+        list(src.addr(), |s| s.0),
+        list(dst.addr(), |s| s.1),
+        peer,
+        None,
+        true,
+    );
     assert!(r.contains("copy kernel x7 segments"), "{r}");
+    let mut want = vec![0u8; len];
+    for &(s, d, l) in &overlapping {
+        want[s as usize..(s + l) as usize].copy_from_slice(&p[d as usize..(d + l) as usize]);
+    }
+    assert_eq!(first_diff(&src.to_vec().unwrap(), &want), None, "READ {r}");
     let p = pattern(77, len);
     // Not co-aligned: copy engines, with the reason in the path; bytes still right.
     let odd = XferDescList::from_descs(

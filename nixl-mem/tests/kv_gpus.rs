@@ -170,9 +170,18 @@ fn run(test: &str, tp: (u32, u32), layers: u32, order: &str) {
 /// Prefill TP `tp.0` (one process per rank) -> decode TP `tp.1` (agents of this process) as
 /// `how` says; every element checked on every decode rank.
 fn run_with(test: &str, tp: (u32, u32), layers: u32, how: How<'_>) {
-    if !two_gpus(test) {
+    // `NIXL_KV_ONE_GPU=1`: every rank on GPU 0 (two processes on one GPU still cross
+    // processes through CUDA IPC), for a machine with one GPU.
+    let how = if std::env::var("NIXL_KV_ONE_GPU").as_deref() == Ok("1") {
+        How {
+            gpus: (0, 0),
+            ..how
+        }
+    } else if !two_gpus(test) {
         return;
-    }
+    } else {
+        how
+    };
     assert!(
         !how.write || tp.1 == 1,
         "writes go to the parent: decode TP 1"

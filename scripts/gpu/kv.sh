@@ -8,6 +8,8 @@
 # tiles (HND <-> NHD permuted by the tile kernel). Then the benchmark (benches/kv_bench.rs):
 # Llama-3-8B and -70B, 2048 blocks, prefill TP 2 HND -> decode TP 1 NHD, one pass vs move
 # then permute, and the link's limit measured in the same call (two_gpu_limit.py, torch).
+# On a one-GPU machine `NIXL_KV_ONE_GPU=1 .carry/bin/test-kv_gpus --test-threads 1` runs the
+# same cases with every rank on GPU 0 (processes still cross through CUDA IPC).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=scripts/gpu/pick.sh

@@ -95,7 +95,10 @@ must_pass nixl-mem-lib cuda_ipc::complete::tests::the_thread_sends_without_polli
 must_pass nixl-mem-lib cuda_ipc::complete::tests::a_real_event_ticket_is_sent_by_the_thread
 must_pass nixl-mem-gpu-agent gpu_agent_notification_without_initiator_polling
 must_pass nixl-mem-gpu-agent gpu_agent_copy_kernel_scatter_gather
-must_pass nixl-mem-gpu-agent gpu_conformance_suite
+# The conformance suite is a module of tests: every one of them must pass, and some must run.
+n_ok=$(grep -c "^test gpu_conformance_suite::.* \.\.\. ok" "$OUT/nixl-mem-gpu-agent.log")
+n_bad=$(grep -cE "^test gpu_conformance_suite::.* \.\.\. (FAILED|ignored)" "$OUT/nixl-mem-gpu-agent.log")
+if [ "$n_ok" -gt 0 ] && [ "$n_bad" -eq 0 ]; then say "  ok: gpu_conformance_suite ($n_ok cases)"; else say "  NOT PASSED: gpu_conformance_suite ($n_ok ok, $n_bad failed or ignored)"; fail=1; fi
 must_pass nixl-mem-gpu-agent gpu_agent_two_processes_vram_and_dram
 must_pass nixl-mem-gpu-agent gpu_agent_a_killed_target_never_ends_done_unless_landed
 # Which engine the per-block VRAM copies used, and any fallback warning.

@@ -7,7 +7,8 @@ use crate::agent::{Agent, BackendSlot};
 use crate::backend::BackendXfer;
 use crate::desc::XferOp;
 use crate::error::{Error, Op, Result};
-use crate::strided::{block_runs, BlockXferSpec, LayerPair};
+use crate::strided::{block_runs, BlockRun, BlockXferSpec, LayerPair};
+use crate::tiles::TileShape;
 use crate::xfer::{ReqSpec, XferOptions, XferReq};
 
 impl Agent {
@@ -34,7 +35,7 @@ impl Agent {
         opts: XferOptions,
     ) -> Result<XferReq> {
         let me = self.name();
-        let mut ends = self.ends(op, local, remote, &opts)?;
+        let ends = self.ends(op, local, remote, &opts)?;
         let (Layout::Strided { layers: ll, .. }, Layout::Strided { layers: rl, .. }) =
             (&local.layout, &remote.layout)
         else {
@@ -54,6 +55,27 @@ impl Agent {
             XferOp::Write => ("remote", remote_blocks),
         };
         crate::agent::make::check_distinct(me, side, dst)?;
+        let runs = block_runs(local_blocks, remote_blocks, !opts.no_merge);
+        self.make_table(op, (local, remote), (ll, rl), ends, runs, None, opts)
+    }
+
+    /// The one path of block-table requests, whole blocks and tiles alike (a block is the
+    /// identity tile): offers the table to every backend holding every layer's regions (only
+    /// to those that rearrange rows where `rows` is set), the first that takes it makes the
+    /// request; whole blocks a backend does not consume as strides are materialized into
+    /// segments for it. The caller checked the ids or tiles.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn make_table(
+        &self,
+        op: XferOp,
+        (local, remote): (&PreparedList, &PreparedList),
+        (ll, rl): (&[PrepLayer], &[PrepLayer]),
+        mut ends: crate::agent::make::Ends,
+        runs: Vec<BlockRun>,
+        rows: Option<TileShape>,
+        opts: XferOptions,
+    ) -> Result<XferReq> {
+        let me = self.name();
         self.arrival_ends(op, (local, ll.len()), &mut ends, &opts)?;
         for (a, b) in ll.iter().zip(rl) {
             let (lr, rr) = (
@@ -64,9 +86,12 @@ impl Agent {
             ends.candidates
                 .retain(|s| lr.md(s.id).is_some() && rr.md(s.id).is_some());
         }
+        let holders = ends.candidates.len();
+        if rows.is_some() {
+            ends.candidates.retain(|s| s.backend.rearranges_rows());
+        }
         let notif = opts.notif.is_some();
-        let runs = block_runs(local_blocks, remote_blocks, !opts.no_merge);
-        let mut refusal = None;
+        let mut refusals = Vec::new();
         for slot in std::mem::take(&mut ends.candidates) {
             let spec = BlockXferSpec {
                 op,
@@ -76,6 +101,7 @@ impl Agent {
                 is_local: ends.is_local,
                 layers: layer_pairs(me, &slot, ll, rl, local, remote)?,
                 runs: runs.clone(),
+                rows,
                 notif: if opts.integrity {
                     None
                 } else {
@@ -98,13 +124,44 @@ impl Agent {
                 }
                 Err(e @ Error::NotSupported { .. }) => {
                     tracing::debug!(agent = %me, backend = %slot.name, error = %e, "backend declined the transfer");
-                    refusal = Some(e);
+                    refusals.push((slot.name.clone(), e));
                 }
                 Err(e) => return Err(e),
             }
         }
-        Err(refusal.unwrap_or_else(|| self.no_backend(local, remote, &ends, notif)))
+        Err(match rows {
+            Some(_) => tile_refusal(me, (local, remote), holders, &refusals),
+            None => refusals
+                .pop()
+                .map(|(_, e)| e)
+                .unwrap_or_else(|| self.no_backend(local, remote, &ends, notif)),
+        })
     }
+}
+
+/// The refusal when no backend took a table with rows rearranged: what each one said.
+fn tile_refusal(
+    me: &str,
+    (local, remote): (&PreparedList, &PreparedList),
+    holders: usize,
+    refusals: &[(String, Error)],
+) -> Error {
+    let said = if !refusals.is_empty() {
+        let each: Vec<String> = refusals.iter().map(|(n, e)| format!("{n}: {e}")).collect();
+        format!(": {}", each.join("; "))
+    } else if holders > 0 {
+        " (the backends holding both regions cannot rearrange rows)".to_owned()
+    } else {
+        " (no backend holds both regions)".to_owned()
+    };
+    Error::not_supported(
+        me,
+        Op::MakeXfer,
+        format!(
+            "no backend can move {} -> {} tiles with their rows rearranged (an HND <-> NHD permute or a head gather needs CUDA_IPC's copy kernel or INPROC){said}",
+            local.kind, remote.kind
+        ),
+    )
 }
 
 /// Same layer count, block lengths and id counts on both sides, and some ids.
@@ -188,13 +245,29 @@ fn prepare_on(
     slot: &BackendSlot,
     spec: BlockXferSpec,
 ) -> Result<(Box<dyn BackendXfer>, ReqSpec, String)> {
-    let summary = format!(
-        "block table: {} layers x {} blocks",
-        spec.layers.len(),
-        spec.blocks_per_layer()
-    );
+    let summary = match &spec.rows {
+        None => format!(
+            "block table: {} layers x {} blocks",
+            spec.layers.len(),
+            spec.blocks_per_layer()
+        ),
+        Some(s) => format!(
+            "tiles: {} layers x {} tiles of {} x {} rows of {} bytes, rearranged in the copy",
+            spec.layers.len(),
+            spec.blocks_per_layer(),
+            s.outer,
+            s.inner,
+            s.row
+        ),
+    };
     match slot.backend.prepare_blocks(&spec)? {
         Some(x) => Ok((x, ReqSpec::Blocks(spec), format!("{summary}, strided"))),
+        // Rows the backend cannot rearrange are never moved as they lie.
+        None if spec.rows.is_some() => Err(Error::not_supported(
+            me,
+            Op::MakeXfer,
+            format!("{} cannot rearrange rows", slot.name),
+        )),
         // Segments carry no counters: never drop them silently.
         None if spec.arrival.is_some() => Err(Error::not_supported(
             me,

@@ -1,13 +1,13 @@
-//! Building tile requests ([`Agent::make_tile_xfer`]): block tables paired layer by layer, as
-//! for block ids, with each tile's rows rearranged on the way.
+//! Building tile requests ([`Agent::make_tile_xfer`]): the tiles' own checks, then the block
+//! table path ([`Agent::make_block_xfer`]'s), with each tile's rows rearranged on the way.
 
-use crate::agent::make_blocks::layer_pairs;
 use crate::agent::prep::{Layout, PrepLayer, PreparedList};
 use crate::agent::Agent;
 use crate::desc::XferOp;
 use crate::error::{Error, Op, Result};
-use crate::tiles::{Tile, TileShape, TileXferSpec};
-use crate::xfer::{ReqSpec, XferOptions, XferReq};
+use crate::strided::tile_runs;
+use crate::tiles::{Tile, TileShape};
+use crate::xfer::{XferOptions, XferReq};
 
 /// The most tiles of a request over all layers (the copy kernel indexes them in 32 bits).
 pub(crate) const MAX_TILE_ITEMS: u64 = u32::MAX as u64;
@@ -40,7 +40,7 @@ impl Agent {
     ) -> Result<XferReq> {
         let me = self.name();
         let invalid = |why: String| Error::invalid(me, Op::MakeXfer, why);
-        let mut ends = self.ends(op, local, remote, &opts)?;
+        let ends = self.ends(op, local, remote, &opts)?;
         let (Layout::Strided { layers: ll, .. }, Layout::Strided { layers: rl, .. }) =
             (&local.layout, &remote.layout)
         else {
@@ -56,84 +56,17 @@ impl Agent {
             ));
         }
         check_request(me, op, shape, tiles, (ll, rl), ends.is_local, &opts)?;
-        self.arrival_ends(op, (local, ll.len()), &mut ends, &opts)?;
-        for (a, b) in ll.iter().zip(rl) {
-            let (lr, rr) = (
-                &local.regions[a.region as usize],
-                &remote.regions[b.region as usize],
-            );
-            crate::work::tick(ends.candidates.len());
-            ends.candidates
-                .retain(|s| lr.md(s.id).is_some() && rr.md(s.id).is_some());
-        }
-        let mut declined = Vec::new();
-        for slot in std::mem::take(&mut ends.candidates) {
-            let spec = TileXferSpec {
-                op,
-                local_kind: local.kind,
-                remote_kind: remote.kind,
-                remote: ends.remote_name.clone(),
-                is_local: ends.is_local,
-                layers: layer_pairs(me, &slot, ll, rl, local, remote)?,
-                shape: *shape,
-                tiles: tiles.to_vec(),
-                notif: opts.notif.clone(),
-                arrival: opts.arrival,
-            };
-            match slot.backend.prepare_tiles(&spec) {
-                Ok(Some(x)) => {
-                    let note = note(&spec);
-                    return Ok(self.request(
-                        slot,
-                        x,
-                        ReqSpec::Tiles(spec),
-                        (local, remote),
-                        ends,
-                        op,
-                        &opts,
-                        Some(note),
-                    ));
-                }
-                Ok(None) => declined.push(format!("{} cannot rearrange rows", slot.name)),
-                Err(e @ Error::NotSupported { .. }) => {
-                    tracing::debug!(agent = %me, backend = %slot.name, error = %e, "backend declined the tile transfer");
-                    declined.push(format!("{}: {e}", slot.name));
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Err(refusal(me, local, remote, &declined))
+        let runs = tile_runs(tiles, !opts.no_merge);
+        self.make_table(
+            op,
+            (local, remote),
+            (ll, rl),
+            ends,
+            runs,
+            Some(*shape),
+            opts,
+        )
     }
-}
-
-/// The path's note of a tile request.
-fn note(spec: &TileXferSpec) -> String {
-    let s = &spec.shape;
-    format!(
-        "tiles: {} layers x {} tiles of {} x {} rows of {} bytes, rearranged in the copy",
-        spec.layers.len(),
-        spec.tiles.len(),
-        s.outer,
-        s.inner,
-        s.row
-    )
-}
-
-/// The refusal when no backend took the tiles: what each one said.
-fn refusal(me: &str, local: &PreparedList, remote: &PreparedList, declined: &[String]) -> Error {
-    let said = if declined.is_empty() {
-        " (no backend holds both regions)".to_owned()
-    } else {
-        format!(": {}", declined.join("; "))
-    };
-    Error::not_supported(
-        me,
-        Op::MakeXfer,
-        format!(
-            "no backend can move {} -> {} tiles with their rows rearranged (an HND <-> NHD permute or a head gather needs CUDA_IPC's copy kernel or INPROC){said}",
-            local.kind, remote.kind
-        ),
-    )
 }
 
 /// The request's own checks: shape, integrity, tile count, every tile inside its blocks, and

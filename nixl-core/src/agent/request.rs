@@ -161,8 +161,10 @@ impl XferReq {
     pub(crate) fn estimate_cost(&self) -> Result<Option<CostEstimate>> {
         match &self.spec {
             ReqSpec::Segments(s) => self.backend.backend.estimate_cost(s),
-            ReqSpec::Blocks(b) => self.backend.backend.estimate_cost(&b.materialize()),
-            ReqSpec::Tiles(_) => Ok(None),
+            ReqSpec::Blocks(b) if b.rows.is_none() => {
+                self.backend.backend.estimate_cost(&b.materialize())
+            }
+            ReqSpec::Blocks(_) => Ok(None),
         }
     }
 
@@ -177,10 +179,6 @@ impl XferReq {
         let (bytes, segments) = match &p.spec {
             ReqSpec::Segments(s) => (s.total_bytes(), s.segments.len()),
             ReqSpec::Blocks(b) => (b.total_bytes(), b.segment_count()),
-            ReqSpec::Tiles(t) => (
-                t.total_bytes(),
-                t.layers.len().saturating_mul(t.tiles.len()),
-            ),
         };
         XferReq {
             id: p.shared.next_id(),

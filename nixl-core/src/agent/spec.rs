@@ -1,15 +1,13 @@
-//! What a request moves, as the request keeps it: segments, a block table, or tiles.
+//! What a request moves, as the request keeps it: segments, or a block table (whole blocks
+//! or tiles).
 
 use crate::backend::XferSpec;
 use crate::strided::BlockXferSpec;
-use crate::tiles::TileXferSpec;
 
 /// What a request moves: segments, or a block table a backend consumes as strides.
 pub(crate) enum ReqSpec {
     Segments(XferSpec),
     Blocks(BlockXferSpec),
-    /// Rows rearranged on the way.
-    Tiles(TileXferSpec),
 }
 
 impl ReqSpec {
@@ -17,7 +15,6 @@ impl ReqSpec {
         match self {
             ReqSpec::Segments(s) => &s.remote,
             ReqSpec::Blocks(b) => &b.remote,
-            ReqSpec::Tiles(t) => &t.remote,
         }
     }
 
@@ -33,9 +30,6 @@ impl ReqSpec {
                 for (l, la, ra, len) in b.segments() {
                     f((la, ra, b.layers[l].remote.dev_id, len));
                 }
-            }
-            ReqSpec::Tiles(t) => {
-                t.for_each_row(|l, la, ra, len| f((la, ra, t.layers[l].remote.dev_id, len)));
             }
         }
     }

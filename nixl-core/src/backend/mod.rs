@@ -32,7 +32,7 @@ pub use crate::hello::{
 pub use crate::limits::NOTIF_OVERHEAD;
 pub use crate::liveness::{PeerProcess, ProcessId};
 pub use crate::mem::{RawRegion, PAGE_SIZE};
-pub use crate::tiles::{TileXferSpec, MAX_TILE_ROWS};
+pub use crate::tiles::MAX_TILE_ROWS;
 
 /// The bundled in-process backend: a pure-Rust transport between agents of one process, for
 /// tests and single-process pipelines.
@@ -215,21 +215,23 @@ pub trait Backend: Send + Sync + 'static {
     /// Prepares a block-table transfer by its strides, where the backend can move it without
     /// one descriptor per block (a copy kernel that computes block addresses, a per-block
     /// loop over the layers and id runs, vectored I/O). `Ok(None)`, the default, means it
-    /// cannot: the agent then materializes the blocks into segments
-    /// ([`BlockXferSpec::materialize`]) and calls [`Backend::prepare_xfer`]. Errors mean the
-    /// same as there (`NotSupported` lets the next backend try).
+    /// cannot: the agent then materializes whole blocks into segments
+    /// ([`BlockXferSpec::materialize`]) and calls [`Backend::prepare_xfer`] (tiles with rows
+    /// rearranged are never materialized: the next backend is tried). The spec has
+    /// [`BlockXferSpec::rows`] only where [`Backend::rearranges_rows`]. Errors mean the same
+    /// as there (`NotSupported` lets the next backend try).
     fn prepare_blocks(&self, spec: &BlockXferSpec) -> Result<Option<Box<dyn BackendXfer>>> {
         let _ = spec;
         Ok(None)
     }
-    /// Prepares a tile transfer: rows rearranged on the way ([`TileXferSpec`]). Only a
-    /// backend that lands each row where the destination wants it implements this (a copy
-    /// kernel, a CPU copy). `Ok(None)`, the default, means it cannot: the agent tries the next
-    /// backend and otherwise refuses the request with `NotSupported` naming the transform.
-    /// Moving the tiles' bytes as they lie would be wrong, so there is no fallback.
-    fn prepare_tiles(&self, spec: &TileXferSpec) -> Result<Option<Box<dyn BackendXfer>>> {
-        let _ = spec;
-        Ok(None)
+    /// Whether [`Backend::prepare_blocks`] lands each row of a tile where the destination
+    /// wants it ([`BlockXferSpec::rows`]: a copy kernel, a CPU copy). Only such a backend is
+    /// offered block tables with rows rearranged; for the others (the default: `false`) the
+    /// agent tries the next backend and otherwise refuses the request with `NotSupported`
+    /// naming the transform. Moving the tiles' bytes as they lie would be wrong, so there is
+    /// no fallback.
+    fn rearranges_rows(&self) -> bool {
+        false
     }
     /// Whether the backend calls [`BackendContext::wake`]'s [`Wake::wake`] whenever one of
     /// its requests completes or fails, from its own progress (callbacks, completion queues,
@@ -238,8 +240,8 @@ pub trait Backend: Send + Sync + 'static {
     fn wakes(&self) -> bool {
         false
     }
-    /// Whether block and tile requests with arrival counters ([`BlockXferSpec::arrival`],
-    /// [`TileXferSpec::arrival`]) are advanced by this backend; the agent refuses them
+    /// Whether block and tile requests with arrival counters ([`BlockXferSpec::arrival`]) are
+    /// advanced by this backend; the agent refuses them
     /// `NotSupported` on backends that are not (the default).
     fn supports_arrival(&self) -> bool {
         false

@@ -160,8 +160,10 @@ impl StridedDescList {
     }
 }
 
-/// Block ids consecutive on both sides: local blocks `local..local + count` move to remote
-/// blocks `remote..remote + count`, in every layer.
+/// Tiles at block ids consecutive on both sides: the tile at `local_offset` bytes into local
+/// blocks `local..local + count` moves to the tile at `remote_offset` bytes into remote blocks
+/// `remote..remote + count`, in every layer. For whole blocks (a spec without
+/// [`BlockXferSpec::rows`]) both offsets are 0 and the tile is the block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BlockRun {
     /// The first local block id.
@@ -170,6 +172,43 @@ pub struct BlockRun {
     pub remote: u64,
     /// How many blocks.
     pub count: u64,
+    /// Bytes from each local block's start to its tile's (0 for whole blocks).
+    pub local_offset: u64,
+    /// Bytes from each remote block's start to its tile's (0 for whole blocks).
+    pub remote_offset: u64,
+}
+
+impl BlockRun {
+    /// `count` whole blocks from `local` and `remote`.
+    pub fn blocks(local: u64, remote: u64, count: u64) -> Self {
+        BlockRun {
+            local,
+            remote,
+            count,
+            local_offset: 0,
+            remote_offset: 0,
+        }
+    }
+
+    /// Whether `next` continues this run: the next block on both sides, the same offsets.
+    fn continued_by(&self, next: &BlockRun) -> bool {
+        self.local.checked_add(self.count) == Some(next.local)
+            && self.remote.checked_add(self.count) == Some(next.remote)
+            && (self.local_offset, self.remote_offset) == (next.local_offset, next.remote_offset)
+    }
+}
+
+/// Appends `run`, merged into the last run where it continues it.
+fn push_run(runs: &mut Vec<BlockRun>, run: BlockRun, merge: bool) {
+    if merge {
+        if let Some(last) = runs.last_mut() {
+            if last.continued_by(&run) {
+                last.count += run.count;
+                return;
+            }
+        }
+    }
+    runs.push(run);
 }
 
 /// Splits paired block ids into runs consecutive on both sides (one run per id when
@@ -178,22 +217,25 @@ pub(crate) fn block_runs(local: &[usize], remote: &[usize], merge: bool) -> Vec<
     let mut runs: Vec<BlockRun> = Vec::new();
     crate::work::tick(local.len());
     for (&l, &r) in local.iter().zip(remote) {
-        let (l, r) = (l as u64, r as u64);
-        if merge {
-            if let Some(last) = runs.last_mut() {
-                if last.local.checked_add(last.count) == Some(l)
-                    && last.remote.checked_add(last.count) == Some(r)
-                {
-                    last.count += 1;
-                    continue;
-                }
-            }
-        }
-        runs.push(BlockRun {
-            local: l,
-            remote: r,
+        push_run(&mut runs, BlockRun::blocks(l as u64, r as u64, 1), merge);
+    }
+    runs
+}
+
+/// The tiles as runs: tiles at consecutive blocks on both sides with the same offsets merge
+/// (one run per tile when `merge` is false).
+pub(crate) fn tile_runs(tiles: &[crate::tiles::Tile], merge: bool) -> Vec<BlockRun> {
+    let mut runs: Vec<BlockRun> = Vec::new();
+    crate::work::tick(tiles.len());
+    for t in tiles {
+        let run = BlockRun {
+            local: t.local_block,
+            remote: t.remote_block,
             count: 1,
-        });
+            local_offset: t.local_offset,
+            remote_offset: t.remote_offset,
+        };
+        push_run(&mut runs, run, merge);
     }
     runs
 }
@@ -230,8 +272,11 @@ impl LayerPair {
 
 /// A block-table transfer for a backend that consumes strides
 /// ([`Backend::prepare_blocks`](crate::backend::Backend::prepare_blocks)): every run of
-/// block ids in every layer. Block ids were checked against every layer's block count, and
-/// every layer lies in one registered region, so every block is in bounds.
+/// tiles in every layer. A whole block is the identity tile (its rows in order, `rows` is
+/// `None`); with [`BlockXferSpec::rows`] each tile's rows are rearranged on the way (an HND <->
+/// NHD permute, heads gathered or sliced). Block ids were checked against every layer's block
+/// count, tiles inside their blocks, and every layer lies in one registered region, so every
+/// byte is in bounds.
 #[derive(Debug, Clone)]
 pub struct BlockXferSpec {
     /// READ or WRITE.
@@ -248,6 +293,11 @@ pub struct BlockXferSpec {
     pub layers: Vec<LayerPair>,
     /// The block-id runs, the same in every layer.
     pub runs: Vec<BlockRun>,
+    /// How each tile's rows lie on both sides; `None`: whole blocks, rows in order. `Some`
+    /// only for a backend whose [`Backend::rearranges_rows`](crate::backend::Backend::rearranges_rows)
+    /// (the agent checked the shape, that every tile lies inside its blocks and that no two
+    /// destination rows share a byte); moving such a request's bytes as they lie is wrong.
+    pub rows: Option<crate::tiles::TileShape>,
     /// A notification to deliver to the remote after all data is complete.
     pub notif: Option<Vec<u8>>,
     /// Per-layer arrival counters to advance (checked by the agent: a READ into local VRAM,
@@ -256,13 +306,13 @@ pub struct BlockXferSpec {
 }
 
 impl BlockXferSpec {
-    /// Blocks per layer.
+    /// Blocks (tiles) per layer.
     pub fn blocks_per_layer(&self) -> u64 {
         crate::work::tick(self.runs.len());
         self.runs.iter().map(|r| r.count).sum()
     }
 
-    /// Blocks over all layers.
+    /// Blocks (tiles) over all layers.
     pub fn block_count(&self) -> u64 {
         self.blocks_per_layer() * self.layers.len() as u64
     }
@@ -270,22 +320,34 @@ impl BlockXferSpec {
     /// Total bytes.
     pub fn total_bytes(&self) -> u64 {
         let per = self.blocks_per_layer();
-        self.layers.iter().map(|l| l.local.len * per).sum()
+        match &self.rows {
+            None => self.layers.iter().map(|l| l.local.len * per).sum(),
+            Some(s) => self.block_count().saturating_mul(s.bytes()),
+        }
     }
 
-    /// The number of contiguous segments: a run is one segment in a dense layer, one per
-    /// block otherwise.
+    /// The number of contiguous segments: for whole blocks a run is one segment in a dense
+    /// layer, one per block otherwise; for tiles one per row.
     pub fn segment_count(&self) -> usize {
         crate::work::tick(self.layers.len());
         let per = self.blocks_per_layer() as usize;
-        self.layers
-            .iter()
-            .map(|l| if l.is_dense() { self.runs.len() } else { per })
-            .sum()
+        match &self.rows {
+            None => self
+                .layers
+                .iter()
+                .map(|l| if l.is_dense() { self.runs.len() } else { per })
+                .sum(),
+            Some(s) => usize::try_from(
+                self.block_count()
+                    .saturating_mul(s.outer.saturating_mul(s.inner)),
+            )
+            .unwrap_or(usize::MAX),
+        }
     }
 
-    /// The contiguous segments of layer `layer`: `(local addr, remote addr, len)`, a run of a
-    /// dense layer as one segment. Empty for a layer index out of range.
+    /// The contiguous segments of layer `layer`: `(local addr, remote addr, len)`: for whole
+    /// blocks a run of a dense layer as one segment, for tiles each row. Empty for a layer
+    /// index out of range.
     pub fn layer_segments(&self, layer: usize) -> LayerSegments<'_> {
         LayerSegments {
             layer: self.layers.get(layer),
@@ -294,8 +356,10 @@ impl BlockXferSpec {
             } else {
                 &[]
             },
+            rows: self.rows,
             run: 0,
             k: 0,
+            row: 0,
         }
     }
 
@@ -347,8 +411,12 @@ impl BlockXferSpec {
 pub struct LayerSegments<'a> {
     layer: Option<&'a LayerPair>,
     runs: &'a [BlockRun],
+    rows: Option<crate::tiles::TileShape>,
     run: usize,
+    /// The block within the run.
     k: u64,
+    /// The row within the tile (`a * inner + b`).
+    row: u64,
 }
 
 impl Iterator for LayerSegments<'_> {
@@ -358,19 +426,37 @@ impl Iterator for LayerSegments<'_> {
         let layer = self.layer?;
         let run = self.runs.get(self.run)?;
         let (l, r) = (&layer.local, &layer.remote);
-        // In bounds: ids were checked against the layer's count, whose range cannot overflow.
-        let la = l.addr + (run.local + self.k) * l.stride;
-        let ra = r.addr + (run.remote + self.k) * r.stride;
-        if layer.is_dense() {
-            self.run += 1;
-            return Some((la, ra, run.count * l.len));
-        }
+        // In bounds: ids were checked against the layer's count, whose range cannot overflow,
+        // and tiles inside their blocks.
+        let la = l.addr + (run.local + self.k) * l.stride + run.local_offset;
+        let ra = r.addr + (run.remote + self.k) * r.stride + run.remote_offset;
+        let seg = match &self.rows {
+            None if layer.is_dense() => {
+                self.run += 1;
+                return Some((la, ra, run.count * l.len));
+            }
+            None => (la, ra, l.len),
+            Some(s) => {
+                let (a, b) = (self.row / s.inner, self.row % s.inner);
+                self.row += 1;
+                let seg = (
+                    la + s.row_offset(&s.local, a, b),
+                    ra + s.row_offset(&s.remote, a, b),
+                    s.row,
+                );
+                if self.row < s.outer * s.inner {
+                    return Some(seg);
+                }
+                self.row = 0;
+                seg
+            }
+        };
         self.k += 1;
         if self.k == run.count {
             self.k = 0;
             self.run += 1;
         }
-        Some((la, ra, l.len))
+        Some(seg)
     }
 }
 
@@ -417,6 +503,7 @@ mod tests {
             is_local: false,
             layers,
             runs,
+            rows: None,
             notif: None,
             arrival: None,
         }
@@ -525,6 +612,98 @@ mod tests {
         }
     }
 
+    proptest! {
+        /// A tile table moves exactly its tiles' rows: the segments of a spec with `rows` are,
+        /// layer by layer and tile by tile, row `(a, b)` of each tile at its block and offset
+        /// on both sides; merged runs expand back to the tiles; and a whole block is the
+        /// identity tile (one row of the block's length at offset 0).
+        #[test]
+        fn tile_segments_are_the_rows(
+            layers in proptest::collection::vec((0u64..1 << 20, 0u64..1 << 20), 1..3),
+            outer in 1u64..4,
+            inner in 1u64..4,
+            row in 1u64..9,
+            tiles in proptest::collection::vec((0u64..6, 0u64..2, 0u64..6, 0u64..2), 1..8),
+            merge: bool,
+        ) {
+            use crate::tiles::{RowStrides, Tile, TileShape};
+            // Local rows inner-first, remote rows outer-first (an HND <-> NHD permute).
+            let shape = TileShape {
+                outer,
+                inner,
+                row,
+                local: RowStrides::new(inner * row, row),
+                remote: RowStrides::new(row, outer * row),
+            };
+            let tile_len = outer * inner * row;
+            let block = 2 * tile_len;
+            let pairs: Vec<LayerPair> = layers
+                .iter()
+                .map(|&(la, ra)| pair(StridedDesc::new(la, block, block, 6), StridedDesc::new(ra, block, block, 6)))
+                .collect();
+            let tiles: Vec<Tile> = tiles
+                .iter()
+                .map(|&(lb, lo, rb, ro)| Tile {
+                    local_block: lb,
+                    local_offset: lo * tile_len,
+                    remote_block: rb,
+                    remote_offset: ro * tile_len,
+                })
+                .collect();
+            let mut s = spec(pairs.clone(), tile_runs(&tiles, merge));
+            s.rows = Some(shape);
+            let back: Vec<Tile> = s
+                .runs
+                .iter()
+                .flat_map(|r| (0..r.count).map(move |k| Tile {
+                    local_block: r.local + k,
+                    local_offset: r.local_offset,
+                    remote_block: r.remote + k,
+                    remote_offset: r.remote_offset,
+                }))
+                .collect();
+            prop_assert_eq!(&back, &tiles);
+            let mut want = Vec::new();
+            for p in &pairs {
+                for t in &tiles {
+                    let lt = p.local.addr + t.local_block * p.local.stride + t.local_offset;
+                    let rt = p.remote.addr + t.remote_block * p.remote.stride + t.remote_offset;
+                    for a in 0..outer {
+                        for b in 0..inner {
+                            want.push((lt + a * inner * row + b * row, rt + a * row + b * outer * row, row));
+                        }
+                    }
+                }
+            }
+            let got: Vec<(u64, u64, u64)> = s.segments().map(|(_, a, b, n)| (a, b, n)).collect();
+            prop_assert_eq!(&got, &want);
+            prop_assert_eq!(s.segment_count(), want.len());
+            prop_assert_eq!(s.total_bytes(), want.len() as u64 * row);
+
+            // Whole blocks are identity tiles: the same segments as a tile of one row of the
+            // block's length at offset 0, when nothing merges.
+            let ids: Vec<usize> = tiles.iter().map(|t| t.local_block as usize).collect();
+            let rids: Vec<usize> = tiles.iter().map(|t| t.remote_block as usize).collect();
+            let whole = spec(pairs.clone(), block_runs(&ids, &rids, false));
+            let mut identity = spec(
+                pairs,
+                tiles
+                    .iter()
+                    .map(|t| BlockRun::blocks(t.local_block, t.remote_block, 1))
+                    .collect(),
+            );
+            identity.rows = Some(TileShape {
+                outer: 1,
+                inner: 1,
+                row: block,
+                local: RowStrides::default(),
+                remote: RowStrides::default(),
+            });
+            let (w, i): (Vec<_>, Vec<_>) = (whole.segments().collect(), identity.segments().collect());
+            prop_assert_eq!(w, i);
+        }
+    }
+
     #[test]
     fn out_of_range_layer_has_no_segments() {
         let s = spec(
@@ -532,11 +711,7 @@ mod tests {
                 StridedDesc::new(0, 8, 8, 4),
                 StridedDesc::new(64, 8, 8, 4),
             )],
-            vec![BlockRun {
-                local: 0,
-                remote: 1,
-                count: 2,
-            }],
+            vec![BlockRun::blocks(0, 1, 2)],
         );
         assert_eq!(s.layer_segments(1).count(), 0);
         assert_eq!(s.layer_segments(0).collect::<Vec<_>>(), vec![(0, 72, 16)]);

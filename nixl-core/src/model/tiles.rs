@@ -7,13 +7,12 @@
 //! side ([`RowStrides`]). A [`Tile`] places one tile: a block id and a byte offset in that
 //! block, per side. [`Agent::make_tile_xfer`](crate::Agent::make_tile_xfer) pairs the layers
 //! of two block tables as [`Agent::make_block_xfer`](crate::Agent::make_block_xfer) does and
-//! moves every tile in every layer. Only backends that can rearrange bytes take it (the copy
-//! kernel of `CUDA_IPC`, `INPROC`); the others refuse it typed (`NotSupported`), never by
-//! moving the bytes unpermuted.
-
-use crate::desc::XferOp;
-use crate::mem::MemKind;
-use crate::strided::LayerPair;
+//! moves every tile in every layer: the same request, whose blocks are tiles with their rows
+//! rearranged ([`BlockXferSpec::rows`](crate::backend::BlockXferSpec::rows)); a whole block is
+//! the identity tile. Only backends that can rearrange bytes take it (the copy kernel of
+//! `CUDA_IPC`, `INPROC`: [`Backend::rearranges_rows`](crate::backend::Backend::rearranges_rows));
+//! the others are never offered it, and a request no backend takes is refused typed
+//! (`NotSupported`), never moved with its bytes unpermuted.
 
 /// Where a tile's rows lie on one side, in bytes from the tile's start: row `(a, b)` at
 /// `a * outer + b * inner`.
@@ -124,67 +123,6 @@ pub struct Tile {
     pub remote_block: u64,
     /// Bytes from the remote block's start to the tile's.
     pub remote_offset: u64,
-}
-
-/// A tile transfer for a backend that can rearrange rows
-/// ([`Backend::prepare_tiles`](crate::backend::Backend::prepare_tiles)). The agent checked
-/// the shape, every tile against every layer's blocks (each tile lies inside its block on
-/// both sides) and that no two destination rows of the request share a byte.
-#[derive(Debug, Clone)]
-pub struct TileXferSpec {
-    /// READ (remote rows land in local rows) or WRITE.
-    pub op: XferOp,
-    /// Memory kind of the local side.
-    pub local_kind: MemKind,
-    /// Memory kind of the remote side.
-    pub remote_kind: MemKind,
-    /// The remote agent's name (the agent's own name for local transfers).
-    pub remote: String,
-    /// Whether the remote side is the agent itself.
-    pub is_local: bool,
-    /// The layers, in order (each with its regions' metadata).
-    pub layers: Vec<LayerPair>,
-    /// How each tile's rows lie.
-    pub shape: TileShape,
-    /// The tiles, the same in every layer.
-    pub tiles: Vec<Tile>,
-    /// A notification to deliver to the remote after all data is complete.
-    pub notif: Option<Vec<u8>>,
-    /// Per-layer arrival counters to advance (as [`crate::backend::BlockXferSpec::arrival`]).
-    pub arrival: Option<crate::ArrivalCounters>,
-}
-
-impl TileXferSpec {
-    /// Bytes per post.
-    pub fn total_bytes(&self) -> u64 {
-        (self.layers.len() as u64)
-            .saturating_mul(self.tiles.len() as u64)
-            .saturating_mul(self.shape.bytes())
-    }
-
-    /// Calls `f(layer, local address, remote address, bytes)` for every row of the request,
-    /// layer by layer, tile by tile: what a backend without a kernel copies.
-    pub fn for_each_row(&self, mut f: impl FnMut(usize, u64, u64, u64)) {
-        let s = &self.shape;
-        crate::work::tick(self.layers.len() * self.tiles.len());
-        for (l, layer) in self.layers.iter().enumerate() {
-            for t in &self.tiles {
-                // In bounds: the agent checked each tile inside its block in every layer.
-                let lt = layer.local.addr + t.local_block * layer.local.stride + t.local_offset;
-                let rt = layer.remote.addr + t.remote_block * layer.remote.stride + t.remote_offset;
-                for a in 0..s.outer {
-                    for b in 0..s.inner {
-                        f(
-                            l,
-                            lt + s.row_offset(&s.local, a, b),
-                            rt + s.row_offset(&s.remote, a, b),
-                            s.row,
-                        );
-                    }
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -238,8 +238,9 @@ mod tests {
                 runs: li
                     .iter()
                     .zip(&ri)
-                    .map(|(&a, &b)| BlockRun { local: a as u64, remote: b as u64, count: 1 })
+                    .map(|(&a, &b)| BlockRun::blocks(a as u64, b as u64, 1))
                     .collect(),
+                rows: None,
                 notif: None,
                 arrival: None,
             };

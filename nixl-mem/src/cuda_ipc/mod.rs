@@ -418,14 +418,14 @@ impl Backend for CudaIpcBackend {
         &self,
         spec: &nixl_core::backend::BlockXferSpec,
     ) -> Result<Option<Box<dyn BackendXfer>>> {
-        self.prepare_block_table(spec).map(Some)
+        match spec.rows {
+            None => self.prepare_block_table(spec).map(Some),
+            Some(_) => self.prepare_tile_table(spec).map(Some),
+        }
     }
 
-    fn prepare_tiles(
-        &self,
-        spec: &nixl_core::backend::TileXferSpec,
-    ) -> Result<Option<Box<dyn BackendXfer>>> {
-        self.prepare_tile_table(spec).map(Some)
+    fn rearranges_rows(&self) -> bool {
+        true
     }
 
     fn path_report(&self, remote: &str) -> Option<String> {

@@ -320,11 +320,7 @@ mod tests {
                     continue;
                 }
             }
-            runs.push(BlockRun {
-                local: l,
-                remote: r,
-                count: 1,
-            });
+            runs.push(BlockRun::blocks(l, r, 1));
         }
         let (lt, rt) = (table(bases.0), table(bases.1));
         BlockXferSpec {
@@ -344,6 +340,7 @@ mod tests {
                 })
                 .collect(),
             runs,
+            rows: None,
             notif: None,
             arrival: None,
         }
@@ -412,21 +409,9 @@ mod tests {
     fn cases() -> Vec<BlockXferSpec> {
         let mut dense = kv_spec(XferOp::Write, 3, 40, 4096, 16, false);
         dense.runs = vec![
-            BlockRun {
-                local: 0,
-                remote: 5,
-                count: 7,
-            },
-            BlockRun {
-                local: 20,
-                remote: 30,
-                count: 3,
-            },
-            BlockRun {
-                local: 9,
-                remote: 0,
-                count: 1,
-            },
+            BlockRun::blocks(0, 5, 7),
+            BlockRun::blocks(20, 30, 3),
+            BlockRun::blocks(9, 0, 1),
         ];
         let mut read_dense = dense.clone();
         read_dense.op = XferOp::Read;
@@ -518,18 +503,7 @@ mod tests {
                     }
                     if bb == 256 {
                         // Runs of consecutive ids (one copy per run in dense layers).
-                        spec.runs = vec![
-                            BlockRun {
-                                local: 0,
-                                remote: 3,
-                                count: 3,
-                            },
-                            BlockRun {
-                                local: 5,
-                                remote: 0,
-                                count: 2,
-                            },
-                        ];
+                        spec.runs = vec![BlockRun::blocks(0, 3, 3), BlockRun::blocks(5, 0, 2)];
                     }
                     let here: Vec<StridedDesc> = spec.layers.iter().map(|l| l.remote).collect();
                     let t = BlockTable::new(&spec, &here);

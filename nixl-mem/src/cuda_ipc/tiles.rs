@@ -5,7 +5,7 @@
 //! uploaded once at prepare time. There is no other engine: a request the kernel cannot take
 //! is refused `NotSupported` with the reason.
 
-use nixl_core::backend::{downcast_md, BackendXfer, TileXferSpec};
+use nixl_core::backend::{downcast_md, BackendXfer, BlockXferSpec};
 use nixl_core::{Error, MemKind, Op, Result, XferOp};
 
 use super::gpu::Gpu;
@@ -16,7 +16,8 @@ use crate::cuda;
 use crate::cuda::kernel::TileTable;
 
 impl CudaIpcBackend {
-    pub(super) fn prepare_tile_table(&self, spec: &TileXferSpec) -> Result<Box<dyn BackendXfer>> {
+    /// A block table whose tiles' rows are rearranged ([`BlockXferSpec::rows`]).
+    pub(super) fn prepare_tile_table(&self, spec: &BlockXferSpec) -> Result<Box<dyn BackendXfer>> {
         let me = &self.agent;
         let refuse = |why: String| refusal(me, why);
         if spec.local_kind != MemKind::Vram || spec.remote_kind != MemKind::Vram {
@@ -91,7 +92,7 @@ impl CudaIpcBackend {
     }
     /// The tile kernel's table of `spec` as GPU `gpu` addresses it (remote layers through
     /// their mappings), in source and destination terms; every layer checked.
-    fn tile_table(&self, spec: &TileXferSpec, gpu: &Gpu) -> Result<TileTable> {
+    fn tile_table(&self, spec: &BlockXferSpec, gpu: &Gpu) -> Result<TileTable> {
         let me = &self.agent;
         let refuse = |why: String| refusal(me, why);
         let mut layers = Vec::with_capacity(spec.layers.len());
@@ -120,7 +121,9 @@ impl CudaIpcBackend {
             };
             layers.push([src[0], src[1], dst[0], dst[1]]);
         }
-        let s = &spec.shape;
+        let Some(s) = &spec.rows else {
+            return Err(refuse("a block table without a tile shape".to_owned()));
+        };
         let (ls, rs) = (
             (s.local.outer, s.local.inner),
             (s.remote.outer, s.remote.inner),
@@ -132,24 +135,17 @@ impl CudaIpcBackend {
             dst: if read { ls } else { rs },
             layers,
             tiles: spec
-                .tiles
+                .runs
                 .iter()
-                .map(|t| {
-                    if read {
-                        [
-                            t.remote_block,
-                            t.local_block,
-                            t.remote_offset,
-                            t.local_offset,
-                        ]
-                    } else {
-                        [
-                            t.local_block,
-                            t.remote_block,
-                            t.local_offset,
-                            t.remote_offset,
-                        ]
-                    }
+                .flat_map(|r| {
+                    (0..r.count).map(move |k| {
+                        let (l, m) = (r.local + k, r.remote + k);
+                        if read {
+                            [m, l, r.remote_offset, r.local_offset]
+                        } else {
+                            [l, m, r.local_offset, r.remote_offset]
+                        }
+                    })
                 })
                 .collect(),
         };

@@ -15,7 +15,6 @@
 mod xfer;
 
 mod blocks;
-mod tiles;
 
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
@@ -283,11 +282,8 @@ impl Backend for InprocBackend {
         Ok(Some(Box::new(blocks::prepare(self, spec)?)))
     }
 
-    fn prepare_tiles(
-        &self,
-        spec: &crate::tiles::TileXferSpec,
-    ) -> Result<Option<Box<dyn BackendXfer>>> {
-        Ok(Some(Box::new(tiles::prepare(self, spec)?)))
+    fn rearranges_rows(&self) -> bool {
+        true
     }
 
     fn path_report(&self, remote: &str) -> Option<String> {

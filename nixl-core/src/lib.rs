@@ -87,8 +87,7 @@ use backend::{bytes, hello, params};
 use bundled::{deferred, fault, inproc};
 use exchange::{liveness, sidechannel};
 use model::{
-    arrival, desc, error, index, kv, lease, limits, mem, notif, spec, strided, telemetry, tiles,
-    wake,
+    arrival, desc, error, index, lease, limits, mem, notif, spec, strided, telemetry, tiles, wake,
 };
 use wire::{auth, codec, integrity};
 
@@ -109,6 +108,17 @@ pub use desc::{Desc, XferDescList, XferOp};
 pub use error::{Error, ErrorKind, Op, Result};
 pub use inproc::InprocParams;
 pub use kv::{KvLayout, KvOrder, KvPeerXfer, KvPlan, KvTensor, KvTilePlan, KvTileXfer};
+
+/// KV-cache layouts and the requests planned from them: a rank's [`KvLayout`], the other
+/// side's ranks as [`KvPeer`](kv::KvPeer)s, and [`KvLayout::plan`]'s
+/// [`KvXferPlan`](kv::KvXferPlan) (pieces or tiles per peer, chosen by the layouts), which
+/// [`Agent::make_kv_xfers`] turns into requests.
+pub mod kv {
+    pub use crate::model::kv::{
+        KvLayout, KvMoves, KvOrder, KvPeer, KvPeerXfer, KvPlan, KvTensor, KvTilePlan, KvTileXfer,
+        KvXfer, KvXferPlan,
+    };
+}
 pub use limits::{Limits, ListenerLimits};
 pub use mem::{HostBuffer, MemKind, MemoryRegion, RegionDesc};
 pub use notif::Notifs;

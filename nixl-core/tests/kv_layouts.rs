@@ -5,9 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use nixl_core::kv::{KvMoves, KvPeer, KvXferPlan};
 use nixl_core::{
     Agent, AgentConfig, ErrorKind, HostBuffer, InprocParams, KvLayout, KvOrder, KvPlan, KvTensor,
-    KvTilePlan, MemKind, Registration, XferOptions, XferTarget,
+    KvTilePlan, MemKind, Registration, XferOp, XferOptions, XferTarget,
 };
 
 use nixl_testkit::kv::{check_destination, ids_for, pool_layout, pool_len, source_bytes, KvShape};
@@ -254,6 +255,202 @@ fn run_tiles(tag: &str, c: Case) -> Vec<KvTilePlan> {
         check(d, &dids, c.tokens);
     }
     plans
+}
+
+/// [`run`] through the one entry ([`KvLayout::plan`] and [`Agent::make_kv_xfers`]): reads by
+/// every destination rank, or writes by every source rank; with `own_ids` each source rank's
+/// request sits at block ids of its own. Every element checked; returns the plans posted.
+fn run_one(tag: &str, c: Case, own_ids: bool) -> Vec<KvXferPlan> {
+    let Setup {
+        src,
+        dst,
+        sids,
+        dids,
+    } = setup(tag, &c);
+    // Each source rank's ids: shared, or its own (refilled there).
+    let src_ids: Vec<Vec<u64>> = (0..src.len() as u64)
+        .map(|r| {
+            if own_ids {
+                ids_for(c.tokens, c.block.0, 3 + 2 * r, POOL_BLOCKS)
+            } else {
+                sids.clone()
+            }
+        })
+        .collect();
+    for (r, ids) in src.iter().zip(&src_ids) {
+        fill_source(r, ids, c.tokens);
+    }
+    let peers = |ranks: &[Rank], ids: &[Vec<u64>]| -> Vec<(String, KvLayout, Vec<u64>)> {
+        ranks
+            .iter()
+            .zip(ids)
+            .map(|(r, i)| (r.agent.name().to_owned(), r.layout.clone(), i.clone()))
+            .collect()
+    };
+    let src_peers = peers(&src, &src_ids);
+    let dst_peers = peers(&dst, &vec![dids.clone(); dst.len()]);
+    let mut plans = Vec::new();
+    let post_all = |r: &Rank, plan: &KvXferPlan| {
+        let reqs = r
+            .agent
+            .make_kv_xfers(plan, &XferOptions::default())
+            .unwrap();
+        assert_eq!(reqs.len(), plan.transfers.len());
+        for req in &reqs {
+            r.agent.post_xfer_req(req).unwrap();
+            req.wait(Duration::from_secs(30)).unwrap();
+        }
+    };
+    if c.write {
+        for (s, ids) in src.iter().zip(&src_ids) {
+            let side: Vec<KvPeer<'_>> = dst_peers
+                .iter()
+                .map(|(n, l, b)| KvPeer {
+                    name: n,
+                    layout: l,
+                    blocks: b,
+                })
+                .collect();
+            let plan = s.layout.plan(XferOp::Write, ids, &side, c.tokens).unwrap();
+            post_all(s, &plan);
+            plans.push(plan);
+        }
+    } else {
+        for d in &dst {
+            let side: Vec<KvPeer<'_>> = src_peers
+                .iter()
+                .map(|(n, l, b)| KvPeer {
+                    name: n,
+                    layout: l,
+                    blocks: b,
+                })
+                .collect();
+            let plan = d.layout.plan(XferOp::Read, &dids, &side, c.tokens).unwrap();
+            post_all(d, &plan);
+            plans.push(plan);
+        }
+    }
+    for d in &dst {
+        check(d, &dids, c.tokens);
+    }
+    plans
+}
+
+/// How a plan moves its bytes: (pieces transfers, tile transfers).
+fn forms(plans: &[KvXferPlan]) -> (usize, usize) {
+    let all = plans.iter().flat_map(|p| &p.transfers);
+    let tiles = all
+        .clone()
+        .filter(|t| matches!(t.moves, KvMoves::Tiles { .. }))
+        .count();
+    (all.count() - tiles, tiles)
+}
+
+#[test]
+fn one_plan_entry_picks_pieces_or_tiles_both_ways() {
+    // The same order: pieces, reads and writes.
+    for write in [false, true] {
+        let plans = run_one(
+            &format!("one-same-{write}"),
+            Case {
+                write,
+                ..case((2, 4), (16, 16), KvOrder::Hnd, 50)
+            },
+            false,
+        );
+        assert!(matches!(forms(&plans), (n, 0) if n > 0), "{plans:?}");
+    }
+    // HND prefill -> NHD decode: tiles, reads and writes, every element where it belongs.
+    for write in [false, true] {
+        let plans = run_one(
+            &format!("one-perm-{write}"),
+            Case {
+                dst_order: Some(KvOrder::Nhd),
+                write,
+                ..case((2, if write { 1 } else { 2 }), (16, 16), KvOrder::Hnd, 40)
+            },
+            false,
+        );
+        assert!(matches!(forms(&plans), (0, n) if n > 0), "{plans:?}");
+        assert!(plans.iter().all(KvXferPlan::has_tiles));
+    }
+}
+
+#[test]
+fn mla_in_other_orders_moves_as_pieces() {
+    // MLA's latent is one head: its blocks lie the same in HND and NHD. The piece planner
+    // refused the pair (`NotSupported`, a permute); the one entry moves it as pieces.
+    let shape = KvShape {
+        layers: 2,
+        heads: 1,
+        dim: 64,
+        mla: true,
+        blocks: POOL_BLOCKS,
+    };
+    let c = Case {
+        shape,
+        tp: (2, 2),
+        block: (16, 16),
+        order: KvOrder::Nhd,
+        dst_order: Some(KvOrder::Hnd),
+        tokens: 40,
+        pad: 0,
+        write: false,
+    };
+    let Setup {
+        src,
+        dst,
+        sids,
+        dids,
+    } = setup("mla-orders-old", &c);
+    let e = dst[0]
+        .layout
+        .plan_read(&sides(&src), &sids, &dids, c.tokens)
+        .expect_err("the piece planner refuses other orders");
+    assert_eq!(e.kind(), ErrorKind::NotSupported, "{e}");
+    drop((src, dst));
+    let plans = run_one("mla-orders", c, false);
+    assert!(matches!(forms(&plans), (n, 0) if n > 0), "{plans:?}");
+}
+
+#[test]
+fn each_peer_rank_has_its_own_block_ids() {
+    // Prefill TP 2 -> decode TP 1: the two prefill ranks hold the request at different block
+    // ids; decode gathers every head from where each rank keeps it. Pieces and tiles.
+    let plans = run_one("own-ids", case((2, 1), (16, 16), KvOrder::Nhd, 50), true);
+    assert_eq!(forms(&plans).1, 0);
+    let plans = run_one(
+        "own-ids-tiles",
+        Case {
+            dst_order: Some(KvOrder::Hnd),
+            ..case((2, 1), (16, 16), KvOrder::Nhd, 50)
+        },
+        true,
+    );
+    assert!(forms(&plans).1 > 0);
+    // A repeated or out-of-pool id of one peer is refused, naming that peer; nothing planned.
+    let l = layout(2, 0, KvOrder::Nhd);
+    let me = layout(1, 0, KvOrder::Nhd);
+    let p1 = layout(2, 1, KvOrder::Nhd);
+    let ok: Vec<u64> = (0..4).collect();
+    let twice = [0u64, 1, 1, 2];
+    let peers = [
+        KvPeer {
+            name: "p0",
+            layout: &l,
+            blocks: &ok,
+        },
+        KvPeer {
+            name: "p1",
+            layout: &p1,
+            blocks: &twice,
+        },
+    ];
+    let e = me
+        .plan(XferOp::Read, &ok, &peers, 4 * 16)
+        .expect_err("an id listed twice");
+    assert_eq!(e.kind(), ErrorKind::InvalidParam, "{e}");
+    assert!(e.to_string().contains("peer p1"), "{e}");
 }
 
 const GQA8: KvShape = KvShape {

@@ -1,13 +1,15 @@
 //! Building tile requests ([`Agent::make_tile_xfer`]): the tiles' own checks, then the block
-//! table path ([`Agent::make_block_xfer`]'s), with each tile's rows rearranged on the way.
+//! table path ([`Agent::make_block_xfer`]'s), with each tile's rows rearranged on the way; and
+//! a KV plan's requests ([`Agent::make_kv_xfers`]), pieces and tiles alike.
 
 use crate::agent::prep::{Layout, PrepLayer, PreparedList};
 use crate::agent::Agent;
 use crate::desc::XferOp;
 use crate::error::{Error, Op, Result};
+use crate::kv::{KvMoves, KvXferPlan};
 use crate::strided::tile_runs;
 use crate::tiles::{Tile, TileShape};
-use crate::xfer::{XferOptions, XferReq};
+use crate::xfer::{XferOptions, XferReq, XferTarget};
 
 /// The most tiles of a request over all layers (the copy kernel indexes them in 32 bits).
 pub(crate) const MAX_TILE_ITEMS: u64 = u32::MAX as u64;
@@ -66,6 +68,45 @@ impl Agent {
             Some(*shape),
             opts,
         )
+    }
+}
+
+impl Agent {
+    /// The requests of a KV plan ([`KvLayout::plan`](crate::KvLayout::plan)), one per
+    /// transfer, in the plan's order, each with `opts` (a notification in it goes with each):
+    /// pieces through [`Agent::create_xfer_req`], tiles through [`Agent::make_tile_xfer`] over
+    /// this rank's and the peer's block tables (prepared here, O(layers) each). Every peer's
+    /// metadata must be loaded. All or nothing: the first refusal is returned and no request
+    /// is kept.
+    pub fn make_kv_xfers(&self, plan: &KvXferPlan, opts: &XferOptions) -> Result<Vec<XferReq>> {
+        let mut local = None;
+        let mut reqs = Vec::with_capacity(plan.transfers.len());
+        for t in &plan.transfers {
+            let req = match &t.moves {
+                KvMoves::Pieces { local, remote } => {
+                    self.create_xfer_req(plan.op, local, remote, &t.peer, opts.clone())?
+                }
+                KvMoves::Tiles {
+                    remote_table,
+                    shape,
+                    tiles,
+                } => {
+                    let mine = match &local {
+                        Some(l) => l,
+                        None => local.insert(self.prep_strided_dlist(
+                            XferTarget::Initiator,
+                            &plan.local_table,
+                            &[],
+                        )?),
+                    };
+                    let theirs =
+                        self.prep_strided_dlist(XferTarget::Agent(&t.peer), remote_table, &[])?;
+                    self.make_tile_xfer(plan.op, mine, &theirs, shape, tiles, opts.clone())?
+                }
+            };
+            reqs.push(req);
+        }
+        Ok(reqs)
     }
 }
 

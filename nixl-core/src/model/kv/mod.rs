@@ -1,8 +1,8 @@
 //! KV-cache layouts as data: a rank describes its paged KV cache once ([`KvLayout`]), peers
 //! read the description ([`KvLayout::encode`] / [`KvLayout::decode`]), refuse a different model
-//! ([`KvLayout::check_compatible`]), and a planner ([`KvLayout::plan_read`],
-//! [`KvLayout::plan_write`]) turns two sides' descriptions and a request's block ids into the
-//! descriptor lists each rank posts: tensor-parallel sizes that differ (head slices, heads
+//! ([`KvLayout::check_compatible`]), and the planner ([`KvLayout::plan`], one entry for both
+//! directions; [`Agent::make_kv_xfers`](crate::Agent::make_kv_xfers) makes its requests) turns
+//! two sides' descriptions and a request's block ids into what each rank posts: tensor-parallel sizes that differ (head slices, heads
 //! gathered from several ranks, replicated heads), MLA's replicated latent (read once), and
 //! block sizes that differ (a token lands in its own slot whatever the blocks are).
 //!
@@ -21,9 +21,11 @@
 //! slices and gathers included, so the data lands in the destination's order in one pass.
 //! Plans cost time linear in layers x blocks (x heads or tokens per block, never per element).
 
+mod one;
 mod plan;
 mod tiles;
 
+pub use one::{KvMoves, KvPeer, KvXfer, KvXferPlan};
 pub use plan::{KvPeerXfer, KvPlan};
 pub use tiles::{KvTilePlan, KvTileXfer};
 

@@ -80,10 +80,10 @@ pub(super) fn head_segments(src: &KvLayout, dst: &KvLayout) -> Vec<(u32, u32, u3
 
 /// The two sides of a set of pieces, merged where both continue.
 #[derive(Default)]
-struct Pieces {
-    src: Vec<Desc>,
-    dst: Vec<Desc>,
-    bytes: u64,
+pub(super) struct Pieces {
+    pub(super) src: Vec<Desc>,
+    pub(super) dst: Vec<Desc>,
+    pub(super) bytes: u64,
 }
 
 impl Pieces {
@@ -198,7 +198,13 @@ fn pieces(
 
 /// What `src`'s rank serves `dst`'s rank: the heads [`head_segments`] assigns to it, as
 /// pieces (none when another rank serves every head `dst` holds).
-fn served(src: &KvLayout, src_ids: &[u64], dst: &KvLayout, dst_ids: &[u64], tokens: u64) -> Pieces {
+pub(super) fn served(
+    src: &KvLayout,
+    src_ids: &[u64],
+    dst: &KvLayout,
+    dst_ids: &[u64],
+    tokens: u64,
+) -> Pieces {
     let mut p = Pieces::default();
     for (h0, h1, r) in head_segments(src, dst) {
         if r == src.tp_rank {

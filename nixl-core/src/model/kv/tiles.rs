@@ -70,7 +70,7 @@ fn row_bytes(side: &KvLayout) -> u64 {
 }
 
 /// Tiles by `(heads, tokens)`, each `(src block, src offset, dst block, dst offset)`.
-type Tiles = BTreeMap<(u64, u64), Vec<(u64, u64, u64, u64)>>;
+pub(super) type Tiles = BTreeMap<(u64, u64), Vec<(u64, u64, u64, u64)>>;
 
 /// The tiles that move heads `h0..h1` of the request's first `tokens` tokens from `src`'s
 /// blocks to `dst`'s; `split_tokens` cuts them to one token each (destination NHD with several
@@ -122,7 +122,13 @@ fn tiles_of(
 }
 
 /// The tiles `src`'s rank serves `dst`'s rank.
-fn served(src: &KvLayout, src_ids: &[u64], dst: &KvLayout, dst_ids: &[u64], tokens: u64) -> Tiles {
+pub(super) fn served(
+    src: &KvLayout,
+    src_ids: &[u64],
+    dst: &KvLayout,
+    dst_ids: &[u64],
+    tokens: u64,
+) -> Tiles {
     let mut out = Tiles::new();
     let mine: Vec<(u32, u32)> = head_segments(src, dst)
         .into_iter()
@@ -137,7 +143,7 @@ fn served(src: &KvLayout, src_ids: &[u64], dst: &KvLayout, dst_ids: &[u64], toke
 }
 
 /// The transfers of one peer: one per shape, each side's rows as `local` / `remote` says.
-fn peer_tiles(
+pub(super) fn peer_tiles(
     name: &str,
     tiles: Tiles,
     (src, dst): (&KvLayout, &KvLayout),

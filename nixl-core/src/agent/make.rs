@@ -222,6 +222,9 @@ impl Agent {
         let mut segments: Vec<Segment> = Vec::with_capacity(local_idx.len());
         let mut last_pair = None;
         let rbase = local.regions.len();
+        // The backends holding both regions of every pair so far, as slot-id bits (`None`
+        // once a region's set does not fit: then the candidates are narrowed pair by pair).
+        let mut held: Option<u64> = Some(u64::MAX);
         // Indices are often random over large lists: each chunk's entries are first touched in
         // a tight loop (many cache misses in flight at once), then processed in order.
         for (c, (lc, rc)) in local_idx
@@ -247,9 +250,18 @@ impl Agent {
                         &local.regions[lreg as usize],
                         &remote.regions[rreg as usize],
                     );
-                    crate::work::tick(ends.candidates.len());
-                    ends.candidates
-                        .retain(|b| lr.md(b.id).is_some() && rr.md(b.id).is_some());
+                    held = match (held, lr.held, rr.held) {
+                        (Some(h), Some(a), Some(b)) => Some(h & a & b),
+                        _ => {
+                            if let Some(h) = held.take() {
+                                narrow(&mut ends.candidates, h);
+                            }
+                            crate::work::tick(ends.candidates.len());
+                            ends.candidates
+                                .retain(|b| lr.md(b.id).is_some() && rr.md(b.id).is_some());
+                            None
+                        }
+                    };
                     last_pair = Some((lreg, rreg));
                 }
                 let seg = Segment {
@@ -265,6 +277,9 @@ impl Agent {
                     segments.push(seg);
                 }
             }
+        }
+        if let Some(h) = held {
+            narrow(&mut ends.candidates, h);
         }
         Ok(segments)
     }
@@ -472,6 +487,17 @@ fn check_integrity(
 }
 
 /// Entry `i` of a prepared list and its region's index, or `InvalidParam`.
+/// Keeps the candidates whose slot id is a bit of `held`.
+fn narrow(candidates: &mut Vec<Arc<BackendSlot>>, held: u64) {
+    crate::work::tick(candidates.len());
+    candidates.retain(|b| {
+        u32::try_from(b.id)
+            .ok()
+            .and_then(|s| 1u64.checked_shl(s))
+            .is_some_and(|bit| held & bit != 0)
+    });
+}
+
 fn block(me: &str, side: &str, list: &PreparedList, i: usize) -> Result<(crate::desc::Desc, u32)> {
     list.block(i).ok_or_else(|| {
         Error::invalid(

@@ -30,6 +30,9 @@ enum Hold {
 pub(crate) struct PrepRegion {
     /// (backend slot id, metadata)
     pub mds: Vec<(usize, BackendMd)>,
+    /// The slot ids in `mds` as bits (`1 << id`); `None` where one is 64 or more. A request
+    /// intersects its pairs' sets in one AND each instead of searching `mds` per backend.
+    pub held: Option<u64>,
     /// The region: (address, length, device).
     pub span: (u64, u64, u64),
     _hold: Hold,
@@ -320,8 +323,15 @@ impl Resolver<'_> {
                 format!("{}: no selected backend holds that region", what()),
             ));
         }
+        let held = mds.iter().try_fold(0u64, |acc, (id, _)| {
+            u32::try_from(*id)
+                .ok()
+                .and_then(|b| 1u64.checked_shl(b))
+                .map(|bit| acc | bit)
+        });
         Ok(PrepRegion {
             mds,
+            held,
             span,
             _hold: hold,
         })

@@ -23,9 +23,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use nixl_core::kv::{KvLayout, KvOrder, KvTensor};
 use nixl_core::{
-    Agent, AgentConfig, Desc, KvLayout, KvOrder, KvTensor, MemKind, PreparedList, Registration,
-    XferDescList, XferOp, XferOptions, XferReq, XferTarget,
+    Agent, AgentConfig, Desc, MemKind, PreparedList, Registration, XferDescList, XferOp,
+    XferOptions, XferReq, XferTarget,
 };
 use nixl_mem::{CudaIpcParams, DeviceBuffer};
 

@@ -40,7 +40,7 @@
 //! (`--role decode --peer ADDR` and `--decode external` are how the example starts its parts.)
 //!
 //! `--tp P:D` runs prefill at tensor-parallel size P and decode at D (each rank an agent with
-//! its own pool, host memory over UCX): the ranks exchange their [`nixl::KvLayout`]s, decode
+//! its own pool, host memory over UCX): the ranks exchange their [`nixl::kv::KvLayout`]s, decode
 //! ranks read (`--op read`) or prefill ranks write (`--op write`) what the planner gives them,
 //! and decode checks every element (layer, K/V, token, head, dim). `--kv-order nhd|hnd`,
 //! `--block-tokens P:D` (tokens per block on each side), `--kv-heads`, `--head-dim`, `--tokens`:
@@ -280,8 +280,8 @@ fn parse() -> Res<Opts> {
         tp,
         block_tokens: c.block_tokens,
         order: match c.kv_order {
-            OrderArg::Nhd => nixl::KvOrder::Nhd,
-            OrderArg::Hnd => nixl::KvOrder::Hnd,
+            OrderArg::Nhd => nixl::kv::KvOrder::Nhd,
+            OrderArg::Hnd => nixl::kv::KvOrder::Hnd,
         },
         layers: c.layers as u32,
         kv_heads: c.kv_heads,

@@ -10,13 +10,13 @@ pub use nixl_core as core;
 pub use nixl_core::kv;
 pub use nixl_core::leases;
 pub use nixl_core::nixl_wire;
+pub use nixl_core::tiles;
 pub use nixl_core::{
     Agent, AgentConfig, ArrivalCounters, Auth, Credential, Desc, Error, ErrorKind, FetchFuture,
-    FetchPolicy, HostBuffer, KvLayout, KvOrder, KvPeerXfer, KvPlan, KvTensor, KvTilePlan,
-    KvTileXfer, LeaseId, LeaseState, Limits, MemKind, MemoryRegion, NotifStream, Notification,
-    Notifs, PreparedList, QuiescenceFuture, RegionDesc, Registration, Result, RowStrides,
-    StridedDesc, StridedDescList, Tile, TileShape, XferDescList, XferFuture, XferOp, XferOptions,
-    XferReq, XferState, XferTarget,
+    FetchPolicy, HostBuffer, LeaseId, LeaseState, Limits, MemKind, MemoryRegion, NotifStream,
+    Notification, Notifs, PreparedList, QuiescenceFuture, RegionDesc, Registration, Result,
+    StridedDesc, StridedDescList, XferDescList, XferFuture, XferOp, XferOptions, XferReq,
+    XferState, XferTarget,
 };
 pub use nixl_mem as mem;
 

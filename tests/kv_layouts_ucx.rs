@@ -9,7 +9,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use nixl::{Agent, AgentConfig, ErrorKind, HostBuffer, KvLayout, KvOrder, XferOptions, XferTarget};
+use nixl::kv::{KvLayout, KvOrder};
+use nixl::{Agent, AgentConfig, ErrorKind, HostBuffer, XferOptions, XferTarget};
 use nixl_testkit::kv::{
     check_destination, ids_for, parse_ready, pool_layout, pool_len, ready_message, source_bytes,
     KvShape,

@@ -11,10 +11,9 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nixl::kv::{KvLayout, KvOrder, KvTensor};
 use nixl::ucx::UcxParams;
-use nixl::{
-    Agent, AgentConfig, HostBuffer, KvLayout, KvOrder, KvTensor, MemKind, XferOp, XferOptions,
-};
+use nixl::{Agent, AgentConfig, HostBuffer, MemKind, XferOp, XferOptions};
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 

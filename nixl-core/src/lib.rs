@@ -87,7 +87,7 @@ use backend::{bytes, hello, params};
 use bundled::{deferred, fault, inproc};
 use exchange::{liveness, sidechannel};
 use model::{
-    arrival, desc, error, index, lease, limits, mem, notif, spec, strided, telemetry, tiles, wake,
+    arrival, desc, error, index, lease, limits, mem, notif, spec, strided, telemetry, wake,
 };
 use wire::{auth, codec, integrity};
 
@@ -107,8 +107,6 @@ pub use codec::AgentMetadata;
 pub use desc::{Desc, XferDescList, XferOp};
 pub use error::{Error, ErrorKind, Op, Result};
 pub use inproc::InprocParams;
-pub use kv::{KvLayout, KvOrder, KvPeerXfer, KvPlan, KvTensor, KvTilePlan, KvTileXfer};
-
 /// KV-cache layouts and the requests planned from them: a rank's [`KvLayout`], the other
 /// side's ranks as [`KvPeer`](kv::KvPeer)s, and [`KvLayout::plan`]'s
 /// [`KvXferPlan`](kv::KvXferPlan) (pieces or tiles per peer, chosen by the layouts), which
@@ -124,7 +122,12 @@ pub use mem::{HostBuffer, MemKind, MemoryRegion, RegionDesc};
 pub use notif::Notifs;
 pub use strided::{StridedDesc, StridedDescList};
 pub use telemetry::{TelemetrySnapshot, XferTelemetry};
-pub use tiles::{RowStrides, Tile, TileShape};
+
+/// Tiles: block-table transfers whose rows are rearranged on the way
+/// ([`Agent::make_tile_xfer`]; a whole block is the identity tile).
+pub mod tiles {
+    pub use crate::model::tiles::{RowStrides, Tile, TileShape, MAX_TILE_ROWS};
+}
 pub use xfer::{UncertainXfer, XferOptions, XferReq, XferTarget};
 
 /// Leases on published blocks (see [`Agent::publish_lease`]): the owner's [`LeaseId`] and
@@ -137,6 +140,36 @@ pub mod leases {
 /// Names that moved off the crate root in 0.2 (kept for one release; each says where it went).
 mod moved {
     #![allow(missing_docs)]
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::kv::KvLayout")]
+    #[doc(hidden)]
+    pub type KvLayout = crate::kv::KvLayout;
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::kv::KvOrder")]
+    #[doc(hidden)]
+    pub type KvOrder = crate::kv::KvOrder;
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::kv::KvPeerXfer")]
+    #[doc(hidden)]
+    pub type KvPeerXfer = crate::kv::KvPeerXfer;
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::kv::KvPlan")]
+    #[doc(hidden)]
+    pub type KvPlan = crate::kv::KvPlan;
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::kv::KvTensor")]
+    #[doc(hidden)]
+    pub type KvTensor = crate::kv::KvTensor;
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::kv::KvTilePlan")]
+    #[doc(hidden)]
+    pub type KvTilePlan = crate::kv::KvTilePlan;
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::kv::KvTileXfer")]
+    #[doc(hidden)]
+    pub type KvTileXfer = crate::kv::KvTileXfer;
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::tiles::RowStrides")]
+    #[doc(hidden)]
+    pub type RowStrides = crate::tiles::RowStrides;
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::tiles::Tile")]
+    #[doc(hidden)]
+    pub type Tile = crate::tiles::Tile;
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::tiles::TileShape")]
+    #[doc(hidden)]
+    pub type TileShape = crate::tiles::TileShape;
     #[deprecated(since = "0.1.0", note = "moved to nixl_core::backend::Capabilities")]
     #[doc(hidden)]
     pub type Capabilities = crate::backend::Capabilities;

@@ -3,9 +3,10 @@
 //! blocks' tokens in one. Every form refuses it now, typed (`InvalidParam`), and nothing moves;
 //! the same ids without the repeat still work. Sources may repeat (one block read twice).
 
+use nixl_core::kv::{KvLayout, KvOrder};
 use nixl_core::{
-    Agent, ErrorKind, KvLayout, KvOrder, MemKind, StridedDesc, StridedDescList, XferDescList,
-    XferOp, XferOptions, XferTarget,
+    Agent, ErrorKind, MemKind, StridedDesc, StridedDescList, XferDescList, XferOp, XferOptions,
+    XferTarget,
 };
 use nixl_testkit::{host_buf, inproc_agent};
 

@@ -505,7 +505,10 @@ fn public_decoders_return_the_crates_error() {
             "XferDescList",
             nixl_core::XferDescList::decode(junk).map(|_| ()),
         ),
-        ("KvLayout", nixl_core::KvLayout::decode(junk).map(|_| ())),
+        (
+            "KvLayout",
+            nixl_core::kv::KvLayout::decode(junk).map(|_| ()),
+        ),
     ];
     for (what, r) in checks {
         let e = r.expect_err(what);

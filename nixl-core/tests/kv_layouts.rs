@@ -5,10 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use nixl_core::kv::{KvLayout, KvOrder, KvPlan, KvTensor, KvTilePlan};
 use nixl_core::kv::{KvMoves, KvPeer, KvXferPlan};
 use nixl_core::{
-    Agent, AgentConfig, ErrorKind, HostBuffer, InprocParams, KvLayout, KvOrder, KvPlan, KvTensor,
-    KvTilePlan, MemKind, Registration, XferOp, XferOptions, XferTarget,
+    Agent, AgentConfig, ErrorKind, HostBuffer, InprocParams, MemKind, Registration, XferOp,
+    XferOptions, XferTarget,
 };
 
 use nixl_testkit::kv::{check_destination, ids_for, pool_layout, pool_len, source_bytes, KvShape};
@@ -670,7 +671,8 @@ fn tile_plans_are_per_block_at_llama_scale() {
 /// bytes as they lie refuses tiles by name.
 #[test]
 fn tile_requests_refuse_bad_tiles_typed() {
-    use nixl_core::{RowStrides, StridedDesc, StridedDescList, Tile, TileShape};
+    use nixl_core::tiles::{RowStrides, Tile, TileShape};
+    use nixl_core::{StridedDesc, StridedDescList};
     let a = rank("trefa", GQA8, 1, 0, 16, KvOrder::Nhd, 0);
     let b = rank("trefb", GQA8, 1, 0, 16, KvOrder::Hnd, 0);
     connect(std::slice::from_ref(&a), std::slice::from_ref(&b));
@@ -797,14 +799,14 @@ fn make_with(
     a: &Agent,
     l: &nixl_core::PreparedList,
     r: &nixl_core::PreparedList,
-    s: &nixl_core::TileShape,
+    s: &nixl_core::tiles::TileShape,
 ) -> nixl_core::Error {
     a.make_tile_xfer(
         nixl_core::XferOp::Read,
         l,
         r,
         s,
-        &[nixl_core::Tile {
+        &[nixl_core::tiles::Tile {
             local_block: 0,
             local_offset: 0,
             remote_block: 0,

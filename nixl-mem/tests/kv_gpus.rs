@@ -10,7 +10,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nixl_core::{Agent, AgentConfig, KvLayout, KvOrder, MemKind, XferOptions, XferTarget};
+use nixl_core::kv::{KvLayout, KvOrder};
+use nixl_core::{Agent, AgentConfig, MemKind, XferOptions, XferTarget};
 use nixl_mem::{CudaIpcParams, DeviceBuffer};
 use nixl_testkit::gpu::two_gpus;
 use nixl_testkit::kv::{

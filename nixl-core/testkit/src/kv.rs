@@ -4,7 +4,8 @@
 
 use std::net::SocketAddr;
 
-use nixl_core::{KvLayout, KvOrder, KvTensor, MemKind};
+use nixl_core::kv::{KvLayout, KvOrder, KvTensor};
+use nixl_core::MemKind;
 
 /// Bytes per element of the test pools (u32 values: distinct per element).
 pub const ELEM: u32 = 4;

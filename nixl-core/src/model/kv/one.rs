@@ -123,7 +123,7 @@ impl KvLayout {
     /// ids outside a pool, too few for `tokens` or listed twice.
     ///
     /// ```
-    /// # use nixl_core::{KvLayout, XferOp, kv::KvPeer};
+    /// # use nixl_core::{XferOp, kv::{KvLayout, KvPeer}};
     /// # fn decode(mine: &KvLayout, prefill: &KvLayout, prefill_ids: &[u64], my_ids: &[u64])
     /// #     -> nixl_core::Result<()> {
     /// let peers = [KvPeer { name: "prefill-0", layout: prefill, blocks: prefill_ids }];
@@ -134,7 +134,7 @@ impl KvLayout {
     /// The two sides' tables cannot trade places: the peer's ids go with the peer.
     ///
     /// ```compile_fail
-    /// # use nixl_core::{KvLayout, XferOp, kv::KvPeer};
+    /// # use nixl_core::{XferOp, kv::{KvLayout, KvPeer}};
     /// # fn swapped(mine: &KvLayout, peers: &[KvPeer<'_>], my_ids: &[u64]) {
     /// let _ = mine.plan(XferOp::Read, peers, my_ids, 64);
     /// # }

@@ -273,7 +273,7 @@ fn side_channel_nixl_listens() {
     // Fetch (NIXLCOMM:SEND, answered with LOAD on the same connection), then push ours.
     let name = rs
         .nixl()
-        .fetch_remote_metadata(&py.name, addr, WAIT)
+        .fetch_remote_metadata_blocking(&py.name, addr, WAIT)
         .expect("fetch from NIXL");
     assert_eq!(name, py.name);
     rs.nixl().send_local_metadata(addr).expect("send to NIXL");
@@ -287,7 +287,7 @@ fn side_channel_nixl_listens() {
     // Asking the wrong name is refused and loads nothing new.
     let e = rs
         .nixl()
-        .fetch_remote_metadata("someone-else", addr, WAIT)
+        .fetch_remote_metadata_blocking("someone-else", addr, WAIT)
         .expect_err("wrong name");
     assert!(matches!(e, Error::Mismatch { .. }), "{e}");
 }

@@ -117,7 +117,7 @@ fn nixlcomm_between_nixl_rs_agents_and_hostile_frames() {
     let addr = l.local_addr();
     assert_eq!(
         b.nixl()
-            .fetch_remote_metadata(a.name(), addr, WAIT)
+            .fetch_remote_metadata_blocking(a.name(), addr, WAIT)
             .expect("fetch"),
         a.name()
     );
@@ -161,7 +161,7 @@ fn nixlcomm_between_nixl_rs_agents_and_hostile_frames() {
     // Still serving; then the client's own INVL removes it.
     assert_eq!(
         b.nixl()
-            .fetch_remote_metadata(a.name(), addr, WAIT)
+            .fetch_remote_metadata_blocking(a.name(), addr, WAIT)
             .expect("fetch"),
         a.name()
     );
@@ -171,7 +171,7 @@ fn nixlcomm_between_nixl_rs_agents_and_hostile_frames() {
     drop(l);
     let e = b
         .nixl()
-        .fetch_remote_metadata(a.name(), addr, Duration::from_secs(2));
+        .fetch_remote_metadata_blocking(a.name(), addr, Duration::from_secs(2));
     assert!(e.is_err());
 }
 
@@ -231,7 +231,7 @@ fn nixl_listener_keeps_the_side_channel_rules() {
     let b = agent("after-idle");
     assert_eq!(
         b.nixl()
-            .fetch_remote_metadata(a.name(), addr, WAIT)
+            .fetch_remote_metadata_blocking(a.name(), addr, WAIT)
             .expect("a fetch past idle connections"),
         a.name()
     );

@@ -52,14 +52,15 @@ impl Agent {
 
     /// Asks the NIXL listener at `addr` for its agent's metadata and loads it.
     #[doc(alias = "fetchRemoteMD")]
-    #[deprecated(note = "use `agent.nixl().fetch_remote_metadata(remote, addr, timeout)`")]
+    #[deprecated(note = "use `agent.nixl().fetch_remote_metadata_blocking(remote, addr, timeout)`")]
     pub fn nixl_fetch_remote_metadata(
         &self,
         remote: &str,
         addr: SocketAddr,
         timeout: Duration,
     ) -> Result<String> {
-        self.nixl().fetch_remote_metadata(remote, addr, timeout)
+        self.nixl()
+            .fetch_remote_metadata_blocking(remote, addr, timeout)
     }
 
     /// Tells the NIXL listener at `addr` to forget this agent.

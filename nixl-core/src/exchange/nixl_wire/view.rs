@@ -44,16 +44,32 @@ impl NixlView<'_> {
     }
 
     /// Asks the NIXL listener at `addr` for its agent's metadata (NIXL's `fetchRemoteMD`),
-    /// loads it and returns the name, blocking up to `timeout`. The answer must be
-    /// `remote`'s: another name is refused before anything is loaded.
+    /// loads it and returns the name, blocking up to `timeout` (as
+    /// [`Agent::fetch_remote_metadata_blocking`] does over the native side channel). The
+    /// answer must be `remote`'s: another name is refused before anything is loaded.
     #[doc(alias = "fetchRemoteMD")]
-    pub fn fetch_remote_metadata(
+    pub fn fetch_remote_metadata_blocking(
         &self,
         remote: &str,
         addr: SocketAddr,
         timeout: Duration,
     ) -> Result<String> {
         self.agent.nixl_fetch(remote, addr, timeout)
+    }
+
+    /// [`NixlView::fetch_remote_metadata_blocking`] under the name that, on [`Agent`], starts
+    /// a fetch without blocking.
+    #[deprecated(
+        since = "0.1.0",
+        note = "blocks (unlike `Agent::fetch_remote_metadata`): use `fetch_remote_metadata_blocking`"
+    )]
+    pub fn fetch_remote_metadata(
+        &self,
+        remote: &str,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<String> {
+        self.fetch_remote_metadata_blocking(remote, addr, timeout)
     }
 
     /// Tells the NIXL listener at `addr` to forget this agent (NIXL's `invalidateLocalMD`).

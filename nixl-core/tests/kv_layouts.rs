@@ -302,39 +302,33 @@ fn run_one(tag: &str, c: Case, own_ids: bool) -> Vec<KvXferPlan> {
             req.wait(Duration::from_secs(30)).unwrap();
         }
     };
-    if c.write {
-        for (s, ids) in src.iter().zip(&src_ids) {
-            let side: Vec<KvPeer<'_>> = dst_peers
-                .iter()
-                .map(|(n, l, b)| KvPeer {
-                    name: n,
-                    layout: l,
-                    blocks: b,
-                })
-                .collect();
-            let plan = s.layout.plan(XferOp::Write, ids, &side, c.tokens).unwrap();
-            post_all(s, &plan);
-            plans.push(plan);
-        }
+    // (the ranks that post, their ids, the other side, the operation)
+    let dst_ids = vec![dids.clone(); dst.len()];
+    let (posters, ids, others, op) = if c.write {
+        (&src, &src_ids, &dst_peers, XferOp::Write)
     } else {
-        for d in &dst {
-            let side: Vec<KvPeer<'_>> = src_peers
-                .iter()
-                .map(|(n, l, b)| KvPeer {
-                    name: n,
-                    layout: l,
-                    blocks: b,
-                })
-                .collect();
-            let plan = d.layout.plan(XferOp::Read, &dids, &side, c.tokens).unwrap();
-            post_all(d, &plan);
-            plans.push(plan);
-        }
+        (&dst, &dst_ids, &src_peers, XferOp::Read)
+    };
+    for (r, mine) in posters.iter().zip(ids) {
+        let plan = r.layout.plan(op, mine, &as_side(others), c.tokens).unwrap();
+        post_all(r, &plan);
+        plans.push(plan);
     }
     for d in &dst {
         check(d, &dids, c.tokens);
     }
     plans
+}
+
+/// A side's ranks as [`KvPeer`]s: (name, layout, the request's block ids there).
+fn as_side(v: &[(String, KvLayout, Vec<u64>)]) -> Vec<KvPeer<'_>> {
+    v.iter()
+        .map(|(n, l, b)| KvPeer {
+            name: n,
+            layout: l,
+            blocks: b,
+        })
+        .collect()
 }
 
 /// How a plan moves its bytes: (pieces transfers, tile transfers).

@@ -39,6 +39,9 @@ pub(crate) struct ShmGuard {
     process: PeerProcess,
     /// Odd while a post runs (posts to one endpoint are serialized by the rail's lock).
     posting: AtomicU64,
+    /// Set by the watchdog once the owner's process has exited: what a post reads (one load,
+    /// not a `poll` of the pidfd per operation).
+    dead: AtomicBool,
     /// The post the watchdog saw running: its mark and since when.
     seen: Mutex<Option<(u64, Instant)>>,
     /// The rail's counters (releases are counted there).
@@ -64,14 +67,16 @@ impl ShmGuard {
             lock,
             process,
             posting: AtomicU64::new(0),
+            dead: AtomicBool::new(false),
             seen: Mutex::new(None),
             counters,
         }
     }
 
-    /// Marks a post as running; `None` (post nothing) once the peer's process has exited.
+    /// Marks a post as running; `None` (post nothing) once the watchdog saw the peer's process
+    /// exit (within [`EVERY`] of it; a post in between that spins is freed as below).
     pub(crate) fn enter(&self) -> Option<Posting<'_>> {
-        if self.process.exited() {
+        if self.dead.load(Ordering::SeqCst) {
             return None;
         }
         self.posting.fetch_add(1, Ordering::SeqCst);
@@ -81,6 +86,9 @@ impl ShmGuard {
     /// One look of the watchdog: releases the lock for a post that has run [`STUCK`] to a
     /// peer whose process exited.
     fn look(&self, now: Instant) {
+        if !self.dead.load(Ordering::SeqCst) && self.process.exited() {
+            self.dead.store(true, Ordering::SeqCst);
+        }
         let mark = self.posting.load(Ordering::SeqCst);
         let mut seen = self.seen.lock();
         if mark.is_multiple_of(2) {
@@ -89,7 +97,7 @@ impl ShmGuard {
         }
         match *seen {
             Some((m, since)) if m == mark => {
-                if now.duration_since(since) < STUCK || !self.process.exited() {
+                if now.duration_since(since) < STUCK || !self.dead.load(Ordering::SeqCst) {
                     return;
                 }
                 let Some(lock) = &self.lock else {

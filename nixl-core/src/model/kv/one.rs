@@ -84,6 +84,32 @@ impl KvXferPlan {
     }
 }
 
+/// The older entries' peers: every rank at the same `blocks`.
+pub(super) fn peers_at<'a>(
+    peers: &[(&'a str, &'a KvLayout)],
+    blocks: &'a [u64],
+) -> Vec<KvPeer<'a>> {
+    peers
+        .iter()
+        .map(|&(name, layout)| KvPeer {
+            name,
+            layout,
+            blocks,
+        })
+        .collect()
+}
+
+/// What [`KvLayout::plan_as`] plans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Form {
+    /// Per peer: pieces where the bytes lie in one order, tiles otherwise.
+    Chosen,
+    /// Pieces only; a pair in different orders is refused.
+    Pieces,
+    /// Tiles only.
+    Tiles,
+}
+
 /// Whether a block of `side` lies the same in either order: one head per block (MLA's latent,
 /// a rank of one head) or one token per block.
 fn order_free(side: &KvLayout) -> bool {
@@ -146,6 +172,19 @@ impl KvLayout {
         peers: &[KvPeer<'_>],
         tokens: u64,
     ) -> Result<KvXferPlan> {
+        self.plan_as(Form::Chosen, op, my_blocks, peers, tokens)
+    }
+
+    /// The planner behind every entry: [`KvLayout::plan`] with the form chosen per peer, or
+    /// pieces only (the pair in one order, else `NotSupported`) or tiles only.
+    pub(super) fn plan_as(
+        &self,
+        form: Form,
+        op: XferOp,
+        my_blocks: &[u64],
+        peers: &[KvPeer<'_>],
+        tokens: u64,
+    ) -> Result<KvXferPlan> {
         let side: Vec<(&str, &KvLayout)> = peers.iter().map(|p| (p.name, p.layout)).collect();
         side_of(&side)?;
         self.validate()?;
@@ -157,9 +196,22 @@ impl KvLayout {
                 XferOp::Read => ((p.layout, p.blocks), (self, my_blocks)),
                 XferOp::Write => ((self, my_blocks), (p.layout, p.blocks)),
             };
-            check_compat(src, dst)?;
             let local_is_dst = op == XferOp::Read;
-            match as_pieces(src, dst) {
+            let pieces = match form {
+                Form::Chosen => {
+                    check_compat(src, dst)?;
+                    as_pieces(src, dst)
+                }
+                Form::Pieces => {
+                    super::plan::check_pair(src, dst)?;
+                    Some((src.clone(), dst.clone()))
+                }
+                Form::Tiles => {
+                    check_compat(src, dst)?;
+                    None
+                }
+            };
+            match pieces {
                 Some((s, d)) => {
                     let pieces = super::plan::served(&s, src_ids, &d, dst_ids, tokens);
                     if pieces.bytes == 0 {

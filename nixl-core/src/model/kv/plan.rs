@@ -1,5 +1,6 @@
 //! The planner: which bytes of which peer land where, as contiguous pieces.
 
+use super::one::{Form, KvMoves};
 use super::{kv_error, KvLayout, KvOrder};
 use crate::desc::{Desc, XferDescList, XferOp};
 use crate::error::{ErrorKind, Result};
@@ -214,21 +215,6 @@ pub(super) fn served(
     p
 }
 
-/// A peer's transfer from this rank's and the peer's pieces (`None` when nothing moves).
-fn peer_xfer(
-    name: &str,
-    (local, lk): (Vec<Desc>, &KvLayout),
-    (remote, rk): (Vec<Desc>, &KvLayout),
-    bytes: u64,
-) -> Option<KvPeerXfer> {
-    (bytes > 0).then(|| KvPeerXfer {
-        peer: name.to_owned(),
-        local: XferDescList::from_descs(lk.kind, local),
-        remote: XferDescList::from_descs(rk.kind, remote),
-        bytes,
-    })
-}
-
 /// Checks a pair of sides on their own and against each other (any orders).
 pub(super) fn check_compat(src: &KvLayout, dst: &KvLayout) -> Result<()> {
     src.validate()?;
@@ -237,7 +223,7 @@ pub(super) fn check_compat(src: &KvLayout, dst: &KvLayout) -> Result<()> {
 }
 
 /// Checks a pair of sides before planning pieces: compatible and in one order.
-fn check_pair(src: &KvLayout, dst: &KvLayout) -> Result<()> {
+pub(super) fn check_pair(src: &KvLayout, dst: &KvLayout) -> Result<()> {
     check_compat(src, dst)?;
     if src.order != dst.order {
         return Err(kv_error(
@@ -266,20 +252,7 @@ impl KvLayout {
         local_blocks: &[u64],
         tokens: u64,
     ) -> Result<KvPlan> {
-        let src = side_of(peers)?;
-        check_pair(src, self)?;
-        check_blocks(self, local_blocks, tokens, "local")?;
-        check_blocks(src, peer_blocks, tokens, "peer")?;
-        let mut transfers = Vec::new();
-        for (name, peer) in peers {
-            check_pair(peer, self)?;
-            let p = served(peer, peer_blocks, self, local_blocks, tokens);
-            transfers.extend(peer_xfer(name, (p.dst, self), (p.src, peer), p.bytes));
-        }
-        Ok(KvPlan {
-            op: XferOp::Read,
-            transfers,
-        })
+        self.plan_pieces(XferOp::Read, peers, peer_blocks, local_blocks, tokens)
     }
 
     /// The writes this (source) rank posts to land a request in the destination ranks
@@ -292,19 +265,34 @@ impl KvLayout {
         peer_blocks: &[u64],
         tokens: u64,
     ) -> Result<KvPlan> {
-        side_of(peers)?;
-        check_blocks(self, local_blocks, tokens, "local")?;
-        let mut transfers = Vec::new();
-        for (name, peer) in peers {
-            check_pair(self, peer)?;
-            check_blocks(peer, peer_blocks, tokens, "peer")?;
-            let p = served(self, local_blocks, peer, peer_blocks, tokens);
-            transfers.extend(peer_xfer(name, (p.src, self), (p.dst, peer), p.bytes));
-        }
-        Ok(KvPlan {
-            op: XferOp::Write,
-            transfers,
-        })
+        self.plan_pieces(XferOp::Write, peers, peer_blocks, local_blocks, tokens)
+    }
+
+    /// [`KvLayout::plan`] as pieces only, every peer at `peer_blocks`.
+    fn plan_pieces(
+        &self,
+        op: XferOp,
+        peers: &[(&str, &KvLayout)],
+        peer_blocks: &[u64],
+        local_blocks: &[u64],
+        tokens: u64,
+    ) -> Result<KvPlan> {
+        let peers = super::one::peers_at(peers, peer_blocks);
+        let plan = self.plan_as(Form::Pieces, op, local_blocks, &peers, tokens)?;
+        let transfers = plan
+            .transfers
+            .into_iter()
+            .filter_map(|t| match t.moves {
+                KvMoves::Pieces { local, remote } => Some(KvPeerXfer {
+                    peer: t.peer,
+                    local,
+                    remote,
+                    bytes: t.bytes,
+                }),
+                KvMoves::Tiles { .. } => None,
+            })
+            .collect();
+        Ok(KvPlan { op, transfers })
     }
 }
 

@@ -5,7 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use super::plan::{check_blocks, check_compat, head_segments, side_of};
+use super::one::{Form, KvMoves};
+use super::plan::head_segments;
 use super::{KvLayout, KvOrder};
 use crate::desc::XferOp;
 use crate::error::Result;
@@ -218,20 +219,7 @@ impl KvLayout {
         local_blocks: &[u64],
         tokens: u64,
     ) -> Result<KvTilePlan> {
-        let src = side_of(peers)?;
-        check_compat(src, self)?;
-        check_blocks(self, local_blocks, tokens, "local")?;
-        check_blocks(src, peer_blocks, tokens, "peer")?;
-        let mut transfers = Vec::new();
-        for (name, peer) in peers {
-            check_compat(peer, self)?;
-            let t = served(peer, peer_blocks, self, local_blocks, tokens);
-            peer_tiles(name, t, (peer, self), true, &mut transfers);
-        }
-        Ok(KvTilePlan {
-            op: XferOp::Read,
-            transfers,
-        })
+        self.plan_tiles(XferOp::Read, peers, peer_blocks, local_blocks, tokens)
     }
 
     /// [`KvLayout::plan_write`] as tile transfers: this (source) rank writes each destination
@@ -243,18 +231,33 @@ impl KvLayout {
         peer_blocks: &[u64],
         tokens: u64,
     ) -> Result<KvTilePlan> {
-        side_of(peers)?;
-        check_blocks(self, local_blocks, tokens, "local")?;
-        let mut transfers = Vec::new();
-        for (name, peer) in peers {
-            check_compat(self, peer)?;
-            check_blocks(peer, peer_blocks, tokens, "peer")?;
-            let t = served(self, local_blocks, peer, peer_blocks, tokens);
-            peer_tiles(name, t, (self, peer), false, &mut transfers);
-        }
-        Ok(KvTilePlan {
-            op: XferOp::Write,
-            transfers,
-        })
+        self.plan_tiles(XferOp::Write, peers, peer_blocks, local_blocks, tokens)
+    }
+
+    /// [`KvLayout::plan`] as tiles only, every peer at `peer_blocks`.
+    fn plan_tiles(
+        &self,
+        op: XferOp,
+        peers: &[(&str, &KvLayout)],
+        peer_blocks: &[u64],
+        local_blocks: &[u64],
+        tokens: u64,
+    ) -> Result<KvTilePlan> {
+        let peers = super::one::peers_at(peers, peer_blocks);
+        let plan = self.plan_as(Form::Tiles, op, local_blocks, &peers, tokens)?;
+        let transfers = plan
+            .transfers
+            .into_iter()
+            .filter_map(|t| match t.moves {
+                KvMoves::Tiles { shape, tiles, .. } => Some(KvTileXfer {
+                    peer: t.peer,
+                    shape,
+                    tiles,
+                    bytes: t.bytes,
+                }),
+                KvMoves::Pieces { .. } => None,
+            })
+            .collect();
+        Ok(KvTilePlan { op, transfers })
     }
 }

@@ -7,6 +7,7 @@
 #![warn(clippy::unwrap_used, clippy::expect_used)]
 
 pub use nixl_core as core;
+pub use nixl_core::access;
 pub use nixl_core::kv;
 pub use nixl_core::leases;
 pub use nixl_core::nixl_wire;

@@ -130,6 +130,13 @@ pub mod tiles {
 }
 pub use xfer::{UncertainXfer, XferOptions, XferReq, XferTarget};
 
+/// Who learns the keys to this agent's memory: [`FetchPolicy`] (who may
+/// FETCH its metadata at all) and [`Share`](access::Share) (which peers get a labeled
+/// registration's keys). See `docs/security.md`.
+pub mod access {
+    pub use crate::agent::{FetchPolicy, Share};
+}
+
 /// Leases on published blocks (see [`Agent::publish_lease`]): the owner's [`LeaseId`] and
 /// [`LeaseState`], and the reader's [`Lease`](leases::Lease), a value that releases on drop.
 pub mod leases {

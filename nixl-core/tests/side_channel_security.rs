@@ -462,3 +462,55 @@ fn a_fetch_policy_serves_loaded_peers_only() {
         open.name()
     );
 }
+
+/// `AgentConfig::shares` over credentials: a labeled registration's keys go to the peers the
+/// share lists, each proven by the credential its name is bound to; another member gets the
+/// rest of the metadata only.
+#[test]
+fn a_share_reaches_the_listed_credential_only() {
+    let creds: Vec<Credential> = ["owner", "decode", "router"]
+        .iter()
+        .map(|id| Credential::generate(id).unwrap())
+        .collect();
+    let cfg = |own: &Credential, shares: Vec<nixl_core::access::Share>| {
+        let mut auth = Auth::new(own.clone());
+        auth.trusted = creds
+            .iter()
+            .filter(|c| c.id() != own.id())
+            .cloned()
+            .collect();
+        AgentConfig {
+            listen: true,
+            default_timeout: Duration::from_secs(5),
+            auth: Some(auth),
+            shares,
+            ..AgentConfig::default()
+        }
+    };
+    let decode = agent("share-decode", cfg(&creds[1], Vec::new()));
+    let router = agent("share-router", cfg(&creds[2], Vec::new()));
+    let share = nixl_core::access::Share::new("kv", &[decode.name()]);
+    let owner = agent("share-owner", cfg(&creds[0], vec![share]));
+    let kv = Arc::new(nixl_core::HostBuffer::new(4096).unwrap());
+    let _kv = owner.register_mem_labeled("kv", vec![kv], &[]).unwrap();
+    let (_open, _r) = registered(&owner, 4096);
+    let at = owner.listen_addr().unwrap();
+    let t = Duration::from_secs(5);
+    for (peer, regions) in [(&decode, 2), (&router, 1)] {
+        peer.send_local_metadata(at).unwrap();
+        peer.fetch_remote_metadata_blocking(owner.name(), at, t)
+            .unwrap();
+        assert_eq!(peer.remote_regions(owner.name()).unwrap().len(), regions);
+    }
+    assert_eq!(
+        decode
+            .remote_regions_labeled(owner.name(), "kv")
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(router
+        .remote_regions_labeled(owner.name(), "kv")
+        .unwrap()
+        .is_empty());
+}

@@ -53,6 +53,12 @@ pub struct AgentConfig {
     /// by the first signed hello naming a live process of this host (a prefill that never
     /// loads its readers still hears them). See `docs/security.md`.
     pub loaded_senders_only: bool,
+    /// Which peers learn the keys to a labeled registration ([`Share`]): a registration whose
+    /// label a share names is in metadata built for a listed peer only (a FETCH from a loaded
+    /// peer's proven process or credential, or [`Agent::local_metadata_for`]); every other
+    /// metadata this agent builds leaves it out. Empty (the default): every registration is
+    /// in all of it. See `docs/security.md`.
+    pub shares: Vec<Share>,
 }
 
 impl Default for AgentConfig {
@@ -72,6 +78,7 @@ impl Default for AgentConfig {
             limits: Limits::default(),
             succession: None,
             loaded_senders_only: false,
+            shares: Vec::new(),
         }
     }
 }
@@ -96,6 +103,41 @@ pub enum FetchPolicy {
     /// must be listed): which peers may READ and WRITE this agent's registrations at all,
     /// for deployments where some loaded peers (a router, a monitor) must not reach the KV.
     Named(Vec<String>),
+}
+
+/// The peers that may READ and WRITE a labeled registration ([`AgentConfig::shares`]).
+///
+/// Metadata carries the keys to a registration; with a share, only metadata built for a
+/// listed peer carries this label's. A requester counts as a peer only where its name is
+/// proven: a same-host process this agent loaded (checked by the kernel over the Unix side
+/// channel), or the credential the name is bound to (with one cluster credential, every
+/// holder can claim every name: give each group its own credential to tell them apart).
+/// Peers that already hold the keys keep them until the registration is deregistered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Share {
+    /// The registration label ([`Agent::register_mem_labeled`]).
+    pub label: String,
+    /// Peer names; an entry ending in `*` names every peer whose name starts with the rest
+    /// (`"decode-*"`).
+    pub peers: Vec<String>,
+}
+
+impl Share {
+    /// A share of `label` with `peers`.
+    pub fn new(label: &str, peers: &[&str]) -> Share {
+        Share {
+            label: label.to_owned(),
+            peers: peers.iter().map(|p| (*p).to_owned()).collect(),
+        }
+    }
+
+    /// Whether `peer` is one of the peers listed.
+    pub fn lists(&self, peer: &str) -> bool {
+        self.peers.iter().any(|p| match p.strip_suffix('*') {
+            Some(prefix) => peer.starts_with(prefix),
+            None => p == peer,
+        })
+    }
 }
 
 impl std::fmt::Debug for AgentConfig {
@@ -124,6 +166,7 @@ impl std::fmt::Debug for AgentConfig {
             .field("limits", &self.limits)
             .field("succession", &self.succession)
             .field("loaded_senders_only", &self.loaded_senders_only)
+            .field("shares", &self.shares)
             .finish()
     }
 }

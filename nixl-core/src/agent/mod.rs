@@ -26,7 +26,7 @@ pub use crate::lease::{LeaseId, LeaseState};
 pub use future::{NotifStream, Notification, QuiescenceFuture, XferFuture};
 pub use sidechannel::FetchFuture;
 
-pub use config::{AgentConfig, FetchPolicy};
+pub use config::{AgentConfig, FetchPolicy, Share};
 pub(crate) use shared::{start_progress_thread, FetchStatus, Shared, MAX_UNCERTAIN};
 
 use parking_lot::{Mutex, RwLock};

@@ -171,6 +171,24 @@ pub(crate) enum Invalidator<'a> {
     Peer(Option<&'a [u8]>),
 }
 
+/// Whom metadata is built for: which shared registrations ([`crate::access::Share`]) it may carry.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Audience<'a> {
+    /// Whoever the bytes reach: no shared registration.
+    Anyone,
+    /// These proven peer names: the shares that list one of them.
+    Peers(&'a [&'a str]),
+}
+
+impl<'a> Audience<'a> {
+    fn names(&self) -> &'a [&'a str] {
+        match self {
+            Audience::Anyone => &[],
+            Audience::Peers(n) => n,
+        }
+    }
+}
+
 /// What a partial metadata blob should carry.
 #[derive(Debug, Clone, Default)]
 pub struct MetadataSelection<'a> {
@@ -192,8 +210,34 @@ impl Agent {
 
     /// Partial metadata: only some registrations and/or only connection info
     /// (`registrations: Some(&[])` with `include_conn: true`).
+    ///
+    /// Registrations whose label an [`AgentConfig::shares`](crate::AgentConfig::shares) entry
+    /// names are left out (naming one in `sel` is `NotAllowed`): they go to listed peers only,
+    /// through [`Agent::local_metadata_for`] or a FETCH.
     #[doc(alias = "getLocalPartialMD")]
     pub fn local_partial_metadata(&self, sel: &MetadataSelection<'_>) -> Result<Vec<u8>> {
+        self.metadata_for(sel, Audience::Anyone)
+    }
+
+    /// The agent's full metadata as `peer` may have it: with the registrations the
+    /// [`AgentConfig::shares`](crate::AgentConfig::shares) list it for, and those no share
+    /// names. For an application's own exchange, when it knows the bytes go to `peer` only.
+    pub fn local_metadata_for(&self, peer: &str) -> Result<Vec<u8>> {
+        self.metadata_for(
+            &MetadataSelection {
+                registrations: None,
+                include_conn: true,
+            },
+            Audience::Peers(&[peer]),
+        )
+    }
+
+    /// The metadata `audience` may have.
+    pub(crate) fn metadata_for(
+        &self,
+        sel: &MetadataSelection<'_>,
+        audience: Audience<'_>,
+    ) -> Result<Vec<u8>> {
         let backends = self.shared.backends();
         let mut entries = Vec::with_capacity(backends.len());
         for b in &backends {
@@ -207,7 +251,7 @@ impl Agent {
                 conn_info,
             });
         }
-        let regs = self.selected_registrations(sel)?;
+        let regs = self.selected_registrations(sel, audience)?;
         let mut regions = Vec::new();
         for reg in &regs {
             for r in &reg.regions {
@@ -242,13 +286,28 @@ impl Agent {
         Ok(self.shared.signer.seal(blob))
     }
 
-    /// The live registrations a selection names (all, when it names none).
+    /// The live registrations a selection names (all, when it names none) that `audience` may
+    /// have: a registration a share names only for a listed peer (left out of an unnamed
+    /// selection; `NotAllowed` where the selection names it).
     pub(crate) fn selected_registrations(
         &self,
         sel: &MetadataSelection<'_>,
+        audience: Audience<'_>,
     ) -> Result<Vec<Arc<RegInner>>> {
+        let shares = &self.shared.config.shares;
+        let allowed = |r: &RegInner| {
+            let share = r
+                .label
+                .as_deref()
+                .and_then(|l| shares.iter().find(|s| s.label == l));
+            share.is_none_or(|s| audience.names().iter().any(|p| s.lists(p)))
+        };
         Ok(match sel.registrations {
-            None => self.shared.regs.lock().live(),
+            None => {
+                let mut live = self.shared.regs.lock().live();
+                live.retain(|r| allowed(r));
+                live
+            }
             Some(list) => {
                 let mut v = Vec::with_capacity(list.len());
                 for r in list {
@@ -264,6 +323,17 @@ impl Agent {
                             self.name(),
                             Op::LocalMetadata,
                             "registration was deregistered",
+                        ));
+                    }
+                    if !allowed(&r.inner) {
+                        return Err(Error::not_allowed(
+                            self.name(),
+                            Op::LocalMetadata,
+                            format!(
+                                "registration {:?} is shared with named peers only \
+                                 (AgentConfig::shares): use local_metadata_for(peer)",
+                                r.label().unwrap_or_default()
+                            ),
                         ));
                     }
                     v.push(r.inner.clone());

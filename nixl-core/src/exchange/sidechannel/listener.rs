@@ -444,6 +444,34 @@ fn check_fetcher(agent: &Agent, requester: Requester<'_>) -> Result<()> {
     ))
 }
 
+/// The metadata a FETCH from `requester` gets: with the shared registrations
+/// (`AgentConfig::shares`) of the loaded peers it is proven to be (its process on this host,
+/// or the credential their names are bound to).
+fn metadata_for(agent: &Agent, requester: Requester<'_>) -> Result<Vec<u8>> {
+    if agent.shared.config.shares.is_empty() {
+        return agent.local_metadata();
+    }
+    let remotes: Vec<_> = agent.shared.remotes.lock().values().cloned().collect();
+    let names: Vec<&str> = remotes
+        .iter()
+        .filter(|r| match requester {
+            Requester::Local(p) => r.process.as_ref().is_some_and(|q| p.is(Some(q.id()))),
+            Requester::Credential(id) => {
+                agent.shared.bindings.credential_of(&r.name).as_deref() == Some(id)
+            }
+            Requester::Unknown => false,
+        })
+        .map(|r| r.name.as_str())
+        .collect();
+    agent.metadata_for(
+        &crate::MetadataSelection {
+            registrations: None,
+            include_conn: true,
+        },
+        crate::agent::remote::Audience::Peers(&names),
+    )
+}
+
 fn dispatch(
     agent: &Agent,
     kind: Kind,
@@ -471,7 +499,7 @@ fn dispatch(
                 ));
             }
             check_fetcher(agent, requester)?;
-            Ok((Kind::Metadata, agent.local_metadata()?))
+            Ok((Kind::Metadata, metadata_for(agent, requester)?))
         }
         Kind::Invalidate => {
             let (name, generation, token) =

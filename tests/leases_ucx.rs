@@ -364,7 +364,7 @@ fn renewals_hold_under_a_flood_and_behind_data() {
     };
     let target = shm(&format!("renew-owner-{pid}"));
     let reader = shm(&format!("renew-reader-{pid}"));
-    const BIG: usize = 1 << 30;
+    const BIG: usize = 2 << 30;
     let src = Arc::new(HostBuffer::new(BIG).unwrap());
     let dst = Arc::new(HostBuffer::new(BIG).unwrap());
     let _rs = target.register_mem(vec![src.clone()], &[]).unwrap();
@@ -399,7 +399,8 @@ fn renewals_hold_under_a_flood_and_behind_data() {
     let ttl = Duration::from_millis(400);
     let id = target.publish_lease(&[reader.name()], ttl).unwrap();
     reader.acquire_lease(target.name(), id, WAIT).unwrap();
-    // A 1 GiB READ in pieces on one copy thread, in flight while the renewals go out.
+    // A 2 GiB READ in pieces on one copy thread (the case), in flight while the
+    // renewals go out.
     let read = reader
         .create_xfer_req(
             XferOp::Read,
@@ -435,7 +436,7 @@ fn renewals_hold_under_a_flood_and_behind_data() {
     }
     let _ = read.wait(Duration::from_secs(30));
     eprintln!(
-        "{renewed} renewals after the flood, {in_flight_renewals} with the 1 GiB READ in flight"
+        "{renewed} renewals after the flood, {in_flight_renewals} with the 2 GiB READ in flight"
     );
     assert!(renewed >= 10, "{renewed}");
     assert!(in_flight_renewals >= 1, "no renewal went out behind data");

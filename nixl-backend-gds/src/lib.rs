@@ -47,6 +47,9 @@
 #![warn(missing_docs)]
 // Library code returns its errors or says why a value is there; unit tests may unwrap (clippy.toml).
 #![warn(clippy::unwrap_used, clippy::expect_used)]
+// `unsafe` lives in `sys`; a file elsewhere that needs it (a memory contract's `unsafe impl`)
+// says why at its top. Anything else fails to compile.
+#![deny(unsafe_code)]
 
 #[cfg(feature = "gds")]
 mod gds;
@@ -55,6 +58,7 @@ mod posix;
 mod region;
 #[cfg(feature = "s3")]
 mod s3;
+#[allow(unsafe_code)]
 mod sys;
 
 #[cfg(feature = "gds")]

@@ -6,6 +6,10 @@
 //! also duplicate the descriptor at registration, so a [`nixl_core::backend::RawRegion::storage`]
 //! naming a caller-owned descriptor is safe too.
 
+// Exception to the crate's `deny(unsafe_code)`: the memory contracts this file's types
+// promise (`unsafe impl`s of `MemoryRegion`, `HostMemory`, `Send`/`Sync`; SAFETY at each).
+#![allow(unsafe_code)]
+
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::OpenOptionsExt;

@@ -58,6 +58,12 @@
 #![warn(missing_docs)]
 // Library code returns its errors or says why a value is there; unit tests may unwrap (clippy.toml).
 #![warn(clippy::unwrap_used, clippy::expect_used)]
+// Raw memory access lives in `sys`; the other files that need `unsafe` say why at their top
+// (`#![allow(unsafe_code)]` with the contract that makes it sound): `model/mem.rs` (the
+// `MemoryRegion` contract and the slice views it promises), the INPROC and fault-injection
+// backends' copies and the integrity hash's callers (ranges inside registrations the request
+// holds). Anything else fails to compile.
+#![deny(unsafe_code)]
 
 // One folder per concern: `agent` (the agent's operations), `model` (descriptors, memory,
 // requests, errors), `backend` (the backend-author API), `wire` (the peers' byte formats),
@@ -70,6 +76,8 @@ mod exchange;
 mod model;
 #[cfg(test)]
 mod scale_tests;
+#[allow(unsafe_code)]
+mod sys;
 /// The bytes peers exchange, for fuzzing and for tests that play a hostile peer: the metadata
 /// codec, the side channel's frames, authentication seals and integrity frames. Not a stable
 /// API.

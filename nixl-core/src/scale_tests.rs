@@ -3,6 +3,9 @@
 //! 1,024), a block-table request's with its layers and ids (never with its blocks), and
 //! registration's must stay flat over time.
 
+// Exception to the crate's `deny(unsafe_code)`: tests build raw regions over their own buffers.
+#![allow(unsafe_code)]
+
 use std::sync::Arc;
 
 use crate::mem::RawRegion;

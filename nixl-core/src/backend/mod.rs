@@ -32,6 +32,11 @@ pub use crate::hello::{
 pub use crate::limits::NOTIF_OVERHEAD;
 pub use crate::liveness::{PeerProcess, ProcessId};
 pub use crate::mem::{RawRegion, PAGE_SIZE};
+/// Host memory reached by bounded copies: [`Span`](host::Span), the one copy helper every host
+/// buffer type uses (nixl-core's `HostBuffer`, nixl-mem's `HostMemory` types).
+pub mod host {
+    pub use crate::sys::host::Span;
+}
 pub use crate::tiles::MAX_TILE_ROWS;
 
 /// The bundled in-process backend: a pure-Rust transport between agents of one process, for

@@ -6,9 +6,12 @@
 //! transfer. [`HostBuffer`] is the plain page-aligned host buffer; `nixl-mem` adds pinned,
 //! huge-page and device memory.
 
-use std::alloc::{self, Layout};
+// Exception to the crate's `deny(unsafe_code)`: the `MemoryRegion` contract (an unsafe trait
+// and its impls) and `HostBuffer`'s slice views, whose callers promise what `sys::host::Alloc`
+// needs.
+#![allow(unsafe_code)]
+
 use std::fmt;
-use std::ptr::NonNull;
 
 /// The kind of memory or storage a descriptor names (NIXL's `nixl_mem_t`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -141,15 +144,8 @@ pub unsafe trait MemoryRegion: Send + Sync + 'static {
 /// long-lived references; the `unsafe` slice views are for code that knows no transfer is in
 /// flight.
 pub struct HostBuffer {
-    ptr: NonNull<u8>,
-    layout: Layout,
+    alloc: crate::sys::host::Alloc,
 }
-
-// SAFETY: the buffer is plain memory owned by this value; all access goes through raw pointers
-// (copies), so sharing it between threads is as sound as sharing it with a NIC.
-unsafe impl Send for HostBuffer {}
-// SAFETY: as above; no method hands out a shared `&[u8]` without an `unsafe` contract.
-unsafe impl Sync for HostBuffer {}
 
 /// The page size used to align host buffers.
 pub const PAGE_SIZE: usize = 4096;
@@ -163,18 +159,12 @@ impl HostBuffer {
 
     /// Allocates `len` zeroed bytes with the given power-of-two alignment.
     pub fn with_alignment(len: usize, align: usize) -> Option<Self> {
-        if len == 0 {
-            return None;
-        }
-        let layout = Layout::from_size_align(len, align).ok()?;
-        // SAFETY: the layout has a non-zero size.
-        let raw = unsafe { alloc::alloc_zeroed(layout) };
-        NonNull::new(raw).map(|ptr| HostBuffer { ptr, layout })
+        crate::sys::host::Alloc::zeroed(len, align).map(|alloc| HostBuffer { alloc })
     }
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.layout.size()
+        self.alloc.len()
     }
 
     /// Always false: a buffer has at least one byte.
@@ -184,49 +174,28 @@ impl HostBuffer {
 
     /// The start address.
     pub fn addr(&self) -> u64 {
-        self.ptr.as_ptr() as u64
+        self.alloc.ptr().as_ptr() as u64
     }
 
     /// The start pointer.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.alloc.ptr().as_ptr()
+    }
+
+    /// The buffer as a [`Span`](crate::backend::host::Span), for bounded copies.
+    pub fn span(&self) -> crate::sys::host::Span<'_> {
+        self.alloc.span()
     }
 
     /// Copies `src` into the buffer at `offset`. Returns false (and copies nothing) when it
     /// does not fit.
     pub fn write_at(&self, offset: usize, src: &[u8]) -> bool {
-        match offset.checked_add(src.len()) {
-            Some(end) if end <= self.len() => {
-                // SAFETY: the range is inside the allocation; `src` is a distinct Rust slice.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        src.as_ptr(),
-                        self.as_ptr().add(offset),
-                        src.len(),
-                    )
-                };
-                true
-            }
-            _ => false,
-        }
+        self.span().write_at(offset, src)
     }
 
     /// Copies bytes at `offset` into `dst`. Returns false (and copies nothing) when out of range.
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> bool {
-        match offset.checked_add(dst.len()) {
-            Some(end) if end <= self.len() => {
-                // SAFETY: the range is inside the allocation; `dst` is a distinct Rust slice.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        self.as_ptr().add(offset),
-                        dst.as_mut_ptr(),
-                        dst.len(),
-                    )
-                };
-                true
-            }
-            _ => false,
-        }
+        self.span().read_at(offset, dst)
     }
 
     /// Copies the whole buffer out.
@@ -238,8 +207,7 @@ impl HostBuffer {
 
     /// Sets every byte to `byte`.
     pub fn fill(&self, byte: u8) {
-        // SAFETY: the whole allocation is writable.
-        unsafe { std::ptr::write_bytes(self.as_ptr(), byte, self.len()) };
+        self.span().fill(byte)
     }
 
     /// Fills the buffer with a deterministic pattern derived from `seed` (for tests/examples).
@@ -267,8 +235,8 @@ impl HostBuffer {
     ///
     /// No transfer or peer may write the buffer while the slice lives.
     pub unsafe fn as_slice(&self) -> &[u8] {
-        // SAFETY: the allocation is valid and initialised; the caller excludes writers.
-        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len()) }
+        // SAFETY: the caller excludes writers (this function's contract is `Alloc::as_slice`'s).
+        unsafe { self.alloc.as_slice() }
     }
 
     /// Views the buffer as a mutable slice.
@@ -279,15 +247,8 @@ impl HostBuffer {
     /// view may exist.
     #[allow(clippy::mut_from_ref)]
     pub unsafe fn as_mut_slice(&self) -> &mut [u8] {
-        // SAFETY: the allocation is valid and initialised; the caller excludes other access.
-        unsafe { std::slice::from_raw_parts_mut(self.as_ptr(), self.len()) }
-    }
-}
-
-impl Drop for HostBuffer {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `with_alignment` with this layout, freed once.
-        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+        // SAFETY: the caller excludes every other access (`Alloc::as_mut_slice`'s contract).
+        unsafe { self.alloc.as_mut_slice() }
     }
 }
 

@@ -6,8 +6,6 @@
 //! range lies inside its own DRAM registrations before reading it, so a hostile frame cannot make
 //! it read memory it does not own.
 
-use xxhash_rust::xxh3::Xxh3;
-
 use crate::bytes::{ByteReader, ByteWriter};
 use crate::error::DecodeError;
 
@@ -67,20 +65,7 @@ impl Frame {
     }
 }
 
-/// Hashes host memory ranges in order.
-///
-/// # Safety
-///
-/// Every `(addr, len)` must be readable host memory for the duration of the call.
-pub(crate) unsafe fn hash_ranges(ranges: impl IntoIterator<Item = (u64, u64)>) -> u64 {
-    let mut h = Xxh3::new();
-    for (addr, len) in ranges {
-        // SAFETY: the caller guarantees the range is readable.
-        let s = unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) };
-        h.update(s);
-    }
-    h.digest()
-}
+pub(crate) use crate::sys::host::hash_ranges;
 
 #[cfg(test)]
 mod tests {

@@ -6,6 +6,8 @@ use std::ffi::CStr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 
+use nixl_core::backend::host::Span;
+
 /// Memory the bounded copies of this module may reach.
 ///
 /// # Safety
@@ -119,39 +121,28 @@ pub(crate) fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> std::io::Result
     usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
 }
 
+/// `m` as nixl-core's [`Span`], whose bounded copies are the one host-copy helper.
+fn span<M: RawSpan + ?Sized>(m: &M) -> Span<'_> {
+    let (ptr, len) = match NonNull::new(m.span_ptr()) {
+        Some(p) => (p, m.span_len()),
+        None => (NonNull::dangling(), 0),
+    };
+    // SAFETY: `RawSpan`'s contract: the range is valid and writable while `m` lives, and the
+    // span borrows `m` (a null pointer, which no `HostMemory` has, gives an empty span).
+    unsafe { Span::new(ptr, len) }
+}
+
 /// Copies `src` into `m` at `offset`; false (nothing copied) when out of range.
 pub(crate) fn write_at<M: RawSpan + ?Sized>(m: &M, offset: usize, src: &[u8]) -> bool {
-    match offset.checked_add(src.len()) {
-        Some(end) if end <= m.span_len() => {
-            // SAFETY: in range of memory the `RawSpan` contract keeps valid and writable;
-            // `src` is a distinct shared slice (a `&[u8]` cannot alias memory reached only by
-            // raw pointers under that contract).
-            unsafe {
-                std::ptr::copy_nonoverlapping(src.as_ptr(), m.span_ptr().add(offset), src.len())
-            };
-            true
-        }
-        _ => false,
-    }
+    span(m).write_at(offset, src)
 }
 
 /// Copies out of `m` at `offset` into `dst`; false (nothing copied) when out of range.
 pub(crate) fn read_at<M: RawSpan + ?Sized>(m: &M, offset: usize, dst: &mut [u8]) -> bool {
-    match offset.checked_add(dst.len()) {
-        Some(end) if end <= m.span_len() => {
-            // SAFETY: in range of valid memory (the `RawSpan` contract); `dst` is a distinct
-            // exclusive slice.
-            unsafe {
-                std::ptr::copy_nonoverlapping(m.span_ptr().add(offset), dst.as_mut_ptr(), dst.len())
-            };
-            true
-        }
-        _ => false,
-    }
+    span(m).read_at(offset, dst)
 }
 
 /// Sets every byte of `m`.
 pub(crate) fn fill<M: RawSpan + ?Sized>(m: &M, byte: u8) {
-    // SAFETY: the whole range is valid and writable (the `RawSpan` contract).
-    unsafe { std::ptr::write_bytes(m.span_ptr(), byte, m.span_len()) };
+    span(m).fill(byte)
 }

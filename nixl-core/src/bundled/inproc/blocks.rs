@@ -4,6 +4,10 @@
 //! tests compare against, and a permute for single-process pipelines), so nothing is stored
 //! per block and the target's regions are checked once per layer.
 
+// Exception to the crate's `deny(unsafe_code)`: INPROC's block and tile copies by address,
+// inside registrations the request holds (SAFETY at the copy).
+#![allow(unsafe_code)]
+
 use std::sync::Weak;
 
 use super::{Endpoint, InprocBackend, LocalMd, TargetMd};

@@ -91,7 +91,8 @@ fn cuda_ipc_future_is_woken_after_the_copies() {
 
 /// The initiator's GPU waits for the request on the GPU: a stream gated on the request
 /// (`nixl_mem::cuda_ipc::gate_stream`) finishes only after the copies, so work queued on it reads
-/// the landed bytes; the CPU never waits for the request first.
+/// the landed bytes; the CPU never waits for the request first. The same with the typed event's
+/// raw `CUevent` handed to `cuStreamWaitEvent` directly (an application's own CUDA code).
 #[test]
 fn a_gpu_stream_gated_on_the_request_runs_after_its_copies() {
     if !gpu("a_gpu_stream_gated_on_the_request_runs_after_its_copies") {
@@ -118,7 +119,24 @@ fn a_gpu_stream_gated_on_the_request_runs_after_its_copies() {
         src.fill(byte).unwrap();
         dst.fill(0).unwrap();
         a.post_xfer_req(&req).unwrap();
-        nixl_mem::cuda_ipc::gate_stream(&req, &stream).unwrap();
+        if round == 1 {
+            // The typed event, as an application's own CUDA code takes it: the raw `CUevent`.
+            let ev = req.device_event().expect("a CUDA_IPC request has a device event");
+            assert_eq!(ev.api(), nixl_core::backend::DeviceApi::Cuda);
+            assert_eq!(ev.device(), 0);
+            assert_ne!(ev.raw(), 0);
+            // SAFETY: a live stream and a live event (`ev` keeps it) of this process.
+            let rc = unsafe {
+                cudarc::driver::sys::cuStreamWaitEvent(
+                    stream.cu_stream(),
+                    ev.raw() as cudarc::driver::sys::CUevent,
+                    0,
+                )
+            };
+            assert_eq!(rc, cudarc::driver::sys::CUresult::CUDA_SUCCESS);
+        } else {
+            nixl_mem::cuda_ipc::gate_stream(&req, &stream).unwrap();
+        }
         stream.synchronize().unwrap();
         // Read the tail at once, without waiting on the request.
         let mut tail = [0u8; 4096];
@@ -144,6 +162,7 @@ fn a_gpu_stream_gated_on_the_request_runs_after_its_copies() {
     let hr = h
         .create_xfer_req(XferOp::Write, &d, &d2, h.name(), XferOptions::default())
         .unwrap();
+    assert!(hr.device_event().is_none(), "INPROC has no device event");
     assert_eq!(
         nixl_mem::cuda_ipc::gate_stream(&hr, &stream)
             .unwrap_err()

@@ -600,10 +600,11 @@ impl XferReq {
         }
     }
 
-    /// The backend's handle for waiting on this request outside the agent, where it has one
-    /// (CUDA_IPC: its CUDA event; `nixl_mem::cuda_ipc::gate_stream` makes a GPU stream wait on
-    /// it). Backend-specific; `None` for most.
-    pub fn device_event(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+    /// The GPU event a stream can wait on for this request's latest post, where its backend
+    /// has one (CUDA_IPC: its CUDA event, by device and raw handle;
+    /// `nixl_mem::cuda_ipc::gate_stream` makes a cudarc stream wait on it). `None` for the
+    /// other backends.
+    pub fn device_event(&self) -> Option<crate::backend::DeviceEvent> {
         self.state.lock().xfer.device_event()
     }
 

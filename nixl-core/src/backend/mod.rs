@@ -139,6 +139,70 @@ pub enum CostMethod {
     Measured,
 }
 
+/// The device API a [`DeviceEvent`] belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeviceApi {
+    /// A CUDA driver event (`CUevent`).
+    Cuda,
+}
+
+/// What a GPU stream can wait on for a request's latest post ([`crate::XferReq::device_event`]):
+/// the API, the device and the raw event handle, for an application's own CUDA code
+/// (`cuStreamWaitEvent(stream, raw, 0)`, or torch's `torch.cuda.Event` from the handle), and
+/// the backend's own object behind it (which keeps the handle alive while this value lives).
+#[derive(Clone)]
+pub struct DeviceEvent {
+    api: DeviceApi,
+    device: u32,
+    raw: u64,
+    owner: Arc<dyn Any + Send + Sync>,
+}
+
+impl DeviceEvent {
+    /// A CUDA event: its device ordinal, its `CUevent` as an integer, and the object that
+    /// owns it (kept alive with this value; the backend downcasts it with
+    /// [`DeviceEvent::owner`]).
+    pub fn cuda(device: u32, raw: u64, owner: Arc<dyn Any + Send + Sync>) -> DeviceEvent {
+        DeviceEvent {
+            api: DeviceApi::Cuda,
+            device,
+            raw,
+            owner,
+        }
+    }
+
+    /// The device API.
+    pub fn api(&self) -> DeviceApi {
+        self.api
+    }
+
+    /// The device ordinal.
+    pub fn device(&self) -> u32 {
+        self.device
+    }
+
+    /// The raw event handle (CUDA: the `CUevent`), valid while this value lives.
+    pub fn raw(&self) -> u64 {
+        self.raw
+    }
+
+    /// The backend's object behind the event, for the backend's own helpers to downcast.
+    pub fn owner(&self) -> &(dyn Any + Send + Sync) {
+        &*self.owner
+    }
+}
+
+impl std::fmt::Debug for DeviceEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceEvent")
+            .field("api", &self.api)
+            .field("device", &self.device)
+            .field("raw", &format_args!("{:#x}", self.raw))
+            .finish()
+    }
+}
+
 /// A prepared transfer inside a backend. Created by [`Backend::prepare_xfer`], owned by the
 /// agent's request.
 pub trait BackendXfer: Send {
@@ -168,9 +232,9 @@ pub trait BackendXfer: Send {
     fn path(&self) -> Option<String> {
         None
     }
-    /// A backend-specific handle the application can wait on outside the agent (CUDA_IPC: the
-    /// request's CUDA event, for a GPU stream to wait on); `None` by default.
-    fn device_event(&self) -> Option<std::sync::Arc<dyn Any + Send + Sync>> {
+    /// The GPU event the application can make its streams wait on for the latest post
+    /// (CUDA_IPC: the request's CUDA event); `None` by default.
+    fn device_event(&self) -> Option<DeviceEvent> {
         None
     }
     /// How much each post adds to every layer's arrival counter, for a request made with

@@ -779,7 +779,7 @@ pub fn gate_stream(
         )
     };
     let ev = req.device_event().ok_or_else(not)?;
-    let ev = ev.downcast_ref::<RequestEvent>().ok_or_else(not)?;
+    let ev = ev.owner().downcast_ref::<RequestEvent>().ok_or_else(not)?;
     ev.0.gate(stream)
         .map_err(|e| crate::cuda::to_error("", nixl_core::Op::Wait, e))
 }

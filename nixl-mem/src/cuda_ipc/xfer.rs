@@ -540,8 +540,13 @@ impl BackendXfer for CudaIpcXfer {
             self.device
         ))
     }
-    fn device_event(&self) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
-        Some(Arc::new(RequestEvent(self.lane.event.clone())))
+    fn device_event(&self) -> Option<nixl_core::backend::DeviceEvent> {
+        let ev = &self.lane.event;
+        Some(nixl_core::backend::DeviceEvent::cuda(
+            self.device as u32,
+            ev.raw_handle(),
+            Arc::new(RequestEvent(ev.clone())),
+        ))
     }
 
     fn arrival_per_post(&self) -> Option<u64> {

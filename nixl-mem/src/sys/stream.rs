@@ -126,6 +126,12 @@ impl Event {
         Ok(Event { ctx, raw })
     }
 
+    /// The `CUevent` as an integer (for an application's own CUDA calls), valid while this
+    /// value lives.
+    pub(crate) fn raw_handle(&self) -> u64 {
+        self.raw as u64
+    }
+
     /// Captures the work queued on `stream` so far.
     /// Makes the work queued on `stream` after this call wait (on the GPU) for the work this
     /// event's latest record captured (`cuStreamWaitEvent`). Both must be of contexts the

@@ -67,11 +67,12 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nixl::access::{Auth, Credential};
 use nixl::mem::{CudaIpcParams, DeviceBuffer};
 use nixl::ucx::UcxParams;
 use nixl::{
-    Agent, AgentConfig, Auth, Credential, Desc, HostBuffer, MemKind, PreparedList, XferDescList,
-    XferOp, XferOptions, XferTarget,
+    Agent, AgentConfig, Desc, HostBuffer, MemKind, PreparedList, XferDescList, XferOp, XferOptions,
+    XferTarget,
 };
 
 #[path = "disagg_kv/hosts.rs"]
@@ -333,13 +334,21 @@ fn parse() -> Res<Opts> {
     };
     let auth = c.auth;
     if auth {
-        o.cred = Some(match std::env::var_os(nixl::core::Credential::ENV) {
-            Some(_) => Credential::from_env()?,
-            None if o.role == "prefill" && !o.external_decode => Credential::generate("disagg-kv")?,
-            None => {
-                return Err(format!("--auth: {} is not set", nixl::core::Credential::ENV).into())
-            }
-        });
+        o.cred = Some(
+            match std::env::var_os(nixl::core::access::Credential::ENV) {
+                Some(_) => Credential::from_env()?,
+                None if o.role == "prefill" && !o.external_decode => {
+                    Credential::generate("disagg-kv")?
+                }
+                None => {
+                    return Err(format!(
+                        "--auth: {} is not set",
+                        nixl::core::access::Credential::ENV
+                    )
+                    .into())
+                }
+            },
+        );
     }
     if o.layers == 0 || o.blocks == 0 || o.block_bytes == 0 || o.per_request == 0 || o.requests == 0
     {
@@ -675,7 +684,7 @@ fn prefill(o: &Opts, ctl: Option<&hosts::Control>) -> Res<()> {
     cmd.args(&args).stdin(Stdio::null());
     if let Some(c) = &o.cred {
         // The secret goes through the environment, not the command line (`ps` shows that).
-        cmd.env(nixl::core::Credential::ENV, c.export());
+        cmd.env(nixl::core::access::Credential::ENV, c.export());
     }
     let mut child = cmd.spawn()?;
     let r = prefill_run(o, &n);

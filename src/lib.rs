@@ -8,17 +8,54 @@
 
 pub use nixl_core as core;
 pub use nixl_core::access;
+pub use nixl_core::completion;
 pub use nixl_core::kv;
 pub use nixl_core::leases;
 pub use nixl_core::nixl_wire;
+pub use nixl_core::telemetry;
 pub use nixl_core::tiles;
 pub use nixl_core::{
-    Agent, AgentConfig, ArrivalCounters, Auth, Credential, Desc, Error, ErrorKind, FetchFuture,
-    FetchPolicy, HostBuffer, LeaseId, LeaseState, Limits, MemKind, MemoryRegion, NotifStream,
-    Notification, Notifs, PreparedList, QuiescenceFuture, RegionDesc, Registration, Result,
-    StridedDesc, StridedDescList, XferDescList, XferFuture, XferOp, XferOptions, XferReq,
-    XferState, XferTarget,
+    Agent, AgentConfig, ArrivalCounters, Desc, Error, ErrorKind, HostBuffer, Limits, MemKind,
+    MemoryRegion, Notifs, PreparedList, RegionDesc, Registration, Result, StridedDesc,
+    StridedDescList, XferDescList, XferOp, XferOptions, XferReq, XferState, XferTarget,
 };
+
+/// Names that moved off this crate's root in 0.1.0 (kept for one release; each says where).
+#[allow(missing_docs)]
+mod moved {
+    #[deprecated(since = "0.1.0", note = "moved to nixl::access::Auth")]
+    #[doc(hidden)]
+    pub type Auth = nixl_core::access::Auth;
+    #[deprecated(since = "0.1.0", note = "moved to nixl::access::Credential")]
+    #[doc(hidden)]
+    pub type Credential = nixl_core::access::Credential;
+    #[deprecated(since = "0.1.0", note = "moved to nixl::access::FetchPolicy")]
+    #[doc(hidden)]
+    pub type FetchPolicy = nixl_core::access::FetchPolicy;
+    #[deprecated(since = "0.1.0", note = "moved to nixl::leases::LeaseId")]
+    #[doc(hidden)]
+    pub type LeaseId = nixl_core::leases::LeaseId;
+    #[deprecated(since = "0.1.0", note = "moved to nixl::leases::LeaseState")]
+    #[doc(hidden)]
+    pub type LeaseState = nixl_core::leases::LeaseState;
+    #[deprecated(since = "0.1.0", note = "moved to nixl::completion::FetchFuture")]
+    #[doc(hidden)]
+    pub type FetchFuture = nixl_core::completion::FetchFuture;
+    #[deprecated(since = "0.1.0", note = "moved to nixl::completion::NotifStream")]
+    #[doc(hidden)]
+    pub type NotifStream = nixl_core::completion::NotifStream;
+    #[deprecated(since = "0.1.0", note = "moved to nixl::completion::Notification")]
+    #[doc(hidden)]
+    pub type Notification = nixl_core::completion::Notification;
+    #[deprecated(since = "0.1.0", note = "moved to nixl::completion::QuiescenceFuture")]
+    #[doc(hidden)]
+    pub type QuiescenceFuture<'a> = nixl_core::completion::QuiescenceFuture<'a>;
+    #[deprecated(since = "0.1.0", note = "moved to nixl::completion::XferFuture")]
+    #[doc(hidden)]
+    pub type XferFuture<R> = nixl_core::completion::XferFuture<R>;
+}
+#[allow(deprecated)]
+pub use moved::*;
 pub use nixl_mem as mem;
 
 /// The UCX backend (feature `ucx`).

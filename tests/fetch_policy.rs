@@ -8,7 +8,8 @@
 
 use std::time::Duration;
 
-use nixl::{Agent, AgentConfig, FetchPolicy};
+use nixl::access::FetchPolicy;
+use nixl::{Agent, AgentConfig};
 use nixl_testkit::two_process::{child_main, Child};
 
 const CHILD: &str = "fetcher_role";

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hostile::{agent, unique, Victim, VictimSpec};
+use nixl::access::Credential;
 use nixl::core::wire::codec::AgentMetadata;
 use nixl::core::wire::sidechannel::frame::{
     decode, encode_invalidate, encode_plain, encode_signed_request, Kind,
@@ -18,7 +19,7 @@ use nixl::core::wire::sidechannel::frame::{
 use nixl::core::wire::sidechannel::read_frame;
 use nixl::core::{ErrorKind, RegionDesc};
 use nixl::ucx::{fuzzing, probe, UcxParams};
-use nixl::{Agent, Credential, HostBuffer, MemKind};
+use nixl::{Agent, HostBuffer, MemKind};
 use nixl_testkit::{signal, skip, Dep};
 
 const CHILD: &str = "victim_role";

@@ -7,9 +7,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nixl::access::{Auth, Credential};
+use nixl::leases::{LeaseId, LeaseState};
 use nixl::{
-    Agent, AgentConfig, Auth, Credential, Desc, ErrorKind, HostBuffer, LeaseId, LeaseState,
-    MemKind, XferDescList, XferOp, XferOptions,
+    Agent, AgentConfig, Desc, ErrorKind, HostBuffer, MemKind, XferDescList, XferOp, XferOptions,
 };
 use nixl_testkit::two_process::{child_main, Child};
 use nixl_testkit::ucx::{params, ucx_or_skip, TCP};

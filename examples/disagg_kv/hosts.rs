@@ -170,7 +170,7 @@ pub(crate) fn run(o: &Opts) -> Res<()> {
     ]);
     let with_cred = |mut c: Command| {
         if let Some(cr) = &o.cred {
-            c.env(nixl::core::Credential::ENV, cr.export());
+            c.env(nixl::core::access::Credential::ENV, cr.export());
         }
         c
     };

@@ -58,7 +58,7 @@ fn libfabric_tcp_future_is_woken_by_the_progress_thread() {
     assert!(dst.to_vec().iter().all(|&x| x == 0x3C));
     assert!(polls <= 5, "{polls} polls in {took:?}");
     let (item, _) = block_on(next(&mut stream));
-    let nixl_core::Notification {
+    let nixl_core::completion::Notification {
         from, message: msg, ..
     } = item.expect("a notification").unwrap();
     assert_eq!((from.as_str(), msg.as_slice()), (a.name(), &b"fi-done"[..]));

@@ -57,7 +57,7 @@ fn ucx_tcp_future_is_woken_by_the_completion_callback() {
     // other completions of the agent wake it).
     assert!(polls <= 5, "{polls} polls in {took:?}");
     let (item, _) = block_on(next(&mut stream));
-    let nixl_core::Notification {
+    let nixl_core::completion::Notification {
         from, message: msg, ..
     } = item.expect("a notification").unwrap();
     assert_eq!((from.as_str(), msg.as_slice()), (a.name(), &b"done"[..]));

@@ -94,9 +94,7 @@ use agent::request as xfer;
 use backend::{bytes, hello, params};
 use bundled::{deferred, fault, inproc};
 use exchange::{liveness, sidechannel};
-use model::{
-    arrival, desc, error, index, lease, limits, mem, notif, spec, strided, telemetry, wake,
-};
+use model::{arrival, desc, error, index, lease, limits, mem, notif, spec, strided, wake};
 use wire::{auth, codec, integrity};
 
 // The paved path: what an application names. Backend authors' types are in [`backend`] (the
@@ -104,12 +102,8 @@ use wire::{auth, codec, integrity};
 pub use agent::prep::PreparedList;
 pub use agent::registration::Registration;
 pub use agent::remote::MetadataSelection;
-pub use agent::{
-    Agent, AgentConfig, BackendHandle, FetchFuture, FetchPolicy, LeaseId, LeaseState, NotifStream,
-    Notification, QuiescenceFuture, XferFuture,
-};
+pub use agent::{Agent, AgentConfig, BackendHandle};
 pub use arrival::ArrivalCounters;
-pub use auth::{Auth, Credential};
 pub use backend::XferState;
 pub use codec::AgentMetadata;
 pub use desc::{Desc, XferDescList, XferOp};
@@ -129,7 +123,6 @@ pub use limits::{Limits, ListenerLimits};
 pub use mem::{HostBuffer, MemKind, MemoryRegion, RegionDesc};
 pub use notif::Notifs;
 pub use strided::{StridedDesc, StridedDescList};
-pub use telemetry::{TelemetrySnapshot, XferTelemetry};
 
 /// Tiles: block-table transfers whose rows are rearranged on the way
 /// ([`Agent::make_tile_xfer`]; a whole block is the identity tile).
@@ -138,11 +131,29 @@ pub mod tiles {
 }
 pub use xfer::{UncertainXfer, XferOptions, XferReq, XferTarget};
 
-/// Who learns the keys to this agent's memory: [`FetchPolicy`] (who may
-/// FETCH its metadata at all) and [`Share`](access::Share) (which peers get a labeled
-/// registration's keys). See `docs/security.md`.
+/// Who learns the keys to this agent's memory: [`FetchPolicy`](access::FetchPolicy) (who may
+/// FETCH its metadata at all), [`Share`](access::Share) (which peers get a labeled
+/// registration's keys), and the cluster credential that authenticates peers
+/// ([`Auth`](access::Auth), [`Credential`](access::Credential)). See `docs/security.md`.
 pub mod access {
     pub use crate::agent::{FetchPolicy, Share};
+    pub use crate::auth::{Auth, Credential};
+}
+
+/// Completion without polling: a request's [`XferFuture`](completion::XferFuture) and
+/// [`QuiescenceFuture`](completion::QuiescenceFuture), a metadata fetch's
+/// [`FetchFuture`](completion::FetchFuture), and the [`NotifStream`](completion::NotifStream)
+/// of [`Notification`](completion::Notification)s. Woken by the backends; any executor (or
+/// none: `futures::executor::block_on`) drives them.
+pub mod completion {
+    pub use crate::agent::{FetchFuture, NotifStream, Notification, QuiescenceFuture, XferFuture};
+}
+
+/// What an agent counted (`AgentConfig::telemetry`): [`TelemetrySnapshot`](telemetry::TelemetrySnapshot)
+/// of the agent, [`XferTelemetry`](telemetry::XferTelemetry) of one request.
+pub mod telemetry {
+    pub(crate) use crate::model::telemetry::{env_enabled, Counters};
+    pub use crate::model::telemetry::{TelemetrySnapshot, XferTelemetry};
 }
 
 /// Leases on published blocks (see [`Agent::publish_lease`]): the owner's [`LeaseId`] and
@@ -263,9 +274,51 @@ mod moved {
     #[deprecated(since = "0.1.0", note = "moved to nixl_core::backend::NOTIF_OVERHEAD")]
     #[doc(hidden)]
     pub const NOTIF_OVERHEAD: usize = crate::backend::NOTIF_OVERHEAD;
-    #[deprecated(since = "0.1.0", note = "now nixl_core::Credential::ENV")]
+    #[deprecated(since = "0.1.0", note = "now nixl_core::access::Credential::ENV")]
     #[doc(hidden)]
-    pub const ENV_CREDENTIAL: &str = crate::Credential::ENV;
+    pub const ENV_CREDENTIAL: &str = crate::access::Credential::ENV;
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::leases::LeaseId")]
+    #[doc(hidden)]
+    pub type LeaseId = crate::leases::LeaseId;
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::leases::LeaseState")]
+    #[doc(hidden)]
+    pub type LeaseState = crate::leases::LeaseState;
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::access::Auth")]
+    #[doc(hidden)]
+    pub type Auth = crate::access::Auth;
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::access::Credential")]
+    #[doc(hidden)]
+    pub type Credential = crate::access::Credential;
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::access::FetchPolicy")]
+    #[doc(hidden)]
+    pub type FetchPolicy = crate::access::FetchPolicy;
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::completion::FetchFuture")]
+    #[doc(hidden)]
+    pub type FetchFuture = crate::completion::FetchFuture;
+    #[deprecated(
+        since = "0.1.0",
+        note = "moved to nixl_core::completion::QuiescenceFuture"
+    )]
+    #[doc(hidden)]
+    pub type QuiescenceFuture<'a> = crate::completion::QuiescenceFuture<'a>;
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::completion::XferFuture")]
+    #[doc(hidden)]
+    pub type XferFuture<R> = crate::completion::XferFuture<R>;
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::completion::NotifStream")]
+    #[doc(hidden)]
+    pub type NotifStream = crate::completion::NotifStream;
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::completion::Notification")]
+    #[doc(hidden)]
+    pub type Notification = crate::completion::Notification;
+    #[deprecated(
+        since = "0.1.0",
+        note = "moved to nixl_core::telemetry::TelemetrySnapshot"
+    )]
+    #[doc(hidden)]
+    pub type TelemetrySnapshot = crate::telemetry::TelemetrySnapshot;
+    #[deprecated(since = "0.1.0", note = "moved to nixl_core::telemetry::XferTelemetry")]
+    #[doc(hidden)]
+    pub type XferTelemetry = crate::telemetry::XferTelemetry;
 }
 #[allow(deprecated)]
 pub use moved::*;

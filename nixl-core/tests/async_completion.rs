@@ -217,7 +217,7 @@ fn notifications_stream_in_order_woken_by_arrival() {
     for i in 0..100u32 {
         let (item, polls) = block_on(next(&mut stream));
         polls_total += polls;
-        let nixl_core::Notification {
+        let nixl_core::completion::Notification {
             from, message: msg, ..
         } = item.unwrap().unwrap();
         assert_eq!(from, p.a.name());

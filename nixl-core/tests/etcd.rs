@@ -672,11 +672,11 @@ fn fetch_all_loads_every_peer_in_pages_and_reports_bad_entries() {
 }
 
 /// An agent with a credential.
-fn signed_peer(name: &str, cred: &nixl_core::Credential, blocks: usize) -> Peer {
+fn signed_peer(name: &str, cred: &nixl_core::access::Credential, blocks: usize) -> Peer {
     let agent = Agent::new(
         name,
         AgentConfig {
-            auth: Some(nixl_core::Auth::new(cred.clone())),
+            auth: Some(nixl_core::access::Auth::new(cred.clone())),
             ..AgentConfig::default()
         },
     )
@@ -698,7 +698,7 @@ fn signed_peer(name: &str, cred: &nixl_core::Credential, blocks: usize) -> Peer 
 #[test]
 fn authenticated_exchange_through_etcd() {
     let Some(etcd) = server() else { return };
-    let cred = nixl_core::Credential::generate("cluster").unwrap();
+    let cred = nixl_core::access::Credential::generate("cluster").unwrap();
     let (a, b) = (signed_peer("a", &cred, 1), signed_peer("b", &cred, 4));
     let xa = EtcdExchange::new(&a.agent, &config(&etcd)).unwrap();
     let xb = EtcdExchange::new(&b.agent, &config(&etcd)).unwrap();
@@ -713,7 +713,11 @@ fn authenticated_exchange_through_etcd() {
     let key = xa.key("b", DEFAULT_LABEL);
     let intruder = peer("b", 1);
     raw_put(&etcd, &key, intruder.agent.local_metadata().unwrap(), None);
-    let other = signed_peer("b", &nixl_core::Credential::generate("cluster").unwrap(), 1);
+    let other = signed_peer(
+        "b",
+        &nixl_core::access::Credential::generate("cluster").unwrap(),
+        1,
+    );
     raw_put(&etcd, &key, other.agent.local_metadata().unwrap(), None);
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(

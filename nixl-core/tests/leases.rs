@@ -6,9 +6,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nixl_core::leases::{LeaseId, LeaseState};
 use nixl_core::{
-    Agent, AgentConfig, Desc, ErrorKind, HostBuffer, InprocParams, LeaseId, LeaseState, MemKind,
-    Registration, XferDescList, XferOp, XferOptions, XferReq,
+    Agent, AgentConfig, Desc, ErrorKind, HostBuffer, InprocParams, MemKind, Registration,
+    XferDescList, XferOp, XferOptions, XferReq,
 };
 
 const LEN: usize = 1 << 14;

@@ -9,11 +9,10 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nixl_core::access::{Auth, Credential};
 use nixl_core::wire::sidechannel::frame::{decode, encode_plain, encode_signed_request, Kind};
 use nixl_core::wire::sidechannel::read_frame;
-use nixl_core::{
-    Agent, AgentConfig, Auth, Credential, ErrorKind, InprocParams, Limits, ListenerLimits,
-};
+use nixl_core::{Agent, AgentConfig, ErrorKind, InprocParams, Limits, ListenerLimits};
 use nixl_testkit::{registered, unique};
 
 fn config(auth: Option<&Credential>) -> AgentConfig {
@@ -415,7 +414,7 @@ fn a_fetch_policy_serves_loaded_peers_only() {
         .iter()
         .map(|id| Credential::generate(id).unwrap())
         .collect();
-    let cfg = |own: &Credential, policy: nixl_core::FetchPolicy| {
+    let cfg = |own: &Credential, policy: nixl_core::access::FetchPolicy| {
         let mut auth = Auth::new(own.clone());
         auth.trusted = creds
             .iter()
@@ -430,7 +429,7 @@ fn a_fetch_policy_serves_loaded_peers_only() {
             ..AgentConfig::default()
         }
     };
-    use nixl_core::FetchPolicy::{Anyone, LoadedPeers};
+    use nixl_core::access::FetchPolicy::{Anyone, LoadedPeers};
     let victim = agent("policy-victim", cfg(&creds[0], LoadedPeers));
     let (_m, _r) = registered(&victim, 4096);
     let loaded = agent("policy-loaded", cfg(&creds[1], Anyone));

@@ -121,7 +121,9 @@ fn a_gpu_stream_gated_on_the_request_runs_after_its_copies() {
         a.post_xfer_req(&req).unwrap();
         if round == 1 {
             // The typed event, as an application's own CUDA code takes it: the raw `CUevent`.
-            let ev = req.device_event().expect("a CUDA_IPC request has a device event");
+            let ev = req
+                .device_event()
+                .expect("a CUDA_IPC request has a device event");
             assert_eq!(ev.api(), nixl_core::backend::DeviceApi::Cuda);
             assert_eq!(ev.device(), 0);
             assert_ne!(ev.raw(), 0);

@@ -22,7 +22,6 @@ mod spec;
 pub(crate) mod succession;
 mod xfer;
 
-pub use crate::lease::{LeaseId, LeaseState};
 pub use future::{NotifStream, Notification, QuiescenceFuture, XferFuture};
 pub use sidechannel::FetchFuture;
 

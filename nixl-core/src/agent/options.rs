@@ -42,7 +42,7 @@ pub struct XferOptions {
     /// A lease this agent holds on the remote agent's blocks ([`Agent::acquire_lease`](crate::Agent::acquire_lease)):
     /// the request is refused, and every later post, with [`Error::LeaseExpired`](crate::Error::LeaseExpired) (nothing
     /// moved) once the lease has run out on this agent's clock or was released.
-    pub lease: Option<crate::LeaseId>,
+    pub lease: Option<crate::leases::LeaseId>,
 }
 
 impl XferOptions {

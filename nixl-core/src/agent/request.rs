@@ -38,7 +38,7 @@ pub(crate) use crate::agent::spec::ReqSpec;
 /// What [`XferReq::new`] assembles a request from.
 pub(crate) struct ReqParts {
     /// The lease the request's posts need (see [`XferOptions::lease`]).
-    pub lease: Option<crate::LeaseId>,
+    pub lease: Option<crate::leases::LeaseId>,
     pub shared: Arc<Shared>,
     pub op: XferOp,
     pub backend: Arc<BackendSlot>,
@@ -146,7 +146,7 @@ pub struct XferReq {
     keep: Option<[Regions; 2]>,
     note: Option<String>,
     /// The lease every post needs (checked before the backend sees it).
-    lease: Option<crate::LeaseId>,
+    lease: Option<crate::leases::LeaseId>,
 }
 
 impl std::fmt::Debug for XferReq {

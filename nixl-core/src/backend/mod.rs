@@ -57,11 +57,11 @@ pub mod fault {
     note = "moved to nixl_core::backend::inproc::InprocBackend"
 )]
 pub type InprocBackend = crate::inproc::InprocBackend;
+pub use crate::model::telemetry::Counters;
 pub use crate::notif::NotifQueue;
 pub use crate::params::{parse_bool, ParamMap};
 pub use crate::spec::{distinct_mds, downcast_md, BackendMd, Segment, XferSpec};
 pub use crate::strided::{BlockRun, BlockXferSpec, LayerPair, LayerSegments};
-pub use crate::telemetry::Counters;
 
 /// Wakes the futures whose deadline (or re-check time) has come, from the calling thread. A
 /// backend's progress thread calls it between passes: a deadline is then served by whichever

@@ -411,14 +411,14 @@ fn plain_err(c: u8, msg: &str) -> Vec<u8> {
     frame::encode_plain(Kind::Err, &frame::encode_error(c, msg))
 }
 
-/// [`crate::FetchPolicy::LoadedPeers`]: a FETCH only from a loaded peer (its proven process on
-/// this host, or the credential its name is bound to); [`crate::FetchPolicy::Named`]: and only
+/// [`crate::access::FetchPolicy::LoadedPeers`]: a FETCH only from a loaded peer (its proven process on
+/// this host, or the credential its name is bound to); [`crate::access::FetchPolicy::Named`]: and only
 /// under a listed name.
 fn check_fetcher(agent: &Agent, requester: Requester<'_>) -> Result<()> {
     let named: Option<&[String]> = match &agent.shared.config.fetch_policy {
-        crate::FetchPolicy::Anyone => return Ok(()),
-        crate::FetchPolicy::LoadedPeers => None,
-        crate::FetchPolicy::Named(names) => Some(names),
+        crate::access::FetchPolicy::Anyone => return Ok(()),
+        crate::access::FetchPolicy::LoadedPeers => None,
+        crate::access::FetchPolicy::Named(names) => Some(names),
     };
     let remotes: Vec<_> = agent.shared.remotes.lock().values().cloned().collect();
     let listed = |name: &str| named.is_none_or(|n| n.iter().any(|x| x == name));

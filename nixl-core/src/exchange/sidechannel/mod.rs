@@ -9,7 +9,7 @@
 //! | `Invalidate` | name, generation, owner token | `Ack` or `Err` |
 //!
 //! With [`crate::AgentConfig::auth`] every request and reply carries an HMAC-SHA256 under the
-//! cluster credential, a timestamp within [`crate::Auth::max_clock_skew`] and a nonce accepted
+//! cluster credential, a timestamp within [`crate::access::Auth::max_clock_skew`] and a nonce accepted
 //! once; a reply repeats its request's nonce. Unauthenticated requests get an `Err` reply.
 //! A listener on a non-loopback address refuses to start without a credential unless
 //! [`crate::AgentConfig::allow_unauthenticated_listener`] is set.

@@ -10,9 +10,9 @@ use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nixl_core::access::{Auth, Credential};
 use nixl_core::{
-    Agent, AgentConfig, Auth, Credential, Error, HostBuffer, MemKind, XferDescList, XferOp,
-    XferOptions,
+    Agent, AgentConfig, Error, HostBuffer, MemKind, XferDescList, XferOp, XferOptions,
 };
 
 const ROLE: &str = "NIXL_HOSTILE_ROLE";

@@ -28,10 +28,17 @@
 
 pub(crate) mod agent;
 mod backend;
+// NIXL's byte formats, for the UCX backend (notifications), fuzzing and tests that play a
+// NIXL peer: not a stable API, and hidden from the docs (as `nixl_core::wire` is). What an
+// application names is re-exported below.
+#[doc(hidden)]
 pub mod comm;
 pub(crate) mod listener;
+#[doc(hidden)]
 pub mod metadata;
+#[doc(hidden)]
 pub mod notif;
+#[doc(hidden)]
 pub mod serdes;
 mod view;
 

@@ -83,26 +83,28 @@
 // says why at its top. Anything else fails to compile.
 #![deny(unsafe_code)]
 
+// One folder per concern: `conn` (workers, endpoints, sessions), `wire` (this backend's
+// bytes and the checks of a peer's), `xfer` (preparing and posting transfers, control
+// messages), `direct_cma` (copies by process_vm_readv/writev), `sys` (UCX's C API).
 mod backend;
+mod conn;
 mod context;
 mod direct_cma;
-mod endpoint;
 mod error;
-mod links;
 mod loader;
 mod memory;
 mod nixl;
 mod params;
-mod prepare;
 mod reached;
-mod session;
 #[allow(unsafe_code)]
 mod sys;
-mod validate;
 mod vram_context;
 mod wire;
-mod work;
-mod worker;
+
+// Short internal paths (`crate::endpoint`, `crate::prepare`, ...) of the modules in the folders.
+use conn::{endpoint, links, session, worker};
+use wire::validate;
+use xfer::{notify, work};
 
 /// The pure decoders of the backend's wire bytes, for fuzzing (feature `fuzzing`; not a
 /// stable API).
@@ -116,7 +118,6 @@ pub mod fuzzing {
         encode_conn_with, encode_notif_header, encode_rkey, ConnInfo,
     };
 }
-mod notify;
 mod xfer;
 
 pub use backend::{probe, UcxBackend, UcxPlugin};

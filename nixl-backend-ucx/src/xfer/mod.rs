@@ -10,6 +10,10 @@
 //! ends when its last part does, so a terminal post has nothing left in flight: it is
 //! quiescent.
 
+pub(crate) mod notify;
+pub(crate) mod prepare;
+pub(crate) mod work;
+
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};

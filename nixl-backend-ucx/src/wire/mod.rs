@@ -5,8 +5,11 @@
 //! (the structure UCX itself reads is checked in [`crate::validate`]); and the header of
 //! notification active messages (magic + the session id of the connection's hello, never a
 //! name). Read and written with nixl-core's one byte reader ([`nixl_core::backend::bytes`]).
+
 // Public for the `fuzzing` feature's re-exports; crate-private without it.
 #![cfg_attr(not(feature = "fuzzing"), allow(unreachable_pub))]
+
+pub(crate) mod validate;
 
 use nixl_core::backend::bytes::{ByteReader, ByteWriter};
 use nixl_core::backend::{DecodeError, ProcessId};

@@ -462,3 +462,96 @@ async fn a_leases_end_and_an_unanswered_acquire_come_at_their_times() {
         ErrorKind::NotFound
     );
 }
+
+/// Issue 36: the blocks a lease covers travel with it. The owner publishes a lease on two
+/// of its four 4 KiB blocks; the reader's grant carries them (`Lease::blocks`, merged where
+/// they touch), a READ of them with the lease moves the owner's bytes, and a READ with the
+/// lease that reaches a block outside them is refused at make, typed, nothing moved. Bad
+/// block lists are refused at publish and publish nothing.
+#[test]
+fn a_lease_carries_its_blocks_and_requests_stay_inside_them() {
+    let p = pair("lease-blocks");
+    let blk = (LEN / 4) as u64;
+    let at = |i: u64| Desc::new(p.src.addr() + i * blk, blk);
+    let id = p
+        .target
+        .publish_lease_blocks(&[p.reader.name()], Duration::from_secs(30), &[at(2), at(1)])
+        .unwrap();
+    let lease = p.reader.lease(p.target.name(), id, ASK).unwrap();
+    assert_eq!(
+        lease.blocks(),
+        [Desc::new(p.src.addr() + blk, 2 * blk)],
+        "the grant carries the covered blocks, merged"
+    );
+    let with = XferOptions {
+        lease: Some(id),
+        ..XferOptions::default()
+    };
+    let req = |remote: Desc| {
+        p.reader.create_xfer_req(
+            XferOp::Read,
+            &XferDescList::from_descs(MemKind::Dram, [Desc::new(p.dst.addr(), remote.len)]),
+            &XferDescList::from_descs(MemKind::Dram, [remote]),
+            p.target.name(),
+            with.clone(),
+        )
+    };
+    // Inside: blocks 1 and 2 in one descriptor.
+    let r = req(Desc::new(p.src.addr() + blk, 2 * blk)).unwrap();
+    p.reader.post_xfer_req(&r).unwrap();
+    r.wait(ASK).unwrap();
+    let mut got = vec![0u8; 2 * blk as usize];
+    p.dst.read_at(0, &mut got);
+    assert!(got.iter().all(|&b| b == 0x42));
+    // Outside: block 3, and blocks 2-3 across the end.
+    p.dst.fill(0);
+    for outside in [at(3), Desc::new(p.src.addr() + 2 * blk, 2 * blk)] {
+        let e = req(outside).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotAllowed, "{e}");
+        assert!(e.to_string().contains("outside the blocks"), "{e}");
+    }
+    // Without the lease the same READ is the owner's ordinary access (not the lease's).
+    assert!(p
+        .reader
+        .create_xfer_req(
+            XferOp::Read,
+            &XferDescList::from_descs(MemKind::Dram, [Desc::new(p.dst.addr(), blk)]),
+            &XferDescList::from_descs(MemKind::Dram, [at(3)]),
+            p.target.name(),
+            XferOptions::default(),
+        )
+        .is_ok());
+    // Bad block lists: too many, empty, outside every registration.
+    let many = vec![at(0); nixl_core::leases::MAX_LEASE_BLOCKS + 1];
+    let outside_regs = Desc::new(p.src.addr() + LEN as u64, blk);
+    for bad in [many, vec![Desc::new(p.src.addr(), 0)], vec![outside_regs]] {
+        let e = p
+            .target
+            .publish_lease_blocks(&[p.reader.name()], Duration::from_secs(1), &bad)
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidParam, "{e}");
+    }
+    // A lease on no blocks covers what the owner lets the reader reach, as before.
+    let open = p
+        .target
+        .publish_lease(&[p.reader.name()], Duration::from_secs(30))
+        .unwrap();
+    let l2 = p.reader.lease(p.target.name(), open, ASK).unwrap();
+    assert!(l2.blocks().is_empty());
+    let r = p
+        .reader
+        .create_xfer_req(
+            XferOp::Read,
+            &XferDescList::from_descs(MemKind::Dram, [Desc::new(p.dst.addr(), blk)]),
+            &XferDescList::from_descs(MemKind::Dram, [at(3)]),
+            p.target.name(),
+            XferOptions {
+                lease: Some(open),
+                ..XferOptions::default()
+            },
+        )
+        .unwrap();
+    p.reader.post_xfer_req(&r).unwrap();
+    r.wait(ASK).unwrap();
+    drop((lease, l2));
+}

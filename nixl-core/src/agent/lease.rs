@@ -28,10 +28,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use crate::desc::Desc;
 use crate::lease::{
-    check_held as held_by, message, next_expiry, parse, state_of, target_extend, target_release,
-    Answer, Held, LeaseId, LeaseState, Published, Reader, Reply, Secret, ACQUIRE, DENY, GRANT,
-    MAX_HELD, MAX_LEASES, MAX_READERS, RELEASE, RENEW, RENEWED, SECRET_LEN,
+    check_held as held_by, covers, grant, merged, message, next_expiry, parse, state_of,
+    target_extend, target_release, Answer, Held, LeaseId, LeaseState, Parsed, Published, Reader,
+    Reply, Secret, ACQUIRE, DENY, GRANT, MAX_HELD, MAX_LEASES, MAX_LEASE_BLOCKS, MAX_READERS,
+    RELEASE, RENEW, RENEWED, SECRET_LEN,
 };
 use crate::notif::Control;
 
@@ -44,8 +46,14 @@ pub(crate) fn control(weak: Weak<Shared>) -> Control {
         };
         // An answer to this agent's own request is taken here, at once (a map update): a
         // queue full of a flood must not drop it.
-        if let Some((kind @ (GRANT | RENEWED | DENY), id, ttl, secret)) = parse(&msg) {
-            take_answer(&s.leases, sender, kind, id, ttl, &secret);
+        if let Some(
+            p @ Parsed {
+                kind: GRANT | RENEWED | DENY,
+                ..
+            },
+        ) = parse(&msg)
+        {
+            take_answer(&s.leases, sender, p);
             return true;
         }
         let (kept, start) = s.leases.take(sender, msg);
@@ -85,19 +93,20 @@ fn run(weak: &Weak<Shared>) {
 }
 
 fn handle(agent: &Agent, sender: &str, msg: &[u8]) {
-    let Some((kind, id, ttl, secret)) = parse(msg) else {
+    let Some(parsed) = parse(msg) else {
         tracing::warn!(agent = %agent.name(), sender, "malformed lease message dropped");
         return;
     };
+    let (kind, id, secret) = (parsed.kind, parsed.id, parsed.secret);
     let l = &agent.shared.leases;
     let reply = match kind {
         ACQUIRE | RENEW => match target_extend(l, sender, id, kind == RENEW, &secret) {
-            Answer::Grant(ttl) => Some(message(
-                if kind == RENEW { RENEWED } else { GRANT },
-                id,
-                ttl,
-                &secret,
-            )),
+            Answer::Grant(ttl) if kind == RENEW => Some(message(RENEWED, id, ttl, &secret)),
+            Answer::Grant(ttl) => {
+                // The first grant carries the blocks the lease covers.
+                let blocks = l.published.lock().get(&id).map(|p| p.blocks.clone());
+                Some(grant(id, ttl, &secret, blocks.as_deref().unwrap_or(&[])))
+            }
             Answer::Deny => Some(message(DENY, id, Duration::ZERO, &secret)),
             Answer::None => None,
         },
@@ -110,7 +119,7 @@ fn handle(agent: &Agent, sender: &str, msg: &[u8]) {
             None
         }
         GRANT | RENEWED | DENY => {
-            take_answer(l, sender, kind, id, ttl, &secret);
+            take_answer(l, sender, parsed);
             None
         }
         _ => {
@@ -128,22 +137,19 @@ fn handle(agent: &Agent, sender: &str, msg: &[u8]) {
 
 /// An owner's answer to this agent's ACQUIRE or RENEW: taken only where this agent asked, and
 /// only echoing the secret it asked with; anything else is a peer's noise or a forgery.
-fn take_answer(
-    l: &crate::lease::Leases,
-    sender: &str,
-    kind: u8,
-    id: u64,
-    ttl: Duration,
-    secret: &Secret,
-) {
-    let key = (sender.to_owned(), id);
+fn take_answer(l: &crate::lease::Leases, sender: &str, p: Parsed) {
+    let key = (sender.to_owned(), p.id);
     let mut a = l.answers.lock();
     if let Some(slot) = a.get_mut(&key) {
-        if matches!(slot, Reply::Waiting(s) if s == secret) {
-            *slot = if kind == DENY {
+        if matches!(slot, Reply::Waiting(s) if *s == p.secret) {
+            if p.kind == GRANT {
+                // The blocks the lease covers, kept with the hold (none: it names none).
+                l.held_blocks.lock().insert(key.clone(), merged(&p.blocks));
+            }
+            *slot = if p.kind == DENY {
                 Reply::Denied
             } else {
-                Reply::Granted(ttl)
+                Reply::Granted(p.ttl)
             };
             l.answered.notify_all();
             drop(a);
@@ -154,10 +160,46 @@ fn take_answer(
 
 impl Agent {
     /// Publishes a lease to `readers` (agent names) for `ttl`: each may acquire it once
-    /// within `ttl` of now and then read for `ttl` from each grant or renewal. Hand the id to
-    /// the readers with the blocks it covers (the lease names no memory: the blocks are the
-    /// application's). `InvalidParam` for no readers, too many, a zero duration.
+    /// within `ttl` of now and then read for `ttl` from each grant or renewal. This lease
+    /// names no memory: hand the readers the blocks with the id, or use
+    /// [`Agent::publish_lease_blocks`], whose grant carries them. `InvalidParam` for no
+    /// readers, too many, a zero duration.
     pub fn publish_lease(&self, readers: &[&str], ttl: Duration) -> Result<LeaseId> {
+        self.publish_lease_blocks(readers, ttl, &[])
+    }
+
+    /// [`Agent::publish_lease`] on `blocks`: ranges of this agent's registered DRAM or VRAM (up to
+    /// [`MAX_LEASE_BLOCKS`](crate::leases::MAX_LEASE_BLOCKS)). Each reader's grant carries
+    /// them ([`Lease::blocks`]), and a reader's request made with the lease
+    /// ([`XferOptions::lease`](crate::XferOptions::lease)) is refused at make (`NotAllowed`)
+    /// where a remote descriptor lies outside them. `InvalidParam` also for too many blocks,
+    /// an empty or wrapping one, or one outside this agent's live registrations.
+    pub fn publish_lease_blocks(
+        &self,
+        readers: &[&str],
+        ttl: Duration,
+        blocks: &[Desc],
+    ) -> Result<LeaseId> {
+        if blocks.len() > MAX_LEASE_BLOCKS {
+            return Err(Error::invalid(
+                self.name(),
+                Op::Lease,
+                format!(
+                    "a lease covers at most {MAX_LEASE_BLOCKS} blocks, not {}",
+                    blocks.len()
+                ),
+            ));
+        }
+        if let Some(b) = blocks.iter().find(|b| !self.registered(b)) {
+            return Err(Error::invalid(
+                self.name(),
+                Op::Lease,
+                format!(
+                    "block {:#x}+{} on device {} is empty or not inside this agent's live registrations",
+                    b.addr, b.len, b.dev_id
+                ),
+            ));
+        }
         if readers.is_empty() || readers.len() > MAX_READERS || ttl.is_zero() {
             return Err(Error::invalid(
                 self.name(),
@@ -199,6 +241,7 @@ impl Agent {
                     .iter()
                     .map(|r| ((*r).to_owned(), Reader::Pending))
                     .collect(),
+                blocks: merged(blocks),
             },
         );
         Ok(LeaseId(id))
@@ -258,12 +301,9 @@ impl Agent {
     /// made with it are refused from now on.
     pub fn release_lease(&self, owner: &str, id: LeaseId) -> Result<()> {
         // Forgotten: requests with it are refused from now on (an unknown lease is expired).
-        let held = self
-            .shared
-            .leases
-            .held
-            .lock()
-            .remove(&(owner.to_owned(), id.0));
+        let key = (owner.to_owned(), id.0);
+        self.shared.leases.held_blocks.lock().remove(&key);
+        let held = self.shared.leases.held.lock().remove(&key);
         match held {
             Some(h) => self.post_control(owner, &message(RELEASE, id.0, Duration::ZERO, &h.secret)),
             // Never acquired here (or already released): nothing to tell the owner.
@@ -341,6 +381,9 @@ impl Agent {
                 if held.len() >= MAX_HELD {
                     let now = Instant::now();
                     held.retain(|_, h| !h.released && now < h.until);
+                    l.held_blocks
+                        .lock()
+                        .retain(|k, _| held.contains_key(k) || *k == key);
                 }
                 held.insert(
                     key,
@@ -354,6 +397,7 @@ impl Agent {
             }
             None => {
                 l.held.lock().remove(&key);
+                l.held_blocks.lock().remove(&key);
                 Err(Error::LeaseExpired {
                     agent: self.name().to_owned(),
                     remote: owner.to_owned(),
@@ -423,6 +467,20 @@ impl Lease {
     /// The agent that published it.
     pub fn owner(&self) -> &str {
         &self.owner
+    }
+
+    /// The owner's memory the lease covers, as its grant said (sorted by device and address,
+    /// touching ranges merged); empty for a lease that names none
+    /// ([`Agent::publish_lease`]). Requests made with the lease reach only these.
+    pub fn blocks(&self) -> Vec<Desc> {
+        self.agent
+            .shared
+            .leases
+            .held_blocks
+            .lock()
+            .get(&(self.owner.clone(), self.id.0))
+            .map(|b| b.to_vec())
+            .unwrap_or_default()
     }
 
     /// Whether it is still held: granted, not run out on this agent's clock (counted from when
@@ -700,6 +758,49 @@ impl Future for LeaseEnd {
                 Poll::Pending
             }
         }
+    }
+}
+
+/// `Ok` where every remote range of `spec` (a request made with `owner`'s lease `id`) lies
+/// inside the blocks the lease covers; a lease that names none covers what its owner let the
+/// reader reach. Else `NotAllowed`, naming the first range outside.
+pub(crate) fn check_blocks(
+    shared: &Shared,
+    owner: &str,
+    id: LeaseId,
+    spec: &crate::agent::spec::ReqSpec,
+) -> Result<()> {
+    let key = (owner.to_owned(), id.0);
+    let Some(blocks) = shared.leases.held_blocks.lock().get(&key).cloned() else {
+        return Ok(());
+    };
+    if blocks.is_empty() {
+        return Ok(());
+    }
+    let mut outside = None;
+    spec.for_each_segment(|(_, ra, dev, len)| {
+        if outside.is_none() && !covers(&blocks, dev, ra, len) {
+            outside = Some((ra, dev, len));
+        }
+    });
+    match outside {
+        None => Ok(()),
+        Some((ra, dev, len)) => Err(Error::not_allowed(
+            &shared.name,
+            Op::MakeXfer,
+            format!("remote range {ra:#x}+{len} on device {dev} lies outside the blocks lease {id} of {owner} covers"),
+        )),
+    }
+}
+
+impl Agent {
+    /// Whether `b` is a non-empty range inside one live DRAM or VRAM registration of this agent.
+    fn registered(&self, b: &Desc) -> bool {
+        let regs = self.shared.regs.lock();
+        b.len > 0
+            && [crate::mem::MemKind::Dram, crate::mem::MemKind::Vram]
+                .into_iter()
+                .any(|k| regs.find(k, b.dev_id, b.addr, b.len).is_some())
     }
 }
 

@@ -309,7 +309,7 @@ impl Agent {
             let spec = self.build_spec(&slot, op, (local, remote), segs, opts, &ends)?;
             match slot.backend.prepare_xfer(&spec) {
                 Ok(x) => {
-                    return Ok(self.request(
+                    return self.request(
                         slot,
                         x,
                         ReqSpec::Segments(spec),
@@ -318,7 +318,7 @@ impl Agent {
                         op,
                         opts,
                         None,
-                    ))
+                    )
                 }
                 Err(e @ Error::NotSupported { .. }) => {
                     tracing::debug!(agent = %me, backend = %slot.name, error = %e, "backend declined the transfer");
@@ -425,7 +425,10 @@ impl Agent {
         op: XferOp,
         opts: &XferOptions,
         note: Option<String>,
-    ) -> XferReq {
+    ) -> Result<XferReq> {
+        if let Some(id) = opts.lease {
+            crate::agent::lease::check_blocks(&self.shared, spec.remote(), id, &spec)?;
+        }
         let integrity = opts.integrity.then(|| {
             let mut plan = IntegrityPlan {
                 local: Vec::new(),
@@ -437,7 +440,7 @@ impl Agent {
             });
             plan
         });
-        XferReq::new(ReqParts {
+        Ok(XferReq::new(ReqParts {
             lease: opts.lease,
             shared: self.shared.clone(),
             op,
@@ -450,7 +453,7 @@ impl Agent {
             notif: opts.notif.clone(),
             keep: [local.regions.clone(), remote.regions.clone()],
             note,
-        })
+        }))
     }
 }
 

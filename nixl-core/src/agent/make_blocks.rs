@@ -111,7 +111,7 @@ impl Agent {
             };
             match prepare_on(me, &slot, spec) {
                 Ok((x, spec, note)) => {
-                    return Ok(self.request(
+                    return self.request(
                         slot,
                         x,
                         spec,
@@ -120,7 +120,7 @@ impl Agent {
                         op,
                         &opts,
                         Some(note),
-                    ))
+                    )
                 }
                 Err(e @ Error::NotSupported { .. }) => {
                     tracing::debug!(agent = %me, backend = %slot.name, error = %e, "backend declined the transfer");

@@ -18,7 +18,7 @@ pub(crate) mod remote;
 pub(crate) mod request;
 mod shared;
 pub(crate) mod sidechannel;
-mod spec;
+pub(crate) mod spec;
 pub(crate) mod succession;
 mod xfer;
 

@@ -30,6 +30,44 @@ pub(crate) const MAX_LEASES: usize = 1 << 16;
 pub(crate) const MAX_HELD: usize = 1 << 12;
 /// Readers per lease at most.
 pub(crate) const MAX_READERS: usize = 1024;
+/// Blocks (memory ranges) one lease names at most: its GRANT carries them (24 bytes each).
+pub const MAX_LEASE_BLOCKS: usize = 4096;
+
+/// The owner's memory ranges a lease covers (empty: the lease names none), sorted by device
+/// and address, adjacent ranges merged.
+pub(crate) type Blocks = std::sync::Arc<[crate::desc::Desc]>;
+
+/// `blocks` sorted by (device, address) with touching or overlapping ranges merged.
+pub(crate) fn merged(blocks: &[crate::desc::Desc]) -> Blocks {
+    let mut v: Vec<crate::desc::Desc> = blocks.to_vec();
+    v.sort_by_key(|d| (d.dev_id, d.addr));
+    let mut out: Vec<crate::desc::Desc> = Vec::with_capacity(v.len());
+    for d in v {
+        match out.last_mut() {
+            Some(p) if p.dev_id == d.dev_id && d.addr <= p.addr.saturating_add(p.len) => {
+                let end = p
+                    .addr
+                    .saturating_add(p.len)
+                    .max(d.addr.saturating_add(d.len));
+                p.len = end - p.addr;
+            }
+            _ => out.push(d),
+        }
+    }
+    out.into()
+}
+
+/// Whether `[addr, addr + len)` on `dev` lies inside one of `blocks` (as [`merged`] leaves them).
+pub(crate) fn covers(blocks: &[crate::desc::Desc], dev: u64, addr: u64, len: u64) -> bool {
+    let i = blocks.partition_point(|b| (b.dev_id, b.addr) <= (dev, addr));
+    i > 0 && {
+        let b = &blocks[i - 1];
+        b.dev_id == dev
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= b.addr.saturating_add(b.len))
+    }
+}
 
 pub(crate) const ACQUIRE: u8 = 1;
 pub(crate) const GRANT: u8 = 2;
@@ -103,6 +141,8 @@ pub(crate) struct Published {
     pub(crate) ttl: Duration,
     pub(crate) published: Instant,
     pub(crate) readers: HashMap<String, Reader>,
+    /// The memory it covers (its GRANT carries it to each reader).
+    pub(crate) blocks: Blocks,
 }
 
 /// A reader's view of a lease it holds (its own clock).
@@ -129,6 +169,8 @@ pub(crate) enum Reply {
 pub(crate) struct Leases {
     pub(crate) published: Mutex<HashMap<u64, Published>>,
     pub(crate) held: Mutex<HashMap<(String, u64), Held>>,
+    /// The blocks each held lease covers, from its GRANT (absent or empty: it names none).
+    pub(crate) held_blocks: Mutex<HashMap<(String, u64), Blocks>>,
     pub(crate) answers: Mutex<HashMap<(String, u64), Reply>>,
     pub(crate) answered: Condvar,
     pub(crate) queue: Mutex<Queue>,
@@ -209,16 +251,82 @@ pub(crate) fn message(kind: u8, id: u64, ttl: Duration, secret: &Secret) -> Vec<
     m
 }
 
-/// `(kind, id, ttl, secret)` of a control message, or `None` for malformed bytes.
-pub(crate) fn parse(m: &[u8]) -> Option<(u8, u64, Duration, Secret)> {
+/// A GRANT: [`message`] followed by the blocks the lease covers (`u32` count, then address,
+/// length and device of each, little endian); without blocks it is [`message`] alone.
+pub(crate) fn grant(
+    id: u64,
+    ttl: Duration,
+    secret: &Secret,
+    blocks: &[crate::desc::Desc],
+) -> Vec<u8> {
+    let mut m = message(GRANT, id, ttl, secret);
+    if !blocks.is_empty() {
+        m.reserve(4 + blocks.len() * 24);
+        m.extend_from_slice(
+            &u32::try_from(blocks.len())
+                .unwrap_or(u32::MAX)
+                .to_le_bytes(),
+        );
+        for b in blocks {
+            m.extend_from_slice(&b.addr.to_le_bytes());
+            m.extend_from_slice(&b.len.to_le_bytes());
+            m.extend_from_slice(&b.dev_id.to_le_bytes());
+        }
+    }
+    m
+}
+
+/// A control message, parsed.
+pub(crate) struct Parsed {
+    pub(crate) kind: u8,
+    pub(crate) id: u64,
+    pub(crate) ttl: Duration,
+    pub(crate) secret: Secret,
+    /// A GRANT's blocks (empty otherwise).
+    pub(crate) blocks: Vec<crate::desc::Desc>,
+}
+
+/// A control message's fields, or `None` for malformed bytes (a GRANT may carry at most
+/// [`MAX_LEASE_BLOCKS`] blocks, each non-empty and not wrapping; nothing else carries more).
+pub(crate) fn parse(m: &[u8]) -> Option<Parsed> {
     let rest = m.strip_prefix(PREFIX)?;
-    if rest.len() != 17 + SECRET_LEN {
+    const HEAD: usize = 17 + SECRET_LEN;
+    if rest.len() < HEAD {
         return None;
     }
     let id = u64::from_le_bytes(rest[1..9].try_into().ok()?);
     let us = u64::from_le_bytes(rest[9..17].try_into().ok()?);
-    let secret = rest[17..].try_into().ok()?;
-    Some((rest[0], id, Duration::from_micros(us), secret))
+    let secret = rest[17..HEAD].try_into().ok()?;
+    let tail = &rest[HEAD..];
+    let mut blocks = Vec::new();
+    if !tail.is_empty() {
+        if rest[0] != GRANT || tail.len() < 4 {
+            return None;
+        }
+        let n = u32::from_le_bytes(tail[..4].try_into().ok()?) as usize;
+        if n == 0 || n > MAX_LEASE_BLOCKS || tail.len() != 4 + n * 24 {
+            return None;
+        }
+        for c in tail[4..].chunks_exact(24) {
+            let word = |i: usize| c[i * 8..i * 8 + 8].try_into().ok().map(u64::from_le_bytes);
+            let d = crate::desc::Desc {
+                addr: word(0)?,
+                len: word(1)?,
+                dev_id: word(2)?,
+            };
+            if d.len == 0 || d.addr.checked_add(d.len).is_none() {
+                return None;
+            }
+            blocks.push(d);
+        }
+    }
+    Some(Parsed {
+        kind: rest[0],
+        id,
+        ttl: Duration::from_micros(us),
+        secret,
+        blocks,
+    })
 }
 
 impl Leases {
@@ -361,20 +469,108 @@ pub(crate) fn state_of(l: &Published, now: Instant) -> LeaseState {
 mod tests {
     use super::*;
 
+    fn fields(p: Option<Parsed>) -> Option<(u8, u64, Duration, Secret, Vec<crate::desc::Desc>)> {
+        p.map(|p| (p.kind, p.id, p.ttl, p.secret, p.blocks))
+    }
+
     #[test]
     fn messages_round_trip_and_garbage_is_refused() {
         let m = message(GRANT, 0xfeed, Duration::from_millis(1500), &[7; SECRET_LEN]);
         assert_eq!(
-            parse(&m),
-            Some((GRANT, 0xfeed, Duration::from_millis(1500), [7; SECRET_LEN]))
+            fields(parse(&m)),
+            Some((
+                GRANT,
+                0xfeed,
+                Duration::from_millis(1500),
+                [7; SECRET_LEN],
+                vec![]
+            ))
         );
         for cut in 0..m.len() {
-            assert_eq!(parse(&m[..cut]), None);
+            assert!(parse(&m[..cut]).is_none());
         }
         let mut long = m.clone();
         long.push(0);
-        assert_eq!(parse(&long), None);
-        assert_eq!(parse(b"hello"), None);
+        assert!(parse(&long).is_none());
+        assert!(parse(b"hello").is_none());
+    }
+
+    #[test]
+    fn a_grant_carries_its_blocks_and_bad_block_lists_are_refused() {
+        use crate::desc::Desc;
+        let blocks = [Desc::on_device(0x1000, 64, 1), Desc::new(0x2000, 4096)];
+        let m = grant(9, Duration::from_secs(2), &[3; SECRET_LEN], &blocks);
+        let p = parse(&m).expect("a grant with blocks parses");
+        assert_eq!((p.kind, p.id, p.blocks.as_slice()), (GRANT, 9, &blocks[..]));
+        // Every cut of the block list, a wrong count, trailing bytes: refused.
+        let head = message(GRANT, 9, Duration::from_secs(2), &[3; SECRET_LEN]).len();
+        for cut in head + 1..m.len() {
+            assert!(parse(&m[..cut]).is_none(), "cut at {cut}");
+        }
+        let mut count = m.clone();
+        count[head] = 3;
+        assert!(parse(&count).is_none());
+        let mut long = m.clone();
+        long.push(0);
+        assert!(parse(&long).is_none());
+        // Only a GRANT carries blocks; an empty or wrapping block is refused.
+        let mut renewed = m.clone();
+        renewed[PREFIX.len()] = RENEWED;
+        assert!(parse(&renewed).is_none());
+        for bad in [Desc::new(0x1000, 0), Desc::new(u64::MAX - 1, 4)] {
+            assert!(parse(&grant(9, Duration::from_secs(2), &[3; SECRET_LEN], &[bad])).is_none());
+        }
+        let too_many = vec![Desc::new(0x1000, 1); MAX_LEASE_BLOCKS + 1];
+        assert!(parse(&grant(
+            9,
+            Duration::from_secs(2),
+            &[3; SECRET_LEN],
+            &too_many
+        ))
+        .is_none());
+    }
+
+    proptest::proptest! {
+        /// Any bytes after the prefix: refused, or fields within the bounds (never a panic).
+        #[test]
+        fn hostile_control_messages_parse_within_bounds(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600),
+        ) {
+            if let Some(p) = parse(&[PREFIX, &bytes[..]].concat()) {
+                proptest::prop_assert!(p.blocks.len() <= MAX_LEASE_BLOCKS);
+                proptest::prop_assert!(p.blocks.is_empty() || p.kind == GRANT);
+                for b in &p.blocks {
+                    proptest::prop_assert!(b.len > 0 && b.addr.checked_add(b.len).is_some());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn merged_blocks_cover_exactly_their_ranges() {
+        use crate::desc::Desc;
+        let b = merged(&[
+            Desc::new(0x3000, 0x1000),
+            Desc::new(0x1000, 0x1000),
+            Desc::new(0x2000, 0x800),
+            Desc::on_device(0x1000, 0x100, 1),
+        ]);
+        assert_eq!(
+            &b[..],
+            [
+                Desc::new(0x1000, 0x1800),
+                Desc::new(0x3000, 0x1000),
+                Desc::on_device(0x1000, 0x100, 1)
+            ]
+        );
+        assert!(covers(&b, 0, 0x1000, 0x1800));
+        assert!(covers(&b, 0, 0x3800, 0x800));
+        assert!(!covers(&b, 0, 0x2000, 0x1000), "across the gap");
+        assert!(!covers(&b, 0, 0x0fff, 2));
+        assert!(!covers(&b, 1, 0x1000, 0x101));
+        assert!(covers(&b, 1, 0x1000, 0x100));
+        assert!(!covers(&b, 2, 0x1000, 1));
+        assert!(!covers(&b, 0, u64::MAX, 2));
     }
 }
 

@@ -160,7 +160,9 @@ pub mod telemetry {
 /// [`LeaseState`], and the reader's [`Lease`](leases::Lease), a value that releases on drop.
 pub mod leases {
     pub use crate::agent::lease::{Lease, LeaseEnd, LeaseFuture, Renewal};
-    pub use crate::lease::{LeaseId, LeaseState, MAX_LEASE_BLOCKS};
+    pub use crate::lease::{
+        Clock, LeaseId, LeaseState, ManualClock, SystemClock, MAX_LEASE_BLOCKS,
+    };
 }
 
 /// Names that moved off the crate root in 0.2 (kept for one release; each says where it went).

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nixl_core::leases::{LeaseId, LeaseState};
+use nixl_core::leases::{LeaseId, LeaseState, ManualClock};
 use nixl_core::{
     Agent, AgentConfig, Desc, ErrorKind, HostBuffer, InprocParams, MemKind, Registration,
     XferDescList, XferOp, XferOptions, XferReq,
@@ -27,9 +27,20 @@ struct Pair {
 }
 
 fn pair(tag: &str) -> Pair {
+    pair_on(tag, None)
+}
+
+/// Two agents whose lease times come from `clock` (real time without one).
+fn pair_on(tag: &str, clock: Option<Arc<ManualClock>>) -> Pair {
     let pid = std::process::id();
+    let config = || AgentConfig {
+        clock: clock
+            .clone()
+            .map(|c| c as Arc<dyn nixl_core::leases::Clock>),
+        ..AgentConfig::default()
+    };
     let mk = |n: &str| {
-        let a = Agent::new(&format!("{tag}-{n}-{pid}"), AgentConfig::default()).unwrap();
+        let a = Agent::new(&format!("{tag}-{n}-{pid}"), config()).unwrap();
         a.create_backend(InprocParams::default()).unwrap();
         a
     };
@@ -86,9 +97,12 @@ fn eventually(p: &Pair, id: LeaseId, f: impl Fn(LeaseState) -> bool) -> LeaseSta
     }
 }
 
+/// On a manual clock (no sleeps): renewed every third of its duration, a lease is held for
+/// four durations; released, the next post is refused.
 #[test]
 fn a_reader_that_renews_keeps_reading_past_the_first_duration() {
-    let p = pair("renew");
+    let clock = ManualClock::new();
+    let p = pair_on("renew", Some(clock.clone()));
     let ttl = Duration::from_millis(300);
     let id = p.target.publish_lease(&[p.reader.name()], ttl).unwrap();
     assert_eq!(
@@ -100,9 +114,8 @@ fn a_reader_that_renews_keeps_reading_past_the_first_duration() {
     );
     p.reader.acquire_lease(p.target.name(), id, ASK).unwrap();
     let req = read(&p, Some(id)).unwrap();
-    let end = Instant::now() + ttl * 4;
-    while Instant::now() < end {
-        std::thread::sleep(ttl / 3);
+    for _ in 0..12 {
+        clock.advance(ttl / 3);
         p.reader.renew_lease(p.target.name(), id, ASK).unwrap();
         p.reader.post_xfer_req(&req).unwrap();
         req.wait(ASK).unwrap();
@@ -165,13 +178,19 @@ fn a_reader_that_releases_frees_the_blocks_at_once() {
     assert!(t.elapsed() < Duration::from_secs(10));
 }
 
+/// On a manual clock: a reader that dies holding its grant is reclaimed exactly at its
+/// expiry (held 1 ms before, done at it), not before and with no slack.
 #[test]
 fn a_reader_that_dies_is_reclaimed_after_expiry() {
-    let p = pair("dies");
+    let clock = ManualClock::new();
+    let p = pair_on("dies", Some(clock.clone()));
     let ttl = Duration::from_millis(200);
     let other = Agent::new(
         &format!("dies-other-{}", std::process::id()),
-        AgentConfig::default(),
+        AgentConfig {
+            clock: Some(clock.clone()),
+            ..AgentConfig::default()
+        },
     )
     .unwrap();
     other.create_backend(InprocParams::default()).unwrap();
@@ -186,11 +205,9 @@ fn a_reader_that_dies_is_reclaimed_after_expiry() {
         .publish_lease(&[p.reader.name(), other.name()], ttl)
         .unwrap();
     p.reader.acquire_lease(p.target.name(), id, ASK).unwrap();
-    // The target's grant to `other` is made between these two instants: its hold ends `ttl`
-    // after it.
-    let asked = Instant::now();
+    // The grant to `other` is made at 10 ms on the lease clock: its hold ends `ttl` after.
+    clock.advance(Duration::from_millis(10));
     other.acquire_lease(p.target.name(), id, ASK).unwrap();
-    let granted = Instant::now();
     // One reader releases; the other dies holding its grant.
     p.reader.release_lease(p.target.name(), id).unwrap();
     drop(other);
@@ -204,21 +221,22 @@ fn a_reader_that_dies_is_reclaimed_after_expiry() {
             pending: 0
         }
     );
-    let s = eventually(&p, id, |s| matches!(s, LeaseState::Done { .. }));
-    let seen = Instant::now();
+    // 1 ms before the dead reader's grant runs out it still holds; at it, the lease is done.
+    clock.advance(ttl - Duration::from_millis(1));
     assert_eq!(
-        s,
+        p.target.lease_state(id).unwrap(),
+        LeaseState::Active {
+            holding: 1,
+            pending: 0
+        }
+    );
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(
+        p.target.lease_state(id).unwrap(),
         LeaseState::Done {
             released: 1,
             expired: 1
         }
-    );
-    // Reclaimed at the dead reader's expiry: not before its grant ran out, and within the
-    // slack after.
-    assert!(
-        seen >= asked + ttl && seen <= granted + ttl + SLACK,
-        "done {:?} after the grant was asked (duration {ttl:?})",
-        seen - asked
     );
     // The blocks are the target's again: it forgets the lease and reuses them; the
     // releasing reader's requests under it are refused, nothing moved.
@@ -231,14 +249,16 @@ fn a_reader_that_dies_is_reclaimed_after_expiry() {
     assert!(p.dst.to_vec().iter().all(|&b| b != 0x99));
 }
 
+/// On a manual clock: a post at the reader's deadline is refused, nothing moved.
 #[test]
 fn a_read_after_expiry_is_refused_and_moves_nothing() {
-    let p = pair("late");
+    let clock = ManualClock::new();
+    let p = pair_on("late", Some(clock.clone()));
     let ttl = Duration::from_millis(100);
     let id = p.target.publish_lease(&[p.reader.name()], ttl).unwrap();
     p.reader.acquire_lease(p.target.name(), id, ASK).unwrap();
     let req = read(&p, Some(id)).unwrap();
-    std::thread::sleep(ttl + Duration::from_millis(50));
+    clock.advance(ttl);
     let e = p.reader.post_xfer_req(&req).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::LeaseExpired, "{e}");
     assert!(e.to_string().contains(p.target.name()), "{e}");
@@ -421,6 +441,62 @@ async fn a_lease_value_releases_on_drop_and_its_end_is_a_future() {
 /// The owner's end of a lease nobody acquires resolves at its duration (woken by the timer,
 /// not a poll loop: slack 500 ms); an acquire the owner never answers (a lease it does not
 /// know) ends `TimedOut` at its deadline (slack 500 ms).
+/// Counts its wakes.
+struct Wakes(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for Wakes {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// On a manual clock, a lease's end is a future woken by the clock's moves: pending while the
+/// clock stands before the duration (however long real time runs), woken by the move that
+/// reaches it, then done.
+#[test]
+fn a_leases_end_follows_a_manual_clock() {
+    use std::future::Future;
+    use std::sync::atomic::Ordering;
+    use std::task::{Context, Poll};
+    let clock = ManualClock::new();
+    let p = pair_on("manual-end", Some(clock.clone()));
+    let ttl = Duration::from_secs(3600);
+    let id = p.target.publish_lease(&[p.reader.name()], ttl).unwrap();
+    let wakes = Arc::new(Wakes(0.into()));
+    let waker = std::task::Waker::from(wakes.clone());
+    let mut cx = Context::from_waker(&waker);
+    let mut end = Box::pin(p.target.lease_end(id));
+    assert!(end.as_mut().poll(&mut cx).is_pending());
+    // Most of the hour on the clock: woken, still pending.
+    clock.advance(ttl - Duration::from_secs(1));
+    assert_eq!(
+        wakes.0.load(Ordering::SeqCst),
+        1,
+        "the move woke the future"
+    );
+    assert!(end.as_mut().poll(&mut cx).is_pending());
+    // 50 ms of real time change nothing.
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        wakes.0.load(Ordering::SeqCst),
+        1,
+        "real time does not wake it"
+    );
+    // The last second: woken, and done.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 2);
+    match end.as_mut().poll(&mut cx) {
+        Poll::Ready(s) => assert_eq!(
+            s.unwrap(),
+            LeaseState::Done {
+                released: 0,
+                expired: 1
+            }
+        ),
+        Poll::Pending => panic!("the lease's end is pending with the clock past its duration"),
+    }
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn a_leases_end_and_an_unanswered_acquire_come_at_their_times() {
     let p = pair("times");

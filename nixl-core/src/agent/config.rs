@@ -59,6 +59,11 @@ pub struct AgentConfig {
     /// metadata this agent builds leaves it out. Empty (the default): every registration is
     /// in all of it. See `docs/security.md`.
     pub shares: Vec<Share>,
+    /// Where lease times come from (grants, renewals, expiries, a reader's hold): `None`
+    /// (the default) is real time; a test gives its agents one
+    /// [`ManualClock`](crate::leases::ManualClock) and advances it instead of sleeping
+    /// through durations.
+    pub clock: Option<Arc<dyn crate::leases::Clock>>,
 }
 
 impl Default for AgentConfig {
@@ -79,6 +84,7 @@ impl Default for AgentConfig {
             succession: None,
             loaded_senders_only: false,
             shares: Vec::new(),
+            clock: None,
         }
     }
 }
@@ -167,6 +173,7 @@ impl std::fmt::Debug for AgentConfig {
             .field("succession", &self.succession)
             .field("loaded_senders_only", &self.loaded_senders_only)
             .field("shares", &self.shares)
+            .field("clock", &self.clock)
             .finish()
     }
 }

@@ -213,7 +213,7 @@ impl Agent {
         let mut p = self.shared.leases.published.lock();
         if p.len() >= MAX_LEASES {
             // Forget leases that are done before refusing.
-            let now = Instant::now();
+            let now = self.shared.leases.now();
             p.retain(|_, l| matches!(state_of(l, now), LeaseState::Active { .. }));
             if p.len() >= MAX_LEASES {
                 return Err(Error::limit(
@@ -236,7 +236,7 @@ impl Agent {
             id,
             Published {
                 ttl,
-                published: Instant::now(),
+                published: self.shared.leases.now(),
                 readers: readers
                     .iter()
                     .map(|r| ((*r).to_owned(), Reader::Pending))
@@ -253,7 +253,7 @@ impl Agent {
         let l = p
             .get(&id.0)
             .ok_or_else(|| Error::not_found(self.name(), Op::Lease, format!("no lease {id}")))?;
-        Ok(state_of(l, Instant::now()))
+        Ok(state_of(l, self.shared.leases.now()))
     }
 
     /// Forgets a lease this agent published (its readers' later messages are denied).
@@ -329,9 +329,9 @@ impl Agent {
         let key = (owner.to_owned(), id.0);
         l.answers.lock().insert(key.clone(), Reply::Waiting(secret));
         // The deadline the owner's grant is counted from: when the request leaves (posted,
-        // it waits for no data in flight).
-        let sent = Instant::now();
-        let end = sent + timeout;
+        // it waits for no data in flight), on the lease clock; the wait is on real time.
+        let sent = l.now();
+        let end = Instant::now() + timeout;
         if let Err(e) = self.post_control(owner, &message(kind, id.0, Duration::ZERO, &secret)) {
             l.answers.lock().remove(&key);
             return Err(e);
@@ -379,7 +379,7 @@ impl Agent {
             Some(ttl) => {
                 let mut held = l.held.lock();
                 if held.len() >= MAX_HELD {
-                    let now = Instant::now();
+                    let now = l.now();
                     held.retain(|_, h| !h.released && now < h.until);
                     l.held_blocks
                         .lock()
@@ -502,7 +502,7 @@ impl Lease {
             .held
             .lock()
             .get(&(self.owner.clone(), self.id.0))?;
-        let now = Instant::now();
+        let now = self.agent.shared.leases.now();
         (!self.released && !h.released && now < h.until).then(|| h.until - now)
     }
 
@@ -547,7 +547,9 @@ struct Ask {
     /// The secret to ask with (`None` for a RENEW of a lease not held: `LeaseExpired`).
     secret: Option<Secret>,
     timeout: Duration,
-    sent: Option<Instant>,
+    /// When the request left: on the lease clock (a grant's hold counts from it) and in real
+    /// time (the wait for the answer does).
+    sent: Option<(Instant, Instant)>,
     over: bool,
 }
 
@@ -582,7 +584,7 @@ impl Ask {
     }
 
     /// Sends the request (the first poll): its secret, the waiting slot, the message.
-    fn send(&mut self) -> Result<Instant> {
+    fn send(&mut self) -> Result<(Instant, Instant)> {
         let shared = self.agent.shared.clone();
         let l = &shared.leases;
         let secret = match (self.kind, self.secret) {
@@ -596,7 +598,7 @@ impl Ask {
         }
         let key = (self.owner.clone(), self.id.0);
         l.answers.lock().insert(key.clone(), Reply::Waiting(secret));
-        let now = Instant::now();
+        let now = (l.now(), Instant::now());
         self.sent = Some(now);
         let msg = message(self.kind, self.id.0, Duration::ZERO, &secret);
         let needs = shared.backends().iter().any(|b| b.caps.needs_progress);
@@ -631,7 +633,7 @@ impl Ask {
                 "the lease future was polled after it finished",
             )));
         }
-        let sent = match self.sent {
+        let (sent, sent_real) = match self.sent {
             Some(t) => t,
             None => match self.send() {
                 Ok(t) => t,
@@ -654,7 +656,7 @@ impl Ask {
                 answer,
             ));
         }
-        let deadline = sent + self.timeout;
+        let deadline = sent_real + self.timeout;
         if Instant::now() >= deadline {
             self.agent
                 .shared
@@ -748,12 +750,17 @@ impl Future for LeaseEnd {
                 format!("no lease {}", self.id),
             )));
         };
-        let now = Instant::now();
+        let now = l.now();
         match state_of(lease, now) {
             s @ LeaseState::Done { .. } => Poll::Ready(Ok(s)),
             LeaseState::Active { .. } => {
-                if let Some(at) = next_expiry(lease, now) {
-                    crate::model::timer::wake_at(at, cx.waker());
+                if l.clock.is_real() {
+                    if let Some(at) = next_expiry(lease, now) {
+                        crate::model::timer::wake_at(at, cx.waker());
+                    }
+                } else {
+                    // A clock that moves when told wakes this at each move.
+                    l.clock.wake_on_advance(cx.waker());
                 }
                 Poll::Pending
             }

@@ -316,6 +316,10 @@ impl Agent {
             config.limits.max_queued_notif_bytes,
             config.limits.max_queued_notif_bytes_per_sender,
         );
+        let clock = config
+            .clock
+            .clone()
+            .unwrap_or_else(|| Arc::new(crate::lease::SystemClock));
         let shared = Arc::new(Shared {
             name: name.to_owned(),
             generation: new_generation(),
@@ -326,7 +330,7 @@ impl Agent {
             remotes: Mutex::new(HashMap::new()),
             peer_locks: Mutex::new(HashMap::new()),
             notifs: Arc::new(notifs),
-            leases: crate::lease::Leases::default(),
+            leases: crate::lease::Leases::new(clock),
             wake: crate::backend::Wake::new(),
             progress_running: std::sync::atomic::AtomicBool::new(false),
             fetches: Mutex::new(HashMap::new()),

@@ -126,6 +126,82 @@ pub enum LeaseState {
     },
 }
 
+/// Where a lease's times come from (`AgentConfig::clock`): grants, renewals, expiries and a
+/// reader's hold are counted on it; the waits for a peer's answer stay on real time.
+pub trait Clock: Send + Sync + fmt::Debug {
+    /// Now, on this clock.
+    fn now(&self) -> Instant;
+    /// Wakes `w` when the clock moves other than with real time (a [`ManualClock`]'s
+    /// `advance`), so a lease's end that waits on it is seen; the system clock never does.
+    fn wake_on_advance(&self, _w: &std::task::Waker) {}
+    /// Whether the clock moves with real time (then a lease's end can be waited for on the
+    /// agent's timer).
+    fn is_real(&self) -> bool {
+        true
+    }
+}
+
+/// Real time ([`Instant::now`]): the default clock.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+}
+
+/// A clock that moves only when told ([`ManualClock::advance`]), for tests of lease times
+/// that must not sleep through real durations: give it to every agent of the test
+/// (`AgentConfig::clock`).
+#[derive(Debug)]
+pub struct ManualClock {
+    start: Instant,
+    offset: Mutex<Duration>,
+    wakers: Mutex<Vec<std::task::Waker>>,
+}
+
+impl ManualClock {
+    /// A clock standing at the real now.
+    pub fn new() -> std::sync::Arc<ManualClock> {
+        std::sync::Arc::new(ManualClock {
+            start: Instant::now(),
+            offset: Mutex::new(Duration::ZERO),
+            wakers: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Moves the clock forward by `d` and wakes what waits on it.
+    pub fn advance(&self, d: Duration) {
+        *self.offset.lock() += d;
+        for w in std::mem::take(&mut *self.wakers.lock()) {
+            w.wake();
+        }
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Instant {
+        self.start + *self.offset.lock()
+    }
+
+    fn wake_on_advance(&self, w: &std::task::Waker) {
+        let mut g = self.wakers.lock();
+        if !g.iter().any(|x| x.will_wake(w)) {
+            if g.len() >= MAX_WAKERS {
+                for x in g.drain(..) {
+                    x.wake();
+                }
+            }
+            g.push(w.clone());
+        }
+    }
+
+    fn is_real(&self) -> bool {
+        false
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Reader {
     Pending,
@@ -165,8 +241,9 @@ pub(crate) enum Reply {
 }
 
 /// Both roles' tables, the control queue and its thread.
-#[derive(Default)]
 pub(crate) struct Leases {
+    /// Where lease times come from.
+    pub(crate) clock: std::sync::Arc<dyn Clock>,
     pub(crate) published: Mutex<HashMap<u64, Published>>,
     pub(crate) held: Mutex<HashMap<(String, u64), Held>>,
     /// The blocks each held lease covers, from its GRANT (absent or empty: it names none).
@@ -185,6 +262,27 @@ pub(crate) struct Leases {
 const MAX_WAKERS: usize = 1 << 12;
 
 impl Leases {
+    /// Empty tables on `clock`.
+    pub(crate) fn new(clock: std::sync::Arc<dyn Clock>) -> Leases {
+        Leases {
+            clock,
+            published: Mutex::default(),
+            held: Mutex::default(),
+            held_blocks: Mutex::default(),
+            answers: Mutex::default(),
+            answered: Condvar::new(),
+            queue: Mutex::default(),
+            queued: Condvar::new(),
+            running: AtomicBool::new(false),
+            wakers: Mutex::default(),
+        }
+    }
+
+    /// Now, on the lease clock.
+    pub(crate) fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
     /// Registers a future to wake at the next answer or release.
     pub(crate) fn register(&self, w: &std::task::Waker) {
         let mut g = self.wakers.lock();
@@ -370,11 +468,11 @@ pub(crate) fn target_extend(
     renew: bool,
     secret: &Secret,
 ) -> Answer {
+    let now = l.now();
     let mut p = l.published.lock();
     let Some(lease) = p.get_mut(&id) else {
         return Answer::None;
     };
-    let now = Instant::now();
     let (ttl, published) = (lease.ttl, lease.published);
     let Some(r) = lease.readers.get_mut(reader) else {
         return Answer::None;
@@ -425,7 +523,7 @@ pub(crate) fn check_held(
 ) -> Result<()> {
     let held = leases.held.lock().get(&(owner.to_owned(), id.0)).copied();
     match held {
-        Some(h) if !h.released && Instant::now() < h.until => Ok(()),
+        Some(h) if !h.released && leases.now() < h.until => Ok(()),
         _ => Err(Error::LeaseExpired {
             agent: me.to_owned(),
             remote: owner.to_owned(),

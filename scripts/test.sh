@@ -38,6 +38,41 @@ trap skip_summary EXIT
 
 echo "== NIXL interop tests run against: nixl-cu13 $(PYTHONPATH="${NIXL_PYTHONPATH:-}" python3 -c 'from importlib.metadata import version; print(version("nixl-cu13"))' 2>/dev/null || echo 'MISSING (scripts/deps/nixl.sh)'), UCX $(basename "${NIXL_WHEEL_UCX:-none}")"
 cargo test --workspace --all-features --no-fail-fast "$@"
+# Every NIXL in the field (issue 40): the interop tests (metadata blob, side channel both
+# roles, etcd keys, notifications, READ and WRITE both ways, restarts, kills) against each
+# version the set-up installed, each with the UCX its wheel carries; a matrix at the end.
+echo "== NIXL versions in the field: nixl-backend-ucx's interop tests against each"
+interop_matrix() {
+    local rc=0 logs=()
+    for entry in "1.5.1=${NIXL_PYTHONPATH:-}=${NIXL_WHEEL_UCX:-}" ${NIXL_OLDER:-}; do
+        IFS='=' read -r v pp ucp <<<"$entry"
+        local log="target/interop-nixl-$v.log"
+        echo "-- NIXL $v, its UCX $(basename "$ucp")"
+        if ! NIXL_PYTHONPATH="$pp" NIXL_WHEEL_UCX="$ucp" timeout 600 cargo test -p nixl-backend-ucx \
+            --all-features --test nixl_interop -- --test-threads 2 >"$log" 2>&1; then
+            rc=1
+            grep -E "panicked|FAILED" "$log" | head -20
+        fi
+        logs+=("$v=$log")
+    done
+    python3 - "${logs[@]}" <<'PY'
+import re, sys
+cols, rows = [], {}
+for arg in sys.argv[1:]:
+    v, log = arg.split("=", 1)
+    cols.append(v)
+    for line in open(log, errors="replace"):
+        m = re.match(r"test (\S+) \.\.\. (ok|FAILED|ignored)", line)
+        if m:
+            rows.setdefault(m.group(1), {})[v] = m.group(2)
+print("| interop test | " + " | ".join("NIXL " + c for c in cols) + " |")
+print("|---|" + "---|" * len(cols))
+for t in sorted(rows):
+    print(f"| {t} | " + " | ".join(rows[t].get(c, "MISSING") for c in cols) + " |")
+PY
+    return $rc
+}
+interop_matrix
 echo "== quick start (docs/concepts.md, two processes over UCX)"
 cargo run --quiet --all-features --example quickstart
 for op in write read; do

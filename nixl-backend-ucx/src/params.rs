@@ -47,7 +47,8 @@ pub struct UcxParams {
     /// UCX keep-alive interval (`UCX_KEEPALIVE_INTERVAL`): how soon a silent dead peer is
     /// detected. Over tcp it also bounds how long sent data may stay unacknowledged
     /// (`UCX_TCP_USER_TIMEOUT`, [`TCP_USER_TIMEOUT_FACTOR`] times the interval, at least a
-    /// second): without that, a peer behind a failed link is never declared dead while a
+    /// second; UCX 1.22 and later, where the option exists): without that, a peer behind a
+    /// failed link is never declared dead while a
     /// transfer to it is in flight (UCX's keep-alive messages queue behind the unacknowledged
     /// data), so the request can only time out and its memory must then be kept, as UCX
     /// cannot confirm it stopped. Default: [`DEFAULT_KEEPALIVE`]. `None`: off (UCX's own
@@ -219,7 +220,9 @@ impl UcxParams {
             ));
             let user_set = std::env::var_os("UCX_TCP_USER_TIMEOUT").is_some()
                 || self.config.iter().any(|(n, _)| n == "TCP_USER_TIMEOUT");
-            if !user_set {
+            // UCX has the option from 1.22 on (NIXL 1.3's wheel carries UCX 1.21, which
+            // refuses the name): older ones detect a silent peer by keep-alive alone.
+            if !user_set && (version.0, version.1) >= (1, 22) {
                 let t = (k * TCP_USER_TIMEOUT_FACTOR).max(Duration::from_secs(1));
                 v.push((
                     "TCP_USER_TIMEOUT".to_owned(),
@@ -412,6 +415,13 @@ mod tests {
         };
         assert!(get(&off, "TCP_USER_TIMEOUT").is_empty());
         assert!(get(&off, "KEEPALIVE_INTERVAL").is_empty());
+        // UCX 1.21 (NIXL 1.3's wheel) has no such option: not set there, keep-alive is.
+        let old = UcxParams::default().ucx_config((1, 21, 0));
+        assert!(!old.iter().any(|(n, _)| n == "TCP_USER_TIMEOUT"), "{old:?}");
+        assert!(
+            old.iter().any(|(n, _)| n == "KEEPALIVE_INTERVAL"),
+            "{old:?}"
+        );
         assert_eq!(UcxParams::from_map(&off.to_map()).unwrap(), off);
     }
 

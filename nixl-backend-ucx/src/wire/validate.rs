@@ -506,8 +506,9 @@ fn check_tcp_device(d: &[u8]) -> Result<(), String> {
     let ok = match (flags, family) {
         (0, AF_INET) => d.len() == 2 + 4,
         (0, AF_INET6) => d.len() == 2 + 16,
-        // uct_iface_local_addr_ns_t: a u64 id and a u32 namespace.
-        (1, AF_INET | AF_INET6) => d.len() == 2 + 12,
+        // uct_iface_local_addr_ns_t: a u64 id and the namespace, a u32 from UCX 1.22 on
+        // (12 bytes), a u64 before (16 bytes: UCX 1.21, in NIXL 1.3's wheel).
+        (1, AF_INET | AF_INET6) => d.len() == 2 + 12 || d.len() == 2 + 16,
         _ => false,
     };
     if ok {
@@ -551,6 +552,28 @@ mod tests {
         assert_eq!(PidField::PosixProcfs.pid(&seg(0x4 << 60, 14, 0x42f2)), None);
         assert_eq!(PidField::PosixProcfs.pid(&seg(0x9 << 60, 14, 0x42f2)), None);
         assert_eq!(PidField::PosixProcfs.pid(&[1, 2, 3]), None);
+    }
+
+    #[test]
+    fn tcp_device_addresses_of_ucx_1_21_to_1_23_are_taken_and_others_refused() {
+        // Loopback (flag 1): the namespace is a u32 from UCX 1.22 on, a u64 in 1.21 (NIXL
+        // 1.3's wheel; refused before, so no 1.3 peer over tcp loaded).
+        for len in [12, 16] {
+            let mut d = vec![1, AF_INET];
+            d.resize(2 + len, 7);
+            assert_eq!(check_tcp_device(&d), Ok(()), "{len}");
+        }
+        assert!(check_tcp_device(&[0, AF_INET, 10, 0, 0, 1]).is_ok());
+        for bad in [
+            vec![1, AF_INET, 0, 0],
+            [vec![1, AF_INET], vec![0; 14]].concat(),
+            [vec![1, AF_INET], vec![0; 20]].concat(),
+            vec![0, AF_INET, 10, 0, 0],
+            vec![2, AF_INET, 10, 0, 0, 1],
+            vec![1],
+        ] {
+            assert!(check_tcp_device(&bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

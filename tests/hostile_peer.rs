@@ -4,6 +4,7 @@
 //! skips with a printed reason when UCX cannot be loaded.
 
 use nixl_testkit::ucx::hostile;
+use nixl_testkit::ucx::ucx_or_skip;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -18,9 +19,9 @@ use nixl::core::wire::sidechannel::frame::{
 };
 use nixl::core::wire::sidechannel::read_frame;
 use nixl::core::{ErrorKind, RegionDesc};
-use nixl::ucx::{fuzzing, probe, UcxParams};
+use nixl::ucx::fuzzing;
 use nixl::{Agent, HostBuffer, MemKind};
-use nixl_testkit::{signal, skip, Dep};
+use nixl_testkit::signal;
 
 const CHILD: &str = "victim_role";
 const TCP: &str = "tcp";
@@ -30,16 +31,6 @@ const SHM: &str = "shm,cma,self";
 #[ignore = "child process entry point: spawned (with --ignored) by a parent test of this file"]
 fn victim_role() {
     hostile::child_entry();
-}
-
-fn ucx_or_skip(test: &str) -> bool {
-    match probe(&UcxParams::default()) {
-        Ok(_) => true,
-        Err(e) => {
-            skip(test, Dep::Ucx, format!("no usable UCX: {e}"));
-            false
-        }
-    }
 }
 
 fn cred() -> Credential {

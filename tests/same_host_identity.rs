@@ -14,9 +14,10 @@ use nixl::core::wire::codec::AgentMetadata;
 use nixl::core::wire::sidechannel::frame::{decode, encode_plain, Kind};
 use nixl::core::wire::sidechannel::read_frame;
 use nixl::core::{ErrorKind, RegionDesc};
-use nixl::ucx::{probe, UcxParams};
+use nixl::ucx::UcxParams;
 use nixl::{Agent, AgentConfig, HostBuffer};
 use nixl_testkit::two_process::{child_main, Child};
+use nixl_testkit::ucx::ucx_or_skip;
 use nixl_testkit::{skip, Dep};
 
 const CHILD: &str = "identity_role";
@@ -207,16 +208,6 @@ fn start_time(pid: u32) -> Result<u64, String> {
         .nth(19)
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| "stat field 22".to_owned())
-}
-
-fn ucx_or_skip(test: &str) -> bool {
-    match probe(&UcxParams::default()) {
-        Ok(_) => true,
-        Err(e) => {
-            skip(test, Dep::Ucx, format!("no usable UCX: {e}"));
-            false
-        }
-    }
 }
 
 /// Spawns an actor and waits for its exit: it returns 0 when every check it made held.

@@ -14,10 +14,10 @@ use nixl::core::wire::codec::AgentMetadata;
 use nixl::core::ErrorKind;
 use nixl::core::MetadataSelection;
 use nixl::nixl_wire::NixlMetadata;
-use nixl::ucx::{probe, UcxParams};
+use nixl::ucx::UcxParams;
 use nixl::{Agent, AgentConfig, HostBuffer, MemKind, XferDescList, XferOp};
 use nixl_testkit::two_process::{child_main, Child};
-use nixl_testkit::{skip, Dep};
+use nixl_testkit::ucx::ucx_or_skip;
 
 const CHILD: &str = "reader_role";
 const WAIT: Duration = Duration::from_secs(60);
@@ -104,16 +104,6 @@ fn reader_role() {
             (want, got) => Err(format!("kv = {want}: READ gave {got:?}, kv regions {kv:?}")),
         }
     });
-}
-
-fn ucx_or_skip(test: &str) -> bool {
-    match probe(&UcxParams::default()) {
-        Ok(_) => true,
-        Err(e) => {
-            skip(test, Dep::Ucx, format!("no usable UCX: {e}"));
-            false
-        }
-    }
 }
 
 fn labels(md: &[u8]) -> Vec<String> {

@@ -6,6 +6,7 @@
 //! (the blob's checksums recomputed, as an attacker on the same host can).
 
 use nixl_testkit::ucx::hostile;
+use nixl_testkit::ucx::ucx_or_skip;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,21 +14,10 @@ use std::time::Duration;
 use nixl::core::backend::ProcessId;
 use nixl::core::wire::codec::AgentMetadata;
 use nixl::core::{ErrorKind, RegionDesc};
-use nixl::ucx::{fuzzing, probe, UcxParams};
+use nixl::ucx::{fuzzing, UcxParams};
 use nixl::{Agent, HostBuffer, MemKind, XferDescList, XferOp, XferOptions};
-use nixl_testkit::{skip, Dep};
 
 const SHM: &str = "shm,cma,self";
-
-fn ucx_or_skip(test: &str) -> bool {
-    match probe(&UcxParams::default()) {
-        Ok(_) => true,
-        Err(e) => {
-            skip(test, Dep::Ucx, format!("no usable UCX: {e}"));
-            false
-        }
-    }
-}
 
 fn registered(a: &Agent, len: usize) -> (Arc<HostBuffer>, nixl::Registration) {
     let b = Arc::new(HostBuffer::new(len).expect("alloc"));

@@ -30,6 +30,29 @@ fn agent(prefix: &str, cfg: AgentConfig) -> Agent {
     a
 }
 
+/// One credential per id.
+fn credentials(ids: &[&str]) -> Vec<Credential> {
+    ids.iter()
+        .map(|id| Credential::generate(id).unwrap())
+        .collect()
+}
+
+/// A listening member of `creds` holding `own` and trusting the others.
+fn member(creds: &[Credential], own: &Credential) -> AgentConfig {
+    let mut auth = Auth::new(own.clone());
+    auth.trusted = creds
+        .iter()
+        .filter(|c| c.id() != own.id())
+        .cloned()
+        .collect();
+    AgentConfig {
+        listen: true,
+        default_timeout: Duration::from_secs(5),
+        auth: Some(auth),
+        ..AgentConfig::default()
+    }
+}
+
 /// Sends raw bytes and returns the reply body.
 fn raw(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
     let mut s = TcpStream::connect(addr).unwrap();
@@ -410,24 +433,10 @@ fn a_notification_flood_is_bounded_and_reported_once() {
 /// default (`Anyone`) serves every accepted member, as before.
 #[test]
 fn a_fetch_policy_serves_loaded_peers_only() {
-    let creds: Vec<Credential> = ["victim", "loaded", "stranger"]
-        .iter()
-        .map(|id| Credential::generate(id).unwrap())
-        .collect();
-    let cfg = |own: &Credential, policy: nixl_core::access::FetchPolicy| {
-        let mut auth = Auth::new(own.clone());
-        auth.trusted = creds
-            .iter()
-            .filter(|c| c.id() != own.id())
-            .cloned()
-            .collect();
-        AgentConfig {
-            listen: true,
-            default_timeout: Duration::from_secs(5),
-            auth: Some(auth),
-            fetch_policy: policy,
-            ..AgentConfig::default()
-        }
+    let creds = credentials(&["victim", "loaded", "stranger"]);
+    let cfg = |own: &Credential, policy: nixl_core::access::FetchPolicy| AgentConfig {
+        fetch_policy: policy,
+        ..member(&creds, own)
     };
     use nixl_core::access::FetchPolicy::{Anyone, LoadedPeers};
     let victim = agent("policy-victim", cfg(&creds[0], LoadedPeers));
@@ -467,24 +476,10 @@ fn a_fetch_policy_serves_loaded_peers_only() {
 /// rest of the metadata only.
 #[test]
 fn a_share_reaches_the_listed_credential_only() {
-    let creds: Vec<Credential> = ["owner", "decode", "router"]
-        .iter()
-        .map(|id| Credential::generate(id).unwrap())
-        .collect();
-    let cfg = |own: &Credential, shares: Vec<nixl_core::access::Share>| {
-        let mut auth = Auth::new(own.clone());
-        auth.trusted = creds
-            .iter()
-            .filter(|c| c.id() != own.id())
-            .cloned()
-            .collect();
-        AgentConfig {
-            listen: true,
-            default_timeout: Duration::from_secs(5),
-            auth: Some(auth),
-            shares,
-            ..AgentConfig::default()
-        }
+    let creds = credentials(&["owner", "decode", "router"]);
+    let cfg = |own: &Credential, shares: Vec<nixl_core::access::Share>| AgentConfig {
+        shares,
+        ..member(&creds, own)
     };
     let decode = agent("share-decode", cfg(&creds[1], Vec::new()));
     let router = agent("share-router", cfg(&creds[2], Vec::new()));

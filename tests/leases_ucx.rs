@@ -199,7 +199,7 @@ fn lease_impostor() {
             // RELEASE, RENEW: in the format without a secret (which the old code took) and
             // with a guessed (zero) one.
             for secret in [&[][..], &[0u8; 16][..]] {
-                a.gen_notif(&env.parent, &lease_msg(kind, id, secret), &[])
+                a.gen_notif_raw(&env.parent, &lease_msg(kind, id, secret))
                     .map_err(|e| e.to_string())?;
             }
         }
@@ -317,14 +317,22 @@ fn lease_flooder() {
             .map_err(|e| e.to_string())?;
         env.connect(&a, WAIT)?;
         let n: u64 = env.parse("count")?;
+        let mut sent = 0u64;
         let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ u64::from(std::process::id());
         for _ in 0..n {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
             let secret = [x.to_le_bytes(), x.to_be_bytes()].concat();
-            // A full queue is refused typed: the flood goes on.
-            let _ = a.gen_notif(&env.parent, &lease_msg(1, x, &secret), &[]);
+            match a.gen_notif_raw(&env.parent, &lease_msg(1, x, &secret)) {
+                Ok(()) => sent += 1,
+                // A full queue is refused typed: the flood goes on.
+                Err(e) if e.kind() == nixl::core::ErrorKind::LimitExceeded => {}
+                Err(e) => return Err(format!("ACQUIRE {x}: {e}")),
+            }
+        }
+        if sent < n / 2 {
+            return Err(format!("only {sent} of {n} ACQUIREs went out: no flood"));
         }
         a.gen_notif(&env.parent, b"flooded", &[])
             .map_err(|e| e.to_string())?;

@@ -162,6 +162,7 @@ pub mod leases {
     pub use crate::agent::lease::{Lease, LeaseEnd, LeaseFuture, Renewal};
     pub use crate::lease::{
         Clock, LeaseId, LeaseState, ManualClock, SystemClock, MAX_LEASE_BLOCKS,
+        RESERVED_NOTIF_PREFIX,
     };
 }
 

@@ -327,7 +327,7 @@ fn lease_messages_stay_off_the_notifications_and_garbage_is_dropped() {
     junk.push(grant);
     for _ in 0..2000 {
         for j in &junk {
-            p.target.gen_notif(p.reader.name(), j, &[]).unwrap();
+            p.target.gen_notif_raw(p.reader.name(), j).unwrap();
         }
     }
     p.target.gen_notif(p.reader.name(), b"plain", &[]).unwrap();
@@ -630,4 +630,44 @@ fn a_lease_carries_its_blocks_and_requests_stay_inside_them() {
     p.reader.post_xfer_req(&r).unwrap();
     r.wait(ASK).unwrap();
     drop((lease, l2));
+}
+
+/// Lease control messages start with a reserved prefix the receiving agent takes for its own:
+/// an application's notification that starts with it is refused at every way in (it would
+/// vanish on the peer), and nothing reaches the peer.
+#[test]
+fn the_reserved_notification_prefix_is_refused_typed() {
+    let p = pair("reserved");
+    let mut msg = nixl_core::leases::RESERVED_NOTIF_PREFIX.to_vec();
+    msg.extend_from_slice(b"mine");
+    let e = p.reader.gen_notif(p.target.name(), &msg, &[]).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidParam, "{e}");
+    let opts = XferOptions {
+        notif: Some(msg.clone()),
+        ..XferOptions::default()
+    };
+    let l = XferDescList::from_descs(MemKind::Dram, [Desc::new(p.dst.addr(), 64)]);
+    let r = XferDescList::from_descs(MemKind::Dram, [Desc::new(p.src.addr(), 64)]);
+    let e = p
+        .reader
+        .create_xfer_req(XferOp::Read, &l, &r, p.target.name(), opts)
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidParam, "{e}");
+    let req = read(&p, None).unwrap();
+    let e = req.set_notif(Some(msg)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidParam, "{e}");
+    // The prefix inside a message (not at its start) is the application's.
+    let ok = b"x\0nixl-rs/lease\0".to_vec();
+    p.reader.gen_notif(p.target.name(), &ok, &[]).unwrap();
+    let end = Instant::now() + ASK;
+    let mut got = Vec::new();
+    while got.is_empty() && Instant::now() < end {
+        got = p
+            .target
+            .wait_notifs(Duration::from_millis(50))
+            .unwrap()
+            .remove(p.reader.name())
+            .unwrap_or_default();
+    }
+    assert_eq!(got, [ok]);
 }

@@ -80,6 +80,9 @@ impl Agent {
                 &remote_name,
             )?;
         }
+        if let Some(n) = &opts.notif {
+            crate::lease::check_user_notif(me, Op::MakeXfer, n)?;
+        }
         let wants_notif = opts.notif.is_some() || opts.integrity;
         let candidates = self
             .select_backends(Op::MakeXfer, &opts.backends)?

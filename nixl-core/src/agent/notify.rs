@@ -206,10 +206,20 @@ impl Agent {
         self.shared.notifs.dropped()
     }
 
-    /// Sends a standalone notification to a loaded peer.
+    /// Sends a standalone notification to a loaded peer. A message may not start with
+    /// [`RESERVED_NOTIF_PREFIX`](crate::leases::RESERVED_NOTIF_PREFIX) (`InvalidParam`): the
+    /// peer's agent takes those as its own lease messages.
     #[doc(alias = "genNotif")]
     pub fn gen_notif(&self, remote: &str, msg: &[u8], hints: &[BackendHandle]) -> Result<()> {
+        crate::lease::check_user_notif(self.name(), Op::GenNotif, msg)?;
         self.notify(remote, msg, hints, false)
+    }
+
+    /// [`Agent::gen_notif`] without the reserved-prefix check: `msg` goes as is, for tests that
+    /// play a hostile peer (a forged or malformed lease message). Not a stable API.
+    #[doc(hidden)]
+    pub fn gen_notif_raw(&self, remote: &str, msg: &[u8]) -> Result<()> {
+        self.notify(remote, msg, &[], false)
     }
 
     /// A lease control message to `remote`: posted without waiting ([`Agent::notify`]).

@@ -239,6 +239,9 @@ impl XferReq {
                 op: Op::PostXfer,
             });
         }
+        if let Some(m) = &msg {
+            crate::lease::check_user_notif(&self.shared.name, Op::PostXfer, m)?;
+        }
         if msg.is_some() && !self.backend.caps.notifications {
             return Err(Error::not_supported(
                 &self.shared.name,

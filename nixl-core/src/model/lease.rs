@@ -10,8 +10,27 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Op, Result};
 
-/// The first bytes of every lease control message.
-pub(crate) const PREFIX: &[u8] = b"\0nixl-rs/lease\0";
+/// The first bytes of every lease control message: reserved. The receiving agent takes a
+/// notification that starts with them as its own control message (it never reaches
+/// `get_notifs`), so an application's notification may not start with them (`InvalidParam`
+/// at `gen_notif`, at make with `XferOptions::notif`, at `XferReq::set_notif`).
+pub const RESERVED_NOTIF_PREFIX: &[u8] = b"\0nixl-rs/lease\0";
+pub(crate) const PREFIX: &[u8] = RESERVED_NOTIF_PREFIX;
+
+/// `InvalidParam` for an application's notification that starts with
+/// [`RESERVED_NOTIF_PREFIX`] (it would be taken for a lease control message and never
+/// delivered).
+pub(crate) fn check_user_notif(me: &str, op: Op, msg: &[u8]) -> Result<()> {
+    if msg.starts_with(PREFIX) {
+        return Err(Error::invalid(
+            me,
+            op,
+            "a notification may not start with nixl-rs's reserved prefix \\0nixl-rs/lease\\0 \
+             (RESERVED_NOTIF_PREFIX: the peer would take it for a lease control message)",
+        ));
+    }
+    Ok(())
+}
 /// Control messages queued for the lease thread at most (a flood beyond is dropped).
 pub(crate) const MAX_QUEUED: usize = 1 << 16;
 /// Control messages of one sender queued at most: a flood from one peer leaves the queue to

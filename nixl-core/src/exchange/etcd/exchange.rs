@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use super::client::prefix_end;
 use super::config::{check_label, EtcdConfig, Resolved, DEFAULT_LABEL};
-use super::lease::{keep_alive, put_leased, LeaseState};
+use super::keepalive::{keep_alive, put_leased, LeaseState};
 use super::pb;
 use super::rpc::{block_on, Rpc};
 use super::watch::{self, PeerTable};

@@ -45,7 +45,7 @@
 mod client;
 mod config;
 mod exchange;
-mod lease;
+mod keepalive;
 mod local;
 mod pb;
 mod rpc;

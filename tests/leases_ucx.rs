@@ -451,3 +451,55 @@ fn renewals_hold_under_a_flood_and_behind_data() {
     assert!(in_flight_renewals >= 1, "no renewal went out behind data");
     drop(flooder);
 }
+
+/// Issue 36: a lease on the most blocks a grant carries (`MAX_LEASE_BLOCKS`, 4,096 ranges of
+/// 4 KiB a page apart: about 96 KiB of GRANT) crosses UCX tcp whole; the reader's `blocks()`
+/// are the owner's ranges, and a READ of one of them under the lease moves its bytes.
+#[test]
+fn a_grant_with_the_most_blocks_crosses_ucx() {
+    if !ucx_or_skip("a_grant_with_the_most_blocks_crosses_ucx") {
+        return;
+    }
+    let pid = std::process::id();
+    let (owner, reader) = (
+        agent(&format!("blocks-owner-{pid}")),
+        agent(&format!("blocks-reader-{pid}")),
+    );
+    const BLK: u64 = 4096;
+    let n = nixl::leases::MAX_LEASE_BLOCKS as u64;
+    let pool = Arc::new(HostBuffer::new((2 * n * BLK) as usize).unwrap());
+    pool.fill(0x5A);
+    let dst = Arc::new(HostBuffer::new(BLK as usize).unwrap());
+    let _rp = owner.register_mem(vec![pool.clone()], &[]).unwrap();
+    let _rd = reader.register_mem(vec![dst.clone()], &[]).unwrap();
+    owner
+        .load_remote_metadata(&reader.local_metadata().unwrap())
+        .unwrap();
+    reader
+        .load_remote_metadata(&owner.local_metadata().unwrap())
+        .unwrap();
+    let blocks: Vec<Desc> = (0..n)
+        .map(|i| Desc::new(pool.addr() + 2 * i * BLK, BLK))
+        .collect();
+    let id = owner
+        .publish_lease_blocks(&[reader.name()], Duration::from_secs(60), &blocks)
+        .unwrap();
+    let lease = reader.lease(owner.name(), id, WAIT).unwrap();
+    assert_eq!(lease.blocks(), blocks, "every range, in order");
+    let last = blocks[blocks.len() - 1];
+    let req = reader
+        .create_xfer_req(
+            XferOp::Read,
+            &XferDescList::from_descs(MemKind::Dram, [Desc::new(dst.addr(), BLK)]),
+            &XferDescList::from_descs(MemKind::Dram, [last]),
+            owner.name(),
+            XferOptions {
+                lease: Some(id),
+                ..XferOptions::default()
+            },
+        )
+        .unwrap();
+    reader.post_xfer_req(&req).unwrap();
+    req.wait(WAIT).unwrap();
+    assert!(dst.to_vec().iter().all(|&b| b == 0x5A));
+}

@@ -4,11 +4,13 @@
 //!
 //! Prefill: TP `--tp` ranks, each its own process (this program with `--prefill-rank`), pools
 //! on GPU 0 in HND order. Decode: one rank (TP 1) on GPU 1 in NHD order, over `CUDA_IPC`.
-//! - one pass: `plan_read_tiles` -> one tile request per prefill rank (the tile kernel gathers
-//!   each rank's heads into NHD blocks while it reads them over NVLink);
-//! - move, then permute: `plan_read` into a staging pool in the prefill order (HND, all heads,
-//!   contiguous pieces over NVLink), then the staging pool permuted into the NHD cache by the
-//!   tile kernel on GPU 1 (a second kernel, local memory);
+//! - one pass: `KvLayout::plan` (tiles: HND -> NHD) and `Agent::make_kv_xfers` -> one tile
+//!   request per prefill rank (the tile kernel gathers each rank's heads into NHD blocks while
+//!   it reads them over NVLink);
+//! - move, then permute: the same planner into a staging pool in the prefill order (HND, all
+//!   heads: contiguous pieces over NVLink), then the staging pool permuted into the NHD cache
+//!   by the tile kernel on GPU 1 (a second kernel, local memory; tiles from this agent's own
+//!   staging table);
 //! - the link: each prefill rank's whole pool read as one descriptor (the same bytes, no
 //!   rearrangement): the best plain copy CUDA_IPC makes over this link.
 //!
@@ -23,10 +25,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use nixl_core::kv::{KvLayout, KvOrder, KvTensor};
+use nixl_core::kv::{KvLayout, KvOrder, KvPeer, KvTensor};
 use nixl_core::{
-    Agent, AgentConfig, Desc, MemKind, PreparedList, Registration, XferDescList, XferOp,
-    XferOptions, XferReq, XferTarget,
+    Agent, AgentConfig, Desc, MemKind, Registration, XferDescList, XferOp, XferOptions, XferReq,
 };
 use nixl_mem::{CudaIpcParams, DeviceBuffer};
 
@@ -294,11 +295,6 @@ struct Decode {
     _regs: Vec<Registration>,
 }
 
-fn strided(a: &Agent, target: XferTarget<'_>, l: &KvLayout) -> Result<PreparedList, String> {
-    a.prep_strided_dlist(target, &l.block_table(), &[])
-        .map_err(|e| e.to_string())
-}
-
 fn run(args: &Args) -> Result<(), String> {
     let layers = layers(&args.model)?;
     let pid = std::process::id();
@@ -367,28 +363,24 @@ fn measure(args: &Args, d: &Decode, peers: &[(String, KvLayout)]) -> Result<(), 
     let (sids, dids) = (ids(args.blocks, 3), ids(args.blocks, 7));
     let tokens = args.blocks * u64::from(TOKENS_PER_BLOCK);
     let e = |e: nixl_core::Error| e.to_string();
-    let mine = strided(a, XferTarget::Initiator, &d.layout)?;
-    // One pass: tiles from every prefill rank straight into the NHD cache.
+    // One pass: tiles from every prefill rank straight into the NHD cache (the one planner
+    // picks tiles for HND -> NHD).
+    let prefill: Vec<KvPeer<'_>> = side
+        .iter()
+        .map(|&(name, layout)| KvPeer {
+            name,
+            layout,
+            blocks: &sids,
+        })
+        .collect();
     let plan = d
         .layout
-        .plan_read_tiles(&side, &sids, &dids, tokens)
+        .plan(XferOp::Read, &dids, &prefill, tokens)
         .map_err(e)?;
-    let mut one = Vec::new();
-    for t in &plan.transfers {
-        let peer = &peers.iter().find(|(n, _)| *n == t.peer).ok_or("peer")?.1;
-        let theirs = strided(a, XferTarget::Agent(&t.peer), peer)?;
-        one.push(
-            a.make_tile_xfer(
-                plan.op,
-                &mine,
-                &theirs,
-                &t.shape,
-                &t.tiles,
-                XferOptions::default(),
-            )
-            .map_err(e)?,
-        );
+    if !plan.has_tiles() {
+        return Err("HND -> NHD planned without tiles".to_owned());
     }
+    let one = a.make_kv_xfers(&plan, &XferOptions::default()).map_err(e)?;
     let bytes = plan.bytes();
     d.cache.fill(0xDD).map_err(|e| e.to_string())?;
     let first = timed(&one, a)?;
@@ -399,41 +391,27 @@ fn measure(args: &Args, d: &Decode, peers: &[(String, KvLayout)]) -> Result<(), 
     // Move in the source layout (HND staging, all heads), then permute on GPU 1.
     let moves = d
         .staging_layout
-        .plan_read(&side, &sids, &dids, tokens)
+        .plan(XferOp::Read, &dids, &prefill, tokens)
         .map_err(e)?;
-    let mut mv = Vec::new();
-    for t in &moves.transfers {
-        mv.push(
-            a.create_xfer_req(
-                moves.op,
-                &t.local,
-                &t.remote,
-                &t.peer,
-                XferOptions::default(),
-            )
-            .map_err(e)?,
-        );
+    if moves.has_tiles() {
+        return Err("HND -> HND staging planned with tiles".to_owned());
     }
+    let mv = a
+        .make_kv_xfers(&moves, &XferOptions::default())
+        .map_err(e)?;
     let me = a.name().to_owned();
+    let staging = [KvPeer {
+        name: me.as_str(),
+        layout: &d.staging_layout,
+        blocks: &dids,
+    }];
     let perm_plan = d
         .layout
-        .plan_read_tiles(&[(me.as_str(), &d.staging_layout)], &dids, &dids, tokens)
+        .plan(XferOp::Read, &dids, &staging, tokens)
         .map_err(e)?;
-    let staged = strided(a, XferTarget::Agent(&me), &d.staging_layout)?;
-    let mut perm = Vec::new();
-    for t in &perm_plan.transfers {
-        perm.push(
-            a.make_tile_xfer(
-                perm_plan.op,
-                &mine,
-                &staged,
-                &t.shape,
-                &t.tiles,
-                XferOptions::default(),
-            )
-            .map_err(e)?,
-        );
-    }
+    let perm = a
+        .make_kv_xfers(&perm_plan, &XferOptions::default())
+        .map_err(e)?;
     d.cache.fill(0xDD).map_err(|e| e.to_string())?;
     timed(&mv, a)?;
     timed(&perm, a)?;

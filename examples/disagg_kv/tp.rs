@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nixl::kv::{KvLayout, KvOrder, KvTensor};
+use nixl::kv::{KvLayout, KvOrder, KvPeer, KvTensor};
 use nixl::ucx::UcxParams;
 use nixl::{Agent, AgentConfig, HostBuffer, MemKind, XferOp, XferOptions};
 
@@ -297,18 +297,14 @@ fn prefill_run(o: &TpOpts, ranks: &[Rank]) -> Res<()> {
     if o.op == XferOp::Write {
         let side: Vec<(&str, &KvLayout)> = decode.iter().map(|(n, l)| (n.as_str(), l)).collect();
         for q in 0..o.requests {
+            let theirs = ids(o, q, false);
+            let peers = kv_peers(&side, &theirs);
             for r in ranks {
-                let plan =
-                    r.layout
-                        .plan_write(&side, &ids(o, q, true), &ids(o, q, false), o.tokens)?;
-                for t in &plan.transfers {
-                    let req = r.agent.create_xfer_req(
-                        plan.op,
-                        &t.local,
-                        &t.remote,
-                        &t.peer,
-                        XferOptions::with_notif(format!("req {q}").into_bytes()),
-                    )?;
+                let plan = r
+                    .layout
+                    .plan(XferOp::Write, &ids(o, q, true), &peers, o.tokens)?;
+                let opts = XferOptions::with_notif(format!("req {q}").into_bytes());
+                for req in r.agent.make_kv_xfers(&plan, &opts)? {
                     r.agent.post_xfer_req(&req)?;
                     req.wait(o.timeout)?;
                 }
@@ -378,31 +374,32 @@ pub(crate) fn decode(o: &TpOpts) -> Res<()> {
     outcome
 }
 
+/// The other side's ranks, each at the request's `blocks` there.
+fn kv_peers<'a>(side: &[(&'a str, &'a KvLayout)], blocks: &'a [u64]) -> Vec<KvPeer<'a>> {
+    side.iter()
+        .map(|&(name, layout)| KvPeer {
+            name,
+            layout,
+            blocks,
+        })
+        .collect()
+}
+
 fn decode_run(o: &TpOpts, ranks: &[Rank], side: &[(&str, &KvLayout)], mail: &mut Mail) -> Res<()> {
     let (mut bytes, mut busy, mut pieces) = (0u64, Duration::ZERO, 0usize);
     for q in 0..o.requests {
         let (pids, dids) = (ids(o, q, true), ids(o, q, false));
+        let peers = kv_peers(side, &pids);
         for r in ranks {
-            let plan = r.layout.plan_read(side, &pids, &dids, o.tokens)?;
+            let plan = r.layout.plan(XferOp::Read, &dids, &peers, o.tokens)?;
             bytes += plan.bytes();
             pieces += plan.pieces();
             let t0 = Instant::now();
             if o.op == XferOp::Read {
-                let reqs = plan
-                    .transfers
-                    .iter()
-                    .map(|t| {
-                        let req = r.agent.create_xfer_req(
-                            plan.op,
-                            &t.local,
-                            &t.remote,
-                            &t.peer,
-                            XferOptions::default(),
-                        )?;
-                        r.agent.post_xfer_req(&req)?;
-                        Ok(req)
-                    })
-                    .collect::<Res<Vec<_>>>()?;
+                let reqs = r.agent.make_kv_xfers(&plan, &XferOptions::default())?;
+                for req in &reqs {
+                    r.agent.post_xfer_req(req)?;
+                }
                 for req in &reqs {
                     req.wait(o.timeout)?;
                 }

@@ -3,7 +3,7 @@
 //! blocks' tokens in one. Every form refuses it now, typed (`InvalidParam`), and nothing moves;
 //! the same ids without the repeat still work. Sources may repeat (one block read twice).
 
-use nixl_core::kv::{KvLayout, KvOrder};
+use nixl_core::kv::{KvLayout, KvOrder, KvPeer};
 use nixl_core::{
     Agent, ErrorKind, MemKind, StridedDesc, StridedDescList, XferDescList, XferOp, XferOptions,
     XferTarget,
@@ -201,6 +201,10 @@ fn index_and_block_forms_refuse_a_destination_listed_twice() {
 }
 
 fn kv(tp: u32, r: u32) -> KvLayout {
+    kv_in(tp, r, KvOrder::Nhd)
+}
+
+fn kv_in(tp: u32, r: u32, order: KvOrder) -> KvLayout {
     let shape = nixl_testkit::kv::KvShape {
         layers: 2,
         heads: 8,
@@ -208,7 +212,7 @@ fn kv(tp: u32, r: u32) -> KvLayout {
         mla: false,
         blocks: 64,
     };
-    nixl_testkit::kv::pool_layout(shape, tp, r, 16, KvOrder::Nhd, 0, 1 << 30)
+    nixl_testkit::kv::pool_layout(shape, tp, r, 16, order, 0, 1 << 30)
 }
 
 #[test]
@@ -216,23 +220,51 @@ fn kv_planners_refuse_a_block_listed_twice() {
     let (d, p) = (kv(1, 0), kv(1, 0));
     let src: Vec<u64> = (0..4).collect();
     let dup = [10, 11, 10, 12];
+    let peer = |name, layout, blocks| {
+        [KvPeer {
+            name,
+            layout,
+            blocks,
+        }]
+    };
     refused(
-        "plan_read (decode table)",
-        d.plan_read(&[("p", &p)], &src, &dup, 64).unwrap_err(),
+        "plan (Read, decode table)",
+        d.plan(XferOp::Read, &dup, &peer("p", &p, &src), 64)
+            .unwrap_err(),
     );
     refused(
-        "plan_write (decode table)",
-        p.plan_write(&[("d", &d)], &src, &dup, 64).unwrap_err(),
+        "plan (Write, decode table)",
+        p.plan(XferOp::Write, &src, &peer("d", &d, &dup), 64)
+            .unwrap_err(),
     );
+    // Another order (tiles: HND -> NHD): refused the same.
+    let hnd = kv_in(1, 0, KvOrder::Hnd);
     refused(
-        "plan_read_tiles",
-        d.plan_read_tiles(&[("p", &p)], &src, &dup, 64).unwrap_err(),
+        "plan (Read, tiles, decode table)",
+        d.plan(XferOp::Read, &dup, &peer("p", &hnd, &src), 64)
+            .unwrap_err(),
     );
+    // The deprecated per-form entries refuse it too (they run the same planner).
+    #[allow(deprecated)]
+    {
+        refused(
+            "plan_read (decode table)",
+            d.plan_read(&[("p", &p)], &src, &dup, 64).unwrap_err(),
+        );
+        refused(
+            "plan_write (decode table)",
+            p.plan_write(&[("d", &d)], &src, &dup, 64).unwrap_err(),
+        );
+        refused(
+            "plan_read_tiles",
+            d.plan_read_tiles(&[("p", &p)], &src, &dup, 64).unwrap_err(),
+        );
+    }
     // Ids past what the request uses do not matter: 33 tokens use 3 blocks of 16.
     assert!(d
-        .plan_read(&[("p", &p)], &src, &[10, 11, 12, 10], 33)
+        .plan(XferOp::Read, &[10, 11, 12, 10], &peer("p", &p, &src), 33)
         .is_ok());
     assert!(d
-        .plan_read(&[("p", &p)], &src, &[10, 11, 12, 13], 64)
+        .plan(XferOp::Read, &[10, 11, 12, 13], &peer("p", &p, &src), 64)
         .is_ok());
 }

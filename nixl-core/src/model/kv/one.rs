@@ -76,6 +76,28 @@ impl KvXferPlan {
         self.transfers.iter().map(|t| t.bytes).sum()
     }
 
+    /// Contiguous pieces the plan moves (0 for tile transfers).
+    pub fn pieces(&self) -> usize {
+        self.transfers
+            .iter()
+            .map(|t| match &t.moves {
+                KvMoves::Pieces { local, .. } => local.len(),
+                KvMoves::Tiles { .. } => 0,
+            })
+            .sum()
+    }
+
+    /// Tiles the plan moves (0 for piece transfers).
+    pub fn tiles(&self) -> usize {
+        self.transfers
+            .iter()
+            .map(|t| match &t.moves {
+                KvMoves::Tiles { tiles, .. } => tiles.len(),
+                KvMoves::Pieces { .. } => 0,
+            })
+            .sum()
+    }
+
     /// Whether some transfer rearranges rows (needs `CUDA_IPC` or `INPROC`).
     pub fn has_tiles(&self) -> bool {
         self.transfers

@@ -245,6 +245,10 @@ impl KvLayout {
     /// request's block ids there (the same on every source rank), `local_blocks` here, and
     /// `tokens` the request's length. Each head comes from one source rank (replicas and MLA's
     /// latent spread over the ranks that hold them).
+    #[deprecated(
+        since = "0.1.0",
+        note = "use KvLayout::plan(XferOp::Read, ..) (peers as KvPeer, each with its block ids; pieces or tiles chosen per peer) and Agent::make_kv_xfers"
+    )]
     pub fn plan_read(
         &self,
         peers: &[(&str, &KvLayout)],
@@ -258,6 +262,10 @@ impl KvLayout {
     /// The writes this (source) rank posts to land a request in the destination ranks
     /// (`peers`: every rank of that side): the heads each of them takes from this rank, by
     /// the same choice [`KvLayout::plan_read`] makes, so the two plans move the same bytes.
+    #[deprecated(
+        since = "0.1.0",
+        note = "use KvLayout::plan(XferOp::Write, ..) (peers as KvPeer, each with its block ids; pieces or tiles chosen per peer) and Agent::make_kv_xfers"
+    )]
     pub fn plan_write(
         &self,
         peers: &[(&str, &KvLayout)],

@@ -212,6 +212,10 @@ impl KvLayout {
     /// kernel, `INPROC`); other transports refuse the requests typed. Time linear in layers
     /// x blocks (x heads for HND destinations whose blocks hold several source blocks), never
     /// per element.
+    #[deprecated(
+        since = "0.1.0",
+        note = "use KvLayout::plan(XferOp::Read, ..) (peers as KvPeer, each with its block ids; pieces or tiles chosen per peer) and Agent::make_kv_xfers"
+    )]
     pub fn plan_read_tiles(
         &self,
         peers: &[(&str, &KvLayout)],
@@ -224,6 +228,10 @@ impl KvLayout {
 
     /// [`KvLayout::plan_write`] as tile transfers: this (source) rank writes each destination
     /// rank's heads into that rank's blocks in that rank's order.
+    #[deprecated(
+        since = "0.1.0",
+        note = "use KvLayout::plan(XferOp::Write, ..) (peers as KvPeer, each with its block ids; pieces or tiles chosen per peer) and Agent::make_kv_xfers"
+    )]
     pub fn plan_write_tiles(
         &self,
         peers: &[(&str, &KvLayout)],

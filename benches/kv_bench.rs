@@ -51,6 +51,11 @@ struct Args {
     /// Timed posts of each method (after one warm-up post).
     #[arg(long, default_value_t = 10)]
     iters: usize,
+    /// The decode rank's GPU (prefill's is GPU 0): 1 across NVLink; 0 for a one-GPU machine,
+    /// where the same requests cross CUDA IPC between processes on one GPU (a smoke run: the
+    /// link figure is then GPU 0's own copy).
+    #[arg(long, default_value_t = 1)]
+    decode_gpu: u64,
     /// Child mode: serve as this prefill rank.
     #[arg(long, hide = true)]
     prefill_rank: Option<u32>,
@@ -299,13 +304,16 @@ fn run(args: &Args) -> Result<(), String> {
     let layers = layers(&args.model)?;
     let pid = std::process::id();
     let me = format!("kvb-d-{pid}");
-    let a = agent(&me, 1, false)?;
-    let probe = layout(layers, 1, 0, KvOrder::Nhd, args.blocks, 0, 1);
-    let cache = Arc::new(DeviceBuffer::new(1, pool_bytes(&probe)).map_err(|e| e.to_string())?);
-    let staging = Arc::new(DeviceBuffer::new(1, pool_bytes(&probe)).map_err(|e| e.to_string())?);
+    let g = args.decode_gpu;
+    let a = agent(&me, g as usize, false)?;
+    let probe = layout(layers, 1, 0, KvOrder::Nhd, args.blocks, 0, g);
+    let cache =
+        Arc::new(DeviceBuffer::new(g as usize, pool_bytes(&probe)).map_err(|e| e.to_string())?);
+    let staging =
+        Arc::new(DeviceBuffer::new(g as usize, pool_bytes(&probe)).map_err(|e| e.to_string())?);
     let d = Decode {
-        layout: layout(layers, 1, 0, KvOrder::Nhd, args.blocks, cache.addr(), 1),
-        staging_layout: layout(layers, 1, 0, KvOrder::Hnd, args.blocks, staging.addr(), 1),
+        layout: layout(layers, 1, 0, KvOrder::Nhd, args.blocks, cache.addr(), g),
+        staging_layout: layout(layers, 1, 0, KvOrder::Hnd, args.blocks, staging.addr(), g),
         _regs: vec![
             a.register_mem(vec![cache.clone()], &[])
                 .map_err(|e| e.to_string())?,
@@ -433,7 +441,7 @@ fn measure(args: &Args, d: &Decode, peers: &[(String, KvLayout)]) -> Result<(), 
             [Desc::on_device(
                 d.staging_layout.tensors[0].base + off,
                 n,
-                1,
+                args.decode_gpu,
             )],
         );
         let remote =
@@ -449,19 +457,20 @@ fn measure(args: &Args, d: &Decode, peers: &[(String, KvLayout)]) -> Result<(), 
     let link_gbs = gbs(off, link_best);
 
     println!(
-        "kv_bench: Llama-3-{} ({} layers), {} blocks x {} tokens, 8 KV heads x 128 bf16; prefill TP {} HND on GPU 0 (one process per rank) -> decode TP 1 NHD on GPU 1; {} bytes; {} tiles",
+        "kv_bench: Llama-3-{} ({} layers), {} blocks x {} tokens, 8 KV heads x 128 bf16; prefill TP {} HND on GPU 0 (one process per rank) -> decode TP 1 NHD on GPU {}; {} bytes; {} tiles",
         args.model.to_uppercase(),
         d.layout.layers,
         args.blocks,
         TOKENS_PER_BLOCK,
         args.tp,
+        args.decode_gpu,
         bytes,
         plan.tiles()
     );
     println!("  one pass (tile kernel, NVLink):  best {:>9.3} ms  median {:>9.3} ms  {:>7.1} GB/s  {:.2} of the link (first post {:.3} ms)", ms(one_best), ms(one_med), gbs(bytes, one_best), gbs(bytes, one_best) / link_gbs, ms(first));
     println!("  move in HND (pieces, NVLink):    best {:>9.3} ms  median {:>9.3} ms  {:>7.1} GB/s  ({} pieces)", ms(mv_best), ms(mv_med), gbs(bytes, mv_best), moves.pieces());
     println!(
-        "  permute on GPU 1 (tile kernel):  best {:>9.3} ms  median {:>9.3} ms  {:>7.1} GB/s",
+        "  permute on decode GPU (tile kernel): best {:>9.3} ms  median {:>9.3} ms  {:>7.1} GB/s",
         ms(pm_best),
         ms(pm_med),
         gbs(bytes, pm_best)
@@ -482,10 +491,11 @@ fn main() {
     let r = match args.prefill_rank {
         Some(rank) => prefill(&args, rank),
         None => {
+            let need = if args.decode_gpu == 0 { 1 } else { 2 };
             match nixl_mem::cuda::device_count() {
-                Ok(n) if n >= 2 => {}
+                Ok(n) if n >= need => {}
                 n => {
-                    println!("kv_bench: SKIPPED: two GPUs needed, {n:?} visible");
+                    println!("kv_bench: SKIPPED: {need} GPUs needed, {n:?} visible");
                     return;
                 }
             }

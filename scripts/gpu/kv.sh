@@ -8,8 +8,9 @@
 # tiles (HND <-> NHD permuted by the tile kernel). Then the benchmark (benches/kv_bench.rs):
 # Llama-3-8B and -70B, 2048 blocks, prefill TP 2 HND -> decode TP 1 NHD, one pass vs move
 # then permute, and the link's limit measured in the same call (two_gpu_limit.py, torch).
-# On a one-GPU machine `NIXL_KV_ONE_GPU=1 .carry/bin/test-kv_gpus --test-threads 1` runs the
-# same cases with every rank on GPU 0 (processes still cross through CUDA IPC).
+# On a one-GPU machine `NIXL_KV_ONE_GPU=1 KV_DECODE_GPU=0 scripts/gpu.sh kv run` runs the
+# same cases and the benchmark with every rank on GPU 0 (processes still cross through CUDA
+# IPC; the link figure is then the GPU's own copy, and the two-GPU limit script fails).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 # shellcheck source=scripts/gpu/pick.sh
@@ -38,7 +39,7 @@ run() {
     echo "rc=$?" >> "$OUT/limit.log"
     tee -a "$s" < "$OUT/limit.log"
     for m in 8b 70b; do
-        timeout 240 .carry/bin/kv_bench --model "$m" --blocks 2048 --tp 2 --iters 10 > "$OUT/kv_bench-$m.log" 2>&1
+        timeout 240 .carry/bin/kv_bench --model "$m" --blocks 2048 --tp 2 --iters 10 ${KV_DECODE_GPU:+--decode-gpu "$KV_DECODE_GPU"} > "$OUT/kv_bench-$m.log" 2>&1
         echo "rc=$?" >> "$OUT/kv_bench-$m.log"
         tee -a "$s" < "$OUT/kv_bench-$m.log"
     done

@@ -44,10 +44,22 @@ cargo test --workspace --all-features --no-fail-fast "$@"
 echo "== NIXL versions in the field: nixl-backend-ucx's interop tests against each"
 interop_matrix() {
     local rc=0 logs=()
+    if [ -z "${NIXL_OLDER:-}" ] && [ "$NIXL_REQUIRE_DEPS" != 0 ]; then
+        echo "interop matrix: no older NIXL installed (NIXL_OLDER empty; scripts/deps/nixl.sh)" >&2
+        rc=1
+    fi
     for entry in "1.5.1=${NIXL_PYTHONPATH:-}=${NIXL_WHEEL_UCX:-}" ${NIXL_OLDER:-}; do
         IFS='=' read -r v pp ucp <<<"$entry"
         local log="target/interop-nixl-$v.log"
         echo "-- NIXL $v, its UCX $(basename "$ucp")"
+        # The path must hold that version: a matrix column is never another version's run.
+        local got
+        got=$(PYTHONPATH="$pp" python3 -c 'from importlib.metadata import version; print(version("nixl-cu13"))' 2>&1)
+        if [ "$got" != "$v" ]; then
+            echo "interop matrix: $pp holds nixl-cu13 $got, not $v" >&2
+            rc=1
+            continue
+        fi
         if ! NIXL_PYTHONPATH="$pp" NIXL_WHEEL_UCX="$ucp" timeout 600 cargo test -p nixl-backend-ucx \
             --all-features --test nixl_interop -- --test-threads 2 >"$log" 2>&1; then
             rc=1

@@ -411,6 +411,23 @@ fn plain_err(c: u8, msg: &str) -> Vec<u8> {
     frame::encode_plain(Kind::Err, &frame::encode_error(c, msg))
 }
 
+/// The loaded peers' names `requester` is proven to be: loaded from its process on this host,
+/// or bound to its credential.
+fn proven_names(agent: &Agent, requester: Requester<'_>) -> Vec<String> {
+    let remotes: Vec<_> = agent.shared.remotes.lock().values().cloned().collect();
+    remotes
+        .iter()
+        .filter(|r| match requester {
+            Requester::Local(p) => r.process.as_ref().is_some_and(|q| p.is(Some(q.id()))),
+            Requester::Credential(id) => {
+                agent.shared.bindings.credential_of(&r.name).as_deref() == Some(id)
+            }
+            Requester::Unknown => false,
+        })
+        .map(|r| r.name.clone())
+        .collect()
+}
+
 /// [`crate::access::FetchPolicy::LoadedPeers`]: a FETCH only from a loaded peer (its proven process on
 /// this host, or the credential its name is bound to); [`crate::access::FetchPolicy::Named`]: and only
 /// under a listed name.
@@ -420,17 +437,9 @@ fn check_fetcher(agent: &Agent, requester: Requester<'_>) -> Result<()> {
         crate::access::FetchPolicy::LoadedPeers => None,
         crate::access::FetchPolicy::Named(names) => Some(names),
     };
-    let remotes: Vec<_> = agent.shared.remotes.lock().values().cloned().collect();
-    let listed = |name: &str| named.is_none_or(|n| n.iter().any(|x| x == name));
-    let loaded = match requester {
-        Requester::Local(p) => remotes
-            .iter()
-            .any(|r| listed(&r.name) && r.process.as_ref().is_some_and(|q| p.is(Some(q.id())))),
-        Requester::Credential(id) => remotes.iter().any(|r| {
-            listed(&r.name) && agent.shared.bindings.credential_of(&r.name).as_deref() == Some(id)
-        }),
-        Requester::Unknown => false,
-    };
+    let loaded = proven_names(agent, requester)
+        .iter()
+        .any(|name| named.is_none_or(|n| n.iter().any(|x| x == name)));
     if loaded {
         return Ok(());
     }
@@ -451,18 +460,8 @@ fn metadata_for(agent: &Agent, requester: Requester<'_>) -> Result<Vec<u8>> {
     if agent.shared.config.shares.is_empty() {
         return agent.local_metadata();
     }
-    let remotes: Vec<_> = agent.shared.remotes.lock().values().cloned().collect();
-    let names: Vec<&str> = remotes
-        .iter()
-        .filter(|r| match requester {
-            Requester::Local(p) => r.process.as_ref().is_some_and(|q| p.is(Some(q.id()))),
-            Requester::Credential(id) => {
-                agent.shared.bindings.credential_of(&r.name).as_deref() == Some(id)
-            }
-            Requester::Unknown => false,
-        })
-        .map(|r| r.name.as_str())
-        .collect();
+    let proven = proven_names(agent, requester);
+    let names: Vec<&str> = proven.iter().map(String::as_str).collect();
     agent.metadata_for(
         &crate::MetadataSelection {
             registrations: None,

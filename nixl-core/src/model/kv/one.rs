@@ -78,24 +78,22 @@ impl KvXferPlan {
 
     /// Contiguous pieces the plan moves (0 for tile transfers).
     pub fn pieces(&self) -> usize {
-        self.transfers
-            .iter()
-            .map(|t| match &t.moves {
-                KvMoves::Pieces { local, .. } => local.len(),
-                KvMoves::Tiles { .. } => 0,
-            })
-            .sum()
+        self.count(|m| match m {
+            KvMoves::Pieces { local, .. } => local.len(),
+            KvMoves::Tiles { .. } => 0,
+        })
     }
 
     /// Tiles the plan moves (0 for piece transfers).
     pub fn tiles(&self) -> usize {
-        self.transfers
-            .iter()
-            .map(|t| match &t.moves {
-                KvMoves::Tiles { tiles, .. } => tiles.len(),
-                KvMoves::Pieces { .. } => 0,
-            })
-            .sum()
+        self.count(|m| match m {
+            KvMoves::Tiles { tiles, .. } => tiles.len(),
+            KvMoves::Pieces { .. } => 0,
+        })
+    }
+
+    fn count(&self, f: impl Fn(&KvMoves) -> usize) -> usize {
+        self.transfers.iter().map(|t| f(&t.moves)).sum()
     }
 
     /// Whether some transfer rearranges rows (needs `CUDA_IPC` or `INPROC`).

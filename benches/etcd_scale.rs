@@ -50,13 +50,8 @@ mod scale {
     fn nodes(n: usize, tag: &str, listen: bool) -> Res<Vec<Node>> {
         (0..n)
             .map(|i| {
-                let agent = Agent::new(
-                    &format!("{tag}-{i}"),
-                    AgentConfig {
-                        listen,
-                        ..AgentConfig::default()
-                    },
-                )?;
+                let agent =
+                    Agent::new(&format!("{tag}-{i}"), AgentConfig::default().listen(listen))?;
                 agent.create_backend(InprocParams::default())?;
                 let buf = Arc::new(HostBuffer::new(BLOCK as usize * n).ok_or("allocation failed")?);
                 buf.write_at(i * BLOCK as usize, &vec![pattern(i); BLOCK as usize]);
@@ -181,11 +176,9 @@ mod scale {
         static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let run = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let nodes = Arc::new(nodes(n, "etcd", false)?);
-        let cfg = EtcdConfig {
-            endpoints,
-            namespace: Some(format!("/nixl-scale/{}/{run}", std::process::id())),
-            ..EtcdConfig::default()
-        };
+        let cfg = EtcdConfig::default()
+            .endpoints(endpoints)
+            .namespace(format!("/nixl-scale/{}/{run}", std::process::id()));
         let all = nodes.clone();
         let t = run_threads(
             n,

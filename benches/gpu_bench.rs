@@ -145,10 +145,7 @@ fn max_bytes(a: &Args) -> u64 {
 /// that its pool holds the last WRITE's pattern.
 fn target(a: &Args) -> Result<()> {
     let agent = Agent::new("bench-target", AgentConfig::default())?;
-    agent.create_backend(CudaIpcParams {
-        device: a.target_gpu,
-        ..Default::default()
-    })?;
+    agent.create_backend(CudaIpcParams::default().device(a.target_gpu))?;
     let len = max_bytes(a) as usize;
     let pool = Arc::new(DeviceBuffer::new(a.target_gpu, len)?);
     let _reg = agent.register_mem(vec![pool.clone()], &[])?;
@@ -301,12 +298,12 @@ fn initiator(a: &Args) -> Result<()> {
 
 fn run_initiator(a: &Args, md: &std::path::Path) -> Result<()> {
     let agent = Agent::new("bench-initiator", AgentConfig::default())?;
-    agent.create_backend(CudaIpcParams {
-        device: a.gpu,
-        copy_kernel: a.copy_kernel,
-        kernel_shape: a.kernel_shape,
-        ..Default::default()
-    })?;
+    agent.create_backend(
+        CudaIpcParams::default()
+            .device(a.gpu)
+            .copy_kernel(a.copy_kernel)
+            .kernel_shape(a.kernel_shape),
+    )?;
     let deadline = Instant::now() + Duration::from_secs(120);
     let bytes = loop {
         if let Ok(b) = std::fs::read(md) {
@@ -443,10 +440,7 @@ fn run_initiator(a: &Args, md: &std::path::Path) -> Result<()> {
                     &idx,
                     &rp,
                     &idx,
-                    XferOptions {
-                        no_merge,
-                        ..Default::default()
-                    },
+                    XferOptions::default().no_merge(no_merge),
                 )?;
                 // Warm up, then time `iters` back-to-back post+wait rounds.
                 for _ in 0..2 {
@@ -590,10 +584,7 @@ fn sweep(a: &Args) -> Result<()> {
     let pat = pattern(len, 7);
     orig.copy_from_host(0, &pat)?;
     let target = Agent::new("sweep-target", AgentConfig::default())?;
-    target.create_backend(CudaIpcParams {
-        device: a.gpu,
-        ..Default::default()
-    })?;
+    target.create_backend(CudaIpcParams::default().device(a.gpu))?;
     let _rt = target.register_mem(vec![dst.clone()], &[])?;
     let target_md = target.local_metadata()?;
     let mut out = match &a.out {
@@ -614,11 +605,11 @@ fn sweep(a: &Args) -> Result<()> {
     let mut rows = Vec::new();
     for (i, (name, shape)) in configs.iter().enumerate() {
         let agent = Agent::new(&format!("sweep-{i}"), AgentConfig::default())?;
-        agent.create_backend(CudaIpcParams {
-            device: a.gpu,
-            kernel_shape: shape.unwrap_or_default(),
-            ..Default::default()
-        })?;
+        agent.create_backend(
+            CudaIpcParams::default()
+                .device(a.gpu)
+                .kernel_shape(shape.unwrap_or_default()),
+        )?;
         let _r = agent.register_mem(vec![src.clone()], &[])?;
         let peer = agent.load_remote_metadata(&target_md)?;
         let mut row = Row {
@@ -634,10 +625,7 @@ fn sweep(a: &Args) -> Result<()> {
             let total = block as usize * a.blocks;
             let local = list(MemKind::Vram, src.addr(), block, a.blocks, a.gpu as u64);
             let remote = list(MemKind::Vram, dst.addr(), block, a.blocks, a.gpu as u64);
-            let opts = || XferOptions {
-                no_merge: shape.is_some(),
-                ..Default::default()
-            };
+            let opts = || XferOptions::default().no_merge(shape.is_some());
             // WRITE the pattern into the zeroed destination pool, then READ it back into the
             // zeroed source pool: the source then holds the pattern only if both copied right.
             src.copy_from_device(0, &orig, 0, total)?;

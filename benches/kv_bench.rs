@@ -82,23 +82,12 @@ fn layout(
     base: u64,
     gpu: u64,
 ) -> KvLayout {
-    let mut l = KvLayout {
-        model: "llama-3".into(),
-        layers,
-        tokens_per_block: TOKENS_PER_BLOCK,
-        kv_heads: 8 / tp,
-        model_kv_heads: 8,
-        head_dim: 128,
-        elem_size: ELEM as u32,
-        order,
-        tp_rank: r,
-        tp_size: tp,
-        mla: false,
-        blocks,
-        kind: MemKind::Vram,
-        dev_id: gpu,
-        tensors: Vec::new(),
-    };
+    let mut l = KvLayout::new("llama-3", layers, TOKENS_PER_BLOCK, 8, 128, ELEM as u32)
+        .order(order)
+        .tp(r, tp)
+        .blocks(blocks)
+        .kind(MemKind::Vram)
+        .dev_id(gpu);
     let bb = l.block_bytes();
     l.tensors = (0..u64::from(layers) * 2)
         .map(|i| KvTensor {
@@ -218,18 +207,11 @@ fn check(l: &KvLayout, ids: &[u64], mut pool: Vec<u8>) -> Result<(), String> {
 fn agent(name: &str, device: usize, listen: bool) -> Result<Agent, String> {
     let a = Agent::new(
         name,
-        AgentConfig {
-            listen,
-            default_timeout: WAIT,
-            ..AgentConfig::default()
-        },
+        AgentConfig::default().listen(listen).default_timeout(WAIT),
     )
     .map_err(|e| e.to_string())?;
-    a.create_backend(CudaIpcParams {
-        device,
-        ..CudaIpcParams::default()
-    })
-    .map_err(|e| e.to_string())?;
+    a.create_backend(CudaIpcParams::default().device(device))
+        .map_err(|e| e.to_string())?;
     Ok(a)
 }
 

@@ -112,10 +112,7 @@ fn io(e: std::io::Error) -> nixl_core::Error {
 /// The target: its pool, its metadata in a file, then it waits for "done".
 fn target(a: &Args) -> Result<()> {
     let agent = Agent::new("paged-target", AgentConfig::default())?;
-    agent.create_backend(CudaIpcParams {
-        device: a.target_gpu,
-        ..Default::default()
-    })?;
+    agent.create_backend(CudaIpcParams::default().device(a.target_gpu))?;
     let pool = Arc::new(DeviceBuffer::new(a.target_gpu, pool_len(a))?);
     let _reg = agent.register_mem(vec![pool.clone()], &[])?;
     let tmp = format!("{}.tmp", a.md);
@@ -173,10 +170,7 @@ fn measure(a: &Args, md: &std::path::Path) -> Result<()> {
         std::thread::sleep(Duration::from_millis(20));
     }
     let agent = Agent::new("paged-initiator", AgentConfig::default())?;
-    agent.create_backend(CudaIpcParams {
-        device: a.gpu,
-        ..Default::default()
-    })?;
+    agent.create_backend(CudaIpcParams::default().device(a.gpu))?;
     let peer = agent.load_remote_metadata(&std::fs::read(md).map_err(io)?)?;
     let rbase = agent
         .remote_regions(&peer)?
@@ -214,10 +208,7 @@ fn measure(a: &Args, md: &std::path::Path) -> Result<()> {
                 }),
             )
         };
-        let opts = XferOptions {
-            no_merge: true,
-            ..Default::default()
-        };
+        let opts = XferOptions::default().no_merge(true);
         for (op, local) in [(XferOp::Write, &src), (XferOp::Read, &back)] {
             let l = slots(local.addr(), false, a.gpu);
             let r = slots(rbase, true, a.target_gpu);

@@ -24,8 +24,7 @@ use std::time::{Duration, Instant};
 use nixl::libfabric::LibfabricParams;
 use nixl::ucx::UcxParams;
 use nixl_core::{
-    Agent, AgentConfig, HostBuffer, InprocParams, MemKind, Registration, XferDescList, XferOp,
-    XferOptions,
+    Agent, HostBuffer, InprocParams, MemKind, Registration, XferDescList, XferOp, XferOptions,
 };
 
 const BLOCK: u64 = 64 << 10;
@@ -96,10 +95,10 @@ fn run_timed<F: Future>(f: F, polls: &mut Polls) -> (F::Output, Instant) {
 }
 
 fn backend(a: &Agent, path: &str) -> nixl_core::Result<()> {
-    let ucx = |tls: &str, direct: bool| UcxParams {
-        transports: Some(tls.to_owned()),
-        direct_cma: direct,
-        ..UcxParams::default()
+    let ucx = |tls: &str, direct: bool| {
+        UcxParams::default()
+            .transports(tls.to_owned())
+            .direct_cma(direct)
     };
     match path {
         "ucx-tcp" => a.create_backend(ucx("tcp", false)),
@@ -124,10 +123,7 @@ fn pair(path: &str) -> nixl_core::Result<Pair> {
     let mk = |role: &str| -> nixl_core::Result<Agent> {
         let a = Agent::new(
             &format!("poll-{path}-{role}-{}", std::process::id()),
-            AgentConfig {
-                default_timeout: Duration::from_secs(60),
-                ..nixl::agent_config()
-            },
+            nixl::agent_config().default_timeout(Duration::from_secs(60)),
         )?;
         backend(&a, path)?;
         Ok(a)

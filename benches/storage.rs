@@ -318,10 +318,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         params.inline_max = k << 10;
     }
     let agent = Agent::new("bench", AgentConfig::default())?;
-    agent.create_backend(PosixParams {
-        engine,
-        ..params.clone()
-    })?;
+    agent.create_backend(params.clone().engine(engine))?;
     let engine_desc = agent
         .path_report("bench")
         .first()

@@ -52,10 +52,7 @@ fn agent_point(
         &local,
         &file.blocks(0, block, n),
         a.name(),
-        XferOptions {
-            backends: a.backend(backend).into_iter().collect(),
-            ..Default::default()
-        },
+        XferOptions::default().backends(a.backend(backend).into_iter().collect()),
     )?;
     let mut spent = Duration::ZERO;
     for i in 0..=iters {

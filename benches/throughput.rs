@@ -37,10 +37,7 @@ fn params(c: &Config) -> LibfabricParams {
     if c.provider == "tcp" {
         LibfabricParams::tcp_loopback(c.rails)
     } else {
-        LibfabricParams {
-            rails: c.rails,
-            ..LibfabricParams::with_provider(&c.provider)
-        }
+        (LibfabricParams::with_provider(&c.provider)).rails(c.rails)
     }
 }
 
@@ -160,10 +157,7 @@ fn run_config(c: &Config, sizes: &[usize], min_time: Duration) -> Result<(), Str
     let max = sizes.iter().map(|s| s * 32).max().unwrap_or(4096).min(CAP);
     let a = Agent::new(
         &format!("bench-init-{}", std::process::id()),
-        AgentConfig {
-            listen: c.procs == 2,
-            ..AgentConfig::default()
-        },
+        AgentConfig::default().listen(c.procs == 2),
     )
     .map_err(e)?;
     a.create_backend(params(c)).map_err(e)?;
@@ -228,10 +222,7 @@ fn measure(
             &idx,
             &remote,
             &idx,
-            XferOptions {
-                no_merge: true,
-                ..Default::default()
-            },
+            XferOptions::default().no_merge(true),
         )
         .map_err(e)?;
     for _ in 0..2 {

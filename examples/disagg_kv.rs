@@ -481,16 +481,12 @@ struct Node {
 fn node(name: &str, o: &Opts) -> Res<Node> {
     let agent = Agent::new(
         name,
-        AgentConfig {
-            // A NIXL peer speaks NIXL's side channel (served by `nixl_peer` below).
-            listen: !o.nixl_peer,
-            listen_addr: SocketAddr::new(o.listen, 0),
-            default_timeout: o.timeout,
-            auth: o.cred.clone().map(Auth::new),
-            // Without --auth, serving on a network address is this example's explicit opt-out.
-            allow_unauthenticated_listener: o.cred.is_none(),
-            ..AgentConfig::default()
-        },
+        AgentConfig::default()
+            .listen(!o.nixl_peer)
+            .listen_addr(SocketAddr::new(o.listen, 0))
+            .default_timeout(o.timeout)
+            .auth(o.cred.clone().map(Auth::new))
+            .allow_unauthenticated_listener(o.cred.is_none()),
     )?;
     match &o.cred {
         Some(c) => println!(
@@ -509,10 +505,7 @@ fn node(name: &str, o: &Opts) -> Res<Node> {
             use nixl::libfabric::LibfabricParams;
             let mut p = match o.provider.as_deref() {
                 None | Some("tcp") => LibfabricParams::tcp_loopback(o.rails),
-                Some(p) => LibfabricParams {
-                    rails: o.rails,
-                    ..LibfabricParams::with_provider(p)
-                },
+                Some(p) => LibfabricParams::with_provider(p).rails(o.rails),
             };
             if !o.domains.is_empty() {
                 p.domains = o.domains.clone();
@@ -525,14 +518,13 @@ fn node(name: &str, o: &Opts) -> Res<Node> {
             agent.create_backend(CudaIpcParams::default())?;
         }
         _ => {
-            agent.create_backend(UcxParams {
-                transports: o.tls.clone(),
-                // `--domains`: the interfaces UCX's tcp may use (by default loopback only).
-                devices: (!o.domains.is_empty()).then(|| o.domains.join(",")),
-                library_path: o.ucx_path.clone(),
-                nixl_compat: o.nixl_peer,
-                ..UcxParams::default()
-            })?;
+            agent.create_backend(
+                UcxParams::default()
+                    .transports(o.tls.clone())
+                    .devices((!o.domains.is_empty()).then(|| o.domains.join(",")))
+                    .library_path(o.ucx_path.clone())
+                    .nixl_compat(o.nixl_peer),
+            )?;
         }
     }
     let len = o.layers * o.blocks * o.block_bytes;

@@ -196,14 +196,14 @@ mod offload {
                     (e, Some("testing".to_owned()), Some("testing".to_owned()))
                 }
             };
-            agent.create_backend(S3Params {
-                endpoint: Some(endpoint),
-                bucket: Some(args.bucket.clone()),
-                region: Some(args.region.clone()),
-                access_key_id: access,
-                secret_access_key: secret,
-                ..Default::default()
-            })?;
+            agent.create_backend(
+                S3Params::default()
+                    .endpoint(endpoint)
+                    .bucket(args.bucket.clone())
+                    .region(args.region.clone())
+                    .access_key_id(access)
+                    .secret_access_key(secret),
+            )?;
         }
 
         // The DRAM tier: the KV blocks, a staging buffer between file and S3, and the restore target.

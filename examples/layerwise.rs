@@ -44,10 +44,7 @@ struct Args {
 
 fn agent(name: &str, gpu: usize) -> Res<Agent> {
     let a = Agent::new(name, AgentConfig::default())?;
-    a.create_backend(CudaIpcParams {
-        device: gpu,
-        ..CudaIpcParams::default()
-    })?;
+    a.create_backend(CudaIpcParams::default().device(gpu))?;
     Ok(a)
 }
 
@@ -114,10 +111,7 @@ fn main() -> Res<()> {
         &ids,
         &theirs,
         &ids,
-        XferOptions {
-            arrival: Some(ArrivalCounters::new(counters, gpus.1 as u64)),
-            ..XferOptions::default()
-        },
+        XferOptions::default().arrival(ArrivalCounters::new(counters, gpus.1 as u64)),
     )?;
     let per_post = req.arrival_per_post().ok_or("no arrival counters")?;
 

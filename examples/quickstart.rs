@@ -19,9 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nixl::ucx::UcxParams;
-use nixl::{
-    Agent, AgentConfig, HostBuffer, MemKind, XferDescList, XferOp, XferOptions, XferTarget,
-};
+use nixl::{Agent, HostBuffer, MemKind, XferDescList, XferOp, XferOptions, XferTarget};
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -31,13 +29,7 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// An agent that can create every backend compiled in, with its side channel on 127.0.0.1.
 fn agent(name: &str) -> Res<Agent> {
-    let a = Agent::new(
-        name,
-        AgentConfig {
-            listen: true,
-            ..nixl::agent_config()
-        },
-    )?;
+    let a = Agent::new(name, nixl::agent_config().listen(true))?;
     a.create_backend(UcxParams::default())?;
     Ok(a)
 }

@@ -10,7 +10,11 @@
 - `Agent`'s public methods and the files they are in;
 - library files over 800 lines; library functions over 80 lines;
 - hand-written argument parsers (bench and example programs matching on "--flag" strings);
-- test-helper modules (tests/**/mod.rs).
+- test-helper modules (tests/**/mod.rs);
+- public options, config, params and layout structs (names ending in Options, Config, Params,
+  Limits, Layout, Plan or Shape, or `Capabilities`) with public fields that are not
+  `#[non_exhaustive]`: with `--check`, the script exits 1 on one (a field added to such a
+  struct must not break its users' code; they build it with its setters).
 
     python3 scripts/code-metrics.py [ROOT] [--check]
 """
@@ -286,10 +290,42 @@ def main():
           f"{' and' if helpers else ''}{' ' + str(len(helpers)) + ' tests/**/mod.rs' if helpers else ''})")
     for h in helpers:
         print(f"  {h}")
+    exhaustive = exhaustive_structs()
+    print(f"== public options/config/params/layout structs with public fields, not #[non_exhaustive]: {len(exhaustive)}")
+    for e in exhaustive:
+        print(f"  {e}")
+    main.exhaustive = exhaustive
+
+
+SEMVER_NAMES = re.compile(r"(Options|Config|Params|Limits|Layout|Plan|Shape|Capabilities)$")
+
+
+def exhaustive_structs():
+    """`pub struct` items named as options, config, params or layouts, with a `pub` field,
+    whose attributes do not include `#[non_exhaustive]`."""
+    found = []
+    for c in CRATES:
+        for f in lib_files(c):
+            if "bindings" in f.name:
+                continue
+            text = f.read_text(errors="replace")
+            for m in re.finditer(r"((?:^[ \t]*#\[[^\n]*\n|^[ \t]*///[^\n]*\n)*)^pub struct (\w+)(?:<[^>{]*>)? \{(.*?)^\}", text, re.M | re.S):
+                attrs, name, body = m.group(1), m.group(2), m.group(3)
+                if not SEMVER_NAMES.search(name):
+                    continue
+                if not re.search(r"^\s*pub \w+:", body, re.M):
+                    continue
+                if "#[non_exhaustive]" not in attrs:
+                    line = text.count("\n", 0, m.start(2)) + 1
+                    found.append(f"{f.relative_to(ROOT)}:{line}: {name}")
+    return found
 
 
 if __name__ == "__main__":
     main()
     if CHECK and main.leaving:
         print("import circles leave their folder:", *main.leaving, sep="\n  ", file=sys.stderr)
+        sys.exit(1)
+    if CHECK and main.exhaustive:
+        print("options/config/params/layout structs without #[non_exhaustive]:", *main.exhaustive, sep="\n  ", file=sys.stderr)
         sys.exit(1)

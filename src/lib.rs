@@ -97,10 +97,7 @@ pub fn plugins() -> Vec<Arc<dyn BackendPlugin>> {
 
 /// An [`AgentConfig`] whose plugin list is [`plugins()`]; the rest is the default.
 pub fn agent_config() -> AgentConfig {
-    AgentConfig {
-        plugins: plugins(),
-        ..AgentConfig::default()
-    }
+    AgentConfig::default().plugins(plugins())
 }
 
 #[doc = include_str!("../docs/concepts.md")]

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use nixl::ucx::fuzzing::progress_calls_here;
 use nixl::ucx::UcxParams;
-use nixl::{Agent, AgentConfig, HostBuffer, MemKind, Registration, XferDescList, XferOp};
+use nixl::{Agent, HostBuffer, MemKind, Registration, XferDescList, XferOp};
 use nixl_testkit::executor::block_on;
 
 const LEN: usize = 256 << 20;
@@ -35,11 +35,11 @@ fn pair(tag: &str, tls: &str) -> Option<Pair> {
         return None;
     }
     Some(pair_with(tag, |a| {
-        a.create_backend(UcxParams {
-            transports: Some(tls.to_owned()),
-            direct_cma: false,
-            ..UcxParams::default()
-        })
+        a.create_backend(
+            UcxParams::default()
+                .transports(tls.to_owned())
+                .direct_cma(false),
+        )
         .map(|_| ())
     }))
 }
@@ -50,10 +50,7 @@ fn pair_with(tag: &str, backend: impl Fn(&Agent) -> nixl::Result<()>) -> Pair {
     let agent = |role: &str| {
         let a = Agent::new(
             &nixl_testkit::unique(&format!("{tag}-{role}")),
-            AgentConfig {
-                default_timeout: Duration::from_secs(60),
-                ..nixl::agent_config()
-            },
+            nixl::agent_config().default_timeout(Duration::from_secs(60)),
         )
         .expect("agent");
         backend(&a).expect("backend");
@@ -171,19 +168,9 @@ fn dropping_an_owning_future_never_waits() {
 fn stream_peer_role() {
     nixl_testkit::two_process::child_main(|env| {
         let e = |e: nixl::Error| e.to_string();
-        let a = Agent::new(
-            &env.name,
-            AgentConfig {
-                listen: true,
-                ..nixl::agent_config()
-            },
-        )
-        .map_err(e)?;
-        a.create_backend(UcxParams {
-            transports: Some("tcp".into()),
-            ..UcxParams::default()
-        })
-        .map_err(e)?;
+        let a = Agent::new(&env.name, nixl::agent_config().listen(true)).map_err(e)?;
+        a.create_backend(UcxParams::default().transports("tcp".to_string()))
+            .map_err(e)?;
         env.connect(&a, Duration::from_secs(20))?;
         for i in 0..3 {
             a.gen_notif(&env.parent, format!("kv-{i}").as_bytes(), &[])
@@ -204,17 +191,11 @@ fn a_notification_stream_ends_when_its_peer_dies() {
     }
     let p = Agent::new(
         &nixl_testkit::unique("stream-parent"),
-        AgentConfig {
-            listen: true,
-            ..nixl::agent_config()
-        },
+        nixl::agent_config().listen(true),
     )
     .expect("agent");
-    p.create_backend(UcxParams {
-        transports: Some("tcp".into()),
-        ..UcxParams::default()
-    })
-    .expect("UCX");
+    p.create_backend(UcxParams::default().transports("tcp".to_string()))
+        .expect("UCX");
     let name = nixl_testkit::unique("stream-peer");
     let mut child =
         nixl_testkit::two_process::Child::spawn("stream_peer_role", &p, &name, &[]).expect("spawn");

@@ -244,10 +244,7 @@ fn silent_target_ends_requests_by_their_deadline() {
         t.addr,
         big,
         &name,
-        XferOptions {
-            timeout: Some(timeout),
-            ..XferOptions::default()
-        },
+        XferOptions::default().timeout(timeout),
     );
     let first = p.post_xfer_req(&req);
     // The request's deadline runs from inside the post: measured from after it returned, a
@@ -357,10 +354,7 @@ fn silent_target_wakes_up_and_is_reloaded() {
         t.addr,
         big,
         &name,
-        XferOptions {
-            timeout: Some(Duration::from_secs(2)),
-            ..XferOptions::default()
-        },
+        XferOptions::default().timeout(Duration::from_secs(2)),
     );
     let first = p.post_xfer_req(&req);
     assert!(
@@ -833,11 +827,7 @@ fn corruption_detected_every_time(tls: &str, seed: u64) {
         return;
     }
     let log = FaultLog::new();
-    let plan = FaultPlan {
-        seed,
-        corrupt_prob: 0.3,
-        ..FaultPlan::default()
-    };
+    let plan = FaultPlan::default().seed(seed).corrupt_prob(0.3);
     let p = support::parent(
         "corrupt-src",
         FaultParams::new(params(tls), plan, log.clone()),
@@ -859,11 +849,9 @@ fn corruption_detected_every_time(tls: &str, seed: u64) {
                 &XferDescList::blocks(MemKind::Dram, src.addr(), blk, nblk),
                 &XferDescList::blocks(MemKind::Dram, t.addr, blk, nblk),
                 &name,
-                XferOptions {
-                    notif: Some(format!("d:{i}:{b}:0:{len}").into_bytes()),
-                    integrity: true,
-                    ..XferOptions::default()
-                },
+                XferOptions::default()
+                    .notif(format!("d:{i}:{b}:0:{len}").into_bytes())
+                    .integrity(true),
             )
             .expect("make");
         p.post_xfer_req(&req).expect("post");
@@ -926,13 +914,11 @@ fn kill9_target_mid_transfer_under_fault_wrapper() {
         return;
     }
     let log = FaultLog::new();
-    let plan = FaultPlan {
-        seed: 5,
-        delay_prob: 1.0,
-        delay: (Duration::from_millis(1), Duration::from_millis(5)),
-        dup_notif_prob: 1.0,
-        ..FaultPlan::default()
-    };
+    let plan = FaultPlan::default()
+        .seed(5)
+        .delay_prob(1.0)
+        .delay((Duration::from_millis(1), Duration::from_millis(5)))
+        .dup_notif_prob(1.0);
     let p = support::parent("kill-src", FaultParams::new(params(TCP), plan, log.clone()));
     let len = 64usize << 20;
     let src = buf(len);
@@ -946,12 +932,10 @@ fn kill9_target_mid_transfer_under_fault_wrapper() {
             &XferDescList::blocks(MemKind::Dram, src.addr(), blk, len / blk as usize),
             &XferDescList::blocks(MemKind::Dram, t.addr, blk, len / blk as usize),
             &t.name,
-            XferOptions {
-                timeout: Some(Duration::from_secs(20)),
-                no_merge: true,
-                notif: Some(format!("d:0:7:0:{len}").into_bytes()),
-                ..XferOptions::default()
-            },
+            XferOptions::default()
+                .timeout(Duration::from_secs(20))
+                .no_merge(true)
+                .notif(format!("d:0:7:0:{len}").into_bytes()),
         )
         .expect("make");
     assert_eq!(

@@ -16,12 +16,10 @@ const CHILD: &str = "fetcher_role";
 const WAIT: Duration = Duration::from_secs(60);
 
 fn config(policy: FetchPolicy) -> AgentConfig {
-    AgentConfig {
-        listen: true,
-        default_timeout: Duration::from_secs(20),
-        fetch_policy: policy,
-        ..nixl::agent_config()
-    }
+    nixl::agent_config()
+        .listen(true)
+        .default_timeout(Duration::from_secs(20))
+        .fetch_policy(policy)
 }
 
 /// Fetches the parent's metadata, first pushing its own where told (`push` = 1); exits 0 when

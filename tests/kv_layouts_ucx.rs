@@ -48,11 +48,9 @@ fn order_of(s: &str) -> KvOrder {
 fn agent(name: &str) -> Agent {
     let a = Agent::new(
         name,
-        AgentConfig {
-            listen: true,
-            default_timeout: Duration::from_secs(20),
-            ..AgentConfig::default()
-        },
+        AgentConfig::default()
+            .listen(true)
+            .default_timeout(Duration::from_secs(20)),
     )
     .expect("agent");
     a.create_backend(params(TCP)).expect("UCX backend");

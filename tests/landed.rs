@@ -179,18 +179,18 @@ fn create_backend_with(
     transport: &str,
     stats: &nixl::libfabric::LibfabricStats,
 ) -> nixl::Result<()> {
-    let ucx = |tls: &str, direct: bool| UcxParams {
-        transports: Some(tls.to_owned()),
-        keepalive_interval: Some(Duration::from_millis(500)),
-        cancel_timeout: Duration::from_secs(5),
-        direct_cma: direct,
-        ..UcxParams::default()
+    let ucx = |tls: &str, direct: bool| {
+        UcxParams::default()
+            .transports(tls.to_owned())
+            .keepalive_interval(Duration::from_millis(500))
+            .cancel_timeout(Duration::from_secs(5))
+            .direct_cma(direct)
     };
-    let fabric = |p: &str| LibfabricParams {
-        provider: Some(p.to_owned()),
-        op_timeout: OP_TIMEOUT,
-        stats: stats.clone(),
-        ..LibfabricParams::default()
+    let fabric = |p: &str| {
+        LibfabricParams::default()
+            .provider(p.to_owned())
+            .op_timeout(OP_TIMEOUT)
+            .with_stats(stats.clone())
     };
     match transport {
         "ucx-tcp" => a.create_backend(ucx("tcp", false)),
@@ -205,11 +205,9 @@ fn create_backend_with(
 }
 
 fn config(listen: bool) -> AgentConfig {
-    AgentConfig {
-        listen,
-        default_timeout: DEADLINE,
-        ..nixl::agent_config()
-    }
+    nixl::agent_config()
+        .listen(listen)
+        .default_timeout(DEADLINE)
 }
 
 #[test]
@@ -418,11 +416,7 @@ fn kills(transport: &str, op: XferOp, seed: u64) -> Tally {
                 &XferDescList::blocks(MemKind::Dram, local.addr(), BLOCK, n),
                 &XferDescList::blocks(MemKind::Dram, t.addr, BLOCK, n),
                 &t.name,
-                XferOptions {
-                    timeout: Some(DEADLINE),
-                    no_merge: true,
-                    ..XferOptions::default()
-                },
+                XferOptions::default().timeout(DEADLINE).no_merge(true),
             )
             .expect("make");
         // The first transfer of a size runs to its end: its time is learnt (kill points are

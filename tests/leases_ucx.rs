@@ -27,12 +27,10 @@ fn agent(name: &str) -> Agent {
 fn agent_in(name: &str, cred: Option<&str>) -> Agent {
     let a = Agent::new(
         name,
-        AgentConfig {
-            listen: true,
-            default_timeout: Duration::from_secs(20),
-            auth: cred.map(|c| Auth::new(Credential::parse(c).expect("credential"))),
-            ..AgentConfig::default()
-        },
+        AgentConfig::default()
+            .listen(true)
+            .default_timeout(Duration::from_secs(20))
+            .auth(cred.map(|c| Auth::new(Credential::parse(c).expect("credential")))),
     )
     .expect("agent");
     a.create_backend(params(TCP)).expect("UCX backend");
@@ -63,10 +61,7 @@ fn lease_reader() {
                 &l,
                 &r,
                 &env.parent,
-                XferOptions {
-                    lease: Some(id),
-                    ..XferOptions::default()
-                },
+                XferOptions::default().lease(id),
             )
             .map_err(|e| e.to_string())?;
         a.post_xfer_req(&req).map_err(|e| e.to_string())?;
@@ -306,11 +301,9 @@ fn lease_flooder() {
     child_main(|env| {
         let a = Agent::new(
             &env.name,
-            AgentConfig {
-                listen: true,
-                default_timeout: Duration::from_secs(20),
-                ..AgentConfig::default()
-            },
+            AgentConfig::default()
+                .listen(true)
+                .default_timeout(Duration::from_secs(20)),
         )
         .map_err(|e| e.to_string())?;
         a.create_backend(params(&env.var("tls")?))
@@ -356,18 +349,16 @@ fn renewals_hold_under_a_flood_and_behind_data() {
     let shm = |name: &str| {
         let a = Agent::new(
             name,
-            AgentConfig {
-                listen: true,
-                default_timeout: Duration::from_secs(20),
-                ..AgentConfig::default()
-            },
+            AgentConfig::default()
+                .listen(true)
+                .default_timeout(Duration::from_secs(20)),
         )
         .expect("agent");
-        a.create_backend(nixl::ucx::UcxParams {
-            direct_cma_same_process: true,
-            cma_threads: 1,
-            ..params("shm,cma,self")
-        })
+        a.create_backend(
+            (params("shm,cma,self"))
+                .direct_cma_same_process(true)
+                .cma_threads(1),
+        )
         .expect("UCX backend");
         a
     };
@@ -416,10 +407,7 @@ fn renewals_hold_under_a_flood_and_behind_data() {
             &XferDescList::blocks(MemKind::Dram, dst.addr(), 1 << 20, BIG >> 20),
             &XferDescList::blocks(MemKind::Dram, src.addr(), 1 << 20, BIG >> 20),
             target.name(),
-            XferOptions {
-                lease: Some(id),
-                ..XferOptions::default()
-            },
+            XferOptions::default().lease(id),
         )
         .unwrap();
     assert!(read.path().contains("direct CMA"), "{}", read.path());
@@ -493,10 +481,7 @@ fn a_grant_with_the_most_blocks_crosses_ucx() {
             &XferDescList::from_descs(MemKind::Dram, [Desc::new(dst.addr(), BLK)]),
             &XferDescList::from_descs(MemKind::Dram, [last]),
             owner.name(),
-            XferOptions {
-                lease: Some(id),
-                ..XferOptions::default()
-            },
+            XferOptions::default().lease(id),
         )
         .unwrap();
     reader.post_xfer_req(&req).unwrap();

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use nixl::core::ErrorKind;
 use nixl::libfabric::LibfabricParams;
 use nixl::ucx::{probe, UcxParams};
-use nixl::{Agent, AgentConfig, HostBuffer, MemKind, XferDescList, XferOp, XferOptions};
+use nixl::{Agent, HostBuffer, MemKind, XferDescList, XferOp, XferOptions};
 use nixl_testkit::signal::Sig;
 use nixl_testkit::two_process::{child_main, Child};
 use nixl_testkit::{skip, Dep};
@@ -31,17 +31,17 @@ const SLACK: Duration = Duration::from_millis(1500);
 /// Creates the backend of `kind` (`libfabric`, or a UCX transport selection) on `a`.
 fn create_backend(a: &Agent, kind: &str) -> nixl::Result<()> {
     match kind {
-        "libfabric" => a.create_backend(LibfabricParams {
-            provider: Some("tcp".into()),
-            op_timeout: Duration::from_millis(500),
-            ..LibfabricParams::default()
-        }),
-        tls => a.create_backend(UcxParams {
-            transports: Some(tls.into()),
-            keepalive_interval: Some(Duration::from_millis(500)),
-            cancel_timeout: Duration::from_millis(500),
-            ..UcxParams::default()
-        }),
+        "libfabric" => a.create_backend(
+            LibfabricParams::default()
+                .provider("tcp".to_string())
+                .op_timeout(Duration::from_millis(500)),
+        ),
+        tls => a.create_backend(
+            UcxParams::default()
+                .transports(tls.to_string())
+                .keepalive_interval(Duration::from_millis(500))
+                .cancel_timeout(Duration::from_millis(500)),
+        ),
     }
     .map(|_| ())
 }
@@ -49,11 +49,9 @@ fn create_backend(a: &Agent, kind: &str) -> nixl::Result<()> {
 fn agent(name: &str, kind: &str) -> Agent {
     let a = Agent::new(
         name,
-        AgentConfig {
-            listen: true,
-            default_timeout: Duration::from_secs(10),
-            ..nixl::agent_config()
-        },
+        nixl::agent_config()
+            .listen(true)
+            .default_timeout(Duration::from_secs(10)),
     )
     .expect("agent");
     create_backend(&a, kind).expect("backend");
@@ -65,14 +63,8 @@ fn agent(name: &str, kind: &str) -> Agent {
 fn restart_peer_role() {
     child_main(|env| {
         let kind = env.var("kind")?;
-        let a = Agent::new(
-            &env.name,
-            AgentConfig {
-                listen: true,
-                ..nixl::agent_config()
-            },
-        )
-        .map_err(|e| e.to_string())?;
+        let a =
+            Agent::new(&env.name, nixl::agent_config().listen(true)).map_err(|e| e.to_string())?;
         create_backend(&a, &kind).map_err(|e| e.to_string())?;
         let buf = Arc::new(HostBuffer::new(2 * BLK as usize).ok_or("alloc")?);
         let _reg = a
@@ -125,10 +117,7 @@ fn one_request(
             &XferDescList::blocks(MemKind::Dram, local, BLK, 1),
             &XferDescList::blocks(MemKind::Dram, remote, BLK, 1),
             name,
-            XferOptions {
-                timeout: Some(DEADLINE),
-                ..XferOptions::default()
-            },
+            XferOptions::default().timeout(DEADLINE),
         )
         .and_then(|r| a.post_xfer_req(&r).map(|_| r))
         .and_then(|r| r.wait(DEADLINE + SLACK).map(|()| r.path()));

@@ -15,7 +15,7 @@ use nixl::core::wire::sidechannel::frame::{decode, encode_plain, Kind};
 use nixl::core::wire::sidechannel::read_frame;
 use nixl::core::{ErrorKind, RegionDesc};
 use nixl::ucx::UcxParams;
-use nixl::{Agent, AgentConfig, HostBuffer};
+use nixl::{Agent, HostBuffer};
 use nixl_testkit::two_process::{child_main, Child};
 use nixl_testkit::ucx::ucx_or_skip;
 use nixl_testkit::{skip, Dep};
@@ -24,10 +24,7 @@ const CHILD: &str = "identity_role";
 const WAIT: Duration = Duration::from_secs(60);
 
 fn ucx() -> UcxParams {
-    UcxParams {
-        transports: Some("shm,cma,self".into()),
-        ..UcxParams::default()
-    }
+    UcxParams::default().transports("shm,cma,self".to_string())
 }
 
 fn agent(name: &str) -> Result<Agent, String> {
@@ -38,12 +35,10 @@ fn agent(name: &str) -> Result<Agent, String> {
 fn agent_with(name: &str, succession: Option<std::path::PathBuf>) -> Result<Agent, String> {
     let a = Agent::new(
         name,
-        AgentConfig {
-            listen: true,
-            default_timeout: Duration::from_secs(20),
-            succession,
-            ..nixl::agent_config()
-        },
+        nixl::agent_config()
+            .listen(true)
+            .default_timeout(Duration::from_secs(20))
+            .succession(succession),
     )
     .map_err(|e| e.to_string())?;
     a.create_backend(ucx()).map_err(|e| e.to_string())?;
@@ -378,12 +373,10 @@ fn with_loaded_senders_only_an_unloaded_sender_is_not_heard() {
     let pid = std::process::id();
     let victim = Agent::new(
         &format!("strict-victim-{pid}"),
-        AgentConfig {
-            listen: true,
-            default_timeout: Duration::from_secs(20),
-            loaded_senders_only: true,
-            ..nixl::agent_config()
-        },
+        nixl::agent_config()
+            .listen(true)
+            .default_timeout(Duration::from_secs(20))
+            .loaded_senders_only(true),
     )
     .expect("victim");
     victim.create_backend(ucx()).expect("UCX");

@@ -15,7 +15,7 @@ use nixl::core::ErrorKind;
 use nixl::core::MetadataSelection;
 use nixl::nixl_wire::NixlMetadata;
 use nixl::ucx::UcxParams;
-use nixl::{Agent, AgentConfig, HostBuffer, MemKind, XferDescList, XferOp};
+use nixl::{Agent, HostBuffer, MemKind, XferDescList, XferOp};
 use nixl_testkit::two_process::{child_main, Child};
 use nixl_testkit::ucx::ucx_or_skip;
 
@@ -27,19 +27,14 @@ const PATTERN: u8 = 0xA5;
 fn agent(name: &str, shares: Vec<Share>) -> Result<Agent, String> {
     let a = Agent::new(
         name,
-        AgentConfig {
-            listen: true,
-            default_timeout: Duration::from_secs(20),
-            shares,
-            ..nixl::agent_config()
-        },
+        nixl::agent_config()
+            .listen(true)
+            .default_timeout(Duration::from_secs(20))
+            .shares(shares),
     )
     .map_err(|e| e.to_string())?;
-    a.create_backend(UcxParams {
-        transports: Some("shm,cma,self".into()),
-        ..UcxParams::default()
-    })
-    .map_err(|e| e.to_string())?;
+    a.create_backend(UcxParams::default().transports("shm,cma,self".to_string()))
+        .map_err(|e| e.to_string())?;
     Ok(a)
 }
 

@@ -15,7 +15,7 @@ use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
 use std::time::Duration;
 
 use nixl::core::ErrorKind;
-use nixl::{Agent, AgentConfig};
+use nixl::Agent;
 use nixl_testkit::two_process::{child_main, Child};
 use nixl_testkit::{skip, Dep};
 
@@ -37,12 +37,10 @@ fn free_port() -> u16 {
 fn agent(name: &str, port: u16) -> nixl::Result<Agent> {
     Agent::new(
         name,
-        AgentConfig {
-            listen: true,
-            listen_addr: ([127, 0, 0, 1], port).into(),
-            default_timeout: Duration::from_secs(20),
-            ..nixl::agent_config()
-        },
+        nixl::agent_config()
+            .listen(true)
+            .listen_addr(([127, 0, 0, 1], port).into())
+            .default_timeout(Duration::from_secs(20)),
     )
 }
 

@@ -136,13 +136,9 @@ fn a_ucx_connection_info_naming_another_process_is_refused() {
     if !ucx_or_skip("a_ucx_connection_info_naming_another_process_gets_no_direct_copies") {
         return;
     }
-    let params = UcxParams {
-        transports: Some(SHM.into()),
-        // The two agents share this process: allow direct CMA between them, so only the
-        // mismatch can turn it off.
-        direct_cma_same_process: true,
-        ..UcxParams::default()
-    };
+    let params = UcxParams::default()
+        .transports(SHM.to_string())
+        .direct_cma_same_process(true);
     let victim = Agent::new(&hostile::unique("victim"), hostile::config(None)).expect("agent");
     victim.create_backend(params.clone()).expect("UCX");
     let attacker = Agent::new(&hostile::unique("attacker"), hostile::config(None)).expect("agent");
@@ -181,12 +177,10 @@ fn a_ucx_connection_info_naming_another_process_is_refused() {
 /// Two agents of this process over shared memory with direct CMA between them (a process may
 /// attach to itself: the same system calls run as between two processes).
 fn direct_pair(threads: usize) -> (Agent, Agent) {
-    let params = UcxParams {
-        transports: Some(SHM.into()),
-        direct_cma_same_process: true,
-        cma_threads: threads,
-        ..UcxParams::default()
-    };
+    let params = UcxParams::default()
+        .transports(SHM.to_string())
+        .direct_cma_same_process(true)
+        .cma_threads(threads);
     let mk = |role| {
         let a = Agent::new(&hostile::unique(role), hostile::config(None)).expect("agent");
         a.create_backend(params.clone()).expect("UCX");

@@ -189,11 +189,9 @@ fn integrity_cost() {
                         &XferDescList::blocks(MemKind::Dram, src.addr(), blk, n),
                         &XferDescList::blocks(MemKind::Dram, t.addr, blk, n),
                         &name,
-                        XferOptions {
-                            notif: Some(b"p:x".to_vec()),
-                            integrity,
-                            ..XferOptions::default()
-                        },
+                        XferOptions::default()
+                            .notif(b"p:x".to_vec())
+                            .integrity(integrity),
                     )
                     .expect("make");
                 // One warm-up post per measurement.

@@ -419,20 +419,16 @@ fn alloc(kind: MemKind, len: u64) -> Res<Mem> {
 fn agent(name: &str, o: &Opts) -> Res<Agent> {
     let a = Agent::new(
         name,
-        AgentConfig {
-            listen: true,
-            default_timeout: Duration::from_secs(60),
-            ..AgentConfig::default()
-        },
+        AgentConfig::default()
+            .listen(true)
+            .default_timeout(Duration::from_secs(60)),
     )?;
-    let d = UcxParams::default();
-    a.create_backend(UcxParams {
-        transports: o.tls.clone(),
-        progress_thread: o.progress_thread,
-        direct_cma: o.direct_cma.unwrap_or(d.direct_cma),
-        cma_threads: o.cma_threads.unwrap_or(d.cma_threads),
-        ..d
-    })?;
+    let mut p = UcxParams::default()
+        .transports(o.tls.clone())
+        .progress_thread(o.progress_thread);
+    p.direct_cma = o.direct_cma.unwrap_or(p.direct_cma);
+    p.cma_threads = o.cma_threads.unwrap_or(p.cma_threads);
+    a.create_backend(p)?;
     Ok(a)
 }
 
@@ -661,10 +657,7 @@ fn storage(o: &Opts) -> Res<()> {
 fn storage(o: &Opts) -> Res<()> {
     let a = Agent::new(
         "nixlbench",
-        AgentConfig {
-            default_timeout: Duration::from_secs(60),
-            ..AgentConfig::default()
-        },
+        AgentConfig::default().default_timeout(Duration::from_secs(60)),
     )?;
     match o.backend {
         BenchBackend::Posix => {

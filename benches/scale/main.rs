@@ -173,10 +173,7 @@ fn alloc(which: Which, len: u64) -> Res<(Mem, u64)> {
 
 /// Two agents with the backend under test; the initiator has loaded the target.
 fn agents(which: Which, tag: &str) -> Res<(Agent, Agent)> {
-    let cfg = || AgentConfig {
-        default_timeout: Duration::from_secs(60),
-        ..AgentConfig::default()
-    };
+    let cfg = || AgentConfig::default().default_timeout(Duration::from_secs(60));
     let a = Agent::new(&format!("scale-init-{tag}"), cfg())?;
     let b = Agent::new(&format!("scale-target-{tag}"), cfg())?;
     which.create(&a)?;

@@ -64,13 +64,12 @@ impl Backend for Null {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            mem_kinds: vec![MemKind::Dram],
-            remote: true,
-            local: true,
-            notifications: true,
-            needs_progress: false,
-        }
+        Capabilities::default()
+            .mem_kinds(vec![MemKind::Dram])
+            .remote(true)
+            .local(true)
+            .notifications(true)
+            .needs_progress(false)
     }
 
     fn register(&self, _region: &RegionDesc) -> Result<BackendMd> {

@@ -78,10 +78,7 @@ impl Meta {
         use nixl::core::etcd::{EtcdConfig, EtcdExchange};
         let x = EtcdExchange::new(
             agent,
-            &EtcdConfig {
-                endpoints: vec![url.to_owned()],
-                ..EtcdConfig::default()
-            },
+            &EtcdConfig::default().endpoints(vec![url.to_owned()]),
         )?;
         x.publish()?;
         self.exchange = Some(x);

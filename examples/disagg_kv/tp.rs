@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use nixl::kv::{KvLayout, KvOrder, KvPeer, KvTensor};
 use nixl::ucx::UcxParams;
-use nixl::{Agent, AgentConfig, HostBuffer, MemKind, XferOp, XferOptions};
+use nixl::{Agent, HostBuffer, XferOp, XferOptions};
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -91,35 +91,17 @@ fn rank(o: &TpOpts, prefill: bool, r: u32) -> Res<Rank> {
     };
     let agent = Agent::new(
         &format!("{role}-{r}"),
-        AgentConfig {
-            listen: prefill,
-            default_timeout: o.timeout,
-            ..nixl::agent_config()
-        },
+        nixl::agent_config()
+            .listen(prefill)
+            .default_timeout(o.timeout),
     )?;
-    agent.create_backend(UcxParams {
-        transports: o.tls.clone(),
-        ..UcxParams::default()
-    })?;
+    agent.create_backend(UcxParams::default().transports(o.tls.clone()))?;
     let blocks = blocks_per_request(o, b) * o.requests;
-    let mut layout = KvLayout {
-        model: format!("disagg-kv-{}x{}x{}", o.layers, o.kv_heads, o.head_dim),
-        layers: o.layers,
-        tokens_per_block: b,
-        kv_heads: 0,
-        model_kv_heads: o.kv_heads,
-        head_dim: o.head_dim,
-        elem_size: ELEM,
-        order: o.order,
-        tp_rank: r,
-        tp_size: tp,
-        mla: false,
-        blocks,
-        kind: MemKind::Dram,
-        dev_id: 0,
-        tensors: Vec::new(),
-    };
-    layout.kv_heads = layout.head_range().1;
+    let model = format!("disagg-kv-{}x{}x{}", o.layers, o.kv_heads, o.head_dim);
+    let mut layout = KvLayout::new(model, o.layers, b, o.kv_heads, o.head_dim, ELEM)
+        .order(o.order)
+        .tp(r, tp)
+        .blocks(blocks);
     let bb = layout.block_bytes();
     let tensors = u64::from(o.layers) * 2;
     let pool = Arc::new(

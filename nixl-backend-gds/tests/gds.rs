@@ -59,10 +59,7 @@ fn gds_request(
         local,
         remote,
         a.name(),
-        XferOptions {
-            backends: a.backend(GDS).into_iter().collect(),
-            ..Default::default()
-        },
+        XferOptions::default().backends(a.backend(GDS).into_iter().collect()),
     )
     .expect("request")
 }
@@ -79,10 +76,7 @@ fn xfer(
         &local,
         &remote,
         a.name(),
-        XferOptions {
-            backends: a.backend(backend).into_iter().collect(),
-            ..Default::default()
-        },
+        XferOptions::default().backends(a.backend(backend).into_iter().collect()),
     )?;
     let t = Instant::now();
     a.post_xfer_req(&req)?;
@@ -103,13 +97,7 @@ fn unavailable_is_typed_and_quick() {
 #[test]
 fn dram_file_roundtrip_sync_and_batch() {
     for (tag, threshold) in [("sync", usize::MAX), ("batch", 1)] {
-        let Some(a) = gds_agent(
-            tag,
-            GdsParams {
-                batch_threshold: threshold,
-                ..Default::default()
-            },
-        ) else {
+        let Some(a) = gds_agent(tag, GdsParams::default().batch_threshold(threshold)) else {
             return;
         };
         let dir = tempfile::tempdir().expect("tempdir");
@@ -271,13 +259,7 @@ fn plugin_params_are_parsed_and_checked() {
         AgentConfig::default(),
     )
     .expect("agent");
-    let bad = GdsParams {
-        fallback_engine: PosixParams {
-            bounce_chunk: 100,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
+    let bad = GdsParams::default().fallback_engine(PosixParams::default().bounce_chunk(100));
     assert!(matches!(
         a.create_backend(bad),
         Err(Error::InvalidParam { .. })
@@ -414,13 +396,7 @@ fn fallback_when_cufile_refuses_a_file_is_reported_and_moves_data() {
 
 #[test]
 fn refuse_fallback_is_a_typed_error() {
-    let Some(a) = gds_agent(
-        "refuse",
-        GdsParams {
-            fallback: GdsFallback::Refuse,
-            ..Default::default()
-        },
-    ) else {
+    let Some(a) = gds_agent("refuse", GdsParams::default().fallback(GdsFallback::Refuse)) else {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");
@@ -478,10 +454,7 @@ fn gds_vram_cancel_in_flight() {
 /// The shared conformance suite on GDS, one test per case: O_DIRECT files in a temporary
 /// directory (skipped without a GPU, libcuda or libcufile).
 fn gds_suite() -> Option<nixl_testkit::conformance::Suite> {
-    let params = GdsParams {
-        force_compat_mode: force_compat(),
-        ..Default::default()
-    };
+    let params = GdsParams::default().force_compat_mode(force_compat());
     gds_agent("conformance-probe", params.clone())?;
     let dir = Arc::new(tempfile::tempdir().expect("tempdir"));
     let seq = Arc::new(std::sync::atomic::AtomicU64::new(0));

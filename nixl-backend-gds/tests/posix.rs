@@ -27,14 +27,13 @@ fn agent(tag: &str, engine: Engine) -> Agent {
 fn agent_or_skip(tag: &str, engine: Engine) -> Option<Agent> {
     let name = format!("posix-{tag}-{}", std::process::id());
     let a = Agent::new(&name, AgentConfig::default()).expect("agent");
-    match a.create_backend(PosixParams {
-        engine,
-        queue_depth: 8,
-        chunk_size: Some(64 * 1024),
-        // Buffered requests go through the engine too (not inline pread/pwrite).
-        inline_max: 0,
-        ..Default::default()
-    }) {
+    match a.create_backend(
+        PosixParams::default()
+            .engine(engine)
+            .queue_depth(8)
+            .chunk_size(64 * 1024)
+            .inline_max(0),
+    ) {
         Ok(_) => Some(a),
         Err(Error::Unavailable { what, hint }) if engine == Engine::IoUring => {
             let test = std::thread::current().name().unwrap_or(tag).to_owned();
@@ -206,10 +205,7 @@ fn io_uring_engine_is_available_here_or_reported() {
         AgentConfig::default(),
     )
     .expect("agent");
-    match a.create_backend(PosixParams {
-        engine: Engine::IoUring,
-        ..Default::default()
-    }) {
+    match a.create_backend(PosixParams::default().engine(Engine::IoUring)) {
         Ok(_) => {}
         Err(Error::Unavailable { what, hint }) => nixl_testkit::skip(
             "io_uring_backend",
@@ -426,10 +422,7 @@ fn bad_registrations_and_transfers_are_typed() {
     )
     .expect("agent");
     assert!(matches!(
-        bad.create_backend(PosixParams {
-            queue_depth: 0,
-            ..Default::default()
-        }),
+        bad.create_backend(PosixParams::default().queue_depth(0)),
         Err(Error::InvalidParam { .. })
     ));
     assert!(bad.backends().is_empty());
@@ -536,14 +529,12 @@ fn agent_with(tag: &str, p: PosixParams) -> Option<Agent> {
 }
 
 fn fault_params(engine: Engine) -> PosixParams {
-    PosixParams {
-        engine,
-        queue_depth: 8,
-        chunk_size: Some(64 * 1024),
-        pool_threads: 2,
-        inline_max: 0,
-        ..Default::default()
-    }
+    PosixParams::default()
+        .engine(engine)
+        .queue_depth(8)
+        .chunk_size(64 * 1024)
+        .pool_threads(2)
+        .inline_max(0)
 }
 
 /// `/dev/full` as a FILE region: every write to it fails with ENOSPC.
@@ -706,13 +697,7 @@ fn a_partial_write_failure_names_exactly_the_chunks_written() {
 #[test]
 fn durable_writes_sync_before_done_and_say_so() {
     for engine in [Engine::IoUring, Engine::ThreadPool] {
-        let Some(a) = agent_with(
-            "durable_writes_sync",
-            PosixParams {
-                durable: true,
-                ..fault_params(engine)
-            },
-        ) else {
+        let Some(a) = agent_with("durable_writes_sync", fault_params(engine).durable(true)) else {
             continue;
         };
         const BLOCK: u64 = 64 * 1024;
@@ -787,10 +772,7 @@ fn a_request_past_its_deadline_writes_no_further_chunks() {
                 &XferDescList::blocks(MemKind::Dram, src.addr(), BLOCK, N),
                 &file.blocks(0, BLOCK, N),
                 a.name(),
-                XferOptions {
-                    timeout: Some(Duration::from_millis(1)),
-                    ..Default::default()
-                },
+                XferOptions::default().timeout(Duration::from_millis(1)),
             )
             .expect("create");
         a.post_xfer_req(&req).expect("post");
@@ -833,12 +815,7 @@ fn suite(engine: Engine, direct: bool) -> Suite {
         name: format!("posix-{engine:?}-{direct}"),
         config: AgentConfig::default(),
         create: Arc::new(move |a: &Agent| {
-            a.create_backend(PosixParams {
-                engine,
-                // Buffered requests through the engine named, not inline pread/pwrite.
-                inline_max: 0,
-                ..Default::default()
-            })
+            a.create_backend(PosixParams::default().engine(engine).inline_max(0))
         }),
         storage: Some(Arc::new(move |len| {
             let n = seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

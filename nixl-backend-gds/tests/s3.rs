@@ -17,14 +17,12 @@ use nixl_testkit::s3;
 
 /// The backend's parameters for the test server.
 fn params(s: &s3::S3Server) -> S3Params {
-    S3Params {
-        endpoint: Some(s.endpoint.clone()),
-        bucket: Some(s.bucket.clone()),
-        region: Some(s.region.clone()),
-        access_key_id: Some(s.access_key.clone()),
-        secret_access_key: Some(s.secret_key.clone()),
-        ..Default::default()
-    }
+    S3Params::default()
+        .endpoint(s.endpoint.clone())
+        .bucket(s.bucket.clone())
+        .region(s.region.clone())
+        .access_key_id(s.access_key.clone())
+        .secret_access_key(s.secret_key.clone())
 }
 
 const T: Duration = Duration::from_secs(60);
@@ -240,15 +238,13 @@ fn unreachable_endpoint_is_unavailable() {
         .local_addr()
         .expect("addr")
         .port();
-    let p = S3Params {
-        endpoint: Some(format!("http://127.0.0.1:{port}")),
-        bucket: Some("nixl-test".to_owned()),
-        region: Some("us-east-1".to_owned()),
-        access_key_id: Some("a".to_owned()),
-        secret_access_key: Some("b".to_owned()),
-        max_retries: 2,
-        ..Default::default()
-    };
+    let p = S3Params::default()
+        .endpoint(format!("http://127.0.0.1:{port}"))
+        .bucket("nixl-test".to_owned())
+        .region("us-east-1".to_owned())
+        .access_key_id("a".to_owned())
+        .secret_access_key("b".to_owned())
+        .max_retries(2);
     let a = agent("unreachable", p);
     let obj = Arc::new(ObjectRegion::new("some/key", 4096));
     let b = buf(4096);
@@ -278,12 +274,10 @@ fn unreachable_endpoint_is_unavailable() {
 fn partial_object_writes_and_bad_params_are_refused() {
     let a = agent(
         "partial",
-        S3Params {
-            endpoint: Some("http://127.0.0.1:9".to_owned()),
-            bucket: Some("b".to_owned()),
-            region: Some("us-east-1".to_owned()),
-            ..Default::default()
-        },
+        S3Params::default()
+            .endpoint("http://127.0.0.1:9".to_owned())
+            .bucket("b".to_owned())
+            .region("us-east-1".to_owned()),
     );
     let obj = Arc::new(ObjectRegion::new(s3::key("partial"), 8192));
     let b = buf(8192);
@@ -311,10 +305,7 @@ fn partial_object_writes_and_bad_params_are_refused() {
     )
     .expect("agent");
     assert!(matches!(
-        bad.create_backend(S3Params {
-            part_size: 1024,
-            ..Default::default()
-        }),
+        bad.create_backend(S3Params::default().part_size(1024)),
         Err(Error::InvalidParam { .. })
     ));
     assert!(bad.backends().is_empty());
@@ -379,10 +370,8 @@ fn a_stopped_multipart_upload_leaves_no_parts_behind() {
         let _r = a
             .register_mem(vec![src.clone(), obj.clone()], &[])
             .expect("register");
-        let opts = XferOptions {
-            timeout: (how == "deadline").then(|| Duration::from_millis(300)),
-            ..XferOptions::default()
-        };
+        let opts =
+            XferOptions::default().timeout((how == "deadline").then(|| Duration::from_millis(300)));
         let req = a
             .create_xfer_req(
                 XferOp::Write,
@@ -452,14 +441,12 @@ fn a_failing_or_silent_server_ends_requests_by_their_deadline() {
                 }
             }
         });
-        let p = S3Params {
-            endpoint: Some(format!("http://127.0.0.1:{port}")),
-            bucket: Some("nixl-test".to_owned()),
-            region: Some("us-east-1".to_owned()),
-            access_key_id: Some("a".to_owned()),
-            secret_access_key: Some("b".to_owned()),
-            ..Default::default()
-        };
+        let p = S3Params::default()
+            .endpoint(format!("http://127.0.0.1:{port}"))
+            .bucket("nixl-test".to_owned())
+            .region("us-east-1".to_owned())
+            .access_key_id("a".to_owned())
+            .secret_access_key("b".to_owned());
         let a = agent(&format!("server-{mode}"), p);
         let obj = Arc::new(ObjectRegion::new("some/key", 4096));
         let b = buf(4096);
@@ -474,10 +461,7 @@ fn a_failing_or_silent_server_ends_requests_by_their_deadline() {
                     &XferDescList::blocks(MemKind::Dram, b.addr(), 4096, 1),
                     &obj.blocks(0, 4096, 1),
                     a.name(),
-                    XferOptions {
-                        timeout: Some(Duration::from_secs(2)),
-                        ..XferOptions::default()
-                    },
+                    XferOptions::default().timeout(Duration::from_secs(2)),
                 )
                 .expect("make");
             a.post_xfer_req(&req).expect("post");
@@ -548,14 +532,12 @@ fn a_server_dying_mid_read_never_ends_it_done() {
                 // Dies: the connection closes with the body incomplete.
             }
         });
-        let p = S3Params {
-            endpoint: Some(format!("http://127.0.0.1:{port}")),
-            bucket: Some("nixl-test".to_owned()),
-            region: Some("us-east-1".to_owned()),
-            access_key_id: Some("a".to_owned()),
-            secret_access_key: Some("b".to_owned()),
-            ..Default::default()
-        };
+        let p = S3Params::default()
+            .endpoint(format!("http://127.0.0.1:{port}"))
+            .bucket("nixl-test".to_owned())
+            .region("us-east-1".to_owned())
+            .access_key_id("a".to_owned())
+            .secret_access_key("b".to_owned());
         let a = agent(&format!("dies-{whole}"), p);
         let obj = Arc::new(ObjectRegion::new("some/key", LEN as u64));
         let b = buf(LEN);
@@ -568,10 +550,7 @@ fn a_server_dying_mid_read_never_ends_it_done() {
                 &XferDescList::blocks(MemKind::Dram, b.addr(), LEN as u64, 1),
                 &obj.blocks(0, LEN as u64, 1),
                 a.name(),
-                XferOptions {
-                    timeout: Some(Duration::from_secs(10)),
-                    ..XferOptions::default()
-                },
+                XferOptions::default().timeout(Duration::from_secs(10)),
             )
             .expect("make");
         a.post_xfer_req(&req).expect("post");

@@ -37,12 +37,10 @@ fn agent(tag: &str, params: PosixParams) -> Agent {
 /// Small chunks and fewer buffers than threads, so a few MiB exercise chunking, several
 /// workers in flight and waiting for a free staging buffer.
 fn small_bounce() -> PosixParams {
-    PosixParams {
-        bounce_chunk: MIB,
-        bounce_buffers: Some(2),
-        pool_threads: 4,
-        ..PosixParams::default()
-    }
+    PosixParams::default()
+        .bounce_chunk(MIB)
+        .bounce_buffers(2)
+        .pool_threads(4)
 }
 
 /// A device buffer, or `None` (after printing why) where CUDA is not usable.
@@ -98,10 +96,7 @@ fn request(
         local,
         remote,
         a.name(),
-        XferOptions {
-            backends: a.backend(POSIX).into_iter().collect(),
-            ..Default::default()
-        },
+        XferOptions::default().backends(a.backend(POSIX).into_iter().collect()),
     )
 }
 
@@ -176,32 +171,15 @@ fn bad_bounce_params_are_typed_errors() {
     )
     .expect("agent");
     let bad = [
-        PosixParams {
-            bounce_chunk: 0,
-            ..Default::default()
-        },
-        PosixParams {
-            bounce_chunk: 4097,
-            ..Default::default()
-        },
-        PosixParams {
-            bounce_chunk: 2 << 30,
-            ..Default::default()
-        },
-        PosixParams {
-            bounce_chunk: 8192,
-            direct_alignment: 65536,
-            chunk_size: Some(65536),
-            ..Default::default()
-        },
-        PosixParams {
-            bounce_buffers: Some(0),
-            ..Default::default()
-        },
-        PosixParams {
-            bounce_buffers: Some(100_000),
-            ..Default::default()
-        },
+        PosixParams::default().bounce_chunk(0),
+        PosixParams::default().bounce_chunk(4097),
+        PosixParams::default().bounce_chunk(2 << 30),
+        PosixParams::default()
+            .bounce_chunk(8192)
+            .direct_alignment(65536)
+            .chunk_size(65536),
+        PosixParams::default().bounce_buffers(0),
+        PosixParams::default().bounce_buffers(100_000),
     ];
     for p in bad {
         let what = format!("{p:?}");
@@ -303,13 +281,7 @@ fn vram_file_roundtrip_direct_and_page_cache() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     for engine in [Engine::Auto, Engine::ThreadPool] {
-        let a = agent(
-            "rt",
-            PosixParams {
-                engine,
-                ..small_bounce()
-            },
-        );
+        let a = agent("rt", small_bounce().engine(engine));
         // O_DIRECT: aligned file offsets and lengths; lengths not multiples of bounce_chunk.
         let direct = Arc::new(
             FileRegion::open(
@@ -466,12 +438,10 @@ fn vram_cancel_in_flight_waits_for_running_chunks() {
     };
     let a = agent(
         "cancel",
-        PosixParams {
-            bounce_chunk: MIB,
-            bounce_buffers: Some(1),
-            pool_threads: 2,
-            ..PosixParams::default()
-        },
+        PosixParams::default()
+            .bounce_chunk(MIB)
+            .bounce_buffers(1)
+            .pool_threads(2),
     );
     let dir = tempfile::tempdir().expect("tempdir");
     let file =

@@ -449,13 +449,12 @@ impl Backend for LibfabricBackend {
         if self.inner.hmem {
             mem_kinds.push(MemKind::Vram);
         }
-        Capabilities {
-            mem_kinds,
-            remote: true,
-            local: true,
-            notifications: true,
-            needs_progress: !self.inner.params.progress_thread,
-        }
+        Capabilities::default()
+            .mem_kinds(mem_kinds)
+            .remote(true)
+            .local(true)
+            .notifications(true)
+            .needs_progress(!self.inner.params.progress_thread)
     }
 
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {

@@ -31,7 +31,7 @@
 //! # fn main() -> nixl_core::Result<()> {
 //! let agent = Agent::new("prefill", AgentConfig::default())?;
 //! // EFA on a p5 instance: every EFA device a rail.
-//! let params = LibfabricParams { provider: Some("efa".into()), rails: 4, ..Default::default() };
+//! let params = LibfabricParams::default().provider("efa".to_string()).rails(4);
 //! let stats = params.stats();
 //! agent.create_backend(params)?;
 //! println!("{:?}", stats.rails());

@@ -29,6 +29,7 @@ pub enum HmemMode {
 
 /// Parameters of the libfabric backend.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct LibfabricParams {
     /// The provider (`"efa"`, `"tcp"`, `"shm"`, `"sockets"`, `"verbs"`, ...); `None` picks the
     /// first of [`DEFAULT_PROVIDERS`] that offers RDM endpoints with RMA and messages.
@@ -62,6 +63,20 @@ pub struct LibfabricParams {
     /// [`LibfabricParams::stats`]).
     pub stats: LibfabricStats,
 }
+
+nixl_core::__setters!(LibfabricParams {
+    domains: Vec<String>,
+    rails: usize,
+    stripe_min: u64,
+    hmem: HmemMode,
+    progress_thread: bool,
+    idle_sleep: Duration,
+    notif_size: usize,
+    notif_slots: usize,
+    op_timeout: Duration,
+} some {
+    provider: String,
+});
 
 impl Default for LibfabricParams {
     fn default() -> Self {
@@ -104,6 +119,14 @@ impl LibfabricParams {
     /// A handle to the per-rail counters of the backend created from these parameters.
     pub fn stats(&self) -> LibfabricStats {
         self.stats.clone()
+    }
+
+    /// Sets `stats`: the backend created from these parameters publishes its counters there
+    /// (the setter is not named as the field, which [`stats`](Self::stats) reads).
+    #[must_use]
+    pub fn with_stats(mut self, stats: LibfabricStats) -> Self {
+        self.stats = stats;
+        self
     }
 
     pub(crate) fn validate(&self, agent: &str) -> Result<()> {

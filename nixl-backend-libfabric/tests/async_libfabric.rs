@@ -43,10 +43,7 @@ fn libfabric_tcp_future_is_woken_by_the_progress_thread() {
             &l,
             &r,
             b.name(),
-            XferOptions {
-                notif: Some(b"fi-done".to_vec()),
-                ..XferOptions::default()
-            },
+            XferOptions::default().notif(b"fi-done".to_vec()),
         )
         .unwrap();
     let mut stream = b.notif_stream().idle_timeout(Duration::from_secs(20));

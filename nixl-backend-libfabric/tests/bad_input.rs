@@ -15,10 +15,7 @@ use nixl_core::{
 };
 
 fn agent(tag: &str) -> Agent {
-    let config = AgentConfig {
-        plugins: vec![Arc::new(LibfabricPlugin)],
-        ..AgentConfig::default()
-    };
+    let config = AgentConfig::default().plugins(vec![Arc::new(LibfabricPlugin)]);
     Agent::new(&format!("bad-{tag}-{}", std::process::id()), config).unwrap()
 }
 
@@ -26,30 +23,12 @@ fn agent(tag: &str) -> Agent {
 fn bad_params_are_refused() {
     let a = agent("params");
     for p in [
-        LibfabricParams {
-            rails: 0,
-            ..LibfabricParams::tcp_loopback(1)
-        },
-        LibfabricParams {
-            notif_size: 1,
-            ..LibfabricParams::tcp_loopback(1)
-        },
-        LibfabricParams {
-            notif_slots: 0,
-            ..LibfabricParams::tcp_loopback(1)
-        },
-        LibfabricParams {
-            op_timeout: Duration::ZERO,
-            ..LibfabricParams::tcp_loopback(1)
-        },
-        LibfabricParams {
-            stripe_min: 0,
-            ..LibfabricParams::tcp_loopback(1)
-        },
-        LibfabricParams {
-            provider: Some(String::new()),
-            ..Default::default()
-        },
+        LibfabricParams::tcp_loopback(1).rails(0),
+        LibfabricParams::tcp_loopback(1).notif_size(1),
+        LibfabricParams::tcp_loopback(1).notif_slots(0),
+        LibfabricParams::tcp_loopback(1).op_timeout(Duration::ZERO),
+        LibfabricParams::tcp_loopback(1).stripe_min(0),
+        LibfabricParams::default().provider(String::new()),
     ] {
         assert!(
             matches!(a.create_backend(p.clone()), Err(Error::InvalidParam { .. })),
@@ -68,15 +47,9 @@ fn bad_params_are_refused() {
     // A provider or domain that does not exist is Unavailable, naming it.
     for p in [
         LibfabricParams::with_provider("no-such-provider"),
-        LibfabricParams {
-            domains: vec!["no-such-domain".into()],
-            ..LibfabricParams::tcp_loopback(1)
-        },
+        LibfabricParams::tcp_loopback(1).domains(vec!["no-such-domain".into()]),
         // One of two domains missing: refused, not two rails on the one that exists.
-        LibfabricParams {
-            domains: vec!["lo".into(), "no-such-domain".into()],
-            ..LibfabricParams::tcp_loopback(2)
-        },
+        LibfabricParams::tcp_loopback(2).domains(vec!["lo".into(), "no-such-domain".into()]),
     ] {
         match a.create_backend(p) {
             Err(Error::Unavailable { what, hint }) => eprintln!("{what}: {hint}"),
@@ -177,10 +150,7 @@ fn oversized_notifications_and_unsupported_memory_are_refused() {
     if common::skip_without_provider("tcp") {
         return;
     }
-    let small = LibfabricParams {
-        notif_size: 256,
-        ..LibfabricParams::tcp_loopback(1)
-    };
+    let small = LibfabricParams::tcp_loopback(1).notif_size(256);
     let p = pair("notif", small.clone(), small);
     p.a.load_remote_metadata(&p.b.local_metadata().unwrap())
         .unwrap();
@@ -244,10 +214,7 @@ fn shm_names_of_no_region_are_refused() {
     if common::skip_without_provider("shm") {
         return;
     }
-    let shm = LibfabricParams {
-        op_timeout: Duration::from_millis(500),
-        ..LibfabricParams::with_provider("shm")
-    };
+    let shm = (LibfabricParams::with_provider("shm")).op_timeout(Duration::from_millis(500));
     let p = pair("shm-names", shm.clone(), shm);
     let good = AgentMetadata::decode_bytes(&p.b.local_metadata().unwrap()).unwrap();
     let conn = &good.backends[0].conn_info;
@@ -346,10 +313,7 @@ fn notification_buffers_are_not_remotely_accessible() {
     if common::skip_without_provider("tcp") {
         return;
     }
-    let params = LibfabricParams {
-        op_timeout: Duration::from_secs(2),
-        ..LibfabricParams::tcp_loopback(1)
-    };
+    let params = LibfabricParams::tcp_loopback(1).op_timeout(Duration::from_secs(2));
     let p = pair("pool-keys", params.clone(), params);
     let good = AgentMetadata::decode_bytes(&p.b.local_metadata().unwrap()).unwrap();
     let public = &good.regions[0].public;
@@ -363,10 +327,7 @@ fn notification_buffers_are_not_remotely_accessible() {
             &XferDescList::blocks(MemKind::Dram, x.addr(), 4096, 1),
             &XferDescList::blocks(MemKind::Dram, y.addr(), 4096, 1),
             name,
-            XferOptions {
-                timeout: Some(Duration::from_secs(2)),
-                ..Default::default()
-            },
+            XferOptions::default().timeout(Duration::from_secs(2)),
         )?;
         p.a.post_xfer_req(&req)?;
         req.wait(Duration::from_secs(10))

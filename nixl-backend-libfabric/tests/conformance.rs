@@ -36,10 +36,7 @@ fn sockets() -> Option<Suite> {
     suite(
         "sockets",
         "lf-sockets",
-        LibfabricParams {
-            domains: vec!["lo".to_owned()],
-            ..LibfabricParams::with_provider("sockets")
-        },
+        (LibfabricParams::with_provider("sockets")).domains(vec!["lo".to_owned()]),
     )
 }
 

@@ -23,10 +23,7 @@ fn provider() -> (String, usize) {
 
 fn params() -> LibfabricParams {
     let (p, rails) = provider();
-    LibfabricParams {
-        rails,
-        ..LibfabricParams::with_provider(&p)
-    }
+    (LibfabricParams::with_provider(&p)).rails(rails)
 }
 
 fn chosen() -> Option<Suite> {
@@ -77,10 +74,7 @@ fn striped_batch_on_chosen_provider() {
     let _rb = b.register_mem(vec![dst.clone()], &[]).unwrap();
     a.load_remote_metadata(&b.local_metadata().unwrap())
         .unwrap();
-    let opts = XferOptions {
-        no_merge: true,
-        ..Default::default()
-    };
+    let opts = XferOptions::default().no_merge(true);
     let req = a
         .create_xfer_req(
             XferOp::Write,

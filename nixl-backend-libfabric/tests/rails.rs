@@ -49,10 +49,7 @@ fn two_rails_both_carry_bytes() {
         .unwrap();
 
     // A batch of 32 separate blocks (no merging): spread over both rails.
-    let opts = XferOptions {
-        no_merge: true,
-        ..XferOptions::with_notif(b"striped".to_vec())
-    };
+    let opts = (XferOptions::with_notif(b"striped".to_vec())).no_merge(true);
     let req = a
         .create_xfer_req(
             XferOp::Write,

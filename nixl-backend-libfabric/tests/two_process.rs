@@ -36,10 +36,7 @@ fn params(provider: &str) -> LibfabricParams {
 }
 
 fn config(listen: bool) -> AgentConfig {
-    AgentConfig {
-        listen,
-        ..AgentConfig::default()
-    }
+    AgentConfig::default().listen(listen)
 }
 
 /// The target's side: runs only when spawned by a parent test.
@@ -240,20 +237,14 @@ fn killed_target_fails_requests_with_typed_errors() {
     if std::env::var_os(ENV_CHILD).is_some() || common::skip_without_provider("tcp") {
         return;
     }
-    let p = LibfabricParams {
-        op_timeout: Duration::from_secs(3),
-        ..params("tcp")
-    };
+    let p = (params("tcp")).op_timeout(Duration::from_secs(3));
     let s = start("tcp", "kill", p).unwrap();
     let a = &s.a;
     let src = Arc::new(HostBuffer::new(LEN).unwrap());
     let _r = a.register_mem(vec![src.clone()], &[]).unwrap();
     let mut t = s.target;
     t.kill();
-    let opts = XferOptions {
-        timeout: Some(Duration::from_secs(3)),
-        ..Default::default()
-    };
+    let opts = XferOptions::default().timeout(Duration::from_secs(3));
     let req = a
         .create_xfer_req(
             XferOp::Write,
@@ -372,10 +363,7 @@ fn a_late_answer_from_a_thawed_shm_peer_is_harmless() {
         return;
     }
     use nixl_testkit::signal::Sig;
-    let p = LibfabricParams {
-        op_timeout: Duration::from_millis(300),
-        ..params("shm")
-    };
+    let p = (params("shm")).op_timeout(Duration::from_millis(300));
     let mut s = start("shm", "frozen", p).unwrap();
     let a = &s.a;
     a.gen_notif(&s.child, b"metadata", &[]).unwrap();

@@ -21,10 +21,7 @@ fn params() -> LibfabricParams {
     } else {
         LibfabricParams::with_provider(&p)
     };
-    LibfabricParams {
-        hmem: HmemMode::Require,
-        ..base
-    }
+    base.hmem(HmemMode::Require)
 }
 
 #[test]

@@ -377,15 +377,12 @@ impl Backend for UcxBackend {
         if self.ctx.cuda_aware() {
             mem_kinds.push(MemKind::Vram);
         }
-        Capabilities {
-            mem_kinds,
-            remote: true,
-            local: true,
-            notifications: true,
-            // Its own progress threads (the default) drive it, woken by the worker's events:
-            // nobody else needs to poll it.
-            needs_progress: !self.params.progress_thread,
-        }
+        Capabilities::default()
+            .mem_kinds(mem_kinds)
+            .remote(true)
+            .local(true)
+            .notifications(true)
+            .needs_progress(!self.params.progress_thread)
     }
 
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {

@@ -14,10 +14,11 @@ use crate::UCX;
 ///
 /// ```
 /// use nixl_backend_ucx::UcxParams;
-/// let p = UcxParams { transports: Some("tcp".into()), ..UcxParams::default() };
+/// let p = UcxParams::default().transports("tcp".to_string());
 /// assert_eq!(p.num_workers, 1);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct UcxParams {
     /// Where to load UCX from: a prefix (holding `lib/libucp.so.0`), a `lib` directory or the
     /// `libucp` file. `None`: `$NIXL_UCX_HOME`, then `$UCX_HOME`, then [`crate::DEPS_HOME`], then
@@ -88,6 +89,24 @@ pub struct UcxParams {
     /// Without it such peers get UCX's copies, as before direct CMA.
     pub direct_cma_same_process: bool,
 }
+
+nixl_core::__setters!(UcxParams {
+    tcp_on_every_interface: bool,
+    num_workers: usize,
+    progress_thread: bool,
+    cancel_timeout: Duration,
+    config: Vec<(String, String)>,
+    nixl_compat: bool,
+    shm_notifications: bool,
+    direct_cma: bool,
+    cma_threads: usize,
+    direct_cma_same_process: bool,
+} some {
+    library_path: PathBuf,
+    transports: String,
+    devices: String,
+    keepalive_interval: Duration,
+});
 
 /// The default of [`UcxParams::keepalive_interval`]: a peer behind a pulled cable is declared
 /// dead after about four intervals of unacknowledged data (`UCX_TCP_USER_TIMEOUT`), 8 s.

@@ -39,10 +39,7 @@ fn ucx_tcp_future_is_woken_by_the_completion_callback() {
             &l,
             &r,
             b.name(),
-            XferOptions {
-                notif: Some(b"done".to_vec()),
-                ..XferOptions::default()
-            },
+            XferOptions::default().notif(b"done".to_vec()),
         )
         .unwrap();
     let mut stream = b.notif_stream().idle_timeout(Duration::from_secs(20));

@@ -14,9 +14,8 @@ use nixl_testkit::conformance::Suite;
 
 fn suite(tls: &'static str, progress_thread: bool) -> Option<Suite> {
     // The suite's agents share one process: direct CMA between them needs the opt-in.
-    suite_with(tls, progress_thread, "", |p| UcxParams {
-        direct_cma_same_process: true,
-        ..p
+    suite_with(tls, progress_thread, "", |p| {
+        p.direct_cma_same_process(true)
     })
 }
 
@@ -29,10 +28,7 @@ fn suite_with(
     if !common::ucx_or_skip("conformance") {
         return None;
     }
-    let config = AgentConfig {
-        progress_thread,
-        ..AgentConfig::default()
-    };
+    let config = AgentConfig::default().progress_thread(progress_thread);
     let name = format!(
         "ucx-{}{}{tag}",
         tls.replace(',', "+"),
@@ -54,18 +50,14 @@ fn shm() -> Option<Suite> {
 }
 
 fn shm_ucx_copies() -> Option<Suite> {
-    suite_with(common::SHM, false, "-ucx-copies", |p| UcxParams {
-        direct_cma: false,
-        ..p
-    })
+    suite_with(common::SHM, false, "-ucx-copies", |p| p.direct_cma(false))
 }
 
 fn shm_direct_inside_post() -> Option<Suite> {
-    suite_with(common::SHM, false, "-direct-inline", |p| UcxParams {
-        direct_cma: true,
-        cma_threads: 0,
-        direct_cma_same_process: true,
-        ..p
+    suite_with(common::SHM, false, "-direct-inline", |p| {
+        p.direct_cma(true)
+            .cma_threads(0)
+            .direct_cma_same_process(true)
     })
 }
 

@@ -27,13 +27,10 @@ fn agent(role: &str, params: UcxParams) -> Agent {
 }
 
 fn shm(direct: bool, threads: usize) -> UcxParams {
-    UcxParams {
-        direct_cma: direct,
-        cma_threads: threads,
-        // The agents of these tests share one process.
-        direct_cma_same_process: true,
-        ..common::params(common::SHM)
-    }
+    common::params(common::SHM)
+        .direct_cma(direct)
+        .cma_threads(threads)
+        .direct_cma_same_process(true)
 }
 
 /// Initiator and target agents (the target's memory `len` bytes of zeros, the initiator's a
@@ -211,13 +208,7 @@ fn a_peer_in_this_process_gets_ucx_copies_by_default() {
     if !common::ucx_or_skip("direct_cma_same_process") {
         return;
     }
-    let p = pair(
-        UcxParams {
-            direct_cma_same_process: false,
-            ..shm(true, 2)
-        },
-        16 * 4096,
-    );
+    let p = pair((shm(true, 2)).direct_cma_same_process(false), 16 * 4096);
     let (w, r) = round_trip(&p, 4096, 16);
     assert!(
         !w.contains("direct CMA") && !r.contains("direct CMA"),
@@ -232,13 +223,7 @@ fn over_tcp_ucx_makes_the_copies() {
         return;
     }
     // UCX_TLS=tcp: UCX has no cma lane, so neither does the backend.
-    let p = pair(
-        UcxParams {
-            direct_cma: true,
-            ..common::params(common::TCP)
-        },
-        16 * 4096,
-    );
+    let p = pair(common::params(common::TCP).direct_cma(true), 16 * 4096);
     let (w, _) = round_trip(&p, 4096, 16);
     assert!(!w.contains("direct CMA") && w.contains("tcp/"), "{w}");
 }
@@ -416,10 +401,7 @@ fn polls_and_posts_do_a_bounded_slice_of_a_large_copy() {
             &XferDescList::blocks(MemKind::Dram, p.src.addr() + off as u64, len as u64, 1),
             &XferDescList::blocks(MemKind::Dram, p.dst.addr() + off as u64, len as u64, 1),
             p.b.name(),
-            XferOptions {
-                notif: notif.map(<[u8]>::to_vec),
-                ..XferOptions::default()
-            },
+            XferOptions::default().notif(notif.map(<[u8]>::to_vec)),
         )
         .expect("make")
     };

@@ -30,21 +30,14 @@ fn rs_agent(env: &NixlEnv, role: &str, tls: &str) -> Agent {
 
 /// Like [`rs_agent`] with a given name.
 fn rs_agent_named(env: &NixlEnv, name: &str, tls: &str) -> Agent {
-    let a = Agent::new(
-        name,
-        AgentConfig {
-            default_timeout: WAIT,
-            ..AgentConfig::default()
-        },
+    let a = Agent::new(name, AgentConfig::default().default_timeout(WAIT)).expect("agent");
+    a.create_backend(
+        UcxParams::default()
+            .library_path(env.ucx.clone())
+            .transports(tls.to_owned())
+            .keepalive_interval(Duration::from_millis(500))
+            .nixl_compat(true),
     )
-    .expect("agent");
-    a.create_backend(UcxParams {
-        library_path: Some(env.ucx.clone()),
-        transports: Some(tls.to_owned()),
-        keepalive_interval: Some(Duration::from_millis(500)),
-        nixl_compat: true,
-        ..UcxParams::default()
-    })
     .expect("UCX backend on the wheel's libucp");
     a
 }
@@ -213,10 +206,7 @@ fn rs_to_nixl(tls: &str) {
             &dram(src.addr(), LEN),
             &dram(py_dst, LEN),
             &name,
-            XferOptions {
-                integrity: true,
-                ..XferOptions::default()
-            },
+            XferOptions::default().integrity(true),
         )
         .expect_err("integrity to a NIXL peer");
     assert!(matches!(e, Error::NotSupported { .. }), "{e}");
@@ -515,11 +505,9 @@ fn metadata_by_etcd_under_nixls_keys() {
     py.ok(json!({"op": "send_md"}));
     let x = EtcdExchange::new(
         &rs,
-        &EtcdConfig {
-            endpoints: vec![endpoint],
-            nixl_keys: true,
-            ..EtcdConfig::default()
-        },
+        &EtcdConfig::default()
+            .endpoints(vec![endpoint])
+            .nixl_keys(true),
     )
     .expect("etcd");
     assert_eq!(

@@ -76,19 +76,16 @@ fn run(test: &str, env: &NixlEnv, kind: MemKind, tls: &str, len: usize, iters: u
     let mem = if vram { "VRAM" } else { "DRAM" };
     let rs = Agent::new(
         &common::unique("rs-bench"),
-        AgentConfig {
-            default_timeout: WAIT,
-            ..AgentConfig::default()
-        },
+        AgentConfig::default().default_timeout(WAIT),
     )
     .expect("agent");
     let ucx = rs
-        .create_backend(UcxParams {
-            library_path: Some(env.ucx.clone()),
-            transports: Some(tls.to_owned()),
-            nixl_compat: true,
-            ..UcxParams::default()
-        })
+        .create_backend(
+            UcxParams::default()
+                .library_path(env.ucx.clone())
+                .transports(tls.to_owned())
+                .nixl_compat(true),
+        )
         .expect("UCX on the wheel's libucp");
     if !ucx.capabilities().supports(kind) {
         nixl_testkit::skip(

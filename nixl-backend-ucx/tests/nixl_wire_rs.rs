@@ -8,7 +8,6 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use nixl_backend_ucx::UcxParams;
 use nixl_core::nixl_wire::comm::{encode_command, write_frame, Command};
 use nixl_core::nixl_wire::{NixlListener, Wire};
 use nixl_core::{Agent, AgentConfig, Error, MemKind, XferDescList, XferOp, XferOptions};
@@ -19,17 +18,11 @@ const WAIT: Duration = Duration::from_secs(20);
 fn agent(role: &str) -> Agent {
     let a = Agent::new(
         &common::unique(role),
-        AgentConfig {
-            default_timeout: WAIT,
-            ..AgentConfig::default()
-        },
+        AgentConfig::default().default_timeout(WAIT),
     )
     .expect("agent");
-    a.create_backend(UcxParams {
-        nixl_compat: true,
-        ..common::params(common::TCP)
-    })
-    .expect("UCX");
+    a.create_backend(common::params(common::TCP).nixl_compat(true))
+        .expect("UCX");
     a
 }
 
@@ -192,10 +185,7 @@ fn nixl_listener_keeps_the_side_channel_rules() {
     assert!(matches!(e, Error::NotAllowed { .. }), "{e}");
     let open = Agent::new(
         &common::unique("open"),
-        AgentConfig {
-            allow_unauthenticated_listener: true,
-            ..common::config(false)
-        },
+        common::config(false).allow_unauthenticated_listener(true),
     )
     .expect("agent");
     drop(NixlListener::start(&open, SocketAddr::from(([0, 0, 0, 0], 0))).expect("opted out"));

@@ -42,10 +42,7 @@ fn one(kind_len: u64, addr: u64) -> XferDescList {
 #[test]
 fn missing_ucx_is_unavailable_and_changes_nothing() {
     let a = Agent::new(&common::unique("a"), AgentConfig::default()).expect("agent");
-    let p = UcxParams {
-        library_path: Some("/nonexistent/ucx".into()),
-        ..UcxParams::default()
-    };
+    let p = UcxParams::default().library_path(std::path::PathBuf::from("/nonexistent/ucx"));
     let e = a.create_backend(p).expect_err("no UCX there");
     assert!(matches!(e, Error::Unavailable { .. }), "{e:?}");
     assert!(
@@ -57,10 +54,7 @@ fn missing_ucx_is_unavailable_and_changes_nothing() {
 
 #[test]
 fn bad_params_are_refused_and_change_nothing() {
-    let cfg = AgentConfig {
-        plugins: vec![Arc::new(UcxPlugin)],
-        ..AgentConfig::default()
-    };
+    let cfg = AgentConfig::default().plugins(vec![Arc::new(UcxPlugin)]);
     let a = Agent::new(&common::unique("a"), cfg).expect("agent");
     for (k, v) in [
         ("num_workers", "0"),
@@ -72,10 +66,7 @@ fn bad_params_are_refused_and_change_nothing() {
         assert!(matches!(e, Error::InvalidParam { .. }), "{k}={v}: {e:?}");
     }
     let e = a
-        .create_backend(UcxParams {
-            num_workers: 100,
-            ..UcxParams::default()
-        })
+        .create_backend(UcxParams::default().num_workers(100))
         .expect_err("too many workers");
     assert!(matches!(e, Error::InvalidParam { .. }), "{e:?}");
     assert!(a.backends().is_empty());
@@ -91,10 +82,7 @@ fn bad_ucx_option_is_refused() {
         return;
     }
     let a = Agent::new(&common::unique("a"), AgentConfig::default()).expect("agent");
-    let p = UcxParams {
-        config: vec![("NO_SUCH_OPTION_XYZ".into(), "1".into())],
-        ..UcxParams::default()
-    };
+    let p = UcxParams::default().config(vec![("NO_SUCH_OPTION_XYZ".into(), "1".into())]);
     let e = a.create_backend(p).expect_err("unknown UCX option");
     assert!(matches!(e, Error::InvalidParam { .. }), "{e:?}");
     assert!(a.backends().is_empty());
@@ -204,10 +192,7 @@ fn cancel_returns_only_when_ucx_is_done() {
         .expect("load");
     let blk = 1u64 << 20;
     let n = len / blk as usize;
-    let opts = XferOptions {
-        no_merge: true,
-        ..XferOptions::default()
-    };
+    let opts = XferOptions::default().no_merge(true);
     let req = a
         .create_xfer_req(
             XferOp::Write,
@@ -268,11 +253,8 @@ fn cancel_returns_only_when_ucx_is_done() {
 fn several_workers_spread_requests(tls: &str) {
     let mk = |role| {
         let a = Agent::new(&common::unique(role), common::config(false)).expect("agent");
-        a.create_backend(UcxParams {
-            num_workers: 3,
-            ..common::params(tls)
-        })
-        .expect("backend");
+        a.create_backend(common::params(tls).num_workers(3))
+            .expect("backend");
         a
     };
     let (a, b) = (mk("a"), mk("b"));
@@ -413,11 +395,8 @@ fn no_progress_threads_with_polling() {
     }
     let mk = |role| {
         let a = Agent::new(&common::unique(role), common::config(false)).expect("agent");
-        a.create_backend(UcxParams {
-            progress_thread: false,
-            ..common::params(common::TCP)
-        })
-        .expect("backend");
+        a.create_backend(common::params(common::TCP).progress_thread(false))
+            .expect("backend");
         a
     };
     let (a, b) = (mk("a"), mk("b"));

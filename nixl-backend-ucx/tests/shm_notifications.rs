@@ -10,7 +10,6 @@ use nixl_testkit::ucx as common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nixl_backend_ucx::UcxParams;
 use nixl_core::{Agent, HostBuffer, MemKind, Registration, XferDescList, XferOp, XferOptions};
 
 const T: Duration = Duration::from_secs(30);
@@ -29,11 +28,12 @@ fn pair(
 ) {
     let mk = |role| {
         let a = Agent::new(&common::unique(role), common::config(false)).expect("agent");
-        a.create_backend(UcxParams {
-            transports: None,
-            shm_notifications,
-            ..common::params(common::TCP)
-        })
+        // UCX's own transport choice (shm among them), from the kit's other settings.
+        a.create_backend(
+            common::params(common::TCP)
+                .transports(None)
+                .shm_notifications(shm_notifications),
+        )
         .expect("backend");
         a
     };

@@ -269,10 +269,7 @@ fn kill_mid_transfer(tls: &str, detects_failure: bool) {
     let len = 64 << 20;
     let parent = Agent::new(&common::unique("initiator"), common::config(true)).expect("agent");
     parent
-        .create_backend(nixl_backend_ucx::UcxParams {
-            direct_cma: false,
-            ..common::params(tls)
-        })
+        .create_backend(common::params(tls).direct_cma(false))
         .expect("UCX backend");
     let src = common::buf(len);
     let _r = parent
@@ -294,11 +291,9 @@ fn kill_mid_transfer(tls: &str, detects_failure: bool) {
             &XferDescList::blocks(MemKind::Dram, src.addr(), blk, n),
             &XferDescList::blocks(MemKind::Dram, raddr, blk, n),
             &t.name,
-            XferOptions {
-                timeout: Some(Duration::from_secs(5)),
-                no_merge: true,
-                ..XferOptions::default()
-            },
+            XferOptions::default()
+                .timeout(Duration::from_secs(5))
+                .no_merge(true),
         )
         .expect("make");
     parent.post_xfer_req(&req).expect("first post");
@@ -367,10 +362,7 @@ fn kill_target_during_direct_cma_copies() {
     let len = 256 << 20;
     let parent = Agent::new(&common::unique("initiator"), common::config(true)).expect("agent");
     parent
-        .create_backend(nixl_backend_ucx::UcxParams {
-            cma_threads: 2,
-            ..common::params(tls)
-        })
+        .create_backend(common::params(tls).cma_threads(2))
         .expect("UCX backend");
     let src = common::buf(len);
     src.fill_pattern(5);
@@ -387,10 +379,7 @@ fn kill_target_during_direct_cma_copies() {
             &XferDescList::blocks(MemKind::Dram, src.addr(), blk, n),
             &XferDescList::blocks(MemKind::Dram, raddr, blk, n),
             &t.name,
-            XferOptions {
-                timeout: Some(Duration::from_secs(10)),
-                ..XferOptions::default()
-            },
+            XferOptions::default().timeout(Duration::from_secs(10)),
         )
         .expect("make");
     assert!(req.path().contains("direct CMA"), "{}", req.path());

@@ -39,10 +39,7 @@ fn counters_are_refused_typed_where_no_backend_advances_them() {
         .prep_strided_dlist(XferTarget::Agent(b.name()), &table(bb.addr()), &[])
         .unwrap();
     let counters = ArrivalCounters::new(ba.addr() + 60_000, 0);
-    let opts = || XferOptions {
-        arrival: Some(counters),
-        ..XferOptions::default()
-    };
+    let opts = || XferOptions::default().arrival(counters);
     for op in [XferOp::Read, XferOp::Write] {
         let e = a
             .make_block_xfer(op, &local, &[0, 1], &remote, &[2, 3], opts())

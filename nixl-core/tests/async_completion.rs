@@ -34,13 +34,13 @@ fn pair(tag: &str, completion: Completion, fault: bool) -> Pair {
     let (an, bn) = (format!("{tag}-a-{pid}"), format!("{tag}-b-{pid}"));
     let a = Agent::new(&an, AgentConfig::default()).unwrap();
     let b = Agent::new(&bn, AgentConfig::default()).unwrap();
-    let params = InprocParams { completion };
+    let params = InprocParams::default().completion(completion);
     if fault {
-        a.create_backend(FaultParams {
-            inner: Box::new(params.clone()),
-            plan: FaultPlan::default(),
-            log: Arc::new(FaultLog::default()),
-        })
+        a.create_backend(FaultParams::new(
+            params.clone(),
+            FaultPlan::default(),
+            Arc::new(FaultLog::default()),
+        ))
         .unwrap();
     } else {
         a.create_backend(params.clone()).unwrap();
@@ -68,10 +68,7 @@ fn pair(tag: &str, completion: Completion, fault: bool) -> Pair {
 fn write(p: &Pair, notif: Option<&[u8]>) -> XferReq {
     let l = XferDescList::from_descs(MemKind::Dram, [Desc::new(p.src.addr(), LEN as u64)]);
     let r = XferDescList::from_descs(MemKind::Dram, [Desc::new(p.dst.addr(), LEN as u64)]);
-    let opts = XferOptions {
-        notif: notif.map(<[u8]>::to_vec),
-        ..XferOptions::default()
-    };
+    let opts = XferOptions::default().notif(notif.map(<[u8]>::to_vec));
     p.a.create_xfer_req(XferOp::Write, &l, &r, p.b.name(), opts)
         .unwrap()
 }

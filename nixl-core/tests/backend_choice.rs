@@ -118,10 +118,8 @@ fn a_declining_backend_yields_to_the_next() {
     req.wait(Duration::from_secs(5)).unwrap();
     assert_eq!(sb.to_vec(), vec![5u8; 4096]);
     // Restricted to the declining backend, its refusal is what the caller sees.
-    let only = XferOptions {
-        backends: vec![a.backend("DECLINING").expect("declining backend")],
-        ..XferOptions::default()
-    };
+    let only =
+        XferOptions::default().backends(vec![a.backend("DECLINING").expect("declining backend")]);
     assert!(matches!(
         a.create_xfer_req(XferOp::Write, &l, &r, b.name(), only),
         Err(Error::NotSupported { .. })

@@ -12,10 +12,7 @@ fn eight_threads_share_one_agent_and_lose_no_notification() {
     const ROUNDS: usize = 300;
     const BLOCK: u64 = 4096;
     for progress_thread in [false, true] {
-        let config = AgentConfig {
-            progress_thread,
-            ..AgentConfig::default()
-        };
+        let config = AgentConfig::default().progress_thread(progress_thread);
         let a = agent_with("cc-a", config.clone());
         let b = agent_with("cc-b", config);
         let (sa, _ra) = registered(&a, BLOCK as usize * THREADS);

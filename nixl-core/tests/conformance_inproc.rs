@@ -20,10 +20,7 @@ fn inproc() -> Option<Suite> {
 }
 
 fn inproc_progress_thread() -> Option<Suite> {
-    let config = AgentConfig {
-        progress_thread: true,
-        ..AgentConfig::default()
-    };
+    let config = AgentConfig::default().progress_thread(true);
     Some(Suite::new(
         "inproc-pt",
         config,
@@ -32,9 +29,7 @@ fn inproc_progress_thread() -> Option<Suite> {
 }
 
 fn deferred() -> InprocParams {
-    InprocParams {
-        completion: Completion::Deferred(Duration::from_millis(50)),
-    }
+    InprocParams::default().completion(Completion::Deferred(Duration::from_millis(50)))
 }
 
 fn inproc_deferred() -> Option<Suite> {
@@ -60,12 +55,10 @@ fn fault_inproc() -> Option<Suite> {
 }
 
 fn fault_inproc_delayed() -> Option<Suite> {
-    let plan = FaultPlan {
-        seed: 11,
-        delay_prob: 1.0,
-        delay: (Duration::from_millis(50), Duration::from_millis(100)),
-        ..FaultPlan::default()
-    };
+    let plan = FaultPlan::default()
+        .seed(11)
+        .delay_prob(1.0)
+        .delay((Duration::from_millis(50), Duration::from_millis(100)));
     Some(Suite::new(
         "fault-inproc-delayed",
         AgentConfig::default(),

@@ -397,10 +397,7 @@ fn bad_transfer_inputs_change_nothing() {
             &[0],
             &remote,
             &[0],
-            XferOptions {
-                backends: vec![agent("stranger").backend("INPROC").expect("handle")],
-                ..opts()
-            }
+            opts().backends(vec![agent("stranger").backend("INPROC").expect("handle")])
         ),
         Err(Error::Mismatch { .. })
     ));
@@ -464,10 +461,7 @@ fn bad_transfer_inputs_change_nothing() {
 fn timeouts_are_typed() {
     let a = Agent::new(
         &nixl_testkit::unique("to"),
-        AgentConfig {
-            default_timeout: std::time::Duration::from_millis(200),
-            ..AgentConfig::default()
-        },
+        AgentConfig::default().default_timeout(std::time::Duration::from_millis(200)),
     )
     .unwrap();
     // Nothing is queued: waiting for notifications ends, on time, with none.

@@ -35,13 +35,11 @@ fn server() -> Option<LocalEtcd> {
 
 /// Generous deadlines: these calls are expected to succeed, also on a loaded CI machine.
 fn config(etcd: &LocalEtcd) -> EtcdConfig {
-    EtcdConfig {
-        endpoints: vec![etcd.endpoint()],
-        lease_ttl: Duration::from_secs(5),
-        request_timeout: Duration::from_secs(3),
-        retries: 2,
-        ..EtcdConfig::default()
-    }
+    EtcdConfig::default()
+        .endpoints(vec![etcd.endpoint()])
+        .lease_ttl(Duration::from_secs(5))
+        .request_timeout(Duration::from_secs(3))
+        .retries(2)
 }
 
 /// Short deadlines, for calls expected to fail (etcd stopped or frozen).
@@ -60,11 +58,9 @@ fn impatient_exchange(agent: &Agent, etcd: &LocalEtcd) -> EtcdExchange {
 }
 
 fn impatient(etcd: &LocalEtcd) -> EtcdConfig {
-    EtcdConfig {
-        request_timeout: Duration::from_millis(300),
-        retries: 1,
-        ..config(etcd)
-    }
+    config(etcd)
+        .request_timeout(Duration::from_millis(300))
+        .retries(1)
 }
 
 struct Peer {
@@ -346,10 +342,7 @@ fn expired_lease_invalidates_the_peer() {
 fn a_live_exchange_keeps_its_lease_past_the_ttl() {
     let Some(etcd) = server() else { return };
     // Keep-alives go every TTL/3: the lease survives unless they stall for a whole TTL.
-    let cfg = EtcdConfig {
-        lease_ttl: Duration::from_secs(5),
-        ..config(&etcd)
-    };
+    let cfg = (config(&etcd)).lease_ttl(Duration::from_secs(5));
     let (a, b) = (peer("a", 1), peer("b", 1));
     let (xa, xb) = (
         EtcdExchange::new(&a.agent, &cfg).unwrap(),
@@ -376,11 +369,9 @@ fn crash_child_process() {
     };
     // No backend: INPROC cannot connect across processes, and the lease is what is tested.
     let agent = Agent::new("crashy", AgentConfig::default()).unwrap();
-    let cfg = EtcdConfig {
-        endpoints: vec![endpoint],
-        lease_ttl: Duration::from_secs(2),
-        ..EtcdConfig::default()
-    };
+    let cfg = EtcdConfig::default()
+        .endpoints(vec![endpoint])
+        .lease_ttl(Duration::from_secs(2));
     let x = EtcdExchange::new(&agent, &cfg).unwrap();
     x.publish().unwrap();
     println!("PUBLISHED");
@@ -582,25 +573,16 @@ fn unreachable_endpoint_is_a_typed_error() {
         .unwrap()
         .port();
     let a = peer("a", 1);
-    let cfg = EtcdConfig {
-        endpoints: vec![format!("127.0.0.1:{port}")],
-        request_timeout: Duration::from_millis(300),
-        retries: 1,
-        ..EtcdConfig::default()
-    };
+    let cfg = EtcdConfig::default()
+        .endpoints(vec![format!("127.0.0.1:{port}")])
+        .request_timeout(Duration::from_millis(300))
+        .retries(1);
     let e = EtcdExchange::new(&a.agent, &cfg).unwrap_err();
     assert!(
         matches!(e, Error::Backend { .. } | Error::TimedOut { .. }),
         "{e}"
     );
-    let e = EtcdExchange::new(
-        &a.agent,
-        &EtcdConfig {
-            endpoints: vec!["https://h:1".into()],
-            ..cfg
-        },
-    )
-    .unwrap_err();
+    let e = EtcdExchange::new(&a.agent, &cfg.endpoints(vec!["https://h:1".into()])).unwrap_err();
     assert!(matches!(e, Error::InvalidParam { .. }), "{e}");
 }
 
@@ -608,10 +590,7 @@ fn unreachable_endpoint_is_a_typed_error() {
 fn namespaces_are_separate() {
     let Some(etcd) = server() else { return };
     let (a, b) = (peer("a", 1), peer("b", 1));
-    let ns = |n: &str| EtcdConfig {
-        namespace: Some(n.into()),
-        ..config(&etcd)
-    };
+    let ns = |n: &str| config(&etcd).namespace(n.to_string());
     let xa = EtcdExchange::new(&a.agent, &ns("/one")).unwrap();
     let xb = EtcdExchange::new(&b.agent, &ns("/two")).unwrap();
     xb.publish().unwrap();
@@ -675,10 +654,7 @@ fn fetch_all_loads_every_peer_in_pages_and_reports_bad_entries() {
 fn signed_peer(name: &str, cred: &nixl_core::access::Credential, blocks: usize) -> Peer {
     let agent = Agent::new(
         name,
-        AgentConfig {
-            auth: Some(nixl_core::access::Auth::new(cred.clone())),
-            ..AgentConfig::default()
-        },
+        AgentConfig::default().auth(nixl_core::access::Auth::new(cred.clone())),
     )
     .unwrap();
     agent.create_backend(InprocParams::default()).unwrap();

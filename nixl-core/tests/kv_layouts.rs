@@ -687,13 +687,13 @@ fn tile_requests_refuse_bad_tiles_typed() {
         )
         .unwrap();
     let row = 16 * 4;
-    let shape = TileShape {
-        outer: 8,
-        inner: 16,
+    let shape = TileShape::new(
+        8,
+        16,
         row,
-        local: RowStrides::new(row, 8 * row),
-        remote: RowStrides::new(16 * row, row),
-    };
+        RowStrides::new(row, 8 * row),
+        RowStrides::new(16 * row, row),
+    );
     let tile = |lb, lo, rb, ro| Tile {
         local_block: lb,
         local_offset: lo,
@@ -727,10 +727,8 @@ fn tile_requests_refuse_bad_tiles_typed() {
         kind(make(&shape, &[tile(2, 0, 0, 0), tile(2, 0, 1, 0)])),
         ErrorKind::InvalidParam
     );
-    let bad = TileShape {
-        local: RowStrides::new(row / 2, 8 * row),
-        ..shape
-    };
+    let mut bad = shape;
+    bad.local = RowStrides::new(row / 2, 8 * row);
     assert_eq!(
         kind(make(&bad, &[tile(0, 0, 0, 0)])),
         ErrorKind::InvalidParam
@@ -743,10 +741,7 @@ fn tile_requests_refuse_bad_tiles_typed() {
             &theirs,
             &shape,
             &[tile(0, 0, 1, 0)],
-            XferOptions {
-                integrity: true,
-                ..XferOptions::default()
-            },
+            XferOptions::default().integrity(true),
         )
         .unwrap_err();
     assert_eq!(e.kind(), ErrorKind::NotSupported);
@@ -816,23 +811,10 @@ fn make_with(
 }
 
 fn layout(tp: u32, r: u32, order: KvOrder) -> KvLayout {
-    let mut l = KvLayout {
-        model: "m".into(),
-        layers: 2,
-        tokens_per_block: 16,
-        kv_heads: 8 / tp,
-        model_kv_heads: 8,
-        head_dim: 128,
-        elem_size: 2,
-        order,
-        tp_rank: r,
-        tp_size: tp,
-        mla: false,
-        blocks: 64,
-        kind: MemKind::Dram,
-        dev_id: 0,
-        tensors: Vec::new(),
-    };
+    let mut l = KvLayout::new("m", 2, 16, 8, 128, 2)
+        .order(order)
+        .tp(r, tp)
+        .blocks(64);
     let bb = l.block_bytes();
     l.tensors = (0..4)
         .map(|i| KvTensor {

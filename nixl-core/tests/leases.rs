@@ -33,11 +33,12 @@ fn pair(tag: &str) -> Pair {
 /// Two agents whose lease times come from `clock` (real time without one).
 fn pair_on(tag: &str, clock: Option<Arc<ManualClock>>) -> Pair {
     let pid = std::process::id();
-    let config = || AgentConfig {
-        clock: clock
+    let config = || {
+        let mut c = AgentConfig::default();
+        c.clock = clock
             .clone()
-            .map(|c| c as Arc<dyn nixl_core::leases::Clock>),
-        ..AgentConfig::default()
+            .map(|c| c as Arc<dyn nixl_core::leases::Clock>);
+        c
     };
     let mk = |n: &str| {
         let a = Agent::new(&format!("{tag}-{n}-{pid}"), config()).unwrap();
@@ -74,10 +75,7 @@ fn read(p: &Pair, lease: Option<LeaseId>) -> nixl_core::Result<XferReq> {
         &l,
         &r,
         p.target.name(),
-        XferOptions {
-            lease,
-            ..XferOptions::default()
-        },
+        XferOptions::default().lease(lease),
     )
 }
 
@@ -187,10 +185,7 @@ fn a_reader_that_dies_is_reclaimed_after_expiry() {
     let ttl = Duration::from_millis(200);
     let other = Agent::new(
         &format!("dies-other-{}", std::process::id()),
-        AgentConfig {
-            clock: Some(clock.clone()),
-            ..AgentConfig::default()
-        },
+        AgentConfig::default().clock(clock.clone()),
     )
     .unwrap();
     other.create_backend(InprocParams::default()).unwrap();
@@ -559,10 +554,7 @@ fn a_lease_carries_its_blocks_and_requests_stay_inside_them() {
         [Desc::new(p.src.addr() + blk, 2 * blk)],
         "the grant carries the covered blocks, merged"
     );
-    let with = XferOptions {
-        lease: Some(id),
-        ..XferOptions::default()
-    };
+    let with = XferOptions::default().lease(id);
     let req = |remote: Desc| {
         p.reader.create_xfer_req(
             XferOp::Read,
@@ -621,10 +613,7 @@ fn a_lease_carries_its_blocks_and_requests_stay_inside_them() {
             &XferDescList::from_descs(MemKind::Dram, [Desc::new(p.dst.addr(), blk)]),
             &XferDescList::from_descs(MemKind::Dram, [at(3)]),
             p.target.name(),
-            XferOptions {
-                lease: Some(open),
-                ..XferOptions::default()
-            },
+            XferOptions::default().lease(open),
         )
         .unwrap();
     p.reader.post_xfer_req(&r).unwrap();
@@ -642,10 +631,7 @@ fn the_reserved_notification_prefix_is_refused_typed() {
     msg.extend_from_slice(b"mine");
     let e = p.reader.gen_notif(p.target.name(), &msg, &[]).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidParam, "{e}");
-    let opts = XferOptions {
-        notif: Some(msg.clone()),
-        ..XferOptions::default()
-    };
+    let opts = XferOptions::default().notif(msg.clone());
     let l = XferDescList::from_descs(MemKind::Dram, [Desc::new(p.dst.addr(), 64)]);
     let r = XferDescList::from_descs(MemKind::Dram, [Desc::new(p.src.addr(), 64)]);
     let e = p

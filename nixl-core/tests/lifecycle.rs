@@ -122,10 +122,7 @@ fn canceled_in_flight_never_lands(a: &Agent, b: &Agent, delay: Duration) {
                 1,
             ),
             b.name(),
-            XferOptions {
-                timeout,
-                ..XferOptions::default()
-            },
+            XferOptions::default().timeout(timeout),
         )
         .unwrap()
     };
@@ -195,12 +192,10 @@ fn canceled_in_flight_never_lands(a: &Agent, b: &Agent, delay: Duration) {
 #[test]
 fn delayed_request_is_canceled_by_its_deadline_and_by_wait() {
     let delay = Duration::from_millis(300);
-    let plan = FaultPlan {
-        seed: 1,
-        delay_prob: 1.0,
-        delay: (delay, delay),
-        ..FaultPlan::default()
-    };
+    let plan = FaultPlan::default()
+        .seed(1)
+        .delay_prob(1.0)
+        .delay((delay, delay));
     let (a, log) = faulty("dl-a", plan);
     let b = agent("dl-b");
     canceled_in_flight_never_lands(&a, &b, delay);
@@ -218,10 +213,8 @@ fn delayed_request_is_canceled_by_its_deadline_and_by_wait() {
 fn deferred_inproc_request_is_canceled_by_its_deadline_wait_cancel_and_drop() {
     let delay = Duration::from_millis(300);
     let a = Agent::new(&unique("dd-a"), AgentConfig::default()).unwrap();
-    a.create_backend(InprocParams {
-        completion: Completion::Deferred(delay),
-    })
-    .unwrap();
+    a.create_backend(InprocParams::default().completion(Completion::Deferred(delay)))
+        .unwrap();
     let b = agent("dd-b");
     canceled_in_flight_never_lands(&a, &b, delay);
     let path = a.path_report(b.name());
@@ -236,9 +229,9 @@ fn deferred_inproc_request_is_canceled_by_its_deadline_wait_cancel_and_drop() {
 #[test]
 fn deferred_inproc_notification_follows_data_without_polling() {
     let a = Agent::new(&unique("dn-a"), AgentConfig::default()).unwrap();
-    a.create_backend(InprocParams {
-        completion: Completion::Deferred(Duration::from_millis(50)),
-    })
+    a.create_backend(
+        InprocParams::default().completion(Completion::Deferred(Duration::from_millis(50))),
+    )
     .unwrap();
     let b = agent("dn-b");
     let (sa, _ra) = registered(&a, 1 << 20);
@@ -273,14 +266,12 @@ fn deferred_inproc_notification_follows_data_without_polling() {
 
 #[test]
 fn injected_faults_are_deterministic_and_detected() {
-    let plan = FaultPlan {
-        seed: 7,
-        error_prob: 0.2,
-        drop_notif_prob: 0.2,
-        dup_notif_prob: 0.2,
-        corrupt_prob: 0.2,
-        ..FaultPlan::default()
-    };
+    let plan = FaultPlan::default()
+        .seed(7)
+        .error_prob(0.2)
+        .drop_notif_prob(0.2)
+        .dup_notif_prob(0.2)
+        .corrupt_prob(0.2);
     let run = || {
         let (a, log) = faulty("fi-a", plan.clone());
         let b = agent("fi-b");
@@ -340,13 +331,11 @@ fn injected_faults_are_deterministic_and_detected() {
 /// caller wrote, and the destination differs from it in exactly one byte.
 #[test]
 fn corrupted_write_sends_a_private_copy_and_never_touches_the_source() {
-    let plan = FaultPlan {
-        seed: 9,
-        corrupt_prob: 1.0,
-        delay_prob: 1.0,
-        delay: (Duration::from_millis(100), Duration::from_millis(100)),
-        ..FaultPlan::default()
-    };
+    let plan = FaultPlan::default()
+        .seed(9)
+        .corrupt_prob(1.0)
+        .delay_prob(1.0)
+        .delay((Duration::from_millis(100), Duration::from_millis(100)));
     let (a, log) = faulty("pc-a", plan);
     let b = agent("pc-b");
     let (sa, _ra) = registered(&a, 1 << 16);
@@ -393,11 +382,7 @@ fn corrupted_write_sends_a_private_copy_and_never_touches_the_source() {
 
 #[test]
 fn killed_peer_ends_requests_in_remote_disconnect() {
-    let plan = FaultPlan {
-        seed: 3,
-        kill_after_posts: Some(2),
-        ..FaultPlan::default()
-    };
+    let plan = FaultPlan::default().seed(3).kill_after_posts(2);
     let (a, log) = faulty("kill-a", plan);
     let b = agent("kill-b");
     let (sa, _ra) = registered(&a, 4096);
@@ -431,13 +416,7 @@ fn killed_peer_ends_requests_in_remote_disconnect() {
 
 #[test]
 fn telemetry_counts_requests_and_bytes() {
-    let a = agent_with(
-        "tel-a",
-        AgentConfig {
-            telemetry: true,
-            ..AgentConfig::default()
-        },
-    );
+    let a = agent_with("tel-a", AgentConfig::default().telemetry(true));
     let b = agent("tel-b");
     let (sa, _ra) = registered(&a, 65536);
     let (sb, _rb) = registered(&b, 65536);
@@ -503,29 +482,18 @@ fn loopback_and_self_target() {
 
 #[test]
 fn integrity_detects_every_corruption() {
-    let plan = FaultPlan {
-        seed: 11,
-        corrupt_prob: 0.3,
-        ..FaultPlan::default()
-    };
+    let plan = FaultPlan::default().seed(11).corrupt_prob(0.3);
     let (a, log) = faulty("int-a", plan);
     // The target verifies integrity frames (and says so in its metadata).
     let b = nixl_testkit::inproc_agent_with(
         "int-b",
-        nixl_core::AgentConfig {
-            verify_integrity: true,
-            ..nixl_core::AgentConfig::default()
-        },
+        nixl_core::AgentConfig::default().verify_integrity(true),
     );
     let (sa, _ra) = registered(&a, 65536);
     let (sb, _rb) = registered(&b, 65536);
     a.load_remote_metadata(&b.local_metadata().unwrap())
         .unwrap();
-    let opts = XferOptions {
-        notif: Some(b"kv".to_vec()),
-        integrity: true,
-        ..XferOptions::default()
-    };
+    let opts = XferOptions::default().notif(b"kv".to_vec()).integrity(true);
     let req = a
         .create_xfer_req(
             XferOp::Write,
@@ -577,10 +545,7 @@ fn integrity_detects_every_corruption() {
         &XferDescList::blocks(MemKind::Dram, sa.addr(), 4096, 1),
         &XferDescList::blocks(MemKind::Dram, sb.addr(), 4096, 1),
         b.name(),
-        XferOptions {
-            integrity: true,
-            ..XferOptions::default()
-        },
+        XferOptions::default().integrity(true),
     );
     assert!(matches!(r, Err(Error::NotSupported { .. })));
 }
@@ -656,12 +621,10 @@ fn wait_notifs_reports_each_integrity_failure_once() {
 
 #[test]
 fn uncertain_requests_are_listed() {
-    let plan = FaultPlan {
-        seed: 1,
-        delay_prob: 1.0,
-        delay: (Duration::from_secs(30), Duration::from_secs(30)),
-        ..FaultPlan::default()
-    };
+    let plan = FaultPlan::default()
+        .seed(1)
+        .delay_prob(1.0)
+        .delay((Duration::from_secs(30), Duration::from_secs(30)));
     let (a, _log) = faulty("unc-a", plan);
     let b = agent("unc-b");
     let (sa, _ra) = registered(&a, 4096);

@@ -116,10 +116,7 @@ fn integrity_frames_are_hashed_only_where_asked_and_within_budget() {
     let len = 256usize << 10;
     let sender = nixl_testkit::inproc_agent("int-sender");
     let plain = nixl_testkit::inproc_agent("int-plain");
-    let mut cfg = AgentConfig {
-        verify_integrity: true,
-        ..AgentConfig::default()
-    };
+    let mut cfg = AgentConfig::default().verify_integrity(true);
     cfg.limits.max_integrity_bytes = 64 << 10;
     let verifier = agent_with("int-verifier", cfg);
     let frame_over = |buf: &nixl_core::HostBuffer, n: usize| {
@@ -159,10 +156,7 @@ fn integrity_frames_are_hashed_only_where_asked_and_within_budget() {
     assert!(matches!(e, Error::Corrupt { .. }), "over the budget: {e}");
     // Asking a peer that does not verify is refused at make time.
     let (sb, _r3) = nixl_testkit::registered(&sender, 4096);
-    let opts = nixl_core::XferOptions {
-        integrity: true,
-        ..Default::default()
-    };
+    let opts = nixl_core::XferOptions::default().integrity(true);
     let list = |a: u64| nixl_core::XferDescList::blocks(nixl_core::MemKind::Dram, a, 4096, 1);
     let e = sender
         .create_xfer_req(

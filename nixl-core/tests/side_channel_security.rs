@@ -16,12 +16,10 @@ use nixl_core::{Agent, AgentConfig, ErrorKind, InprocParams, Limits, ListenerLim
 use nixl_testkit::{registered, unique};
 
 fn config(auth: Option<&Credential>) -> AgentConfig {
-    AgentConfig {
-        listen: true,
-        default_timeout: Duration::from_secs(5),
-        auth: auth.map(|c| Auth::new(c.clone())),
-        ..AgentConfig::default()
-    }
+    AgentConfig::default()
+        .listen(true)
+        .default_timeout(Duration::from_secs(5))
+        .auth(auth.map(|c| Auth::new(c.clone())))
 }
 
 fn agent(prefix: &str, cfg: AgentConfig) -> Agent {
@@ -45,12 +43,10 @@ fn member(creds: &[Credential], own: &Credential) -> AgentConfig {
         .filter(|c| c.id() != own.id())
         .cloned()
         .collect();
-    AgentConfig {
-        listen: true,
-        default_timeout: Duration::from_secs(5),
-        auth: Some(auth),
-        ..AgentConfig::default()
-    }
+    AgentConfig::default()
+        .listen(true)
+        .default_timeout(Duration::from_secs(5))
+        .auth(auth)
 }
 
 /// Sends raw bytes and returns the reply body.
@@ -316,12 +312,10 @@ fn a_blocking_fetch_ends_by_its_deadline_against_a_slow_server() {
 #[test]
 fn connection_and_byte_limits_hold() {
     let mut cfg = config(None);
-    cfg.limits.listener = ListenerLimits {
-        max_connections: 4,
-        max_request_bytes: 1 << 20,
-        max_buffered_bytes: 1 << 20,
-        ..ListenerLimits::default()
-    };
+    cfg.limits.listener = ListenerLimits::default()
+        .max_connections(4)
+        .max_request_bytes(1 << 20)
+        .max_buffered_bytes(1 << 20);
     let b = agent("limits", cfg);
     let addr = b.listen_addr().unwrap();
     // Ten idle connections on a four-slot listener: the oldest idle ones make room.
@@ -356,14 +350,7 @@ fn connection_and_byte_limits_hold() {
 
 #[test]
 fn peer_and_region_limits_are_typed_and_change_nothing() {
-    let cfg = AgentConfig {
-        limits: Limits {
-            max_peers: 2,
-            max_regions_per_peer: 3,
-            ..Limits::default()
-        },
-        ..AgentConfig::default()
-    };
+    let cfg = AgentConfig::default().limits(Limits::default().max_peers(2).max_regions_per_peer(3));
     let a = agent("plim", cfg);
     let peers: Vec<Agent> = (0..3)
         .map(|_| agent("plim-peer", AgentConfig::default()))
@@ -434,9 +421,8 @@ fn a_notification_flood_is_bounded_and_reported_once() {
 #[test]
 fn a_fetch_policy_serves_loaded_peers_only() {
     let creds = credentials(&["victim", "loaded", "stranger"]);
-    let cfg = |own: &Credential, policy: nixl_core::access::FetchPolicy| AgentConfig {
-        fetch_policy: policy,
-        ..member(&creds, own)
+    let cfg = |own: &Credential, policy: nixl_core::access::FetchPolicy| {
+        (member(&creds, own)).fetch_policy(policy)
     };
     use nixl_core::access::FetchPolicy::{Anyone, LoadedPeers};
     let victim = agent("policy-victim", cfg(&creds[0], LoadedPeers));
@@ -477,9 +463,8 @@ fn a_fetch_policy_serves_loaded_peers_only() {
 #[test]
 fn a_share_reaches_the_listed_credential_only() {
     let creds = credentials(&["owner", "decode", "router"]);
-    let cfg = |own: &Credential, shares: Vec<nixl_core::access::Share>| AgentConfig {
-        shares,
-        ..member(&creds, own)
+    let cfg = |own: &Credential, shares: Vec<nixl_core::access::Share>| {
+        (member(&creds, own)).shares(shares)
     };
     let decode = agent("share-decode", cfg(&creds[1], Vec::new()));
     let router = agent("share-router", cfg(&creds[2], Vec::new()));

@@ -13,11 +13,9 @@ use nixl_testkit::{inproc_agent_with as agent_with, registered, unique};
 fn listening(prefix: &str) -> Agent {
     agent_with(
         prefix,
-        AgentConfig {
-            listen: true,
-            default_timeout: Duration::from_secs(5),
-            ..AgentConfig::default()
-        },
+        AgentConfig::default()
+            .listen(true)
+            .default_timeout(Duration::from_secs(5)),
     )
 }
 

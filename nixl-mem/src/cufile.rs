@@ -50,6 +50,7 @@ impl CufileError {
 
 /// How the process's cuFile driver is opened (only the first [`open`] of a process counts).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Options {
     /// Where cuFile writes its log, when the environment has no `CUFILE_LOGFILE_PATH`
     /// (`None`: `$TMPDIR/nixl-cufile-<pid>.log`).
@@ -57,6 +58,12 @@ pub struct Options {
     /// Forces cuFile's compatibility mode (POSIX I/O inside cuFile).
     pub force_compat_mode: bool,
 }
+
+nixl_core::__setters!(Options {
+    force_compat_mode: bool,
+} some {
+    log_path: PathBuf,
+});
 
 impl Driver {
     /// Whether the `nvidia-fs` kernel module is loaded (otherwise cuFile is in compatibility

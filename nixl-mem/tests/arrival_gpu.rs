@@ -33,17 +33,11 @@ struct Side {
 fn side(name: &str, dev: usize, layers: u64, pool: u64, block: u64) -> Side {
     let agent = Agent::new(
         &format!("{name}-{}", std::process::id()),
-        AgentConfig {
-            default_timeout: WAIT,
-            ..AgentConfig::default()
-        },
+        AgentConfig::default().default_timeout(WAIT),
     )
     .unwrap();
     agent
-        .create_backend(CudaIpcParams {
-            device: dev,
-            ..CudaIpcParams::default()
-        })
+        .create_backend(CudaIpcParams::default().device(dev))
         .unwrap();
     let len = (layers * pool * block + 8 * layers) as usize;
     let buf = Arc::new(DeviceBuffer::new(dev, len).unwrap());
@@ -139,10 +133,7 @@ fn run(tag: &str, gpus: (usize, usize), layers: u64, n: u64, block: u64) -> Run 
             &dids,
             &remote,
             &sids,
-            XferOptions {
-                arrival: Some(ArrivalCounters::new(counters, gpus.1 as u64)),
-                ..XferOptions::default()
-            },
+            XferOptions::default().arrival(ArrivalCounters::new(counters, gpus.1 as u64)),
         )
         .unwrap();
     let per_post = req.arrival_per_post().expect("counters");
@@ -286,10 +277,7 @@ fn arrival_counters_are_refused_where_they_cannot_be_honoured() {
             &ids,
             &remote,
             &ids,
-            XferOptions {
-                arrival: Some(ArrivalCounters::new(at, dev)),
-                ..XferOptions::default()
-            },
+            XferOptions::default().arrival(ArrivalCounters::new(at, dev)),
         )
     };
     let kind = |r: nixl_core::Result<nixl_core::XferReq>| r.unwrap_err().kind();
@@ -317,10 +305,7 @@ fn arrival_counters_are_refused_where_they_cannot_be_honoured() {
             &local_flat(&dst),
             &local_flat(&src),
             src.agent.name(),
-            XferOptions {
-                arrival: Some(ArrivalCounters::new(counters, 0)),
-                ..XferOptions::default()
-            },
+            XferOptions::default().arrival(ArrivalCounters::new(counters, 0)),
         )
         .unwrap();
     assert_eq!(flat.arrival_per_post(), Some(1));

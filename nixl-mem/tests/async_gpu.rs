@@ -58,10 +58,7 @@ fn cuda_ipc_future_is_woken_after_the_copies() {
                 &l,
                 &r,
                 b.name(),
-                XferOptions {
-                    notif: notif.clone(),
-                    ..XferOptions::default()
-                },
+                XferOptions::default().notif(notif.clone()),
             )
             .unwrap();
         let mut stream = b.notif_stream().idle_timeout(Duration::from_secs(20));

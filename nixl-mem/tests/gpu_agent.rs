@@ -50,11 +50,9 @@ fn xfer(
     notif: Option<&[u8]>,
     no_merge: bool,
 ) -> String {
-    let opts = XferOptions {
-        notif: notif.map(<[u8]>::to_vec),
-        no_merge,
-        ..Default::default()
-    };
+    let opts = XferOptions::default()
+        .notif(notif.map(<[u8]>::to_vec))
+        .no_merge(no_merge);
     let req = a.create_xfer_req(op, &local, &remote, peer, opts).unwrap();
     assert_eq!(a.query_xfer_backend(&req).name(), CUDA_IPC);
     a.post_xfer_req(&req).unwrap();
@@ -378,10 +376,7 @@ fn vram_pair(tag: &str, len: usize) -> Pair {
 fn vram_pair_with(tag: &str, len: usize, shape: KernelShape) -> Pair {
     let a = agent_with(
         &format!("{tag}-a"),
-        CudaIpcParams {
-            kernel_shape: shape,
-            ..Default::default()
-        },
+        CudaIpcParams::default().kernel_shape(shape),
     );
     let b = agent(&format!("{tag}-b"));
     let src = Arc::new(DeviceBuffer::new(0, len).unwrap());
@@ -430,11 +425,9 @@ fn gpu_agent_notification_without_initiator_polling() {
                 &blocks(MemKind::Vram, src.addr(), n, 0),
                 &blocks(MemKind::Vram, dst.addr(), n, 0),
                 peer,
-                XferOptions {
-                    notif: Some(msg.clone()),
-                    no_merge: round % 2 == 0, // the copy kernel, then one cuMemcpyAsync
-                    ..Default::default()
-                },
+                XferOptions::default()
+                    .notif(msg.clone())
+                    .no_merge(round % 2 == 0),
             )
             .unwrap();
         a.post_xfer_req(&req).unwrap();
@@ -473,11 +466,9 @@ fn gpu_agent_notification_without_initiator_polling() {
             &XferDescList::blocks(MemKind::Vram, c.src.addr(), MIB as u64, big),
             &XferDescList::blocks(MemKind::Vram, c.dst.addr(), MIB as u64, big),
             &c.peer,
-            XferOptions {
-                notif: Some(b"canceled".to_vec()),
-                no_merge: true,
-                ..Default::default()
-            },
+            XferOptions::default()
+                .notif(b"canceled".to_vec())
+                .no_merge(true),
         )
         .unwrap();
     c.a.post_xfer_req(&req).unwrap();
@@ -604,10 +595,7 @@ fn gpu_agent_copy_kernel_scatter_gather() {
         )
     };
     dst.fill(0).unwrap();
-    let opts = XferOptions {
-        no_merge: true,
-        ..Default::default()
-    };
+    let opts = XferOptions::default().no_merge(true);
     let e = a
         .create_xfer_req(
             XferOp::Write,

@@ -43,18 +43,11 @@ fn shape(layers: u32) -> KvShape {
 fn agent(name: &str, device: usize, listen: bool) -> Agent {
     let a = Agent::new(
         name,
-        AgentConfig {
-            listen,
-            default_timeout: WAIT,
-            ..AgentConfig::default()
-        },
+        AgentConfig::default().listen(listen).default_timeout(WAIT),
     )
     .unwrap();
-    a.create_backend(CudaIpcParams {
-        device,
-        ..CudaIpcParams::default()
-    })
-    .unwrap();
+    a.create_backend(CudaIpcParams::default().device(device))
+        .unwrap();
     a
 }
 

@@ -32,10 +32,7 @@ const POOL: usize = 2 * BLOCKS as usize * (1 << 20);
 fn agent(name: &str, device: usize) -> Agent {
     let a = Agent::new(name, AgentConfig::default()).unwrap();
     let b = a
-        .create_backend(CudaIpcParams {
-            device,
-            ..CudaIpcParams::default()
-        })
+        .create_backend(CudaIpcParams::default().device(device))
         .unwrap();
     assert_eq!(b.name(), CUDA_IPC);
     a
@@ -57,11 +54,9 @@ fn list(kind: MemKind, dev: u64, addrs: impl Iterator<Item = u64>, blk: u64) -> 
 
 /// One request, waited for; its path.
 fn run(a: &Agent, op: XferOp, l: XferDescList, r: XferDescList, notif: Option<&[u8]>) -> String {
-    let opts = XferOptions {
-        notif: notif.map(<[u8]>::to_vec),
-        no_merge: true,
-        ..Default::default()
-    };
+    let opts = XferOptions::default()
+        .notif(notif.map(<[u8]>::to_vec))
+        .no_merge(true);
     let req = a.create_xfer_req(op, &l, &r, "target", opts).unwrap();
     a.post_xfer_req(&req).unwrap();
     req.wait(WAIT).unwrap();
@@ -306,10 +301,7 @@ fn two_gpus_initiator() {
             &list(MemKind::Vram, ig64, std::iter::once(l.addr()), big),
             &list(MemKind::Vram, tg64, std::iter::once(tbase), big),
             &peer,
-            XferOptions {
-                timeout: Some(Duration::from_micros(1)),
-                ..Default::default()
-            },
+            XferOptions::default().timeout(Duration::from_micros(1)),
         )
         .unwrap();
     let t0 = Instant::now();

@@ -188,43 +188,39 @@ pub(crate) fn main(ctl: Control) -> Result<(), String> {
     let cfg = AgentCfg::decode(&std::env::var(CFG).map_err(|_| format!("{CFG} not set"))?)?;
     let agent = Agent::new(
         &cfg.name,
-        AgentConfig {
-            listen: true,
-            listen_addr: cfg.listen,
-            // The hosts are namespaces this test made and owns: nothing else can reach them.
-            allow_unauthenticated_listener: true,
-            progress_thread: false,
-            default_timeout: Duration::from_secs(20),
-            ..AgentConfig::default()
-        },
+        AgentConfig::default()
+            .listen(true)
+            .listen_addr(cfg.listen)
+            .allow_unauthenticated_listener(true)
+            .progress_thread(false)
+            .default_timeout(Duration::from_secs(20)),
     )
     .map_err(|e| e.to_string())?;
     let cancel = Duration::from_millis(cfg.cancel_ms);
     if cfg.backend == "libfabric" {
         agent
-            .create_backend(LibfabricParams {
-                provider: Some("tcp".into()),
-                rails: cfg.domains.len().max(1),
-                domains: cfg.domains.clone(),
-                op_timeout: cancel,
-                ..LibfabricParams::default()
-            })
+            .create_backend(
+                LibfabricParams::default()
+                    .provider("tcp".to_string())
+                    .rails(cfg.domains.len().max(1))
+                    .domains(cfg.domains.clone())
+                    .op_timeout(cancel),
+            )
             .map_err(|e| e.to_string())?;
     } else {
         agent
-            .create_backend(UcxParams {
-                transports: cfg.tls.clone(),
-                // The host's links (UCX's tcp listens on loopback only unless told).
-                devices: (!cfg.domains.is_empty()).then(|| cfg.domains.join(",")),
-                keepalive_interval: match cfg.keepalive_ms {
-                    0 => None,
-                    KEEPALIVE_DEFAULT => UcxParams::default().keepalive_interval,
-                    k => Some(Duration::from_millis(k)),
-                },
-                cancel_timeout: cancel,
-                library_path: cfg.ucx_path.clone().map(Into::into),
-                ..UcxParams::default()
-            })
+            .create_backend(
+                UcxParams::default()
+                    .transports(cfg.tls.clone())
+                    .devices((!cfg.domains.is_empty()).then(|| cfg.domains.join(",")))
+                    .keepalive_interval(match cfg.keepalive_ms {
+                        0 => None,
+                        KEEPALIVE_DEFAULT => UcxParams::default().keepalive_interval,
+                        k => Some(Duration::from_millis(k)),
+                    })
+                    .cancel_timeout(cancel)
+                    .library_path(cfg.ucx_path.clone().map(Into::into)),
+            )
             .map_err(|e| e.to_string())?;
     }
     let mem = Arc::new(HostBuffer::new(cfg.mem).ok_or("cannot allocate")?);
@@ -370,12 +366,10 @@ impl State {
             "etcd-open" => {
                 let x = EtcdExchange::new(
                     &a,
-                    &EtcdConfig {
-                        endpoints: vec![arg(1)?.to_owned()],
-                        request_timeout: ms(2)?,
-                        retries: 1,
-                        ..EtcdConfig::default()
-                    },
+                    &EtcdConfig::default()
+                        .endpoints(vec![arg(1)?.to_owned()])
+                        .request_timeout(ms(2)?)
+                        .retries(1),
                 )
                 .map_err(e)?;
                 x.publish().map_err(e)?;
@@ -413,11 +407,9 @@ impl State {
                 let len = num(5)?;
                 let local = XferDescList::blocks(MemKind::Dram, self.mem()?.addr(), len, 1);
                 let remote = XferDescList::blocks(MemKind::Dram, num(4)?, len, 1);
-                let opts = XferOptions {
-                    timeout: Some(ms(6)?),
-                    notif: w.get(7).map(|n| n.as_bytes().to_vec()),
-                    ..XferOptions::default()
-                };
+                let opts = XferOptions::default()
+                    .timeout(ms(6)?)
+                    .notif(w.get(7).map(|n| n.as_bytes().to_vec()));
                 let r = a
                     .create_xfer_req(op, &local, &remote, arg(3)?, opts)
                     .map_err(e)?;

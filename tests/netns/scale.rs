@@ -53,12 +53,10 @@ pub(crate) fn child(ctl: Control) -> Result<(), String> {
         Some(s) => s.endpoint(),
         None => url.to_owned(),
     };
-    let ecfg = EtcdConfig {
-        endpoints: vec![url],
-        namespace: Some(format!("/nixl-scale/{tag}")),
-        request_timeout: Duration::from_secs(10),
-        ..EtcdConfig::default()
-    };
+    let ecfg = EtcdConfig::default()
+        .endpoints(vec![url])
+        .namespace(format!("/nixl-scale/{tag}"))
+        .request_timeout(Duration::from_secs(10));
     let e = |x: Error| x.to_string();
     struct Node {
         g: usize,
@@ -74,10 +72,7 @@ pub(crate) fn child(ctl: Control) -> Result<(), String> {
             let agent = Agent::new(&name(tag, g), AgentConfig::default()).map_err(e)?;
             // The host's link: UCX's tcp listens on loopback only unless told.
             agent
-                .create_backend(UcxParams {
-                    devices: Some(nixl_testkit::netns::Net::ifname(0)),
-                    ..UcxParams::default()
-                })
+                .create_backend(UcxParams::default().devices(nixl_testkit::netns::Net::ifname(0)))
                 .map_err(e)?;
             // Slot k receives agent k's block; the last slot is the block this agent sends.
             let mem = Arc::new(HostBuffer::new((AGENTS + 1) * BLOCK).ok_or("cannot allocate")?);
@@ -174,10 +169,9 @@ pub(crate) fn child(ctl: Control) -> Result<(), String> {
                                     BLOCK as u64,
                                     1,
                                 );
-                                let opts = XferOptions {
-                                    timeout: Some(PHASE),
-                                    ..XferOptions::with_notif(format!("b{}", n.g).into_bytes())
-                                };
+                                let opts =
+                                    (XferOptions::with_notif(format!("b{}", n.g).into_bytes()))
+                                        .timeout(PHASE);
                                 let r = n
                                     .agent
                                     .create_xfer_req(XferOp::Write, &src, &dst, &peer, opts)

@@ -55,6 +55,7 @@ pub const GDS: &str = "GDS";
 
 /// Parameters of the GDS backend.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct GdsParams {
     /// Transfers with at least this many segments use the batch API.
     pub batch_threshold: usize,
@@ -75,6 +76,15 @@ pub struct GdsParams {
     /// ignored: the fallback always uses the thread pool).
     pub fallback_engine: PosixParams,
 }
+
+nixl_core::__setters!(GdsParams {
+    batch_threshold: usize,
+    max_batch: usize,
+    cancel_timeout: Duration,
+    force_compat_mode: bool,
+    fallback: GdsFallback,
+    fallback_engine: PosixParams,
+});
 
 /// What the GDS backend does with a file cuFile refuses (`cuFileHandleRegister` fails).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -191,19 +201,16 @@ impl BackendPlugin for GdsPlugin {
 
 /// Opens (once per process) nixl-mem's cuFile driver with the backend's options.
 fn driver(params: &GdsParams, agent: &str) -> Result<Arc<Driver>> {
-    cufile::open(&Options {
-        log_path: None,
-        force_compat_mode: params.force_compat_mode,
-    })
-    .inspect(|_| crate::posix::bounce::note_cuda_used())
-    .map_err(|e| match e {
-        Error::NotSupported { op, what, .. } => Error::NotSupported {
-            agent: agent.to_owned(),
-            op,
-            what: format!("GDS: {what}"),
-        },
-        other => other,
-    })
+    cufile::open(&Options::default().force_compat_mode(params.force_compat_mode))
+        .inspect(|_| crate::posix::bounce::note_cuda_used())
+        .map_err(|e| match e {
+            Error::NotSupported { op, what, .. } => Error::NotSupported {
+                agent: agent.to_owned(),
+                op,
+                what: format!("GDS: {what}"),
+            },
+            other => other,
+        })
 }
 
 /// Whether GDS can be used here, and why not.
@@ -482,13 +489,12 @@ impl Backend for GdsBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            mem_kinds: vec![MemKind::Dram, MemKind::Vram, MemKind::File],
-            remote: false,
-            local: true,
-            notifications: false,
-            needs_progress: false,
-        }
+        Capabilities::default()
+            .mem_kinds(vec![MemKind::Dram, MemKind::Vram, MemKind::File])
+            .remote(false)
+            .local(true)
+            .notifications(false)
+            .needs_progress(false)
     }
 
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {

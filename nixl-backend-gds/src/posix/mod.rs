@@ -248,13 +248,17 @@ impl Backend for PosixBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            mem_kinds: vec![MemKind::Dram, MemKind::Vram, MemKind::File, MemKind::Block],
-            remote: false,
-            local: true,
-            notifications: false,
-            needs_progress: false,
-        }
+        Capabilities::default()
+            .mem_kinds(vec![
+                MemKind::Dram,
+                MemKind::Vram,
+                MemKind::File,
+                MemKind::Block,
+            ])
+            .remote(false)
+            .local(true)
+            .notifications(false)
+            .needs_progress(false)
     }
 
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {

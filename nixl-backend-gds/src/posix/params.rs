@@ -20,6 +20,7 @@ pub enum Engine {
 
 /// Parameters of the POSIX backend.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct PosixParams {
     /// The I/O engine.
     pub engine: Engine,
@@ -55,6 +56,20 @@ pub struct PosixParams {
     /// and a power loss may lose them.
     pub durable: bool,
 }
+
+nixl_core::__setters!(PosixParams {
+    engine: Engine,
+    queue_depth: u32,
+    pool_threads: usize,
+    direct_alignment: u64,
+    cancel_timeout: Duration,
+    inline_max: u64,
+    bounce_chunk: u64,
+    durable: bool,
+} some {
+    chunk_size: u64,
+    bounce_buffers: usize,
+});
 
 impl Default for PosixParams {
     fn default() -> Self {

@@ -36,6 +36,7 @@ pub const OBJ: &str = "OBJ";
 /// variables (`AWS_ENDPOINT_URL`/`AWS_ENDPOINT`, `AWS_BUCKET`, `AWS_REGION`/`AWS_DEFAULT_REGION`,
 /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`).
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct S3Params {
     /// The endpoint URL (`http://127.0.0.1:9000`); `None` for AWS itself.
     pub endpoint: Option<String>,
@@ -71,6 +72,26 @@ pub struct S3Params {
     /// Worker threads of the backend's tokio runtime.
     pub worker_threads: usize,
 }
+
+nixl_core::__setters!(S3Params {
+    virtual_hosted_style: bool,
+    multipart_threshold: u64,
+    part_size: u64,
+    max_concurrency: usize,
+    max_retries: usize,
+    retry_timeout: Duration,
+    request_timeout: Duration,
+    connect_timeout: Duration,
+    op_timeout: Duration,
+    worker_threads: usize,
+} some {
+    endpoint: String,
+    bucket: String,
+    region: String,
+    access_key_id: String,
+    secret_access_key: String,
+    session_token: String,
+});
 
 impl Default for S3Params {
     fn default() -> Self {
@@ -487,13 +508,12 @@ impl Backend for S3Backend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            mem_kinds: vec![MemKind::Dram, MemKind::Object],
-            remote: false,
-            local: true,
-            notifications: false,
-            needs_progress: false,
-        }
+        Capabilities::default()
+            .mem_kinds(vec![MemKind::Dram, MemKind::Object])
+            .remote(false)
+            .local(true)
+            .notifications(false)
+            .needs_progress(false)
     }
 
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {

@@ -94,20 +94,11 @@ static RMA_DONE_FOREIGN: AtomicU64 = AtomicU64::new(0);
 static REPLACED: AtomicU64 = AtomicU64::new(0);
 
 fn params(provider: &str, rails: usize) -> LibfabricParams {
-    LibfabricParams {
-        provider: Some(provider.into()),
-        domains: if provider == "tcp" {
+    LibfabricParams::default().provider(provider.to_string()).domains(if provider == "tcp" {
             vec!["lo".into()]
         } else {
             Vec::new()
-        },
-        rails,
-        // Mutated names point at hosts and ports nobody listens on: a hello (or a transfer)
-        // to them waits this long before the backend gives up. Parsing is the same.
-        op_timeout: Duration::from_millis(100),
-        notif_slots: 8,
-        ..LibfabricParams::default()
-    }
+        }).rails(rails).op_timeout(Duration::from_millis(100)).notif_slots(8)
 }
 
 fn hex(b: &[u8]) -> String {

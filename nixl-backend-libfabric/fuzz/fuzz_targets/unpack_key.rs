@@ -94,10 +94,7 @@ fn transfer(
         return false;
     }
     let op = if write { XferOp::Write } else { XferOp::Read };
-    let opts = XferOptions {
-        timeout: Some(Duration::from_millis(100)),
-        ..XferOptions::default()
-    };
+    let opts = XferOptions::default().timeout(Duration::from_millis(100));
     let v_local = v.local.addr();
     let v = &v.agent;
     let Ok(req) = v.create_xfer_req(

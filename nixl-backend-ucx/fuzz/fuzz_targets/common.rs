@@ -70,14 +70,7 @@ static RMA_DONE: AtomicU64 = AtomicU64::new(0);
 static RMA_FAILED: AtomicU64 = AtomicU64::new(0);
 
 fn ucx(tls: &str) -> UcxParams {
-    UcxParams {
-        transports: Some(tls.into()),
-        devices: Some("lo".into()),
-        // Mutated addresses name hosts nobody answers on; a peer gone quiet is noticed in
-        // a second, not after the default keep-alive.
-        keepalive_interval: Some(Duration::from_millis(250)),
-        ..UcxParams::default()
-    }
+    UcxParams::default().transports(tls.to_string()).devices("lo".to_string()).keepalive_interval(Duration::from_millis(250))
 }
 
 fn hex(b: &[u8]) -> String {
@@ -306,10 +299,7 @@ fn transfer(w: &World, remote: &str, (addr, len): (u64, u64), write: bool) {
         return;
     }
     let op = if write { XferOp::Write } else { XferOp::Read };
-    let opts = XferOptions {
-        timeout: Some(Duration::from_millis(100)),
-        ..XferOptions::default()
-    };
+    let opts = XferOptions::default().timeout(Duration::from_millis(100));
     let v = &w.victim;
     let Ok(req) = v.create_xfer_req(
         op,

@@ -2,8 +2,21 @@
 
 use super::*;
 
-/// How an agent is set up.
+/// How an agent is set up: `AgentConfig::default()` and one setter per field to change.
+///
+/// ```
+/// use std::time::Duration;
+/// use nixl_core::AgentConfig;
+/// let c = AgentConfig::default().listen(true).default_timeout(Duration::from_secs(5));
+/// assert!(c.listen && c.auth.is_none());
+/// ```
+///
+/// ```compile_fail,E0639
+/// // `#[non_exhaustive]`: a struct literal, even with `..Default::default()`, does not compile.
+/// let c = nixl_core::AgentConfig { listen: true, ..Default::default() };
+/// ```
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct AgentConfig {
     /// Run a thread that drives backends' progress engines (needed for UCX's emulated RMA
     /// when the application does not poll).
@@ -64,6 +77,34 @@ pub struct AgentConfig {
     /// [`ManualClock`](crate::leases::ManualClock) and advances it instead of sleeping
     /// through durations.
     pub clock: Option<Arc<dyn crate::leases::Clock>>,
+}
+
+crate::__setters!(AgentConfig {
+    progress_thread: bool,
+    progress_delay: Duration,
+    listen: bool,
+    listen_addr: SocketAddr,
+    telemetry: bool,
+    default_timeout: Duration,
+    plugins: Vec<Arc<dyn BackendPlugin>>,
+    allow_unauthenticated_listener: bool,
+    limits: Limits,
+    fetch_policy: FetchPolicy,
+    verify_integrity: bool,
+    loaded_senders_only: bool,
+    shares: Vec<Share>,
+} some {
+    auth: Auth,
+    succession: std::path::PathBuf,
+});
+
+impl AgentConfig {
+    /// Sets `clock` (see the field): lease times come from it.
+    #[must_use]
+    pub fn clock(mut self, clock: Arc<dyn crate::leases::Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
 }
 
 impl Default for AgentConfig {

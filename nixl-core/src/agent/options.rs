@@ -21,8 +21,30 @@ pub struct UncertainXfer {
     pub error: crate::ErrorKind,
 }
 
-/// Options of a transfer request.
+/// Options of a transfer request, built from `default()` with one setter per field (an
+/// `Option` field's setter takes the value or an `Option`):
+///
+/// ```
+/// use std::time::Duration;
+/// use nixl_core::XferOptions;
+/// let o = XferOptions::default()
+///     .notif(b"done".to_vec())
+///     .timeout(Duration::from_secs(1))
+///     .no_merge(true);
+/// assert_eq!(o.notif.as_deref(), Some(&b"done"[..]));
+/// assert_eq!(o.timeout, Some(Duration::from_secs(1)));
+/// assert!(o.timeout(None).timeout.is_none());
+/// ```
+///
+/// A struct literal does not compile outside nixl-core (`#[non_exhaustive]`), so a field added
+/// in a later release cannot break a caller:
+///
+/// ```compile_fail,E0639
+/// let o = nixl_core::XferOptions { notif: None, backends: Vec::new(), timeout: None,
+///     no_merge: false, integrity: false, arrival: None, lease: None };
+/// ```
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct XferOptions {
     /// A notification for the target, delivered only after the request's data is complete.
     pub notif: Option<Vec<u8>>,
@@ -44,6 +66,17 @@ pub struct XferOptions {
     /// moved) once the lease has run out on this agent's clock or was released.
     pub lease: Option<crate::leases::LeaseId>,
 }
+
+crate::__setters!(XferOptions {
+    backends: Vec<BackendHandle>,
+    no_merge: bool,
+    integrity: bool,
+} some {
+    notif: Vec<u8>,
+    timeout: Duration,
+    arrival: crate::ArrivalCounters,
+    lease: crate::leases::LeaseId,
+});
 
 impl XferOptions {
     /// Options carrying a notification.

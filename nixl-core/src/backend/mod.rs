@@ -73,7 +73,8 @@ pub fn fire_due_timers() {
 }
 
 /// What a backend can do.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Capabilities {
     /// Memory kinds it registers.
     pub mem_kinds: Vec<MemKind>,
@@ -86,6 +87,14 @@ pub struct Capabilities {
     /// Whether the agent's progress thread (or polling) must call [`Backend::progress`].
     pub needs_progress: bool,
 }
+
+crate::__setters!(Capabilities {
+    mem_kinds: Vec<MemKind>,
+    remote: bool,
+    local: bool,
+    notifications: bool,
+    needs_progress: bool,
+});
 
 impl Capabilities {
     /// Whether the kind is supported.

@@ -127,6 +127,7 @@ impl std::str::FromStr for LeaseId {
 
 /// Where a published lease stands on its target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LeaseState {
     /// Some reader may still read: it holds a grant that has not run out, or it has not
     /// acquired yet and the lease's first duration has not passed.

@@ -15,6 +15,7 @@ pub const NOTIF_OVERHEAD: usize = 64;
 /// process can hold is refused with `LimitExceeded` before anything fails with `EMFILE`
 /// ([`Limits::for_open_files`]). Lower them where peers are less trusted.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Limits {
     /// Most peers loaded at once.
     pub max_peers: usize,
@@ -40,6 +41,17 @@ pub struct Limits {
     /// until then.
     pub succession_hold: std::time::Duration,
 }
+
+crate::__setters!(Limits {
+    max_peers: usize,
+    max_regions_per_peer: usize,
+    max_known_names: usize,
+    max_queued_notif_bytes: usize,
+    max_queued_notif_bytes_per_sender: usize,
+    max_integrity_bytes: u64,
+    listener: ListenerLimits,
+    succession_hold: std::time::Duration,
+});
 
 impl Default for Limits {
     fn default() -> Self {
@@ -113,6 +125,7 @@ mod tests {
 
 /// Limits of the side-channel listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ListenerLimits {
     /// Connections served at once. At the limit, the oldest connection that has not yet sent
     /// a whole request is closed to make room (idle and slow clients never lock others out).
@@ -125,6 +138,13 @@ pub struct ListenerLimits {
     /// is refused.
     pub max_buffered_bytes: usize,
 }
+
+crate::__setters!(ListenerLimits {
+    max_connections: usize,
+    request_timeout: Duration,
+    max_request_bytes: usize,
+    max_buffered_bytes: usize,
+});
 
 impl Default for ListenerLimits {
     fn default() -> Self {

@@ -12,6 +12,7 @@ pub(crate) mod lease;
 pub(crate) mod limits;
 pub(crate) mod mem;
 pub(crate) mod notif;
+pub(crate) mod setters;
 pub(crate) mod spec;
 pub(crate) mod strided;
 pub(crate) mod telemetry;

@@ -33,6 +33,7 @@ impl RowStrides {
 
 /// One tile's rows on both sides: `outer x inner` rows of `row` bytes each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct TileShape {
     /// Rows along the outer index `a`.
     pub outer: u64,
@@ -50,6 +51,17 @@ pub struct TileShape {
 pub const MAX_TILE_ROWS: u64 = 1 << 24;
 
 impl TileShape {
+    /// `outer x inner` rows of `row` bytes, laid out by `local` and `remote`.
+    pub fn new(outer: u64, inner: u64, row: u64, local: RowStrides, remote: RowStrides) -> Self {
+        TileShape {
+            outer,
+            inner,
+            row,
+            local,
+            remote,
+        }
+    }
+
     /// Bytes one tile moves.
     pub fn bytes(&self) -> u64 {
         self.outer

@@ -5,7 +5,6 @@
 use std::net::SocketAddr;
 
 use nixl_core::kv::{KvLayout, KvOrder, KvTensor};
-use nixl_core::MemKind;
 
 /// Bytes per element of the test pools (u32 values: distinct per element).
 pub const ELEM: u32 = 4;
@@ -46,24 +45,11 @@ pub fn pool_layout(
     pad: u64,
     base: u64,
 ) -> KvLayout {
-    let mut l = KvLayout {
-        model: "kv-test".into(),
-        layers: s.layers,
-        tokens_per_block,
-        kv_heads: 0,
-        model_kv_heads: if s.mla { 1 } else { s.heads },
-        head_dim: s.dim,
-        elem_size: ELEM,
-        order,
-        tp_rank: r,
-        tp_size: tp,
-        mla: s.mla,
-        blocks: s.blocks,
-        kind: MemKind::Dram,
-        dev_id: 0,
-        tensors: Vec::new(),
-    };
-    l.kv_heads = l.head_range().1;
+    let mut l = KvLayout::new("kv-test", s.layers, tokens_per_block, s.heads, s.dim, ELEM)
+        .order(order)
+        .tp(r, tp)
+        .mla(s.mla)
+        .blocks(s.blocks);
     let stride = l.block_bytes() + pad;
     let n = u64::from(s.layers) * u64::from(l.tensors_per_layer());
     l.tensors = (0..n)

@@ -23,7 +23,7 @@
 //! #[ignore = "child process entry point: spawned (with --ignored) by a parent test"]
 //! fn child_role() {
 //!     child_main(|env| {
-//!         let a = Agent::new(&env.name, AgentConfig { listen: true, ..AgentConfig::default() })
+//!         let a = Agent::new(&env.name, AgentConfig::default().listen(true))
 //!             .map_err(|e| e.to_string())?;
 //!         // a.create_backend(...) with a backend that crosses processes, register memory ...
 //!         env.connect(&a, Duration::from_secs(20))?;
@@ -34,7 +34,7 @@
 //!
 //! #[test]
 //! fn parent() {
-//!     let p = Agent::new("parent", AgentConfig { listen: true, ..AgentConfig::default() }).unwrap();
+//!     let p = Agent::new("parent", AgentConfig::default().listen(true)).unwrap();
 //!     let mut c = Child::spawn("child_role", &p, "child-1", &[("greeting", "world")]).unwrap();
 //!     assert_eq!(c.next(&p, Duration::from_secs(60)).unwrap(), b"hello world");
 //!     assert_eq!(c.join(Duration::from_secs(60)).and_then(|s| s.code()), Some(0));

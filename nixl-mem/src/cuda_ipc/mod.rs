@@ -242,13 +242,12 @@ impl Backend for CudaIpcBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            mem_kinds: vec![MemKind::Dram, MemKind::Vram],
-            remote: true,
-            local: true,
-            notifications: true,
-            needs_progress: false,
-        }
+        Capabilities::default()
+            .mem_kinds(vec![MemKind::Dram, MemKind::Vram])
+            .remote(true)
+            .local(true)
+            .notifications(true)
+            .needs_progress(false)
     }
 
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {

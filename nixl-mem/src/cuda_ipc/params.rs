@@ -11,6 +11,7 @@ use super::{CudaIpcBackend, KernelShape, CUDA_IPC};
 
 /// Parameters of the `CUDA_IPC` backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CudaIpcParams {
     /// The default GPU: where requests between host memory run, and where a peer's GPU memory
     /// is mapped first. A request with local GPU memory runs on that memory's GPU, whichever
@@ -37,6 +38,17 @@ pub struct CudaIpcParams {
     /// the GPUs and the reason (its path would otherwise say only how slow it went).
     pub allow_copy_engines: bool,
 }
+
+nixl_core::__setters!(CudaIpcParams {
+    device: usize,
+    pin_host: bool,
+    batch_copies: bool,
+    cancel_timeout: Duration,
+    copy_kernel: bool,
+    kernel_min_segments: usize,
+    kernel_shape: KernelShape,
+    allow_copy_engines: bool,
+});
 
 impl Default for CudaIpcParams {
     fn default() -> Self {

@@ -33,6 +33,7 @@ use xfer::FaultXfer;
 
 /// What to inject, with probabilities per post (0.0 to 1.0).
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct FaultPlan {
     /// Seed of the generator.
     pub seed: u64,
@@ -52,6 +53,18 @@ pub struct FaultPlan {
     /// `RemoteDisconnect`, notifications stop.
     pub kill_after_posts: Option<u64>,
 }
+
+crate::__setters!(FaultPlan {
+    seed: u64,
+    delay_prob: f64,
+    delay: (Duration, Duration),
+    error_prob: f64,
+    drop_notif_prob: f64,
+    dup_notif_prob: f64,
+    corrupt_prob: f64,
+} some {
+    kill_after_posts: u64,
+});
 
 impl Default for FaultPlan {
     fn default() -> Self {
@@ -130,7 +143,8 @@ impl FaultLog {
     }
 }
 
-/// Params that wrap another backend's params with a fault plan.
+/// Params that wrap another backend's params with a fault plan ([`FaultParams::new`]).
+#[non_exhaustive]
 pub struct FaultParams {
     /// The backend to wrap.
     pub inner: Box<dyn BackendParams>,

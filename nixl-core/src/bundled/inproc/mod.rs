@@ -75,14 +75,19 @@ pub enum Completion {
 /// use std::time::Duration;
 /// use nixl_core::{Completion, InprocParams};
 /// // Copies land 50 ms after each post, on another thread.
-/// let slow = InprocParams { completion: Completion::Deferred(Duration::from_millis(50)) };
+/// let slow = InprocParams::default().completion(Completion::Deferred(Duration::from_millis(50)));
 /// # let _ = slow;
 /// ```
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct InprocParams {
     /// When copies happen (default: inside `post`).
     pub completion: Completion,
 }
+
+crate::__setters!(InprocParams {
+    completion: Completion,
+});
 
 /// The in-process backend.
 pub struct InprocBackend {

@@ -27,14 +27,13 @@ pub const MAX_LABEL: usize = 256;
 /// use std::time::Duration;
 /// use nixl_core::etcd::EtcdConfig;
 ///
-/// let cfg = EtcdConfig {
-///     endpoints: vec!["http://127.0.0.1:2379".into()],
-///     lease_ttl: Duration::from_secs(5),
-///     ..EtcdConfig::default()
-/// };
+/// let cfg = EtcdConfig::default()
+///     .endpoints(vec!["http://127.0.0.1:2379".into()])
+///     .lease_ttl(Duration::from_secs(5));
 /// assert_eq!(cfg.retries, 2);
 /// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct EtcdConfig {
     /// etcd client URLs (`http://host:port` or `host:port`); empty: read
     /// [`ENV_ENDPOINTS`].
@@ -58,6 +57,16 @@ pub struct EtcdConfig {
     /// too.
     pub nixl_keys: bool,
 }
+
+crate::__setters!(EtcdConfig {
+    endpoints: Vec<String>,
+    lease_ttl: Duration,
+    request_timeout: Duration,
+    retries: u32,
+    nixl_keys: bool,
+} some {
+    namespace: String,
+});
 
 impl Default for EtcdConfig {
     fn default() -> Self {

@@ -31,7 +31,7 @@
 //!     Err(nixl_core::Error::Unavailable { .. }) => return Ok(()), // no etcd binary here
 //!     Err(e) => return Err(e),
 //! };
-//! let cfg = EtcdConfig { endpoints: vec![etcd.endpoint()], ..EtcdConfig::default() };
+//! let cfg = EtcdConfig::default().endpoints(vec![etcd.endpoint()]);
 //! let (a, b) = (Agent::new("a", AgentConfig::default())?, Agent::new("b", AgentConfig::default())?);
 //! a.create_backend(InprocParams::default())?;
 //! b.create_backend(InprocParams::default())?;

@@ -60,8 +60,18 @@ pub struct KvTensor {
     pub block_stride: u64,
 }
 
-/// One rank's paged KV cache, filled once by the engine.
+/// One rank's paged KV cache, filled once by the engine: [`KvLayout::new`], then the setters
+/// ([`tp`](Self::tp) sets a rank's share of the heads).
+///
+/// ```
+/// use nixl_core::kv::{KvLayout, KvOrder};
+/// // Llama-3-8B's cache on rank 1 of TP 2: 32 layers, 16 tokens a block, 8 KV heads of 128 bf16.
+/// let l = KvLayout::new("llama-3-8b", 32, 16, 8, 128, 2).order(KvOrder::Hnd).tp(1, 2).blocks(1024);
+/// assert_eq!((l.kv_heads, l.head_range()), (4, (4, 4)));
+/// assert_eq!(l.block_bytes(), 16 * 4 * 128 * 2);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KvLayout {
     /// The model (a name or hash); peers with another model are refused.
     pub model: String,
@@ -94,6 +104,20 @@ pub struct KvLayout {
     /// The tensors, layer by layer: K then V (MLA: the latent only).
     pub tensors: Vec<KvTensor>,
 }
+
+crate::__setters!(KvLayout {
+    model: String,
+    layers: u32,
+    tokens_per_block: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    elem_size: u32,
+    order: KvOrder,
+    blocks: u64,
+    kind: MemKind,
+    dev_id: u64,
+    tensors: Vec<KvTensor>,
+});
 
 /// Limits of a decoded description (hostile bytes allocate nothing beyond them).
 const MAX_LAYERS: u32 = 4096;
@@ -129,6 +153,58 @@ fn head_range_of(rank: u32, tp: u32, model_heads: u32, mla: bool) -> (u32, u32) 
 }
 
 impl KvLayout {
+    /// A one-rank layout (TP 1, all `model_kv_heads` heads, NHD, DRAM on device 0, no blocks
+    /// or tensors yet): set the rest with the setters, [`tp`](Self::tp) and
+    /// [`mla`](Self::mla) for a rank's share of the heads.
+    pub fn new(
+        model: impl Into<String>,
+        layers: u32,
+        tokens_per_block: u32,
+        model_kv_heads: u32,
+        head_dim: u32,
+        elem_size: u32,
+    ) -> Self {
+        KvLayout {
+            model: model.into(),
+            layers,
+            tokens_per_block,
+            kv_heads: model_kv_heads,
+            model_kv_heads,
+            head_dim,
+            elem_size,
+            order: KvOrder::Nhd,
+            tp_rank: 0,
+            tp_size: 1,
+            mla: false,
+            blocks: 0,
+            kind: MemKind::Dram,
+            dev_id: 0,
+            tensors: Vec::new(),
+        }
+    }
+
+    /// This rank of a side of TP `size`: sets `tp_rank`, `tp_size` and the heads it holds
+    /// (`kv_heads`, from `model_kv_heads`).
+    #[must_use]
+    pub fn tp(mut self, rank: u32, size: u32) -> Self {
+        self.tp_rank = rank;
+        self.tp_size = size;
+        self.kv_heads = self.head_range().1;
+        self
+    }
+
+    /// MLA (one latent tensor per layer, the same on every rank) or not; sets `kv_heads`
+    /// (and `model_kv_heads`, 1 for MLA).
+    #[must_use]
+    pub fn mla(mut self, mla: bool) -> Self {
+        self.mla = mla;
+        if mla {
+            self.model_kv_heads = 1;
+        }
+        self.kv_heads = self.head_range().1;
+        self
+    }
+
     /// Tensors per layer: 2 (K, V), or 1 for MLA.
     pub fn tensors_per_layer(&self) -> u32 {
         if self.mla {

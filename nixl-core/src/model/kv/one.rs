@@ -60,6 +60,7 @@ pub struct KvXfer {
 
 /// What one rank posts for a request: every transfer with the same operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KvXferPlan {
     /// `Read`: this rank is the request's destination; `Write`: its source.
     pub op: XferOp,

@@ -21,6 +21,7 @@ pub struct KvPeerXfer {
 /// What one rank posts for a request: one transfer per peer it exchanges heads with, all with
 /// the same operation (`create_xfer_req(plan.op, &t.local, &t.remote, &t.peer, ..)`).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KvPlan {
     /// `Read` for [`KvLayout::plan_read`], `Write` for [`KvLayout::plan_write`].
     pub op: XferOp,

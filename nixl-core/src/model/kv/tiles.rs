@@ -32,6 +32,7 @@ pub struct KvTileXfer {
 /// where `mine` and `theirs` are the two sides' [`KvLayout::block_table`]s prepared with
 /// `prep_strided_dlist`.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KvTilePlan {
     /// `Read` for [`KvLayout::plan_read_tiles`], `Write` for [`KvLayout::plan_write_tiles`].
     pub op: XferOp,

@@ -28,11 +28,9 @@ pub(super) fn stop_in_flight(s: &Suite, how: Stop) -> CaseResult {
     let p = pair(s, len + CONTROL)?;
     p.src.fill(0xA7);
     p.dst.fill(0x3C);
-    let opts = XferOptions {
-        no_merge: true,
-        timeout: (how == Stop::Deadline).then(|| Duration::from_millis(1)),
-        ..XferOptions::default()
-    };
+    let opts = XferOptions::default()
+        .no_merge(true)
+        .timeout((how == Stop::Deadline).then(|| Duration::from_millis(1)));
     let req =
         p.a.create_xfer_req(
             XferOp::Write,

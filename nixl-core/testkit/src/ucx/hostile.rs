@@ -31,18 +31,15 @@ pub use super::params as ucx;
 
 /// An agent config: side channel on 127.0.0.1, optional credential.
 pub fn config(cred: Option<&Credential>) -> AgentConfig {
-    AgentConfig {
-        listen: true,
-        default_timeout: Duration::from_secs(10),
-        auth: cred.map(|c| Auth::new(c.clone())),
-        // The backends the facade's `nixl::agent_config()` knows by name in a UCX build.
-        plugins: vec![
+    AgentConfig::default()
+        .listen(true)
+        .default_timeout(Duration::from_secs(10))
+        .auth(cred.map(|c| Auth::new(c.clone())))
+        .plugins(vec![
             Arc::new(nixl_core::backend::inproc::InprocPlugin),
             Arc::new(nixl_mem::CudaIpcPlugin),
             Arc::new(nixl_backend_ucx::UcxPlugin),
-        ],
-        ..AgentConfig::default()
-    }
+        ])
 }
 
 pub use crate::unique;
@@ -392,10 +389,7 @@ fn victim_main() -> Result<(), String> {
                         &XferDescList::blocks(MemKind::Dram, mem.addr(), len, 1),
                         &XferDescList::blocks(MemKind::Dram, raddr, len, 1),
                         w.get(1).copied().unwrap_or(""),
-                        XferOptions {
-                            timeout: Some(Duration::from_millis(ms)),
-                            ..XferOptions::default()
-                        },
+                        XferOptions::default().timeout(Duration::from_millis(ms)),
                     )
                     .and_then(|req| {
                         agent.post_xfer_req(&req)?;

@@ -23,12 +23,10 @@ pub const SHM: &str = "shm,cma,self";
 /// UCX params for a transport selection: peer-failure detection within half a second, cancel
 /// bounded at 5 s.
 pub fn params(tls: &str) -> UcxParams {
-    UcxParams {
-        transports: Some(tls.to_owned()),
-        keepalive_interval: Some(Duration::from_millis(500)),
-        cancel_timeout: Duration::from_secs(5),
-        ..UcxParams::default()
-    }
+    UcxParams::default()
+        .transports(tls.to_owned())
+        .keepalive_interval(Duration::from_millis(500))
+        .cancel_timeout(Duration::from_secs(5))
 }
 
 /// Whether UCX can be loaded; reports the skip (see [`crate::skip`]) when not, and the caller
@@ -53,12 +51,10 @@ pub fn ucx_or_skip(test: &str) -> bool {
 /// Agent config: the side channel on 127.0.0.1 port 0 when `listen`, no agent progress thread
 /// (UCX runs its own), a 20 s default deadline.
 pub fn config(listen: bool) -> AgentConfig {
-    AgentConfig {
-        listen,
-        progress_thread: false,
-        default_timeout: Duration::from_secs(20),
-        ..AgentConfig::default()
-    }
+    AgentConfig::default()
+        .listen(listen)
+        .progress_thread(false)
+        .default_timeout(Duration::from_secs(20))
 }
 
 /// An agent (unique name from `role`) with a UCX backend over `tls`.

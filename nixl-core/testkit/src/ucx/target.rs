@@ -349,14 +349,7 @@ fn target_main(env: ChildEnv) -> Result<(), String> {
     let e = |e: Error| e.to_string();
     let (tls, len): (String, usize) = (env.var("tls")?, env.parse("len")?);
     // The target verifies integrity frames (the corruption tests ask for them).
-    let agent = Agent::new(
-        &env.name,
-        AgentConfig {
-            verify_integrity: true,
-            ..config()
-        },
-    )
-    .map_err(e)?;
+    let agent = Agent::new(&env.name, config().verify_integrity(true)).map_err(e)?;
     agent.create_backend(params(&tls)).map_err(e)?;
     let mem = buf(len);
     let _reg = agent.register_mem(vec![mem.clone()], &[]).map_err(e)?;

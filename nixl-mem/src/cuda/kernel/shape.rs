@@ -35,6 +35,7 @@ impl KernelSchedule {
 /// of the keys, the rest default; sizes in bytes or with `k`/`m`; `load` is `nc` or `plain`;
 /// `store` is `cs` or `wb`; `schedule` is `persistent`, `balanced` or `per-chunk`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub struct KernelShape {
     /// The largest descriptor in bytes: a multiple of 16, from 4 KiB to 1 GiB.
     pub chunk: u64,
@@ -57,6 +58,16 @@ pub struct KernelShape {
     /// How descriptors are assigned to CTAs.
     pub schedule: KernelSchedule,
 }
+
+nixl_core::__setters!(KernelShape {
+    chunk: u64,
+    ctas_per_sm: u32,
+    threads: u32,
+    unroll: u32,
+    nc_loads: bool,
+    streaming_stores: bool,
+    schedule: KernelSchedule,
+});
 
 /// The shape of docs/perf/gpu.md's run 2 on an H200, the sweep's baseline.
 pub(super) const BASE: KernelShape = KernelShape {

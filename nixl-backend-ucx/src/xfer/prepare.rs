@@ -1,9 +1,9 @@
 //! Preparing transfers: segments (one put/get each) or a block table (a per-block put/get loop
 //! over the layers and id runs, with nothing allocated per block).
 //!
-//! Linear with a small constant: a segment whose metadata is the previous segment's (the
-//! usual case: neighbours share a region) reuses its checked handles; the metadata kept alive
-//! is gathered once per distinct region.
+//! Linear with a small constant: each metadata of the spec is checked and its handle taken
+//! once (a segment reads two handles from small tables, whatever order its regions come in);
+//! the metadata kept alive is gathered once per distinct region.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -18,27 +18,69 @@ use crate::sys;
 use crate::work::{BlockLayer, Seg, Work};
 use crate::xfer::UcxXfer;
 
-/// The handles of a (local, remote) metadata pair, checked once per distinct pair.
+/// The handles of a request's metadata, each checked once.
 struct Handles<'a> {
     backend: &'a UcxBackend,
     peer: &'a Arc<Peer>,
     worker: usize,
     remote_type: Option<sys::ucs_memory_type_t>,
     mem_type: Option<sys::ucs_memory_type_t>,
-    last: Option<(*const (), *const (), sys::MemH, sys::Rkey)>,
+    /// By the spec's metadata index: the local handle / remote key, once checked.
+    memhs: Vec<Option<sys::MemH>>,
+    rkeys: Vec<Option<sys::Rkey>>,
 }
 
 impl Handles<'_> {
-    fn resolve(&mut self, l: &BackendMd, r: &BackendMd) -> Result<(sys::MemH, sys::Rkey)> {
-        let key = (Arc::as_ptr(l) as *const (), Arc::as_ptr(r) as *const ());
-        if let Some((a, b, memh, rkey)) = self.last {
-            if (a, b) == key {
-                return Ok((memh, rkey));
-            }
+    /// The memory handle of local metadata `l` (index `i` of the spec's table).
+    #[inline]
+    fn local(&mut self, i: usize, l: Option<&BackendMd>) -> Result<sys::MemH> {
+        if let Some(Some(h)) = self.memhs.get(i) {
+            return Ok(*h);
         }
+        let h = self.check_local(l.ok_or_else(|| self.vanished())?)?;
+        if let Some(slot) = self.memhs.get_mut(i) {
+            *slot = Some(h);
+        }
+        Ok(h)
+    }
+
+    /// The remote key of remote metadata `r` (index `i` of the spec's table).
+    #[inline]
+    fn remote(&mut self, i: usize, r: Option<&BackendMd>) -> Result<sys::Rkey> {
+        if let Some(Some(k)) = self.rkeys.get(i) {
+            return Ok(*k);
+        }
+        let k = self.check_remote(r.ok_or_else(|| self.vanished())?)?;
+        if let Some(slot) = self.rkeys.get_mut(i) {
+            *slot = Some(k);
+        }
+        Ok(k)
+    }
+
+    fn vanished(&self) -> Error {
+        Error::invalid(
+            self.backend.agent(),
+            Op::MakeXfer,
+            "segment names no metadata",
+        )
+    }
+
+    fn check_local(&mut self, l: &BackendMd) -> Result<sys::MemH> {
         let me = self.backend.agent();
         let lr = downcast_md::<MemReg>(l)
             .ok_or_else(|| Error::invalid(me, Op::MakeXfer, "not UCX registration metadata"))?;
+        if *self.mem_type.get_or_insert(lr.mem_type) != lr.mem_type {
+            return Err(Error::mismatch(
+                me,
+                Op::MakeXfer,
+                "local segments of different memory types",
+            ));
+        }
+        Ok(lr.memh)
+    }
+
+    fn check_remote(&mut self, r: &BackendMd) -> Result<sys::Rkey> {
+        let me = self.backend.agent();
         let rr = downcast_md::<RemoteMd>(r)
             .ok_or_else(|| Error::invalid(me, Op::MakeXfer, "remote metadata is not UCX's"))?;
         if self.remote_type != Some(rr.mem_type) {
@@ -55,16 +97,7 @@ impl Handles<'_> {
                 "segments reach different peers or connections",
             ));
         }
-        if *self.mem_type.get_or_insert(lr.mem_type) != lr.mem_type {
-            return Err(Error::mismatch(
-                me,
-                Op::MakeXfer,
-                "local segments of different memory types",
-            ));
-        }
-        let rkey = rr.rkeys[self.worker];
-        self.last = Some((key.0, key.1, lr.memh, rkey));
-        Ok((lr.memh, rkey))
+        Ok(rr.rkeys[self.worker])
     }
 }
 
@@ -116,13 +149,13 @@ impl UcxBackend {
             worker,
             remote_type: mem_type(spec.remote_kind),
             mem_type: None,
-            last: None,
+            memhs: vec![None; spec.mds.len()],
+            rkeys: vec![None; spec.mds.len()],
         };
         let mut segs = Vec::with_capacity(spec.segments.len());
-        let vanished = || Error::invalid(me, Op::MakeXfer, "segment names no metadata");
         for s in &spec.segments {
-            let (l, r) = (spec.md(s.local_md), spec.md(s.remote_md));
-            let (memh, rkey) = h.resolve(l.ok_or_else(vanished)?, r.ok_or_else(vanished)?)?;
+            let memh = h.local(s.local_md, spec.md(s.local_md))?;
+            let rkey = h.remote(s.remote_md, spec.md(s.remote_md))?;
             if s.len == 0
                 || s.local_addr.checked_add(s.len).is_none()
                 || s.remote_addr.checked_add(s.len).is_none()
@@ -166,11 +199,13 @@ impl UcxBackend {
             worker,
             remote_type: mem_type(spec.remote_kind),
             mem_type: None,
-            last: None,
+            memhs: Vec::new(),
+            rkeys: Vec::new(),
         };
         let mut layers = Vec::with_capacity(spec.layers.len());
         for l in &spec.layers {
-            let (memh, rkey) = h.resolve(&l.local_md, &l.remote_md)?;
+            // A layer per region pair, few of them: checked each.
+            let (memh, rkey) = (h.check_local(&l.local_md)?, h.check_remote(&l.remote_md)?);
             layers.push(BlockLayer {
                 local: l.local,
                 remote: l.remote,

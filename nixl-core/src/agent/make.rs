@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use crate::agent::prep::{PreparedList, Side};
+use crate::agent::prep::{Layout, PrepEntry, PreparedList, Side};
 use crate::agent::remote::RemotePeer;
 use crate::agent::{Agent, BackendSlot};
 use crate::backend::{BackendXfer, Segment, XferSpec};
@@ -221,7 +221,42 @@ impl Agent {
         ends: &mut Ends,
         no_merge: bool,
     ) -> Result<Vec<Segment>> {
+        // Descriptor lists on both sides (the common case) get the loop with their entries
+        // read straight from the slices; block tables compute theirs. One loop, two copies.
+        match (&local.layout, &remote.layout) {
+            (Layout::Flat(l), Layout::Flat(r)) => self.gather_with(
+                (local, local_idx, flat(l)),
+                (remote, remote_idx, flat(r)),
+                ends,
+                no_merge,
+            ),
+            _ => self.gather_with(
+                (local, local_idx, |i| local.block(i)),
+                (remote, remote_idx, |i| remote.block(i)),
+                ends,
+                no_merge,
+            ),
+        }
+    }
+
+    #[inline(always)]
+    fn gather_with<L, R>(
+        &self,
+        (local, local_idx, lget): (&PreparedList, &[usize], L),
+        (remote, remote_idx, rget): (&PreparedList, &[usize], R),
+        ends: &mut Ends,
+        no_merge: bool,
+    ) -> Result<Vec<Segment>>
+    where
+        L: Fn(usize) -> Option<PrepEntry>,
+        R: Fn(usize) -> Option<PrepEntry>,
+    {
         let me = self.name();
+        // A block table computes its entries: nothing to read ahead.
+        let prefetch = matches!(
+            (&local.layout, &remote.layout),
+            (Layout::Flat(_), Layout::Flat(_))
+        );
         let mut segments: Vec<Segment> = Vec::with_capacity(local_idx.len());
         let mut last_pair = None;
         let rbase = local.regions.len();
@@ -235,11 +270,14 @@ impl Agent {
             .zip(remote_idx.chunks(GATHER))
             .enumerate()
         {
-            std::hint::black_box(local.touch(lc) ^ remote.touch(rc));
+            if prefetch {
+                std::hint::black_box(touch(lc, &lget) ^ touch(rc, &rget));
+            }
             for (j, (&li, &ri)) in lc.iter().zip(rc).enumerate() {
                 let k = c * GATHER + j;
-                let (l, lreg) = block(me, "local", local, li)?;
-                let (r, rreg) = block(me, "remote", remote, ri)?;
+                let le = lget(li).ok_or_else(|| out_of_range(me, "local", local, li))?;
+                let re = rget(ri).ok_or_else(|| out_of_range(me, "remote", remote, ri))?;
+                let (l, lreg, r, rreg) = (le.desc, le.region, re.desc, re.region);
                 if l.len != r.len {
                     return Err(Error::mismatch(
                         me,
@@ -247,8 +285,11 @@ impl Agent {
                         format!("pair {k}: local {} bytes, remote {} bytes", l.len, r.len),
                     ));
                 }
-                if last_pair != Some((lreg, rreg)) {
-                    // A backend must hold both regions of every pair.
+                // A backend must hold both regions of every pair: one AND per pair from the
+                // entries while every region's backends fit in bits (no region read).
+                if let (Some(h), true) = (held, le.held != 0 && re.held != 0) {
+                    held = Some(h & le.held & re.held);
+                } else if last_pair != Some((lreg, rreg)) {
                     let (lr, rr) = (
                         &local.regions[lreg as usize],
                         &remote.regions[rreg as usize],
@@ -504,14 +545,29 @@ fn narrow(candidates: &mut Vec<Arc<BackendSlot>>, held: u64) {
     });
 }
 
-fn block(me: &str, side: &str, list: &PreparedList, i: usize) -> Result<(crate::desc::Desc, u32)> {
-    list.block(i).ok_or_else(|| {
-        Error::invalid(
-            me,
-            Op::MakeXfer,
-            format!("{side} index {i} out of range ({})", list.len()),
-        )
-    })
+/// A descriptor list's entry getter.
+fn flat(l: &[PrepEntry]) -> impl Fn(usize) -> Option<PrepEntry> + '_ {
+    move |i| {
+        crate::work::tick(1);
+        l.get(i).copied()
+    }
+}
+
+/// Reads the entries of `idx` so their cache misses overlap; returns a value to keep the reads.
+#[inline(always)]
+fn touch(idx: &[usize], get: &impl Fn(usize) -> Option<PrepEntry>) -> u64 {
+    idx.iter()
+        .fold(0, |acc, &i| acc ^ get(i).map_or(0, |e| e.desc.len))
+}
+
+/// The error for index `i` outside a prepared list.
+#[cold]
+fn out_of_range(me: &str, side: &str, list: &PreparedList, i: usize) -> Error {
+    Error::invalid(
+        me,
+        Op::MakeXfer,
+        format!("{side} index {i} out of range ({})", list.len()),
+    )
 }
 
 /// Extends `p` by `seg` when `seg` continues it on both sides (same regions and devices,

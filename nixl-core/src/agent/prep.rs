@@ -61,11 +61,15 @@ impl PrepRegion {
 /// The regions of a prepared list; requests built from the list hold it.
 pub(crate) type Regions = Arc<Vec<PrepRegion>>;
 
-/// One prepared descriptor: the descriptor and the index of its region.
+/// One prepared descriptor: the descriptor, the index of its region and that region's
+/// backends as bits ([`PrepRegion::held`], 0 where it is `None`): a request reads the entry
+/// alone, not its region, for each pair (the region is another cache miss per pair when the
+/// indices are random over many regions).
 #[derive(Clone, Copy)]
 pub(crate) struct PrepEntry {
     pub desc: Desc,
     pub region: u32,
+    pub held: u64,
 }
 
 /// One prepared layer of a block table.
@@ -152,24 +156,13 @@ impl PreparedList {
         }
     }
 
-    /// Reads the entries of `idx` (a descriptor list's; a block table computes its blocks) so
-    /// their cache misses overlap; returns a value to keep the reads.
-    pub(crate) fn touch(&self, idx: &[usize]) -> u64 {
-        crate::work::tick(idx.len());
-        match &self.layout {
-            Layout::Flat(e) => idx
-                .iter()
-                .fold(0, |acc, &i| acc ^ e.get(i).map_or(0, |e| e.desc.len)),
-            Layout::Strided { .. } => 0,
-        }
-    }
-
     /// Descriptor `i` and its region's index (a block table's blocks are numbered layer after
     /// layer, as in [`StridedDescList::to_desc_list`]).
-    pub(crate) fn block(&self, i: usize) -> Option<(Desc, u32)> {
+    #[inline]
+    pub(crate) fn block(&self, i: usize) -> Option<PrepEntry> {
         crate::work::tick(1);
         match &self.layout {
-            Layout::Flat(e) => e.get(i).map(|e| (e.desc, e.region)),
+            Layout::Flat(e) => e.get(i).copied(),
             Layout::Strided {
                 layers,
                 starts,
@@ -185,7 +178,11 @@ impl PreparedList {
                     None => starts.partition_point(|&s| s <= i).checked_sub(1)?,
                 };
                 let layer = layers.get(l)?;
-                Some((layer.run.block(i - starts[l])?, layer.region))
+                Some(PrepEntry {
+                    desc: layer.run.block(i - starts[l])?,
+                    region: layer.region,
+                    held: self.regions.get(layer.region as usize)?.held.unwrap_or(0),
+                })
             }
         }
     }
@@ -415,7 +412,12 @@ impl Agent {
                     ),
                 )
             })?;
-            entries.push(PrepEntry { desc: *d, region });
+            let held = res.regions[region as usize].held.unwrap_or(0);
+            entries.push(PrepEntry {
+                desc: *d,
+                region,
+                held,
+            });
         }
         let regions = Arc::new(std::mem::take(&mut res.regions));
         drop(res);

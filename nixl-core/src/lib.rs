@@ -90,7 +90,6 @@ pub use exchange::etcd;
 pub use exchange::nixl_wire;
 
 // Short internal paths (`crate::desc`, `crate::codec`, ...) of the modules in the folders.
-use agent::request as xfer;
 use backend::{bytes, hello, params};
 use bundled::{deferred, fault, inproc};
 use exchange::{liveness, sidechannel};
@@ -129,7 +128,8 @@ pub use strided::{StridedDesc, StridedDescList};
 pub mod tiles {
     pub use crate::model::tiles::{RowStrides, Tile, TileShape, MAX_TILE_ROWS};
 }
-pub use xfer::{UncertainXfer, XferOptions, XferReq, XferTarget};
+pub use agent::options::{UncertainXfer, XferOptions};
+pub use agent::request::{XferReq, XferTarget};
 
 /// Who learns the keys to this agent's memory: [`FetchPolicy`](access::FetchPolicy) (who may
 /// FETCH its metadata at all), [`Share`](access::Share) (which peers get a labeled

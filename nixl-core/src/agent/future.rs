@@ -20,12 +20,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use crate::agent::request::XferReq;
 use crate::agent::Agent;
 use crate::agent::Shared;
 use crate::backend::XferState;
 use crate::error::{Error, Op, Result};
 use crate::model::timer;
-use crate::xfer::XferReq;
 
 /// The shortest and longest re-check interval for backends that do not signal completions.
 const RECHECK_MIN: Duration = Duration::from_micros(50);

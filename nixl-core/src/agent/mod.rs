@@ -1,29 +1,26 @@
 //! The agent: a cheap clonable handle to one process's transfer endpoint.
 
+// One file per operation family; three rooms for the families with several files: `make`
+// (building requests: by index, by block ids, by tiles), `nixl` (NIXL's wire: metadata, the
+// side channel's commands, the view), `peers` (notifications, the side channel, succession).
 mod config;
 mod future;
 pub(crate) mod lease;
 mod load;
 pub(crate) mod make;
-pub(crate) mod make_blocks;
-mod make_tiles;
-mod nixl_comm;
-mod nixl_metadata;
-mod nixl_view;
-mod notify;
-mod options;
+mod nixl;
+pub(crate) mod options;
+pub(crate) mod peers;
+mod post;
 pub(crate) mod prep;
 pub(crate) mod registration;
 pub(crate) mod remote;
 pub(crate) mod request;
 mod shared;
-pub(crate) mod sidechannel;
 pub(crate) mod spec;
-pub(crate) mod succession;
-mod xfer;
 
 pub use future::{NotifStream, Notification, QuiescenceFuture, XferFuture};
-pub use sidechannel::FetchFuture;
+pub use peers::sidechannel::FetchFuture;
 
 pub use config::{AgentConfig, FetchPolicy, Share};
 pub(crate) use shared::{start_progress_thread, FetchStatus, Shared, MAX_UNCERTAIN};
@@ -36,6 +33,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::agent::options::UncertainXfer;
 use crate::agent::registration::RegTable;
 use crate::agent::remote::RemotePeer;
 use crate::auth::{Auth, Bindings, Signer};
@@ -47,7 +45,6 @@ use crate::limits::Limits;
 use crate::mem::RegionDesc;
 use crate::notif::{NotifQueue, Notifs};
 use crate::telemetry::{self, Counters, TelemetrySnapshot};
-use crate::xfer::UncertainXfer;
 
 /// A backend created on an agent.
 pub(crate) struct BackendSlot {
@@ -310,7 +307,7 @@ impl Agent {
         let succession = config
             .succession
             .as_deref()
-            .map(|path| succession::take(name, path))
+            .map(|path| peers::succession::take(name, path))
             .transpose()?;
         let notifs = NotifQueue::with_limits(
             config.limits.max_queued_notif_bytes,
@@ -345,7 +342,7 @@ impl Agent {
             process,
             hello_keys,
             succession,
-            successions: succession::Successions::default(),
+            successions: peers::succession::Successions::default(),
             draining: Mutex::new(Vec::new()),
         });
         let agent = Agent { shared };

@@ -12,13 +12,13 @@ use std::sync::Arc;
 
 use crate::agent::registration::RegUse;
 use crate::agent::remote::{RemotePeer, RemoteRegion};
+use crate::agent::request::XferTarget;
 use crate::agent::{Agent, BackendHandle, BackendSlot, Shared};
 use crate::backend::BackendMd;
 use crate::desc::{Desc, XferDescList};
 use crate::error::{Error, Op, Result};
 use crate::mem::MemKind;
 use crate::strided::{StridedDesc, StridedDescList};
-use crate::xfer::XferTarget;
 
 /// What keeps a prepared region's memory valid.
 enum Hold {

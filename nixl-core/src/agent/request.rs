@@ -33,7 +33,7 @@ pub(crate) struct IntegrityPlan {
     pub remote: Vec<(u64, u64, u64)>,
 }
 
-pub(crate) use crate::agent::spec::ReqSpec;
+use crate::agent::spec::ReqSpec;
 
 /// What [`XferReq::new`] assembles a request from.
 pub(crate) struct ReqParts {
@@ -54,7 +54,7 @@ pub(crate) struct ReqParts {
     pub note: Option<String>,
 }
 
-pub use crate::agent::options::{UncertainXfer, XferOptions};
+use crate::agent::options::UncertainXfer;
 
 #[derive(Debug)]
 enum Status {

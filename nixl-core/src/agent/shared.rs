@@ -49,9 +49,9 @@ pub(crate) struct Shared {
     /// What this incarnation's metadata says of its succession (`AgentConfig::succession`).
     pub succession: Option<crate::codec::Succession>,
     /// Peer names held for their successors.
-    pub successions: super::succession::Successions,
+    pub successions: super::peers::succession::Successions,
     /// Dropped requests the backends have not released yet (with their memory).
-    pub draining: Mutex<Vec<crate::xfer::Drained>>,
+    pub draining: Mutex<Vec<crate::agent::request::Drained>>,
 }
 
 /// How many uncertain requests an agent remembers.

@@ -5,7 +5,7 @@
 // registered ranges held for the check (`sys::host::hash_ranges`, SAFETY at the call).
 #![allow(unsafe_code)]
 
-use super::*;
+use crate::agent::*;
 
 impl Agent {
     /// Drains received notifications: sender name to messages, in per-sender order.

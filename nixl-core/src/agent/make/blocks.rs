@@ -2,14 +2,16 @@
 //! ids) up to the backend, which gets the layers and id runs ([`BlockXferSpec`]) or, where it
 //! does not consume strides, the blocks materialized into segments.
 
+use crate::agent::options::XferOptions;
 use crate::agent::prep::{Layout, PrepLayer, PreparedList};
+use crate::agent::request::XferReq;
+use crate::agent::spec::ReqSpec;
 use crate::agent::{Agent, BackendSlot};
 use crate::backend::BackendXfer;
 use crate::desc::XferOp;
 use crate::error::{Error, Op, Result};
 use crate::strided::{block_runs, BlockRun, BlockXferSpec, LayerPair};
 use crate::tiles::TileShape;
-use crate::xfer::{ReqSpec, XferOptions, XferReq};
 
 impl Agent {
     /// Builds a request by block ids over two block tables ([`Agent::prep_strided_dlist`]):

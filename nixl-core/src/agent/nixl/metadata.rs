@@ -49,7 +49,7 @@ impl Agent {
         }
         // Sections in NIXL's order: by memory kind, then backend; descriptors sorted.
         let mut sections: BTreeMap<(MemKind, usize), (String, Vec<NixlDesc>)> = BTreeMap::new();
-        for reg in self.selected_registrations(sel, super::remote::Audience::Anyone)? {
+        for reg in self.selected_registrations(sel, crate::agent::remote::Audience::Anyone)? {
             for r in &reg.regions {
                 for (slot, md) in r.mds.lock().iter() {
                     let Some(n) = slot.backend.nixl_wire().filter(|_| slot.caps.remote) else {

@@ -2,14 +2,15 @@
 //! table path ([`Agent::make_block_xfer`]'s), with each tile's rows rearranged on the way; and
 //! a KV plan's requests ([`Agent::make_kv_xfers`]), pieces and tiles alike.
 
+use crate::agent::options::XferOptions;
 use crate::agent::prep::{Layout, PrepLayer, PreparedList};
+use crate::agent::request::{XferReq, XferTarget};
 use crate::agent::Agent;
 use crate::desc::XferOp;
 use crate::error::{Error, Op, Result};
 use crate::kv::{KvMoves, KvXferPlan};
 use crate::strided::tile_runs;
 use crate::tiles::{Tile, TileShape};
-use crate::xfer::{XferOptions, XferReq, XferTarget};
 
 /// The most tiles of a request over all layers (the copy kernel indexes them in 32 bits).
 pub(crate) const MAX_TILE_ITEMS: u64 = u32::MAX as u64;

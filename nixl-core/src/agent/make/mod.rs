@@ -1,22 +1,27 @@
 //! Building requests from prepared lists by descriptor index (NIXL's `makeXferReq`); the
 //! steps every request shares (checks of the lists, candidate backends, assembling the
-//! request). Block-id requests over block tables are in `make_blocks`.
+//! request). Block-id requests over block tables are in `blocks`, tile requests in `tiles`.
 //!
 //! Linear in the pairs with a small constant: one pass resolves the indices, merges runs
 //! contiguous on both sides and narrows the candidate backends (once per distinct pair of
 //! regions); the chosen backend's segments are built once and handed over by reference; the
 //! request holds its lists' region tables (two reference counts, not one per descriptor).
 
+pub(crate) mod blocks;
+mod tiles;
+
 use std::sync::Arc;
 
+use crate::agent::options::XferOptions;
 use crate::agent::prep::{Layout, PrepEntry, PreparedList, Side};
 use crate::agent::remote::RemotePeer;
+use crate::agent::request::{IntegrityPlan, ReqParts, XferReq};
+use crate::agent::spec::ReqSpec;
 use crate::agent::{Agent, BackendSlot};
 use crate::backend::{BackendXfer, Segment, XferSpec};
 use crate::desc::XferOp;
 use crate::error::{Error, Op, Result};
 use crate::mem::MemKind;
-use crate::xfer::{IntegrityPlan, ReqParts, ReqSpec, XferOptions, XferReq};
 
 /// Pairs whose entries are read ahead together in `make_prepped_xfer`.
 const GATHER: usize = 64;

@@ -1,10 +1,11 @@
 //! The agent's request calls: create, post, check, query and estimate a transfer request.
 
+use crate::agent::options::XferOptions;
+use crate::agent::request::{XferReq, XferTarget};
 use crate::agent::{Agent, BackendHandle};
 use crate::backend::{CostEstimate, XferState};
 use crate::desc::{XferDescList, XferOp};
 use crate::error::{Error, Op, Result};
-use crate::xfer::{XferOptions, XferReq, XferTarget};
 
 impl Agent {
     /// One-shot form: prepares both lists and builds a request over all their descriptors

@@ -611,7 +611,7 @@ impl XferReq {
         self.state.lock().xfer.device_event()
     }
 
-    /// How much each post adds to every layer's arrival counter ([`XferOptions::arrival`]):
+    /// How much each post adds to every layer's arrival counter ([`XferOptions::arrival`](crate::XferOptions::arrival)):
     /// the request's items per layer. `None` without counters.
     pub fn arrival_per_post(&self) -> Option<u64> {
         self.state.lock().xfer.arrival_per_post()

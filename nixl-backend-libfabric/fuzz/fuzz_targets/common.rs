@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use nixl_backend_libfabric::fuzzing::{av_inserts, decode_conn, encode_conn, rma_posts};
 use nixl_backend_libfabric::LibfabricParams;
-use nixl_core::wire::codec::{AgentMetadata, BackendEntry, RegionEntry};
-use nixl_core::{Agent, AgentConfig, Error, HostBuffer, MemKind, RegionDesc, Registration};
+use nixl_core::wire::codec::AgentMetadata;
+use nixl_core::{Agent, AgentConfig, Error, HostBuffer, Registration};
 
 /// Bytes of the victim's and the targets' registered buffers.
 pub const BUF: usize = 1 << 16;
@@ -83,7 +83,6 @@ pub struct World {
 }
 
 static WORLD: OnceLock<World> = OnceLock::new();
-static SEQ: AtomicU64 = AtomicU64::new(1);
 static INPUTS: AtomicU64 = AtomicU64::new(0);
 static LOADED: AtomicU64 = AtomicU64::new(0);
 static REFUSED: AtomicU64 = AtomicU64::new(0);
@@ -94,11 +93,16 @@ static RMA_DONE_FOREIGN: AtomicU64 = AtomicU64::new(0);
 static REPLACED: AtomicU64 = AtomicU64::new(0);
 
 fn params(provider: &str, rails: usize) -> LibfabricParams {
-    LibfabricParams::default().provider(provider.to_string()).domains(if provider == "tcp" {
+    LibfabricParams::default()
+        .provider(provider.to_string())
+        .domains(if provider == "tcp" {
             vec!["lo".into()]
         } else {
             Vec::new()
-        }).rails(rails).op_timeout(Duration::from_millis(100)).notif_slots(8)
+        })
+        .rails(rails)
+        .op_timeout(Duration::from_millis(100))
+        .notif_slots(8)
 }
 
 fn hex(b: &[u8]) -> String {
@@ -232,69 +236,11 @@ pub fn world() -> &'static World {
     })
 }
 
-/// Applies an input to a base: byte 0 picks the mode; then `(offset, xor)` pairs edit the
-/// base, or (raw mode) the rest of the input replaces it; a final length byte may truncate
-/// or extend.
-pub fn mutate(base: &[u8], data: &[u8]) -> Vec<u8> {
-    let Some((&mode, rest)) = data.split_first() else {
-        return base.to_vec();
-    };
-    if mode & 0x80 != 0 {
-        return rest.to_vec();
-    }
-    let mut out = base.to_vec();
-    let mut it = rest.chunks_exact(2);
-    for pair in &mut it {
-        if out.is_empty() {
-            break;
-        }
-        let i = usize::from(pair[0]) % out.len();
-        out[i] ^= pair[1];
-    }
-    if let [len] = it.remainder() {
-        let n = usize::from(*len);
-        if mode & 0x40 != 0 {
-            out.truncate(n.min(out.len()));
-        } else if mode & 0x20 != 0 {
-            out.extend(std::iter::repeat_n(*len, n % 17));
-        }
-    }
-    out
-}
+pub use nixl_core::wire::fuzz::mutate;
 
 /// Metadata of a fresh peer name with one LIBFABRIC backend and optional region.
 pub fn metadata(conn_info: Vec<u8>, region: Option<(Vec<u8>, (u64, u64))>) -> (String, Vec<u8>) {
-    let name = format!("fuzz-peer-{}", SEQ.fetch_add(1, Ordering::Relaxed));
-    let regions = region
-        .map(|(public, (addr, len))| RegionEntry {
-            label: String::new(),
-            backend: 0,
-            desc: RegionDesc {
-                kind: MemKind::Dram,
-                addr,
-                len,
-                dev_id: 0,
-                meta: Vec::new(),
-            },
-            public,
-        })
-        .into_iter()
-        .collect();
-    let md = AgentMetadata {
-        name: name.clone(),
-        generation: 1,
-        has_conn_info: true,
-        process: None,
-        verifies_integrity: false,
-        hello_key: None,
-        succession: None,
-        backends: vec![BackendEntry {
-            name: "LIBFABRIC".into(),
-            conn_info,
-        }],
-        regions,
-    };
-    (name, md.encode())
+    nixl_core::wire::fuzz::peer_metadata("LIBFABRIC", conn_info, region)
 }
 
 pub fn conn(provider: &str, names: &[Vec<u8>]) -> Vec<u8> {

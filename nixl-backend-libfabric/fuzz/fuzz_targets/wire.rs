@@ -15,10 +15,16 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(encode_conn(&provider, &names), data, "conn info re-encodes");
     }
     if let Ok((virt, keys)) = decode_region(data) {
-        assert_eq!(encode_region(virt, &keys), data, "region metadata re-encodes");
+        assert_eq!(
+            encode_region(virt, &keys),
+            data,
+            "region metadata re-encodes"
+        );
     }
     match decode_message(data) {
-        Ok(Message::Notif(s, msg)) => assert_eq!(encode_notif(&s, msg), data, "notification re-frames"),
+        Ok(Message::Notif(s, msg)) => {
+            assert_eq!(encode_notif(&s, msg), data, "notification re-frames")
+        }
         Ok(Message::Hello(h)) => assert_eq!(encode_hello(h), data, "hello re-frames"),
         Err(_) => {}
     }

@@ -30,10 +30,10 @@ use nixl_backend_ucx::fuzzing::{
     decode_conn, decode_rkey, encode_conn, encode_rkey, ep_creates, rkey_unpacks, rma_posts,
 };
 use nixl_backend_ucx::UcxParams;
-use nixl_core::wire::codec::{AgentMetadata, BackendEntry, RegionEntry};
+use nixl_core::wire::codec::AgentMetadata;
 use nixl_core::{
-    Agent, AgentConfig, Error, HostBuffer, MemKind, RegionDesc, Registration, XferDescList,
-    XferOp, XferOptions, XferState,
+    Agent, AgentConfig, Error, HostBuffer, MemKind, Registration, XferDescList, XferOp,
+    XferOptions, XferState,
 };
 
 /// Bytes of the victim's and the targets' registered buffers.
@@ -59,7 +59,6 @@ pub struct World {
 }
 
 static WORLD: OnceLock<World> = OnceLock::new();
-static SEQ: AtomicU64 = AtomicU64::new(1);
 static INPUTS: AtomicU64 = AtomicU64::new(0);
 static LOADED: AtomicU64 = AtomicU64::new(0);
 static REFUSED: AtomicU64 = AtomicU64::new(0);
@@ -70,7 +69,10 @@ static RMA_DONE: AtomicU64 = AtomicU64::new(0);
 static RMA_FAILED: AtomicU64 = AtomicU64::new(0);
 
 fn ucx(tls: &str) -> UcxParams {
-    UcxParams::default().transports(tls.to_string()).devices("lo".to_string()).keepalive_interval(Duration::from_millis(250))
+    UcxParams::default()
+        .transports(tls.to_string())
+        .devices("lo".to_string())
+        .keepalive_interval(Duration::from_millis(250))
 }
 
 fn hex(b: &[u8]) -> String {
@@ -189,69 +191,12 @@ pub fn world() -> &'static World {
     })
 }
 
-/// Applies an input to a base: byte 0 picks the mode; then `(offset, xor)` pairs edit the
-/// base, or (raw mode) the rest of the input replaces it; a final length byte may truncate
-/// or extend.
-pub fn mutate(base: &[u8], data: &[u8]) -> Vec<u8> {
-    let Some((&mode, rest)) = data.split_first() else {
-        return base.to_vec();
-    };
-    if mode & 0x80 != 0 {
-        return rest.to_vec();
-    }
-    let mut out = base.to_vec();
-    let mut it = rest.chunks_exact(2);
-    for pair in &mut it {
-        if out.is_empty() {
-            break;
-        }
-        let i = usize::from(pair[0]) % out.len();
-        out[i] ^= pair[1];
-    }
-    if let [len] = it.remainder() {
-        let n = usize::from(*len);
-        if mode & 0x40 != 0 {
-            out.truncate(n.min(out.len()));
-        } else if mode & 0x20 != 0 {
-            out.extend(std::iter::repeat_n(*len, n % 17));
-        }
-    }
-    out
-}
+pub use nixl_core::wire::fuzz::mutate;
 
 /// Metadata of a fresh peer name with one backend and optional region.
 pub fn metadata(conn_info: Vec<u8>, rkey: Option<(Vec<u8>, (u64, u64))>) -> (String, Vec<u8>) {
-    let name = format!("fuzz-peer-{}", SEQ.fetch_add(1, Ordering::Relaxed));
-    let regions = rkey
-        .map(|(packed, (addr, len))| RegionEntry {
-            label: String::new(),
-            backend: 0,
-            desc: RegionDesc {
-                kind: MemKind::Dram,
-                addr,
-                len,
-                dev_id: 0,
-                meta: Vec::new(),
-            },
-            public: encode_rkey(0, &packed),
-        })
-        .into_iter()
-        .collect();
-    let md = AgentMetadata {
-        name: name.clone(),
-        generation: 1,
-        has_conn_info: true,
-        process: None,
-        verifies_integrity: false,
-        hello_key: None,
-        succession: None,
-        backends: vec![BackendEntry {
-            name: "UCX".into(),
-            conn_info,
-        }],
-        regions,
-    };
-    (name, md.encode())
+    let region = rkey.map(|(packed, span)| (encode_rkey(0, &packed), span));
+    nixl_core::wire::fuzz::peer_metadata("UCX", conn_info, region)
 }
 
 pub fn conn(addr: &[u8]) -> Vec<u8> {
@@ -318,7 +263,9 @@ fn transfer(w: &World, remote: &str, (addr, len): (u64, u64), write: bool) {
     }
     match st {
         Ok(XferState::Done) => RMA_DONE.fetch_add(1, Ordering::Relaxed),
-        Ok(XferState::InProgress) => panic!("a request with a 100 ms deadline still runs after 5 s"),
+        Ok(XferState::InProgress) => {
+            panic!("a request with a 100 ms deadline still runs after 5 s")
+        }
         Err(Error::TimedOut { .. }) | Err(_) => RMA_FAILED.fetch_add(1, Ordering::Relaxed),
     };
 }

@@ -6,8 +6,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use nixl_backend_ucx::fuzzing::{
-    decode_conn, decode_conn_info, decode_notif_header, decode_rkey, encode_conn,
-    encode_conn_with, encode_notif_header, encode_rkey, parse_address, parse_rkey,
+    decode_conn, decode_conn_info, decode_notif_header, decode_rkey, encode_conn, encode_conn_with,
+    encode_notif_header, encode_rkey, parse_address, parse_rkey,
 };
 
 fuzz_target!(|data: &[u8]| {
@@ -21,7 +21,11 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(decode_conn(data).ok(), Some(info.addresses.clone()));
     }
     if let Ok((t, packed)) = decode_rkey(data) {
-        assert_eq!(encode_rkey(t, packed), data, "rkey re-encodes to the same bytes");
+        assert_eq!(
+            encode_rkey(t, packed),
+            data,
+            "rkey re-encodes to the same bytes"
+        );
     }
     if let Ok(session) = decode_notif_header(data) {
         assert_eq!(encode_notif_header(&session), data);

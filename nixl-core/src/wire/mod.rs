@@ -2,5 +2,6 @@
 
 pub mod auth;
 pub mod codec;
+pub mod fuzz;
 pub mod integrity;
 pub use crate::exchange::sidechannel;

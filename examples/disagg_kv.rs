@@ -599,9 +599,65 @@ fn next_notif(a: &Agent, from: &str, queue: &mut Vec<Vec<u8>>, timeout: Duration
     Ok(String::from_utf8(queue.remove(0))?)
 }
 
+#[derive(Default)]
 struct Stats(Vec<Duration>);
 
+/// A request's steps, timed apart: make (`make_prepped_xfer`), post, post to done, and the
+/// three together.
+#[derive(Default)]
+struct Split {
+    make: Stats,
+    post: Stats,
+    done: Stats,
+    whole: Stats,
+}
+
+impl Split {
+    /// Makes, posts and waits for one request from prepared lists, timing each step.
+    fn run(
+        &mut self,
+        a: &Agent,
+        op: XferOp,
+        (local, local_idx): (&PreparedList, &[usize]),
+        (remote, remote_idx): (&PreparedList, &[usize]),
+        (opts, timeout): (XferOptions, Duration),
+    ) -> Res<nixl::XferReq> {
+        let t0 = Instant::now();
+        let x = a.make_prepped_xfer(op, local, local_idx, remote, remote_idx, opts)?;
+        let t1 = Instant::now();
+        a.post_xfer_req(&x)?;
+        let t2 = Instant::now();
+        x.wait(timeout)?;
+        let t3 = Instant::now();
+        self.make.0.push(t1 - t0);
+        self.post.0.push(t2 - t1);
+        self.done.0.push(t3 - t2);
+        self.whole.0.push(t3 - t0);
+        Ok(x)
+    }
+
+    /// The lines the main job prints for `who` (`prefill: WRITE`, `decode: READ`).
+    fn print(&mut self, who: &str, bytes_each: usize) {
+        println!(
+            "{who} {}",
+            self.done.line("transfer (post to done)", bytes_each)
+        );
+        println!(
+            "{who} per request: make median {:?}, post median {:?}, post to done median {:?}; {}",
+            self.make.median(),
+            self.post.median(),
+            self.done.median(),
+            self.whole.line("make + post + done", bytes_each)
+        );
+    }
+}
+
 impl Stats {
+    fn median(&mut self) -> Duration {
+        self.0.sort();
+        self.0.get(self.0.len() / 2).copied().unwrap_or_default()
+    }
+
     fn line(&mut self, what: &str, bytes_each: usize) -> String {
         self.0.sort();
         let n = self.0.len().max(1);
@@ -716,7 +772,7 @@ fn prefill_run(o: &Opts, n: &Node) -> Res<()> {
         a.path_report("decode")
     );
     let per_req = o.layers * o.per_request * o.block_bytes;
-    let mut xfer = Stats(Vec::new());
+    let mut xfer = Split::default();
     let mut e2e = Stats(Vec::new());
     let (local, remote) = if o.op == XferOp::Write {
         let (local, remote) =
@@ -732,17 +788,13 @@ fn prefill_run(o: &Opts, n: &Node) -> Res<()> {
         let started = Instant::now();
         let tag = format!("req:{req}");
         if let (Some(local), Some(remote)) = (&local, &remote) {
-            let x = a.make_prepped_xfer(
+            let x = xfer.run(
+                a,
                 XferOp::Write,
-                local,
-                &indices(o, &src),
-                remote,
-                &indices(o, &dst),
-                XferOptions::with_notif(tag.into_bytes()),
+                (local, &indices(o, &src)),
+                (remote, &indices(o, &dst)),
+                (XferOptions::with_notif(tag.into_bytes()), o.timeout),
             )?;
-            a.post_xfer_req(&x)?;
-            x.wait(o.timeout)?;
-            xfer.0.push(started.elapsed());
             if req == 0 {
                 println!("prefill: request path: {}", x.path());
                 hosts::check_path(o, &x.path())?;
@@ -758,10 +810,7 @@ fn prefill_run(o: &Opts, n: &Node) -> Res<()> {
     }
     a.gen_notif("decode", b"done", &[])?;
     if o.op == XferOp::Write {
-        println!(
-            "prefill: WRITE {}",
-            xfer.line("transfer (post to done)", per_req)
-        );
+        xfer.print("prefill: WRITE", per_req);
     }
     println!(
         "prefill: {}",
@@ -797,7 +846,7 @@ fn decode_run(o: &Opts, n: &Node) -> Res<()> {
     let per_req = o.layers * o.per_request * o.block_bytes;
     let mut q = Vec::new();
     let mut lists: Option<(PreparedList, PreparedList)> = None;
-    let mut xfer = Stats(Vec::new());
+    let mut xfer = Split::default();
     let mut verified = 0usize;
     let mut seen: HashMap<usize, bool> = HashMap::new();
     loop {
@@ -820,18 +869,13 @@ fn decode_run(o: &Opts, n: &Node) -> Res<()> {
             let (local, remote) = lists
                 .as_ref()
                 .ok_or("READ before the prefill pool was announced")?;
-            let started = Instant::now();
-            let x = a.make_prepped_xfer(
+            let x = xfer.run(
+                a,
                 XferOp::Read,
-                local,
-                &indices(o, &dst),
-                remote,
-                &indices(o, &src),
-                XferOptions::default(),
+                (local, &indices(o, &dst)),
+                (remote, &indices(o, &src)),
+                (XferOptions::default(), o.timeout),
             )?;
-            a.post_xfer_req(&x)?;
-            x.wait(o.timeout)?;
-            xfer.0.push(started.elapsed());
             if req == 0 {
                 println!("decode: request path: {}", x.path());
                 hosts::check_path(o, &x.path())?;
@@ -851,10 +895,7 @@ fn decode_run(o: &Opts, n: &Node) -> Res<()> {
         return Err(format!("decode verified {verified} of {} requests", o.requests).into());
     }
     if o.op == XferOp::Read {
-        println!(
-            "decode: READ {}",
-            xfer.line("transfer (post to done)", per_req)
-        );
+        xfer.print("decode: READ", per_req);
     }
     println!(
         "decode: verified every byte of {verified} requests ({} MiB each)",

@@ -208,3 +208,91 @@ pub(crate) fn guards(
     }
     Ok(guards)
 }
+
+/// Removes, the first time this process opens an shm rail, the region files of libfabric's
+/// shm provider (`/dev/shm/<pid>:<uid>:<n>`) named for this process's pid: a dead process's
+/// whose pid this one reuses (a process killed before it closed its endpoint leaves its region
+/// for good), and the provider refuses to create a region whose name exists (the rail failed
+/// with `fi_enable` EBUSY). This process has made none yet, so every such file is a dead one's.
+/// Only files whose header names that pid (libfabric's regions) are removed. Regions of other
+/// pids stay: a pid this process cannot see may be a live process of another pid namespace
+/// sharing `/dev/shm`. Returns how many it removed.
+pub(crate) fn reap_reused_pid_regions() -> usize {
+    static OWN: std::sync::Once = std::sync::Once::new();
+    let mut n = 0;
+    OWN.call_once(|| n = reap_in(std::path::Path::new(SHM_DIR), std::process::id()));
+    n
+}
+
+const SHM_DIR: &str = "/dev/shm";
+
+/// Removes libfabric's shm region files in `dir` named for `pid` (and whose header says so).
+fn reap_in(dir: &std::path::Path, pid: u32) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    // Bounded: a directory listing ends.
+    for e in entries.flatten() {
+        let name = e.file_name();
+        if name.to_str().and_then(region_pid) != Some(pid) {
+            continue;
+        }
+        if header_pid(&e.path()) == Some(pid) && std::fs::remove_file(e.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    if removed > 0 {
+        tracing::info!(removed, pid, "removed shm regions a dead process left");
+    }
+    removed
+}
+
+/// The pid of a name of libfabric's shm regions (`<pid>:<uid>:<n>`, decimal).
+fn region_pid(name: &str) -> Option<u32> {
+    let mut parts = name.split(':');
+    let pid = parts.next()?.parse().ok()?;
+    let digits = |p: &str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit());
+    let (a, b) = (parts.next()?, parts.next()?);
+    (digits(a) && digits(b) && parts.next().is_none()).then_some(pid)
+}
+
+/// The owner pid a region's header names (`int pid` at byte 4).
+fn header_pid(path: &std::path::Path) -> Option<u32> {
+    use std::io::Read;
+    let mut head = [0u8; 8];
+    std::fs::File::open(path).ok()?.read_exact(&mut head).ok()?;
+    u32::try_from(i32::from_ne_bytes(head[4..8].try_into().ok()?)).ok()
+}
+
+#[cfg(test)]
+mod reap_tests {
+    use super::*;
+
+    fn region(dir: &std::path::Path, name: &str, pid: u32) -> std::path::PathBuf {
+        let mut head = vec![0u8; 64];
+        head[0] = 3;
+        head[4..8].copy_from_slice(&(pid as i32).to_ne_bytes());
+        let p = dir.join(name);
+        std::fs::write(&p, head).unwrap();
+        p
+    }
+
+    #[test]
+    fn only_regions_named_and_headed_for_the_pid_are_removed() {
+        let dir = std::env::temp_dir().join(format!("nixl-reap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pid = 4_000_001;
+        let stale = [
+            region(&dir, &format!("{pid}:0:0"), pid),
+            region(&dir, &format!("{pid}:0:3"), pid),
+        ];
+        let other = region(&dir, &format!("{}:0:0", pid + 1), pid + 1);
+        let headed_else = region(&dir, &format!("{pid}:0:1"), pid + 1);
+        let odd = region(&dir, &format!("{pid}:x:1"), pid);
+        assert_eq!(reap_in(&dir, pid), 2);
+        assert!(stale.iter().all(|p| !p.exists()));
+        assert!(other.exists() && headed_else.exists() && odd.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

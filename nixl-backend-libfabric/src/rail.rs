@@ -272,6 +272,9 @@ impl Rail {
             MsgPool::new(cfg.send_slots, cfg.notif_size),
             SendFree((0..cfg.send_slots.max(1)).rev().collect()),
         );
+        if cfg.shm {
+            crate::dead_holder::reap_reused_pid_regions();
+        }
         let ep = Endpoint::open(&domain, &info, &cq, &av, Mutex::new(state))?;
         let addr = ep.name()?;
         let rail = Rail {

@@ -219,10 +219,36 @@ impl Child {
         }
     }
 
-    /// Kills the child (SIGKILL, also when stopped) and reaps it.
+    /// Kills the child (SIGKILL, also when stopped) and reaps it, and removes the shm regions
+    /// libfabric's shm provider made for it (`/dev/shm/<pid>:<uid>:<n>`, 16 MiB each): a killed
+    /// process never closes its endpoint, and its regions would stay until the machine
+    /// restarts.
     pub fn kill(&mut self) {
+        let pid = self.process.id();
         let _ = self.process.kill();
         let _ = self.process.wait();
+        remove_shm_regions(pid);
+    }
+}
+
+/// Removes the files in `/dev/shm` named as libfabric's shm regions of process `pid`.
+fn remove_shm_regions(pid: u32) {
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+        return;
+    };
+    let prefix = format!("{pid}:");
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+            continue;
+        };
+        let mut parts = rest.split(':');
+        let numeric = |p: Option<&str>| {
+            p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        };
+        if numeric(parts.next()) && numeric(parts.next()) && parts.next().is_none() {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 }
 

@@ -25,46 +25,23 @@ struct Handles<'a> {
     worker: usize,
     remote_type: Option<sys::ucs_memory_type_t>,
     mem_type: Option<sys::ucs_memory_type_t>,
-    /// By the spec's metadata index: the local handle / remote key, once checked.
-    memhs: Vec<Option<sys::MemH>>,
-    rkeys: Vec<Option<sys::Rkey>>,
+}
+
+/// Entry `i` of a table of checked handles (by the spec's metadata index), made by `make` the
+/// first time.
+#[inline]
+fn memo<H: Copy>(table: &mut [Option<H>], i: usize, make: impl FnOnce() -> Result<H>) -> Result<H> {
+    if let Some(Some(h)) = table.get(i) {
+        return Ok(*h);
+    }
+    let h = make()?;
+    if let Some(slot) = table.get_mut(i) {
+        *slot = Some(h);
+    }
+    Ok(h)
 }
 
 impl Handles<'_> {
-    /// The memory handle of local metadata `l` (index `i` of the spec's table).
-    #[inline]
-    fn local(&mut self, i: usize, l: Option<&BackendMd>) -> Result<sys::MemH> {
-        if let Some(Some(h)) = self.memhs.get(i) {
-            return Ok(*h);
-        }
-        let h = self.check_local(l.ok_or_else(|| self.vanished())?)?;
-        if let Some(slot) = self.memhs.get_mut(i) {
-            *slot = Some(h);
-        }
-        Ok(h)
-    }
-
-    /// The remote key of remote metadata `r` (index `i` of the spec's table).
-    #[inline]
-    fn remote(&mut self, i: usize, r: Option<&BackendMd>) -> Result<sys::Rkey> {
-        if let Some(Some(k)) = self.rkeys.get(i) {
-            return Ok(*k);
-        }
-        let k = self.check_remote(r.ok_or_else(|| self.vanished())?)?;
-        if let Some(slot) = self.rkeys.get_mut(i) {
-            *slot = Some(k);
-        }
-        Ok(k)
-    }
-
-    fn vanished(&self) -> Error {
-        Error::invalid(
-            self.backend.agent(),
-            Op::MakeXfer,
-            "segment names no metadata",
-        )
-    }
-
     fn check_local(&mut self, l: &BackendMd) -> Result<sys::MemH> {
         let me = self.backend.agent();
         let lr = downcast_md::<MemReg>(l)
@@ -149,13 +126,17 @@ impl UcxBackend {
             worker,
             remote_type: mem_type(spec.remote_kind),
             mem_type: None,
-            memhs: vec![None; spec.mds.len()],
-            rkeys: vec![None; spec.mds.len()],
+        };
+        // Each metadata of the spec checked once, its handle kept by index.
+        let (mut memhs, mut rkeys) = (vec![None; spec.mds.len()], vec![None; spec.mds.len()]);
+        let md = |i: usize| {
+            spec.md(i)
+                .ok_or_else(|| Error::invalid(me, Op::MakeXfer, "segment names no metadata"))
         };
         let mut segs = Vec::with_capacity(spec.segments.len());
         for s in &spec.segments {
-            let memh = h.local(s.local_md, spec.md(s.local_md))?;
-            let rkey = h.remote(s.remote_md, spec.md(s.remote_md))?;
+            let memh = memo(&mut memhs, s.local_md, || h.check_local(md(s.local_md)?))?;
+            let rkey = memo(&mut rkeys, s.remote_md, || h.check_remote(md(s.remote_md)?))?;
             if s.len == 0
                 || s.local_addr.checked_add(s.len).is_none()
                 || s.remote_addr.checked_add(s.len).is_none()
@@ -199,8 +180,6 @@ impl UcxBackend {
             worker,
             remote_type: mem_type(spec.remote_kind),
             mem_type: None,
-            memhs: Vec::new(),
-            rkeys: Vec::new(),
         };
         let mut layers = Vec::with_capacity(spec.layers.len());
         for l in &spec.layers {

@@ -85,6 +85,9 @@ PY
     return $rc
 }
 interop_matrix
+# The nixl-sys drop-in (issue 38): nixl-sys 1.5.2's own tests, unchanged, against compat/nixl-sys.
+echo "== nixl-sys 1.5.2's test suite against the drop-in (compat/nixl-sys)"
+bash scripts/nixl-sys-tests.sh
 echo "== quick start (docs/concepts.md, two processes over UCX)"
 cargo run --quiet --all-features --example quickstart
 for op in write read; do

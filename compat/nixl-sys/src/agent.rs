@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::CString;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,14 +10,9 @@ use parking_lot::Mutex;
 
 use crate::comm::Comm;
 use crate::{
-    map_err, refuse, Backend, MemList, MemView, NixlDescriptor, NixlError, NotificationMap,
-    OptArgs, ParamMap, Params, QueryResponseList, RegDescList, RegistrationHandle, RemoteDescList,
-    StringList, XferDescList, XferDlistHandle, XferOp, XferRequest,
+    map_err, refuse, Backend, MemList, NixlError, NotificationMap, OptArgs, ParamMap, Params,
+    QueryResponseList, RegDescList, StringList, XferDescList, XferDlistHandle, XferOp, XferRequest,
 };
-
-/// How long a side-channel or etcd fetch waits for the peer's metadata (NIXL's fetches wait
-/// on its comm thread without a bound).
-const FETCH_WAIT: Duration = Duration::from_secs(30);
 
 /// nixl-rs's own backend, which NIXL has not: not listed among the plugins.
 const HIDDEN_PLUGINS: &[&str] = &["INPROC"];
@@ -103,19 +98,19 @@ impl Default for AgentConfig {
 /// What one agent holds.
 pub(crate) struct AgentInner {
     pub(crate) rs: nixl::Agent,
-    telemetry: bool,
+    pub(crate) telemetry: bool,
     /// Metadata in nixl-rs's own format instead of NIXL's (`NIXL_RS_METADATA=native`).
-    native_md: bool,
+    pub(crate) native_md: bool,
     /// The parameters each backend was created with.
-    params: Mutex<BTreeMap<String, ParamMap>>,
+    pub(crate) params: Mutex<BTreeMap<String, ParamMap>>,
     /// Agents whose metadata this handle loaded or fetched (nixl-sys's `remotes`).
-    remotes: Mutex<HashSet<String>>,
+    pub(crate) remotes: Mutex<HashSet<String>>,
     /// Live registrations, for partial metadata.
-    regs: Mutex<Vec<nixl::Registration>>,
-    _listener: Option<nixl::nixl_wire::NixlListener>,
-    comm: Comm,
+    pub(crate) regs: Mutex<Vec<nixl::Registration>>,
+    pub(crate) _listener: Option<nixl::nixl_wire::NixlListener>,
+    pub(crate) comm: Comm,
     #[cfg(feature = "etcd")]
-    etcd: Mutex<Option<Arc<nixl::core::etcd::EtcdExchange>>>,
+    pub(crate) etcd: Mutex<Option<Arc<nixl::core::etcd::EtcdExchange>>>,
 }
 
 impl std::fmt::Debug for AgentInner {
@@ -144,20 +139,20 @@ fn env_flag(var: &str) -> bool {
 }
 
 /// `InvalidParam` (as a C string conversion would fail) for a name with a NUL byte.
-fn c_name(s: &str) -> Result<(), NixlError> {
+pub(crate) fn c_name(s: &str) -> Result<(), NixlError> {
     CString::new(s)?;
     Ok(())
 }
 
-/// The memory kinds each plugin takes (as NIXL's `getPluginParams` lists them).
+/// The memory kinds each plugin can take (what its backend declares where the hardware is
+/// there; a backend made here reports the subset this machine has: UCX without a GPU, DRAM).
 pub(crate) fn plugin_kinds(plugin: &str) -> Vec<nixl::MemKind> {
     use nixl::MemKind::*;
     match plugin {
-        "UCX" | "LIBFABRIC" => vec![Dram, Vram],
-        "POSIX" => vec![Dram, File],
+        "UCX" | "LIBFABRIC" | "CUDA_IPC" => vec![Dram, Vram],
+        "POSIX" => vec![Dram, Vram, Block, File],
         "GDS" => vec![Dram, Vram, File],
         "OBJ" => vec![Dram, Object],
-        "CUDA_IPC" => vec![Vram],
         "INPROC" => vec![Dram],
         _ => Vec::new(),
     }
@@ -179,28 +174,7 @@ fn ucx_params(mut map: ParamMap) -> ParamMap {
     map
 }
 
-/// The side-channel address in `opt` (NIXL's port 8888 without one); `None` without an IP.
-fn peer_addr(opt: Option<&OptArgs>) -> Result<Option<SocketAddr>, NixlError> {
-    let Some(o) = opt else { return Ok(None) };
-    let Some(ip) = &o.ip_addr else {
-        return Ok(None);
-    };
-    let port = o.port.unwrap_or(DEFAULT_COMM_PORT as u16);
-    (ip.as_str(), port)
-        .to_socket_addrs()
-        .ok()
-        .and_then(|mut a| a.next())
-        .map(Some)
-        .ok_or_else(|| {
-            refuse(
-                nixl::ErrorKind::InvalidParam,
-                format!("{ip}:{port} is not an address"),
-                NixlError::InvalidParam,
-            )
-        })
-}
-
-fn hints(opt: Option<&OptArgs>) -> Vec<nixl::core::BackendHandle> {
+pub(crate) fn hints(opt: Option<&OptArgs>) -> Vec<nixl::core::BackendHandle> {
     opt.map(|o| o.backends.clone()).unwrap_or_default()
 }
 
@@ -354,14 +328,14 @@ impl Agent {
         if plugin == "UCX" {
             map = ucx_params(map);
         }
-        let handle = self
-            .inner
-            .rs
-            .create_backend_named(plugin, &map)
-            .map_err(|e| match map_err(e) {
-                NixlError::InvalidParam => NixlError::InvalidParam,
-                _ => NixlError::BackendError,
-            })?;
+        let handle =
+            self.inner
+                .rs
+                .create_backend_named(plugin, &map)
+                .map_err(|e| match map_err(e) {
+                    NixlError::InvalidParam => NixlError::InvalidParam,
+                    _ => NixlError::BackendError,
+                })?;
         self.inner.params.lock().insert(plugin.to_owned(), map);
         Ok(Backend { handle })
     }
@@ -385,52 +359,6 @@ impl Agent {
             MemList::from_kinds(backend.handle.capabilities().mem_kinds.iter().copied()),
             Params::from_map(map),
         ))
-    }
-
-    /// Registers a memory descriptor with the agent (with the backends in `opt_args`, or
-    /// every backend that takes its type). [`crate::SystemStorage`] is kept alive by the agent;
-    /// any other descriptor's pointer and size are trusted, as nixl-sys does, until the handle
-    /// deregisters.
-    pub fn register_memory(
-        &self,
-        descriptor: &impl NixlDescriptor,
-        opt_args: Option<&OptArgs>,
-    ) -> Result<RegistrationHandle, NixlError> {
-        let mem_type = descriptor.mem_type();
-        let kind = mem_type.require_kind()?;
-        // SAFETY: only the address is read, as a number.
-        let ptr = unsafe { descriptor.as_ptr() } as usize;
-        let (size, dev_id) = (descriptor.size(), descriptor.device_id());
-        let region: Arc<dyn nixl::MemoryRegion> = match descriptor.owned_region() {
-            Some(r) => r,
-            None => {
-                let desc = nixl::RegionDesc {
-                    kind,
-                    addr: ptr as u64,
-                    len: size as u64,
-                    dev_id,
-                    meta: Vec::new(),
-                };
-                // SAFETY: nixl-sys's contract for `register_memory`, which this signature
-                // keeps: the descriptor's bytes stay valid while the registration lives (the
-                // caller drops the handle, or the storage holding it, before freeing them).
-                Arc::new(unsafe { nixl::core::backend::RawRegion::new(desc) })
-            }
-        };
-        let reg = self
-            .inner
-            .rs
-            .register_mem(vec![region], &hints(opt_args))
-            .map_err(map_err)?;
-        self.inner.regs.lock().push(reg.clone());
-        Ok(RegistrationHandle {
-            agent: Some(self.clone()),
-            reg: Some(reg),
-            ptr,
-            size,
-            dev_id,
-            mem_type,
-        })
     }
 
     /// Whether the storage `descs` name exists, and its size (`size`), per descriptor.
@@ -461,125 +389,6 @@ impl Agent {
             })
             .collect();
         Ok(QueryResponseList { items })
-    }
-
-    /// NIXL's device API (memory views for GPU-initiated transfers): nixl-rs has none, so
-    /// this is `BackendError` ([`crate::last_error`]: `NotSupported`).
-    ///
-    /// # Safety
-    ///
-    /// nixl-sys's contract: the memory `descs` names outlives the view.
-    pub unsafe fn prep_mem_view_local(
-        &self,
-        descs: &XferDescList,
-        opt_args: Option<&OptArgs>,
-    ) -> Result<MemView, NixlError> {
-        let _ = (descs, opt_args);
-        Err(refuse(
-            nixl::ErrorKind::NotSupported,
-            "device-side memory views (NIXL's device API) are not implemented by nixl-rs"
-                .to_owned(),
-            NixlError::BackendError,
-        ))
-    }
-
-    /// NIXL's device API for remote memory: `NotFound` when no entry names a loaded agent,
-    /// else `BackendError` (nixl-rs has no device API).
-    ///
-    /// # Safety
-    ///
-    /// nixl-sys's contract: the memory `descs` names outlives the view.
-    pub unsafe fn prep_mem_view_remote(
-        &self,
-        descs: &RemoteDescList,
-        opt_args: Option<&OptArgs>,
-    ) -> Result<MemView, NixlError> {
-        let _ = (opt_args, descs.mem_type);
-        let loaded = self.inner.rs.remotes();
-        let named: Vec<&String> = descs.descs.iter().filter_map(|d| d.3.as_ref()).collect();
-        if named.is_empty() || named.iter().any(|n| !loaded.contains(n)) {
-            return Err(refuse(
-                nixl::ErrorKind::NotFound,
-                "a remote memory view names no loaded agent".to_owned(),
-                NixlError::NotFound,
-            ));
-        }
-        Err(refuse(
-            nixl::ErrorKind::NotSupported,
-            "device-side memory views (NIXL's device API) are not implemented by nixl-rs"
-                .to_owned(),
-            NixlError::BackendError,
-        ))
-    }
-
-    /// The agent's metadata, in NIXL's wire format (a stock NIXL agent loads it), or in
-    /// nixl-rs's own with `NIXL_RS_METADATA=native`.
-    pub fn get_local_md(&self) -> Result<Vec<u8>, NixlError> {
-        let r = if self.inner.native_md {
-            self.inner.rs.local_metadata()
-        } else {
-            self.inner.rs.nixl().local_metadata()
-        };
-        r.map_err(map_err)
-    }
-
-    /// The metadata of the registrations `descs` name (`NotFound` for a descriptor no live
-    /// registration covers); connection info only, of every backend, for an empty list.
-    pub fn get_local_partial_md(
-        &self,
-        descs: &RegDescList,
-        opt_args: Option<&OptArgs>,
-    ) -> Result<Vec<u8>, NixlError> {
-        let _ = opt_args;
-        let regions = descs.regions()?;
-        let regs: Vec<nixl::Registration> = {
-            let mut live = self.inner.regs.lock();
-            live.retain(|r| !r.is_deregistered());
-            let mut picked: Vec<nixl::Registration> = Vec::new();
-            for want in &regions {
-                let reg = live.iter().find(|r| {
-                    r.regions()
-                        .iter()
-                        .any(|h| h.kind == want.kind && h.covers(want.addr, want.len, want.dev_id))
-                });
-                match reg {
-                    Some(r) => picked.push(r.clone()),
-                    None => {
-                        return Err(refuse(
-                            nixl::ErrorKind::NotFound,
-                            format!(
-                                "no registration covers {:#x}+{} on device {}",
-                                want.addr, want.len, want.dev_id
-                            ),
-                            NixlError::NotFound,
-                        ))
-                    }
-                }
-            }
-            picked
-        };
-        let refs: Vec<&nixl::Registration> = regs.iter().collect();
-        let sel = nixl::core::MetadataSelection {
-            registrations: Some(&refs),
-            include_conn: refs.is_empty(),
-        };
-        let r = if self.inner.native_md {
-            self.inner.rs.local_partial_metadata(&sel)
-        } else {
-            self.inner.rs.nixl().local_partial_metadata(&sel)
-        };
-        r.map_err(map_err)
-    }
-
-    /// Loads a peer's metadata (NIXL's blob or nixl-rs's); returns its name.
-    pub fn load_remote_md(&self, metadata: &[u8]) -> Result<String, NixlError> {
-        let name = self
-            .inner
-            .rs
-            .load_remote_metadata(metadata)
-            .map_err(map_err)?;
-        self.inner.remotes.lock().insert(name.clone());
-        Ok(name)
     }
 
     /// Connects to a loaded peer (nixl-rs connects when it loads one: this checks it is
@@ -657,121 +466,6 @@ impl Agent {
         Ok(XferRequest::new(req, self.inner.telemetry))
     }
 
-    /// Whether `remote_agent`'s metadata is loaded, and covers `descs` when given.
-    pub fn check_remote_metadata(&self, remote_agent: &str, descs: Option<&XferDescList>) -> bool {
-        if remote_agent.contains('\0') {
-            return false;
-        }
-        let list = match descs.map(XferDescList::to_rs).transpose() {
-            Ok(l) => l,
-            Err(_) => return false,
-        };
-        self.inner
-            .rs
-            .check_remote_metadata(remote_agent, list.as_ref())
-    }
-
-    /// Forgets a peer this handle loaded (`InvalidParam` for one it did not).
-    pub fn invalidate_remote_md(&self, remote_agent: &str) -> Result<(), NixlError> {
-        if !self.inner.remotes.lock().contains(remote_agent) {
-            return Err(NixlError::InvalidParam);
-        }
-        match self.inner.rs.invalidate_remote_metadata(remote_agent) {
-            Ok(()) => {}
-            Err(e) if e.kind() == nixl::ErrorKind::NotFound => {}
-            Err(e) => return Err(map_err(e)),
-        }
-        self.inner.remotes.lock().remove(remote_agent);
-        Ok(())
-    }
-
-    /// Forgets every peer this handle loaded.
-    pub fn invalidate_all_remotes(&self) -> Result<(), NixlError> {
-        let names: Vec<String> = self.inner.remotes.lock().iter().cloned().collect();
-        for n in names {
-            self.invalidate_remote_md(&n)?;
-        }
-        Ok(())
-    }
-
-    /// Publishes this agent's metadata: to the NIXL side channel at `opt_args`' address (sent
-    /// on the agent's comm thread: this returns at once, as NIXL's does), else to etcd
-    /// (`NIXL_ETCD_ENDPOINTS`, NIXL's keys).
-    pub fn send_local_md(&self, opt_args: Option<&OptArgs>) -> Result<(), NixlError> {
-        if let Some(addr) = peer_addr(opt_args)? {
-            let rs = self.inner.rs.clone();
-            return self
-                .inner
-                .comm
-                .submit(move || rs.nixl().send_local_metadata(addr));
-        }
-        self.etcd(|x| x.publish())
-    }
-
-    /// Publishes the metadata of the registrations `descs` name to the NIXL side channel at
-    /// `opt_args`' address. Through etcd NIXL needs a label nixl-sys cannot set:
-    /// `InvalidParam`.
-    pub fn send_local_partial_md(
-        &self,
-        descs: &RegDescList,
-        opt_args: Option<&OptArgs>,
-    ) -> Result<(), NixlError> {
-        let md = self.get_local_partial_md(descs, opt_args)?;
-        match peer_addr(opt_args)? {
-            Some(addr) => {
-                let rs = self.inner.rs.clone();
-                self.inner
-                    .comm
-                    .submit(move || rs.nixl().send_metadata_bytes(addr, &md))
-            }
-            None => Err(refuse(
-                nixl::ErrorKind::InvalidParam,
-                "partial metadata through etcd needs a label, which nixl-sys's OptArgs cannot \
-                 carry"
-                    .to_owned(),
-                NixlError::InvalidParam,
-            )),
-        }
-    }
-
-    /// Fetches and loads `remote_name`'s metadata: from the NIXL side channel at `opt_args`'
-    /// address, else from etcd. It runs on the agent's comm thread (waiting up to 30 s for the
-    /// peer to publish) and returns at once, as NIXL's does: poll
-    /// [`Agent::check_remote_metadata`].
-    pub fn fetch_remote_md(
-        &self,
-        remote_name: &str,
-        opt_args: Option<&OptArgs>,
-    ) -> Result<(), NixlError> {
-        c_name(remote_name)?;
-        let name = remote_name.to_owned();
-        if let Some(addr) = peer_addr(opt_args)? {
-            let rs = self.inner.rs.clone();
-            self.inner.comm.submit(move || {
-                rs.nixl()
-                    .fetch_remote_metadata_blocking(&name, addr, FETCH_WAIT)
-                    .map(|_| ())
-            })?;
-        } else {
-            self.etcd_async(move |x| x.fetch(&name, FETCH_WAIT).map(|_| ()))?;
-        }
-        self.inner.remotes.lock().insert(remote_name.to_owned());
-        Ok(())
-    }
-
-    /// Withdraws this agent's metadata: from the NIXL side channel at `opt_args`' address
-    /// (on the comm thread), else from etcd.
-    pub fn invalidate_local_md(&self, opt_args: Option<&OptArgs>) -> Result<(), NixlError> {
-        if let Some(addr) = peer_addr(opt_args)? {
-            let rs = self.inner.rs.clone();
-            return self
-                .inner
-                .comm
-                .submit(move || rs.nixl().invalidate_local_metadata(addr));
-        }
-        self.etcd(|x| x.invalidate_local())
-    }
-
     /// Sends a notification to a loaded peer (through `backend` when given).
     pub fn send_notification(
         &self,
@@ -780,7 +474,8 @@ impl Agent {
         backend: Option<&Backend>,
     ) -> Result<(), NixlError> {
         c_name(remote_agent)?;
-        let hints: Vec<nixl::core::BackendHandle> = backend.map(|b| b.handle.clone()).into_iter().collect();
+        let hints: Vec<nixl::core::BackendHandle> =
+            backend.map(|b| b.handle.clone()).into_iter().collect();
         self.inner
             .rs
             .gen_notif(remote_agent, message, &hints)
@@ -824,12 +519,19 @@ impl Agent {
         opt_args: Option<&OptArgs>,
     ) -> Result<(i64, i64, crate::CostMethod), NixlError> {
         let _ = opt_args;
-        match self.inner.rs.estimate_xfer_cost(&req.req).map_err(map_err)? {
+        match self
+            .inner
+            .rs
+            .estimate_xfer_cost(&req.req)
+            .map_err(map_err)?
+        {
             Some(c) => Ok((
                 i64::try_from(c.duration.as_micros()).unwrap_or(i64::MAX),
                 i64::try_from(c.error_margin.as_micros()).unwrap_or(i64::MAX),
                 match c.method {
-                    nixl::core::backend::CostMethod::Analytical => crate::CostMethod::AnalyticalBackend,
+                    nixl::core::backend::CostMethod::Analytical => {
+                        crate::CostMethod::AnalyticalBackend
+                    }
                     _ => crate::CostMethod::Unknown,
                 },
             )),
@@ -843,14 +545,17 @@ impl Agent {
 
     /// Posts a request (a notification in `opt_args` replaces the request's). `Ok(true)` while
     /// in flight, `Ok(false)` when it completed at once.
-    pub fn post_xfer_req(&self, req: &XferRequest, opt_args: Option<&OptArgs>) -> Result<bool, NixlError> {
+    pub fn post_xfer_req(
+        &self,
+        req: &XferRequest,
+        opt_args: Option<&OptArgs>,
+    ) -> Result<bool, NixlError> {
         no_custom_param(opt_args)?;
         if let Some(msg) = opt_args.and_then(OptArgs::notif) {
             req.req.set_notif(Some(msg)).map_err(map_err)?;
         }
         let st = self.inner.rs.post_xfer_req(&req.req);
-        req.posted
-            .store(true, std::sync::atomic::Ordering::Release);
+        req.posted.store(true, std::sync::atomic::Ordering::Release);
         match st.map_err(map_err)? {
             nixl::XferState::Done => Ok(false),
             nixl::XferState::InProgress => Ok(true),
@@ -884,62 +589,4 @@ impl Agent {
         notifs.extend(got);
         Ok(())
     }
-
-    /// Runs `f` on the agent's etcd exchange, made at first use from `NIXL_ETCD_ENDPOINTS`.
-    #[cfg(feature = "etcd")]
-    fn etcd(
-        &self,
-        f: impl FnOnce(&nixl::core::etcd::EtcdExchange) -> nixl::Result<()>,
-    ) -> Result<(), NixlError> {
-        let x = self.etcd_exchange()?;
-        f(&x).map_err(map_err)
-    }
-
-    #[cfg(feature = "etcd")]
-    fn etcd_async(
-        &self,
-        f: impl FnOnce(&nixl::core::etcd::EtcdExchange) -> nixl::Result<()> + Send + 'static,
-    ) -> Result<(), NixlError> {
-        let x = self.etcd_exchange()?;
-        self.inner.comm.submit(move || f(&x))
-    }
-
-    #[cfg(feature = "etcd")]
-    fn etcd_exchange(&self) -> Result<Arc<nixl::core::etcd::EtcdExchange>, NixlError> {
-        use nixl::core::etcd::{EtcdConfig, EtcdExchange, ENV_ENDPOINTS};
-        let mut slot = self.inner.etcd.lock();
-        if let Some(x) = &*slot {
-            return Ok(x.clone());
-        }
-        if std::env::var_os(ENV_ENDPOINTS).is_none() {
-            return Err(no_exchange());
-        }
-        let x = Arc::new(
-            EtcdExchange::new(&self.inner.rs, &EtcdConfig::default().nixl_keys(true))
-                .map_err(map_err)?,
-        );
-        *slot = Some(x.clone());
-        Ok(x)
-    }
-
-    #[cfg(not(feature = "etcd"))]
-    fn etcd<T>(&self, _f: T) -> Result<(), NixlError> {
-        Err(no_exchange())
-    }
-
-    #[cfg(not(feature = "etcd"))]
-    fn etcd_async<T>(&self, _f: T) -> Result<(), NixlError> {
-        Err(no_exchange())
-    }
-}
-
-/// No side-channel address and no etcd: NIXL's `NOT_SUPPORTED` (a `BackendError`).
-fn no_exchange() -> NixlError {
-    refuse(
-        nixl::ErrorKind::NotSupported,
-        "no peer address in OptArgs (set_ip_addr) and no etcd (NIXL_ETCD_ENDPOINTS, feature \
-         `etcd`)"
-            .to_owned(),
-        NixlError::BackendError,
-    )
 }

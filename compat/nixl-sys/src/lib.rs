@@ -33,25 +33,29 @@
 
 // Library code returns its errors or says why a value is there; unit tests may unwrap (clippy.toml).
 #![warn(clippy::unwrap_used, clippy::expect_used)]
+// `unsafe` lives in `storage` alone (its header says why).
+#![deny(unsafe_code)]
 // nixl-sys's names: `Params::from`/`Params::clone` return `Result`, `len()` returns `Result`.
 #![allow(clippy::should_implement_trait, clippy::len_without_is_empty)]
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use thiserror::Error;
 
 mod agent;
 mod comm;
 mod descriptors;
+mod exchange;
 mod notify;
+mod storage;
 mod utils;
 mod xfer;
 
 pub use agent::*;
 pub use descriptors::*;
 pub use notify::*;
+pub use storage::*;
 pub use utils::*;
 pub use xfer::*;
 
@@ -442,134 +446,6 @@ impl OptArgs {
     /// The notification a transfer carries: the message when `has_notification` is set.
     pub(crate) fn notif(&self) -> Option<Vec<u8>> {
         self.has_notif.then(|| self.notif.clone())
-    }
-}
-
-/// A trait for storage types that can be used with NIXL.
-pub trait MemoryRegion: std::fmt::Debug + Send + Sync {
-    /// Get a raw pointer to the storage
-    ///
-    /// # Safety
-    /// The caller must ensure:
-    /// - The pointer is not used after the storage is dropped
-    /// - Access patterns respect the storage's thread safety model
-    unsafe fn as_ptr(&self) -> *const u8;
-
-    /// Returns the total size of the storage in bytes
-    fn size(&self) -> usize;
-
-    /// The nixl-rs region that owns these bytes, when the storage is one (as
-    /// [`SystemStorage`] is): the agent then keeps the bytes alive while any request uses
-    /// them. `None` (the default): the agent trusts [`MemoryRegion::as_ptr`] and
-    /// [`MemoryRegion::size`] as nixl-sys does. An addition to nixl-sys's trait, with a
-    /// default, so existing implementations compile unchanged.
-    #[doc(hidden)]
-    fn owned_region(&self) -> Option<Arc<dyn nixl::MemoryRegion>> {
-        None
-    }
-}
-
-/// A trait for types that can be added to NIXL descriptor lists.
-pub trait NixlDescriptor: MemoryRegion {
-    /// Get the memory type for this descriptor
-    fn mem_type(&self) -> MemType;
-
-    /// Get the device ID for this memory region
-    fn device_id(&self) -> u64;
-}
-
-/// A trait for types that can be registered with NIXL.
-pub trait NixlRegistration: NixlDescriptor {
-    /// Registers the storage with `agent`, keeping the handle in the storage.
-    fn register(&mut self, agent: &Agent, opt_args: Option<&OptArgs>) -> Result<(), NixlError>;
-}
-
-/// Host memory owned by nixl-rs: page-aligned, zeroed, kept alive by the agent while any
-/// request uses it (nixl-sys's `Vec<u8>`-backed storage, without its use-after-free when the
-/// storage is dropped under a transfer).
-#[derive(Debug)]
-pub struct SystemStorage {
-    // Dropped first: deregistration, then the storage's own reference to the bytes.
-    handle: Option<RegistrationHandle>,
-    data: Option<Arc<nixl::HostBuffer>>,
-    size: usize,
-}
-
-impl SystemStorage {
-    /// Creates a new system storage with the given size (`BackendError` when the allocation
-    /// fails).
-    pub fn new(size: usize) -> Result<Self, NixlError> {
-        let data = match size {
-            0 => None,
-            n => Some(Arc::new(nixl::HostBuffer::new(n).ok_or_else(|| {
-                refuse(
-                    nixl::ErrorKind::Backend,
-                    format!("could not allocate {n} bytes of host memory"),
-                    NixlError::BackendError,
-                )
-            })?)),
-        };
-        Ok(Self {
-            handle: None,
-            data,
-            size,
-        })
-    }
-
-    /// Fills the storage with a specific byte value.
-    pub fn memset(&mut self, value: u8) {
-        if let Some(d) = &self.data {
-            d.fill(value);
-        }
-    }
-
-    /// The bytes. As with nixl-sys, a peer may write them while a transfer is in flight:
-    /// read them once the transfer that fills them is complete.
-    pub fn as_slice(&self) -> &[u8] {
-        match &self.data {
-            // SAFETY: the buffer lives as long as `self` (the Arc), its bytes are initialised
-            // (zeroed at allocation), and writes by transfers are the caller's to order, as
-            // for nixl-sys's Vec-backed storage.
-            Some(d) => unsafe { d.as_slice() },
-            None => &[],
-        }
-    }
-}
-
-impl MemoryRegion for SystemStorage {
-    fn size(&self) -> usize {
-        self.size
-    }
-
-    unsafe fn as_ptr(&self) -> *const u8 {
-        match &self.data {
-            Some(d) => d.as_ptr(),
-            None => std::ptr::NonNull::dangling().as_ptr(),
-        }
-    }
-
-    fn owned_region(&self) -> Option<Arc<dyn nixl::MemoryRegion>> {
-        self.data
-            .clone()
-            .map(|d| d as Arc<dyn nixl::MemoryRegion>)
-    }
-}
-
-impl NixlDescriptor for SystemStorage {
-    fn mem_type(&self) -> MemType {
-        MemType::Dram
-    }
-
-    fn device_id(&self) -> u64 {
-        0
-    }
-}
-
-impl NixlRegistration for SystemStorage {
-    fn register(&mut self, agent: &Agent, opt_args: Option<&OptArgs>) -> Result<(), NixlError> {
-        let handle = agent.register_memory(self, opt_args)?;
-        self.handle = Some(handle);
-        Ok(())
     }
 }
 

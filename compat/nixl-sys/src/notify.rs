@@ -49,15 +49,20 @@ impl NotificationMap {
     }
 
     /// `agent_name`'s notifications (`InvalidParam` for an agent with none).
-    pub fn get_notifications(&self, agent_name: &str) -> Result<NotificationIterator<'_>, NixlError> {
+    pub fn get_notifications(
+        &self,
+        agent_name: &str,
+    ) -> Result<NotificationIterator<'_>, NixlError> {
         let v = self.of(agent_name)?;
-        Ok(NotificationIterator {
-            items: v.iter(),
-        })
+        Ok(NotificationIterator { items: v.iter() })
     }
 
     /// One notification's bytes (`InvalidParam` when there is none).
-    pub fn get_notification_bytes(&self, agent_name: &str, index: usize) -> Result<Vec<u8>, NixlError> {
+    pub fn get_notification_bytes(
+        &self,
+        agent_name: &str,
+        index: usize,
+    ) -> Result<Vec<u8>, NixlError> {
         self.of(agent_name)?
             .get(index)
             .cloned()

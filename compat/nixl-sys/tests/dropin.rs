@@ -2,6 +2,7 @@
 //! nixl-rs adds (typed reports, memory kept alive, refusals instead of silent no-ops).
 
 use nixl_sys::*;
+use std::collections::HashMap;
 
 fn ucx_agent(name: &str) -> (Agent, OptArgs) {
     let agent = Agent::new(name).expect("agent");
@@ -41,5 +42,272 @@ fn a_second_registration_dropped_leaves_the_first() {
         agent.get_local_partial_md(&other, None),
         Err(NixlError::NotFound)
     ));
-    assert_eq!(last_error().map(|e| e.kind), Some(nixl::ErrorKind::NotFound));
+    assert_eq!(
+        last_error().map(|e| e.kind),
+        Some(nixl::ErrorKind::NotFound)
+    );
+}
+
+fn kind() -> Option<nixl::ErrorKind> {
+    last_error().map(|e| e.kind)
+}
+
+/// nixl-sys's byte form (bincode 1: `u32` type index, `u64` count, `u64` fields), so lists
+/// move between a nixl-sys program and this crate; hostile bytes are refused before any
+/// allocation.
+#[test]
+fn serialized_lists_are_nixl_sys_bytes_and_hostile_ones_are_refused() {
+    let mut l = XferDescList::new(MemType::Vram).expect("list");
+    l.add_desc(0x1000, 0x100, 7);
+    let mut want = vec![1, 0, 0, 0];
+    for v in [1u64, 0x1000, 0x100, 7] {
+        want.extend_from_slice(&v.to_le_bytes());
+    }
+    assert_eq!(l.serialize().expect("bytes"), want);
+    let mut r = RegDescList::new(MemType::File).expect("list");
+    r.add_desc_with_meta(0, 10, 3, b"/p");
+    let mut want = vec![4, 0, 0, 0];
+    for v in [1u64, 0, 10, 3, 2] {
+        want.extend_from_slice(&v.to_le_bytes());
+    }
+    want.extend_from_slice(b"/p");
+    assert_eq!(r.serialize().expect("bytes"), want);
+
+    let mut huge = vec![0, 0, 0, 0];
+    huge.extend_from_slice(&u64::MAX.to_le_bytes());
+    assert!(matches!(
+        XferDescList::deserialize(&huge),
+        Err(NixlError::FailedToCreateXferDlistHandle)
+    ));
+    assert!(matches!(
+        RegDescList::deserialize(&huge),
+        Err(NixlError::RegDescListCreationFailed)
+    ));
+    let good = l.serialize().expect("bytes");
+    for bad in [
+        &good[..good.len() - 1],
+        &[good.as_slice(), &[0]].concat()[..],
+        &[&[9, 0, 0, 0][..], &good[4..]].concat()[..],
+    ] {
+        assert!(XferDescList::deserialize(bad).is_err(), "{bad:?}");
+    }
+    // A metadata length past the end.
+    let mut meta = r.serialize().expect("bytes");
+    let at = meta.len() - 2 - 8;
+    meta[at..at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+    assert!(RegDescList::deserialize(&meta).is_err());
+}
+
+#[test]
+fn bad_plugins_params_and_indices_are_typed_errors() {
+    let (agent, opt) = ucx_agent("bad-inputs");
+    assert!(matches!(
+        agent.get_plugin_params("NO_SUCH_PLUGIN"),
+        Err(NixlError::BackendError)
+    ));
+    assert!(matches!(
+        agent.create_backend("UC\0X", &Params::from([("a", "b")]).expect("p")),
+        Err(NixlError::InvalidParam)
+    ));
+    let p = Params::from([("no_such_key", "1")]).expect("params");
+    assert!(matches!(
+        agent.create_backend("POSIX", &p),
+        Err(NixlError::InvalidParam)
+    ));
+    assert_eq!(kind(), Some(nixl::ErrorKind::InvalidParam));
+    assert!(Params::from([("k\0", "v")]).is_err());
+
+    let mut src = SystemStorage::new(4096).expect("storage");
+    src.register(&agent, Some(&opt)).expect("register");
+    let mut l = XferDescList::new(MemType::Dram).expect("list");
+    l.add_storage_desc(&src).expect("desc");
+    let h = agent.prepare_xfer_dlist("", &l, None).expect("prep");
+    let me = agent
+        .prepare_xfer_dlist(&agent.name(), &l, None)
+        .expect("prep self");
+    assert!(matches!(
+        agent.make_xfer_req(XferOp::Write, &h, &[-1], &me, &[0], None),
+        Err(NixlError::InvalidParam)
+    ));
+    assert!(matches!(
+        agent.make_xfer_req(XferOp::Write, &h, &[0], &me, &[1], None),
+        Err(NixlError::InvalidParam)
+    ));
+    assert!(matches!(
+        agent.prepare_xfer_dlist("nobody", &l, None),
+        Err(NixlError::NotFound)
+    ));
+    // A custom parameter no backend takes is refused, not ignored.
+    let mut custom = OptArgs::new().expect("opt");
+    custom.set_custom_param(b"worker_id=0").expect("set");
+    assert!(matches!(
+        agent.create_xfer_req(XferOp::Write, &l, &l, &agent.name(), Some(&custom)),
+        Err(NixlError::InvalidParam)
+    ));
+    assert_eq!(kind(), Some(nixl::ErrorKind::NotSupported));
+    // An Unknown memory type names no memory.
+    let u = XferDescList::new(MemType::Unknown).expect("list");
+    assert!(matches!(
+        agent.prepare_xfer_dlist("", &u, None),
+        Err(NixlError::InvalidParam)
+    ));
+    // NIXL's device API: refused, typed.
+    // SAFETY: the call fails before touching memory.
+    let v = unsafe { agent.prep_mem_view_local(&l, None) };
+    assert!(matches!(v, Err(NixlError::BackendError)));
+    assert_eq!(kind(), Some(nixl::ErrorKind::NotSupported));
+    let mut rl = RemoteDescList::new(MemType::Vram).expect("list");
+    rl.add_desc(&RemoteDescriptor {
+        addr: 0x1000,
+        len: 16,
+        dev_id: 0,
+        remote_agent: Some("nobody"),
+    })
+    .expect("add");
+    // SAFETY: as above.
+    let v = unsafe { agent.prep_mem_view_remote(&rl, None) };
+    assert!(matches!(v, Err(NixlError::NotFound)));
+    // Telemetry off: NoTelemetry, whatever the request's state.
+    let req = agent
+        .create_xfer_req(XferOp::Write, &l, &l, &agent.name(), None)
+        .expect("loopback request");
+    if std::env::var_os("NIXL_TELEMETRY_ENABLE").is_none() {
+        assert!(matches!(req.get_telemetry(), Err(NixlError::NoTelemetry)));
+    }
+    assert!(matches!(
+        agent.invalidate_remote_md("never-loaded"),
+        Err(NixlError::InvalidParam)
+    ));
+}
+
+/// nixl-sys's `SystemStorage` frees its bytes on drop even under a request; here the agent
+/// keeps them until the request is gone, so the request still moves them.
+#[test]
+fn a_dropped_storage_stays_alive_under_its_request() {
+    let (a, aopt) = ucx_agent("keep-src");
+    let (b, bopt) = ucx_agent("keep-dst");
+    let mut src = SystemStorage::new(1 << 16).expect("storage");
+    src.memset(0x77);
+    src.register(&a, Some(&aopt)).expect("register");
+    let mut dst = SystemStorage::new(1 << 16).expect("storage");
+    dst.register(&b, Some(&bopt)).expect("register");
+    a.load_remote_md(&b.get_local_md().expect("md"))
+        .expect("load");
+    let mut l = XferDescList::new(MemType::Dram).expect("list");
+    l.add_storage_desc(&src).expect("desc");
+    let mut r = XferDescList::new(MemType::Dram).expect("list");
+    r.add_storage_desc(&dst).expect("desc");
+    let req = a
+        .create_xfer_req(XferOp::Write, &l, &r, &b.name(), None)
+        .expect("request");
+    drop(l);
+    drop(src);
+    a.post_xfer_req(&req, None).expect("post");
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while a.get_xfer_status(&req).expect("status") != XferStatus::Success {
+        assert!(std::time::Instant::now() < end, "not done");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    assert!(dst.as_slice().iter().all(|&x| x == 0x77));
+}
+
+/// A request to a peer that is gone ends typed: nixl-sys's `BackendError`, and
+/// [`last_error`] says `RemoteDisconnect` (NIXL's C API has no word for it).
+#[test]
+fn a_request_to_an_invalidated_peer_is_a_typed_error() {
+    let (a, aopt) = ucx_agent("gone-src");
+    let (b, bopt) = ucx_agent("gone-dst");
+    let mut src = SystemStorage::new(4096).expect("storage");
+    src.register(&a, Some(&aopt)).expect("register");
+    let mut dst = SystemStorage::new(4096).expect("storage");
+    dst.register(&b, Some(&bopt)).expect("register");
+    let name = a
+        .load_remote_md(&b.get_local_md().expect("md"))
+        .expect("load");
+    let mut l = XferDescList::new(MemType::Dram).expect("list");
+    l.add_storage_desc(&src).expect("desc");
+    let mut r = XferDescList::new(MemType::Dram).expect("list");
+    r.add_storage_desc(&dst).expect("desc");
+    let req = a
+        .create_xfer_req(XferOp::Write, &l, &r, &name, None)
+        .expect("request");
+    a.invalidate_remote_md(&name).expect("invalidate");
+    assert!(matches!(
+        a.post_xfer_req(&req, None),
+        Err(NixlError::BackendError)
+    ));
+    assert_eq!(
+        kind(),
+        Some(nixl::ErrorKind::RemoteDisconnect),
+        "{:?}",
+        last_error()
+    );
+    assert!(!a.check_remote_metadata(&name, None));
+}
+
+/// 100,000 descriptors: a list prepared once, a request by index over all of them, and the
+/// byte form round-tripped.
+#[test]
+fn a_hundred_thousand_descriptors() {
+    const N: usize = 100_000;
+    let (agent, opt) = ucx_agent("scale");
+    let mut s = SystemStorage::new(N * 64).expect("storage");
+    s.register(&agent, Some(&opt)).expect("register");
+    // SAFETY: only the address is taken.
+    let base = (unsafe { s.as_ptr() }) as usize;
+    let mut l = XferDescList::new(MemType::Dram).expect("list");
+    for i in 0..N {
+        l.add_desc(base + i * 64, 64, 0);
+    }
+    let back = XferDescList::deserialize(&l.serialize().expect("bytes")).expect("decode");
+    assert!(back == l);
+    let local = agent.prepare_xfer_dlist("", &l, None).expect("prep");
+    let me = agent
+        .prepare_xfer_dlist(&agent.name(), &l, None)
+        .expect("prep");
+    let idx: Vec<i32> = (0..N as i32).collect();
+    let rev: Vec<i32> = idx.iter().rev().copied().collect();
+    agent
+        .make_xfer_req(XferOp::Write, &local, &idx, &me, &rev, None)
+        .expect("100k-descriptor request");
+}
+
+/// The memory types `get_plugin_params` lists before a backend exists (what the plugin can
+/// take, as NIXL lists them) hold every type the backend reports once made on this machine
+/// (UCX without a GPU: DRAM only).
+#[test]
+fn plugin_memory_types_match_the_backends() {
+    let agent = Agent::new("kinds").expect("agent");
+    let plugins = agent.get_available_plugins().expect("plugins");
+    let names: Vec<String> = plugins
+        .iter()
+        .map(|p| p.expect("name").to_owned())
+        .collect();
+    assert!(
+        names.iter().any(|n| n == "UCX") && names.iter().any(|n| n == "POSIX"),
+        "{names:?}"
+    );
+    assert!(!names.iter().any(|n| n == "INPROC"));
+    for plugin in ["UCX", "POSIX"] {
+        let (mems, params) = agent.get_plugin_params(plugin).expect("params");
+        let b = agent.create_backend(plugin, &params).expect("backend");
+        let (made, made_params) = agent.get_backend_params(&b).expect("backend params");
+        let set = |m: &MemList| {
+            let mut v: Vec<String> = m.iter().map(|k| k.expect("kind").to_string()).collect();
+            v.sort();
+            v
+        };
+        let (listed, made) = (set(&mems), set(&made));
+        assert!(!made.is_empty(), "{plugin}");
+        assert!(
+            made.iter().all(|k| listed.contains(k)),
+            "{plugin}: {made:?} not in {listed:?}"
+        );
+        assert_eq!(
+            HashMap::from(params.iter().expect("iter")),
+            HashMap::from(made_params.iter().expect("iter")),
+            "{plugin}"
+        );
+        assert_eq!(agent.get_backend(plugin).expect("by name").name(), plugin);
+    }
 }

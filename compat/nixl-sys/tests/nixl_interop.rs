@@ -82,15 +82,27 @@ fn stock_nixl_writes_and_reads_a_dropin_agent() {
     let mut py = NixlPeer::start(&env, &common::unique("py-init"), common::TCP, &[]);
     let (py_src, py_dst) = (py.alloc(LEN, Some(9)), py.alloc(LEN, None));
     let md = agent.get_local_md().expect("md");
-    assert_eq!(py.load(&md).expect("NIXL loads the drop-in's blob"), agent.name());
+    assert_eq!(
+        py.load(&md).expect("NIXL loads the drop-in's blob"),
+        agent.name()
+    );
 
     let st = py.xfer("WRITE", py_src, addr(&dst), LEN, &agent.name(), b"kv-ready");
     assert_eq!(st, "DONE");
     assert_eq!(notifs_from(&agent, &py.name), vec![b"kv-ready".to_vec()]);
-    assert!(dst.as_slice() == pattern(LEN, 9), "every byte NIXL wrote is in place");
+    assert!(
+        dst.as_slice() == pattern(LEN, 9),
+        "every byte NIXL wrote is in place"
+    );
 
-    assert_eq!(py.xfer("READ", py_dst, addr(&src), LEN, &agent.name(), b""), "DONE");
-    assert!(py.read(py_dst, LEN) == vec![0x5a; LEN], "every byte NIXL read is ours");
+    assert_eq!(
+        py.xfer("READ", py_dst, addr(&src), LEN, &agent.name(), b""),
+        "DONE"
+    );
+    assert!(
+        py.read(py_dst, LEN) == vec![0x5a; LEN],
+        "every byte NIXL read is ours"
+    );
 }
 
 #[test]
@@ -102,7 +114,9 @@ fn a_dropin_agent_writes_and_reads_stock_nixl() {
     let (src, dst) = (storage(&agent, &opt, 0x3c), storage(&agent, &opt, 0));
     let mut py = NixlPeer::start(&env, &common::unique("py-target"), common::TCP, &[]);
     let (py_dst, py_src) = (py.alloc(LEN, None), py.alloc(LEN, Some(11)));
-    let name = agent.load_remote_md(&py.metadata()).expect("a NIXL blob loads");
+    let name = agent
+        .load_remote_md(&py.metadata())
+        .expect("a NIXL blob loads");
     assert_eq!(name, py.name);
     agent.make_connection(&name, Some(&opt)).expect("connected");
 
@@ -110,7 +124,13 @@ fn a_dropin_agent_writes_and_reads_stock_nixl() {
     args.set_has_notification(true).expect("set");
     args.set_notification_message(b"layer-0 done").expect("set");
     let w = agent
-        .create_xfer_req(XferOp::Write, &dlist(addr(&src)), &dlist(py_dst), &name, Some(&args))
+        .create_xfer_req(
+            XferOp::Write,
+            &dlist(addr(&src)),
+            &dlist(py_dst),
+            &name,
+            Some(&args),
+        )
         .expect("WRITE request");
     agent.post_xfer_req(&w, None).expect("post");
     wait_done(&agent, &w);
@@ -118,17 +138,27 @@ fn a_dropin_agent_writes_and_reads_stock_nixl() {
         py.notifs(1, WAIT),
         vec![(agent.name(), b"layer-0 done".to_vec())]
     );
-    assert!(py.read(py_dst, LEN) == vec![0x3c; LEN], "every byte written is in NIXL's memory");
+    assert!(
+        py.read(py_dst, LEN) == vec![0x3c; LEN],
+        "every byte written is in NIXL's memory"
+    );
 
     // READ through prepared lists, by index.
-    let local = agent.prepare_xfer_dlist("", &dlist(addr(&dst)), None).expect("prep local");
-    let remote = agent.prepare_xfer_dlist(&name, &dlist(py_src), None).expect("prep remote");
+    let local = agent
+        .prepare_xfer_dlist("", &dlist(addr(&dst)), None)
+        .expect("prep local");
+    let remote = agent
+        .prepare_xfer_dlist(&name, &dlist(py_src), None)
+        .expect("prep remote");
     let r = agent
         .make_xfer_req(XferOp::Read, &local, &[0], &remote, &[0], None)
         .expect("READ request");
     agent.post_xfer_req(&r, None).expect("post");
     wait_done(&agent, &r);
-    assert!(dst.as_slice() == pattern(LEN, 11), "every byte read from NIXL");
+    assert!(
+        dst.as_slice() == pattern(LEN, 11),
+        "every byte read from NIXL"
+    );
 }
 
 #[test]
@@ -144,24 +174,44 @@ fn side_channel_both_roles_through_the_dropin_api() {
     let mut at = OptArgs::new().expect("opt");
     at.set_ip_addr("127.0.0.1").expect("ip");
     at.set_port(port).expect("port");
-    agent.fetch_remote_md(&py.name, Some(&at)).expect("fetch queued");
+    agent
+        .fetch_remote_md(&py.name, Some(&at))
+        .expect("fetch queued");
     let end = Instant::now() + WAIT;
     while !agent.check_remote_metadata(&py.name, None) {
-        assert!(Instant::now() < end, "NIXL's metadata not fetched ({} failures)", agent.comm_failures());
+        assert!(
+            Instant::now() < end,
+            "NIXL's metadata not fetched ({} failures)",
+            agent.comm_failures()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     agent.send_local_md(Some(&at)).expect("send queued");
     let st = py.ok(json!({"op": "check_md", "name": agent.name(), "wait": 10}));
-    assert_eq!(st["loaded"], json!(true), "NIXL loaded what the drop-in sent");
+    assert_eq!(
+        st["loaded"],
+        json!(true),
+        "NIXL loaded what the drop-in sent"
+    );
     let w = agent
-        .create_xfer_req(XferOp::Write, &dlist(addr(&src)), &dlist(py_dst), &py.name, None)
+        .create_xfer_req(
+            XferOp::Write,
+            &dlist(addr(&src)),
+            &dlist(py_dst),
+            &py.name,
+            None,
+        )
         .expect("request");
     agent.post_xfer_req(&w, None).expect("post");
     wait_done(&agent, &w);
     assert!(py.read(py_dst, LEN) == vec![0x21; LEN]);
     agent.invalidate_local_md(Some(&at)).expect("INVL queued");
     let st = py.ok(json!({"op": "check_md", "name": agent.name(), "want": false, "wait": 10}));
-    assert_eq!(st["loaded"], json!(false), "NIXL dropped the drop-in after INVL");
+    assert_eq!(
+        st["loaded"],
+        json!(false),
+        "NIXL dropped the drop-in after INVL"
+    );
 
     // NIXL fetches from the drop-in's listener (enable_listen_thread, port 0).
     let cfg = AgentConfig {
@@ -176,7 +226,11 @@ fn side_channel_both_roles_through_the_dropin_api() {
     let py_src = client.alloc(LEN, Some(33));
     client.ok(json!({"op": "fetch_md", "name": server.name(), "ip": "127.0.0.1", "port": sport}));
     let st = client.ok(json!({"op": "check_md", "name": server.name(), "wait": 10}));
-    assert_eq!(st["loaded"], json!(true), "NIXL fetched the drop-in's metadata");
+    assert_eq!(
+        st["loaded"],
+        json!(true),
+        "NIXL fetched the drop-in's metadata"
+    );
     client.ok(json!({"op": "send_md", "ip": "127.0.0.1", "port": sport}));
     let end = Instant::now() + WAIT;
     while !server.check_remote_metadata(&client.name, None) {
@@ -184,9 +238,19 @@ fn side_channel_both_roles_through_the_dropin_api() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(
-        client.xfer("WRITE", py_src, addr(&dst), LEN, &server.name(), b"via-listener"),
+        client.xfer(
+            "WRITE",
+            py_src,
+            addr(&dst),
+            LEN,
+            &server.name(),
+            b"via-listener"
+        ),
         "DONE"
     );
-    assert_eq!(notifs_from(&server, &client.name), vec![b"via-listener".to_vec()]);
+    assert_eq!(
+        notifs_from(&server, &client.name),
+        vec![b"via-listener".to_vec()]
+    );
     assert!(dst.as_slice() == pattern(LEN, 33));
 }

@@ -70,8 +70,7 @@ impl<'a> RegDescList<'a> {
     /// Adds a storage object's region (`InvalidParam` for another memory type).
     pub fn add_storage_desc(&mut self, desc: &'a dyn NixlDescriptor) -> Result<(), NixlError> {
         self.check_type(desc.mem_type())?;
-        // SAFETY: only the address is read, as a number; nothing is dereferenced.
-        let addr = unsafe { desc.as_ptr() } as usize;
+        let addr = crate::storage::addr_of(desc);
         self.add_desc(addr, desc.size(), desc.device_id());
         Ok(())
     }

@@ -169,10 +169,12 @@ impl<'a> XferDescList<'a> {
     }
 
     /// Adds a storage object's region (`InvalidParam` for another memory type).
-    pub fn add_storage_desc<D: NixlDescriptor + 'a>(&mut self, desc: &'a D) -> Result<(), NixlError> {
+    pub fn add_storage_desc<D: NixlDescriptor + 'a>(
+        &mut self,
+        desc: &'a D,
+    ) -> Result<(), NixlError> {
         self.check_type(desc.mem_type())?;
-        // SAFETY: only the address is read, as a number; nothing is dereferenced.
-        let addr = unsafe { desc.as_ptr() } as usize;
+        let addr = crate::storage::addr_of(desc);
         self.add_desc(addr, desc.size(), desc.device_id());
         Ok(())
     }

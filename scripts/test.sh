@@ -88,6 +88,8 @@ interop_matrix
 # The nixl-sys drop-in (issue 38): nixl-sys 1.5.2's own tests, unchanged, against compat/nixl-sys.
 echo "== nixl-sys 1.5.2's test suite against the drop-in (compat/nixl-sys)"
 bash scripts/nixl-sys-tests.sh
+echo "== a block manager shaped like Dynamo's, on the nixl-sys API (host -> disk -> host, then to a second process)"
+cargo run --quiet -p nixl-rs-sys --example block_manager -- --blocks 64 --block-bytes 65536
 echo "== quick start (docs/concepts.md, two processes over UCX)"
 cargo run --quiet --all-features --example quickstart
 for op in write read; do

@@ -311,3 +311,19 @@ fn plugin_memory_types_match_the_backends() {
         assert_eq!(agent.get_backend(plugin).expect("by name").name(), plugin);
     }
 }
+
+/// What nixl-sys's types promise across threads, the drop-in keeps (its agents and requests
+/// are shared between a block manager's threads).
+#[test]
+fn handles_cross_threads_as_nixl_sys_ones_do() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Agent>();
+    send_sync::<XferRequest>();
+    send_sync::<Backend>();
+    send_sync::<RegistrationHandle>();
+    send_sync::<MemView>();
+    let (agent, _opt) = ucx_agent("threads");
+    let a = agent.clone();
+    let name = std::thread::spawn(move || a.name()).join().expect("thread");
+    assert_eq!(name, agent.name());
+}

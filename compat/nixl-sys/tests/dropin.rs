@@ -180,27 +180,54 @@ fn bad_plugins_params_and_indices_are_typed_errors() {
     ));
 }
 
-/// nixl-sys's `SystemStorage` frees its bytes on drop even under a request; here the agent
-/// keeps them until the request is gone, so the request still moves them.
-#[test]
-fn a_dropped_storage_stays_alive_under_its_request() {
-    let (a, aopt) = ucx_agent("keep-src");
-    let (b, bopt) = ucx_agent("keep-dst");
-    let mut src = SystemStorage::new(1 << 16).expect("storage");
-    src.memset(0x77);
+/// Two UCX agents, `a` with `src` (filled with `fill`) and `b` with `dst`, `a` having loaded
+/// `b`, and a WRITE request from `src` to `dst`.
+struct WritePair {
+    a: Agent,
+    b: Agent,
+    src: SystemStorage,
+    dst: SystemStorage,
+    req: XferRequest,
+}
+
+fn write_pair(role: &str, len: usize, fill: u8) -> WritePair {
+    let (a, aopt) = ucx_agent(&format!("{role}-src"));
+    let (b, bopt) = ucx_agent(&format!("{role}-dst"));
+    let mut src = SystemStorage::new(len).expect("storage");
+    src.memset(fill);
     src.register(&a, Some(&aopt)).expect("register");
-    let mut dst = SystemStorage::new(1 << 16).expect("storage");
+    let mut dst = SystemStorage::new(len).expect("storage");
     dst.register(&b, Some(&bopt)).expect("register");
-    a.load_remote_md(&b.get_local_md().expect("md"))
+    let name = a
+        .load_remote_md(&b.get_local_md().expect("md"))
         .expect("load");
     let mut l = XferDescList::new(MemType::Dram).expect("list");
     l.add_storage_desc(&src).expect("desc");
     let mut r = XferDescList::new(MemType::Dram).expect("list");
     r.add_storage_desc(&dst).expect("desc");
     let req = a
-        .create_xfer_req(XferOp::Write, &l, &r, &b.name(), None)
+        .create_xfer_req(XferOp::Write, &l, &r, &name, None)
         .expect("request");
-    drop(l);
+    WritePair {
+        a,
+        b,
+        src,
+        dst,
+        req,
+    }
+}
+
+/// nixl-sys's `SystemStorage` frees its bytes on drop even under a request; here the agent
+/// keeps them until the request is gone, so the request still moves them.
+#[test]
+fn a_dropped_storage_stays_alive_under_its_request() {
+    let WritePair {
+        a,
+        b: _b,
+        src,
+        dst,
+        req,
+    } = write_pair("keep", 1 << 16, 0x77);
     drop(src);
     a.post_xfer_req(&req, None).expect("post");
     let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -215,25 +242,11 @@ fn a_dropped_storage_stays_alive_under_its_request() {
 /// [`last_error`] says `RemoteDisconnect` (NIXL's C API has no word for it).
 #[test]
 fn a_request_to_an_invalidated_peer_is_a_typed_error() {
-    let (a, aopt) = ucx_agent("gone-src");
-    let (b, bopt) = ucx_agent("gone-dst");
-    let mut src = SystemStorage::new(4096).expect("storage");
-    src.register(&a, Some(&aopt)).expect("register");
-    let mut dst = SystemStorage::new(4096).expect("storage");
-    dst.register(&b, Some(&bopt)).expect("register");
-    let name = a
-        .load_remote_md(&b.get_local_md().expect("md"))
-        .expect("load");
-    let mut l = XferDescList::new(MemType::Dram).expect("list");
-    l.add_storage_desc(&src).expect("desc");
-    let mut r = XferDescList::new(MemType::Dram).expect("list");
-    r.add_storage_desc(&dst).expect("desc");
-    let req = a
-        .create_xfer_req(XferOp::Write, &l, &r, &name, None)
-        .expect("request");
-    a.invalidate_remote_md(&name).expect("invalidate");
+    let p = write_pair("gone", 4096, 1);
+    let name = p.b.name();
+    p.a.invalidate_remote_md(&name).expect("invalidate");
     assert!(matches!(
-        a.post_xfer_req(&req, None),
+        p.a.post_xfer_req(&p.req, None),
         Err(NixlError::BackendError)
     ));
     assert_eq!(
@@ -242,7 +255,8 @@ fn a_request_to_an_invalidated_peer_is_a_typed_error() {
         "{:?}",
         last_error()
     );
-    assert!(!a.check_remote_metadata(&name, None));
+    assert!(!p.a.check_remote_metadata(&name, None));
+    drop((p.src, p.dst));
 }
 
 /// 100,000 descriptors: a list prepared once, a request by index over all of them, and the

@@ -69,16 +69,7 @@ impl<'a> RegDescList<'a> {
 
     /// Adds a storage object's region (`InvalidParam` for another memory type).
     pub fn add_storage_desc(&mut self, desc: &'a dyn NixlDescriptor) -> Result<(), NixlError> {
-        self.check_type(desc.mem_type())?;
-        let addr = crate::storage::addr_of(desc);
-        self.add_desc(addr, desc.size(), desc.device_id());
-        Ok(())
-    }
-
-    /// Prints the list to standard output.
-    pub fn print(&self) -> Result<(), NixlError> {
-        println!("{self:?}: {:?}", self.descriptors);
-        Ok(())
+        self.storage_desc(desc)
     }
 
     /// The list in nixl-sys's byte form (bincode 1: the type, then each descriptor).

@@ -88,6 +88,20 @@ macro_rules! list_common {
                 &self.descriptors
             }
 
+            /// Prints the list to standard output.
+            pub fn print(&self) -> Result<(), NixlError> {
+                println!("{self:?}: {:?}", self.descriptors);
+                Ok(())
+            }
+
+            /// Adds a storage object's region (`InvalidParam` for another memory type).
+            fn storage_desc(&mut self, desc: &dyn crate::NixlDescriptor) -> Result<(), NixlError> {
+                self.check_type(desc.mem_type())?;
+                let addr = crate::storage::addr_of(desc);
+                self.add_desc(addr, desc.size(), desc.device_id());
+                Ok(())
+            }
+
             /// `InvalidParam` when a descriptor of `kind` may not join the list.
             fn check_type(&self, kind: MemType) -> Result<(), NixlError> {
                 let list = if self.descriptors.is_empty() {
@@ -173,16 +187,7 @@ impl<'a> XferDescList<'a> {
         &mut self,
         desc: &'a D,
     ) -> Result<(), NixlError> {
-        self.check_type(desc.mem_type())?;
-        let addr = crate::storage::addr_of(desc);
-        self.add_desc(addr, desc.size(), desc.device_id());
-        Ok(())
-    }
-
-    /// Prints the list to standard output.
-    pub fn print(&self) -> Result<(), NixlError> {
-        println!("{self:?}: {:?}", self.descriptors);
-        Ok(())
+        self.storage_desc(desc)
     }
 
     /// The list in nixl-sys's byte form (bincode 1: the type, then each descriptor).

@@ -22,7 +22,7 @@
 //!
 //! This crate is the workspace's one CUDA layer (cudarc's run-time-loaded bindings, see
 //! [`cuda`]): the UCX backend registers VRAM in a GPU's primary [`Context`], and the storage
-//! backends of nixl-backend-gds copy through its [`Stream`]s and [`CudaHostBuffer`]s and reach
+//! backends of nixl-backend-gds copy through its streams and [`CudaHostBuffer`]s and reach
 //! GPUDirect Storage through `cufile` (feature `cufile`). All of the crate's calls into native
 //! code, and so all of its `unsafe` blocks, are in one private `sys` module.
 //!
@@ -134,8 +134,12 @@ pub use cuda::device::DeviceBuffer;
 pub use cuda::ipc::{DmaBuf, IpcHandle, IpcMapping};
 pub use cuda::{
     device_count as cuda_device_count, is_available as cuda_is_available, Context, CudaError,
-    Stream,
 };
+/// The copy stream of the storage backends' bounce engine (nixl-backend-gds): not an
+/// application type. The one CUDA stream type of the public API is cudarc's
+/// (`cudarc::driver::CudaStream`, taken by [`cuda_ipc::gate_stream`]).
+#[doc(hidden)]
+pub use cuda::Stream;
 pub use cuda_ipc::{
     CudaIpcBackend, CudaIpcParams, CudaIpcPlugin, KernelSchedule, KernelShape, CUDA_IPC,
 };

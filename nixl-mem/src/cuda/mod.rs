@@ -38,6 +38,8 @@ use crate::sys::driver as drv;
 pub use crate::sys::result::CudaError;
 pub(crate) use crate::sys::result::{bind_raw, from_driver};
 pub(crate) use crate::sys::stream::Event;
+/// Hidden: the bounce engine's stream (see the crate root); applications use cudarc's.
+#[doc(hidden)]
 pub use crate::sys::stream::Stream;
 
 impl CudaError {

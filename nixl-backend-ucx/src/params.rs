@@ -231,6 +231,16 @@ impl UcxParams {
             && !self.config.iter().any(|(n, _)| n == "NET_DEVICES")
         {
             v.push(("NET_DEVICES".to_owned(), default_devices()));
+            // With the devices chosen here, tcp has one interface (loopback), so UCX's
+            // preference for the default route's interface chooses nothing; UCX checks it by
+            // reading /proc/net/route on each of its ~190 interface queries while a first
+            // endpoint's protocols are selected: 10-14 ms of a 44-48 ms first contact over tcp
+            // on the 2-core VM (docs/perf/data/vm-2026-11-30-first-contact/).
+            let user_set = std::env::var_os("UCX_TCP_PREFER_DEFAULT").is_some()
+                || self.config.iter().any(|(n, _)| n == "TCP_PREFER_DEFAULT");
+            if !user_set {
+                v.push(("TCP_PREFER_DEFAULT".to_owned(), "n".to_owned()));
+            }
         }
         if let Some(k) = self.keepalive_interval {
             v.push((
@@ -442,6 +452,27 @@ mod tests {
             "{old:?}"
         );
         assert_eq!(UcxParams::from_map(&off.to_map()).unwrap(), off);
+    }
+
+    #[test]
+    fn the_default_route_check_is_off_only_where_tcp_has_one_interface() {
+        let has = |p: &UcxParams| {
+            p.ucx_config((1, 22, 0))
+                .iter()
+                .any(|(k, v)| k == "TCP_PREFER_DEFAULT" && v == "n")
+        };
+        if std::env::var_os("UCX_NET_DEVICES").is_none()
+            && std::env::var_os("UCX_TCP_PREFER_DEFAULT").is_none()
+        {
+            assert!(has(&UcxParams::default()));
+        }
+        assert!(!has(&UcxParams::default().devices("eth0,eth1".to_owned())));
+        assert!(!has(&UcxParams::default().tcp_on_every_interface(true)));
+        let own = UcxParams::default().config(vec![("TCP_PREFER_DEFAULT".into(), "y".into())]);
+        assert!(own
+            .ucx_config((1, 22, 0))
+            .iter()
+            .all(|(k, v)| k != "TCP_PREFER_DEFAULT" || v == "y"));
     }
 
     #[test]

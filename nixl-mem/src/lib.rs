@@ -132,14 +132,14 @@ pub mod fuzzing {
 
 pub use cuda::device::DeviceBuffer;
 pub use cuda::ipc::{DmaBuf, IpcHandle, IpcMapping};
-pub use cuda::{
-    device_count as cuda_device_count, is_available as cuda_is_available, Context, CudaError,
-};
 /// The copy stream of the storage backends' bounce engine (nixl-backend-gds): not an
 /// application type. The one CUDA stream type of the public API is cudarc's
 /// (`cudarc::driver::CudaStream`, taken by [`cuda_ipc::gate_stream`]).
 #[doc(hidden)]
 pub use cuda::Stream;
+pub use cuda::{
+    device_count as cuda_device_count, is_available as cuda_is_available, Context, CudaError,
+};
 pub use cuda_ipc::{
     CudaIpcBackend, CudaIpcParams, CudaIpcPlugin, KernelSchedule, KernelShape, CUDA_IPC,
 };

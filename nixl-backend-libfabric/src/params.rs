@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nixl_core::backend::{Backend, BackendContext, BackendParams, BackendPlugin, ParamMap};
+use nixl_core::backend::ParamMap;
 use nixl_core::{Error, Op, Result};
 
 use crate::rail::RailCounters;
@@ -169,28 +169,15 @@ impl LibfabricParams {
     }
 }
 
-impl BackendParams for LibfabricParams {
-    fn backend_name(&self) -> &str {
-        LIBFABRIC
-    }
-
-    fn create(self: Box<Self>, ctx: BackendContext) -> Result<Arc<dyn Backend>> {
-        Ok(Arc::new(crate::backend::LibfabricBackend::new(ctx, *self)?))
-    }
-}
-
 /// Creates `LIBFABRIC` by name from a string map. Keys: `provider`, `domains` (comma
 /// separated), `rails`, `stripe_min`, `hmem` (`auto`/`off`/`require`), `progress_thread`,
 /// `idle_sleep_us`, `notif_size`, `notif_slots`, `op_timeout_ms`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LibfabricPlugin;
 
-impl BackendPlugin for LibfabricPlugin {
-    fn name(&self) -> &str {
-        LIBFABRIC
-    }
-
-    fn default_params(&self) -> BTreeMap<String, String> {
+impl LibfabricParams {
+    /// The string-map form of the defaults (the plugin's `default_params`).
+    pub(crate) fn default_map() -> std::collections::BTreeMap<String, String> {
         let d = LibfabricParams::default();
         BTreeMap::from([
             ("provider".to_owned(), String::new()),
@@ -212,7 +199,8 @@ impl BackendPlugin for LibfabricPlugin {
         ])
     }
 
-    fn parse_params(&self, params: &BTreeMap<String, String>) -> Result<Box<dyn BackendParams>> {
+    /// Parses the string-map form (the plugin's `parse_params`).
+    pub(crate) fn from_map(params: &std::collections::BTreeMap<String, String>) -> Result<Self> {
         let mut m = ParamMap::new("LIBFABRIC", params);
         let mut p = LibfabricParams {
             provider: m.string("provider"),
@@ -252,9 +240,13 @@ impl BackendPlugin for LibfabricPlugin {
         }
         m.finish()?;
         p.validate("")?;
-        Ok(Box::new(p))
+        Ok(p)
     }
 }
+
+nixl_core::__backend_plugin!(LibfabricPlugin, LibfabricParams, LIBFABRIC, |p, ctx| {
+    crate::backend::LibfabricBackend::new(ctx, p)
+});
 
 impl std::str::FromStr for HmemMode {
     type Err = ();
@@ -336,6 +328,7 @@ impl LibfabricStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nixl_core::backend::BackendPlugin;
 
     #[test]
     fn plugin_parses_and_refuses() {

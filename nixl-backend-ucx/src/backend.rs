@@ -8,8 +8,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use nixl_core::backend::{
-    downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
-    BlockXferSpec, PeerAuth, Sessions, XferSpec,
+    downcast_md, Backend, BackendContext, BackendMd, BackendXfer, BlockXferSpec, PeerAuth,
+    Sessions, XferSpec,
 };
 use nixl_core::backend::{Capabilities, CostEstimate, CostMethod};
 use nixl_core::{Error, MemKind, Op, RegionDesc, Result};
@@ -63,33 +63,18 @@ impl std::fmt::Debug for UcxBackend {
     }
 }
 
-impl BackendParams for UcxParams {
-    fn backend_name(&self) -> &str {
-        UCX
-    }
-
-    fn create(self: Box<Self>, ctx: BackendContext) -> Result<Arc<dyn Backend>> {
-        Ok(Arc::new(UcxBackend::new(*self, ctx)?))
-    }
-}
-
 /// Creates `UCX` by name from a string map (see [`UcxParams::from_map`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct UcxPlugin;
 
-impl BackendPlugin for UcxPlugin {
-    fn name(&self) -> &str {
-        UCX
-    }
-
-    fn default_params(&self) -> BTreeMap<String, String> {
+impl UcxParams {
+    /// The string-map form of the defaults (the plugin's `default_params`).
+    pub(crate) fn default_map() -> BTreeMap<String, String> {
         UcxParams::default().to_map()
     }
-
-    fn parse_params(&self, params: &BTreeMap<String, String>) -> Result<Box<dyn BackendParams>> {
-        Ok(Box::new(UcxParams::from_map(params)?))
-    }
 }
+
+nixl_core::__backend_plugin!(UcxPlugin, UcxParams, UCX, |p, ctx| UcxBackend::new(p, ctx));
 
 /// Loads UCX as `params` would and returns its version (`"1.22.0"`) and path; for tests
 /// and tools that skip when UCX is absent.

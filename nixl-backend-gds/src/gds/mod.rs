@@ -38,8 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nixl_core::backend::{
-    downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
-    ParamMap, XferSpec,
+    downcast_md, Backend, BackendContext, BackendMd, BackendXfer, ParamMap, XferSpec,
 };
 use nixl_core::backend::{Capabilities, QueryResult};
 use nixl_core::{Error, MemKind, Op, RegionDesc, Result};
@@ -130,27 +129,14 @@ impl GdsParams {
     }
 }
 
-impl BackendParams for GdsParams {
-    fn backend_name(&self) -> &str {
-        GDS
-    }
-
-    fn create(self: Box<Self>, ctx: BackendContext) -> Result<Arc<dyn Backend>> {
-        Ok(Arc::new(GdsBackend::new(*self, ctx)?))
-    }
-}
-
 /// Creates `GDS` by name: `batch_threshold`, `max_batch`, `force_compat_mode`
 /// (`true`/`false`), `fallback` (`bounce`/`refuse`), `bounce_chunk`, `bounce_buffers`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GdsPlugin;
 
-impl BackendPlugin for GdsPlugin {
-    fn name(&self) -> &str {
-        GDS
-    }
-
-    fn default_params(&self) -> BTreeMap<String, String> {
+impl GdsParams {
+    /// The string-map form of the defaults (the plugin's `default_params`).
+    pub(crate) fn default_map() -> std::collections::BTreeMap<String, String> {
         let d = GdsParams::default();
         BTreeMap::from([
             ("batch_threshold".to_owned(), d.batch_threshold.to_string()),
@@ -168,7 +154,8 @@ impl BackendPlugin for GdsPlugin {
         ])
     }
 
-    fn parse_params(&self, params: &BTreeMap<String, String>) -> Result<Box<dyn BackendParams>> {
+    /// Parses the string-map form (the plugin's `parse_params`).
+    pub(crate) fn from_map(params: &std::collections::BTreeMap<String, String>) -> Result<Self> {
         let mut m = ParamMap::new(GDS, params);
         let mut p = GdsParams::default();
         if let Some(n) = m.usize("batch_threshold")? {
@@ -195,9 +182,11 @@ impl BackendPlugin for GdsPlugin {
         }
         m.finish()?;
         p.validate("")?;
-        Ok(Box::new(p))
+        Ok(p)
     }
 }
+
+nixl_core::__backend_plugin!(GdsPlugin, GdsParams, GDS, |p, ctx| GdsBackend::new(p, ctx));
 
 /// Opens (once per process) nixl-mem's cuFile driver with the backend's options.
 fn driver(params: &GdsParams, agent: &str) -> Result<Arc<Driver>> {

@@ -36,8 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nixl_core::backend::{
-    downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
-    ParamMap, XferSpec,
+    downcast_md, Backend, BackendContext, BackendMd, BackendXfer, ParamMap, XferSpec,
 };
 use nixl_core::backend::{Capabilities, QueryResult};
 use nixl_core::{Error, MemKind, Op, RegionDesc, Result, XferOp};

@@ -123,16 +123,6 @@ impl PosixParams {
     }
 }
 
-impl BackendParams for PosixParams {
-    fn backend_name(&self) -> &str {
-        POSIX
-    }
-
-    fn create(self: Box<Self>, ctx: BackendContext) -> Result<Arc<dyn Backend>> {
-        Ok(Arc::new(PosixBackend::new(*self, ctx)?))
-    }
-}
-
 /// Creates `POSIX` by name from string parameters: `engine` (`auto`, `io_uring`,
 /// `threadpool`), `queue_depth`, `chunk_size` (bytes, or `auto`), `pool_threads`,
 /// `direct_alignment`, `cancel_timeout_ms`, `inline_max`, `bounce_chunk`, `bounce_buffers` (a
@@ -140,12 +130,9 @@ impl BackendParams for PosixParams {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PosixPlugin;
 
-impl BackendPlugin for PosixPlugin {
-    fn name(&self) -> &str {
-        POSIX
-    }
-
-    fn default_params(&self) -> BTreeMap<String, String> {
+impl PosixParams {
+    /// The string-map form of the defaults (the plugin's `default_params`).
+    pub(crate) fn default_map() -> std::collections::BTreeMap<String, String> {
         let d = PosixParams::default();
         BTreeMap::from([
             ("engine".to_owned(), "auto".to_owned()),
@@ -171,7 +158,8 @@ impl BackendPlugin for PosixPlugin {
         ])
     }
 
-    fn parse_params(&self, params: &BTreeMap<String, String>) -> Result<Box<dyn BackendParams>> {
+    /// Parses the string-map form (the plugin's `parse_params`).
+    pub(crate) fn from_map(params: &std::collections::BTreeMap<String, String>) -> Result<Self> {
         let mut m = ParamMap::new(POSIX, params);
         let mut p = PosixParams::default();
         let engines = [
@@ -213,6 +201,10 @@ impl BackendPlugin for PosixPlugin {
         }
         m.finish()?;
         p.validate()?;
-        Ok(Box::new(p))
+        Ok(p)
     }
 }
+
+nixl_core::__backend_plugin!(PosixPlugin, PosixParams, POSIX, |p, ctx| {
+    super::PosixBackend::new(p, ctx)
+});

@@ -18,8 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use nixl_core::backend::{
-    downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
-    ParamMap, XferSpec,
+    downcast_md, Backend, BackendContext, BackendMd, BackendXfer, ParamMap, XferSpec,
 };
 use nixl_core::backend::{Capabilities, QueryResult};
 use nixl_core::{Error, MemKind, Op, RegionDesc, Result};
@@ -211,16 +210,6 @@ impl S3Params {
     }
 }
 
-impl BackendParams for S3Params {
-    fn backend_name(&self) -> &str {
-        OBJ
-    }
-
-    fn create(self: Box<Self>, ctx: BackendContext) -> Result<Arc<dyn Backend>> {
-        Ok(Arc::new(S3Backend::new(*self, ctx)?))
-    }
-}
-
 /// Creates `OBJ` by name from string parameters: `endpoint_override` (or `endpoint`),
 /// `bucket`, `region`, `access_key`, `secret_key`, `session_token`, `multipart_threshold`,
 /// `part_size`, `max_concurrency`, `max_retries`, `request_timeout_ms`,
@@ -228,12 +217,9 @@ impl BackendParams for S3Params {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct S3Plugin;
 
-impl BackendPlugin for S3Plugin {
-    fn name(&self) -> &str {
-        OBJ
-    }
-
-    fn default_params(&self) -> BTreeMap<String, String> {
+impl S3Params {
+    /// The string-map form of the defaults (the plugin's `default_params`).
+    pub(crate) fn default_map() -> std::collections::BTreeMap<String, String> {
         let d = S3Params::default();
         BTreeMap::from([
             (
@@ -246,7 +232,8 @@ impl BackendPlugin for S3Plugin {
         ])
     }
 
-    fn parse_params(&self, params: &BTreeMap<String, String>) -> Result<Box<dyn BackendParams>> {
+    /// Parses the string-map form (the plugin's `parse_params`).
+    pub(crate) fn from_map(params: &std::collections::BTreeMap<String, String>) -> Result<Self> {
         let mut m = ParamMap::new(OBJ, params);
         // NIXL's name first, then the short one.
         let (over, plain) = (m.string("endpoint_override"), m.string("endpoint"));
@@ -292,9 +279,11 @@ impl BackendPlugin for S3Plugin {
         }
         m.finish()?;
         p.validate("")?;
-        Ok(Box::new(p))
+        Ok(p)
     }
 }
+
+nixl_core::__backend_plugin!(S3Plugin, S3Params, OBJ, |p, ctx| S3Backend::new(p, ctx));
 
 /// Backend metadata of a registered DRAM region.
 struct DramMd;

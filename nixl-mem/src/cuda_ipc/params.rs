@@ -1,13 +1,12 @@
 //! The `CUDA_IPC` backend's parameters: typed, and the string-map form.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-use nixl_core::backend::{Backend, BackendContext, BackendParams, BackendPlugin, ParamMap};
+use nixl_core::backend::ParamMap;
 use nixl_core::{Error, Op, Result};
 
-use super::{CudaIpcBackend, KernelShape, CUDA_IPC};
+use super::{KernelShape, CUDA_IPC};
 
 /// Parameters of the `CUDA_IPC` backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,16 +64,6 @@ impl Default for CudaIpcParams {
     }
 }
 
-impl BackendParams for CudaIpcParams {
-    fn backend_name(&self) -> &str {
-        CUDA_IPC
-    }
-
-    fn create(self: Box<Self>, ctx: BackendContext) -> Result<Arc<dyn Backend>> {
-        Ok(Arc::new(CudaIpcBackend::new(ctx, *self)?))
-    }
-}
-
 /// Creates `CUDA_IPC` by name from a string map: `device` (GPU ordinal), `pin_host`,
 /// `batch_copies` and `copy_kernel` (`true`/`false`), `cancel_timeout_ms`,
 /// `kernel_min_segments`, `allow_copy_engines`, `kernel_shape` ([`KernelShape`]'s text form, e.g.
@@ -82,12 +71,9 @@ impl BackendParams for CudaIpcParams {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CudaIpcPlugin;
 
-impl BackendPlugin for CudaIpcPlugin {
-    fn name(&self) -> &str {
-        CUDA_IPC
-    }
-
-    fn default_params(&self) -> BTreeMap<String, String> {
+impl CudaIpcParams {
+    /// The string-map form of the defaults (the plugin's `default_params`).
+    pub(crate) fn default_map() -> std::collections::BTreeMap<String, String> {
         let d = CudaIpcParams::default();
         BTreeMap::from([
             ("device".to_owned(), d.device.to_string()),
@@ -110,7 +96,8 @@ impl BackendPlugin for CudaIpcPlugin {
         ])
     }
 
-    fn parse_params(&self, params: &BTreeMap<String, String>) -> Result<Box<dyn BackendParams>> {
+    /// Parses the string-map form (the plugin's `parse_params`).
+    pub(crate) fn from_map(params: &std::collections::BTreeMap<String, String>) -> Result<Self> {
         let mut m = ParamMap::new(CUDA_IPC, params);
         let mut p = CudaIpcParams::default();
         if let Some(d) = m.parse("device", "a device ordinal")? {
@@ -140,14 +127,19 @@ impl BackendPlugin for CudaIpcPlugin {
                 .map_err(|why| Error::invalid("", Op::CreateBackend, format!("CUDA_IPC {why}")))?;
         }
         m.finish()?;
-        Ok(Box::new(p))
+        Ok(p)
     }
 }
+
+nixl_core::__backend_plugin!(CudaIpcPlugin, CudaIpcParams, CUDA_IPC, |p, ctx| {
+    super::CudaIpcBackend::new(ctx, p)
+});
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cuda;
+    use nixl_core::backend::BackendPlugin;
 
     #[test]
     fn plugin_parses_typed_params_and_refuses_bad_ones() {

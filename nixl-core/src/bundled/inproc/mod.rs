@@ -26,8 +26,8 @@ use crate::deferred::Scheduler;
 use xfer::{InprocXfer, Plan};
 
 use crate::backend::{
-    downcast_md, Backend, BackendContext, BackendMd, BackendParams, BackendPlugin, BackendXfer,
-    BlockXferSpec, Capabilities, XferSpec,
+    downcast_md, Backend, BackendContext, BackendMd, BackendXfer, BlockXferSpec, Capabilities,
+    XferSpec,
 };
 use crate::error::{Error, Op, Result};
 use crate::mem::{MemKind, RegionDesc};
@@ -110,44 +110,32 @@ impl std::fmt::Debug for InprocBackend {
     }
 }
 
-impl BackendParams for InprocParams {
-    fn backend_name(&self) -> &str {
-        INPROC
-    }
-
-    fn create(self: Box<Self>, ctx: BackendContext) -> Result<Arc<dyn Backend>> {
-        Ok(Arc::new(InprocBackend::with_params(ctx, *self)))
-    }
-}
-
 /// Creates `INPROC` by name.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct InprocPlugin;
 
-impl BackendPlugin for InprocPlugin {
-    fn name(&self) -> &str {
-        INPROC
+impl InprocParams {
+    /// No defaults to list: `deferred_ms` is absent unless set.
+    pub(crate) fn default_map() -> std::collections::BTreeMap<String, String> {
+        std::collections::BTreeMap::new()
     }
 
     /// `deferred_ms`: copies complete this many milliseconds after each post, on another
     /// thread ([`Completion::Deferred`]); absent: inside `post`.
-    fn default_params(&self) -> std::collections::BTreeMap<String, String> {
-        std::collections::BTreeMap::new()
-    }
-
-    fn parse_params(
-        &self,
-        params: &std::collections::BTreeMap<String, String>,
-    ) -> Result<Box<dyn BackendParams>> {
+    pub(crate) fn from_map(params: &std::collections::BTreeMap<String, String>) -> Result<Self> {
         let mut m = crate::params::ParamMap::new(INPROC, params);
         let completion = match m.millis("deferred_ms")? {
             Some(d) => Completion::Deferred(d),
             None => Completion::Immediate,
         };
         m.finish()?;
-        Ok(Box::new(InprocParams { completion }))
+        Ok(InprocParams { completion })
     }
 }
+
+crate::__backend_plugin!(InprocPlugin, InprocParams, INPROC, |p, ctx| Ok::<_, Error>(
+    InprocBackend::with_params(ctx, p)
+));
 
 const CONN_MAGIC: &[u8; 6] = b"INPROC";
 

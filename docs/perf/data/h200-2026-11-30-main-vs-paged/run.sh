@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# nvidia-h200 (one H200, 16-core host), 2026-11-30T03:00Z, commit f7809d4 binaries (release), device tool; one call
+# Issue 37, item 2: the main job (a new request per KV transfer) beside the paged benchmark
+# (one request prepared once), same blocks, one H200, two processes on GPU 0, one call.
+set -u
+B=.carry/bin
+export NIXL_UCX_HOME="$PWD/.carry/ucx" LD_LIBRARY_PATH="$PWD/.carry/ucx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export UCX_MODULES="^ib,rdmacm"
+echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n1); $(nproc) CPUs"
+for bb in 16384 65536; do
+  for op in read write; do
+    echo "== disagg_kv --device cuda --gpus 0,0 --op $op --block-bytes $bb --blocks 4096 --blocks-per-request 2048 --requests 16 --layers 4"
+    timeout 120 $B/disagg_kv --device cuda --gpus 0,0 --op $op --requests 16 --layers 4 --blocks 4096 --blocks-per-request 2048 --block-bytes $bb 2>&1 | tail -n 25
+    echo "rc=$?"
+  done
+done
+echo "== paged_bench --gpu 0 --target-gpu 0 --blocks 2048 --block-bytes 16384,65536"
+timeout 240 $B/paged_bench --gpu 0 --target-gpu 0 --blocks 2048 --block-bytes 16384,65536 --iters 20 --reps 5 --json "$OUT/paged.jsonl" 2>&1 | tail -n 30
+echo "rc=$?"
+cat "$OUT/paged.jsonl" 2>/dev/null

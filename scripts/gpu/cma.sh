@@ -27,19 +27,8 @@
 build() (
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-shared}"
-bash scripts/gpu.sh native build >/dev/null
-bash scripts/gpu.sh scale build >/dev/null
-# shellcheck source=scripts/gpu/pick.sh
-. scripts/gpu/pick.sh
-R=.carry/recheck
-rm -rf "$R"; mkdir -p "$R/bin"
-agent=$(cargo test --release -p nixl-mem --test gpu_agent --no-run --message-format=json 2>/dev/null | pick gpu_agent)
-cp "$agent" "$R/bin/nixl-mem-gpu-agent"
-strip "$R/bin/nixl-mem-gpu-agent"
-cp .carry/bin/scale .carry/bin/nixl-mem-gpu-blocks .carry/nixl-bin/nixl_native .carry/nixl-bin/nixlbench "$R/bin/"
-cp -a .carry/nixl312 "$R/nixl312"
-du -sh "$R"
+# The recheck suite's binaries (.carry/recheck): its build is this one.
+bash scripts/gpu.sh recheck build
 )
 
 run() (

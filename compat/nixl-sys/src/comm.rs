@@ -2,7 +2,8 @@
 //! NIXL's, so the calls that start them return at once. One thread per agent, started at the
 //! first such call; each job is bounded by nixl-rs's deadlines (connect, frame, fetch wait),
 //! so a dead or silent peer delays only the jobs behind it. The thread ends when the agent is
-//! dropped, after the job it is running.
+//! dropped, after the job it is running (a fetch still waiting keeps the nixl-rs agent it
+//! runs on until its wait ends, 30 s at most).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};

@@ -279,7 +279,7 @@ impl Agent {
         self.inner._listener.as_ref().map(|l| l.local_addr())
     }
 
-    /// Side-channel sends and fetches that failed on the agent's comm thread (they return at
+    /// Side-channel sends and fetches that failed off the caller's thread (they return at
     /// once, as NIXL's do; [`crate::last_error`] on that thread is not the caller's). An
     /// addition to nixl-sys's API.
     pub fn comm_failures(&self) -> u64 {

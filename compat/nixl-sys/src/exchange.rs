@@ -1,5 +1,5 @@
 //! Metadata: the agent's own (NIXL's wire format, or nixl-rs's), loading and forgetting
-//! peers, and publishing through NIXL's side channel (on the comm thread) or etcd.
+//! peers, and publishing through NIXL's side channel (jobs per destination, `comm`) or etcd.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 #[cfg(feature = "etcd")]
@@ -7,6 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::agent::{c_name, DEFAULT_COMM_PORT};
+use crate::comm::Dest;
+
+/// The etcd exchange (a placeholder that is never reached in a build without etcd).
+#[cfg(feature = "etcd")]
+type EtcdX = nixl::core::etcd::EtcdExchange;
+#[cfg(not(feature = "etcd"))]
+type EtcdX = NoEtcd;
 use crate::{map_err, refuse, Agent, NixlError, OptArgs, RegDescList, XferDescList};
 
 /// How long a side-channel or etcd fetch waits for the peer's metadata (NIXL's fetches wait
@@ -154,17 +161,14 @@ impl Agent {
     }
 
     /// Publishes this agent's metadata: to the NIXL side channel at `opt_args`' address (sent
-    /// on the agent's comm thread: this returns at once, as NIXL's does), else to etcd
+    /// off the caller's thread: this returns at once, as NIXL's does), else to etcd
     /// (`NIXL_ETCD_ENDPOINTS`, NIXL's keys).
     pub fn send_local_md(&self, opt_args: Option<&OptArgs>) -> Result<(), NixlError> {
-        if let Some(addr) = peer_addr(opt_args)? {
-            let rs = self.inner.rs.clone();
-            return self
-                .inner
-                .comm
-                .submit(move || rs.nixl().send_local_metadata(addr));
-        }
-        self.etcd(|x| x.publish())
+        self.side_channel_or_etcd(
+            opt_args,
+            |rs, addr| rs.nixl().send_local_metadata(addr),
+            |x| x.publish(),
+        )
     }
 
     /// Publishes the metadata of the registrations `descs` name to the NIXL side channel at
@@ -179,9 +183,9 @@ impl Agent {
         match peer_addr(opt_args)? {
             Some(addr) => {
                 let rs = self.inner.rs.clone();
-                self.inner
-                    .comm
-                    .submit(move || rs.nixl().send_metadata_bytes(addr, &md))
+                self.inner.comm.submit(Dest::Addr(addr), move || {
+                    rs.nixl().send_metadata_bytes(addr, &md)
+                })
             }
             None => Err(refuse(
                 nixl::ErrorKind::InvalidParam,
@@ -194,7 +198,7 @@ impl Agent {
     }
 
     /// Fetches and loads `remote_name`'s metadata: from the NIXL side channel at `opt_args`'
-    /// address, else from etcd. It runs on the agent's comm thread (waiting up to 30 s for the
+    /// address, else from etcd. It runs off the caller's thread (waiting up to 30 s for the
     /// peer to publish) and returns at once, as NIXL's does: poll
     /// [`Agent::check_remote_metadata`].
     pub fn fetch_remote_md(
@@ -206,7 +210,7 @@ impl Agent {
         let name = remote_name.to_owned();
         if let Some(addr) = peer_addr(opt_args)? {
             let rs = self.inner.rs.clone();
-            self.inner.comm.submit(move || {
+            self.inner.comm.submit(Dest::Addr(addr), move || {
                 rs.nixl()
                     .fetch_remote_metadata_blocking(&name, addr, FETCH_WAIT)
                     .map(|_| ())
@@ -219,24 +223,36 @@ impl Agent {
     }
 
     /// Withdraws this agent's metadata: from the NIXL side channel at `opt_args`' address
-    /// (on the comm thread), else from etcd.
+    /// (off the caller's thread), else from etcd.
     pub fn invalidate_local_md(&self, opt_args: Option<&OptArgs>) -> Result<(), NixlError> {
-        if let Some(addr) = peer_addr(opt_args)? {
-            let rs = self.inner.rs.clone();
-            return self
-                .inner
-                .comm
-                .submit(move || rs.nixl().invalidate_local_metadata(addr));
+        self.side_channel_or_etcd(
+            opt_args,
+            |rs, addr| rs.nixl().invalidate_local_metadata(addr),
+            |x| x.invalidate_local(),
+        )
+    }
+
+    /// `side` queued for the side channel at `opt_args`' address, else `etcd` now.
+    fn side_channel_or_etcd(
+        &self,
+        opt_args: Option<&OptArgs>,
+        side: impl FnOnce(&nixl::Agent, SocketAddr) -> nixl::Result<()> + Send + 'static,
+        etcd: impl FnOnce(&EtcdX) -> nixl::Result<()>,
+    ) -> Result<(), NixlError> {
+        match peer_addr(opt_args)? {
+            Some(addr) => {
+                let rs = self.inner.rs.clone();
+                self.inner
+                    .comm
+                    .submit(Dest::Addr(addr), move || side(&rs, addr))
+            }
+            None => self.etcd(etcd),
         }
-        self.etcd(|x| x.invalidate_local())
     }
 
     /// Runs `f` on the agent's etcd exchange, made at first use from `NIXL_ETCD_ENDPOINTS`.
     #[cfg(feature = "etcd")]
-    fn etcd(
-        &self,
-        f: impl FnOnce(&nixl::core::etcd::EtcdExchange) -> nixl::Result<()>,
-    ) -> Result<(), NixlError> {
+    fn etcd(&self, f: impl FnOnce(&EtcdX) -> nixl::Result<()>) -> Result<(), NixlError> {
         let x = self.etcd_exchange()?;
         f(&x).map_err(map_err)
     }
@@ -244,10 +260,10 @@ impl Agent {
     #[cfg(feature = "etcd")]
     fn etcd_async(
         &self,
-        f: impl FnOnce(&nixl::core::etcd::EtcdExchange) -> nixl::Result<()> + Send + 'static,
+        f: impl FnOnce(&EtcdX) -> nixl::Result<()> + Send + 'static,
     ) -> Result<(), NixlError> {
         let x = self.etcd_exchange()?;
-        self.inner.comm.submit(move || f(&x))
+        self.inner.comm.submit(Dest::Etcd, move || f(&x))
     }
 
     #[cfg(feature = "etcd")]
@@ -269,14 +285,14 @@ impl Agent {
     }
 
     #[cfg(not(feature = "etcd"))]
-    fn etcd(&self, _f: impl FnOnce(&NoEtcd) -> nixl::Result<()>) -> Result<(), NixlError> {
+    fn etcd(&self, _f: impl FnOnce(&EtcdX) -> nixl::Result<()>) -> Result<(), NixlError> {
         Err(no_exchange())
     }
 
     #[cfg(not(feature = "etcd"))]
     fn etcd_async(
         &self,
-        _f: impl FnOnce(&NoEtcd) -> nixl::Result<()> + Send + 'static,
+        _f: impl FnOnce(&EtcdX) -> nixl::Result<()> + Send + 'static,
     ) -> Result<(), NixlError> {
         Err(no_exchange())
     }

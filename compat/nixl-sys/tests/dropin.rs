@@ -227,7 +227,9 @@ fn a_dropped_storage_stays_alive_under_its_request() {
         src,
         dst,
         req,
-    } = write_pair("keep", 1 << 16, 0x77);
+    } = write_pair("keep", 4 << 20, 0x77);
+    // 4 MiB: an allocation the size the allocator maps and unmaps on its own, so bytes freed
+    // on drop (nixl-sys's `Vec`) would be unmapped and the READ of them by the peer's UCX fail.
     drop(src);
     a.post_xfer_req(&req, None).expect("post");
     let end = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -340,4 +342,45 @@ fn handles_cross_threads_as_nixl_sys_ones_do() {
     let a = agent.clone();
     let name = std::thread::spawn(move || a.name()).join().expect("thread");
     assert_eq!(name, agent.name());
+}
+
+/// A side-channel peer that never answers holds up only its own jobs: a fetch from a live
+/// listener queued behind a fetch from a silent one completes while the silent one waits
+/// (NIXL's single comm thread would make it wait the whole fetch deadline).
+#[test]
+fn a_silent_side_channel_peer_delays_no_other() {
+    // Accepts connections into its backlog and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let cfg = AgentConfig {
+        enable_listen_thread: true,
+        listen_port: 0,
+        ..Default::default()
+    };
+    let server = Agent::new_configured("comm-server", &cfg).expect("agent");
+    let (_m, params) = server.get_plugin_params("UCX").expect("params");
+    server.create_backend("UCX", &params).expect("UCX");
+    let live = server.listen_addr().expect("listening");
+    let (client, _opt) = ucx_agent("comm-client");
+    let at = |addr: std::net::SocketAddr| {
+        let mut o = OptArgs::new().expect("opt");
+        o.set_ip_addr(&addr.ip().to_string()).expect("ip");
+        o.set_port(addr.port()).expect("port");
+        o
+    };
+    let t0 = std::time::Instant::now();
+    client
+        .fetch_remote_md("nobody", Some(&at(silent.local_addr().expect("addr"))))
+        .expect("queued");
+    client
+        .fetch_remote_md(&server.name(), Some(&at(live)))
+        .expect("queued");
+    while !client.check_remote_metadata(&server.name(), None) {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(5),
+            "the live peer's fetch waited behind the silent one ({} failures)",
+            client.comm_failures()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(!client.check_remote_metadata("nobody", None));
 }

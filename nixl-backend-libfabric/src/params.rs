@@ -177,7 +177,7 @@ pub struct LibfabricPlugin;
 
 impl LibfabricParams {
     /// The string-map form of the defaults (the plugin's `default_params`).
-    pub(crate) fn default_map() -> std::collections::BTreeMap<String, String> {
+    pub(crate) fn default_map() -> BTreeMap<String, String> {
         let d = LibfabricParams::default();
         BTreeMap::from([
             ("provider".to_owned(), String::new()),
@@ -200,7 +200,7 @@ impl LibfabricParams {
     }
 
     /// Parses the string-map form (the plugin's `parse_params`).
-    pub(crate) fn from_map(params: &std::collections::BTreeMap<String, String>) -> Result<Self> {
+    pub(crate) fn from_map(params: &BTreeMap<String, String>) -> Result<Self> {
         let mut m = ParamMap::new("LIBFABRIC", params);
         let mut p = LibfabricParams {
             provider: m.string("provider"),

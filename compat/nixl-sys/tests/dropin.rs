@@ -229,7 +229,7 @@ fn a_dropped_storage_stays_alive_under_its_request() {
         req,
     } = write_pair("keep", 4 << 20, 0x77);
     // 4 MiB: an allocation the size the allocator maps and unmaps on its own, so bytes freed
-    // on drop (nixl-sys's `Vec`) would be unmapped and the READ of them by the peer's UCX fail.
+    // on drop (nixl-sys's `Vec`) would be unmapped and the transfer reading them would fail.
     drop(src);
     a.post_xfer_req(&req, None).expect("post");
     let end = std::time::Instant::now() + std::time::Duration::from_secs(20);

@@ -136,7 +136,7 @@ pub struct GdsPlugin;
 
 impl GdsParams {
     /// The string-map form of the defaults (the plugin's `default_params`).
-    pub(crate) fn default_map() -> std::collections::BTreeMap<String, String> {
+    pub(crate) fn default_map() -> BTreeMap<String, String> {
         let d = GdsParams::default();
         BTreeMap::from([
             ("batch_threshold".to_owned(), d.batch_threshold.to_string()),
@@ -155,7 +155,7 @@ impl GdsParams {
     }
 
     /// Parses the string-map form (the plugin's `parse_params`).
-    pub(crate) fn from_map(params: &std::collections::BTreeMap<String, String>) -> Result<Self> {
+    pub(crate) fn from_map(params: &BTreeMap<String, String>) -> Result<Self> {
         let mut m = ParamMap::new(GDS, params);
         let mut p = GdsParams::default();
         if let Some(n) = m.usize("batch_threshold")? {

@@ -219,7 +219,7 @@ pub struct S3Plugin;
 
 impl S3Params {
     /// The string-map form of the defaults (the plugin's `default_params`).
-    pub(crate) fn default_map() -> std::collections::BTreeMap<String, String> {
+    pub(crate) fn default_map() -> BTreeMap<String, String> {
         let d = S3Params::default();
         BTreeMap::from([
             (
@@ -233,7 +233,7 @@ impl S3Params {
     }
 
     /// Parses the string-map form (the plugin's `parse_params`).
-    pub(crate) fn from_map(params: &std::collections::BTreeMap<String, String>) -> Result<Self> {
+    pub(crate) fn from_map(params: &BTreeMap<String, String>) -> Result<Self> {
         let mut m = ParamMap::new(OBJ, params);
         // NIXL's name first, then the short one.
         let (over, plain) = (m.string("endpoint_override"), m.string("endpoint"));

@@ -14,6 +14,7 @@ pub mod bytes;
 pub mod hello;
 mod hello_keys;
 pub(crate) mod params;
+mod plugin_macro;
 pub use crate::wake::Wake;
 
 use std::any::Any;

@@ -73,7 +73,7 @@ pub struct CudaIpcPlugin;
 
 impl CudaIpcParams {
     /// The string-map form of the defaults (the plugin's `default_params`).
-    pub(crate) fn default_map() -> std::collections::BTreeMap<String, String> {
+    pub(crate) fn default_map() -> BTreeMap<String, String> {
         let d = CudaIpcParams::default();
         BTreeMap::from([
             ("device".to_owned(), d.device.to_string()),
@@ -97,7 +97,7 @@ impl CudaIpcParams {
     }
 
     /// Parses the string-map form (the plugin's `parse_params`).
-    pub(crate) fn from_map(params: &std::collections::BTreeMap<String, String>) -> Result<Self> {
+    pub(crate) fn from_map(params: &BTreeMap<String, String>) -> Result<Self> {
         let mut m = ParamMap::new(CUDA_IPC, params);
         let mut p = CudaIpcParams::default();
         if let Some(d) = m.parse("device", "a device ordinal")? {

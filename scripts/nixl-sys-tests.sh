@@ -47,14 +47,18 @@ etcd --data-dir "$etcd_dir" --name nixl-sys-tests \
 etcd_pid=$!
 trap 'kill $etcd_pid 2>/dev/null || true; wait $etcd_pid 2>/dev/null || true; rm -rf "$etcd_dir"' EXIT
 export NIXL_ETCD_ENDPOINTS="http://127.0.0.1:$cport"
+# Ready before the tests (bounded): the etcd test must meet a server, not a start-up race.
+for _ in $(seq 100); do
+    python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $cport), 0.2)" 2>/dev/null && break
+    sleep 0.1
+done
 
 log="$root/target/nixl-sys-upstream.log"
 rc=0
 CARGO_TARGET_DIR="$root/target" timeout 1200 cargo test --manifest-path "$h/Cargo.toml" \
     --no-fail-fast 2>&1 | tee "$log" || rc=1
-[ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 
-python3 - "$log" "$src/tests" <<'PY'
+python3 - "$log" "$src/tests" <<'PY' || rc=1
 import re, sys, pathlib
 log, tests = sys.argv[1], pathlib.Path(sys.argv[2])
 upstream = {}
@@ -85,5 +89,4 @@ print(f"== nixl-sys 1.5.2's tests against nixl-rs-sys: {total} tests: "
       f"{counts['passed']} passed, {counts['failed']} failed, {counts['not applicable']} not applicable")
 sys.exit(1 if counts["failed"] else 0)
 PY
-[ $? -eq 0 ] || rc=1
 exit $rc

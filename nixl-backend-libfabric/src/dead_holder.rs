@@ -83,6 +83,16 @@ impl ShmGuard {
         Some(Posting(self))
     }
 
+    /// Whether a post now would spin on the peer's region lock inside libfabric: the lock is
+    /// held and its holder's process is alive (a stopped or stalled peer holds it as long as
+    /// it is stopped; a dead holder's lock is the watchdog's). The post waits outside instead:
+    /// its caller retries, bounded by `op_timeout` (a send) or the request's deadline (RMA).
+    /// A holder that takes the lock between this look and the post still makes the post wait
+    /// for it, as before.
+    pub(crate) fn held_by_live_peer(&self) -> bool {
+        !self.dead.load(Ordering::SeqCst) && self.lock.as_ref().is_some_and(RegionLock::is_held)
+    }
+
     /// One look of the watchdog: releases the lock for a post that has run [`STUCK`] to a
     /// peer whose process exited.
     fn look(&self, now: Instant) {

@@ -104,7 +104,15 @@ impl Peer {
         }
     }
 
-    /// Posts one RMA operation to the peer over rail `r` (see [`Rail::post_rma`]).
+    /// Whether the peer's shm region lock on rail `r` is held by its live process now (see
+    /// [`ShmGuard::held_by_live_peer`]): a post would spin inside libfabric until it is
+    /// released, so it is not made yet (`Ok(false)`: the caller retries, bounded).
+    fn held_by_live_peer(&self, r: usize) -> bool {
+        matches!(self.guards.get(r), Some(Some(g)) if g.held_by_live_peer())
+    }
+
+    /// Posts one RMA operation to the peer over rail `r` (see [`Rail::post_rma`]); `Ok(false)`
+    /// where it cannot be posted now (a full queue, or the peer's region lock held).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn post_rma(
         &self,
@@ -118,6 +126,9 @@ impl Peer {
         track: &Arc<Track>,
     ) -> Result<bool, FiError> {
         let (rail, addr) = &self.addrs[r];
+        if self.held_by_live_peer(r) {
+            return Ok(false);
+        }
         let _posting = self.enter(r, if write { "fi_write" } else { "fi_read" })?;
         rail.post_rma(write, local, len, desc, *addr, raddr, key, track)
     }
@@ -130,6 +141,9 @@ impl Peer {
         track: &Arc<Track>,
     ) -> Result<bool, FiError> {
         let (rail, addr) = &self.addrs[r];
+        if self.held_by_live_peer(r) {
+            return Ok(false);
+        }
         let _posting = self.enter(r, "fi_send")?;
         rail.post_send(*addr, framed, track)
     }

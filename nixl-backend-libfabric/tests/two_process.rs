@@ -365,14 +365,8 @@ fn a_late_answer_from_a_thawed_shm_peer_is_harmless() {
     use nixl_testkit::signal::Sig;
     let p = (params("shm")).op_timeout(Duration::from_millis(300));
     let mut s = start("shm", "frozen", p).unwrap();
+    let md = child_metadata(&mut s);
     let a = &s.a;
-    a.gen_notif(&s.child, b"metadata", &[]).unwrap();
-    let reply = s.target.next(a, WAIT).unwrap();
-    let md = unhex(
-        reply
-            .strip_prefix(b"md:")
-            .expect("metadata from the target"),
-    );
     s.target.signal(Sig::Stop).unwrap();
     let r = a.gen_notif(&s.child, b"while frozen", &[]);
     eprintln!("notification to a frozen peer: {r:?}");
@@ -409,6 +403,115 @@ fn a_late_answer_from_a_thawed_shm_peer_is_harmless() {
     assert_eq!(got, ["n0", "n1", "n2"]);
     a.gen_notif(&s.child, b"exit", &[]).unwrap();
     assert!(s.target.join(WAIT).is_some_and(|st| st.success()));
+}
+
+/// A post to a live peer whose shm region lock stays held is bounded by `op_timeout`. A peer
+/// stopped while it holds its lock (it holds it while it handles its queue and copies RMA
+/// data) used to make `fi_send` spin until it was thawed: this test holds the child's lock
+/// itself, so the case is certain, and frees it after 5 s in case the post spins. Before the
+/// post looked at the lock, `gen_notif` returned only then (`Ok`); now `TimedOut` within
+/// about `op_timeout`, and after the lock is free a reload reaches the peer again.
+#[test]
+fn a_post_to_a_peer_whose_region_lock_stays_held_is_bounded() {
+    if std::env::var_os(ENV_CHILD).is_some() || common::skip_without_provider("shm") {
+        return;
+    }
+    use std::os::unix::fs::FileExt;
+    let op_timeout = Duration::from_millis(300);
+    let p = (params("shm")).op_timeout(op_timeout);
+    let mut s = start("shm", "held", p).unwrap();
+    let md = child_metadata(&mut s);
+    let a = &s.a;
+    // The child's regions (libfabric's shm provider names them `<pid>:<uid>:<n>`).
+    let prefix = format!("{}:", s.target.id());
+    let regions: Vec<std::fs::File> = std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(e.path())
+                .unwrap()
+        })
+        .collect();
+    assert!(
+        !regions.is_empty(),
+        "no shm region of the child in /dev/shm"
+    );
+    // A free and a taken lock word, as glibc writes them (the lock is at byte 24 of the
+    // region's header: libfabric 1.15-1.19).
+    let (free, held) = {
+        let mut w: libc::pthread_spinlock_t = 0;
+        // SAFETY: a local spin lock, initialised before it is taken.
+        unsafe {
+            assert_eq!(
+                libc::pthread_spin_init(&mut w, libc::PTHREAD_PROCESS_SHARED),
+                0
+            );
+            let free = w;
+            assert_eq!(libc::pthread_spin_trylock(&mut w), 0);
+            (free, w)
+        }
+    };
+    let set = |word: i32| {
+        for f in &regions {
+            f.write_all_at(&word.to_ne_bytes(), 24).unwrap();
+        }
+    };
+    set(held);
+    // Whatever the post does, the lock is free again after 5 s.
+    let freer = {
+        let regions: Vec<std::fs::File> = regions.iter().map(|f| f.try_clone().unwrap()).collect();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(5));
+            for f in &regions {
+                f.write_all_at(&free.to_ne_bytes(), 24).unwrap();
+            }
+        })
+    };
+    let t = std::time::Instant::now();
+    let r = a.gen_notif(&s.child, b"while held", &[]);
+    let took = t.elapsed();
+    eprintln!("notification while the peer's region lock is held: {r:?} after {took:?}");
+    freer.join().unwrap();
+    assert!(
+        matches!(r, Err(Error::TimedOut { .. })),
+        "a post to a peer holding its region lock must time out: {r:?}"
+    );
+    assert!(
+        took < op_timeout + Duration::from_secs(2),
+        "bounded by op_timeout ({op_timeout:?}), took {took:?}"
+    );
+    // Free again: the peer is reached after a reload.
+    a.invalidate_remote_metadata(&s.child).unwrap();
+    a.load_remote_metadata(&md).unwrap();
+    a.gen_notif(&s.child, b"ping", &[]).unwrap();
+    loop {
+        let r = s.target.next(a, WAIT).unwrap();
+        if r.starts_with(b"ping:") {
+            break;
+        }
+        assert!(
+            r.starts_with(b"while held:"),
+            "{}",
+            String::from_utf8_lossy(&r)
+        );
+    }
+    a.gen_notif(&s.child, b"exit", &[]).unwrap();
+    assert!(s.target.join(WAIT).is_some_and(|st| st.success()));
+}
+
+/// The child's metadata, asked for over a notification.
+fn child_metadata(s: &mut Session) -> Vec<u8> {
+    s.a.gen_notif(&s.child, b"metadata", &[]).unwrap();
+    let reply = s.target.next(&s.a, WAIT).unwrap();
+    unhex(
+        reply
+            .strip_prefix(b"md:")
+            .expect("metadata from the target"),
+    )
 }
 
 fn unhex(hex: &[u8]) -> Vec<u8> {

@@ -108,6 +108,14 @@ impl RegionLock {
         unsafe { self.base.as_ptr().add(at).cast::<i32>().read_volatile() }
     }
 
+    /// Whether the region's lock is held now: its word differs from a free lock's (glibc's
+    /// free value is not 0 on every target, so it is read off a freshly initialised lock). A
+    /// racy read: the owner may take or release it right after; a post that finds it held
+    /// waits outside libfabric (bounded) instead of spinning inside it without end.
+    pub(crate) fn is_held(&self) -> bool {
+        self.read_i32(LOCK_AT) != free_word()
+    }
+
     /// Releases the region's lock, as its holder would have. Only for a lock whose holder's
     /// process has exited: releasing a live holder's lock lets two processes into the region's
     /// queues at once.
@@ -126,6 +134,21 @@ impl RegionLock {
             tracing::warn!(error = r, "releasing a dead peer's shm region lock failed");
         }
     }
+}
+
+/// The word of a free `pthread_spinlock_t` as this libc writes it.
+fn free_word() -> i32 {
+    static FREE: std::sync::OnceLock<i32> = std::sync::OnceLock::new();
+    *FREE.get_or_init(|| {
+        let mut word: libc::pthread_spinlock_t = 0;
+        // SAFETY: initialises a local spin lock (process-shared, as libfabric's is).
+        let r = unsafe { libc::pthread_spin_init(&mut word, libc::PTHREAD_PROCESS_SHARED) };
+        if r == 0 {
+            word
+        } else {
+            0
+        }
+    })
 }
 
 impl Drop for RegionLock {
@@ -176,7 +199,9 @@ mod tests {
             .expect("a known layout");
         let word = |l: &RegionLock| l.read_i32(LOCK_AT);
         let held = word(&lock);
+        assert!(lock.is_held(), "a taken lock reads as held");
         lock.release_for_dead_holder();
+        assert!(!lock.is_held(), "a released lock reads as free");
         // Released: libc can take it again (and the file saw the store).
         let mut taken = word(&lock);
         // SAFETY: a private copy of the released word, as a spin lock.

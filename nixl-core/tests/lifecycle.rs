@@ -264,6 +264,53 @@ fn deferred_inproc_notification_follows_data_without_polling() {
     }
 }
 
+/// A block-table request over a deferred INPROC backend is in flight after `post` like any
+/// other (INPROC's block path used to copy inside `post` whatever the completion mode, so the
+/// in-flight cases of block requests never ran there); its notification follows its data.
+#[test]
+fn deferred_inproc_block_requests_are_in_flight_after_post() {
+    let a = Agent::new(&unique("db-a"), AgentConfig::default()).unwrap();
+    a.create_backend(
+        InprocParams::default().completion(Completion::Deferred(Duration::from_millis(50))),
+    )
+    .unwrap();
+    let b = agent("db-b");
+    let (sa, _ra) = registered(&a, 1 << 20);
+    let (sb, _rb) = registered(&b, 1 << 20);
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
+    let table = |addr: u64| {
+        nixl_core::StridedDescList::from_descs(
+            MemKind::Dram,
+            [nixl_core::StridedDesc::new(addr, 1 << 16, 1 << 16, 16)],
+        )
+    };
+    let l = a
+        .prep_strided_dlist(XferTarget::Initiator, &table(sa.addr()), &[])
+        .unwrap();
+    let r = a
+        .prep_strided_dlist(XferTarget::Agent(b.name()), &table(sb.addr()), &[])
+        .unwrap();
+    sa.fill_pattern(9);
+    let ids: Vec<usize> = (0..16).collect();
+    let req = a
+        .make_block_xfer(
+            XferOp::Write,
+            &l,
+            &ids,
+            &r,
+            &ids,
+            XferOptions::with_notif(b"blocks".to_vec()),
+        )
+        .unwrap();
+    assert_eq!(a.post_xfer_req(&req).unwrap(), XferState::InProgress);
+    assert!(sb.to_vec() != sa.to_vec(), "in flight, not landed yet");
+    let n = b.wait_notifs(Duration::from_secs(20)).unwrap();
+    assert_eq!(n[a.name()], vec![b"blocks".to_vec()]);
+    assert!(sb.to_vec() == sa.to_vec(), "data before notification");
+    req.wait(Duration::from_secs(20)).unwrap();
+}
+
 #[test]
 fn injected_faults_are_deterministic_and_detected() {
     let plan = FaultPlan::default()

@@ -14,8 +14,6 @@
 
 mod xfer;
 
-mod blocks;
-
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,7 +21,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use crate::deferred::Scheduler;
-use xfer::{InprocXfer, Plan};
+use xfer::{InprocXfer, Plan, Work};
 
 use crate::backend::{
     downcast_md, Backend, BackendContext, BackendMd, BackendXfer, BlockXferSpec, Capabilities,
@@ -223,47 +221,18 @@ impl Backend for InprocBackend {
     }
 
     fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
-        if spec.local_kind != MemKind::Dram || spec.remote_kind != MemKind::Dram {
-            return Err(Error::not_supported(
-                &self.agent,
-                Op::MakeXfer,
-                "INPROC moves DRAM only",
-            ));
-        }
+        self.dram_only(spec.local_kind, spec.remote_kind)?;
         crate::work::tick(spec.segments.len());
         let mut segs = Vec::with_capacity(spec.segments.len());
         let mut target: Option<Weak<Endpoint>> = None;
         for s in &spec.segments {
-            let t = spec
-                .md(s.remote_md)
-                .and_then(downcast_md::<TargetMd>)
-                .ok_or_else(|| {
-                    Error::invalid(&self.agent, Op::MakeXfer, "remote metadata is not INPROC's")
-                })?;
-            spec.md(s.local_md)
-                .and_then(downcast_md::<LocalMd>)
-                .ok_or_else(|| {
-                    Error::invalid(&self.agent, Op::MakeXfer, "local metadata is not INPROC's")
-                })?;
+            let t = self.target_md(spec.md(s.local_md), spec.md(s.remote_md))?;
             target.get_or_insert_with(|| t.ep.clone());
             segs.push((s.local_addr, s.remote_addr, s.len, t.region));
         }
         let target =
             target.ok_or_else(|| Error::invalid(&self.agent, Op::MakeXfer, "no segments"))?;
-        let plan = Plan {
-            agent: self.agent.clone(),
-            remote: spec.remote.clone(),
-            op: spec.op,
-            segs,
-            target,
-        };
-        Ok(Box::new(InprocXfer::new(
-            plan,
-            spec.notif.clone(),
-            self.completion,
-            self.sched.clone(),
-            self.wake.clone(),
-        )))
+        Ok(self.xfer(&spec.remote, spec.op, Work::Segs(segs), target, &spec.notif))
     }
 
     fn wakes(&self) -> bool {
@@ -272,7 +241,31 @@ impl Backend for InprocBackend {
     }
 
     fn prepare_blocks(&self, spec: &BlockXferSpec) -> Result<Option<Box<dyn BackendXfer>>> {
-        Ok(Some(Box::new(blocks::prepare(self, spec)?)))
+        // One executor for every request: a block table (whole blocks or tiles) is copied,
+        // completed and notified as a segment list is (immediately or deferred alike), its
+        // layers and runs walked on each copy (O(layers + runs) here).
+        self.dram_only(spec.local_kind, spec.remote_kind)?;
+        crate::work::tick(spec.layers.len());
+        let mut target: Option<Weak<Endpoint>> = None;
+        let mut regions = Vec::with_capacity(spec.layers.len());
+        for l in &spec.layers {
+            let t = self.target_md(Some(&l.local_md), Some(&l.remote_md))?;
+            target.get_or_insert_with(|| t.ep.clone());
+            regions.push(t.region);
+        }
+        let target =
+            target.ok_or_else(|| Error::invalid(&self.agent, Op::MakeXfer, "no layers"))?;
+        let work = Work::Table {
+            spec: spec.clone(),
+            regions,
+        };
+        Ok(Some(self.xfer(
+            &spec.remote,
+            spec.op,
+            work,
+            target,
+            &spec.notif,
+        )))
     }
 
     fn rearranges_rows(&self) -> bool {
@@ -288,6 +281,60 @@ impl Backend for InprocBackend {
 
     fn peers(&self) -> Option<&dyn crate::backend::PeerBackend> {
         Some(self)
+    }
+}
+
+impl InprocBackend {
+    /// `NotSupported` unless both sides are DRAM.
+    fn dram_only(&self, local: MemKind, remote: MemKind) -> Result<()> {
+        if local != MemKind::Dram || remote != MemKind::Dram {
+            return Err(Error::not_supported(
+                &self.agent,
+                Op::MakeXfer,
+                "INPROC moves DRAM only",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The target's metadata of a pair, both INPROC's (else `InvalidParam`).
+    fn target_md<'a>(
+        &self,
+        local: Option<&BackendMd>,
+        remote: Option<&'a BackendMd>,
+    ) -> Result<&'a TargetMd> {
+        let t = remote.and_then(downcast_md::<TargetMd>).ok_or_else(|| {
+            Error::invalid(&self.agent, Op::MakeXfer, "remote metadata is not INPROC's")
+        })?;
+        local.and_then(downcast_md::<LocalMd>).ok_or_else(|| {
+            Error::invalid(&self.agent, Op::MakeXfer, "local metadata is not INPROC's")
+        })?;
+        Ok(t)
+    }
+
+    /// The transfer of `work` to `target`, completed as the backend's mode says.
+    fn xfer(
+        &self,
+        remote: &str,
+        op: crate::desc::XferOp,
+        work: Work,
+        target: Weak<Endpoint>,
+        notif: &Option<Vec<u8>>,
+    ) -> Box<dyn BackendXfer> {
+        let plan = Plan {
+            agent: self.agent.clone(),
+            remote: remote.to_owned(),
+            op,
+            work,
+            target,
+        };
+        Box::new(InprocXfer::new(
+            plan,
+            notif.clone(),
+            self.completion,
+            self.sched.clone(),
+            self.wake.clone(),
+        ))
     }
 }
 

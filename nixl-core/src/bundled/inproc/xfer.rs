@@ -10,7 +10,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::{Completion, Endpoint};
-use crate::backend::{BackendXfer, XferState};
+use crate::backend::{BackendXfer, BlockXferSpec, XferState};
 use crate::deferred::Scheduler;
 use crate::desc::XferOp;
 use crate::error::{Error, Op, Result};
@@ -32,9 +32,52 @@ pub(super) struct Plan {
     pub agent: String,
     pub remote: String,
     pub op: XferOp,
-    /// (local addr, remote addr, len, remote region id)
-    pub segs: Vec<(u64, u64, u64, u64)>,
+    pub work: Work,
     pub target: Weak<Endpoint>,
+}
+
+/// The copies of a transfer: a segment list, or a block table (whole blocks or tiles) walked
+/// on each copy, so nothing is stored per block and the target's regions are checked once
+/// per layer.
+pub(super) enum Work {
+    /// (local addr, remote addr, len, remote region id)
+    Segs(Vec<(u64, u64, u64, u64)>),
+    /// The table and the target's region id per layer.
+    Table {
+        spec: BlockXferSpec,
+        regions: Vec<u64>,
+    },
+}
+
+impl Work {
+    /// Whether every remote range still lies in its registered region of the target
+    /// (`regions`: id -> (addr, len), read-locked by the caller for its copies).
+    fn registered(&self, regions: &std::collections::HashMap<u64, (u64, u64)>) -> bool {
+        let inside = |addr: u64, len: u64, region: u64| matches!(regions.get(&region), Some(&(a, l)) if addr >= a && addr.saturating_add(len) <= a.saturating_add(l));
+        match self {
+            Work::Segs(segs) => segs
+                .iter()
+                .all(|&(_, ra, len, region)| inside(ra, len, region)),
+            Work::Table { spec, regions: ids } => {
+                crate::work::tick(spec.layers.len());
+                spec.layers.iter().zip(ids).all(|(l, &region)| {
+                    let end = l.remote.end().unwrap_or(u64::MAX);
+                    inside(l.remote.addr, end - l.remote.addr, region)
+                })
+            }
+        }
+    }
+
+    /// Calls `f(local addr, remote addr, len)` for every copy, in order.
+    fn each(&self, mut f: impl FnMut(u64, u64, u64)) {
+        match self {
+            Work::Segs(segs) => segs.iter().for_each(|&(la, ra, len, _)| f(la, ra, len)),
+            Work::Table { spec, .. } => {
+                crate::work::tick(spec.layers.len() * (1 + spec.runs.len()));
+                spec.segments().for_each(|(_, la, ra, len)| f(la, ra, len));
+            }
+        }
+    }
 }
 
 impl Plan {
@@ -48,14 +91,9 @@ impl Plan {
             .target
             .upgrade()
             .ok_or_else(|| self.gone(op, "peer endpoint is gone"))?;
-        let regions = ep.regions.read();
-        for &(_, raddr, len, region) in &self.segs {
-            match regions.get(&region) {
-                Some(&(a, l)) if raddr >= a && raddr + len <= a + l => {}
-                _ => return Err(self.gone(op, "target region was deregistered")),
-            }
+        if !self.work.registered(&ep.regions.read()) {
+            return Err(self.gone(op, "target region was deregistered"));
         }
-        drop(regions);
         Ok(ep)
     }
 
@@ -66,13 +104,10 @@ impl Plan {
             .upgrade()
             .ok_or_else(|| self.gone(op, "peer endpoint is gone"))?;
         let regions = ep.regions.read();
-        for &(_, raddr, len, region) in &self.segs {
-            match regions.get(&region) {
-                Some(&(a, l)) if raddr >= a && raddr + len <= a + l => {}
-                _ => return Err(self.gone(op, "target region was deregistered")),
-            }
+        if !self.work.registered(&regions) {
+            return Err(self.gone(op, "target region was deregistered"));
         }
-        for &(laddr, raddr, len, _) in &self.segs {
+        self.work.each(|laddr, raddr, len| {
             let (src, dst) = match self.op {
                 XferOp::Write => (laddr, raddr),
                 XferOp::Read => (raddr, laddr),
@@ -82,9 +117,11 @@ impl Plan {
             // or drop waits for a running copy and stops a pending one); the remote range lies
             // in a region checked above as still registered, and the read lock held here keeps
             // it registered (its owner cannot deregister and free it) until the copy ends.
-            // `copy` tolerates overlap for loopback transfers.
+            // `copy` tolerates overlap for loopback transfers (the agent refused tile
+            // destinations meeting sources on one agent). A table's ranges were checked
+            // against their layers (every id, every tile inside its block) by the agent.
             unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len as usize) };
-        }
+        });
         drop(regions);
         if let Some(n) = notif {
             ep.notifs.push(&self.agent, n.to_vec());

@@ -36,16 +36,38 @@ impl Point {
         a.load_remote_metadata(&b.local_metadata()?)?;
         let remote = b.name().to_owned();
         let ldescs = XferDescList::blocks(kind, la.base, o.block, n);
-        let rdescs = XferDescList::from_descs(
-            kind,
-            shuffle(n)
-                .iter()
-                .map(|&p| nixl::Desc::new(lb.base + p as u64 * o.block, o.block)),
-        );
+        let (rdescs, idx) = if o.order == "layers" {
+            if !n.is_multiple_of(regions) {
+                return Err(
+                    format!("--order layers: {n} descriptors over {regions} regions").into(),
+                );
+            }
+            let per = n / regions;
+            let ids = shuffle(per);
+            let idx: Vec<usize> = (0..regions)
+                .flat_map(|l| ids.iter().map(move |&i| l * per + i))
+                .collect();
+            (XferDescList::blocks(kind, lb.base, o.block, n), idx)
+        } else {
+            let shuffled = XferDescList::from_descs(
+                kind,
+                shuffle(n)
+                    .iter()
+                    .map(|&p| nixl::Desc::new(lb.base + p as u64 * o.block, o.block)),
+            );
+            (shuffled, (0..n).collect())
+        };
         let l = a.prep_xfer_dlist(XferTarget::Initiator, &ldescs, &[])?;
         let r = a.prep_xfer_dlist(XferTarget::Agent(&remote), &rdescs, &[])?;
-        let idx: Vec<usize> = (0..n).collect();
         let req = a.make_prepped_xfer(XferOp::Write, &l, &idx, &r, &idx, XferOptions::default())?;
+        if !o.json {
+            println!(
+                "# flat {} ({}), {n} descriptors: {}",
+                which.name(),
+                o.order,
+                req.path()
+            );
+        }
         run(&a, &req)?; // first touch of the pages
         Ok(Point {
             n,
@@ -149,8 +171,9 @@ pub(crate) fn sweep(which: Which, o: &Opts) -> Res<()> {
 fn print(which: Which, o: &Opts, rows: &[(usize, [f64; 7])]) {
     if !o.json {
         println!(
-            "# flat {}: {} B descriptors over {} regions per side; ns per descriptor, best of {} interleaved rounds",
+            "# flat {} ({}): {} B descriptors over {} regions per side; ns per descriptor, best of {} interleaved rounds",
             which.name(),
+            o.order,
             o.block,
             o.regions,
             o.rounds
@@ -169,7 +192,8 @@ fn print(which: Which, o: &Opts, rows: &[(usize, [f64; 7])]) {
                 .map(|(s, v)| format!("\"{s}_ns\": {v:.2}"))
                 .collect();
             println!(
-                "{{\"bench\": \"scale\", \"mode\": \"flat\", \"backend\": \"{}\", \"descs\": {n}, \"block\": {}, {}}}",
+                "{{\"bench\": \"scale\", \"mode\": \"flat\", \"order\": \"{}\", \"backend\": \"{}\", \"descs\": {n}, \"block\": {}, {}}}",
+                o.order,
                 which.name(),
                 o.block,
                 fields.join(", ")

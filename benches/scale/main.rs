@@ -12,7 +12,9 @@
 //!
 //! Flat mode (`--mode flat`): `n` descriptors of `--block` bytes over `--regions` registered
 //! regions per side; the target's blocks are a fixed shuffle of the initiator's (nothing
-//! merges, as with a block table's free list). Every point is set up first, then measured in
+//! merges, as with a block table's free list); with `--order layers` both lists are region
+//! after region and the request names the same shuffled block ids in every region (the
+//! shape NIXL's users build, taken as a block-table request). Every point is set up first, then measured in
 //! `--rounds` interleaved rounds (so a busy moment of a shared machine hits every size alike);
 //! per step the best time over all runs, in ns per descriptor: `prep` (both `prep_xfer_dlist`
 //! calls), `make` (`make_prepped_xfer`), `post` (`post_xfer_req`), `done` (post until `Done`:
@@ -100,6 +102,13 @@ struct Opts {
     /// Registered regions per side (flat mode; at least 1).
     #[arg(long, default_value_t = 64)]
     regions: usize,
+    /// Flat mode's pairing: `shuffled` (the target's blocks a fixed shuffle of the
+    /// initiator's, indices in order) or `layers` (NIXL users' shape: both lists region after
+    /// region, every block of each; the request names one shuffle of the block ids in every
+    /// region, which nixl-rs builds as a block-table request). `layers` needs the descriptor
+    /// counts to be multiples of `--regions`.
+    #[arg(long, default_value = "shuffled", value_parser = ["shuffled", "layers"])]
+    order: String,
     /// Iterations per point (0: chosen per size).
     #[arg(long, default_value_t = 0)]
     iters: usize,

@@ -79,6 +79,63 @@ pub(crate) struct PrepLayer {
     pub region: u32,
 }
 
+/// A descriptor list that is a block table in disguise (NIXL users' shape: one descriptor per
+/// layer and block, layer after layer): layers of `per` blocks each, every layer an
+/// arithmetic run of equal blocks inside one region. Found once at prepare time; requests by
+/// index over two such lists whose indices name the same block ids in every layer they touch
+/// are built as block-table requests ([`Agent::make_prepped_xfer`]).
+pub(crate) struct FlatTable {
+    pub layers: Vec<PrepLayer>,
+    /// Blocks per layer.
+    pub per: usize,
+}
+
+impl FlatTable {
+    /// The table `entries` form, or `None` where they do not (fewer than two blocks per
+    /// layer, layers of different counts, a run that changes region, device, length or step).
+    /// One pass.
+    fn of(entries: &[PrepEntry]) -> Option<Self> {
+        let run_at = |i: usize| -> Option<(StridedDesc, u32)> {
+            let (a, b) = (entries.get(i)?, entries.get(i + 1)?);
+            let stride = b.desc.addr.checked_sub(a.desc.addr)?;
+            let d = a.desc;
+            let run = StridedDesc::on_device(d.addr, stride, d.len, 2, d.dev_id);
+            run.problem().is_none().then_some((run, a.region))
+        };
+        let fits = |run: &StridedDesc, region: u32, k: u64, e: &PrepEntry| {
+            e.region == region
+                && e.desc.len == run.len
+                && e.desc.dev_id == run.dev_id
+                && run.block_addr(k) == Some(e.desc.addr)
+        };
+        // Layer 0 is as long as its run goes on; every layer then has its length.
+        let (first, region) = run_at(0)?;
+        let per = 2 + entries[2..]
+            .iter()
+            .zip(2u64..)
+            .take_while(|(e, k)| fits(&first, region, *k, e))
+            .count();
+        if !entries.len().is_multiple_of(per) {
+            return None;
+        }
+        let mut layers = Vec::with_capacity(entries.len() / per);
+        for (l, chunk) in entries.chunks_exact(per).enumerate() {
+            let (mut run, region) = run_at(l * per)?;
+            if !chunk
+                .iter()
+                .zip(0u64..)
+                .all(|(e, k)| fits(&run, region, k, e))
+            {
+                return None;
+            }
+            run.count = per as u64;
+            run.problem().is_none().then_some(())?;
+            layers.push(PrepLayer { run, region });
+        }
+        Some(FlatTable { layers, per })
+    }
+}
+
 /// A prepared list's descriptors.
 pub(crate) enum Layout {
     /// One entry per descriptor.
@@ -108,6 +165,8 @@ pub struct PreparedList {
     pub(crate) kind: MemKind,
     pub(crate) regions: Regions,
     pub(crate) layout: Layout,
+    /// A descriptor list's block-table form, where it has one.
+    pub(crate) table: Option<FlatTable>,
 }
 
 impl std::fmt::Debug for PreparedList {
@@ -426,6 +485,7 @@ impl Agent {
             side,
             kind,
             regions,
+            table: FlatTable::of(&entries),
             layout: Layout::Flat(entries),
         })
     }
@@ -502,6 +562,7 @@ impl Agent {
                 uniform,
                 total,
             },
+            table: None,
         })
     }
 }

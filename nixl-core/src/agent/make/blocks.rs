@@ -3,7 +3,7 @@
 //! does not consume strides, the blocks materialized into segments.
 
 use crate::agent::options::XferOptions;
-use crate::agent::prep::{Layout, PrepLayer, PreparedList};
+use crate::agent::prep::{FlatTable, Layout, PrepLayer, PreparedList};
 use crate::agent::request::XferReq;
 use crate::agent::spec::ReqSpec;
 use crate::agent::{Agent, BackendSlot};
@@ -59,6 +59,54 @@ impl Agent {
         crate::agent::make::check_distinct(me, side, dst)?;
         let runs = block_runs(local_blocks, remote_blocks, !opts.no_merge);
         self.make_table(op, (local, remote), (ll, rl), ends, runs, None, opts)
+    }
+
+    /// [`Agent::make_prepped_xfer`] over two descriptor lists that are block tables
+    /// ([`FlatTable`]), where the indices are groups of equal length, each naming one layer
+    /// on each side (the destination's layers distinct) and the same block ids in every
+    /// group: the block-table request of those layers and ids. `None` where the indices have
+    /// another shape or the table path refuses them (the caller builds the request from the
+    /// lists, which names any problem in their terms). Linear in the indices, no allocation
+    /// per index beyond the two id lists.
+    pub(crate) fn flat_as_table(
+        &self,
+        op: XferOp,
+        (local, local_idx): (&PreparedList, &[usize]),
+        (remote, remote_idx): (&PreparedList, &[usize]),
+        ends: &crate::agent::make::Ends,
+        opts: &XferOptions,
+    ) -> Option<XferReq> {
+        // Integrity checks and arrival counters are defined per descriptor list here.
+        if opts.integrity || opts.arrival.is_some() {
+            return None;
+        }
+        let (lt, rt) = (local.table.as_ref()?, remote.table.as_ref()?);
+        let ids = table_ids(op, (lt, local_idx), (rt, remote_idx))?;
+        let me = self.name();
+        check_shapes(
+            me,
+            &ids.local_layers,
+            &ids.remote_layers,
+            &ids.local,
+            &ids.remote,
+        )
+        .ok()?;
+        let dst = match op {
+            XferOp::Read => &ids.local,
+            XferOp::Write => &ids.remote,
+        };
+        crate::agent::make::check_distinct(me, "", dst).ok()?;
+        let runs = block_runs(&ids.local, &ids.remote, !opts.no_merge);
+        self.make_table(
+            op,
+            (local, remote),
+            (&ids.local_layers, &ids.remote_layers),
+            ends.clone(),
+            runs,
+            None,
+            opts.clone(),
+        )
+        .ok()
     }
 
     /// The one path of block-table requests, whole blocks and tiles alike (a block is the
@@ -139,6 +187,85 @@ impl Agent {
                 .unwrap_or_else(|| self.no_backend(local, remote, &ends, notif)),
         })
     }
+}
+
+/// The fewest blocks per layer for which requests over [`FlatTable`]s take the block-table
+/// path.
+const MIN_GROUP: usize = 4;
+
+/// Index lists over two [`FlatTable`]s read as a block-table request.
+struct TableIds {
+    local_layers: Vec<PrepLayer>,
+    remote_layers: Vec<PrepLayer>,
+    local: Vec<usize>,
+    remote: Vec<usize>,
+}
+
+/// The layers and block ids `local_idx` and `remote_idx` name, where they are groups of one
+/// length, each inside one layer per side, naming the same block ids as the first group,
+/// with no destination layer named twice; `None` otherwise (an index past a list's end
+/// included).
+fn table_ids(
+    op: XferOp,
+    (lt, local_idx): (&FlatTable, &[usize]),
+    (rt, remote_idx): (&FlatTable, &[usize]),
+) -> Option<TableIds> {
+    let (lp, rp) = (lt.per, rt.per);
+    let (&l0, &r0) = (local_idx.first()?, remote_idx.first()?);
+    // Ranges, not divisions, per index: a division costs more than the rest of the pass.
+    let (lbase0, rbase0) = (l0 - l0 % lp, r0 - r0 % rp);
+    let group = local_idx
+        .iter()
+        .zip(remote_idx)
+        .take_while(|(&l, &r)| l.wrapping_sub(lbase0) < lp && r.wrapping_sub(rbase0) < rp)
+        .count();
+    if local_idx.len() != remote_idx.len() || !local_idx.len().is_multiple_of(group) {
+        return None;
+    }
+    let groups = local_idx.len() / group;
+    // A layer per few blocks costs the backends more per block than the segments would (and
+    // a request of a few descriptors gains nothing).
+    if group < MIN_GROUP {
+        return None;
+    }
+    crate::work::tick(local_idx.len());
+    let local: Vec<usize> = local_idx[..group].iter().map(|&i| i - lbase0).collect();
+    let remote: Vec<usize> = remote_idx[..group].iter().map(|&i| i - rbase0).collect();
+    let (mut local_layers, mut remote_layers) =
+        (Vec::with_capacity(groups), Vec::with_capacity(groups));
+    let dst_count = match op {
+        XferOp::Read => lt.layers.len(),
+        XferOp::Write => rt.layers.len(),
+    };
+    let mut dst_seen = vec![false; dst_count];
+    for (lc, rc) in local_idx
+        .chunks_exact(group)
+        .zip(remote_idx.chunks_exact(group))
+    {
+        let (ll, rl) = (lc[0] / lp, rc[0] / rp);
+        let (lbase, rbase) = (ll * lp, rl * rp);
+        let (la, ra) = (lt.layers.get(ll)?, rt.layers.get(rl)?);
+        let seen = dst_seen.get_mut(if op == XferOp::Read { ll } else { rl })?;
+        if std::mem::replace(seen, true) {
+            return None;
+        }
+        let same = lc
+            .iter()
+            .zip(rc)
+            .zip(local.iter().zip(&remote))
+            .all(|((&li, &ri), (&lb, &rb))| li == lbase + lb && ri == rbase + rb);
+        if !same {
+            return None;
+        }
+        local_layers.push(*la);
+        remote_layers.push(*ra);
+    }
+    Some(TableIds {
+        local_layers,
+        remote_layers,
+        local,
+        remote,
+    })
 }
 
 /// The refusal when no backend took a table with rows rearranged: what each one said.

@@ -30,6 +30,7 @@ const GATHER: usize = 64;
 const MD_CACHE: usize = 64;
 
 /// What both kinds of request check first.
+#[derive(Clone)]
 pub(crate) struct Ends {
     pub remote_name: String,
     pub remote_peer: Option<Arc<RemotePeer>>,
@@ -160,6 +161,14 @@ impl Agent {
 
     /// Builds a request from prepared lists by descriptor index (NIXL's `makeXferReq`); runs
     /// that are contiguous on both sides (in one region each) are merged. Linear in the pairs.
+    ///
+    /// Lists in NIXL's usual shape (one descriptor per layer and block, layer after layer,
+    /// each layer's blocks equally spaced in one region) indexed as `layer * blocks + id`
+    /// with the same ids in every layer named become a block-table request, as
+    /// [`Agent::make_block_xfer`] would build it ([`XferReq::path`] then says `block table`):
+    /// backends that consume strides get the layers and id runs, not one segment per
+    /// descriptor. Any other shape, and any request that path refuses, is built from the
+    /// descriptors.
     #[doc(alias = "makeXferReq")]
     pub fn make_prepped_xfer(
         &self,
@@ -174,6 +183,14 @@ impl Agent {
         // One counter for the whole request (a block table has one per layer).
         self.arrival_ends(op, (local, 1), &mut ends, &opts)?;
         self.check_pairing(local_idx, remote_idx)?;
+        // Lists that are block tables in disguise, indexed as block ids in every layer: the
+        // block-table path (O(layers + runs) for backends that consume strides). Anything it
+        // refuses is decided below, in the lists' own terms.
+        if let Some(x) =
+            self.flat_as_table(op, (local, local_idx), (remote, remote_idx), &ends, &opts)
+        {
+            return Ok(x);
+        }
         // Each destination descriptor is written once.
         let (side, dst, list) = match op {
             XferOp::Read => ("local", local_idx, local),

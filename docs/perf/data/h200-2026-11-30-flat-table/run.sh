@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# nvidia-h200 (one H200, 16-core host), device tool, one call. Issue 37: the main job
+# (make_prepped_xfer per KV transfer over flat descriptor lists) before (disagg_kv.before:
+# the binary of the 2026-11-30 main-vs-paged call) and after flat lists in NIXL's shape
+# became block-table requests (disagg_kv), interleaved, beside the paged benchmark; two
+# processes on GPU 0, every byte verified by the example.
+set -u
+B=.carry/ft
+export NIXL_UCX_HOME="$PWD/.carry/ucx" LD_LIBRARY_PATH="$PWD/.carry/ucx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export UCX_MODULES="^ib,rdmacm"
+echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n1); $(nproc) CPUs"
+for round in 1 2; do
+  for bb in 16384 65536; do
+    for op in read write; do
+      for which in disagg_kv.before disagg_kv; do
+        echo "== round $round: $which --device cuda --gpus 0,0 --op $op --block-bytes $bb --blocks 4096 --blocks-per-request 2048 --requests 16 --layers 4"
+        timeout 120 $B/$which --device cuda --gpus 0,0 --op $op --requests 16 --layers 4 --blocks 4096 --blocks-per-request 2048 --block-bytes $bb 2>&1 | tail -n 25
+        echo "rc=$?"
+      done
+    done
+  done
+done
+echo "== paged_bench --gpu 0 --target-gpu 0 --blocks 2048 --block-bytes 16384,65536"
+timeout 240 $B/paged_bench --gpu 0 --target-gpu 0 --blocks 2048 --block-bytes 16384,65536 --iters 20 --reps 5 --json "$OUT/paged.jsonl" 2>&1 | tail -n 30
+echo "rc=$?"
+cat "$OUT/paged.jsonl" 2>/dev/null

@@ -1,0 +1,331 @@
+//! Descriptor lists that are block tables in disguise (issue 37): NIXL's users prepare one
+//! descriptor per layer and block, layer after layer, and build each request by index
+//! (`layer * blocks + id` for the same ids in every layer). `make_prepped_xfer` recognises
+//! that shape and builds the block-table request (O(layers + runs) in the backends that
+//! consume strides) instead of one segment per descriptor; every other shape keeps the
+//! descriptor path, and refusals stay in the lists' own terms. Every byte is checked, and
+//! every byte outside the request stays untouched.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nixl_core::{
+    Agent, Desc, ErrorKind, HostBuffer, MemKind, PreparedList, Registration, XferDescList, XferOp,
+    XferOptions, XferReq, XferTarget,
+};
+use nixl_testkit::{host_buf, inproc_agent};
+
+const BLOCK: u64 = 4096;
+const BLOCKS: u64 = 64;
+const LAYERS: usize = 4;
+/// The remote side's blocks sit `REMOTE_STRIDE` apart (not dense), the local side's packed.
+const REMOTE_STRIDE: u64 = 2 * BLOCK;
+
+struct Pair {
+    a: Agent,
+    _b: Agent,
+    /// One buffer (one registered region) per layer, each side.
+    src: Vec<Arc<HostBuffer>>,
+    dst: Vec<Arc<HostBuffer>>,
+    local: PreparedList,
+    remote: PreparedList,
+    _regs: (Registration, Registration),
+}
+
+/// `a`'s layers packed, `b`'s layers with gaps; `a` holds the flat lists of both (NIXL's
+/// shape: region after region, every block of each).
+fn pair(name: &str) -> Pair {
+    let (a, b) = (
+        inproc_agent(&format!("{name}-a")),
+        inproc_agent(&format!("{name}-b")),
+    );
+    let src: Vec<_> = (0..LAYERS)
+        .map(|l| {
+            let s = host_buf((BLOCK * BLOCKS) as usize);
+            s.fill_pattern(10 + l as u64);
+            s
+        })
+        .collect();
+    let dst: Vec<_> = (0..LAYERS)
+        .map(|_| host_buf((REMOTE_STRIDE * BLOCKS) as usize))
+        .collect();
+    let regions = |v: &[Arc<HostBuffer>]| -> Vec<Arc<dyn nixl_core::MemoryRegion>> {
+        v.iter()
+            .map(|b| b.clone() as Arc<dyn nixl_core::MemoryRegion>)
+            .collect()
+    };
+    let ra = a.register_mem(regions(&src), &[]).unwrap();
+    let rb = b.register_mem(regions(&dst), &[]).unwrap();
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
+    let flat = |bufs: &[Arc<HostBuffer>], stride: u64| {
+        XferDescList::from_descs(
+            MemKind::Dram,
+            bufs.iter().flat_map(|b| {
+                let base = b.addr();
+                (0..BLOCKS).map(move |i| Desc::new(base + i * stride, BLOCK))
+            }),
+        )
+    };
+    let local = a
+        .prep_xfer_dlist(XferTarget::Initiator, &flat(&src, BLOCK), &[])
+        .unwrap();
+    let remote = a
+        .prep_xfer_dlist(XferTarget::Agent(b.name()), &flat(&dst, REMOTE_STRIDE), &[])
+        .unwrap();
+    Pair {
+        a,
+        _b: b,
+        src,
+        dst,
+        local,
+        remote,
+        _regs: (ra, rb),
+    }
+}
+
+/// A local `(layer, block id)` and the remote one it pairs with.
+type Pairing = ((usize, u64), (usize, u64));
+
+/// Distinct pseudo-random block ids.
+fn ids(n: usize, seed: u64) -> Vec<u64> {
+    let mut all: Vec<u64> = (0..BLOCKS).collect();
+    let mut x = seed | 1;
+    for i in (1..all.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        all.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    all.truncate(n);
+    all
+}
+
+/// `(layer, id)` pairs as flat indices.
+fn index(pairs: &[(usize, u64)]) -> Vec<usize> {
+    pairs
+        .iter()
+        .map(|&(l, i)| l * BLOCKS as usize + i as usize)
+        .collect()
+}
+
+fn run(p: &Pair, req: &XferReq) {
+    p.a.post_xfer_req(req).unwrap();
+    req.wait(Duration::from_secs(10)).unwrap();
+}
+
+/// Every remote block is the local block its pair names, and every other remote byte zero.
+fn check_written(p: &Pair, pairs: &[Pairing]) {
+    let src: Vec<Vec<u8>> = p.src.iter().map(|b| b.to_vec()).collect();
+    let mut want: Vec<Vec<u8>> = p.dst.iter().map(|b| vec![0; b.len()]).collect();
+    for &((ll, li), (rl, ri)) in pairs {
+        let (s, d) = ((li * BLOCK) as usize, (ri * REMOTE_STRIDE) as usize);
+        want[rl][d..d + BLOCK as usize].copy_from_slice(&src[ll][s..s + BLOCK as usize]);
+    }
+    for (l, (b, w)) in p.dst.iter().zip(&want).enumerate() {
+        assert!(
+            b.to_vec() == *w,
+            "remote layer {l} differs from the request"
+        );
+    }
+}
+
+/// The pairs of a request given as layer pairs and ids (the same ids in every layer).
+fn layered(layers: &[(usize, usize)], local_ids: &[u64], remote_ids: &[u64]) -> Vec<Pairing> {
+    layers
+        .iter()
+        .flat_map(|&(ll, rl)| {
+            local_ids
+                .iter()
+                .zip(remote_ids)
+                .map(move |(&li, &ri)| ((ll, li), (rl, ri)))
+        })
+        .collect()
+}
+
+fn make(p: &Pair, op: XferOp, pairs: &[Pairing]) -> nixl_core::Result<XferReq> {
+    let (l, r): (Vec<_>, Vec<_>) = pairs.iter().copied().unzip();
+    p.a.make_prepped_xfer(
+        op,
+        &p.local,
+        &index(&l),
+        &p.remote,
+        &index(&r),
+        XferOptions::default(),
+    )
+}
+
+#[test]
+fn layer_after_layer_indices_take_the_block_table_path() {
+    let p = pair("flat-table");
+    let (li, ri) = (ids(24, 7), ids(24, 11));
+    // Every layer, and the remote layers in another order.
+    let pairs = layered(&[(0, 3), (1, 2), (2, 1), (3, 0)], &li, &ri);
+    let req = make(&p, XferOp::Write, &pairs).unwrap();
+    let path = req.path();
+    assert!(
+        path.contains("block table: 4 layers x 24 blocks"),
+        "a WRITE of the same ids in every layer is a block-table request: {path}"
+    );
+    run(&p, &req);
+    check_written(&p, &pairs);
+    // A READ of remote layer 3 into a fifth local layer (fresh memory) lands the blocks it
+    // names there and nothing else.
+    let back = host_buf((BLOCK * BLOCKS) as usize);
+    let _r = p.a.register_mem(vec![back.clone()], &[]).unwrap();
+    let local = XferDescList::from_descs(
+        MemKind::Dram,
+        p.src.iter().chain([&back]).flat_map(|b| {
+            let base = b.addr();
+            (0..BLOCKS).map(move |i| Desc::new(base + i * BLOCK, BLOCK))
+        }),
+    );
+    let local =
+        p.a.prep_xfer_dlist(XferTarget::Initiator, &local, &[])
+            .unwrap();
+    let l_idx = index(&li.iter().map(|&i| (LAYERS, i)).collect::<Vec<_>>());
+    let r_idx = index(&ri.iter().map(|&i| (3, i)).collect::<Vec<_>>());
+    let req =
+        p.a.make_prepped_xfer(
+            XferOp::Read,
+            &local,
+            &l_idx,
+            &p.remote,
+            &r_idx,
+            XferOptions::default(),
+        )
+        .unwrap();
+    assert!(
+        req.path().contains("block table: 1 layers x 24 blocks"),
+        "{}",
+        req.path()
+    );
+    run(&p, &req);
+    // Remote layer 3 holds local layer 0's blocks (the WRITE above): block li[k] of layer 0
+    // went to ri[k], and comes back to li[k] of `back`.
+    let (got, want) = (back.to_vec(), p.src[0].to_vec());
+    for i in 0..BLOCKS {
+        let s = (i * BLOCK) as usize;
+        let block = &got[s..s + BLOCK as usize];
+        if li.contains(&i) {
+            assert!(
+                block == &want[s..s + BLOCK as usize],
+                "block {i} did not come back"
+            );
+        } else {
+            assert!(block.iter().all(|&x| x == 0), "block {i} was not asked for");
+        }
+    }
+}
+
+#[test]
+fn other_index_shapes_keep_the_descriptor_path() {
+    let p = pair("flat-other");
+    let (li, ri) = (ids(8, 3), ids(8, 5));
+    // Block after block (every layer of one block, then the next block).
+    let block_major: Vec<_> = li
+        .iter()
+        .zip(&ri)
+        .flat_map(|(&l, &r)| (0..LAYERS).map(move |k| ((k, l), (k, r))))
+        .collect();
+    // Other ids in each layer.
+    let (li2, ri2) = (ids(8, 13), ids(8, 17));
+    let mut mixed = layered(&[(0, 0)], &li, &ri);
+    mixed.extend(layered(&[(1, 1)], &li2, &ri2));
+    // Groups of different lengths.
+    let mut ragged = layered(&[(2, 2)], &li, &ri);
+    ragged.extend(layered(&[(3, 3)], &li2[..3], &ri2[..3]));
+    for (what, pairs) in [
+        ("block major", block_major),
+        ("mixed", mixed),
+        ("ragged", ragged),
+    ] {
+        for b in &p.dst {
+            b.fill(0);
+        }
+        let req = make(&p, XferOp::Write, &pairs).unwrap();
+        let path = req.path();
+        assert!(!path.contains("block table"), "{what}: {path}");
+        run(&p, &req);
+        check_written(&p, &pairs);
+    }
+}
+
+#[test]
+fn refusals_stay_in_the_lists_terms_and_nothing_moves() {
+    let p = pair("flat-refused");
+    let (li, ri) = (ids(8, 3), ids(8, 5));
+    // One destination layer named twice: every destination index twice.
+    let twice = layered(&[(0, 1), (2, 1)], &li, &ri);
+    let e = make(&p, XferOp::Write, &twice).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidParam, "{e}");
+    assert!(e.to_string().contains("listed twice"), "{e}");
+    // An id repeated inside the groups.
+    let mut dup = ri.clone();
+    dup[1] = dup[0];
+    let e = make(&p, XferOp::Write, &layered(&[(0, 0), (1, 1)], &li, &dup)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidParam, "{e}");
+    assert!(e.to_string().contains("listed twice"), "{e}");
+    // An index past the remote list's end, shaped like a fifth layer.
+    let past: Vec<usize> = index(&ri.iter().map(|&i| (LAYERS, i)).collect::<Vec<_>>());
+    let e =
+        p.a.make_prepped_xfer(
+            XferOp::Write,
+            &p.local,
+            &index(&li.iter().map(|&i| (0, i)).collect::<Vec<_>>()),
+            &p.remote,
+            &past,
+            XferOptions::default(),
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidParam, "{e}");
+    assert!(e.to_string().contains("out of range"), "{e}");
+    for (l, b) in p.dst.iter().enumerate() {
+        assert!(
+            b.to_vec().iter().all(|&x| x == 0),
+            "layer {l}: nothing moved"
+        );
+    }
+}
+
+#[test]
+fn lists_of_other_shapes_are_not_tables() {
+    let p = pair("flat-shapes");
+    // Blocks of two lengths in one layer: a mismatch, found pair by pair as before.
+    let odd = XferDescList::from_descs(
+        MemKind::Dram,
+        (0..BLOCKS).map(|i| {
+            let len = if i == 5 { BLOCK / 2 } else { BLOCK };
+            Desc::new(p.src[0].addr() + i * BLOCK, len)
+        }),
+    );
+    let odd =
+        p.a.prep_xfer_dlist(XferTarget::Initiator, &odd, &[])
+            .unwrap();
+    let r: Vec<usize> = (0..8).collect();
+    let e =
+        p.a.make_prepped_xfer(
+            XferOp::Write,
+            &odd,
+            &r,
+            &p.remote,
+            &r,
+            XferOptions::default(),
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Mismatch, "{e}");
+    // Without the odd block, the same request moves.
+    let l: Vec<usize> = (0..5).collect();
+    let req =
+        p.a.make_prepped_xfer(
+            XferOp::Write,
+            &odd,
+            &l,
+            &p.remote,
+            &l,
+            XferOptions::default(),
+        )
+        .unwrap();
+    run(&p, &req);
+    check_written(&p, &layered(&[(0, 0)], &[0, 1, 2, 3, 4], &[0, 1, 2, 3, 4]));
+}

@@ -135,3 +135,6 @@ netns_or_skip && for backend in ucx libfabric; do
         done
     done
 done
+# The disk the run took (CI's fresh root has about 8 GiB for the toolchain's builds: the dev
+# profile keeps debug info out of the binaries, Cargo.toml).
+echo "== disk: target/ holds $(du -sh target 2>/dev/null | cut -f1); $(df -h --output=avail . | tail -n 1 | tr -d ' ') free"

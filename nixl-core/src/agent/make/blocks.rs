@@ -121,7 +121,7 @@ impl Agent {
         (local, remote): (&PreparedList, &PreparedList),
         (ll, rl): (&[PrepLayer], &[PrepLayer]),
         mut ends: crate::agent::make::Ends,
-        runs: Vec<BlockRun>,
+        mut runs: Vec<BlockRun>,
         rows: Option<TileShape>,
         opts: XferOptions,
     ) -> Result<XferReq> {
@@ -142,7 +142,9 @@ impl Agent {
         }
         let notif = opts.notif.is_some();
         let mut refusals = Vec::new();
-        for slot in std::mem::take(&mut ends.candidates) {
+        let candidates = std::mem::take(&mut ends.candidates);
+        let last = candidates.len().saturating_sub(1);
+        for (c, slot) in candidates.into_iter().enumerate() {
             let spec = BlockXferSpec {
                 op,
                 local_kind: local.kind,
@@ -150,7 +152,12 @@ impl Agent {
                 remote: ends.remote_name.clone(),
                 is_local: ends.is_local,
                 layers: layer_pairs(me, &slot, ll, rl, local, remote)?,
-                runs: runs.clone(),
+                // The last candidate takes the runs; earlier ones work on a copy.
+                runs: if c == last {
+                    std::mem::take(&mut runs)
+                } else {
+                    runs.clone()
+                },
                 rows,
                 notif: if opts.integrity {
                     None

@@ -164,7 +164,7 @@ impl Agent {
     ///
     /// Lists in NIXL's usual shape (one descriptor per layer and block, layer after layer,
     /// each layer's blocks equally spaced in one region) indexed as `layer * blocks + id`
-    /// with the same ids in every layer named become a block-table request, as
+    /// with the same ids (four or more) in every layer named become a block-table request, as
     /// [`Agent::make_block_xfer`] would build it ([`XferReq::path`] then says `block table`):
     /// backends that consume strides get the layers and id runs, not one segment per
     /// descriptor. Any other shape, and any request that path refuses, is built from the

@@ -224,20 +224,36 @@ fn deferred_inproc_request_is_canceled_by_its_deadline_wait_cancel_and_drop() {
     );
 }
 
-/// The notification of a deferred request arrives after its data, without the initiator
-/// polling: at the moment the target sees it, the data is complete.
-#[test]
-fn deferred_inproc_notification_follows_data_without_polling() {
-    let a = Agent::new(&unique("dn-a"), AgentConfig::default()).unwrap();
+/// An initiator over a deferred INPROC (copies 50 ms after post), an immediate target that
+/// the initiator has loaded, and 1 MiB registered on each.
+#[allow(clippy::type_complexity)]
+fn deferred_pair(
+    prefix: &str,
+) -> (
+    Agent,
+    Agent,
+    Arc<nixl_core::HostBuffer>,
+    Arc<nixl_core::HostBuffer>,
+    (nixl_core::Registration, nixl_core::Registration),
+) {
+    let a = Agent::new(&unique(&format!("{prefix}-a")), AgentConfig::default()).unwrap();
     a.create_backend(
         InprocParams::default().completion(Completion::Deferred(Duration::from_millis(50))),
     )
     .unwrap();
-    let b = agent("dn-b");
-    let (sa, _ra) = registered(&a, 1 << 20);
-    let (sb, _rb) = registered(&b, 1 << 20);
+    let b = agent(&format!("{prefix}-b"));
+    let (sa, ra) = registered(&a, 1 << 20);
+    let (sb, rb) = registered(&b, 1 << 20);
     a.load_remote_metadata(&b.local_metadata().unwrap())
         .unwrap();
+    (a, b, sa, sb, (ra, rb))
+}
+
+/// The notification of a deferred request arrives after its data, without the initiator
+/// polling: at the moment the target sees it, the data is complete.
+#[test]
+fn deferred_inproc_notification_follows_data_without_polling() {
+    let (a, b, sa, sb, _regs) = deferred_pair("dn");
     for round in 0..3u64 {
         sa.fill_pattern(round + 1);
         let req = a
@@ -269,16 +285,7 @@ fn deferred_inproc_notification_follows_data_without_polling() {
 /// in-flight cases of block requests never ran there); its notification follows its data.
 #[test]
 fn deferred_inproc_block_requests_are_in_flight_after_post() {
-    let a = Agent::new(&unique("db-a"), AgentConfig::default()).unwrap();
-    a.create_backend(
-        InprocParams::default().completion(Completion::Deferred(Duration::from_millis(50))),
-    )
-    .unwrap();
-    let b = agent("db-b");
-    let (sa, _ra) = registered(&a, 1 << 20);
-    let (sb, _rb) = registered(&b, 1 << 20);
-    a.load_remote_metadata(&b.local_metadata().unwrap())
-        .unwrap();
+    let (a, b, sa, sb, _regs) = deferred_pair("db");
     let table = |addr: u64| {
         nixl_core::StridedDescList::from_descs(
             MemKind::Dram,

@@ -121,10 +121,12 @@ impl FlatTable {
         let mut layers = Vec::with_capacity(entries.len() / per);
         for (l, chunk) in entries.chunks_exact(per).enumerate() {
             let (mut run, region) = run_at(l * per)?;
-            if !chunk
-                .iter()
-                .zip(0u64..)
-                .all(|(e, k)| fits(&run, region, k, e))
+            // Layer 0's entries were read to find `per`.
+            if l > 0
+                && !chunk
+                    .iter()
+                    .zip(0u64..)
+                    .all(|(e, k)| fits(&run, region, k, e))
             {
                 return None;
             }

@@ -448,7 +448,7 @@ mod native {
             };
             let regs = vec![
                 prefill.register_mem(regions(&[&host, &restore]), &[])?,
-                prefill.register_mem(vec![disk.clone()], &[posix.clone()])?,
+                prefill.register_mem(vec![disk.clone()], std::slice::from_ref(&posix))?,
                 decode.register_mem(regions(&[&dst]), &[decode_ucx])?,
             ];
 

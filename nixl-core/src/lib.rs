@@ -83,6 +83,13 @@ mod sys;
 /// API.
 #[doc(hidden)]
 pub mod wire;
+
+/// Observation hooks for the project's own tests (the `fuzzing` feature; not a stable API).
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::model::timer::threads_started_here;
+}
 mod work;
 
 #[cfg(feature = "etcd")]

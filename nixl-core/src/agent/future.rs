@@ -174,7 +174,7 @@ impl Future for QuiescenceFuture<'_> {
 /// nothing else makes them.
 pub(super) fn ensure_progress(shared: &Arc<Shared>, needs: bool) -> Result<()> {
     if needs && !shared.progress_running() {
-        crate::agent::start_progress_thread(shared)?;
+        crate::agent::start_progress_thread_soon(shared)?;
     }
     Ok(())
 }

@@ -23,7 +23,7 @@ pub use future::{NotifStream, Notification, QuiescenceFuture, XferFuture};
 pub use peers::sidechannel::FetchFuture;
 
 pub use config::{AgentConfig, FetchPolicy, Share};
-pub(crate) use shared::{start_progress_thread, FetchStatus, Shared, MAX_UNCERTAIN};
+pub(crate) use shared::{start_progress_thread_soon, FetchStatus, Shared, MAX_UNCERTAIN};
 
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -357,6 +357,9 @@ impl Agent {
         if agent.shared.config.progress_thread {
             shared::start_progress_thread(&agent.shared)?;
         }
+        // The process's timer thread starts with its first agent, not in a future's first
+        // poll (which must return within microseconds).
+        crate::model::timer::start();
         Ok(agent)
     }
 

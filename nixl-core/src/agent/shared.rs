@@ -144,6 +144,33 @@ pub(crate) fn start_progress_thread(shared: &Arc<Shared>) -> Result<()> {
     if shared.progress_running.swap(true, Ordering::SeqCst) {
         return Ok(());
     }
+    spawn_progress_thread(shared)
+}
+
+/// Starts the progress thread from the timer thread, not the caller's (a future's poll must
+/// not pay for a thread's start): the caller goes on at once and the thread runs shortly
+/// after. Where the timer thread is not running, the thread is started here.
+pub(crate) fn start_progress_thread_soon(shared: &Arc<Shared>) -> Result<()> {
+    if shared.progress_running.swap(true, Ordering::SeqCst) {
+        return Ok(());
+    }
+    let weak = Arc::downgrade(shared);
+    let job = Box::new(move || {
+        if let Some(shared) = weak.upgrade() {
+            if let Err(e) = spawn_progress_thread(&shared) {
+                tracing::error!(agent = %shared.name, error = %e, "could not start the progress thread");
+            }
+        }
+    });
+    match crate::model::timer::run_soon(job) {
+        Ok(()) => Ok(()),
+        Err(_) => spawn_progress_thread(shared),
+    }
+}
+
+/// Spawns the progress thread; `progress_running` is already set (and is cleared on failure).
+fn spawn_progress_thread(shared: &Arc<Shared>) -> Result<()> {
+    crate::model::timer::note_thread_started();
     let weak = Arc::downgrade(shared);
     let stop = shared.stop.clone();
     let delay = shared.config.progress_delay;

@@ -1,6 +1,7 @@
 //! One timer thread for the process: wakes futures at their deadlines (and, for backends that
-//! cannot signal completions, at their next check), sleeping until the earliest. Started on
-//! first use; no async runtime is needed.
+//! cannot signal completions, at their next check), sleeping until the earliest, and runs the
+//! set-up jobs a poll must not do itself (starting an agent's progress thread). Started with
+//! the first agent (or on first use); no async runtime is needed.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -37,16 +38,43 @@ impl Ord for Entry {
     }
 }
 
+/// A job for the timer thread (see [`run_soon`]).
+type Job = Box<dyn FnOnce() + Send>;
+
+#[derive(Default)]
+struct Queue {
+    heap: BinaryHeap<Reverse<Entry>>,
+    seq: u64,
+    jobs: Vec<Job>,
+}
+
 #[derive(Default)]
 struct Timer {
-    heap: Mutex<(BinaryHeap<Reverse<Entry>>, u64)>,
+    heap: Mutex<Queue>,
     changed: Condvar,
 }
 
 static TIMER: OnceLock<Option<&'static Timer>> = OnceLock::new();
 
+thread_local! {
+    /// Threads the project started from this thread (the `fuzzing` feature reads it).
+    static STARTED_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts a thread started by the calling thread.
+pub(crate) fn note_thread_started() {
+    STARTED_HERE.with(|c| c.set(c.get() + 1));
+}
+
+/// Threads (the timer thread, agents' progress threads) the calling thread started so far.
+#[cfg(feature = "fuzzing")]
+pub fn threads_started_here() -> u64 {
+    STARTED_HERE.with(std::cell::Cell::get)
+}
+
 fn timer() -> Option<&'static Timer> {
     *TIMER.get_or_init(|| {
+        note_thread_started();
         let t: &'static Timer = Box::leak(Box::default());
         std::thread::Builder::new()
             .name("nixl-timer".to_owned())
@@ -55,6 +83,24 @@ fn timer() -> Option<&'static Timer> {
             .inspect_err(|e| tracing::error!(error = %e, "could not start the timer thread"))
             .ok()
     })
+}
+
+/// Starts the timer thread if it is not running (an agent's creation calls it, so that no
+/// future's poll pays for the thread's start). False where it could not be started.
+pub(crate) fn start() -> bool {
+    timer().is_some()
+}
+
+/// Runs `job` on the timer thread soon, off the caller's thread: set-up work a poll must not
+/// do itself (a thread's start costs tens of microseconds). Returns the job where no timer
+/// thread could be started, for the caller to run.
+pub(crate) fn run_soon(job: Job) -> Result<(), Job> {
+    let Some(t) = timer() else {
+        return Err(job);
+    };
+    t.heap.lock().jobs.push(job);
+    t.changed.notify_one();
+    Ok(())
 }
 
 /// The timer thread's timer slack: the kernel may wake a sleeper this much after its time
@@ -67,10 +113,19 @@ fn run(t: &'static Timer) {
     }
     let mut g = t.heap.lock();
     loop {
+        if !g.jobs.is_empty() {
+            let jobs = std::mem::take(&mut g.jobs);
+            drop(g);
+            for job in jobs {
+                job();
+            }
+            g = t.heap.lock();
+            continue;
+        }
         let now = Instant::now();
         let mut due = Vec::new();
-        while g.0.peek().is_some_and(|Reverse(e)| e.at <= now) {
-            if let Some(Reverse(e)) = g.0.pop() {
+        while g.heap.peek().is_some_and(|Reverse(e)| e.at <= now) {
+            if let Some(Reverse(e)) = g.heap.pop() {
                 due.push(e.waker);
             }
         }
@@ -82,7 +137,7 @@ fn run(t: &'static Timer) {
             g = t.heap.lock();
             continue;
         }
-        match g.0.peek().map(|Reverse(e)| e.at) {
+        match g.heap.peek().map(|Reverse(e)| e.at) {
             Some(at) => {
                 t.changed.wait_until(&mut g, at);
             }
@@ -105,8 +160,8 @@ pub(crate) fn fire_due() {
         let Some(mut g) = t.heap.try_lock() else {
             return;
         };
-        while g.0.peek().is_some_and(|Reverse(e)| e.at <= now) {
-            if let Some(Reverse(e)) = g.0.pop() {
+        while g.heap.peek().is_some_and(|Reverse(e)| e.at <= now) {
+            if let Some(Reverse(e)) = g.heap.pop() {
                 due.push(e.waker);
             }
         }
@@ -123,14 +178,14 @@ pub(crate) fn wake_at(at: Instant, w: &Waker) -> bool {
         return false;
     };
     let mut g = t.heap.lock();
-    if g.0.len() >= MAX_ENTRIES {
+    if g.heap.len() >= MAX_ENTRIES {
         tracing::warn!("timer full: a future's timed wake is dropped");
         return true;
     }
-    g.1 += 1;
-    let seq = g.1;
-    let earliest = g.0.peek().is_none_or(|Reverse(e)| at < e.at);
-    g.0.push(Reverse(Entry {
+    g.seq += 1;
+    let seq = g.seq;
+    let earliest = g.heap.peek().is_none_or(|Reverse(e)| at < e.at);
+    g.heap.push(Reverse(Entry {
         at,
         seq,
         waker: w.clone(),

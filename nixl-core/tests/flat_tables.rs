@@ -329,3 +329,173 @@ fn lists_of_other_shapes_are_not_tables() {
     run(&p, &req);
     check_written(&p, &layered(&[(0, 0)], &[0, 1, 2, 3, 4], &[0, 1, 2, 3, 4]));
 }
+
+/// One region per side holding every layer, layer after layer (a KV pool of one allocation,
+/// as the main job's): `a`'s blocks packed, `b`'s with gaps; `a` holds both flat lists.
+struct OnePool {
+    a: Agent,
+    _b: Agent,
+    src: Arc<HostBuffer>,
+    dst: Arc<HostBuffer>,
+    local: PreparedList,
+    remote: PreparedList,
+    _regs: (Registration, Registration),
+}
+
+fn one_pool(name: &str) -> OnePool {
+    let (a, b) = (
+        inproc_agent(&format!("{name}-a")),
+        inproc_agent(&format!("{name}-b")),
+    );
+    let all = BLOCKS * LAYERS as u64;
+    let src = host_buf((BLOCK * all) as usize);
+    src.fill_pattern(21);
+    let dst = host_buf((REMOTE_STRIDE * all) as usize);
+    let ra = a.register_mem(vec![src.clone()], &[]).unwrap();
+    let rb = b.register_mem(vec![dst.clone()], &[]).unwrap();
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
+    let flat = |base: u64, stride: u64| {
+        XferDescList::from_descs(
+            MemKind::Dram,
+            (0..all).map(move |i| Desc::new(base + i * stride, BLOCK)),
+        )
+    };
+    let local = a
+        .prep_xfer_dlist(XferTarget::Initiator, &flat(src.addr(), BLOCK), &[])
+        .unwrap();
+    let remote = a
+        .prep_xfer_dlist(
+            XferTarget::Agent(b.name()),
+            &flat(dst.addr(), REMOTE_STRIDE),
+            &[],
+        )
+        .unwrap();
+    OnePool {
+        a,
+        _b: b,
+        src,
+        dst,
+        local,
+        remote,
+        _regs: (ra, rb),
+    }
+}
+
+/// What `pool` holds after `pairs` moved from `from` (blocks `from_step` apart) into it
+/// (blocks `to_step` apart), starting from zeros.
+fn moved(
+    from: &[u8],
+    from_step: u64,
+    to_len: usize,
+    to_step: u64,
+    pairs: &[(usize, usize)],
+) -> Vec<u8> {
+    let mut want = vec![0u8; to_len];
+    let b = BLOCK as usize;
+    for &(f, t) in pairs {
+        let (s, d) = (f * from_step as usize, t * to_step as usize);
+        want[d..d + b].copy_from_slice(&from[s..s + b]);
+    }
+    want
+}
+
+/// A pool of one region is one layer of every block: where a request names the same ids in
+/// layer after layer (its indices repeat with the layers' period), the request is a
+/// block-table request of those layers (the ids' runs shared by every layer) rather than one
+/// layer of every block it names. Other orders, and ids already in a few runs, stay one
+/// layer; every byte lands either way and nothing else is written.
+#[test]
+fn one_region_pools_split_into_layers_by_the_ids_period() {
+    let p = one_pool("flat-one-region");
+    let (li, ri) = (ids(24, 7), ids(24, 11));
+    let dense: Vec<u64> = (0..24).collect();
+    let cases: [(&str, Vec<Pairing>, &str); 4] = [
+        (
+            "every layer",
+            layered(&[(0, 0), (1, 1), (2, 2), (3, 3)], &li, &ri),
+            "block table: 4 layers x 24 blocks",
+        ),
+        (
+            "layers 1 to 3",
+            layered(&[(1, 1), (2, 2), (3, 3)], &li, &ri),
+            "block table: 3 layers x 24 blocks",
+        ),
+        (
+            "remote layers reversed",
+            layered(&[(0, 3), (1, 2), (2, 1), (3, 0)], &li, &ri),
+            "block table: 1 layers x 96 blocks",
+        ),
+        (
+            "ids already one run per layer",
+            layered(&[(0, 0), (1, 1), (2, 2), (3, 3)], &dense, &dense),
+            "block table: 1 layers x 96 blocks",
+        ),
+    ];
+    let src = p.src.to_vec();
+    for (what, pairs, want_path) in cases {
+        p.dst.fill(0);
+        let (l, r): (Vec<_>, Vec<_>) = pairs.iter().copied().unzip();
+        let (l, r) = (index(&l), index(&r));
+        let req =
+            p.a.make_prepped_xfer(
+                XferOp::Write,
+                &p.local,
+                &l,
+                &p.remote,
+                &r,
+                XferOptions::default(),
+            )
+            .unwrap();
+        assert!(req.path().contains(want_path), "{what}: {}", req.path());
+        p.a.post_xfer_req(&req).unwrap();
+        req.wait(Duration::from_secs(10)).unwrap();
+        let flat: Vec<(usize, usize)> = l.iter().copied().zip(r.iter().copied()).collect();
+        assert!(
+            p.dst.to_vec() == moved(&src, BLOCK, p.dst.len(), REMOTE_STRIDE, &flat),
+            "{what}: the remote pool differs from the request"
+        );
+    }
+    // And back: a READ of the last WRITE's blocks into a cleared local pool, split the same.
+    let (l, r): (Vec<_>, Vec<_>) = layered(&[(0, 0), (1, 1), (2, 2), (3, 3)], &li, &ri)
+        .into_iter()
+        .unzip();
+    let (l, r) = (index(&l), index(&r));
+    p.dst.fill(0);
+    let w =
+        p.a.make_prepped_xfer(
+            XferOp::Write,
+            &p.local,
+            &l,
+            &p.remote,
+            &r,
+            XferOptions::default(),
+        )
+        .unwrap();
+    p.a.post_xfer_req(&w).unwrap();
+    w.wait(Duration::from_secs(10)).unwrap();
+    p.src.fill(0);
+    let req =
+        p.a.make_prepped_xfer(
+            XferOp::Read,
+            &p.local,
+            &l,
+            &p.remote,
+            &r,
+            XferOptions::default(),
+        )
+        .unwrap();
+    assert!(
+        req.path().contains("block table: 4 layers x 24 blocks"),
+        "{}",
+        req.path()
+    );
+    p.a.post_xfer_req(&req).unwrap();
+    req.wait(Duration::from_secs(10)).unwrap();
+    // Local block `l[k]` went to remote `r[k]` and came back to `l[k]`.
+    let flat: Vec<(usize, usize)> = l.iter().map(|&i| (i, i)).collect();
+    assert!(
+        p.src.to_vec() == moved(&src, BLOCK, p.src.len(), BLOCK, &flat),
+        "the READ brought back exactly the blocks it names"
+    );
+}

@@ -81,7 +81,9 @@ impl Agent {
             return None;
         }
         let (lt, rt) = (local.table.as_ref()?, remote.table.as_ref()?);
-        let ids = table_ids(op, (lt, local_idx), (rt, remote_idx))?;
+        let merge = !opts.no_merge;
+        let ids = period_ids((lt, local_idx), (rt, remote_idx), merge)
+            .or_else(|| table_ids(op, (lt, local_idx), (rt, remote_idx)))?;
         let me = self.name();
         check_shapes(
             me,
@@ -273,6 +275,128 @@ fn table_ids(
         local,
         remote,
     })
+}
+
+/// Runs `local` and `remote` form (pairs consecutive on both sides merge where `merge`).
+fn run_count(local: &[usize], remote: &[usize], merge: bool) -> usize {
+    if !merge {
+        return local.len();
+    }
+    1 + local
+        .windows(2)
+        .zip(remote.windows(2))
+        .filter(|(l, r)| l[1] != l[0].wrapping_add(1) || r[1] != r[0].wrapping_add(1))
+        .count()
+}
+
+/// The divisors of `n` in `lo..n`, ascending.
+fn divisors(n: usize, lo: usize) -> Vec<usize> {
+    let (mut small, mut large) = (Vec::new(), Vec::new());
+    let mut d = 1;
+    while d * d <= n {
+        if n.is_multiple_of(d) {
+            small.push(d);
+            if d * d != n {
+                large.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    small
+        .into_iter()
+        .chain(large.into_iter().rev())
+        .filter(|&k| k >= lo && k < n)
+        .collect()
+}
+
+/// Index lists over two one-layer [`FlatTable`]s (each pool one region: the layers of a KV
+/// pool laid out one after another, NIXL's shape for a single allocation) read as a
+/// block-table request of virtual layers: where the indices repeat with a period (group `g`
+/// is group 0 moved by `g * dl` blocks locally and `g * dr` remotely), each group is a layer
+/// of `dl` (`dr`) blocks and the ids are group 0's. Taken only where that costs less than the
+/// one layer (layers plus group 0's runs against the whole list's runs): ids already in a few
+/// runs stay one layer. The virtual layers are disjoint slices of the region, one per group
+/// (so the destination's are distinct). `None` otherwise.
+fn period_ids(
+    (lt, local_idx): (&FlatTable, &[usize]),
+    (rt, remote_idx): (&FlatTable, &[usize]),
+    merge: bool,
+) -> Option<TableIds> {
+    let ([la], [ra]) = (lt.layers.as_slice(), rt.layers.as_slice()) else {
+        return None;
+    };
+    let n = local_idx.len();
+    if n != remote_idx.len() || n < 2 * MIN_GROUP {
+        return None;
+    }
+    crate::work::tick(n);
+    let flat_runs = run_count(local_idx, remote_idx, merge);
+    for k in divisors(n, MIN_GROUP) {
+        let groups = n / k;
+        // A split into `groups` layers costs at least `groups + 1`.
+        if groups + 1 >= flat_runs {
+            continue;
+        }
+        let (Some(dl), Some(dr)) = (
+            local_idx[k].checked_sub(local_idx[0]),
+            remote_idx[k].checked_sub(remote_idx[0]),
+        ) else {
+            continue;
+        };
+        if dl == 0 || dr == 0 || !lt.per.is_multiple_of(dl) || !rt.per.is_multiple_of(dr) {
+            continue;
+        }
+        let periodic = local_idx[k..]
+            .iter()
+            .zip(local_idx)
+            .zip(remote_idx[k..].iter().zip(remote_idx))
+            .all(|((&l, &l0), (&r, &r0))| l == l0 + dl && r == r0 + dr);
+        if !periodic {
+            continue;
+        }
+        let (lbase, rbase) = (
+            local_idx[0] - local_idx[0] % dl,
+            remote_idx[0] - remote_idx[0] % dr,
+        );
+        // Group 0 inside one virtual layer per side, and the last group inside the table.
+        let inside = |idx: &[usize], base: usize, d: usize| {
+            idx[..k].iter().all(|&i| i >= base && i - base < d)
+        };
+        if !inside(local_idx, lbase, dl)
+            || !inside(remote_idx, rbase, dr)
+            || lbase + groups * dl > lt.per
+            || rbase + groups * dr > rt.per
+        {
+            return None;
+        }
+        let local: Vec<usize> = local_idx[..k].iter().map(|&i| i - lbase).collect();
+        let remote: Vec<usize> = remote_idx[..k].iter().map(|&i| i - rbase).collect();
+        if groups + run_count(&local, &remote, merge) >= flat_runs {
+            return None;
+        }
+        let layer = |t: &PrepLayer, base: usize, d: usize, g: usize| -> Option<PrepLayer> {
+            let mut run = t.run;
+            run.addr = run.block_addr((base + g * d) as u64)?;
+            run.count = d as u64;
+            run.problem().is_none().then_some(PrepLayer {
+                run,
+                region: t.region,
+            })
+        };
+        let local_layers = (0..groups)
+            .map(|g| layer(la, lbase, dl, g))
+            .collect::<Option<Vec<_>>>()?;
+        let remote_layers = (0..groups)
+            .map(|g| layer(ra, rbase, dr, g))
+            .collect::<Option<Vec<_>>>()?;
+        return Some(TableIds {
+            local_layers,
+            remote_layers,
+            local,
+            remote,
+        });
+    }
+    None
 }
 
 /// The refusal when no backend took a table with rows rearranged: what each one said.

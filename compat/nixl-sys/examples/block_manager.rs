@@ -11,7 +11,10 @@
 //! then it starts the decode process, exchanges metadata with it over NIXL's side channel, and
 //! WRITEs the blocks into the decode pool by index (in reverse order) with a notification. The
 //! decode process checks every byte and answers with a notification; the run fails unless both
-//! checks pass. A device pool needs a GPU and is left out here.
+//! checks pass. Where a GPU is present the manager also has a device pool (GPU 0's memory,
+//! registered by pointer as Dynamo registers its device pool): every block goes host ->
+//! device, the host pool is cleared, and every block comes back device -> host through the
+//! `CUDA_IPC` plugin, checked; without a GPU that step says why it is skipped.
 //!
 //! ```text
 //! cargo run -p nixl-rs-sys --example block_manager -- --blocks 64 --block-bytes 65536
@@ -103,6 +106,32 @@ impl NixlDescriptor for DiskPool {
     }
 }
 
+/// The device pool: GPU memory the manager allocated, registered by its device pointer.
+#[derive(Debug)]
+struct DevicePool {
+    buf: nixl::mem::DeviceBuffer,
+}
+
+impl MemoryRegion for DevicePool {
+    unsafe fn as_ptr(&self) -> *const u8 {
+        self.buf.addr() as *const u8
+    }
+
+    fn size(&self) -> usize {
+        self.buf.len()
+    }
+}
+
+impl NixlDescriptor for DevicePool {
+    fn mem_type(&self) -> MemType {
+        MemType::Vram
+    }
+
+    fn device_id(&self) -> u64 {
+        self.buf.ordinal() as u64
+    }
+}
+
 /// The byte at `offset` of block `block`.
 fn byte(block: usize, offset: usize) -> u8 {
     (block.wrapping_mul(31) ^ offset.wrapping_mul(7) ^ (offset >> 8)) as u8
@@ -177,6 +206,13 @@ fn prefill(args: &Args) -> Res<()> {
     let agent = Agent::new(&format!("bm-prefill-{}", std::process::id()))?;
     let (_ucx, ucx) = backend(&agent, "UCX")?;
     let (_posix, posix) = backend(&agent, "POSIX")?;
+    // The device tier, where this machine has a GPU (created before the host pool is
+    // registered, so the host pool is registered with it too).
+    let gpu = if nixl::mem::cuda::is_available() {
+        Some(backend(&agent, "CUDA_IPC")?)
+    } else {
+        None
+    };
 
     let mut host = HostPool {
         buf: vec![0u8; n * bb].into_boxed_slice(),
@@ -226,6 +262,35 @@ fn prefill(args: &Args) -> Res<()> {
     println!(
         "host -> disk -> host: {n} blocks of {bb} B, every byte checked (offload {t_off:?}, onboard {t_on:?})"
     );
+    match &gpu {
+        Some((_b, cuda)) => {
+            let dev = DevicePool {
+                buf: nixl::mem::DeviceBuffer::new(0, n * bb)?,
+            };
+            let _dev_reg = agent.register_memory(&dev, Some(cuda))?;
+            let dev_list = blocks_list(MemType::Vram, dev.buf.addr() as usize, 0, n, bb)?;
+            let up =
+                agent.create_xfer_req(XferOp::Write, &host_list, &dev_list, &me, Some(cuda))?;
+            let t_up = post_and_wait(&agent, &up, "host -> device")?;
+            drop(up);
+            host.buf.fill(0);
+            let down =
+                agent.create_xfer_req(XferOp::Read, &host_list, &dev_list, &me, Some(cuda))?;
+            let t_down = post_and_wait(&agent, &down, "device -> host")?;
+            drop(down);
+            for (i, block) in host.buf.chunks(bb).enumerate() {
+                if let Some(k) = block.iter().enumerate().position(|(k, &b)| b != byte(i, k)) {
+                    return Err(
+                        format!("block {i} byte {k} differs after host -> device -> host").into(),
+                    );
+                }
+            }
+            println!(
+                "host -> device -> host (GPU 0, CUDA_IPC): {n} blocks of {bb} B, every byte checked (up {t_up:?}, down {t_down:?})"
+            );
+        }
+        None => println!("host -> device -> host: skipped (no CUDA driver or GPU here)"),
+    }
 
     // The decode process: its name, listener port, pool address.
     let name = format!("bm-decode-{}", std::process::id());

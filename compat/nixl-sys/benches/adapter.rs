@@ -24,11 +24,14 @@
 
 use std::error::Error;
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+
+#[path = "../examples/block_manager/pools.rs"]
+mod pools;
+use pools::{check_blocks, pattern};
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
@@ -71,30 +74,6 @@ trait Side {
     fn round(&mut self) -> Res<[Duration; 3]>;
 }
 
-/// The byte at `offset` of block `block` (as the example's).
-fn byte(block: usize, offset: usize) -> u8 {
-    (block.wrapping_mul(31) ^ offset.wrapping_mul(7) ^ (offset >> 8)) as u8
-}
-
-fn fill_blocks(buf: &mut [u8], bb: usize) {
-    for (i, block) in buf.chunks_mut(bb).enumerate() {
-        for (k, b) in block.iter_mut().enumerate() {
-            *b = byte(i, k);
-        }
-    }
-}
-
-/// `Err` naming the first byte of `got` that is not block `map(j)`'s pattern at block `j`.
-fn check_blocks(what: &str, got: &[u8], bb: usize, map: impl Fn(usize) -> usize) -> Res<()> {
-    for (j, block) in got.chunks(bb).enumerate() {
-        let i = map(j);
-        if let Some(k) = block.iter().enumerate().position(|(k, &b)| b != byte(i, k)) {
-            return Err(format!("{what}: block {j} byte {k} differs").into());
-        }
-    }
-    Ok(())
-}
-
 /// A page-cache file of `len` bytes, unlinked once open.
 fn disk_file(dir: &std::path::Path, tag: &str, len: usize) -> Res<File> {
     let path = dir.join(format!("adapter-{tag}-{}", std::process::id()));
@@ -125,69 +104,7 @@ mod dropin {
     use super::*;
     use nixl_sys::*;
 
-    /// A host pool: the manager's own page-aligned allocation (nixl-rs's host buffer, as the
-    /// native side's), registered by pointer as the example registers its pool.
-    #[derive(Debug)]
-    struct HostPool(Arc<nixl::HostBuffer>);
-
-    impl HostPool {
-        fn new(len: usize) -> Res<Self> {
-            Ok(HostPool(Arc::new(
-                nixl::HostBuffer::new(len).ok_or("host buffer")?,
-            )))
-        }
-
-        fn addr(&self) -> usize {
-            self.0.addr() as usize
-        }
-    }
-
-    impl MemoryRegion for HostPool {
-        unsafe fn as_ptr(&self) -> *const u8 {
-            self.0.as_ptr()
-        }
-
-        fn size(&self) -> usize {
-            self.0.len()
-        }
-    }
-
-    impl NixlDescriptor for HostPool {
-        fn mem_type(&self) -> MemType {
-            MemType::Dram
-        }
-
-        fn device_id(&self) -> u64 {
-            0
-        }
-    }
-
-    /// The disk pool: a file named by its descriptor (the example's `DiskPool`).
-    #[derive(Debug)]
-    struct DiskPool {
-        file: File,
-        len: usize,
-    }
-
-    impl MemoryRegion for DiskPool {
-        unsafe fn as_ptr(&self) -> *const u8 {
-            std::ptr::null()
-        }
-
-        fn size(&self) -> usize {
-            self.len
-        }
-    }
-
-    impl NixlDescriptor for DiskPool {
-        fn mem_type(&self) -> MemType {
-            MemType::File
-        }
-
-        fn device_id(&self) -> u64 {
-            self.file.as_raw_fd() as u64
-        }
-    }
+    use crate::pools::{DiskPool, HostPool};
 
     fn backend(agent: &Agent, plugin: &str) -> Res<OptArgs> {
         let (_mems, params) = agent.get_plugin_params(plugin)?;
@@ -247,12 +164,10 @@ mod dropin {
             let decode = Agent::new(&format!("adapter-dropin-decode-{tag}"))?;
             let decode_ucx = backend(&decode, "UCX")?;
 
-            let host = HostPool::new(n * bb)?;
-            let mut pattern = vec![0u8; n * bb];
-            fill_blocks(&mut pattern, bb);
-            host.0.write_at(0, &pattern);
-            let restore = HostPool::new(n * bb)?;
-            let dst = HostPool::new(n * bb)?;
+            let pool = || HostPool::new(n * bb).ok_or("host pool allocation");
+            let host = pool()?;
+            host.0.write_at(0, &pattern(n, bb));
+            let (restore, dst) = (pool()?, pool()?);
             let disk = DiskPool {
                 file: disk_file(dir, "dropin", n * bb)?,
                 len: n * bb,
@@ -431,9 +346,7 @@ mod native {
             let decode_ucx = backend(&decode, "UCX")?;
 
             let host = host_buffer(n * bb)?;
-            let mut pattern = vec![0u8; n * bb];
-            fill_blocks(&mut pattern, bb);
-            host.write_at(0, &pattern);
+            host.write_at(0, &pattern(n, bb));
             let restore = host_buffer(n * bb)?;
             let dst = host_buffer(n * bb)?;
             let disk = Arc::new(FileRegion::from_file(

@@ -23,13 +23,16 @@
 use std::error::Error;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use nixl_sys::*;
+
+#[path = "block_manager/pools.rs"]
+mod pools;
+use pools::{check_blocks, pattern, DiskPool, HostPool};
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
@@ -51,59 +54,6 @@ struct Args {
     /// Internal: run as the decode process, named so.
     #[arg(long, hide = true)]
     decode: Option<String>,
-}
-
-/// The manager's host pool: its own allocation, registered by pointer as nixl-sys code does.
-#[derive(Debug)]
-struct HostPool {
-    buf: Box<[u8]>,
-}
-
-impl MemoryRegion for HostPool {
-    unsafe fn as_ptr(&self) -> *const u8 {
-        self.buf.as_ptr()
-    }
-
-    fn size(&self) -> usize {
-        self.buf.len()
-    }
-}
-
-impl NixlDescriptor for HostPool {
-    fn mem_type(&self) -> MemType {
-        MemType::Dram
-    }
-
-    fn device_id(&self) -> u64 {
-        0
-    }
-}
-
-/// The disk pool: a file, named by its descriptor (NIXL's FILE segments: offset and fd).
-#[derive(Debug)]
-struct DiskPool {
-    file: File,
-    len: usize,
-}
-
-impl MemoryRegion for DiskPool {
-    unsafe fn as_ptr(&self) -> *const u8 {
-        std::ptr::null()
-    }
-
-    fn size(&self) -> usize {
-        self.len
-    }
-}
-
-impl NixlDescriptor for DiskPool {
-    fn mem_type(&self) -> MemType {
-        MemType::File
-    }
-
-    fn device_id(&self) -> u64 {
-        self.file.as_raw_fd() as u64
-    }
 }
 
 /// The device pool: GPU memory the manager allocated, registered by its device pointer.
@@ -130,11 +80,6 @@ impl NixlDescriptor for DevicePool {
     fn device_id(&self) -> u64 {
         self.buf.ordinal() as u64
     }
-}
-
-/// The byte at `offset` of block `block`.
-fn byte(block: usize, offset: usize) -> u8 {
-    (block.wrapping_mul(31) ^ offset.wrapping_mul(7) ^ (offset >> 8)) as u8
 }
 
 fn blocks_list(
@@ -214,14 +159,8 @@ fn prefill(args: &Args) -> Res<()> {
         None
     };
 
-    let mut host = HostPool {
-        buf: vec![0u8; n * bb].into_boxed_slice(),
-    };
-    for (i, block) in host.buf.chunks_mut(bb).enumerate() {
-        for (k, b) in block.iter_mut().enumerate() {
-            *b = byte(i, k);
-        }
-    }
+    let host = HostPool::new(n * bb).ok_or("host pool allocation")?;
+    host.0.write_at(0, &pattern(n, bb));
     // Registered with every backend that takes host memory (UCX and POSIX).
     let host_reg = agent.register_memory(&host, None)?;
     let path = args
@@ -241,24 +180,18 @@ fn prefill(args: &Args) -> Res<()> {
     let _disk_reg = agent.register_memory(&disk, Some(&posix))?;
     let fd = disk.device_id();
 
-    // SAFETY: only the address is taken.
-    let base = unsafe { host.as_ptr() } as usize;
-    let host_list = blocks_list(MemType::Dram, base, 0, n, bb)?;
+    let host_list = blocks_list(MemType::Dram, host.addr(), 0, n, bb)?;
     let disk_list = blocks_list(MemType::File, 0, fd, n, bb)?;
     let me = agent.name();
 
     let off = agent.create_xfer_req(XferOp::Write, &host_list, &disk_list, &me, Some(&posix))?;
     let t_off = post_and_wait(&agent, &off, "offload host -> disk")?;
     drop(off);
-    host.buf.fill(0);
+    host.0.fill(0);
     let on = agent.create_xfer_req(XferOp::Read, &host_list, &disk_list, &me, Some(&posix))?;
     let t_on = post_and_wait(&agent, &on, "onboard disk -> host")?;
     drop(on);
-    for (i, block) in host.buf.chunks(bb).enumerate() {
-        if let Some(k) = block.iter().enumerate().position(|(k, &b)| b != byte(i, k)) {
-            return Err(format!("block {i} byte {k} differs after host -> disk -> host").into());
-        }
-    }
+    check_blocks("host -> disk -> host", &host.0.to_vec(), bb, |j| j)?;
     println!(
         "host -> disk -> host: {n} blocks of {bb} B, every byte checked (offload {t_off:?}, onboard {t_on:?})"
     );
@@ -273,18 +206,12 @@ fn prefill(args: &Args) -> Res<()> {
                 agent.create_xfer_req(XferOp::Write, &host_list, &dev_list, &me, Some(cuda))?;
             let t_up = post_and_wait(&agent, &up, "host -> device")?;
             drop(up);
-            host.buf.fill(0);
+            host.0.fill(0);
             let down =
                 agent.create_xfer_req(XferOp::Read, &host_list, &dev_list, &me, Some(cuda))?;
             let t_down = post_and_wait(&agent, &down, "device -> host")?;
             drop(down);
-            for (i, block) in host.buf.chunks(bb).enumerate() {
-                if let Some(k) = block.iter().enumerate().position(|(k, &b)| b != byte(i, k)) {
-                    return Err(
-                        format!("block {i} byte {k} differs after host -> device -> host").into(),
-                    );
-                }
-            }
+            check_blocks("host -> device -> host", &host.0.to_vec(), bb, |j| j)?;
             println!(
                 "host -> device -> host (GPU 0, CUDA_IPC): {n} blocks of {bb} B, every byte checked (up {t_up:?}, down {t_down:?})"
             );
@@ -408,18 +335,7 @@ fn decode(args: &Args, name: &str) -> Res<()> {
         }
         std::thread::sleep(Duration::from_millis(1));
     };
-    let bad = pool
-        .as_slice()
-        .chunks(bb)
-        .enumerate()
-        .find_map(|(j, block)| {
-            let i = n - 1 - j;
-            block
-                .iter()
-                .enumerate()
-                .position(|(k, &b)| b != byte(i, k))
-                .map(|k| format!("block {j} byte {k}"))
-        });
+    let bad = check_blocks("decode pool", pool.as_slice(), bb, |j| n - 1 - j).err();
     while !agent.check_remote_metadata(&prefill, None) {
         if t0.elapsed() > DEADLINE {
             return Err(format!("{prefill}'s metadata never arrived").into());
@@ -434,6 +350,6 @@ fn decode(args: &Args, name: &str) -> Res<()> {
     }
     match bad {
         None => Ok(()),
-        Some(b) => Err(format!("decode: {b} differs").into()),
+        Some(b) => Err(b.into()),
     }
 }

@@ -400,6 +400,16 @@ fn moved(
     want
 }
 
+/// Makes, posts and waits for a request by index over `p`'s lists; returns its path.
+fn moved_by(p: &OnePool, op: XferOp, l: &[usize], r: &[usize]) -> String {
+    let req =
+        p.a.make_prepped_xfer(op, &p.local, l, &p.remote, r, XferOptions::default())
+            .unwrap();
+    p.a.post_xfer_req(&req).unwrap();
+    req.wait(Duration::from_secs(10)).unwrap();
+    req.path()
+}
+
 /// A pool of one region is one layer of every block: where a request names the same ids in
 /// layer after layer (its indices repeat with the layers' period), the request is a
 /// block-table request of those layers (the ids' runs shared by every layer) rather than one
@@ -437,19 +447,8 @@ fn one_region_pools_split_into_layers_by_the_ids_period() {
         p.dst.fill(0);
         let (l, r): (Vec<_>, Vec<_>) = pairs.iter().copied().unzip();
         let (l, r) = (index(&l), index(&r));
-        let req =
-            p.a.make_prepped_xfer(
-                XferOp::Write,
-                &p.local,
-                &l,
-                &p.remote,
-                &r,
-                XferOptions::default(),
-            )
-            .unwrap();
-        assert!(req.path().contains(want_path), "{what}: {}", req.path());
-        p.a.post_xfer_req(&req).unwrap();
-        req.wait(Duration::from_secs(10)).unwrap();
+        let path = moved_by(&p, XferOp::Write, &l, &r);
+        assert!(path.contains(want_path), "{what}: {path}");
         let flat: Vec<(usize, usize)> = l.iter().copied().zip(r.iter().copied()).collect();
         assert!(
             p.dst.to_vec() == moved(&src, BLOCK, p.dst.len(), REMOTE_STRIDE, &flat),
@@ -462,36 +461,10 @@ fn one_region_pools_split_into_layers_by_the_ids_period() {
         .unzip();
     let (l, r) = (index(&l), index(&r));
     p.dst.fill(0);
-    let w =
-        p.a.make_prepped_xfer(
-            XferOp::Write,
-            &p.local,
-            &l,
-            &p.remote,
-            &r,
-            XferOptions::default(),
-        )
-        .unwrap();
-    p.a.post_xfer_req(&w).unwrap();
-    w.wait(Duration::from_secs(10)).unwrap();
+    moved_by(&p, XferOp::Write, &l, &r);
     p.src.fill(0);
-    let req =
-        p.a.make_prepped_xfer(
-            XferOp::Read,
-            &p.local,
-            &l,
-            &p.remote,
-            &r,
-            XferOptions::default(),
-        )
-        .unwrap();
-    assert!(
-        req.path().contains("block table: 4 layers x 24 blocks"),
-        "{}",
-        req.path()
-    );
-    p.a.post_xfer_req(&req).unwrap();
-    req.wait(Duration::from_secs(10)).unwrap();
+    let path = moved_by(&p, XferOp::Read, &l, &r);
+    assert!(path.contains("block table: 4 layers x 24 blocks"), "{path}");
     // Local block `l[k]` went to remote `r[k]` and came back to `l[k]`.
     let flat: Vec<(usize, usize)> = l.iter().map(|&i| (i, i)).collect();
     assert!(

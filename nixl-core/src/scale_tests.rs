@@ -210,3 +210,83 @@ fn registration_cost_stays_flat() {
         "deregistration grew"
     );
 }
+
+/// Operations of `make_prepped_xfer` over flat lists of one region per side (`layers` x
+/// `pool` blocks of 64 bytes, NIXL's shape for a pool of one allocation) for the indices
+/// `(local, remote)`; returns (operations, the request's path).
+fn one_region_make(
+    tag: &str,
+    layers: usize,
+    pool: usize,
+    idx: (&[usize], &[usize]),
+) -> (u64, String) {
+    const BLOCK: usize = 64;
+    let (a, b) = agents(tag);
+    let n = layers * pool;
+    let (src, _ra) = memory(&a, n * BLOCK, 1);
+    let (dst, _rb) = memory(&b, n * BLOCK, 1);
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
+    let list = |base: u64| XferDescList::blocks(MemKind::Dram, base, BLOCK as u64, n);
+    let l = a
+        .prep_xfer_dlist(XferTarget::Initiator, &list(src.addr()), &[])
+        .unwrap();
+    let r = a
+        .prep_xfer_dlist(XferTarget::Agent(b.name()), &list(dst.addr()), &[])
+        .unwrap();
+    take();
+    let req = a
+        .make_prepped_xfer(XferOp::Write, &l, idx.0, &r, idx.1, XferOptions::default())
+        .unwrap();
+    let make = take();
+    assert_eq!(a.post_xfer_req(&req).unwrap(), XferState::Done);
+    (make, req.path())
+}
+
+/// `layers` groups of the same `ids` (distinct, below `pool`), layer after layer.
+fn layered(layers: usize, pool: usize, ids: &[usize]) -> Vec<usize> {
+    (0..layers)
+        .flat_map(|l| ids.iter().map(move |&i| l * pool + i))
+        .collect()
+}
+
+#[test]
+fn one_region_period_search_is_linear() {
+    const LAYERS: usize = 32;
+    const POOL: usize = 8192;
+    // The main job's shape: the same shuffled ids in every layer, split into 32 layers.
+    let per_desc = |ids: usize| {
+        let (li, ri) = (
+            shuffle(POOL),
+            shuffle(POOL).into_iter().rev().collect::<Vec<_>>(),
+        );
+        let (l, r) = (
+            layered(LAYERS, POOL, &li[..ids]),
+            layered(LAYERS, POOL, &ri[..ids]),
+        );
+        let (ops, path) = one_region_make(&format!("period{ids}"), LAYERS, POOL, (&l, &r));
+        assert!(path.contains("block table: 32 layers"), "{path}");
+        ops as f64 / l.len() as f64
+    };
+    let (small, large) = (per_desc(32), per_desc(4096));
+    assert!(
+        large <= 1.5 * small,
+        "make: {large:.2} operations per descriptor at 131072, {small:.2} at 1024"
+    );
+    // A list periodic for every even period but its last index: each candidate period is
+    // compared almost to the end. The search gives up after a few passes (the request is then
+    // one layer), never one pass per divisor of the length (15 here).
+    let n = LAYERS * 4096;
+    let local: Vec<usize> = (0..n).collect();
+    let mut remote: Vec<usize> = (0..n).map(|j| j ^ 1).collect();
+    remote[n - 1] = n + 7;
+    let (ops, path) = one_region_make("period-hostile", LAYERS, POOL, (&local, &remote));
+    assert!(path.contains("block table: 1 layers"), "{path}");
+    let hostile = ops as f64 / n as f64;
+    // The one-layer request's own steps (about 6 per descriptor) and at most 4 passes of the
+    // search (without the bound: 20 per descriptor here).
+    assert!(
+        hostile <= 12.0,
+        "make: {hostile:.2} operations per descriptor for a list periodic but for its end ({large:.2} for the main job's shape)"
+    );
+}

@@ -331,6 +331,9 @@ fn period_ids(
     }
     crate::work::tick(n);
     let flat_runs = run_count(local_idx, remote_idx, merge);
+    // Index comparisons left: candidate periods that fail late (a list periodic but for its
+    // end) cost at most a few passes over the list, never one per divisor.
+    let mut budget = 4 * n;
     for k in divisors(n, MIN_GROUP) {
         let groups = n / k;
         // A split into `groups` layers costs at least `groups + 1`.
@@ -346,12 +349,19 @@ fn period_ids(
         if dl == 0 || dr == 0 || !lt.per.is_multiple_of(dl) || !rt.per.is_multiple_of(dr) {
             continue;
         }
-        let periodic = local_idx[k..]
+        let compared = local_idx[k..]
             .iter()
             .zip(local_idx)
             .zip(remote_idx[k..].iter().zip(remote_idx))
-            .all(|((&l, &l0), (&r, &r0))| l == l0 + dl && r == r0 + dr);
-        if !periodic {
+            .take(budget)
+            .take_while(|((&l, &l0), (&r, &r0))| l == l0 + dl && r == r0 + dr)
+            .count();
+        crate::work::tick(compared);
+        if compared < n - k {
+            budget = budget.saturating_sub(compared + 1);
+            if budget == 0 {
+                return None;
+            }
             continue;
         }
         let (lbase, rbase) = (

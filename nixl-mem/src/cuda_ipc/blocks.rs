@@ -1,29 +1,67 @@
-//! `CUDA_IPC` block-table transfers: the layers are checked once each (metadata, the remote
-//! layer's mapping, GPU and alignment for the copy kernel), the copies are generated from the
-//! strides in one pass (a dense run of a layer is one copy), and whether copies can depend on
-//! each other is decided from the layers and the ids, not by sorting every block
-//! ([`kernel::conflict`] runs only where that cannot prove independence).
+//! `CUDA_IPC` block-table transfers, whole blocks and tiles alike (a block is the tile whose
+//! rows keep their order): the layers are checked once each (metadata, the remote layer's
+//! mapping, GPU and alignment for the copy kernels), then whole blocks and tiles part ways
+//! only where their engines do.
 //!
-//! A request proven independent whose layers' blocks share one length goes to the block
-//! kernel: the layers (base and stride per side) and the ids' pieces are written into a reused
-//! pinned buffer and uploaded with one asynchronous copy at prepare time, and the kernel
-//! generates every copy on the device (nothing per layer and block on the host; reposts reuse
-//! the table). Other independent tables write one descriptor per copy for the segment kernel
-//! the same way; the segment list is built only for requests that need the one-by-one check
-//! or the copy engines.
+//! Whole blocks: the copies are generated from the strides in one pass (a dense run of a layer
+//! is one copy), and whether copies can depend on each other is decided from the layers and the
+//! ids, not by sorting every block ([`kernel::conflict`] runs only where that cannot prove
+//! independence). A request proven independent whose layers' blocks share one length goes to
+//! the block kernel: the layers (base and stride per side) and the ids' pieces are written into
+//! a reused pinned buffer and uploaded with one asynchronous copy at prepare time, and the
+//! kernel generates every copy on the device (nothing per layer and block on the host; reposts
+//! reuse the table). Other independent tables write one descriptor per copy for the segment
+//! kernel the same way; the segment list is built only for requests that need the one-by-one
+//! check or the copy engines.
+//!
+//! Tiles ([`BlockXferSpec::rows`]): the tile kernel copies every tile's rows where the
+//! destination wants them (an HND <-> NHD permute, heads gathered or sliced) in one pass, VRAM
+//! to VRAM on the GPU of the local memory; its table (O(layers + tiles)) is uploaded once at
+//! prepare time. There is no other engine: a tile request the kernel cannot take is refused
+//! `NotSupported` with the reason.
 
 use nixl_core::backend::{downcast_md, BackendXfer, BlockXferSpec};
-use nixl_core::{Error, MemKind, Op, Result, StridedDesc};
+use nixl_core::{Error, MemKind, Op, Result, StridedDesc, XferOp};
 
+use super::gpu::Gpu;
 use super::md::{LocalMd, Target};
 use super::table::BlockTable;
-use super::xfer::Work;
+use super::xfer::{Engine, KernelPlan, Work};
 use super::{CudaIpcBackend, Ends, KernelOk, NoKernel};
-use crate::cuda::kernel;
+use crate::cuda;
+use crate::cuda::kernel::{self, TileTable};
+
+/// A table's layers as this process addresses them.
+struct LayersHere {
+    /// Each remote layer at its address here (its mapping is linear over the layer).
+    remote: Vec<StridedDesc>,
+    /// How the remote memory is reached.
+    how: &'static str,
+    /// Whether the copy kernels can take the table (the first layer that keeps them out).
+    kernel: KernelOk,
+}
 
 impl CudaIpcBackend {
-    pub(super) fn prepare_block_table(&self, spec: &BlockXferSpec) -> Result<Box<dyn BackendXfer>> {
+    /// A block-table request: whole blocks, or tiles where `spec.rows` is set.
+    pub(super) fn prepare_table(&self, spec: &BlockXferSpec) -> Result<Box<dyn BackendXfer>> {
         let me = &self.agent;
+        if spec.rows.is_some() {
+            if spec.local_kind != MemKind::Vram || spec.remote_kind != MemKind::Vram {
+                return Err(tile_refusal(
+                    me,
+                    format!(
+                        "its tile kernel moves VRAM to VRAM, not {} -> {}",
+                        spec.local_kind, spec.remote_kind
+                    ),
+                ));
+            }
+            if !self.params.copy_kernel {
+                return Err(tile_refusal(
+                    me,
+                    "the copy kernel is off (CudaIpcParams::copy_kernel)".to_owned(),
+                ));
+            }
+        }
         for k in [spec.local_kind, spec.remote_kind] {
             if !matches!(k, MemKind::Dram | MemKind::Vram) {
                 return Err(Error::not_supported(
@@ -39,15 +77,35 @@ impl CudaIpcBackend {
             spec.layers.first().map(|l| l.remote.dev_id),
         )?;
         let gpu = self.gpu(device, Op::MakeXfer)?;
-        let mut how = "same process";
-        let mut kernel_ok: KernelOk =
-            if spec.local_kind == MemKind::Vram && spec.remote_kind == MemKind::Vram {
+        let here = self.layers_here(spec, &gpu)?;
+        let ends = Ends {
+            op: spec.op,
+            kinds: (spec.local_kind, spec.remote_kind),
+            remote: &spec.remote,
+            is_local: spec.is_local,
+            notif: spec.notif.as_deref(),
+            arrival: self.counters_on(spec.arrival, gpu.ordinal)?,
+        };
+        match spec.rows {
+            None => self.block_xfer(spec, &gpu, here, ends),
+            Some(_) => self.tile_xfer(spec, &gpu, here, ends),
+        }
+    }
+
+    /// Every layer's metadata checked, its remote run reached from GPU `gpu`, and whether the
+    /// copy kernels can take it (the GPU reaches the remote memory; for whole blocks, blocks
+    /// 16-byte co-aligned: a tile table checks its rows itself).
+    fn layers_here(&self, spec: &BlockXferSpec, gpu: &Gpu) -> Result<LayersHere> {
+        let me = &self.agent;
+        let mut here = LayersHere {
+            remote: Vec::with_capacity(spec.layers.len()),
+            how: "same process",
+            kernel: if spec.local_kind == MemKind::Vram && spec.remote_kind == MemKind::Vram {
                 Ok(())
             } else {
                 Err(NoKernel::Dram)
-            };
-        // Each remote layer as addressed here (its mapping is linear over the layer).
-        let mut remote_here = Vec::with_capacity(spec.layers.len());
+            },
+        };
         for l in &spec.layers {
             downcast_md::<LocalMd>(&l.local_md).ok_or_else(|| {
                 Error::invalid(me, Op::MakeXfer, "local metadata is not CUDA_IPC's")
@@ -57,53 +115,171 @@ impl CudaIpcBackend {
             })?;
             let extent = l.remote.end().map_or(0, |e| e - l.remote.addr);
             let (base, remote_gpu) = self
-                .reach(t, &gpu, l.remote.addr, extent, l.remote.dev_id)
+                .reach(t, gpu, l.remote.addr, extent, l.remote.dev_id)
                 .map_err(|why| Error::not_supported(me, Op::MakeXfer, why))?;
-            how = match t {
+            here.how = match t {
                 Target::Vram(_) => "CUDA IPC mapping",
                 Target::Host(_) => "shared memfd mapping",
-                _ => how,
+                _ => here.how,
             };
-            if kernel_ok.is_ok() {
-                kernel_ok = self.kernel_reaches(&gpu, remote_gpu).and_then(|()| {
-                    if !kernel::co_aligned(l.local.addr, base)
-                        || l.local.stride % 16 != 0
-                        || l.remote.stride % 16 != 0
-                    {
-                        Err(NoKernel::Layout("blocks not 16-byte co-aligned"))
-                    } else {
+            if here.kernel.is_ok() {
+                here.kernel = self.kernel_reaches(gpu, remote_gpu).and_then(|()| {
+                    let aligned = kernel::co_aligned(l.local.addr, base)
+                        && l.local.stride % 16 == 0
+                        && l.remote.stride % 16 == 0;
+                    if spec.rows.is_some() || aligned {
                         Ok(())
+                    } else {
+                        Err(NoKernel::Layout("blocks not 16-byte co-aligned"))
                     }
                 });
             }
-            remote_here.push(StridedDesc {
+            here.remote.push(StridedDesc {
                 addr: base,
                 ..l.remote
             });
         }
-        let table = BlockTable::new(spec, &remote_here);
+        Ok(here)
+    }
+
+    /// Whole blocks: the block kernel, the segment kernel or the copy engines.
+    fn block_xfer(
+        &self,
+        spec: &BlockXferSpec,
+        gpu: &Gpu,
+        here: LayersHere,
+        ends: Ends<'_>,
+    ) -> Result<Box<dyn BackendXfer>> {
+        let table = BlockTable::new(spec, &here.remote);
         if table.copy_count() == 0 {
-            return Err(Error::invalid(me, Op::MakeXfer, "no blocks"));
+            return Err(Error::invalid(&self.agent, Op::MakeXfer, "no blocks"));
         }
         // Proven independent from the layers and the ids: the kernel's descriptors are written
         // straight from the table. Otherwise the copies are listed and checked one by one.
-        let (work, conflict) = if independent(spec, &remote_here) {
+        let (work, conflict) = if independent(spec, &here.remote) {
             (Work::Table(table), None)
         } else {
             let copies = table.copies();
             let conflict = kernel::conflict(&copies);
             (Work::Copies(copies), conflict)
         };
-        let ends = Ends {
-            op: spec.op,
-            kinds: (spec.local_kind, spec.remote_kind),
-            remote: &spec.remote,
-            is_local: spec.is_local,
-            notif: spec.notif.as_deref(),
-            arrival: self.counters_on(spec.arrival, gpu.ordinal)?,
-        };
-        self.finish(&gpu, ends, work, how, kernel_ok, conflict)
+        self.finish(gpu, ends, work, here.how, here.kernel, conflict)
     }
+
+    /// Tiles: the tile kernel, or a refusal that says why not.
+    fn tile_xfer(
+        &self,
+        spec: &BlockXferSpec,
+        gpu: &Gpu,
+        here: LayersHere,
+        ends: Ends<'_>,
+    ) -> Result<Box<dyn BackendXfer>> {
+        let me = &self.agent;
+        here.kernel.map_err(|why| {
+            tile_refusal(
+                me,
+                match why {
+                    NoKernel::Hardware(w) => w,
+                    NoKernel::Layout(w) => w.to_owned(),
+                    NoKernel::Dram => "an end is host memory".to_owned(),
+                },
+            )
+        })?;
+        let table = tile_table(spec, &here.remote)
+            .ok_or_else(|| tile_refusal(me, "a block table without a tile shape".to_owned()))?;
+        if let Some(why) = table.problem() {
+            return Err(tile_refusal(me, why.to_owned()));
+        }
+        let (route, notif) = self.route(&ends)?;
+        let kernel = gpu
+            .copy_kernel(&self.agent, self.params.kernel_shape)
+            .map_err(|why| tile_refusal(me, format!("copy kernel unavailable: {why}")))?;
+        let lane = gpu
+            .lanes
+            .take()
+            .map_err(|e| cuda::to_error(me, Op::MakeXfer, e))?;
+        let plan = KernelPlan::tiles(
+            kernel,
+            &gpu.staging,
+            &table,
+            lane.event.clone(),
+            &lane.stream,
+        )
+        .map_err(|why| tile_refusal(me, why))?;
+        let plan = match ends.arrival {
+            Some(c) => plan.with_arrival(c).map_err(|why| tile_refusal(me, why))?,
+            None => plan,
+        };
+        // The upload is in the event too (a request dropped before its first post still
+        // knows whether the GPU is done with its table).
+        lane.event
+            .record(&lane.stream)
+            .map_err(|e| cuda::to_error(me, Op::MakeXfer, e))?;
+        let work = Work::Tiles {
+            items: usize::try_from(table.items()).unwrap_or(usize::MAX),
+        };
+        Ok(self.xfer(
+            gpu,
+            &ends,
+            here.how,
+            (work, Engine::Kernel(plan), None),
+            (lane, route, notif),
+        ))
+    }
+}
+
+/// The tile kernel's table of `spec` (remote layers at `remote_here`, their addresses here),
+/// in source and destination terms; `None` without a tile shape.
+fn tile_table(spec: &BlockXferSpec, remote_here: &[StridedDesc]) -> Option<TileTable> {
+    let s = spec.rows.as_ref()?;
+    let read = spec.op == XferOp::Read;
+    let layers = spec
+        .layers
+        .iter()
+        .zip(remote_here)
+        .map(|(l, r)| {
+            let (local, remote) = ([l.local.addr, l.local.stride], [r.addr, r.stride]);
+            let (src, dst) = if read {
+                (remote, local)
+            } else {
+                (local, remote)
+            };
+            [src[0], src[1], dst[0], dst[1]]
+        })
+        .collect();
+    let (ls, rs) = (
+        (s.local.outer, s.local.inner),
+        (s.remote.outer, s.remote.inner),
+    );
+    Some(TileTable {
+        rows: (s.outer, s.inner, s.row),
+        src: if read { rs } else { ls },
+        dst: if read { ls } else { rs },
+        layers,
+        tiles: spec
+            .runs
+            .iter()
+            .flat_map(|r| {
+                (0..r.count).map(move |k| {
+                    let (l, m) = (r.local + k, r.remote + k);
+                    if read {
+                        [m, l, r.remote_offset, r.local_offset]
+                    } else {
+                        [l, m, r.local_offset, r.remote_offset]
+                    }
+                })
+            })
+            .collect(),
+    })
+}
+
+/// A tile request CUDA_IPC cannot take, and why.
+fn tile_refusal(me: &str, why: String) -> Error {
+    Error::not_supported(
+        me,
+        Op::MakeXfer,
+        format!("CUDA_IPC cannot rearrange these tiles' rows: {why}"),
+    )
 }
 
 impl CudaIpcBackend {

@@ -50,7 +50,6 @@ pub(crate) mod notif;
 mod params;
 mod staging;
 mod table;
-mod tiles;
 mod xfer;
 pub(crate) use xfer::RequestEvent;
 
@@ -417,10 +416,7 @@ impl Backend for CudaIpcBackend {
         &self,
         spec: &nixl_core::backend::BlockXferSpec,
     ) -> Result<Option<Box<dyn BackendXfer>>> {
-        match spec.rows {
-            None => self.prepare_block_table(spec).map(Some),
-            Some(_) => self.prepare_tile_table(spec).map(Some),
-        }
+        self.prepare_table(spec).map(Some)
     }
 
     fn rearranges_rows(&self) -> bool {

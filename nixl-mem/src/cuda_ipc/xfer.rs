@@ -11,7 +11,9 @@ use nixl_core::{Error, Op, Result, XferState};
 use super::complete::{self, Notif, Outcome, Ticket};
 use super::staging::{Lane, LanePool, Staging, StagingPool};
 use super::table::BlockTable;
-use crate::cuda::kernel::{self, BlockLayout, CopyKernel, KernelSchedule, Segment, TileTable};
+use crate::cuda::kernel::{
+    self, BlockLayout, CopyKernel, KernelSchedule, Segment, TableKernel, TileTable,
+};
 use crate::cuda::{self, CudaError, Event, Stream};
 use crate::sys::memory::{memcpy_async, memcpy_batch_async};
 
@@ -347,6 +349,7 @@ impl CudaIpcXfer {
             // mappings), kept alive by the request's registrations and loaded regions; prepare
             // admitted it only for copies of which no two conflict (`kernel::conflict`: no
             // destination overlaps another copy's destination or source, or its own source).
+            let stream = &self.lane.stream;
             if p.tiles {
                 // Tiles have no other engine: a failed launch fails the post.
                 let Some(b) = &p.blocks else {
@@ -356,30 +359,32 @@ impl CudaIpcXfer {
                         name: "a tile plan without its table".to_owned(),
                     });
                 };
-                return p
-                    .kernel
-                    .launch_tiles(p.descs(), b, p.grid, &self.lane.stream, p.arrival);
+                return p.kernel.launch_over_table(
+                    TableKernel::Tiles,
+                    p.descs(),
+                    b,
+                    p.grid,
+                    stream,
+                    p.arrival,
+                );
             }
+            let launched = match &p.blocks {
+                Some(b) => p.kernel.launch_over_table(
+                    TableKernel::Blocks,
+                    p.descs(),
+                    b,
+                    p.grid,
+                    stream,
+                    p.arrival,
+                ),
+                None => p
+                    .kernel
+                    .launch(p.descs(), p.count, p.grid, stream, p.arrival),
+            };
             if p.arrival.is_some() {
                 // Counters have no other engine either.
-                return match &p.blocks {
-                    Some(b) => {
-                        p.kernel
-                            .launch_blocks(p.descs(), b, p.grid, &self.lane.stream, p.arrival)
-                    }
-                    None => {
-                        p.kernel
-                            .launch(p.descs(), p.count, p.grid, &self.lane.stream, p.arrival)
-                    }
-                };
+                return launched;
             }
-            let launched = if let Some(b) = &p.blocks {
-                p.kernel
-                    .launch_blocks(p.descs(), b, p.grid, &self.lane.stream, p.arrival)
-            } else {
-                p.kernel
-                    .launch(p.descs(), p.count, p.grid, &self.lane.stream, None)
-            };
             match launched {
                 Ok(()) => return Ok(()),
                 Err(e) => {

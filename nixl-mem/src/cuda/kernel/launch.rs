@@ -3,6 +3,13 @@
 #[allow(unused_imports)]
 use super::*;
 
+/// Which table kernel a launch runs: whole blocks, or tiles with their rows rearranged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TableKernel {
+    Blocks,
+    Tiles,
+}
+
 /// The loaded module (unloaded on drop) and its kernel, for one context.
 pub(crate) struct CopyKernel {
     module: KernelModule,
@@ -102,36 +109,6 @@ impl CopyKernel {
         u32::try_from(items.clamp(1, MAX_GRID)).unwrap_or(1)
     }
 
-    /// Enqueues the tile kernel over the tile table at device address `table` (header and
-    /// layers; its tiles at `table + tiles_at`) on `stream`.
-    ///
-    /// Crate invariant (see `crate::sys`): `table` holds the table (stream-ordered before this
-    /// launch), whose rows are device memory this context can reach, alive until the launch
-    /// completes, no destination row meeting another row of the launch.
-    pub(crate) fn launch_tiles(
-        &self,
-        table: u64,
-        layout: &BlockLayout,
-        grid: u32,
-        stream: &Stream,
-        counters: Option<u64>,
-    ) -> Result<(), CudaError> {
-        let m = if counters.is_some() {
-            &self.tiles_arrival
-        } else {
-            &self.tiles
-        };
-        launch_table(
-            m.as_ref(),
-            "tile",
-            (table, layout),
-            grid,
-            self.shape.threads,
-            stream,
-            counters,
-        )
-    }
-
     /// Whether the kernels taking arrival counters loaded (segments, blocks, tiles).
     pub(crate) fn has_arrival(&self) -> (bool, bool, bool) {
         (
@@ -146,28 +123,33 @@ impl CopyKernel {
         self.blocks.is_some()
     }
 
-    /// Enqueues the block kernel over the block table at device address `table` laid out as
-    /// `layout` on `stream`, `grid` CTAs of the shape's threads.
+    /// Enqueues the table kernel `which` over the table at device address `table` laid out as
+    /// `layout` on `stream`, `grid` CTAs of the shape's threads: the block kernel generates
+    /// every copy from the layers and the ids' runs, the tile kernel copies every tile's rows
+    /// where the destination wants them (its tiles at `table + tiles_at`).
     ///
     /// Crate invariant (see `crate::sys`): `table` holds the table (stream-ordered before this
-    /// launch), whose generated copies are device memory this context can reach, live until
-    /// the launch completes, no two in [`conflict`].
-    pub(crate) fn launch_blocks(
+    /// launch), whose generated copies (rows, for tiles) are device memory this context can
+    /// reach, alive until the launch completes, no two in [`conflict`] (no destination row
+    /// meeting another row of the launch).
+    pub(crate) fn launch_over_table(
         &self,
+        which: TableKernel,
         table: u64,
         layout: &BlockLayout,
         grid: u32,
         stream: &Stream,
         counters: Option<u64>,
     ) -> Result<(), CudaError> {
-        let m = if counters.is_some() {
-            &self.blocks_arrival
-        } else {
-            &self.blocks
+        let (m, name) = match (which, counters.is_some()) {
+            (TableKernel::Blocks, false) => (&self.blocks, "block-table"),
+            (TableKernel::Blocks, true) => (&self.blocks_arrival, "block-table"),
+            (TableKernel::Tiles, false) => (&self.tiles, "tile"),
+            (TableKernel::Tiles, true) => (&self.tiles_arrival, "tile"),
         };
         launch_table(
             m.as_ref(),
-            "block-table",
+            name,
             (table, layout),
             grid,
             self.shape.threads,

@@ -4,6 +4,8 @@
 # tiles"); its GPU tests after the change: nixl-mem's one-GPU suite (tests only) and the KV
 # layout tests with every rank on GPU 0 (tiles permuted HND <-> NHD by the tile kernel,
 # pieces by the block path), every element checked. Carry .carry/bin (both suites' binaries).
+# run.log, kv.log: after "one table path"; run-2.log, kv-2.log: again after "One launch for
+# both table kernels".
 set -u
 export NIXL_UCX_HOME="$PWD/.carry/ucx" LD_LIBRARY_PATH="$PWD/.carry/ucx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n1)"

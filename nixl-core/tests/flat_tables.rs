@@ -7,6 +7,8 @@
 //! every byte outside the request stays untouched.
 
 use std::sync::Arc;
+
+use proptest::prelude::{Just, Strategy};
 use std::time::Duration;
 
 use nixl_core::{
@@ -471,4 +473,57 @@ fn one_region_pools_split_into_layers_by_the_ids_period() {
         p.src.to_vec() == moved(&src, BLOCK, p.src.len(), BLOCK, &flat),
         "the READ brought back exactly the blocks it names"
     );
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// Whatever the request's shape over one-region pools (layers in any order, some repeated
+    /// on the source side, ids in any order, one destination index moved so the list is not
+    /// periodic), a WRITE lands exactly the blocks its indices name and nothing else, whether
+    /// it is split into layers, one layer or the descriptor path.
+    #[test]
+    fn one_region_requests_land_exactly_what_they_name(
+        local_layers in proptest::collection::vec(0..LAYERS, 1..=LAYERS),
+        remote_order in Just((0..LAYERS).collect::<Vec<_>>()).prop_shuffle(),
+        local_ids in Just((0..BLOCKS).collect::<Vec<_>>()).prop_shuffle(),
+        remote_ids in Just((0..BLOCKS).collect::<Vec<_>>()).prop_shuffle(),
+        k in 1usize..=16,
+        moved_one in proptest::option::of(0usize..1 << 16),
+        ordered in proptest::bool::ANY,
+    ) {
+        let p = one_pool("flat-prop");
+        // Half the cases in layer order on both sides: the shape the split takes.
+        let (local_layers, remote_order) = if ordered {
+            let g = local_layers.len();
+            ((0..g).collect::<Vec<_>>(), (LAYERS - g..LAYERS).collect::<Vec<_>>())
+        } else {
+            (local_layers, remote_order)
+        };
+        let g = local_layers.len();
+        let mut l = Vec::with_capacity(g * k);
+        let mut r = Vec::with_capacity(g * k);
+        for (i, &ll) in local_layers.iter().enumerate() {
+            for j in 0..k {
+                l.push(ll * BLOCKS as usize + local_ids[j] as usize);
+                r.push(remote_order[i] * BLOCKS as usize + remote_ids[j] as usize);
+            }
+        }
+        if let Some(m) = moved_one {
+            // One destination index moved to a block no other index names.
+            let all = LAYERS * BLOCKS as usize;
+            let free: Vec<usize> = (0..all).filter(|x| !r.contains(x)).collect();
+            let at = m % r.len();
+            r[at] = free[m % free.len()];
+        }
+        let path = moved_by(&p, XferOp::Write, &l, &r);
+        if ordered && moved_one.is_none() && k >= 4 && g >= 3 {
+            proptest::prop_assert!(path.contains(&format!("block table: {g} layers")), "{}", path);
+        }
+        let flat: Vec<(usize, usize)> = l.iter().copied().zip(r.iter().copied()).collect();
+        proptest::prop_assert!(
+            p.dst.to_vec() == moved(&p.src.to_vec(), BLOCK, p.dst.len(), REMOTE_STRIDE, &flat),
+            "the remote pool differs from the request"
+        );
+    }
 }

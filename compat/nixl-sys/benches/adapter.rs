@@ -218,31 +218,17 @@ mod dropin {
         fn round(&mut self) -> Res<[Duration; 3]> {
             let (a, n, bb) = (&self.prefill, self.n, self.bb);
             let me = a.name();
-            let t0 = Instant::now();
-            let off = a.create_xfer_req(
-                XferOp::Write,
-                &self.host_list,
-                &self.disk_list,
-                &me,
-                Some(&self.posix),
-            )?;
-            a.post_xfer_req(&off, None)?;
-            wait(a, &off, "offload")?;
-            drop(off);
-            let t_off = t0.elapsed();
-
-            let t0 = Instant::now();
-            let on = a.create_xfer_req(
-                XferOp::Read,
-                &self.restore_list,
-                &self.disk_list,
-                &me,
-                Some(&self.posix),
-            )?;
-            a.post_xfer_req(&on, None)?;
-            wait(a, &on, "onboard")?;
-            drop(on);
-            let t_on = t0.elapsed();
+            // A storage request built from the lists, posted and polled to its end.
+            let hop = |op, local: &XferDescList<'_>, what| -> Res<Duration> {
+                let t0 = Instant::now();
+                let req = a.create_xfer_req(op, local, &self.disk_list, &me, Some(&self.posix))?;
+                a.post_xfer_req(&req, None)?;
+                wait(a, &req, what)?;
+                drop(req);
+                Ok(t0.elapsed())
+            };
+            let t_off = hop(XferOp::Write, &self.host_list, "offload")?;
+            let t_on = hop(XferOp::Read, &self.restore_list, "onboard")?;
 
             let t0 = Instant::now();
             let li: Vec<i32> = (0..n as i32).collect();
@@ -400,22 +386,18 @@ mod native {
             let me = a.name().to_owned();
             let posix = XferOptions::default().backends(vec![self.posix.clone()]);
             let dram = |b: &HostBuffer| XferDescList::blocks(MemKind::Dram, b.addr(), bb, n);
-            let t0 = Instant::now();
-            let disk = self.disk.blocks(0, bb, n);
-            let off =
-                a.create_xfer_req(XferOp::Write, &dram(&self.host), &disk, &me, posix.clone())?;
-            a.post_xfer_req(&off)?;
-            wait(a, &off, "offload")?;
-            drop(off);
-            let t_off = t0.elapsed();
-
-            let t0 = Instant::now();
-            let disk = self.disk.blocks(0, bb, n);
-            let on = a.create_xfer_req(XferOp::Read, &dram(&self.restore), &disk, &me, posix)?;
-            a.post_xfer_req(&on)?;
-            wait(a, &on, "onboard")?;
-            drop(on);
-            let t_on = t0.elapsed();
+            // A storage request built from the lists, posted and polled to its end.
+            let hop = |op, local: &HostBuffer, what| -> Res<Duration> {
+                let t0 = Instant::now();
+                let disk = self.disk.blocks(0, bb, n);
+                let req = a.create_xfer_req(op, &dram(local), &disk, &me, posix.clone())?;
+                a.post_xfer_req(&req)?;
+                wait(a, &req, what)?;
+                drop(req);
+                Ok(t0.elapsed())
+            };
+            let t_off = hop(XferOp::Write, &self.host, "offload")?;
+            let t_on = hop(XferOp::Read, &self.restore, "onboard")?;
 
             let t0 = Instant::now();
             let li: Vec<usize> = (0..n).collect();

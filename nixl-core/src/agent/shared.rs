@@ -160,6 +160,13 @@ pub(crate) fn start_progress_thread_soon(shared: &Arc<Shared>) -> Result<()> {
             if let Err(e) = spawn_progress_thread(&shared) {
                 tracing::error!(agent = %shared.name, error = %e, "could not start the progress thread");
             }
+            // The agent dropped meanwhile: its teardown (joining its threads, closing its
+            // backends) must not hold up the timer thread, which serves every deadline.
+            if Arc::strong_count(&shared) == 1 {
+                let _ = std::thread::Builder::new()
+                    .name("nixl-agent-drop".to_owned())
+                    .spawn(move || drop(shared));
+            }
         }
     });
     match crate::model::timer::run_soon(job) {

@@ -50,7 +50,7 @@ struct Queue {
 
 #[derive(Default)]
 struct Timer {
-    heap: Mutex<Queue>,
+    queue: Mutex<Queue>,
     changed: Condvar,
 }
 
@@ -98,7 +98,7 @@ pub(crate) fn run_soon(job: Job) -> Result<(), Job> {
     let Some(t) = timer() else {
         return Err(job);
     };
-    t.heap.lock().jobs.push(job);
+    t.queue.lock().jobs.push(job);
     t.changed.notify_one();
     Ok(())
 }
@@ -111,7 +111,7 @@ fn run(t: &'static Timer) {
     if let Err(e) = rustix::thread::set_current_timer_slack(std::num::NonZeroU64::new(SLACK_NS)) {
         tracing::debug!(error = %e, "could not set the timer thread's timer slack");
     }
-    let mut g = t.heap.lock();
+    let mut g = t.queue.lock();
     loop {
         if !g.jobs.is_empty() {
             let jobs = std::mem::take(&mut g.jobs);
@@ -119,7 +119,7 @@ fn run(t: &'static Timer) {
             for job in jobs {
                 job();
             }
-            g = t.heap.lock();
+            g = t.queue.lock();
             continue;
         }
         let now = Instant::now();
@@ -134,7 +134,7 @@ fn run(t: &'static Timer) {
             for w in due {
                 w.wake();
             }
-            g = t.heap.lock();
+            g = t.queue.lock();
             continue;
         }
         match g.heap.peek().map(|Reverse(e)| e.at) {
@@ -157,7 +157,7 @@ pub(crate) fn fire_due() {
     let now = Instant::now();
     let mut due = Vec::new();
     {
-        let Some(mut g) = t.heap.try_lock() else {
+        let Some(mut g) = t.queue.try_lock() else {
             return;
         };
         while g.heap.peek().is_some_and(|Reverse(e)| e.at <= now) {
@@ -177,7 +177,7 @@ pub(crate) fn wake_at(at: Instant, w: &Waker) -> bool {
     let Some(t) = timer() else {
         return false;
     };
-    let mut g = t.heap.lock();
+    let mut g = t.queue.lock();
     if g.heap.len() >= MAX_ENTRIES {
         tracing::warn!("timer full: a future's timed wake is dropped");
         return true;

@@ -48,9 +48,18 @@ use nixl_mem::Context;
 use crate::posix::bounce::{vram_context, PoolEngine};
 use crate::posix::pool::PoolXfer;
 use crate::posix::{build_plan, LocalMem, PlanSeg, PosixParams};
+use crate::storage::Storage;
 
 /// The backend's type name.
 pub const GDS: &str = "GDS";
+
+/// GDS as the storage checks see it.
+pub(crate) const STORAGE: Storage = Storage {
+    name: GDS,
+    targets: "files",
+    local: &[MemKind::Dram, MemKind::Vram],
+    remote: &[MemKind::File],
+};
 
 /// Parameters of the GDS backend.
 #[derive(Debug, Clone)]
@@ -324,26 +333,9 @@ impl GdsBackend {
         let me = &self.agent;
         let mut segs = Vec::with_capacity(spec.segments.len());
         for (i, s) in spec.segments.iter().enumerate() {
-            let b = spec
-                .md(s.local_md)
-                .and_then(downcast_md::<BufMd>)
-                .ok_or_else(|| {
-                    Error::invalid(
-                        me,
-                        Op::MakeXfer,
-                        format!("segment {i}: local metadata is not GDS's"),
-                    )
-                })?;
-            let fmd = spec.md(s.remote_md).ok_or_else(|| {
-                Error::invalid(me, Op::MakeXfer, format!("segment {i} names no metadata"))
-            })?;
-            let f = downcast_md::<FileMd>(fmd).ok_or_else(|| {
-                Error::invalid(
-                    me,
-                    Op::MakeXfer,
-                    format!("segment {i}: target is not a GDS file"),
-                )
-            })?;
+            let (_, b) = STORAGE.segment_md::<BufMd>(me, (i, "local"), spec.md(s.local_md), "")?;
+            let (fmd, f) =
+                STORAGE.segment_md::<FileMd>(me, (i, "target"), spec.md(s.remote_md), "file")?;
             let local = match (spec.local_kind, &b.ctx) {
                 (MemKind::Vram, Some(ctx)) => LocalMem::Vram(ctx),
                 (MemKind::Vram, None) => {
@@ -478,35 +470,22 @@ impl Backend for GdsBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::default()
-            .mem_kinds(vec![MemKind::Dram, MemKind::Vram, MemKind::File])
-            .remote(false)
-            .local(true)
-            .notifications(false)
-            .needs_progress(false)
+        STORAGE.capabilities()
     }
 
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
         match region.kind {
             MemKind::Dram | MemKind::Vram => self.register_buf(region),
             MemKind::File => self.register_file(region),
-            k => Err(Error::not_supported(
-                &self.agent,
-                Op::RegisterMem,
-                format!("GDS registers DRAM, VRAM and FILE, not {k}"),
-            )),
+            k => Err(STORAGE.refuse_region(&self.agent, k)),
         }
     }
 
     fn deregister(&self, md: BackendMd) -> Result<()> {
-        if downcast_md::<BufMd>(&md).is_none() && downcast_md::<FileMd>(&md).is_none() {
-            return Err(Error::invalid(
-                &self.agent,
-                Op::DeregisterMem,
-                "not GDS metadata",
-            ));
-        }
-        Ok(())
+        STORAGE.check_deregister(
+            &self.agent,
+            downcast_md::<BufMd>(&md).is_some() || downcast_md::<FileMd>(&md).is_some(),
+        )
     }
 
     fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
@@ -516,7 +495,7 @@ impl Backend for GdsBackend {
                 .and_then(|f| f.fallback.clone())
         });
         if let Some(why) = fallback {
-            xfer::check_spec(&self.agent, spec)?;
+            STORAGE.check_request(&self.agent, spec)?;
             return self.prepare_fallback(spec, &why);
         }
         xfer::GdsXfer::create(&self.agent, &self.drv, &self.params, spec, self.mode())

@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nixl_core::backend::{downcast_md, BackendMd, BackendXfer, XferSpec};
-use nixl_core::{Error, MemKind, Op, Result, XferOp, XferState};
+use nixl_core::backend::{BackendMd, BackendXfer, XferSpec};
+use nixl_core::{Error, Op, Result, XferOp, XferState};
 use nixl_mem::cufile::{status, Batch, BatchEvent, BatchIo, Driver};
 
-use super::{BufMd, FileMd, GdsParams, GDS};
+use super::{BufMd, FileMd, GdsParams, GDS, STORAGE};
 use crate::sys::gpu;
 
 /// One I/O: `len` bytes between `base + buf_off` and `file_off` of `file`.
@@ -45,37 +45,6 @@ struct BatchState {
     error: Option<Error>,
 }
 
-/// Checks what GDS can move at all: local DRAM/VRAM <-> FILE, no notification.
-pub(crate) fn check_spec(agent: &str, spec: &XferSpec) -> Result<()> {
-    if !spec.is_local {
-        return Err(Error::not_supported(
-            agent,
-            Op::MakeXfer,
-            "GDS moves data between this agent's memory and its files only",
-        ));
-    }
-    if !matches!(spec.local_kind, MemKind::Dram | MemKind::Vram)
-        || spec.remote_kind != MemKind::File
-    {
-        return Err(Error::not_supported(
-            agent,
-            Op::MakeXfer,
-            format!(
-                "GDS moves DRAM/VRAM <-> FILE, not {} <-> {}",
-                spec.local_kind, spec.remote_kind
-            ),
-        ));
-    }
-    if spec.notif.is_some() {
-        return Err(Error::not_supported(
-            agent,
-            Op::MakeXfer,
-            "GDS has no notifications",
-        ));
-    }
-    Ok(())
-}
-
 impl GdsXfer {
     /// Checks the segments, sets up a batch for long lists, and boxes the request.
     pub(super) fn create(
@@ -85,30 +54,17 @@ impl GdsXfer {
         spec: &XferSpec,
         mode: String,
     ) -> Result<Box<dyn BackendXfer>> {
-        check_spec(agent, spec)?;
+        STORAGE.check_request(agent, spec)?;
         let mut ios = Vec::with_capacity(spec.segments.len());
         for (i, s) in spec.segments.iter().enumerate() {
-            let b = spec
-                .md(s.local_md)
-                .and_then(downcast_md::<BufMd>)
-                .ok_or_else(|| {
-                    Error::invalid(
-                        agent,
-                        Op::MakeXfer,
-                        format!("segment {i}: local metadata is not GDS's"),
-                    )
-                })?;
-            let file = spec
-                .md(s.remote_md)
-                .cloned()
-                .and_then(|m| m.downcast::<FileMd>().ok())
-                .ok_or_else(|| {
-                    Error::invalid(
-                        agent,
-                        Op::MakeXfer,
-                        format!("segment {i}: target is not a GDS file"),
-                    )
-                })?;
+            let (_, b) =
+                STORAGE.segment_md::<BufMd>(agent, (i, "local"), spec.md(s.local_md), "")?;
+            let file = STORAGE.segment_arc::<FileMd>(
+                agent,
+                (i, "target"),
+                spec.md(s.remote_md),
+                "file",
+            )?;
             if file.handle().is_none() {
                 return Err(Error::invalid(
                     agent,

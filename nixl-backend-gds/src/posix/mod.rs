@@ -43,11 +43,20 @@ use nixl_core::{Error, MemKind, Op, RegionDesc, Result, XferOp};
 
 use nixl_mem::Context;
 
+use crate::storage::Storage;
 use crate::sys::fd as sysfd;
 use bounce::{PoolEngine, VramMd, VramSide};
 
 /// The backend's type name.
 pub const POSIX: &str = "POSIX";
+
+/// POSIX as the storage checks see it.
+const STORAGE: Storage = Storage {
+    name: POSIX,
+    targets: "files",
+    local: &[MemKind::Dram, MemKind::Vram],
+    remote: &[MemKind::File, MemKind::Block],
+};
 
 /// Backend metadata of a registered DRAM region.
 struct DramMd;
@@ -129,76 +138,24 @@ impl PosixBackend {
 
     fn plan(&self, spec: &XferSpec) -> Result<Plan> {
         let me = &self.agent;
-        if !spec.is_local {
-            return Err(Error::not_supported(
-                me,
-                Op::MakeXfer,
-                "POSIX moves data between this agent's memory and its files only",
-            ));
-        }
-        if !matches!(spec.local_kind, MemKind::Dram | MemKind::Vram) {
-            return Err(Error::not_supported(
-                me,
-                Op::MakeXfer,
-                format!(
-                    "POSIX moves DRAM and VRAM to and from files, not {}",
-                    spec.local_kind
-                ),
-            ));
-        }
-        if !matches!(spec.remote_kind, MemKind::File | MemKind::Block) {
-            return Err(Error::not_supported(
-                me,
-                Op::MakeXfer,
-                format!("POSIX targets FILE or BLOCK, not {}", spec.remote_kind),
-            ));
-        }
-        if spec.notif.is_some() {
-            return Err(Error::not_supported(
-                me,
-                Op::MakeXfer,
-                "POSIX has no notifications",
-            ));
-        }
+        STORAGE.check_request(me, spec)?;
         let mut segs = Vec::with_capacity(spec.segments.len());
         for (i, s) in spec.segments.iter().enumerate() {
+            let local_md = (i, "local");
             let local = match spec.local_kind {
                 MemKind::Vram => LocalMem::Vram(
-                    &spec
-                        .md(s.local_md)
-                        .and_then(downcast_md::<VramMd>)
-                        .ok_or_else(|| {
-                            Error::invalid(
-                                me,
-                                Op::MakeXfer,
-                                format!("segment {i}: local metadata is not POSIX VRAM"),
-                            )
-                        })?
+                    &STORAGE
+                        .segment_md::<VramMd>(me, local_md, spec.md(s.local_md), "VRAM")?
+                        .1
                         .ctx,
                 ),
                 _ => {
-                    spec.md(s.local_md)
-                        .and_then(downcast_md::<DramMd>)
-                        .ok_or_else(|| {
-                            Error::invalid(
-                                me,
-                                Op::MakeXfer,
-                                format!("segment {i}: local metadata is not POSIX DRAM"),
-                            )
-                        })?;
+                    STORAGE.segment_md::<DramMd>(me, local_md, spec.md(s.local_md), "DRAM")?;
                     LocalMem::Dram
                 }
             };
-            let fmd = spec.md(s.remote_md).ok_or_else(|| {
-                Error::invalid(me, Op::MakeXfer, format!("segment {i} names no metadata"))
-            })?;
-            let f = downcast_md::<FileMd>(fmd).ok_or_else(|| {
-                Error::invalid(
-                    me,
-                    Op::MakeXfer,
-                    format!("segment {i}: target metadata is not a POSIX file"),
-                )
-            })?;
+            let (fmd, f) =
+                STORAGE.segment_md::<FileMd>(me, (i, "target"), spec.md(s.remote_md), "file")?;
             segs.push(
                 PlanSeg::new(local, s, fmd, f.fd.as_raw_fd(), f.direct, f.path.as_ref())
                     .with_direct_chunk(f.direct_chunk),
@@ -247,17 +204,7 @@ impl Backend for PosixBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::default()
-            .mem_kinds(vec![
-                MemKind::Dram,
-                MemKind::Vram,
-                MemKind::File,
-                MemKind::Block,
-            ])
-            .remote(false)
-            .local(true)
-            .notifications(false)
-            .needs_progress(false)
+        STORAGE.capabilities()
     }
 
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
@@ -301,25 +248,17 @@ impl Backend for PosixBackend {
                     path,
                 }))
             }
-            k => Err(Error::not_supported(
-                &self.agent,
-                Op::RegisterMem,
-                format!("POSIX registers DRAM, VRAM, FILE and BLOCK, not {k}"),
-            )),
+            k => Err(STORAGE.refuse_region(&self.agent, k)),
         }
     }
 
     fn deregister(&self, md: BackendMd) -> Result<()> {
-        if downcast_md::<DramMd>(&md).is_none()
-            && downcast_md::<FileMd>(&md).is_none()
-            && downcast_md::<VramMd>(&md).is_none()
-        {
-            return Err(Error::invalid(
-                &self.agent,
-                Op::DeregisterMem,
-                "not POSIX metadata",
-            ));
-        }
+        STORAGE.check_deregister(
+            &self.agent,
+            downcast_md::<DramMd>(&md).is_some()
+                || downcast_md::<FileMd>(&md).is_some()
+                || downcast_md::<VramMd>(&md).is_some(),
+        )?;
         // Dropping the metadata closes the duplicate once no request holds it.
         drop(md);
         Ok(())

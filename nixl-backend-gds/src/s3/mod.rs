@@ -26,10 +26,20 @@ use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path as ObjPath;
 use object_store::{BackoffConfig, ClientOptions, ObjectStoreExt, RetryConfig};
 
+use crate::storage::Storage;
+
 pub(crate) use errors::map_error;
 
 /// The backend's type name (NIXL's object-store plugin).
 pub const OBJ: &str = "OBJ";
+
+/// OBJ as the storage checks see it.
+const STORAGE: Storage = Storage {
+    name: OBJ,
+    targets: "objects",
+    local: &[MemKind::Dram],
+    remote: &[MemKind::Object],
+};
 
 /// Parameters of the S3 backend. Unset fields fall back to the usual `AWS_*` environment
 /// variables (`AWS_ENDPOINT_URL`/`AWS_ENDPOINT`, `AWS_BUCKET`, `AWS_REGION`/`AWS_DEFAULT_REGION`,
@@ -386,93 +396,54 @@ impl S3Backend {
 
     /// Whether the object `key` exists, and its size.
     pub fn head(&self, key: &str) -> Result<QueryResult> {
-        let path = ObjPath::parse(key).map_err(|e| {
-            Error::invalid(
-                &self.agent,
-                Op::QueryMem,
-                format!("object key {key:?}: {e}"),
-            )
-        })?;
-        let (store, agent, endpoint) = (
-            self.store.clone(),
-            self.agent.clone(),
-            self.endpoint.clone(),
-        );
-        self.rt.run(
-            &self.agent,
-            Op::QueryMem,
-            self.params.op_timeout,
-            async move {
-                match store.head(&path).await {
-                    Ok(m) => Ok(QueryResult {
-                        exists: true,
-                        size: Some(m.size),
-                    }),
-                    Err(object_store::Error::NotFound { .. }) => Ok(QueryResult {
-                        exists: false,
-                        size: None,
-                    }),
-                    Err(e) => Err(map_error(&agent, &endpoint, Op::QueryMem, e)),
-                }
-            },
-        )
+        let missing = QueryResult {
+            exists: false,
+            size: None,
+        };
+        self.on_object(key, Op::QueryMem, Some(missing), |store, path| async move {
+            store.head(&path).await.map(|m| QueryResult {
+                exists: true,
+                size: Some(m.size),
+            })
+        })
     }
 
     /// The entity tag (ETag) the server gives object `key` (`None` if it has none). For an
     /// object written by a multipart upload, S3 makes it `"<hash>-<parts>"`: the number of
     /// parts the upload had.
     pub fn etag(&self, key: &str) -> Result<Option<String>> {
-        let path = ObjPath::parse(key).map_err(|e| {
-            Error::invalid(
-                &self.agent,
-                Op::QueryMem,
-                format!("object key {key:?}: {e}"),
-            )
-        })?;
-        let (store, agent, endpoint) = (
-            self.store.clone(),
-            self.agent.clone(),
-            self.endpoint.clone(),
-        );
-        self.rt.run(
-            &self.agent,
-            Op::QueryMem,
-            self.params.op_timeout,
-            async move {
-                store
-                    .head(&path)
-                    .await
-                    .map(|m| m.e_tag)
-                    .map_err(|e| map_error(&agent, &endpoint, Op::QueryMem, e))
-            },
-        )
+        self.on_object(key, Op::QueryMem, None, |store, path| async move {
+            store.head(&path).await.map(|m| m.e_tag)
+        })
     }
 
     /// Deletes the object `key` (missing objects are not an error).
     pub fn delete(&self, key: &str) -> Result<()> {
-        let path = ObjPath::parse(key).map_err(|e| {
-            Error::invalid(
-                &self.agent,
-                Op::DeregisterMem,
-                format!("object key {key:?}: {e}"),
-            )
-        })?;
-        let (store, agent, endpoint) = (
-            self.store.clone(),
-            self.agent.clone(),
-            self.endpoint.clone(),
-        );
-        self.rt.run(
-            &self.agent,
-            Op::DeregisterMem,
-            self.params.op_timeout,
-            async move {
-                match store.delete(&path).await {
-                    Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-                    Err(e) => Err(map_error(&agent, &endpoint, Op::DeregisterMem, e)),
+        self.on_object(key, Op::DeregisterMem, Some(()), |store, path| async move {
+            store.delete(&path).await
+        })
+    }
+
+    /// Runs `f` on object `key` within the operation timeout; a missing object gives
+    /// `missing` where there is one, and an error otherwise.
+    fn on_object<T, F, Fut>(&self, key: &str, op: Op, missing: Option<T>, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<AmazonS3>, ObjPath) -> Fut,
+        Fut: Future<Output = std::result::Result<T, object_store::Error>> + Send + 'static,
+    {
+        let path = ObjPath::parse(key)
+            .map_err(|e| Error::invalid(&self.agent, op, format!("object key {key:?}: {e}")))?;
+        let (agent, endpoint) = (self.agent.clone(), self.endpoint.clone());
+        let fut = f(self.store.clone(), path);
+        self.rt
+            .run(&self.agent, op, self.params.op_timeout, async move {
+                match (fut.await, missing) {
+                    (Ok(v), _) => Ok(v),
+                    (Err(object_store::Error::NotFound { .. }), Some(v)) => Ok(v),
+                    (Err(e), _) => Err(map_error(&agent, &endpoint, op, e)),
                 }
-            },
-        )
+            })
     }
 }
 
@@ -497,12 +468,7 @@ impl Backend for S3Backend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::default()
-            .mem_kinds(vec![MemKind::Dram, MemKind::Object])
-            .remote(false)
-            .local(true)
-            .notifications(false)
-            .needs_progress(false)
+        STORAGE.capabilities()
     }
 
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
@@ -512,63 +478,22 @@ impl Backend for S3Backend {
                 let (key, path) = key_of(&self.agent, Op::RegisterMem, region)?;
                 Ok(Arc::new(ObjMd { key, path }))
             }
-            k => Err(Error::not_supported(
-                &self.agent,
-                Op::RegisterMem,
-                format!("OBJ registers DRAM and OBJ, not {k}"),
-            )),
+            k => Err(STORAGE.refuse_region(&self.agent, k)),
         }
     }
 
     fn deregister(&self, md: BackendMd) -> Result<()> {
-        if downcast_md::<DramMd>(&md).is_none() && downcast_md::<ObjMd>(&md).is_none() {
-            return Err(Error::invalid(
-                &self.agent,
-                Op::DeregisterMem,
-                "not OBJ metadata",
-            ));
-        }
-        Ok(())
+        STORAGE.check_deregister(
+            &self.agent,
+            downcast_md::<DramMd>(&md).is_some() || downcast_md::<ObjMd>(&md).is_some(),
+        )
     }
 
     fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
         let me = &self.agent;
-        if !spec.is_local {
-            return Err(Error::not_supported(
-                me,
-                Op::MakeXfer,
-                "OBJ moves data between this agent's memory and its objects only",
-            ));
-        }
-        if spec.local_kind != MemKind::Dram || spec.remote_kind != MemKind::Object {
-            return Err(Error::not_supported(
-                me,
-                Op::MakeXfer,
-                format!(
-                    "OBJ moves DRAM <-> OBJ, not {} <-> {}",
-                    spec.local_kind, spec.remote_kind
-                ),
-            ));
-        }
-        if spec.notif.is_some() {
-            return Err(Error::not_supported(
-                me,
-                Op::MakeXfer,
-                "OBJ has no notifications",
-            ));
-        }
+        STORAGE.check_request(me, spec)?;
         for (i, s) in spec.segments.iter().enumerate() {
-            if spec
-                .md(s.local_md)
-                .and_then(downcast_md::<DramMd>)
-                .is_none()
-            {
-                return Err(Error::invalid(
-                    me,
-                    Op::MakeXfer,
-                    format!("segment {i}: local metadata is not OBJ DRAM"),
-                ));
-            }
+            STORAGE.segment_md::<DramMd>(me, (i, "local"), spec.md(s.local_md), "DRAM")?;
         }
         let plan = xfer::Plan::new(me, spec, &self.params)?;
         Ok(Box::new(xfer::S3Xfer::new(

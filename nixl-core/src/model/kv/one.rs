@@ -105,19 +105,28 @@ impl KvXferPlan {
     }
 }
 
-/// The older entries' peers: every rank at the same `blocks`.
-pub(super) fn peers_at<'a>(
-    peers: &[(&'a str, &'a KvLayout)],
-    blocks: &'a [u64],
-) -> Vec<KvPeer<'a>> {
-    peers
-        .iter()
-        .map(|&(name, layout)| KvPeer {
-            name,
-            layout,
-            blocks,
-        })
-        .collect()
+impl KvLayout {
+    /// The older entries' plans: every peer rank at `peer_blocks`, in `form`, each transfer
+    /// turned into the older type by `pick` (which drops the other form's).
+    pub(super) fn plan_older<T>(
+        &self,
+        (form, op): (Form, XferOp),
+        peers: &[(&str, &KvLayout)],
+        (peer_blocks, local_blocks): (&[u64], &[u64]),
+        tokens: u64,
+        pick: impl Fn(KvXfer) -> Option<T>,
+    ) -> Result<Vec<T>> {
+        let peers: Vec<KvPeer<'_>> = peers
+            .iter()
+            .map(|&(name, layout)| KvPeer {
+                name,
+                layout,
+                blocks: peer_blocks,
+            })
+            .collect();
+        let plan = self.plan_as(form, op, local_blocks, &peers, tokens)?;
+        Ok(plan.transfers.into_iter().filter_map(pick).collect())
+    }
 }
 
 /// What [`KvLayout::plan_as`] plans.

@@ -286,12 +286,12 @@ impl KvLayout {
         local_blocks: &[u64],
         tokens: u64,
     ) -> Result<KvPlan> {
-        let peers = super::one::peers_at(peers, peer_blocks);
-        let plan = self.plan_as(Form::Pieces, op, local_blocks, &peers, tokens)?;
-        let transfers = plan
-            .transfers
-            .into_iter()
-            .filter_map(|t| match t.moves {
+        let transfers = self.plan_older(
+            (Form::Pieces, op),
+            peers,
+            (peer_blocks, local_blocks),
+            tokens,
+            |t| match t.moves {
                 KvMoves::Pieces { local, remote } => Some(KvPeerXfer {
                     peer: t.peer,
                     local,
@@ -299,8 +299,8 @@ impl KvLayout {
                     bytes: t.bytes,
                 }),
                 KvMoves::Tiles { .. } => None,
-            })
-            .collect();
+            },
+        )?;
         Ok(KvPlan { op, transfers })
     }
 }

@@ -252,12 +252,12 @@ impl KvLayout {
         local_blocks: &[u64],
         tokens: u64,
     ) -> Result<KvTilePlan> {
-        let peers = super::one::peers_at(peers, peer_blocks);
-        let plan = self.plan_as(Form::Tiles, op, local_blocks, &peers, tokens)?;
-        let transfers = plan
-            .transfers
-            .into_iter()
-            .filter_map(|t| match t.moves {
+        let transfers = self.plan_older(
+            (Form::Tiles, op),
+            peers,
+            (peer_blocks, local_blocks),
+            tokens,
+            |t| match t.moves {
                 KvMoves::Tiles { shape, tiles, .. } => Some(KvTileXfer {
                     peer: t.peer,
                     shape,
@@ -265,8 +265,8 @@ impl KvLayout {
                     bytes: t.bytes,
                 }),
                 KvMoves::Pieces { .. } => None,
-            })
-            .collect();
+            },
+        )?;
         Ok(KvTilePlan { op, transfers })
     }
 }

@@ -30,14 +30,14 @@ fn names(kinds: &[MemKind]) -> String {
 impl Storage {
     /// Local requests only, over the plugin's kinds; no notifications, no progress thread.
     pub(crate) fn capabilities(&self) -> Capabilities {
+        Capabilities::storage(self.kinds())
+    }
+
+    /// The kinds it registers: each side's.
+    fn kinds(&self) -> Vec<MemKind> {
         let mut kinds = self.local.to_vec();
         kinds.extend(self.remote.iter().filter(|k| !self.local.contains(k)));
-        Capabilities::default()
-            .mem_kinds(kinds)
-            .remote(false)
-            .local(true)
-            .notifications(false)
-            .needs_progress(false)
+        kinds
     }
 
     /// The checks every request of the plugin passes first: local, of its kinds, without a
@@ -68,12 +68,14 @@ impl Storage {
 
     /// The error for a region of a kind the plugin does not register.
     pub(crate) fn refuse_region(&self, agent: &str, kind: MemKind) -> Error {
-        let mut kinds = self.local.to_vec();
-        kinds.extend(self.remote.iter().filter(|k| !self.local.contains(k)));
         Error::not_supported(
             agent,
             Op::RegisterMem,
-            format!("{} registers {}, not {kind}", self.name, names(&kinds)),
+            format!(
+                "{} registers {}, not {kind}",
+                self.name,
+                names(&self.kinds())
+            ),
         )
     }
 

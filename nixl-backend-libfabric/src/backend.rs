@@ -445,16 +445,7 @@ impl Backend for LibfabricBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let mut mem_kinds = vec![MemKind::Dram];
-        if self.inner.hmem {
-            mem_kinds.push(MemKind::Vram);
-        }
-        Capabilities::default()
-            .mem_kinds(mem_kinds)
-            .remote(true)
-            .local(true)
-            .notifications(true)
-            .needs_progress(!self.inner.params.progress_thread)
+        Capabilities::network(self.inner.hmem, !self.inner.params.progress_thread)
     }
 
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {

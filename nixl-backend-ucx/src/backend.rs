@@ -358,16 +358,7 @@ impl Backend for UcxBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let mut mem_kinds = vec![MemKind::Dram];
-        if self.ctx.cuda_aware() {
-            mem_kinds.push(MemKind::Vram);
-        }
-        Capabilities::default()
-            .mem_kinds(mem_kinds)
-            .remote(true)
-            .local(true)
-            .notifications(true)
-            .needs_progress(!self.params.progress_thread)
+        Capabilities::network(self.ctx.cuda_aware(), !self.params.progress_thread)
     }
 
     fn register(&self, region: &RegionDesc) -> Result<BackendMd> {

@@ -8,15 +8,14 @@
 # the copy kernel advances, a decode-side kernel waiting on them layer by layer; nixl-mem
 # tests/arrival_gpu.rs), with the Llama-3-70B benchmark: layer 0 usable vs the whole request,
 # and the example examples/layerwise.rs at that shape.
+# shellcheck source=scripts/gpu/pick.sh
+. "$(dirname "$0")/pick.sh"
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-# shellcheck source=scripts/gpu/pick.sh
-. scripts/gpu/pick.sh
 
 build() {
     set -e
-    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-gpu}"
-    export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
+    release_env /work/target-gpu
     local bin=.carry/bin
     rm -rf "$bin"; mkdir -p "$bin"
     for t in async_gpu arrival_gpu; do
@@ -27,10 +26,9 @@ build() {
 }
 
 run() {
-    OUT="${OUT:-/tmp/nixl-gpu-out}"; mkdir -p "$OUT"
-    local s="$OUT/arrival-summary.txt"
-    nvidia-smi -L > "$s" 2>&1
-    export NIXL_REQUIRE_DEPS=1 NIXL_ALLOW_SKIP="rocm-gpu,efa,fi-hmem,nvidia-fs,cuda-ucx,ucx,nixl"
+    start_summary arrival
+    nvidia-smi -L >> "$s" 2>&1
+    gpu_test_env
     for t in async_gpu arrival_gpu; do
         timeout 280 ".carry/bin/test-$t" --test-threads 1 --nocapture > "$OUT/$t.log" 2>&1
         echo "rc=$?" >> "$OUT/$t.log"

@@ -11,15 +11,14 @@
 # On a one-GPU machine `NIXL_KV_ONE_GPU=1 KV_DECODE_GPU=0 scripts/gpu.sh kv run` runs the
 # same cases and the benchmark with every rank on GPU 0 (processes still cross through CUDA
 # IPC; the link figure is then the GPU's own copy, and the two-GPU limit script fails).
+# shellcheck source=scripts/gpu/pick.sh
+. "$(dirname "$0")/pick.sh"
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-# shellcheck source=scripts/gpu/pick.sh
-. scripts/gpu/pick.sh
 
 build() {
     set -e
-    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-gpu}"
-    export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
+    release_env /work/target-gpu
     local bin=.carry/bin
     rm -rf "$bin"; mkdir -p "$bin"
     cp "$(cargo test --release -p nixl-mem --test kv_gpus --no-run --message-format=json 2>/dev/null | pick kv_gpus)" "$bin/test-kv_gpus"
@@ -28,10 +27,9 @@ build() {
 }
 
 run() {
-    OUT="${OUT:-/tmp/nixl-gpu-out}"; mkdir -p "$OUT"
-    local s="$OUT/kv-summary.txt"
-    nvidia-smi -L > "$s" 2>&1
-    export NIXL_REQUIRE_DEPS=1 NIXL_ALLOW_SKIP="rocm-gpu,efa,fi-hmem,nvidia-fs,cuda-ucx,ucx,nixl"
+    start_summary kv
+    nvidia-smi -L >> "$s" 2>&1
+    gpu_test_env
     timeout 500 .carry/bin/test-kv_gpus --test-threads 1 --nocapture > "$OUT/kv.log" 2>&1
     echo "rc=$?" >> "$OUT/kv.log"
     grep -a -E "GB/s|^test |test result|panicked|SKIPPED|rc=" "$OUT/kv.log" | tee -a "$s"

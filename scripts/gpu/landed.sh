@@ -13,14 +13,13 @@
 # run:
 #   NIXL_KILLS (default 100) kills per operation: READ and WRITE, so 200 kills; the tally by
 #   end state in $OUT/landed-gpu.log and $OUT/landed-summary.txt.
+# shellcheck source=scripts/gpu/pick.sh
+. "$(dirname "$0")/pick.sh"
 
 build() (
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-mem}"
-export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
-# shellcheck source=scripts/gpu/pick.sh
-. scripts/gpu/pick.sh
+release_env /work/target-mem
 mkdir -p .carry/bin
 exe=$(cargo test --release -p nixl-mem --test gpu_agent --no-run --message-format=json 2>/dev/null | pick gpu_agent)
 cp "$exe" .carry/bin/nixl-mem-gpu-agent
@@ -36,9 +35,7 @@ carry_fits
 run() (
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-/tmp/nixl-landed-out}"; mkdir -p "$OUT"
-s="$OUT/landed-summary.txt"; : > "$s"
-say() { echo "$*" | tee -a "$s"; }
+start_summary landed /tmp/nixl-landed-out
 b=.carry/bin/nixl-mem-gpu-agent
 [ -x "$b" ] || { say "missing $b: run scripts/gpu.sh landed build and carry .carry"; exit 2; }
 say "== host: $(nproc) cores; $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
@@ -53,8 +50,7 @@ say "CUDA_IPC rc=$?"
 grep -E 'kills per operation|test result|panicked' "$OUT/landed-gpu.log" | tee -a "$s"
 fi
 if [ "$only" = all ] || [ "$only" = ucx ]; then
-export NIXL_UCX_HOME="$PWD/.carry/ucx"
-export LD_LIBRARY_PATH="$PWD/.carry/ucx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+use_carried_ucx
 export UCX_MODULES='^ib,rdmacm'
 timeout "${NIXL_UCX_S:-270}" .carry/bin/ucx-vram --exact \
     ucx_cuda_ipc_a_killed_target_never_ends_done_unless_landed --nocapture --test-threads 1 \

@@ -31,3 +31,31 @@ carry_fits() {
     echo "carry .carry: ${size} MiB"
     [ "$size" -lt 64 ] || { echo ".carry is over the 64 MiB the device tool carries" >&2; return 1; }
 }
+
+# For a build: release binaries without debug information, in $CARGO_TARGET_DIR (default $1,
+# else /work/target-gpu).
+release_env() {
+    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${1:-/work/target-gpu}}"
+    export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
+}
+
+# For a run: $OUT (default $2, else /tmp/nixl-gpu-out) made and the summary $OUT/$1-summary.txt
+# begun empty, as $s; `say` prints a line to the terminal and the summary.
+start_summary() {
+    OUT="${OUT:-${2:-/tmp/nixl-gpu-out}}"; mkdir -p "$OUT"
+    s="$OUT/$1-summary.txt"; : > "$s"
+}
+say() { echo "$*" | tee -a "$s"; }
+
+# For a run: the UCX libraries carried in .carry/ucx, where there are some, loaded by path.
+use_carried_ucx() {
+    [ -d .carry/ucx ] || return 0
+    export NIXL_UCX_HOME="$PWD/.carry/ucx"
+    export LD_LIBRARY_PATH="$PWD/.carry/ucx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+
+# For a run of GPU test binaries: a missing dependency fails them, but for those no GPU
+# machine has (ROCm, EFA, nvidia-fs, a CUDA-built UCX, NIXL).
+gpu_test_env() {
+    export NIXL_REQUIRE_DEPS=1 NIXL_ALLOW_SKIP="rocm-gpu,efa,fi-hmem,nvidia-fs,cuda-ucx,ucx,nixl"
+}

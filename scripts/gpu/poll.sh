@@ -12,14 +12,13 @@
 #   the poll bench in full (1,000 requests per path and phase, the idle table) over UCX tcp,
 #   UCX cma, UCX direct CMA and INPROC (libfabric is not installed there: its row says so);
 #   results in $OUT/poll.log and a summary in $OUT/poll-summary.txt.
+# shellcheck source=scripts/gpu/pick.sh
+. "$(dirname "$0")/pick.sh"
 
 build() (
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-gpu}"
-export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
-# shellcheck source=scripts/gpu/pick.sh
-. scripts/gpu/pick.sh
+release_env /work/target-gpu
 mkdir -p .carry/bin
 exe=$(cargo bench -p nixl-bench --bench poll --no-run --message-format=json 2>/dev/null | pick poll)
 cp "$exe" .carry/bin/poll
@@ -30,13 +29,10 @@ carry_fits
 run() (
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-/tmp/nixl-poll-out}"; mkdir -p "$OUT"
-s="$OUT/poll-summary.txt"; : > "$s"
-say() { echo "$*" | tee -a "$s"; }
+start_summary poll /tmp/nixl-poll-out
 [ -x .carry/bin/poll ] || { say "missing .carry/bin/poll: run scripts/gpu.sh poll build and carry .carry"; exit 2; }
 say "== host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load $(cut -d' ' -f1-3 /proc/loadavg)"
-export NIXL_UCX_HOME="$PWD/.carry/ucx"
-export LD_LIBRARY_PATH="$PWD/.carry/ucx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+use_carried_ucx
 export UCX_MODULES='^ib,rdmacm,cuda'
 timeout 540 .carry/bin/poll --bench --paths ucx-tcp,ucx-cma,ucx-direct-cma,inproc > "$OUT/poll.log" 2>&1
 say "rc=$?"

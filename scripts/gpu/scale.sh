@@ -14,15 +14,15 @@
 # (scripts/gpu.sh scale build); UCX from .carry/ucx when present. Results to $OUT. Bounded by
 # the timeouts below (at most 14 minutes; PART=gpu or PART=cpu runs one half, to fit a
 # 10-minute call).
+# shellcheck source=scripts/gpu/pick.sh
+. "$(dirname "$0")/pick.sh"
 
 build() (
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-shared}"
+release_env /work/target-shared
 BIN=.carry/bin
 mkdir -p "$BIN"
-# shellcheck source=scripts/gpu/pick.sh
-. scripts/gpu/pick.sh
 scale=$(cargo bench -p nixl-bench --bench scale --no-run --message-format=json 2>/dev/null | pick scale)
 cp "$scale" "$BIN/scale"
 strip "$BIN/scale"
@@ -36,14 +36,9 @@ du -sh "$BIN"
 run() (
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-/tmp/nixl-gpu-out}"; mkdir -p "$OUT"
+start_summary scale /tmp/nixl-gpu-out
 B=.carry/bin
-if [ -d .carry/ucx ]; then
-  export NIXL_UCX_HOME="$PWD/.carry/ucx"
-  export LD_LIBRARY_PATH="$PWD/.carry/ucx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-fi
-s="$OUT/scale-summary.txt"; : > "$s"
-say() { echo "$*" | tee -a "$s"; }
+use_carried_ucx
 run() { local name=$1 t=$2; shift 2; say "== $name: $*"; timeout "$t" "$@" > "$OUT/$name.log" 2>&1; local rc=$?; grep -v '^warning' "$OUT/$name.log" | tail -n 40 | tee -a "$s"; say "rc=$rc"; }
 say "GPU: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
 if [ "${PART:-gpu}" != cpu ]; then

@@ -19,16 +19,15 @@
 #   3. nixl-rs over UCX (cuda_ipc) GPU 0 -> GPU 1: nixlbench --target-gpu 1, WRITE and READ.
 # On a one-GPU machine it runs what it can (0, 1's host rows) and says what it skipped.
 # Results and logs in $OUT; a summary in $OUT/two-gpu-summary.txt.
+# shellcheck source=scripts/gpu/pick.sh
+. "$(dirname "$0")/pick.sh"
 
 build() (
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-gpu}"
-export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
+release_env /work/target-gpu
 BIN=.carry/bin
 mkdir -p "$BIN"
-# shellcheck source=scripts/gpu/pick.sh
-. scripts/gpu/pick.sh
 cp "$(cargo build --release -p nixl-bench --bin gpu_bench --message-format=json 2>/dev/null | pick gpu_bench)" "$BIN/gpu_bench"
 cp "$(cargo build --release --all-features --example disagg_kv --message-format=json 2>/dev/null | pick disagg_kv)" "$BIN/disagg_kv"
 cp "$(cargo build --release -p nixl-bench --bench nixlbench --message-format=json 2>/dev/null | pick nixlbench)" "$BIN/nixlbench"
@@ -39,14 +38,12 @@ du -sh "$BIN"/gpu_bench "$BIN"/disagg_kv "$BIN"/nixlbench
 run() (
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-/tmp/nixl-two-gpu-out}"; mkdir -p "$OUT"
+start_summary two-gpu /tmp/nixl-two-gpu-out
 B=.carry/bin
 if [ -d .carry/ucx ]; then
     export NIXL_UCX_HOME="$PWD/.carry/ucx"
     export LD_LIBRARY_PATH="$PWD/.carry/ucx/lib:$PWD/.carry/libucx_cu13.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-s="$OUT/two-gpu-summary.txt"; : > "$s"
-say() { echo "$*" | tee -a "$s"; }
 run() {
     local name=$1 t=$2; shift 2
     if [ ! -x "$1" ] && [ "$1" != python3 ]; then say "== $name: $1 missing (not built), skipped"; return; fi

@@ -11,6 +11,8 @@
 # 1 MiB per request, one block apart, shuffled) of nixl-rs (paged_bench) and of
 # NIXL 1.5.1 (benches/reference/nixl_paged_gpu.py) side by side: GPU 0 -> 1,
 # GPU 1 -> 0, and two processes on GPU 0.
+# shellcheck source=scripts/gpu/pick.sh
+. "$(dirname "$0")/pick.sh"
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -26,8 +28,7 @@ for l in sys.stdin:
 
 build() {
     set -e
-    export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-gpu}"
-    export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
+    release_env /work/target-gpu
     local bin=.carry/bin
     rm -rf "$bin"; mkdir -p "$bin"
     cargo test --release -p nixl-mem --test two_gpus --test gpu_agent --test gpu_blocks --test gpu \
@@ -46,10 +47,8 @@ build() {
 }
 
 run() {
-    OUT="${OUT:-/tmp/nixl-gpu-out}"; mkdir -p "$OUT"
-    local B=.carry/bin s="$OUT/two-gpu-summary.txt"
-    : > "$s"
-    say() { echo "$*" | tee -a "$s"; }
+    start_summary two-gpu
+    local B=.carry/bin
     step() {
         local name=$1 t=$2; shift 2
         say "== $name: $*"
@@ -62,7 +61,7 @@ run() {
     say "== $(date -u) GPUs: $ngpu; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n1)"
     nvidia-smi topo -m > "$OUT/topo.txt" 2>&1; tee -a "$s" < "$OUT/topo.txt"
     step limit 120 python3 scripts/gpu/two_gpu_limit.py --mib 1024 --reps 10 --json "$OUT/limit.json"
-    export NIXL_REQUIRE_DEPS=1 NIXL_ALLOW_SKIP="rocm-gpu,efa,fi-hmem,nvidia-fs,cuda-ucx,ucx,nixl"
+    gpu_test_env
     for t in two_gpus gpu gpu_agent gpu_blocks; do
         step "test-$t" 300 "$B/test-$t" --test-threads 1
     done

@@ -16,12 +16,13 @@
 # GPU machine: the UCX backend with VRAM (UCX 1.22 from the libucx-cu13 wheel, carried in
 # .carry/ucx), the nixlbench CLI over UCX with VRAM, and the main job with KV pools in GPU
 # memory over CUDA_IPC and over UCX. Prebuilt binaries in .carry/bin. Results to $OUT.
+# shellcheck source=scripts/gpu/pick.sh
+. "$(dirname "$0")/pick.sh"
 
 build() (
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/work/target-gpu}"
-export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
+release_env /work/target-gpu
 BIN=.carry/bin
 mkdir -p "$BIN"
 bash scripts/gpu.sh one-gpu build
@@ -68,12 +69,9 @@ echo "carry .carry: ${size} MiB"
 run() (
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT="${OUT:-/tmp/nixl-gpu-out}"; mkdir -p "$OUT"
+start_summary ucx /tmp/nixl-gpu-out
 B=.carry/bin
-export NIXL_UCX_HOME="$PWD/.carry/ucx"
-export LD_LIBRARY_PATH="$PWD/.carry/ucx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-s="$OUT/ucx-summary.txt"; : > "$s"
-say() { echo "$*" | tee -a "$s"; }
+use_carried_ucx
 run() { local name=$1 t=$2; shift 2; if [ ! -x "$1" ]; then say "== $name: $1 missing (not built), skipped"; return; fi; say "== $name: $*"; timeout "$t" "$@" > "$OUT/$name.log" 2>&1; local rc=$?; tail -n 25 "$OUT/$name.log" | tee -a "$s"; say "rc=$rc"; }
 [ "${SKIP_UCX:-0}" = 1 ] || run ucx-vram 120 $B/ucx-vram --nocapture
 for tls in "" "cuda_ipc,cuda_copy,tcp"; do

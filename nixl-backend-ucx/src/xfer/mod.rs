@@ -220,6 +220,24 @@ pub(crate) struct UcxXfer {
 }
 
 impl UcxXfer {
+    /// Opens a post on `pe`'s endpoint (one more operation in flight on it) and returns the
+    /// endpoint and the post's completion state, whose notification goes on the peer's
+    /// notification endpoint where it has one. `g`: the worker, locked.
+    fn open_post(
+        &mut self,
+        pe: &crate::endpoint::PeerEp,
+        g: &crate::worker::WorkerGuard<'_>,
+    ) -> Result<(sys::Ep, Arc<PostState>)> {
+        let ep = pe
+            .raw(g)
+            .ok_or_else(|| self.disconnected(Op::PostXfer, "UCX endpoint was closed"))?;
+        pe.shared.begin_op();
+        let notif_ep = pe.notif_raw(g).unwrap_or(ep);
+        let ucx = (&self.ucx, &self.wake);
+        let state = fresh_state(&mut self.cur, ucx, &self.notif, notif_ep, &pe.shared);
+        Ok((ep, state))
+    }
+
     fn disconnected(&self, op: Op, why: impl Into<String>) -> Error {
         Error::disconnected(&self.agent, &self.peer.name, op, why)
     }
@@ -339,21 +357,9 @@ impl UcxXfer {
         }
         // Pieces of MIN_PIECE bytes, taken in turn by the copy threads and `check`.
         let pieces = crate::direct_cma::split(&ranges, usize::MAX);
-        let pe = &self.peer.eps[self.worker];
-        let state = {
-            let g = pe.worker.lock();
-            let ep = pe
-                .raw(&g)
-                .ok_or_else(|| self.disconnected(Op::PostXfer, "UCX endpoint was closed"))?;
-            open_post(
-                &mut self.cur,
-                (&self.ucx, &self.wake),
-                &self.notif,
-                pe,
-                &g,
-                ep,
-            )
-        };
+        let peer = self.peer.clone();
+        let pe = &peer.eps[self.worker];
+        let (_, state) = self.open_post(pe, &pe.worker.lock())?;
         let (st, peer, worker) = (state.clone(), self.peer.clone(), self.worker);
         // Notifications keep post order on the endpoint: this flight finishes after the last.
         let mut last = pe.last_flight.lock();
@@ -393,23 +399,11 @@ impl UcxXfer {
     /// flush would have it; the post returns at once. A post without a notification waits
     /// for nothing.
     fn complete_direct(&mut self) -> Result<XferState> {
-        let pe = &self.peer.eps[self.worker];
+        let peer = self.peer.clone();
+        let pe = &peer.eps[self.worker];
         let mut last = pe.last_flight.lock();
         let prev = last.upgrade().filter(|f| !f.is_finished());
-        let state = {
-            let g = pe.worker.lock();
-            let ep = pe
-                .raw(&g)
-                .ok_or_else(|| self.disconnected(Op::PostXfer, "UCX endpoint was closed"))?;
-            open_post(
-                &mut self.cur,
-                (&self.ucx, &self.wake),
-                &self.notif,
-                pe,
-                &g,
-                ep,
-            )
-        };
+        let (_, state) = self.open_post(pe, &pe.worker.lock())?;
         match (prev, &self.direct) {
             (Some(prev), Some(d)) if self.notif.is_some() => {
                 let (st, peer, worker) = (state.clone(), self.peer.clone(), self.worker);
@@ -450,22 +444,6 @@ fn finish_pieces(
         let mut g = pe.worker.lock();
         state.after_flush(&g.h().locked());
     }
-}
-
-/// Opens a post on `pe`'s endpoint `ep` (one more operation in flight on it) and returns its
-/// completion state, whose notification goes on the peer's notification endpoint where it has
-/// one. Only call with the worker locked (`_g`).
-fn open_post(
-    cur: &mut Option<Arc<PostState>>,
-    ucx: (&Arc<Ucx>, &nixl_core::backend::Wake),
-    notif: &Option<Notif>,
-    pe: &crate::endpoint::PeerEp,
-    g: &crate::worker::WorkerGuard<'_>,
-    ep: sys::Ep,
-) -> Arc<PostState> {
-    pe.shared.begin_op();
-    let notif_ep = pe.notif_raw(g).unwrap_or(ep);
-    fresh_state(cur, ucx, notif, notif_ep, &pe.shared)
 }
 
 /// A post's completion state: the previous one (`cur`) reset when no UCX callback holds it any
@@ -540,20 +518,11 @@ impl BackendXfer for UcxXfer {
             }
             return self.complete_direct();
         }
-        let pe = &self.peer.eps[self.worker];
+        let peer = self.peer.clone();
+        let pe = &peer.eps[self.worker];
         let mut g = pe.worker.lock();
-        let ep = pe
-            .raw(&g)
-            .ok_or_else(|| self.disconnected(Op::PostXfer, "UCX endpoint was closed"))?;
         // The post's state first: each put/get's callback counts into it.
-        let state = open_post(
-            &mut self.cur,
-            (&self.ucx, &self.wake),
-            &self.notif,
-            pe,
-            &g,
-            ep,
-        );
+        let (ep, state) = self.open_post(pe, &g)?;
         let mut issued = 0usize;
         let mut failed_issue = None;
         self.work.each(|s| {

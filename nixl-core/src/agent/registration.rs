@@ -322,20 +322,7 @@ impl Agent {
     /// agent. After success the handle is inert.
     #[doc(alias = "deregisterMem")]
     pub fn deregister_mem(&self, reg: &Registration) -> Result<()> {
-        if !Arc::ptr_eq(&reg.inner.shared, &self.shared) {
-            return Err(Error::mismatch(
-                self.name(),
-                Op::DeregisterMem,
-                "registration belongs to another agent",
-            ));
-        }
-        if reg.is_deregistered() {
-            return Err(Error::not_found(
-                self.name(),
-                Op::DeregisterMem,
-                "registration already deregistered",
-            ));
-        }
+        self.check_live(reg, Op::DeregisterMem)?;
         if reg.inner.users.load(Ordering::SeqCst) > 0 {
             return Err(Error::not_allowed(
                 self.name(),
@@ -344,16 +331,31 @@ impl Agent {
             ));
         }
         if reg.inner.deregistered.swap(true, Ordering::SeqCst) {
-            return Err(Error::not_found(
-                self.name(),
-                Op::DeregisterMem,
-                "registration already deregistered",
-            ));
+            return Err(self.deregistered(Op::DeregisterMem));
         }
         match reg.inner.release().into_iter().next() {
             None => Ok(()),
             Some(e) => Err(e),
         }
+    }
+
+    /// Refuses a registration of another agent's, or one deregistered already.
+    pub(super) fn check_live(&self, reg: &Registration, op: Op) -> Result<()> {
+        if !Arc::ptr_eq(&reg.inner.shared, &self.shared) {
+            return Err(Error::mismatch(
+                self.name(),
+                op,
+                "registration belongs to another agent",
+            ));
+        }
+        if reg.is_deregistered() {
+            return Err(self.deregistered(op));
+        }
+        Ok(())
+    }
+
+    fn deregistered(&self, op: Op) -> Error {
+        Error::not_found(self.name(), op, "registration already deregistered")
     }
 }
 

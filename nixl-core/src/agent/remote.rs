@@ -311,20 +311,7 @@ impl Agent {
             Some(list) => {
                 let mut v = Vec::with_capacity(list.len());
                 for r in list {
-                    if !Arc::ptr_eq(&r.inner.shared, &self.shared) {
-                        return Err(Error::mismatch(
-                            self.name(),
-                            Op::LocalMetadata,
-                            "registration belongs to another agent",
-                        ));
-                    }
-                    if r.is_deregistered() {
-                        return Err(Error::not_found(
-                            self.name(),
-                            Op::LocalMetadata,
-                            "registration was deregistered",
-                        ));
-                    }
+                    self.check_live(r, Op::LocalMetadata)?;
                     if !allowed(&r.inner) {
                         return Err(Error::not_allowed(
                             self.name(),

@@ -98,6 +98,32 @@ crate::__setters!(Capabilities {
 });
 
 impl Capabilities {
+    /// A network transport's: DRAM (and VRAM where `vram`), transfers to other agents and to
+    /// the agent itself, notifications; `needs_progress` where no thread of its own drives it.
+    pub fn network(vram: bool, needs_progress: bool) -> Capabilities {
+        let mut mem_kinds = vec![MemKind::Dram];
+        if vram {
+            mem_kinds.push(MemKind::Vram);
+        }
+        Capabilities::default()
+            .mem_kinds(mem_kinds)
+            .remote(true)
+            .local(true)
+            .notifications(true)
+            .needs_progress(needs_progress)
+    }
+
+    /// A storage plugin's: `mem_kinds`, transfers between the agent's memory and its storage
+    /// only, no notifications, nothing to progress.
+    pub fn storage(mem_kinds: Vec<MemKind>) -> Capabilities {
+        Capabilities::default()
+            .mem_kinds(mem_kinds)
+            .remote(false)
+            .local(true)
+            .notifications(false)
+            .needs_progress(false)
+    }
+
     /// Whether the kind is supported.
     pub fn supports(&self, kind: MemKind) -> bool {
         self.mem_kinds.contains(&kind)

@@ -268,10 +268,8 @@ pub(super) fn ptx_of(shape: &KernelShape, parts: &Parts) -> String {
     ptx_with(shape, parts, None)
 }
 
-/// [`ptx_of`], with arrival counters where `layer` names the register holding an item's
-/// layer (the kernel is then `<name>_arrival`, with a fifth parameter `nixl_counters`).
-fn ptx_with(shape: &KernelShape, parts: &Parts, layer: Option<&str>) -> String {
-    let u = shape.unroll.max(1);
+/// The 16-byte load and store the shape asks for (non-coherent loads, streaming stores).
+fn vector_ops(shape: &KernelShape) -> (&'static str, &'static str) {
     let load = if shape.nc_loads {
         "ld.global.nc.v4.u32"
     } else {
@@ -282,15 +280,20 @@ fn ptx_with(shape: &KernelShape, parts: &Parts, layer: Option<&str>) -> String {
     } else {
         "st.global.v4.u32"
     };
-    let v = |k: u32| {
-        format!(
-            "{{%v{}, %v{}, %v{}, %v{}}}",
-            4 * k,
-            4 * k + 1,
-            4 * k + 2,
-            4 * k + 3
-        )
-    };
+    (load, store)
+}
+
+/// The four registers of vector `k` of a round.
+fn v(k: u32) -> String {
+    let r = 4 * k;
+    format!("{{%v{r}, %v{}, %v{}, %v{}}}", r + 1, r + 2, r + 3)
+}
+
+/// [`ptx_of`], with arrival counters where `layer` names the register holding an item's
+/// layer (the kernel is then `<name>_arrival`, with a fifth parameter `nixl_counters`).
+fn ptx_with(shape: &KernelShape, parts: &Parts, layer: Option<&str>) -> String {
+    let u = shape.unroll.max(1);
+    let (load, store) = vector_ops(shape);
     // One round: `u` vectors at tid*16 + k*ntid*16 from the round's start, all loaded, then
     // all stored.
     let mut round = String::new();
@@ -521,25 +524,7 @@ pub(crate) fn ptx_tiles_arrival(shape: &KernelShape) -> String {
 
 fn tiles_of(shape: &KernelShape, arrival: bool) -> String {
     let u = TILE_UNROLL;
-    let load = if shape.nc_loads {
-        "ld.global.nc.v4.u32"
-    } else {
-        "ld.global.v4.u32"
-    };
-    let store = if shape.streaming_stores {
-        "st.global.cs.v4.u32"
-    } else {
-        "st.global.v4.u32"
-    };
-    let v = |k: u32| {
-        format!(
-            "{{%v{}, %v{}, %v{}, %v{}}}",
-            4 * k,
-            4 * k + 1,
-            4 * k + 2,
-            4 * k + 3
-        )
-    };
+    let (load, store) = vector_ops(shape);
     let mut round = String::new();
     for k in 0..u {
         round += &format!("\tmad.lo.u64 \t%rd27, %rd16, {k}, %rd26;\n");

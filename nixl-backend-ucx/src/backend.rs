@@ -93,6 +93,12 @@ const AM_ROUTES: &[(u32, crate::worker::AmRoute)] = &[
 ];
 
 impl UcxBackend {
+    /// A notification's send to `remote` that UCX ended with `st`.
+    fn notif_failed(&self, remote: &str, st: sys::ucs_status_t) -> Error {
+        let call = "ucp_am_send_nbx";
+        crate::error::status_error(&self.ucx, &self.agent, Some(remote), Op::GenNotif, call, st)
+    }
+
     /// Creates the backend: loads UCX, creates the context, workers and progress threads.
     pub fn new(params: UcxParams, bctx: BackendContext) -> Result<Self> {
         params.validate()?;
@@ -568,14 +574,7 @@ impl nixl_core::backend::PeerBackend for UcxBackend {
         if let Some(st) = sys::am_send(&g.h().locked(), ep, &p) {
             p.ended();
             if st != sys::UCS_OK {
-                return Err(crate::error::status_error(
-                    &self.ucx,
-                    &self.agent,
-                    Some(remote),
-                    Op::GenNotif,
-                    "ucp_am_send_nbx",
-                    st,
-                ));
+                return Err(self.notif_failed(remote, st));
             }
         }
         Ok(())
@@ -638,14 +637,7 @@ impl nixl_core::backend::PeerBackend for UcxBackend {
         // this call its deadline and nobody else anything.
         match pe.worker.wait_request(sent.req, deadline) {
             Some(st) if st == sys::UCS_OK => Ok(()),
-            Some(st) => Err(crate::error::status_error(
-                &self.ucx,
-                &self.agent,
-                Some(remote),
-                Op::GenNotif,
-                "ucp_am_send_nbx",
-                st,
-            )),
+            Some(st) => Err(self.notif_failed(remote, st)),
             None => {
                 // Still in flight inside UCX, which may read the buffers: they stay. Counted
                 // (never uncounted) so closing the endpoint early drains it first.

@@ -310,16 +310,7 @@ mod tests {
 
     #[test]
     fn arbitrary_bytes_never_panic() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        for len in 0..300 {
-            let v: Vec<u8> = (0..len)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect();
+        for v in crate::wire::noise(0x9e37_79b9_7f4a_7c15, 300) {
             let _ = check_rkey(&v);
             let _ = address_release(&v);
         }

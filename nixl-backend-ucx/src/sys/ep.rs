@@ -272,17 +272,7 @@ impl WorkerH {
         p.flags = flags;
         // SAFETY: the endpoint is live under the held lock; header and message are owned by
         // the returned value, which the caller keeps until the request is released (or leaks).
-        let r = unsafe {
-            self.lib().ucp_am_send_nbx(
-                ep.0,
-                id,
-                header.as_ptr() as *const c_void,
-                header.len(),
-                msg.as_ptr() as *const c_void,
-                msg.len(),
-                &p,
-            )
-        };
+        let r = unsafe { am_send_nbx(self.lib(), ep, id, (&header, &msg), &p) };
         AmSend {
             req: Request::new(r),
             bufs: AmBufs {
@@ -445,6 +435,32 @@ impl AmBufs {
     }
 }
 
+/// `ucp_am_send_nbx` of `header` and `msg` on `ep` with `p`.
+///
+/// # Safety
+/// `ep` is live and its worker locked; `header` and `msg` stay valid until UCX has released
+/// the returned request (or at once, where it returns a status).
+unsafe fn am_send_nbx(
+    lib: &UcxLib,
+    ep: Ep,
+    id: u32,
+    (header, msg): (&[u8], &[u8]),
+    p: &ucp_request_param_t,
+) -> ucs_status_ptr_t {
+    // SAFETY: the caller's contract above.
+    unsafe {
+        lib.ucp_am_send_nbx(
+            ep.0,
+            id,
+            header.as_ptr() as *const c_void,
+            header.len(),
+            msg.as_ptr() as *const c_void,
+            msg.len(),
+            p,
+        )
+    }
+}
+
 /// `ucp_am_send_nbx` of `user`'s payload (which lives in `user` until the completion,
 /// which calls `user.sent`). Returns `None` when the callback will run, or the status it
 /// completed with at once (no callback then).
@@ -463,17 +479,7 @@ pub(crate) fn am_send<T: Completion + AmPayload>(
     p.user_data = u as *mut c_void;
     // SAFETY: the endpoint is live under the held lock (`_locked`); header and message live in
     // `user`, which the leaked reference keeps alive until the callback.
-    let r = unsafe {
-        user.lib().ucp_am_send_nbx(
-            ep.0,
-            id,
-            header.as_ptr() as *const c_void,
-            header.len(),
-            msg.as_ptr() as *const c_void,
-            msg.len(),
-            &p,
-        )
-    };
+    let r = unsafe { am_send_nbx(user.lib(), ep, id, (header, msg), &p) };
     if ptr_is_ptr(r) {
         return None;
     }

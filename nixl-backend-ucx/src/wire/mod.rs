@@ -170,6 +170,23 @@ pub fn decode_rkey(bytes: &[u8]) -> Result<(u8, &[u8]), DecodeError> {
     Ok((t, packed))
 }
 
+/// Byte strings of every length below `lens`, from a xorshift generator seeded with `seed`:
+/// what a decoder's never-panic tests feed it.
+#[cfg(test)]
+pub(crate) fn noise(seed: u64, lens: usize) -> impl Iterator<Item = Vec<u8>> {
+    let mut x = seed;
+    (0..lens).map(move |len| {
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,16 +257,7 @@ mod tests {
 
     #[test]
     fn arbitrary_bytes_never_panic() {
-        let mut x = 0x1234_5678u64;
-        for len in 0..200 {
-            let v: Vec<u8> = (0..len)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect();
+        for v in noise(0x1234_5678, 200) {
             let _ = decode_conn(&v);
             let _ = decode_rkey(&v);
             let _ = decode_notif_header(&v);

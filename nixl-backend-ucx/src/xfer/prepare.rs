@@ -27,6 +27,23 @@ struct Handles<'a> {
     mem_type: Option<sys::ucs_memory_type_t>,
 }
 
+impl<'a> Handles<'a> {
+    fn new(
+        backend: &'a UcxBackend,
+        peer: &'a Arc<Peer>,
+        worker: usize,
+        remote: MemKind,
+    ) -> Handles<'a> {
+        Handles {
+            backend,
+            peer,
+            worker,
+            remote_type: mem_type(remote),
+            mem_type: None,
+        }
+    }
+}
+
 /// Entry `i` of a table of checked handles (by the spec's metadata index), made by `make` the
 /// first time.
 #[inline]
@@ -120,13 +137,7 @@ impl UcxBackend {
             &spec.remote,
             spec.segments.first().and_then(|s| spec.md(s.remote_md)),
         )?;
-        let mut h = Handles {
-            backend: self,
-            peer: &peer,
-            worker,
-            remote_type: mem_type(spec.remote_kind),
-            mem_type: None,
-        };
+        let mut h = Handles::new(self, &peer, worker, spec.remote_kind);
         // Each metadata of the spec checked once, its handle kept by index.
         let (mut memhs, mut rkeys) = (vec![None; spec.mds.len()], vec![None; spec.mds.len()]);
         let md = |i: usize| {
@@ -174,13 +185,7 @@ impl UcxBackend {
             &spec.remote,
             spec.layers.first().map(|l| &l.remote_md),
         )?;
-        let mut h = Handles {
-            backend: self,
-            peer: &peer,
-            worker,
-            remote_type: mem_type(spec.remote_kind),
-            mem_type: None,
-        };
+        let mut h = Handles::new(self, &peer, worker, spec.remote_kind);
         let mut layers = Vec::with_capacity(spec.layers.len());
         for l in &spec.layers {
             // A layer per region pair, few of them: checked each.

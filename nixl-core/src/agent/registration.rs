@@ -134,6 +134,19 @@ pub(crate) struct RegTable {
     by_start: RegionIndex<(Weak<RegInner>, usize)>,
 }
 
+/// Entry `(w, i)` of the index as a live registration whose region `i` covers the range.
+fn live_cover(
+    (w, i): &(Weak<RegInner>, usize),
+    addr: u64,
+    len: u64,
+    dev_id: u64,
+) -> Option<(Arc<RegInner>, usize)> {
+    let r = w.upgrade()?;
+    let live =
+        !r.deregistered.load(Ordering::SeqCst) && r.regions[*i].desc.covers(addr, len, dev_id);
+    live.then_some((r, *i))
+}
+
 impl RegTable {
     fn insert(&mut self, inner: &Arc<RegInner>) {
         for (i, r) in inner.regions.iter().enumerate() {
@@ -158,17 +171,10 @@ impl RegTable {
         len: u64,
     ) -> Option<(Arc<RegInner>, usize)> {
         let mut found = None;
-        self.by_start
-            .find(kind, dev_id, addr, len, |(w, i)| match w.upgrade() {
-                Some(r)
-                    if !r.deregistered.load(Ordering::SeqCst)
-                        && r.regions[*i].desc.covers(addr, len, dev_id) =>
-                {
-                    found = Some((r, *i));
-                    true
-                }
-                _ => false,
-            });
+        self.by_start.find(kind, dev_id, addr, len, |e| {
+            found = live_cover(e, addr, len, dev_id);
+            found.is_some()
+        });
         found
     }
 
@@ -182,18 +188,10 @@ impl RegTable {
         len: u64,
     ) -> Option<(Arc<RegInner>, usize, u64)> {
         let mut found = None;
-        let (_, bound) = self
-            .by_start
-            .find_bounded(kind, dev_id, addr, len, |(w, i)| match w.upgrade() {
-                Some(r)
-                    if !r.deregistered.load(Ordering::SeqCst)
-                        && r.regions[*i].desc.covers(addr, len, dev_id) =>
-                {
-                    found = Some((r, *i));
-                    true
-                }
-                _ => false,
-            })?;
+        let (_, bound) = self.by_start.find_bounded(kind, dev_id, addr, len, |e| {
+            found = live_cover(e, addr, len, dev_id);
+            found.is_some()
+        })?;
         found.map(|(r, i)| (r, i, bound))
     }
 

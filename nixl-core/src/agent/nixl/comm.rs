@@ -5,23 +5,10 @@ use crate::error::{Error, Op, Result};
 use crate::nixl_wire::comm::{encode_command, parse_body, read_frame, write_frame, Command};
 use crate::nixl_wire::listener::connect;
 use crate::nixl_wire::metadata::NixlMetadata;
-use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 impl Agent {
-    fn nixl_io(&self, e: std::io::Error, timeout: Duration) -> Error {
-        if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) {
-            Error::TimedOut {
-                agent: self.name().to_owned(),
-                op: Op::Exchange,
-                elapsed: timeout,
-            }
-        } else {
-            Error::io(self.name(), Op::Exchange, e)
-        }
-    }
-
     fn nixl_command(&self, addr: SocketAddr, cmd: &Command, timeout: Duration) -> Result<()> {
         let body = encode_command(cmd).ok_or_else(|| {
             Error::not_supported(
@@ -31,8 +18,8 @@ impl Agent {
             )
         })?;
         let mut s =
-            connect(addr, Instant::now() + timeout).map_err(|e| self.nixl_io(e, timeout))?;
-        write_frame(&mut s, &body).map_err(|e| self.nixl_io(e, timeout))
+            connect(addr, Instant::now() + timeout).map_err(|e| self.exchange_io(e, timeout))?;
+        write_frame(&mut s, &body).map_err(|e| self.exchange_io(e, timeout))
     }
 
     /// Sends this agent's NIXL metadata to the NIXL listener at `addr` (NIXL's
@@ -82,7 +69,7 @@ impl Agent {
         timeout: Duration,
     ) -> Result<String> {
         let deadline = Instant::now() + timeout;
-        let io = |e| self.nixl_io(e, timeout);
+        let io = |e| self.exchange_io(e, timeout);
         let mut s = connect(addr, deadline).map_err(io)?;
         let body = encode_command(&Command::Send).unwrap_or_default();
         write_frame(&mut s, &body).map_err(io)?;

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 impl Agent {
-    fn map_io(&self, e: std::io::Error, timeout: Duration) -> Error {
+    /// An exchange's I/O error: a socket timeout is the exchange's own `TimedOut`.
+    pub(crate) fn exchange_io(&self, e: std::io::Error, timeout: Duration) -> Error {
         if matches!(
             e.kind(),
             std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
@@ -44,7 +45,7 @@ impl Agent {
             }
             _ => frame::encode(kind, payload, None),
         };
-        let io = |e| self.map_io(e, timeout);
+        let io = |e| self.exchange_io(e, timeout);
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(io(std::io::ErrorKind::TimedOut.into()));

@@ -37,14 +37,17 @@ impl Point {
         let remote = b.name().to_owned();
         let ldescs = XferDescList::blocks(kind, la.base, o.block, n);
         let (rdescs, idx) = if o.order == "layers" {
-            if !n.is_multiple_of(regions) {
-                return Err(
-                    format!("--order layers: {n} descriptors over {regions} regions").into(),
-                );
+            let layers = regions * o.layers.max(1);
+            if !n.is_multiple_of(layers) {
+                return Err(format!(
+                    "--order layers: {n} descriptors over {regions} regions of {} layers",
+                    o.layers
+                )
+                .into());
             }
-            let per = n / regions;
+            let per = n / layers;
             let ids = shuffle(per);
-            let idx: Vec<usize> = (0..regions)
+            let idx: Vec<usize> = (0..layers)
                 .flat_map(|l| ids.iter().map(move |&i| l * per + i))
                 .collect();
             (XferDescList::blocks(kind, lb.base, o.block, n), idx)

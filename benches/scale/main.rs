@@ -109,6 +109,10 @@ struct Opts {
     /// counts to be multiples of `--regions`.
     #[arg(long, default_value = "shuffled", value_parser = ["shuffled", "layers"])]
     order: String,
+    /// With `--order layers`: the layers each region holds, slices of it one after the other
+    /// (the main job's pools: one region, `--layers 4`), every layer moving the same ids.
+    #[arg(long, default_value_t = 1)]
+    layers: usize,
     /// Iterations per point (0: chosen per size).
     #[arg(long, default_value_t = 0)]
     iters: usize,

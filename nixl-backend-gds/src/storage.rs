@@ -114,6 +114,7 @@ impl Storage {
     }
 
     /// [`Storage::segment_md`]'s value, shared.
+    #[cfg(feature = "gds")]
     pub(crate) fn segment_arc<T: Any + Send + Sync>(
         &self,
         agent: &str,

@@ -58,6 +58,7 @@ mod posix;
 mod region;
 #[cfg(feature = "s3")]
 mod s3;
+#[cfg(any(feature = "posix", feature = "gds", feature = "s3"))]
 mod storage;
 #[allow(unsafe_code)]
 mod sys;

@@ -5,7 +5,6 @@
 //! typed error that names the plugin.
 
 use std::any::Any;
-use std::sync::Arc;
 
 use nixl_core::backend::{downcast_md, BackendMd, Capabilities, XferSpec};
 use nixl_core::{Error, MemKind, Op, Result};
@@ -121,9 +120,9 @@ impl Storage {
         at: (usize, &str),
         md: Option<&BackendMd>,
         what: &str,
-    ) -> Result<Arc<T>> {
+    ) -> Result<std::sync::Arc<T>> {
         let (md, _) = self.segment_md::<T>(agent, at, md, what)?;
-        Arc::clone(md)
+        std::sync::Arc::clone(md)
             .downcast::<T>()
             .map_err(|_| self.not_its(agent, at, what))
     }

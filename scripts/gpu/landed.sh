@@ -18,7 +18,6 @@
 
 build() (
 set -euo pipefail
-cd "$(dirname "$0")/../.."
 release_env /work/target-mem
 mkdir -p .carry/bin
 exe=$(cargo test --release -p nixl-mem --test gpu_agent --no-run --message-format=json 2>/dev/null | pick gpu_agent)
@@ -34,7 +33,6 @@ carry_fits
 
 run() (
 set -uo pipefail
-cd "$(dirname "$0")/../.."
 start_summary landed /tmp/nixl-landed-out
 b=.carry/bin/nixl-mem-gpu-agent
 [ -x "$b" ] || { say "missing $b: run scripts/gpu.sh landed build and carry .carry"; exit 2; }

@@ -59,3 +59,6 @@ use_carried_ucx() {
 gpu_test_env() {
     export NIXL_REQUIRE_DEPS=1 NIXL_ALLOW_SKIP="rocm-gpu,efa,fi-hmem,nvidia-fs,cuda-ucx,ucx,nixl"
 }
+
+# Every suite runs from the repository root.
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 1

@@ -17,7 +17,6 @@
 
 build() (
 set -euo pipefail
-cd "$(dirname "$0")/../.."
 release_env /work/target-gpu
 mkdir -p .carry/bin
 exe=$(cargo bench -p nixl-bench --bench poll --no-run --message-format=json 2>/dev/null | pick poll)
@@ -28,7 +27,6 @@ carry_fits
 
 run() (
 set -uo pipefail
-cd "$(dirname "$0")/../.."
 start_summary poll /tmp/nixl-poll-out
 [ -x .carry/bin/poll ] || { say "missing .carry/bin/poll: run scripts/gpu.sh poll build and carry .carry"; exit 2; }
 say "== host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load $(cut -d' ' -f1-3 /proc/loadavg)"

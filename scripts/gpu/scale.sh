@@ -19,7 +19,6 @@
 
 build() (
 set -euo pipefail
-cd "$(dirname "$0")/../.."
 release_env /work/target-shared
 BIN=.carry/bin
 mkdir -p "$BIN"
@@ -35,7 +34,6 @@ du -sh "$BIN"
 
 run() (
 set -uo pipefail
-cd "$(dirname "$0")/../.."
 start_summary scale /tmp/nixl-gpu-out
 B=.carry/bin
 use_carried_ucx

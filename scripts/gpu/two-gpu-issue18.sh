@@ -24,7 +24,6 @@
 
 build() (
 set -euo pipefail
-cd "$(dirname "$0")/../.."
 release_env /work/target-gpu
 BIN=.carry/bin
 mkdir -p "$BIN"
@@ -37,7 +36,6 @@ du -sh "$BIN"/gpu_bench "$BIN"/disagg_kv "$BIN"/nixlbench
 
 run() (
 set -uo pipefail
-cd "$(dirname "$0")/../.."
 start_summary two-gpu /tmp/nixl-two-gpu-out
 B=.carry/bin
 if [ -d .carry/ucx ]; then

@@ -14,7 +14,6 @@
 # shellcheck source=scripts/gpu/pick.sh
 . "$(dirname "$0")/pick.sh"
 set -uo pipefail
-cd "$(dirname "$0")/../.."
 
 pick() {
     python3 -c 'import json,sys

@@ -21,7 +21,6 @@
 
 build() (
 set -euo pipefail
-cd "$(dirname "$0")/../.."
 release_env /work/target-gpu
 BIN=.carry/bin
 mkdir -p "$BIN"
@@ -68,7 +67,6 @@ echo "carry .carry: ${size} MiB"
 
 run() (
 set -uo pipefail
-cd "$(dirname "$0")/../.."
 start_summary ucx /tmp/nixl-gpu-out
 B=.carry/bin
 use_carried_ucx

@@ -19,6 +19,13 @@ impl Writer {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
 
+    /// A descriptor's address, length and device.
+    pub(super) fn desc(&mut self, addr: usize, len: usize, dev_id: u64) {
+        self.u64(addr as u64);
+        self.u64(len as u64);
+        self.u64(dev_id);
+    }
+
     pub(super) fn bytes(&mut self, b: &[u8]) {
         self.u64(b.len() as u64);
         self.0.extend_from_slice(b);

@@ -194,9 +194,7 @@ impl<'a> XferDescList<'a> {
     pub fn serialize(&self) -> Result<Vec<u8>, NixlError> {
         let mut w = Writer::new(self.mem_type, self.descriptors.len());
         for d in &self.descriptors {
-            w.u64(d.addr as u64);
-            w.u64(d.len as u64);
-            w.u64(d.dev_id);
+            w.desc(d.addr, d.len, d.dev_id);
         }
         Ok(w.0)
     }

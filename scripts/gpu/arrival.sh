@@ -14,9 +14,8 @@ set -uo pipefail
 
 build() {
     set -e
-    release_env /work/target-gpu
+    release_env /work/target-gpu fresh
     local bin=.carry/bin
-    rm -rf "$bin"; mkdir -p "$bin"
     for t in async_gpu arrival_gpu; do
         cp "$(cargo test --release -p nixl-mem --test "$t" --no-run --message-format=json 2>/dev/null | pick "$t")" "$bin/test-$t"
     done

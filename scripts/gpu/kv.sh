@@ -17,9 +17,8 @@ set -uo pipefail
 
 build() {
     set -e
-    release_env /work/target-gpu
+    release_env /work/target-gpu fresh
     local bin=.carry/bin
-    rm -rf "$bin"; mkdir -p "$bin"
     cp "$(cargo test --release -p nixl-mem --test kv_gpus --no-run --message-format=json 2>/dev/null | pick kv_gpus)" "$bin/test-kv_gpus"
     cp "$(cargo build --release -p nixl-bench --bin kv_bench --message-format=json 2>/dev/null | pick kv_bench)" "$bin/kv_bench"
     ls -la "$bin"

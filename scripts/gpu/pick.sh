@@ -33,10 +33,12 @@ carry_fits() {
 }
 
 # For a build: release binaries without debug information, in $CARGO_TARGET_DIR (default $1,
-# else /work/target-gpu).
+# else /work/target-gpu), copied to .carry/bin (emptied first when $2 is "fresh").
 release_env() {
     export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${1:-/work/target-gpu}}"
     export CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_PROFILE_RELEASE_STRIP=symbols
+    [ "${2:-}" != fresh ] || rm -rf .carry/bin
+    mkdir -p .carry/bin
 }
 
 # For a run: $OUT (default $2, else /tmp/nixl-gpu-out) made and the summary $OUT/$1-summary.txt

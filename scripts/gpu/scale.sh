@@ -21,7 +21,6 @@ build() (
 set -euo pipefail
 release_env /work/target-shared
 BIN=.carry/bin
-mkdir -p "$BIN"
 scale=$(cargo bench -p nixl-bench --bench scale --no-run --message-format=json 2>/dev/null | pick scale)
 cp "$scale" "$BIN/scale"
 strip "$BIN/scale"

@@ -26,7 +26,6 @@ build() (
 set -euo pipefail
 release_env /work/target-gpu
 BIN=.carry/bin
-mkdir -p "$BIN"
 cp "$(cargo build --release -p nixl-bench --bin gpu_bench --message-format=json 2>/dev/null | pick gpu_bench)" "$BIN/gpu_bench"
 cp "$(cargo build --release --all-features --example disagg_kv --message-format=json 2>/dev/null | pick disagg_kv)" "$BIN/disagg_kv"
 cp "$(cargo build --release -p nixl-bench --bench nixlbench --message-format=json 2>/dev/null | pick nixlbench)" "$BIN/nixlbench"

@@ -27,9 +27,8 @@ for l in sys.stdin:
 
 build() {
     set -e
-    release_env /work/target-gpu
+    release_env /work/target-gpu fresh
     local bin=.carry/bin
-    rm -rf "$bin"; mkdir -p "$bin"
     cargo test --release -p nixl-mem --test two_gpus --test gpu_agent --test gpu_blocks --test gpu \
         --no-run --message-format=json 2>/dev/null | pick two_gpus gpu_agent gpu_blocks gpu \
         | while read -r name exe; do cp "$exe" "$bin/test-$name"; done

@@ -23,7 +23,6 @@ build() (
 set -euo pipefail
 release_env /work/target-gpu
 BIN=.carry/bin
-mkdir -p "$BIN"
 bash scripts/gpu.sh one-gpu build
 bash scripts/gpu.sh storage build
 cargo test --release -p nixl-backend-ucx --test vram --no-run --message-format=json 2>/dev/null \

@@ -16,31 +16,12 @@ pub(crate) struct IoVec {
 }
 
 const _: () = assert!(
-    std::mem::size_of::<IoVec>() == 2 * std::mem::size_of::<*mut u8>()
-        && std::mem::align_of::<IoVec>() == std::mem::align_of::<*mut u8>()
+    std::mem::size_of::<IoVec>() == std::mem::size_of::<libc::iovec>()
+        && std::mem::align_of::<IoVec>() == std::mem::align_of::<libc::iovec>()
 );
 
 /// The most ranges one call takes on each side (the kernel's `UIO_MAXIOV`).
 pub(crate) const IOV_MAX: usize = 1024;
-
-extern "C" {
-    fn process_vm_readv(
-        pid: c_int,
-        local: *const IoVec,
-        liovcnt: c_ulong,
-        remote: *const IoVec,
-        riovcnt: c_ulong,
-        flags: c_ulong,
-    ) -> isize;
-    fn process_vm_writev(
-        pid: c_int,
-        local: *const IoVec,
-        liovcnt: c_ulong,
-        remote: *const IoVec,
-        riovcnt: c_ulong,
-        flags: c_ulong,
-    ) -> isize;
-}
 
 /// Copies `local[k]` to process `pid`'s `remote[k]` (`write`) or back (`!write`) for every
 /// `k`, in as many calls as the kernel needs: it may stop early at a range it cannot access,
@@ -146,9 +127,9 @@ fn call(
     // name the peer's memory, which the kernel checks (EFAULT) without touching ours.
     let n = unsafe {
         if write {
-            process_vm_writev(pid, lp.as_ptr(), cnt, rp.as_ptr(), cnt, 0)
+            libc::process_vm_writev(pid, lp.as_ptr().cast(), cnt, rp.as_ptr().cast(), cnt, 0)
         } else {
-            process_vm_readv(pid, lp.as_ptr(), cnt, rp.as_ptr(), cnt, 0)
+            libc::process_vm_readv(pid, lp.as_ptr().cast(), cnt, rp.as_ptr().cast(), cnt, 0)
         }
     };
     if n < 0 {

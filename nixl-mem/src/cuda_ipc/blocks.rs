@@ -27,7 +27,7 @@ use super::gpu::Gpu;
 use super::md::{LocalMd, Target};
 use super::table::BlockTable;
 use super::xfer::{Engine, KernelPlan, Work};
-use super::{CudaIpcBackend, Ends, KernelOk, NoKernel};
+use super::{ends_of, CudaIpcBackend, Ends, KernelOk, NoKernel};
 use crate::cuda;
 use crate::cuda::kernel::{self, TileTable};
 
@@ -78,14 +78,7 @@ impl CudaIpcBackend {
         )?;
         let gpu = self.gpu(device, Op::MakeXfer)?;
         let here = self.layers_here(spec, &gpu)?;
-        let ends = Ends {
-            op: spec.op,
-            kinds: (spec.local_kind, spec.remote_kind),
-            remote: &spec.remote,
-            is_local: spec.is_local,
-            notif: spec.notif.as_deref(),
-            arrival: self.counters_on(spec.arrival, gpu.ordinal)?,
-        };
+        let ends = ends_of!(self, spec, gpu);
         match spec.rows {
             None => self.block_xfer(spec, &gpu, here, ends),
             Some(_) => self.tile_xfer(spec, &gpu, here, ends),

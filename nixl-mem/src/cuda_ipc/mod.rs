@@ -92,6 +92,21 @@ struct Ends<'a> {
     arrival: Option<u64>,
 }
 
+/// The fields of a spec (a segment list's or a block table's) its [`Ends`] are made of.
+macro_rules! ends_of {
+    ($backend:expr, $spec:expr, $gpu:expr) => {
+        $crate::cuda_ipc::Ends {
+            op: $spec.op,
+            kinds: ($spec.local_kind, $spec.remote_kind),
+            remote: &$spec.remote,
+            is_local: $spec.is_local,
+            notif: $spec.notif.as_deref(),
+            arrival: $backend.counters_on($spec.arrival, $gpu.ordinal)?,
+        }
+    };
+}
+use ends_of;
+
 struct Peer {
     same_host: bool,
     pid: u32,
@@ -391,14 +406,7 @@ impl Backend for CudaIpcBackend {
         // batch's copies run in any order).
         let conflict = kernel::conflict_in_groups(&copies, Some(&groups));
         drop(groups);
-        let ends = Ends {
-            op: spec.op,
-            kinds: (spec.local_kind, spec.remote_kind),
-            remote: &spec.remote,
-            is_local: spec.is_local,
-            notif: spec.notif.as_deref(),
-            arrival: self.counters_on(spec.arrival, gpu.ordinal)?,
-        };
+        let ends = ends_of!(self, spec, gpu);
         self.finish(&gpu, ends, Work::Copies(copies), how, kernel_ok, conflict)
     }
 

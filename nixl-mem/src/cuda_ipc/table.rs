@@ -255,21 +255,12 @@ mod tests {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    /// A model-shaped spec: `layers` x K,V over regions of `pool` blocks of `bb` bytes, split
-    /// (K blocks then V blocks) or interleaved, and `ids` pairs from shuffled free lists.
-    fn kv_spec(
-        op: XferOp,
-        layers: u64,
-        pool: u64,
-        bb: u64,
-        ids: usize,
-        interleaved: bool,
-    ) -> BlockXferSpec {
-        let bases = (0x7000_0000_0000, 0x7800_0000_0000);
-        kv_spec_at(op, layers, pool, bb, ids, interleaved, bases)
-    }
+    /// Where [`kv_spec_at`]'s local and remote regions lie unless a test says otherwise.
+    const BASES: (u64, u64) = (0x7000_0000_0000, 0x7800_0000_0000);
 
-    /// As [`kv_spec`], with the local and remote regions at `bases`.
+    /// A model-shaped spec: `layers` x K,V over regions of `pool` blocks of `bb` bytes, split
+    /// (K blocks then V blocks) or interleaved, and `ids` pairs from shuffled free lists, with
+    /// the local and remote regions at `bases`.
     fn kv_spec_at(
         op: XferOp,
         layers: u64,
@@ -407,7 +398,7 @@ mod tests {
     /// The cases of the equivalence tests: split (dense) and interleaved layouts, sparse ids
     /// and runs of consecutive ones, WRITE and READ, blocks below, at and above the chunk.
     fn cases() -> Vec<BlockXferSpec> {
-        let mut dense = kv_spec(XferOp::Write, 3, 40, 4096, 16, false);
+        let mut dense = kv_spec_at(XferOp::Write, 3, 40, 4096, 16, false, BASES);
         dense.runs = vec![
             BlockRun::blocks(0, 5, 7),
             BlockRun::blocks(20, 30, 3),
@@ -419,7 +410,7 @@ mod tests {
         for op in [XferOp::Write, XferOp::Read] {
             for interleaved in [false, true] {
                 for bb in [48, 4096, 64 << 10, 200_000] {
-                    v.push(kv_spec(op, 3, 40, bb, 25, interleaved));
+                    v.push(kv_spec_at(op, 3, 40, bb, 25, interleaved, BASES));
                 }
             }
         }
@@ -562,7 +553,7 @@ mod tests {
     /// checks both produce the same bytes.
     #[test]
     fn host_build_of_131072_blocks() {
-        let spec = kv_spec(XferOp::Write, 32, 2560, 32 << 10, 2048, false);
+        let spec = kv_spec_at(XferOp::Write, 32, 2560, 32 << 10, 2048, false, BASES);
         let here: Vec<StridedDesc> = spec.layers.iter().map(|l| l.remote).collect();
         let chunk = 64 << 10;
         let mut old = Vec::new();

@@ -55,9 +55,12 @@ struct Cli {
     paths: Vec<String>,
 }
 
-struct Unpark(std::thread::Thread);
+/// Unparks the polling thread, noting when (the last wake before a future ends tells a late
+/// timer from a late thread).
+struct Unpark(std::thread::Thread, std::sync::Mutex<Option<Instant>>);
 impl Wake for Unpark {
     fn wake(self: Arc<Self>) {
+        *self.1.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         self.0.unpark();
     }
 }
@@ -77,8 +80,9 @@ struct Polls {
 }
 
 /// Runs `f` on this thread, timing each poll; its output and when it was first polled.
-fn run_timed<F: Future>(f: F, polls: &mut Polls) -> (F::Output, Instant) {
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+fn run_timed<F: Future>(f: F, polls: &mut Polls) -> (F::Output, Instant, Option<Instant>) {
+    let unpark = Arc::new(Unpark(std::thread::current(), std::sync::Mutex::new(None)));
+    let waker = Waker::from(unpark.clone());
     let mut cx = Context::from_waker(&waker);
     let mut f = std::pin::pin!(f);
     let first = Instant::now();
@@ -88,7 +92,8 @@ fn run_timed<F: Future>(f: F, polls: &mut Polls) -> (F::Output, Instant) {
         polls.wall.push(t.elapsed());
         polls.cpu.push(cpu_now().saturating_sub(c));
         if let Poll::Ready(v) = r {
-            return (v, first);
+            let woke = *unpark.1.lock().unwrap_or_else(|p| p.into_inner());
+            return (v, first, woke);
         }
         std::thread::park_timeout(Duration::from_secs(30));
     }
@@ -178,7 +183,7 @@ fn measure(path: &str, cli: &Cli, n: usize) -> nixl_core::Result<String> {
         let req = read(&p, cli.size)?;
         p.a.post_xfer_req(&req)?;
         let before = polls.wall.len();
-        let (r, _) = run_timed(req.completion(), &mut polls);
+        let (r, _, _) = run_timed(req.completion(), &mut polls);
         r?;
         counts += polls.wall.len() - before;
     }
@@ -186,18 +191,25 @@ fn measure(path: &str, cli: &Cli, n: usize) -> nixl_core::Result<String> {
     // Deadline phase.
     let deadline = Duration::from_micros(cli.deadline_us);
     let mut over = Vec::new();
+    // Of each overrun: the last wake past the deadline (the timer's lateness), and from that
+    // wake to the return (the polling thread's).
+    let (mut late_wake, mut late_resume) = (Vec::new(), Vec::new());
     let mut dpolls = Polls::default();
     let (mut timed_out, mut done) = (0usize, 0usize);
     for _ in 0..n {
         let req = read(&p, BIG)?;
         p.a.post_xfer_req(&req)?;
-        let (r, first) = run_timed(req.completion_within(deadline), &mut dpolls);
+        let (r, first, woke) = run_timed(req.completion_within(deadline), &mut dpolls);
         let end = Instant::now();
         match r {
             Ok(()) => done += 1,
             Err(e) if e.kind() == nixl_core::ErrorKind::TimedOut => {
                 timed_out += 1;
                 over.push(end.saturating_duration_since(first + deadline));
+                if let Some(w) = woke {
+                    late_wake.push(w.saturating_duration_since(first + deadline));
+                    late_resume.push(end.saturating_duration_since(w));
+                }
             }
             Err(e) => return Err(e),
         }
@@ -208,7 +220,7 @@ fn measure(path: &str, cli: &Cli, n: usize) -> nixl_core::Result<String> {
     let mut cpu = polls.cpu;
     cpu.extend_from_slice(&dpolls.cpu);
     Ok(format!(
-        "| {path} | {n} | {:.1} | {} | {} | {} | {} | {} | {timed_out} / {done} | {} | {} | {} |",
+        "| {path} | {n} | {:.1} | {} | {} | {} | {} | {} | {timed_out} / {done} | {} | {} | {} | {} / {} | {} / {} |",
         counts as f64 / n as f64,
         us(pct(&mut wall, 0.5)),
         us(pct(&mut wall, 0.99)),
@@ -218,6 +230,10 @@ fn measure(path: &str, cli: &Cli, n: usize) -> nixl_core::Result<String> {
         us(pct(&mut over, 0.5)),
         us(pct(&mut over, 0.99)),
         us(pct(&mut over, 1.0)),
+        us(pct(&mut late_wake, 0.99)),
+        us(pct(&mut late_wake, 1.0)),
+        us(pct(&mut late_resume, 0.99)),
+        us(pct(&mut late_resume, 1.0)),
     ))
 }
 
@@ -292,8 +308,8 @@ fn main() {
          (completion_within); poll durations over both phases; overrun = return - deadline",
         cli.size, cli.deadline_us
     );
-    println!("| path | requests | polls per request | poll p50 (us) | poll p99 (us) | poll max (us) | poll CPU p99 (us) | poll CPU max (us) | deadline: TimedOut / Done | overrun p50 (us) | overrun p99 (us) | overrun max (us) |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| path | requests | polls per request | poll p50 (us) | poll p99 (us) | poll max (us) | poll CPU p99 (us) | poll CPU max (us) | deadline: TimedOut / Done | overrun p50 (us) | overrun p99 (us) | overrun max (us) | of it, wake after the deadline p99 / max (us) | of it, wake to return p99 / max (us) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for path in &paths {
         match measure(path, &cli, n) {
             Ok(row) => println!("{row}"),

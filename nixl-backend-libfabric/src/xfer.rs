@@ -7,6 +7,7 @@
 //! memory, so the target can never see the notification before the data.
 
 use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -54,6 +55,9 @@ pub(crate) struct XferCore {
     /// Abandoned (`BackendXfer::abandon`): nothing more is posted, and the request drains
     /// until what is in flight completes; `true` once the rails it is stuck on were failed.
     abandoned: Option<bool>,
+    /// Set by `BackendXfer::abandon` when another thread held the state: the next step (the
+    /// progress thread's, or the agent's) applies it, so the abandoning caller never waits.
+    abandon_asked: Arc<AtomicBool>,
     /// Over shm, once the peer's process was seen to have exited with operations in flight:
     /// each rail's progress passes then (see [`XferCore::orphaned`]).
     orphan: Option<Vec<u64>>,
@@ -86,6 +90,8 @@ pub(crate) type SharedCore = Arc<Mutex<XferCore>>;
 pub(crate) struct LfXfer {
     inner: Arc<Inner>,
     core: SharedCore,
+    /// The core's `abandon_asked`.
+    abandon_asked: Arc<AtomicBool>,
     write: bool,
     rail_bytes: Vec<u64>,
 }
@@ -94,6 +100,18 @@ impl XferCore {
     /// Whether the progress thread should keep driving it.
     pub(crate) fn active(&self) -> bool {
         matches!(self.phase, Phase::Data | Phase::Notif) && self.failed.is_none()
+    }
+
+    /// Applies an abandon asked while another thread held the state: nothing more is
+    /// posted, and what is in flight drains.
+    fn take_abandon(&mut self) {
+        if self.abandon_asked.swap(false, Ordering::AcqRel)
+            && matches!(self.phase, Phase::Data | Phase::Notif)
+        {
+            self.next = self.ops.len();
+            self.failed = None;
+            self.abandoned = Some(false);
+        }
     }
 
     /// One step from the progress thread: errors are kept for the next check.
@@ -166,11 +184,13 @@ impl LfXfer {
             failed: None,
             posted: Instant::now(),
             abandoned: None,
+            abandon_asked: Arc::new(AtomicBool::new(false)),
             orphan: None,
             _mds: mds,
         };
         Ok(LfXfer {
             inner,
+            abandon_asked: core.abandon_asked.clone(),
             core: Arc::new(Mutex::new(core)),
             write,
             rail_bytes: load,
@@ -405,6 +425,7 @@ impl XferCore {
     /// thread recorded (no operation posted, no queue read: the poll of a future).
     fn step(&mut self, op: Op, how: How) -> Result<XferState> {
         let poll = how == How::Poll;
+        self.take_abandon();
         if let Some(e) = self.failed.take() {
             self.phase = Phase::Idle;
             return Err(e);
@@ -544,12 +565,21 @@ impl BackendXfer for LfXfer {
     }
 
     fn abandon(&mut self) {
+        self.abandon_asked.store(true, Ordering::Release);
+        if self.inner.params.progress_thread {
+            // Rail 0's progress thread applies it at its next step (and fails the rails the
+            // post is stuck on once it is older than op_timeout): the caller, often an async
+            // poll or a future's drop, never waits for the lock that thread holds.
+            if let Some(mut c) = self.core.try_lock() {
+                c.take_abandon();
+            }
+            return;
+        }
+        // Nothing else drives the post: applied here, and the rails it is stuck on are failed
+        // at once when it is already older than op_timeout.
         let mut c = self.core.lock();
-        if matches!(c.phase, Phase::Data | Phase::Notif) {
-            c.next = c.ops.len();
-            c.failed = None;
-            c.abandoned = Some(false);
-            // Fails the stuck rails at once when the post is already older than op_timeout.
+        c.take_abandon();
+        if c.abandoned.is_some() {
             let _ = c.step(Op::CheckXfer, How::Drive);
         }
     }

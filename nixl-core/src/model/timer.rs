@@ -5,6 +5,7 @@
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::task::Waker;
 use std::time::Instant;
@@ -46,6 +47,10 @@ struct Queue {
     heap: BinaryHeap<Reverse<Entry>>,
     seq: u64,
     jobs: Vec<Job>,
+    /// Due wakes another thread took out of the heap ([`fire_due`]) and is delivering: the
+    /// timer thread delivers them too, at once, so a thread descheduled between taking them
+    /// and waking them (a busy copy thread, often) delays nobody.
+    taken: Vec<Waker>,
 }
 
 #[derive(Default)]
@@ -55,6 +60,28 @@ struct Timer {
 }
 
 static TIMER: OnceLock<Option<&'static Timer>> = OnceLock::new();
+
+/// The heap's earliest time, in nanoseconds after [`base`] (`u64::MAX`: none): what
+/// [`fire_due`] reads first, so a busy thread takes the queue's lock only when a wake is due
+/// (one preempted while holding it would hold up the timer thread).
+static EARLIEST: AtomicU64 = AtomicU64::new(u64::MAX);
+
+/// The instant [`EARLIEST`] counts from.
+fn base() -> Instant {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    *BASE.get_or_init(Instant::now)
+}
+
+/// `at` as [`EARLIEST`] counts it.
+fn nanos(at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(base()).as_nanos()).unwrap_or(u64::MAX - 1)
+}
+
+/// Records the heap's earliest time after it changed (under the queue's lock).
+fn note_earliest(q: &Queue) {
+    let at = q.heap.peek().map_or(u64::MAX, |Reverse(e)| nanos(e.at));
+    EARLIEST.store(at, Ordering::Release);
+}
 
 thread_local! {
     /// Threads the project started from this thread (the `fuzzing` feature reads it).
@@ -113,6 +140,15 @@ fn run(t: &'static Timer) {
     }
     let mut g = t.queue.lock();
     loop {
+        if !g.taken.is_empty() {
+            let taken = std::mem::take(&mut g.taken);
+            drop(g);
+            for w in taken {
+                w.wake();
+            }
+            g = t.queue.lock();
+            continue;
+        }
         if !g.jobs.is_empty() {
             let jobs = std::mem::take(&mut g.jobs);
             drop(g);
@@ -130,6 +166,7 @@ fn run(t: &'static Timer) {
             }
         }
         if !due.is_empty() {
+            note_earliest(&g);
             drop(g);
             for w in due {
                 w.wake();
@@ -149,25 +186,46 @@ fn run(t: &'static Timer) {
 /// Wakes the futures whose time has come, from the calling thread (a backend's progress
 /// thread between its passes): a deadline is then served by whichever of the process's busy
 /// threads runs first, not only by the timer thread, which a loaded machine may hold off the
-/// CPU for milliseconds. Cheap when nothing is due: one `try_lock` and a peek.
+/// CPU for milliseconds. The timer thread is handed each wake taken here too, so one is late
+/// only where both threads are held off (the caller may be descheduled between taking a wake
+/// and delivering it). Cheap when nothing is due: one atomic load, no lock.
 pub(crate) fn fire_due() {
     let Some(t) = TIMER.get().copied().flatten() else {
         return;
     };
     let now = Instant::now();
-    let mut due = Vec::new();
-    {
-        let Some(mut g) = t.queue.try_lock() else {
-            return;
-        };
-        while g.heap.peek().is_some_and(|Reverse(e)| e.at <= now) {
-            if let Some(Reverse(e)) = g.heap.pop() {
+    if nanos(now) < EARLIEST.load(Ordering::Acquire) {
+        return;
+    }
+    let due = match t.queue.try_lock() {
+        Some(mut g) => g.take_due(now),
+        None => return,
+    };
+    if due.is_empty() {
+        return;
+    }
+    t.changed.notify_one();
+    for w in due {
+        w.wake();
+    }
+}
+
+impl Queue {
+    /// Takes the wakes due at `now` out of the heap for a thread other than the timer's to
+    /// deliver, handing each to the timer thread as well (`taken`): whichever of the two
+    /// runs first delivers it.
+    fn take_due(&mut self, now: Instant) -> Vec<Waker> {
+        let mut due = Vec::new();
+        while self.heap.peek().is_some_and(|Reverse(e)| e.at <= now) {
+            if let Some(Reverse(e)) = self.heap.pop() {
                 due.push(e.waker);
             }
         }
-    }
-    for w in due {
-        w.wake();
+        if !due.is_empty() {
+            note_earliest(self);
+            self.taken.extend(due.iter().cloned());
+        }
+        due
     }
 }
 
@@ -190,6 +248,9 @@ pub(crate) fn wake_at(at: Instant, w: &Waker) -> bool {
         seq,
         waker: w.clone(),
     }));
+    if earliest {
+        EARLIEST.store(nanos(at), Ordering::Release);
+    }
     drop(g);
     if earliest {
         t.changed.notify_one();
@@ -226,5 +287,35 @@ mod tests {
             assert!(t0.elapsed() < Duration::from_secs(5), "never woken");
         }
         assert!(t0.elapsed() >= Duration::from_millis(30));
+    }
+
+    /// A wake another thread takes out of the heap is the timer thread's to deliver too: one
+    /// descheduled between taking and delivering it holds up nobody.
+    #[test]
+    fn a_wake_taken_elsewhere_is_the_timer_threads_too() {
+        let flag = |_| Arc::new(Flag(AtomicBool::new(false), std::thread::current()));
+        let (due, later) = (flag(0), flag(1));
+        let now = Instant::now();
+        let mut q = Queue::default();
+        for (i, (at, f)) in [(now, &due), (now + Duration::from_secs(60), &later)]
+            .into_iter()
+            .enumerate()
+        {
+            q.heap.push(Reverse(Entry {
+                at,
+                seq: i as u64,
+                waker: Waker::from(f.clone()),
+            }));
+        }
+        let taken = q.take_due(now);
+        assert_eq!(taken.len(), 1, "only the due wake is taken");
+        assert_eq!(q.taken.len(), 1, "and it is handed to the timer thread too");
+        assert_eq!(q.heap.len(), 1, "the later one stays in the heap");
+        // The taker never delivers (descheduled for good): the timer thread's copy does.
+        drop(taken);
+        for w in std::mem::take(&mut q.taken) {
+            w.wake();
+        }
+        assert!(due.0.load(Ordering::SeqCst) && !later.0.load(Ordering::SeqCst));
     }
 }

@@ -57,10 +57,10 @@ struct Cli {
 
 /// Unparks the polling thread, noting when (the last wake before a future ends tells a late
 /// timer from a late thread).
-struct Unpark(std::thread::Thread, std::sync::Mutex<Option<Instant>>);
+struct Unpark(std::thread::Thread, parking_lot::Mutex<Option<Instant>>);
 impl Wake for Unpark {
     fn wake(self: Arc<Self>) {
-        *self.1.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        *self.1.lock() = Some(Instant::now());
         self.0.unpark();
     }
 }
@@ -81,7 +81,10 @@ struct Polls {
 
 /// Runs `f` on this thread, timing each poll; its output and when it was first polled.
 fn run_timed<F: Future>(f: F, polls: &mut Polls) -> (F::Output, Instant, Option<Instant>) {
-    let unpark = Arc::new(Unpark(std::thread::current(), std::sync::Mutex::new(None)));
+    let unpark = Arc::new(Unpark(
+        std::thread::current(),
+        parking_lot::Mutex::new(None),
+    ));
     let waker = Waker::from(unpark.clone());
     let mut cx = Context::from_waker(&waker);
     let mut f = std::pin::pin!(f);
@@ -92,7 +95,7 @@ fn run_timed<F: Future>(f: F, polls: &mut Polls) -> (F::Output, Instant, Option<
         polls.wall.push(t.elapsed());
         polls.cpu.push(cpu_now().saturating_sub(c));
         if let Poll::Ready(v) = r {
-            let woke = *unpark.1.lock().unwrap_or_else(|p| p.into_inner());
+            let woke = *unpark.1.lock();
             return (v, first, woke);
         }
         std::thread::park_timeout(Duration::from_secs(30));

@@ -166,7 +166,8 @@ pub mod telemetry {
 /// Leases on published blocks (see [`Agent::publish_lease`]): the owner's [`LeaseId`] and
 /// [`LeaseState`], and the reader's [`Lease`](leases::Lease), a value that releases on drop.
 pub mod leases {
-    pub use crate::agent::lease::{Lease, LeaseEnd, LeaseFuture, Renewal};
+    pub use crate::agent::lease::{Lease, LeaseFuture, Renewal};
+    pub use crate::agent::LeaseEnd;
     pub use crate::lease::{
         Clock, LeaseId, LeaseState, ManualClock, SystemClock, MAX_LEASE_BLOCKS,
         RESERVED_NOTIF_PREFIX,

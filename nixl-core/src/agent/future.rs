@@ -25,6 +25,7 @@ use crate::agent::Agent;
 use crate::agent::Shared;
 use crate::backend::XferState;
 use crate::error::{Error, Op, Result};
+use crate::lease::{next_expiry, state_of, LeaseId, LeaseState};
 use crate::model::timer;
 
 /// The shortest and longest re-check interval for backends that do not signal completions.
@@ -394,5 +395,45 @@ impl futures_core::Stream for NotifStream {
             }
         }
         Poll::Pending
+    }
+}
+
+/// [`Agent::lease_end`]'s future.
+#[must_use = "a future does nothing unless polled"]
+#[derive(Debug)]
+pub struct LeaseEnd {
+    pub(super) agent: Agent,
+    pub(super) id: LeaseId,
+}
+
+impl Future for LeaseEnd {
+    type Output = Result<LeaseState>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<LeaseState>> {
+        let l = &self.agent.shared.leases;
+        l.register(cx.waker());
+        let p = l.published.lock();
+        let Some(lease) = p.get(&self.id.0) else {
+            return Poll::Ready(Err(Error::not_found(
+                self.agent.name(),
+                Op::Lease,
+                format!("no lease {}", self.id),
+            )));
+        };
+        let now = l.now();
+        match state_of(lease, now) {
+            s @ LeaseState::Done { .. } => Poll::Ready(Ok(s)),
+            LeaseState::Active { .. } => {
+                if l.clock.is_real() {
+                    if let Some(at) = next_expiry(lease, now) {
+                        timer::wake_at(at, cx.waker());
+                    }
+                } else {
+                    // A clock that moves when told wakes this at each move.
+                    l.clock.wake_on_advance(cx.waker());
+                }
+                Poll::Pending
+            }
+        }
     }
 }

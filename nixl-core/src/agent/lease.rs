@@ -30,10 +30,10 @@ use std::task::{Context, Poll};
 
 use crate::desc::Desc;
 use crate::lease::{
-    check_held as held_by, covers, grant, merged, message, next_expiry, parse, state_of,
-    target_extend, target_release, Answer, Held, LeaseId, LeaseState, Parsed, Published, Reader,
-    Reply, Secret, ACQUIRE, DENY, GRANT, MAX_HELD, MAX_LEASES, MAX_LEASE_BLOCKS, MAX_READERS,
-    RELEASE, RENEW, RENEWED, SECRET_LEN,
+    check_held as held_by, covers, grant, merged, message, parse, state_of, target_extend,
+    target_release, Answer, Held, LeaseId, LeaseState, Parsed, Published, Reader, Reply, Secret,
+    ACQUIRE, DENY, GRANT, MAX_HELD, MAX_LEASES, MAX_LEASE_BLOCKS, MAX_READERS, RELEASE, RENEW,
+    RENEWED, SECRET_LEN,
 };
 use crate::notif::Control;
 
@@ -435,8 +435,8 @@ impl Agent {
     /// [`LeaseState::Done`] once every reader released or ran out (the blocks may then be
     /// reused), woken by each release and at each expiry; `NotFound` for an unknown or
     /// forgotten lease.
-    pub fn lease_end(&self, id: LeaseId) -> LeaseEnd {
-        LeaseEnd {
+    pub fn lease_end(&self, id: LeaseId) -> crate::agent::LeaseEnd {
+        crate::agent::LeaseEnd {
             agent: self.clone(),
             id,
         }
@@ -725,46 +725,6 @@ impl Future for Renewal {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
         self.get_mut().ask.poll_ask(cx)
-    }
-}
-
-/// [`Agent::lease_end`]'s future.
-#[must_use = "a future does nothing unless polled"]
-#[derive(Debug)]
-pub struct LeaseEnd {
-    agent: Agent,
-    id: LeaseId,
-}
-
-impl Future for LeaseEnd {
-    type Output = Result<LeaseState>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<LeaseState>> {
-        let l = &self.agent.shared.leases;
-        l.register(cx.waker());
-        let p = l.published.lock();
-        let Some(lease) = p.get(&self.id.0) else {
-            return Poll::Ready(Err(Error::not_found(
-                self.agent.name(),
-                Op::Lease,
-                format!("no lease {}", self.id),
-            )));
-        };
-        let now = l.now();
-        match state_of(lease, now) {
-            s @ LeaseState::Done { .. } => Poll::Ready(Ok(s)),
-            LeaseState::Active { .. } => {
-                if l.clock.is_real() {
-                    if let Some(at) = next_expiry(lease, now) {
-                        crate::model::timer::wake_at(at, cx.waker());
-                    }
-                } else {
-                    // A clock that moves when told wakes this at each move.
-                    l.clock.wake_on_advance(cx.waker());
-                }
-                Poll::Pending
-            }
-        }
     }
 }
 

@@ -19,7 +19,7 @@ pub(crate) mod request;
 mod shared;
 pub(crate) mod spec;
 
-pub use future::{NotifStream, Notification, QuiescenceFuture, XferFuture};
+pub use future::{LeaseEnd, NotifStream, Notification, QuiescenceFuture, XferFuture};
 pub use peers::sidechannel::FetchFuture;
 
 pub use config::{AgentConfig, FetchPolicy, Share};

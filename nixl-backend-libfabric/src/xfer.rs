@@ -516,6 +516,8 @@ impl BackendXfer for LfXfer {
                 op: Op::PostXfer,
             });
         }
+        // An abandon asked of an earlier post that had ended by then is not this post's.
+        self.abandon_asked.store(false, Ordering::Release);
         // Striped over a rail that has failed since it was built: refused at once (building
         // the request again stripes it over the rails left).
         if let Some(r) = c.ops.iter().map(|o| o.rail).find(|&r| !c.peer.rail_ok(r)) {

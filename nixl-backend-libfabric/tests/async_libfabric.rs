@@ -61,3 +61,59 @@ fn libfabric_tcp_future_is_woken_by_the_progress_thread() {
     assert_eq!((from.as_str(), msg.as_slice()), (a.name(), &b"fi-done"[..]));
     eprintln!("32 MiB over libfabric tcp in {took:?}, {polls} polls");
 }
+
+/// A READ whose future times out is abandoned; once quiescent it can be posted again, and that
+/// post is not abandoned with it: it ends `Done` with every byte of the source.
+#[test]
+fn libfabric_tcp_a_timed_out_read_reposts_and_lands() {
+    if skip_without_provider("tcp") {
+        return;
+    }
+    let pid = std::process::id();
+    let mk = |n: &str| {
+        let a = Agent::new(&format!("{n}-{pid}"), AgentConfig::default()).unwrap();
+        a.create_backend(LibfabricParams::tcp_loopback(1)).unwrap();
+        a
+    };
+    let (a, b) = (mk("fi-repost-a"), mk("fi-repost-b"));
+    const LEN: usize = 64 << 20;
+    let (src, dst) = (
+        Arc::new(HostBuffer::new(LEN).unwrap()),
+        Arc::new(HostBuffer::new(LEN).unwrap()),
+    );
+    src.fill(0x5A);
+    let _ra = a.register_mem(vec![dst.clone()], &[]).unwrap();
+    let _rb = b.register_mem(vec![src.clone()], &[]).unwrap();
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
+    let l = XferDescList::from_descs(MemKind::Dram, [Desc::new(dst.addr(), LEN as u64)]);
+    let r = XferDescList::from_descs(MemKind::Dram, [Desc::new(src.addr(), LEN as u64)]);
+    let req = a
+        .create_xfer_req(XferOp::Read, &l, &r, b.name(), XferOptions::default())
+        .unwrap();
+    let mut timed_out = 0;
+    for round in 0..3 {
+        dst.fill(0);
+        a.post_xfer_req(&req).unwrap();
+        let (res, _) = block_on(req.completion_within(Duration::from_micros(50)));
+        match res {
+            Err(e) if e.kind() == nixl_core::ErrorKind::TimedOut => timed_out += 1,
+            other => eprintln!("round {round}: the READ ended before its deadline: {other:?}"),
+        }
+        req.wait_quiescent(Duration::from_secs(30))
+            .expect("quiescent");
+        // Posted again after the abandoned one: it must run to its end.
+        dst.fill(0);
+        a.post_xfer_req(&req).unwrap();
+        req.wait(Duration::from_secs(30))
+            .expect("the repost ends Done");
+        assert!(
+            dst.to_vec().iter().all(|&x| x == 0x5A),
+            "round {round}: every byte of the repost landed"
+        );
+    }
+    assert!(
+        timed_out > 0,
+        "no READ timed out: the abandon path never ran"
+    );
+}

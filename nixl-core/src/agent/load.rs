@@ -132,7 +132,10 @@ impl<'a> LoadPlan<'a> {
         };
         if let (Some(old), false) = (&self.existing, self.same_gen) {
             // A restarted peer: fence the old incarnation first so backends can reconnect.
-            agent.shared.remotes.lock().remove(&md.name);
+            let mut remotes = agent.shared.remotes.lock();
+            old.valid.store(false, Ordering::SeqCst);
+            remotes.remove(&md.name);
+            drop(remotes);
             agent.retire_peer(old);
         }
         let mut guard = LoadGuard {

@@ -421,13 +421,19 @@ impl Agent {
     pub fn invalidate_remote_metadata(&self, remote: &str) -> Result<()> {
         let peer_lock = self.shared.peer_lock(remote);
         let _serialised = peer_lock.lock();
-        let peer = self.shared.remotes.lock().remove(remote).ok_or_else(|| {
-            Error::not_found(
-                self.name(),
-                Op::Invalidate,
-                format!("remote agent {remote}"),
-            )
-        })?;
+        let peer = self
+            .shared
+            .remotes
+            .lock()
+            .remove(remote)
+            .inspect(|p| p.valid.store(false, Ordering::SeqCst))
+            .ok_or_else(|| {
+                Error::not_found(
+                    self.name(),
+                    Op::Invalidate,
+                    format!("remote agent {remote}"),
+                )
+            })?;
         self.shared.hello_keys.forgotten(remote);
         self.shared.successions.gone(remote);
         self.retire_peer(&peer);
@@ -457,6 +463,11 @@ impl Agent {
         match remotes.get(remote) {
             Some(p) if p.generation == generation && allowed(p) => {
                 let peer = remotes.remove(remote);
+                // Invalid before anyone can see it gone: a request built against it and
+                // posted once `check_remote_metadata` says so must fail.
+                if let Some(p) = &peer {
+                    p.valid.store(false, Ordering::SeqCst);
+                }
                 drop(remotes);
                 self.shared.hello_keys.forgotten(remote);
                 self.shared.successions.gone(remote);

@@ -10,23 +10,31 @@ use nixl_core::{Agent, AgentConfig, Desc, HostBuffer, MemKind, XferDescList, Xfe
 use nixl_testkit::executor::{block_on, next};
 use nixl_testkit::libfabric::skip_without_provider;
 
+/// An agent of this process with a libfabric tcp loopback backend.
+fn tcp_agent(name: &str) -> Agent {
+    let a = Agent::new(
+        &format!("{name}-{}", std::process::id()),
+        AgentConfig::default(),
+    )
+    .unwrap();
+    a.create_backend(LibfabricParams::tcp_loopback(1)).unwrap();
+    a
+}
+
+/// A source and a destination of `len` bytes.
+fn buffers(len: usize) -> (Arc<HostBuffer>, Arc<HostBuffer>) {
+    let b = || Arc::new(HostBuffer::new(len).unwrap());
+    (b(), b())
+}
+
 #[test]
 fn libfabric_tcp_future_is_woken_by_the_progress_thread() {
     if skip_without_provider("tcp") {
         return;
     }
-    let pid = std::process::id();
-    let mk = |n: &str| {
-        let a = Agent::new(&format!("{n}-{pid}"), AgentConfig::default()).unwrap();
-        a.create_backend(LibfabricParams::tcp_loopback(1)).unwrap();
-        a
-    };
-    let (a, b) = (mk("fi-async-a"), mk("fi-async-b"));
+    let (a, b) = (tcp_agent("fi-async-a"), tcp_agent("fi-async-b"));
     const LEN: usize = 32 << 20;
-    let (src, dst) = (
-        Arc::new(HostBuffer::new(LEN).unwrap()),
-        Arc::new(HostBuffer::new(LEN).unwrap()),
-    );
+    let (src, dst) = buffers(LEN);
     src.fill(0x3C);
     dst.fill(0);
     let _ra = a.register_mem(vec![src.clone()], &[]).unwrap();
@@ -69,18 +77,9 @@ fn libfabric_tcp_a_timed_out_read_reposts_and_lands() {
     if skip_without_provider("tcp") {
         return;
     }
-    let pid = std::process::id();
-    let mk = |n: &str| {
-        let a = Agent::new(&format!("{n}-{pid}"), AgentConfig::default()).unwrap();
-        a.create_backend(LibfabricParams::tcp_loopback(1)).unwrap();
-        a
-    };
-    let (a, b) = (mk("fi-repost-a"), mk("fi-repost-b"));
+    let (a, b) = (tcp_agent("fi-repost-a"), tcp_agent("fi-repost-b"));
     const LEN: usize = 64 << 20;
-    let (src, dst) = (
-        Arc::new(HostBuffer::new(LEN).unwrap()),
-        Arc::new(HostBuffer::new(LEN).unwrap()),
-    );
+    let (src, dst) = buffers(LEN);
     src.fill(0x5A);
     let _ra = a.register_mem(vec![dst.clone()], &[]).unwrap();
     let _rb = b.register_mem(vec![src.clone()], &[]).unwrap();

@@ -64,7 +64,16 @@ fn tgid(id: u32) -> Option<u32> {
 impl ProcessId {
     /// This process, when `/proc` tells (`None` otherwise: peers then rely on their
     /// transports alone).
+    /// Read from `/proc` once per process (a forked child, whose pid differs, reads again).
     pub fn current() -> Option<Self> {
+        static ME: std::sync::OnceLock<Option<ProcessId>> = std::sync::OnceLock::new();
+        match *ME.get_or_init(Self::read_current) {
+            Some(id) if id.pid == std::process::id() => Some(id),
+            _ => Self::read_current(),
+        }
+    }
+
+    fn read_current() -> Option<Self> {
         Some(ProcessId {
             boot_id: boot_id()?,
             pid_ns: std::fs::metadata("/proc/self/ns/pid").ok()?.ino(),

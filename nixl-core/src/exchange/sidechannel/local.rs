@@ -10,6 +10,7 @@
 //! and a client checks that the process serving the name owns the TCP port it asked for
 //! ([`owns_tcp_port`]) before it believes anything that process says.
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::linux::net::SocketAddrExt;
@@ -292,23 +293,84 @@ fn proc_ip_serves(hex: &str, ip: std::net::IpAddr) -> bool {
 /// is that socket): the check that the process serving a port's Unix side channel is the one
 /// serving the port. Reads `/proc/<pid>/fd`, which needs the same user (the only servers a
 /// client talks to over Unix); `false` when it cannot tell.
+///
+/// Walking a process's file table costs about 1 us per open file (a serving process holds
+/// hundreds: sockets, devices, a GPU driver's), so where each socket sat is remembered per
+/// process ([`SocketFds`]) and a later check reads the one link the hint names. A hint is
+/// never believed: the kernel's answer for that link decides, and a miss walks the table.
 pub(crate) fn owns_tcp_port(pid: u32, addr: SocketAddr) -> bool {
+    owns_tcp_port_with(&SOCKET_FDS, pid, addr)
+}
+
+fn owns_tcp_port_with(seen: &SocketFds, pid: u32, addr: SocketAddr) -> bool {
     let inodes = listening_inodes(addr);
     if inodes.is_empty() {
         return false;
     }
+    let hints: Vec<(u64, u32)> = {
+        let seen = seen.0.lock();
+        seen.get(&pid).map_or_else(Vec::new, |fds| {
+            inodes
+                .iter()
+                .filter_map(|i| fds.get(i).map(|&fd| (*i, fd)))
+                .collect()
+        })
+    };
+    if hints
+        .iter()
+        .any(|&(inode, fd)| socket_inode(format!("/proc/{pid}/fd/{fd}")) == Some(inode))
+    {
+        return true;
+    }
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
         return false;
     };
-    dir.flatten().any(|e| {
-        std::fs::read_link(e.path()).is_ok_and(|t| {
-            t.to_str()
-                .and_then(|t| t.strip_prefix("socket:["))
-                .and_then(|t| t.strip_suffix(']'))
-                .and_then(|i| i.parse::<u64>().ok())
-                .is_some_and(|i| inodes.contains(&i))
-        })
-    })
+    let mut fds = HashMap::new();
+    for e in dir.flatten() {
+        let fd = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok());
+        if let (Some(fd), Some(inode)) = (fd, socket_inode(e.path())) {
+            if fds.len() < SocketFds::PER_PROCESS {
+                fds.insert(inode, fd);
+            }
+            if inodes.contains(&inode) {
+                seen.remember(pid, fds);
+                return true;
+            }
+        }
+    }
+    seen.remember(pid, fds);
+    false
+}
+
+/// The inode of the socket a `/proc/<pid>/fd/<n>` link names (`socket:[inode]`).
+fn socket_inode(link: impl AsRef<std::path::Path>) -> Option<u64> {
+    let t = std::fs::read_link(link).ok()?;
+    t.to_str()?
+        .strip_prefix("socket:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
+}
+
+/// Where each process's sockets were last seen (pid -> socket inode -> fd): hints for
+/// [`owns_tcp_port`], bounded (a process's first [`SocketFds::PER_PROCESS`] sockets, the last
+/// [`SocketFds::PROCESSES`] processes walked; past that the map starts over).
+struct SocketFds(parking_lot::Mutex<HashMap<u32, HashMap<u64, u32>>>);
+
+static SOCKET_FDS: std::sync::LazyLock<SocketFds> =
+    std::sync::LazyLock::new(|| SocketFds(parking_lot::Mutex::new(HashMap::new())));
+
+impl SocketFds {
+    const PER_PROCESS: usize = 1 << 16;
+    const PROCESSES: usize = 1024;
+
+    fn remember(&self, pid: u32, fds: HashMap<u64, u32>) {
+        let mut seen = self.0.lock();
+        if seen.len() >= Self::PROCESSES && !seen.contains_key(&pid) {
+            seen.clear();
+        }
+        seen.insert(pid, fds);
+    }
 }
 
 /// The process and user on the other end of a Unix connection, as the kernel tells them.
@@ -486,5 +548,35 @@ mod tests {
         assert!(owns_tcp_port(std::process::id(), addr));
         drop(l);
         assert!(!owns_tcp_port(std::process::id(), addr));
+    }
+
+    /// The per-process hints only save the walk: a hint that names another process's socket
+    /// (or a link that no longer is that socket) is checked against the kernel and loses.
+    #[test]
+    fn a_hint_never_vouches_for_a_process() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let me = std::process::id();
+        let seen = SocketFds(parking_lot::Mutex::new(HashMap::new()));
+        assert!(owns_tcp_port_with(&seen, me, addr));
+        let hinted = seen.0.lock().get(&me).cloned().unwrap();
+        let inode = listening_inodes(addr)[0];
+        assert!(
+            hinted.contains_key(&inode),
+            "the walk remembers the listener"
+        );
+        // Another process (no socket of ours) given our listener's fd as its hint.
+        let mut other = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        seen.remember(other.id(), hinted.clone());
+        assert!(!owns_tcp_port_with(&seen, other.id(), addr));
+        // Our own hint pointing at the wrong fd: the walk finds the right one again.
+        seen.remember(me, hinted.keys().map(|&i| (i, 0)).collect());
+        assert!(owns_tcp_port_with(&seen, me, addr));
+        assert_eq!(seen.0.lock()[&me].get(&inode), hinted.get(&inode));
+        let _ = other.kill();
+        let _ = other.wait();
     }
 }

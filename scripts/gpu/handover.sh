@@ -10,7 +10,7 @@
 # CUDA transports; every byte of the checked requests compared on both sides. Shapes: Llama-3-8B
 # TP 1 and Llama-3-70B TP 8 (16-token blocks), 1k-32k tokens. GPUs: HANDOVER_GPUS (default
 # 0,0: both processes on GPU 0; 0,1 on two GPUs). ROUNDS (default 2), SHAPES (model:tp ...),
-# TOKENS, CONTACTS, REQUESTS; HANDOVER_S per shape and RUN_S per run (seconds).
+# TOKENS, CONTACTS, REQUESTS, LISTS (flat or strided); HANDOVER_S per shape and RUN_S per run (seconds).
 # shellcheck source=scripts/gpu/pick.sh
 . "$(dirname "$0")/pick.sh"
 set -uo pipefail
@@ -35,11 +35,11 @@ run() {
         set -- "${shape%:*}" "${shape#*:}"
         say "== $1 TP $2, tokens $tokens"
         timeout "${HANDOVER_S:-280}" python3 benches/reference/compare_handover.py --handover .carry/bin/handover \
-            --nixl-path "$n" --ucx "$ucx" --rounds "${ROUNDS:-2}" --timeout "${RUN_S:-120}" --out "$OUT/handover-$1.json" -- \
+            --nixl-path "$n" --ucx "$ucx" --rounds "${ROUNDS:-2}" --timeout "${RUN_S:-120}" --out "$OUT/handover-$1${LISTS:+-$LISTS}.json" -- \
             --device cuda --gpus "$gpus" --model "$1" --tp "$2" --tokens "$tokens" --contacts "${CONTACTS:-5}" \
-            --requests "${REQUESTS:-30}" > "$OUT/handover-$1.log" 2>&1
-        echo "rc=$?" >> "$OUT/handover-$1.log"
-        tee -a "$s" < "$OUT/handover-$1.log"
+            --requests "${REQUESTS:-30}" --lists "${LISTS:-flat}" > "$OUT/handover-$1${LISTS:+-$LISTS}.log" 2>&1
+        echo "rc=$?" >> "$OUT/handover-$1${LISTS:+-$LISTS}.log"
+        tee -a "$s" < "$OUT/handover-$1${LISTS:+-$LISTS}.log"
     done
 }
 

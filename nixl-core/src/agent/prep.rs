@@ -553,6 +553,15 @@ impl Agent {
         let uniform = layers.iter().all(|l| l.run.count == first).then_some(first);
         let regions = Arc::new(std::mem::take(&mut res.regions));
         drop(res);
+        // Flat indices into layers of one count are what a flat list of the same blocks
+        // would take: the same block-table form (`FlatTable::of` finds it for those).
+        let table = uniform
+            .filter(|&n| n >= 2)
+            .and_then(|n| usize::try_from(n).ok())
+            .map(|per| FlatTable {
+                layers: layers.clone(),
+                per,
+            });
         Ok(PreparedList {
             shared: self.shared.clone(),
             side,
@@ -564,7 +573,7 @@ impl Agent {
                 uniform,
                 total,
             },
-            table: None,
+            table,
         })
     }
 }

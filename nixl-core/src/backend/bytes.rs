@@ -141,6 +141,54 @@ impl<'a> ByteReader<'a> {
         Ok(n)
     }
 
+    /// An unsigned LEB128 integer: 7 bits per byte, low first, at most 10 bytes; an overlong
+    /// form (a last byte of zero after the first) or bits past 64 are
+    /// [`DecodeError::Invalid`], so every value has one encoding.
+    pub fn varint(&mut self, what: &'static str) -> Result<u64, DecodeError> {
+        let mut v = 0u64;
+        for i in 0..10 {
+            let b = self.u8()?;
+            if (i == 9 && b > 1) || (i > 0 && b == 0) {
+                return Err(DecodeError::Invalid { what });
+            }
+            v |= u64::from(b & 0x7f) << (7 * i);
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err(DecodeError::Invalid { what })
+    }
+
+    /// A [`ByteReader::varint`] length at most `limit` and at most the bytes left.
+    pub fn varint_len(&mut self, what: &'static str, limit: usize) -> Result<usize, DecodeError> {
+        let at = self.pos;
+        let n = usize::try_from(self.varint(what)?).unwrap_or(usize::MAX);
+        if n > limit {
+            return Err(DecodeError::TooLarge {
+                what,
+                value: n as u64,
+                limit: limit as u64,
+            });
+        }
+        if n > self.remaining() {
+            return Err(DecodeError::Truncated {
+                offset: at,
+                needed: n - self.remaining(),
+            });
+        }
+        Ok(n)
+    }
+
+    /// A [`ByteReader::varint`]-length-prefixed byte string of at most `limit` bytes.
+    pub fn varint_blob(
+        &mut self,
+        what: &'static str,
+        limit: usize,
+    ) -> Result<&'a [u8], DecodeError> {
+        let n = self.varint_len(what, limit)?;
+        self.take(n)
+    }
+
     /// A `u32`-length-prefixed byte string of at most `limit` bytes.
     pub fn blob(&mut self, what: &'static str, limit: usize) -> Result<&'a [u8], DecodeError> {
         let n = self.len(what, limit)?;
@@ -217,6 +265,23 @@ impl ByteWriter {
     /// decoders' limits); a larger value saturates, which every decoder then refuses.
     pub fn put_len(&mut self, n: usize) -> &mut Self {
         self.put_u32(u32::try_from(n).unwrap_or(u32::MAX))
+    }
+
+    /// An unsigned LEB128 integer ([`ByteReader::varint`]).
+    pub fn put_varint(&mut self, mut v: u64) -> &mut Self {
+        loop {
+            let b = (v & 0x7f) as u8;
+            v >>= 7;
+            if v == 0 {
+                return self.put_u8(b);
+            }
+            self.put_u8(b | 0x80);
+        }
+    }
+
+    /// A [`ByteWriter::put_varint`]-length-prefixed byte string.
+    pub fn put_varint_blob(&mut self, b: &[u8]) -> &mut Self {
+        self.put_varint(b.len() as u64).put(b)
     }
 
     /// A `u32`-length-prefixed byte string.

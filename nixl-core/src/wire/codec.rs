@@ -3,7 +3,9 @@
 //! Layout (little endian, [`crate::bytes`]): magic `b"NIXLRSMD"`, `u16` version, name, `u64`
 //! generation, `u8` flags, with the process flag the agent's [`ProcessId`] (boot id, pid
 //! namespace, pid, start time), backend count then `(name, conn_info)` pairs, region count then
-//! `(backend index, kind, addr, len, dev_id, meta, public)` records, and an xxh3-64 checksum
+//! `(backend index, kind, addr, len, dev_id, meta, public, label)` records (since version 6
+//! integers and lengths as LEB128, each address as the zigzag step from the previous region's:
+//! about 12 bytes plus the backend's key per region), and an xxh3-64 checksum
 //! of everything before it. Every length and count is bounded before anything is allocated,
 //! so hostile bytes cost at most their own size; a damaged byte anywhere is refused.
 
@@ -14,8 +16,9 @@ use crate::mem::{MemKind, RegionDesc};
 
 /// Magic prefix of encoded metadata.
 pub const MAGIC: &[u8; 8] = b"NIXLRSMD";
-/// The version this build writes: 4 added region labels, 5 the hello key.
-pub const VERSION: u16 = 5;
+/// The version this build writes: 4 added region labels, 5 the hello key, 6 compact region
+/// records (LEB128 integers; each address as its distance from the previous region's).
+pub const VERSION: u16 = 6;
 /// The oldest version this build reads (3: no region labels).
 pub const MIN_VERSION: u16 = 3;
 /// Longest agent or backend name.
@@ -133,13 +136,16 @@ impl AgentMetadata {
             w.put_str(&b.name).put_blob(&b.conn_info);
         }
         w.put_len(self.regions.len());
+        let mut prev = 0u64;
         for r in &self.regions {
-            w.put_len(r.backend).put_u8(r.desc.kind.tag());
-            w.put_u64(r.desc.addr)
-                .put_u64(r.desc.len)
-                .put_u64(r.desc.dev_id);
-            w.put_blob(&r.desc.meta).put_blob(&r.public);
-            w.put_str(&r.label);
+            w.put_varint(r.backend as u64).put_u8(r.desc.kind.tag());
+            w.put_varint(zigzag(r.desc.addr.wrapping_sub(prev)))
+                .put_varint(r.desc.len)
+                .put_varint(r.desc.dev_id);
+            w.put_varint_blob(&r.desc.meta)
+                .put_varint_blob(&r.public)
+                .put_varint_blob(r.label.as_bytes());
+            prev = r.desc.addr;
         }
         let sum = checksum(w.as_slice());
         w.put_u64(sum);
@@ -198,7 +204,11 @@ impl AgentMetadata {
             None
         };
         let backends = read_backends(&mut r)?;
-        let regions = read_regions(&mut r, backends.len(), version >= 4)?;
+        let regions = if version >= 6 {
+            read_compact_regions(&mut r, backends.len())?
+        } else {
+            read_regions(&mut r, backends.len(), version >= 4)?
+        };
         r.finish()?;
         Ok(AgentMetadata {
             name,
@@ -327,6 +337,67 @@ fn read_regions(
         } else {
             String::new()
         };
+        regions.push(RegionEntry {
+            label,
+            backend,
+            desc: RegionDesc {
+                kind,
+                addr,
+                len,
+                dev_id,
+                meta,
+            },
+            public,
+        });
+    }
+    Ok(regions)
+}
+
+/// An address step as an unsigned integer, small for small steps either way.
+fn zigzag(step: u64) -> u64 {
+    (step << 1) ^ ((step as i64 >> 63) as u64)
+}
+
+fn unzigzag(v: u64) -> u64 {
+    (v >> 1) ^ (v & 1).wrapping_neg()
+}
+
+/// Version 6's region records: `(backend, kind, address step, len, dev_id, meta, public,
+/// label)`, integers as LEB128, the address as the zigzag step from the previous region's.
+fn read_compact_regions(
+    r: &mut ByteReader<'_>,
+    backends: usize,
+) -> Result<Vec<RegionEntry>, DecodeError> {
+    // A record is at least 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 = 8 bytes.
+    let nr = r.count("region count", MAX_REGIONS, 8)?;
+    let mut regions = Vec::with_capacity(nr);
+    let mut prev = 0u64;
+    for _ in 0..nr {
+        let backend = usize::try_from(r.varint("region backend index")?).unwrap_or(usize::MAX);
+        if backend >= backends {
+            return Err(DecodeError::Invalid {
+                what: "region backend index",
+            });
+        }
+        let kind = MemKind::from_tag(r.u8()?).ok_or(DecodeError::Invalid {
+            what: "memory kind",
+        })?;
+        let addr = prev.wrapping_add(unzigzag(r.varint("region address")?));
+        let len = r.varint("region length")?;
+        let dev_id = r.varint("region device")?;
+        if len == 0 || addr.checked_add(len).is_none() {
+            return Err(DecodeError::Invalid {
+                what: "region range",
+            });
+        }
+        let meta = r.varint_blob("region meta", MAX_BLOB)?.to_vec();
+        let public = r.varint_blob("region public metadata", MAX_BLOB)?.to_vec();
+        let label = std::str::from_utf8(r.varint_blob("region label", MAX_NAME)?)
+            .map_err(|_| DecodeError::Invalid {
+                what: "region label",
+            })?
+            .to_owned();
+        prev = addr;
         regions.push(RegionEntry {
             label,
             backend,
@@ -565,6 +636,96 @@ mod tests {
         );
     }
 
+    /// Version 5 metadata (fixed-size region records) still decodes.
+    #[test]
+    fn version_5_fixed_records_still_decode() {
+        let mut w = ByteWriter::new();
+        w.put(MAGIC).put_u16(5);
+        w.put_str("v5-peer").put_u64(7).put_u8(FLAG_CONN);
+        w.put_len(1).put_str("INPROC").put_blob(b"conn");
+        w.put_len(2);
+        for (addr, label) in [(0x20_0000u64, "kv"), (0x1000, "")] {
+            w.put_len(0).put_u8(MemKind::Dram.tag());
+            w.put_u64(addr).put_u64(4096).put_u64(3);
+            w.put_blob(b"").put_blob(b"rkey").put_str(label);
+        }
+        let sum = checksum(w.as_slice());
+        w.put_u64(sum);
+        let md = AgentMetadata::decode_bytes(&w.into_vec()).unwrap();
+        let got: Vec<(u64, u64, &str)> = md
+            .regions
+            .iter()
+            .map(|r| (r.desc.addr, r.desc.dev_id, r.label.as_str()))
+            .collect();
+        assert_eq!(got, [(0x20_0000, 3, "kv"), (0x1000, 3, "")]);
+    }
+
+    /// Version 6's records: a KV pool's regions cost about 12 bytes each beside their keys
+    /// (NIXL 1.5.1 sends 44 bytes a region for 1,280 UCX regions of 1 MiB with their keys;
+    /// `benches/reference/nixl_registration.py`), addresses in any order round-trip, and
+    /// LEB128's overlong and oversized forms are refused.
+    #[test]
+    fn compact_regions_are_small_and_exact() {
+        let key = [7u8; 28];
+        let mut addrs: Vec<u64> = (0..1280u64)
+            .map(|i| 0x7f00_0000_0000 + i * 0x10_1000)
+            .collect();
+        addrs.swap(3, 900);
+        addrs.push(u64::MAX - (2 << 20));
+        addrs.push(0);
+        let md = AgentMetadata {
+            name: "pool".into(),
+            generation: 1,
+            has_conn_info: true,
+            process: None,
+            verifies_integrity: false,
+            hello_key: None,
+            succession: None,
+            backends: vec![BackendEntry {
+                name: "UCX".into(),
+                conn_info: vec![1; 64],
+            }],
+            regions: addrs
+                .iter()
+                .map(|&addr| RegionEntry {
+                    backend: 0,
+                    desc: RegionDesc {
+                        kind: MemKind::Dram,
+                        addr,
+                        len: 1 << 20,
+                        dev_id: 0,
+                        meta: Vec::new(),
+                    },
+                    public: key.to_vec(),
+                    label: String::new(),
+                })
+                .collect(),
+        };
+        let bytes = md.encode();
+        assert_eq!(AgentMetadata::decode_bytes(&bytes).unwrap(), md);
+        let per_region = (bytes.len() - 64 - 100) / md.regions.len();
+        assert!(
+            per_region <= key.len() + 13,
+            "{per_region} bytes a region with a {}-byte key",
+            key.len()
+        );
+        for bad in [&[0x80u8, 0x00][..], &[0xff; 10][..], &[0x80; 11][..]] {
+            assert!(ByteReader::new(bad).varint("v").is_err(), "{bad:?}");
+        }
+        let mut w = ByteWriter::new();
+        w.put_varint(u64::MAX).put_varint(0).put_varint(300);
+        let b = w.into_vec();
+        let mut r = ByteReader::new(&b);
+        assert_eq!(
+            (
+                r.varint("a").unwrap(),
+                r.varint("b").unwrap(),
+                r.varint("c").unwrap()
+            ),
+            (u64::MAX, 0, 300)
+        );
+    }
+
     /// Version 3 metadata (before region labels) still decodes, its regions unlabeled.
     #[test]
     fn version_3_without_labels_still_decodes() {
@@ -582,8 +743,8 @@ mod tests {
         assert_eq!(md.regions.len(), 1);
         assert_eq!(md.regions[0].label, "");
         assert_eq!(md.regions[0].public, b"rkey");
-        // Version 2 and 6 are refused.
-        for v in [2u16, 6] {
+        // Version 2 and the one after this build's are refused.
+        for v in [2u16, VERSION + 1] {
             let mut w = ByteWriter::new();
             w.put(MAGIC).put_u16(v).put_u64(0);
             assert!(matches!(

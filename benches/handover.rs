@@ -56,6 +56,9 @@ struct Cli {
     /// `llama3-8b` (32 layers) or `llama3-70b` (80 layers); 8 KV heads of 128, bf16.
     #[arg(long, default_value = "llama3-8b")]
     model: String,
+    /// Layers instead of the model's (a smaller request of the same blocks).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    layers: Option<usize>,
     /// Tensor-parallel size: each rank holds `8 / tp` KV heads.
     #[arg(long, default_value_t = 1)]
     tp: usize,
@@ -98,6 +101,9 @@ struct Cli {
 
 impl Cli {
     fn layers(&self) -> Res<usize> {
+        if let Some(n) = self.layers {
+            return Ok(n);
+        }
         match self.model.as_str() {
             "llama3-8b" => Ok(32),
             "llama3-70b" => Ok(80),
@@ -270,10 +276,18 @@ fn prefill(cli: &Cli) -> Res<()> {
                 // The last agent goes first: decode has invalidated it.
                 drop(current.take());
                 let name = format!("handover-prefill-{}-{gen}", std::process::id());
+                let t = Instant::now();
                 let a = agent(cli, &name)?;
+                let agent_us = t.elapsed().as_secs_f64() * 1e6;
+                let t = Instant::now();
                 let reg = Region::register(&regions, &a)?;
+                let reg_us = t.elapsed().as_secs_f64() * 1e6;
                 let addr = a.listen_addr().ok_or("no side channel")?;
-                writeln!(out, "ready {name} {addr} {}", bases.join(" "))?;
+                writeln!(
+                    out,
+                    "ready {name} {addr} {agent_us:.1} {reg_us:.1} {}",
+                    bases.join(" ")
+                )?;
                 current = Some((reg, a));
             }
             ["quit"] => break,
@@ -321,8 +335,9 @@ impl Prefill {
         Ok(s.trim_end().to_owned())
     }
 
-    /// A fresh prefill agent: its name, side-channel address and region bases.
-    fn new_agent(&mut self, gen: usize) -> Res<(String, SocketAddr, Vec<u64>)> {
+    /// A fresh prefill agent: its name, side-channel address, region bases, and how long
+    /// its agent with backend and its registration took (us).
+    fn new_agent(&mut self, gen: usize) -> Res<(String, SocketAddr, Vec<u64>, [f64; 2])> {
         writeln!(self.stdin, "agent {gen}")?;
         self.stdin.flush()?;
         let line = self.line()?;
@@ -332,8 +347,10 @@ impl Prefill {
         }
         let name = it.next().ok_or("no name")?.to_owned();
         let addr = it.next().ok_or("no address")?.parse()?;
+        let agent_us = it.next().ok_or("no start-up time")?.parse()?;
+        let reg_us = it.next().ok_or("no registration time")?.parse()?;
         let bases = it.map(str::parse).collect::<Result<Vec<u64>, _>>()?;
-        Ok((name, addr, bases))
+        Ok((name, addr, bases, [agent_us, reg_us]))
     }
 }
 
@@ -380,6 +397,9 @@ struct Decode {
 /// One request's times (us) and what it moved.
 #[derive(Default, Clone, Copy)]
 struct Times {
+    /// Prefill's agent with its backend, and its registration (first contact; untimed there).
+    agent: f64,
+    register: f64,
     fetch: f64,
     prep: f64,
     make: f64,
@@ -528,8 +548,8 @@ fn report(cli: &Cli, tokens: usize, phase: &str, times: &[Times], bytes: usize) 
     let n = times.len();
     if cli.json {
         println!(
-            "{{\"impl\":\"nixl-rs\",\"model\":\"{}\",\"tp\":{},\"device\":\"{}\",\"lists\":\"{}\",\"tokens\":{tokens},\"phase\":\"{phase}\",\"n\":{n},\"bytes\":{bytes},\"p50_us\":{p50:.1},\"p99_us\":{p99:.1},\"fetch_us\":{:.1},\"prep_us\":{:.1},\"make_us\":{:.1},\"post_us\":{:.1},\"done_us\":{:.1},\"release_us\":{:.1}}}",
-            cli.model, cli.tp, cli.device, cli.lists, med(|t| t.fetch), med(|t| t.prep), med(|t| t.make), med(|t| t.post), med(|t| t.done), med(|t| t.release)
+            "{{\"impl\":\"nixl-rs\",\"model\":\"{}\",\"tp\":{},\"device\":\"{}\",\"lists\":\"{}\",\"tokens\":{tokens},\"phase\":\"{phase}\",\"n\":{n},\"bytes\":{bytes},\"p50_us\":{p50:.1},\"p99_us\":{p99:.1},\"fetch_us\":{:.1},\"prep_us\":{:.1},\"make_us\":{:.1},\"post_us\":{:.1},\"done_us\":{:.1},\"release_us\":{:.1},\"agent_us\":{:.1},\"register_us\":{:.1}}}",
+            cli.model, cli.tp, cli.device, cli.lists, med(|t| t.fetch), med(|t| t.prep), med(|t| t.make), med(|t| t.post), med(|t| t.done), med(|t| t.release), med(|t| t.agent), med(|t| t.register)
         );
     } else {
         println!(
@@ -586,7 +606,7 @@ fn decode(cli: &Cli) -> Res<()> {
                 d.agent.invalidate_remote_metadata(&name)?;
             }
             gen += 1;
-            let (n, addr, bases) = p.new_agent(gen)?;
+            let (n, addr, bases, [agent_us, reg_us]) = p.new_agent(gen)?;
             name = n;
             let (src, dst) = (rng.blocks(nb, pool), rng.blocks(nb, pool));
             if full {
@@ -607,6 +627,7 @@ fn decode(cli: &Cli) -> Res<()> {
             )?;
             let t2 = Instant::now();
             d.request(&r, (&src, &dst), gen, &mut t)?;
+            (t.agent, t.register) = (agent_us, reg_us);
             (t.fetch, t.prep) = ((t1 - t0).as_secs_f64() * 1e6, (t2 - t1).as_secs_f64() * 1e6);
             d.check(&src, &dst, full)?;
             first.push(t);

@@ -100,6 +100,21 @@ def main():
               f"| {n['p50_us']:.0f} / {n['p99_us']:.0f} | {n['p50_us'] / o['p50_us']:.2f} / "
               f"{n['p99_us'] / o['p99_us']:.2f} | {o['make_us']:.0f} / {o['post_us']:.0f} / {o['done_us']:.0f} "
               f"| {n['make_us']:.0f} / {n['post_us']:.0f} / {n['done_us']:.0f} |")
+    if all(any(x["impl"] == i for x in runs) for i in ["nixl-rs", "nixl"]):
+        startup(runs, keys, med)
+
+
+def startup(runs, keys, med):
+    """Prefill's agent with its backend and its registration, per first-contact size."""
+    rows = [k for k in keys if k[1] == "first contact"]
+    if not rows or not all("agent_us" in x for x in runs if x["phase"] == "first contact"):
+        return
+    print()
+    print("| tokens | prefill's agent + backend, nixl-rs / NIXL (us) | its registration, nixl-rs / NIXL (us) |")
+    print("|---|---|---|")
+    for k in rows:
+        print(f"| {k[0]} | {med('nixl-rs', k, 'agent_us'):.0f} / {med('nixl', k, 'agent_us'):.0f} "
+              f"| {med('nixl-rs', k, 'register_us'):.0f} / {med('nixl', k, 'register_us'):.0f} |")
 
 
 if __name__ == "__main__":

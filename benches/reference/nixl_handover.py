@@ -46,6 +46,7 @@ def cli():
     p.add_argument("--role", default="decode")
     p.add_argument("--model", default="llama3-8b")
     p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--layers", type=int, default=None, help="instead of the model's")
     p.add_argument("--tokens", default="1024,4096,16384")
     p.add_argument("--block-tokens", type=int, default=16)
     p.add_argument("--contacts", type=int, default=5)
@@ -59,7 +60,7 @@ def cli():
     p.add_argument("--port", type=int, default=0, help="listener: prefill's first port")
     a = p.parse_args()
     a.tokens = [int(t) for t in a.tokens.split(",")]
-    layers = {"llama3-8b": 32, "llama3-70b": 80}[a.model]
+    layers = a.layers or {"llama3-8b": 32, "llama3-70b": 80}[a.model]
     if a.tp <= 0 or 8 % a.tp:
         sys.exit("--tp must divide the 8 KV heads")
     a.regions = 2 * layers
@@ -195,9 +196,13 @@ def prefill(a):
             else:
                 port = 0
                 cfg = nixl_agent_config(backends=["UCX"])
+            t = time.perf_counter()
             current = nixl_agent(name, cfg)
+            agent_us = (time.perf_counter() - t) * 1e6
+            t = time.perf_counter()
             current.register_memory(pool.reg_descs(), pool.mem)
-            print("ready", name, f"127.0.0.1:{port}", *pool.addrs, file=out, flush=True)
+            reg_us = (time.perf_counter() - t) * 1e6
+            print("ready", name, f"127.0.0.1:{port}", f"{agent_us:.1f}", f"{reg_us:.1f}", *pool.addrs, file=out, flush=True)
         elif cmd[:1] == ["md"]:
             print("md", current.get_agent_metadata().hex(), file=out, flush=True)
         elif cmd[:1] == ["quit"]:
@@ -221,6 +226,7 @@ def report(a, tokens, phase, times, nbytes):
         "phase": phase, "n": len(times), "bytes": nbytes, "metadata": a.metadata,
         "p50_us": round(pct(whole, 0.5), 1), "p99_us": round(pct(whole, 0.99), 1),
         **{f"{k}_us": round(med(k), 1) for k in ["fetch", "prep", "make", "post", "done", "release"]},
+        **{f"{k}_us": round(med(k), 1) for k in ["agent", "register"] if k in times[0]},
     }), flush=True)
 
 
@@ -298,11 +304,12 @@ def decode(a):
             ready = ask(f"agent {gen}")
             if ready[0] != "ready":
                 raise SystemExit(f"prefill answered {ready}")
-            name, addr, bases = ready[1], ready[2], [int(b) for b in ready[3:]]
+            name, addr, bases = ready[1], ready[2], [int(b) for b in ready[5:]]
+            started = {"agent": float(ready[3]), "register": float(ready[4])}
             src, dst = rng.permutation(a.pool)[:nb], rng.permutation(a.pool)[:nb]
             full = not first or pool.mem == "DRAM"
             pool.clear() if full else pool.clear_words(dst)
-            t = {}
+            t = dict(started)
             t0 = time.perf_counter()
             if a.metadata == "listener":
                 ip, port = addr.rsplit(":", 1)

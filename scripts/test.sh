@@ -100,6 +100,14 @@ for role in prefill decode; do
     echo "== main job with a stock NIXL agent: disagg_kv --nixl-peer --role $role"
     cargo run --quiet --all-features --example disagg_kv -- --nixl-peer --role "$role" --op write --requests 4 --layers 4 --blocks 64 --block-bytes 65536
 done
+# The handover benchmark beside NIXL (issue 37) at a small shape, both list kinds: each side
+# checks every byte of its first and last requests; the comparison exits non-zero if either fails.
+for lists in flat strided; do
+    echo "== handover beside NIXL (--lists $lists)"
+    cargo build --quiet -p nixl-bench --bin handover
+    python3 benches/reference/compare_handover.py --handover target/debug/handover --rounds 1 --timeout 120 -- \
+        --model llama3-70b --tp 8 --layers 4 --tokens 16,64 --contacts 2 --requests 3 --lists "$lists"
+done
 echo "== main job with KV layouts: prefill TP 2 (HND, 16-token blocks) -> decode TP 4 (32-token blocks), and TP 4 -> 2 writes"
 cargo run --quiet --all-features --example disagg_kv -- --tp 2:4 --kv-order hnd --block-tokens 16:32 --op read --requests 2 --layers 2 --tokens 70
 cargo run --quiet --all-features --example disagg_kv -- --tp 4:2 --op write --requests 2 --layers 2 --tokens 70

@@ -6,7 +6,8 @@ Python API, as vLLM calls it) with the same shape arguments, alternating which g
 each round, and prints per (tokens, phase) the medians over rounds of each side's p50 and
 p99 (us) and of its make / post / done, and NIXL / nixl-rs for p50 and p99 (above 1: nixl-rs
 is faster). nixl-rs loads the wheel's libucp (NIXL_UCX_HOME=$NIXL_WHEEL_UCX) so both run one
-UCX. Every run checks its bytes and exits non-zero on a mismatch, which stops this one.
+UCX. Every run checks its bytes and exits non-zero on a mismatch; this one then prints what it
+has and exits non-zero.
 
     python3 benches/reference/compare_handover.py --handover target/release/handover \\
         --nixl-path $NIXL_PYTHONPATH --rounds 2 -- --model llama3-8b --tokens 1024,4096
@@ -41,7 +42,11 @@ def run(cmd, env, timeout):
     if rc != 0:
         sys.stderr.write(out[-2000:] + err[-4000:])
         print(f"FAILED: {os.path.basename(cmd[1] if cmd[0] == sys.executable else cmd[0])}: {rc}", flush=True)
+        FAILED.append(cmd)
     return rows
+
+
+FAILED = []
 
 
 def main():
@@ -84,6 +89,8 @@ def main():
             keys.append(k)
     med = lambda impl, k, f: statistics.median(
         x[f] for x in runs if x["impl"] == impl and (x["tokens"], x["phase"]) == k)
+    if not runs:
+        sys.exit("no run printed a result")
     first = runs[0]
     print(f"Handover, {first['model']} TP {first['tp']}, {first['device']}, {first.get('lists', 'flat')} lists; {a.rounds} rounds, "
           f"medians over rounds; us (NIXL's metadata: {a.metadata})")
@@ -102,6 +109,8 @@ def main():
               f"| {n['make_us']:.0f} / {n['post_us']:.0f} / {n['done_us']:.0f} |")
     if all(any(x["impl"] == i for x in runs) for i in ["nixl-rs", "nixl"]):
         startup(runs, keys, med)
+    if FAILED:
+        sys.exit(f"{len(FAILED)} run(s) failed")
 
 
 def startup(runs, keys, med):

@@ -83,6 +83,10 @@ struct Cli {
     /// UCX transports (`UCX_TLS`; host memory).
     #[arg(long)]
     tls: Option<String>,
+    /// `UcxParams::progress_spin` in microseconds (host memory): how long UCX's progress
+    /// threads poll after an event before they sleep (default: the backend's).
+    #[arg(long)]
+    ucx_spin_us: Option<u64>,
     /// One JSON object per (size, phase) instead of the table.
     #[arg(long)]
     json: bool,
@@ -207,7 +211,14 @@ fn agent(cli: &Cli, name: &str) -> Res<Agent> {
     if cli.cuda() {
         a.create_backend(CudaIpcParams::default())?;
     } else {
-        a.create_backend(UcxParams::default().transports(cli.tls.clone()))?;
+        a.create_backend(
+            UcxParams::default()
+                .transports(cli.tls.clone())
+                .progress_spin(
+                    cli.ucx_spin_us
+                        .map_or(nixl::ucx::DEFAULT_PROGRESS_SPIN, Duration::from_micros),
+                ),
+        )?;
     }
     Ok(a)
 }

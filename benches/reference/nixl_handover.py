@@ -54,6 +54,8 @@ def cli():
     p.add_argument("--device", default="cpu")
     p.add_argument("--gpus", default="0,0")
     p.add_argument("--pool", type=int, default=None)
+    p.add_argument("--ucx-spin-us", type=int, default=0,
+                   help="nixl-rs's UcxParams::progress_spin; ignored here (NIXL's thread never sleeps)")
     p.add_argument("--lists", default="flat", choices=["flat", "strided"],
                    help="strided: one Nx5 row (address, len, dev, stride, count) per region")
     p.add_argument("--metadata", default="pipe", choices=["pipe", "listener"])

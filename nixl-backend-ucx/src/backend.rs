@@ -155,12 +155,26 @@ impl UcxBackend {
         };
         if b.params.progress_thread {
             for w in &b.workers {
-                let (w, stop) = (w.clone(), b.stop.clone());
+                let (w, stop, spin) = (w.clone(), b.stop.clone(), b.params.progress_spin);
                 let h = std::thread::Builder::new()
                     .name(format!("nixl-ucx-{}", w.index))
                     .spawn(move || {
+                        // Polling without sleeping until `spin` after the last event.
+                        let mut awake_until = Instant::now();
                         while !stop.load(Ordering::Acquire) {
-                            w.progress_or_wait(Duration::from_millis(100));
+                            let spinning = !spin.is_zero() && Instant::now() < awake_until;
+                            let wait = if spinning {
+                                Duration::ZERO
+                            } else {
+                                Duration::from_millis(100)
+                            };
+                            if w.progress_or_wait(wait) {
+                                if !spin.is_zero() {
+                                    awake_until = Instant::now() + spin;
+                                }
+                            } else if spinning {
+                                std::thread::yield_now();
+                            }
                             nixl_core::backend::fire_due_timers();
                         }
                     })

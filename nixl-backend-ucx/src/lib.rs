@@ -123,4 +123,7 @@ mod xfer;
 pub use backend::{probe, UcxBackend, UcxPlugin};
 pub use error::{UcxError, UCX};
 pub use loader::{DEPS_HOME, MIN_VERSION};
-pub use params::{default_cma_threads, UcxParams, DEFAULT_KEEPALIVE, TCP_USER_TIMEOUT_FACTOR};
+pub use params::{
+    default_cma_threads, UcxParams, DEFAULT_KEEPALIVE, DEFAULT_PROGRESS_SPIN,
+    TCP_USER_TIMEOUT_FACTOR,
+};

@@ -203,8 +203,10 @@ impl Worker {
     }
 
     /// One progress pass for the backend's progress thread: drains events, closes buried
-    /// endpoints, arms the wake-up, and sleeps on the event descriptor until something
-    /// happens or `timeout` passes. Returns whether anything happened.
+    /// endpoints, and unless something happened or `timeout` is zero (the thread is
+    /// spinning: [`UcxParams::progress_spin`](crate::UcxParams::progress_spin)), arms the
+    /// wake-up and sleeps on the event descriptor until something happens or `timeout`
+    /// passes. Returns whether the pass found events.
     pub(crate) fn progress_or_wait(&self, timeout: Duration) -> bool {
         let armed = {
             let mut g = self.lock();
@@ -213,6 +215,9 @@ impl Worker {
             if n > 0 {
                 return true;
             }
+            if timeout.is_zero() {
+                return false;
+            }
             g.g.arm() == sys::UCS_OK
         };
         if armed && self.efd >= 0 {
@@ -220,7 +225,7 @@ impl Worker {
             // The descriptor belongs to the live worker (self).
             sys::worker::poll_in(self.efd, ms);
         }
-        true
+        false
     }
 }
 

@@ -290,3 +290,76 @@ fn one_region_period_search_is_linear() {
         "make: {hostile:.2} operations per descriptor for a list periodic but for its end ({large:.2} for the main job's shape)"
     );
 }
+
+/// A descriptor list that is a block table (every block of each region, region after region:
+/// vLLM's lists) prepares in work proportional to its layers, not its descriptors, and stays a
+/// descriptor list to its caller: flat indices build requests from it (here random ones, every
+/// byte checked), block ids are refused. A list of the same descriptors shuffled keeps one
+/// entry per descriptor.
+#[test]
+fn a_descriptor_list_shaped_as_a_table_prepares_per_layer() {
+    const BLOCK: usize = 64;
+    let (layers, per) = (32usize, 2048usize);
+    let n = layers * per;
+    let (a, b) = agents("table-shaped");
+    let (src, _ra) = memory(&a, n * BLOCK, layers);
+    let (dst, _rb) = memory(&b, n * BLOCK, layers);
+    src.fill_pattern(7);
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
+    let ldescs = XferDescList::blocks(MemKind::Dram, src.addr(), BLOCK as u64, n);
+    let rdescs = XferDescList::blocks(MemKind::Dram, dst.addr(), BLOCK as u64, n);
+    take();
+    let l = a
+        .prep_xfer_dlist(XferTarget::Initiator, &ldescs, &[])
+        .unwrap();
+    let r = a
+        .prep_xfer_dlist(XferTarget::Agent(b.name()), &rdescs, &[])
+        .unwrap();
+    let prep = take();
+    assert!(
+        prep < 16 * layers as u64 + 64,
+        "{prep} operations to prepare two lists of {layers} layers x {per} blocks"
+    );
+    assert_eq!((l.len(), l.layers()), (n, 0), "still a descriptor list");
+    let refused = a
+        .make_block_xfer(XferOp::Write, &l, &[0], &r, &[0], XferOptions::default())
+        .unwrap_err();
+    assert_eq!(refused.kind(), crate::ErrorKind::InvalidParam);
+    // Random pairs over the whole lists land exactly.
+    let (li, ri) = (shuffle(n), shuffle(n).into_iter().rev().collect::<Vec<_>>());
+    let (li, ri) = (&li[..4096], &ri[..4096]);
+    let req = a
+        .make_prepped_xfer(XferOp::Write, &l, li, &r, ri, XferOptions::default())
+        .unwrap();
+    assert_eq!(a.post_xfer_req(&req).unwrap(), XferState::Done);
+    let (s, d) = (src.to_vec(), dst.to_vec());
+    let mut written = vec![false; n];
+    for (&x, &y) in li.iter().zip(ri) {
+        assert_eq!(s[x * BLOCK..(x + 1) * BLOCK], d[y * BLOCK..(y + 1) * BLOCK]);
+        written[y] = true;
+    }
+    for (y, w) in written.iter().enumerate() {
+        if !w {
+            assert!(
+                d[y * BLOCK..(y + 1) * BLOCK].iter().all(|&x| x == 0),
+                "block {y}"
+            );
+        }
+    }
+    // The same descriptors shuffled: one entry each.
+    let perm = shuffle(n);
+    let shuffled = XferDescList::from_descs(
+        MemKind::Dram,
+        perm.iter()
+            .map(|&p| Desc::new(dst.addr() + (p * BLOCK) as u64, BLOCK as u64)),
+    );
+    take();
+    let _s = a
+        .prep_xfer_dlist(XferTarget::Agent(b.name()), &shuffled, &[])
+        .unwrap();
+    assert!(
+        take() >= n as u64,
+        "a shuffled list is prepared descriptor by descriptor"
+    );
+}

@@ -138,6 +138,48 @@ impl FlatTable {
     }
 }
 
+/// The layers a descriptor list forms when it is a block table: every layer the same count
+/// (two or more) of equally long descriptors on one device, equally spaced (layer 0's run as
+/// far as it goes inside its first descriptor's region, which ends at `end` and is the one a
+/// look-up finds below `bound`, as [`FlatTable::of`] reads it); `None` otherwise. Reads the
+/// descriptors once and writes nothing per descriptor.
+fn table_runs(descs: &[Desc], (bound, end): (u64, u64)) -> Option<Vec<StridedDesc>> {
+    let run_at = |i: usize| -> Option<StridedDesc> {
+        let (a, b) = (descs.get(i)?, descs.get(i + 1)?);
+        let stride = b.addr.checked_sub(a.addr)?;
+        let run = StridedDesc::on_device(a.addr, stride, a.len, 2, a.dev_id);
+        run.problem().is_none().then_some(run)
+    };
+    let fits = |run: &StridedDesc, k: u64, d: &Desc| {
+        d.len == run.len && d.dev_id == run.dev_id && run.block_addr(k) == Some(d.addr)
+    };
+    let first = run_at(0)?;
+    // Layer 0 ends where its run does, or where its first descriptor's region does.
+    let inside = |d: &Desc| d.addr < bound && d.addr.checked_add(d.len).is_some_and(|e| e <= end);
+    if !descs.get(1).is_some_and(inside) {
+        return None;
+    }
+    let per = 2 + descs[2..]
+        .iter()
+        .zip(2u64..)
+        .take_while(|(d, k)| fits(&first, *k, d) && inside(d))
+        .count();
+    if !descs.len().is_multiple_of(per) {
+        return None;
+    }
+    let mut runs = Vec::with_capacity(descs.len() / per);
+    for (l, chunk) in descs.chunks_exact(per).enumerate() {
+        let mut run = run_at(l * per)?;
+        if l > 0 && !chunk.iter().zip(0u64..).all(|(d, k)| fits(&run, k, d)) {
+            return None;
+        }
+        run.count = per as u64;
+        run.problem().is_none().then_some(())?;
+        runs.push(run);
+    }
+    Some(runs)
+}
+
 /// A prepared list's descriptors.
 pub(crate) enum Layout {
     /// One entry per descriptor.
@@ -149,6 +191,9 @@ pub(crate) enum Layout {
         starts: Vec<u64>,
         uniform: Option<u64>,
         total: u64,
+        /// A descriptor list kept as the block table it is ([`Agent::prep_xfer_dlist`]): to
+        /// the caller still a descriptor list (no layers; block ids and tiles refused).
+        from_descs: bool,
     },
 }
 
@@ -198,7 +243,10 @@ impl PreparedList {
     /// Layers of a block table ([`Agent::prep_strided_dlist`]); 0 for a descriptor list.
     pub fn layers(&self) -> usize {
         match &self.layout {
-            Layout::Flat(_) => 0,
+            Layout::Flat(_)
+            | Layout::Strided {
+                from_descs: true, ..
+            } => 0,
             Layout::Strided { layers, .. } => layers.len(),
         }
     }
@@ -229,6 +277,7 @@ impl PreparedList {
                 starts,
                 uniform,
                 total,
+                ..
             } => {
                 let i = i as u64;
                 if i >= *total {
@@ -452,6 +501,53 @@ impl Agent {
         let kind = descs.kind();
         let side = self.side(target)?;
         let whose = self.whose(&side);
+        // A list that is a block table (NIXL users' shape: every block of each region, region
+        // after region) is kept as its layers, each resolved once: no entry per descriptor.
+        // Anything else, and any layer not inside one region, takes the descriptor path
+        // (whose answers and errors are the same as before).
+        let mut res = self.resolver(&side, kind, hints)?;
+        let first = match descs.descs().first() {
+            Some(d) if descs.len() >= 4 => match res.resolve(&|| String::new(), *d) {
+                Ok(Some(_)) => res.last.map(|c| (c.bound, c.end)),
+                _ => None,
+            },
+            _ => None,
+        };
+        if let Some(runs) = first.and_then(|f| table_runs(descs.descs(), f)) {
+            let mut layers = Vec::with_capacity(runs.len());
+            for run in &runs {
+                let end = run.end().unwrap_or(u64::MAX);
+                let extent = Desc::on_device(run.addr, end - run.addr, run.dev_id);
+                match res.resolve(&|| String::new(), extent) {
+                    Ok(Some(region)) => layers.push(PrepLayer { run: *run, region }),
+                    _ => break,
+                }
+            }
+            if layers.len() == runs.len() {
+                let per = runs[0].count;
+                let regions = Arc::new(std::mem::take(&mut res.regions));
+                drop(res);
+                let table = usize::try_from(per).ok().map(|per| FlatTable {
+                    layers: layers.clone(),
+                    per,
+                });
+                let starts = (0..layers.len() as u64).map(|l| l * per).collect();
+                return Ok(PreparedList {
+                    shared: self.shared.clone(),
+                    side,
+                    kind,
+                    regions,
+                    layout: Layout::Strided {
+                        total: per * layers.len() as u64,
+                        layers,
+                        starts,
+                        uniform: Some(per),
+                        from_descs: true,
+                    },
+                    table,
+                });
+            }
+        }
         let mut res = self.resolver(&side, kind, hints)?;
         let mut entries = Vec::with_capacity(descs.len());
         for (i, d) in descs.descs().iter().enumerate() {
@@ -572,6 +668,7 @@ impl Agent {
                 starts,
                 uniform,
                 total,
+                from_descs: false,
             },
             table,
         })

@@ -38,8 +38,18 @@ impl Agent {
     ) -> Result<XferReq> {
         let me = self.name();
         let ends = self.ends(op, local, remote, &opts)?;
-        let (Layout::Strided { layers: ll, .. }, Layout::Strided { layers: rl, .. }) =
-            (&local.layout, &remote.layout)
+        let (
+            Layout::Strided {
+                layers: ll,
+                from_descs: false,
+                ..
+            },
+            Layout::Strided {
+                layers: rl,
+                from_descs: false,
+                ..
+            },
+        ) = (&local.layout, &remote.layout)
         else {
             return Err(Error::invalid(
                 me,

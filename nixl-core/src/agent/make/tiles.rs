@@ -44,8 +44,18 @@ impl Agent {
         let me = self.name();
         let invalid = |why: String| Error::invalid(me, Op::MakeXfer, why);
         let ends = self.ends(op, local, remote, &opts)?;
-        let (Layout::Strided { layers: ll, .. }, Layout::Strided { layers: rl, .. }) =
-            (&local.layout, &remote.layout)
+        let (
+            Layout::Strided {
+                layers: ll,
+                from_descs: false,
+                ..
+            },
+            Layout::Strided {
+                layers: rl,
+                from_descs: false,
+                ..
+            },
+        ) = (&local.layout, &remote.layout)
         else {
             return Err(invalid(
                 "tiles need lists prepared from block tables (prep_strided_dlist)".to_owned(),

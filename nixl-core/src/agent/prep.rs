@@ -95,82 +95,63 @@ impl FlatTable {
     /// layer, layers of different counts, a run that changes region, device, length or step).
     /// One pass.
     fn of(entries: &[PrepEntry]) -> Option<Self> {
-        let run_at = |i: usize| -> Option<(StridedDesc, u32)> {
-            let (a, b) = (entries.get(i)?, entries.get(i + 1)?);
-            let stride = b.desc.addr.checked_sub(a.desc.addr)?;
-            let d = a.desc;
-            let run = StridedDesc::on_device(d.addr, stride, d.len, 2, d.dev_id);
-            run.problem().is_none().then_some((run, a.region))
-        };
-        let fits = |run: &StridedDesc, region: u32, k: u64, e: &PrepEntry| {
-            e.region == region
-                && e.desc.len == run.len
-                && e.desc.dev_id == run.dev_id
-                && run.block_addr(k) == Some(e.desc.addr)
-        };
-        // Layer 0 is as long as its run goes on; every layer then has its length.
-        let (first, region) = run_at(0)?;
-        let per = 2 + entries[2..]
-            .iter()
-            .zip(2u64..)
-            .take_while(|(e, k)| fits(&first, region, *k, e))
-            .count();
-        if !entries.len().is_multiple_of(per) {
-            return None;
-        }
-        let mut layers = Vec::with_capacity(entries.len() / per);
-        for (l, chunk) in entries.chunks_exact(per).enumerate() {
-            let (mut run, region) = run_at(l * per)?;
-            // Layer 0's entries were read to find `per`.
-            if l > 0
-                && !chunk
-                    .iter()
-                    .zip(0u64..)
-                    .all(|(e, k)| fits(&run, region, k, e))
-            {
-                return None;
-            }
-            run.count = per as u64;
-            run.problem().is_none().then_some(())?;
-            layers.push(PrepLayer { run, region });
-        }
+        let runs = table_runs(
+            entries.len(),
+            |i| entries[i].desc,
+            |start, i| entries[i].region == entries[start].region,
+        )?;
+        let per = usize::try_from(runs.first()?.count).ok()?;
+        let layers = runs
+            .into_iter()
+            .enumerate()
+            .map(|(l, run)| PrepLayer {
+                run,
+                region: entries[l * per].region,
+            })
+            .collect();
         Some(FlatTable { layers, per })
     }
 }
 
-/// The layers a descriptor list forms when it is a block table: every layer the same count
-/// (two or more) of equally long descriptors on one device, equally spaced (layer 0's run as
-/// far as it goes inside its first descriptor's region, which ends at `end` and is the one a
-/// look-up finds below `bound`, as [`FlatTable::of`] reads it); `None` otherwise. Reads the
-/// descriptors once and writes nothing per descriptor.
-fn table_runs(descs: &[Desc], (bound, end): (u64, u64)) -> Option<Vec<StridedDesc>> {
+/// The layers `n` descriptors form when they are a block table: every layer the same count
+/// (two or more) of equally long descriptors on one device, equally spaced, each descriptor
+/// `together` with its layer's first (`together(first, i)`: in its region); layer 0 is as
+/// long as its run goes on, every layer then has its length. `None` otherwise. Reads each
+/// descriptor once and writes nothing per descriptor.
+fn table_runs(
+    n: usize,
+    desc: impl Fn(usize) -> Desc,
+    together: impl Fn(usize, usize) -> bool,
+) -> Option<Vec<StridedDesc>> {
     let run_at = |i: usize| -> Option<StridedDesc> {
-        let (a, b) = (descs.get(i)?, descs.get(i + 1)?);
+        if i + 1 >= n {
+            return None;
+        }
+        let (a, b) = (desc(i), desc(i + 1));
         let stride = b.addr.checked_sub(a.addr)?;
         let run = StridedDesc::on_device(a.addr, stride, a.len, 2, a.dev_id);
         run.problem().is_none().then_some(run)
     };
-    let fits = |run: &StridedDesc, k: u64, d: &Desc| {
-        d.len == run.len && d.dev_id == run.dev_id && run.block_addr(k) == Some(d.addr)
+    let fits = |run: &StridedDesc, start: usize, k: usize| {
+        let d = desc(start + k);
+        d.len == run.len
+            && d.dev_id == run.dev_id
+            && run.block_addr(k as u64) == Some(d.addr)
+            && together(start, start + k)
     };
     let first = run_at(0)?;
-    // Layer 0 ends where its run does, or where its first descriptor's region does.
-    let inside = |d: &Desc| d.addr < bound && d.addr.checked_add(d.len).is_some_and(|e| e <= end);
-    if !descs.get(1).is_some_and(inside) {
+    if !together(0, 1) {
         return None;
     }
-    let per = 2 + descs[2..]
-        .iter()
-        .zip(2u64..)
-        .take_while(|(d, k)| fits(&first, *k, d) && inside(d))
-        .count();
-    if !descs.len().is_multiple_of(per) {
+    let per = 2 + (2..n).take_while(|&k| fits(&first, 0, k)).count();
+    if !n.is_multiple_of(per) {
         return None;
     }
-    let mut runs = Vec::with_capacity(descs.len() / per);
-    for (l, chunk) in descs.chunks_exact(per).enumerate() {
-        let mut run = run_at(l * per)?;
-        if l > 0 && !chunk.iter().zip(0u64..).all(|(d, k)| fits(&run, k, d)) {
+    let mut runs = Vec::with_capacity(n / per);
+    for start in (0..n).step_by(per) {
+        let mut run = run_at(start)?;
+        // Layer 0's descriptors were read to find `per`.
+        if start > 0 && !(0..per).all(|k| fits(&run, start, k)) {
             return None;
         }
         run.count = per as u64;
@@ -242,12 +223,19 @@ impl PreparedList {
 
     /// Layers of a block table ([`Agent::prep_strided_dlist`]); 0 for a descriptor list.
     pub fn layers(&self) -> usize {
+        self.table_layers().map_or(0, <[PrepLayer]>::len)
+    }
+
+    /// The layers of a list prepared from a block table ([`Agent::prep_strided_dlist`]);
+    /// `None` for a descriptor list, also one kept as the table it is.
+    pub(crate) fn table_layers(&self) -> Option<&[PrepLayer]> {
         match &self.layout {
-            Layout::Flat(_)
-            | Layout::Strided {
-                from_descs: true, ..
-            } => 0,
-            Layout::Strided { layers, .. } => layers.len(),
+            Layout::Strided {
+                layers,
+                from_descs: false,
+                ..
+            } => Some(layers),
+            _ => None,
         }
     }
 
@@ -513,7 +501,18 @@ impl Agent {
             },
             _ => None,
         };
-        if let Some(runs) = first.and_then(|f| table_runs(descs.descs(), f)) {
+        let list = descs.descs();
+        // Layer 0 ends where its run does, or where its first descriptor's region does (the
+        // region a look-up finds below `bound`; later layers are resolved whole below).
+        let runs = first.and_then(|(bound, end)| {
+            let inside = |d: &Desc| d.addr < bound && d.end().is_some_and(|e| e <= end);
+            table_runs(
+                list.len(),
+                |i| list[i],
+                |start, i| start > 0 || inside(&list[i]),
+            )
+        });
+        if let Some(runs) = runs {
             let mut layers = Vec::with_capacity(runs.len());
             for run in &runs {
                 let end = run.end().unwrap_or(u64::MAX);

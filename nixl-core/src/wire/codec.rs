@@ -204,11 +204,7 @@ impl AgentMetadata {
             None
         };
         let backends = read_backends(&mut r)?;
-        let regions = if version >= 6 {
-            read_compact_regions(&mut r, backends.len())?
-        } else {
-            read_regions(&mut r, backends.len(), version >= 4)?
-        };
+        let regions = read_regions(&mut r, backends.len(), version)?;
         r.finish()?;
         Ok(AgentMetadata {
             name,
@@ -302,18 +298,38 @@ fn read_backends(r: &mut ByteReader<'_>) -> Result<Vec<BackendEntry>, DecodeErro
     Ok(backends)
 }
 
-/// The region records, each naming one of the `backends` backends and a non-empty range
-/// that does not overflow, with its label where the version has them.
-fn read_regions(
-    r: &mut ByteReader<'_>,
+/// The region records of a `version` blob: `(backend, kind, addr, len, dev_id, meta, public,
+/// label)`, with fixed-size integers and `u32` lengths before version 6 (no label before 4),
+/// LEB128 integers and lengths since, each address then the zigzag step from the previous
+/// region's. Each region must be non-empty and not overflow.
+fn read_regions<'a>(
+    r: &mut ByteReader<'a>,
     backends: usize,
-    labels: bool,
+    version: u16,
 ) -> Result<Vec<RegionEntry>, DecodeError> {
-    // A region record is at least 4 + 1 + 24 + 4 + 4 = 37 bytes.
-    let nr = r.count("region count", MAX_REGIONS, 37)?;
+    let compact = version >= 6;
+    // The smallest record: 8 one-byte fields compact, 4 + 1 + 24 + 4 + 4 bytes before.
+    let nr = r.count("region count", MAX_REGIONS, if compact { 8 } else { 37 })?;
+    let int = |r: &mut ByteReader<'a>, what| if compact { r.varint(what) } else { r.u64() };
+    let blob = |r: &mut ByteReader<'a>,
+                what: &'static str,
+                limit: usize|
+     -> Result<&'a [u8], DecodeError> {
+        if compact {
+            r.varint_blob(what, limit)
+        } else {
+            r.blob(what, limit)
+        }
+    };
     let mut regions = Vec::with_capacity(nr);
+    let mut prev = 0u64;
     for _ in 0..nr {
-        let backend = r.u32()? as usize;
+        let backend = if compact {
+            r.varint("region backend index")?
+        } else {
+            u64::from(r.u32()?)
+        };
+        let backend = usize::try_from(backend).unwrap_or(usize::MAX);
         if backend >= backends {
             return Err(DecodeError::Invalid {
                 what: "region backend index",
@@ -322,21 +338,31 @@ fn read_regions(
         let kind = MemKind::from_tag(r.u8()?).ok_or(DecodeError::Invalid {
             what: "memory kind",
         })?;
-        let addr = r.u64()?;
-        let len = r.u64()?;
-        let dev_id = r.u64()?;
+        let addr = int(r, "region address")?;
+        let addr = if compact {
+            prev.wrapping_add(unzigzag(addr))
+        } else {
+            addr
+        };
+        let len = int(r, "region length")?;
+        let dev_id = int(r, "region device")?;
         if len == 0 || addr.checked_add(len).is_none() {
             return Err(DecodeError::Invalid {
                 what: "region range",
             });
         }
-        let meta = r.blob("region meta", MAX_BLOB)?.to_vec();
-        let public = r.blob("region public metadata", MAX_BLOB)?.to_vec();
-        let label = if labels {
-            r.str("region label", MAX_NAME)?.to_owned()
+        let meta = blob(r, "region meta", MAX_BLOB)?.to_vec();
+        let public = blob(r, "region public metadata", MAX_BLOB)?.to_vec();
+        let label = if version >= 4 {
+            std::str::from_utf8(blob(r, "region label", MAX_NAME)?)
+                .map_err(|_| DecodeError::Invalid {
+                    what: "region label",
+                })?
+                .to_owned()
         } else {
             String::new()
         };
+        prev = addr;
         regions.push(RegionEntry {
             label,
             backend,
@@ -360,58 +386,6 @@ fn zigzag(step: u64) -> u64 {
 
 fn unzigzag(v: u64) -> u64 {
     (v >> 1) ^ (v & 1).wrapping_neg()
-}
-
-/// Version 6's region records: `(backend, kind, address step, len, dev_id, meta, public,
-/// label)`, integers as LEB128, the address as the zigzag step from the previous region's.
-fn read_compact_regions(
-    r: &mut ByteReader<'_>,
-    backends: usize,
-) -> Result<Vec<RegionEntry>, DecodeError> {
-    // A record is at least 1 + 1 + 1 + 1 + 1 + 1 + 1 + 1 = 8 bytes.
-    let nr = r.count("region count", MAX_REGIONS, 8)?;
-    let mut regions = Vec::with_capacity(nr);
-    let mut prev = 0u64;
-    for _ in 0..nr {
-        let backend = usize::try_from(r.varint("region backend index")?).unwrap_or(usize::MAX);
-        if backend >= backends {
-            return Err(DecodeError::Invalid {
-                what: "region backend index",
-            });
-        }
-        let kind = MemKind::from_tag(r.u8()?).ok_or(DecodeError::Invalid {
-            what: "memory kind",
-        })?;
-        let addr = prev.wrapping_add(unzigzag(r.varint("region address")?));
-        let len = r.varint("region length")?;
-        let dev_id = r.varint("region device")?;
-        if len == 0 || addr.checked_add(len).is_none() {
-            return Err(DecodeError::Invalid {
-                what: "region range",
-            });
-        }
-        let meta = r.varint_blob("region meta", MAX_BLOB)?.to_vec();
-        let public = r.varint_blob("region public metadata", MAX_BLOB)?.to_vec();
-        let label = std::str::from_utf8(r.varint_blob("region label", MAX_NAME)?)
-            .map_err(|_| DecodeError::Invalid {
-                what: "region label",
-            })?
-            .to_owned();
-        prev = addr;
-        regions.push(RegionEntry {
-            label,
-            backend,
-            desc: RegionDesc {
-                kind,
-                addr,
-                len,
-                dev_id,
-                meta,
-            },
-            public,
-        });
-    }
-    Ok(regions)
 }
 
 /// The blob's checksum: xxh3-64 of the body. It catches damage, not forgery (anyone can

@@ -3,7 +3,7 @@
 //! does not consume strides, the blocks materialized into segments.
 
 use crate::agent::options::XferOptions;
-use crate::agent::prep::{FlatTable, Layout, PrepLayer, PreparedList};
+use crate::agent::prep::{FlatTable, PrepLayer, PreparedList};
 use crate::agent::request::XferReq;
 use crate::agent::spec::ReqSpec;
 use crate::agent::{Agent, BackendSlot};
@@ -38,19 +38,7 @@ impl Agent {
     ) -> Result<XferReq> {
         let me = self.name();
         let ends = self.ends(op, local, remote, &opts)?;
-        let (
-            Layout::Strided {
-                layers: ll,
-                from_descs: false,
-                ..
-            },
-            Layout::Strided {
-                layers: rl,
-                from_descs: false,
-                ..
-            },
-        ) = (&local.layout, &remote.layout)
-        else {
+        let (Some(ll), Some(rl)) = (local.table_layers(), remote.table_layers()) else {
             return Err(Error::invalid(
                 me,
                 Op::MakeXfer,

@@ -3,7 +3,7 @@
 //! a KV plan's requests ([`Agent::make_kv_xfers`]), pieces and tiles alike.
 
 use crate::agent::options::XferOptions;
-use crate::agent::prep::{Layout, PrepLayer, PreparedList};
+use crate::agent::prep::{PrepLayer, PreparedList};
 use crate::agent::request::{XferReq, XferTarget};
 use crate::agent::Agent;
 use crate::desc::XferOp;
@@ -44,19 +44,7 @@ impl Agent {
         let me = self.name();
         let invalid = |why: String| Error::invalid(me, Op::MakeXfer, why);
         let ends = self.ends(op, local, remote, &opts)?;
-        let (
-            Layout::Strided {
-                layers: ll,
-                from_descs: false,
-                ..
-            },
-            Layout::Strided {
-                layers: rl,
-                from_descs: false,
-                ..
-            },
-        ) = (&local.layout, &remote.layout)
-        else {
+        let (Some(ll), Some(rl)) = (local.table_layers(), remote.table_layers()) else {
             return Err(invalid(
                 "tiles need lists prepared from block tables (prep_strided_dlist)".to_owned(),
             ));

@@ -25,7 +25,7 @@ for b in "$ucx" "$lf" "$etcd" "$s3"; do
 done
 
 export NIXL_REQUIRE_DEPS=1
-export NIXL_ALLOW_SKIP=gpu,multi-gpu,rocm-gpu,cuda-ucx,efa,fi-hmem,nvidia-fs,ucx-1.23
+export NIXL_ALLOW_SKIP=gpu,multi-gpu,rocm-gpu,cuda-ucx,efa,fi-hmem,nvidia-fs,ucx-1.23,torch
 log=$(mktemp -d)
 export NIXL_SKIP_LOG="$log/skips.log"
 failed=0

@@ -15,7 +15,7 @@ bash scripts/setup.sh
 source .deps/env.sh
 
 export NIXL_REQUIRE_DEPS="${NIXL_REQUIRE_DEPS:-1}"
-export NIXL_ALLOW_SKIP="${NIXL_ALLOW_SKIP:-gpu,multi-gpu,rocm-gpu,cuda-ucx,efa,fi-hmem,nvidia-fs,ucx-1.23}"
+export NIXL_ALLOW_SKIP="${NIXL_ALLOW_SKIP:-gpu,multi-gpu,rocm-gpu,cuda-ucx,efa,fi-hmem,nvidia-fs,ucx-1.23,torch}"
 # NIXL's wheel bundles UCX 1.23 with ib/rdmacm modules whose libnl crashes at process exit;
 # machines without an RDMA device have no use for those modules.
 if [ -z "$(ls /sys/class/infiniband 2>/dev/null)" ]; then

@@ -532,6 +532,107 @@ fn metadata_by_etcd_under_nixls_keys() {
     eventually("NIXL's delete", || !rs.remotes().contains(&py.name));
 }
 
+/// NIXL 1.5's c10d TCPStore metadata backend (`NIXL_TCPSTORE_ENDPOINT`) and nixl-rs's
+/// `TcpStoreExchange` through one store: nixl-rs's server, and PyTorch's own where torch
+/// imports (the GPU machines). NIXL before 1.5 has no TCPStore backend: its publication
+/// never reaches the store, and nixl-rs's fetch ends `NotFound` within its wait.
+#[test]
+fn metadata_by_tcpstore_both_ways() {
+    use nixl_core::tcpstore::{
+        TcpStoreClient, TcpStoreConfig, TcpStoreExchange, TcpStoreServer, TcpStoreServerConfig,
+    };
+    let test = "metadata_by_tcpstore_both_ways";
+    let Some(env) = nixl_or_skip(test) else {
+        return;
+    };
+    let ours = TcpStoreServer::start(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        &TcpStoreServerConfig::default(),
+    )
+    .expect("store");
+    let torch = nixl_testkit::torch_store::TorchStore::serve(test);
+    let mut stores = vec![("nixl-rs", ours.endpoint())];
+    if let Some(t) = &torch {
+        stores.push(("PyTorch", t.endpoint()));
+    }
+    let has_tcpstore = !env.version.starts_with("1.3.") && !env.version.starts_with("1.4.");
+    for (host, endpoint) in stores {
+        println!(
+            "{test}: NIXL {} through {host}'s TCPStore at {endpoint}",
+            env.version
+        );
+        let rs = rs_agent(&env, "rs-tcpstore", common::TCP);
+        let (src, dst) = (buf(LEN, Some(77)), buf(LEN, None));
+        let _r = rs
+            .register_mem(vec![src.clone(), dst.clone()], &[])
+            .expect("register");
+        let mut py =
+            NixlPeer::start_bare(&env, common::TCP, &[("NIXL_TCPSTORE_ENDPOINT", &endpoint)]);
+        py.name = common::unique("py-tcpstore");
+        py.ok(json!({"op": "init", "name": py.name}));
+        let (py_dst, py_src) = (py.alloc(LEN, None), py.alloc(LEN, Some(78)));
+        let x = TcpStoreExchange::new(
+            &rs,
+            &TcpStoreConfig::default()
+                .endpoint(endpoint.clone())
+                .nixl_blobs(true)
+                .watch_interval(Some(Duration::from_millis(100))),
+        )
+        .expect("exchange");
+        assert_eq!(
+            x.key(&py.name, "metadata"),
+            format!("nixl/agents/metadata/{}/NULL_AGENT", py.name)
+        );
+        let sent = py.call(json!({"op": "send_md"}));
+        if !has_tcpstore {
+            assert!(
+                sent.as_ref()
+                    .is_err_and(|e| e.contains("NIXL_ERR_INVALID_PARAM")),
+                "NIXL {} refuses a publication with no address: {sent:?}",
+                env.version
+            );
+            let e = x
+                .fetch(&py.name, Duration::from_secs(2))
+                .expect_err("NIXL before 1.5 publishes nothing to a TCPStore");
+            assert!(matches!(e, Error::NotFound { .. }), "{e}");
+            println!("{test}: NIXL {} has no TCPStore backend (send_md: {sent:?}); nothing published, fetch NotFound", env.version);
+            return;
+        }
+        sent.expect("NIXL publishes to the store");
+        assert_eq!(x.fetch(&py.name, WAIT).expect("NIXL's blob"), py.name);
+        x.publish().expect("publish under NIXL's key");
+        py.ok(json!({"op": "fetch_md", "name": rs.name()}));
+        let st = py.ok(json!({"op": "check_md", "name": rs.name(), "wait": 10}));
+        assert_eq!(
+            st["loaded"],
+            json!(true),
+            "NIXL fetched our blob from the store"
+        );
+        // Both directions, each with its notification.
+        let peer = py.name.clone();
+        write_to_nixl(&rs, &src, &mut py, &peer, py_dst, b"tcpstore", 77);
+        assert_eq!(
+            py.xfer("WRITE", py_src, dst.addr(), LEN, rs.name(), b"back"),
+            "DONE"
+        );
+        assert_eq!(
+            rs.wait_notifs(WAIT).expect("notif")[&py.name],
+            vec![b"back".to_vec()]
+        );
+        assert!(
+            dst.to_vec() == pattern(LEN, 78),
+            "every byte NIXL wrote landed"
+        );
+        // NIXL invalidates itself (deletes its key): our watch invalidates it here.
+        py.ok(json!({"op": "invalidate_local"}));
+        eventually("NIXL's key deleted", || !rs.remotes().contains(&py.name));
+        // Ours: the key is gone for every later fetch (NIXL's backend has no watch).
+        x.invalidate_local().expect("delete our key");
+        let mut c = TcpStoreClient::connect(&endpoint, "check", WAIT).expect("client");
+        assert_eq!(c.get(&x.key(rs.name(), "metadata")).expect("get"), None);
+    }
+}
+
 #[test]
 fn nixl_rs_restart_needs_invalidation_on_nixl() {
     let test = "nixl_rs_restart_needs_invalidation_on_nixl";

@@ -95,6 +95,7 @@ mod work;
 #[cfg(feature = "etcd")]
 pub use exchange::etcd;
 pub use exchange::nixl_wire;
+pub use exchange::tcpstore;
 
 // Short internal paths (`crate::desc`, `crate::codec`, ...) of the modules in the folders.
 use backend::{bytes, hello, params};

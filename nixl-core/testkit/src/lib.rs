@@ -50,7 +50,11 @@ mod helpers;
 pub mod kv;
 #[cfg(feature = "libfabric")]
 pub mod libfabric;
+#[cfg(feature = "py")]
+pub mod py_child;
 pub mod s3;
+#[cfg(feature = "py")]
+pub mod torch_store;
 pub mod two_process;
 #[cfg(feature = "ucx")]
 pub mod ucx;
@@ -109,6 +113,8 @@ pub enum Dep {
     Ucx123,
     /// Root: starting a process as another user.
     Root,
+    /// PyTorch (`torch.distributed`), for its own c10d TCPStore.
+    Torch,
 }
 
 impl Dep {
@@ -131,6 +137,7 @@ impl Dep {
             Dep::CudaUcx => "cuda-ucx",
             Dep::Ucx123 => "ucx-1.23",
             Dep::Root => "root",
+            Dep::Torch => "torch",
         }
     }
 }

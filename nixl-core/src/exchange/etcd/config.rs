@@ -16,10 +16,7 @@ pub const DEFAULT_NAMESPACE: &str = "/nixl/agents";
 /// NIXL's default namespace prefix. NIXL writes keys as `prefix + "/" + agent + "/" +
 /// label`, so its default keys have a double slash: `/nixl/agents//{agent}/metadata`.
 pub const NIXL_NAMESPACE: &str = "/nixl/agents/";
-/// The label full metadata is published under.
-pub const DEFAULT_LABEL: &str = "metadata";
-/// Longest label accepted.
-pub const MAX_LABEL: usize = 256;
+pub use crate::exchange::published::{DEFAULT_LABEL, MAX_LABEL};
 
 /// How an [`EtcdExchange`](super::EtcdExchange) reaches etcd.
 ///
@@ -266,17 +263,6 @@ impl KeyLayout {
 }
 
 /// Checks a label: 1..=[`MAX_LABEL`] bytes.
-pub(crate) fn check_label(agent: &str, label: &str) -> Result<()> {
-    if label.is_empty() || label.len() > MAX_LABEL {
-        return Err(Error::invalid(
-            agent,
-            Op::Exchange,
-            format!("metadata label must be 1..={MAX_LABEL} bytes"),
-        ));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::client::prefix_end;
-use super::config::{check_label, EtcdConfig, Resolved, DEFAULT_LABEL};
+use super::config::{EtcdConfig, Resolved, DEFAULT_LABEL};
 use super::keepalive::{keep_alive, put_leased, LeaseState};
 use super::pb;
 use super::rpc::{block_on, Rpc};
@@ -12,8 +12,9 @@ use super::watch::{self, PeerTable};
 use crate::agent::remote::MetadataSelection;
 use crate::agent::Agent;
 use crate::error::{Error, Op, Result};
-use crate::nixl_wire::agent::metadata_identity;
-use crate::nixl_wire::is_nixl_blob;
+use crate::exchange::published::{
+    check_fetch, check_holder, check_label, check_own, full_metadata, partial_metadata,
+};
 
 /// How a read is served.
 ///
@@ -169,21 +170,18 @@ impl EtcdExchange {
                 Vec::new(),
                 self.rpc.default_deadline(),
             ))?;
-            return self.publish_bytes(DEFAULT_LABEL, &self.agent.nixl().local_metadata()?);
         }
-        self.publish_bytes(DEFAULT_LABEL, &self.agent.local_metadata()?)
+        self.publish_bytes(DEFAULT_LABEL, &full_metadata(&self.agent, self.cfg.nixl)?)
     }
 
     /// Publishes partial metadata under `label` (NIXL's `sendLocalPartialMD`).
     #[doc(alias = "sendLocalPartialMD")]
     pub fn publish_partial(&self, label: &str, selection: &MetadataSelection<'_>) -> Result<()> {
         check_label(self.agent.name(), label)?;
-        let md = if self.cfg.nixl {
-            self.agent.nixl().local_partial_metadata(selection)?
-        } else {
-            self.agent.local_partial_metadata(selection)?
-        };
-        self.publish_bytes(label, &md)
+        self.publish_bytes(
+            label,
+            &partial_metadata(&self.agent, selection, self.cfg.nixl)?,
+        )
     }
 
     /// Publishes metadata bytes under `label`. They must be this agent's own current
@@ -191,24 +189,7 @@ impl EtcdExchange {
     pub fn publish_bytes(&self, label: &str, metadata: &[u8]) -> Result<()> {
         let me = self.agent.name();
         check_label(me, label)?;
-        let (name, generation) = metadata_identity(metadata).map_err(|source| Error::Decode {
-            agent: me.to_owned(),
-            op: Op::Exchange,
-            source,
-        })?;
-        let ours = match generation {
-            // NIXL blobs carry no generation of ours: the name is all there is to check.
-            _ if is_nixl_blob(metadata) => name == me,
-            Some(g) => name == me && g == self.agent.generation(),
-            None => false,
-        };
-        if !ours {
-            return Err(Error::mismatch(
-                me,
-                Op::Exchange,
-                format!("metadata of {name} (generation {generation:?}) is not this agent's"),
-            ));
-        }
+        check_own(&self.agent, metadata)?;
         let key = self.cfg.layout.key(me, label);
         self.run(put_leased(
             &self.rpc,
@@ -235,18 +216,7 @@ impl EtcdExchange {
     /// [`Error::Decode`] for bytes that are not metadata and [`Error::Mismatch`] for another
     /// agent's (nothing loaded either way); etcd errors as in [`EtcdExchange`].
     pub fn fetch_label(&self, remote: &str, label: &str, wait: Duration) -> Result<String> {
-        let me = self.agent.name();
-        if remote.is_empty() {
-            return Err(Error::invalid(me, Op::Exchange, "empty agent name"));
-        }
-        if remote == me {
-            return Err(Error::not_allowed(
-                me,
-                Op::Exchange,
-                "an agent cannot fetch its own metadata",
-            ));
-        }
-        check_label(me, label)?;
+        check_fetch(&self.agent, remote, label)?;
         let key = self.cfg.layout.key(remote, label);
         let (value, revision) = self.run(self.read_or_wait(&key, wait, Read::Serializable))?;
         self.load_watched(remote, label, &value, revision)
@@ -325,18 +295,7 @@ impl EtcdExchange {
     ) -> Result<String> {
         let me = self.agent.name();
         let key = self.cfg.layout.key(remote, label);
-        let (md_name, _) = metadata_identity(value).map_err(|source| Error::Decode {
-            agent: me.to_owned(),
-            op: Op::Exchange,
-            source,
-        })?;
-        if md_name != remote {
-            return Err(Error::mismatch(
-                me,
-                Op::Exchange,
-                format!("key {key} holds metadata of {md_name}"),
-            ));
-        }
+        check_holder(&self.agent, remote, &key, value)?;
         let name = self.agent.load_remote_metadata(value)?;
         // The loaded incarnation (derived from connection info for a NIXL blob).
         let generation = self.agent.remote_generation(remote).unwrap_or(0);

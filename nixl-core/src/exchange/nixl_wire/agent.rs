@@ -20,7 +20,6 @@ pub(crate) fn derived_generation(conns: &[NixlConn]) -> u64 {
 
 /// The name and generation a metadata blob of either format carries; `None` as generation
 /// for a NIXL blob without connection info (it cannot tell its incarnation).
-#[cfg(feature = "etcd")]
 pub(crate) fn metadata_identity(
     bytes: &[u8],
 ) -> std::result::Result<(String, Option<u64>), crate::error::DecodeError> {

@@ -1,13 +1,14 @@
 //! A stock NIXL agent (the nixl-cu13 wheel's Python API, `nixl-core/testkit/py/nixl_peer.py`) in a child
 //! process, driven by JSON lines, and the nixl-rs side's set-up for talking to it.
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver};
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+
+use crate::py_child::PyChild;
+pub use crate::{hex, unhex};
 
 /// Where the wheel is: `NIXL_PYTHONPATH` and `NIXL_WHEEL_UCX`, printed by
 /// `scripts/deps/nixl.sh`.
@@ -88,9 +89,7 @@ fn run_in_child(test: &str) {
 pub struct NixlPeer {
     /// Its agent name.
     pub name: String,
-    child: Child,
-    stdin: ChildStdin,
-    answers: Receiver<String>,
+    py: PyChild,
 }
 
 impl NixlPeer {
@@ -132,61 +131,25 @@ impl NixlPeer {
         cmd.arg(script)
             .env("PYTHONPATH", &env.pythonpath)
             .env("UCX_TLS", tls)
-            .env("UCX_KEEPALIVE_INTERVAL", "500ms")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .env("UCX_KEEPALIVE_INTERVAL", "500ms");
         for (k, v) in extra {
             cmd.env(k, v);
         }
-        let mut child = cmd.spawn().expect("python3 starts");
-        let stdin = child.stdin.take().expect("stdin");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, answers) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                match line.strip_prefix("@@ ") {
-                    Some(a) => {
-                        if tx.send(a.to_owned()).is_err() {
-                            break;
-                        }
-                    }
-                    None => eprintln!("[nixl] {line}"),
-                }
-            }
-        });
         NixlPeer {
             name: String::new(),
-            child,
-            stdin,
-            answers,
+            py: PyChild::spawn(cmd, "nixl").expect("python3 starts"),
         }
     }
 
     /// Sends a command; the answer, or the error the script reported.
     pub fn call(&mut self, cmd: Value) -> Result<Value, String> {
-        writeln!(self.stdin, "{cmd}").map_err(|e| format!("writing to the NIXL peer: {e}"))?;
-        self.stdin.flush().map_err(|e| e.to_string())?;
-        let line = self
-            .answers
-            .recv_timeout(Duration::from_secs(90))
-            .map_err(|e| format!("no answer from the NIXL peer to {cmd}: {e}"))?;
-        let v: Value = serde_json::from_str(&line).map_err(|e| format!("{e}: {line}"))?;
-        if v["ok"] == json!(true) {
-            Ok(v)
-        } else {
-            Err(format!("NIXL peer: {cmd} failed: {}", v["error"]))
-        }
+        self.py.call(cmd)
     }
 
     /// Sends a command that must succeed.
     #[track_caller]
     pub fn ok(&mut self, cmd: Value) -> Value {
-        match self.call(cmd) {
-            Ok(v) => v,
-            Err(e) => panic!("{e}"),
-        }
+        self.py.ok(cmd)
     }
 
     /// Registers a DRAM buffer (pattern `seed`, or zeros) and returns its address.
@@ -253,35 +216,8 @@ impl NixlPeer {
 
     /// Kills the process now (SIGKILL).
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.py.kill();
     }
-}
-
-impl Drop for NixlPeer {
-    fn drop(&mut self) {
-        let _ = writeln!(self.stdin, "{}", json!({"op": "exit"}));
-        let _ = self.stdin.flush();
-        for _ in 0..50 {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.kill();
-    }
-}
-
-/// Lower-case hex.
-pub fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// Parses hex (panics on bad input: test helper).
-pub fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2)
-        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
-        .collect()
 }
 
 /// The byte pattern `nixl-core/testkit/py/nixl_peer.py` fills buffers with.

@@ -19,6 +19,7 @@
 #   arrival          issue 27: async completion and GPU-waitable per-layer arrival on GPUs
 #   poll             issue 33: async poll durations and deadline overruns on a many-core host
 #   landed           issue 33: the kill conformance case over CUDA_IPC (VRAM, two processes)
+#   tcpstore         issue 40: PyTorch's own TCPStore (torch on the GPU machines) and NIXL 1.5.1 over it
 #   recheck, cma     issue 14's re-measurements; direct CMA against native NIXL
 #   two-gpu-issue18  the first two-GPU run (gpu_bench, nixlbench over UCX)
 set -uo pipefail

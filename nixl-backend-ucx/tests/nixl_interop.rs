@@ -556,18 +556,24 @@ fn metadata_by_tcpstore_both_ways() {
         stores.push(("PyTorch", t.endpoint()));
     }
     let has_tcpstore = !env.version.starts_with("1.3.") && !env.version.starts_with("1.4.");
+    // NIXL 1.5 refuses a UCX_TLS without a CUDA transport on a host with NVIDIA GPUs.
+    let tls = if nixl_mem::cuda_is_available() {
+        "tcp,cuda_copy"
+    } else {
+        common::TCP
+    };
     for (host, endpoint) in stores {
         println!(
             "{test}: NIXL {} through {host}'s TCPStore at {endpoint}",
             env.version
         );
-        let rs = rs_agent(&env, "rs-tcpstore", common::TCP);
+        let rs = rs_agent(&env, "rs-tcpstore", tls);
         let (src, dst) = (buf(LEN, Some(77)), buf(LEN, None));
         let _r = rs
             .register_mem(vec![src.clone(), dst.clone()], &[])
             .expect("register");
         let mut py =
-            NixlPeer::start_bare(&env, common::TCP, &[("NIXL_TCPSTORE_ENDPOINT", &endpoint)]);
+            NixlPeer::start_bare(&env, tls, &[("NIXL_TCPSTORE_ENDPOINT", &endpoint)]);
         py.name = common::unique("py-tcpstore");
         py.ok(json!({"op": "init", "name": py.name}));
         let (py_dst, py_src) = (py.alloc(LEN, None), py.alloc(LEN, Some(78)));

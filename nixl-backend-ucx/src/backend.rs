@@ -238,7 +238,10 @@ impl UcxBackend {
         peer: Arc<Peer>,
         worker: usize,
         op: nixl_core::XferOp,
-        mem_type: Option<sys::ucs_memory_type_t>,
+        (mem_type, remote_type): (
+            Option<sys::ucs_memory_type_t>,
+            Option<sys::ucs_memory_type_t>,
+        ),
         work: Work,
         notif: Option<&[u8]>,
         keep: Vec<BackendMd>,
@@ -247,10 +250,13 @@ impl UcxBackend {
         let notif = notif.map(|m| crate::xfer::make_notif(&self.agent, &header, &peer, m));
         let bytes = work.bytes();
         let mem_type = mem_type.unwrap_or(sys::UCS_MEMORY_TYPE_HOST);
-        // Host memory to a live process of this host that UCX reaches with cma: the backend
-        // makes those copies itself (`crate::cma`).
+        // Host memory to host memory of a live process of this host that UCX reaches with
+        // cma: the backend makes those copies itself (`crate::cma`). Never with device memory
+        // on either side: the system calls reach a process's host address space only.
+        let host_to_host =
+            mem_type == sys::UCS_MEMORY_TYPE_HOST && remote_type == Some(sys::UCS_MEMORY_TYPE_HOST);
         let direct = match &peer.cma {
-            Some(target) if mem_type == sys::UCS_MEMORY_TYPE_HOST && !peer.nixl => {
+            Some(target) if host_to_host && !peer.nixl => {
                 let pe = &peer.eps[worker];
                 let g = pe.worker.lock();
                 pe.uses_cma(&g)

@@ -572,8 +572,7 @@ fn metadata_by_tcpstore_both_ways() {
         let _r = rs
             .register_mem(vec![src.clone(), dst.clone()], &[])
             .expect("register");
-        let mut py =
-            NixlPeer::start_bare(&env, tls, &[("NIXL_TCPSTORE_ENDPOINT", &endpoint)]);
+        let mut py = NixlPeer::start_bare(&env, tls, &[("NIXL_TCPSTORE_ENDPOINT", &endpoint)]);
         py.name = common::unique("py-tcpstore");
         py.ok(json!({"op": "init", "name": py.name}));
         let (py_dst, py_src) = (py.alloc(LEN, None), py.alloc(LEN, Some(78)));

@@ -166,13 +166,13 @@ impl UcxBackend {
                 rkey,
             });
         }
-        let mem_type = h.mem_type;
+        let mem_types = (h.mem_type, h.remote_type);
         let keep = spec.mds.clone();
         self.xfer(
             peer,
             worker,
             spec.op,
-            mem_type,
+            mem_types,
             Work::Segs(segs),
             spec.notif.as_deref(),
             keep,
@@ -198,7 +198,7 @@ impl UcxBackend {
                 rkey,
             });
         }
-        let mem_type = h.mem_type;
+        let mem_types = (h.mem_type, h.remote_type);
         let keep = distinct_mds(spec.layers.iter().flat_map(|l| [&l.local_md, &l.remote_md]));
         let work = Work::Blocks {
             layers,
@@ -209,7 +209,7 @@ impl UcxBackend {
             peer,
             worker,
             spec.op,
-            mem_type,
+            mem_types,
             work,
             spec.notif.as_deref(),
             keep,

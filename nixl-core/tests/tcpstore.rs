@@ -506,3 +506,48 @@ fn torch_joins_our_server() {
     assert_eq!(c.get("from-rs").expect("get"), None);
     assert_eq!(torch.num_keys(), c.num_keys().expect("num_keys"));
 }
+
+#[test]
+fn a_store_that_dies_gives_typed_errors_and_a_restarted_one_serves_again() {
+    let s = server();
+    let addr = s.local_addr();
+    let (a, b) = (peer("a", 1), peer("b", 2));
+    let cfg = config(&s.endpoint()).op_timeout(Duration::from_secs(2));
+    let (xa, xb) = (
+        TcpStoreExchange::new(&a.agent, &cfg).expect("a"),
+        TcpStoreExchange::new(&b.agent, &cfg).expect("b"),
+    );
+    xb.publish().expect("publish");
+    xa.fetch(b.agent.name(), WAIT).expect("fetch");
+    drop(s);
+    // Every call fails typed within its deadline; nothing loaded is dropped for it.
+    let t = Instant::now();
+    let e = xb.publish().expect_err("the store is gone");
+    assert!(
+        matches!(e, Error::Io { .. } | Error::TimedOut { .. }),
+        "{e}"
+    );
+    let e = xa
+        .fetch(b.agent.name(), Duration::from_millis(100))
+        .expect_err("the store is gone");
+    assert!(
+        matches!(e, Error::Io { .. } | Error::TimedOut { .. }),
+        "{e}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(2) * 2 + Duration::from_secs(2),
+        "{:?}",
+        t.elapsed()
+    );
+    std::thread::sleep(Duration::from_millis(300)); // a few watch passes fail
+    assert!(
+        a.agent.check_remote_metadata(b.agent.name(), None),
+        "a store that does not answer invalidates nobody"
+    );
+    // The store comes back on its address (empty): the clients connect again.
+    let s2 = TcpStoreServer::start(addr, &TcpStoreServerConfig::default()).expect("restart");
+    xb.publish().expect("publish again");
+    assert_eq!(s2.len(), 1);
+    xa.fetch(b.agent.name(), WAIT).expect("fetch again");
+    read_all(&a, &b, 2);
+}

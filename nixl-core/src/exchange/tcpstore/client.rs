@@ -194,7 +194,10 @@ impl TcpStoreClient {
         }
     }
 
-    /// Sets `key` to `value` (c10d's `set`: last writer wins; no answer).
+    /// Sets `key` to `value` (c10d's `set`: last writer wins). c10d does not answer a `SET`;
+    /// a `PING` sent after it on the same connection is, once the store has applied the `SET`
+    /// (it serves a connection's queries in order), so `Ok` means the value is in the store,
+    /// never only in a socket buffer on its way to a store that is gone or refused it.
     pub fn set(&mut self, key: &str, value: &[u8]) -> Result<()> {
         if value.len() > self.max_value {
             return Err(Error::limit(
@@ -204,11 +207,25 @@ impl TcpStoreClient {
                 self.max_value,
             ));
         }
-        let q = Request::new(QueryType::Set)
-            .bytes(&self.key(key)?)
-            .bytes(value)
-            .into_vec();
-        self.run("SET", |io| Ok(io.write_all(&q)?))
+        let nonce = (value.len() as u32) ^ 0x05e7_05e7;
+        let q = [
+            Request::new(QueryType::Set)
+                .bytes(&self.key(key)?)
+                .bytes(value)
+                .into_vec(),
+            Request::new(QueryType::Ping).u32(nonce).into_vec(),
+        ]
+        .concat();
+        self.run("SET", |io| {
+            io.write_all(&q)?;
+            if read_u32(io)? != nonce {
+                return Err(crate::error::DecodeError::Invalid {
+                    what: "PING answer after SET",
+                }
+                .into());
+            }
+            Ok(())
+        })
     }
 
     /// `key`'s value, or `None` when it is not set (a `CHECK`, then a `GET`: c10d's answer

@@ -6,7 +6,9 @@
 //!   (`nixl/agents/{label}/{agent}/NULL_AGENT`), fetches peers' (polling until published, up
 //!   to a deadline), invalidates by deleting its keys, and watches the peers it loaded.
 //! - [`TcpStoreClient`] is the c10d client underneath (every operation under a deadline,
-//!   answers bounded before allocation).
+//!   answers bounded before allocation; a `SET` is followed by a `PING` on its connection, so
+//!   a publication that returns `Ok` is in the store). It needs a store that answers `PING`
+//!   (c10d's query 13), as NIXL 1.5's client does.
 //! - [`TcpStoreServer`] serves the store where no PyTorch job does (loopback by default: the
 //!   protocol has no authentication).
 //!

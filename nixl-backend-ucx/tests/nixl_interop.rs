@@ -87,6 +87,26 @@ fn write_to_nixl(
     );
 }
 
+/// The NIXL peer WRITEs `LEN` bytes from its `py_src` into `rs`'s `dst` with notification
+/// `msg`; checks that `rs` got the notification from it and holds `pattern(LEN, seed)`.
+fn write_from_nixl(
+    rs: &Agent,
+    py: &mut NixlPeer,
+    py_src: u64,
+    dst: &HostBuffer,
+    msg: &[u8],
+    seed: u64,
+) {
+    let st = py.xfer("WRITE", py_src, dst.addr(), LEN, rs.name(), msg);
+    assert_eq!(st, "DONE");
+    let n = rs.wait_notifs(WAIT).expect("the notification arrives");
+    assert_eq!(n[&py.name], vec![msg.to_vec()]);
+    assert!(
+        dst.to_vec() == pattern(LEN, seed),
+        "every byte NIXL wrote is in place"
+    );
+}
+
 fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     let end = Instant::now() + WAIT;
     while !f() {
@@ -117,14 +137,7 @@ fn nixl_to_rs(tls: &str) {
         rs.name()
     );
 
-    let st = py.xfer("WRITE", py_src, dst.addr(), LEN, rs.name(), b"kv-ready");
-    assert_eq!(st, "DONE");
-    let n = rs.wait_notifs(WAIT).expect("the notification arrives");
-    assert_eq!(n[&py.name], vec![b"kv-ready".to_vec()]);
-    assert!(
-        dst.to_vec() == pattern(LEN, 9),
-        "every byte NIXL wrote is in place"
-    );
+    write_from_nixl(&rs, &mut py, py_src, &dst, b"kv-ready", 9);
 
     assert_eq!(
         py.xfer("READ", py_dst, src.addr(), LEN, rs.name(), b""),
@@ -306,15 +319,7 @@ fn side_channel_nixl_rs_listens() {
     py.ok(json!({"op": "send_md", "ip": "127.0.0.1", "port": port}));
     eventually("NIXL's LOAD", || rs.remotes().contains(&py.name));
     assert_eq!(rs.peer_wire(&py.name), Some(Wire::Nixl));
-    assert_eq!(
-        py.xfer("WRITE", py_src, dst.addr(), LEN, rs.name(), b"via-listener"),
-        "DONE"
-    );
-    assert_eq!(
-        rs.wait_notifs(WAIT).expect("notif")[&py.name],
-        vec![b"via-listener".to_vec()]
-    );
-    assert!(dst.to_vec() == pattern(LEN, 33));
+    write_from_nixl(&rs, &mut py, py_src, &dst, b"via-listener", 33);
     // NIXL invalidates itself: we forget it.
     py.ok(json!({"op": "invalidate_local", "ip": "127.0.0.1", "port": port}));
     eventually("NIXL's INVL", || !rs.remotes().contains(&py.name));
@@ -616,18 +621,7 @@ fn metadata_by_tcpstore_both_ways() {
         // Both directions, each with its notification.
         let peer = py.name.clone();
         write_to_nixl(&rs, &src, &mut py, &peer, py_dst, b"tcpstore", 77);
-        assert_eq!(
-            py.xfer("WRITE", py_src, dst.addr(), LEN, rs.name(), b"back"),
-            "DONE"
-        );
-        assert_eq!(
-            rs.wait_notifs(WAIT).expect("notif")[&py.name],
-            vec![b"back".to_vec()]
-        );
-        assert!(
-            dst.to_vec() == pattern(LEN, 78),
-            "every byte NIXL wrote landed"
-        );
+        write_from_nixl(&rs, &mut py, py_src, &dst, b"back", 78);
         // NIXL invalidates itself (deletes its key): our watch invalidates it here.
         py.ok(json!({"op": "invalidate_local"}));
         eventually("NIXL's key deleted", || !rs.remotes().contains(&py.name));
@@ -668,13 +662,5 @@ fn nixl_rs_restart_needs_invalidation_on_nixl() {
     let st = py.ok(json!({"op": "check_md", "name": name, "want": false, "wait": 10}));
     assert_eq!(st["loaded"], json!(false));
     assert_eq!(py.load(&blob).expect("loads after INVL"), name);
-    assert_eq!(
-        py.xfer("WRITE", py_src, dst.addr(), LEN, &name, b"back"),
-        "DONE"
-    );
-    assert_eq!(
-        second.wait_notifs(WAIT).expect("notif")[&py.name],
-        vec![b"back".to_vec()]
-    );
-    assert!(dst.to_vec() == pattern(LEN, 66));
+    write_from_nixl(&second, &mut py, py_src, &dst, b"back", 66);
 }

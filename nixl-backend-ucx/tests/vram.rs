@@ -10,6 +10,23 @@ use std::time::Duration;
 use nixl_core::{MemKind, XferDescList, XferOp, XferOptions};
 use nixl_mem::DeviceBuffer;
 
+/// Whether `a`'s UCX moves VRAM; reports the skip (`Dep::CudaUcx`) when not.
+fn cuda_aware(a: &nixl_core::Agent, test: &str) -> bool {
+    let yes = a
+        .backend("UCX")
+        .expect("UCX backend")
+        .capabilities()
+        .supports(MemKind::Vram);
+    if !yes {
+        nixl_testkit::skip(
+            test,
+            nixl_testkit::Dep::CudaUcx,
+            "this UCX is not CUDA-aware (install the libucx-cu13 wheel and the NVIDIA driver)",
+        );
+    }
+    yes
+}
+
 #[test]
 fn dram_to_vram_and_back() {
     if !common::ucx_or_skip("vram") {
@@ -22,17 +39,7 @@ fn dram_to_vram_and_back() {
     // Default transports: cuda_copy / cuda_ipc where UCX has them.
     let a = common::agent("a", "all", false).expect("agent");
     let b = common::agent("b", "all", false).expect("agent");
-    if !b
-        .backend("UCX")
-        .expect("UCX backend")
-        .capabilities()
-        .supports(MemKind::Vram)
-    {
-        nixl_testkit::skip(
-            "ucx vram",
-            nixl_testkit::Dep::CudaUcx,
-            "this UCX is not CUDA-aware (install the libucx-cu13 wheel and the NVIDIA driver)",
-        );
+    if !cuda_aware(&b, "ucx vram") {
         return;
     }
     let len = 4 << 20;
@@ -104,17 +111,7 @@ fn host_memory_to_a_peers_vram_never_takes_direct_cma() {
         a
     };
     let (a, b) = (agent("host"), agent("vram"));
-    if !b
-        .backend("UCX")
-        .expect("UCX backend")
-        .capabilities()
-        .supports(MemKind::Vram)
-    {
-        nixl_testkit::skip(
-            test,
-            nixl_testkit::Dep::CudaUcx,
-            "this UCX is not CUDA-aware (install the libucx-cu13 wheel and the NVIDIA driver)",
-        );
+    if !cuda_aware(&b, test) {
         return;
     }
     let len = 1 << 20;
@@ -179,20 +176,7 @@ fn cuda_ipc_agent(test: &str, role: &str) -> Option<nixl_core::Agent> {
         return None;
     }
     let a = common::agent(role, "cuda_ipc,cuda_copy,tcp", false).expect("agent");
-    if !a
-        .backend("UCX")
-        .expect("UCX backend")
-        .capabilities()
-        .supports(MemKind::Vram)
-    {
-        nixl_testkit::skip(
-            test,
-            nixl_testkit::Dep::CudaUcx,
-            "this UCX is not CUDA-aware (install the libucx-cu13 wheel and the NVIDIA driver)",
-        );
-        return None;
-    }
-    Some(a)
+    cuda_aware(&a, test).then_some(a)
 }
 
 /// Issue 33's conformance case over UCX's cuda_ipc (two processes, one GPU): see

@@ -6,7 +6,7 @@
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nixl_core::etcd::{EtcdConfig, EtcdExchange, LocalEtcd, DEFAULT_LABEL};
 use nixl_core::{
@@ -103,16 +103,9 @@ fn transfer(from: &Peer, to: &Peer, slot: u64, byte: u8) {
         .all(|&b| b == byte));
 }
 
-/// Polls `f` until it holds or `WAIT` passes; returns whether it held.
-fn eventually(mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + WAIT;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    f()
+/// Polls `f` until it holds or `WAIT` passes; whether it held.
+fn eventually(f: impl FnMut() -> bool) -> bool {
+    nixl_testkit::eventually(WAIT, f)
 }
 
 /// Puts raw bytes under a key, optionally with a lease of `ttl` seconds that nobody keeps

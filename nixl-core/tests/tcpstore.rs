@@ -52,15 +52,9 @@ fn closed(c: &mut TcpStream, within: Duration) -> bool {
         && !matches!(c.read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
 }
 
-fn eventually(mut f: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + WAIT;
-    while Instant::now() < deadline {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    f()
+/// Polls `f` until it holds or `WAIT` passes; whether it held.
+fn eventually(f: impl FnMut() -> bool) -> bool {
+    nixl_testkit::eventually(WAIT, f)
 }
 
 /// The client's operations against a store at `endpoint`.

@@ -65,6 +65,19 @@ pub fn snapshot(a: &Agent) -> Snapshot {
     }
 }
 
+/// Polls `f` every 20 ms until it holds or `within` passed; whether it held (checked once
+/// more at the end).
+pub fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f()
+}
+
 /// A deterministic byte pattern (xorshift from `seed`): different seeds, different bytes.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

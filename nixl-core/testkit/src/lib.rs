@@ -60,8 +60,8 @@ pub mod two_process;
 pub mod ucx;
 
 pub use helpers::{
-    first_diff, hex, host_buf, inproc_agent, inproc_agent_with, pattern, registered, run_child,
-    snapshot, unhex, unique, Snapshot,
+    eventually, first_diff, hex, host_buf, inproc_agent, inproc_agent_with, pattern, registered,
+    run_child, snapshot, unhex, unique, Snapshot,
 };
 
 /// Environment variable: `1` or `all` requires every dependency not allowed to skip; else a

@@ -245,8 +245,8 @@ impl TcpStoreClient {
         })
     }
 
-    /// Whether every key is set.
-    pub fn check(&mut self, keys: &[&str]) -> Result<bool> {
+    /// A query of type `q` naming `keys` (at most [`MAX_KEYS`]).
+    fn keys_query(&self, q: QueryType, keys: &[&str]) -> Result<Vec<u8>> {
         if keys.len() > MAX_KEYS {
             return Err(Error::limit(
                 &self.who,
@@ -255,11 +255,16 @@ impl TcpStoreClient {
                 MAX_KEYS,
             ));
         }
-        let mut q = Request::new(QueryType::Check).u64(keys.len() as u64);
+        let mut q = Request::new(q).u64(keys.len() as u64);
         for k in keys {
             q = q.bytes(&self.key(k)?);
         }
-        let q = q.into_vec();
+        Ok(q.into_vec())
+    }
+
+    /// Whether every key is set.
+    pub fn check(&mut self, keys: &[&str]) -> Result<bool> {
+        let q = self.keys_query(QueryType::Check, keys)?;
         self.run("CHECK", |io| {
             io.write_all(&q)?;
             Ok(read_u8(io)? == CHECK_READY)
@@ -268,19 +273,7 @@ impl TcpStoreClient {
 
     /// The values of `keys`, an empty one for each key not set.
     pub fn multi_get(&mut self, keys: &[&str]) -> Result<Vec<Vec<u8>>> {
-        if keys.len() > MAX_KEYS {
-            return Err(Error::limit(
-                &self.who,
-                Op::Exchange,
-                "keys per query",
-                MAX_KEYS,
-            ));
-        }
-        let mut q = Request::new(QueryType::MultiGet).u64(keys.len() as u64);
-        for k in keys {
-            q = q.bytes(&self.key(k)?);
-        }
-        let q = q.into_vec();
+        let q = self.keys_query(QueryType::MultiGet, keys)?;
         let (n, max) = (keys.len(), self.max_value);
         self.run("MULTI_GET", |io| {
             io.write_all(&q)?;

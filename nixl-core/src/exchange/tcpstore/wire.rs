@@ -185,7 +185,12 @@ pub fn read_bytes(
     Ok(out)
 }
 
-fn read_keys(r: &mut impl Read) -> Result<Vec<Vec<u8>>, QueryError> {
+/// A key count and that many items read by `item`, at most [`MAX_KEYS`]; the list grows as
+/// the items arrive (each takes at least its 8-byte length).
+fn read_list<T>(
+    r: &mut impl Read,
+    mut item: impl FnMut(&mut dyn Read) -> Result<T, QueryError>,
+) -> Result<Vec<T>, QueryError> {
     let n = read_u64(r)?;
     if n > MAX_KEYS as u64 {
         return Err(DecodeError::TooLarge {
@@ -195,12 +200,15 @@ fn read_keys(r: &mut impl Read) -> Result<Vec<Vec<u8>>, QueryError> {
         }
         .into());
     }
-    // Each key takes at least its 8-byte length: grow as they arrive.
-    let mut keys = Vec::with_capacity((n as usize).min(1024));
+    let mut out = Vec::with_capacity((n as usize).min(1024));
     for _ in 0..n {
-        keys.push(read_bytes(r, "key", MAX_KEY)?);
+        out.push(item(r)?);
     }
-    Ok(keys)
+    Ok(out)
+}
+
+fn read_keys(r: &mut impl Read) -> Result<Vec<Vec<u8>>, QueryError> {
+    read_list(r, |mut r| read_bytes(&mut r, "key", MAX_KEY))
 }
 
 /// Reads one query whose type byte is `first`; values at most `max_value` bytes.
@@ -222,22 +230,12 @@ pub fn read_query(first: u8, r: &mut impl Read, max_value: usize) -> Result<Quer
         QueryType::DeleteKey => Query::DeleteKey(key(r)?),
         QueryType::Append => Query::Append(key(r)?, value(r)?),
         QueryType::MultiGet => Query::MultiGet(read_keys(r)?),
-        QueryType::MultiSet => {
-            let n = read_u64(r)?;
-            if n > MAX_KEYS as u64 {
-                return Err(DecodeError::TooLarge {
-                    what: "key count",
-                    value: n,
-                    limit: MAX_KEYS as u64,
-                }
-                .into());
-            }
-            let mut kv = Vec::with_capacity((n as usize).min(1024));
-            for _ in 0..n {
-                kv.push((key(r)?, value(r)?));
-            }
-            Query::MultiSet(kv)
-        }
+        QueryType::MultiSet => Query::MultiSet(read_list(r, |mut r| {
+            Ok((
+                read_bytes(&mut r, "key", MAX_KEY)?,
+                read_bytes(&mut r, "value", max_value)?,
+            ))
+        })?),
         QueryType::CancelWait => Query::CancelWait,
         QueryType::Ping => Query::Ping(read_u32(r)?),
     })

@@ -126,6 +126,11 @@ impl Drop for Shared {
             std::mem::forget(d);
         }
         self.stop.store(true, Ordering::SeqCst);
+        // The side channel's accept loop waits in poll(2) for a connection: one wakes it now
+        // (it sees the agent gone), so the join below does not wait for its tick.
+        if let Some(addr) = *self.listen_addr.lock() {
+            let _ = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(50));
+        }
         let me = std::thread::current().id();
         for t in std::mem::take(&mut *self.threads.lock()) {
             if t.thread().id() != me {

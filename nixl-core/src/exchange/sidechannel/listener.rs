@@ -19,6 +19,7 @@
 //!   ([`crate::AgentConfig::allow_unauthenticated_listener`]).
 
 use parking_lot::Mutex;
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -172,6 +173,30 @@ pub(crate) fn start(agent: &Agent) -> Result<()> {
     Ok(())
 }
 
+/// How long the accept loop waits for a connection before it looks at the stop flag again.
+const ACCEPT_TICK: Duration = Duration::from_millis(100);
+
+/// Waits until one of the listeners has a connection to accept, or [`ACCEPT_TICK`] passed:
+/// a connection is taken the moment it arrives, and an idle listener costs a wake-up per tick,
+/// not a poll every few milliseconds.
+fn wait_readable(listener: &TcpListener, unix: Option<&UnixListener>) {
+    let tick = Timespec {
+        tv_sec: 0,
+        tv_nsec: ACCEPT_TICK.as_nanos() as _,
+    };
+    let mut fds = vec![PollFd::new(listener, PollFlags::IN)];
+    if let Some(u) = unix {
+        fds.push(PollFd::new(u, PollFlags::IN));
+    }
+    if let Err(e) = poll(&mut fds, Some(&tick)) {
+        if e != rustix::io::Errno::INTR {
+            // Not expected on a listening socket; do not spin on it.
+            tracing::warn!(error = %e, "side channel: poll on the listeners failed");
+            std::thread::sleep(ACCEPT_TICK);
+        }
+    }
+}
+
 fn accept_loop(
     listener: &TcpListener,
     unix: Option<&UnixListener>,
@@ -180,7 +205,6 @@ fn accept_loop(
     weak: &Weak<Shared>,
     stop: &AtomicBool,
 ) {
-    let mut idle = Duration::from_micros(100);
     while !stop.load(Ordering::Relaxed) {
         let mut got = None;
         match listener.accept() {
@@ -204,11 +228,9 @@ fn accept_loop(
             }
         }
         let Some(stream) = got else {
-            std::thread::sleep(idle);
-            idle = (idle * 2).min(Duration::from_millis(2));
+            wait_readable(listener, unix);
             continue;
         };
-        idle = Duration::from_micros(100);
         if weak.strong_count() == 0 {
             break;
         }

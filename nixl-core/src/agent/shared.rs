@@ -129,7 +129,7 @@ impl Drop for Shared {
         // The side channel's accept loop waits in poll(2) for a connection: one wakes it now
         // (it sees the agent gone), so the join below does not wait for its tick.
         if let Some(addr) = *self.listen_addr.lock() {
-            let _ = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(50));
+            crate::exchange::accept::wake(addr);
         }
         let me = std::thread::current().id();
         for t in std::mem::take(&mut *self.threads.lock()) {

@@ -2,6 +2,7 @@
 //! the kernel names), etcd, a c10d TCPStore, NIXL's own wire format, and whether a same-host
 //! peer still runs.
 
+pub(crate) mod accept;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub(crate) mod liveness;

@@ -91,6 +91,7 @@ impl NixlListener {
 impl Drop for NixlListener {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        crate::exchange::accept::wake(self.addr);
         if let Some(t) = self.thread.take() {
             if t.join().is_err() {
                 tracing::error!("NIXLCOMM listener thread panicked");
@@ -177,7 +178,7 @@ fn accept_loop(listener: TcpListener, agent: Weak<Shared>, stop: Arc<AtomicBool>
                 }
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(5))
+                crate::exchange::accept::wait_readable(&[&listener])
             }
             Err(e) => {
                 tracing::warn!(error = %e, "NIXLCOMM accept failed");

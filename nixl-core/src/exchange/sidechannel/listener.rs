@@ -19,7 +19,6 @@
 //!   ([`crate::AgentConfig::allow_unauthenticated_listener`]).
 
 use parking_lot::Mutex;
-use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use std::net::{SocketAddr, TcpListener};
 use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -173,30 +172,6 @@ pub(crate) fn start(agent: &Agent) -> Result<()> {
     Ok(())
 }
 
-/// How long the accept loop waits for a connection before it looks at the stop flag again.
-const ACCEPT_TICK: Duration = Duration::from_millis(100);
-
-/// Waits until one of the listeners has a connection to accept, or [`ACCEPT_TICK`] passed:
-/// a connection is taken the moment it arrives, and an idle listener costs a wake-up per tick,
-/// not a poll every few milliseconds.
-fn wait_readable(listener: &TcpListener, unix: Option<&UnixListener>) {
-    let tick = Timespec {
-        tv_sec: 0,
-        tv_nsec: ACCEPT_TICK.as_nanos() as _,
-    };
-    let mut fds = vec![PollFd::new(listener, PollFlags::IN)];
-    if let Some(u) = unix {
-        fds.push(PollFd::new(u, PollFlags::IN));
-    }
-    if let Err(e) = poll(&mut fds, Some(&tick)) {
-        if e != rustix::io::Errno::INTR {
-            // Not expected on a listening socket; do not spin on it.
-            tracing::warn!(error = %e, "side channel: poll on the listeners failed");
-            std::thread::sleep(ACCEPT_TICK);
-        }
-    }
-}
-
 fn accept_loop(
     listener: &TcpListener,
     unix: Option<&UnixListener>,
@@ -228,7 +203,10 @@ fn accept_loop(
             }
         }
         let Some(stream) = got else {
-            wait_readable(listener, unix);
+            match unix {
+                Some(u) => crate::exchange::accept::wait_readable(&[listener, u]),
+                None => crate::exchange::accept::wait_readable(&[listener]),
+            }
             continue;
         };
         if weak.strong_count() == 0 {

@@ -20,8 +20,6 @@ use crate::sidechannel::frame::Deadlined;
 
 /// How often an idle connection looks at the stop flag.
 const IDLE_TICK: Duration = Duration::from_millis(200);
-/// How often the accept loop looks for a connection or the stop flag.
-const ACCEPT_TICK: Duration = Duration::from_millis(5);
 /// How often a pending `WAIT` looks for a `CANCEL_WAIT` or its client gone.
 const WAIT_TICK: Duration = Duration::from_millis(20);
 /// Who the server's errors name.
@@ -386,6 +384,7 @@ impl TcpStoreServer {
 impl Drop for TcpStoreServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        crate::exchange::accept::wake(self.addr);
         for s in self.conns.lock().values() {
             let _ = s.shutdown(Shutdown::Both);
         }
@@ -413,11 +412,13 @@ fn accept_loop(
     while !stop.load(Ordering::SeqCst) {
         let s = match listener.accept() {
             Ok((s, _)) => s,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                crate::exchange::accept::wait_readable(&[&listener]);
+                continue;
+            }
             Err(e) => {
-                if e.kind() != ErrorKind::WouldBlock {
-                    tracing::warn!(error = %e, "TCPStore accept failed");
-                }
-                std::thread::sleep(ACCEPT_TICK);
+                tracing::warn!(error = %e, "TCPStore accept failed");
+                std::thread::sleep(Duration::from_millis(5));
                 continue;
             }
         };

@@ -87,6 +87,10 @@ struct Cli {
     /// threads poll after an event before they sleep (default: the backend's).
     #[arg(long)]
     ucx_spin_us: Option<u64>,
+    /// `UcxParams::warm_up` (host memory): each UCX worker connects with a temporary one at
+    /// the agent's start, so UCX's lane and protocol selection is not paid by first contact.
+    #[arg(long)]
+    ucx_warm_up: bool,
     /// One JSON object per (size, phase) instead of the table.
     #[arg(long)]
     json: bool,
@@ -217,7 +221,8 @@ fn agent(cli: &Cli, name: &str) -> Res<Agent> {
                 .progress_spin(
                     cli.ucx_spin_us
                         .map_or(nixl::ucx::DEFAULT_PROGRESS_SPIN, Duration::from_micros),
-                ),
+                )
+                .warm_up(cli.ucx_warm_up),
         )?;
     }
     Ok(a)

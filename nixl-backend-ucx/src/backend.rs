@@ -86,6 +86,9 @@ pub fn probe(params: &UcxParams) -> Result<(String, std::path::PathBuf)> {
 /// What each active-message id means to this backend: our notifications and connection hellos
 /// (`crate::session`), and the notifications of stock NIXL agents (`crate::nixl`, id 0 as in
 /// `nixl_core::nixl_wire::notif`). Every worker installs this table.
+/// The longest a worker's connection to itself may take at start-up (`crate::endpoint::warm_up`).
+const WARM_UP_BUDGET: Duration = Duration::from_millis(200);
+
 const AM_ROUTES: &[(u32, crate::worker::AmRoute)] = &[
     (crate::session::AM_NOTIF, crate::session::on_notif),
     (crate::session::AM_HELLO, crate::session::on_hello),
@@ -99,7 +102,8 @@ impl UcxBackend {
         crate::error::status_error(&self.ucx, &self.agent, Some(remote), Op::GenNotif, call, st)
     }
 
-    /// Creates the backend: loads UCX, creates the context, workers and progress threads.
+    /// Creates the backend: loads UCX, creates the context, workers and progress threads (and,
+    /// with [`UcxParams::warm_up`], connects each worker with a temporary one first).
     pub fn new(params: UcxParams, bctx: BackendContext) -> Result<Self> {
         params.validate()?;
         let agent = bctx.agent;
@@ -134,6 +138,11 @@ impl UcxBackend {
                 )
             })
             .collect::<Result<Vec<_>>>()?;
+        if params.warm_up {
+            for w in &workers {
+                crate::endpoint::warm_up(&agent, w, WARM_UP_BUDGET);
+            }
+        }
         let shapes = own_shapes(&ctx, &agent, &workers)?;
         let b = UcxBackend {
             agent,

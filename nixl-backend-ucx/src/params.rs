@@ -97,6 +97,14 @@ pub struct UcxParams {
     /// It costs a core for this long after each event (yielding to other runnable threads
     /// while it polls); an idle agent sleeps. At most 10 ms.
     pub progress_spin: Duration,
+    /// Connect each worker with a temporary worker of its own, both ways, when the backend
+    /// is created (default off), so that UCX selects its lanes and protocols then and not
+    /// during the first request to a peer. Over UCX's tcp that selection is most of a first
+    /// contact: on the 2-core VM 7.8-8.2 ms became 1.0-1.1 ms with it, the backend's start
+    /// 16-17 ms longer (docs/perf/scale.md). With UCX's shared-memory transports on one host
+    /// it shortened the p99 of first contact there but lengthened its median, so it is not
+    /// the default: turn it on for peers reached over the network.
+    pub warm_up: bool,
 }
 
 nixl_core::__setters!(UcxParams {
@@ -111,6 +119,7 @@ nixl_core::__setters!(UcxParams {
     cma_threads: usize,
     direct_cma_same_process: bool,
     progress_spin: Duration,
+    warm_up: bool,
 } some {
     library_path: PathBuf,
     transports: String,
@@ -151,6 +160,7 @@ impl Default for UcxParams {
             cma_threads: default_cma_threads(),
             direct_cma_same_process: false,
             progress_spin: DEFAULT_PROGRESS_SPIN,
+            warm_up: false,
         }
     }
 }
@@ -317,6 +327,7 @@ impl UcxParams {
             "progress_spin_us".into(),
             self.progress_spin.as_micros().to_string(),
         );
+        m.insert("warm_up".into(), self.warm_up.to_string());
         m.insert(
             "cancel_timeout_ms".into(),
             self.cancel_timeout.as_millis().to_string(),
@@ -336,8 +347,7 @@ impl UcxParams {
     /// `tcp_on_every_interface`, `num_workers`, `progress_thread`, `cancel_timeout_ms`,
     /// `keepalive_interval_ms` (`off` turns it off), `nixl_compat`,
     /// `shm_notifications`, `direct_cma`, `cma_threads`, `direct_cma_same_process`,
-    /// `progress_spin_us`, and
-    /// `ucx.<OPTION>`.
+    /// `progress_spin_us`, `warm_up`, and `ucx.<OPTION>`.
     /// Empty values mean "default". Unknown keys are refused.
     pub fn from_map(map: &BTreeMap<String, String>) -> Result<Self> {
         let mut m = ParamMap::new(UCX, map);
@@ -387,6 +397,9 @@ impl UcxParams {
         if let Some(us) = m.usize("progress_spin_us")? {
             p.progress_spin = Duration::from_micros(us as u64);
         }
+        if let Some(b) = m.bool("warm_up")? {
+            p.warm_up = b;
+        }
         m.finish()?;
         p.validate()?;
         Ok(p)
@@ -435,6 +448,7 @@ mod tests {
             cma_threads: 3,
             direct_cma_same_process: true,
             progress_spin: Duration::from_micros(50),
+            warm_up: true,
         };
         assert_eq!(UcxParams::from_map(&p.to_map()).unwrap(), p);
         assert_eq!(
@@ -514,6 +528,7 @@ mod tests {
             ("nixl_compat", "perhaps"),
             ("shm_notifications", "often"),
             ("direct_cma", "sometimes"),
+            ("warm_up", "later"),
             ("cma_threads", "65"),
             ("cma_threads", "-1"),
             ("progress_spin_us", "10001"),

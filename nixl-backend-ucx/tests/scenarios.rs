@@ -540,3 +540,50 @@ fn canceled_never_follows_delivery() {
         "canceled_never_follows_delivery: {delivered_and_done} of 5 cancels came after delivery, and the forced late cancel left it Done"
     );
 }
+
+/// `UcxParams::warm_up`: each worker connects with a temporary worker at the backend's start.
+/// Backends that warmed up move every byte over tcp and over UCX's default transports, know
+/// no peer before a load (the warm-up's endpoints are gone), and make a first request whose
+/// path is the usual one.
+#[test]
+fn warmed_up_workers_move_bytes_and_keep_no_peer() {
+    if !common::ucx_or_skip("warm_up") {
+        return;
+    }
+    for tls in [common::TCP, "all"] {
+        let mk = |role| {
+            let a = Agent::new(&common::unique(role), common::config(false)).expect("agent");
+            a.create_backend(common::params(tls).warm_up(true))
+                .expect("a backend that warmed up");
+            a
+        };
+        let (a, b) = (mk("warm-a"), mk("warm-b"));
+        assert!(a.remotes().is_empty() && b.remotes().is_empty(), "{tls}");
+        let len = 1 << 20;
+        let (src, dst) = (common::buf(len), common::buf(len));
+        src.fill_pattern(17);
+        dst.fill(0);
+        let _r1 = a.register_mem(vec![src.clone()], &[]).expect("register");
+        let _r2 = b.register_mem(vec![dst.clone()], &[]).expect("register");
+        a.load_remote_metadata(&b.local_metadata().expect("md"))
+            .expect("load");
+        let req = a
+            .create_xfer_req(
+                XferOp::Write,
+                &one(len as u64, src.addr()),
+                &one(len as u64, dst.addr()),
+                b.name(),
+                XferOptions::with_notif(b"warm".to_vec()),
+            )
+            .expect("make");
+        assert!(req.path().starts_with("UCX"), "{tls}: {}", req.path());
+        a.post_xfer_req(&req).expect("post");
+        req.wait(T).expect("done");
+        assert!(dst.to_vec() == src.to_vec(), "{tls}: every byte landed");
+        assert_eq!(
+            b.wait_notifs(T).expect("notification")[a.name()],
+            vec![b"warm".to_vec()],
+            "{tls}"
+        );
+    }
+}

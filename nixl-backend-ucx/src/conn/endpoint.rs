@@ -524,3 +524,84 @@ fn print_info(g: &WorkerGuard<'_>, ep: sys::Ep) -> String {
         lanes.join("; ")
     }
 }
+
+/// Connects `worker` with a temporary worker of the same context, both ways, and waits (up
+/// to `budget`) for the connections' wire-up, then closes them: UCX selects lanes and
+/// protocols once per worker and endpoint configuration (an endpoint it creates and one it
+/// accepts differ) and keeps them, and an endpoint to a real peer on the same transports
+/// reuses them. Without this a worker's first connection paid the selection during a request
+/// (over tcp about 140 interface queries, each reading sysfs and asking the driver for the
+/// link speed: most of a 9-10 ms first contact on the 2-core VM; `docs/perf/scale.md`).
+/// Failures only log: the first connection then pays as before.
+pub(crate) fn warm_up(agent: &str, worker: &Worker, budget: Duration) {
+    let deadline = Instant::now() + budget;
+    let mut other = match sys::WorkerH::create(&worker.ctx.ucx, worker.ctx.raw()) {
+        Ok(w) => w,
+        Err(st) => {
+            tracing::debug!(agent, status = st, "UCX warm-up: no second worker");
+            return;
+        }
+    };
+    let Ok(other_address) = other.address() else {
+        return;
+    };
+    let (to, from) = (Arc::new(EpShared::default()), Arc::new(EpShared::default()));
+    let mut g = worker.lock();
+    let out = g.h().ep_create(&other_address, sys::ErrMode::Peer(&to));
+    let back = other.ep_create(worker.address(), sys::ErrMode::Peer(&from));
+    let mut mine = Vec::new();
+    let mut theirs = Vec::new();
+    if let Ok(ep) = out {
+        mine.push(g.h().flush_request(ep));
+    }
+    if let Ok(ep) = back {
+        theirs.push(other.flush_request(ep));
+    }
+    let wired = settle(g.h(), &mut other, mine, theirs, deadline);
+    let (mut mine, mut theirs) = (Vec::new(), Vec::new());
+    // Closed in order (flushed, the peer told), both workers progressing, so nothing of the
+    // warm-up is left for UCX to tear down while the first real connection is made.
+    let force = !wired;
+    if let Ok(ep) = out {
+        mine.push(g.h().close_request(ep, force));
+    }
+    if let Ok(ep) = back {
+        theirs.push(other.close_request(ep, force));
+    }
+    let closed = settle(g.h(), &mut other, mine, theirs, deadline + budget);
+    if !(wired && closed) {
+        tracing::debug!(agent, wired, closed, "UCX warm-up did not finish in time");
+    }
+}
+
+/// Progresses both workers until every request of each is done (freed) or `deadline` passed
+/// (the rest handed back to UCX); whether all finished.
+fn settle(
+    a: &mut sys::WorkerH,
+    b: &mut sys::WorkerH,
+    mut on_a: Vec<sys::Request>,
+    mut on_b: Vec<sys::Request>,
+    deadline: Instant,
+) -> bool {
+    loop {
+        on_a = on_a
+            .into_iter()
+            .filter_map(|r| a.poll_request(r).err())
+            .collect();
+        on_b = on_b
+            .into_iter()
+            .filter_map(|r| b.poll_request(r).err())
+            .collect();
+        if on_a.is_empty() && on_b.is_empty() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            on_a.into_iter().for_each(|r| a.release(r));
+            on_b.into_iter().for_each(|r| b.release(r));
+            return false;
+        }
+        if a.progress() + b.progress() == 0 {
+            std::thread::yield_now();
+        }
+    }
+}

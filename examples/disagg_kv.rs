@@ -19,8 +19,10 @@
 //! `--device cpu|cuda` (KV pools in host or GPU memory; `--gpus P,D` puts the prefill and
 //! decode pools on GPUs P and D, default 0,0; with `cuda` the default backend is
 //! `cuda_ipc`, the native CUDA IPC + copy-engine/copy-kernel path), `--timeout-secs T`,
-//! `--metadata side-channel|etcd` (with `etcd`, prefill starts an etcd server and both sides
-//! publish and fetch their metadata there; needs `--features etcd`), `--listen IP` (the side
+//! `--metadata side-channel|etcd|tcpstore` (with `etcd`, prefill starts an etcd server and both
+//! sides publish and fetch their metadata there; needs `--features etcd`; with `tcpstore`, the
+//! same through a c10d TCPStore, PyTorch's store, which prefill serves unless `--tcpstore
+//! HOST:PORT` names one), `--listen IP` (the side
 //! channel's and etcd's address), `--expect-path TEXT` (fail unless the request path names
 //! TEXT; repeatable), `--auth` (a cluster credential: both agents sign and verify every
 //! side-channel frame, their metadata and their connections' hellos; the credential is
@@ -103,6 +105,9 @@ struct Opts {
     hosts: usize,
     etcd: bool,
     etcd_url: Option<String>,
+    /// Metadata through a c10d TCPStore (`--metadata tcpstore`).
+    tcpstore: bool,
+    tcpstore_url: Option<String>,
     listen: IpAddr,
     domains: Vec<String>,
     expect_path: Vec<String>,
@@ -174,12 +179,16 @@ struct Cli {
     /// 1, or 2 (each role in its own network namespace, a link between).
     #[arg(long, default_value_t = 1)]
     hosts: usize,
-    /// `side-channel` or `etcd`.
+    /// `side-channel`, `etcd` or `tcpstore` (a c10d TCPStore, PyTorch's store: prefill serves
+    /// one unless `--tcpstore` names one).
     #[arg(long, value_enum, ignore_case = true, default_value = "side-channel")]
     metadata: MetadataArg,
     /// etcd URL (implies --metadata etcd).
     #[arg(long)]
     etcd: Option<String>,
+    /// A c10d TCPStore's `host:port` (implies --metadata tcpstore).
+    #[arg(long)]
+    tcpstore: Option<String>,
     /// The side channel's address.
     #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
     listen: IpAddr,
@@ -253,6 +262,8 @@ enum MetadataArg {
     #[value(alias = "sidechannel")]
     SideChannel,
     Etcd,
+    #[value(alias = "tcp-store")]
+    Tcpstore,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -323,6 +334,8 @@ fn parse() -> Res<Opts> {
         hosts: c.hosts,
         etcd: c.metadata == MetadataArg::Etcd || c.etcd.is_some(),
         etcd_url: c.etcd,
+        tcpstore: c.metadata == MetadataArg::Tcpstore || c.tcpstore.is_some(),
+        tcpstore_url: c.tcpstore,
         listen: c.listen,
         domains: c.domains,
         expect_path: c.expect_path,
@@ -368,6 +381,9 @@ fn parse() -> Res<Opts> {
     }
     if o.etcd && !cfg!(feature = "etcd") {
         return Err("--metadata etcd needs `--features etcd`".into());
+    }
+    if o.etcd && o.tcpstore {
+        return Err("--metadata: etcd or tcpstore, not both".into());
     }
     if o.nixl_peer && (o.backend != "ucx" || o.cuda) {
         return Err("--nixl-peer runs over UCX with host memory".into());
@@ -711,10 +727,10 @@ fn verify_request(o: &Opts, n: &Node, req: usize, dst: &[usize]) -> Res<()> {
 fn prefill(o: &Opts, ctl: Option<&hosts::Control>) -> Res<()> {
     let mut n = node("prefill", o)?;
     let addr = n.agent.listen_addr().ok_or("side channel not listening")?;
-    let etcd = n.meta.serve(o, &n.agent)?;
+    let store = n.meta.serve(o, &n.agent)?;
     if o.external_decode {
         // Started by `--hosts 2` in its own host: announce where decode finds us.
-        hosts::announce(ctl, addr, etcd.as_deref());
+        hosts::announce(ctl, addr, store.as_deref());
         return prefill_run(o, &n);
     }
     let exe = std::env::current_exe()?;
@@ -725,8 +741,8 @@ fn prefill(o: &Opts, ctl: Option<&hosts::Control>) -> Res<()> {
         "--peer".into(),
         addr.to_string(),
     ]);
-    if let Some(url) = etcd {
-        args.extend(["--etcd".into(), url]);
+    if let Some(arg) = store {
+        args.push(arg);
     }
     let mut cmd = Command::new(exe);
     cmd.args(&args).stdin(Stdio::null());
@@ -764,7 +780,7 @@ fn prefill_run(o: &Opts, n: &Node) -> Res<()> {
         .strip_prefix("ready:")
         .and_then(|s| s.parse().ok())
         .ok_or("bad ready message")?;
-    // Over etcd, decode published its metadata before it said ready.
+    // Over etcd or a TCPStore, decode published its metadata before it said ready.
     n.meta.fetch(o, "decode")?;
     println!(
         "prefill: {} KV pool, connected to decode: {:?}",
@@ -821,7 +837,7 @@ fn prefill_run(o: &Opts, n: &Node) -> Res<()> {
 
 fn decode(o: &Opts, peer: SocketAddr) -> Res<()> {
     let mut n = node("decode", o)?;
-    if o.etcd {
+    if o.etcd || o.tcpstore {
         n.meta.join(o, &n.agent)?;
         n.meta.fetch(o, "prefill")?;
     } else {

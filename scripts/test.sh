@@ -113,13 +113,15 @@ cargo run --quiet --all-features --example disagg_kv -- --tp 2:4 --kv-order hnd 
 cargo run --quiet --all-features --example disagg_kv -- --tp 4:2 --op write --requests 2 --layers 2 --tokens 70
 echo "== main job with authentication on (a cluster credential for the side channel, metadata and hellos)"
 cargo run --quiet --all-features --example disagg_kv -- --op write --requests 4 --layers 4 --blocks 64 --block-bytes 65536 --auth
+echo "== main job, metadata through a c10d TCPStore (prefill serves it): disagg_kv --metadata tcpstore"
+cargo run --quiet --all-features --example disagg_kv -- --metadata tcpstore --op read --requests 4 --layers 4 --blocks 64 --block-bytes 65536
 echo "== storage tiers: kv_offload (DRAM -> file -> S3 and back, every hop verified), as README documents it"
 cargo run --quiet --all-features --example kv_offload -- --blocks 32 --block-kib 256
 echo "== main job over libfabric (shm)"
 cargo run --quiet --all-features --example disagg_kv -- --op write --requests 4 --layers 4 --blocks 64 --block-bytes 65536 --backend libfabric --provider shm
 # Across a network: prefill and decode on two hosts (network namespaces joined by a virtual
-# link; needs root), each backend over tcp, metadata over the side channel and over etcd (on
-# prefill's host); the run fails unless every byte is verified and the path report names
+# link; needs root), each backend over tcp, metadata over the side channel, over etcd and over a
+# c10d TCPStore (both on prefill's host); the run fails unless every byte is verified and the path report names
 # the network transport. Skipped (and counted as a netns skip) where namespaces cannot be made.
 netns_or_skip() {
     [ "$(id -u)" -eq 0 ] && return 0
@@ -135,7 +137,7 @@ netns_or_skip() {
     return 1
 }
 netns_or_skip && for backend in ucx libfabric; do
-    for meta in side-channel etcd; do
+    for meta in side-channel etcd tcpstore; do
         for op in write read; do
             echo "== main job on two hosts: disagg_kv --hosts 2 --backend $backend --metadata $meta --op $op"
             cargo run --quiet --all-features --example disagg_kv -- --hosts 2 --backend "$backend" \

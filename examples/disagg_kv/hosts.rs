@@ -1,6 +1,6 @@
 //! Where the main job's parts run and how they find each other: the two-host placement
-//! (`--hosts 2`), the metadata exchange over etcd (`--metadata etcd`), and the check that the
-//! request path is the one asked for (`--expect-path`).
+//! (`--hosts 2`), the metadata exchange over etcd or a TCPStore (`--metadata etcd|tcpstore`),
+//! and the check that the request path is the one asked for (`--expect-path`).
 
 use std::net::SocketAddr;
 use std::process::Command;
@@ -18,19 +18,41 @@ pub(crate) fn control() -> Option<Control> {
     Control::connect()
 }
 
-/// Metadata through etcd: the exchange, and the server when this process started it.
+/// Metadata through etcd or a c10d TCPStore: the exchange, and the server when this process
+/// started it.
 #[derive(Default)]
 pub(crate) struct Meta {
     #[cfg(feature = "etcd")]
     exchange: Option<nixl::core::etcd::EtcdExchange>,
     #[cfg(feature = "etcd")]
     server: Option<nixl::core::etcd::LocalEtcd>,
+    tcpstore: Option<nixl::core::tcpstore::TcpStoreExchange>,
+    tcpstore_server: Option<nixl::core::tcpstore::TcpStoreServer>,
 }
 
 impl Meta {
     /// Prefill's side: with `--metadata etcd`, starts etcd on `--listen` (unless `--etcd URL`
-    /// names one) and publishes the agent there. Returns the endpoint decode must use.
+    /// names one), with `--metadata tcpstore` a TCPStore (unless `--tcpstore` names one), and
+    /// publishes the agent there. Returns the argument that points decode at the store.
     pub(crate) fn serve(&mut self, o: &Opts, agent: &Agent) -> Res<Option<String>> {
+        if o.tcpstore {
+            use nixl::core::tcpstore::{TcpStoreServer, TcpStoreServerConfig};
+            let endpoint = match &o.tcpstore_url {
+                Some(e) => e.clone(),
+                None => {
+                    // Across hosts the store listens on the link (c10d has no authentication:
+                    // the network namespaces of `--hosts 2` are the test's own).
+                    let cfg = TcpStoreServerConfig::default().allow_remote(!o.listen.is_loopback());
+                    let server = TcpStoreServer::start(SocketAddr::new(o.listen, 0), &cfg)?;
+                    let endpoint = server.endpoint();
+                    println!("prefill: serving a TCPStore at {endpoint}");
+                    self.tcpstore_server = Some(server);
+                    endpoint
+                }
+            };
+            self.open_tcpstore(agent, &endpoint)?;
+            return Ok(Some(format!("--tcpstore={endpoint}")));
+        }
         if !o.etcd {
             return Ok(None);
         }
@@ -47,7 +69,7 @@ impl Meta {
                 }
             };
             self.open(agent, &url)?;
-            Ok(Some(url))
+            Ok(Some(format!("--etcd={url}")))
         }
         #[cfg(not(feature = "etcd"))]
         {
@@ -56,8 +78,16 @@ impl Meta {
         }
     }
 
-    /// Decode's side: joins the etcd that `--etcd URL` names and publishes the agent.
+    /// Decode's side: joins the store `--etcd URL` or `--tcpstore HOST:PORT` names and
+    /// publishes the agent.
     pub(crate) fn join(&mut self, o: &Opts, agent: &Agent) -> Res<()> {
+        if o.tcpstore {
+            let endpoint = o
+                .tcpstore_url
+                .as_deref()
+                .ok_or("decode over a TCPStore needs --tcpstore HOST:PORT")?;
+            return self.open_tcpstore(agent, endpoint);
+        }
         let url = o
             .etcd_url
             .as_deref()
@@ -73,6 +103,14 @@ impl Meta {
         }
     }
 
+    fn open_tcpstore(&mut self, agent: &Agent, endpoint: &str) -> Res<()> {
+        use nixl::core::tcpstore::{TcpStoreConfig, TcpStoreExchange};
+        let x = TcpStoreExchange::new(agent, &TcpStoreConfig::default().endpoint(endpoint))?;
+        x.publish()?;
+        self.tcpstore = Some(x);
+        Ok(())
+    }
+
     #[cfg(feature = "etcd")]
     fn open(&mut self, agent: &Agent, url: &str) -> Res<()> {
         use nixl::core::etcd::{EtcdConfig, EtcdExchange};
@@ -85,9 +123,12 @@ impl Meta {
         Ok(())
     }
 
-    /// Loads `remote`'s metadata from etcd (waiting for it to be published); nothing to do
-    /// over the side channel, where metadata is fetched and pushed directly.
+    /// Loads `remote`'s metadata from the store (waiting for it to be published); nothing to
+    /// do over the side channel, where metadata is fetched and pushed directly.
     pub(crate) fn fetch(&self, o: &Opts, remote: &str) -> Res<()> {
+        if let Some(x) = &self.tcpstore {
+            x.fetch(remote, o.timeout)?;
+        }
         #[cfg(feature = "etcd")]
         if let Some(x) = &self.exchange {
             x.fetch(remote, o.timeout)?;
@@ -99,8 +140,8 @@ impl Meta {
 
 /// Prefill started with `--decode external`: tells the parent (or the user) where decode
 /// finds it.
-pub(crate) fn announce(ctl: Option<&Control>, addr: SocketAddr, etcd: Option<&str>) {
-    let line = format!("listening {addr} {}", etcd.unwrap_or("-"));
+pub(crate) fn announce(ctl: Option<&Control>, addr: SocketAddr, store: Option<&str>) {
+    let line = format!("listening {addr} {}", store.unwrap_or("-"));
     match ctl {
         Some(c) => c.send(&line),
         None => println!("prefill: {line}"),
@@ -189,8 +230,9 @@ pub(crate) fn run(o: &Opts) -> Res<()> {
         "--listen".into(),
         ip1.to_string(),
     ]);
-    if let Some(url) = words.next().filter(|u| *u != "-") {
-        decode_args.extend(["--etcd".into(), url.to_owned()]);
+    // The argument that points decode at prefill's metadata store (`--etcd=URL`, ...).
+    if let Some(arg) = words.next().filter(|u| *u != "-") {
+        decode_args.push(arg.to_owned());
     }
     let mut dc = Command::new(&exe);
     dc.args(&decode_args);

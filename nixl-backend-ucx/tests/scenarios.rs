@@ -26,13 +26,49 @@ fn pair(
     Arc<nixl_core::HostBuffer>,
     Vec<nixl_core::Registration>,
 ) {
-    let a = common::agent("a", tls, false).expect("agent a");
-    let b = common::agent("b", tls, false).expect("agent b");
+    pair_with(common::params(tls), len)
+}
+
+/// Two agents whose UCX backends are made with `params`, and a registered buffer of `len`
+/// bytes each (the source patterned).
+fn pair_with(
+    params: UcxParams,
+    len: usize,
+) -> (
+    Agent,
+    Agent,
+    Arc<nixl_core::HostBuffer>,
+    Arc<nixl_core::HostBuffer>,
+    Vec<nixl_core::Registration>,
+) {
+    let mk = |role| {
+        let a = Agent::new(&common::unique(role), common::config(false)).expect("agent");
+        a.create_backend(params.clone()).expect("backend");
+        a
+    };
+    let (a, b) = (mk("a"), mk("b"));
     let (src, dst) = (common::buf(len), common::buf(len));
     src.fill_pattern(3);
     let r1 = a.register_mem(vec![src.clone()], &[]).expect("register");
     let r2 = b.register_mem(vec![dst.clone()], &[]).expect("register");
     (a, b, src, dst, vec![r1, r2])
+}
+
+/// A WRITE of `src` into `b`'s `dst` (both `len` bytes) with notification `msg`, made.
+fn write_with_notif(
+    a: &Agent,
+    b: &Agent,
+    (src, dst, len): (u64, u64, usize),
+    msg: &[u8],
+) -> nixl_core::XferReq {
+    a.create_xfer_req(
+        XferOp::Write,
+        &one(len as u64, src),
+        &one(len as u64, dst),
+        b.name(),
+        XferOptions::with_notif(msg.to_vec()),
+    )
+    .expect("make")
 }
 
 fn one(kind_len: u64, addr: u64) -> XferDescList {
@@ -368,15 +404,7 @@ fn notification_arrives_after_data_without_initiator_polling() {
     let (a, b, src, dst, _regs) = pair(common::TCP, len);
     a.load_remote_metadata(&b.local_metadata().expect("md"))
         .expect("load");
-    let req = a
-        .create_xfer_req(
-            XferOp::Write,
-            &one(len as u64, src.addr()),
-            &one(len as u64, dst.addr()),
-            b.name(),
-            XferOptions::with_notif(b"kv".to_vec()),
-        )
-        .expect("make");
+    let req = write_with_notif(&a, &b, (src.addr(), dst.addr(), len), b"kv");
     a.post_xfer_req(&req).expect("post");
     // The initiator never checks: its backend's progress thread completes the chain.
     let n = b.wait_notifs(T).expect("notification arrives");
@@ -393,28 +421,11 @@ fn no_progress_threads_with_polling() {
     if !common::ucx_or_skip("no_progress_threads") {
         return;
     }
-    let mk = |role| {
-        let a = Agent::new(&common::unique(role), common::config(false)).expect("agent");
-        a.create_backend(common::params(common::TCP).progress_thread(false))
-            .expect("backend");
-        a
-    };
-    let (a, b) = (mk("a"), mk("b"));
-    let (src, dst) = (common::buf(1 << 20), common::buf(1 << 20));
-    src.fill_pattern(5);
-    let _r1 = a.register_mem(vec![src.clone()], &[]).expect("register");
-    let _r2 = b.register_mem(vec![dst.clone()], &[]).expect("register");
+    let (a, b, src, dst, _regs) =
+        pair_with(common::params(common::TCP).progress_thread(false), 1 << 20);
     a.load_remote_metadata(&b.local_metadata().expect("md"))
         .expect("load");
-    let req = a
-        .create_xfer_req(
-            XferOp::Write,
-            &one(1 << 20, src.addr()),
-            &one(1 << 20, dst.addr()),
-            b.name(),
-            XferOptions::with_notif(b"x".to_vec()),
-        )
-        .expect("make");
+    let req = write_with_notif(&a, &b, (src.addr(), dst.addr(), 1 << 20), b"x");
     // The target drives its worker by polling for notifications; the initiator by waiting.
     let poller = std::thread::spawn(move || b.wait_notifs(T).map(|n| (n, dst)));
     let mut st = a.post_xfer_req(&req).expect("post");
@@ -544,38 +555,36 @@ fn canceled_never_follows_delivery() {
 /// `UcxParams::warm_up`: each worker connects with a temporary worker at the backend's start.
 /// Backends that warmed up move every byte over tcp and over UCX's default transports, know
 /// no peer before a load (the warm-up's endpoints are gone), and make a first request whose
-/// path is the usual one.
+/// path is the usual one. With the `fuzzing` feature (as `scripts/test.sh` builds) it also
+/// checks the warm-up ran: creating such a backend drives UCX workers on the creating thread,
+/// and creating one without it does not.
 #[test]
 fn warmed_up_workers_move_bytes_and_keep_no_peer() {
     if !common::ucx_or_skip("warm_up") {
         return;
     }
-    for tls in [common::TCP, "all"] {
-        let mk = |role| {
-            let a = Agent::new(&common::unique(role), common::config(false)).expect("agent");
-            a.create_backend(common::params(tls).warm_up(true))
-                .expect("a backend that warmed up");
-            a
+    #[cfg(feature = "fuzzing")]
+    {
+        use nixl_backend_ucx::fuzzing::progress_calls_here;
+        let made = |warm| {
+            let a =
+                Agent::new(&common::unique("warm-count"), common::config(false)).expect("agent");
+            let before = progress_calls_here();
+            a.create_backend(common::params(common::TCP).warm_up(warm))
+                .expect("backend");
+            progress_calls_here() - before
         };
-        let (a, b) = (mk("warm-a"), mk("warm-b"));
-        assert!(a.remotes().is_empty() && b.remotes().is_empty(), "{tls}");
+        assert_eq!(made(false), 0, "no warm-up: no worker driven at creation");
+        assert!(made(true) > 0, "the warm-up drove its connections");
+    }
+    for tls in [common::TCP, "all"] {
         let len = 1 << 20;
-        let (src, dst) = (common::buf(len), common::buf(len));
-        src.fill_pattern(17);
+        let (a, b, src, dst, _regs) = pair_with(common::params(tls).warm_up(true), len);
+        assert!(a.remotes().is_empty() && b.remotes().is_empty(), "{tls}");
         dst.fill(0);
-        let _r1 = a.register_mem(vec![src.clone()], &[]).expect("register");
-        let _r2 = b.register_mem(vec![dst.clone()], &[]).expect("register");
         a.load_remote_metadata(&b.local_metadata().expect("md"))
             .expect("load");
-        let req = a
-            .create_xfer_req(
-                XferOp::Write,
-                &one(len as u64, src.addr()),
-                &one(len as u64, dst.addr()),
-                b.name(),
-                XferOptions::with_notif(b"warm".to_vec()),
-            )
-            .expect("make");
+        let req = write_with_notif(&a, &b, (src.addr(), dst.addr(), len), b"warm");
         assert!(req.path().starts_with("UCX"), "{tls}: {}", req.path());
         a.post_xfer_req(&req).expect("post");
         req.wait(T).expect("done");

@@ -74,12 +74,7 @@ fn flat_ops(n: usize) -> [f64; 4] {
     );
     let idx: Vec<usize> = (0..n).collect();
     take();
-    let l = a
-        .prep_xfer_dlist(XferTarget::Initiator, &ldescs, &[])
-        .unwrap();
-    let r = a
-        .prep_xfer_dlist(XferTarget::Agent(b.name()), &rdescs, &[])
-        .unwrap();
+    let (l, r) = prep_both(&a, &b, &ldescs, &rdescs);
     let prep = take();
     let req = a
         .make_prepped_xfer(XferOp::Write, &l, &idx, &r, &idx, XferOptions::default())
@@ -296,6 +291,22 @@ fn one_region_period_search_is_linear() {
 /// descriptor list to its caller: flat indices build requests from it (here random ones, every
 /// byte checked), block ids are refused. A list of the same descriptors shuffled keeps one
 /// entry per descriptor.
+/// `a`'s list `ldescs` and `b`'s `rdescs`, prepared by `a`.
+fn prep_both(
+    a: &Agent,
+    b: &Agent,
+    ldescs: &XferDescList,
+    rdescs: &XferDescList,
+) -> (crate::PreparedList, crate::PreparedList) {
+    let l = a
+        .prep_xfer_dlist(XferTarget::Initiator, ldescs, &[])
+        .unwrap();
+    let r = a
+        .prep_xfer_dlist(XferTarget::Agent(b.name()), rdescs, &[])
+        .unwrap();
+    (l, r)
+}
+
 #[test]
 fn a_descriptor_list_shaped_as_a_table_prepares_per_layer() {
     const BLOCK: usize = 64;
@@ -310,12 +321,7 @@ fn a_descriptor_list_shaped_as_a_table_prepares_per_layer() {
     let ldescs = XferDescList::blocks(MemKind::Dram, src.addr(), BLOCK as u64, n);
     let rdescs = XferDescList::blocks(MemKind::Dram, dst.addr(), BLOCK as u64, n);
     take();
-    let l = a
-        .prep_xfer_dlist(XferTarget::Initiator, &ldescs, &[])
-        .unwrap();
-    let r = a
-        .prep_xfer_dlist(XferTarget::Agent(b.name()), &rdescs, &[])
-        .unwrap();
+    let (l, r) = prep_both(&a, &b, &ldescs, &rdescs);
     let prep = take();
     assert!(
         prep < 16 * layers as u64 + 64,

@@ -610,13 +610,20 @@ mod tests {
         );
     }
 
+    /// The start of an older version's metadata: magic, `version`, agent `name` (generation
+    /// 7, with connection info) and one INPROC backend.
+    fn older_header(version: u16, name: &str) -> ByteWriter {
+        let mut w = ByteWriter::new();
+        w.put(MAGIC).put_u16(version);
+        w.put_str(name).put_u64(7).put_u8(FLAG_CONN);
+        w.put_len(1).put_str("INPROC").put_blob(b"conn");
+        w
+    }
+
     /// Version 5 metadata (fixed-size region records) still decodes.
     #[test]
     fn version_5_fixed_records_still_decode() {
-        let mut w = ByteWriter::new();
-        w.put(MAGIC).put_u16(5);
-        w.put_str("v5-peer").put_u64(7).put_u8(FLAG_CONN);
-        w.put_len(1).put_str("INPROC").put_blob(b"conn");
+        let mut w = older_header(5, "v5-peer");
         w.put_len(2);
         for (addr, label) in [(0x20_0000u64, "kv"), (0x1000, "")] {
             w.put_len(0).put_u8(MemKind::Dram.tag());
@@ -703,10 +710,7 @@ mod tests {
     /// Version 3 metadata (before region labels) still decodes, its regions unlabeled.
     #[test]
     fn version_3_without_labels_still_decodes() {
-        let mut w = ByteWriter::new();
-        w.put(MAGIC).put_u16(3);
-        w.put_str("old-peer").put_u64(7).put_u8(FLAG_CONN);
-        w.put_len(1).put_str("INPROC").put_blob(b"conn");
+        let mut w = older_header(3, "old-peer");
         w.put_len(1).put_len(0).put_u8(MemKind::Dram.tag());
         w.put_u64(0x1000).put_u64(4096).put_u64(0);
         w.put_blob(b"").put_blob(b"rkey");

@@ -150,6 +150,10 @@ fn accept_loop(listener: TcpListener, agent: Weak<Shared>, stop: Arc<AtomicBool>
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((s, peer)) => {
+                // The owner's wake-up when it stops (`accept::wake`): serve nothing more.
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
                 if !slots.admit() {
                     tracing::warn!(%peer, "NIXLCOMM: every connection is mid-frame; closing this one");
                     continue;

@@ -422,6 +422,10 @@ fn accept_loop(
                 continue;
             }
         };
+        // The owner's wake-up when it stops (`accept::wake`): serve nothing more.
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
         if s.set_nonblocking(false).is_err() {
             continue;
         }

@@ -6,6 +6,9 @@ use nixl::{Agent, XferDescList, XferOp, XferOptions, XferState, XferTarget};
 
 use super::{agents, run, shuffle, side, Opts, Res, Side, Which};
 
+/// Bytes written to evict the caches with `--cold` (above any LLC of the machines measured).
+const EVICT: usize = 64 << 20;
+
 const STEPS: [&str; 7] = ["prep", "make", "post", "done", "repost", "fresh", "drop"];
 
 /// One size, set up once (fields drop in order: requests and lists before their memory).
@@ -23,6 +26,8 @@ struct Point {
     _b: Agent,
     /// The best time per step.
     best: [Duration; 7],
+    /// Written before each timed step with `--cold` (empty otherwise).
+    evict: Vec<u8>,
 }
 
 impl Point {
@@ -85,7 +90,17 @@ impl Point {
             a,
             _b: b,
             best: [Duration::MAX; 7],
+            evict: if o.cold { vec![0; EVICT] } else { Vec::new() },
         })
+    }
+
+    /// With `--cold`, writes the eviction buffer (one byte per cache line), so the next step
+    /// finds the CPU caches holding none of its data.
+    fn chill(&mut self) {
+        for (i, b) in self.evict.iter_mut().step_by(64).enumerate() {
+            *b = b.wrapping_add(i as u8);
+        }
+        std::hint::black_box(&self.evict);
     }
 
     fn note(&mut self, step: usize, d: Duration) {
@@ -107,11 +122,13 @@ impl Point {
     fn round(&mut self, cpu: usize, data: usize) -> Res<()> {
         let a = self.a.clone();
         for _ in 0..cpu {
+            self.chill();
             let t = Instant::now();
             let l = a.prep_xfer_dlist(XferTarget::Initiator, &self.ldescs, &[])?;
             let r = a.prep_xfer_dlist(XferTarget::Agent(&self.remote), &self.rdescs, &[])?;
             self.note(0, t.elapsed());
             drop((l, r));
+            self.chill();
             let t = Instant::now();
             let q = self.make()?;
             self.note(1, t.elapsed());
@@ -120,6 +137,7 @@ impl Point {
             self.note(6, t.elapsed());
         }
         for _ in 0..data {
+            self.chill();
             let t = Instant::now();
             let mut st = a.post_xfer_req(&self.req)?;
             self.note(2, t.elapsed());

@@ -113,6 +113,11 @@ struct Opts {
     /// (the main job's pools: one region, `--layers 4`), every layer moving the same ids.
     #[arg(long, default_value_t = 1)]
     layers: usize,
+    /// Flat mode: evict the CPU caches (write a 64 MiB buffer) before every timed prep, make
+    /// and post, as a server's request path finds them after moving and checking data (the
+    /// main job's conditions) instead of hot from the previous iteration.
+    #[arg(long)]
+    cold: bool,
     /// Iterations per point (0: chosen per size).
     #[arg(long, default_value_t = 0)]
     iters: usize,

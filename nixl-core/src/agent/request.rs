@@ -567,7 +567,12 @@ impl XferReq {
     /// it): the caller looks again later.
     pub(crate) fn poll_check(&self) -> Option<Result<XferState>> {
         let mut st = self.state.try_lock()?;
-        Some(self.check_locked(&mut st, Poll::Look))
+        let r = self.check_locked(&mut st, Poll::Look);
+        if matches!(r, Ok(XferState::InProgress)) {
+            // A future waits on it: the backend's wake must fire when it completes.
+            st.xfer.arm_wake();
+        }
+        Some(r)
     }
 
     /// Ends a request an async caller stopped waiting for at its deadline: `TimedOut`, as
@@ -724,7 +729,12 @@ impl XferReq {
                 "the request is in flight: wait for it or cancel it first",
             )));
         }
-        Some(Ok(!st.settle(Poll::Look)))
+        let draining = st.settle(Poll::Look);
+        if draining {
+            // A future waits for the drain: the backend's wake must fire when it ends.
+            st.xfer.arm_wake();
+        }
+        Some(Ok(!draining))
     }
 
     /// Whether the request is in flight.

@@ -255,6 +255,13 @@ pub trait BackendXfer: Send {
     fn state(&mut self) -> Result<XferState> {
         self.check()
     }
+    /// An `async` caller awaits the latest post: a backend that [wakes](Backend::wakes) the
+    /// agent's futures but defers what that costs per post (CUDA_IPC: a host function on the
+    /// stream, a driver call a blocking caller does not need) arms it here, so the agent's
+    /// [`Wake`] fires once the post's work has completed. Called with the request held, after
+    /// a post, by every poll of a future that finds the transfer in flight (arm once per
+    /// post). The default does nothing: a backend that wakes on every post needs nothing more.
+    fn arm_wake(&mut self) {}
     /// Stops the transfer. Returns `Ok` only once the backend will no longer touch the memory
     /// of the transfer; an `Err` means it could not be sure, and the agent then never frees
     /// that memory.

@@ -214,7 +214,8 @@ fn push_run(runs: &mut Vec<BlockRun>, run: BlockRun, merge: bool) {
 /// Splits paired block ids into runs consecutive on both sides (one run per id when
 /// `merge` is false). The caller checked that both lists have the same length.
 pub(crate) fn block_runs(local: &[usize], remote: &[usize], merge: bool) -> Vec<BlockRun> {
-    let mut runs: Vec<BlockRun> = Vec::new();
+    // One allocation: ids in no order (a shuffled free list) are one run each.
+    let mut runs: Vec<BlockRun> = Vec::with_capacity(local.len());
     crate::work::tick(local.len());
     for (&l, &r) in local.iter().zip(remote) {
         push_run(&mut runs, BlockRun::blocks(l as u64, r as u64, 1), merge);

@@ -304,19 +304,32 @@ impl CudaIpcBackend {
 /// O(ids + layers), plus the pairs of layers whose extents overlap (K and V interleaved in
 /// one region). `false` means "not proven", never "dependent".
 pub(super) fn independent(spec: &BlockXferSpec, remote_here: &[StridedDesc]) -> bool {
-    let distinct = |side: fn(&nixl_core::backend::BlockRun) -> u64| {
-        let top = spec
-            .runs
+    // Both sides' ids in one pass over the runs, one bit per block id.
+    let top = |side: fn(&nixl_core::backend::BlockRun) -> u64| {
+        spec.runs
             .iter()
-            .map(|r| side(r) + r.count)
+            .map(|r| side(r).saturating_add(r.count))
             .max()
-            .unwrap_or(0);
-        let mut seen = vec![false; top as usize];
-        spec.runs.iter().all(|r| {
-            (side(r)..side(r) + r.count).all(|i| !std::mem::replace(&mut seen[i as usize], true))
-        })
+            .unwrap_or(0)
     };
-    if !distinct(|r| r.local) || !distinct(|r| r.remote) {
+    let (Ok(lt), Ok(rt)) = (
+        usize::try_from(top(|r| r.local)),
+        usize::try_from(top(|r| r.remote)),
+    ) else {
+        return false;
+    };
+    let (mut lseen, mut rseen) = (vec![0u64; lt.div_ceil(64)], vec![0u64; rt.div_ceil(64)]);
+    let first_time = |seen: &mut [u64], i: u64| {
+        let (w, b) = ((i / 64) as usize, 1u64 << (i % 64));
+        let fresh = seen[w] & b == 0;
+        seen[w] |= b;
+        fresh
+    };
+    let distinct = spec.runs.iter().all(|r| {
+        (0..r.count)
+            .all(|j| first_time(&mut lseen, r.local + j) && first_time(&mut rseen, r.remote + j))
+    });
+    if !distinct {
         return false;
     }
     let mut runs: Vec<StridedDesc> = spec.layers.iter().map(|l| l.local).collect();

@@ -635,6 +635,7 @@ impl CudaIpcBackend {
             ticket: None,
             completer: self.completer.shared(),
             wake: self.wake.clone(),
+            wake_unarmed: false,
             cancel_timeout: self.params.cancel_timeout,
             device: gpu.ordinal,
             path_head: format!(
@@ -746,11 +747,9 @@ impl CudaIpcBackend {
                             .map_err(|w| no_arrival(&self.agent, &w))?,
                         None => plan,
                     };
-                    // The upload is in the event too: a request dropped before its first post
-                    // still knows whether the GPU is done with its descriptors.
-                    event
-                        .record(stream)
-                        .map_err(|e| cuda::to_error(&self.agent, Op::MakeXfer, e))?;
+                    // The upload is in the event already (`KernelPlan::new` recorded it): a
+                    // request dropped before its first post knows whether the GPU is done with
+                    // its descriptors.
                     Engine::Kernel(plan)
                 }
                 Err(why) => {

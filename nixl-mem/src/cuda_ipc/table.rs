@@ -115,7 +115,7 @@ impl BlockTable {
                 n += self
                     .runs
                     .iter()
-                    .map(|r| (r.2 * l.len).div_ceil(chunk))
+                    .map(|r| chunks(r.2 * l.len, chunk))
                     .sum::<u64>();
             } else {
                 n += per * l.len.div_ceil(chunk);
@@ -133,7 +133,7 @@ impl BlockTable {
             return None;
         }
         Some(if self.layers.iter().all(|l| l.dense) {
-            self.runs.iter().map(|r| (r.2 * len).div_ceil(chunk)).sum()
+            self.runs.iter().map(|r| chunks(r.2 * len, chunk)).sum()
         } else {
             self.blocks_per_layer() * len.div_ceil(chunk)
         })
@@ -246,6 +246,18 @@ impl BlockTable {
     }
 }
 
+/// `bytes` cut in pieces of `chunk` (positive): how many. A run within one chunk (the usual
+/// case: a block of a shuffled free list) costs no division, which would cost more than the
+/// rest of a pass over the runs.
+#[inline]
+fn chunks(bytes: u64, chunk: u64) -> u64 {
+    if bytes <= chunk {
+        u64::from(bytes > 0)
+    } else {
+        bytes.div_ceil(chunk)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -341,6 +353,32 @@ mod tests {
     /// segments, oriented, then `pack` and `descriptor_bytes`), for split and interleaved
     /// layouts, dense runs (consecutive ids) and sparse ones, WRITE and READ, blocks below,
     /// at and above the chunk.
+    #[test]
+    fn pieces_are_counted_as_by_division() {
+        for chunk in [16u64, 4096, 65536, 65552] {
+            for bytes in [
+                0u64,
+                1,
+                15,
+                16,
+                17,
+                4095,
+                4096,
+                65535,
+                65536,
+                65537,
+                1 << 20,
+                (1 << 20) + 3,
+            ] {
+                assert_eq!(
+                    chunks(bytes, chunk),
+                    bytes.div_ceil(chunk),
+                    "{bytes} in {chunk}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn descriptors_equal_the_segment_paths() {
         for spec in cases() {

@@ -316,6 +316,10 @@ pub(crate) struct CudaIpcXfer {
     pub completer: Arc<complete::Shared>,
     /// Woken (from a host function after the post's work) for the agent's futures.
     pub wake: nixl_core::backend::Wake,
+    /// The latest post has no host function to wake the agent yet: queued by the first
+    /// [`BackendXfer::arm_wake`] (an `async` caller), not by the post, which a blocking caller
+    /// would pay for with a driver call it does not need.
+    pub wake_unarmed: bool,
     pub cancel_timeout: Duration,
     pub device: usize,
     /// "cuda_ipc WRITE VRAM->VRAM via CUDA IPC mapping".
@@ -474,13 +478,25 @@ impl BackendXfer for CudaIpcXfer {
             t.wake_when_sent(self.wake.clone());
             self.ticket = Some(t);
         }
-        let wake = self.wake.clone();
-        if let Err(e) = self.lane.stream.after_work(Box::new(move || wake.wake())) {
-            // The post stands; an async caller is then woken by its deadline, or earlier by
-            // any other completion of this agent.
-            tracing::warn!(agent = %self.agent, error = %e, "could not queue the completion wake-up; an async caller of this request waits for another wake or its deadline");
-        }
+        // The wake-up for async callers is queued when one awaits (`arm_wake`).
+        self.wake_unarmed = true;
         Ok(XferState::InProgress)
+    }
+
+    fn arm_wake(&mut self) {
+        if !std::mem::take(&mut self.wake_unarmed) {
+            return;
+        }
+        // Queued after the post's work (the stream runs in order; the request is not posted
+        // again before it completes), even where that work has completed already.
+        let wake = self.wake.clone();
+        let queued = cuda::bind_raw(self.lane.stream.context())
+            .and_then(|()| self.lane.stream.after_work(Box::new(move || wake.wake())));
+        if let Err(e) = queued {
+            // The post stands; an async caller is then woken by its recheck timer, or earlier
+            // by any other completion of this agent.
+            tracing::warn!(agent = %self.agent, error = %e, "could not queue the completion wake-up; an async caller of this request is woken by its recheck timer or another wake");
+        }
     }
 
     fn check(&mut self) -> Result<XferState> {

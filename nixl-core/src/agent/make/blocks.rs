@@ -287,6 +287,20 @@ fn run_count(local: &[usize], remote: &[usize], merge: bool) -> usize {
         .count()
 }
 
+/// Runs of group 0 and of the whole list, for index lists periodic with period `k` (group
+/// `g` is group 0 moved by the same amount `g` times, on each side; `k` divides their length
+/// and is below it): each group holds group 0's runs, and a group's last pair continues into
+/// the next group's first for every group or for none. Reads group 0 and one more pair.
+fn periodic_runs(local: &[usize], remote: &[usize], k: usize, merge: bool) -> (usize, usize) {
+    let groups = local.len() / k;
+    let group_runs = run_count(&local[..k], &remote[..k], merge);
+    let joined = merge
+        && local[k] == local[k - 1].wrapping_add(1)
+        && remote[k] == remote[k - 1].wrapping_add(1);
+    let whole = groups * group_runs - if joined { groups - 1 } else { 0 };
+    (group_runs, whole)
+}
+
 /// The divisors of `n` in `lo..n`, ascending.
 fn divisors(n: usize, lo: usize) -> Vec<usize> {
     let (mut small, mut large) = (Vec::new(), Vec::new());
@@ -328,14 +342,16 @@ fn period_ids(
         return None;
     }
     crate::work::tick(n);
-    let flat_runs = run_count(local_idx, remote_idx, merge);
+    // The whole list's runs, known once a period is found (they follow from group 0's: no
+    // pass over the list of its own, which would be the request's costliest on cold caches).
+    let mut flat_runs: Option<usize> = None;
     // Index comparisons left: candidate periods that fail late (a list periodic but for its
     // end) cost at most a few passes over the list, never one per divisor.
     let mut budget = 4 * n;
     for k in divisors(n, MIN_GROUP) {
         let groups = n / k;
         // A split into `groups` layers costs at least `groups + 1`.
-        if groups + 1 >= flat_runs {
+        if flat_runs.is_some_and(|f| groups + 1 >= f) {
             continue;
         }
         let (Some(dl), Some(dr)) = (
@@ -362,6 +378,15 @@ fn period_ids(
             }
             continue;
         }
+        // Periodic: each group holds group 0's runs, and a group's last pair continues into
+        // the next group's first for every group or for none.
+        budget = budget.saturating_sub(compared);
+        let (group_runs, whole) = periodic_runs(local_idx, remote_idx, k, merge);
+        flat_runs = Some(whole);
+        // A split costs the layers plus group 0's runs (its ids moved to its layer keep them).
+        if groups + group_runs >= whole {
+            continue;
+        }
         let (lbase, rbase) = (
             local_idx[0] - local_idx[0] % dl,
             remote_idx[0] - remote_idx[0] % dr,
@@ -379,9 +404,6 @@ fn period_ids(
         }
         let local: Vec<usize> = local_idx[..k].iter().map(|&i| i - lbase).collect();
         let remote: Vec<usize> = remote_idx[..k].iter().map(|&i| i - rbase).collect();
-        if groups + run_count(&local, &remote, merge) >= flat_runs {
-            return None;
-        }
         let layer = |t: &PrepLayer, base: usize, d: usize, g: usize| -> Option<PrepLayer> {
             let mut run = t.run;
             run.addr = run.block_addr((base + g * d) as u64)?;
@@ -575,4 +597,37 @@ fn check_ids(me: &str, side: &str, ids: &[usize], layers: &[PrepLayer]) -> Resul
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The runs of a periodic list follow from its first group's: the same count as a
+        /// pass over the whole list, merged or not, runs crossing groups or not.
+        #[test]
+        fn periodic_lists_have_their_first_groups_runs(
+            group in proptest::collection::vec((0usize..40, 0usize..40), 1..24),
+            groups in 2usize..6,
+            consecutive in any::<bool>(),
+            shift in (1usize..64, 1usize..64),
+            merge in any::<bool>(),
+        ) {
+            let k = group.len();
+            // Optionally a group of consecutive pairs, so runs may continue into the next group.
+            let group: Vec<(usize, usize)> = if consecutive {
+                (0..k).map(|i| (100 + i, 300 + i)).collect()
+            } else {
+                group
+            };
+            let (dl, dr) = if consecutive { (k, k) } else { shift };
+            let local: Vec<usize> = (0..groups).flat_map(|g| group.iter().map(move |p| p.0 + g * dl)).collect();
+            let remote: Vec<usize> = (0..groups).flat_map(|g| group.iter().map(move |p| p.1 + g * dr)).collect();
+            let (group_runs, whole) = periodic_runs(&local, &remote, k, merge);
+            prop_assert_eq!(group_runs, run_count(&local[..k], &remote[..k], merge));
+            prop_assert_eq!(whole, run_count(&local, &remote, merge));
+        }
+    }
 }

@@ -191,23 +191,14 @@ impl CudaIpcBackend {
             .lanes
             .take()
             .map_err(|e| cuda::to_error(me, Op::MakeXfer, e))?;
-        let plan = KernelPlan::tiles(
-            kernel,
-            &gpu.staging,
-            &table,
-            lane.event.clone(),
-            &lane.stream,
-        )
-        .map_err(|why| tile_refusal(me, why))?;
+        let plan = KernelPlan::tiles(kernel, &gpu.staging, &table, &lane)
+            .map_err(|why| tile_refusal(me, why))?;
         let plan = match ends.arrival {
             Some(c) => plan.with_arrival(c).map_err(|why| tile_refusal(me, why))?,
             None => plan,
         };
-        // The upload is in the event too (a request dropped before its first post still
-        // knows whether the GPU is done with its table).
-        lane.event
-            .record(&lane.stream)
-            .map_err(|e| cuda::to_error(me, Op::MakeXfer, e))?;
+        // The first post's event record covers the upload; a plan dropped before any post
+        // records it then.
         let work = Work::Tiles {
             items: usize::try_from(table.items()).unwrap_or(usize::MAX),
         };

@@ -690,7 +690,6 @@ impl CudaIpcBackend {
             .lanes
             .take()
             .map_err(|e| cuda::to_error(&self.agent, Op::MakeXfer, e))?;
-        let (stream, event) = (&lane.stream, &lane.event);
         let fallback = if conflict.is_none() && self.params.batch_copies && work.len() > 1 {
             Engine::Batch
         } else {
@@ -733,7 +732,7 @@ impl CudaIpcBackend {
                     return Err(refuse(&format!("copy kernel unavailable: {why}")))
                 }
                 Err(why) => Err(format!("copy kernel unavailable: {why}")),
-                Ok(k) => KernelPlan::new(k, &gpu.staging, &mut work, event.clone(), stream).map_err(|why| {
+                Ok(k) => KernelPlan::new(k, &gpu.staging, &mut work, &lane).map_err(|why| {
                     tracing::warn!(agent = %self.agent, error = %why, "could not prepare the copy kernel's descriptors; using the copy engines");
                     format!("copy kernel not prepared: {why}")
                 }),
@@ -747,9 +746,8 @@ impl CudaIpcBackend {
                             .map_err(|w| no_arrival(&self.agent, &w))?,
                         None => plan,
                     };
-                    // The upload is in the event already (`KernelPlan::new` recorded it): a
-                    // request dropped before its first post knows whether the GPU is done with
-                    // its descriptors.
+                    // The first post's event record covers the upload (one driver call less
+                    // per request); a plan dropped before any post records it then.
                     Engine::Kernel(plan)
                 }
                 Err(why) => {

@@ -14,7 +14,7 @@ use super::table::BlockTable;
 use crate::cuda::kernel::{
     self, BlockLayout, CopyKernel, KernelSchedule, Segment, TableKernel, TileTable,
 };
-use crate::cuda::{self, CudaError, Event, Stream};
+use crate::cuda::{self, bind_raw, CudaError, Event};
 use crate::sys::memory::{memcpy_async, memcpy_batch_async};
 
 /// The longest note (why an engine was not used) kept in the path.
@@ -66,9 +66,12 @@ pub(crate) struct KernelPlan {
     /// while being dropped.
     staging: Option<Staging>,
     pool: Arc<StagingPool>,
-    /// Recorded after the upload at prepare time (and after every post since): the pair goes
-    /// back to the pool only once it has completed.
-    event: Arc<Event>,
+    /// The request's stream (the upload was enqueued on it) and its event: the pair goes back
+    /// to the pool only once the event, recorded after the upload, has completed.
+    lane: Arc<Lane>,
+    /// No record of the event covers the upload yet: the first post's record does (a driver
+    /// call less per request); a plan dropped before any post records it then.
+    unrecorded: bool,
     count: u64,
     grid: u32,
     /// The block table's layout where the array is one for the block kernel (else
@@ -82,14 +85,12 @@ pub(crate) struct KernelPlan {
 
 impl KernelPlan {
     /// Writes the descriptors of `work` (no two copies in [`kernel::conflict`]) into a staging
-    /// pair from `pool` and enqueues their upload on `stream`; `event` is the request's, to be
-    /// recorded by the caller after this.
+    /// pair from `pool` and enqueues their upload on the request's `lane`.
     pub(super) fn new(
         kernel: Arc<CopyKernel>,
         pool: &Arc<StagingPool>,
         work: &mut Work,
-        event: Arc<Event>,
-        stream: &Stream,
+        lane: &Arc<Lane>,
     ) -> std::result::Result<Self, String> {
         let shape = kernel.shape();
         // A block table whose layers' blocks have one length goes to the block kernel as it
@@ -104,7 +105,7 @@ impl KernelPlan {
                 let grid = kernel.grid(layout.items);
                 let (bytes, items) = (layout.bytes, layout.items);
                 let blocks = Some(layout);
-                return Self::upload(kernel, pool, st, bytes, items, grid, blocks, event, stream);
+                return Self::upload(kernel, pool, st, bytes, items, grid, blocks, lane);
             }
         }
         // Otherwise a table is written as descriptors straight into the staging bytes where
@@ -147,27 +148,16 @@ impl KernelPlan {
             }
         };
         let bytes = count * kernel::DESC_BYTES;
-        Self::upload(
-            kernel,
-            pool,
-            staging,
-            bytes,
-            count as u64,
-            grid,
-            None,
-            event,
-            stream,
-        )
+        Self::upload(kernel, pool, staging, bytes, count as u64, grid, None, lane)
     }
 
     /// Writes a tile table (checked by [`TileTable::problem`]) into a staging pair from
-    /// `pool` and enqueues its upload on `stream`, for the tile kernel.
+    /// `pool` and enqueues its upload on the request's `lane`, for the tile kernel.
     pub(super) fn tiles(
         kernel: Arc<CopyKernel>,
         pool: &Arc<StagingPool>,
         table: &TileTable,
-        event: Arc<Event>,
-        stream: &Stream,
+        lane: &Arc<Lane>,
     ) -> std::result::Result<Self, String> {
         if !kernel.has_tiles() {
             return Err("the tile copy kernel is not loaded".to_owned());
@@ -193,8 +183,7 @@ impl KernelPlan {
             layout.items,
             grid,
             Some(layout),
-            event,
-            stream,
+            lane,
         )?;
         plan.tiles = true;
         Ok(plan)
@@ -210,28 +199,22 @@ impl KernelPlan {
         count: u64,
         grid: u32,
         blocks: Option<BlockLayout>,
-        event: Arc<Event>,
-        stream: &Stream,
+        lane: &Arc<Lane>,
     ) -> std::result::Result<Self, String> {
-        // Crate invariant: the staging pair is this plan's until the request's event (recorded
-        // by the caller after this upload, and after every launch) has completed.
-        if let Err(e) = staging.host.upload_async(bytes, &staging.dev, stream) {
+        // Crate invariant: the staging pair is this plan's until the request's event, recorded
+        // after this upload (by the first post, or by the plan's drop before any post) and
+        // after every launch, has completed.
+        if let Err(e) = staging.host.upload_async(bytes, &staging.dev, &lane.stream) {
             // Nothing was enqueued: the pair is free again.
             pool.give(staging);
-            return Err(e.to_string());
-        }
-        // The event covers the upload from here on (the pool takes the pair back only once it
-        // has completed); where it cannot be recorded, the pair is never reused.
-        if let Err(e) = event.record(stream) {
-            tracing::error!(error = %e, "could not record the copy kernel's upload; leaking its buffers");
-            std::mem::forget(staging);
             return Err(e.to_string());
         }
         Ok(KernelPlan {
             kernel,
             staging: Some(staging),
             pool: pool.clone(),
-            event,
+            lane: lane.clone(),
+            unrecorded: true,
             count,
             grid,
             blocks,
@@ -271,13 +254,33 @@ impl KernelPlan {
     }
 }
 
+impl KernelPlan {
+    /// A record of the request's event after the upload has been enqueued (a post's): the
+    /// event covers the upload from now on.
+    pub(super) fn recorded(&mut self) {
+        self.unrecorded = false;
+    }
+}
+
 impl Drop for KernelPlan {
     fn drop(&mut self) {
+        let Some(s) = self.staging.take() else {
+            return;
+        };
+        // A plan never posted: its upload may still run, and no record covers it yet.
+        if self.unrecorded {
+            let lane = &self.lane;
+            if let Err(e) =
+                bind_raw(lane.stream.context()).and_then(|()| lane.event.record(&lane.stream))
+            {
+                tracing::error!(error = %e, "could not record the copy kernel's upload; leaking its buffers");
+                std::mem::forget(s);
+                return;
+            }
+        }
         // Back to the pool, to be reused once the GPU is done with it (the event covers the
         // upload and every launch). The request leaks a plan whose launch may still run.
-        if let Some(s) = self.staging.take() {
-            self.pool.give_when_done(s, self.event.clone());
-        }
+        self.pool.give_when_done(s, self.lane.event.clone());
     }
 }
 
@@ -470,6 +473,9 @@ impl BackendXfer for CudaIpcXfer {
             .event
             .record(&self.lane.stream)
             .map_err(|e| self.fail(Op::PostXfer, e))?;
+        if let Engine::Kernel(p) = &mut self.engine {
+            p.recorded();
+        }
         if let Some(n) = &self.notif {
             let t = Arc::new(Ticket::new(self.lane.event.clone(), n.clone()));
             self.completer.submit(t.clone());

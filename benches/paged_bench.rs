@@ -48,6 +48,11 @@ struct Args {
     /// Rounds per cell (the median is reported).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     reps: u64,
+    /// Milliseconds the GPU sits idle before each post (0: posts back to back). With a gap,
+    /// each post is timed alone (post to done, the gap excluded): what a request pays when it
+    /// finds the GPU idle, as a serving engine's request after host-side work does.
+    #[arg(long, default_value_t = 0)]
+    idle_ms: u64,
     /// Where the target writes its metadata (target role).
     #[arg(long, default_value = "")]
     md: String,
@@ -192,8 +197,15 @@ fn measure(a: &Args, md: &std::path::Path) -> Result<()> {
         None => None,
     };
     println!(
-        "paged_bench: initiator GPU {} <-> target GPU {}, {} blocks per request, one block apart, shuffled",
-        a.gpu, a.target_gpu, a.blocks
+        "paged_bench: initiator GPU {} <-> target GPU {}, {} blocks per request, one block apart, shuffled{}",
+        a.gpu,
+        a.target_gpu,
+        a.blocks,
+        if a.idle_ms > 0 {
+            format!("; the GPU idle {} ms before each post (timed alone)", a.idle_ms)
+        } else {
+            String::new()
+        }
     );
     for (k, &blk) in a.sizes.iter().enumerate() {
         let n = a.blocks;
@@ -220,13 +232,17 @@ fn measure(a: &Args, md: &std::path::Path) -> Result<()> {
             }
             let mut rates = Vec::with_capacity(a.reps as usize);
             for _ in 0..a.reps {
-                let t = Instant::now();
+                let mut busy = Duration::ZERO;
                 for _ in 0..a.iters {
+                    if a.idle_ms > 0 {
+                        std::thread::sleep(Duration::from_millis(a.idle_ms));
+                    }
+                    let t = Instant::now();
                     agent.post_xfer_req(&req)?;
                     while agent.check_xfer_state(&req)? != nixl_core::XferState::Done {}
+                    busy += t.elapsed();
                 }
-                let s = t.elapsed().as_secs_f64();
-                rates.push((a.iters * n * blk) as f64 / s / 1e9);
+                rates.push((a.iters * n * blk) as f64 / busy.as_secs_f64() / 1e9);
             }
             rates.sort_by(|x, y| x.total_cmp(y));
             let gbs = rates[rates.len() / 2];
@@ -263,8 +279,8 @@ fn measure(a: &Args, md: &std::path::Path) -> Result<()> {
             if let Some(f) = out.as_mut() {
                 writeln!(
                     f,
-                    "{{\"impl\":\"nixl-rs\",\"op\":\"{op}\",\"gpu\":{},\"target_gpu\":{},\"block_bytes\":{blk},\"blocks\":{n},\"gbs\":{gbs:.3},\"path\":{:?}}}",
-                    a.gpu, a.target_gpu, path
+                    "{{\"impl\":\"nixl-rs\",\"op\":\"{op}\",\"gpu\":{},\"target_gpu\":{},\"block_bytes\":{blk},\"blocks\":{n},\"idle_ms\":{},\"gbs\":{gbs:.3},\"path\":{:?}}}",
+                    a.gpu, a.target_gpu, a.idle_ms, path
                 )
                 .map_err(io)?;
             }

@@ -4,7 +4,7 @@
 //! a block table, host memory to the other GPU's memory and back, a notification after its
 //! data, cancel and a deadline in flight. Every byte is verified, and every VRAM request must
 //! run the copy kernel on the initiator's own GPU (before: decode on GPU 1 reading from GPU 0
-//! ran on GPU 0's copy engines at 0.8-18 GB/s, in silence).
+//! ran on GPU 0's copy engines, far below the link, in silence).
 //!
 //! Skips as `multi-gpu` where fewer than two GPUs are visible (and fails under
 //! `NIXL_REQUIRE_DEPS` on a machine that has them but cannot run it).
@@ -63,11 +63,21 @@ fn run(a: &Agent, op: XferOp, l: XferDescList, r: XferDescList, notif: Option<&[
     req.path()
 }
 
+/// Held by each direction's test: both name their target agent `target` (the child loads it
+/// by name) and each has 512 MiB pools on both GPUs, so the two run one after the other even
+/// where the harness runs tests in parallel.
+static ONE_AT_A_TIME: parking_lot::Mutex<()> = parking_lot::const_mutex(());
+
 fn both_ways(initiator_gpu: usize, target_gpu: usize) {
+    let _one = ONE_AT_A_TIME.lock();
     let target = agent("target", target_gpu);
     let t = Arc::new(DeviceBuffer::new(target_gpu, POOL).unwrap());
     let _r = target.register_mem(vec![t.clone()], &[]).unwrap();
-    let dir = std::env::temp_dir().join(format!("nixl-two-gpus-{}", std::process::id()));
+    // One folder per direction: the metadata file is the child's only way to the target.
+    let dir = std::env::temp_dir().join(format!(
+        "nixl-two-gpus-{}-{initiator_gpu}-{target_gpu}",
+        std::process::id()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let md = dir.join("target.md");
     std::fs::write(&md, target.local_metadata().unwrap()).unwrap();

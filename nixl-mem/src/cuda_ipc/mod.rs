@@ -132,7 +132,7 @@ pub struct CudaIpcBackend {
     vram_imports: Mutex<HashMap<VramKey, Weak<IpcMapping>>>,
     host_imports: Mutex<HashMap<(u32, i32, u64), Weak<HostImport>>>,
     /// Wakes the agent's futures once a post's work has completed (a host function queued
-    /// after it on the request's stream).
+    /// after it on the request's stream by the first poll of a future awaiting it).
     wake: nixl_core::backend::Wake,
 }
 
@@ -415,8 +415,9 @@ impl Backend for CudaIpcBackend {
     }
 
     fn wakes(&self) -> bool {
-        // Each post queues a host function after its work that wakes the agent; its
-        // notification is sent by the completer thread, without polling either.
+        // A future awaiting a post queues a host function after its work that wakes the agent
+        // (`BackendXfer::arm_wake`); its notification is sent by the completer thread, without
+        // polling either.
         true
     }
 

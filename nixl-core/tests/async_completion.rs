@@ -341,3 +341,129 @@ fn a_failure_has_one_label_whichever_call_finds_it() {
         "{e}"
     );
 }
+
+/// INPROC under its own name, counting the calls to its transfers' [`BackendXfer::arm_wake`]
+/// (a backend that defers its wake-up to an awaiting future, as CUDA_IPC does, queues it
+/// there).
+mod armed {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use nixl_core::backend::inproc::InprocBackend;
+    use nixl_core::backend::{
+        Backend, BackendContext, BackendMd, BackendParams, BackendXfer, Capabilities, PeerBackend,
+        XferSpec, XferState,
+    };
+    use nixl_core::{InprocParams, RegionDesc, Result};
+
+    pub(crate) struct Armed(InprocBackend, pub(crate) Arc<AtomicUsize>);
+
+    struct ArmedXfer(Box<dyn BackendXfer>, Arc<AtomicUsize>);
+
+    impl BackendXfer for ArmedXfer {
+        fn post(&mut self) -> Result<XferState> {
+            self.0.post()
+        }
+        fn check(&mut self) -> Result<XferState> {
+            self.0.check()
+        }
+        fn state(&mut self) -> Result<XferState> {
+            self.0.state()
+        }
+        fn arm_wake(&mut self) {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            self.0.arm_wake();
+        }
+        fn cancel(&mut self) -> Result<()> {
+            self.0.cancel()
+        }
+        fn abandon(&mut self) {
+            self.0.abandon();
+        }
+    }
+
+    impl Backend for Armed {
+        fn name(&self) -> &str {
+            self.0.name()
+        }
+        fn capabilities(&self) -> Capabilities {
+            self.0.capabilities()
+        }
+        fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
+            self.0.register(region)
+        }
+        fn deregister(&self, md: BackendMd) -> Result<()> {
+            self.0.deregister(md)
+        }
+        fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
+            Ok(Box::new(ArmedXfer(
+                self.0.prepare_xfer(spec)?,
+                self.1.clone(),
+            )))
+        }
+        fn wakes(&self) -> bool {
+            self.0.wakes()
+        }
+        fn peers(&self) -> Option<&dyn PeerBackend> {
+            self.0.peers()
+        }
+    }
+
+    pub(crate) struct ArmedParams(pub(crate) InprocParams, pub(crate) Arc<AtomicUsize>);
+
+    impl BackendParams for ArmedParams {
+        fn backend_name(&self) -> &str {
+            "INPROC"
+        }
+        fn create(self: Box<Self>, ctx: BackendContext) -> Result<Arc<dyn Backend>> {
+            let inner = InprocBackend::with_params(ctx, self.0);
+            Ok(Arc::new(Armed(inner, self.1)))
+        }
+    }
+}
+
+/// A future that finds its request in flight arms the backend's wake (where a backend defers
+/// it, the first such poll queues it); a blocking wait never does, so it never pays for it.
+#[test]
+fn an_awaiting_future_arms_the_backends_wake_and_a_blocking_wait_does_not() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let arms = Arc::new(AtomicUsize::new(0));
+    let pid = std::process::id();
+    let a = Agent::new(&format!("arm-a-{pid}"), AgentConfig::default()).unwrap();
+    let b = Agent::new(&format!("arm-b-{pid}"), AgentConfig::default()).unwrap();
+    let params = InprocParams::default().completion(Completion::Deferred(LATER));
+    a.create_backend(armed::ArmedParams(params.clone(), arms.clone()))
+        .unwrap();
+    b.create_backend(params).unwrap();
+    let src = Arc::new(HostBuffer::new(LEN).unwrap());
+    let dst = Arc::new(HostBuffer::new(LEN).unwrap());
+    src.fill(0xA5);
+    let _ra = a.register_mem(vec![src.clone()], &[]).unwrap();
+    let _rb = b.register_mem(vec![dst.clone()], &[]).unwrap();
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
+    let l = XferDescList::from_descs(MemKind::Dram, [Desc::new(src.addr(), LEN as u64)]);
+    let r = XferDescList::from_descs(MemKind::Dram, [Desc::new(dst.addr(), LEN as u64)]);
+    let req = a
+        .create_xfer_req(XferOp::Write, &l, &r, b.name(), XferOptions::default())
+        .unwrap();
+    // Blocking: posted and waited for, never armed.
+    a.post_xfer_req(&req).unwrap();
+    req.wait(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        arms.load(Ordering::SeqCst),
+        0,
+        "a blocking wait armed the wake"
+    );
+    // Awaited: the first poll finds it in flight (the copy comes 60 ms later) and arms it.
+    dst.fill(0);
+    a.post_xfer_req(&req).unwrap();
+    let (res, polls) = block_on(req.completion());
+    res.unwrap();
+    assert!(dst.to_vec().iter().all(|&x| x == 0xA5));
+    let armed = arms.load(Ordering::SeqCst);
+    assert!(
+        (1..=polls).contains(&armed),
+        "{armed} arms over {polls} polls"
+    );
+}

@@ -252,7 +252,8 @@ impl Agent {
             });
         }
         let regs = self.selected_registrations(sel, audience)?;
-        let mut regions = Vec::new();
+        // One entry per region and backend holding it: usually one backend, so one allocation.
+        let mut regions = Vec::with_capacity(regs.iter().map(|r| r.regions.len()).sum());
         for reg in &regs {
             for r in &reg.regions {
                 for (slot, md) in r.mds.lock().iter() {

@@ -177,20 +177,13 @@ pub struct LibfabricBackend {
     threads: Vec<JoinHandle<()>>,
 }
 
-/// How long an idle progress thread blocks in the completion queue's wait (`fi_cq_sread`).
-const SREAD_WAIT_MS: i32 = 1;
-const SREAD_WAIT: std::time::Duration = std::time::Duration::from_millis(SREAD_WAIT_MS as u64);
-
 /// The body of rail `i`'s progress thread.
 fn progress_loop(inner: &Inner, i: usize, stop: &AtomicBool) {
     let rail = &inner.rails[i];
     let mut idle = 0u32;
     while !stop.load(Ordering::Relaxed) {
-        // Rail 0's thread serves the process's due wakes between passes: it does not block in
-        // the completion queue's wait (a millisecond) while one is due sooner.
-        let serving = i == 0 && nixl_core::backend::timer_due_within(SREAD_WAIT);
-        let n = if rail.waitable && idle > 64 && !serving {
-            rail.wait_poll(&inner.inbox, SREAD_WAIT_MS)
+        let n = if rail.waitable && idle > 64 {
+            rail.wait_poll(&inner.inbox, 1)
         } else {
             rail.poll(&inner.inbox)
         };

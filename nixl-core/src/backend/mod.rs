@@ -73,14 +73,6 @@ pub fn fire_due_timers() {
     crate::model::timer::fire_due();
 }
 
-/// Whether a future's wake (its deadline, or a re-check) is due within `d`: a progress thread
-/// that calls [`fire_due_timers`] between passes and is about to block for up to `d` (a
-/// completion queue's wait) polls instead, so that wake is served on time. Nothing is due
-/// while no future waits with a deadline that close. One atomic load.
-pub fn timer_due_within(d: std::time::Duration) -> bool {
-    crate::model::timer::due_within(d)
-}
-
 /// What a backend can do.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]

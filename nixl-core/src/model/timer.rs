@@ -210,16 +210,6 @@ pub(crate) fn fire_due() {
     }
 }
 
-/// Whether a wake (a future's deadline or re-check) is due within `d` from now: a thread that
-/// serves due wakes between its passes and is about to block for up to `d` polls instead, so
-/// the wake is not held up by the block. One atomic load.
-pub(crate) fn due_within(d: std::time::Duration) -> bool {
-    if TIMER.get().copied().flatten().is_none() {
-        return false;
-    }
-    nanos(Instant::now() + d) >= EARLIEST.load(Ordering::Acquire)
-}
-
 impl Queue {
     /// Takes the wakes due at `now` out of the heap for a thread other than the timer's to
     /// deliver, handing each to the timer thread as well (`taken`): whichever of the two
@@ -301,23 +291,6 @@ mod tests {
 
     /// A wake another thread takes out of the heap is the timer thread's to deliver too: one
     /// descheduled between taking and delivering it holds up nobody.
-    #[test]
-    fn a_wake_due_soon_is_seen_by_a_thread_about_to_block() {
-        let f = Arc::new(Flag(AtomicBool::new(false), std::thread::current()));
-        let t0 = Instant::now();
-        assert!(wake_at(
-            t0 + Duration::from_millis(40),
-            &Waker::from(f.clone())
-        ));
-        // Due within a second (other tests' wakes only make the earliest sooner); a thread
-        // about to block for that long would poll instead.
-        assert!(due_within(Duration::from_secs(1)));
-        while !f.0.load(Ordering::SeqCst) {
-            std::thread::park_timeout(Duration::from_secs(5));
-            assert!(t0.elapsed() < Duration::from_secs(5), "never woken");
-        }
-    }
-
     #[test]
     fn a_wake_taken_elsewhere_is_the_timer_threads_too() {
         let flag = |_| Arc::new(Flag(AtomicBool::new(false), std::thread::current()));

@@ -16,31 +16,22 @@ use nixl_core::{
 
 const T: Duration = Duration::from_secs(30);
 
-fn pair(
-    tls: &str,
-    len: usize,
-) -> (
+/// Two agents, a registered buffer of each (the source patterned), and their registrations.
+type Pair = (
     Agent,
     Agent,
     Arc<nixl_core::HostBuffer>,
     Arc<nixl_core::HostBuffer>,
     Vec<nixl_core::Registration>,
-) {
+);
+
+fn pair(tls: &str, len: usize) -> Pair {
     pair_with(common::params(tls), len)
 }
 
 /// Two agents whose UCX backends are made with `params`, and a registered buffer of `len`
 /// bytes each (the source patterned).
-fn pair_with(
-    params: UcxParams,
-    len: usize,
-) -> (
-    Agent,
-    Agent,
-    Arc<nixl_core::HostBuffer>,
-    Arc<nixl_core::HostBuffer>,
-    Vec<nixl_core::Registration>,
-) {
+fn pair_with(params: UcxParams, len: usize) -> Pair {
     let mk = |role| {
         let a = Agent::new(&common::unique(role), common::config(false)).expect("agent");
         a.create_backend(params.clone()).expect("backend");

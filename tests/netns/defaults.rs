@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use nixl_testkit::netns::{Net, NetSpec};
 
 use crate::agent::KEEPALIVE_DEFAULT;
-use crate::{cfg, report, until, Peer, T};
+use crate::{cfg, report, Peer, T};
+use nixl_testkit::eventually;
 
 /// The listening sockets of `p`'s host other than its side channel's.
 fn ucx_listening(p: &mut Peer) -> Vec<std::net::SocketAddr> {
@@ -102,7 +103,7 @@ fn ucx_default_keepalive_detects_a_pulled_cable() {
     assert_eq!(posted, "InProgress");
     let before = net.counters(0, 1).expect("counters").rx_bytes;
     assert!(
-        until(T, || net.counters(0, 1).map(|c| c.rx_bytes).unwrap_or(0)
+        eventually(T, || net.counters(0, 1).map(|c| c.rx_bytes).unwrap_or(0)
             - before
             >= 4 << 20),
         "the write's bytes reach the target"

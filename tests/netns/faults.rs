@@ -4,7 +4,8 @@ use std::time::{Duration, Instant};
 
 use nixl_testkit::netns::{Net, NetSpec};
 
-use crate::{cfg, report, until, Peer, T};
+use crate::{cfg, report, Peer, T};
+use nixl_testkit::eventually;
 
 const MIB: usize = 1 << 20;
 /// The big transfer: at [`RATE`] it takes seconds, so a fault hits it in flight.
@@ -49,7 +50,7 @@ fn start_big_write(net: &Net, a: &mut Peer, b: &Peer, id: &str) -> u64 {
     assert_eq!(posted, "InProgress", "a {BIG} B write over a slow link");
     let mut got = 0;
     assert!(
-        until(T, || {
+        eventually(T, || {
             got = net.counters(0, 1).map(|c| c.rx_bytes).unwrap_or(0) - before;
             got >= 4 * MIB as u64
         }),
@@ -216,7 +217,7 @@ fn call_ms(reply: &str) -> u64 {
 fn cut_when_flowing(net: &Net, base: u64, at_least: u64) -> u64 {
     let mut got = 0;
     assert!(
-        until(T, || {
+        eventually(T, || {
             got = net.counters(0, 0).map(|c| c.rx_bytes).unwrap_or(base) - base;
             got >= at_least
         }),
@@ -397,7 +398,7 @@ fn peer_killed_mid_read(test: &str, backend: &'static str) {
     ));
     assert_eq!(posted, "InProgress", "a {BIG} B read over a slow link");
     assert!(
-        until(T, || {
+        eventually(T, || {
             net.counters(0, 0).map(|c| c.rx_bytes).unwrap_or(0) - before >= 4 * MIB as u64
         }),
         "the read's bytes reach the initiator"

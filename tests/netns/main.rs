@@ -23,7 +23,7 @@ mod scale;
 mod silent;
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use nixl_testkit::netns::{Control, HostProcess, Net};
 
@@ -142,18 +142,6 @@ pub(crate) fn cfg(
         keepalive_ms: 500,
         ucx_path: None,
     }
-}
-
-/// Waits (bounded by `timeout`) until `f` holds; whether it did.
-pub(crate) fn until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + timeout;
-    while Instant::now() < end {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    f()
 }
 
 /// One row of the fault table (docs/reliability.md), printed by each fault test.

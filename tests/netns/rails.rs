@@ -4,7 +4,8 @@ use std::time::{Duration, Instant};
 
 use nixl_testkit::netns::{Net, NetSpec};
 
-use crate::{cfg, report, until, Peer, T};
+use crate::{cfg, report, Peer, T};
+use nixl_testkit::eventually;
 
 const MIB: usize = 1 << 20;
 const BIG: usize = 32 * MIB;
@@ -121,7 +122,7 @@ fn fail_rail_mid_write(net: &Net, a: &mut Peer, b: &Peer) -> (crate::Failure, Du
     let before = [sent(net, 0), sent(net, 1)];
     a.ok(&format!("post w write {} {} {BIG} 6000", b.name, b.addr));
     assert!(
-        until(T, || {
+        eventually(T, || {
             sent(net, 0) - before[0] > 2 * MIB as u64 && sent(net, 1) - before[1] > 2 * MIB as u64
         }),
         "both rails carry the write"

@@ -249,16 +249,14 @@ impl KernelPlan {
             .map(|_| self.blocks.map_or(self.count, |b| b.npieces))
     }
 
-    fn descs(&self) -> u64 {
-        self.staging.as_ref().map_or(0, |s| s.dev.ptr())
-    }
-}
-
-impl KernelPlan {
     /// A record of the request's event after the upload has been enqueued (a post's): the
     /// event covers the upload from now on.
     pub(super) fn recorded(&mut self) {
         self.unrecorded = false;
+    }
+
+    fn descs(&self) -> u64 {
+        self.staging.as_ref().map_or(0, |s| s.dev.ptr())
     }
 }
 
@@ -496,12 +494,12 @@ impl BackendXfer for CudaIpcXfer {
         // Queued after the post's work (the stream runs in order; the request is not posted
         // again before it completes), even where that work has completed already.
         let wake = self.wake.clone();
-        let queued = cuda::bind_raw(self.lane.stream.context())
+        let queued = bind_raw(self.lane.stream.context())
             .and_then(|()| self.lane.stream.after_work(Box::new(move || wake.wake())));
         if let Err(e) = queued {
-            // The post stands; an async caller is then woken by its recheck timer, or earlier
-            // by any other completion of this agent.
-            tracing::warn!(agent = %self.agent, error = %e, "could not queue the completion wake-up; an async caller of this request is woken by its recheck timer or another wake");
+            // The post stands; an async caller is then woken by its deadline, or earlier by
+            // any other completion of this agent (a backend that wakes gets no recheck timer).
+            tracing::warn!(agent = %self.agent, error = %e, "could not queue the completion wake-up; an async caller of this request waits for another wake or its deadline");
         }
     }
 

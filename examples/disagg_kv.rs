@@ -14,7 +14,10 @@
 //! cargo run --release --example disagg_kv -- --op read --layers 32 --blocks 256 --block-bytes 65536
 //! ```
 //! Flags: `--op read|write`, `--requests N`, `--layers L`, `--blocks B` (pool blocks per
-//! layer), `--block-bytes S`, `--blocks-per-request K`, `--backend ucx|libfabric|cuda_ipc`,
+//! layer), `--block-bytes S`, `--blocks-per-request K`, `--burst N` (N requests made and
+//! posted back to back before the first is waited for, on disjoint blocks, as an engine posts
+//! one scheduling step's transfers; default 1; `--make-threads T` makes them on T threads),
+//! `--backend ucx|libfabric|cuda_ipc`,
 //! `--tls UCX_TLS`, `--provider tcp|shm|efa`, `--rails R` and `--domains D0,D1` (libfabric domains; UCX devices),
 //! `--device cpu|cuda` (KV pools in host or GPU memory; `--gpus P,D` puts the prefill and
 //! decode pools on GPUs P and D, default 0,0; with `cuda` the default backend is
@@ -63,7 +66,6 @@
 //! cargo run --release --example disagg_kv -- --nixl-peer --role decode --op read
 //! ```
 
-use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -94,6 +96,10 @@ struct Opts {
     blocks: usize,
     block_bytes: usize,
     per_request: usize,
+    /// Requests posted back to back before the first is waited for (`--burst`).
+    burst: usize,
+    /// Threads making a burst's requests (`--make-threads`).
+    make_threads: usize,
     tls: Option<String>,
     backend: String,
     provider: Option<String>,
@@ -149,6 +155,16 @@ struct Cli {
     /// Blocks per request and layer.
     #[arg(long = "blocks-per-request", default_value_t = 16)]
     per_request: usize,
+    /// Requests made and posted back to back before the first is waited for, as a serving
+    /// engine posts the transfers of one scheduling step (1: each request alone). The
+    /// requests of a burst use disjoint blocks on both sides, so `--requests` must be a
+    /// multiple of it and `burst x blocks-per-request` at most `--blocks`.
+    #[arg(long, default_value_t = 1)]
+    burst: usize,
+    /// Threads that make a burst's requests at once (each posted in order as soon as it and
+    /// the ones before it are made), as an engine that prepares transfers on several threads.
+    #[arg(long = "make-threads", default_value_t = 1)]
+    make_threads: usize,
     /// UCX transports (`UCX_TLS`).
     #[arg(long)]
     tls: Option<String>,
@@ -321,6 +337,8 @@ fn parse() -> Res<Opts> {
         blocks: c.blocks,
         block_bytes: c.block_bytes,
         per_request: c.per_request,
+        burst: c.burst,
+        make_threads: c.make_threads,
         tls: c.tls,
         backend: c
             .backend
@@ -370,6 +388,21 @@ fn parse() -> Res<Opts> {
     if o.per_request > o.blocks {
         return Err("--blocks-per-request exceeds --blocks".into());
     }
+    if o.burst == 0 || !o.requests.is_multiple_of(o.burst) {
+        return Err("--burst must be positive and divide --requests".into());
+    }
+    if o.make_threads == 0 {
+        return Err("--make-threads must be positive".into());
+    }
+    if o.burst > 1 && (o.tp.is_some() || o.nixl_peer) {
+        return Err("--burst runs with the paged pools, not with --tp or --nixl-peer".into());
+    }
+    if o.burst.saturating_mul(o.per_request) > o.blocks {
+        return Err(
+            "--burst x --blocks-per-request exceeds --blocks (a burst's blocks are disjoint)"
+                .into(),
+        );
+    }
     if o.backend.is_empty() {
         o.backend = if o.cuda { "cuda_ipc" } else { "ucx" }.into();
     }
@@ -418,27 +451,36 @@ fn kv_bytes(req: usize, layer: usize, k: usize, out: &mut [u8]) {
 
 /// The block tables of a request: prefill's source blocks and decode's destination blocks.
 fn tables(o: &Opts, req: usize) -> (Vec<usize>, Vec<usize>) {
+    burst_tables(o, req - req % o.burst).swap_remove(req % o.burst)
+}
+
+/// The block tables of the burst (`--burst`) starting at request `first`: disjoint blocks
+/// on both sides. Sources are consecutive; decode allocates scattered slots (a stride
+/// coprime-ish to the pool size, the burst's slots numbered on from one request to the next).
+fn burst_tables(o: &Opts, first: usize) -> Vec<(Vec<usize>, Vec<usize>)> {
     let b = o.blocks;
-    let src = (0..o.per_request)
-        .map(|k| (req * o.per_request + k) % b)
-        .collect();
-    // Decode allocates scattered slots (a stride coprime-ish to the pool size).
     let stride = (b / 2 + 1) | 1;
-    let dst = (0..o.per_request)
-        .map(|k| ((req * 31 + k) * stride + req) % b)
-        .collect::<Vec<_>>();
     let mut seen = vec![false; b];
-    let dst = dst
-        .into_iter()
-        .map(|mut d| {
-            while seen[d] {
-                d = (d + 1) % b;
-            }
-            seen[d] = true;
-            d
+    (0..o.burst)
+        .map(|j| {
+            let req = first + j;
+            let src = (0..o.per_request)
+                .map(|k| (req * o.per_request + k) % b)
+                .collect();
+            let dst = (0..o.per_request)
+                .map(|k| {
+                    let mut d = ((first * 31 + j * o.per_request + k) * stride + first) % b;
+                    // Only where the stride shares a factor with the pool size.
+                    while seen[d] {
+                        d = (d + 1) % b;
+                    }
+                    seen[d] = true;
+                    d
+                })
+                .collect();
+            (src, dst)
         })
-        .collect();
-    (src, dst)
+        .collect()
 }
 
 /// Descriptor indices of the request's blocks across all layers.
@@ -626,30 +668,142 @@ struct Split {
     post: Stats,
     done: Stats,
     whole: Stats,
+    /// Each burst from its first make to its last request done (`--burst`).
+    bursts: Stats,
+    /// Threads that make a burst's requests (`--make-threads`).
+    make_threads: usize,
 }
 
 impl Split {
-    /// Makes, posts and waits for one request from prepared lists, timing each step.
-    fn run(
+    /// Makes and posts one request: it, when its make began and when its post returned.
+    fn start(
         &mut self,
         a: &Agent,
         op: XferOp,
         (local, local_idx): (&PreparedList, &[usize]),
         (remote, remote_idx): (&PreparedList, &[usize]),
-        (opts, timeout): (XferOptions, Duration),
-    ) -> Res<nixl::XferReq> {
+        opts: XferOptions,
+    ) -> Res<(nixl::XferReq, Instant, Instant)> {
         let t0 = Instant::now();
         let x = a.make_prepped_xfer(op, local, local_idx, remote, remote_idx, opts)?;
+        self.post_made(a, x, (t0, t0.elapsed()))
+    }
+
+    /// Posts a request whose make began at `t0` and took `make`.
+    fn post_made(
+        &mut self,
+        a: &Agent,
+        x: nixl::XferReq,
+        (t0, make): (Instant, Duration),
+    ) -> Res<(nixl::XferReq, Instant, Instant)> {
         let t1 = Instant::now();
         a.post_xfer_req(&x)?;
         let t2 = Instant::now();
+        self.make.0.push(make);
+        self.post.0.push(t2 - t1);
+        Ok((x, t0, t2))
+    }
+
+    /// Waits for a started request until every byte landed.
+    fn finish(
+        &mut self,
+        (x, made, posted): (nixl::XferReq, Instant, Instant),
+        timeout: Duration,
+    ) -> Res<nixl::XferReq> {
         x.wait(timeout)?;
         let t3 = Instant::now();
-        self.make.0.push(t1 - t0);
-        self.post.0.push(t2 - t1);
-        self.done.0.push(t3 - t2);
-        self.whole.0.push(t3 - t0);
+        self.done.0.push(t3 - posted);
+        self.whole.0.push(t3 - made);
         Ok(x)
+    }
+
+    /// Makes and posts a burst of requests (options, local and remote indices, computed
+    /// beforehand) back to back, then waits for each in order; the burst's time goes to
+    /// `bursts`.
+    fn burst(
+        &mut self,
+        a: &Agent,
+        op: XferOp,
+        reqs: Vec<(XferOptions, Vec<usize>, Vec<usize>)>,
+        (local, remote): (&PreparedList, &PreparedList),
+        timeout: Duration,
+    ) -> Res<Vec<nixl::XferReq>> {
+        let t0 = Instant::now();
+        let mut started = Vec::new();
+        if self.make_threads > 1 {
+            started = self.start_parallel(a, op, reqs, (local, remote))?;
+        } else {
+            for (opts, local_idx, remote_idx) in reqs {
+                started.push(self.start(
+                    a,
+                    op,
+                    (local, &local_idx),
+                    (remote, &remote_idx),
+                    opts,
+                )?);
+            }
+        }
+        let done = started
+            .into_iter()
+            .map(|s| self.finish(s, timeout))
+            .collect::<Res<Vec<_>>>()?;
+        self.bursts.0.push(t0.elapsed());
+        Ok(done)
+    }
+
+    /// A burst's requests made by `make_threads` threads at once (request `i` by thread
+    /// `i % make_threads`) and posted here in order, each as soon as it and those before it
+    /// are made.
+    fn start_parallel(
+        &mut self,
+        a: &Agent,
+        op: XferOp,
+        reqs: Vec<(XferOptions, Vec<usize>, Vec<usize>)>,
+        (local, remote): (&PreparedList, &PreparedList),
+    ) -> Res<Vec<(nixl::XferReq, Instant, Instant)>> {
+        type Made = (
+            usize,
+            std::result::Result<nixl::XferReq, String>,
+            (Instant, Duration),
+        );
+        let n = reqs.len();
+        let threads = self.make_threads.min(n);
+        let mut shares: Vec<Vec<_>> = (0..threads).map(|_| Vec::new()).collect();
+        for (i, r) in reqs.into_iter().enumerate() {
+            shares[i % threads].push((i, r));
+        }
+        let (tx, rx) = std::sync::mpsc::channel::<Made>();
+        std::thread::scope(|scope| {
+            for share in shares {
+                let tx = tx.clone();
+                scope.spawn(move || {
+                    for (i, (opts, l, r)) in share {
+                        let t0 = Instant::now();
+                        let x = a.make_prepped_xfer(op, local, &l, remote, &r, opts);
+                        let made = (t0, t0.elapsed());
+                        if tx.send((i, x.map_err(|e| e.to_string()), made)).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+            drop(tx);
+            let mut ready: Vec<Option<(nixl::XferReq, (Instant, Duration))>> =
+                (0..n).map(|_| None).collect();
+            let mut started = Vec::with_capacity(n);
+            for (i, x, t0) in rx {
+                ready[i] = Some((x?, t0));
+                while let Some((x, t0)) = ready.get_mut(started.len()).and_then(Option::take) {
+                    started.push(self.post_made(a, x, t0)?);
+                }
+            }
+            if started.len() < n {
+                return Err(
+                    format!("{} of {n} requests of a burst were made", started.len()).into(),
+                );
+            }
+            Ok(started)
+        })
     }
 
     /// The lines the main job prints for `who` (`prefill: WRITE`, `decode: READ`).
@@ -665,6 +819,17 @@ impl Split {
             self.done.median(),
             self.whole.line("make + post + done", bytes_each)
         );
+        if self.bursts.0.len() < self.whole.0.len() {
+            let n = self.whole.0.len() / self.bursts.0.len().max(1);
+            println!(
+                "{who} {}",
+                self.bursts.line_of(
+                    &format!("bursts of {n} requests (first make to last done)"),
+                    "bursts",
+                    bytes_each * n
+                )
+            );
+        }
     }
 }
 
@@ -675,6 +840,11 @@ impl Stats {
     }
 
     fn line(&mut self, what: &str, bytes_each: usize) -> String {
+        self.line_of(what, "requests", bytes_each)
+    }
+
+    /// `line` for `n` things named `unit` (requests, bursts) of `bytes_each` each.
+    fn line_of(&mut self, what: &str, unit: &str, bytes_each: usize) -> String {
         self.0.sort();
         let n = self.0.len().max(1);
         let total: Duration = self.0.iter().sum();
@@ -686,7 +856,7 @@ impl Stats {
         };
         let gbps = (bytes_each * self.0.len()) as f64 / total.as_secs_f64().max(1e-9) / 1e9;
         format!(
-            "{what}: {} requests x {} KiB: {gbps:.2} GB/s, latency median {:?} p99 {:?}",
+            "{what}: {} {unit} x {} KiB: {gbps:.2} GB/s, latency median {:?} p99 {:?}",
             self.0.len(),
             bytes_each >> 10,
             pct(0.5),
@@ -788,7 +958,10 @@ fn prefill_run(o: &Opts, n: &Node) -> Res<()> {
         a.path_report("decode")
     );
     let per_req = o.layers * o.per_request * o.block_bytes;
-    let mut xfer = Split::default();
+    let mut xfer = Split {
+        make_threads: o.make_threads,
+        ..Split::default()
+    };
     let mut e2e = Stats(Vec::new());
     let (local, remote) = if o.op == XferOp::Write {
         let (local, remote) =
@@ -798,29 +971,40 @@ fn prefill_run(o: &Opts, n: &Node) -> Res<()> {
         a.gen_notif("decode", format!("pool:{}", n.pool.addr()).as_bytes(), &[])?;
         (None, None)
     };
-    for req in 0..o.requests {
-        let (src, dst) = tables(o, req);
-        fill_request(o, n, req, &src)?;
+    for first in (0..o.requests).step_by(o.burst) {
+        let burst = first..first + o.burst;
+        for (req, (src, _)) in burst.clone().zip(burst_tables(o, first)) {
+            fill_request(o, n, req, &src)?;
+        }
         let started = Instant::now();
-        let tag = format!("req:{req}");
         if let (Some(local), Some(remote)) = (&local, &remote) {
-            let x = xfer.run(
-                a,
-                XferOp::Write,
-                (local, &indices(o, &src)),
-                (remote, &indices(o, &dst)),
-                (XferOptions::with_notif(tag.into_bytes()), o.timeout),
-            )?;
-            if req == 0 {
-                println!("prefill: request path: {}", x.path());
-                hosts::check_path(o, &x.path())?;
+            let reqs = burst_tables(o, first)
+                .into_iter()
+                .zip(burst.clone())
+                .map(|((src, dst), req)| {
+                    let tag = format!("req:{req}").into_bytes();
+                    (
+                        XferOptions::with_notif(tag),
+                        indices(o, &src),
+                        indices(o, &dst),
+                    )
+                })
+                .collect();
+            let done = xfer.burst(a, XferOp::Write, reqs, (local, remote), o.timeout)?;
+            if first == 0 {
+                println!("prefill: request path: {}", done[0].path());
+                hosts::check_path(o, &done[0].path())?;
             }
         } else {
-            a.gen_notif("decode", tag.as_bytes(), &[])?;
+            for req in burst.clone() {
+                a.gen_notif("decode", format!("req:{req}").as_bytes(), &[])?;
+            }
         }
-        let reply = next_notif(a, "decode", &mut q, o.timeout)?;
-        if reply != format!("ok:{req}") {
-            return Err(format!("decode reported: {reply}").into());
+        for req in burst {
+            let reply = next_notif(a, "decode", &mut q, o.timeout)?;
+            if reply != format!("ok:{req}") {
+                return Err(format!("decode reported: {reply}").into());
+            }
         }
         e2e.0.push(started.elapsed());
     }
@@ -830,7 +1014,15 @@ fn prefill_run(o: &Opts, n: &Node) -> Res<()> {
     }
     println!(
         "prefill: {}",
-        e2e.line("request incl. decode verification", per_req)
+        if o.burst == 1 {
+            e2e.line("request incl. decode verification", per_req)
+        } else {
+            e2e.line_of(
+                "burst incl. decode verification",
+                "bursts",
+                per_req * o.burst,
+            )
+        }
     );
     Ok(())
 }
@@ -862,9 +1054,12 @@ fn decode_run(o: &Opts, n: &Node) -> Res<()> {
     let per_req = o.layers * o.per_request * o.block_bytes;
     let mut q = Vec::new();
     let mut lists: Option<(PreparedList, PreparedList)> = None;
-    let mut xfer = Split::default();
+    let mut xfer = Split {
+        make_threads: o.make_threads,
+        ..Split::default()
+    };
     let mut verified = 0usize;
-    let mut seen: HashMap<usize, bool> = HashMap::new();
+    let mut pending = Vec::new();
     loop {
         let msg = next_notif(a, "prefill", &mut q, o.timeout)?;
         if msg == "done" {
@@ -880,32 +1075,37 @@ fn decode_run(o: &Opts, n: &Node) -> Res<()> {
             .strip_prefix("req:")
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| format!("unexpected message {msg}"))?;
-        let (src, dst) = tables(o, req);
         if o.op == XferOp::Read {
+            // READ: the burst's requests are announced one by one; its last starts them all.
+            pending.push(req);
+            if pending.len() < o.burst {
+                continue;
+            }
             let (local, remote) = lists
                 .as_ref()
                 .ok_or("READ before the prefill pool was announced")?;
-            let x = xfer.run(
-                a,
-                XferOp::Read,
-                (local, &indices(o, &dst)),
-                (remote, &indices(o, &src)),
-                (XferOptions::default(), o.timeout),
-            )?;
-            if req == 0 {
-                println!("decode: request path: {}", x.path());
-                hosts::check_path(o, &x.path())?;
+            let reqs = burst_tables(o, pending[0])
+                .into_iter()
+                .map(|(src, dst)| (XferOptions::default(), indices(o, &dst), indices(o, &src)))
+                .collect();
+            let done = xfer.burst(a, XferOp::Read, reqs, (local, remote), o.timeout)?;
+            if pending[0] == 0 {
+                println!("decode: request path: {}", done[0].path());
+                hosts::check_path(o, &done[0].path())?;
             }
+        } else {
+            pending.push(req);
         }
-        let verdict = verify_request(o, n, req, &dst);
-        let reply = match &verdict {
-            Ok(()) => format!("ok:{req}"),
-            Err(e) => format!("bad:{req}: {e}"),
-        };
-        a.gen_notif("prefill", reply.as_bytes(), &[])?;
-        verdict?;
-        seen.insert(req, true);
-        verified += 1;
+        for req in pending.drain(..) {
+            let verdict = verify_request(o, n, req, &tables(o, req).1);
+            let reply = match &verdict {
+                Ok(()) => format!("ok:{req}"),
+                Err(e) => format!("bad:{req}: {e}"),
+            };
+            a.gen_notif("prefill", reply.as_bytes(), &[])?;
+            verdict?;
+            verified += 1;
+        }
     }
     if verified != o.requests {
         return Err(format!("decode verified {verified} of {} requests", o.requests).into());

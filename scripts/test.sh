@@ -95,6 +95,8 @@ cargo run --quiet --all-features --example quickstart
 for op in write read; do
     echo "== main job: disagg_kv --op $op"
     cargo run --quiet --all-features --example disagg_kv -- --op "$op" --requests 8 --layers 4 --blocks 64 --block-bytes 65536
+    echo "== main job, bursts of 4 requests on disjoint blocks, made on two threads: disagg_kv --op $op --burst 4 --make-threads 2"
+    cargo run --quiet --all-features --example disagg_kv -- --op "$op" --requests 8 --burst 4 --make-threads 2 --layers 4 --blocks 64 --blocks-per-request 16 --block-bytes 65536
 done
 for role in prefill decode; do
     echo "== main job with a stock NIXL agent: disagg_kv --nixl-peer --role $role"

@@ -773,3 +773,85 @@ fn ucx_bytes_naming_another_process_are_refused() {
         .expect("honest metadata");
     assert_eq!(v.ask("remotes").parse::<usize>().unwrap(), before + 1);
 }
+
+/// A request still in flight when its agent is dropped is kept, with its memory, by the
+/// process's orphan thread until its backend lets go, then released: the agent's drop does not
+/// wait for it, nothing is freed under the transfer, and nothing stays held once the transfer
+/// ends. A 48 MiB WRITE to a SIGSTOPped peer over tcp (more than the socket buffers hold),
+/// dropped with its agent while the peer is stopped: its source is still held; once the peer
+/// runs again it is released. (Before 2026-12-01 the dropped request's registration kept the
+/// agent alive until then, threads and side channel included.)
+#[test]
+fn a_request_outliving_its_agent_is_released_when_its_backend_lets_go() {
+    if !ucx_or_skip("a_request_outliving_its_agent_is_released_when_its_backend_lets_go") {
+        return;
+    }
+    use nixl::{XferDescList, XferOp, XferOptions, XferState};
+    let mut spec = VictimSpec::new(TCP, None);
+    spec.mem = 64 << 20;
+    spec.tcp_user_timeout = Some("120s");
+    let t = Victim::spawn(CHILD, &spec);
+    let a = agent("orphan", TCP, None);
+    a.fetch_remote_metadata_blocking(&t.name, t.listen, Duration::from_secs(10))
+        .unwrap();
+    let len = 48usize << 20;
+    let src = Arc::new(HostBuffer::new(len).unwrap());
+    src.fill_pattern(9);
+    let reg = a.register_mem(vec![src.clone()], &[]).unwrap();
+    let write = |n: usize| {
+        a.create_xfer_req(
+            XferOp::Write,
+            &XferDescList::blocks(MemKind::Dram, src.addr(), n as u64, 1),
+            &XferDescList::blocks(MemKind::Dram, t.mem_addr, n as u64, 1),
+            &t.name,
+            XferOptions::default(),
+        )
+        .unwrap()
+    };
+    // A first write connects everything.
+    let first = write(4096);
+    a.post_xfer_req(&first).unwrap();
+    first.wait(Duration::from_secs(20)).unwrap();
+    drop(first);
+    assert!(signal::send(t.child.id(), signal::Sig::Stop).is_ok());
+    let req = write(len);
+    assert_eq!(a.post_xfer_req(&req).unwrap(), XferState::InProgress);
+    // Its deadline ends it; UCX still owns the transfer (it cannot cancel RMA in flight).
+    let r = req.wait(Duration::from_secs(1));
+    assert!(
+        matches!(r, Err(nixl::Error::TimedOut { .. })),
+        "ended by its deadline: {r:?}"
+    );
+    let owned = req.is_draining();
+    drop(req);
+    let draining = a.draining_requests();
+    drop(reg);
+    let t0 = Instant::now();
+    drop(a);
+    let dropped_in = t0.elapsed();
+    let held = Arc::strong_count(&src) > 1;
+    assert!(signal::send(t.child.id(), signal::Sig::Cont).is_ok());
+    let end = Instant::now() + Duration::from_secs(30);
+    while Arc::strong_count(&src) > 1 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "draining at its deadline: {owned}; at the agent's drop: {draining}; the drop took {dropped_in:?}; source held after it: {held}; released: {}",
+        Arc::strong_count(&src) == 1
+    );
+    assert!(owned, "the case this test exists for: UCX kept the WRITE");
+    assert_eq!(draining, 1, "the dropped request drains");
+    assert!(
+        held,
+        "the source stays held while the transfer may still read it"
+    );
+    assert!(
+        dropped_in < Duration::from_secs(2),
+        "the agent's drop does not wait for the transfer: {dropped_in:?}"
+    );
+    assert_eq!(
+        Arc::strong_count(&src),
+        1,
+        "released once the backend let go (the peer ran again)"
+    );
+}

@@ -58,21 +58,7 @@ fn a_thread() -> (u32, std::sync::mpsc::Sender<()>) {
 /// `md` (a real agent's metadata) naming process `id` instead, in its agent metadata and in
 /// its UCX connection info, with one region `region` (an address the attacker chooses).
 fn forged(md: &[u8], id: ProcessId, region: (u64, u64)) -> Vec<u8> {
-    let mut m = AgentMetadata::decode_bytes(nixl::core::wire::auth::unsealed(md).expect("plain"))
-        .expect("md");
-    m.process = Some(id);
-    for b in &mut m.backends {
-        let info = fuzzing::decode_conn_info(&b.conn_info).expect("UCX conn info");
-        let addrs: Vec<&[u8]> = info.addresses.iter().map(Vec::as_slice).collect();
-        b.conn_info = fuzzing::encode_conn_with(&addrs, Some(&id));
-    }
-    let r = &mut m.regions[0];
-    r.desc = RegionDesc {
-        addr: region.0,
-        len: region.1,
-        ..r.desc.clone()
-    };
-    m.encode()
+    forged_as(md, None, Some(id), region)
 }
 
 /// Writes `len` bytes of `src` into `remote`'s region at `raddr`; the outcome.
@@ -239,4 +225,128 @@ fn forgetting_a_peer_stops_its_direct_copies() {
         .expect_err("the write was cut short");
     assert_eq!(e.kind(), ErrorKind::RemoteDisconnect, "{e}");
     assert!(e.to_string().contains("invalidated"), "{e}");
+}
+
+/// What a forged peer claims (see [`a_peer_naming_a_worker_of_this_process_is_refused`]).
+#[derive(Debug, Clone, Copy)]
+enum Claim {
+    /// The victim's own metadata under a new name, naming no process.
+    VictimsWorker,
+    /// Another agent of this process's metadata under a new name, naming no process.
+    AnotherAgentsWorker,
+    /// That agent's metadata under a new name, naming this process (truly).
+    NewNameInThisProcess,
+    /// That agent's own name, generation and process, with a region it never registered.
+    ThatAgentWithARegionNotItsOwn,
+}
+
+/// Metadata `md` renamed to `name` (when given), naming process `process`, with its first
+/// region moved to `region`.
+fn forged_as(
+    md: &[u8],
+    name: Option<&str>,
+    process: Option<ProcessId>,
+    region: (u64, u64),
+) -> Vec<u8> {
+    let mut m = AgentMetadata::decode_bytes(nixl::core::wire::auth::unsealed(md).expect("plain"))
+        .expect("md");
+    if let Some(n) = name {
+        m.name = n.to_owned();
+    }
+    m.process = process;
+    for b in &mut m.backends {
+        let info = fuzzing::decode_conn_info(&b.conn_info).expect("UCX conn info");
+        let addrs: Vec<&[u8]> = info.addresses.iter().map(Vec::as_slice).collect();
+        b.conn_info = fuzzing::encode_conn_with(&addrs, process.as_ref());
+    }
+    let r = &mut m.regions[0];
+    r.desc = RegionDesc {
+        addr: region.0,
+        len: region.1,
+        ..r.desc.clone()
+    };
+    m.encode()
+}
+
+/// A peer whose UCX worker address is a worker of this very process (the victim's own, or
+/// another agent's here) under a name no agent of this process has, or under such an agent's
+/// name with a region it never registered: the victim's WRITE "to the peer" would go through
+/// that worker, whose puts (emulated with messages over tcp and shared memory) write wherever
+/// the sender says: into the victim's own memory (found by the fuzz target
+/// `ucx/unpack_address`: a mutated shared-memory address named the fuzzing process's own
+/// FIFO and the emulated put wrote at the target process's address, which killed it). Every
+/// such load is refused, typed `NotAllowed`, and no byte lands, over each of UCX's transports.
+#[test]
+fn a_peer_naming_a_worker_of_this_process_is_refused() {
+    if !ucx_or_skip("a_peer_naming_a_worker_of_this_process_is_refused") {
+        return;
+    }
+    let me = ProcessId::current().expect("/proc");
+    let mut landed = Vec::new();
+    for tls in [
+        "tcp",
+        "sysv",
+        "posix",
+        "self",
+        "shm,cma,self",
+        "tcp,sysv,self",
+    ] {
+        for claim in [
+            Claim::VictimsWorker,
+            Claim::AnotherAgentsWorker,
+            Claim::NewNameInThisProcess,
+            Claim::ThatAgentWithARegionNotItsOwn,
+        ] {
+            let victim = hostile::agent("victim", tls, None);
+            let other = hostile::agent("other", tls, None);
+            let (secret, _r1) = registered(&victim, 4096);
+            secret.fill(0x11);
+            let (src, _r2) = registered(&victim, 4096);
+            src.fill(0xEE);
+            let (_theirs, _r3) = registered(&other, 4096);
+            let region = (secret.addr(), 4096);
+            let liar = hostile::unique("liar");
+            let md = match claim {
+                Claim::VictimsWorker => forged_as(
+                    &victim.local_metadata().expect("md"),
+                    Some(&liar),
+                    None,
+                    region,
+                ),
+                Claim::AnotherAgentsWorker => forged_as(
+                    &other.local_metadata().expect("md"),
+                    Some(&liar),
+                    None,
+                    region,
+                ),
+                Claim::NewNameInThisProcess => forged_as(
+                    &other.local_metadata().expect("md"),
+                    Some(&liar),
+                    Some(me),
+                    region,
+                ),
+                Claim::ThatAgentWithARegionNotItsOwn => {
+                    forged_as(&other.local_metadata().expect("md"), None, Some(me), region)
+                }
+            };
+            let loaded = victim.load_remote_metadata(&md);
+            let outcome = loaded
+                .as_ref()
+                .map_err(|e| e.clone())
+                .and_then(|name| write(&victim, &src, name, secret.addr(), 4096));
+            if !secret.to_vec().iter().all(|&b| b == 0x11) {
+                landed.push(format!(
+                    "{tls} {claim:?}: the WRITE landed in the victim's own buffer ({outcome:?})"
+                ));
+                continue;
+            }
+            match loaded {
+                Err(e) if e.kind() == ErrorKind::NotAllowed => {}
+                other => landed.push(format!(
+                    "{tls} {claim:?}: loaded ({other:?}), then {outcome:?}"
+                )),
+            }
+        }
+    }
+    assert!(landed.is_empty(), "{}", landed.join("\n"));
 }

@@ -62,6 +62,8 @@ pub(crate) struct Inner {
     wake: nixl_core::backend::Wake,
     /// Frees posts spinning on a dead shm peer's region lock.
     pub(crate) watchdog: Arc<crate::dead_holder::Watchdog>,
+    /// The rails' endpoints in the process's list of its own (`crate::own`).
+    _own: nixl_core::backend::own::OwnGuard<crate::own::Endpoint>,
 }
 
 impl Inner {
@@ -174,7 +176,7 @@ pub(crate) fn backoff(idle: u32, max: Duration) {
 pub struct LibfabricBackend {
     inner: Arc<Inner>,
     stop: Arc<AtomicBool>,
-    threads: Vec<JoinHandle<()>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 /// The body of rail `i`'s progress thread.
@@ -356,7 +358,13 @@ impl LibfabricBackend {
                 .map(|r| (r.domain_name.clone(), r.counters.clone()))
                 .collect(),
         );
+        let own = crate::own::add(
+            &agent,
+            &sel.provider,
+            rails.iter().map(|r| r.addr.clone()).collect(),
+        );
         let inner = Arc::new(Inner {
+            _own: own,
             agent,
             provider: sel.provider,
             rails,
@@ -382,7 +390,7 @@ impl LibfabricBackend {
         Ok(LibfabricBackend {
             inner,
             stop,
-            threads,
+            threads: Mutex::new(threads),
         })
     }
 
@@ -421,15 +429,24 @@ impl LibfabricBackend {
     }
 }
 
-impl Drop for LibfabricBackend {
-    fn drop(&mut self) {
+impl LibfabricBackend {
+    /// Stops the progress threads and the shm watchdog and waits for them (once; later calls
+    /// find none).
+    fn stop_threads(&self) {
         self.stop.store(true, Ordering::Relaxed);
         self.inner.watchdog.stop();
-        for t in self.threads.drain(..) {
+        let threads = std::mem::take(&mut *self.threads.lock());
+        for t in threads {
             if t.join().is_err() {
                 tracing::error!(agent = %self.inner.agent, "libfabric progress thread panicked");
             }
         }
+    }
+}
+
+impl Drop for LibfabricBackend {
+    fn drop(&mut self) {
+        self.stop_threads();
     }
 }
 
@@ -442,6 +459,12 @@ impl Backend for LibfabricBackend {
 
     fn name(&self) -> &str {
         LIBFABRIC
+    }
+
+    fn shutdown(&self) {
+        // The agent is gone; what is left is a leaked request's (its memory never freed),
+        // which nothing polls again, or registrations outliving the agent.
+        self.stop_threads();
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -638,6 +661,19 @@ impl nixl_core::backend::PeerBackend for LibfabricBackend {
                         format!("refused an endpoint name of {remote} (rail {i}): {e}"),
                     )
                 })?;
+        }
+        let here = process.is_some_and(|p| p.is_this_process());
+        if let Some(owner) =
+            crate::own::foreign_owner(&self.inner.provider, &names[..n], remote, here)
+        {
+            return Err(Error::not_allowed(
+                me,
+                Op::LoadMetadata,
+                format!(
+                    "{remote}'s endpoint names name an endpoint of this process (agent \
+                     {owner}'s): its transfers would move bytes within this process; refused"
+                ),
+            ));
         }
         let guards = crate::dead_holder::guards(&self.inner, remote, &names[..n], process)?;
         let session = self.inner.inbox.peers.new_session()?;

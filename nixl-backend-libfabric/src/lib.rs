@@ -47,6 +47,7 @@
 mod backend;
 mod dead_holder;
 mod keys;
+mod own;
 mod params;
 mod peer;
 mod rail;

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use nixl_core::backend::{downcast_md, BackendMd, BackendXfer, XferSpec};
+use nixl_core::backend::{downcast_md, BackendXfer, MdTable, XferSpec};
 use nixl_core::{Error, MemKind, Op, Result, XferOp, XferState};
 
 use crate::backend::{Inner, LocalMd, Peer, RemoteMd};
@@ -62,7 +62,7 @@ pub(crate) struct XferCore {
     /// each rail's progress passes then (see [`XferCore::orphaned`]).
     orphan: Option<Vec<u64>>,
     /// The metadata the operations' keys and descriptors come from.
-    _mds: Vec<BackendMd>,
+    _mds: MdTable,
 }
 
 /// Frames a notification to `peer` (in the session its hello opened), refused when larger

@@ -233,6 +233,9 @@ fn shm_names_of_no_region_are_refused() {
         for round in 0..3 {
             let mut md = good.clone();
             md.name = format!("{}-alias-{round}", good.name);
+            // Claiming no process, so the name itself is what is checked (an unknown name
+            // claiming this process is refused before any backend sees it).
+            md.process = None;
             md.backends[0].conn_info = conn.clone();
             let r = p.a.load_remote_metadata(&md.encode());
             assert!(
@@ -334,8 +337,9 @@ fn notification_buffers_are_not_remotely_accessible() {
     };
     let near = (0..64).map(|bit| real ^ (1 << bit));
     for key in (1..=8).chain(near).filter(|&k| k != real) {
+        // Under the target's own name (a peer naming an endpoint of this process must be the
+        // agent here that owns it), loaded afresh with the guessed key each time.
         let mut md = good.clone();
-        md.name = format!("{}-key-{key}", good.name);
         md.regions[0].public[at..].copy_from_slice(&u64::to_le_bytes(key));
         // The target's provider drops the connection over a refused read; connecting again
         // may take a moment.
@@ -365,4 +369,58 @@ fn load_retrying(a: &Agent, md: &[u8]) {
             Err(e) => panic!("loading metadata: {e}"),
         }
     }
+}
+
+/// A peer whose endpoint names are this agent's own (its metadata under a new name, naming no
+/// process), with a region at one of the agent's own buffers and that buffer's key: the
+/// agent's WRITE "to the peer" would go to itself and land in its own memory. Refused at
+/// load, `NotAllowed`, over tcp and shm; nothing lands.
+#[test]
+fn a_peer_naming_this_agents_own_endpoints_is_refused() {
+    let mut landed = Vec::new();
+    for (provider, params) in [
+        ("tcp", LibfabricParams::tcp_loopback(1)),
+        ("shm", LibfabricParams::with_provider("shm")),
+    ] {
+        if common::skip_without_provider(provider) {
+            continue;
+        }
+        let v = agent(&format!("own-{provider}"));
+        v.create_backend(params).unwrap();
+        let secret = Arc::new(HostBuffer::new(4096).unwrap());
+        secret.fill(0x11);
+        let src = Arc::new(HostBuffer::new(4096).unwrap());
+        src.fill(0xEE);
+        let _r1 = v.register_mem(vec![secret.clone()], &[]).unwrap();
+        let _r2 = v.register_mem(vec![src.clone()], &[]).unwrap();
+        let mut md = AgentMetadata::decode_bytes(&v.local_metadata().unwrap()).unwrap();
+        md.name = format!("{}-liar", v.name());
+        md.process = None;
+        let at = md
+            .regions
+            .iter()
+            .position(|r| r.desc.addr == secret.addr())
+            .expect("the secret's region");
+        md.regions.swap(0, at);
+        let loaded = v.load_remote_metadata(&md.encode());
+        let outcome = loaded.as_ref().map_err(|e| e.clone()).and_then(|name| {
+            let req = v.create_xfer_req(
+                XferOp::Write,
+                &XferDescList::blocks(MemKind::Dram, src.addr(), 4096, 1),
+                &XferDescList::blocks(MemKind::Dram, secret.addr(), 4096, 1),
+                name,
+                XferOptions::default().timeout(Duration::from_secs(2)),
+            )?;
+            v.post_xfer_req(&req)?;
+            req.wait(Duration::from_secs(10))
+        });
+        if !secret.to_vec().iter().all(|&b| b == 0x11) {
+            landed.push(format!(
+                "{provider}: the WRITE landed in the agent's own buffer ({outcome:?})"
+            ));
+        } else if !matches!(loaded, Err(Error::NotAllowed { .. })) {
+            landed.push(format!("{provider}: loaded ({loaded:?}), then {outcome:?}"));
+        }
+    }
+    assert!(landed.is_empty(), "{}", landed.join("\n"));
 }

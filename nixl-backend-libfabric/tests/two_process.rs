@@ -94,10 +94,19 @@ struct Session {
 }
 
 fn start(provider: &str, tag: &str, p: LibfabricParams) -> Result<Session, String> {
+    start_as(
+        &format!("lf-parent-{tag}-{}", std::process::id()),
+        provider,
+        tag,
+        p,
+    )
+}
+
+/// As [`start`], the parent agent named `name`.
+fn start_as(name: &str, provider: &str, tag: &str, p: LibfabricParams) -> Result<Session, String> {
     let e = |e: Error| e.to_string();
-    let name = format!("lf-parent-{tag}-{}", std::process::id());
     let child_name = format!("lf-child-{tag}-{}", std::process::id());
-    let a = Agent::new(&name, config(true)).map_err(e)?;
+    let a = Agent::new(name, config(true)).map_err(e)?;
     a.create_backend(p).map_err(e)?;
     let mut target = Child::spawn(
         "child_target_role",
@@ -501,6 +510,92 @@ fn a_post_to_a_peer_whose_region_lock_stays_held_is_bounded() {
     }
     a.gen_notif(&s.child, b"exit", &[]).unwrap();
     assert!(s.target.join(WAIT).is_some_and(|st| st.success()));
+}
+
+/// Threads of this process whose name starts with `prefix` (the kernel keeps 15 bytes of a
+/// thread's name).
+fn threads_named(prefix: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| {
+            d.filter_map(|t| t.ok())
+                .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+                .filter(|c| c.starts_with(prefix))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// An agent dropped with a request its backend never lets go of keeps the request, its memory
+/// and the backend (nothing is freed under a transfer that may still touch it; the process's
+/// orphan thread holds them), but not the agent's or the backend's threads: they stop with the
+/// agent (`Backend::shutdown`). Before, the request's registration held the agent, which then
+/// lived, threads and all, for good. The request: a READ over shm with a key the target never
+/// registered, which libfabric's shm provider never answers (docs/security.md); the parent's
+/// name makes its threads' names unique in this binary.
+#[test]
+fn an_agent_dropped_with_a_leaked_request_stops_its_backend_threads() {
+    if std::env::var_os(ENV_CHILD).is_some() || common::skip_without_provider("shm") {
+        return;
+    }
+    let e = |e: Error| e.to_string();
+    let name = format!("LEAKED-{}", std::process::id());
+    let prefix = "nixl-lf0-LEAKED";
+    let p = params("shm").op_timeout(Duration::from_millis(200));
+    let mut s = start_as(&name, "shm", "leak", p).unwrap();
+    assert_eq!(
+        threads_named(prefix),
+        1,
+        "the backend's progress thread runs"
+    );
+    let md = child_metadata(&mut s);
+    // The child's metadata with its region's keys changed: well formed, never registered.
+    let mut bad = AgentMetadata::decode_bytes(&md).unwrap();
+    for r in &mut bad.regions {
+        let n = r.public.len();
+        for b in &mut r.public[n - 8..] {
+            *b ^= 0x5a;
+        }
+    }
+    let a = s.a;
+    a.invalidate_remote_metadata(&s.child).unwrap();
+    a.load_remote_metadata(&bad.encode()).unwrap();
+    let local = Arc::new(HostBuffer::new(BLOCK).unwrap());
+    let _reg = a.register_mem(vec![local.clone()], &[]).unwrap();
+    let one = |addr| XferDescList::blocks(MemKind::Dram, addr, 4096, 1);
+    let req = a
+        .create_xfer_req(
+            XferOp::Read,
+            &one(local.addr()),
+            &one(s.remote_addr),
+            &s.child,
+            XferOptions::default(),
+        )
+        .map_err(e)
+        .unwrap();
+    let r = a
+        .post_xfer_req(&req)
+        .and_then(|_| req.wait(Duration::from_secs(2)));
+    eprintln!("READ with a key the target never registered: {r:?}");
+    assert!(
+        r.is_err(),
+        "a READ the target refuses does not end Done: {r:?}"
+    );
+    drop(req);
+    let leaked = a.draining_requests();
+    eprintln!("requests the backend has not let go of: {leaked}");
+    drop(a);
+    // The agent's drop waited for them: no polling thread is left, leaked request or not.
+    assert_eq!(
+        threads_named(prefix),
+        0,
+        "the backend's threads stopped with its agent"
+    );
+    assert!(
+        leaked > 0,
+        "the case this test exists for: the backend kept the request (an orphan after the drop)"
+    );
+    // The child is waited for by its own deadline (the parent that reached it is gone).
+    s.target.kill();
 }
 
 /// The child's metadata, asked for over a notification.

@@ -51,6 +51,8 @@ pub struct UcxBackend {
     cma_pool: OnceLock<Option<Arc<crate::direct_cma::CopyPool>>>,
     stop: Arc<AtomicBool>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// This backend's workers in the process's list of its own (`crate::conn::own`).
+    _own: nixl_core::backend::own::OwnGuard<crate::validate::Entry>,
 }
 
 impl std::fmt::Debug for UcxBackend {
@@ -144,6 +146,10 @@ impl UcxBackend {
             }
         }
         let shapes = own_shapes(&ctx, &agent, &workers)?;
+        let own = {
+            let addrs: Vec<&[u8]> = workers.iter().map(|w| w.address()).collect();
+            crate::conn::own::add(&agent, &addrs, ctx.ucx.version.1)
+        };
         let b = UcxBackend {
             agent,
             wake,
@@ -161,6 +167,7 @@ impl UcxBackend {
             cma_pool: OnceLock::new(),
             stop: Arc::new(AtomicBool::new(false)),
             threads: Mutex::new(Vec::new()),
+            _own: own,
         };
         if b.params.progress_thread {
             for w in &b.workers {
@@ -253,7 +260,7 @@ impl UcxBackend {
         ),
         work: Work,
         notif: Option<&[u8]>,
-        keep: Vec<BackendMd>,
+        keep: nixl_core::backend::MdTable,
     ) -> Result<UcxXfer> {
         let header = self.session_header(&peer, worker, Op::MakeXfer)?;
         let notif = notif.map(|m| crate::xfer::make_notif(&self.agent, &header, &peer, m));
@@ -559,6 +566,10 @@ impl nixl_core::backend::PeerBackend for UcxBackend {
         Ok(self.reg(md, Op::LocalMetadata)?.public.clone())
     }
 
+    fn public_metadata_ref<'a>(&self, md: &'a BackendMd) -> Option<&'a [u8]> {
+        downcast_md::<MemReg>(md).map(|r| r.public.as_slice())
+    }
+
     fn post_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
         let peer = self.peer(remote, Op::GenNotif)?;
         peer.check_alive(&self.agent, 0, Op::GenNotif)?;
@@ -703,6 +714,7 @@ impl UcxBackend {
                     )
                 })?;
                 self.check_named_processes(remote, &shapes.named_processes(&c), process)?;
+                self.check_named_workers(remote, &c, process)?;
                 checked.push(c);
             }
         }
@@ -768,6 +780,31 @@ impl UcxBackend {
             }
         }
         Ok(())
+    }
+
+    /// Refuses a peer whose worker address names a worker of this process (`crate::conn::own`)
+    /// unless the peer is the agent here that owns it: UCX's emulated puts and gets through
+    /// that worker would write and read this process's memory wherever the peer's metadata
+    /// says. nixl-core loads metadata that names this process only from a live agent of it,
+    /// with that agent's own registrations.
+    fn check_named_workers(
+        &self,
+        remote: &str,
+        address: &crate::validate::Address,
+        process: Option<&nixl_core::backend::PeerProcess>,
+    ) -> Result<()> {
+        let here = process.is_some_and(|p| p.is_this_process());
+        match crate::conn::own::foreign_owner(address, remote, here) {
+            None => Ok(()),
+            Some(owner) => Err(Error::not_allowed(
+                &self.agent,
+                Op::LoadMetadata,
+                format!(
+                    "{remote}'s UCX worker address names a worker of this process (agent \
+                     {owner}'s): UCX would move its bytes within this process; refused"
+                ),
+            )),
+        }
     }
 
     /// The process direct CMA copies to `remote` aim at: the one the agent bound when it

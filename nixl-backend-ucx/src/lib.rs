@@ -111,7 +111,9 @@ use xfer::{notify, work};
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing {
-    pub use crate::reached::{ep_creates, progress_calls_here, rkey_unpacks, rma_posts};
+    pub use crate::reached::{
+        ep_creates, md_checks_here, progress_calls_here, rkey_unpacks, rma_posts,
+    };
     pub use crate::validate::{parse_address, parse_rkey};
     pub use crate::wire::{
         decode_conn, decode_conn_info, decode_notif_header, decode_rkey, encode_conn,

@@ -48,6 +48,26 @@ pub(crate) fn progress() {
     PROGRESS_HERE.with(|c| c.set(c.get() + 1));
 }
 
+#[cfg(feature = "fuzzing")]
+thread_local! {
+    static MD_CHECKS_HERE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Called for each region metadata a request (or a prepared list's derivation) checks and
+/// takes a handle from.
+#[inline]
+pub(crate) fn md_check() {
+    #[cfg(feature = "fuzzing")]
+    MD_CHECKS_HERE.with(|c| c.set(c.get() + 1));
+}
+
+/// Region metadata checked by the calling thread so far (see `md_check`): what the tests use
+/// to show that requests over prepared lists check each region once, not once per request.
+#[cfg(feature = "fuzzing")]
+pub fn md_checks_here() -> u64 {
+    MD_CHECKS_HERE.with(std::cell::Cell::get)
+}
+
 /// `ucp_worker_progress` calls made by the calling thread so far.
 #[cfg(feature = "fuzzing")]
 pub fn progress_calls_here() -> u64 {

@@ -587,3 +587,94 @@ fn warmed_up_workers_move_bytes_and_keep_no_peer() {
         );
     }
 }
+
+/// Requests over prepared lists check each region's metadata once for every request over the
+/// lists (the handles are derived beside the lists' shared tables), not once per request: 32
+/// regions a side, 8 requests each pairing every destination with another source; the first
+/// request checks the 64 regions, the others none, and every byte of each lands.
+#[cfg(feature = "fuzzing")]
+#[test]
+fn requests_over_prepared_lists_check_each_region_once() {
+    if !common::ucx_or_skip("prepared lists' handles") {
+        return;
+    }
+    use nixl_backend_ucx::fuzzing::md_checks_here;
+    use nixl_core::{Desc, HostBuffer};
+    const N: usize = 32;
+    const B: u64 = 4096;
+    let mk = |role| {
+        let a = Agent::new(&common::unique(role), common::config(false)).expect("agent");
+        a.create_backend(common::params(common::TCP))
+            .expect("backend");
+        a
+    };
+    let (a, b) = (mk("lists-a"), mk("lists-b"));
+    let srcs: Vec<Arc<HostBuffer>> = (0..N)
+        .map(|i| {
+            let s = common::buf(B as usize);
+            s.fill_pattern(i as u64 + 1);
+            s
+        })
+        .collect();
+    let dsts: Vec<Arc<HostBuffer>> = (0..N).map(|_| common::buf(B as usize)).collect();
+    let regions = |bufs: &[Arc<HostBuffer>]| {
+        bufs.iter()
+            .map(|x| x.clone() as Arc<dyn nixl_core::MemoryRegion>)
+            .collect::<Vec<_>>()
+    };
+    let _ra = a.register_mem(regions(&srcs), &[]).expect("register");
+    let _rb = b.register_mem(regions(&dsts), &[]).expect("register");
+    let md = b.local_metadata().expect("md");
+    // UCX lends its keys to the metadata (no copy per region): the same bytes as the decoded
+    // entries encoded again.
+    assert!(AgentMetadata::decode_bytes(&md).expect("decode").encode() == md);
+    a.load_remote_metadata(&md).expect("load");
+    let list = |bufs: &[Arc<HostBuffer>]| {
+        XferDescList::from_descs(MemKind::Dram, bufs.iter().map(|x| Desc::new(x.addr(), B)))
+    };
+    let local = a
+        .prep_xfer_dlist(XferTarget::Initiator, &list(&srcs), &[])
+        .expect("prep");
+    let remote = a
+        .prep_xfer_dlist(XferTarget::Agent(b.name()), &list(&dsts), &[])
+        .expect("prep");
+    let mut checks = Vec::new();
+    for r in 0..8usize {
+        // Destination k gets source (7k + r) mod N: every destination once, in another order
+        // each request.
+        let li: Vec<usize> = (0..N).map(|k| (7 * k + r) % N).collect();
+        let ri: Vec<usize> = (0..N).collect();
+        for d in &dsts {
+            d.fill(0);
+        }
+        let before = md_checks_here();
+        let req = a
+            .make_prepped_xfer(
+                XferOp::Write,
+                &local,
+                &li,
+                &remote,
+                &ri,
+                XferOptions::default(),
+            )
+            .expect("make");
+        checks.push(md_checks_here() - before);
+        a.post_xfer_req(&req).expect("post");
+        req.wait(T).expect("done");
+        for (k, d) in dsts.iter().enumerate() {
+            assert!(
+                d.to_vec() == srcs[li[k]].to_vec(),
+                "request {r}, destination {k}"
+            );
+        }
+    }
+    assert_eq!(
+        checks[0],
+        2 * N as u64,
+        "the first request derives both lists' handles: {checks:?}"
+    );
+    assert!(
+        checks[1..].iter().all(|&c| c == 0),
+        "later requests check no region: {checks:?}"
+    );
+}

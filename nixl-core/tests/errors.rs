@@ -281,6 +281,9 @@ fn bad_metadata_changes_nothing() {
     ));
     let mut md = AgentMetadata::decode_bytes(&good).unwrap();
     md.name = "impostor".into();
+    // Claiming no process: under a name no agent of this process has, a claim of this
+    // process is refused first (`NotAllowed`), before the region's key is looked at.
+    md.process = None;
     md.regions.push(RegionEntry {
         label: String::new(),
         backend: 0,
@@ -514,4 +517,53 @@ fn public_decoders_return_the_crates_error() {
     }
     assert!(nixl_core::AgentMetadata::decode_bytes(junk).is_err());
     assert!(decode_notif_bytes(junk).is_err());
+}
+
+/// Metadata that names this very process is believed only of a live agent of it, with its
+/// own registrations (`NotAllowed` otherwise, nothing loaded): a forgery claiming this
+/// process under a new name, a real agent's name with a region it never registered, and the
+/// metadata of an agent of this process that was dropped. The real agent's own metadata
+/// loads. (Over UCX such metadata made the victim's WRITEs land in its own memory:
+/// `tests/stray_writes.rs::a_peer_naming_a_worker_of_this_process_is_refused`.)
+#[test]
+fn metadata_naming_this_process_must_be_a_live_agent_of_it() {
+    let a = agent("here-a");
+    let b = agent("here-b");
+    let (_sb, _rb) = registered(&b, 4096);
+    let unregistered = HostBuffer::new(4096).unwrap();
+    let good = AgentMetadata::decode_bytes(&b.local_metadata().unwrap()).unwrap();
+    assert_eq!(good.process, nixl_core::backend::ProcessId::current());
+    let before = snapshot(&a);
+
+    let mut renamed = good.clone();
+    renamed.name = nixl_testkit::unique("here-liar");
+    let mut not_its_own = good.clone();
+    not_its_own.regions[0].desc.addr = unregistered.addr();
+    let mut other_generation = good.clone();
+    other_generation.generation ^= 1;
+    for (what, md) in [
+        ("a new name", &renamed),
+        ("a region it never registered", &not_its_own),
+        ("another generation", &other_generation),
+    ] {
+        let r = a.load_remote_metadata(&md.encode());
+        assert!(matches!(r, Err(Error::NotAllowed { .. })), "{what}: {r:?}");
+        assert_eq!(snapshot(&a), before, "{what}");
+    }
+    // Naming no process, the renamed one is another process's claim: loaded (the backends
+    // judge its connection info).
+    renamed.process = None;
+    assert!(a.load_remote_metadata(&renamed.encode()).is_ok());
+    assert!(a.invalidate_remote_metadata(&renamed.name).is_ok());
+
+    let before = snapshot(&a);
+    assert_eq!(a.load_remote_metadata(&good.encode()).unwrap(), b.name());
+    assert!(a.invalidate_remote_metadata(b.name()).is_ok());
+    drop((_rb, b));
+    let r = a.load_remote_metadata(&good.encode());
+    assert!(
+        matches!(r, Err(Error::NotAllowed { .. })),
+        "a dropped agent: {r:?}"
+    );
+    assert_eq!(snapshot(&a), before);
 }

@@ -91,3 +91,35 @@ fn bad_labels_are_refused_and_change_nothing() {
     );
     assert_eq!(md.regions[0].label.len(), 256);
 }
+
+/// An agent encodes its metadata from where each region lives (no entry copied first): the
+/// bytes are exactly those of the decoded entries encoded again, labels, several regions per
+/// registration and unlabeled ones included.
+#[test]
+fn metadata_encoded_in_place_equals_its_entries_encoded_again() {
+    let a = agent_with("labels-encode", AgentConfig::default());
+    let bufs: Vec<Arc<HostBuffer>> = (0..5)
+        .map(|_| Arc::new(HostBuffer::new(8192).expect("alloc")))
+        .collect();
+    let as_regions = |b: &[Arc<HostBuffer>]| {
+        b.iter()
+            .map(|x| x.clone() as Arc<dyn nixl_core::MemoryRegion>)
+            .collect::<Vec<_>>()
+    };
+    let _r1 = a
+        .register_mem_labeled("kv-pool", as_regions(&bufs[..3]), &[])
+        .unwrap();
+    let _r2 = a.register_mem(as_regions(&bufs[3..]), &[]).unwrap();
+    let md = a.local_metadata().unwrap();
+    let decoded = nixl_core::wire::codec::AgentMetadata::decode_bytes(&md).unwrap();
+    assert_eq!(decoded.regions.len(), 5);
+    assert_eq!(
+        decoded
+            .regions
+            .iter()
+            .filter(|r| r.label == "kv-pool")
+            .count(),
+        3
+    );
+    assert!(decoded.encode() == md, "the same bytes");
+}

@@ -717,3 +717,32 @@ fn uncertain_requests_are_listed() {
     a.clear_uncertain_requests();
     assert!(a.uncertain_requests().is_empty());
 }
+
+/// A registration does not keep its agent alive (a request leaked at the agent's drop holds
+/// its registrations, and must not keep the agent's threads with them): one that outlives its
+/// agent still names its regions and backends, is refused by another agent, and deregisters
+/// when dropped.
+#[test]
+fn a_registration_outlives_its_agent_and_still_deregisters() {
+    let a = agent("outlive");
+    let (buf, reg) = registered(&a, 4096);
+    let name = a.name().to_owned();
+    drop(a);
+    assert_eq!(reg.regions().len(), 1);
+    assert_eq!(reg.regions()[0].addr, buf.addr());
+    assert_eq!(
+        reg.backends()
+            .iter()
+            .map(|b| b.name().to_owned())
+            .collect::<Vec<_>>(),
+        ["INPROC"]
+    );
+    let other = agent("outlive-other");
+    assert_ne!(other.name(), name);
+    match other.deregister_mem(&reg) {
+        Err(e) => assert_eq!(e.kind(), nixl_core::ErrorKind::Mismatch, "{e}"),
+        Ok(()) => panic!("another agent deregistered it"),
+    }
+    assert!(!reg.is_deregistered());
+    drop(reg);
+}

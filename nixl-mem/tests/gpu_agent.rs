@@ -338,6 +338,77 @@ fn gpu_agent_bad_input_is_typed_and_changes_nothing() {
     assert_eq!(first_diff(&got, &pattern(9, 4096)), None);
 }
 
+/// A peer whose CUDA_IPC connection info names this very process but which is no agent of it
+/// (the victim's own metadata under a new name, naming no process; or naming this process
+/// under that new name): CUDA_IPC copies to a peer of this process are plain copies to the
+/// addresses its metadata names, so the victim's WRITE would land in its own memory. Refused
+/// at load, `NotAllowed`, and nothing lands; the victim's real metadata, loaded by another
+/// agent here, still works.
+#[test]
+fn gpu_agent_a_peer_naming_this_process_is_refused() {
+    if std::env::var(ROLE).is_ok() || !gpu("gpu_agent_a_peer_naming_this_process_is_refused") {
+        return;
+    }
+    let v = agent(&nixl_testkit::unique("victim"));
+    let secret = Arc::new(DeviceBuffer::new(0, MIB).unwrap());
+    secret.copy_from_host(0, &pattern(3, MIB)).unwrap();
+    let src = Arc::new(DeviceBuffer::new(0, MIB).unwrap());
+    src.copy_from_host(0, &pattern(8, MIB)).unwrap();
+    let _r1 = v.register_mem(vec![secret.clone()], &[]).unwrap();
+    let _r2 = v.register_mem(vec![src.clone()], &[]).unwrap();
+    let real =
+        nixl_core::wire::codec::AgentMetadata::decode_bytes(&v.local_metadata().unwrap()).unwrap();
+    for process in [None, real.process] {
+        let mut md = real.clone();
+        md.name = nixl_testkit::unique("liar");
+        md.process = process;
+        let loaded = v.load_remote_metadata(&md.encode());
+        let outcome = loaded.as_ref().map_err(Clone::clone).and_then(|name| {
+            let req = v.create_xfer_req(
+                XferOp::Write,
+                &blocks(MemKind::Vram, src.addr(), 1, 0),
+                &blocks(MemKind::Vram, secret.addr(), 1, 0),
+                name,
+                XferOptions::default(),
+            )?;
+            v.post_xfer_req(&req)?;
+            req.wait(WAIT)
+        });
+        assert_eq!(
+            first_diff(&secret.to_vec().unwrap(), &pattern(3, MIB)),
+            None,
+            "the WRITE landed in the victim's own memory (process {process:?}: {outcome:?})"
+        );
+        assert_eq!(
+            loaded.as_ref().map_err(|e| e.kind().as_str()),
+            Err("not_allowed"),
+            "process {process:?}: {loaded:?}"
+        );
+    }
+    let other = agent(&nixl_testkit::unique("other"));
+    let peer = other
+        .load_remote_metadata(&v.local_metadata().unwrap())
+        .unwrap();
+    let dst = Arc::new(DeviceBuffer::new(0, MIB).unwrap());
+    let _r3 = other.register_mem(vec![dst.clone()], &[]).unwrap();
+    xfer(
+        &other,
+        XferOp::Read,
+        blocks(MemKind::Vram, dst.addr(), 1, 0),
+        blocks(MemKind::Vram, secret.addr(), 1, 0),
+        &peer,
+        None,
+        false,
+    );
+    assert_eq!(
+        first_diff(
+            &dst.to_vec().unwrap()[..BLOCK as usize],
+            &pattern(3, MIB)[..BLOCK as usize]
+        ),
+        None
+    );
+}
+
 fn cuda_ipc_suite() -> Option<nixl_testkit::conformance::Suite> {
     let test = std::thread::current()
         .name()

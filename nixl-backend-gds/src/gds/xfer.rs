@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use nixl_core::backend::{BackendMd, BackendXfer, XferSpec};
+use nixl_core::backend::{BackendXfer, MdTable, XferSpec};
 use nixl_core::{Error, Op, Result, XferOp, XferState};
 use nixl_mem::cufile::{status, Batch, BatchEvent, BatchIo, Driver};
 
@@ -30,7 +30,7 @@ pub(crate) struct GdsXfer {
     mode: String,
     batch: Option<BatchState>,
     cancel_timeout: Duration,
-    _keep: Vec<BackendMd>,
+    _keep: MdTable,
 }
 
 struct BatchState {

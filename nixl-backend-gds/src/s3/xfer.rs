@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt, TryStreamExt};
-use nixl_core::backend::{downcast_md, BackendMd, BackendXfer, XferSpec};
+use nixl_core::backend::{downcast_md, BackendXfer, MdTable, XferSpec};
 use nixl_core::{Error, Op, Result, XferOp, XferState};
 use object_store::aws::AmazonS3;
 use object_store::path::Path as ObjPath;
@@ -49,7 +49,7 @@ pub(crate) struct Plan {
     part_size: u64,
     max_concurrency: usize,
     /// Keeps the object registrations' metadata alive with the request.
-    _objects: Vec<BackendMd>,
+    _objects: MdTable,
 }
 
 impl Plan {

@@ -1,5 +1,6 @@
 #![allow(dead_code)]
-//! Shared by the unpack targets. Per provider (tcp with two rails, shm, sockets):
+//! Shared by the unpack targets. Per provider (each target's `PROVIDERS`: tcp with two rails,
+//! shm, and for endpoint names sockets):
 //!
 //! - a **victim** agent in the fuzzing process that loads hostile metadata through its public
 //!   API (authentication off), so every input the backend's checks let through reaches the
@@ -30,8 +31,8 @@ use nixl_core::{Agent, AgentConfig, Error, HostBuffer, Registration};
 pub const BUF: usize = 1 << 16;
 /// Set in the target process's environment.
 const ROLE: &str = "NIXL_FUZZ_TARGET_PROCESS";
-/// The providers, and their rails.
-const PROVIDERS: [(&str, usize); 3] = [("tcp", 2), ("shm", 1), ("sockets", 1)];
+/// The providers, and their rails: each target names its own (`crate::PROVIDERS`).
+use crate::PROVIDERS;
 
 /// A victim agent, its registered buffer (the local side of its transfers) and its own
 /// endpoint names (a peer may name them too).
@@ -54,6 +55,7 @@ pub struct Pair {
     /// The target's region: `(addr, len)`, and its public metadata (keys).
     pub region: (u64, u64),
     pub public: Vec<u8>,
+    exhausted: std::sync::atomic::AtomicBool,
 }
 
 impl Pair {
@@ -63,10 +65,27 @@ impl Pair {
 
     /// Replaces a victim whose endpoint stopped working (libfabric 1.17's shm provider never
     /// answers an RMA its target refuses, and the initiator's endpoint then sends to no one:
-    /// see docs/security.md), so later inputs reach a working one.
+    /// see docs/security.md), so later inputs reach a working one. Each replaced victim's
+    /// stuck request keeps its backend, endpoint included (never freed under a transfer that
+    /// may still touch its memory); once the provider makes no more endpoints in this process
+    /// (shm: a few hundred), the pair is exhausted and its inputs are skipped.
     pub fn replace_victim(&self) {
+        if self.exhausted() {
+            return;
+        }
         let core = self.provider.split(';').next().unwrap_or_default();
-        let fresh = victim(core, self.rails);
+        let fresh = match try_victim(core, self.rails) {
+            Ok(v) => v,
+            Err(e) => {
+                self.exhausted.store(true, Ordering::Relaxed);
+                eprintln!(
+                    "fuzz world: no more {} victims after {} replaced ({e}): its inputs are skipped from now",
+                    self.provider,
+                    REPLACED.load(Ordering::Relaxed)
+                );
+                return;
+            }
+        };
         let old = std::mem::replace(&mut *self.victim(), fresh);
         drop(old);
         REPLACED.fetch_add(1, Ordering::Relaxed);
@@ -74,6 +93,11 @@ impl Pair {
             "fuzz world: replaced the {} victim (its endpoint stopped working)",
             self.provider
         );
+    }
+
+    /// Whether no working victim can be made any more (see [`Pair::replace_victim`]).
+    pub fn exhausted(&self) -> bool {
+        self.exhausted.load(Ordering::Relaxed)
     }
 }
 
@@ -161,7 +185,7 @@ fn spawn_target() -> (Child, Vec<(AgentMetadata, u64, u64)>) {
         .expect("spawning the target process");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let mut targets = Vec::new();
-    for _ in PROVIDERS {
+    for _ in PROVIDERS.iter() {
         let line = lines
             .next()
             .expect("a target line")
@@ -174,27 +198,30 @@ fn spawn_target() -> (Child, Vec<(AgentMetadata, u64, u64)>) {
 }
 
 fn victim(provider: &str, rails: usize) -> Victim {
+    try_victim(provider, rails).expect("victim libfabric backend")
+}
+
+/// A victim, or why its backend could not be made.
+fn try_victim(provider: &str, rails: usize) -> Result<Victim, Error> {
     let name = format!(
         "fuzz-victim-{provider}-{}-{}",
         std::process::id(),
         REPLACED.load(Ordering::Relaxed)
     );
     let agent = Agent::new(&name, AgentConfig::default()).expect("victim");
-    agent
-        .create_backend(params(provider, rails))
-        .expect("victim libfabric backend");
+    agent.create_backend(params(provider, rails))?;
     let local = Arc::new(HostBuffer::new(BUF).expect("alloc"));
     let reg = agent
         .register_mem(vec![local.clone()], &[])
         .expect("victim register");
     let md = AgentMetadata::decode_bytes(&agent.local_metadata().expect("md")).expect("decode");
     let (_, own) = decode_conn(&md.backends[0].conn_info).expect("victim conn info");
-    Victim {
+    Ok(Victim {
         agent,
         local,
         own,
         _reg: reg,
-    }
+    })
 }
 
 fn pair((provider, rails): (&str, usize), (md, addr, len): (AgentMetadata, u64, u64)) -> Pair {
@@ -219,6 +246,7 @@ fn pair((provider, rails): (&str, usize), (md, addr, len): (AgentMetadata, u64, 
         conn,
         region: (addr, len),
         public: md.regions[0].public.clone(),
+        exhausted: std::sync::atomic::AtomicBool::new(false),
     }
 }
 
@@ -227,7 +255,8 @@ pub fn world() -> &'static World {
         let (target, published) = spawn_target();
         World {
             pairs: PROVIDERS
-                .into_iter()
+                .iter()
+                .copied()
                 .zip(published)
                 .map(|(p, t)| pair(p, t))
                 .collect(),
@@ -315,7 +344,6 @@ fn report() {
         eprint!("UNPACK-STATS {line}");
     }
     if let Some(dir) = std::env::var_os("NIXL_FUZZ_STATS") {
-        let path = std::path::Path::new(&dir).join(std::process::id().to_string());
-        let _ = std::fs::write(path, line);
+        nixl_core::wire::fuzz::write_stats(std::path::Path::new(&dir), &line);
     }
 }

@@ -8,6 +8,9 @@
 #[path = "common.rs"]
 mod common;
 
+/// tcp (two rails), shm and sockets.
+const PROVIDERS: &[(&str, usize)] = &[("tcp", 2), ("shm", 1), ("sockets", 1)];
+
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(init: common::init(), |data: &[u8]| {
@@ -26,6 +29,9 @@ fuzz_target!(init: common::init(), |data: &[u8]| {
         .collect();
     let pick = data.first().map_or(0, |b| usize::from(*b & 0x1f)) % bases.len();
     let (p, names, rail) = bases[pick];
+    if p.exhausted() {
+        return;
+    }
     let mut names = names.clone();
     names[rail] = common::mutate(&names[rail], data);
     let (name, md) = common::metadata(common::conn(&p.provider, &names), None);

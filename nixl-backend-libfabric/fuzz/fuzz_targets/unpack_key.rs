@@ -1,6 +1,6 @@
 //! Hostile libfabric remote keys and remote addresses through a real `fi_write` / `fi_read`:
 //! the region metadata (addressing mode and one key per rail) and region (address, length) of
-//! a live target in another process, on the tcp (two rails), shm and sockets providers,
+//! a live target in another process, on the tcp (two rails) and shm providers,
 //! mutated (or replaced) by the input and loaded by a live agent with the target's real
 //! connection info; whatever loads is the target of a transfer (up to 4 KiB at the declared
 //! region's end, a read or a write) with a short deadline. Keys and addresses go to the
@@ -14,6 +14,12 @@
 #[path = "common.rs"]
 mod common;
 
+/// tcp (two rails) and shm. Not sockets: libfabric 1.17's sockets provider crashes in its own
+/// progress thread (`sock_pe_progress_thread`, SIGSEGV then `free(): corrupted unsorted
+/// chunks`) in the process that receives RMA with hostile keys, so a target there dies of the
+/// provider, not of anything nixl-rs passes it (docs/security.md).
+const PROVIDERS: &[(&str, usize)] = &[("tcp", 2), ("shm", 1)];
+
 use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
@@ -24,6 +30,9 @@ fuzz_target!(init: common::init(), |data: &[u8]| {
     let w = common::world();
     let first = data.first().copied().unwrap_or(0);
     let p = &w.pairs[usize::from(first & 0x0f) % w.pairs.len()];
+    if p.exhausted() {
+        return;
+    }
     let write = first & 0x10 != 0;
     // The base: public metadata, then the region's address and length.
     let mut base = p.public.clone();

@@ -295,7 +295,6 @@ fn report() {
         eprint!("UNPACK-STATS {line}");
     }
     if let Some(dir) = std::env::var_os("NIXL_FUZZ_STATS") {
-        let path = std::path::Path::new(&dir).join(std::process::id().to_string());
-        let _ = std::fs::write(path, line);
+        nixl_core::wire::fuzz::write_stats(std::path::Path::new(&dir), &line);
     }
 }

@@ -343,6 +343,8 @@ pub(crate) struct Shapes {
     /// csum -> where the transport's interface address names a process of this host (cma,
     /// posix in procfs mode), for the transports whose own address showed this process there.
     pid_fields: HashMap<u16, PidField>,
+    /// This process's pid namespace id (`None`: unknown).
+    pid_ns: Option<u64>,
     loaded_minor: u32,
 }
 
@@ -350,27 +352,58 @@ pub(crate) struct Shapes {
 /// memory of: a process a peer's address names there is one UCX reads and writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PidField {
-    /// cma: a 32-bit pid; bit 31 says a pid namespace follows (another namespace: UCX does not
-    /// use cma to it).
+    /// cma: a 32-bit pid; bit 31 says the pid namespace's id follows (UCX uses cma to the pid
+    /// where that namespace is its own; without the bit, where its own is the default one).
     Cma,
     /// posix (shared memory through `/proc/<pid>/fd/<fd>`): a 64-bit segment id whose bit 63
-    /// says procfs and bit 60 that a pid namespace follows (another namespace: UCX does not
-    /// open it), the pid in its low 30 bits and the descriptor in the next 30.
+    /// says procfs and bit 60 that the pid namespace's id follows (the same rule as cma), the
+    /// pid in its low 30 bits and the descriptor in the next 30.
     PosixProcfs,
 }
 
+/// The default pid namespace's id (`PROC_PID_INIT_INO`): the one UCX assumes for an address
+/// that names none.
+const DEFAULT_PID_NS: u64 = 0xEFFF_FFFC;
+
+/// This process's pid namespace id (the inode of `/proc/self/ns/pid`), as UCX reads it.
+fn own_pid_ns() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").ok().map(|m| m.ino())
+}
+
 impl PidField {
-    fn pid(self, iface: &[u8]) -> Option<u32> {
-        match self {
+    /// The pid an interface address names in the pid namespace `own_ns` (this process's;
+    /// `None`: unknown, then any namespace counts as ours), or `None` where it names none there
+    /// (UCX does not reach a pid of another namespace).
+    fn pid(self, iface: &[u8], own_ns: Option<u64>) -> Option<u32> {
+        let (pid, flagged, tail) = match self {
             PidField::Cma => {
                 let w = u32::from_le_bytes(iface.get(..4)?.try_into().ok()?);
-                (w & (1 << 31) == 0).then_some(w)
+                (w & !(1 << 31), w & (1 << 31) != 0, &iface[4..])
             }
             PidField::PosixProcfs => {
                 let w = u64::from_le_bytes(iface.get(..8)?.try_into().ok()?);
-                (w & (1 << 63) != 0 && w & (1 << 60) == 0).then_some((w & ((1 << 30) - 1)) as u32)
+                if w & (1 << 63) == 0 {
+                    return None;
+                }
+                (
+                    (w & ((1 << 30) - 1)) as u32,
+                    w & (1 << 60) != 0,
+                    &iface[8..],
+                )
             }
-        }
+        };
+        let Some(own) = own_ns else {
+            return Some(pid);
+        };
+        // The namespace id is a u32 from UCX 1.22 on (`ucs_sys_ns_t`), an unsigned long before.
+        let same = match (flagged, tail.len()) {
+            (false, _) => own == DEFAULT_PID_NS,
+            (true, 4) => u64::from(u32::from_le_bytes(tail.try_into().ok()?)) == own & 0xffff_ffff,
+            (true, 8) => u64::from_le_bytes(tail.try_into().ok()?) == own,
+            (true, _) => return None,
+        };
+        same.then_some(pid)
     }
 }
 
@@ -380,6 +413,7 @@ impl Shapes {
     pub(crate) fn from_own(addresses: &[&[u8]], loaded_minor: u32) -> Result<Self, DecodeError> {
         let mut s = Shapes {
             loaded_minor,
+            pid_ns: own_pid_ns(),
             ..Shapes::default()
         };
         let me = std::process::id();
@@ -397,7 +431,7 @@ impl Shapes {
                 } else {
                     None
                 };
-                if let Some(f) = field.filter(|f| f.pid(&e.iface_addr) == Some(me)) {
+                if let Some(f) = field.filter(|f| f.pid(&e.iface_addr, s.pid_ns) == Some(me)) {
                     s.pid_fields.insert(e.csum, f);
                 }
             }
@@ -462,7 +496,7 @@ impl Shapes {
                     PidField::Cma => "cma",
                     PidField::PosixProcfs => "posix",
                 };
-                Some((name, f.pid(&e.iface_addr)?))
+                Some((name, f.pid(&e.iface_addr, self.pid_ns)?))
             })
             .collect()
     }
@@ -537,21 +571,74 @@ mod tests {
 
     #[test]
     fn pids_are_read_as_ucx_packs_them() {
-        // cma: the pid, bit 31 for a pid namespace (then not ours to check).
-        assert_eq!(PidField::Cma.pid(&0x3a18u32.to_le_bytes()), Some(0x3a18));
+        let dflt = Some(DEFAULT_PID_NS);
+        let ours = Some(0xf000_0abc_u64);
+        let ns32 = |ns: u32| ns.to_le_bytes();
+        let cma = |w: u32, tail: &[u8]| [&w.to_le_bytes()[..], tail].concat();
+        // cma: the pid; bit 31 for a pid namespace, whose id follows: the pid is one of this
+        // process's namespace where that id is this process's (it was taken for "another
+        // namespace, not ours to check", so in a container every pid passed).
+        assert_eq!(PidField::Cma.pid(&cma(0x3a18, &[]), dflt), Some(0x3a18));
+        assert_eq!(PidField::Cma.pid(&cma(0x3a18, &[]), ours), None);
+        let flagged = 0x3a18 | 1 << 31;
         assert_eq!(
-            PidField::Cma.pid(&(0x3a18u32 | 1 << 31).to_le_bytes()),
+            PidField::Cma.pid(&cma(flagged, &ns32(0xf000_0abc)), ours),
+            Some(0x3a18)
+        );
+        assert_eq!(
+            PidField::Cma.pid(&cma(flagged, &ns32(0xf000_0abd)), ours),
             None
         );
-        // posix procfs: flags in bits 60-63, the descriptor above the pid's 30 bits.
-        let seg = |flags: u64, fd: u64, pid: u64| (flags | fd << 30 | pid).to_le_bytes();
+        // An unsigned-long namespace id (UCX before 1.22), and a flag naming the default one.
+        let ns64 = 0xf000_0abc_u64.to_le_bytes();
+        assert_eq!(PidField::Cma.pid(&cma(flagged, &ns64), ours), Some(0x3a18));
+        let dns = (DEFAULT_PID_NS as u32).to_le_bytes();
+        assert_eq!(PidField::Cma.pid(&cma(flagged, &dns), dflt), Some(0x3a18));
+        // An unknown own namespace: every pid counts as this namespace's.
         assert_eq!(
-            PidField::PosixProcfs.pid(&seg(0xc << 60, 14, 0x42f2)),
-            Some(0x42f2)
+            PidField::Cma.pid(&cma(flagged, &ns32(7)), None),
+            Some(0x3a18)
         );
-        assert_eq!(PidField::PosixProcfs.pid(&seg(0x4 << 60, 14, 0x42f2)), None);
-        assert_eq!(PidField::PosixProcfs.pid(&seg(0x9 << 60, 14, 0x42f2)), None);
-        assert_eq!(PidField::PosixProcfs.pid(&[1, 2, 3]), None);
+        // posix procfs: flags in bits 60-63, the descriptor above the pid's 30 bits.
+        let seg = |flags: u64, fd: u64, pid: u64, tail: &[u8]| {
+            [&(flags | fd << 30 | pid).to_le_bytes()[..], tail].concat()
+        };
+        let p = PidField::PosixProcfs;
+        assert_eq!(p.pid(&seg(0xc << 60, 14, 0x42f2, &[]), dflt), Some(0x42f2));
+        assert_eq!(p.pid(&seg(0xc << 60, 14, 0x42f2, &[]), ours), None);
+        assert_eq!(p.pid(&seg(0x4 << 60, 14, 0x42f2, &[]), dflt), None);
+        let nsd = ns32(0xf000_0abc);
+        assert_eq!(p.pid(&seg(0x9 << 60, 14, 0x42f2, &nsd), ours), Some(0x42f2));
+        assert_eq!(p.pid(&seg(0x9 << 60, 14, 0x42f2, &ns32(1)), ours), None);
+        assert_eq!(p.pid(&[1, 2, 3], dflt), None);
+    }
+
+    /// In a pid namespace of its own (every container), this process's own address carries
+    /// the namespace: the pid check must still learn where its pid is, and catch a peer's
+    /// address naming it.
+    #[test]
+    fn a_pid_of_this_namespace_is_named_in_a_container_too() {
+        let me = std::process::id();
+        let ns: u32 = 0xf000_0abc;
+        let own_cma = [&(me | 1 << 31).to_le_bytes()[..], &ns.to_le_bytes()].concat();
+        let mut s = Shapes {
+            pid_ns: Some(u64::from(ns)),
+            ..Shapes::default()
+        };
+        let f = PidField::Cma;
+        assert_eq!(f.pid(&own_cma, s.pid_ns), Some(me));
+        s.pid_fields.insert(tl_csum("cma"), f);
+        let peer = Address {
+            version: 1,
+            dst_version: 0,
+            entries: vec![Entry {
+                md_index: 0,
+                csum: tl_csum("cma"),
+                dev_addr: Vec::new(),
+                iface_addr: own_cma,
+            }],
+        };
+        assert_eq!(s.named_processes(&peer), vec![("cma", me)]);
     }
 
     #[test]

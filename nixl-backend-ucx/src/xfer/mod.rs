@@ -205,7 +205,7 @@ pub(crate) struct UcxXfer {
     pub header: Arc<[u8]>,
     pub cancel_timeout: Duration,
     /// Keeps the segments' local and remote metadata (memory handles, rkeys) alive.
-    pub _keep: Vec<nixl_core::backend::BackendMd>,
+    pub _keep: nixl_core::backend::MdTable,
     pub cur: Option<Arc<PostState>>,
     pub path: OnceLock<String>,
     /// Total bytes per post (for [`INLINE_PROGRESS_BYTES`]).

@@ -54,6 +54,7 @@ impl<'a> LoadPlan<'a> {
             .as_ref()
             .filter(|p| p.generation == md.generation && p.wire == wire);
         check_owner(me, md, existing.as_deref())?;
+        super::here::check(me, agent.shared.process.as_ref(), md)?;
         if same.is_none() {
             let holder_live = existing
                 .as_ref()

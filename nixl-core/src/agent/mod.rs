@@ -5,6 +5,7 @@
 // side channel's commands, the view), `peers` (notifications, the side channel, succession).
 mod config;
 mod future;
+mod here;
 pub(crate) mod lease;
 mod load;
 pub(crate) mod make;
@@ -64,11 +65,19 @@ impl BackendSlot {
             .map_or(Ok(Vec::new()), |p| p.connection_info())
     }
 
-    /// The keys a peer needs for a registered region; none for a local-only backend.
-    pub(crate) fn public_metadata(&self, md: &crate::backend::BackendMd) -> Result<Vec<u8>> {
-        self.backend
-            .peers()
-            .map_or(Ok(Vec::new()), |p| p.public_metadata(md))
+    /// The keys a peer needs for a registered region (none for a local-only backend),
+    /// borrowed from the metadata where the backend keeps them there.
+    pub(crate) fn public_metadata_cow<'a>(
+        &self,
+        md: &'a crate::backend::BackendMd,
+    ) -> Result<std::borrow::Cow<'a, [u8]>> {
+        let Some(p) = self.backend.peers() else {
+            return Ok(std::borrow::Cow::Borrowed(&[]));
+        };
+        match p.public_metadata_ref(md) {
+            Some(b) => Ok(std::borrow::Cow::Borrowed(b)),
+            None => p.public_metadata(md).map(std::borrow::Cow::Owned),
+        }
     }
 
     /// Connects to a peer; a local-only backend has nothing to connect to (a peer's metadata
@@ -345,6 +354,7 @@ impl Agent {
             successions: peers::succession::Successions::default(),
             draining: Mutex::new(Vec::new()),
         });
+        here::add(&shared);
         let agent = Agent { shared };
         // Lease control messages are the agent's own: taken off the notification path.
         agent.shared.notifs.set_control(

@@ -14,7 +14,7 @@ use crate::agent::registration::RegUse;
 use crate::agent::remote::{RemotePeer, RemoteRegion};
 use crate::agent::request::XferTarget;
 use crate::agent::{Agent, BackendHandle, BackendSlot, Shared};
-use crate::backend::BackendMd;
+use crate::backend::{BackendMd, MdList};
 use crate::desc::{Desc, XferDescList};
 use crate::error::{Error, Op, Result};
 use crate::mem::MemKind;
@@ -192,9 +192,32 @@ pub struct PreparedList {
     pub(crate) side: Side,
     pub(crate) kind: MemKind,
     pub(crate) regions: Regions,
+    /// Each backend's metadata of every region, in region order, for the backends that hold
+    /// all of them (by slot id): a request over the list shares these instead of cloning
+    /// each region's metadata.
+    pub(crate) md_tables: MdTables,
     pub(crate) layout: Layout,
     /// A descriptor list's block-table form, where it has one.
     pub(crate) table: Option<FlatTable>,
+}
+
+/// [`PreparedList::md_tables`].
+pub(crate) type MdTables = Vec<(usize, Arc<MdList>)>;
+
+/// The metadata tables of `regions`: one per backend that holds every region.
+fn md_tables(regions: &[PrepRegion]) -> MdTables {
+    let Some(first) = regions.first() else {
+        return Vec::new();
+    };
+    crate::work::tick(regions.len() * first.mds.len());
+    first
+        .mds
+        .iter()
+        .filter_map(|&(slot, _)| {
+            let all: Option<Vec<BackendMd>> = regions.iter().map(|r| r.md(slot).cloned()).collect();
+            all.map(|v| (slot, Arc::new(MdList::new(v))))
+        })
+        .collect()
 }
 
 impl std::fmt::Debug for PreparedList {
@@ -208,6 +231,14 @@ impl std::fmt::Debug for PreparedList {
 }
 
 impl PreparedList {
+    /// Backend slot `slot`'s metadata of every region, if it holds them all.
+    pub(crate) fn md_table(&self, slot: usize) -> Option<&Arc<MdList>> {
+        self.md_tables
+            .iter()
+            .find(|(id, _)| *id == slot)
+            .map(|(_, t)| t)
+    }
+
     /// Number of descriptors (for a block table: blocks over all layers).
     pub fn len(&self) -> usize {
         match &self.layout {
@@ -535,6 +566,7 @@ impl Agent {
                     shared: self.shared.clone(),
                     side,
                     kind,
+                    md_tables: md_tables(&regions),
                     regions,
                     layout: Layout::Strided {
                         total: per * layers.len() as u64,
@@ -581,6 +613,7 @@ impl Agent {
             shared: self.shared.clone(),
             side,
             kind,
+            md_tables: md_tables(&regions),
             regions,
             table: FlatTable::of(&entries),
             layout: Layout::Flat(entries),
@@ -661,6 +694,7 @@ impl Agent {
             shared: self.shared.clone(),
             side,
             kind,
+            md_tables: md_tables(&regions),
             regions,
             layout: Layout::Strided {
                 layers,

@@ -34,7 +34,12 @@ pub(crate) struct RegInner {
     pub id: u64,
     /// The label the owner registered it with ([`Agent::register_mem_labeled`]).
     pub label: Option<String>,
-    pub shared: Arc<Shared>,
+    /// The agent: not held (a request the agent's drop leaks holds its registrations, which
+    /// must not keep the agent, and so its threads, alive with them).
+    pub shared: Weak<Shared>,
+    /// The agent's name and generation (for logs and handles, once it is gone too).
+    pub agent: Arc<str>,
+    pub generation: u64,
     pub regions: Vec<RegRegion>,
     pub deregistered: AtomicBool,
     /// Prepared lists and requests holding this registration.
@@ -44,15 +49,20 @@ pub(crate) struct RegInner {
 impl RegInner {
     fn release(&self) -> Vec<Error> {
         let mut errors = Vec::new();
+        let shared = self.shared.upgrade();
         for r in &self.regions {
             for (slot, md) in std::mem::take(&mut *r.mds.lock()) {
                 if let Err(e) = slot.backend.deregister(md) {
                     errors.push(e);
                 }
             }
-            self.shared.counters.deregistered(r.desc.len);
+            if let Some(s) = &shared {
+                s.counters.deregistered(r.desc.len);
+            }
         }
-        self.shared.regs.lock().remove(self);
+        if let Some(s) = &shared {
+            s.regs.lock().remove(self);
+        }
         errors
     }
 }
@@ -61,7 +71,7 @@ impl Drop for RegInner {
     fn drop(&mut self) {
         if !self.deregistered.swap(true, Ordering::SeqCst) {
             for e in self.release() {
-                tracing::warn!(agent = %self.shared.name, error = %e, "deregistration on drop failed");
+                tracing::warn!(agent = %self.agent, error = %e, "deregistration on drop failed");
             }
         }
     }
@@ -71,6 +81,8 @@ impl Drop for RegInner {
 ///
 /// It keeps the memory alive; so does every prepared list and request built on it. Dropping the
 /// last of them deregisters; [`Agent::deregister_mem`] does so explicitly and reports errors.
+/// It does not keep its agent alive (prepared lists and requests do): a registration that
+/// outlives its agent still deregisters when dropped.
 #[derive(Clone)]
 #[must_use = "dropping the registration deregisters the memory at once"]
 pub struct Registration {
@@ -107,7 +119,7 @@ impl Registration {
                 r.mds
                     .lock()
                     .iter()
-                    .map(|(s, _)| (s.id, s.handle(self.inner.shared.generation)))
+                    .map(|(s, _)| (s.id, s.handle(self.inner.generation)))
                     .collect::<Vec<_>>()
             })
             .collect();
@@ -293,7 +305,9 @@ impl Agent {
         let inner = Arc::new(RegInner {
             id: self.shared.next_id(),
             label: label.map(str::to_owned),
-            shared: self.shared.clone(),
+            shared: Arc::downgrade(&self.shared),
+            agent: self.shared.name.as_str().into(),
+            generation: self.shared.generation,
             regions: regions
                 .into_iter()
                 .zip(descs)
@@ -339,7 +353,7 @@ impl Agent {
 
     /// Refuses a registration of another agent's, or one deregistered already.
     pub(super) fn check_live(&self, reg: &Registration, op: Op) -> Result<()> {
-        if !Arc::ptr_eq(&reg.inner.shared, &self.shared) {
+        if !std::ptr::eq(reg.inner.shared.as_ptr(), Arc::as_ptr(&self.shared)) {
             return Err(Error::mismatch(
                 self.name(),
                 op,

@@ -10,7 +10,7 @@ use crate::agent::registration::{RegInner, Registration};
 use crate::agent::{Agent, BackendSlot};
 use crate::auth::Proof;
 use crate::backend::BackendMd;
-use crate::codec::{AgentMetadata, BackendEntry, RegionEntry};
+use crate::codec::{AgentMetadata, BackendEntry, RegionRef};
 use crate::desc::XferDescList;
 use crate::error::{Error, Op, Result};
 use crate::index::RegionIndex;
@@ -239,22 +239,25 @@ impl Agent {
         audience: Audience<'_>,
     ) -> Result<Vec<u8>> {
         let backends = self.shared.backends();
-        let mut entries = Vec::with_capacity(backends.len());
+        let mut backend_entries = Vec::with_capacity(backends.len());
         for b in &backends {
             let conn_info = if sel.include_conn {
                 b.connection_info()?
             } else {
                 Vec::new()
             };
-            entries.push(BackendEntry {
+            backend_entries.push(BackendEntry {
                 name: b.name.clone(),
                 conn_info,
             });
         }
         let regs = self.selected_registrations(sel, audience)?;
-        // One entry per region and backend holding it: usually one backend, so one allocation.
+        // One entry per region and backend holding it (usually one backend), borrowed where
+        // it lives: the metadata's `Arc` taken under the region's lock, its public bytes
+        // borrowed from it where the backend keeps them there, each copied once, into the blob.
         let mut regions = Vec::with_capacity(regs.iter().map(|r| r.regions.len()).sum());
         for reg in &regs {
+            let label = reg.label.as_deref().unwrap_or_default();
             for r in &reg.regions {
                 for (slot, md) in r.mds.lock().iter() {
                     if !slot.caps.remote {
@@ -263,15 +266,23 @@ impl Agent {
                     let Some(idx) = backends.iter().position(|b| b.id == slot.id) else {
                         continue;
                     };
-                    regions.push(RegionEntry {
-                        label: reg.label.clone().unwrap_or_default(),
-                        backend: idx,
-                        desc: r.desc.clone(),
-                        public: slot.public_metadata(md)?,
-                    });
+                    regions.push((idx, &r.desc, md.clone(), label));
                 }
             }
         }
+        let publics = regions
+            .iter()
+            .map(|(idx, _, md, _)| backends[*idx].public_metadata_cow(md))
+            .collect::<Result<Vec<_>>>()?;
+        let entries = regions
+            .iter()
+            .zip(&publics)
+            .map(|(&(backend, desc, _, label), public)| RegionRef {
+                backend,
+                desc,
+                public,
+                label,
+            });
         let blob = AgentMetadata {
             name: self.shared.name.clone(),
             generation: self.shared.generation,
@@ -280,10 +291,10 @@ impl Agent {
             verifies_integrity: self.shared.config.verify_integrity,
             hello_key: sel.include_conn.then(|| self.shared.hello_keys.public()),
             succession: self.shared.succession.filter(|_| sel.include_conn),
-            backends: entries,
-            regions,
+            backends: backend_entries,
+            regions: Vec::new(),
         }
-        .encode();
+        .encode_with(entries);
         Ok(self.shared.signer.seal(blob))
     }
 

@@ -123,6 +123,81 @@ impl Drained {
     }
 }
 
+/// Dropped requests whose agent is gone before their backends let go of them: one thread per
+/// process polls them until they do, then releases them and their memory. Polls back off from
+/// 1 ms to 100 ms while none ends; a request whose backend never lets go stays here, its
+/// memory never freed under it (and its backend alive; the backend's own threads were
+/// stopped with the agent, `Backend::shutdown`).
+pub(crate) mod orphans {
+    use std::sync::OnceLock;
+    use std::time::Duration;
+
+    use parking_lot::{Condvar, Mutex};
+
+    use super::Drained;
+
+    struct Orphans {
+        list: Mutex<Vec<Drained>>,
+        more: Condvar,
+    }
+
+    static ORPHANS: OnceLock<Orphans> = OnceLock::new();
+
+    fn orphans() -> &'static Orphans {
+        ORPHANS.get_or_init(|| {
+            let started = std::thread::Builder::new()
+                .name("nixl-orphans".into())
+                .spawn(run);
+            if let Err(e) = started {
+                // Without the thread the requests stay held, as a leak: never freed early.
+                tracing::error!(error = %e, "no thread to release dropped agents' requests");
+            }
+            Orphans {
+                list: Mutex::new(Vec::new()),
+                more: Condvar::new(),
+            }
+        })
+    }
+
+    /// Takes `reqs` (a dropping agent's requests its backends still own).
+    pub(crate) fn adopt(reqs: Vec<Drained>) {
+        if reqs.is_empty() {
+            return;
+        }
+        let o = orphans();
+        o.list.lock().extend(reqs);
+        o.more.notify_one();
+    }
+
+    fn run() {
+        let o = orphans();
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let mut taken = {
+                let mut list = o.list.lock();
+                while list.is_empty() {
+                    o.more.wait(&mut list);
+                    pause = Duration::from_millis(1);
+                }
+                std::mem::take(&mut *list)
+            };
+            // Polled outside the lock: an agent's drop adopting more never waits on a poll.
+            let before = taken.len();
+            taken.retain_mut(Drained::busy);
+            pause = if taken.len() < before {
+                Duration::from_millis(1)
+            } else {
+                (pause * 2).min(Duration::from_millis(100))
+            };
+            let left = taken.len();
+            o.list.lock().append(&mut taken);
+            if left > 0 {
+                std::thread::sleep(pause);
+            }
+        }
+    }
+}
+
 /// A transfer request (NIXL's `nixlXferReqH`): post it with [`Agent::post_xfer_req`](crate::Agent::post_xfer_req), poll
 /// with [`Agent::check_xfer_state`](crate::Agent::check_xfer_state) or [`XferReq::wait`], repost once done (with another
 /// notification: [`XferReq::set_notif`]). Dropping it while in flight cancels it first; if the

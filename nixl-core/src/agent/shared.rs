@@ -119,11 +119,14 @@ impl Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
+        super::here::remove(self);
         let _ = self.reap_drained();
-        // What backends still own is never freed under them: leaked instead.
-        for d in std::mem::take(&mut *self.draining.lock()) {
-            tracing::error!(agent = %self.name, "agent dropped with a request its backend never released; leaking its memory");
-            std::mem::forget(d);
+        // What backends still own is never freed under them: the process's orphan thread
+        // keeps it until they let go (for good where they never do).
+        let left = std::mem::take(&mut *self.draining.lock());
+        if !left.is_empty() {
+            tracing::warn!(agent = %self.name, requests = left.len(), "agent dropped with requests its backends still own; released when they let go");
+            crate::agent::request::orphans::adopt(left);
         }
         self.stop.store(true, Ordering::SeqCst);
         // The side channel's accept loop waits in poll(2) for a connection: one wakes it now
@@ -136,6 +139,10 @@ impl Drop for Shared {
             if t.thread().id() != me {
                 let _ = t.join();
             }
+        }
+        // A leaked request keeps its backend alive: its threads stop here, not never.
+        for slot in self.backends.get_mut().drain(..) {
+            slot.backend.shutdown();
         }
     }
 }

@@ -13,6 +13,7 @@
 pub mod bytes;
 pub mod hello;
 mod hello_keys;
+pub mod own;
 pub(crate) mod params;
 mod plugin_macro;
 pub use crate::wake::Wake;
@@ -61,7 +62,7 @@ pub type InprocBackend = crate::inproc::InprocBackend;
 pub use crate::model::telemetry::Counters;
 pub use crate::notif::NotifQueue;
 pub use crate::params::{parse_bool, ParamMap};
-pub use crate::spec::{distinct_mds, downcast_md, BackendMd, Segment, XferSpec};
+pub use crate::spec::{distinct_mds, downcast_md, BackendMd, MdList, MdTable, Segment, XferSpec};
 pub use crate::strided::{BlockRun, BlockXferSpec, LayerPair, LayerSegments};
 
 /// Wakes the futures whose deadline (or re-check time) has come, from the calling thread. A
@@ -389,6 +390,17 @@ pub trait Backend: Send + Sync + 'static {
     fn peers(&self) -> Option<&dyn PeerBackend> {
         None
     }
+    /// The agent is gone: stop background work (progress threads, watchdogs) and wait for
+    /// it. Called once, from the agent's drop, after the dropped requests the backend let go
+    /// of were released. A request it still owns is kept then, with its memory and with this
+    /// backend (neither is ever freed under a transfer that may still touch them), by the
+    /// process's orphan thread, which checks it ([`BackendXfer::check`], backing off to every
+    /// 100 ms) until the backend lets go; a backend whose threads kept polling for it would
+    /// poll for nobody, and for good where the transfer never ends. What is left must work
+    /// without those threads: `check` of such requests, and deregistering the regions of
+    /// registrations that outlive the agent. The default does nothing (a backend's own drop
+    /// stops what it started).
+    fn shutdown(&self) {}
 }
 
 /// The peer-facing half of a transport backend: connection info, connecting to and forgetting
@@ -418,6 +430,14 @@ pub trait PeerBackend: Send + Sync {
     fn disconnect(&self, remote: &str) -> Result<()>;
     /// The bytes a peer needs to reach a registered region (an rkey), possibly empty.
     fn public_metadata(&self, md: &BackendMd) -> Result<Vec<u8>>;
+    /// The same bytes borrowed from the metadata, where the backend keeps them there: the
+    /// agent's metadata then copies each region's straight into the blob instead of through
+    /// a vector of its own. `None` (the default) sends the agent to
+    /// [`PeerBackend::public_metadata`]; `Some` must hold what it would return.
+    fn public_metadata_ref<'a>(&self, md: &'a BackendMd) -> Option<&'a [u8]> {
+        let _ = md;
+        None
+    }
     /// Loads a peer's region from its public metadata.
     fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd>;
     /// Sends a standalone notification.

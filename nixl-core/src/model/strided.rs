@@ -397,7 +397,7 @@ impl BlockXferSpec {
             remote: self.remote.clone(),
             is_local: self.is_local,
             segments,
-            mds,
+            mds: mds.into(),
             notif: self.notif.clone(),
             // Materialized blocks go to backends that do not consume strides, which take no
             // counters (the agent refuses counters there before materializing).

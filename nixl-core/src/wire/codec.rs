@@ -70,6 +70,14 @@ pub struct RegionEntry {
     pub label: String,
 }
 
+/// A region entry borrowed from where it lives ([`AgentMetadata::encode_with`]).
+pub(crate) struct RegionRef<'a> {
+    pub backend: usize,
+    pub desc: &'a RegionDesc,
+    pub public: &'a [u8],
+    pub label: &'a str,
+}
+
 /// An agent's metadata, decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AgentMetadata {
@@ -101,7 +109,22 @@ pub struct AgentMetadata {
 impl AgentMetadata {
     /// Encodes to bytes (the body, then its checksum).
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = ByteWriter::with_capacity(64 + self.regions.len() * 56);
+        self.encode_with(self.regions.iter().map(|r| RegionRef {
+            backend: r.backend,
+            desc: &r.desc,
+            public: &r.public,
+            label: &r.label,
+        }))
+    }
+
+    /// [`AgentMetadata::encode`] with `regions` in place of [`AgentMetadata::regions`] (which
+    /// is not read): an agent encodes its regions from where they live, without copying each
+    /// into a [`RegionEntry`] first.
+    pub(crate) fn encode_with<'a>(
+        &self,
+        regions: impl ExactSizeIterator<Item = RegionRef<'a>>,
+    ) -> Vec<u8> {
+        let mut w = ByteWriter::with_capacity(64 + regions.len() * 56);
         w.put(MAGIC).put_u16(VERSION);
         w.put_str(&self.name).put_u64(self.generation);
         let mut flags = if self.has_conn_info { FLAG_CONN } else { 0 };
@@ -135,15 +158,15 @@ impl AgentMetadata {
         for b in &self.backends {
             w.put_str(&b.name).put_blob(&b.conn_info);
         }
-        w.put_len(self.regions.len());
+        w.put_len(regions.len());
         let mut prev = 0u64;
-        for r in &self.regions {
+        for r in regions {
             w.put_varint(r.backend as u64).put_u8(r.desc.kind.tag());
             w.put_varint(zigzag(r.desc.addr.wrapping_sub(prev)))
                 .put_varint(r.desc.len)
                 .put_varint(r.desc.dev_id);
             w.put_varint_blob(&r.desc.meta)
-                .put_varint_blob(&r.public)
+                .put_varint_blob(r.public)
                 .put_varint_blob(r.label.as_bytes());
             prev = r.desc.addr;
         }

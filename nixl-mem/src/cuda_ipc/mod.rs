@@ -465,12 +465,36 @@ impl nixl_core::backend::PeerBackend for CudaIpcBackend {
     }
 
     fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
+        self.connect_peer(remote, info, None)
+    }
+
+    /// A peer's connection info names the process its copies aim at: this very process means
+    /// plain copies to the addresses its metadata names. So the process must be the one the
+    /// agent bound for the peer (a peer of this process is then a live agent of it with its
+    /// own registrations: nixl-core checks that), and never this process otherwise.
+    fn connect_peer(
+        &self,
+        remote: &str,
+        info: &[u8],
+        process: Option<&nixl_core::backend::PeerProcess>,
+    ) -> Result<()> {
         let ConnInfo { host, pid, server } =
             ConnInfo::decode(info).map_err(|source| Error::Decode {
                 agent: self.agent.clone(),
                 op: Op::LoadMetadata,
                 source,
             })?;
+        let bound = process.map(|p| p.pid());
+        if host == self.host_id && bound.map_or(pid == std::process::id(), |b| b != pid) {
+            return Err(Error::not_allowed(
+                &self.agent,
+                Op::LoadMetadata,
+                format!(
+                    "{remote}'s CUDA_IPC connection info names process {pid} of this host, which \
+                     is not the process its metadata was bound to ({bound:?}): refused"
+                ),
+            ));
+        }
         let peer = Peer {
             same_host: host == self.host_id,
             pid,

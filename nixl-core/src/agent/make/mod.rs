@@ -18,7 +18,7 @@ use crate::agent::remote::RemotePeer;
 use crate::agent::request::{IntegrityPlan, ReqParts, XferReq};
 use crate::agent::spec::ReqSpec;
 use crate::agent::{Agent, BackendSlot};
-use crate::backend::{BackendXfer, Segment, XferSpec};
+use crate::backend::{BackendXfer, MdTable, Segment, XferSpec};
 use crate::desc::XferOp;
 use crate::error::{Error, Op, Result};
 use crate::mem::MemKind;
@@ -415,19 +415,12 @@ impl Agent {
         let vanished = || Error::not_found(self.name(), Op::MakeXfer, "backend metadata vanished");
         let rbase = local.regions.len();
         let tables = rbase + remote.regions.len();
-        let whole: Option<Vec<_>> = if tables <= segments.len().saturating_mul(2) + MD_CACHE {
-            crate::work::tick(tables);
-            local
-                .regions
-                .iter()
-                .chain(remote.regions.iter())
-                .map(|r| r.md(slot.id).cloned())
-                .collect()
-        } else {
-            None
-        };
-        if let Some(mds) = whole {
-            return Ok(self.spec(op, (local, remote), segments, mds, opts, ends));
+        if tables <= segments.len().saturating_mul(2) + MD_CACHE {
+            // The lists' own tables, shared: no clone of each region's metadata.
+            if let (Some(l), Some(r)) = (local.md_table(slot.id), remote.md_table(slot.id)) {
+                let mds = MdTable::pair(l.clone(), r.clone());
+                return Ok(self.spec(op, (local, remote), segments, mds, opts, ends));
+            }
         }
         let mut mds = Vec::new();
         let mut lmap = [(usize::MAX, 0usize); MD_CACHE];
@@ -450,7 +443,7 @@ impl Agent {
             s.local_md = index(&mut lmap, local, s.local_md)?;
             s.remote_md = index(&mut rmap, remote, s.remote_md - rbase)?;
         }
-        Ok(self.spec(op, (local, remote), segments, mds, opts, ends))
+        Ok(self.spec(op, (local, remote), segments, mds.into(), opts, ends))
     }
 
     fn spec(
@@ -458,7 +451,7 @@ impl Agent {
         op: XferOp,
         (local, remote): (&PreparedList, &PreparedList),
         segments: Vec<Segment>,
-        mds: Vec<crate::backend::BackendMd>,
+        mds: MdTable,
         opts: &XferOptions,
         ends: &Ends,
     ) -> XferSpec {

@@ -30,7 +30,8 @@ triple=$(rustc -vV | sed -n 's/^host: //p')
 flags="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4"
 flags+=" -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table"
 flags+=" -Cllvm-args=-sanitizer-coverage-trace-compares -Cdebug-assertions -Coverflow-checks"
-mkdir -p "$out/logs" "$out/corpus" "$out/artifacts"
+rm -rf "$out/failed"
+mkdir -p "$out/logs" "$out/corpus" "$out/artifacts" "$out/failed"
 
 # Every target as CRATE/NAME, and the fuzz crate of each.
 declare -A crate_of=()
@@ -107,8 +108,16 @@ run_one() {
         printf 'FUZZ %-26s ok    %4ss runs %-9s %-10s %s\n' "$t" $((SECONDS - start)) "${runs:-?}" "${cov:-cov: ?}" "$unpack"
     else
         printf 'FUZZ %-26s FAIL  rc %s after %ss (log %s):\n' "$t" "$rc" $((SECONDS - start)) "$log"
-        grep -E 'ERROR|panicked|SUMMARY|Test unit written|deadly signal|==[0-9]+==' "$log" | head -20 | sed 's/^/    /'
+        # libFuzzer's and Rust's own lines first: a UCX target logs an ERROR per refused peer,
+        # which would otherwise crowd the finding out.
+        grep -E 'libFuzzer|panicked|SUMMARY|Test unit written|Base64:|==[0-9]+==|^ *#[0-9]+ 0x' "$log" |
+            grep -v ' UCX ' | head -30 | sed 's/^/    /'
         tail -5 "$log" | sed 's/^/    /'
+        # The short form, printed again at the end: what failed, how, and the input.
+        {
+            printf 'FUZZ %s FAIL rc %s after %ss\n' "$t" "$rc" $((SECONDS - start))
+            grep -E 'libFuzzer: |panicked at|Test unit written|Base64:' "$log" | head -4 | cut -c1-400 | sed 's/^/    /'
+        } > "$out/failed/$id.txt"
     fi
     return $rc
 }
@@ -125,5 +134,11 @@ for t in "${targets[@]}"; do
     fi
 done
 for p in "${pids[@]}"; do wait "$p" || fail=1; done
-[ $fail -eq 0 ] && echo "== fuzz: every target ran ${secs}s without a finding" || echo "== fuzz: FAILED"
+if [ $fail -eq 0 ]; then
+    echo "== fuzz: every target ran ${secs}s without a finding"
+else
+    # Again at the end, where a reader of only the last lines (CI's recap) sees which target.
+    echo "== fuzz: FAILED:"
+    cat "$out"/failed/*.txt 2> /dev/null
+fi
 exit $fail

@@ -556,6 +556,10 @@ impl nixl_core::backend::PeerBackend for UcxBackend {
         // still using the peer are fenced by the agent; their cancel keeps (leaks) the memory
         // of any operation UCX has not released.
         for pe in &peer.eps {
+            if pe.park_if_idle() {
+                tracing::debug!(agent = %self.agent, remote, worker = pe.worker.index, "UCX endpoint kept for the next peer at its address");
+                continue;
+            }
             let how = pe.close_early(self.params.cancel_timeout);
             tracing::debug!(agent = %self.agent, remote, worker = pe.worker.index, ?how, "UCX endpoint closed for disconnect");
         }

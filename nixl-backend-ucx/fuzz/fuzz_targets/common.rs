@@ -15,6 +15,12 @@
 //! memory segment, a host and port): run these targets where nothing else lives, as
 //! `scripts/fuzz.sh` does (its own network, pid, IPC and mount namespaces).
 //!
+//! The victim agent is made anew every [`RECYCLE`] inputs: an endpoint to a live peer leaves
+//! UCX's connection to it open on both sides until one of the workers goes (the backend keeps
+//! forgotten peers' endpoints for the next load at the same address, but each distinct
+//! mutated address that connects is a new one: docs/security.md, "Connections to live
+//! peers"), and a run of a million inputs would otherwise exhaust the process's mappings.
+//!
 //! Counts: how many inputs loaded, reached `ucp_ep_create` / `ucp_ep_rkey_unpack` / an RMA
 //! post (the backend's `fuzzing` counters) and completed a transfer, printed every 1,000
 //! inputs as `UNPACK-STATS`, and, where `NIXL_FUZZ_STATS` names a directory, written after
@@ -51,12 +57,20 @@ pub struct Target {
 }
 
 pub struct World {
-    pub victim: Agent,
-    pub local: Arc<HostBuffer>,
+    victim: Mutex<Victim>,
     pub targets: Vec<Target>,
-    _reg: Registration,
     process: Mutex<Child>,
 }
+
+/// The agent that loads the inputs, with its registered buffer.
+pub struct Victim {
+    pub agent: Agent,
+    pub local: Arc<HostBuffer>,
+    _reg: Registration,
+}
+
+/// Inputs between two victims (see the module docs).
+const RECYCLE: u64 = 4096;
 
 static WORLD: OnceLock<World> = OnceLock::new();
 static INPUTS: AtomicU64 = AtomicU64::new(0);
@@ -166,26 +180,37 @@ fn spawn_targets() -> (Child, Vec<Target>) {
     (child, targets)
 }
 
+fn victim() -> Victim {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let agent = Agent::new(
+        &format!(
+            "fuzz-victim-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ),
+        AgentConfig::default(),
+    )
+    .expect("victim");
+    agent
+        .create_backend(ucx("tcp,shm,cma,self"))
+        .expect("victim UCX");
+    let local = Arc::new(HostBuffer::new(BUF).expect("alloc"));
+    let reg = agent
+        .register_mem(vec![local.clone()], &[])
+        .expect("victim register");
+    Victim {
+        agent,
+        local,
+        _reg: reg,
+    }
+}
+
 pub fn world() -> &'static World {
     WORLD.get_or_init(|| {
         let (process, targets) = spawn_targets();
-        let victim = Agent::new(
-            &format!("fuzz-victim-{}", std::process::id()),
-            AgentConfig::default(),
-        )
-        .expect("victim");
-        victim
-            .create_backend(ucx("tcp,shm,cma,self"))
-            .expect("victim UCX");
-        let local = Arc::new(HostBuffer::new(BUF).expect("alloc"));
-        let reg = victim
-            .register_mem(vec![local.clone()], &[])
-            .expect("victim register");
         World {
-            victim,
-            local,
+            victim: Mutex::new(victim()),
             targets,
-            _reg: reg,
             process: Mutex::new(process),
         }
     })
@@ -209,12 +234,16 @@ pub fn conn(addr: &[u8]) -> Vec<u8> {
 /// input.
 pub fn load_post_forget(bytes: &[u8], name: &str, region: Option<(u64, u64)>, write: bool) {
     let w = world();
-    let v = &w.victim;
+    let mut victim = w.victim.lock().unwrap_or_else(|p| p.into_inner());
+    if INPUTS.load(Ordering::Relaxed) % RECYCLE == RECYCLE - 1 {
+        *victim = self::victim();
+    }
+    let v = &victim.agent;
     let (ep0, rk0, rma0) = (ep_creates(), rkey_unpacks(), rma_posts());
     if v.load_remote_metadata(bytes).is_ok() {
         LOADED.fetch_add(1, Ordering::Relaxed);
         if let Some(r) = region {
-            transfer(w, name, r, write);
+            transfer(&victim, name, r, write);
         }
         v.progress();
         let _ = v.invalidate_remote_metadata(name);
@@ -235,7 +264,7 @@ pub fn load_post_forget(bytes: &[u8], name: &str, region: Option<(u64, u64)>, wr
     report();
 }
 
-fn transfer(w: &World, remote: &str, (addr, len): (u64, u64), write: bool) {
+fn transfer(w: &Victim, remote: &str, (addr, len): (u64, u64), write: bool) {
     let n = len.min(4096);
     let Some(raddr) = addr.checked_add(len - n) else {
         return;
@@ -245,7 +274,7 @@ fn transfer(w: &World, remote: &str, (addr, len): (u64, u64), write: bool) {
     }
     let op = if write { XferOp::Write } else { XferOp::Read };
     let opts = XferOptions::default().timeout(Duration::from_millis(100));
-    let v = &w.victim;
+    let v = &w.agent;
     let Ok(req) = v.create_xfer_req(
         op,
         &XferDescList::blocks(MemKind::Dram, w.local.addr(), n, 1),

@@ -15,6 +15,16 @@
 //! not drain over tcp is fenced (no new operation can start on it) and closed in UCX's flush
 //! mode from the worker's graveyard, so UCX finishes the operations and releases it when the
 //! peer answers or fails.
+//!
+//! **Forgetting a peer.** Closing an endpoint to a peer that stays alive does not close UCX's
+//! connection: the peer's worker keeps the endpoint UCX made for our connection request, and
+//! each side keeps its half of the connection (a tcp socket, shared-memory mappings) until
+//! that worker goes. A peer forgotten and loaded again and again (a decode instance that
+//! reloads a prefill's metadata, a service that forgets idle peers) would cost a connection on
+//! both sides each time. So a forgotten peer's endpoint that is healthy and has nothing in
+//! flight is fenced and kept by its worker ([`crate::worker::Idle`], at most
+//! [`crate::worker::MAX_IDLE`] per worker, the oldest closed past that), and the next peer
+//! loaded at the same worker address gets it back, with a new hello (`crate::session`).
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -57,6 +67,12 @@ impl EpShared {
     /// Whether the peer replaced the connection (see [`EpShared::replace`]).
     pub(crate) fn is_replaced(&self) -> bool {
         self.replaced.load(Ordering::Acquire)
+    }
+
+    /// Opens a kept endpoint again for a new peer (`crate::worker::Idle`): it was fenced
+    /// with nothing in flight, and nothing started on it since.
+    fn reopen(&self) {
+        self.closed.store(false, Ordering::Release);
     }
 
     /// One more operation in flight.
@@ -133,6 +149,11 @@ pub(crate) struct PeerEp {
     /// notifications keep post order and each implies the data of the posts before it, as one
     /// UCX flush per post gives UCX's own copies.
     pub last_flight: parking_lot::Mutex<std::sync::Weak<crate::direct_cma::Flight>>,
+    /// The peer worker address the endpoint was created from.
+    address: Arc<[u8]>,
+    /// Set when the endpoint was fenced to be kept for the next peer at its address: its
+    /// drop hands it to the worker ([`Worker::park`]) instead of closing it.
+    parked: AtomicBool,
 }
 
 impl PeerEp {
@@ -221,6 +242,31 @@ impl PeerEp {
         self.worker.close_ep(self.ep, true, Duration::from_secs(2))
     }
 
+    /// Fences the endpoint of a forgotten peer to keep it for the next peer at the same
+    /// address (see the module docs), if it is healthy and nothing is in flight on it: no
+    /// post or notification starts on it again until it is handed out anew. Returns whether
+    /// it was kept; if not, the caller closes it ([`PeerEp::close_early`]).
+    pub(crate) fn park_if_idle(&self) -> bool {
+        {
+            let _g = self.worker.lock();
+            let s = &self.shared;
+            if s.is_closed()
+                || s.failed().is_some()
+                || s.is_replaced()
+                || s.inflight() > 0
+                || s.posted.load(Ordering::Acquire) > 0
+            {
+                return false;
+            }
+            s.closed.store(true, Ordering::Release);
+            self.parked.store(true, Ordering::Release);
+        }
+        for e in std::iter::once(self.ep).chain(self.notif_ep) {
+            self.worker.links().remove_own(e.id());
+        }
+        true
+    }
+
     /// Closes the endpoint before its peer is dropped (the peer was forgotten), without ever
     /// force-closing a healthy tcp endpoint:
     ///
@@ -292,6 +338,20 @@ impl PeerEp {
 
 impl Drop for PeerEp {
     fn drop(&mut self) {
+        if self.parked.load(Ordering::Acquire) {
+            self.worker.park(crate::worker::Idle {
+                address: self.address.clone(),
+                ep: self.ep,
+                notif_ep: self.notif_ep,
+                shared: self.shared.clone(),
+                peer_failure: self.peer_failure,
+                lanes: (
+                    self.tcp.load(Ordering::Relaxed),
+                    self.cma.load(Ordering::Relaxed),
+                ),
+            });
+            return;
+        }
         if !self.shared.is_closed() {
             let force = self.shared.failed().is_some();
             if let Some(n) = self.notif_ep {
@@ -384,6 +444,28 @@ impl Peer {
         let mut eps = Vec::with_capacity(workers.len());
         for (i, w) in workers.iter().enumerate() {
             let addr = &addresses[i % addresses.len()];
+            if let Some(idle) = w.take_idle(addr) {
+                {
+                    let _g = w.lock();
+                    idle.shared.reopen();
+                }
+                for e in std::iter::once(idle.ep).chain(idle.notif_ep) {
+                    w.links().add_own(e.id(), name, idle.shared.clone());
+                }
+                eps.push(PeerEp {
+                    worker: w.clone(),
+                    ep: idle.ep,
+                    notif_ep: idle.notif_ep,
+                    shared: idle.shared,
+                    peer_failure: idle.peer_failure,
+                    tcp: AtomicU8::new(idle.lanes.0),
+                    cma: AtomicU8::new(idle.lanes.1),
+                    last_flight: parking_lot::Mutex::new(std::sync::Weak::new()),
+                    address: idle.address,
+                    parked: AtomicBool::new(false),
+                });
+                continue;
+            }
             let shared = Arc::new(EpShared::default());
             let mut g = w.lock();
             // The address bytes were framed by wire::decode_conn and checked by
@@ -429,6 +511,8 @@ impl Peer {
                 tcp: AtomicU8::new(TCP_UNKNOWN),
                 cma: AtomicU8::new(TCP_UNKNOWN),
                 last_flight: parking_lot::Mutex::new(std::sync::Weak::new()),
+                address: Arc::from(addr.as_slice()),
+                parked: AtomicBool::new(false),
             });
         }
         Ok(Peer {

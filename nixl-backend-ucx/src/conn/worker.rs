@@ -1,7 +1,8 @@
 //! UCP workers: each owned by one [`Worker`] with a mutex that serialises every call into it
 //! (UCX's `UCS_THREAD_MODE_SERIALIZED`), the active-message routes the backend registers
-//! ([`AmRoute`]: notifications, connection hellos, NIXL's notifications), and a graveyard of endpoints to close at the next
-//! progress pass (so dropping an endpoint never blocks or re-enters UCX from a callback).
+//! ([`AmRoute`]: notifications, connection hellos, NIXL's notifications), a graveyard of endpoints to close at the next
+//! progress pass (so dropping an endpoint never blocks or re-enters UCX from a callback), and
+//! the endpoints of forgotten peers kept open for the next peer at the same address ([`Idle`]).
 
 use parking_lot::{Mutex, MutexGuard};
 use std::sync::Arc;
@@ -33,6 +34,25 @@ pub(crate) struct Grave {
     pub force: bool,
 }
 
+/// A forgotten peer's endpoint, healthy and with nothing in flight, kept open for the next
+/// peer at the same worker address (`crate::endpoint`, "Forgetting a peer"): closing an
+/// endpoint to a live peer leaves UCX's connection (a socket, shared-memory mappings) open on
+/// both sides for the life of the peer's worker, so a peer loaded and forgotten again and
+/// again would cost one each time.
+pub(crate) struct Idle {
+    /// The peer worker address the endpoint was created from.
+    pub address: Arc<[u8]>,
+    pub ep: sys::Ep,
+    pub notif_ep: Option<sys::Ep>,
+    pub shared: Arc<crate::endpoint::EpShared>,
+    pub peer_failure: bool,
+    /// The endpoint's cached transport answers (`PeerEp`'s `tcp` and `cma`).
+    pub lanes: (u8, u8),
+}
+
+/// How many idle endpoints a worker keeps; past it the oldest is closed.
+pub(crate) const MAX_IDLE: usize = 64;
+
 /// An owned `ucp_worker_h`.
 pub(crate) struct Worker {
     /// Declared first: the worker is destroyed (and its handlers' arguments released, which
@@ -44,6 +64,8 @@ pub(crate) struct Worker {
     efd: i32,
     address: Vec<u8>,
     graves: Mutex<Vec<Grave>>,
+    /// Endpoints of forgotten peers, oldest first ([`Idle`]).
+    idle: Mutex<std::collections::VecDeque<Idle>>,
     /// Our endpoints on this worker and the connections peers introduced (`crate::links`).
     links: Arc<crate::links::Links>,
 }
@@ -115,6 +137,7 @@ impl Worker {
             efd,
             address,
             graves: Mutex::new(Vec::new()),
+            idle: Mutex::new(std::collections::VecDeque::new()),
             links,
         }))
     }
@@ -143,6 +166,52 @@ impl Worker {
     pub(crate) fn bury(&self, grave: Grave) {
         self.links.remove_own(grave.ep.id());
         self.graves.lock().push(grave);
+    }
+
+    /// Keeps a forgotten peer's endpoint for the next peer at its address; past
+    /// [`MAX_IDLE`] the oldest kept one is closed.
+    pub(crate) fn park(&self, idle: Idle) {
+        let evicted = {
+            let mut q = self.idle.lock();
+            q.push_back(idle);
+            if q.len() > MAX_IDLE {
+                q.pop_front()
+            } else {
+                None
+            }
+        };
+        if let Some(old) = evicted {
+            self.bury_idle(old);
+        }
+    }
+
+    /// A kept endpoint to `address` that is still healthy, if any (failed or replaced ones
+    /// found on the way are closed).
+    pub(crate) fn take_idle(&self, address: &[u8]) -> Option<Idle> {
+        loop {
+            let found = {
+                let mut q = self.idle.lock();
+                let i = q.iter().position(|e| &*e.address == address)?;
+                q.remove(i)?
+            };
+            if found.shared.failed().is_none() && !found.shared.is_replaced() {
+                return Some(found);
+            }
+            self.bury_idle(found);
+        }
+    }
+
+    fn bury_idle(&self, e: Idle) {
+        if let Some(n) = e.notif_ep {
+            self.bury(Grave {
+                ep: n,
+                force: false,
+            });
+        }
+        self.bury(Grave {
+            ep: e.ep,
+            force: e.peer_failure && e.shared.failed().is_some(),
+        });
     }
 
     /// Wakes a thread blocked in [`Worker::progress_or_wait`].
@@ -291,6 +360,10 @@ impl WorkerGuard<'_> {
 
 impl Drop for Worker {
     fn drop(&mut self) {
+        let idle = std::mem::take(&mut *self.idle.lock());
+        for e in idle {
+            self.bury_idle(e);
+        }
         let mut g = self.lock();
         g.close_graves(Duration::from_millis(500));
         g.progress_all();

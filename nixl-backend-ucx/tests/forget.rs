@@ -51,7 +51,7 @@ fn forgetting_a_peer_releases_its_connection() {
         // connections, the shared-memory segments it keeps) are not the peer's.
         let round = |i: usize| {
             a.load_remote_metadata(&md).expect("load");
-            if i % 2 == 0 {
+            if i.is_multiple_of(2) {
                 dst.fill(0);
                 let req = a
                     .create_xfer_req(

@@ -6,6 +6,8 @@
 # results and logs under $OUT and a summary in $OUT/*-summary.txt. Each suite is
 # scripts/gpu/SUITE.sh (its header says what it measures and what to carry):
 #
+#   claims           issue 39: every GPU test and every GPU bench a doc claim cites, one call per
+#                    machine kind, with the summary the docs quote (docs/perf/gpu.md, Measuring)
 #   two-gpu          issue 24: two GPUs, both directions, paged blocks vs the peer-copy limit
 #                    and NIXL 1.5.1, the two-GPU tests and the main job both ways
 #   one-gpu          nixl-mem's GPU tests and gpu_bench (incl. the copy kernel's shape sweep)

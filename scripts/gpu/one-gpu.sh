@@ -101,6 +101,7 @@ n_bad=$(grep -cE "^test gpu_conformance_suite::.* \.\.\. (FAILED|ignored)" "$OUT
 if [ "$n_ok" -gt 0 ] && [ "$n_bad" -eq 0 ]; then say "  ok: gpu_conformance_suite ($n_ok cases)"; else say "  NOT PASSED: gpu_conformance_suite ($n_ok ok, $n_bad failed or ignored)"; fail=1; fi
 must_pass nixl-mem-gpu-agent gpu_agent_two_processes_vram_and_dram
 must_pass nixl-mem-gpu-agent gpu_agent_a_killed_target_never_ends_done_unless_landed
+must_pass nixl-mem-gpu-agent gpu_agent_a_peer_naming_this_process_is_refused
 # Which engine the per-block VRAM copies used, and any fallback warning.
 grep -hE 'path: .*copy kernel|copy kernel (unavailable|not prepared|launch failed)|did not load' "$OUT"/nixl-mem-gpu-agent.log | sort | uniq -c | head -5 | tee -a "$summary"
 

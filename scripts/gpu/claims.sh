@@ -19,8 +19,9 @@
 #   handover   the handover bench beside NIXL 1.5.1's Python API (README: first contact, a
 #              16k-token Llama-3-8B request), one round
 #   arrival    examples/layerwise at Llama-3-70B's shape (layer 0 usable vs the whole request)
-#   two-gpu    only where two GPUs are visible: nixl-mem's two-GPU tests, paged blocks GPU 0 ->
-#              GPU 1, the main job and the layer-wise example between the GPUs
+#   two-gpu    only where two GPUs are visible: nixl-mem's two-GPU tests, paged blocks and the
+#              main job both ways (GPU 0 -> 1 and 1 -> 0), WRITE and READ; `arrival` then runs
+#              the layer-wise example between the GPUs
 # A part that fails marks the run FAIL (the summary says which); a test that skips for want of
 # the GPU, cuFile or a CUDA-aware UCX fails its binary (NIXL_REQUIRE_DEPS).
 # shellcheck source=scripts/gpu/pick.sh
@@ -88,7 +89,7 @@ run_tests() {
         [ $rc -eq 0 ] || bad=1
     done
     (
-        use_carried_ucx_at "$W"
+        use_carried_ucx "$W"
         export UCX_MODULES='^ib,rdmacm'
         export NIXL_ALLOW_SKIP="$NIXL_ALLOW_SKIP,multi-gpu,s3,etcd,netns,libfabric"
         timeout 150 "$b/ucx-vram" --nocapture > "$OUT/ucx-vram.log" 2>&1
@@ -97,11 +98,6 @@ run_tests() {
         exit $rc
     ) || bad=1
     return $bad
-}
-
-use_carried_ucx_at() {
-    export NIXL_UCX_HOME="$1/ucx"
-    export LD_LIBRARY_PATH="$1/ucx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }
 
 run_paged() {
@@ -143,16 +139,24 @@ run_arrival() {
 }
 
 run_two_gpu() {
-    local b=$W/bin rc=0 t
+    local b=$W/bin rc=0 t g op
     gpu_test_env
     for t in test-two_gpus test-kv_gpus; do
         timeout 150 "$b/$t" --test-threads 1 --nocapture > "$OUT/$t.log" 2>&1 || rc=1
         echo "$t $(grep -a -E '^test result:' "$OUT/$t.log" | tail -n1)"
     done
-    "$b/paged_bench" --gpu 0 --target-gpu 1 --blocks 2048 --block-bytes 4096,16384,65536,1048576 --iters 20 --reps 3 \
-        --json "$OUT/two-gpu-paged.jsonl" 2>&1 | tail -n 20 || rc=1
-    "$b/disagg_kv" --device cuda --gpus 0,1 --op write --layers 4 --blocks 4096 --blocks-per-request 2048 \
-        --block-bytes 65536 --requests 16 2>&1 | tail -n 12 || rc=1
+    # Both directions (either GPU's process initiating), WRITE and READ.
+    for g in "0 1" "1 0"; do
+        set -- $g
+        echo "== paged_bench --gpu $1 --target-gpu $2 --blocks 2048 --block-bytes 4096,16384,65536,1048576"
+        "$b/paged_bench" --gpu "$1" --target-gpu "$2" --blocks 2048 --block-bytes 4096,16384,65536,1048576 \
+            --iters 20 --reps 3 --json "$OUT/two-gpu-paged-$1$2.jsonl" 2>&1 | tail -n 20 || rc=1
+        for op in write read; do
+            echo "== main: disagg_kv --device cuda --gpus $1,$2 --op $op --layers 4 --blocks 4096 --blocks-per-request 2048 --block-bytes 65536 --requests 16"
+            "$b/disagg_kv" --device cuda --gpus "$1,$2" --op "$op" --layers 4 --blocks 4096 --blocks-per-request 2048 \
+                --block-bytes 65536 --requests 16 2>&1 | tail -n 12 || rc=1
+        done
+    done
     return $rc
 }
 
@@ -168,13 +172,13 @@ say "== host: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 { nvidia-smi; nvidia-smi topo -m; } > "$OUT/nvidia-smi.txt" 2>&1
 export W NGPU OUT
 fail=0
-wanted tests && part tests "${CAP_TESTS:-180}" bash -c "$(declare -f run_tests use_carried_ucx_at gpu_test_env); run_tests"
-wanted paged && part paged "${CAP_PAGED:-110}" bash -c "$(declare -f run_paged); run_paged"
-wanted main && part main "${CAP_MAIN:-150}" bash -c "$(declare -f run_main); run_main"
-wanted handover && part handover "${CAP_HANDOVER:-120}" bash -c "$(declare -f run_handover); run_handover"
-wanted arrival && part arrival "${CAP_ARRIVAL:-30}" bash -c "$(declare -f run_arrival); run_arrival"
+wanted tests && part tests "${CAP_TESTS:-180}" bash -o pipefail -c "$(declare -f run_tests use_carried_ucx gpu_test_env); run_tests"
+wanted paged && part paged "${CAP_PAGED:-110}" bash -o pipefail -c "$(declare -f run_paged); run_paged"
+wanted main && part main "${CAP_MAIN:-150}" bash -o pipefail -c "$(declare -f run_main); run_main"
+wanted handover && part handover "${CAP_HANDOVER:-120}" bash -o pipefail -c "$(declare -f run_handover); run_handover"
+wanted arrival && part arrival "${CAP_ARRIVAL:-30}" bash -o pipefail -c "$(declare -f run_arrival); run_arrival"
 if [ "$NGPU" -ge 2 ] && wanted two-gpu; then
-    part two-gpu "${CAP_TWO_GPU:-240}" bash -c "$(declare -f run_two_gpu gpu_test_env); run_two_gpu"
+    part two-gpu "${CAP_TWO_GPU:-240}" bash -o pipefail -c "$(declare -f run_two_gpu gpu_test_env); run_two_gpu"
 fi
 python3 scripts/gpu/claims_summary.py "$OUT" >> "$s" 2>&1 || fail=1
 say "claims run: $([ $fail -eq 0 ] && echo PASS || echo FAIL)"

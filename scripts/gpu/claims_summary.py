@@ -87,7 +87,7 @@ def main_job():
         bb = int(re.search(r"--block-bytes (\d+)", head).group(1))
         b = re.search(r"bursts of 8 requests \(first make to last done\): .*?: ([\d.]+) GB/s", sect)
         mk = re.search(rf"{op} per request: make median ([\d.]+)", sect)
-        p = paged.get((op, bb))
+        p = need(f"paged_bench {op} {bb}", paged.get((op, bb)))
         if need(f"burst {op} {bb}", b and b.group(1)) and p:
             print(f"  {op}, {bb // 1024} KiB blocks, bursts of 8 requests of 8,192 descriptors: {b.group(1)} GB/s; "
                   f"paged_bench, 8,192 blocks: {p:.2f} GB/s; bursts / paged {float(b.group(1)) / p:.2f}"
@@ -113,12 +113,22 @@ def arrival():
 
 
 def two_gpu():
-    rows = jsonl("two-gpu-paged.jsonl")
-    if not rows and not read("two-gpu.log"):
+    log = read("two-gpu.log")
+    if not log:
         return
-    print("two GPUs (paged_bench GPU 0 -> GPU 1, 2,048 blocks; GB/s):")
-    for r in rows:
-        print(f"  {r['op']} {r['block_bytes']} B: {r['gbs']:.2f}")
+    print("two GPUs (paged_bench 2,048 blocks, GB/s; the main job over CUDA_IPC, 512 MiB requests of 64 KiB blocks, post to done):")
+    for src, dst in (("0", "1"), ("1", "0")):
+        rows = need(f"paged_bench GPU {src} -> GPU {dst}", jsonl(f"two-gpu-paged-{src}{dst}.jsonl") or None) or []
+        for r in rows:
+            print(f"  GPU {src} -> GPU {dst} paged {r['op']} {r['block_bytes']} B: {r['gbs']:.2f}")
+    for sect in re.split(r"^== main: ", log, flags=re.M)[1:]:
+        head = sect.splitlines()[0]
+        gpus = re.search(r"--gpus (\d),(\d)", head).groups()
+        op = re.search(r"--op (\w+)", head).group(1).upper()
+        who = "prefill" if op == "WRITE" else "decode"
+        m = re.search(rf"{who}: {op} transfer \(post to done\): 16 requests x 524288 KiB: ([\d.]+) GB/s", sect)
+        if need(f"main {op} GPUs {gpus[0]},{gpus[1]}", m and m.group(1)):
+            print(f"  main GPU {gpus[0]} (prefill) -> GPU {gpus[1]} (decode) {op}: {m.group(1)} GB/s")
 
 
 for part in (tests, paged, main_job, handover, arrival, two_gpu):

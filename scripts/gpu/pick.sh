@@ -49,11 +49,13 @@ start_summary() {
 }
 say() { echo "$*" | tee -a "$s"; }
 
-# For a run: the UCX libraries carried in .carry/ucx, where there are some, loaded by path.
+# For a run: the UCX libraries carried in ROOT/ucx (ROOT: $1, else .carry), where there are
+# some, loaded by path.
 use_carried_ucx() {
-    [ -d .carry/ucx ] || return 0
-    export NIXL_UCX_HOME="$PWD/.carry/ucx"
-    export LD_LIBRARY_PATH="$PWD/.carry/ucx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    local root=${1:-$PWD/.carry}
+    [ -d "$root/ucx" ] || return 0
+    export NIXL_UCX_HOME="$root/ucx"
+    export LD_LIBRARY_PATH="$root/ucx/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }
 
 # For a run of GPU test binaries: a missing dependency fails them, but for those no GPU

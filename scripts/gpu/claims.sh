@@ -181,7 +181,7 @@ if [ "$NGPU" -ge 2 ] && wanted two-gpu; then
     part two-gpu "${CAP_TWO_GPU:-240}" bash -o pipefail -c "$(declare -f run_two_gpu gpu_test_env); run_two_gpu"
 fi
 python3 scripts/gpu/claims_summary.py "$OUT" >> "$s" 2>&1 || fail=1
-say "claims run: $([ $fail -eq 0 ] && echo PASS || echo FAIL)"
+say "claims run: $([ $fail -eq 0 ] && echo PASS || echo FAIL)${CLAIMS_ONLY:+ (parts: $CLAIMS_ONLY only)}"
 # Every log in one archive beside the summary (the device tool returns few files per call).
 (cd "$OUT" && find . -maxdepth 1 -type f ! -name claims-summary.txt ! -name claims-logs.tar.xz -printf '%P\n' \
     | tar -cJf claims-logs.tar.xz -T - --remove-files)

@@ -17,7 +17,8 @@ struct Point {
     req: nixl::XferReq,
     l: nixl::PreparedList,
     r: nixl::PreparedList,
-    idx: Vec<usize>,
+    lidx: Vec<usize>,
+    ridx: Vec<usize>,
     ldescs: XferDescList,
     rdescs: XferDescList,
     remote: String,
@@ -41,7 +42,7 @@ impl Point {
         a.load_remote_metadata(&b.local_metadata()?)?;
         let remote = b.name().to_owned();
         let ldescs = XferDescList::blocks(kind, la.base, o.block, n);
-        let (rdescs, idx) = if o.order == "layers" {
+        let (rdescs, lidx, ridx) = if o.order == "layers" {
             let layers = regions * o.layers.max(1);
             if !n.is_multiple_of(layers) {
                 return Err(format!(
@@ -51,11 +52,18 @@ impl Point {
                 .into());
             }
             let per = n / layers;
-            let ids = shuffle(per);
-            let idx: Vec<usize> = (0..layers)
-                .flat_map(|l| ids.iter().map(move |&i| l * per + i))
-                .collect();
-            (XferDescList::blocks(kind, lb.base, o.block, n), idx)
+            let (lids, rids) = if o.ids == "engine" {
+                engine_ids(per)
+            } else {
+                (shuffle(per), shuffle(per))
+            };
+            let across = |ids: &[usize]| -> Vec<usize> {
+                (0..layers)
+                    .flat_map(|l| ids.iter().map(move |&i| l * per + i))
+                    .collect()
+            };
+            let (lidx, ridx) = (across(&lids), across(&rids));
+            (XferDescList::blocks(kind, lb.base, o.block, n), lidx, ridx)
         } else {
             let shuffled = XferDescList::from_descs(
                 kind,
@@ -63,11 +71,12 @@ impl Point {
                     .iter()
                     .map(|&p| nixl::Desc::new(lb.base + p as u64 * o.block, o.block)),
             );
-            (shuffled, (0..n).collect())
+            (shuffled, (0..n).collect(), (0..n).collect())
         };
         let l = a.prep_xfer_dlist(XferTarget::Initiator, &ldescs, &[])?;
         let r = a.prep_xfer_dlist(XferTarget::Agent(&remote), &rdescs, &[])?;
-        let req = a.make_prepped_xfer(XferOp::Write, &l, &idx, &r, &idx, XferOptions::default())?;
+        let req =
+            a.make_prepped_xfer(XferOp::Write, &l, &lidx, &r, &ridx, XferOptions::default())?;
         if !o.json {
             println!(
                 "# flat {} ({}), {n} descriptors: {}",
@@ -82,7 +91,8 @@ impl Point {
             req,
             l,
             r,
-            idx,
+            lidx,
+            ridx,
             ldescs,
             rdescs,
             remote,
@@ -111,9 +121,9 @@ impl Point {
         self.a.make_prepped_xfer(
             XferOp::Write,
             &self.l,
-            &self.idx,
+            &self.lidx,
             &self.r,
-            &self.idx,
+            &self.ridx,
             XferOptions::default(),
         )
     }
@@ -163,6 +173,25 @@ impl Point {
     }
 }
 
+/// A layer's ids as the main job's block manager hands them out (`disagg_kv`'s tables for
+/// one request covering the layer): the source's blocks in order, the destination's slots
+/// at a stride of about half the layer (coprime with it where it is a power of two).
+fn engine_ids(per: usize) -> (Vec<usize>, Vec<usize>) {
+    let stride = (per / 2 + 1) | 1;
+    let mut seen = vec![false; per];
+    let dst = (0..per)
+        .map(|k| {
+            let mut d = (k * stride) % per;
+            while seen[d] {
+                d = (d + 1) % per;
+            }
+            seen[d] = true;
+            d
+        })
+        .collect();
+    ((0..per).collect(), dst)
+}
+
 /// Runs the flat sweep on one backend and prints the table.
 pub(crate) fn sweep(which: Which, o: &Opts) -> Res<()> {
     let mut points = Vec::new();
@@ -192,9 +221,14 @@ pub(crate) fn sweep(which: Which, o: &Opts) -> Res<()> {
 fn print(which: Which, o: &Opts, rows: &[(usize, [f64; 7])]) {
     if !o.json {
         println!(
-            "# flat {} ({}): {} B descriptors over {} regions per side; ns per descriptor, best of {} interleaved rounds",
+            "# flat {} ({}{}): {} B descriptors over {} regions per side; ns per descriptor, best of {} interleaved rounds",
             which.name(),
             o.order,
+            if o.order == "layers" {
+                format!(", {} ids, {} layers per region", o.ids, o.layers)
+            } else {
+                String::new()
+            },
             o.block,
             o.regions,
             o.rounds

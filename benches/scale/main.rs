@@ -113,6 +113,12 @@ struct Opts {
     /// (the main job's pools: one region, `--layers 4`), every layer moving the same ids.
     #[arg(long, default_value_t = 1)]
     layers: usize,
+    /// With `--order layers`: the ids each request names in every layer. `shuffled`: one
+    /// shuffle of the layer's blocks on both sides; `engine`: as the main job's block
+    /// manager hands them out (the source's blocks consecutive, the destination's scattered
+    /// slots at a stride of about half the layer, `disagg_kv`'s pattern).
+    #[arg(long, default_value = "shuffled", value_parser = ["shuffled", "engine"])]
+    ids: String,
     /// Flat mode: evict the CPU caches (write a 64 MiB buffer) before every timed prep, make
     /// and post, as a server's request path finds them after moving and checking data (the
     /// main job's conditions) instead of hot from the previous iteration.

@@ -310,6 +310,41 @@ fn one_region_period_search_is_linear() {
     );
 }
 
+/// The main job's ids (`disagg_kv`: the source's blocks consecutive, the destination's slots
+/// at a stride of about half the pool) are periodic for many candidate periods until a wrap or
+/// a layer's end: the search screens each candidate at a few spread positions before comparing
+/// it in full, so it costs what a list of shuffled ids costs (one comparison per index for the
+/// true period), not a pass per near-miss.
+#[test]
+fn one_region_period_search_screens_near_misses() {
+    const LAYERS: usize = 4;
+    const POOL: usize = 16384;
+    const IDS: usize = 2048;
+    let stride = POOL / 2 + 1;
+    let engine: (Vec<usize>, Vec<usize>) = (
+        (0..IDS).map(|k| 4096 + k).collect(),
+        (0..IDS).map(|k| (77 + k * stride) % POOL).collect(),
+    );
+    let shuffled: (Vec<usize>, Vec<usize>) = (
+        shuffle(POOL)[..IDS].to_vec(),
+        shuffle(POOL).into_iter().rev().take(IDS).collect(),
+    );
+    let per_desc = |tag: &str, (li, ri): &(Vec<usize>, Vec<usize>)| {
+        let (l, r) = (layered(LAYERS, POOL, li), layered(LAYERS, POOL, ri));
+        let (ops, path) = one_region_make(tag, LAYERS, POOL, (&l, &r));
+        assert!(path.contains("block table: 4 layers"), "{path}");
+        ops as f64 / l.len() as f64
+    };
+    let (e, s) = (
+        per_desc("period-engine", &engine),
+        per_desc("period-shuffled", &shuffled),
+    );
+    assert!(
+        e <= s + 0.5,
+        "make: {e:.2} operations per descriptor for the main job's ids, {s:.2} for shuffled ids"
+    );
+}
+
 /// A descriptor list that is a block table (every block of each region, region after region:
 /// vLLM's lists) prepares in work proportional to its layers, not its descriptors, and stays a
 /// descriptor list to its caller: flat indices build requests from it (here random ones, every

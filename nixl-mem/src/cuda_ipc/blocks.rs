@@ -289,39 +289,38 @@ impl CudaIpcBackend {
     }
 }
 
-/// Whether no copy of the request can touch bytes another copy writes: the ids are distinct
-/// on each side (blocks of one layer never overlap: the agent checked `stride >= len`) and no
-/// block of any layer, local or remote as addressed here, meets a block of another layer.
-/// O(ids + layers), plus the pairs of layers whose extents overlap (K and V interleaved in
-/// one region). `false` means "not proven", never "dependent".
+/// Whether no copy of the request can touch bytes another copy writes: the destination's ids
+/// are distinct (blocks of one layer never overlap: the agent checked `stride >= len`) and no
+/// block of any layer, local or remote as addressed here, meets a block of another layer. Then
+/// two copies' destinations are different blocks of one layer or blocks of different layers,
+/// and no destination meets a source (those are other layers): the sources' ids may repeat.
+/// O(ids + layers), plus the pairs of layers whose extents overlap (K and V interleaved in one
+/// region). `false` means "not proven", never "dependent".
 pub(super) fn independent(spec: &BlockXferSpec, remote_here: &[StridedDesc]) -> bool {
-    // Both sides' ids in one pass over the runs, one bit per block id.
-    let top = |side: fn(&nixl_core::backend::BlockRun) -> u64| {
-        spec.runs
-            .iter()
-            .map(|r| side(r).saturating_add(r.count))
-            .max()
-            .unwrap_or(0)
+    // The destination's ids in one pass over the runs, one bit per block id.
+    let dst = |r: &nixl_core::backend::BlockRun| match spec.op {
+        XferOp::Read => r.local,
+        XferOp::Write => r.remote,
     };
-    let (Ok(lt), Ok(rt)) = (
-        usize::try_from(top(|r| r.local)),
-        usize::try_from(top(|r| r.remote)),
-    ) else {
+    let top = spec
+        .runs
+        .iter()
+        .map(|r| dst(r).saturating_add(r.count))
+        .max()
+        .unwrap_or(0);
+    let Ok(top) = usize::try_from(top) else {
         return false;
     };
-    let (mut lseen, mut rseen) = (vec![0u64; lt.div_ceil(64)], vec![0u64; rt.div_ceil(64)]);
-    let first_time = |seen: &mut [u64], i: u64| {
-        let (w, b) = ((i / 64) as usize, 1u64 << (i % 64));
-        let fresh = seen[w] & b == 0;
-        seen[w] |= b;
-        fresh
-    };
-    let distinct = spec.runs.iter().all(|r| {
-        (0..r.count)
-            .all(|j| first_time(&mut lseen, r.local + j) && first_time(&mut rseen, r.remote + j))
-    });
-    if !distinct {
-        return false;
+    let mut seen = vec![0u64; top.div_ceil(64)];
+    for r in &spec.runs {
+        let first = dst(r);
+        for i in first..first + r.count {
+            let (w, b) = ((i / 64) as usize, 1u64 << (i % 64));
+            if seen[w] & b != 0 {
+                return false;
+            }
+            seen[w] |= b;
+        }
     }
     let mut runs: Vec<StridedDesc> = spec.layers.iter().map(|l| l.local).collect();
     runs.extend_from_slice(remote_here);
@@ -389,6 +388,7 @@ mod tests {
         fn independence_is_sound(
             layers in proptest::collection::vec((run(), 0u64..2048), 1..4),
             ids in proptest::collection::vec((0usize..6, 0usize..6), 1..6),
+            read in any::<bool>(),
         ) {
             let pairs: Vec<LayerPair> = layers
                 .iter()
@@ -402,7 +402,7 @@ mod tests {
             let min = pairs.iter().map(|p| p.local.count).min().unwrap_or(1) as usize;
             let (li, ri): (Vec<usize>, Vec<usize>) = ids.iter().map(|&(a, b)| (a % min, b % min)).unzip();
             let spec = BlockXferSpec {
-                op: XferOp::Write,
+                op: if read { XferOp::Read } else { XferOp::Write },
                 local_kind: MemKind::Vram,
                 remote_kind: MemKind::Vram,
                 remote: "b".into(),
@@ -419,7 +419,11 @@ mod tests {
             };
             let here: Vec<StridedDesc> = pairs.iter().map(|p| p.remote).collect();
             if independent(&spec, &here) {
-                let copies: Vec<(u64, u64, u64)> = spec.segments().map(|(_, a, b, n)| (b, a, n)).collect();
+                // (destination, source, bytes): local -> remote for a WRITE, back for a READ.
+                let copies: Vec<(u64, u64, u64)> = spec
+                    .segments()
+                    .map(|(_, a, b, n)| if read { (a, b, n) } else { (b, a, n) })
+                    .collect();
                 prop_assert_eq!(kernel::conflict(&copies), None);
             }
         }

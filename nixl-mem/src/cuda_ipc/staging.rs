@@ -14,8 +14,12 @@ use cudarc::driver::CudaContext;
 use crate::cuda::{CudaError, Event, Stream};
 use crate::sys::memory::{DeviceAlloc, HostAlloc};
 
-/// Pairs kept for reuse at most (more are freed when given back).
-const KEEP: usize = 4;
+/// Pairs kept for reuse at most (more are freed when given back): as many as an engine keeps
+/// requests in flight (a scheduling step's transfers, each holding its pair while alive), so
+/// steady state allocates and frees none (a free synchronizes the device).
+const KEEP: usize = 32;
+/// Bytes of pinned host memory kept for reuse at most (each pair holds as much on the device).
+const KEEP_BYTES: usize = 64 << 20;
 /// How long a pair given back past [`KEEP`] pending ones waits for its work.
 const PENDING_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// The smallest pair allocated (sizes are rounded up to a power of two).
@@ -95,17 +99,30 @@ impl StagingPool {
     }
 
     /// Takes back a pair whose work has completed (no copy reads or writes it any more),
-    /// keeping the largest [`KEEP`].
+    /// keeping the largest, up to [`KEEP`] pairs and [`KEEP_BYTES`].
     pub(super) fn give(&self, s: Staging) {
-        let mut pairs = self.free.lock();
-        pairs.free.push(s);
-        if pairs.free.len() > KEEP {
+        let freed = {
+            let mut pairs = self.free.lock();
+            pairs.free.push(s);
+            let bytes: usize = pairs.free.iter().map(Staging::capacity).sum();
+            if pairs.free.len() <= KEEP && bytes <= KEEP_BYTES {
+                return;
+            }
             pairs
                 .free
                 .sort_unstable_by_key(|s| std::cmp::Reverse(s.capacity()));
-            // Freed outside the lock would be nicer; frees are rare (only past KEEP).
-            pairs.free.truncate(KEEP);
-        }
+            let (mut kept, mut held) = (0, 0);
+            for s in &pairs.free {
+                if kept == KEEP || held + s.capacity() > KEEP_BYTES {
+                    break;
+                }
+                kept += 1;
+                held += s.capacity();
+            }
+            pairs.free.split_off(kept)
+        };
+        // Freed outside the lock (a free waits for the device).
+        drop(freed);
     }
 
     /// Takes back a pair whose work may still run (a request dropped while its upload or a

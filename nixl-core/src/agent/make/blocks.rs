@@ -45,7 +45,7 @@ impl Agent {
                 "block ids need lists prepared from block tables (prep_strided_dlist)",
             ));
         };
-        check_shapes(me, ll, rl, local_blocks, remote_blocks)?;
+        check_shapes(me, ll, rl, (local_blocks.len(), remote_blocks.len()))?;
         check_ids(me, "local", local_blocks, ll)?;
         check_ids(me, "remote", remote_blocks, rl)?;
         // The destination's blocks are written once: an id listed twice would land two
@@ -80,29 +80,21 @@ impl Agent {
         }
         let (lt, rt) = (local.table.as_ref()?, remote.table.as_ref()?);
         let merge = !opts.no_merge;
-        let ids = period_ids((lt, local_idx), (rt, remote_idx), merge)
-            .or_else(|| table_ids(op, (lt, local_idx), (rt, remote_idx)))?;
-        let me = self.name();
+        let ids = period_ids(op, (lt, local_idx), (rt, remote_idx), merge)
+            .or_else(|| table_ids(op, (lt, local_idx), (rt, remote_idx), merge))?;
         check_shapes(
-            me,
+            self.name(),
             &ids.local_layers,
             &ids.remote_layers,
-            &ids.local,
-            &ids.remote,
+            (ids.ids, ids.ids),
         )
         .ok()?;
-        let dst = match op {
-            XferOp::Read => &ids.local,
-            XferOp::Write => &ids.remote,
-        };
-        crate::agent::make::check_distinct(me, "", dst).ok()?;
-        let runs = block_runs(&ids.local, &ids.remote, !opts.no_merge);
         self.make_table(
             op,
             (local, remote),
             (&ids.local_layers, &ids.remote_layers),
             ends.clone(),
-            runs,
+            ids.runs,
             None,
             opts.clone(),
         )
@@ -200,12 +192,75 @@ impl Agent {
 /// path.
 const MIN_GROUP: usize = 4;
 
-/// Index lists over two [`FlatTable`]s read as a block-table request.
+/// Index lists over two [`FlatTable`]s read as a block-table request: the layers, and the
+/// block ids named in every layer as runs, checked (inside the layers, the destination's
+/// distinct).
 struct TableIds {
     local_layers: Vec<PrepLayer>,
     remote_layers: Vec<PrepLayer>,
-    local: Vec<usize>,
-    remote: Vec<usize>,
+    runs: Vec<BlockRun>,
+    /// Block ids per layer.
+    ids: usize,
+}
+
+/// Block ids `local[i] - lbase` and `remote[i] - rbase` as runs (consecutive pairs merged
+/// where `merge`), in one pass that checks them: each below its side's `bound`, the
+/// destination's (`op`'s) distinct. `None` where one is not (the caller then builds the
+/// request from the lists, which names the problem in their terms).
+fn checked_runs(
+    op: XferOp,
+    (local, lbase, lbound): (&[usize], usize, usize),
+    (remote, rbase, rbound): (&[usize], usize, usize),
+    merge: bool,
+) -> Option<Vec<BlockRun>> {
+    crate::work::tick(local.len());
+    let dst_bound = match op {
+        XferOp::Read => lbound,
+        XferOp::Write => rbound,
+    };
+    let mut seen = vec![0u64; dst_bound.div_ceil(64)];
+    let mut runs: Vec<BlockRun> = Vec::with_capacity(local.len());
+    for (&l, &r) in local.iter().zip(remote) {
+        let (l, r) = (l.wrapping_sub(lbase), r.wrapping_sub(rbase));
+        if l >= lbound || r >= rbound {
+            return None;
+        }
+        let d = if op == XferOp::Read { l } else { r };
+        let (w, b) = (d / 64, 1u64 << (d % 64));
+        if seen[w] & b != 0 {
+            return None;
+        }
+        seen[w] |= b;
+        let (l, r) = (l as u64, r as u64);
+        match runs.last_mut() {
+            Some(p) if merge && p.local + p.count == l && p.remote + p.count == r => p.count += 1,
+            _ => runs.push(BlockRun::blocks(l, r, 1)),
+        }
+    }
+    Some(runs)
+}
+
+/// How many leading `i` have `local[i] == local0[i] + dl` and `remote[i] == remote0[i] + dr`
+/// (wrapping; the callers bound the values), compared a chunk at a time without a branch per
+/// pair. The four slices have one length.
+fn shifted_prefix(
+    (local, local0, dl): (&[usize], &[usize], usize),
+    (remote, remote0, dr): (&[usize], &[usize], usize),
+) -> usize {
+    const CHUNK: usize = 32;
+    let n = local.len();
+    let (local0, remote, remote0) = (&local0[..n], &remote[..n], &remote0[..n]);
+    let same = |i: usize| {
+        local[i] == local0[i].wrapping_add(dl) && remote[i] == remote0[i].wrapping_add(dr)
+    };
+    let mut i = 0;
+    while i + CHUNK <= n {
+        if !(i..i + CHUNK).fold(true, |acc, j| acc & same(j)) {
+            break;
+        }
+        i += CHUNK;
+    }
+    i + (i..n).take_while(|&j| same(j)).count()
 }
 
 /// The layers and block ids `local_idx` and `remote_idx` name, where they are groups of one
@@ -216,6 +271,7 @@ fn table_ids(
     op: XferOp,
     (lt, local_idx): (&FlatTable, &[usize]),
     (rt, remote_idx): (&FlatTable, &[usize]),
+    merge: bool,
 ) -> Option<TableIds> {
     let (lp, rp) = (lt.per, rt.per);
     let (&l0, &r0) = (local_idx.first()?, remote_idx.first()?);
@@ -236,8 +292,12 @@ fn table_ids(
         return None;
     }
     crate::work::tick(local_idx.len());
-    let local: Vec<usize> = local_idx[..group].iter().map(|&i| i - lbase0).collect();
-    let remote: Vec<usize> = remote_idx[..group].iter().map(|&i| i - rbase0).collect();
+    let runs = checked_runs(
+        op,
+        (&local_idx[..group], lbase0, lp),
+        (&remote_idx[..group], rbase0, rp),
+        merge,
+    )?;
     let (mut local_layers, mut remote_layers) =
         (Vec::with_capacity(groups), Vec::with_capacity(groups));
     let dst_count = match op {
@@ -256,12 +316,12 @@ fn table_ids(
         if std::mem::replace(seen, true) {
             return None;
         }
-        let same = lc
-            .iter()
-            .zip(rc)
-            .zip(local.iter().zip(&remote))
-            .all(|((&li, &ri), (&lb, &rb))| li == lbase + lb && ri == rbase + rb);
-        if !same {
+        // Group 0 moved to this group's layers (`lbase0`, `rbase0` to `lbase`, `rbase`).
+        let same = shifted_prefix(
+            (lc, &local_idx[..group], lbase.wrapping_sub(lbase0)),
+            (rc, &remote_idx[..group], rbase.wrapping_sub(rbase0)),
+        );
+        if same != group {
             return None;
         }
         local_layers.push(*la);
@@ -270,12 +330,13 @@ fn table_ids(
     Some(TableIds {
         local_layers,
         remote_layers,
-        local,
-        remote,
+        runs,
+        ids: group,
     })
 }
 
 /// Runs `local` and `remote` form (pairs consecutive on both sides merge where `merge`).
+#[cfg(test)]
 fn run_count(local: &[usize], remote: &[usize], merge: bool) -> usize {
     if !merge {
         return local.len();
@@ -287,18 +348,22 @@ fn run_count(local: &[usize], remote: &[usize], merge: bool) -> usize {
         .count()
 }
 
-/// Runs of group 0 and of the whole list, for index lists periodic with period `k` (group
-/// `g` is group 0 moved by the same amount `g` times, on each side; `k` divides their length
-/// and is below it): each group holds group 0's runs, and a group's last pair continues into
-/// the next group's first for every group or for none. Reads group 0 and one more pair.
-fn periodic_runs(local: &[usize], remote: &[usize], k: usize, merge: bool) -> (usize, usize) {
+/// Runs of the whole list, for index lists periodic with period `k` whose group 0 forms
+/// `group_runs` runs (group `g` is group 0 moved by the same amount `g` times, on each side;
+/// `k` divides their length and is below it): each group holds group 0's runs, and a group's
+/// last pair continues into the next group's first for every group or for none. Reads one
+/// pair past group 0.
+fn periodic_runs(
+    local: &[usize],
+    remote: &[usize],
+    (k, group_runs): (usize, usize),
+    merge: bool,
+) -> usize {
     let groups = local.len() / k;
-    let group_runs = run_count(&local[..k], &remote[..k], merge);
     let joined = merge
         && local[k] == local[k - 1].wrapping_add(1)
         && remote[k] == remote[k - 1].wrapping_add(1);
-    let whole = groups * group_runs - if joined { groups - 1 } else { 0 };
-    (group_runs, whole)
+    groups * group_runs - if joined { groups - 1 } else { 0 }
 }
 
 /// The divisors of `n` in `lo..n`, ascending.
@@ -321,6 +386,23 @@ fn divisors(n: usize, lo: usize) -> Vec<usize> {
         .collect()
 }
 
+/// Where `idx` first turns: the first `j` with `idx[j + 1] - idx[j]` unlike `idx[1] - idx[0]`
+/// (0 where it never does). A list with `idx[i + k] - idx[i]` the same for every `i` has
+/// steps periodic with period `k`, so step `j` equals step `j - k`, which for `k <= j` is the
+/// first step: no such `k` reaches past a turn at `j`. Reads up to the turn.
+fn first_turn(idx: &[usize]) -> usize {
+    let [a, b, ..] = idx else {
+        return 0;
+    };
+    let step = b.wrapping_sub(*a);
+    let turn = idx
+        .windows(2)
+        .position(|w| w[1].wrapping_sub(w[0]) != step)
+        .unwrap_or(0);
+    crate::work::tick(turn + 1);
+    turn
+}
+
 /// Index lists over two one-layer [`FlatTable`]s (each pool one region: the layers of a KV
 /// pool laid out one after another, NIXL's shape for a single allocation) read as a
 /// block-table request of virtual layers: where the indices repeat with a period (group `g`
@@ -330,6 +412,7 @@ fn divisors(n: usize, lo: usize) -> Vec<usize> {
 /// runs stay one layer. The virtual layers are disjoint slices of the region, one per group
 /// (so the destination's are distinct). `None` otherwise.
 fn period_ids(
+    op: XferOp,
     (lt, local_idx): (&FlatTable, &[usize]),
     (rt, remote_idx): (&FlatTable, &[usize]),
     merge: bool,
@@ -345,10 +428,13 @@ fn period_ids(
     // The whole list's runs, known once a period is found (they follow from group 0's: no
     // pass over the list of its own, which would be the request's costliest on cold caches).
     let mut flat_runs: Option<usize> = None;
+    // No period reaches a side's first turn (a run of equal steps, as consecutive source
+    // blocks make, rules out every shorter period: each would fail only at the run's end).
+    let shortest = first_turn(local_idx).max(first_turn(remote_idx)) + 1;
     // Index comparisons left: candidate periods that fail late (a list periodic but for its
     // end) cost at most a few passes over the list, never one per divisor.
     let mut budget = 4 * n;
-    for k in divisors(n, MIN_GROUP) {
+    for k in divisors(n, MIN_GROUP.max(shortest)) {
         let groups = n / k;
         // A split into `groups` layers costs at least `groups + 1`.
         if flat_runs.is_some_and(|f| groups + 1 >= f) {
@@ -363,13 +449,11 @@ fn period_ids(
         if dl == 0 || dr == 0 || !lt.per.is_multiple_of(dl) || !rt.per.is_multiple_of(dr) {
             continue;
         }
-        let compared = local_idx[k..]
-            .iter()
-            .zip(local_idx)
-            .zip(remote_idx[k..].iter().zip(remote_idx))
-            .take(budget)
-            .take_while(|((&l, &l0), (&r, &r0))| l == l0 + dl && r == r0 + dr)
-            .count();
+        let span = (n - k).min(budget);
+        let compared = shifted_prefix(
+            (&local_idx[k..k + span], &local_idx[..span], dl),
+            (&remote_idx[k..k + span], &remote_idx[..span], dr),
+        );
         crate::work::tick(compared);
         if compared < n - k {
             budget = budget.saturating_sub(compared + 1);
@@ -381,29 +465,27 @@ fn period_ids(
         // Periodic: each group holds group 0's runs, and a group's last pair continues into
         // the next group's first for every group or for none.
         budget = budget.saturating_sub(compared);
-        let (group_runs, whole) = periodic_runs(local_idx, remote_idx, k, merge);
-        flat_runs = Some(whole);
-        // A split costs the layers plus group 0's runs (its ids moved to its layer keep them).
-        if groups + group_runs >= whole {
-            continue;
-        }
         let (lbase, rbase) = (
             local_idx[0] - local_idx[0] % dl,
             remote_idx[0] - remote_idx[0] % dr,
         );
-        // Group 0 inside one virtual layer per side, and the last group inside the table.
-        let inside = |idx: &[usize], base: usize, d: usize| {
-            idx[..k].iter().all(|&i| i >= base && i - base < d)
-        };
-        if !inside(local_idx, lbase, dl)
-            || !inside(remote_idx, rbase, dr)
-            || lbase + groups * dl > lt.per
-            || rbase + groups * dr > rt.per
-        {
+        // The last group inside the table, group 0 inside one virtual layer per side (its
+        // runs are checked there, the destination's ids distinct).
+        if lbase + groups * dl > lt.per || rbase + groups * dr > rt.per {
             return None;
         }
-        let local: Vec<usize> = local_idx[..k].iter().map(|&i| i - lbase).collect();
-        let remote: Vec<usize> = remote_idx[..k].iter().map(|&i| i - rbase).collect();
+        let runs = checked_runs(
+            op,
+            (&local_idx[..k], lbase, dl),
+            (&remote_idx[..k], rbase, dr),
+            merge,
+        )?;
+        let whole = periodic_runs(local_idx, remote_idx, (k, runs.len()), merge);
+        flat_runs = Some(whole);
+        // A split costs the layers plus group 0's runs (its ids moved to its layer keep them).
+        if groups + runs.len() >= whole {
+            continue;
+        }
         let layer = |t: &PrepLayer, base: usize, d: usize, g: usize| -> Option<PrepLayer> {
             let mut run = t.run;
             run.addr = run.block_addr((base + g * d) as u64)?;
@@ -422,8 +504,8 @@ fn period_ids(
         return Some(TableIds {
             local_layers,
             remote_layers,
-            local,
-            remote,
+            runs,
+            ids: k,
         });
     }
     None
@@ -459,8 +541,7 @@ fn check_shapes(
     me: &str,
     ll: &[PrepLayer],
     rl: &[PrepLayer],
-    local_blocks: &[usize],
-    remote_blocks: &[usize],
+    (local_ids, remote_ids): (usize, usize),
 ) -> Result<()> {
     if ll.len() != rl.len() {
         return Err(Error::mismatch(
@@ -469,18 +550,14 @@ fn check_shapes(
             format!("{} local and {} remote layers", ll.len(), rl.len()),
         ));
     }
-    if local_blocks.len() != remote_blocks.len() {
+    if local_ids != remote_ids {
         return Err(Error::mismatch(
             me,
             Op::MakeXfer,
-            format!(
-                "{} local and {} remote block ids",
-                local_blocks.len(),
-                remote_blocks.len()
-            ),
+            format!("{local_ids} local and {remote_ids} remote block ids"),
         ));
     }
-    if local_blocks.is_empty() {
+    if local_ids == 0 {
         return Err(Error::invalid(me, Op::MakeXfer, "no block ids"));
     }
     for (l, (a, b)) in ll.iter().zip(rl).enumerate() {
@@ -625,9 +702,67 @@ mod tests {
             let (dl, dr) = if consecutive { (k, k) } else { shift };
             let local: Vec<usize> = (0..groups).flat_map(|g| group.iter().map(move |p| p.0 + g * dl)).collect();
             let remote: Vec<usize> = (0..groups).flat_map(|g| group.iter().map(move |p| p.1 + g * dr)).collect();
-            let (group_runs, whole) = periodic_runs(&local, &remote, k, merge);
-            prop_assert_eq!(group_runs, run_count(&local[..k], &remote[..k], merge));
+            let group_runs = run_count(&local[..k], &remote[..k], merge);
+            let whole = periodic_runs(&local, &remote, (k, group_runs), merge);
             prop_assert_eq!(whole, run_count(&local, &remote, merge));
+            // The one-pass check builds group 0's runs as the count says.
+            let base = |v: &[usize]| v[..k].iter().copied().min().unwrap_or(0);
+            if let Some(runs) = checked_runs(
+                XferOp::Write,
+                (&local[..k], base(&local), usize::MAX),
+                (&remote[..k], base(&remote), 1 << 16),
+                merge,
+            ) {
+                prop_assert_eq!(runs.len(), group_runs);
+            }
+        }
+
+        /// The one-pass check equals the separate steps it replaces: ids inside the bounds,
+        /// the destination's distinct (`check_distinct`), runs as `block_runs` makes them.
+        #[test]
+        fn checked_runs_are_the_separate_steps(
+            pairs in proptest::collection::vec((0usize..48, 0usize..48), 1..64),
+            bases in (0usize..3, 0usize..3),
+            read in any::<bool>(),
+            merge in any::<bool>(),
+        ) {
+            let (bound, op) = (40, if read { XferOp::Read } else { XferOp::Write });
+            let local: Vec<usize> = pairs.iter().map(|p| p.0).collect();
+            let remote: Vec<usize> = pairs.iter().map(|p| p.1).collect();
+            let got = checked_runs(op, (&local, bases.0, bound), (&remote, bases.1, bound), merge);
+            let moved = |v: &[usize], b: usize| -> Option<Vec<usize>> {
+                v.iter().map(|&i| i.checked_sub(b).filter(|&x| x < bound)).collect()
+            };
+            let want = moved(&local, bases.0).zip(moved(&remote, bases.1)).and_then(|(l, r)| {
+                let dst = if read { &l } else { &r };
+                crate::agent::make::check_distinct("t", "", dst).ok()?;
+                Some(block_runs(&l, &r, merge))
+            });
+            prop_assert_eq!(got, want);
+        }
+
+        /// A list periodic with period `k` turns before `k` (or never): the search's lower
+        /// bound never rules out a true period, for groups of any shape, runs of equal steps
+        /// included.
+        #[test]
+        fn no_period_reaches_past_a_turn(
+            group in proptest::collection::vec(0usize..64, 1..40),
+            stepped in proptest::option::of((0usize..1000, 0usize..5)),
+            groups in 2usize..6,
+            shift in 0usize..5000,
+        ) {
+            // Optionally a group of equal steps (consecutive blocks, or a stride).
+            let group: Vec<usize> = match stepped {
+                Some((start, step)) => (0..group.len()).map(|i| start + i * step).collect(),
+                None => group,
+            };
+            let k = group.len();
+            let list: Vec<usize> = (0..groups).flat_map(|g| group.iter().map(move |&x| x + g * shift)).collect();
+            let turn = first_turn(&list);
+            prop_assert!(turn == 0 || turn < k, "turn {} for period {}", turn, k);
+            for i in 0..list.len() - k {
+                prop_assert_eq!(list[i + k] - list[i], list[k] - list[0]);
+            }
         }
     }
 }

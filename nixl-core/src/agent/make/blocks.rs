@@ -250,17 +250,32 @@ fn shifted_prefix(
     const CHUNK: usize = 32;
     let n = local.len();
     let (local0, remote, remote0) = (&local0[..n], &remote[..n], &remote0[..n]);
-    let same = |i: usize| {
-        local[i] == local0[i].wrapping_add(dl) && remote[i] == remote0[i].wrapping_add(dr)
-    };
+    let chunks = local
+        .chunks_exact(CHUNK)
+        .zip(local0.chunks_exact(CHUNK))
+        .zip(remote.chunks_exact(CHUNK).zip(remote0.chunks_exact(CHUNK)));
     let mut i = 0;
-    while i + CHUNK <= n {
-        if !(i..i + CHUNK).fold(true, |acc, j| acc & same(j)) {
+    for ((a, a0), (b, b0)) in chunks {
+        // Whole chunks without a branch per pair (the compiler vectorizes the sum).
+        let differ: usize = a
+            .iter()
+            .zip(a0)
+            .zip(b.iter().zip(b0))
+            .map(|((&x, &x0), (&y, &y0))| {
+                usize::from(x != x0.wrapping_add(dl)) | usize::from(y != y0.wrapping_add(dr))
+            })
+            .sum();
+        if differ != 0 {
             break;
         }
         i += CHUNK;
     }
-    i + (i..n).take_while(|&j| same(j)).count()
+    i + local[i..]
+        .iter()
+        .zip(&local0[i..])
+        .zip(remote[i..].iter().zip(&remote0[i..]))
+        .take_while(|((&x, &x0), (&y, &y0))| x == x0.wrapping_add(dl) && y == y0.wrapping_add(dr))
+        .count()
 }
 
 /// The layers and block ids `local_idx` and `remote_idx` name, where they are groups of one
@@ -394,11 +409,27 @@ fn first_turn(idx: &[usize]) -> usize {
     let [a, b, ..] = idx else {
         return 0;
     };
+    const CHUNK: usize = 32;
     let step = b.wrapping_sub(*a);
-    let turn = idx
-        .windows(2)
-        .position(|w| w[1].wrapping_sub(w[0]) != step)
-        .unwrap_or(0);
+    let (from, next) = (&idx[..idx.len() - 1], &idx[1..]);
+    // Whole chunks without a branch per step, then the turn inside the first that has one.
+    let mut i = 0;
+    for (f, t) in from.chunks_exact(CHUNK).zip(next.chunks_exact(CHUNK)) {
+        let turns: usize = f
+            .iter()
+            .zip(t)
+            .map(|(&x, &y)| usize::from(y.wrapping_sub(x) != step))
+            .sum();
+        if turns != 0 {
+            break;
+        }
+        i += CHUNK;
+    }
+    let turn = from[i..]
+        .iter()
+        .zip(&next[i..])
+        .position(|(&x, &y)| y.wrapping_sub(x) != step)
+        .map_or(0, |j| i + j);
     crate::work::tick(turn + 1);
     turn
 }

@@ -16,7 +16,9 @@
 //! Flags: `--op read|write`, `--requests N`, `--layers L`, `--blocks B` (pool blocks per
 //! layer), `--block-bytes S`, `--blocks-per-request K`, `--burst N` (N requests made and
 //! posted back to back before the first is waited for, on disjoint blocks, as an engine posts
-//! one scheduling step's transfers; default 1; `--make-threads T` makes them on T threads),
+//! one scheduling step's transfers; default 1; `--make-threads T` makes them on T threads;
+//! `--post-after-make` makes all of a burst before posting any and times the posts to the
+//! last done apart; `--warmup W` leaves the first W bursts out of the figures),
 //! `--backend ucx|libfabric|cuda_ipc`,
 //! `--tls UCX_TLS`, `--provider tcp|shm|efa`, `--rails R` and `--domains D0,D1` (libfabric domains; UCX devices),
 //! `--device cpu|cuda` (KV pools in host or GPU memory; `--gpus P,D` puts the prefill and
@@ -100,6 +102,10 @@ struct Opts {
     burst: usize,
     /// Threads making a burst's requests (`--make-threads`).
     make_threads: usize,
+    /// Bursts run and verified first but left out of the figures (`--warmup`).
+    warmup: usize,
+    /// A burst's requests all made before the first is posted (`--post-after-make`).
+    post_after_make: bool,
     tls: Option<String>,
     backend: String,
     provider: Option<String>,
@@ -165,6 +171,16 @@ struct Cli {
     /// the ones before it are made), as an engine that prepares transfers on several threads.
     #[arg(long = "make-threads", default_value_t = 1)]
     make_threads: usize,
+    /// Bursts (requests with `--burst 1`) run and verified first but left out of the figures
+    /// printed, as benchmarks warm up (the first pays one-time costs: the copy kernel's load,
+    /// staging buffers, connections).
+    #[arg(long, default_value_t = 0)]
+    warmup: usize,
+    /// Makes all of a burst's requests before posting the first, then posts them back to
+    /// back: the line `posted back to back` then times the transfers alone (first post to
+    /// last done), without the host's make in between.
+    #[arg(long = "post-after-make")]
+    post_after_make: bool,
     /// UCX transports (`UCX_TLS`).
     #[arg(long)]
     tls: Option<String>,
@@ -339,6 +355,8 @@ fn parse() -> Res<Opts> {
         per_request: c.per_request,
         burst: c.burst,
         make_threads: c.make_threads,
+        warmup: c.warmup,
+        post_after_make: c.post_after_make,
         tls: c.tls,
         backend: c
             .backend
@@ -390,6 +408,12 @@ fn parse() -> Res<Opts> {
     }
     if o.burst == 0 || !o.requests.is_multiple_of(o.burst) {
         return Err("--burst must be positive and divide --requests".into());
+    }
+    if o.post_after_make && o.make_threads > 1 {
+        return Err("--post-after-make makes a burst on one thread (--make-threads 1)".into());
+    }
+    if o.warmup >= o.requests / o.burst {
+        return Err("--warmup must leave some bursts to measure".into());
     }
     if o.make_threads == 0 {
         return Err("--make-threads must be positive".into());
@@ -672,6 +696,14 @@ struct Split {
     bursts: Stats,
     /// Threads that make a burst's requests (`--make-threads`).
     make_threads: usize,
+    /// Bursts still to leave out of the figures (`--warmup`).
+    warmup: usize,
+    /// Bursts left out so far.
+    warmup_done: usize,
+    /// Make a burst's requests before posting any (`--post-after-make`).
+    post_after_make: bool,
+    /// Each burst from its first post to its last request done (`--post-after-make`).
+    posted: Stats,
 }
 
 impl Split {
@@ -729,9 +761,22 @@ impl Split {
         timeout: Duration,
     ) -> Res<Vec<nixl::XferReq>> {
         let t0 = Instant::now();
+        let counts = self.counts();
         let mut started = Vec::new();
+        let mut first_post = None;
         if self.make_threads > 1 {
             started = self.start_parallel(a, op, reqs, (local, remote))?;
+        } else if self.post_after_make {
+            let mut made = Vec::new();
+            for (opts, local_idx, remote_idx) in reqs {
+                let t = Instant::now();
+                let x = a.make_prepped_xfer(op, local, &local_idx, remote, &remote_idx, opts)?;
+                made.push((x, (t, t.elapsed())));
+            }
+            first_post = Some(Instant::now());
+            for (x, t) in made {
+                started.push(self.post_made(a, x, t)?);
+            }
         } else {
             for (opts, local_idx, remote_idx) in reqs {
                 started.push(self.start(
@@ -748,7 +793,43 @@ impl Split {
             .map(|s| self.finish(s, timeout))
             .collect::<Res<Vec<_>>>()?;
         self.bursts.0.push(t0.elapsed());
+        if let Some(p) = first_post {
+            self.posted.0.push(p.elapsed());
+        }
+        if self.warmup > 0 {
+            self.warmup -= 1;
+            self.warmup_done += 1;
+            self.truncate(counts);
+        }
         Ok(done)
+    }
+
+    /// How many of each figure are recorded.
+    fn counts(&self) -> [usize; 6] {
+        [
+            &self.make,
+            &self.post,
+            &self.done,
+            &self.whole,
+            &self.bursts,
+            &self.posted,
+        ]
+        .map(|s| s.0.len())
+    }
+
+    /// Drops the figures recorded since `counts` (a warm-up burst's).
+    fn truncate(&mut self, counts: [usize; 6]) {
+        let stats = [
+            &mut self.make,
+            &mut self.post,
+            &mut self.done,
+            &mut self.whole,
+            &mut self.bursts,
+            &mut self.posted,
+        ];
+        for (s, n) in stats.into_iter().zip(counts) {
+            s.0.truncate(n);
+        }
     }
 
     /// A burst's requests made by `make_threads` threads at once (request `i` by thread
@@ -829,6 +910,22 @@ impl Split {
                     bytes_each * n
                 )
             );
+        }
+        if !self.posted.0.is_empty() {
+            let n = self.whole.0.len() / self.posted.0.len();
+            println!(
+                "{who} {}",
+                self.posted.line_of(
+                    &format!(
+                        "bursts of {n} requests posted back to back (first post to last done)"
+                    ),
+                    "bursts",
+                    bytes_each * n
+                )
+            );
+        }
+        if self.warmup_done > 0 {
+            println!("{who} (after {} warm-up bursts left out)", self.warmup_done);
         }
     }
 }
@@ -960,6 +1057,8 @@ fn prefill_run(o: &Opts, n: &Node) -> Res<()> {
     let per_req = o.layers * o.per_request * o.block_bytes;
     let mut xfer = Split {
         make_threads: o.make_threads,
+        warmup: o.warmup,
+        post_after_make: o.post_after_make,
         ..Split::default()
     };
     let mut e2e = Stats(Vec::new());
@@ -1056,6 +1155,8 @@ fn decode_run(o: &Opts, n: &Node) -> Res<()> {
     let mut lists: Option<(PreparedList, PreparedList)> = None;
     let mut xfer = Split {
         make_threads: o.make_threads,
+        warmup: o.warmup,
+        post_after_make: o.post_after_make,
         ..Split::default()
     };
     let mut verified = 0usize;

@@ -277,7 +277,9 @@ impl LayerPair {
 /// `None`); with [`BlockXferSpec::rows`] each tile's rows are rearranged on the way (an HND <->
 /// NHD permute, heads gathered or sliced). Block ids were checked against every layer's block
 /// count, tiles inside their blocks, and every layer lies in one registered region, so every
-/// byte is in bounds.
+/// byte is in bounds. For whole blocks (`rows` is `None`) the destination's ids are distinct
+/// across the runs (the agent refuses a request that names one twice), so two copies of one
+/// layer never write one block.
 #[derive(Debug, Clone)]
 pub struct BlockXferSpec {
     /// READ or WRITE.
@@ -292,7 +294,8 @@ pub struct BlockXferSpec {
     pub is_local: bool,
     /// The layers, in order.
     pub layers: Vec<LayerPair>,
-    /// The block-id runs, the same in every layer.
+    /// The block-id runs, the same in every layer (for whole blocks, no destination id in two
+    /// runs or twice in one).
     pub runs: Vec<BlockRun>,
     /// How each tile's rows lie on both sides; `None`: whole blocks, rows in order. `Some`
     /// only for a backend whose [`Backend::rearranges_rows`](crate::backend::Backend::rearranges_rows)

@@ -289,39 +289,19 @@ impl CudaIpcBackend {
     }
 }
 
-/// Whether no copy of the request can touch bytes another copy writes: the destination's ids
-/// are distinct (blocks of one layer never overlap: the agent checked `stride >= len`) and no
-/// block of any layer, local or remote as addressed here, meets a block of another layer. Then
-/// two copies' destinations are different blocks of one layer or blocks of different layers,
-/// and no destination meets a source (those are other layers): the sources' ids may repeat.
-/// O(ids + layers), plus the pairs of layers whose extents overlap (K and V interleaved in one
-/// region). `false` means "not proven", never "dependent".
+/// Whether no copy of the request can touch bytes another copy writes: no block of any layer,
+/// local or remote as addressed here, meets a block of another layer. The destination's ids
+/// are distinct (an invariant of [`BlockXferSpec`] for whole blocks: the agent refuses others)
+/// and blocks of one layer never overlap (the agent checked `stride >= len`), so two copies'
+/// destinations are different blocks of one layer or blocks of different layers, and no
+/// destination meets a source (those are other layers; the sources' ids may repeat). O(layers),
+/// plus the pairs of layers whose extents overlap (K and V interleaved in one region): nothing
+/// per id. `false` means "not proven", never "dependent".
 pub(super) fn independent(spec: &BlockXferSpec, remote_here: &[StridedDesc]) -> bool {
-    // The destination's ids in one pass over the runs, one bit per block id.
-    let dst = |r: &nixl_core::backend::BlockRun| match spec.op {
-        XferOp::Read => r.local,
-        XferOp::Write => r.remote,
-    };
-    let top = spec
-        .runs
-        .iter()
-        .map(|r| dst(r).saturating_add(r.count))
-        .max()
-        .unwrap_or(0);
-    let Ok(top) = usize::try_from(top) else {
-        return false;
-    };
-    let mut seen = vec![0u64; top.div_ceil(64)];
-    for r in &spec.runs {
-        let first = dst(r);
-        for i in first..first + r.count {
-            let (w, b) = ((i / 64) as usize, 1u64 << (i % 64));
-            if seen[w] & b != 0 {
-                return false;
-            }
-            seen[w] |= b;
-        }
-    }
+    debug_assert!(
+        spec.rows.is_some() || distinct_destinations(spec),
+        "a whole-block spec names a destination block twice"
+    );
     let mut runs: Vec<StridedDesc> = spec.layers.iter().map(|l| l.local).collect();
     runs.extend_from_slice(remote_here);
     runs.sort_unstable_by_key(|r| r.addr);
@@ -335,6 +315,23 @@ pub(super) fn independent(spec: &BlockXferSpec, remote_here: &[StridedDesc]) -> 
         open.push(r);
     }
     true
+}
+
+/// Whether the runs name each destination id once (the agent's check, again: debug builds).
+fn distinct_destinations(spec: &BlockXferSpec) -> bool {
+    let mut ids: Vec<u64> = spec
+        .runs
+        .iter()
+        .flat_map(|r| {
+            let first = match spec.op {
+                XferOp::Read => r.local,
+                XferOp::Write => r.remote,
+            };
+            first..first.saturating_add(r.count)
+        })
+        .collect();
+    ids.sort_unstable();
+    ids.windows(2).all(|w| w[0] != w[1])
 }
 
 /// Whether two strided runs share no byte: their extents are disjoint, or they have the same
@@ -400,7 +397,13 @@ mod tests {
                 })
                 .collect();
             let min = pairs.iter().map(|p| p.local.count).min().unwrap_or(1) as usize;
-            let (li, ri): (Vec<usize>, Vec<usize>) = ids.iter().map(|&(a, b)| (a % min, b % min)).unzip();
+            // Whole-block specs name each destination id once (the agent refuses others).
+            let mut seen = std::collections::HashSet::new();
+            let (li, ri): (Vec<usize>, Vec<usize>) = ids
+                .iter()
+                .map(|&(a, b)| (a % min, b % min))
+                .filter(|&(a, b)| seen.insert(if read { a } else { b }))
+                .unzip();
             let spec = BlockXferSpec {
                 op: if read { XferOp::Read } else { XferOp::Write },
                 local_kind: MemKind::Vram,

@@ -28,6 +28,8 @@ pub(crate) struct BlockTable {
     pub layers: Vec<LayerCopy>,
     /// `(src id, dst id, count)` per run.
     pub runs: Vec<(u64, u64, u64)>,
+    /// Blocks per layer (the runs' counts summed).
+    per: u64,
 }
 
 impl BlockTable {
@@ -51,10 +53,12 @@ impl BlockTable {
                 }
             })
             .collect();
+        let mut per = 0u64;
         let runs = spec
             .runs
             .iter()
             .map(|r: &BlockRun| {
+                per = per.saturating_add(r.count);
                 if write {
                     (r.local, r.remote, r.count)
                 } else {
@@ -62,11 +66,11 @@ impl BlockTable {
                 }
             })
             .collect();
-        BlockTable { layers, runs }
+        BlockTable { layers, runs, per }
     }
 
     fn blocks_per_layer(&self) -> u64 {
-        self.runs.iter().map(|r| r.2).sum()
+        self.per
     }
 
     /// The number of contiguous copies (a run of a dense layer is one).
@@ -488,6 +492,7 @@ mod tests {
             // 2^32 items or more: no table (the kernel divides in 32 bits).
             let mut huge = t.clone();
             huge.runs = vec![(0, 0, 1 << 31)];
+            huge.per = 1 << 31;
             huge.layers.iter_mut().for_each(|l| l.dense = false);
             assert_eq!(huge.block_layout(1 << 30), None);
             let mut mixed = t.clone();

@@ -97,6 +97,11 @@ for op in write read; do
     cargo run --quiet --all-features --example disagg_kv -- --op "$op" --requests 8 --layers 4 --blocks 64 --block-bytes 65536
     echo "== main job, bursts of 4 requests on disjoint blocks, made on two threads: disagg_kv --op $op --burst 4 --make-threads 2"
     cargo run --quiet --all-features --example disagg_kv -- --op "$op" --requests 8 --burst 4 --make-threads 2 --layers 4 --blocks 64 --blocks-per-request 16 --block-bytes 65536
+    echo "== main job, a warm-up burst left out, each burst made before it is posted: disagg_kv --op $op --burst 4 --warmup 1 --post-after-make"
+    out=$(cargo run --quiet --all-features --example disagg_kv -- --op "$op" --requests 12 --burst 4 --warmup 1 --post-after-make --layers 4 --blocks 64 --blocks-per-request 16 --block-bytes 65536)
+    echo "$out" | grep -v '^\[' || true
+    echo "$out" | grep -qF "posted back to back (first post to last done): 2 bursts" \
+        || { echo "disagg_kv --warmup 1 --post-after-make: no line for the 2 bursts measured" >&2; exit 1; }
 done
 for role in prefill decode; do
     echo "== main job with a stock NIXL agent: disagg_kv --nixl-peer --role $role"

@@ -17,15 +17,6 @@ use crate::cuda::kernel::{
 use crate::cuda::{self, bind_raw, CudaError, Event};
 use crate::sys::memory::{memcpy_async, memcpy_batch_async};
 
-/// The largest block table written through [`SCRATCH`] (larger ones go straight to the
-/// pinned buffer).
-const SCRATCH_MAX: usize = 1 << 20;
-
-thread_local! {
-    /// Where a block table is written before its copy into pinned memory (kept per thread).
-    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 /// The longest note (why an engine was not used) kept in the path.
 const MAX_NOTE: usize = 240;
 
@@ -107,24 +98,7 @@ impl KernelPlan {
         if let Work::Table(t) = work {
             if let Some(layout) = t.block_layout(shape.chunk).filter(|_| kernel.has_blocks()) {
                 let mut st = pool.take(layout.bytes).map_err(|e| e.to_string())?;
-                // Written where the caches hold it, then copied whole into the pinned buffer
-                // (whose lines are cold: entry by entry each line is read before it is written).
-                let written = if layout.bytes <= SCRATCH_MAX {
-                    SCRATCH.with_borrow_mut(|scratch| {
-                        if scratch.len() < layout.bytes {
-                            scratch.resize(layout.bytes, 0);
-                        }
-                        let scratch = &mut scratch[..layout.bytes];
-                        let w = t.write_block_table(shape.chunk, scratch);
-                        if let Some(dst) = st.host.bytes_mut().get_mut(..layout.bytes) {
-                            dst.copy_from_slice(scratch);
-                        }
-                        w
-                    })
-                } else {
-                    t.write_block_table(shape.chunk, st.host.bytes_mut())
-                };
-                if written != Some(layout) || st.capacity() < layout.bytes {
+                if t.write_block_table(shape.chunk, st.host.bytes_mut()) != Some(layout) {
                     pool.give(st);
                     return Err("a block table did not fit its buffer".to_owned());
                 }

@@ -345,6 +345,34 @@ fn one_region_period_search_screens_near_misses() {
     );
 }
 
+/// Indices at the top of `usize` shaped like a period (steps of one, a group of four) are a
+/// typed error over lists of one region, never an overflow in the period search.
+#[test]
+fn period_shaped_indices_near_the_top_of_usize_are_refused() {
+    const BLOCK: usize = 64;
+    let (a, b) = agents("period-top");
+    let n = 64;
+    let (src, _ra) = memory(&a, n * BLOCK, 1);
+    let (dst, _rb) = memory(&b, n * BLOCK, 1);
+    a.load_remote_metadata(&b.local_metadata().unwrap())
+        .unwrap();
+    let list = |base: u64| XferDescList::blocks(MemKind::Dram, base, BLOCK as u64, n);
+    let l = a
+        .prep_xfer_dlist(XferTarget::Initiator, &list(src.addr()), &[])
+        .unwrap();
+    let r = a
+        .prep_xfer_dlist(XferTarget::Agent(b.name()), &list(dst.addr()), &[])
+        .unwrap();
+    let top: Vec<usize> = (0..8).map(|i| usize::MAX - 7 + i).collect();
+    let scattered: Vec<usize> = vec![9, 3, 17, 5, 13, 7, 21, 11];
+    for (li, ri) in [(&top, &scattered), (&scattered, &top), (&top, &top)] {
+        let e = a
+            .make_prepped_xfer(XferOp::Write, &l, li, &r, ri, XferOptions::default())
+            .unwrap_err();
+        assert!(matches!(e, crate::Error::InvalidParam { .. }), "{e}");
+    }
+}
+
 /// A descriptor list that is a block table (every block of each region, region after region:
 /// vLLM's lists) prepares in work proportional to its layers, not its descriptors, and stays a
 /// descriptor list to its caller: flat indices build requests from it (here random ones, every

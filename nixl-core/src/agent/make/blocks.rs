@@ -502,7 +502,13 @@ fn period_ids(
         );
         // The last group inside the table, group 0 inside one virtual layer per side (its
         // runs are checked there, the destination's ids distinct).
-        if lbase + groups * dl > lt.per || rbase + groups * dr > rt.per {
+        let ends_inside = |base: usize, d: usize, per: usize| {
+            groups
+                .checked_mul(d)
+                .and_then(|span| base.checked_add(span))
+                .is_some_and(|end| end <= per)
+        };
+        if !ends_inside(lbase, dl, lt.per) || !ends_inside(rbase, dr, rt.per) {
             return None;
         }
         let runs = checked_runs(
@@ -745,6 +751,50 @@ mod tests {
                 merge,
             ) {
                 prop_assert_eq!(runs.len(), group_runs);
+            }
+        }
+
+        /// Any indices (huge ones, repeats, periodic shapes near the top of `usize`) over
+        /// tables of one or several layers: the searches never panic, and what they accept
+        /// names blocks inside its layers, the destination's once.
+        #[test]
+        fn table_searches_take_hostile_indices(
+            local in proptest::collection::vec(prop_oneof![0usize..80, (usize::MAX - 90)..=usize::MAX], 8..40),
+            shift in prop_oneof![0usize..20, (usize::MAX - 40)..=usize::MAX],
+            layers in 1usize..5,
+            read in any::<bool>(),
+        ) {
+            let per = 16usize;
+            let table = || FlatTable {
+                layers: (0..layers)
+                    .map(|l| PrepLayer {
+                        run: crate::StridedDesc::new(0x10_0000 + (l * per * 64) as u64, 64, 64, per as u64),
+                        region: 0,
+                    })
+                    .collect(),
+                per,
+            };
+            let (lt, rt) = (table(), table());
+            let remote: Vec<usize> = local.iter().map(|&i| i.wrapping_add(shift)).collect();
+            let op = if read { XferOp::Read } else { XferOp::Write };
+            for found in [
+                period_ids(op, (&lt, &local), (&rt, &remote), true),
+                table_ids(op, (&lt, &local), (&rt, &remote), true),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                let mut dst = std::collections::HashSet::new();
+                for r in &found.runs {
+                    for j in 0..r.count {
+                        let (l, m) = (r.local + j, r.remote + j);
+                        for (layer_l, layer_r) in found.local_layers.iter().zip(&found.remote_layers) {
+                            prop_assert!(l < layer_l.run.count && m < layer_r.run.count);
+                        }
+                        let d = if read { l } else { m };
+                        prop_assert!(dst.insert(d), "destination {} twice", d);
+                    }
+                }
             }
         }
 

@@ -230,35 +230,71 @@ fn registration_cost_stays_flat() {
     );
 }
 
+/// Two agents with one registered region of `n` blocks of 64 bytes each, and `a`'s prepared
+/// lists of every block of both (NIXL's shape for a pool of one allocation). Fields drop in
+/// order: the lists before the memory, the memory before the agents.
+struct OneRegion {
+    l: crate::PreparedList,
+    r: crate::PreparedList,
+    _mem: [(Arc<HostBuffer>, crate::Registration); 2],
+    a: Agent,
+    _b: Agent,
+}
+
+impl OneRegion {
+    const BLOCK: u64 = 64;
+
+    fn new(tag: &str, n: usize) -> Self {
+        let (a, b) = agents(tag);
+        let (src, dst) = (
+            memory(&a, n * Self::BLOCK as usize, 1),
+            memory(&b, n * Self::BLOCK as usize, 1),
+        );
+        a.load_remote_metadata(&b.local_metadata().unwrap())
+            .unwrap();
+        let list = |base: u64| XferDescList::blocks(MemKind::Dram, base, Self::BLOCK, n);
+        let l = a
+            .prep_xfer_dlist(XferTarget::Initiator, &list(src.0.addr()), &[])
+            .unwrap();
+        let r = a
+            .prep_xfer_dlist(XferTarget::Agent(b.name()), &list(dst.0.addr()), &[])
+            .unwrap();
+        OneRegion {
+            l,
+            r,
+            _mem: [src, dst],
+            a,
+            _b: b,
+        }
+    }
+
+    /// A WRITE of the pairs `idx` over the two lists.
+    fn make(&self, idx: (&[usize], &[usize])) -> crate::Result<crate::XferReq> {
+        self.a.make_prepped_xfer(
+            XferOp::Write,
+            &self.l,
+            idx.0,
+            &self.r,
+            idx.1,
+            XferOptions::default(),
+        )
+    }
+}
+
 /// Operations of `make_prepped_xfer` over flat lists of one region per side (`layers` x
-/// `pool` blocks of 64 bytes, NIXL's shape for a pool of one allocation) for the indices
-/// `(local, remote)`; returns (operations, the request's path).
+/// `pool` blocks of 64 bytes, [`OneRegion`]) for the indices `(local, remote)`; returns
+/// (operations, the request's path).
 fn one_region_make(
     tag: &str,
     layers: usize,
     pool: usize,
     idx: (&[usize], &[usize]),
 ) -> (u64, String) {
-    const BLOCK: usize = 64;
-    let (a, b) = agents(tag);
-    let n = layers * pool;
-    let (src, _ra) = memory(&a, n * BLOCK, 1);
-    let (dst, _rb) = memory(&b, n * BLOCK, 1);
-    a.load_remote_metadata(&b.local_metadata().unwrap())
-        .unwrap();
-    let list = |base: u64| XferDescList::blocks(MemKind::Dram, base, BLOCK as u64, n);
-    let l = a
-        .prep_xfer_dlist(XferTarget::Initiator, &list(src.addr()), &[])
-        .unwrap();
-    let r = a
-        .prep_xfer_dlist(XferTarget::Agent(b.name()), &list(dst.addr()), &[])
-        .unwrap();
+    let one = OneRegion::new(tag, layers * pool);
     take();
-    let req = a
-        .make_prepped_xfer(XferOp::Write, &l, idx.0, &r, idx.1, XferOptions::default())
-        .unwrap();
+    let req = one.make(idx).unwrap();
     let make = take();
-    assert_eq!(a.post_xfer_req(&req).unwrap(), XferState::Done);
+    assert_eq!(one.a.post_xfer_req(&req).unwrap(), XferState::Done);
     (make, req.path())
 }
 
@@ -349,26 +385,11 @@ fn one_region_period_search_screens_near_misses() {
 /// typed error over lists of one region, never an overflow in the period search.
 #[test]
 fn period_shaped_indices_near_the_top_of_usize_are_refused() {
-    const BLOCK: usize = 64;
-    let (a, b) = agents("period-top");
-    let n = 64;
-    let (src, _ra) = memory(&a, n * BLOCK, 1);
-    let (dst, _rb) = memory(&b, n * BLOCK, 1);
-    a.load_remote_metadata(&b.local_metadata().unwrap())
-        .unwrap();
-    let list = |base: u64| XferDescList::blocks(MemKind::Dram, base, BLOCK as u64, n);
-    let l = a
-        .prep_xfer_dlist(XferTarget::Initiator, &list(src.addr()), &[])
-        .unwrap();
-    let r = a
-        .prep_xfer_dlist(XferTarget::Agent(b.name()), &list(dst.addr()), &[])
-        .unwrap();
+    let one = OneRegion::new("period-top", 64);
     let top: Vec<usize> = (0..8).map(|i| usize::MAX - 7 + i).collect();
     let scattered: Vec<usize> = vec![9, 3, 17, 5, 13, 7, 21, 11];
     for (li, ri) in [(&top, &scattered), (&scattered, &top), (&top, &top)] {
-        let e = a
-            .make_prepped_xfer(XferOp::Write, &l, li, &r, ri, XferOptions::default())
-            .unwrap_err();
+        let e = one.make((li, ri)).unwrap_err();
         assert!(matches!(e, crate::Error::InvalidParam { .. }), "{e}");
     }
 }

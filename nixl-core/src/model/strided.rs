@@ -199,7 +199,7 @@ impl BlockRun {
 }
 
 /// Appends `run`, merged into the last run where it continues it.
-fn push_run(runs: &mut Vec<BlockRun>, run: BlockRun, merge: bool) {
+pub(crate) fn push_run(runs: &mut Vec<BlockRun>, run: BlockRun, merge: bool) {
     if merge {
         if let Some(last) = runs.last_mut() {
             if last.continued_by(&run) {

@@ -10,7 +10,7 @@ use crate::agent::{Agent, BackendSlot};
 use crate::backend::BackendXfer;
 use crate::desc::XferOp;
 use crate::error::{Error, Op, Result};
-use crate::strided::{block_runs, BlockRun, BlockXferSpec, LayerPair};
+use crate::strided::{block_runs, push_run, BlockRun, BlockXferSpec, LayerPair};
 use crate::tiles::TileShape;
 
 impl Agent {
@@ -218,24 +218,14 @@ fn checked_runs(
         XferOp::Read => lbound,
         XferOp::Write => rbound,
     };
-    let mut seen = vec![0u64; dst_bound.div_ceil(64)];
+    let mut seen = crate::agent::make::IdBits::below(dst_bound);
     let mut runs: Vec<BlockRun> = Vec::with_capacity(local.len());
     for (&l, &r) in local.iter().zip(remote) {
         let (l, r) = (l.wrapping_sub(lbase), r.wrapping_sub(rbase));
-        if l >= lbound || r >= rbound {
+        if l >= lbound || r >= rbound || !seen.insert(if op == XferOp::Read { l } else { r }) {
             return None;
         }
-        let d = if op == XferOp::Read { l } else { r };
-        let (w, b) = (d / 64, 1u64 << (d % 64));
-        if seen[w] & b != 0 {
-            return None;
-        }
-        seen[w] |= b;
-        let (l, r) = (l as u64, r as u64);
-        match runs.last_mut() {
-            Some(p) if merge && p.local + p.count == l && p.remote + p.count == r => p.count += 1,
-            _ => runs.push(BlockRun::blocks(l, r, 1)),
-        }
+        push_run(&mut runs, BlockRun::blocks(l as u64, r as u64, 1), merge);
     }
     Some(runs)
 }

@@ -607,11 +607,9 @@ fn extend(p: &mut Segment, seg: &Segment) -> bool {
 /// (`InvalidParam`): two sources would land in one place. O(ids) over a bitmap up to the
 /// largest id, which the caller has bounded (a list's length, a layer's block count).
 pub(crate) fn check_distinct(me: &str, side: &str, ids: &[usize]) -> Result<()> {
-    let max = ids.iter().copied().max().unwrap_or(0);
-    let mut seen = vec![0u64; max / 64 + 1];
+    let mut seen = IdBits::below(ids.iter().copied().max().unwrap_or(0) + 1);
     for &id in ids {
-        let (w, b) = (id / 64, 1u64 << (id % 64));
-        if seen[w] & b != 0 {
+        if !seen.insert(id) {
             return Err(Error::invalid(
                 me,
                 Op::MakeXfer,
@@ -620,7 +618,24 @@ pub(crate) fn check_distinct(me: &str, side: &str, ids: &[usize]) -> Result<()> 
                 ),
             ));
         }
-        seen[w] |= b;
     }
     Ok(())
+}
+
+/// A set of ids below a bound, one bit each (the destination's ids of a request).
+pub(crate) struct IdBits(Vec<u64>);
+
+impl IdBits {
+    /// An empty set for ids below `bound`.
+    pub(crate) fn below(bound: usize) -> Self {
+        IdBits(vec![0; bound.div_ceil(64)])
+    }
+
+    /// Adds `id` (below the bound); whether it was new.
+    pub(crate) fn insert(&mut self, id: usize) -> bool {
+        let (w, b) = (id / 64, 1u64 << (id % 64));
+        let fresh = self.0[w] & b == 0;
+        self.0[w] |= b;
+        fresh
+    }
 }

@@ -236,8 +236,16 @@ impl SharedHostMapping {
 
     /// Where the exporter's address `remote` is mapped here, if in range.
     pub fn translate(&self, remote: u64, len: u64) -> Option<u64> {
-        let off = remote.checked_sub(self.handle.addr)?;
-        (off.checked_add(len)? <= self.handle.len).then(|| self.addr() + off)
+        self.window().translate(remote, len)
+    }
+
+    /// The exporter's range and where it is mapped here.
+    pub(crate) fn window(&self) -> Window {
+        Window {
+            remote: self.handle.addr,
+            len: self.handle.len,
+            here: self.addr(),
+        }
     }
 
     /// The handle it was opened from.
@@ -346,5 +354,23 @@ mod tests {
             SharedHostBuffer::new(0).unwrap_err().kind().as_str(),
             "invalid_param"
         );
+    }
+}
+
+/// An exporter's range `[remote, remote + len)` mapped here at `here`: a plain value, so a
+/// request translates many addresses of one mapping without touching the mapping again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Window {
+    pub remote: u64,
+    pub len: u64,
+    pub here: u64,
+}
+
+impl Window {
+    /// Where the exporter's `[remote, remote + len)` is mapped here, if it lies in the range.
+    #[inline]
+    pub(crate) fn translate(&self, remote: u64, len: u64) -> Option<u64> {
+        let off = remote.checked_sub(self.remote)?;
+        (off.checked_add(len)? <= self.len).then(|| self.here + off)
     }
 }

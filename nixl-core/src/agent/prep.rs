@@ -161,6 +161,78 @@ fn table_runs(
     Some(runs)
 }
 
+/// Whether no two descriptors (non-empty, not overflowing: what preparation admits) share a
+/// byte on one device: linear where they come sorted by device and address, else
+/// `O(n log n)`.
+pub(crate) fn descs_disjoint(descs: impl Iterator<Item = Desc> + Clone) -> bool {
+    crate::work::tick(descs.clone().count());
+    let key = |d: &Desc| (d.dev_id, d.addr);
+    let sorted = descs
+        .clone()
+        .zip(descs.clone().skip(1))
+        .all(|(a, b)| key(&a) <= key(&b));
+    if sorted {
+        return sorted_disjoint(descs);
+    }
+    let mut v: Vec<Desc> = descs.collect();
+    v.sort_unstable_by_key(key);
+    sorted_disjoint(v.into_iter())
+}
+
+/// Whether no region of `a` shares a byte with a region of `b` (on one device), however
+/// each list's own regions overlap: a sweep over both sorted.
+fn lists_apart(a: &[PrepRegion], b: &[PrepRegion]) -> bool {
+    spans_apart(a.iter().map(|r| r.span), b.iter().map(|r| r.span))
+}
+
+/// [`lists_apart`] of two lists' `(address, length, device)` spans.
+fn spans_apart(
+    a: impl Iterator<Item = (u64, u64, u64)>,
+    b: impl Iterator<Item = (u64, u64, u64)>,
+) -> bool {
+    let row = |(addr, len, dev): (u64, u64, u64), of_b| (dev, addr, addr.saturating_add(len), of_b);
+    let mut spans: Vec<(u64, u64, u64, bool)> = a
+        .map(|s| row(s, false))
+        .chain(b.map(|s| row(s, true)))
+        .collect();
+    crate::work::tick(spans.len());
+    spans.sort_unstable();
+    // The furthest end so far of each list's regions on the current device.
+    let mut dev = None;
+    let mut reach = [0u64; 2];
+    for (d, start, end, of_b) in spans {
+        if dev != Some(d) {
+            dev = Some(d);
+            reach = [0, 0];
+        }
+        let (mine, theirs) = (usize::from(of_b), usize::from(!of_b));
+        if start < reach[theirs] {
+            return false;
+        }
+        reach[mine] = reach[mine].max(end);
+    }
+    true
+}
+
+/// [`descs_disjoint`] of descriptors sorted by device and address.
+fn sorted_disjoint(descs: impl Iterator<Item = Desc>) -> bool {
+    // The furthest end so far on the current device.
+    let mut reach: Option<(u64, u64)> = None;
+    for d in descs {
+        let end = d.addr.saturating_add(d.len);
+        match reach {
+            Some((dev, e)) if dev == d.dev_id => {
+                if d.addr < e {
+                    return false;
+                }
+                reach = Some((dev, e.max(end)));
+            }
+            _ => reach = Some((d.dev_id, end)),
+        }
+    }
+    true
+}
+
 /// A prepared list's descriptors.
 pub(crate) enum Layout {
     /// One entry per descriptor.
@@ -199,6 +271,13 @@ pub struct PreparedList {
     pub(crate) layout: Layout,
     /// A descriptor list's block-table form, where it has one.
     pub(crate) table: Option<FlatTable>,
+    /// Whether the descriptors are pairwise disjoint, decided on first use
+    /// ([`PreparedList::entries_disjoint`]).
+    pub(crate) disjoint: std::sync::OnceLock<bool>,
+    /// The last lists whose regions were compared with this one's
+    /// ([`PreparedList::regions_apart`]): each list's regions (held weakly: the allocation
+    /// stays, so no other list's takes its address) and the answer.
+    pub(crate) apart: parking_lot::Mutex<Vec<(std::sync::Weak<Vec<PrepRegion>>, bool)>>,
 }
 
 /// [`PreparedList::md_tables`].
@@ -231,6 +310,49 @@ impl std::fmt::Debug for PreparedList {
 }
 
 impl PreparedList {
+    /// Whether no byte is named by two of the list's descriptors (on one device), decided
+    /// once per list on first use and kept: a pass where the descriptors come in address
+    /// order (the usual case), else a sort. A request whose destination indices are distinct
+    /// over such a list writes no byte twice, which spares a backend its own proof per
+    /// request.
+    pub(crate) fn entries_disjoint(&self) -> bool {
+        *self.disjoint.get_or_init(|| match &self.layout {
+            Layout::Flat(entries) => descs_disjoint(entries.iter().map(|e| e.desc)),
+            // Blocks no longer than their stride (a layer's own are then disjoint), and the
+            // layers' spans disjoint (layers that interleave answer `false`).
+            Layout::Strided { layers, .. } => {
+                let spans: Option<Vec<Desc>> = layers
+                    .iter()
+                    .map(|l| {
+                        let r = l.run;
+                        let fits = r.count <= 1 || r.len <= r.stride;
+                        let end = r.end().filter(|_| fits)?;
+                        Some(Desc::on_device(r.addr, end - r.addr, r.dev_id))
+                    })
+                    .collect();
+                spans.is_some_and(|s| descs_disjoint(s.into_iter()))
+            }
+        })
+    }
+
+    /// Whether no region of this list shares a byte with a region of `other` (by address,
+    /// on one device): decided once per pair of lists (a sort of both lists' regions) and
+    /// kept for the last few lists compared.
+    pub(crate) fn regions_apart(&self, other: &PreparedList) -> bool {
+        const KEEP: usize = 4;
+        let key = Arc::downgrade(&other.regions);
+        if let Some(&(_, ok)) = self.apart.lock().iter().find(|(w, _)| w.ptr_eq(&key)) {
+            return ok;
+        }
+        let ok = lists_apart(&self.regions, &other.regions);
+        let mut cache = self.apart.lock();
+        if cache.len() >= KEEP {
+            cache.remove(0);
+        }
+        cache.push((key, ok));
+        ok
+    }
+
     /// Backend slot `slot`'s metadata of every region, if it holds them all.
     pub(crate) fn md_table(&self, slot: usize) -> Option<&Arc<MdList>> {
         self.md_tables
@@ -576,6 +698,8 @@ impl Agent {
                         from_descs: true,
                     },
                     table,
+                    disjoint: Default::default(),
+                    apart: Default::default(),
                 });
             }
         }
@@ -617,6 +741,8 @@ impl Agent {
             regions,
             table: FlatTable::of(&entries),
             layout: Layout::Flat(entries),
+            disjoint: Default::default(),
+            apart: Default::default(),
         })
     }
 
@@ -704,6 +830,72 @@ impl Agent {
                 from_descs: false,
             },
             table,
+            disjoint: Default::default(),
+            apart: Default::default(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Whether two of `descs` share a byte on one device, pair by pair.
+    fn overlap_by_pairs(descs: &[Desc]) -> bool {
+        descs.iter().enumerate().any(|(i, a)| {
+            descs[i + 1..]
+                .iter()
+                .any(|b| a.dev_id == b.dev_id && a.addr < b.addr + b.len && b.addr < a.addr + a.len)
+        })
+    }
+
+    proptest! {
+        /// The pass (sorted input) and the sort (any order) agree with the pairwise check,
+        /// on small addresses where overlaps are common and on two devices.
+        #[test]
+        fn disjointness_matches_the_pairwise_check(
+            raw in proptest::collection::vec((0u64..64, 1u64..9, 0u64..2), 0..12),
+            sort in any::<bool>(),
+        ) {
+            let mut descs: Vec<Desc> =
+                raw.iter().map(|&(a, l, d)| Desc::on_device(a, l, d)).collect();
+            if sort {
+                descs.sort_unstable_by_key(|d| (d.dev_id, d.addr));
+            }
+            prop_assert_eq!(
+                descs_disjoint(descs.iter().copied()),
+                !overlap_by_pairs(&descs)
+            );
+        }
+    }
+
+    proptest! {
+        /// Two lists' spans are apart exactly where no span of one meets a span of the other,
+        /// however each list's own spans overlap.
+        #[test]
+        fn apartness_matches_the_pairwise_check(
+            a in proptest::collection::vec((0u64..64, 1u64..9, 0u64..2), 0..8),
+            b in proptest::collection::vec((0u64..64, 1u64..9, 0u64..2), 0..8),
+        ) {
+            let meets = a.iter().any(|&(x, n, d)| {
+                b.iter().any(|&(y, m, e)| d == e && x < y + m && y < x + n)
+            });
+            prop_assert_eq!(spans_apart(a.iter().copied(), b.iter().copied()), !meets);
+        }
+    }
+
+    #[test]
+    fn touching_descriptors_and_other_devices_are_disjoint() {
+        let d = |a, l, dev| Desc::on_device(a, l, dev);
+        assert!(descs_disjoint([d(0, 8, 0), d(8, 8, 0)].into_iter()));
+        assert!(descs_disjoint([d(8, 8, 0), d(0, 8, 0)].into_iter()));
+        assert!(descs_disjoint([d(0, 8, 0), d(0, 8, 1)].into_iter()));
+        assert!(!descs_disjoint([d(0, 9, 0), d(8, 8, 0)].into_iter()));
+        // A long descriptor covering a later one past a short one between them.
+        assert!(!descs_disjoint(
+            [d(0, 100, 0), d(10, 1, 0), d(50, 1, 0)].into_iter()
+        ));
+        assert!(descs_disjoint(std::iter::empty()));
     }
 }

@@ -236,6 +236,18 @@ pub struct XferSpec {
     /// One arrival counter for the whole request (checked by the agent: a READ into local
     /// VRAM, inside the local list's regions); only for a backend whose `supports_arrival`.
     pub arrival: Option<crate::ArrivalCounters>,
+    /// The agent proved that no two segments' destinations share a byte (each destination
+    /// named once, over a prepared list whose descriptors are pairwise disjoint), in the
+    /// destination agent's addresses. Sources are not covered: where sources and destinations
+    /// live in one address space (a transfer to the agent itself, or to a peer in this
+    /// process) a destination may still meet a source ([`XferSpec::ends_apart`]). `false`
+    /// says nothing.
+    pub dst_disjoint: bool,
+    /// The agent proved that no region of the destination's list shares an address with a
+    /// region of the source's list (on one device): where both sides live in one address
+    /// space, no destination meets a source. Addresses of two processes' memory are compared
+    /// as numbers (they may coincide): `false` says nothing.
+    pub ends_apart: bool,
 }
 
 impl XferSpec {

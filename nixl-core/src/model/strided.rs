@@ -405,6 +405,8 @@ impl BlockXferSpec {
             // Materialized blocks go to backends that do not consume strides, which take no
             // counters (the agent refuses counters there before materializing).
             arrival: None,
+            dst_disjoint: false,
+            ends_apart: false,
         }
     }
 }

@@ -168,8 +168,16 @@ impl IpcMapping {
 
     /// Where the exporter's address `remote` is mapped here, if it lies in the allocation.
     pub fn translate(&self, remote: u64, len: u64) -> Option<u64> {
-        let off = remote.checked_sub(self.handle.alloc_base)?;
-        (off.checked_add(len)? <= self.handle.alloc_size).then(|| self.mem.base() + off)
+        self.window().translate(remote, len)
+    }
+
+    /// The exporter's allocation and where it is mapped here.
+    pub(crate) fn window(&self) -> crate::shared::Window {
+        crate::shared::Window {
+            remote: self.handle.alloc_base,
+            len: self.handle.alloc_size,
+            here: self.mem.base(),
+        }
     }
 
     /// The mapped address of the exported range.

@@ -58,7 +58,7 @@ use std::sync::{Arc, Weak};
 
 use nixl_core::backend::Capabilities;
 use nixl_core::backend::{
-    downcast_md, Backend, BackendContext, BackendMd, BackendXfer, NotifQueue, XferSpec,
+    downcast_md, Backend, BackendContext, BackendMd, BackendXfer, NotifQueue, Segment, XferSpec,
 };
 use nixl_core::{Error, MemKind, Op, RegionDesc, Result, XferOp};
 use parking_lot::Mutex;
@@ -337,10 +337,11 @@ impl Backend for CudaIpcBackend {
         )?;
         let gpu = self.gpu(device, Op::MakeXfer)?;
         let mut copies = Vec::with_capacity(spec.segments.len());
-        // Each copy's (destination, source) region, by metadata index: the independence
-        // proof's groups.
-        let mut groups = Vec::with_capacity(spec.segments.len());
         let mut how = "same process";
+        // Whether every remote end is another process's memory, mapped here: its addresses
+        // then meet no local one, so destinations the agent proved disjoint (in the peer's
+        // addresses, which the mappings keep apart) meet no source either.
+        let mut mapped = true;
         // Whether every segment's two ends are device memory the copying GPU's kernel reaches
         // and share their alignment modulo 16 (what the copy kernel needs); else why not.
         let mut kernel_ok: KernelOk =
@@ -349,33 +350,51 @@ impl Backend for CudaIpcBackend {
             } else {
                 Err(NoKernel::Dram)
             };
+        // Each region's metadata is checked, and each remote region's mapping looked up,
+        // once per request (by metadata index), not once per segment.
+        let mut local_checked = vec![false; spec.mds.len()];
+        let mut reached: Vec<Option<Reached>> = vec![None; spec.mds.len()];
         for s in &spec.segments {
-            spec.md(s.local_md)
-                .and_then(downcast_md::<LocalMd>)
-                .ok_or_else(|| {
-                    Error::invalid(
-                        &self.agent,
-                        Op::MakeXfer,
-                        "local metadata is not CUDA_IPC's",
-                    )
-                })?;
-            let t = spec
-                .md(s.remote_md)
-                .and_then(downcast_md::<Target>)
-                .ok_or_else(|| {
-                    Error::invalid(
-                        &self.agent,
-                        Op::MakeXfer,
-                        "remote metadata is not CUDA_IPC's",
-                    )
-                })?;
-            let (remote, remote_gpu) = self
-                .reach(t, &gpu, s.remote_addr, s.len, s.remote_dev)
-                .map_err(|why| Error::not_supported(&self.agent, Op::MakeXfer, why))?;
-            how = match t {
-                Target::Vram(_) => "CUDA IPC mapping",
-                Target::Host(_) => "shared memfd mapping",
-                _ => how,
+            if !local_checked.get(s.local_md).copied().unwrap_or(false) {
+                spec.md(s.local_md)
+                    .and_then(downcast_md::<LocalMd>)
+                    .ok_or_else(|| {
+                        Error::invalid(
+                            &self.agent,
+                            Op::MakeXfer,
+                            "local metadata is not CUDA_IPC's",
+                        )
+                    })?;
+                if let Some(c) = local_checked.get_mut(s.local_md) {
+                    *c = true;
+                }
+            }
+            let r = match reached.get(s.remote_md).copied().flatten() {
+                Some(r) => r,
+                None => {
+                    let t = self.remote_target(spec, s)?;
+                    let r = self.reached(t, &gpu);
+                    how = match t {
+                        Target::Vram(_) => "CUDA IPC mapping",
+                        Target::Host(_) => "shared memfd mapping",
+                        _ => {
+                            mapped = false;
+                            how
+                        }
+                    };
+                    if let Some(slot) = reached.get_mut(s.remote_md) {
+                        *slot = Some(r);
+                    }
+                    r
+                }
+            };
+            let (remote, remote_gpu) = match r {
+                Reached::Window(w, resident) => match w.translate(s.remote_addr, s.len) {
+                    Some(a) => (a, resident),
+                    None => self.reach_segment(spec, s, &gpu)?,
+                },
+                Reached::Identity => (s.remote_addr, usize::try_from(s.remote_dev).ok()),
+                Reached::Other => self.reach_segment(spec, s, &gpu)?,
             };
             if kernel_ok.is_ok() {
                 kernel_ok = self.kernel_reaches(&gpu, remote_gpu).and_then(|()| {
@@ -390,22 +409,19 @@ impl Backend for CudaIpcBackend {
                 XferOp::Write => (remote, s.local_addr, s.len),
                 XferOp::Read => (s.local_addr, remote, s.len),
             });
-            let (l, r) = (
-                u32::try_from(s.local_md).unwrap_or(u32::MAX),
-                u32::try_from(s.remote_md).unwrap_or(u32::MAX),
-            );
-            groups.push(match spec.op {
-                XferOp::Write => (r, l),
-                XferOp::Read => (l, r),
-            });
         }
         if copies.is_empty() {
             return Err(Error::invalid(&self.agent, Op::MakeXfer, "no segments"));
         }
         // Copies that depend on each other run one by one, in order (the kernel's CTAs and a
-        // batch's copies run in any order).
-        let conflict = kernel::conflict_in_groups(&copies, Some(&groups));
-        drop(groups);
+        // batch's copies run in any order). Independent where the agent proved the
+        // destinations disjoint and none meets a source (another address space, or regions
+        // apart in this one); else proven here from the addresses.
+        let conflict = if spec.dst_disjoint && (mapped || spec.ends_apart) {
+            None
+        } else {
+            kernel::conflict_in_groups(&copies, Some(&copy_groups(spec)))
+        };
         let ends = ends_of!(self, spec, gpu);
         self.finish(&gpu, ends, Work::Copies(copies), how, kernel_ok, conflict)
     }
@@ -622,6 +638,46 @@ impl CudaIpcBackend {
         }
     }
 
+    /// Segment `s`'s remote metadata as this backend's.
+    fn remote_target<'a>(&self, spec: &'a XferSpec, s: &Segment) -> Result<&'a Target> {
+        spec.md(s.remote_md)
+            .and_then(downcast_md::<Target>)
+            .ok_or_else(|| {
+                Error::invalid(
+                    &self.agent,
+                    Op::MakeXfer,
+                    "remote metadata is not CUDA_IPC's",
+                )
+            })
+    }
+
+    /// How GPU `gpu`'s copies reach a target's addresses, looked up once per request.
+    fn reached(&self, t: &Target, gpu: &gpu::Gpu) -> Reached {
+        match t {
+            Target::Vram(v) => v
+                .on(gpu.ordinal, |h| self.import_vram(h, gpu.ordinal))
+                .map_or(Reached::Other, |m| {
+                    Reached::Window(m.window(), m.resident_ordinal())
+                }),
+            Target::Host(h) => Reached::Window(h.map.window(), None),
+            Target::Identity => Reached::Identity,
+            Target::Unreachable(_) => Reached::Other,
+        }
+    }
+
+    /// Segment `s`'s remote address and GPU as [`CudaIpcBackend::reach`] says (its error
+    /// where the target is out of reach).
+    fn reach_segment(
+        &self,
+        spec: &XferSpec,
+        s: &Segment,
+        gpu: &gpu::Gpu,
+    ) -> Result<(u64, Option<usize>)> {
+        let t = self.remote_target(spec, s)?;
+        self.reach(t, gpu, s.remote_addr, s.len, s.remote_dev)
+            .map_err(|why| Error::not_supported(&self.agent, Op::MakeXfer, why))
+    }
+
     /// Whether GPU `gpu`'s copy kernel reaches memory the driver says is on `remote_gpu`.
     fn kernel_reaches(&self, gpu: &gpu::Gpu, remote_gpu: Option<usize>) -> KernelOk {
         match remote_gpu {
@@ -786,6 +842,34 @@ impl CudaIpcBackend {
         };
         Ok(self.xfer(gpu, &spec, how, (work, engine, note), (lane, route, notif)))
     }
+}
+
+/// How a request's copies reach one remote region's addresses (see
+/// [`CudaIpcBackend::reached`]): through a mapping (and the GPU the driver says it is on), as
+/// they are (this process), or only as [`CudaIpcBackend::reach`] decides per segment.
+#[derive(Clone, Copy)]
+enum Reached {
+    Window(crate::shared::Window, Option<usize>),
+    Identity,
+    Other,
+}
+
+/// Each copy's (destination, source) region, by metadata index: the independence proof's
+/// groups.
+fn copy_groups(spec: &XferSpec) -> Vec<(u32, u32)> {
+    spec.segments
+        .iter()
+        .map(|s| {
+            let (l, r) = (
+                u32::try_from(s.local_md).unwrap_or(u32::MAX),
+                u32::try_from(s.remote_md).unwrap_or(u32::MAX),
+            );
+            match spec.op {
+                XferOp::Write => (r, l),
+                XferOp::Read => (l, r),
+            }
+        })
+        .collect()
 }
 
 /// Makes the work queued on `stream` after this call wait, on the GPU, for request `req`'s

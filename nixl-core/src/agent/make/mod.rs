@@ -196,8 +196,14 @@ impl Agent {
             XferOp::Read => ("local", local_idx, local),
             XferOp::Write => ("remote", remote_idx, remote),
         };
+        // Distinct destination indices over a list of disjoint descriptors: no byte written
+        // twice (the backends need not prove it again).
+        let (mut dst_disjoint, mut ends_apart) = (false, false);
         if dst.iter().all(|&i| i < list.len()) {
             check_distinct(self.name(), side, dst)?;
+            dst_disjoint = list.entries_disjoint();
+            // And where both sides share an address space: regions apart from the sources'.
+            ends_apart = dst_disjoint && local.regions_apart(remote);
         }
         let segments = self.gather_segments(
             (local, local_idx),
@@ -208,7 +214,8 @@ impl Agent {
         if ends.candidates.is_empty() {
             return Err(self.no_backend(local, remote, &ends, opts.notif.is_some()));
         }
-        self.prepare_first(op, (local, remote), segments, ends, &opts)
+        let proof = (dst_disjoint, ends_apart);
+        self.prepare_first(op, (local, remote), (segments, proof), ends, &opts)
     }
 
     /// Step 1 of [`Agent::make_prepped_xfer`]: as many local as remote indices, and some.
@@ -357,7 +364,7 @@ impl Agent {
         &self,
         op: XferOp,
         (local, remote): (&PreparedList, &PreparedList),
-        mut segments: Vec<Segment>,
+        (mut segments, (dst_disjoint, ends_apart)): (Vec<Segment>, (bool, bool)),
         mut ends: Ends,
         opts: &XferOptions,
     ) -> Result<XferReq> {
@@ -372,7 +379,8 @@ impl Agent {
             } else {
                 segments.clone()
             };
-            let spec = self.build_spec(&slot, op, (local, remote), segs, opts, &ends)?;
+            let mut spec = self.build_spec(&slot, op, (local, remote), segs, opts, &ends)?;
+            (spec.dst_disjoint, spec.ends_apart) = (dst_disjoint, ends_apart);
             match slot.backend.prepare_xfer(&spec) {
                 Ok(x) => {
                     return self.request(
@@ -469,6 +477,8 @@ impl Agent {
                 opts.notif.clone()
             },
             arrival: opts.arrival,
+            dst_disjoint: false,
+            ends_apart: false,
         }
     }
 

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# nvidia-h200 machine (one H200), device tool, one call; carry [".carry/ab"]. Issue 37: the
+# block table's pieces at 16 bytes (u32 fields) instead of 32, before (.carry/ab/before, commit
+# in before/commit) and after (.carry/ab/after), interleaved: the main job in bursts of 8
+# requests of 4 x 2,048 descriptors (--post-after-make: each burst's makes, then its posts, so
+# the transfers are timed apart from the makes; the first burst left out), 16 and 64 KiB
+# blocks, READ and WRITE, beside paged_bench at the same request size.
+set -u
+A=.carry/ab
+echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n1); $(nproc) CPUs"
+echo "== before $(cat $A/before/commit), after $(cat $A/after/commit)"
+M="--device cuda --gpus 0,0 --layers 4 --blocks 16384 --blocks-per-request 2048 --burst 8 --requests 32 --warmup 1 --post-after-make"
+for round in 1 2; do
+  for bb in 16384 65536; do
+    for op in read write; do
+      for v in before after; do
+        echo "== round $round $v: disagg_kv $M --op $op --block-bytes $bb"
+        timeout 60 $A/$v/disagg_kv $M --op $op --block-bytes $bb 2>&1 | grep -E "per request|bursts of|verified|request path|rror|arn"
+        echo "rc=${PIPESTATUS[0]}"
+      done
+    done
+  done
+done
+echo "== paged_bench --gpu 0 --target-gpu 0 --blocks 8192 --block-bytes 16384,65536 (after)"
+timeout 100 $A/after/paged_bench --gpu 0 --target-gpu 0 --blocks 8192 --block-bytes 16384,65536 --iters 20 --reps 3 2>&1 | grep -E "B x|rror"
+echo "rc=${PIPESTATUS[0]}"

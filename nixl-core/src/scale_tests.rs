@@ -431,8 +431,10 @@ fn a_descriptor_list_shaped_as_a_table_prepares_per_layer() {
     take();
     let (l, r) = prep_both(&a, &b, &ldescs, &rdescs);
     let prep = take();
+    // A few operations per layer and list (resolution, metadata tables, the footprint's
+    // layer spans and region bounds), none per block.
     assert!(
-        prep < 16 * layers as u64 + 64,
+        prep < 20 * layers as u64 + 64,
         "{prep} operations to prepare two lists of {layers} layers x {per} blocks"
     );
     assert_eq!((l.len(), l.layers()), (n, 0), "still a descriptor list");

@@ -163,53 +163,152 @@ fn table_runs(
 
 /// Whether no two descriptors (non-empty, not overflowing: what preparation admits) share a
 /// byte on one device: linear where they come sorted by device and address, else
-/// `O(n log n)`.
+/// `O(n log n)` (for a list's regions or layers; its descriptors take [`grid_disjoint`]).
 pub(crate) fn descs_disjoint(descs: impl Iterator<Item = Desc> + Clone) -> bool {
-    crate::work::tick(descs.clone().count());
-    let key = |d: &Desc| (d.dev_id, d.addr);
-    let sorted = descs
-        .clone()
-        .zip(descs.clone().skip(1))
-        .all(|(a, b)| key(&a) <= key(&b));
-    if sorted {
+    if in_order(descs.clone()) {
         return sorted_disjoint(descs);
     }
     let mut v: Vec<Desc> = descs.collect();
-    v.sort_unstable_by_key(key);
+    v.sort_unstable_by_key(|d| (d.dev_id, d.addr));
     sorted_disjoint(v.into_iter())
 }
 
-/// Whether no region of `a` shares a byte with a region of `b` (on one device), however
-/// each list's own regions overlap: a sweep over both sorted.
-fn lists_apart(a: &[PrepRegion], b: &[PrepRegion]) -> bool {
-    spans_apart(a.iter().map(|r| r.span), b.iter().map(|r| r.span))
+/// What a prepared list proves about its own bytes, decided when it is prepared (so a
+/// request pays nothing for it): whether its descriptors are pairwise disjoint, and the span
+/// of its regions on each device.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Footprint {
+    /// No byte is named by two descriptors (on one device). `false` says nothing.
+    pub disjoint: bool,
+    /// Per device, `(device, lowest byte, one past the highest)` of the list's regions.
+    pub bounds: Vec<(u64, u64, u64)>,
 }
 
-/// [`lists_apart`] of two lists' `(address, length, device)` spans.
-fn spans_apart(
-    a: impl Iterator<Item = (u64, u64, u64)>,
-    b: impl Iterator<Item = (u64, u64, u64)>,
-) -> bool {
-    let row = |(addr, len, dev): (u64, u64, u64), of_b| (dev, addr, addr.saturating_add(len), of_b);
-    let mut spans: Vec<(u64, u64, u64, bool)> = a
-        .map(|s| row(s, false))
-        .chain(b.map(|s| row(s, true)))
-        .collect();
-    crate::work::tick(spans.len());
-    spans.sort_unstable();
-    // The furthest end so far of each list's regions on the current device.
-    let mut dev = None;
-    let mut reach = [0u64; 2];
-    for (d, start, end, of_b) in spans {
-        if dev != Some(d) {
-            dev = Some(d);
-            reach = [0, 0];
+impl Footprint {
+    /// The footprint of a list laid out as `layout` over `regions`: `O(descriptors +
+    /// regions log regions)` (a pass where the descriptors come in address order, else one
+    /// mark per block on a grid of the regions; block tables by their layers).
+    pub(crate) fn of(layout: &Layout, regions: &[PrepRegion]) -> Self {
+        let spans: Vec<(u64, u64, u64)> = regions.iter().map(|r| r.span).collect();
+        let disjoint = match layout {
+            Layout::Flat(entries) => {
+                let descs = entries.iter().map(|e| e.desc);
+                in_order(descs.clone()) && sorted_disjoint(descs)
+                    || grid_disjoint(entries.iter().map(|e| (e.desc, e.region as usize)), &spans)
+            }
+            // Blocks no longer than their stride (a layer's own are then disjoint), and the
+            // layers' spans disjoint (layers that interleave answer `false`).
+            Layout::Strided { layers, .. } => {
+                let spans: Option<Vec<Desc>> = layers
+                    .iter()
+                    .map(|l| {
+                        let r = l.run;
+                        let fits = r.count <= 1 || r.len <= r.stride;
+                        let end = r.end().filter(|_| fits)?;
+                        Some(Desc::on_device(r.addr, end - r.addr, r.dev_id))
+                    })
+                    .collect();
+                spans.is_some_and(|s| descs_disjoint(s.into_iter()))
+            }
+        };
+        Footprint {
+            disjoint,
+            bounds: bounds(&spans),
         }
-        let (mine, theirs) = (usize::from(of_b), usize::from(!of_b));
-        if start < reach[theirs] {
+    }
+
+    /// Whether no region of one list shares a byte with a region of the other (by address,
+    /// on one device): their spans per device do not meet. `false` says nothing.
+    pub(crate) fn apart(&self, other: &Footprint) -> bool {
+        self.bounds.iter().all(|&(d, lo, hi)| {
+            other
+                .bounds
+                .iter()
+                .all(|&(e, lo2, hi2)| d != e || hi <= lo2 || hi2 <= lo)
+        })
+    }
+}
+
+/// Per device, `(device, lowest byte, one past the highest)` of `(address, length, device)`
+/// spans.
+fn bounds(spans: &[(u64, u64, u64)]) -> Vec<(u64, u64, u64)> {
+    crate::work::tick(spans.len());
+    let mut out: Vec<(u64, u64, u64)> = Vec::new();
+    for &(addr, len, dev) in spans {
+        let end = addr.saturating_add(len);
+        match out.iter_mut().find(|b| b.0 == dev) {
+            Some(b) => *b = (dev, b.1.min(addr), b.2.max(end)),
+            None => out.push((dev, addr, end)),
+        }
+    }
+    out
+}
+
+/// Whether `descs` come sorted by device and address.
+fn in_order(descs: impl Iterator<Item = Desc> + Clone) -> bool {
+    let key = |d: &Desc| (d.dev_id, d.addr);
+    crate::work::tick(descs.clone().count());
+    descs
+        .clone()
+        .zip(descs.skip(1))
+        .all(|(a, b)| key(&a) <= key(&b))
+}
+
+/// Cells of the regions' grid [`grid_disjoint`] may mark per descriptor (and at least
+/// `GRID_MIN_CELLS` in all): regions much larger than the descriptors are left unproven.
+const GRID_CELLS_PER_DESC: u64 = 64;
+const GRID_MIN_CELLS: u64 = 1 << 16;
+
+/// Whether no two of `entries` (a descriptor and the index of its region in `regions`,
+/// `(address, length, device)` each, which contains it) share a byte, in any order and in
+/// linear time: with `L` the shortest descriptor, every length a multiple of `L` and every
+/// descriptor at a multiple of `L` from its region's start, each covers whole cells of length
+/// `L` on its region's grid, and no cell is covered twice; the regions themselves pairwise
+/// disjoint. `false` means "not proven".
+fn grid_disjoint(
+    entries: impl Iterator<Item = (Desc, usize)> + Clone,
+    regions: &[(u64, u64, u64)],
+) -> bool {
+    let Some(cell) = entries.clone().map(|(d, _)| d.len).min().filter(|&c| c > 0) else {
+        return true;
+    };
+    let n = entries.clone().count() as u64;
+    let most = GRID_MIN_CELLS.max(n.saturating_mul(GRID_CELLS_PER_DESC));
+    let mut base = Vec::with_capacity(regions.len());
+    let mut cells = 0u64;
+    for &(_, len, _) in regions {
+        base.push(cells);
+        cells = cells.saturating_add(len.div_ceil(cell));
+        if cells > most {
             return false;
         }
-        reach[mine] = reach[mine].max(end);
+    }
+    if !descs_disjoint(regions.iter().map(|&(a, l, d)| Desc::on_device(a, l, d))) {
+        return false;
+    }
+    crate::work::tick(n as usize);
+    let mut seen = vec![0u64; cells.div_ceil(64) as usize];
+    for (d, r) in entries {
+        let (Some(&(start, _, _)), Some(&b)) = (regions.get(r), base.get(r)) else {
+            return false;
+        };
+        let Some(off) = d.addr.checked_sub(start) else {
+            return false;
+        };
+        if off % cell != 0 || d.len % cell != 0 {
+            return false;
+        }
+        let first = b + off / cell;
+        for c in first..first + d.len / cell {
+            let Some(w) = seen.get_mut((c / 64) as usize) else {
+                return false;
+            };
+            let bit = 1u64 << (c % 64);
+            if *w & bit != 0 {
+                return false;
+            }
+            *w |= bit;
+        }
     }
     true
 }
@@ -271,13 +370,8 @@ pub struct PreparedList {
     pub(crate) layout: Layout,
     /// A descriptor list's block-table form, where it has one.
     pub(crate) table: Option<FlatTable>,
-    /// Whether the descriptors are pairwise disjoint, decided on first use
-    /// ([`PreparedList::entries_disjoint`]).
-    pub(crate) disjoint: std::sync::OnceLock<bool>,
-    /// The last lists whose regions were compared with this one's
-    /// ([`PreparedList::regions_apart`]): each list's regions (held weakly: the allocation
-    /// stays, so no other list's takes its address) and the answer.
-    pub(crate) apart: parking_lot::Mutex<Vec<(std::sync::Weak<Vec<PrepRegion>>, bool)>>,
+    /// What the list proves about its own bytes ([`Footprint`]).
+    pub(crate) footprint: Footprint,
 }
 
 /// [`PreparedList::md_tables`].
@@ -311,46 +405,16 @@ impl std::fmt::Debug for PreparedList {
 
 impl PreparedList {
     /// Whether no byte is named by two of the list's descriptors (on one device), decided
-    /// once per list on first use and kept: a pass where the descriptors come in address
-    /// order (the usual case), else a sort. A request whose destination indices are distinct
-    /// over such a list writes no byte twice, which spares a backend its own proof per
-    /// request.
+    /// when the list was prepared ([`Footprint`]). A request whose destination indices are
+    /// distinct over such a list writes no byte twice, which spares a backend its own proof.
     pub(crate) fn entries_disjoint(&self) -> bool {
-        *self.disjoint.get_or_init(|| match &self.layout {
-            Layout::Flat(entries) => descs_disjoint(entries.iter().map(|e| e.desc)),
-            // Blocks no longer than their stride (a layer's own are then disjoint), and the
-            // layers' spans disjoint (layers that interleave answer `false`).
-            Layout::Strided { layers, .. } => {
-                let spans: Option<Vec<Desc>> = layers
-                    .iter()
-                    .map(|l| {
-                        let r = l.run;
-                        let fits = r.count <= 1 || r.len <= r.stride;
-                        let end = r.end().filter(|_| fits)?;
-                        Some(Desc::on_device(r.addr, end - r.addr, r.dev_id))
-                    })
-                    .collect();
-                spans.is_some_and(|s| descs_disjoint(s.into_iter()))
-            }
-        })
+        self.footprint.disjoint
     }
 
     /// Whether no region of this list shares a byte with a region of `other` (by address,
-    /// on one device): decided once per pair of lists (a sort of both lists' regions) and
-    /// kept for the last few lists compared.
+    /// on one device; [`Footprint::apart`]): `O(devices)`.
     pub(crate) fn regions_apart(&self, other: &PreparedList) -> bool {
-        const KEEP: usize = 4;
-        let key = Arc::downgrade(&other.regions);
-        if let Some(&(_, ok)) = self.apart.lock().iter().find(|(w, _)| w.ptr_eq(&key)) {
-            return ok;
-        }
-        let ok = lists_apart(&self.regions, &other.regions);
-        let mut cache = self.apart.lock();
-        if cache.len() >= KEEP {
-            cache.remove(0);
-        }
-        cache.push((key, ok));
-        ok
+        self.footprint.apart(&other.footprint)
     }
 
     /// Backend slot `slot`'s metadata of every region, if it holds them all.
@@ -684,23 +748,14 @@ impl Agent {
                     per,
                 });
                 let starts = (0..layers.len() as u64).map(|l| l * per).collect();
-                return Ok(PreparedList {
-                    shared: self.shared.clone(),
-                    side,
-                    kind,
-                    md_tables: md_tables(&regions),
-                    regions,
-                    layout: Layout::Strided {
-                        total: per * layers.len() as u64,
-                        layers,
-                        starts,
-                        uniform: Some(per),
-                        from_descs: true,
-                    },
-                    table,
-                    disjoint: Default::default(),
-                    apart: Default::default(),
-                });
+                let layout = Layout::Strided {
+                    total: per * layers.len() as u64,
+                    layers,
+                    starts,
+                    uniform: Some(per),
+                    from_descs: true,
+                };
+                return Ok(self.prepared((side, kind), regions, layout, table));
             }
         }
         let mut res = self.resolver(&side, kind, hints)?;
@@ -733,17 +788,29 @@ impl Agent {
         }
         let regions = Arc::new(std::mem::take(&mut res.regions));
         drop(res);
-        Ok(PreparedList {
+        let table = FlatTable::of(&entries);
+        Ok(self.prepared((side, kind), regions, Layout::Flat(entries), table))
+    }
+
+    /// The prepared list of `layout` over `regions`: their metadata tables and the list's
+    /// [`Footprint`] made here, once.
+    fn prepared(
+        &self,
+        (side, kind): (Side, MemKind),
+        regions: Regions,
+        layout: Layout,
+        table: Option<FlatTable>,
+    ) -> PreparedList {
+        PreparedList {
             shared: self.shared.clone(),
             side,
             kind,
             md_tables: md_tables(&regions),
+            footprint: Footprint::of(&layout, &regions),
             regions,
-            table: FlatTable::of(&entries),
-            layout: Layout::Flat(entries),
-            disjoint: Default::default(),
-            apart: Default::default(),
-        })
+            layout,
+            table,
+        }
     }
 
     /// Resolves a block table once against registrations (NIXL 1.5's strided descriptor
@@ -816,23 +883,14 @@ impl Agent {
                 layers: layers.clone(),
                 per,
             });
-        Ok(PreparedList {
-            shared: self.shared.clone(),
-            side,
-            kind,
-            md_tables: md_tables(&regions),
-            regions,
-            layout: Layout::Strided {
-                layers,
-                starts,
-                uniform,
-                total,
-                from_descs: false,
-            },
-            table,
-            disjoint: Default::default(),
-            apart: Default::default(),
-        })
+        let layout = Layout::Strided {
+            layers,
+            starts,
+            uniform,
+            total,
+            from_descs: false,
+        };
+        Ok(self.prepared((side, kind), regions, layout, table))
     }
 }
 
@@ -871,18 +929,58 @@ mod tests {
     }
 
     proptest! {
-        /// Two lists' spans are apart exactly where no span of one meets a span of the other,
-        /// however each list's own spans overlap.
+        /// Footprints are apart only where no span of one meets a span of the other.
         #[test]
-        fn apartness_matches_the_pairwise_check(
+        fn apart_footprints_share_no_byte(
             a in proptest::collection::vec((0u64..64, 1u64..9, 0u64..2), 0..8),
             b in proptest::collection::vec((0u64..64, 1u64..9, 0u64..2), 0..8),
         ) {
             let meets = a.iter().any(|&(x, n, d)| {
                 b.iter().any(|&(y, m, e)| d == e && x < y + m && y < x + n)
             });
-            prop_assert_eq!(spans_apart(a.iter().copied(), b.iter().copied()), !meets);
+            let fp = |s: &[(u64, u64, u64)]| Footprint { disjoint: false, bounds: bounds(s) };
+            if fp(&a).apart(&fp(&b)) {
+                prop_assert!(!meets);
+            }
         }
+
+        /// The grid proof never calls overlapping descriptors disjoint, and proves blocks of
+        /// one length at their offsets disjoint exactly when no two coincide.
+        #[test]
+        fn the_grid_proves_only_disjoint_descriptors(
+            raw in proptest::collection::vec((0usize..3, 0u64..12, 1u64..4), 0..16),
+            blocks in proptest::collection::vec((0usize..3, 0u64..12), 0..16),
+        ) {
+            // Three regions of 64 bytes, 64 apart; descriptors at multiples of 4 bytes.
+            let regions: Vec<(u64, u64, u64)> = (0..3).map(|r| (r * 128, 64, 0)).collect();
+            let at = |r: usize, k: u64, n: u64| (Desc::new(r as u64 * 128 + 4 * k, 4 * n), r);
+            let any: Vec<(Desc, usize)> = raw.iter().map(|&(r, k, n)| at(r, k, n.min(16 - k))).collect();
+            if grid_disjoint(any.iter().copied(), &regions) {
+                let descs: Vec<Desc> = any.iter().map(|e| e.0).collect();
+                prop_assert!(!overlap_by_pairs(&descs));
+            }
+            let one: Vec<(Desc, usize)> = blocks.iter().map(|&(r, k)| at(r, k, 1)).collect();
+            let descs: Vec<Desc> = one.iter().map(|e| e.0).collect();
+            prop_assert_eq!(grid_disjoint(one.iter().copied(), &regions), !overlap_by_pairs(&descs));
+        }
+    }
+
+    #[test]
+    fn the_grid_refuses_overlapping_regions_and_huge_ones() {
+        let d = |a, l| (Desc::new(a, l), 0usize);
+        // Disjoint blocks, but the list's two regions overlap: not proven.
+        let overlapping = [(0u64, 64u64, 0u64), (32, 64, 0)];
+        assert!(!grid_disjoint(
+            [d(0, 8), (Desc::new(40, 8), 1)].into_iter(),
+            &overlapping
+        ));
+        // A region far larger than its descriptors call for: left unproven.
+        let huge = [(0u64, 1u64 << 40, 0u64)];
+        assert!(!grid_disjoint([d(8, 8), d(0, 8)].into_iter(), &huge));
+        // Out of order, disjoint, on one small region: proven.
+        let small = [(0u64, 64u64, 0u64)];
+        assert!(grid_disjoint([d(8, 8), d(0, 8)].into_iter(), &small));
+        assert!(!grid_disjoint([d(8, 16), d(16, 8)].into_iter(), &small));
     }
 
     #[test]

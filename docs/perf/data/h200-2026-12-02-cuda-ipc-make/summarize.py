@@ -28,10 +28,10 @@ for line in open("ab.log"):
     if " B x " in line:
         out.append("paged_bench: " + line.split("  path:")[0].strip())
 
-for log in ["disjoint.log", "reached.log", "reached2.log"]:
+for log in ["disjoint.log", "reached.log", "reached2.log", "footprint.log"]:
     out.append("")
-    out.append(f"{log}: make ns/desc at 128 / 1024 / 16384, random pairs over 1,280 regions "
-               "(NULL, then CUDA_IPC, same run)")
+    out.append(f"{log}: make ns/desc at 128 / 1024 / 16384 (NULL, then CUDA_IPC, same run; "
+               "random pairs over 1,280 regions, or the main job's ids where only CUDA_IPC ran)")
     who = backend = None
     rows = {}
     for line in open(log):

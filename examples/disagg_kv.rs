@@ -18,7 +18,8 @@
 //! posted back to back before the first is waited for, on disjoint blocks, as an engine posts
 //! one scheduling step's transfers; default 1; `--make-threads T` makes them on T threads;
 //! `--post-after-make` makes all of a burst before posting any and times the posts to the
-//! last done apart; `--warmup W` leaves the first W bursts out of the figures),
+//! last done apart; `--warmup W` leaves the first W bursts out of the figures;
+//! `--dst-order sequential` gives decode consecutive slots instead of scattered ones),
 //! `--backend ucx|libfabric|cuda_ipc`,
 //! `--tls UCX_TLS`, `--provider tcp|shm|efa`, `--rails R` and `--domains D0,D1` (libfabric domains; UCX devices),
 //! `--device cpu|cuda` (KV pools in host or GPU memory; `--gpus P,D` puts the prefill and
@@ -106,6 +107,8 @@ struct Opts {
     warmup: usize,
     /// A burst's requests all made before the first is posted (`--post-after-make`).
     post_after_make: bool,
+    /// Decode's slots consecutive instead of scattered (`--dst-order sequential`).
+    dst_sequential: bool,
     tls: Option<String>,
     backend: String,
     provider: Option<String>,
@@ -181,6 +184,10 @@ struct Cli {
     /// last done), without the host's make in between.
     #[arg(long = "post-after-make")]
     post_after_make: bool,
+    /// Decode's slots for a burst: `scattered` (default: as a block allocator hands them out
+    /// after some churn) or `sequential` (consecutive, as the source blocks are).
+    #[arg(long = "dst-order", default_value = "scattered", value_parser = ["scattered", "sequential"])]
+    dst_order: String,
     /// UCX transports (`UCX_TLS`).
     #[arg(long)]
     tls: Option<String>,
@@ -357,6 +364,7 @@ fn parse() -> Res<Opts> {
         make_threads: c.make_threads,
         warmup: c.warmup,
         post_after_make: c.post_after_make,
+        dst_sequential: c.dst_order == "sequential",
         tls: c.tls,
         backend: c
             .backend
@@ -480,7 +488,8 @@ fn tables(o: &Opts, req: usize) -> (Vec<usize>, Vec<usize>) {
 
 /// The block tables of the burst (`--burst`) starting at request `first`: disjoint blocks
 /// on both sides. Sources are consecutive; decode allocates scattered slots (a stride
-/// coprime-ish to the pool size, the burst's slots numbered on from one request to the next).
+/// coprime-ish to the pool size, the burst's slots numbered on from one request to the next),
+/// or consecutive ones with `--dst-order sequential` (the burst's blocks fit the pool).
 fn burst_tables(o: &Opts, first: usize) -> Vec<(Vec<usize>, Vec<usize>)> {
     let b = o.blocks;
     let stride = (b / 2 + 1) | 1;
@@ -493,6 +502,9 @@ fn burst_tables(o: &Opts, first: usize) -> Vec<(Vec<usize>, Vec<usize>)> {
                 .collect();
             let dst = (0..o.per_request)
                 .map(|k| {
+                    if o.dst_sequential {
+                        return (first * o.per_request + j * o.per_request + k) % b;
+                    }
                     let mut d = ((first * 31 + j * o.per_request + k) * stride + first) % b;
                     // Only where the stride shares a factor with the pool size.
                     while seen[d] {

@@ -450,6 +450,9 @@ fn period_ids(
     // The whole list's runs, known once a period is found (they follow from group 0's: no
     // pass over the list of its own, which would be the request's costliest on cold caches).
     let mut flat_runs: Option<usize> = None;
+    // Where a period is found but splitting at it costs no less than the one layer: the one
+    // layer's runs, group 0's moved to every group (no pass over every pair).
+    let mut one_layer: Option<TableIds> = None;
     // No period reaches a side's first turn (a run of equal steps, as consecutive source
     // blocks make, rules out every shorter period: each would fail only at the run's end).
     let shortest = first_turn(local_idx).max(first_turn(remote_idx)) + 1;
@@ -512,6 +515,14 @@ fn period_ids(
         flat_runs = Some(whole);
         // A split costs the layers plus group 0's runs (its ids moved to its layer keep them).
         if groups + runs.len() >= whole {
+            if one_layer.is_none() {
+                one_layer = Some(TableIds {
+                    local_layers: vec![*la],
+                    remote_layers: vec![*ra],
+                    runs: moved_runs(&runs, groups, (lbase, dl), (rbase, dr), merge),
+                    ids: n,
+                });
+            }
             continue;
         }
         let layer = |t: &PrepLayer, base: usize, d: usize, g: usize| -> Option<PrepLayer> {
@@ -536,7 +547,34 @@ fn period_ids(
             ids: k,
         });
     }
-    None
+    one_layer
+}
+
+/// The runs of a list whose group `g` is group 0 (`runs`, ids relative to `lbase` and `rbase`)
+/// moved by `g * dl` blocks locally and `g * dr` remotely, in absolute ids of the one layer,
+/// merged across groups where `merge` (as a pass over every pair would make them). The caller
+/// checked group 0 inside `[base, base + d)` on each side and every group inside the layer, so
+/// the groups' ids are disjoint and the ids fit.
+fn moved_runs(
+    runs: &[BlockRun],
+    groups: usize,
+    (lbase, dl): (usize, usize),
+    (rbase, dr): (usize, usize),
+    merge: bool,
+) -> Vec<BlockRun> {
+    crate::work::tick(groups * runs.len());
+    let mut out = Vec::with_capacity(groups * runs.len());
+    for g in 0..groups as u64 {
+        let (lo, ro) = (lbase as u64 + g * dl as u64, rbase as u64 + g * dr as u64);
+        for r in runs {
+            push_run(
+                &mut out,
+                BlockRun::blocks(r.local + lo, r.remote + ro, r.count),
+                merge,
+            );
+        }
+    }
+    out
 }
 
 /// The refusal when no backend took a table with rows rearranged: what each one said.
@@ -709,6 +747,37 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// The main job's shape with consecutive slots on both sides (`disagg_kv --dst-order
+    /// sequential`): 4 layers of 2,048 consecutive ids over one region of 4 x 16,384 blocks.
+    /// Splitting at the layers is no cheaper than the four runs, so the search answers the
+    /// one layer, its runs moved from group 0's: no pass over every pair.
+    #[test]
+    fn consecutive_slots_in_every_layer_are_four_runs_without_a_pass_per_pair() {
+        let (layers, per, ids) = (4usize, 16_384usize, 2_048usize);
+        let table = FlatTable {
+            layers: vec![PrepLayer {
+                run: crate::StridedDesc::new(0x10_0000, 64, 64, (layers * per) as u64),
+                region: 0,
+            }],
+            per: layers * per,
+        };
+        let idx: Vec<usize> = (0..layers)
+            .flat_map(|l| (0..ids).map(move |b| l * per + 100 + b))
+            .collect();
+        crate::work::take();
+        let found = period_ids(XferOp::Read, (&table, &idx), (&table, &idx), true)
+            .expect("the period's one layer");
+        let ops = crate::work::take();
+        assert_eq!((found.local_layers.len(), found.ids), (1, layers * ids));
+        let want: Vec<BlockRun> = (0..layers as u64)
+            .map(|l| BlockRun::blocks(l * per as u64 + 100, l * per as u64 + 100, ids as u64))
+            .collect();
+        assert_eq!(found.runs, want);
+        // The first turn, the compares and group 0's runs: about three passes over the list,
+        // where the pass over every pair cost a fourth of its own on top.
+        assert!(ops < 4 * (layers * ids) as u64, "{ops} operations");
+    }
+
     proptest! {
         /// The runs of a periodic list follow from its first group's: the same count as a
         /// pass over the whole list, merged or not, runs crossing groups or not.
@@ -742,6 +811,46 @@ mod tests {
                 merge,
             ) {
                 prop_assert_eq!(runs.len(), group_runs);
+            }
+        }
+
+        /// Where the ids repeat with a period but splitting at it is no cheaper (runs that
+        /// already span groups), the period search answers the one layer with the same runs
+        /// as a pass over every pair (`table_ids`), built from group 0's.
+        #[test]
+        fn an_unsplit_period_gives_the_pass_over_every_pair(
+            group in proptest::collection::vec((0usize..16, 0usize..16), 4..12),
+            consecutive in any::<bool>(),
+            groups in 2usize..6,
+            d in 16usize..20,
+            read in any::<bool>(),
+            merge in any::<bool>(),
+        ) {
+            let k = group.len();
+            let group: Vec<(usize, usize)> = if consecutive {
+                (0..k).map(|i| (i, i)).collect()
+            } else {
+                group
+            };
+            let d = if consecutive { k } else { d };
+            let per = groups * d + 3;
+            let table = FlatTable {
+                layers: vec![PrepLayer {
+                    run: crate::StridedDesc::new(0x10_0000, 64, 64, per as u64),
+                    region: 0,
+                }],
+                per,
+            };
+            let local: Vec<usize> = (0..groups).flat_map(|g| group.iter().map(move |p| p.0 + g * d)).collect();
+            let remote: Vec<usize> = (0..groups).flat_map(|g| group.iter().map(move |p| p.1 + g * d)).collect();
+            let op = if read { XferOp::Read } else { XferOp::Write };
+            let pass = table_ids(op, (&table, &local), (&table, &remote), merge);
+            if let Some(found) = period_ids(op, (&table, &local), (&table, &remote), merge) {
+                if found.local_layers.len() == 1 {
+                    let pass = pass.expect("the pass takes what the period search took");
+                    prop_assert_eq!(found.ids, pass.ids);
+                    prop_assert_eq!(found.runs, pass.runs);
+                }
             }
         }
 

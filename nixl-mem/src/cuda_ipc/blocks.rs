@@ -108,7 +108,8 @@ impl CudaIpcBackend {
             })?;
             let extent = l.remote.end().map_or(0, |e| e - l.remote.addr);
             let (base, remote_gpu) = self
-                .reach(t, gpu, l.remote.addr, extent, l.remote.dev_id)
+                .reached(t, gpu)
+                .at(l.remote.addr, extent, l.remote.dev_id)
                 .map_err(|why| Error::not_supported(me, Op::MakeXfer, why))?;
             here.how = match t {
                 Target::Vram(_) => "CUDA IPC mapping",

@@ -167,29 +167,6 @@ impl CudaIpcBackend {
         Ok(self.params.device)
     }
 
-    /// A peer's GPU memory as GPU `gpu`'s copies address it: `(address, GPU the driver says
-    /// the mapping is on)`.
-    pub(super) fn remote_vram_on(
-        &self,
-        v: &RemoteVram,
-        gpu: &Gpu,
-        addr: u64,
-        len: u64,
-    ) -> std::result::Result<(u64, Option<usize>), String> {
-        let m = v
-            .on(gpu.ordinal, |h| self.import_vram(h, gpu.ordinal))
-            .map_err(|e| {
-                format!(
-                    "mapping the peer's GPU memory into GPU {}: {e}",
-                    gpu.ordinal
-                )
-            })?;
-        let a = m
-            .translate(addr, len)
-            .ok_or_else(|| format!("{addr:#x}+{len} is outside the peer's mapped allocation"))?;
-        Ok((a, m.resident_ordinal()))
-    }
-
     /// Whether GPU `gpu`'s kernels may access GPU `peer`'s memory (asked once, and enabled).
     pub(super) fn peer_access(&self, gpu: &Gpu, peer: usize) -> bool {
         if gpu.ordinal == peer {

@@ -142,24 +142,6 @@ pub(crate) enum Target {
     Unreachable(String),
 }
 
-impl Target {
-    /// This process's address for the target's `[addr, addr+len)`.
-    pub(super) fn translate(&self, addr: u64, len: u64) -> Result<u64, String> {
-        match self {
-            Target::Identity => Ok(addr),
-            Target::Vram(v) => v
-                .first
-                .translate(addr, len)
-                .ok_or_else(|| format!("{addr:#x}+{len} is outside the peer's mapped allocation")),
-            Target::Host(h) => h
-                .map
-                .translate(addr, len)
-                .ok_or_else(|| format!("{addr:#x}+{len} is outside the peer's shared buffer")),
-            Target::Unreachable(why) => Err(why.clone()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

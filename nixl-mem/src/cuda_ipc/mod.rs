@@ -369,33 +369,32 @@ impl Backend for CudaIpcBackend {
                     *c = true;
                 }
             }
-            let r = match reached.get(s.remote_md).copied().flatten() {
-                Some(r) => r,
-                None => {
-                    let t = self.remote_target(spec, s)?;
-                    let r = self.reached(t, &gpu);
-                    how = match t {
-                        Target::Vram(_) => "CUDA IPC mapping",
-                        Target::Host(_) => "shared memfd mapping",
-                        _ => {
-                            mapped = false;
-                            how
-                        }
-                    };
-                    if let Some(slot) = reached.get_mut(s.remote_md) {
-                        *slot = Some(r);
+            if !matches!(reached.get(s.remote_md), Some(Some(_))) {
+                // An index past the metadata fails here, before any slot is looked at.
+                let t = self.remote_target(spec, s)?;
+                how = match t {
+                    Target::Vram(_) => "CUDA IPC mapping",
+                    Target::Host(_) => "shared memfd mapping",
+                    _ => {
+                        mapped = false;
+                        how
                     }
-                    r
+                };
+                let r = self.reached(t, &gpu);
+                if let Some(slot) = reached.get_mut(s.remote_md) {
+                    *slot = Some(r);
                 }
+            }
+            let Some(Some(r)) = reached.get(s.remote_md) else {
+                return Err(Error::invalid(
+                    &self.agent,
+                    Op::MakeXfer,
+                    "remote metadata index out of range",
+                ));
             };
-            let (remote, remote_gpu) = match r {
-                Reached::Window(w, resident) => match w.translate(s.remote_addr, s.len) {
-                    Some(a) => (a, resident),
-                    None => self.reach_segment(spec, s, &gpu)?,
-                },
-                Reached::Identity => (s.remote_addr, usize::try_from(s.remote_dev).ok()),
-                Reached::Other => self.reach_segment(spec, s, &gpu)?,
-            };
+            let (remote, remote_gpu) = r
+                .at(s.remote_addr, s.len, s.remote_dev)
+                .map_err(|why| Error::not_supported(&self.agent, Op::MakeXfer, why))?;
             if kernel_ok.is_ok() {
                 kernel_ok = self.kernel_reaches(&gpu, remote_gpu).and_then(|()| {
                     if kernel::co_aligned(s.local_addr, remote) {
@@ -621,23 +620,6 @@ fn no_arrival(agent: &str, why: &str) -> Error {
 pub(crate) type KernelOk = std::result::Result<(), NoKernel>;
 
 impl CudaIpcBackend {
-    /// A remote region as GPU `gpu`'s copies address it, and the GPU its memory is on as the
-    /// kernel check sees it (`remote_dev` for memory of this process).
-    fn reach(
-        &self,
-        t: &Target,
-        gpu: &gpu::Gpu,
-        addr: u64,
-        len: u64,
-        remote_dev: u64,
-    ) -> std::result::Result<(u64, Option<usize>), String> {
-        match t {
-            Target::Vram(v) => self.remote_vram_on(v, gpu, addr, len),
-            Target::Identity => Ok((addr, usize::try_from(remote_dev).ok())),
-            other => other.translate(addr, len).map(|a| (a, None)),
-        }
-    }
-
     /// Segment `s`'s remote metadata as this backend's.
     fn remote_target<'a>(&self, spec: &'a XferSpec, s: &Segment) -> Result<&'a Target> {
         spec.md(s.remote_md)
@@ -651,31 +633,23 @@ impl CudaIpcBackend {
             })
     }
 
-    /// How GPU `gpu`'s copies reach a target's addresses, looked up once per request.
-    fn reached(&self, t: &Target, gpu: &gpu::Gpu) -> Reached {
+    /// How GPU `gpu`'s copies reach a target's addresses (a peer's GPU memory imported into
+    /// that GPU's context on first use): the one lookup of both the segment and the block
+    /// paths, once per request and region on the segment path, once per layer on the block
+    /// path.
+    pub(super) fn reached(&self, t: &Target, gpu: &gpu::Gpu) -> Reached {
         match t {
-            Target::Vram(v) => v
-                .on(gpu.ordinal, |h| self.import_vram(h, gpu.ordinal))
-                .map_or(Reached::Other, |m| {
-                    Reached::Window(m.window(), m.resident_ordinal())
-                }),
-            Target::Host(h) => Reached::Window(h.map.window(), None),
+            Target::Vram(v) => match v.on(gpu.ordinal, |h| self.import_vram(h, gpu.ordinal)) {
+                Ok(m) => Reached::Window(m.window(), m.resident_ordinal(), "mapped allocation"),
+                Err(e) => Reached::Unreachable(format!(
+                    "mapping the peer's GPU memory into GPU {}: {e}",
+                    gpu.ordinal
+                )),
+            },
+            Target::Host(h) => Reached::Window(h.map.window(), None, "shared buffer"),
             Target::Identity => Reached::Identity,
-            Target::Unreachable(_) => Reached::Other,
+            Target::Unreachable(why) => Reached::Unreachable(why.clone()),
         }
-    }
-
-    /// Segment `s`'s remote address and GPU as [`CudaIpcBackend::reach`] says (its error
-    /// where the target is out of reach).
-    fn reach_segment(
-        &self,
-        spec: &XferSpec,
-        s: &Segment,
-        gpu: &gpu::Gpu,
-    ) -> Result<(u64, Option<usize>)> {
-        let t = self.remote_target(spec, s)?;
-        self.reach(t, gpu, s.remote_addr, s.len, s.remote_dev)
-            .map_err(|why| Error::not_supported(&self.agent, Op::MakeXfer, why))
     }
 
     /// Whether GPU `gpu`'s copy kernel reaches memory the driver says is on `remote_gpu`.
@@ -844,14 +818,37 @@ impl CudaIpcBackend {
     }
 }
 
-/// How a request's copies reach one remote region's addresses (see
-/// [`CudaIpcBackend::reached`]): through a mapping (and the GPU the driver says it is on), as
-/// they are (this process), or only as [`CudaIpcBackend::reach`] decides per segment.
-#[derive(Clone, Copy)]
-enum Reached {
-    Window(crate::shared::Window, Option<usize>),
+/// How a request's copies reach one remote region's addresses ([`CudaIpcBackend::reached`]).
+#[derive(Clone)]
+pub(super) enum Reached {
+    /// Through a mapping: the exporter's range and where it lies here, the GPU the driver says
+    /// it is on, and what the range is (for the error of an address outside it).
+    Window(crate::shared::Window, Option<usize>, &'static str),
+    /// As they are (memory of this process).
     Identity,
-    Other,
+    /// Not from this process, and why.
+    Unreachable(String),
+}
+
+impl Reached {
+    /// The peer's `[addr, addr + len)` as this process's copies address it, and the GPU its
+    /// memory is on as the kernel check sees it (`remote_dev` for memory of this process);
+    /// why not, where it is out of reach.
+    pub(super) fn at(
+        &self,
+        addr: u64,
+        len: u64,
+        remote_dev: u64,
+    ) -> std::result::Result<(u64, Option<usize>), String> {
+        match self {
+            Reached::Window(w, resident, what) => w
+                .translate(addr, len)
+                .map(|a| (a, *resident))
+                .ok_or_else(|| format!("{addr:#x}+{len} is outside the peer's {what}")),
+            Reached::Identity => Ok((addr, usize::try_from(remote_dev).ok())),
+            Reached::Unreachable(why) => Err(why.clone()),
+        }
+    }
 }
 
 /// Each copy's (destination, source) region, by metadata index: the independence proof's

@@ -4,90 +4,27 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use nixl_core::backend::inproc::InprocBackend;
-use nixl_core::backend::Capabilities;
-use nixl_core::backend::{
-    Backend, BackendContext, BackendMd, BackendParams, BackendXfer, PeerBackend, XferSpec,
-};
 use nixl_core::{
-    Agent, AgentConfig, Error, HostBuffer, InprocParams, MemKind, Op, RegionDesc, Result,
-    XferDescList, XferOp, XferOptions,
+    Agent, AgentConfig, Error, HostBuffer, InprocParams, MemKind, Op, XferDescList, XferOp,
+    XferOptions,
 };
 use nixl_testkit::unique;
+use nixl_testkit::wrapped::WrappedParams;
 
 /// A real INPROC backend under another name that declines every transfer.
-struct Declining(InprocBackend);
-
-impl Backend for Declining {
-    fn name(&self) -> &str {
-        "DECLINING"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-
-    fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
-        self.0.register(region)
-    }
-
-    fn deregister(&self, md: BackendMd) -> Result<()> {
-        self.0.deregister(md)
-    }
-
-    fn prepare_xfer(&self, _spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
+fn declining() -> WrappedParams {
+    WrappedParams::new("DECLINING", |_, _| {
         Err(Error::not_supported(
             "test",
             Op::MakeXfer,
             "this backend cannot reach that region",
         ))
-    }
-
-    fn peers(&self) -> Option<&dyn PeerBackend> {
-        Some(self)
-    }
-}
-
-impl PeerBackend for Declining {
-    fn connection_info(&self) -> Result<Vec<u8>> {
-        self.0.connection_info()
-    }
-
-    fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
-        self.0.connect(remote, info)
-    }
-
-    fn disconnect(&self, remote: &str) -> Result<()> {
-        self.0.disconnect(remote)
-    }
-
-    fn public_metadata(&self, md: &BackendMd) -> Result<Vec<u8>> {
-        self.0.public_metadata(md)
-    }
-
-    fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
-        self.0.load_remote(remote, region, public)
-    }
-
-    fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
-        self.0.gen_notif(remote, msg)
-    }
-}
-
-struct DecliningParams;
-
-impl BackendParams for DecliningParams {
-    fn backend_name(&self) -> &str {
-        "DECLINING"
-    }
-    fn create(self: Box<Self>, ctx: BackendContext) -> Result<Arc<dyn Backend>> {
-        Ok(Arc::new(Declining(InprocBackend::new(ctx))))
-    }
+    })
 }
 
 fn agent(prefix: &str) -> Agent {
     let a = Agent::new(&unique(prefix), AgentConfig::default()).unwrap();
-    a.create_backend(DecliningParams).unwrap();
+    a.create_backend(declining()).unwrap();
     a.create_backend(InprocParams::default()).unwrap();
     a
 }

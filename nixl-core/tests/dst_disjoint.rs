@@ -7,90 +7,24 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use nixl_core::backend::inproc::InprocBackend;
-use nixl_core::backend::Capabilities;
-use nixl_core::backend::{
-    Backend, BackendContext, BackendMd, BackendParams, BackendXfer, PeerBackend, XferSpec,
-};
+use nixl_core::backend::Backend as _;
 use nixl_core::{
-    Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, RegionDesc, Result, XferDescList, XferOp,
-    XferOptions, XferTarget,
+    Agent, AgentConfig, Desc, Error, HostBuffer, MemKind, XferDescList, XferOp, XferOptions,
+    XferTarget,
 };
 use nixl_testkit::unique;
+use nixl_testkit::wrapped::WrappedParams;
 use parking_lot::Mutex;
 
 /// What each `prepare_xfer` was told: `(dst_disjoint, ends_apart)`.
 type Told = Arc<Mutex<Vec<(bool, bool)>>>;
 
 /// A real INPROC backend that records what each `prepare_xfer` was told.
-struct Recording(InprocBackend, Told);
-
-impl Backend for Recording {
-    fn name(&self) -> &str {
-        "INPROC"
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
-    }
-
-    fn register(&self, region: &RegionDesc) -> Result<BackendMd> {
-        self.0.register(region)
-    }
-
-    fn deregister(&self, md: BackendMd) -> Result<()> {
-        self.0.deregister(md)
-    }
-
-    fn prepare_xfer(&self, spec: &XferSpec) -> Result<Box<dyn BackendXfer>> {
-        self.1.lock().push((spec.dst_disjoint, spec.ends_apart));
-        self.0.prepare_xfer(spec)
-    }
-
-    fn load_local(&self, region: &RegionDesc, md: &BackendMd) -> Result<BackendMd> {
-        self.0.load_local(region, md)
-    }
-
-    fn peers(&self) -> Option<&dyn PeerBackend> {
-        Some(self)
-    }
-}
-
-impl PeerBackend for Recording {
-    fn connection_info(&self) -> Result<Vec<u8>> {
-        self.0.connection_info()
-    }
-
-    fn connect(&self, remote: &str, info: &[u8]) -> Result<()> {
-        self.0.connect(remote, info)
-    }
-
-    fn disconnect(&self, remote: &str) -> Result<()> {
-        self.0.disconnect(remote)
-    }
-
-    fn public_metadata(&self, md: &BackendMd) -> Result<Vec<u8>> {
-        self.0.public_metadata(md)
-    }
-
-    fn load_remote(&self, remote: &str, region: &RegionDesc, public: &[u8]) -> Result<BackendMd> {
-        self.0.load_remote(remote, region, public)
-    }
-
-    fn gen_notif(&self, remote: &str, msg: &[u8]) -> Result<()> {
-        self.0.gen_notif(remote, msg)
-    }
-}
-
-struct RecordingParams(Told);
-
-impl BackendParams for RecordingParams {
-    fn backend_name(&self) -> &str {
-        "INPROC"
-    }
-    fn create(self: Box<Self>, ctx: BackendContext) -> Result<Arc<dyn Backend>> {
-        Ok(Arc::new(Recording(InprocBackend::new(ctx), self.0)))
-    }
+fn recording(told: Told) -> WrappedParams {
+    WrappedParams::new("INPROC", move |inproc, spec| {
+        told.lock().push((spec.dst_disjoint, spec.ends_apart));
+        inproc.prepare_xfer(spec)
+    })
 }
 
 const BLOCK: u64 = 256;
@@ -102,7 +36,7 @@ fn pair(shared: bool) -> (Agent, Agent, Arc<HostBuffer>, Arc<HostBuffer>, Told) 
     let seen = Arc::new(Mutex::new(Vec::new()));
     let mk = |p: &str| {
         let a = Agent::new(&unique(p), AgentConfig::default()).unwrap();
-        a.create_backend(RecordingParams(seen.clone())).unwrap();
+        a.create_backend(recording(seen.clone())).unwrap();
         a
     };
     let (a, b) = (mk("dd-a"), mk("dd-b"));

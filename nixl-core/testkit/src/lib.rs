@@ -58,6 +58,7 @@ pub mod torch_store;
 pub mod two_process;
 #[cfg(feature = "ucx")]
 pub mod ucx;
+pub mod wrapped;
 
 pub use helpers::{
     eventually, first_diff, hex, host_buf, inproc_agent, inproc_agent_with, pattern, registered,

@@ -15,7 +15,7 @@ use crate::agent::registration::RegUse;
 use crate::agent::remote::{RemotePeer, RemoteRegion};
 use crate::agent::request::XferTarget;
 use crate::agent::{Agent, BackendHandle, BackendSlot, Shared};
-use crate::backend::{BackendMd, MdList};
+use crate::backend::{BackendMd, CellGrid, MdList};
 use crate::desc::{Desc, XferDescList};
 use crate::error::{Error, Op, Result};
 use crate::mem::MemKind;
@@ -266,15 +266,9 @@ fn grid_disjoint(
     };
     let n = entries.clone().count() as u64;
     let most = GRID_MIN_CELLS.max(n.saturating_mul(GRID_CELLS_PER_DESC));
-    let mut base = Vec::with_capacity(regions.len());
-    let mut cells = 0u64;
-    for &(_, len, _) in regions {
-        base.push(cells);
-        cells = cells.saturating_add(len.div_ceil(cell));
-        if cells > most {
-            return false;
-        }
-    }
+    let Some(mut grid) = CellGrid::new(cell, regions.iter().map(|r| r.1), most) else {
+        return false;
+    };
     let spans: Vec<Desc> = regions
         .iter()
         .map(|&(a, l, d)| Desc::on_device(a, l, d))
@@ -284,30 +278,12 @@ fn grid_disjoint(
         return false;
     }
     crate::work::tick(n as usize);
-    let mut seen = vec![0u64; cells.div_ceil(64) as usize];
-    for (d, r) in entries {
-        let (Some(&(start, _, _)), Some(&b)) = (regions.get(r), base.get(r)) else {
-            return false;
-        };
-        let Some(off) = d.addr.checked_sub(start) else {
-            return false;
-        };
-        if off % cell != 0 || d.len % cell != 0 {
-            return false;
-        }
-        let first = b + off / cell;
-        for c in first..first + d.len / cell {
-            let Some(w) = seen.get_mut((c / 64) as usize) else {
-                return false;
-            };
-            let bit = 1u64 << (c % 64);
-            if *w & bit != 0 {
-                return false;
-            }
-            *w |= bit;
-        }
-    }
-    true
+    entries.into_iter().all(|(d, r)| {
+        regions
+            .get(r)
+            .and_then(|&(start, _, _)| d.addr.checked_sub(start))
+            .is_some_and(|off| grid.cover(r, off, d.len))
+    })
 }
 
 /// A prepared list's descriptors.

@@ -34,6 +34,7 @@ pub use crate::hello::{
 pub use crate::limits::NOTIF_OVERHEAD;
 pub use crate::liveness::{PeerProcess, ProcessId};
 pub use crate::mem::{RawRegion, PAGE_SIZE};
+pub use crate::model::cells::CellGrid;
 /// Host memory reached by bounded copies: [`Span`](host::Span), the one copy helper every host
 /// buffer type uses (nixl-core's `HostBuffer`, nixl-mem's `HostMemory` types).
 pub mod host {

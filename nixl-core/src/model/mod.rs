@@ -4,6 +4,7 @@
 //! applications use.
 
 pub(crate) mod arrival;
+pub(crate) mod cells;
 pub(crate) mod desc;
 pub(crate) mod error;
 pub(crate) mod index;

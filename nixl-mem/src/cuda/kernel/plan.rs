@@ -3,6 +3,7 @@
 
 #[allow(unused_imports)]
 use super::*;
+use nixl_core::backend::CellGrid;
 
 /// One copy: `len` bytes from `src` to `dst`, both addresses the kernel can dereference.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,38 +117,19 @@ pub(super) fn on_grids(copies: &[(u64, u64, u64)], groups: Option<&[(u32, u32)]>
         };
     }
     // Each destination group's cells: one bit map, each group at its own offset.
-    let mut base = Vec::with_capacity(dspan.len());
-    let mut cells = 0u64;
     let most = GRID_MIN_CELLS.max((copies.len() as u64).saturating_mul(GRID_CELLS_PER_COPY));
-    for &(lo, end) in &dspan {
-        base.push(cells);
-        if lo < end {
-            cells = cells.saturating_add((end - lo).div_ceil(cell));
-        }
-        if cells > most {
-            return false;
-        }
-    }
-    let mut seen = vec![0u64; cells.div_ceil(64) as usize];
-    for (i, &(d, _, l)) in copies.iter().enumerate() {
-        if l == 0 {
-            continue;
-        }
-        let g = group(i).0;
-        let off = d - dspan[g].0;
-        if !off.is_multiple_of(cell) {
-            return false;
-        }
-        let first = base[g] + off / cell;
-        for c in first..first + l / cell {
-            let (w, bit) = ((c / 64) as usize, 1u64 << (c % 64));
-            if seen[w] & bit != 0 {
-                return false;
-            }
-            seen[w] |= bit;
-        }
-    }
-    true
+    let lens = dspan.iter().map(|&(lo, end)| end.saturating_sub(lo));
+    let Some(mut grid) = CellGrid::new(cell, lens, most) else {
+        return false;
+    };
+    copies
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.2 > 0)
+        .all(|(i, &(d, _, l))| {
+            let g = group(i).0;
+            grid.cover(g, d - dspan[g].0, l)
+        })
 }
 
 /// [`conflict`] by sorting every range: `O(n log n)`, any shape.

@@ -75,7 +75,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nixl::access::{Auth, Credential};
-use nixl::mem::{CudaIpcParams, DeviceBuffer};
+use nixl::mem::{CudaIpcParams, DeviceBuffer, KernelShape};
 use nixl::ucx::UcxParams;
 use nixl::{
     Agent, AgentConfig, Desc, HostBuffer, MemKind, PreparedList, XferDescList, XferOp, XferOptions,
@@ -109,6 +109,8 @@ struct Opts {
     post_after_make: bool,
     /// Decode's slots consecutive instead of scattered (`--dst-order sequential`).
     dst_sequential: bool,
+    /// CUDA_IPC's copy kernel shape (`--kernel-shape`).
+    kernel_shape: KernelShape,
     tls: Option<String>,
     backend: String,
     provider: Option<String>,
@@ -188,6 +190,10 @@ struct Cli {
     /// after some churn) or `sequential` (consecutive, as the source blocks are).
     #[arg(long = "dst-order", default_value = "scattered", value_parser = ["scattered", "sequential"])]
     dst_order: String,
+    /// With the cuda_ipc backend: the copy kernel's shape (its text form, e.g.
+    /// `load=plain,store=wb`; keys not named keep their defaults).
+    #[arg(long = "kernel-shape")]
+    kernel_shape: Option<String>,
     /// UCX transports (`UCX_TLS`).
     #[arg(long)]
     tls: Option<String>,
@@ -365,6 +371,12 @@ fn parse() -> Res<Opts> {
         warmup: c.warmup,
         post_after_make: c.post_after_make,
         dst_sequential: c.dst_order == "sequential",
+        kernel_shape: match &c.kernel_shape {
+            Some(t) => t
+                .parse()
+                .map_err(|e| format!("--kernel-shape {t:?}: {e}"))?,
+            None => KernelShape::default(),
+        },
         tls: c.tls,
         backend: c
             .backend
@@ -609,7 +621,7 @@ fn node(name: &str, o: &Opts) -> Res<Node> {
         #[cfg(not(feature = "libfabric"))]
         "libfabric" => return Err("--backend libfabric needs `--features libfabric`".into()),
         "cuda_ipc" => {
-            agent.create_backend(CudaIpcParams::default())?;
+            agent.create_backend(CudaIpcParams::default().kernel_shape(o.kernel_shape))?;
         }
         _ => {
             agent.create_backend(
@@ -974,12 +986,28 @@ impl Stats {
     }
 }
 
+/// The most bytes [`fill_request`] writes with one copy.
+const FILL_CHUNK: usize = 8 << 20;
+
+/// Writes request `req`'s KV bytes into prefill's source blocks `src`, one copy per run of
+/// consecutive blocks (at most [`FILL_CHUNK`] bytes, at least a block), not one per block.
 fn fill_request(o: &Opts, n: &Node, req: usize, src: &[usize]) -> Res<()> {
-    let mut tmp = vec![0u8; o.block_bytes];
+    let bb = o.block_bytes;
+    let per_copy = (FILL_CHUNK / bb).max(1);
+    let mut tmp = vec![0u8; per_copy.min(src.len()) * bb];
     for l in 0..o.layers {
-        for (k, &b) in src.iter().enumerate() {
-            kv_bytes(req, l, k, &mut tmp);
-            n.pool.write_at((l * o.blocks + b) * o.block_bytes, &tmp)?;
+        let mut k = 0;
+        while k < src.len() {
+            let mut end = k + 1;
+            while end < src.len() && end - k < per_copy && src[end] == src[end - 1] + 1 {
+                end += 1;
+            }
+            let buf = &mut tmp[..(end - k) * bb];
+            for (j, block) in buf.chunks_mut(bb).enumerate() {
+                kv_bytes(req, l, k + j, block);
+            }
+            n.pool.write_at((l * o.blocks + src[k]) * bb, buf)?;
+            k = end;
         }
     }
     Ok(())

@@ -990,7 +990,10 @@ impl Stats {
 const FILL_CHUNK: usize = 8 << 20;
 
 /// Writes request `req`'s KV bytes into prefill's source blocks `src`, one copy per run of
-/// consecutive blocks (at most [`FILL_CHUNK`] bytes, at least a block), not one per block.
+/// consecutive blocks (at most [`FILL_CHUNK`] bytes, at least a block), not one per block:
+/// with one GPU for both roles, the first READ kernel decode ran after prefill's 8,192 small
+/// copies per request paid about 150 us, so the READ figures measured this harness's fill
+/// (docs/perf/scale.md, "The main job's READ after prefill's fill").
 fn fill_request(o: &Opts, n: &Node, req: usize, src: &[usize]) -> Res<()> {
     let bb = o.block_bytes;
     let per_copy = (FILL_CHUNK / bb).max(1);

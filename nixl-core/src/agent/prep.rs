@@ -63,14 +63,21 @@ impl PrepRegion {
 pub(crate) type Regions = Arc<Vec<PrepRegion>>;
 
 /// One prepared descriptor: the descriptor, the index of its region and that region's
-/// backends as bits ([`PrepRegion::held`], 0 where it is `None`): a request reads the entry
-/// alone, not its region, for each pair (the region is another cache miss per pair when the
-/// indices are random over many regions).
+/// backends as bits ([`PrepRegion::held`], 0 where it is `None` or names a slot of 32 or
+/// more): a request reads the entry alone, not its region, for each pair (the region is
+/// another cache miss per pair when the indices are random over many regions). 32 bytes.
 #[derive(Clone, Copy)]
 pub(crate) struct PrepEntry {
     pub desc: Desc,
     pub region: u32,
-    pub held: u64,
+    pub held: u32,
+}
+
+impl PrepRegion {
+    /// [`PrepRegion::held`] as an entry carries it.
+    pub(crate) fn entry_held(&self) -> u32 {
+        self.held.and_then(|h| u32::try_from(h).ok()).unwrap_or(0)
+    }
 }
 
 /// One prepared layer of a block table.
@@ -450,7 +457,7 @@ impl PreparedList {
                 Some(PrepEntry {
                     desc: layer.run.block(i - starts[l])?,
                     region: layer.region,
-                    held: self.regions.get(layer.region as usize)?.held.unwrap_or(0),
+                    held: self.regions.get(layer.region as usize)?.entry_held(),
                 })
             }
         }
@@ -733,7 +740,7 @@ impl Agent {
                     ),
                 )
             })?;
-            let held = res.regions[region as usize].held.unwrap_or(0);
+            let held = res.regions[region as usize].entry_held();
             entries.push(PrepEntry {
                 desc: *d,
                 region,

@@ -199,8 +199,7 @@ impl Agent {
         // Distinct destination indices over a list of disjoint descriptors: no byte written
         // twice (the backends need not prove it again).
         let (mut dst_disjoint, mut ends_apart) = (false, false);
-        if dst.iter().all(|&i| i < list.len()) {
-            check_distinct(self.name(), side, dst)?;
+        if distinct_in(self.name(), side, dst, list.len())? {
             dst_disjoint = list.entries_disjoint();
             // And where both sides share an address space: regions apart from the sources'.
             ends_apart = dst_disjoint && local.regions_apart(remote);
@@ -317,7 +316,7 @@ impl Agent {
                 // A backend must hold both regions of every pair: one AND per pair from the
                 // entries while every region's backends fit in bits (no region read).
                 if let (Some(h), true) = (held, le.held != 0 && re.held != 0) {
-                    held = Some(h & le.held & re.held);
+                    held = Some(h & u64::from(le.held & re.held));
                 } else if last_pair != Some((lreg, rreg)) {
                     let (lr, rr) = (
                         &local.regions[lreg as usize],
@@ -617,20 +616,57 @@ fn extend(p: &mut Segment, seg: &Segment) -> bool {
 /// (`InvalidParam`): two sources would land in one place. O(ids) over a bitmap up to the
 /// largest id, which the caller has bounded (a list's length, a layer's block count).
 pub(crate) fn check_distinct(me: &str, side: &str, ids: &[usize]) -> Result<()> {
-    let mut seen = IdBits::below(ids.iter().copied().max().unwrap_or(0) + 1);
-    for &id in ids {
-        if !seen.insert(id) {
-            return Err(Error::invalid(
-                me,
-                Op::MakeXfer,
-                format!(
-                    "{side} index {id} is listed twice: a request writes each destination once"
-                ),
-            ));
-        }
+    let bound = ids.iter().copied().max().unwrap_or(0) + 1;
+    match IdBits::distinct_below(ids, bound) {
+        Err(Some(id)) => Err(listed_twice(me, side, id)),
+        _ => Ok(()),
     }
-    Ok(())
 }
+
+/// The error for a destination index `id` listed twice.
+#[cold]
+fn listed_twice(me: &str, side: &str, id: usize) -> Error {
+    Error::invalid(
+        me,
+        Op::MakeXfer,
+        format!("{side} index {id} is listed twice: a request writes each destination once"),
+    )
+}
+
+/// Whether the destination indices `ids` of a list of `len` descriptors are all inside it
+/// (`false`: the caller names the first one outside), refusing one listed twice where they
+/// are. A bitmap of the list's length, or of the largest index where the list is far longer
+/// than the request (a few ids into a long list allocate for the ids, not the list); small
+/// requests compare their ids pairwise.
+fn distinct_in(me: &str, side: &str, ids: &[usize], len: usize) -> Result<bool> {
+    if ids.len() <= PAIRWISE {
+        if ids.iter().any(|&i| i >= len) {
+            return Ok(false);
+        }
+        for (k, &id) in ids.iter().enumerate().skip(1) {
+            if ids[..k].contains(&id) {
+                return Err(listed_twice(me, side, id));
+            }
+        }
+        return Ok(true);
+    }
+    let bound = if len / 64 > ids.len() {
+        match ids.iter().copied().max() {
+            Some(m) if m >= len => return Ok(false),
+            m => m.map_or(0, |m| m + 1),
+        }
+    } else {
+        len
+    };
+    match IdBits::distinct_below(ids, bound) {
+        Ok(()) => Ok(true),
+        Err(None) => Ok(false),
+        Err(Some(id)) => Err(listed_twice(me, side, id)),
+    }
+}
+
+/// Requests of at most this many descriptors check their destinations pairwise.
+const PAIRWISE: usize = 16;
 
 /// A set of ids below a bound, one bit each (the destination's ids of a request).
 pub(crate) struct IdBits(Vec<u64>);
@@ -647,5 +683,93 @@ impl IdBits {
         let fresh = self.0[w] & b == 0;
         self.0[w] |= b;
         fresh
+    }
+
+    /// Whether `ids` are distinct and below `bound`: `Err(None)` where one is not below it,
+    /// else `Err(Some(id))` for the first id listed a second time. One pass; the bitmap's
+    /// current word is kept in a register, so consecutive ids (the usual destination slots)
+    /// touch memory once per 64 and carry no dependency through it.
+    pub(crate) fn distinct_below(
+        ids: &[usize],
+        bound: usize,
+    ) -> std::result::Result<(), Option<usize>> {
+        let mut seen = IdBits::below(bound);
+        let mut twice = None;
+        let (mut w, mut word) = (0usize, 0u64);
+        for &id in ids {
+            if id >= bound {
+                return Err(None);
+            }
+            let (i, bit) = (id / 64, 1u64 << (id % 64));
+            if i != w {
+                seen.0[w] = word;
+                (w, word) = (i, seen.0[i]);
+            }
+            if word & bit != 0 && twice.is_none() {
+                twice = Some(id);
+            }
+            word |= bit;
+        }
+        twice.map_or(Ok(()), |id| Err(Some(id)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// What the one-pass checks must answer: `Ok(false)` where an index is outside the list,
+    /// else the first index (in order) seen before, else `Ok(true)`.
+    fn model(ids: &[usize], len: usize) -> std::result::Result<bool, usize> {
+        if ids.iter().any(|&i| i >= len) {
+            return Ok(false);
+        }
+        let mut seen = std::collections::HashSet::new();
+        match ids.iter().find(|&&i| !seen.insert(i)) {
+            Some(&i) => Err(i),
+            None => Ok(true),
+        }
+    }
+
+    fn answer(ids: &[usize], len: usize) -> std::result::Result<bool, usize> {
+        distinct_in("t", "remote", ids, len).map_err(|e| {
+            let text = e.to_string();
+            assert!(text.contains("listed twice"), "{text}");
+            let id = text
+                .split("remote index ")
+                .nth(1)
+                .and_then(|t| t.split(' ').next())
+                .and_then(|t| t.parse().ok());
+            id.unwrap_or(usize::MAX)
+        })
+    }
+
+    proptest! {
+        /// Short and long requests, into short and long lists (the pairwise, list-sized and
+        /// largest-index bitmaps), consecutive runs and scattered ids alike, name the same
+        /// first repeat and the same out-of-range verdict as the model.
+        #[test]
+        fn distinct_in_matches_the_model(
+            ids in proptest::collection::vec(0usize..300, 0..200),
+            run in 0usize..150,
+            len in prop_oneof![Just(256usize), Just(300), Just(100_000), 1usize..400],
+        ) {
+            // A consecutive run first (the usual destination slots), then the drawn ids.
+            let all: Vec<usize> = (0..run).chain(ids).collect();
+            prop_assert_eq!(answer(&all, len), model(&all, len));
+            let tail = &all[all.len().saturating_sub(10)..];
+            prop_assert_eq!(answer(tail, len), model(tail, len));
+        }
+    }
+
+    #[test]
+    fn a_repeat_across_a_word_is_found() {
+        // 0..64 fills word 0 in a register; 64 moves to word 1; 5 comes back to word 0.
+        let ids: Vec<usize> = (0..65).chain([5]).collect();
+        assert_eq!(IdBits::distinct_below(&ids, 128), Err(Some(5)));
+        assert_eq!(IdBits::distinct_below(&ids[..65], 128), Ok(()));
+        assert_eq!(IdBits::distinct_below(&[3, 200], 128), Err(None));
+        assert_eq!(IdBits::distinct_below(&[], 0), Ok(()));
     }
 }

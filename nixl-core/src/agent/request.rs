@@ -51,7 +51,16 @@ pub(crate) struct ReqParts {
     /// The region tables of the local and remote lists.
     pub keep: [Regions; 2],
     /// How a block request reached the backend (for the path).
-    pub note: Option<String>,
+    pub note: Option<PathNote>,
+}
+
+/// What a request's [`XferReq::path`] adds after the backend's path: kept as the request was
+/// made and written out only when asked (a request's make formats nothing).
+pub(crate) enum PathNote {
+    /// A block table the backend consumes as strides, described from the request's spec.
+    Strided,
+    /// Written when the request was made (a table materialized into segments).
+    Text(String),
 }
 
 use crate::agent::options::UncertainXfer;
@@ -219,7 +228,7 @@ pub struct XferReq {
     state: Mutex<ReqState>,
     /// Keeps the memory of both lists' regions valid (leaked if a cancel is unconfirmed).
     keep: Option<[Regions; 2]>,
-    note: Option<String>,
+    note: Option<PathNote>,
     /// The lease every post needs (checked before the backend sees it).
     lease: Option<crate::leases::LeaseId>,
 }
@@ -362,10 +371,14 @@ impl XferReq {
             .path()
             .or_else(|| self.backend.backend.path_report(self.spec.remote()));
         let p = p.unwrap_or_else(|| "default".to_owned());
-        match &self.note {
-            Some(n) => format!("{}: {p} ({n})", self.backend.name),
-            None => format!("{}: {p}", self.backend.name),
-        }
+        let note = match (&self.note, &self.spec) {
+            (Some(PathNote::Text(n)), _) => n.clone(),
+            (Some(PathNote::Strided), ReqSpec::Blocks(b)) => {
+                format!("{}, strided", crate::agent::make::blocks::table_summary(b))
+            }
+            _ => return format!("{}: {p}", self.backend.name),
+        };
+        format!("{}: {p} ({note})", self.backend.name)
     }
 
     /// Telemetry of the latest post.

@@ -4,7 +4,7 @@
 
 use crate::agent::options::XferOptions;
 use crate::agent::prep::{FlatTable, PrepLayer, PreparedList};
-use crate::agent::request::XferReq;
+use crate::agent::request::{PathNote, XferReq};
 use crate::agent::spec::ReqSpec;
 use crate::agent::{Agent, BackendSlot};
 use crate::backend::BackendXfer;
@@ -220,12 +220,26 @@ fn checked_runs(
     };
     let mut seen = crate::agent::make::IdBits::below(dst_bound);
     let mut runs: Vec<BlockRun> = Vec::with_capacity(local.len());
+    // The run being extended, in registers (`count` 0 before the first pair): a run pushed
+    // is never read back, so no pair waits on the previous one's store.
+    let (mut at_l, mut at_r, mut count) = (0usize, 0usize, 0usize);
     for (&l, &r) in local.iter().zip(remote) {
         let (l, r) = (l.wrapping_sub(lbase), r.wrapping_sub(rbase));
         if l >= lbound || r >= rbound || !seen.insert(if op == XferOp::Read { l } else { r }) {
             return None;
         }
-        push_run(&mut runs, BlockRun::blocks(l as u64, r as u64, 1), merge);
+        // Both below their bounds: the sums cannot overflow.
+        if merge && count > 0 && at_l + count == l && at_r + count == r {
+            count += 1;
+            continue;
+        }
+        if count > 0 {
+            runs.push(BlockRun::blocks(at_l as u64, at_r as u64, count as u64));
+        }
+        (at_l, at_r, count) = (l, r, 1);
+    }
+    if count > 0 {
+        runs.push(BlockRun::blocks(at_l as u64, at_r as u64, count as u64));
     }
     Some(runs)
 }
@@ -677,24 +691,10 @@ fn prepare_on(
     me: &str,
     slot: &BackendSlot,
     spec: BlockXferSpec,
-) -> Result<(Box<dyn BackendXfer>, ReqSpec, String)> {
-    let summary = match &spec.rows {
-        None => format!(
-            "block table: {} layers x {} blocks",
-            spec.layers.len(),
-            spec.blocks_per_layer()
-        ),
-        Some(s) => format!(
-            "tiles: {} layers x {} tiles of {} x {} rows of {} bytes, rearranged in the copy",
-            spec.layers.len(),
-            spec.blocks_per_layer(),
-            s.outer,
-            s.inner,
-            s.row
-        ),
-    };
+) -> Result<(Box<dyn BackendXfer>, ReqSpec, PathNote)> {
     match slot.backend.prepare_blocks(&spec)? {
-        Some(x) => Ok((x, ReqSpec::Blocks(spec), format!("{summary}, strided"))),
+        // Described from the spec the request keeps, when its path is asked for.
+        Some(x) => Ok((x, ReqSpec::Blocks(spec), PathNote::Strided)),
         // Rows the backend cannot rearrange are never moved as they lie.
         None if spec.rows.is_some() => Err(Error::not_supported(
             me,
@@ -713,12 +713,32 @@ fn prepare_on(
         None => {
             let flat = spec.materialize();
             let note = format!(
-                "{summary}, materialized into {} segments",
+                "{}, materialized into {} segments",
+                table_summary(&spec),
                 flat.segments.len()
             );
             let x = slot.backend.prepare_xfer(&flat)?;
-            Ok((x, ReqSpec::Segments(flat), note))
+            Ok((x, ReqSpec::Segments(flat), PathNote::Text(note)))
         }
+    }
+}
+
+/// What a block-table request's path says of its table.
+pub(crate) fn table_summary(spec: &BlockXferSpec) -> String {
+    match &spec.rows {
+        None => format!(
+            "block table: {} layers x {} blocks",
+            spec.layers.len(),
+            spec.blocks_per_layer()
+        ),
+        Some(s) => format!(
+            "tiles: {} layers x {} tiles of {} x {} rows of {} bytes, rearranged in the copy",
+            spec.layers.len(),
+            spec.blocks_per_layer(),
+            s.outer,
+            s.inner,
+            s.row
+        ),
     }
 }
 

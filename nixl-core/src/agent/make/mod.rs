@@ -492,7 +492,7 @@ impl Agent {
         ends: Ends,
         op: XferOp,
         opts: &XferOptions,
-        note: Option<String>,
+        note: Option<crate::agent::request::PathNote>,
     ) -> Result<XferReq> {
         if let Some(id) = opts.lease {
             crate::agent::lease::check_blocks(&self.shared, spec.remote(), id, &spec)?;

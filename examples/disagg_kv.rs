@@ -6,8 +6,9 @@
 //! to the request, layer and block), and the blocks move into the decode pool at the slots the
 //! decode block table names: with `--op write` prefill pushes them (`make_prepped_xfer` on
 //! lists prepared once, with a notification); with `--op read` decode pulls them. Decode
-//! verifies every byte of every request; both sides print throughput and latency. Any
-//! mismatch makes the process exit non-zero.
+//! verifies every byte of every request (of a burst, once its last request has landed, so the
+//! check never shares the GPU with the transfers being timed); both sides print throughput
+//! and latency. Any mismatch makes the process exit non-zero.
 //!
 //! ```text
 //! cargo run --release --example disagg_kv -- --op write --requests 20
@@ -1238,7 +1239,13 @@ fn decode_run(o: &Opts, n: &Node) -> Res<()> {
                 hosts::check_path(o, &done[0].path())?;
             }
         } else {
+            // WRITE: a burst's bytes are checked once its last request has landed, so the
+            // check's GPU-to-host copies never run beside prefill's writes on the GPU (each
+            // 128 MiB copy would share the GPU with the burst being measured).
             pending.push(req);
+            if pending.len() < o.burst {
+                continue;
+            }
         }
         for req in pending.drain(..) {
             let verdict = verify_request(o, n, req, &tables(o, req).1);

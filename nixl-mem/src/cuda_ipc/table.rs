@@ -8,6 +8,7 @@ use nixl_core::backend::{BlockRun, BlockXferSpec};
 use nixl_core::{StridedDesc, XferOp};
 
 use crate::cuda::kernel::{BlockLayout, BLOCK_ENTRY_BYTES, DESC_BYTES};
+use crate::sys::memory::EntryWriter;
 
 /// One layer's copies: block `i` goes from `src + i * src_stride` to `dst + i * dst_stride`,
 /// `len` bytes; `dense` where consecutive blocks are contiguous on both sides (a run is then
@@ -172,16 +173,19 @@ impl BlockTable {
     /// table or `out` is too short.
     pub(super) fn write_block_table(&self, chunk: u64, out: &mut [u8]) -> Option<BlockLayout> {
         let layout = self.block_layout(chunk)?;
-        let out = out.get_mut(..layout.bytes)?;
+        let mut w = EntryWriter::new(out.get_mut(..layout.bytes)?);
+        self.write_entries(chunk, &mut w);
+        (w.written() == layout.bytes).then_some(layout)
+    }
+
+    /// The entries of [`BlockTable::write_block_table`], in order, into `w`.
+    fn write_entries(&self, chunk: u64, w: &mut EntryWriter<'_>) {
         let chunk = (chunk & !15).max(16);
-        let len = self.layers.first()?.len;
-        let mut slots = out.chunks_exact_mut(BLOCK_ENTRY_BYTES);
+        let Some(len) = self.layers.first().map(|l| l.len) else {
+            return;
+        };
         let mut put = |v: [u64; 4]| {
-            if let Some(s) = slots.next() {
-                for (d, x) in s.chunks_exact_mut(8).zip(v) {
-                    d.copy_from_slice(&x.to_le_bytes());
-                }
-            }
+            w.put(v);
         };
         for l in &self.layers {
             put([l.src, l.src_stride, l.dst, l.dst_stride]);
@@ -205,7 +209,6 @@ impl BlockTable {
                 }
             }
         }
-        Some(layout)
     }
 
     /// Writes the kernel's descriptors (`(src, dst, len)` little-endian, cut at `chunk` bytes

@@ -374,7 +374,7 @@ impl XferReq {
         let note = match (&self.note, &self.spec) {
             (Some(PathNote::Text(n)), _) => n.clone(),
             (Some(PathNote::Strided), ReqSpec::Blocks(b)) => {
-                format!("{}, strided", crate::agent::make::blocks::table_summary(b))
+                format!("{}, strided", b.summary())
             }
             _ => return format!("{}: {p}", self.backend.name),
         };

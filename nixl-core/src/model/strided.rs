@@ -310,6 +310,25 @@ pub struct BlockXferSpec {
 }
 
 impl BlockXferSpec {
+    /// What a block-table request's path says of its table.
+    pub(crate) fn summary(&self) -> String {
+        match &self.rows {
+            None => format!(
+                "block table: {} layers x {} blocks",
+                self.layers.len(),
+                self.blocks_per_layer()
+            ),
+            Some(s) => format!(
+                "tiles: {} layers x {} tiles of {} x {} rows of {} bytes, rearranged in the copy",
+                self.layers.len(),
+                self.blocks_per_layer(),
+                s.outer,
+                s.inner,
+                s.row
+            ),
+        }
+    }
+
     /// Blocks (tiles) per layer.
     pub fn blocks_per_layer(&self) -> u64 {
         crate::work::tick(self.runs.len());

@@ -714,31 +714,12 @@ fn prepare_on(
             let flat = spec.materialize();
             let note = format!(
                 "{}, materialized into {} segments",
-                table_summary(&spec),
+                spec.summary(),
                 flat.segments.len()
             );
             let x = slot.backend.prepare_xfer(&flat)?;
             Ok((x, ReqSpec::Segments(flat), PathNote::Text(note)))
         }
-    }
-}
-
-/// What a block-table request's path says of its table.
-pub(crate) fn table_summary(spec: &BlockXferSpec) -> String {
-    match &spec.rows {
-        None => format!(
-            "block table: {} layers x {} blocks",
-            spec.layers.len(),
-            spec.blocks_per_layer()
-        ),
-        Some(s) => format!(
-            "tiles: {} layers x {} tiles of {} x {} rows of {} bytes, rearranged in the copy",
-            spec.layers.len(),
-            spec.blocks_per_layer(),
-            s.outer,
-            s.inner,
-            s.row
-        ),
     }
 }
 

@@ -62,8 +62,7 @@ impl StagingPool {
         }
     }
 
-    /// A pair of at least `bytes` (the smallest free one that fits, the last given back of
-    /// those, or a new one).
+    /// A pair of at least `bytes` (the smallest free one that fits, or a new one).
     pub(super) fn take(&self, bytes: usize) -> Result<Staging, CudaError> {
         {
             let mut pairs = self.free.lock();
@@ -82,8 +81,14 @@ impl StagingPool {
                     }
                 }
             }
-            if let Some(i) = best_fit(free.iter().map(Staging::capacity), bytes) {
-                return Ok(free.remove(i));
+            let fit = free
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.capacity() >= bytes)
+                .min_by_key(|(_, s)| s.capacity())
+                .map(|(i, _)| i);
+            if let Some(i) = fit {
+                return Ok(free.swap_remove(i));
             }
         }
         let cap = fit_size(bytes);
@@ -201,21 +206,6 @@ impl LanePool {
     }
 }
 
-/// Which of the free pairs (their capacities, in the order they were given back) a request of
-/// `bytes` takes: of the smallest that fit, the one given back last. Its lines are the
-/// likeliest still in this CPU's caches, so writing the table into it does not first read each
-/// line from memory, as cycling through the whole pool in order would.
-fn best_fit(
-    caps: impl DoubleEndedIterator<Item = usize> + ExactSizeIterator,
-    bytes: usize,
-) -> Option<usize> {
-    caps.enumerate()
-        .rev()
-        .filter(|&(_, c)| c >= bytes)
-        .min_by_key(|&(_, c)| c)
-        .map(|(i, _)| i)
-}
-
 /// The size allocated for `bytes`: a power of two, at least [`MIN_BYTES`].
 fn fit_size(bytes: usize) -> usize {
     bytes
@@ -235,22 +225,5 @@ mod tests {
         assert_eq!(fit_size(MIN_BYTES + 1), 2 * MIN_BYTES);
         assert_eq!(fit_size(131_072 * 24), 4 << 20);
         assert_eq!(fit_size(usize::MAX), usize::MAX);
-    }
-
-    #[test]
-    fn the_smallest_fit_given_back_last_is_taken() {
-        let caps = [
-            MIN_BYTES,
-            4 * MIN_BYTES,
-            2 * MIN_BYTES,
-            2 * MIN_BYTES,
-            MIN_BYTES,
-        ];
-        // Two of each fitting size: the later one.
-        assert_eq!(best_fit(caps.into_iter(), MIN_BYTES), Some(4));
-        assert_eq!(best_fit(caps.into_iter(), MIN_BYTES + 1), Some(3));
-        assert_eq!(best_fit(caps.into_iter(), 3 * MIN_BYTES), Some(1));
-        assert_eq!(best_fit(caps.into_iter(), 5 * MIN_BYTES), None);
-        assert_eq!(best_fit(std::iter::empty(), 1), None);
     }
 }

@@ -220,26 +220,12 @@ fn checked_runs(
     };
     let mut seen = crate::agent::make::IdBits::below(dst_bound);
     let mut runs: Vec<BlockRun> = Vec::with_capacity(local.len());
-    // The run being extended, in registers (`count` 0 before the first pair): a run pushed
-    // is never read back, so no pair waits on the previous one's store.
-    let (mut at_l, mut at_r, mut count) = (0usize, 0usize, 0usize);
     for (&l, &r) in local.iter().zip(remote) {
         let (l, r) = (l.wrapping_sub(lbase), r.wrapping_sub(rbase));
         if l >= lbound || r >= rbound || !seen.insert(if op == XferOp::Read { l } else { r }) {
             return None;
         }
-        // Both below their bounds: the sums cannot overflow.
-        if merge && count > 0 && at_l + count == l && at_r + count == r {
-            count += 1;
-            continue;
-        }
-        if count > 0 {
-            runs.push(BlockRun::blocks(at_l as u64, at_r as u64, count as u64));
-        }
-        (at_l, at_r, count) = (l, r, 1);
-    }
-    if count > 0 {
-        runs.push(BlockRun::blocks(at_l as u64, at_r as u64, count as u64));
+        push_run(&mut runs, BlockRun::blocks(l as u64, r as u64, 1), merge);
     }
     Some(runs)
 }
